@@ -1,0 +1,70 @@
+//! Packet batches and the sources and sinks that fill and drain them.
+//!
+//! Promises:
+//! * A [`PacketBatch`] owns a fixed set of buffers allocated once; receiving into it and sending
+//!   from it never allocates per packet.
+//! * Every packet source ([`pcap::PcapReader`], [`synth::Synthetic`], later AF_PACKET and AF_XDP)
+//!   implements [`Source`]; every sink implements [`Sink`].
+//! * A damaged input file is an [`Error`] that names the file and the byte offset; the packets
+//!   read before it stay valid.
+
+pub mod batch;
+pub mod pcap;
+pub mod synth;
+
+pub use batch::{PacketBatch, PacketMeta};
+
+use std::path::PathBuf;
+
+/// Errors at the edges of the data path: files, formats and options.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An operating-system error on a file.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What the system said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file's bytes are not what its format allows.
+    #[error("{path}: {reason} at byte offset {offset}")]
+    Format {
+        /// The file.
+        path: PathBuf,
+        /// Offset of the record or block that is damaged.
+        offset: u64,
+        /// What is wrong.
+        reason: String,
+    },
+    /// An option is out of its range or contradicts another.
+    #[error("invalid option {name}: {reason}")]
+    Option {
+        /// The option's name as the user wrote it (e.g. `packets`).
+        name: &'static str,
+        /// What was expected.
+        reason: String,
+    },
+}
+
+/// Result with this crate's [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Something that produces packets: a capture file, a traffic generator, an interface.
+pub trait Source {
+    /// Clears `batch` and fills it with up to `batch.capacity()` packets. Returns how many were
+    /// received; `Ok(0)` means the source is exhausted (a live source may instead block).
+    fn recv(&mut self, batch: &mut PacketBatch) -> Result<usize>;
+}
+
+/// Something that consumes packets: a capture file, an interface, a counter.
+pub trait Sink {
+    /// Sends every packet of `batch` (all of them: verdicts are applied before the sink).
+    fn send(&mut self, batch: &PacketBatch) -> Result<()>;
+
+    /// Pushes anything buffered out to the file or device.
+    fn flush(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
