@@ -1,1 +1,49 @@
-//! TODO
+//! flowstate's experiments: each reproduces a measurement from one of the papers and reports
+//! it as JSON `{"name", "params", "metrics", "ratios", "machine"}` (DESIGN.md "Benchmarks").
+//!
+//! Promises: every claim is a ratio between two variants measured in the same run, side by
+//! side; absolute figures are reported but nothing here asserts a timing.
+
+mod hashing;
+mod report;
+
+pub use report::{Machine, Report};
+
+/// How much work a benchmark does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Effort {
+    /// The full experiment (default).
+    #[default]
+    Full,
+    /// A short run that exercises the code path (for tests and smoke runs); its numbers are noisy.
+    Quick,
+}
+
+/// A benchmark that can be run by name.
+#[derive(Debug, Clone, Copy)]
+pub struct Bench {
+    /// Name on the command line (`flowstate bench NAME`).
+    pub name: &'static str,
+    /// One line on what it measures and what it reproduces.
+    pub about: &'static str,
+    run: fn(Effort) -> Report,
+}
+
+impl Bench {
+    /// Runs the benchmark.
+    pub fn run(&self, effort: Effort) -> Report {
+        (self.run)(effort)
+    }
+}
+
+/// Every benchmark, in the order `flowstate bench --list` shows them.
+pub const BENCHES: &[Bench] = &[Bench {
+    name: "hashing",
+    about: "ns per 5-tuple: hardware vs software CRC32C and symmetric Toeplitz (HashMVT §VI-C)",
+    run: hashing::run,
+}];
+
+/// The benchmark called `name`.
+pub fn find(name: &str) -> Option<&'static Bench> {
+    BENCHES.iter().find(|b| b.name == name)
+}

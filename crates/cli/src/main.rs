@@ -1,1 +1,163 @@
-fn main() {}
+//! `flowstate`: the one binary. See `flowstate --help`.
+
+mod gen;
+mod inspect;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+/// Stateful network functions whose state is managed for them.
+#[derive(Debug, Parser)]
+#[command(name = "flowstate", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// The main job in one command: generate a mixed synthetic trace and show what it holds.
+    Demo(DemoArgs),
+    /// Generate deterministic synthetic traffic as a pcap file.
+    Gen(gen::GenArgs),
+    /// Show what a capture (pcap or pcapng) holds: protocols, flows, malformed packets.
+    Inspect(InspectArgs),
+    /// Run an experiment and report its numbers (`--list` shows them all).
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, Args)]
+struct DemoArgs {
+    /// Number of flows.
+    #[arg(long, default_value_t = 2_000)]
+    flows: u64,
+    /// Number of packets.
+    #[arg(long, default_value_t = 100_000)]
+    packets: u64,
+    /// Where to write the trace (default: a file in the system's temporary directory).
+    #[arg(short, long)]
+    output: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct InspectArgs {
+    /// The capture file.
+    file: PathBuf,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+    /// How many of the largest flows to list.
+    #[arg(long, default_value_t = 10)]
+    top: usize,
+}
+
+#[derive(Debug, Args)]
+struct BenchArgs {
+    /// Benchmark name (see --list).
+    #[arg(required_unless_present = "list")]
+    name: Option<String>,
+    /// List the benchmarks.
+    #[arg(long)]
+    list: bool,
+    /// Write the JSON result to this file (it is printed to stdout too).
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// A short run that only exercises the code (noisy numbers).
+    #[arg(long)]
+    quick: bool,
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Demo(a) => demo(a),
+        Command::Gen(a) => gen::run(&a).map(|_| ()),
+        Command::Inspect(a) => inspect_cmd(&a),
+        Command::Bench(a) => bench(&a),
+    };
+    if let Err(e) = result {
+        eprintln!("flowstate: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+/// A progress bar on a terminal, hidden when stderr is piped.
+pub(crate) fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(len);
+    let style = indicatif::ProgressStyle::with_template(
+        "{msg} [{bar:40}] {human_pos}/{human_len} {per_sec} eta {eta}",
+    )
+    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+    .progress_chars("=> ");
+    bar.set_style(style);
+    bar.set_message(what.to_owned());
+    bar
+}
+
+fn demo(a: DemoArgs) -> Result<()> {
+    let output = a.output.unwrap_or_else(|| std::env::temp_dir().join("flowstate-demo.pcap"));
+    let args = gen::GenArgs::demo(a.flows, a.packets, output.clone());
+    let written = gen::run(&args)?;
+    eprintln!(
+        "flowstate demo: wrote {} packets in {} flows to {}",
+        written,
+        a.flows,
+        output.display()
+    );
+    let summary = inspect::inspect(&output, 5, &progress(written, "inspect"))?;
+    summary.print();
+    Ok(())
+}
+
+fn inspect_cmd(a: &InspectArgs) -> Result<()> {
+    let bar = progress(0, "inspect");
+    let summary = inspect::inspect(&a.file, a.top, &bar)?;
+    bar.finish_and_clear();
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    } else {
+        summary.print();
+    }
+    if let Some(e) = &summary.error {
+        bail!("{e}");
+    }
+    Ok(())
+}
+
+fn bench(a: &BenchArgs) -> Result<()> {
+    if a.list {
+        for b in flowstate_bench::BENCHES {
+            println!("{:<12} {}", b.name, b.about);
+        }
+        return Ok(());
+    }
+    let name = a.name.as_deref().unwrap_or_default();
+    let Some(b) = flowstate_bench::find(name) else {
+        let names: Vec<_> = flowstate_bench::BENCHES.iter().map(|b| b.name).collect();
+        bail!("unknown benchmark {name:?}; known: {}", names.join(", "));
+    };
+    let effort = if a.quick { flowstate_bench::Effort::Quick } else { flowstate_bench::Effort::Full };
+    let report = b.run(effort);
+    let json = report.to_json();
+    if let Some(path) = &a.json {
+        write_file(path, &json)?;
+    }
+    println!("{json}");
+    Ok(())
+}
+
+fn write_file(path: &Path, text: &str) -> Result<()> {
+    std::fs::write(path, format!("{text}\n")).with_context(|| format!("writing {}", path.display()))
+}

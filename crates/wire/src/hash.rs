@@ -1,1 +1,334 @@
-//! TODO
+//! Flow hashing: CRC32C (the Castagnoli polynomial of SSE4.2's `crc32` instruction, used by
+//! HashMVT §III-C for O(1) matching) and the Toeplitz hash of receive-side scaling (RSS).
+//!
+//! [`crc32c`] uses the SSE4.2 instruction when the CPU has it (detected at run time) and a
+//! table-driven software fallback otherwise; both give identical results (tested).
+//! [`Toeplitz::symmetric`] uses the repeated-`0x6d5a` key, with which a flow's two directions
+//! hash alike (Woo & Park, "Scalable TCP Session Monitoring with Symmetric Receive-side
+//! Scaling", 2012), so both directions of a flow reach the same worker.
+
+use crate::flow::{FlowKey, FLOW_KEY_MAX_BYTES};
+use std::net::IpAddr;
+
+/// Reflected CRC32C (Castagnoli) polynomial, RFC 3720 §12.1.
+const POLY: u32 = 0x82f6_3b78;
+
+/// Slicing-by-8 tables: `TABLES[0]` is the classic byte table; `TABLES[k][b]` advances the CRC
+/// of byte `b` over `k` further zero bytes.
+static TABLES: [[u32; 256]; 8] = make_tables();
+
+const fn make_tables() -> [[u32; 256]; 8] {
+    let mut t = [[0u32; 256]; 8];
+    let mut i = 0;
+    while i < 256 {
+        let mut c = i as u32;
+        let mut k = 0;
+        while k < 8 {
+            c = if c & 1 != 0 { (c >> 1) ^ POLY } else { c >> 1 };
+            k += 1;
+        }
+        t[0][i] = c;
+        i += 1;
+    }
+    let mut s = 1;
+    while s < 8 {
+        let mut i = 0;
+        while i < 256 {
+            let prev = t[s - 1][i];
+            t[s][i] = (prev >> 8) ^ t[0][(prev & 0xff) as usize];
+            i += 1;
+        }
+        s += 1;
+    }
+    t
+}
+
+/// CRC32C of `data` (initial value and final XOR `0xffff_ffff`, as iSCSI and SSE4.2 code use).
+#[inline]
+pub fn crc32c(data: &[u8]) -> u32 {
+    crc32c_append(0, data)
+}
+
+/// Continues a CRC32C: `crc32c_append(crc32c(a), b) == crc32c(a ++ b)`.
+#[inline]
+pub fn crc32c_append(crc: u32, data: &[u8]) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("sse4.2") {
+        // SAFETY: the CPU supports SSE4.2, checked just above.
+        return unsafe { hw::append(crc, data) };
+    }
+    crc32c_sw_append(crc, data)
+}
+
+/// Whether [`crc32c`] runs on the CPU's CRC32C instruction.
+pub fn crc32c_hw_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("sse4.2")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// CRC32C on the CPU instruction, or `None` when the CPU lacks it.
+#[inline]
+pub fn crc32c_hw(data: &[u8]) -> Option<u32> {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("sse4.2") {
+        // SAFETY: the CPU supports SSE4.2, checked just above.
+        return Some(unsafe { hw::append(0, data) });
+    }
+    let _ = data;
+    None
+}
+
+/// CRC32C in software (slicing-by-8), whatever the CPU.
+#[inline]
+pub fn crc32c_sw(data: &[u8]) -> u32 {
+    crc32c_sw_append(0, data)
+}
+
+fn crc32c_sw_append(crc: u32, data: &[u8]) -> u32 {
+    let mut c = !crc;
+    let mut chunks = data.chunks_exact(8);
+    for b in &mut chunks {
+        let lo = c ^ u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        c = TABLES[7][(lo & 0xff) as usize]
+            ^ TABLES[6][((lo >> 8) & 0xff) as usize]
+            ^ TABLES[5][((lo >> 16) & 0xff) as usize]
+            ^ TABLES[4][(lo >> 24) as usize]
+            ^ TABLES[3][b[4] as usize]
+            ^ TABLES[2][b[5] as usize]
+            ^ TABLES[1][b[6] as usize]
+            ^ TABLES[0][b[7] as usize];
+    }
+    for &b in chunks.remainder() {
+        c = (c >> 8) ^ TABLES[0][((c ^ u32::from(b)) & 0xff) as usize];
+    }
+    !c
+}
+
+#[cfg(target_arch = "x86_64")]
+mod hw {
+    use std::arch::x86_64::{_mm_crc32_u64, _mm_crc32_u8};
+
+    #[target_feature(enable = "sse4.2")]
+    pub(super) unsafe fn append(crc: u32, data: &[u8]) -> u32 {
+        let mut c = u64::from(!crc);
+        let mut chunks = data.chunks_exact(8);
+        for b in &mut chunks {
+            let w = u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]);
+            c = _mm_crc32_u64(c, w);
+        }
+        let mut c = c as u32;
+        for &b in chunks.remainder() {
+            c = _mm_crc32_u8(c, b);
+        }
+        !c
+    }
+}
+
+/// CRC32C of a flow key's [`FlowKey::to_bytes`] encoding (direction-dependent).
+#[inline]
+pub fn crc32c_flow(key: &FlowKey) -> u32 {
+    let mut buf = [0u8; FLOW_KEY_MAX_BYTES];
+    crc32c(key.to_bytes(&mut buf))
+}
+
+/// Length of an RSS key: enough for the IPv6 4-tuple input (36 bytes) plus 4.
+pub const TOEPLITZ_KEY_LEN: usize = 40;
+/// Longest Toeplitz input this implementation takes (IPv6 addresses and ports).
+pub const TOEPLITZ_MAX_INPUT: usize = TOEPLITZ_KEY_LEN - 4;
+
+/// The Toeplitz hash of RSS with a 40-byte key, table-driven: for each input byte position a
+/// 256-entry table of its contribution (36 KiB per hasher, built once).
+#[derive(Clone)]
+pub struct Toeplitz {
+    key: [u8; TOEPLITZ_KEY_LEN],
+    table: Box<[[u32; 256]; TOEPLITZ_MAX_INPUT]>,
+}
+
+impl core::fmt::Debug for Toeplitz {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Toeplitz").field("key", &self.key).finish_non_exhaustive()
+    }
+}
+
+impl Toeplitz {
+    /// A hasher for `key`.
+    pub fn new(key: [u8; TOEPLITZ_KEY_LEN]) -> Self {
+        let mut table = Box::new([[0u32; 256]; TOEPLITZ_MAX_INPUT]);
+        for (pos, row) in table.iter_mut().enumerate() {
+            for (byte, slot) in row.iter_mut().enumerate() {
+                let mut h = 0;
+                for bit in 0..8 {
+                    if byte & (0x80 >> bit) != 0 {
+                        h ^= key_window(&key, pos * 8 + bit);
+                    }
+                }
+                *slot = h;
+            }
+        }
+        Toeplitz { key, table }
+    }
+
+    /// The symmetric key (`0x6d5a` repeated): `hash_flow(k) == hash_flow(k.reversed())`.
+    pub fn symmetric() -> Self {
+        let mut key = [0u8; TOEPLITZ_KEY_LEN];
+        for pair in key.chunks_exact_mut(2) {
+            pair.copy_from_slice(&[0x6d, 0x5a]);
+        }
+        Toeplitz::new(key)
+    }
+
+    /// The key this hasher uses.
+    pub fn key(&self) -> &[u8; TOEPLITZ_KEY_LEN] {
+        &self.key
+    }
+
+    /// Hash of `input`; bytes past [`TOEPLITZ_MAX_INPUT`] are ignored.
+    #[inline]
+    pub fn hash(&self, input: &[u8]) -> u32 {
+        input
+            .iter()
+            .zip(self.table.iter())
+            .fold(0, |h, (&b, row)| h ^ row[usize::from(b)])
+    }
+
+    /// RSS hash of a flow: source address, destination address, source port, destination
+    /// port (the RSS "4-tuple" input; IPv4 inside IPv6 keys is hashed in its mapped form).
+    #[inline]
+    pub fn hash_flow(&self, key: &FlowKey) -> u32 {
+        let mut buf = [0u8; TOEPLITZ_MAX_INPUT];
+        let n = match (key.src, key.dst) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => {
+                buf[0..4].copy_from_slice(&s.octets());
+                buf[4..8].copy_from_slice(&d.octets());
+                8
+            }
+            (s, d) => {
+                buf[0..16].copy_from_slice(&mapped(s));
+                buf[16..32].copy_from_slice(&mapped(d));
+                32
+            }
+        };
+        buf[n..n + 2].copy_from_slice(&key.src_port.to_be_bytes());
+        buf[n + 2..n + 4].copy_from_slice(&key.dst_port.to_be_bytes());
+        self.hash(&buf[..n + 4])
+    }
+
+    /// Bit-by-bit reference of [`hash`](Self::hash), as the RSS specification states it.
+    pub fn hash_reference(&self, input: &[u8]) -> u32 {
+        let mut h = 0;
+        for (i, &b) in input.iter().take(TOEPLITZ_MAX_INPUT).enumerate() {
+            for bit in 0..8 {
+                if b & (0x80 >> bit) != 0 {
+                    h ^= key_window(&self.key, i * 8 + bit);
+                }
+            }
+        }
+        h
+    }
+}
+
+/// The 32 key bits starting at bit `start` (most significant first).
+fn key_window(key: &[u8; TOEPLITZ_KEY_LEN], start: usize) -> u32 {
+    let byte = start / 8;
+    let shift = start % 8;
+    let mut w = [0u8; 5];
+    for (i, slot) in w.iter_mut().enumerate() {
+        *slot = key.get(byte + i).copied().unwrap_or(0);
+    }
+    let wide = u64::from_be_bytes([0, 0, 0, w[0], w[1], w[2], w[3], w[4]]);
+    (wide >> (8 - shift)) as u32
+}
+
+fn mapped(a: IpAddr) -> [u8; 16] {
+    match a {
+        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+        IpAddr::V6(a) => a.octets(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::flow::proto;
+    use proptest::prelude::*;
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    #[test]
+    fn crc32c_check_value() {
+        // The standard check value of CRC-32C (RFC 3720 B.4 uses the same polynomial).
+        assert_eq!(crc32c_sw(b"123456789"), 0xe306_9283);
+        assert_eq!(crc32c(b"123456789"), 0xe306_9283);
+        assert_eq!(crc32c(b""), 0);
+    }
+
+    #[test]
+    fn crc32c_rfc3720_vectors() {
+        // RFC 3720 B.4: 32 bytes of zeros, of 0xff, and an incrementing sequence.
+        assert_eq!(crc32c_sw(&[0u8; 32]), 0x8a91_36aa);
+        assert_eq!(crc32c_sw(&[0xffu8; 32]), 0x62a8_ab43);
+        let inc: Vec<u8> = (0u8..32).collect();
+        assert_eq!(crc32c_sw(&inc), 0x46dd_794e);
+    }
+
+    /// Microsoft's RSS verification suite, first entry (documented default key).
+    #[test]
+    fn toeplitz_rss_vector() {
+        let key = [
+            0x6d, 0x5a, 0x56, 0xda, 0x25, 0x5b, 0x0e, 0xc2, 0x41, 0x67, 0x25, 0x3d, 0x43, 0xa3,
+            0x8f, 0xb0, 0xd0, 0xca, 0x2b, 0xcb, 0xae, 0x7b, 0x30, 0xb4, 0x77, 0xcb, 0x2d, 0xa3,
+            0x80, 0x30, 0xf2, 0x0c, 0x6a, 0x42, 0xb7, 0x3b, 0xbe, 0xac, 0x01, 0xfa,
+        ];
+        let t = Toeplitz::new(key);
+        let k = FlowKey::new(
+            IpAddr::V4(Ipv4Addr::new(66, 9, 149, 187)),
+            IpAddr::V4(Ipv4Addr::new(161, 142, 100, 80)),
+            2794,
+            1766,
+            proto::TCP,
+        );
+        assert_eq!(t.hash(&[66, 9, 149, 187, 161, 142, 100, 80]), 0x323e_8fc2);
+        assert_eq!(t.hash_flow(&k), 0x51cc_c178);
+    }
+
+    fn any_key() -> impl Strategy<Value = FlowKey> {
+        let v4 = (any::<[u8; 4]>(), any::<[u8; 4]>())
+            .prop_map(|(a, b)| (IpAddr::from(a), IpAddr::from(b)));
+        let v6 = (any::<[u8; 16]>(), any::<[u8; 16]>())
+            .prop_map(|(a, b)| (IpAddr::V6(Ipv6Addr::from(a)), IpAddr::V6(Ipv6Addr::from(b))));
+        (prop_oneof![v4, v6], any::<u16>(), any::<u16>(), any::<u8>())
+            .prop_map(|((s, d), sp, dp, p)| FlowKey::new(s, d, sp, dp, p))
+    }
+
+    proptest! {
+        #[test]
+        fn crc32c_hw_equals_sw(data in proptest::collection::vec(any::<u8>(), 0..300), split in 0usize..300) {
+            let sw = crc32c_sw(&data);
+            if let Some(hw) = crc32c_hw(&data) {
+                prop_assert_eq!(hw, sw);
+            }
+            prop_assert_eq!(crc32c(&data), sw);
+            let split = split.min(data.len());
+            prop_assert_eq!(crc32c_append(crc32c(&data[..split]), &data[split..]), sw);
+        }
+
+        #[test]
+        fn toeplitz_table_equals_reference(input in proptest::collection::vec(any::<u8>(), 0..=36), key in any::<[u8; 32]>()) {
+            let mut k = [0u8; TOEPLITZ_KEY_LEN];
+            k[..32].copy_from_slice(&key);
+            let t = Toeplitz::new(k);
+            prop_assert_eq!(t.hash(&input), t.hash_reference(&input));
+        }
+
+        #[test]
+        fn symmetric_toeplitz_hashes_both_directions_alike(key in any_key()) {
+            let t = Toeplitz::symmetric();
+            prop_assert_eq!(t.hash_flow(&key), t.hash_flow(&key.reversed()));
+        }
+    }
+}
