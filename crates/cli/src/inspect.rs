@@ -39,10 +39,17 @@ pub(crate) struct FlowCount {
     pub(crate) bytes: u64,
 }
 
-pub(crate) fn inspect(path: &Path, top: usize, progress: &indicatif::ProgressBar) -> Result<Summary> {
+pub(crate) fn inspect(
+    path: &Path,
+    top: usize,
+    progress: &indicatif::ProgressBar,
+) -> Result<Summary> {
     let mut reader = PcapReader::open(path)?;
     let mut batch = PacketBatch::new(256, 65536);
-    let mut s = Summary { file: path.display().to_string(), ..Summary::default() };
+    let mut s = Summary {
+        file: path.display().to_string(),
+        ..Summary::default()
+    };
     let mut flows: HashMap<FlowKey, (u64, u64)> = HashMap::new();
     loop {
         let n = match reader.recv(&mut batch) {
@@ -57,8 +64,14 @@ pub(crate) fn inspect(path: &Path, top: usize, progress: &indicatif::ProgressBar
         for (frame, meta) in batch.iter() {
             s.packets += 1;
             s.bytes += u64::from(meta.wire_len.max(frame.len() as u32));
-            s.first_ns = Some(s.first_ns.map_or(meta.timestamp_ns, |f| f.min(meta.timestamp_ns)));
-            s.last_ns = Some(s.last_ns.map_or(meta.timestamp_ns, |l| l.max(meta.timestamp_ns)));
+            s.first_ns = Some(
+                s.first_ns
+                    .map_or(meta.timestamp_ns, |f| f.min(meta.timestamp_ns)),
+            );
+            s.last_ns = Some(
+                s.last_ns
+                    .map_or(meta.timestamp_ns, |l| l.max(meta.timestamp_ns)),
+            );
             let d = match dissect(frame) {
                 Ok(d) => d,
                 Err(e) => {
@@ -100,11 +113,20 @@ pub(crate) fn inspect(path: &Path, top: usize, progress: &indicatif::ProgressBar
     }
     s.flows = flows.len() as u64;
     let mut ranked: Vec<_> = flows.into_iter().collect();
-    ranked.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then(b.1 .1.cmp(&a.1 .1)).then(a.0.cmp(&b.0)));
+    ranked.sort_by(|a, b| {
+        b.1 .0
+            .cmp(&a.1 .0)
+            .then(b.1 .1.cmp(&a.1 .1))
+            .then(a.0.cmp(&b.0))
+    });
     s.top_flows = ranked
         .into_iter()
         .take(top)
-        .map(|(k, (packets, bytes))| FlowCount { flow: k.to_string(), packets, bytes })
+        .map(|(k, (packets, bytes))| FlowCount {
+            flow: k.to_string(),
+            packets,
+            bytes,
+        })
         .collect();
     Ok(s)
 }
@@ -119,7 +141,11 @@ impl Summary {
             println!("duration    {secs:.6} s");
         }
         println!("flows       {} (direction-independent)", self.flows);
-        let protos: Vec<String> = self.protocols.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        let protos: Vec<String> = self
+            .protocols
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
         println!("protocols   {}", protos.join(", "));
         println!("malformed   {}", self.malformed);
         for (reason, n) in &self.malformed_reasons {

@@ -107,7 +107,9 @@ pub(crate) fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
 }
 
 fn demo(a: DemoArgs) -> Result<()> {
-    let output = a.output.unwrap_or_else(|| std::env::temp_dir().join("flowstate-demo.pcap"));
+    let output = a
+        .output
+        .unwrap_or_else(|| std::env::temp_dir().join("flowstate-demo.pcap"));
     let args = gen::GenArgs::demo(a.flows, a.packets, output.clone());
     let written = gen::run(&args)?;
     eprintln!(
@@ -148,7 +150,11 @@ fn bench(a: &BenchArgs) -> Result<()> {
         let names: Vec<_> = flowstate_bench::BENCHES.iter().map(|b| b.name).collect();
         bail!("unknown benchmark {name:?}; known: {}", names.join(", "));
     };
-    let effort = if a.quick { flowstate_bench::Effort::Quick } else { flowstate_bench::Effort::Full };
+    let effort = if a.quick {
+        flowstate_bench::Effort::Quick
+    } else {
+        flowstate_bench::Effort::Full
+    };
     let report = b.run(effort);
     let json = report.to_json();
     if let Some(path) = &a.json {

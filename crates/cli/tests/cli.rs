@@ -1,0 +1,206 @@
+//! The command line as a user meets it: exit codes, messages, and what the commands produce.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn flowstate(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_flowstate"))
+        .args(args)
+        .output()
+        .expect("run flowstate")
+}
+
+fn inspect_json(path: &Path) -> serde_json::Value {
+    let out = flowstate(&["inspect", "--json", path.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("inspect --json prints JSON")
+}
+
+#[test]
+fn gen_writes_exactly_the_packets_and_flows_asked_for() {
+    let dir = tempfile::tempdir().unwrap();
+    for (profile, flows, packets) in [
+        ("long", 3, 30_000),
+        ("short", 200, 20_000),
+        ("mixed", 150, 25_000),
+        ("uniform", 1_000, 1_000),
+    ] {
+        let path = dir.path().join(format!("{profile}.pcap"));
+        let out = flowstate(&[
+            "gen",
+            "--profile",
+            profile,
+            "--flows",
+            &flows.to_string(),
+            "--packets",
+            &packets.to_string(),
+            "--seed",
+            "3",
+            "-o",
+            path.to_str().unwrap(),
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let s = inspect_json(&path);
+        assert_eq!(s["packets"], packets, "{profile}");
+        assert_eq!(s["flows"], flows, "{profile}");
+        assert_eq!(s["malformed"], 0, "{profile}");
+        assert_eq!(s["bad_ip_checksums"], 0, "{profile}");
+        assert_eq!(s["bad_transport_checksums"], 0, "{profile}");
+        assert!(s["error"].is_null());
+    }
+}
+
+#[test]
+fn gen_is_deterministic_per_seed() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |name: &str, seed: &str| {
+        let path = dir.path().join(name);
+        let out = flowstate(&[
+            "gen",
+            "--profile",
+            "mixed",
+            "--flows",
+            "50",
+            "--packets",
+            "5000",
+            "--seed",
+            seed,
+            "-o",
+            path.to_str().unwrap(),
+        ]);
+        assert!(out.status.success());
+        std::fs::read(path).unwrap()
+    };
+    assert_eq!(run("a.pcap", "1"), run("b.pcap", "1"));
+    assert_ne!(run("c.pcap", "1"), run("d.pcap", "2"));
+}
+
+#[test]
+fn damaged_capture_reports_offset_and_keeps_what_was_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.pcap");
+    let out = flowstate(&[
+        "gen",
+        "--profile",
+        "uniform",
+        "--flows",
+        "10",
+        "--packets",
+        "10",
+        "-o",
+        path.to_str().unwrap(),
+    ]);
+    assert!(out.status.success());
+    let bytes = std::fs::read(&path).unwrap();
+    // 24-byte header, then records of 16 + 60 bytes: cut the 4th record in half.
+    let cut = 24 + 3 * 76 + 30;
+    std::fs::write(&path, &bytes[..cut]).unwrap();
+    let out = flowstate(&["inspect", "--json", path.to_str().unwrap()]);
+    assert!(!out.status.success(), "a damaged file is an error");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("t.pcap") && stderr.contains(&(24 + 3 * 76).to_string()),
+        "{stderr}"
+    );
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(s["packets"], 3, "the packets before the damage are counted");
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let out = flowstate(&["inspect", "/nonexistent/x.pcap"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/x.pcap"));
+
+    let out = flowstate(&[
+        "gen",
+        "--profile",
+        "bogus",
+        "--flows",
+        "1",
+        "--packets",
+        "1",
+        "-o",
+        "/tmp/x.pcap",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bogus") && err.contains("mixed"),
+        "names the valid profiles: {err}"
+    );
+
+    let out = flowstate(&[
+        "gen",
+        "--profile",
+        "short",
+        "--flows",
+        "100",
+        "--packets",
+        "10",
+        "-o",
+        "/tmp/x.pcap",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("packets"));
+
+    let out = flowstate(&["bench", "nope"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("hashing"));
+}
+
+#[test]
+fn bench_writes_the_json_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("h.json");
+    let out = flowstate(&[
+        "bench",
+        "hashing",
+        "--quick",
+        "--json",
+        path.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    assert_eq!(v["name"], "hashing");
+    for key in ["params", "metrics", "ratios", "machine"] {
+        assert!(v[key].is_object(), "{key}");
+    }
+    let list = flowstate(&["bench", "--list"]);
+    assert!(String::from_utf8_lossy(&list.stdout).contains("hashing"));
+}
+
+#[test]
+fn demo_runs_and_summarises() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("demo.pcap");
+    let out = flowstate(&[
+        "demo",
+        "--flows",
+        "100",
+        "--packets",
+        "5000",
+        "-o",
+        path.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("packets     5000"), "{stdout}");
+    assert!(stdout.contains("flows       100"), "{stdout}");
+}
