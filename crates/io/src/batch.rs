@@ -207,6 +207,10 @@ mod tests {
         assert_eq!(b.iter().count(), 1);
         b.get_mut(0).unwrap().0[0] = 6;
         b.set_len(0, 100);
-        assert_eq!(b.get(0).unwrap().0, &[6, 2, 3, 0], "stale bytes of buffer 0 past the old length");
+        assert_eq!(
+            b.get(0).unwrap().0,
+            &[6, 2, 3, 0],
+            "stale bytes of buffer 0 past the old length"
+        );
     }
 }

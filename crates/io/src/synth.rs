@@ -1,1 +1,1685 @@
-//! TODO
+//! Synthetic traffic: whole flows, deterministic from a seed, streamed without materialising
+//! the trace.
+//!
+//! [`Synthetic`] is a [`Source`] that writes exactly [`SynthConfig::packets`] packets in exactly
+//! [`SynthConfig::flows`] flows (distinct direction-independent 5-tuples). The same
+//! configuration gives byte-identical output on every run and platform: the generator uses its
+//! own PRNGs (SplitMix64, xoshiro256\*\*), its own `ln`/`exp` built from IEEE-754 basic
+//! operations only, integer arithmetic for ordering, and no hash-map iteration.
+//!
+//! # Profiles
+//!
+//! | profile | flow sizes (shape) | defaults | source |
+//! |---|---|---|---|
+//! | `long` | ~10,000 packets (×0.8–1.2) | 100 flows, 1M packets, all concurrent | StatelessNF §7.2.1 "3,000 large TCP flows of 10K packets each" |
+//! | `short` | ~100 packets (×0.8–1.2) | 10,000 flows, 1M packets, 1,000 concurrent | StatelessNF §7.2.1 "100,000 TCP flows of 100 packets each" |
+//! | `mixed` | bounded Pareto (α = 1) on 10–1,000 | 17,000 flows, 800k packets, 1,000 concurrent, 80 % TCP | StatelessNF §7.2.1 enterprise trace "17,000 flows that range in size from 10 to 1,000 packets" |
+//! | `uniform` | equal | 50,000 flows, 50,000 packets, 60-byte UDP, all concurrent | FlexState §V-A.2 (random 5-tuples, 64-byte frames, 50K flows), HashMVT §VI-D (64 B) |
+//!
+//! The profile gives the *shape* of the per-flow packet counts; `flows` and `packets` fix their
+//! number and mean. Counts are `max(minimum, ⌊λ·wᵢ⌋)` with `λ` found by bisection so that they
+//! sum to exactly `packets` (the few packets left over go one each to flows in a seeded random
+//! order). `wᵢ` is the flow's draw from the shape times its Zipf popularity `rankᵢ^-zipf_s`,
+//! where ranks are a seeded permutation of the flows (`zipf_s = 0`: no skew).
+//!
+//! # Flows
+//!
+//! * **TCP** (RFC 9293): SYN, SYN-ACK, ACK with MSS (1460 / 1440 for IPv6), SACK-permitted,
+//!   timestamps and window scale 7 (Linux's layout); then request/response exchanges: the
+//!   client sends a request segment, the server answers with a burst of segments and the client
+//!   acknowledges every second one (delayed ACK, RFC 9293 §3.8.6.3); then FIN/ACK, ACK, FIN/ACK,
+//!   ACK. Every segment carries timestamps (RFC 7323 §3.2) and acknowledges everything the peer
+//!   sent, so sequence and acknowledgment numbers are exact. ISNs and timestamp clocks are random
+//!   per side. A flow has at least 7 packets; with `n` packets, `n − 7` are data or ACKs in the
+//!   exchange phase. A payload byte at stream sequence number `s` is `s mod 256`.
+//! * **UDP**: request from the client, response from the server, alternating; at least 2.
+//!   When `packets` is too small for every TCP flow to have 7 packets, TCP flows (highest index
+//!   first) become UDP flows until the minimums fit, so [`SynthConfig::min_packets`] is 2 per
+//!   flow.
+//! * **uniform**: one 5-tuple per flow, each packet in a random direction, no handshake (UDP, or
+//!   TCP PSH/ACK segments without options when `tcp_share > 0`); a flow may have 1 packet.
+//!
+//! Packet sizes from [`SizeDist`] are Ethernet frame lengths as stored (no FCS; 60 = the
+//! 64-byte minimum frame on the wire), 60 to 1514. They apply to packets that carry data; a
+//! data packet carries at least one byte, so its frame may exceed the drawn size by its
+//! headers (with IMIX, the small class gives TCP data segments of 1 byte: TCP headers with
+//! timestamps already take 66 bytes). Handshake, ACK and FIN segments are as long as their
+//! headers, padded to 60 bytes as a NIC pads them.
+//!
+//! # Addresses
+//!
+//! Clients are in [`SynthConfig::clients_v4`] (10.0.0.0/8) and [`SynthConfig::clients_v6`]
+//! (fd00::/8), servers in [`SynthConfig::servers_v4`] (198.51.100.0/24, TEST-NET-2;
+//! 203.0.113.0/24 stays free for NAT external addresses) and [`SynthConfig::servers_v6`]
+//! (2001:db8::/32). Flow `i` uses client host `i mod H` and the `⌊i / H⌋`-th port of that
+//! host (from a random offset in 32768–60999, Linux's ephemeral range; 1024–65535 for
+//! `uniform`), where `H` is about one host per 4 flows (one per flow for `uniform`), and host
+//! numbers go through a seeded permutation of the subnet's hosts. Client (address, port) pairs
+//! are therefore distinct by construction, and since client and server subnets may not overlap,
+//! so are the flows' 5-tuples in either direction. Servers are up to 256 hosts of the server
+//! subnet (every host for `uniform`; all 254 of the default /24) on common ports (TCP 443, 80, ...; UDP 53, 443, 123, ...;
+//! random for `uniform`). Frames from clients go from MAC 02:00:00:00:00:01 to
+//! 02:00:00:00:00:02, replies the other way.
+//!
+//! # Interleaving and time
+//!
+//! Flows start in index order, spread so that about [`SynthConfig::concurrency`] are active at
+//! once. Each flow spreads its packets over a duration of the same order for every flow, so its
+//! rate is proportional to its size: large (popular) flows are the elephants of their time. The
+//! next packet is the earliest among active flows on this virtual timeline (integer ticks, ties
+//! broken by flow index), taken from a calendar queue in O(1) amortised time. Packet `k` of the
+//! trace is stamped `start_ns + k·10⁹/rate_pps`.
+//!
+//! Memory is O(flows) for the per-flow counts (9 bytes a flow), about 100 bytes per active flow
+//! and a calendar of at most 4 MiB; generating a packet writes straight into the batch buffer
+//! and does not allocate. Throughput is a few million packets a second on one core (release
+//! build), less when millions of flows are active at once and their state leaves the cache.
+
+use crate::{Error, PacketBatch, PacketMeta, Result, Source};
+use flowstate_wire::build::{
+    tcp_flags, EthernetSpec, FrameSpec, IpSpec, Ipv4Spec, Ipv6Spec, L4Spec, Payload, TcpOptions,
+    TcpSpec, UdpSpec, ETHERNET_MIN_LEN,
+};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::fmt;
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::str::FromStr;
+
+/// MAC address of the client side (locally administered).
+pub const CLIENT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
+/// MAC address of the server side (locally administered).
+pub const SERVER_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
+/// Fewest packets of a TCP flow: three-way handshake and four-packet teardown.
+pub const TCP_MIN_PACKETS: u64 = 7;
+/// Fewest packets of a UDP flow: a request and its response.
+pub const UDP_MIN_PACKETS: u64 = 2;
+
+// ---------------------------------------------------------------------------------------------
+// Profiles and options
+
+/// A traffic profile: the shape of the per-flow packet counts and the defaults that go with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Profile {
+    /// Few flows of ~10,000 packets (StatelessNF §7.2.1).
+    Long,
+    /// Many flows of ~100 packets (StatelessNF §7.2.1).
+    Short,
+    /// Heavy-tailed 10–1,000 packets per flow, like an enterprise trace (StatelessNF §7.2.1).
+    Mixed,
+    /// N random 5-tuples with equal shares and a fixed packet size, no handshakes: the 64-byte
+    /// worst case of FlexState §V-A.2 and HashMVT §VI-D.
+    Uniform,
+}
+
+impl Profile {
+    /// Every profile.
+    pub const ALL: [Profile; 4] = [
+        Profile::Long,
+        Profile::Short,
+        Profile::Mixed,
+        Profile::Uniform,
+    ];
+
+    /// The profile's name as [`FromStr`] accepts it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Profile::Long => "long",
+            Profile::Short => "short",
+            Profile::Mixed => "mixed",
+            Profile::Uniform => "uniform",
+        }
+    }
+
+    /// Typical packets per flow (the mean of the shape): lets a caller that knows only the number
+    /// of flows pick a number of packets.
+    pub const fn typical_packets_per_flow(self) -> u64 {
+        match self {
+            Profile::Long => 10_000,
+            Profile::Short => 100,
+            // Bounded Pareto, α = 1, on [10, 1000]: mean = 10·1000/990 · ln 100 ≈ 46.5.
+            Profile::Mixed => 47,
+            Profile::Uniform => 1,
+        }
+    }
+}
+
+impl fmt::Display for Profile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Profile {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        Profile::ALL
+            .into_iter()
+            .find(|p| p.name().eq_ignore_ascii_case(s.trim()))
+            .ok_or_else(|| Error::Option {
+                name: "profile",
+                reason: format!(
+                    "unknown profile {s:?}; expected one of long, short, mixed, uniform"
+                ),
+            })
+    }
+}
+
+/// Distribution of the frame sizes of packets that carry data (Ethernet header to payload
+/// end, without FCS).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SizeDist {
+    /// Every frame this long.
+    Fixed(u16),
+    /// Uniform on `min..=max`.
+    Uniform {
+        /// Shortest frame.
+        min: u16,
+        /// Longest frame.
+        max: u16,
+    },
+    /// Simple IMIX: 7 : 4 : 1 of 40-, 576- and 1500-byte IP packets, i.e. 60- (padded), 590-
+    /// and 1514-byte frames.
+    Imix,
+}
+
+impl SizeDist {
+    /// Shortest frame size accepted (64 bytes on the wire with the FCS).
+    pub const MIN_FRAME: u16 = 60;
+    /// Longest frame size accepted: a 1500-byte IP packet in an untagged frame.
+    pub const MAX_FRAME: u16 = 1514;
+
+    fn sample(&self, rng: &mut impl Rng) -> usize {
+        match *self {
+            SizeDist::Fixed(n) => usize::from(n),
+            SizeDist::Uniform { min, max } => {
+                usize::from(min) + rng.below(u64::from(max - min) + 1) as usize
+            }
+            SizeDist::Imix => match rng.below(12) {
+                0..=6 => 60,
+                7..=10 => 590,
+                _ => 1514,
+            },
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        let (min, max) = match *self {
+            SizeDist::Fixed(n) => (n, n),
+            SizeDist::Uniform { min, max } => (min, max),
+            SizeDist::Imix => return Ok(()),
+        };
+        if min > max {
+            return Err(Error::Option {
+                name: "packet_size",
+                reason: format!("range {min}-{max} is empty"),
+            });
+        }
+        if min < Self::MIN_FRAME || max > Self::MAX_FRAME {
+            return Err(Error::Option {
+                name: "packet_size",
+                reason: format!(
+                    "{self} is outside {}-{} (frame bytes without the 4-byte FCS)",
+                    Self::MIN_FRAME,
+                    Self::MAX_FRAME
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for SizeDist {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SizeDist::Fixed(n) => write!(f, "{n}"),
+            SizeDist::Uniform { min, max } => write!(f, "{min}-{max}"),
+            SizeDist::Imix => f.write_str("imix"),
+        }
+    }
+}
+
+impl FromStr for SizeDist {
+    type Err = Error;
+
+    /// `imix`, a size (`60`), or a range (`60-1514`).
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = || Error::Option {
+            name: "packet_size",
+            reason: format!("{s:?} is not a size (\"60\"), a range (\"60-1514\") or \"imix\""),
+        };
+        let s = s.trim();
+        let dist = if s.eq_ignore_ascii_case("imix") {
+            SizeDist::Imix
+        } else if let Some((a, b)) = s.split_once('-') {
+            SizeDist::Uniform {
+                min: a.trim().parse().map_err(|_| bad())?,
+                max: b.trim().parse().map_err(|_| bad())?,
+            }
+        } else {
+            SizeDist::Fixed(s.parse().map_err(|_| bad())?)
+        };
+        dist.validate()?;
+        Ok(dist)
+    }
+}
+
+/// An IPv4 subnet: address and prefix length (host bits of `addr` are ignored).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ipv4Net {
+    /// Network address.
+    pub addr: Ipv4Addr,
+    /// Prefix length, 0 to 32.
+    pub prefix_len: u8,
+}
+
+/// An IPv6 subnet: address and prefix length (host bits of `addr` are ignored).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ipv6Net {
+    /// Network address.
+    pub addr: Ipv6Addr,
+    /// Prefix length, 0 to 128.
+    pub prefix_len: u8,
+}
+
+impl Ipv4Net {
+    /// `addr/prefix_len`.
+    pub const fn new(addr: Ipv4Addr, prefix_len: u8) -> Self {
+        Ipv4Net { addr, prefix_len }
+    }
+}
+
+impl Ipv6Net {
+    /// `addr/prefix_len`.
+    pub const fn new(addr: Ipv6Addr, prefix_len: u8) -> Self {
+        Ipv6Net { addr, prefix_len }
+    }
+}
+
+impl fmt::Display for Ipv4Net {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix_len)
+    }
+}
+
+impl fmt::Display for Ipv6Net {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix_len)
+    }
+}
+
+fn parse_net<A: FromStr>(s: &str, max: u8) -> Option<(A, u8)> {
+    let (a, p) = s.trim().split_once('/')?;
+    let p: u8 = p.parse().ok()?;
+    (p <= max).then_some(())?;
+    Some((a.parse().ok()?, p))
+}
+
+impl FromStr for Ipv4Net {
+    type Err = Error;
+
+    /// `a.b.c.d/len`.
+    fn from_str(s: &str) -> Result<Self> {
+        parse_net(s, 32)
+            .map(|(addr, prefix_len)| Ipv4Net { addr, prefix_len })
+            .ok_or_else(|| Error::Option {
+                name: "subnet",
+                reason: format!("{s:?} is not an IPv4 subnet like 10.0.0.0/8"),
+            })
+    }
+}
+
+impl FromStr for Ipv6Net {
+    type Err = Error;
+
+    /// `addr/len`.
+    fn from_str(s: &str) -> Result<Self> {
+        parse_net(s, 128)
+            .map(|(addr, prefix_len)| Ipv6Net { addr, prefix_len })
+            .ok_or_else(|| Error::Option {
+                name: "subnet",
+                reason: format!("{s:?} is not an IPv6 subnet like fd00::/8"),
+            })
+    }
+}
+
+/// Everything that determines a synthetic trace.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SynthConfig {
+    /// The profile.
+    pub profile: Profile,
+    /// Number of flows (distinct 5-tuples), 1 to 2³² − 1.
+    pub flows: u64,
+    /// Number of packets in the trace.
+    pub packets: u64,
+    /// Seed: the same configuration and seed give the same bytes.
+    pub seed: u64,
+    /// Share of flows over IPv6, 0 to 1.
+    pub ipv6_share: f64,
+    /// Share of flows over TCP (the rest is UDP), 0 to 1.
+    pub tcp_share: f64,
+    /// Zipf exponent of flow popularity: a flow of popularity rank `r` gets a share of packets
+    /// proportional to `r^-zipf_s` times its draw from the profile. 0 = no skew.
+    pub zipf_s: f64,
+    /// Frame sizes of packets that carry data.
+    pub packet_size: SizeDist,
+    /// Packet rate for timestamps: packets are `10⁹ / rate_pps` ns apart.
+    pub rate_pps: f64,
+    /// Timestamp of the first packet, ns.
+    pub start_ns: u64,
+    /// About how many flows are active at once; 0 = all flows start at the beginning.
+    pub concurrency: u64,
+    /// IPv4 clients' subnet.
+    pub clients_v4: Ipv4Net,
+    /// IPv4 servers' subnet.
+    pub servers_v4: Ipv4Net,
+    /// IPv6 clients' subnet.
+    pub clients_v6: Ipv6Net,
+    /// IPv6 servers' subnet.
+    pub servers_v6: Ipv6Net,
+}
+
+impl Default for SynthConfig {
+    /// The `mixed` profile's defaults.
+    fn default() -> Self {
+        SynthConfig::new(Profile::Mixed)
+    }
+}
+
+impl SynthConfig {
+    /// The defaults of `profile` (see the module documentation), seed 0, 1 Mpps from time 0.
+    pub fn new(profile: Profile) -> Self {
+        let (flows, packets, concurrency) = match profile {
+            Profile::Long => (100, 1_000_000, 0),
+            Profile::Short => (10_000, 1_000_000, 1_000),
+            Profile::Mixed => (17_000, 800_000, 1_000),
+            Profile::Uniform => (50_000, 50_000, 0),
+        };
+        let uniform = profile == Profile::Uniform;
+        SynthConfig {
+            profile,
+            flows,
+            packets,
+            seed: 0,
+            ipv6_share: if uniform { 0.0 } else { 0.1 },
+            tcp_share: match profile {
+                Profile::Long | Profile::Short => 1.0,
+                Profile::Mixed => 0.8,
+                Profile::Uniform => 0.0,
+            },
+            zipf_s: 0.0,
+            packet_size: if uniform {
+                SizeDist::Fixed(60)
+            } else {
+                SizeDist::Imix
+            },
+            rate_pps: 1_000_000.0,
+            start_ns: 0,
+            concurrency,
+            clients_v4: Ipv4Net::new(Ipv4Addr::new(10, 0, 0, 0), 8),
+            servers_v4: Ipv4Net::new(Ipv4Addr::new(198, 51, 100, 0), 24),
+            clients_v6: Ipv6Net::new(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 0), 8),
+            servers_v6: Ipv6Net::new(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0), 32),
+        }
+    }
+
+    /// The fewest packets `flows` whole flows need: 2 per flow (a UDP request and response;
+    /// TCP flows, which need 7, turn into UDP flows when packets are short), 1 per flow for
+    /// `uniform`.
+    pub fn min_packets(&self) -> u64 {
+        let per_flow = if self.profile == Profile::Uniform {
+            1
+        } else {
+            UDP_MIN_PACKETS
+        };
+        self.flows.saturating_mul(per_flow)
+    }
+
+    /// Checks every option; the error names the option and what was expected.
+    pub fn validate(&self) -> Result<()> {
+        self.plan().map(|_| ())
+    }
+
+    /// Validates and works out the address plan.
+    fn plan(&self) -> Result<AddressPlan> {
+        let opt = |name: &'static str, reason: String| Err(Error::Option { name, reason });
+        if self.flows == 0 {
+            return opt("flows", "must be at least 1".into());
+        }
+        if self.flows > u64::from(u32::MAX) {
+            return opt("flows", format!("must be at most {}", u32::MAX));
+        }
+        if self.packets < self.min_packets() {
+            let why = if self.profile == Profile::Uniform {
+                "one per flow"
+            } else {
+                "a request and a response per flow"
+            };
+            return opt(
+                "packets",
+                format!(
+                    "profile {} with {} flows needs at least {} packets ({why}), got {}",
+                    self.profile,
+                    self.flows,
+                    self.min_packets(),
+                    self.packets
+                ),
+            );
+        }
+        for (name, v) in [
+            ("ipv6_share", self.ipv6_share),
+            ("tcp_share", self.tcp_share),
+        ] {
+            if !(0.0..=1.0).contains(&v) {
+                return opt(name, format!("must be between 0 and 1, got {v}"));
+            }
+        }
+        if !(self.zipf_s.is_finite() && self.zipf_s >= 0.0) {
+            return opt(
+                "zipf_s",
+                format!("must be a finite number >= 0, got {}", self.zipf_s),
+            );
+        }
+        if !(self.rate_pps.is_finite() && self.rate_pps > 0.0) {
+            return opt(
+                "rate_pps",
+                format!("must be a finite number > 0, got {}", self.rate_pps),
+            );
+        }
+        self.packet_size.validate()?;
+        if self.clients_v4.prefix_len > 32 || self.servers_v4.prefix_len > 32 {
+            return opt("subnet", "IPv4 prefix lengths are at most 32".into());
+        }
+        if self.clients_v6.prefix_len > 128 || self.servers_v6.prefix_len > 128 {
+            return opt("subnet", "IPv6 prefix lengths are at most 128".into());
+        }
+        let v4 = Net::v4(self.clients_v4);
+        let v4s = Net::v4(self.servers_v4);
+        let v6 = Net::v6(self.clients_v6);
+        let v6s = Net::v6(self.servers_v6);
+        if v4.overlaps(&v4s) {
+            return opt(
+                "clients_v4",
+                format!(
+                    "{} overlaps the servers' {}",
+                    self.clients_v4, self.servers_v4
+                ),
+            );
+        }
+        if v6.overlaps(&v6s) {
+            return opt(
+                "clients_v6",
+                format!(
+                    "{} overlaps the servers' {}",
+                    self.clients_v6, self.servers_v6
+                ),
+            );
+        }
+        let uniform = self.profile == Profile::Uniform;
+        let (port_lo, port_range) = if uniform {
+            (1024, 64_512)
+        } else {
+            (32_768, 28_232)
+        };
+        // Families that may appear: both subnets of a family must offer hosts.
+        let use_v4 = self.ipv6_share < 1.0;
+        let use_v6 = self.ipv6_share > 0.0;
+        let mut host_cap = u64::MAX;
+        if use_v4 {
+            host_cap = host_cap.min(v4.usable());
+        }
+        if use_v6 {
+            host_cap = host_cap.min(v6.usable());
+        }
+        let per_host = if uniform { 1 } else { 4 };
+        let hosts = host_cap.min(self.flows.div_ceil(per_host));
+        if self.flows > hosts.saturating_mul(port_range) {
+            return opt(
+                "flows",
+                format!(
+                    "{} flows need more client (address, port) pairs than the client subnets \
+                     offer ({} hosts x {port_range} ports)",
+                    self.flows, hosts
+                ),
+            );
+        }
+        let server_cap = |n: &Net| {
+            if uniform {
+                n.usable().min(1 << 32)
+            } else {
+                n.usable().min(256)
+            }
+        };
+        Ok(AddressPlan {
+            hosts,
+            port_lo,
+            port_range,
+            servers_v4: server_cap(&v4s),
+            servers_v6: server_cap(&v6s),
+            clients: [v4, v6],
+            servers: [v4s, v6s],
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Deterministic randomness
+
+/// SplitMix64's output function (Steele, Lea, Flood 2014): a bijective 64-bit mixer.
+#[inline]
+fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// A keyed hash of two words, for per-flow constants.
+#[inline]
+fn hash2(key: u64, a: u64, b: u64) -> u64 {
+    mix64(key ^ mix64(a.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ mix64(b)))
+}
+
+/// Random numbers from a 64-bit generator.
+trait Rng {
+    fn next_u64(&mut self) -> u64;
+
+    /// Uniform on `0..n` (n ≥ 1), by the multiply-high method.
+    #[inline]
+    fn below(&mut self, n: u64) -> u64 {
+        ((u128::from(self.next_u64()) * u128::from(n)) >> 64) as u64
+    }
+
+    /// Uniform on [0, 1) with 53 bits.
+    #[inline]
+    fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+
+    /// True with probability `p`.
+    #[inline]
+    fn chance(&mut self, p: f64) -> bool {
+        self.unit() < p
+    }
+}
+
+/// SplitMix64: 8 bytes of state, one per active flow.
+#[derive(Debug, Clone)]
+struct SplitMix64(u64);
+
+impl Rng for SplitMix64 {
+    #[inline]
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        mix64(self.0)
+    }
+}
+
+/// xoshiro256** (Blackman, Vigna 2018), seeded through SplitMix64: the sequential streams.
+#[derive(Debug, Clone)]
+struct Xoshiro256 {
+    s: [u64; 4],
+}
+
+impl Xoshiro256 {
+    fn new(seed: u64) -> Self {
+        let mut sm = SplitMix64(seed);
+        Xoshiro256 {
+            s: [sm.next_u64(), sm.next_u64(), sm.next_u64(), sm.next_u64()],
+        }
+    }
+}
+
+impl Rng for Xoshiro256 {
+    #[inline]
+    fn next_u64(&mut self) -> u64 {
+        let s = &mut self.s;
+        let result = s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
+        let t = s[1] << 17;
+        s[2] ^= s[0];
+        s[3] ^= s[1];
+        s[1] ^= s[2];
+        s[0] ^= s[3];
+        s[2] ^= t;
+        s[3] = s[3].rotate_left(45);
+        result
+    }
+}
+
+/// A keyed bijection on `k`-bit integers (`x < 2^k`, `k ≤ 64`): rounds of add, multiply by an
+/// odd constant and xor-shift, each invertible modulo `2^k`.
+fn permute_bits(mut x: u64, k: u32, key: u64) -> u64 {
+    if k == 0 {
+        return 0;
+    }
+    let mask = if k == 64 { u64::MAX } else { (1u64 << k) - 1 };
+    let shift = k.div_ceil(2);
+    for round in 0..3u64 {
+        let r = mix64(key ^ round);
+        x = x.wrapping_add(r) & mask;
+        x = x.wrapping_mul(r | 1) & mask;
+        x ^= x >> shift;
+    }
+    x
+}
+
+/// A keyed bijection on `lo..=hi` (within `k` bits) by cycle walking.
+fn permute_range(x: u64, lo: u64, hi: u64, k: u32, key: u64) -> u64 {
+    let mut y = permute_bits(x, k, key);
+    while y < lo || y > hi {
+        y = permute_bits(y, k, key);
+    }
+    y
+}
+
+/// Bits needed to hold `n - 1` (n ≥ 1).
+fn bits_for(n: u64) -> u32 {
+    64 - (n.saturating_sub(1)).leading_zeros()
+}
+
+/// A keyed permutation of `0..n`.
+fn permute_index(i: u64, n: u64, key: u64) -> u64 {
+    permute_range(i, 0, n - 1, bits_for(n), key)
+}
+
+/// Natural logarithm from basic IEEE-754 operations only (so every platform rounds alike):
+/// `x = m·2^e` with `m` in [√½, √2), then `ln m = 2 atanh((m−1)/(m+1))` by its series.
+fn ln(x: f64) -> f64 {
+    debug_assert!(x.is_finite() && x >= f64::MIN_POSITIVE);
+    let bits = x.to_bits();
+    let mut e = ((bits >> 52) & 0x7ff) as i64 - 1023;
+    let mut m = f64::from_bits((bits & ((1u64 << 52) - 1)) | (1023u64 << 52));
+    if m > core::f64::consts::SQRT_2 {
+        m *= 0.5;
+        e += 1;
+    }
+    let t = (m - 1.0) / (m + 1.0);
+    let t2 = t * t;
+    let mut term = t;
+    let mut acc = 0.0;
+    let mut k = 1.0;
+    for _ in 0..16 {
+        acc += term / k;
+        term *= t2;
+        k += 2.0;
+    }
+    e as f64 * core::f64::consts::LN_2 + 2.0 * acc
+}
+
+/// `e^x` from basic operations: `x = n·ln 2 + r`, Taylor series for `e^r`, times `2^n`.
+fn exp(x: f64) -> f64 {
+    if x < -745.0 {
+        return 0.0;
+    }
+    if x > 709.0 {
+        return f64::INFINITY;
+    }
+    let n = (x * core::f64::consts::LOG2_E + 0.5).floor();
+    let r = x - n * core::f64::consts::LN_2;
+    let mut term = 1.0;
+    let mut acc = 1.0;
+    for i in 1..=20 {
+        term *= r / f64::from(i);
+        acc += term;
+    }
+    // Scale by 2^n in steps that stay in the normal range.
+    let mut n = n as i64;
+    while n > 0 {
+        let step = n.min(1000);
+        acc *= f64::from_bits(((step + 1023) as u64) << 52);
+        n -= step;
+    }
+    while n < 0 {
+        let step = (-n).min(1000);
+        acc *= f64::from_bits(((1023 - step) as u64) << 52);
+        n += step;
+    }
+    acc
+}
+
+// ---------------------------------------------------------------------------------------------
+// Addresses
+
+/// A subnet as a 32- or 128-bit integer, for host numbering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Net {
+    /// Network bits (host bits cleared).
+    base: u128,
+    /// Address width: 32 or 128.
+    width: u32,
+    prefix: u32,
+}
+
+impl Net {
+    fn v4(n: Ipv4Net) -> Self {
+        Net::new(u128::from(u32::from(n.addr)), 32, u32::from(n.prefix_len))
+    }
+
+    fn v6(n: Ipv6Net) -> Self {
+        Net::new(u128::from(n.addr), 128, u32::from(n.prefix_len))
+    }
+
+    fn new(addr: u128, width: u32, prefix: u32) -> Self {
+        let host = width - prefix;
+        let mask = if host >= 128 {
+            0
+        } else {
+            !((1u128 << host) - 1)
+        };
+        let full = if width == 128 {
+            u128::MAX
+        } else {
+            (1u128 << width) - 1
+        };
+        Net {
+            base: addr & mask & full,
+            width,
+            prefix,
+        }
+    }
+
+    fn overlaps(&self, other: &Net) -> bool {
+        let p = self.prefix.min(other.prefix);
+        let host = self.width - p;
+        let mask = if host >= 128 {
+            0
+        } else {
+            !((1u128 << host) - 1)
+        };
+        self.base & mask == other.base & mask
+    }
+
+    /// Host bits that are numbered (at most 64; above that the rest are a seeded constant).
+    fn host_bits(&self) -> u32 {
+        (self.width - self.prefix).min(64)
+    }
+
+    /// Host numbers in use: all but the all-zeros and all-ones host when there are ≥ 4.
+    fn usable(&self) -> u64 {
+        match self.host_bits() {
+            0 => 1,
+            1 => 2,
+            64 => u64::MAX - 1,
+            k => (1u64 << k) - 2,
+        }
+    }
+
+    /// The `h`-th host (`h < usable()`) under the permutation `key`.
+    fn host(&self, h: u64, key: u64) -> u128 {
+        let k = self.host_bits();
+        let (lo, hi) = match k {
+            0 | 1 => (0, if k == 0 { 0 } else { 1 }),
+            64 => (1, u64::MAX - 1),
+            _ => (1, (1u64 << k) - 2),
+        };
+        let low = permute_range(h + lo, lo, hi, k, key);
+        // Host bits beyond the numbered 64 (IPv6 prefixes shorter than /64): a seeded constant,
+        // like the random global ID of an RFC 4193 address.
+        let total = self.width - self.prefix;
+        let mid = if total > 64 {
+            let extra = total - 64;
+            let m = u128::from(mix64(key ^ 0x5eed)) & ((1u128 << extra) - 1);
+            m << 64
+        } else {
+            0
+        };
+        self.base | mid | u128::from(low)
+    }
+}
+
+/// How flows map to addresses and ports (see the module documentation).
+#[derive(Debug, Clone)]
+struct AddressPlan {
+    hosts: u64,
+    port_lo: u16,
+    port_range: u64,
+    servers_v4: u64,
+    servers_v6: u64,
+    /// [IPv4, IPv6].
+    clients: [Net; 2],
+    servers: [Net; 2],
+}
+
+/// Weighted server ports: (port, weight out of 100).
+const TCP_PORTS: [(u16, u64); 8] = [
+    (443, 55),
+    (80, 25),
+    (8080, 5),
+    (22, 5),
+    (25, 3),
+    (993, 3),
+    (3306, 2),
+    (5432, 2),
+];
+const UDP_PORTS: [(u16, u64); 5] = [(53, 60), (443, 20), (123, 10), (3478, 5), (514, 5)];
+
+fn weighted_port(table: &[(u16, u64)], r: u64) -> u16 {
+    let mut x = r % 100;
+    for &(port, w) in table {
+        if x < w {
+            return port;
+        }
+        x -= w;
+    }
+    table[0].0
+}
+
+/// Both ends of a flow.
+#[derive(Debug, Clone, Copy)]
+struct Endpoints {
+    v6: bool,
+    client: u128,
+    server: u128,
+    client_port: u16,
+    server_port: u16,
+}
+
+// ---------------------------------------------------------------------------------------------
+// The generator
+
+/// Flow kind bits in [`Synthetic::kinds`].
+const KIND_V6: u8 = 1;
+const KIND_TCP: u8 = 2;
+
+/// Purposes of keyed hashes and streams.
+const K_SETUP: u64 = 0x5e70;
+const K_ARRIVAL: u64 = 0xa441;
+const K_RANK: u64 = 0x4a4b;
+const K_REMAINDER: u64 = 0x4e3d;
+const K_FLOW: u64 = 0xf10e;
+const K_CLIENT: u64 = 0xc11e;
+const K_SERVER: u64 = 0x5e4e;
+const K_CLIENT6: u64 = 0xc116;
+const K_SERVER6: u64 = 0x5e46;
+const K_PORT: u64 = 0x9047;
+
+/// Virtual ticks a flow lasts (before its ±25 % jitter).
+const FLOW_TICKS: u64 = 1 << 40;
+
+/// Where a TCP flow is in its exchange phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// The client sends a request next.
+    Request,
+    /// The server is sending a response burst.
+    Response,
+}
+
+/// State of an active flow (80 bytes).
+#[derive(Debug, Clone)]
+struct FlowState {
+    flow: u32,
+    kind: u8,
+    rng: SplitMix64,
+    start: u64,
+    ticks: u64,
+    count: u64,
+    sent: u64,
+    /// Next sequence number to send, [client, server].
+    nxt: [u32; 2],
+    /// Timestamp clock offsets and the last TSval each side sent.
+    ts_off: [u32; 2],
+    ts_last: [u32; 2],
+    phase: Phase,
+    /// Server segments left in the current response.
+    burst: u64,
+    /// Server segments the client has not acknowledged yet.
+    unacked: u8,
+}
+
+/// When a slot's next packet is due: kept apart from [`FlowState`] so that walking a calendar
+/// bucket touches 16 bytes a flow.
+#[derive(Debug, Clone, Copy)]
+struct Due {
+    /// Virtual time of the flow's next packet.
+    time: u64,
+    flow: u32,
+    /// Next slot in the same calendar bucket ([`NONE`] ends the list).
+    next: u32,
+}
+
+/// No slot.
+const NONE: u32 = u32::MAX;
+
+impl FlowState {
+    /// Virtual time of packet `k`: `start + ticks·(k + jitter)/count`, non-decreasing in `k`.
+    fn time_of(&mut self, k: u64) -> u64 {
+        let j = self.rng.below(1 << 16);
+        let num = u128::from(self.ticks) * (u128::from(k) << 16 | u128::from(j));
+        let den = u128::from(self.count) << 16;
+        self.start.saturating_add((num / den) as u64)
+    }
+}
+
+/// A deterministic synthetic traffic [`Source`] (see the module documentation).
+pub struct Synthetic {
+    config: SynthConfig,
+    plan: AddressPlan,
+    key: u64,
+    /// Packets of each flow.
+    counts: Vec<u64>,
+    /// [`KIND_V6`] | [`KIND_TCP`] per flow.
+    kinds: Vec<u8>,
+    arrival_rng: Xoshiro256,
+    arrival_span: u64,
+    next_flow: u64,
+    next_start: Option<u64>,
+    slots: Vec<FlowState>,
+    /// Per slot, beside `slots`.
+    due: Vec<Due>,
+    free: Vec<u32>,
+    /// Pending packets, one per active flow, in a calendar queue (R. Brown, CACM 1988): buckets
+    /// of `width` virtual ticks, each a list of slots; the bucket being drained is a heap of
+    /// (time, flow, slot), so packets leave in (time, flow) order, at O(1) amortised cost
+    /// however many flows are active.
+    width: u64,
+    buckets: Vec<u32>,
+    /// The bucket being drained (`None` before the first).
+    bucket: Option<usize>,
+    heap: BinaryHeap<Reverse<(u64, u32, u32)>>,
+    emitted: u64,
+    period_ns: f64,
+    scratch: Box<[u8; 2048]>,
+}
+
+impl fmt::Debug for Synthetic {
+    /// The configuration and progress (not the per-flow tables).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Synthetic")
+            .field("config", &self.config)
+            .field("emitted", &self.emitted)
+            .field("started_flows", &self.next_flow)
+            .field("active_flows", &(self.slots.len() - self.free.len()))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Synthetic {
+    /// A generator for `config`, after [`SynthConfig::validate`]. Works out every flow's
+    /// packet count (O(flows) time and memory); packets are made as they are received.
+    pub fn new(config: SynthConfig) -> Result<Self> {
+        let plan = config.plan()?;
+        let key = mix64(config.seed ^ 0x666c_6f77_7374_6174);
+        let n = config.flows;
+        let uniform = config.profile == Profile::Uniform;
+
+        // Kinds and shape weights, in flow order from one stream.
+        let mut rng = Xoshiro256::new(key ^ K_SETUP);
+        let mut kinds = Vec::with_capacity(n as usize);
+        let mut weights = Vec::with_capacity(n as usize);
+        let skew = config.zipf_s > 0.0;
+        for i in 0..n {
+            let mut kind = 0;
+            if rng.chance(config.ipv6_share) {
+                kind |= KIND_V6;
+            }
+            if rng.chance(config.tcp_share) {
+                kind |= KIND_TCP;
+            }
+            kinds.push(kind);
+            let u = rng.unit();
+            let base = match config.profile {
+                Profile::Long => 10_000.0 * (0.8 + 0.4 * u),
+                Profile::Short => 100.0 * (0.8 + 0.4 * u),
+                // Bounded Pareto with α = 1 on [10, 1000] by inversion:
+                // x = L / (1 − u(1 − L/H)).
+                Profile::Mixed => 10.0 / (1.0 - u * (1.0 - 10.0 / 1000.0)),
+                Profile::Uniform => 1.0,
+            };
+            let w = if skew {
+                let rank = permute_index(i, n, key ^ K_RANK) + 1;
+                base * exp(-config.zipf_s * ln(rank as f64))
+            } else {
+                base
+            };
+            weights.push(w);
+        }
+
+        // Minimums; turn TCP flows into UDP flows (last first) while they do not fit.
+        let min_of = |kind: u8| {
+            if uniform {
+                1
+            } else if kind & KIND_TCP != 0 {
+                TCP_MIN_PACKETS
+            } else {
+                UDP_MIN_PACKETS
+            }
+        };
+        let mut min_sum: u64 = kinds.iter().map(|&k| min_of(k)).sum();
+        let mut i = kinds.len();
+        while min_sum > config.packets && i > 0 {
+            i -= 1;
+            if kinds[i] & KIND_TCP != 0 {
+                kinds[i] &= !KIND_TCP;
+                min_sum -= TCP_MIN_PACKETS - UDP_MIN_PACKETS;
+            }
+        }
+        let counts = allocate(&weights, &kinds, &min_of, config.packets, key);
+        drop(weights);
+
+        let concurrency = if config.concurrency == 0 {
+            n
+        } else {
+            config.concurrency.min(n)
+        };
+        let arrival_span = if concurrency >= n {
+            FLOW_TICKS / 16
+        } else {
+            let span = u128::from(FLOW_TICKS) * u128::from(n) / u128::from(concurrency);
+            span.min(1 << 62) as u64
+        };
+        let reserve = (concurrency.saturating_mul(2).saturating_add(64)).min(n) as usize;
+        // Every packet is due before the last flow's start plus the longest duration.
+        let horizon = arrival_span + FLOW_TICKS / 4 * 5 + 1;
+        let nbuckets = (config.packets / 32).clamp(1, 1 << 20);
+        let width = horizon / nbuckets + 1;
+        Ok(Synthetic {
+            period_ns: 1e9 / config.rate_pps,
+            config,
+            plan,
+            key,
+            counts,
+            kinds,
+            arrival_rng: Xoshiro256::new(key ^ K_ARRIVAL),
+            arrival_span,
+            next_flow: 0,
+            next_start: None,
+            slots: Vec::with_capacity(reserve),
+            due: Vec::with_capacity(reserve),
+            free: Vec::with_capacity(reserve),
+            width,
+            buckets: vec![NONE; nbuckets as usize],
+            bucket: None,
+            heap: BinaryHeap::with_capacity(reserve),
+            emitted: 0,
+            scratch: Box::new([0u8; 2048]),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SynthConfig {
+        &self.config
+    }
+
+    /// Packets the whole trace has: [`SynthConfig::packets`].
+    pub fn total_packets(&self) -> u64 {
+        self.config.packets
+    }
+
+    /// Packets generated so far (for a progress bar up to [`total_packets`](Self::total_packets)).
+    pub fn progress(&self) -> u64 {
+        self.emitted
+    }
+
+    /// Packets of flow `i` (flows are numbered in the order they start), if it exists.
+    pub fn flow_packets(&self, i: u64) -> Option<u64> {
+        self.counts.get(usize::try_from(i).ok()?).copied()
+    }
+
+    /// Writes the next packet into `buf` (or, when it is too short, a truncated copy) and sets
+    /// `meta`; returns the stored length. The trace must not be exhausted.
+    fn emit(&mut self, buf: &mut [u8], meta: &mut PacketMeta) -> usize {
+        let slot = self.pop_due();
+        let ts_ns = self
+            .config
+            .start_ns
+            .saturating_add((self.emitted as f64 * self.period_ns) as u64);
+        self.emitted += 1;
+        let (len, wire_len) = self.write_packet(slot as usize, ts_ns, buf);
+        let state = &mut self.slots[slot as usize];
+        state.sent += 1;
+        if state.sent < state.count {
+            let t = state.time_of(state.sent);
+            self.schedule(slot, t);
+        } else {
+            self.free.push(slot);
+        }
+        *meta = PacketMeta {
+            timestamp_ns: ts_ns,
+            wire_len: wire_len as u32,
+            ..PacketMeta::default()
+        };
+        len
+    }
+
+    /// The slot of the flow whose packet is due next: the least (time, flow).
+    fn pop_due(&mut self) -> u32 {
+        loop {
+            if let Some(Reverse((_, _, slot))) = self.heap.pop() {
+                return slot;
+            }
+            // Enter the next bucket: its list goes into the heap, then every flow that starts
+            // before the bucket ends is activated (its packets are due no earlier than its start).
+            let b = self.bucket.map_or(0, |b| b + 1);
+            assert!(b < self.buckets.len(), "packets remain, so some are due");
+            self.bucket = Some(b);
+            let mut slot = std::mem::replace(&mut self.buckets[b], NONE);
+            while slot != NONE {
+                let d = self.due[slot as usize];
+                self.heap.push(Reverse((d.time, d.flow, slot)));
+                slot = d.next;
+            }
+            let last = b + 1 == self.buckets.len();
+            let end = (b as u64 + 1).saturating_mul(self.width);
+            while self.next_flow < self.config.flows {
+                let start = self.next_start();
+                if start >= end && !last {
+                    break;
+                }
+                self.next_start = None;
+                let flow = self.next_flow as u32;
+                self.next_flow += 1;
+                self.activate(flow, start);
+            }
+        }
+    }
+
+    /// Queues the slot's next packet, due at `time`.
+    fn schedule(&mut self, slot: u32, time: u64) {
+        let d = &mut self.due[slot as usize];
+        d.time = time;
+        let b = ((time / self.width) as usize).min(self.buckets.len() - 1);
+        match self.bucket {
+            Some(cur) if b <= cur => self.heap.push(Reverse((time, d.flow, slot))),
+            _ => {
+                d.next = self.buckets[b];
+                self.buckets[b] = slot;
+            }
+        }
+    }
+
+    /// Start time of flow `next_flow`: flows start in order, spread over the arrival span.
+    fn next_start(&mut self) -> u64 {
+        if let Some(s) = self.next_start {
+            return s;
+        }
+        let n = self.config.flows;
+        let u = self.arrival_rng.below(1 << 16);
+        let pos = u128::from(self.next_flow) << 16 | u128::from(u);
+        let s = (pos * u128::from(self.arrival_span) / (u128::from(n) << 16)) as u64;
+        self.next_start = Some(s);
+        s
+    }
+
+    fn activate(&mut self, flow: u32, start: u64) {
+        let i = flow as usize;
+        let mut rng = SplitMix64(hash2(self.key, K_FLOW, u64::from(flow)));
+        let ticks = if self.config.profile == Profile::Uniform {
+            FLOW_TICKS
+        } else {
+            FLOW_TICKS / 4 * 3 + rng.below(FLOW_TICKS / 2)
+        };
+        let isn = rng.next_u64();
+        let ts = rng.next_u64();
+        let mut state = FlowState {
+            flow,
+            kind: self.kinds[i],
+            rng,
+            start,
+            ticks,
+            count: self.counts[i],
+            sent: 0,
+            nxt: [isn as u32, (isn >> 32) as u32],
+            ts_off: [ts as u32, (ts >> 32) as u32],
+            ts_last: [0; 2],
+            phase: Phase::Request,
+            burst: 0,
+            unacked: 0,
+        };
+        let t = state.time_of(0);
+        let due = Due {
+            time: t,
+            flow,
+            next: NONE,
+        };
+        let slot = match self.free.pop() {
+            Some(s) => {
+                self.slots[s as usize] = state;
+                self.due[s as usize] = due;
+                s
+            }
+            None => {
+                self.slots.push(state);
+                self.due.push(due);
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.schedule(slot, t);
+    }
+
+    /// Addresses and ports of flow `flow`.
+    fn endpoints(&self, flow: u32, kind: u8) -> Endpoints {
+        let p = &self.plan;
+        let i = u64::from(flow);
+        let host = i % p.hosts;
+        let slot = i / p.hosts;
+        let offset = hash2(self.key, K_PORT, host) % p.port_range;
+        let client_port = p.port_lo + ((slot + offset) % p.port_range) as u16;
+        let v6 = kind & KIND_V6 != 0;
+        let fam = usize::from(v6);
+        let (ck, sk, nservers) = if v6 {
+            (K_CLIENT6, K_SERVER6, p.servers_v6)
+        } else {
+            (K_CLIENT, K_SERVER, p.servers_v4)
+        };
+        let client = p.clients[fam].host(host, self.key ^ ck);
+        let r = hash2(self.key, K_SERVER, i);
+        let server = p.servers[fam].host((r >> 32) % nservers, self.key ^ sk);
+        let server_port = if self.config.profile == Profile::Uniform {
+            1 + (r % 65_535) as u16
+        } else if kind & KIND_TCP != 0 {
+            weighted_port(&TCP_PORTS, r)
+        } else {
+            weighted_port(&UDP_PORTS, r)
+        };
+        Endpoints {
+            v6,
+            client,
+            server,
+            client_port,
+            server_port,
+        }
+    }
+
+    /// Writes packet `sent` of the flow in `slot`; returns (stored, wire) lengths.
+    fn write_packet(&mut self, slot: usize, ts_ns: u64, buf: &mut [u8]) -> (usize, usize) {
+        let (flow, kind) = (self.slots[slot].flow, self.slots[slot].kind);
+        let ep = self.endpoints(flow, kind);
+        let profile = self.config.profile;
+        let sizes = self.config.packet_size;
+        let st = &mut self.slots[slot];
+        let k = st.sent;
+        let per_flow = hash2(self.key, K_FLOW ^ 1, u64::from(flow));
+
+        // (from client?, transport, payload)
+        let (from_client, l4, payload) = if profile == Profile::Uniform {
+            let from_client = st.rng.below(2) == 0;
+            let side = usize::from(!from_client);
+            let hdr = header_len(ep.v6, kind & KIND_TCP != 0, 0);
+            let len = sizes.sample(&mut st.rng).saturating_sub(hdr);
+            let (sp, dp) = ports(&ep, from_client);
+            if kind & KIND_TCP != 0 {
+                let seq = st.nxt[side];
+                st.nxt[side] = seq.wrapping_add(len as u32);
+                let tcp = TcpSpec {
+                    src_port: sp,
+                    dst_port: dp,
+                    seq,
+                    ack: st.nxt[1 - side],
+                    flags: tcp_flags::PSH | tcp_flags::ACK,
+                    window: 502,
+                    urgent: 0,
+                    options: TcpOptions::NONE,
+                };
+                let payload = Payload::Counter {
+                    len,
+                    start: seq as u8,
+                };
+                (from_client, L4Spec::Tcp(tcp), payload)
+            } else {
+                let udp = UdpSpec {
+                    src_port: sp,
+                    dst_port: dp,
+                };
+                let payload = Payload::Counter {
+                    len,
+                    start: k as u8,
+                };
+                (from_client, L4Spec::Udp(udp), payload)
+            }
+        } else if kind & KIND_TCP != 0 {
+            tcp_segment(st, &ep, sizes, ts_ns)
+        } else {
+            let from_client = k % 2 == 0;
+            let hdr = header_len(ep.v6, false, 0);
+            let len = sizes.sample(&mut st.rng).saturating_sub(hdr).max(1);
+            let (sp, dp) = ports(&ep, from_client);
+            let udp = UdpSpec {
+                src_port: sp,
+                dst_port: dp,
+            };
+            let payload = Payload::Counter {
+                len,
+                start: (per_flow as u8).wrapping_add(k as u8),
+            };
+            (from_client, L4Spec::Udp(udp), payload)
+        };
+
+        // Network layer: per-side TTL / hop limit, IPv4 id counting per flow, RFC 6437 labels.
+        let hops = 1 + (per_flow >> 8) as u8 % 20;
+        let ttl = if from_client { 64 } else { 64 - hops };
+        let ip = if ep.v6 {
+            let (c, s) = (Ipv6Addr::from(ep.client), Ipv6Addr::from(ep.server));
+            let (src, dst) = if from_client { (c, s) } else { (s, c) };
+            let label = (per_flow >> if from_client { 16 } else { 36 }) as u32 & 0xf_ffff;
+            IpSpec::V6(Ipv6Spec {
+                hop_limit: ttl,
+                flow_label: label,
+                ..Ipv6Spec::new(src, dst)
+            })
+        } else {
+            let (c, s) = (
+                Ipv4Addr::from(ep.client as u32),
+                Ipv4Addr::from(ep.server as u32),
+            );
+            let (src, dst) = if from_client { (c, s) } else { (s, c) };
+            IpSpec::V4(Ipv4Spec {
+                ttl,
+                id: ((per_flow >> 40) as u16).wrapping_add(k as u16),
+                ..Ipv4Spec::new(src, dst)
+            })
+        };
+        let ethernet = if from_client {
+            EthernetSpec::new(CLIENT_MAC, SERVER_MAC)
+        } else {
+            EthernetSpec::new(SERVER_MAC, CLIENT_MAC)
+        };
+        let spec = FrameSpec {
+            ethernet,
+            ip,
+            l4,
+            payload,
+            min_len: ETHERNET_MIN_LEN,
+        };
+        let wire = spec.frame_len();
+        if buf.len() >= wire {
+            let n = spec.write(buf).unwrap_or(0);
+            (n, n)
+        } else {
+            // A buffer shorter than the frame keeps its first bytes, as a capture with a snap
+            // length would; `wire_len` tells the full length.
+            let n = spec.write(&mut self.scratch[..]).unwrap_or(0);
+            let stored = n.min(buf.len());
+            buf[..stored].copy_from_slice(&self.scratch[..stored]);
+            (stored, n)
+        }
+    }
+}
+
+/// (source, destination) ports of a packet in the given direction.
+fn ports(ep: &Endpoints, from_client: bool) -> (u16, u16) {
+    if from_client {
+        (ep.client_port, ep.server_port)
+    } else {
+        (ep.server_port, ep.client_port)
+    }
+}
+
+/// Ethernet + IP + transport header bytes (TCP with `tcp_options` option bytes).
+fn header_len(v6: bool, tcp: bool, tcp_options: usize) -> usize {
+    14 + if v6 { 40 } else { 20 } + if tcp { 20 + tcp_options } else { 8 }
+}
+
+/// The next segment of a whole TCP flow (see the module documentation).
+fn tcp_segment<'a>(
+    st: &mut FlowState,
+    ep: &Endpoints,
+    sizes: SizeDist,
+    ts_ns: u64,
+) -> (bool, L4Spec, Payload<'a>) {
+    use tcp_flags::{ACK, FIN, PSH, SYN};
+    let k = st.sent;
+    let c = st.count;
+    let ms = (ts_ns / 1_000_000) as u32;
+    let data_hdr = header_len(ep.v6, true, 12);
+    let mss: u16 = if ep.v6 { 1440 } else { 1460 };
+
+    // (from client, flags, payload length, SYN options?)
+    let (from_client, flags, len, syn) = if k == 0 {
+        (true, SYN, 0, true)
+    } else if k == 1 {
+        (false, SYN | ACK, 0, true)
+    } else if k == 2 {
+        (true, ACK, 0, false)
+    } else if k + 4 >= c {
+        match c - k {
+            4 => (true, FIN | ACK, 0, false),
+            3 => (false, ACK, 0, false),
+            2 => (false, FIN | ACK, 0, false),
+            _ => (true, ACK, 0, false),
+        }
+    } else if st.phase == Phase::Request {
+        let len = sizes.sample(&mut st.rng).saturating_sub(data_hdr).max(1);
+        // Data packets left after this request, of which about two thirds can be server
+        // segments (the client acknowledges every second one).
+        let left = c - 4 - k - 1;
+        if left > 0 {
+            st.burst = 1 + st.rng.below((2 * left / 3).max(1));
+            st.phase = Phase::Response;
+            st.unacked = 0;
+        }
+        (true, PSH | ACK, len, false)
+    } else if st.unacked >= 2 {
+        st.unacked = 0;
+        (true, ACK, 0, false)
+    } else {
+        let len = sizes.sample(&mut st.rng).saturating_sub(data_hdr).max(1);
+        st.burst -= 1;
+        st.unacked += 1;
+        let last = st.burst == 0;
+        if last {
+            st.phase = Phase::Request;
+        }
+        (false, if last { PSH | ACK } else { ACK }, len, false)
+    };
+
+    let side = usize::from(!from_client);
+    let tsval = st.ts_off[side].wrapping_add(ms);
+    let tsecr = if k == 0 { 0 } else { st.ts_last[1 - side] };
+    st.ts_last[side] = tsval;
+    let seq = st.nxt[side];
+    let ack = if flags & ACK != 0 {
+        st.nxt[1 - side]
+    } else {
+        0
+    };
+    let advance = len as u32 + u32::from(flags & (SYN | FIN) != 0);
+    st.nxt[side] = seq.wrapping_add(advance);
+    let options = if syn {
+        TcpOptions {
+            mss: Some(mss),
+            window_scale: Some(7),
+            sack_permitted: true,
+            timestamps: Some((tsval, tsecr)),
+        }
+    } else {
+        TcpOptions {
+            timestamps: Some((tsval, tsecr)),
+            ..TcpOptions::NONE
+        }
+    };
+    let window = match (syn, from_client) {
+        (true, true) => 64_240,
+        (true, false) => 65_160,
+        (false, true) => 502,
+        (false, false) => 509,
+    };
+    let (src_port, dst_port) = ports(ep, from_client);
+    let tcp = TcpSpec {
+        src_port,
+        dst_port,
+        seq,
+        ack,
+        flags,
+        window,
+        urgent: 0,
+        options,
+    };
+    // The first payload byte is at sequence number `seq`: byte s of the stream is s mod 256.
+    let payload = Payload::Counter {
+        len,
+        start: seq as u8,
+    };
+    (from_client, L4Spec::Tcp(tcp), payload)
+}
+
+/// Per-flow packet counts: `max(min, ⌊λ·w⌋)` summing to exactly `total` (see the module docs).
+fn allocate(
+    weights: &[f64],
+    kinds: &[u8],
+    min_of: &dyn Fn(u8) -> u64,
+    total: u64,
+    key: u64,
+) -> Vec<u64> {
+    let count =
+        |lambda: f64, i: usize| -> u64 { min_of(kinds[i]).max((lambda * weights[i]) as u64) };
+    let sum = |lambda: f64| -> u64 {
+        (0..weights.len()).fold(0u64, |acc, i| acc.saturating_add(count(lambda, i)))
+    };
+    let max_w = weights.iter().copied().fold(0.0f64, f64::max);
+    let mut lo = 0.0f64;
+    let mut hi = if max_w > 0.0 {
+        (total as f64 + 1.0) / max_w * 1.000_001
+    } else {
+        0.0
+    };
+    // S(lo) <= total <= S(hi) (S(hi) may stay below only if every weight is 0).
+    if sum(lo) < total && max_w > 0.0 {
+        for _ in 0..200 {
+            let mid = lo + (hi - lo) / 2.0;
+            if mid <= lo || mid >= hi {
+                break;
+            }
+            let s = sum(mid);
+            if s <= total {
+                lo = mid;
+                if s == total {
+                    break;
+                }
+            } else {
+                hi = mid;
+            }
+        }
+    }
+    let mut counts: Vec<u64> = (0..weights.len()).map(|i| count(lo, i)).collect();
+    let mut left = total - counts.iter().sum::<u64>();
+    // Hand out what is left in a seeded order: first to flows that would grow at `hi`, then
+    // (only if every weight is zero) one by one round the flows.
+    let n = weights.len() as u64;
+    for j in 0..n {
+        if left == 0 {
+            break;
+        }
+        let i = permute_index(j, n, key ^ K_REMAINDER) as usize;
+        let extra = count(hi, i).saturating_sub(counts[i]).min(left);
+        counts[i] += extra;
+        left -= extra;
+    }
+    while left > 0 {
+        for j in 0..n {
+            if left == 0 {
+                break;
+            }
+            let i = permute_index(j, n, key ^ K_REMAINDER) as usize;
+            counts[i] += 1;
+            left -= 1;
+        }
+    }
+    counts
+}
+
+impl Source for Synthetic {
+    fn recv(&mut self, batch: &mut PacketBatch) -> Result<usize> {
+        batch.clear();
+        while self.emitted < self.config.packets && !batch.is_full() {
+            batch.push_with(|buf, meta| self.emit(buf, meta));
+        }
+        Ok(batch.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn xoshiro_reference_and_splitmix_reference() {
+        // SplitMix64 from seed 0: first output (Vigna's reference implementation).
+        let mut sm = SplitMix64(0);
+        assert_eq!(sm.next_u64(), 0xe220_a839_7b1d_cdaf);
+        // xoshiro256** with state [1, 2, 3, 4]: reference outputs 11520, 0, 1509978240.
+        let mut x = Xoshiro256 { s: [1, 2, 3, 4] };
+        assert_eq!(x.next_u64(), 11_520);
+        assert_eq!(x.next_u64(), 0);
+        assert_eq!(x.next_u64(), 1_509_978_240);
+    }
+
+    #[test]
+    fn ln_and_exp_are_accurate() {
+        for &x in &[1.0, 2.0, 3.5, 10.0, 1e6, 4_294_967_295.0, 0.001] {
+            let l = ln(x);
+            assert!(
+                (l - f64::ln(x)).abs() < 1e-13 * f64::ln(x).abs().max(1.0),
+                "{x}"
+            );
+            assert!((exp(l) - x).abs() < 1e-12 * x, "{x}");
+        }
+        assert_eq!(ln(1.0), 0.0);
+        assert_eq!(exp(0.0), 1.0);
+        assert!((exp(-700.0) - f64::exp(-700.0)).abs() < 1e-12 * f64::exp(-700.0));
+        assert_eq!(exp(-800.0), 0.0);
+    }
+
+    #[test]
+    fn permutations_are_bijections() {
+        for n in [1u64, 2, 3, 7, 64, 100, 1000] {
+            let mut seen = vec![false; n as usize];
+            for i in 0..n {
+                let p = permute_index(i, n, 42) as usize;
+                assert!(!seen[p], "n = {n}");
+                seen[p] = true;
+            }
+        }
+        for bits in [0u32, 1, 2, 3, 8] {
+            let net = Net::new(0, 32, 32 - bits);
+            let mut hosts: Vec<u128> = (0..net.usable()).map(|h| net.host(h, 7)).collect();
+            hosts.sort_unstable();
+            hosts.dedup();
+            assert_eq!(hosts.len() as u64, net.usable());
+            if bits >= 2 {
+                assert!(hosts.iter().all(|&h| h != 0 && h != (1 << bits) - 1));
+            }
+        }
+    }
+
+    #[test]
+    fn allocation_sums_exactly_and_respects_minimums() {
+        let weights = [1.0, 1.0, 1.0, 5.0, 0.0, 1e-300];
+        let kinds = [KIND_TCP, 0, 0, KIND_TCP, 0, 0];
+        let min_of = |k: u8| if k & KIND_TCP != 0 { 7 } else { 2 };
+        for total in [26, 27, 30, 31, 100, 1001] {
+            let c = allocate(&weights, &kinds, &min_of, total, 1);
+            assert_eq!(c.iter().sum::<u64>(), total);
+            for (i, &n) in c.iter().enumerate() {
+                assert!(n >= min_of(kinds[i]));
+            }
+        }
+        let c = allocate(&weights, &kinds, &min_of, 1_000_000, 1);
+        assert!(c[3] > 4 * c[0] && c[3] < 6 * c[0], "{c:?}");
+    }
+
+    #[test]
+    fn endpoints_are_distinct_for_a_small_client_subnet() {
+        let mut cfg = SynthConfig::new(Profile::Short);
+        cfg.clients_v4 = "10.1.2.0/30".parse().unwrap();
+        cfg.ipv6_share = 0.0;
+        cfg.flows = 2 * 28_232;
+        cfg.packets = cfg.flows * 2;
+        let s = Synthetic::new(cfg.clone()).unwrap();
+        let mut pairs: Vec<(u128, u16)> = (0..cfg.flows as u32)
+            .map(|i| {
+                let e = s.endpoints(i, 0);
+                (e.client, e.client_port)
+            })
+            .collect();
+        pairs.sort_unstable();
+        pairs.dedup();
+        assert_eq!(pairs.len() as u64, cfg.flows);
+        cfg.flows += 1;
+        cfg.packets += 2;
+        assert!(matches!(
+            cfg.validate(),
+            Err(Error::Option { name: "flows", .. })
+        ));
+    }
+}

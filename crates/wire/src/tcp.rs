@@ -280,7 +280,8 @@ impl<'a> Iterator for Options<'a> {
             (2, 2) => TcpOption::Mss(be16(data)),
             (3, 1) => TcpOption::WindowScale(data[0]),
             (4, 0) => TcpOption::SackPermitted,
-            (5, n) if n > 0 && n % 8 == 0 => TcpOption::Sack(SackBlocks(data)),
+            // 1 to 4 blocks: 40 bytes of options hold at most four (RFC 2018 §3).
+            (5, n) if n > 0 && n % 8 == 0 && n <= 32 => TcpOption::Sack(SackBlocks(data)),
             (8, 8) => TcpOption::Timestamps {
                 tsval: be32(&data[0..4]),
                 tsecr: be32(&data[4..8]),
