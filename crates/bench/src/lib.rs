@@ -4,6 +4,7 @@
 //! Promises: every claim is a ratio between two variants measured in the same run, side by
 //! side; absolute figures are reported but nothing here asserts a timing.
 
+mod flexstate_counter;
 mod hashing;
 mod report;
 
@@ -37,11 +38,18 @@ impl Bench {
 }
 
 /// Every benchmark, in the order `flowstate bench --list` shows them.
-pub const BENCHES: &[Bench] = &[Bench {
-    name: "hashing",
-    about: "ns per 5-tuple: hardware vs software CRC32C and symmetric Toeplitz (HashMVT §VI-C)",
-    run: hashing::run,
-}];
+pub const BENCHES: &[Bench] = &[
+    Bench {
+        name: "hashing",
+        about: "ns per 5-tuple: hardware vs software CRC32C and symmetric Toeplitz (HashMVT §VI-C)",
+        run: hashing::run,
+    },
+    Bench {
+        name: "flexstate-counter",
+        about: "Counter NF, sync vs async (no_wait + 1 ms flush) updates on the local store (FlexState §V-B Fig. 7)",
+        run: flexstate_counter::run,
+    },
+];
 
 /// The benchmark called `name`.
 pub fn find(name: &str) -> Option<&'static Bench> {

@@ -1,0 +1,141 @@
+//! The [`NetworkFunction`] trait and the built-in NFs.
+//!
+//! Promises:
+//! * NFs are sans-IO: they see a packet (already dissected once by the runtime) and a
+//!   [`Context`] with the time and the packet's logical clock, and return a [`Verdict`]. They
+//!   never read a clock, open a socket, or spawn a thread, so every NF runs under a virtual
+//!   clock in tests.
+//! * All NF state goes through the state API ([`flowstate_state`]); an NF declares its objects
+//!   when it is built for a worker and keeps nothing else between packets, so the same NF runs
+//!   on every backend.
+//! * A packet an NF cannot handle is dropped with a reason, counted by the runtime; nothing a
+//!   packet holds can make an NF panic.
+
+use flowstate_state::{Declare, Nanos, StateError};
+use flowstate_wire::Dissection;
+
+/// Which side a packet came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Direction {
+    /// From the inside (clients, the private network) towards the outside.
+    Outbound,
+    /// From the outside towards the inside.
+    Inbound,
+}
+
+impl Direction {
+    /// The other direction.
+    pub const fn reversed(self) -> Self {
+        match self {
+            Direction::Outbound => Direction::Inbound,
+            Direction::Inbound => Direction::Outbound,
+        }
+    }
+}
+
+/// A packet on its way through a chain: the frame's bytes and their dissection. An NF that
+/// rewrites headers keeps `dissection.flow` up to date for the NFs after it.
+#[derive(Debug)]
+pub struct Packet<'a> {
+    /// The Ethernet frame.
+    pub data: &'a mut [u8],
+    /// Where its layers are, and its flow key.
+    pub dissection: Dissection,
+    /// Where it came from.
+    pub direction: Direction,
+}
+
+/// What an NF sees besides the packet.
+#[derive(Debug, Clone, Copy)]
+pub struct Context {
+    /// The runtime's time, ns.
+    pub now: Nanos,
+    /// The packet's logical clock (CHC §5), 0 when the runtime does not assign one.
+    pub clock: u64,
+    /// The worker (core) processing the packet.
+    pub worker: u32,
+}
+
+/// Why a packet was dropped; counted per NF by the runtime.
+pub type DropReason = &'static str;
+
+/// What to do with a packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Pass it to the next NF, or out.
+    Forward,
+    /// Drop it, for this reason.
+    Drop(DropReason),
+}
+
+/// A network function: one instance per worker, built by its [`NfFactory`].
+pub trait NetworkFunction {
+    /// The NF's name (its id in state keys).
+    fn name(&self) -> &str;
+
+    /// Hints that `pkt` will be processed soon (a batch is prefetched before it is
+    /// processed): start loading the state it needs. Default: nothing.
+    #[inline]
+    fn prefetch(&mut self, pkt: &Packet<'_>) {
+        let _ = pkt;
+    }
+
+    /// Processes one packet.
+    fn process(&mut self, pkt: &mut Packet<'_>, cx: &Context) -> Verdict;
+
+    /// Called regularly (at least every few milliseconds of runtime time): expire timers.
+    fn on_tick(&mut self, now: Nanos) {
+        let _ = now;
+    }
+
+    /// Counters worth showing an operator (`name`, value), e.g. translations, active flows.
+    fn report(&self) -> Vec<(&'static str, i64)> {
+        Vec::new()
+    }
+}
+
+/// Where a worker's NF instance runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkerInfo {
+    /// This worker's index, 0-based.
+    pub index: u32,
+    /// Number of workers of the instance.
+    pub count: u32,
+    /// NF instance id.
+    pub instance: u32,
+}
+
+/// Why an NF could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// A configuration value is wrong: names the key.
+    #[error("{nf}: {key}: {reason}")]
+    Config {
+        /// The NF.
+        nf: &'static str,
+        /// The configuration key.
+        key: &'static str,
+        /// What was expected.
+        reason: String,
+    },
+    /// Declaring state failed.
+    #[error(transparent)]
+    State(#[from] StateError),
+}
+
+/// Builds one NF instance per worker (the runtime calls it inside each worker's thread).
+pub trait NfFactory: Send + Sync {
+    /// The NF's name.
+    fn name(&self) -> &'static str;
+
+    /// Builds the instance for `worker`, declaring its state through `state`.
+    fn build(
+        &self,
+        state: &mut Declare<'_>,
+        worker: WorkerInfo,
+    ) -> Result<Box<dyn NetworkFunction>, BuildError>;
+}
+
+pub mod counter;
+pub mod monitor;
+pub mod registry;

@@ -1,0 +1,32 @@
+//! Builds an [`NfFactory`] from its name and its `[[chain]]` table in the configuration.
+
+use crate::{BuildError, NfFactory};
+use std::sync::Arc;
+
+type Builder = fn(&toml::Table) -> Result<Arc<dyn NfFactory>, BuildError>;
+
+/// The built-in NFs by name.
+const BUILT_IN: &[(&str, Builder)] = &[
+    ("counter", crate::counter::factory),
+    ("monitor", crate::monitor::factory),
+];
+
+/// Names of the built-in NFs.
+pub fn names() -> impl Iterator<Item = &'static str> {
+    BUILT_IN.iter().map(|(n, _)| *n)
+}
+
+/// The factory of NF `name`, configured by `table` (the `[[chain]]` entry without `nf`).
+pub fn factory(name: &str, table: &toml::Table) -> Result<Arc<dyn NfFactory>, BuildError> {
+    match BUILT_IN.iter().find(|(n, _)| *n == name) {
+        Some((_, build)) => build(table),
+        None => Err(BuildError::Config {
+            nf: "chain",
+            key: "nf",
+            reason: format!(
+                "unknown NF {name:?}; known: {}",
+                names().collect::<Vec<_>>().join(", ")
+            ),
+        }),
+    }
+}

@@ -1,0 +1,395 @@
+//! The cache-and-flush engine: one [`Partition`] per worker, a state thread per partition that
+//! owns the backend connection (FlexState §III-C2, §IV-C).
+//!
+//! Handles keep typed values in the worker's cache; `_nowait` calls change the cache and mark
+//! what must reach the store; [`Partition::maybe_flush`] encodes those changes (the only place
+//! values become bytes) and hands them to the state thread without waiting. Synchronous calls
+//! go through the same thread, after everything queued before them, and wait for the reply, so
+//! a read sees every earlier update (CHC §4.3).
+//!
+//! With an in-process store ([`Connector::in_process`]) an object owned by one worker lives only
+//! in that worker's cache: no encoding, no flushing, no store round trip, whatever the call.
+//! Shared objects still go to that store, called in place rather than through a state thread:
+//! an in-memory operation costs less than a thread hand-off.
+
+use crate::backend::{BackendError, Connector, Op, Reply};
+use crate::key::{Kind, ObjectKey, Owner};
+use crate::scope::{Access, Scope, Strategy};
+use crate::StateError;
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Nanoseconds on the runtime's clock (virtual in tests). NFs never read a clock themselves.
+pub type Nanos = u64;
+
+/// Engine settings for one worker's partition.
+#[derive(Debug, Clone)]
+pub struct StateConfig {
+    /// NF instance this worker belongs to.
+    pub instance: u32,
+    /// Worker (core) index within the instance.
+    pub core: u32,
+    /// How often queued changes go to the store (FlexState §III-C2; default 1 ms).
+    pub flush_interval: Duration,
+    /// Whether this worker is the only user of shared objects (one worker, one instance):
+    /// then read-write shared objects may be cached (CHC Table 1).
+    pub exclusive: bool,
+    /// How many flush batches may wait for the state thread before flushing holds back
+    /// (changes keep accumulating, coalesced, in the cache meanwhile).
+    pub queue_depth: usize,
+}
+
+impl Default for StateConfig {
+    fn default() -> Self {
+        StateConfig {
+            instance: 0,
+            core: 0,
+            flush_interval: Duration::from_millis(1),
+            exclusive: false,
+            queue_depth: 64,
+        }
+    }
+}
+
+/// Counters of one partition's traffic with its store.
+#[derive(Debug, Default)]
+pub struct LinkStats {
+    /// Flush batches handed to the state thread.
+    pub flushes: AtomicU64,
+    /// Operations sent without waiting.
+    pub async_ops: AtomicU64,
+    /// Synchronous round trips.
+    pub sync_calls: AtomicU64,
+    /// Batches the store failed (counted, logged once per interval, retried by the caller).
+    pub errors: AtomicU64,
+    /// Flushes held back because the state thread was behind.
+    pub held_back: AtomicU64,
+}
+
+struct Request {
+    ops: Vec<Op>,
+    reply: Option<Sender<Result<Vec<Reply>, BackendError>>>,
+}
+
+/// A worker's line to its state thread.
+pub(crate) struct Link {
+    route: Route,
+    pub(crate) in_process: bool,
+    pub(crate) stats: Arc<LinkStats>,
+}
+
+/// How a partition reaches its store.
+enum Route {
+    /// Through a state thread that owns the connection (a remote store: waiting on the network
+    /// must not stall packet processing).
+    Thread {
+        tx: SyncSender<Request>,
+        reply_tx: Sender<Result<Vec<Reply>, BackendError>>,
+        reply_rx: Receiver<Result<Vec<Reply>, BackendError>>,
+    },
+    /// Called in place (an in-process store: an operation costs less than a thread hand-off).
+    Inline(RefCell<Box<dyn crate::Backend>>),
+}
+
+impl Link {
+    /// Runs `ops` after everything queued and waits for the replies.
+    pub(crate) fn call(&self, ops: Vec<Op>) -> Result<Vec<Reply>, StateError> {
+        self.stats.sync_calls.fetch_add(1, Ordering::Relaxed);
+        match &self.route {
+            Route::Thread {
+                tx,
+                reply_tx,
+                reply_rx,
+            } => {
+                tx.send(Request {
+                    ops,
+                    reply: Some(reply_tx.clone()),
+                })
+                .map_err(|_| StateError::Closed)?;
+                Ok(reply_rx.recv().map_err(|_| StateError::Closed)??)
+            }
+            Route::Inline(backend) => {
+                let mut replies = Vec::with_capacity(ops.len());
+                backend.borrow_mut().execute(&ops, &mut replies)?;
+                Ok(replies)
+            }
+        }
+    }
+
+    /// One op, one reply.
+    pub(crate) fn call1(&self, op: Op) -> Result<Reply, StateError> {
+        let mut r = self.call(vec![op])?;
+        match r.pop() {
+            Some(Reply::Error(e)) => Err(StateError::Op(e)),
+            Some(reply) => Ok(reply),
+            None => Err(StateError::Unexpected("no reply")),
+        }
+    }
+
+    /// Hands `ops` over without waiting; gives them back if the state thread is behind.
+    fn send(&self, ops: Vec<Op>) -> Result<(), Vec<Op>> {
+        let n = ops.len() as u64;
+        match &self.route {
+            Route::Thread { tx, .. } => match tx.try_send(Request { ops, reply: None }) {
+                Ok(()) => {}
+                Err(TrySendError::Full(r)) | Err(TrySendError::Disconnected(r)) => {
+                    self.stats.held_back.fetch_add(1, Ordering::Relaxed);
+                    return Err(r.ops);
+                }
+            },
+            Route::Inline(backend) => {
+                let mut replies = Vec::with_capacity(ops.len());
+                if backend.borrow_mut().execute(&ops, &mut replies).is_err() {
+                    self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                    return Err(ops);
+                }
+            }
+        }
+        self.stats.flushes.fetch_add(1, Ordering::Relaxed);
+        self.stats.async_ops.fetch_add(n, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+fn state_thread(
+    mut backend: Box<dyn crate::Backend>,
+    rx: Receiver<Request>,
+    stats: Arc<LinkStats>,
+) {
+    let mut replies = Vec::new();
+    let mut last_log = std::time::Instant::now() - Duration::from_secs(2);
+    while let Ok(req) = rx.recv() {
+        replies.clear();
+        let result = backend.execute(&req.ops, &mut replies);
+        match req.reply {
+            Some(tx) => {
+                let _ = tx.send(result.map(|()| std::mem::take(&mut replies)));
+            }
+            None => {
+                if let Err(e) = result {
+                    stats.errors.fetch_add(1, Ordering::Relaxed);
+                    if last_log.elapsed() >= Duration::from_secs(1) {
+                        eprintln!(
+                            "flowstate: state flush failed ({} so far): {e}",
+                            stats.errors.load(Ordering::Relaxed)
+                        );
+                        last_log = std::time::Instant::now();
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// What every object shares: its key, strategy, and the link to the store.
+pub(crate) struct Meta {
+    pub(crate) key: ObjectKey,
+    pub(crate) strategy: Strategy,
+    /// The cache is the only copy: nothing to flush, every call served locally.
+    pub(crate) authoritative: bool,
+    pub(crate) link: Rc<Link>,
+    pub(crate) lock_owner: u64,
+}
+
+impl Meta {
+    /// Whether reads are served from the cache.
+    pub(crate) fn cached(&self) -> bool {
+        self.authoritative || !matches!(self.strategy, Strategy::Offload)
+    }
+}
+
+/// An object the partition flushes.
+pub(crate) trait Flushable {
+    /// Appends the queued changes as ops and forgets them (`all`: also what an authoritative
+    /// cache holds, for a final write-out).
+    fn drain(&mut self, now: Nanos, all: bool, ops: &mut Vec<Op>);
+    /// Drops cached copies that may be stale (shared, read-mostly objects refresh from the store).
+    fn refresh(&mut self) {}
+}
+
+/// One worker's state: its typed caches and its line to the store.
+pub struct Partition {
+    config: StateConfig,
+    link: Rc<Link>,
+    objects: Vec<Rc<RefCell<dyn Flushable>>>,
+    backlog: Vec<Op>,
+    last_flush: Cell<Nanos>,
+    backend: &'static str,
+}
+
+impl std::fmt::Debug for Partition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Partition")
+            .field("config", &self.config)
+            .field("backend", &self.backend)
+            .field("objects", &self.objects.len())
+            .finish()
+    }
+}
+
+impl Partition {
+    /// A partition for one worker, with its own state thread and store connection.
+    pub fn new(connector: &dyn Connector, config: StateConfig) -> Result<Self, StateError> {
+        let backend = connector.connect()?;
+        let name = backend.name();
+        let stats = Arc::new(LinkStats::default());
+        let route = if connector.in_process() {
+            Route::Inline(RefCell::new(backend))
+        } else {
+            let (tx, rx) = mpsc::sync_channel(config.queue_depth.max(1));
+            let (reply_tx, reply_rx) = mpsc::channel();
+            let thread_stats = Arc::clone(&stats);
+            // The thread ends by itself when the last handle of this partition is gone.
+            std::thread::Builder::new()
+                .name(format!("state-{}-{}", config.instance, config.core))
+                .spawn(move || state_thread(backend, rx, thread_stats))
+                .map_err(|_| StateError::Unexpected("cannot start the state thread"))?;
+            Route::Thread {
+                tx,
+                reply_tx,
+                reply_rx,
+            }
+        };
+        Ok(Partition {
+            link: Rc::new(Link {
+                route,
+                in_process: connector.in_process(),
+                stats,
+            }),
+            config,
+            objects: Vec::new(),
+            backlog: Vec::new(),
+            last_flush: Cell::new(0),
+            backend: name,
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &StateConfig {
+        &self.config
+    }
+
+    /// Traffic with the store so far.
+    pub fn stats(&self) -> &LinkStats {
+        &self.link.stats
+    }
+
+    /// The backend's name.
+    pub fn backend(&self) -> &'static str {
+        self.backend
+    }
+
+    /// Declares the state objects of NF `nf` in this partition.
+    pub fn declare(&mut self, nf: &str) -> Declare<'_> {
+        let owner = Owner::new(nf, self.config.instance, self.config.core);
+        Declare {
+            partition: self,
+            owner,
+        }
+    }
+
+    /// Flushes if `flush_interval` has passed since the last flush. Call once per batch.
+    #[inline]
+    pub fn maybe_flush(&mut self, now: Nanos) {
+        let interval = self.config.flush_interval.as_nanos() as u64;
+        if now.saturating_sub(self.last_flush.get()) >= interval {
+            self.flush(now);
+        }
+    }
+
+    /// Hands every queued change to the state thread without waiting. If the thread is behind,
+    /// the changes wait here for the next flush.
+    pub fn flush(&mut self, now: Nanos) {
+        self.last_flush.set(now);
+        let mut ops = std::mem::take(&mut self.backlog);
+        for o in &self.objects {
+            let mut o = o.borrow_mut();
+            o.drain(now, false, &mut ops);
+            o.refresh();
+        }
+        if !ops.is_empty() {
+            if let Err(back) = self.link.send(ops) {
+                self.backlog = back;
+            }
+        }
+    }
+
+    /// Writes everything to the store, including what only the caches hold, and waits: for a
+    /// clean shutdown, or before merging functions read the store.
+    pub fn flush_all(&mut self, now: Nanos) -> Result<(), StateError> {
+        let mut ops = std::mem::take(&mut self.backlog);
+        for o in &self.objects {
+            o.borrow_mut().drain(now, true, &mut ops);
+        }
+        if ops.is_empty() {
+            return Ok(());
+        }
+        let replies = self.link.call(ops)?;
+        match replies.into_iter().find_map(|r| match r {
+            Reply::Error(e) => Some(e),
+            _ => None,
+        }) {
+            Some(e) => Err(StateError::Op(e)),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Declares an NF's state objects (FlexState §III-A1: a type and an id; CHC: a scope and an
+/// access pattern).
+pub struct Declare<'a> {
+    partition: &'a mut Partition,
+    owner: Owner,
+}
+
+impl Declare<'_> {
+    /// The owner `nf@instance@core`.
+    pub fn owner(&self) -> &Owner {
+        &self.owner
+    }
+
+    pub(crate) fn meta(
+        &self,
+        kind: Kind,
+        id: &str,
+        scope: Scope,
+        access: Access,
+    ) -> Result<Meta, StateError> {
+        if id.is_empty() || id.contains(char::is_whitespace) {
+            return Err(StateError::BadId(id.to_owned()));
+        }
+        let strategy = Strategy::choose(scope, access);
+        let key = if scope.is_partitioned() {
+            ObjectKey::partitioned(&self.owner, kind, id)
+        } else {
+            ObjectKey::shared(&self.owner.nf, kind, id)
+        };
+        let link = Rc::clone(&self.partition.link);
+        let authoritative = link.in_process
+            && (scope.is_partitioned()
+                || (strategy == Strategy::CacheExclusive && self.partition.config.exclusive));
+        // Never uncached for an exclusive read-write shared object on a remote store: CHC
+        // Table 1 caches it while the split allows.
+        let strategy = if strategy == Strategy::CacheExclusive && !self.partition.config.exclusive {
+            Strategy::Offload
+        } else {
+            strategy
+        };
+        let lock_owner = u64::from(self.owner.instance) << 32 | u64::from(self.owner.core);
+        Ok(Meta {
+            key,
+            strategy,
+            authoritative,
+            link,
+            lock_owner,
+        })
+    }
+
+    pub(crate) fn register(&mut self, object: Rc<RefCell<dyn Flushable>>) {
+        self.partition.objects.push(object);
+    }
+}

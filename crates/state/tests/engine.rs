@@ -1,0 +1,266 @@
+//! The typed handles and the cache-and-flush engine, on the in-process store (cache is the only
+//! copy) and on the same store seen as a remote one (every change must be flushed).
+
+use flowstate_state::local::LocalStore;
+use flowstate_state::{
+    merge, Access, Backend, BackendError, Connector, Field, Partition, Scope, StateConfig, Strategy,
+};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// The local store presented as an out-of-process one, so the engine flushes everything.
+struct Remote(LocalStore);
+
+impl Connector for Remote {
+    fn name(&self) -> &'static str {
+        "remote-local"
+    }
+    fn connect(&self) -> Result<Box<dyn Backend>, BackendError> {
+        self.0.connect()
+    }
+}
+
+fn part(c: &dyn Connector, core: u32) -> Partition {
+    Partition::new(
+        c,
+        StateConfig {
+            core,
+            ..StateConfig::default()
+        },
+    )
+    .unwrap()
+}
+
+const S: u64 = 1_000_000_000;
+
+#[test]
+fn in_process_objects_live_in_the_cache_only() {
+    let store = LocalStore::new();
+    let mut p = part(&store, 0);
+    let mut d = p.declare("nf");
+    let m = d
+        .map::<u32, String>("m", Scope::PerFlow, Access::ReadMostly)
+        .unwrap();
+    let c = d
+        .counter("c", Scope::CrossFlow(&[Field::SrcIp]), Access::WriteMostly)
+        .unwrap();
+    let l = d
+        .list::<u16>("pool", Scope::PerFlow, Access::ReadWrite)
+        .unwrap();
+    let s = d.set::<u8>("s", Scope::PerFlow, Access::ReadWrite).unwrap();
+    let v = d
+        .value::<u64>("v", Scope::PerFlow, Access::ReadWrite)
+        .unwrap();
+    assert_eq!(c.strategy(), Strategy::Offload);
+    assert_eq!(m.strategy(), Strategy::CacheFlush);
+
+    m.insert_nowait(1, "one".into());
+    m.insert(2, "two".into()).unwrap();
+    assert_eq!(m.get(&1).unwrap().as_deref(), Some("one"));
+    assert_eq!(m.remove_nowait(&2).as_deref(), Some("two"));
+    assert!(!m.contains_key(&2).unwrap());
+    c.add_nowait(5);
+    assert_eq!(c.add(2).unwrap(), 7);
+    l.push_nowait(1024);
+    l.push_nowait(1025);
+    assert_eq!(l.pop().unwrap(), Some(1024));
+    assert_eq!(l.len().unwrap(), 1);
+    s.insert_nowait(9);
+    assert!(s.contains(&9).unwrap());
+    assert!(!s.insert(9).unwrap());
+    assert!(v.compare_and_set(None, Some(3)).unwrap());
+    assert!(!v.compare_and_set(Some(&4), Some(5)).unwrap());
+    assert_eq!(v.get().unwrap(), Some(3));
+    for t in 0..10 {
+        p.maybe_flush(t * S);
+    }
+    let st = p.stats();
+    assert_eq!(
+        st.async_ops.load(Ordering::Relaxed),
+        0,
+        "nothing is flushed"
+    );
+    assert_eq!(st.sync_calls.load(Ordering::Relaxed), 0, "nothing waits");
+    assert!(store.is_empty());
+
+    // At shutdown everything is written out, so merging functions can read it.
+    p.flush_all(11 * S).unwrap();
+    let mut b = store.connect().unwrap();
+    assert_eq!(merge::counter_sum(b.as_mut(), "nf", "c").unwrap(), 7);
+    let all = merge::map_union::<u32, String>(b.as_mut(), "nf", "m", |a, _| a).unwrap();
+    assert_eq!(
+        all.into_iter().collect::<Vec<_>>(),
+        vec![(1, "one".to_string())]
+    );
+    assert_eq!(
+        merge::list_concat::<u16>(b.as_mut(), "nf", "pool").unwrap(),
+        vec![1025]
+    );
+}
+
+#[test]
+fn expiry_calls_back_and_the_callback_may_use_the_map() {
+    let store = LocalStore::new();
+    let mut p = part(&store, 0);
+    let mut d = p.declare("nat");
+    let m = d
+        .map::<u32, u32>("flows", Scope::PerFlow, Access::ReadMostly)
+        .unwrap();
+    for k in 0..10 {
+        m.insert_nowait(k, k + 100);
+        m.expire_after(&k, Duration::from_secs(10), 0);
+    }
+    // Renew half of them later.
+    for k in 0..5 {
+        assert!(m.expire_after(&k, Duration::from_secs(10), 5 * S));
+    }
+    assert!(
+        !m.expire_after(&99, Duration::from_secs(1), 0),
+        "no entry, no timer"
+    );
+    let mut seen = Vec::new();
+    let n = m.expire(10 * S, |k, v| {
+        assert_eq!(v, k + 100);
+        m.remove_nowait(&(k + 1000)); // reentrant use of the same map
+        seen.push(k);
+    });
+    seen.sort();
+    assert_eq!((n, seen), (5, vec![5, 6, 7, 8, 9]));
+    assert_eq!(m.expire(14 * S, |_, _| ()), 0);
+    assert_eq!(m.expire(15 * S, |_, _| ()), 5);
+    assert_eq!(m.cached_len(), 0);
+    // A replaced entry does not inherit the old timer.
+    m.insert_nowait(1, 1);
+    m.expire_after(&1, Duration::from_secs(1), 20 * S);
+    m.insert_nowait(1, 2);
+    assert_eq!(m.expire(30 * S, |_, _| ()), 0);
+    assert_eq!(m.get(&1).unwrap(), Some(2));
+}
+
+#[test]
+fn remote_store_receives_every_change_within_a_flush() {
+    let store = LocalStore::new();
+    let remote = Remote(store.clone());
+    let mut p = part(&remote, 1);
+    let mut d = p.declare("nf");
+    let m = d
+        .map::<u32, u64>("m", Scope::PerFlow, Access::ReadMostly)
+        .unwrap();
+    let c = d.counter("c", Scope::PerFlow, Access::WriteMostly).unwrap();
+    let cm = d
+        .counter_map::<u8>("cm", Scope::PerFlow, Access::WriteMostly)
+        .unwrap();
+    m.insert_nowait(7, 70);
+    m.insert_nowait(8, 80);
+    m.remove_nowait(&8);
+    m.with_mut(&7, |v| *v.unwrap() += 1).unwrap();
+    for _ in 0..1000 {
+        c.add_nowait(1);
+        cm.add_to_nowait(&3, 2);
+    }
+    p.flush(S);
+    // Ops queued before a synchronous call are applied first (CHC §4.3).
+    assert_eq!(c.get().unwrap(), 1000);
+    assert_eq!(cm.get(&3).unwrap(), 2000);
+    let mut b = store.connect().unwrap();
+    assert_eq!(
+        merge::map_union::<u32, u64>(b.as_mut(), "nf", "m", |a, _| a)
+            .unwrap()
+            .into_iter()
+            .collect::<Vec<_>>(),
+        vec![(7, 71)]
+    );
+    let st = p.stats();
+    assert!(
+        st.async_ops.load(Ordering::Relaxed) <= 5,
+        "coalesced: {:?}",
+        st
+    );
+}
+
+#[test]
+fn a_new_owner_reads_through_to_the_store() {
+    let store = LocalStore::new();
+    let remote = Remote(store.clone());
+    {
+        let mut p = part(&remote, 0);
+        let m = p
+            .declare("fw")
+            .map::<u32, u32>("conn", Scope::PerFlow, Access::ReadWrite)
+            .unwrap();
+        m.insert_nowait(1, 11);
+        p.flush_all(S).unwrap();
+    }
+    // The same owner restarted (failover, StatelessNF): its empty cache loads on a miss.
+    let mut p = part(&remote, 0);
+    let m = p
+        .declare("fw")
+        .map::<u32, u32>("conn", Scope::PerFlow, Access::ReadWrite)
+        .unwrap();
+    assert_eq!(m.get(&1).unwrap(), Some(11));
+    assert_eq!(m.get(&2).unwrap(), None);
+}
+
+#[test]
+fn shared_counter_from_many_workers_sums_exactly() {
+    let store = LocalStore::new();
+    let threads: Vec<_> = (0..4)
+        .map(|core| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                let mut p = part(&store, core);
+                let c = p
+                    .declare("ctr")
+                    .counter("packets", Scope::Shared, Access::WriteMostly)
+                    .unwrap();
+                let sync = p
+                    .declare("ctr")
+                    .counter("sync", Scope::Shared, Access::WriteMostly)
+                    .unwrap();
+                for i in 0..10_000u64 {
+                    c.add_nowait(1);
+                    if i % 100 == 0 {
+                        sync.add(1).unwrap();
+                    }
+                    p.maybe_flush(i * 1_000);
+                }
+                p.flush_all(u64::MAX / 2).unwrap();
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let mut b = store.connect().unwrap();
+    assert_eq!(
+        merge::counter_sum(b.as_mut(), "ctr", "packets").unwrap(),
+        40_000
+    );
+    assert_eq!(merge::counter_sum(b.as_mut(), "ctr", "sync").unwrap(), 400);
+}
+
+#[test]
+fn partitioned_counters_merge_across_cores() {
+    let store = LocalStore::new();
+    for core in 0..3 {
+        let mut p = part(&store, core);
+        let c = p
+            .declare("lb")
+            .counter("conns", Scope::CrossFlow(&[]), Access::ReadWrite)
+            .unwrap();
+        c.add_nowait(i64::from(core) + 1);
+        assert_eq!(c.key(), format!("lb@0@{core}@Counter@conns"));
+        p.flush_all(S).unwrap();
+    }
+    let mut b = store.connect().unwrap();
+    assert_eq!(merge::counter_sum(b.as_mut(), "lb", "conns").unwrap(), 6);
+}
+
+#[test]
+fn bad_ids_are_refused() {
+    let store = LocalStore::new();
+    let mut p = part(&store, 0);
+    let mut d = p.declare("nf");
+    assert!(d.counter("", Scope::PerFlow, Access::ReadWrite).is_err());
+    assert!(d.counter("a b", Scope::PerFlow, Access::ReadWrite).is_err());
+}

@@ -1,0 +1,75 @@
+//! The conformance suite against the in-process store: one test per check, all against one
+//! shared store (as checks would share a real server), plus the whole suite on a one-shard
+//! store.
+
+use flowstate_state::conformance::{self, CHECKS};
+use flowstate_state::local::{LocalConfig, LocalStore};
+use std::sync::OnceLock;
+
+fn shared_store() -> &'static LocalStore {
+    static STORE: OnceLock<LocalStore> = OnceLock::new();
+    STORE.get_or_init(LocalStore::new)
+}
+
+macro_rules! checks {
+    ($($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                conformance::run_check(shared_store(), stringify!($name));
+            }
+        )*
+
+        #[test]
+        fn every_check_has_a_test() {
+            let tested = [$(stringify!($name)),*];
+            let all: Vec<&str> = CHECKS.iter().map(|(n, _)| *n).collect();
+            assert_eq!(tested.to_vec(), all, "add the new checks to this file");
+        }
+    };
+}
+
+checks!(
+    missing_objects,
+    value,
+    compare_and_set,
+    counter,
+    list,
+    set,
+    map,
+    counter_map,
+    read_all,
+    delete_any_kind,
+    wrong_kind,
+    batch_order,
+    partitions,
+    ttl_object,
+    ttl_map_field,
+    locks,
+    concurrency,
+    large_values,
+    binary_bytes,
+);
+
+#[test]
+fn whole_suite_on_one_shard_leaves_nothing_behind() {
+    let store = LocalStore::with_config(LocalConfig {
+        shards: 1,
+        max_objects: None,
+    });
+    let start = std::time::Instant::now();
+    conformance::run_all(&store);
+    eprintln!(
+        "conformance suite on the local store: {:?}",
+        start.elapsed()
+    );
+    assert!(store.is_empty(), "{} objects left", store.len());
+    assert_eq!(store.locks_held(), 0);
+    assert!(store.ops_executed() > 0);
+}
+
+#[test]
+#[should_panic(expected = "no conformance check named 'nope'")]
+fn unknown_check_names_are_refused() {
+    conformance::run_check(shared_store(), "nope");
+}
