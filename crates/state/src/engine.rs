@@ -362,6 +362,11 @@ impl Declare<'_> {
         if id.is_empty() || id.contains(char::is_whitespace) {
             return Err(StateError::BadId(id.to_owned()));
         }
+        // An `@` in the NF name would make keys ambiguous (FlexState §III-B2).
+        let nf = &self.owner.nf;
+        if nf.is_empty() || nf.contains(|c: char| c == '@' || c.is_whitespace()) {
+            return Err(StateError::BadId(nf.to_string()));
+        }
         let strategy = Strategy::choose(scope, access);
         let key = if scope.is_partitioned() {
             ObjectKey::partitioned(&self.owner, kind, id)

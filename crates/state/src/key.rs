@@ -78,6 +78,12 @@ impl ObjectKey {
         ObjectKey(format!("{nf}@{}@{id}", kind.name()).into())
     }
 
+    /// A key read back from a store (e.g. by a scan), if it is one of ours.
+    pub fn from_raw(text: &str) -> Option<Self> {
+        let key = ObjectKey(text.into());
+        key.parse().is_some().then_some(key)
+    }
+
     /// The key's text.
     pub fn as_str(&self) -> &str {
         &self.0

@@ -263,4 +263,10 @@ fn bad_ids_are_refused() {
     let mut d = p.declare("nf");
     assert!(d.counter("", Scope::PerFlow, Access::ReadWrite).is_err());
     assert!(d.counter("a b", Scope::PerFlow, Access::ReadWrite).is_err());
+    assert!(p
+        .declare("n@f")
+        .counter("c", Scope::PerFlow, Access::ReadWrite)
+        .is_err());
+    assert!(flowstate_state::ObjectKey::from_raw("nf@0@1@Map@flows").is_some());
+    assert!(flowstate_state::ObjectKey::from_raw("nf@Nope@x").is_none());
 }
