@@ -6,6 +6,7 @@
 
 mod flexstate_counter;
 mod hashing;
+mod nf_throughput;
 mod report;
 
 pub use report::{Machine, Report};
@@ -48,6 +49,11 @@ pub const BENCHES: &[Bench] = &[
         name: "flexstate-counter",
         about: "Counter NF, sync vs async (no_wait + 1 ms flush) updates on the local store (FlexState §V-B Fig. 7)",
         run: flexstate_counter::run,
+    },
+    Bench {
+        name: "nf-throughput",
+        about: "Mpps per core of no-op, NAT, firewall, LB and the chain on established flows (10k, 1M), 1 and 2 workers, vs plain hash-map lookups",
+        run: nf_throughput::run,
     },
 ];
 

@@ -49,24 +49,6 @@ pub(crate) struct GenArgs {
 }
 
 impl GenArgs {
-    /// The trace `flowstate demo` uses.
-    pub(crate) fn demo(flows: u64, packets: u64, output: PathBuf) -> Self {
-        GenArgs {
-            profile: "mixed".into(),
-            flows: Some(flows),
-            packets: Some(packets),
-            seed: 1,
-            ipv6_share: None,
-            tcp_share: None,
-            zipf: None,
-            size: None,
-            rate: None,
-            concurrency: None,
-            nanos: false,
-            output,
-        }
-    }
-
     fn config(&self) -> Result<SynthConfig> {
         let profile: Profile = self.profile.parse()?;
         let mut c = SynthConfig::new(profile);

@@ -2,6 +2,7 @@
 
 mod gen;
 mod inspect;
+mod run;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -18,8 +19,11 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// The main job in one command: generate a mixed synthetic trace and show what it holds.
+    /// The main job in one command: firewall -> NAT -> load balancer on generated traffic,
+    /// state on the embedded store, all cores.
     Demo(DemoArgs),
+    /// Run a chain of NFs as a configuration file describes.
+    Run(run::RunArgs),
     /// Generate deterministic synthetic traffic as a pcap file.
     Gen(gen::GenArgs),
     /// Show what a capture (pcap or pcapng) holds: protocols, flows, malformed packets.
@@ -31,14 +35,17 @@ enum Command {
 #[derive(Debug, Args)]
 struct DemoArgs {
     /// Number of flows.
-    #[arg(long, default_value_t = 2_000)]
+    #[arg(long, default_value_t = 20_000)]
     flows: u64,
-    /// Number of packets.
-    #[arg(long, default_value_t = 100_000)]
+    /// Number of packets the clients send (the outside hosts' answers come on top).
+    #[arg(long, default_value_t = 1_000_000)]
     packets: u64,
-    /// Where to write the trace (default: a file in the system's temporary directory).
-    #[arg(short, long)]
-    output: Option<PathBuf>,
+    /// Workers (default: all cores).
+    #[arg(long)]
+    workers: Option<usize>,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -80,6 +87,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo(a) => demo(a),
+        Command::Run(a) => run::run(&a),
         Command::Gen(a) => gen::run(&a).map(|_| ()),
         Command::Inspect(a) => inspect_cmd(&a),
         Command::Bench(a) => bench(&a),
@@ -106,20 +114,34 @@ pub(crate) fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
     bar
 }
 
+/// The chain `flowstate demo` runs: the example a user can copy and edit.
+const DEMO_CONFIG: &str = include_str!("../../../examples/chain.toml");
+
 fn demo(a: DemoArgs) -> Result<()> {
-    let output = a
-        .output
-        .unwrap_or_else(|| std::env::temp_dir().join("flowstate-demo.pcap"));
-    let args = gen::GenArgs::demo(a.flows, a.packets, output.clone());
-    let written = gen::run(&args)?;
-    eprintln!(
-        "flowstate demo: wrote {} packets in {} flows to {}",
-        written,
-        a.flows,
-        output.display()
-    );
-    let summary = inspect::inspect(&output, 5, &progress(written, "inspect"))?;
-    summary.print();
+    let mut config = flowstate_chain::Config::parse(DEMO_CONFIG, Path::new("examples/chain.toml"))?;
+    config.runtime.workers = a
+        .workers
+        .unwrap_or_else(flowstate_chain::config::default_workers);
+    if let flowstate_chain::config::Input::Synthetic(s) = &mut config.input {
+        s.config.flows = a.flows;
+        s.config.packets = a.packets;
+        s.config.validate()?;
+    }
+    if !a.json {
+        eprintln!(
+            "flowstate demo: {} packets of {} client flows through firewall -> NAT -> load balancer, \
+             {} workers, state on the embedded store; the outside hosts answer",
+            a.packets, a.flows, config.runtime.workers
+        );
+    }
+    let bar = progress(a.packets, "demo");
+    let summary = flowstate_chain::run_config(&config, Some(&|n| bar.inc(n)))?;
+    bar.finish_and_clear();
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    } else {
+        print!("{summary}");
+    }
     Ok(())
 }
 

@@ -183,24 +183,51 @@ fn bench_writes_the_json_contract() {
 }
 
 #[test]
-fn demo_runs_and_summarises() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("demo.pcap");
-    let out = flowstate(&[
-        "demo",
-        "--flows",
-        "100",
-        "--packets",
-        "5000",
-        "-o",
-        path.to_str().unwrap(),
-    ]);
+fn demo_runs_the_chain_with_state_at_work() {
+    let out = flowstate(&["demo", "--flows", "500", "--packets", "20000", "--json"]);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("packets     5000"), "{stdout}");
-    assert!(stdout.contains("flows       100"), "{stdout}");
+    let s: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("demo --json prints JSON");
+    assert_eq!(s["packets_in"], 20000);
+    assert_eq!(s["dropped_total"], 0, "nothing legitimate is dropped: {s}");
+    assert!(s["reflected"].as_u64().unwrap() > 0, "the outside answers");
+    let nf = |name: &str| {
+        s["nfs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["name"] == name)
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(
+        nf("firewall")["report"]["conns_opened"],
+        500,
+        "one connection per flow"
+    );
+    assert_eq!(
+        nf("nat")["report"]["translations"],
+        500,
+        "one translation per flow"
+    );
+    assert_eq!(
+        nf("nat")["report"]["packets_in"],
+        s["reflected"],
+        "every answer is translated back"
+    );
+    let lb = nf("lb")["report"].clone();
+    let spread: Vec<u64> = ["192.0.2.11:443", "192.0.2.12:443", "192.0.2.13:443"]
+        .iter()
+        .map(|b| lb[format!("{b} connections")].as_u64().unwrap())
+        .collect();
+    assert!(
+        spread.iter().all(|&n| n > 0),
+        "every backend gets connections: {spread:?}"
+    );
+    let (lo, hi) = (spread.iter().min().unwrap(), spread.iter().max().unwrap());
+    assert!(hi - lo <= 2, "least-loaded spreads evenly: {spread:?}");
 }

@@ -137,5 +137,8 @@ pub trait NfFactory: Send + Sync {
 }
 
 pub mod counter;
+pub mod firewall;
+pub mod lb;
 pub mod monitor;
+pub mod nat;
 pub mod registry;

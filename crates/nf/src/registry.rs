@@ -8,7 +8,10 @@ type Builder = fn(&toml::Table) -> Result<Arc<dyn NfFactory>, BuildError>;
 /// The built-in NFs by name.
 const BUILT_IN: &[(&str, Builder)] = &[
     ("counter", crate::counter::factory),
+    ("firewall", crate::firewall::factory),
+    ("lb", crate::lb::factory),
     ("monitor", crate::monitor::factory),
+    ("nat", crate::nat::factory),
 ];
 
 /// Names of the built-in NFs.

@@ -1,0 +1,324 @@
+//! NF throughput on in-memory traffic of established flows (FlexState §V-B Fig. 5–6 and
+//! StatelessNF §7 in spirit): each worker owns its share of the flows, as a NIC doing RSS
+//! would give it, and runs its packets through the NF chain to completion in batches of 32,
+//! dissecting each packet once. Beside it, in the same run: a no-op chain (the cost of moving
+//! and dissecting a packet) and a loop of plain hash-map lookups on the same flow keys.
+//!
+//! Traffic: UDP flows from clients in 10.0.0.0/8 to the load balancer's VIP, 64-byte frames;
+//! every flow is established by one warm-up pass before timing, so the timed passes measure
+//! the steady state (lookups and rewrites, no state creation).
+
+use crate::{Effort, Report};
+use flowstate_nf::{registry, Context, Direction, NetworkFunction, Packet, Verdict, WorkerInfo};
+use flowstate_state::local::LocalStore;
+use flowstate_state::{Partition, StateConfig};
+use flowstate_wire::build::{EthernetSpec, FrameSpec, IpSpec, Ipv4Spec, L4Spec, Payload, UdpSpec};
+use flowstate_wire::hash::Toeplitz;
+use flowstate_wire::{dissect, FlowKey};
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::hint::black_box;
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Instant;
+
+const FRAME: usize = 60;
+const BATCH: usize = 32;
+
+/// The chains measured, by name, and their `[[chain]]` tables.
+fn chains() -> Vec<(&'static str, Vec<(&'static str, &'static str)>)> {
+    let fw = ("firewall", "");
+    let nat = ("nat", "external = [\"203.0.113.1\", \"203.0.113.2\", \"203.0.113.3\", \"203.0.113.4\", \"203.0.113.5\", \"203.0.113.6\", \"203.0.113.7\", \"203.0.113.8\", \"203.0.113.9\", \"203.0.113.10\", \"203.0.113.11\", \"203.0.113.12\", \"203.0.113.13\", \"203.0.113.14\", \"203.0.113.15\", \"203.0.113.16\", \"203.0.113.17\", \"203.0.113.18\", \"203.0.113.19\", \"203.0.113.20\", \"203.0.113.21\", \"203.0.113.22\", \"203.0.113.23\", \"203.0.113.24\"]\nports = \"1024-65535\"");
+    let lb = ("lb", "vips = [{ vip = \"198.51.100.10\", port = 53, proto = \"udp\", backends = [\"10.1.0.1\", \"10.1.0.2\", \"10.1.0.3\", \"10.1.0.4\"], method = \"least-loaded\" }]");
+    vec![
+        ("noop", vec![]),
+        ("nat", vec![nat]),
+        ("firewall", vec![fw]),
+        ("lb", vec![lb]),
+        ("chain", vec![fw, nat, lb]),
+    ]
+}
+
+pub(crate) fn run(effort: Effort) -> Report {
+    let (flow_sets, passes): (&[(usize, &str)], usize) = match effort {
+        Effort::Full => (&[(10_000, "10k_flows"), (1_000_000, "1m_flows")], 3),
+        Effort::Quick => (&[(2_000, "10k_flows"), (20_000, "1m_flows")], 1),
+    };
+    let mut report = Report::new("nf-throughput");
+    report
+        .param("frame_bytes", FRAME + 4)
+        .param("batch", BATCH)
+        .param("timed_passes", passes);
+    let cores = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(2);
+    for &(flows, label) in flow_sets {
+        let keys = flow_keys(flows);
+        let lookup = lookup_baseline_mpps(&keys, passes);
+        report.metric(&format!("lookup_baseline_mpps_{label}"), lookup);
+        let mut per_core = HashMap::new();
+        for (name, chain) in chains() {
+            for workers in 1..=cores {
+                let mpps = chain_mpps(&chain, &keys, workers, passes);
+                let pc = mpps / workers as f64;
+                report.metric(&format!("{name}_mpps_per_core_{label}_{workers}w"), pc);
+                per_core.insert((name, workers), pc);
+            }
+            let one = per_core[&(name, 1)];
+            report.metric(&format!("{name}_mpps_per_core_{label}"), one);
+            if cores >= 2 {
+                // Total throughput with two workers over one.
+                report.ratio(
+                    &format!("{name}_2w_vs_1w_{label}"),
+                    2.0 * per_core[&(name, 2)] / one,
+                );
+            }
+            if name != "noop" {
+                report.ratio(
+                    &format!("{name}_vs_noop_{label}"),
+                    one / per_core[&("noop", 1)],
+                );
+                report.ratio(&format!("{name}_vs_lookup_baseline_{label}"), one / lookup);
+            }
+        }
+    }
+    // The names the issue fixes.
+    let alias = |r: &mut Report, from: &str, to: &str, ratio: bool| {
+        let v = if ratio {
+            r.ratios.get(from)
+        } else {
+            r.metrics.get(from)
+        }
+        .copied();
+        if let Some(v) = v {
+            if ratio {
+                r.ratio(to, v);
+            } else {
+                r.metric(to, v);
+            }
+        }
+    };
+    alias(
+        &mut report,
+        "noop_mpps_per_core_10k_flows",
+        "noop_mpps_per_core",
+        false,
+    );
+    alias(&mut report, "nat_2w_vs_1w_1m_flows", "nat_2w_vs_1w", true);
+    report
+}
+
+/// `n` distinct client flows to the VIP.
+fn flow_keys(n: usize) -> Vec<FlowKey> {
+    (0..n)
+        .map(|i| {
+            let host = 0x0a00_0000 | (i as u32 / 16 + 1);
+            let port = 10_000 + (i % 16) as u16 * 3_000 + (i as u16 % 7);
+            FlowKey::new(
+                IpAddr::V4(Ipv4Addr::from(host)),
+                IpAddr::V4(Ipv4Addr::new(198, 51, 100, 10)),
+                port,
+                53,
+                17,
+            )
+        })
+        .collect()
+}
+
+fn frame(key: &FlowKey) -> [u8; FRAME] {
+    let (IpAddr::V4(src), IpAddr::V4(dst)) = (key.src, key.dst) else {
+        unreachable!("IPv4 keys")
+    };
+    let spec = FrameSpec {
+        ethernet: EthernetSpec::new([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]),
+        ip: IpSpec::V4(Ipv4Spec::new(src, dst)),
+        l4: L4Spec::Udp(UdpSpec {
+            src_port: key.src_port,
+            dst_port: key.dst_port,
+        }),
+        payload: Payload::Fill {
+            len: 18,
+            byte: 0x5a,
+        },
+        min_len: FRAME,
+    };
+    let mut f = [0u8; FRAME];
+    spec.write(&mut f).expect("60-byte frame");
+    f
+}
+
+#[derive(Default)]
+struct Fx(u64);
+impl Hasher for Fx {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u64(&mut self, i: u64) {
+        self.0 = (self.0.rotate_left(5) ^ i).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    fn write_u8(&mut self, i: u8) {
+        self.write_u64(u64::from(i));
+    }
+    fn write_u16(&mut self, i: u16) {
+        self.write_u64(u64::from(i));
+    }
+    fn write_u32(&mut self, i: u32) {
+        self.write_u64(u64::from(i));
+    }
+    fn write_usize(&mut self, i: usize) {
+        self.write_u64(i as u64);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// Mpps of a loop that looks each packet's flow key up in a hash map of all flows: the floor
+/// of any NF that keeps per-flow state in a hash table.
+fn lookup_baseline_mpps(keys: &[FlowKey], passes: usize) -> f64 {
+    let map: HashMap<FlowKey, u64, BuildHasherDefault<Fx>> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| (*k, i as u64))
+        .collect();
+    let order = visit_order(keys.len());
+    let start = Instant::now();
+    let mut acc = 0u64;
+    for _ in 0..passes {
+        for &i in &order {
+            acc = acc.wrapping_add(*map.get(black_box(&keys[i])).unwrap_or(&0));
+        }
+    }
+    black_box(acc);
+    (passes * keys.len()) as f64 / start.elapsed().as_secs_f64() / 1e6
+}
+
+/// A fixed pseudo-random permutation: packets of different flows interleave as in real traffic.
+fn visit_order(n: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    for i in (1..n).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        order.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    order
+}
+
+/// Total Mpps of `workers` threads, each running its own share of the flows through its own
+/// instance of `chain`.
+fn chain_mpps(chain: &[(&str, &str)], keys: &[FlowKey], workers: usize, passes: usize) -> f64 {
+    let rss = Toeplitz::symmetric();
+    let shares: Vec<Vec<FlowKey>> = (0..workers)
+        .map(|w| {
+            keys.iter()
+                .filter(|k| rss.hash_flow(k) as usize % workers == w)
+                .copied()
+                .collect()
+        })
+        .collect();
+    let store = LocalStore::new();
+    let barrier = std::sync::Barrier::new(workers);
+    let results: Vec<(usize, f64)> = std::thread::scope(|s| {
+        let handles: Vec<_> = shares
+            .iter()
+            .enumerate()
+            .map(|(w, share)| {
+                let (store, barrier) = (&store, &barrier);
+                s.spawn(move || {
+                    let config = StateConfig {
+                        core: w as u32,
+                        exclusive: workers == 1,
+                        ..StateConfig::default()
+                    };
+                    let mut part = Partition::new(store, config).expect("local partition");
+                    let info = WorkerInfo {
+                        index: w as u32,
+                        count: workers as u32,
+                        instance: 0,
+                    };
+                    let mut nfs: Vec<Box<dyn NetworkFunction>> = chain
+                        .iter()
+                        .map(|(name, table)| {
+                            let table: toml::Table = table.parse().expect("bench config");
+                            registry::factory(name, &table)
+                                .and_then(|f| f.build(&mut part.declare(f.name()), info))
+                                .unwrap_or_else(|e| panic!("building {name}: {e}"))
+                        })
+                        .collect();
+                    let frames: Vec<[u8; FRAME]> = share.iter().map(frame).collect();
+                    let order = visit_order(frames.len());
+                    // Warm-up: establishes every flow's state.
+                    let mut clock = 0;
+                    let forwarded = run_passes(
+                        &mut nfs, &mut part, &frames, &order, 1, w as u32, &mut clock,
+                    );
+                    assert_eq!(forwarded, frames.len(), "every flow is established");
+                    barrier.wait();
+                    let start = Instant::now();
+                    let n = run_passes(
+                        &mut nfs, &mut part, &frames, &order, passes, w as u32, &mut clock,
+                    );
+                    (n, start.elapsed().as_secs_f64())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("worker"))
+            .collect()
+    });
+    let packets: usize = results.iter().map(|r| r.0).sum();
+    let slowest = results.iter().map(|r| r.1).fold(0.0, f64::max);
+    packets as f64 / slowest / 1e6
+}
+
+/// Runs `passes` over the frames in `order`, in batches; returns the packets forwarded.
+fn run_passes(
+    nfs: &mut [Box<dyn NetworkFunction>],
+    part: &mut Partition,
+    frames: &[[u8; FRAME]],
+    order: &[usize],
+    passes: usize,
+    worker: u32,
+    clock: &mut u64,
+) -> usize {
+    let mut batch = [[0u8; FRAME]; BATCH];
+    let mut forwarded = 0;
+    for _ in 0..passes {
+        for chunk in order.chunks(BATCH) {
+            *clock += 100 * chunk.len() as u64; // 10 Mpps of virtual time
+            let cx = Context {
+                now: *clock,
+                clock: 0,
+                worker,
+            };
+            for (slot, &i) in batch.iter_mut().zip(chunk) {
+                *slot = frames[i];
+            }
+            for slot in batch.iter_mut().take(chunk.len()) {
+                let Ok(dissection) = dissect(slot) else {
+                    continue;
+                };
+                let mut pkt = Packet {
+                    data: slot,
+                    dissection,
+                    direction: Direction::Outbound,
+                };
+                if nfs
+                    .iter_mut()
+                    .all(|nf| nf.process(&mut pkt, &cx) == Verdict::Forward)
+                {
+                    forwarded += 1;
+                }
+            }
+            for nf in nfs.iter_mut() {
+                nf.on_tick(cx.now);
+            }
+            part.maybe_flush(cx.now);
+        }
+    }
+    forwarded
+}

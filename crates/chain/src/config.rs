@@ -1,0 +1,853 @@
+//! The deployment file: TOML, one file per run (DESIGN "Configuration").
+//!
+//! ```toml
+//! [input]                       # required; exactly one of `pcap` and `synthetic`
+//! pcap = "traffic.pcap"         # a capture, pcap or pcapng, Ethernet link type
+//! # synthetic = { profile = "mixed", flows = 10000, packets = 1000000, seed = 1 }
+//! outbound_only = false         # skip the input's inbound packets (use with `reflect`)
+//!
+//! [output]                      # optional; default: discard
+//! pcap = "out.pcap"             # or: discard = true
+//!
+//! [runtime]                     # optional
+//! workers = 2                   # default: every core (available parallelism)
+//! batch = 32                    # packets per hand-off and per prefetch pass, 1 to 1024
+//! inside = ["10.0.0.0/8", "fd00::/8"]   # sources that make a packet Outbound (this default)
+//! reflect = false               # play the outside hosts (see `crate::reflect`)
+//! max_frame = 2048              # buffer per packet; longer frames are truncated
+//!
+//! [state]                       # optional
+//! backend = "local"             # local | store | redis | redis-cluster | cassandra;
+//!                               # only "local" is built in so far
+//! url = "127.0.0.1:7878"        # for the backends that have an address
+//! flush_interval = "1ms"        # a number and a unit: ns, us, ms, s
+//! nf_instance = 0
+//!
+//! [[chain]]                     # the NFs in order, from the inside to the outside
+//! nf = "nat"                    # a name the NF registry knows
+//! external = ["203.0.113.1"]    # every other key goes to the NF
+//! ```
+//!
+//! `synthetic` takes `profile` (long, short, mixed, uniform; default mixed), `flows`,
+//! `packets` (default: `flows` times the profile's typical flow size), `seed` (default 1),
+//! `ipv6_share`, `tcp_share`, `zipf`, `size` (`"60"`, `"60-1514"`, `"imix"`), `rate`
+//! (packets a second, for timestamps), `concurrency`, the subnets `clients_v4`,
+//! `servers_v4`, `clients_v6`, `servers_v6`, and `per_worker = true` to have each worker
+//! generate its own share instead of one generator feeding the dispatcher (see
+//! [`flowstate_io::synth`] for their meaning and defaults).
+//!
+//! Relative paths are relative to the current directory (like most command-line tools), not to
+//! the configuration file's directory.
+//!
+//! Parsing is strict: unknown keys are errors, and every error names the file, the key (as a
+//! dotted path, `runtime.workers`, `input.synthetic.flows`, `chain[1].ports`) and what was
+//! expected. Nothing in here panics on a user's file.
+
+use crate::steer::IpPrefix;
+use flowstate_io::synth::{Profile, SizeDist, SynthConfig};
+use flowstate_nf::{BuildError, NfFactory};
+use flowstate_state::Connector;
+use serde::Deserialize;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A configuration that cannot be used: names the file, the key and what was expected.
+#[derive(Debug)]
+pub struct ConfigError {
+    /// The configuration file (or a name standing for it).
+    pub file: PathBuf,
+    /// Line of the problem (1-based), when it is known.
+    pub line: Option<usize>,
+    /// The key, as a dotted path (`runtime.workers`, `input.synthetic.flows`,
+    /// `chain[0].nf`); empty when the file cannot be read or is not TOML.
+    pub key: String,
+    /// What is wrong and what was expected.
+    pub reason: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+        }
+        if !self.key.is_empty() {
+            write!(f, ": {}", self.key)?;
+        }
+        write!(f, ": {}", self.reason)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl ConfigError {
+    fn new(file: &Path, key: impl Into<String>, reason: impl Into<String>) -> Self {
+        ConfigError {
+            file: file.to_owned(),
+            line: None,
+            key: key.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// A parsed, validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file it came from (for messages).
+    pub file: PathBuf,
+    /// Where packets come from.
+    pub input: Input,
+    /// Skip the input's inbound packets (`[input] outbound_only`): with `reflect`, the outside
+    /// hosts' side of a recorded trace is replaced by the reflect stage's replies.
+    pub outbound_only: bool,
+    /// Where forwarded packets go.
+    pub output: Output,
+    /// Workers, batching, direction, reflect.
+    pub runtime: RuntimeSection,
+    /// The state store.
+    pub state: StateSection,
+    /// The NFs, in order from the inside to the outside.
+    pub chain: Vec<ChainEntry>,
+}
+
+/// `[input]`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    /// A capture file (pcap or pcapng).
+    Pcap(PathBuf),
+    /// Generated traffic.
+    Synthetic(SyntheticInput),
+}
+
+/// `[input] synthetic = { ... }`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SyntheticInput {
+    /// The whole trace.
+    pub config: SynthConfig,
+    /// Each worker generates its own share (no dispatcher between traffic and workers, like
+    /// NIC RSS) instead of one generator feeding the dispatcher.
+    pub per_worker: bool,
+}
+
+/// `[output]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output {
+    /// Write forwarded packets to a pcap file (nanosecond timestamps).
+    Pcap(PathBuf),
+    /// Count them and drop them.
+    Discard,
+}
+
+/// `[runtime]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuntimeSection {
+    /// Worker threads (default: the machine's available parallelism).
+    pub workers: usize,
+    /// Packets per batch.
+    pub batch: usize,
+    /// Source prefixes of the inside: a packet from one of them is Outbound, others Inbound.
+    pub inside: Vec<IpPrefix>,
+    /// Whether the reflect stage answers outbound packets.
+    pub reflect: bool,
+    /// Buffer size per packet: longer frames are truncated (and then usually malformed).
+    pub max_frame: usize,
+}
+
+/// Default `[runtime] batch`.
+pub const DEFAULT_BATCH: usize = 32;
+/// Largest `[runtime] batch`.
+pub const MAX_BATCH: usize = 1024;
+/// Largest `[runtime] workers`.
+pub const MAX_WORKERS: usize = 1024;
+/// Default `[runtime] max_frame`.
+pub const DEFAULT_MAX_FRAME: usize = 2048;
+/// Default `[runtime] inside`: the synthetic generator's client subnets.
+pub const DEFAULT_INSIDE: [&str; 2] = ["10.0.0.0/8", "fd00::/8"];
+
+impl Default for RuntimeSection {
+    fn default() -> Self {
+        RuntimeSection {
+            workers: default_workers(),
+            batch: DEFAULT_BATCH,
+            inside: default_inside(),
+            reflect: false,
+            max_frame: DEFAULT_MAX_FRAME,
+        }
+    }
+}
+
+/// The machine's available parallelism (1 when unknown).
+pub fn default_workers() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// [`DEFAULT_INSIDE`] parsed.
+pub fn default_inside() -> Vec<IpPrefix> {
+    DEFAULT_INSIDE
+        .iter()
+        .filter_map(|s| s.parse().ok())
+        .collect()
+}
+
+/// State backends a configuration may name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    /// The in-process store (`flowstate_state::local`).
+    Local,
+    /// flowstate's own store server.
+    Store,
+    /// Redis.
+    Redis,
+    /// Redis Cluster.
+    RedisCluster,
+    /// Cassandra.
+    Cassandra,
+}
+
+impl BackendKind {
+    /// Every backend with its configuration name.
+    pub const ALL: [(BackendKind, &'static str); 5] = [
+        (BackendKind::Local, "local"),
+        (BackendKind::Store, "store"),
+        (BackendKind::Redis, "redis"),
+        (BackendKind::RedisCluster, "redis-cluster"),
+        (BackendKind::Cassandra, "cassandra"),
+    ];
+
+    /// The name in configuration.
+    pub fn name(self) -> &'static str {
+        BackendKind::ALL
+            .iter()
+            .find(|(k, _)| *k == self)
+            .map_or("?", |(_, n)| n)
+    }
+}
+
+/// `[state]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateSection {
+    /// Which store.
+    pub backend: BackendKind,
+    /// The store's address, for backends that have one.
+    pub url: Option<String>,
+    /// How often queued changes go to the store.
+    pub flush_interval: Duration,
+    /// This NF instance's id (state keys carry it).
+    pub nf_instance: u32,
+}
+
+impl Default for StateSection {
+    fn default() -> Self {
+        StateSection {
+            backend: BackendKind::Local,
+            url: None,
+            flush_interval: Duration::from_millis(1),
+            nf_instance: 0,
+        }
+    }
+}
+
+impl StateSection {
+    /// The connector of the configured backend. Only `local` is built into this crate; the
+    /// others are an error saying so (the binary builds them when their drivers exist).
+    pub fn connector(&self, file: &Path) -> Result<Arc<dyn Connector>, ConfigError> {
+        match self.backend {
+            BackendKind::Local => Ok(Arc::new(flowstate_state::local::LocalStore::new())),
+            other => Err(ConfigError::new(
+                file,
+                "state.backend",
+                format!(
+                    "backend {:?} is not built in yet; use \"local\"",
+                    other.name()
+                ),
+            )),
+        }
+    }
+}
+
+/// One `[[chain]]` entry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChainEntry {
+    /// The NF's name in the registry.
+    pub nf: String,
+    /// Every other key of the table: the NF's own options.
+    pub options: toml::Table,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Raw shapes, as serde reads them. Leaves that need more than a type check stay strings and are
+// validated afterwards, where the key is known exactly.
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    input: Option<RawInput>,
+    output: Option<RawOutput>,
+    runtime: Option<RawRuntime>,
+    state: Option<RawState>,
+    chain: Option<Vec<toml::Table>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawInput {
+    pcap: Option<String>,
+    synthetic: Option<RawSynthetic>,
+    outbound_only: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSynthetic {
+    profile: Option<String>,
+    flows: Option<u64>,
+    packets: Option<u64>,
+    seed: Option<u64>,
+    ipv6_share: Option<f64>,
+    tcp_share: Option<f64>,
+    zipf: Option<f64>,
+    size: Option<String>,
+    rate: Option<f64>,
+    concurrency: Option<u64>,
+    clients_v4: Option<String>,
+    servers_v4: Option<String>,
+    clients_v6: Option<String>,
+    servers_v6: Option<String>,
+    per_worker: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawOutput {
+    pcap: Option<String>,
+    discard: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRuntime {
+    workers: Option<i64>,
+    batch: Option<i64>,
+    inside: Option<Vec<String>>,
+    reflect: Option<bool>,
+    max_frame: Option<i64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawState {
+    backend: Option<String>,
+    url: Option<String>,
+    flush_interval: Option<String>,
+    nf_instance: Option<u32>,
+}
+
+impl Config {
+    /// Reads and validates the file at `path`.
+    pub fn load(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::new(path, "", format!("cannot read: {e}")))?;
+        Config::parse(&text, path)
+    }
+
+    /// Validates `text`; `file` names it in errors.
+    pub fn parse(text: &str, file: impl AsRef<Path>) -> Result<Config, ConfigError> {
+        let file = file.as_ref();
+        let raw: RawConfig = toml::from_str(text).map_err(|e| {
+            let (line, key) = match e.span() {
+                Some(span) => {
+                    let (line, key) = locate(text, span.start);
+                    (Some(line), key)
+                }
+                None => (None, String::new()),
+            };
+            ConfigError {
+                file: file.to_owned(),
+                line,
+                key,
+                reason: e.message().trim().replace('\n', "; "),
+            }
+        })?;
+        let err = |key: &str, reason: String| ConfigError::new(file, key, reason);
+
+        // [input]
+        let Some(input) = raw.input else {
+            return Err(err(
+                "input",
+                "missing [input] section: expected `pcap = \"FILE\"` or `synthetic = { profile = \"mixed\", ... }`"
+                    .into(),
+            ));
+        };
+        let outbound_only = input.outbound_only.unwrap_or(false);
+        let input = match (input.pcap, input.synthetic) {
+            (Some(_), Some(_)) => {
+                return Err(err(
+                    "input",
+                    "give one of `pcap` and `synthetic`, not both".into(),
+                ))
+            }
+            (None, None) => {
+                return Err(err(
+                    "input",
+                    "expected `pcap = \"FILE\"` or `synthetic = { profile = \"mixed\", ... }`"
+                        .into(),
+                ))
+            }
+            (Some(p), None) => {
+                if p.is_empty() {
+                    return Err(err("input.pcap", "expected a file name, got \"\"".into()));
+                }
+                Input::Pcap(PathBuf::from(p))
+            }
+            (None, Some(s)) => Input::Synthetic(synthetic(s, file)?),
+        };
+
+        // [output]
+        let output = match raw.output {
+            None => Output::Discard,
+            Some(RawOutput {
+                pcap: Some(_),
+                discard: Some(true),
+            }) => {
+                return Err(err(
+                    "output",
+                    "give one of `pcap` and `discard = true`, not both".into(),
+                ))
+            }
+            Some(RawOutput {
+                pcap: Some(p),
+                discard: _,
+            }) => {
+                if p.is_empty() {
+                    return Err(err("output.pcap", "expected a file name, got \"\"".into()));
+                }
+                Output::Pcap(PathBuf::from(p))
+            }
+            Some(RawOutput {
+                pcap: None,
+                discard: Some(true),
+            }) => Output::Discard,
+            Some(RawOutput { pcap: None, .. }) => {
+                return Err(err(
+                    "output",
+                    "expected `pcap = \"FILE\"` or `discard = true`".into(),
+                ))
+            }
+        };
+        if let (Input::Pcap(i), Output::Pcap(o)) = (&input, &output) {
+            let same =
+                i == o || matches!((i.canonicalize(), o.canonicalize()), (Ok(a), Ok(b)) if a == b);
+            if same {
+                return Err(err(
+                    "output.pcap",
+                    format!(
+                        "{} is the input file; writing it would destroy the input",
+                        o.display()
+                    ),
+                ));
+            }
+        }
+
+        // [runtime]
+        let mut runtime = RuntimeSection::default();
+        if let Some(r) = raw.runtime {
+            if let Some(w) = r.workers {
+                runtime.workers = in_range(w, 1, MAX_WORKERS).ok_or_else(|| {
+                    err(
+                        "runtime.workers",
+                        format!("expected 1 to {MAX_WORKERS}, got {w}"),
+                    )
+                })?;
+            }
+            if let Some(b) = r.batch {
+                runtime.batch = in_range(b, 1, MAX_BATCH).ok_or_else(|| {
+                    err(
+                        "runtime.batch",
+                        format!("expected 1 to {MAX_BATCH}, got {b}"),
+                    )
+                })?;
+            }
+            if let Some(m) = r.max_frame {
+                runtime.max_frame = in_range(m, 64, 65_536 + 18).ok_or_else(|| {
+                    err(
+                        "runtime.max_frame",
+                        format!("expected 64 to 65554 bytes, got {m}"),
+                    )
+                })?;
+            }
+            if let Some(inside) = r.inside {
+                runtime.inside = inside
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| {
+                        s.parse::<IpPrefix>()
+                            .map_err(|e| err(&format!("runtime.inside[{i}]"), e.to_string()))
+                    })
+                    .collect::<Result<_, _>>()?;
+            }
+            runtime.reflect = r.reflect.unwrap_or(false);
+        }
+
+        // [state]
+        let mut state = StateSection::default();
+        if let Some(s) = raw.state {
+            if let Some(b) = s.backend {
+                state.backend = BackendKind::ALL
+                    .iter()
+                    .find(|(_, n)| *n == b)
+                    .map(|(k, _)| *k)
+                    .ok_or_else(|| {
+                        let known: Vec<_> = BackendKind::ALL.iter().map(|(_, n)| *n).collect();
+                        err(
+                            "state.backend",
+                            format!(
+                                "unknown backend {b:?}; expected one of {}",
+                                known.join(", ")
+                            ),
+                        )
+                    })?;
+            }
+            state.url = s.url;
+            if let Some(d) = s.flush_interval {
+                state.flush_interval =
+                    parse_duration(&d).map_err(|reason| err("state.flush_interval", reason))?;
+            }
+            if let Some(i) = s.nf_instance {
+                state.nf_instance = i;
+            }
+        }
+
+        // [[chain]]
+        let chain = raw
+            .chain
+            .unwrap_or_default()
+            .into_iter()
+            .enumerate()
+            .map(|(i, mut table)| {
+                let key = format!("chain[{i}].nf");
+                match table.remove("nf") {
+                    Some(toml::Value::String(nf)) if !nf.is_empty() => {
+                        Ok(ChainEntry { nf, options: table })
+                    }
+                    Some(other) => Err(err(
+                        &key,
+                        format!("expected an NF name, got {}", other.type_str()),
+                    )),
+                    None => Err(err(
+                        &key,
+                        format!(
+                            "missing: every [[chain]] entry names its NF (known: {})",
+                            flowstate_nf::registry::names()
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    )),
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+
+        Ok(Config {
+            file: file.to_owned(),
+            input,
+            outbound_only,
+            output,
+            runtime,
+            state,
+            chain,
+        })
+    }
+
+    /// The factories of the chain, from the NF registry. Errors name the entry and the NF's
+    /// key.
+    pub fn factories(&self) -> Result<Vec<Arc<dyn NfFactory>>, ConfigError> {
+        self.chain
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                flowstate_nf::registry::factory(&e.nf, &e.options).map_err(|b| match b {
+                    BuildError::Config { key, reason, .. } => ConfigError::new(
+                        &self.file,
+                        if !key.is_empty()
+                            && key
+                                .bytes()
+                                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+                        {
+                            format!("chain[{i}].{key}")
+                        } else {
+                            format!("chain[{i}]")
+                        },
+                        if key == "nf" {
+                            reason
+                        } else {
+                            format!("({}) {reason}", e.nf)
+                        },
+                    ),
+                    other => ConfigError::new(&self.file, format!("chain[{i}]"), other.to_string()),
+                })
+            })
+            .collect()
+    }
+
+    /// The configured store's connector (see [`StateSection::connector`]).
+    pub fn connector(&self) -> Result<Arc<dyn Connector>, ConfigError> {
+        self.state.connector(&self.file)
+    }
+}
+
+fn in_range(v: i64, lo: usize, hi: usize) -> Option<usize> {
+    usize::try_from(v).ok().filter(|v| (lo..=hi).contains(v))
+}
+
+fn synthetic(s: RawSynthetic, file: &Path) -> Result<SyntheticInput, ConfigError> {
+    let key = |k: &str| format!("input.synthetic.{k}");
+    let profile: Profile = match &s.profile {
+        Some(p) => p.parse().map_err(|_| {
+            ConfigError::new(
+                file,
+                key("profile"),
+                format!("unknown profile {p:?}; expected one of long, short, mixed, uniform"),
+            )
+        })?,
+        None => Profile::Mixed,
+    };
+    let mut c = SynthConfig::new(profile);
+    c.seed = s.seed.unwrap_or(1);
+    if let Some(f) = s.flows {
+        c.flows = f;
+        if s.packets.is_none() {
+            c.packets = f.saturating_mul(profile.typical_packets_per_flow());
+        }
+    }
+    if let Some(p) = s.packets {
+        c.packets = p;
+    }
+    if let Some(v) = s.ipv6_share {
+        c.ipv6_share = v;
+    }
+    if let Some(v) = s.tcp_share {
+        c.tcp_share = v;
+    }
+    if let Some(v) = s.zipf {
+        c.zipf_s = v;
+    }
+    if let Some(v) = &s.size {
+        c.packet_size = v
+            .parse::<SizeDist>()
+            .map_err(|e| ConfigError::new(file, key("size"), option_reason(&e)))?;
+    }
+    if let Some(v) = s.rate {
+        c.rate_pps = v;
+    }
+    if let Some(v) = s.concurrency {
+        c.concurrency = v;
+    }
+    let subnet_err = |k: &str, v: &str| {
+        ConfigError::new(
+            file,
+            key(k),
+            format!(
+                "expected a subnet like \"10.0.0.0/8\" (IPv4) or \"fd00::/8\" (IPv6), got {v:?}"
+            ),
+        )
+    };
+    if let Some(v) = &s.clients_v4 {
+        c.clients_v4 = v.parse().map_err(|_| subnet_err("clients_v4", v))?;
+    }
+    if let Some(v) = &s.servers_v4 {
+        c.servers_v4 = v.parse().map_err(|_| subnet_err("servers_v4", v))?;
+    }
+    if let Some(v) = &s.clients_v6 {
+        c.clients_v6 = v.parse().map_err(|_| subnet_err("clients_v6", v))?;
+    }
+    if let Some(v) = &s.servers_v6 {
+        c.servers_v6 = v.parse().map_err(|_| subnet_err("servers_v6", v))?;
+    }
+    c.validate().map_err(|e| {
+        let name = match &e {
+            flowstate_io::Error::Option { name, .. } => match *name {
+                "packet_size" => "size",
+                "rate_pps" => "rate",
+                "zipf_s" => "zipf",
+                n => n,
+            },
+            _ => "",
+        };
+        ConfigError::new(file, key(name), option_reason(&e))
+    })?;
+    Ok(SyntheticInput {
+        config: c,
+        per_worker: s.per_worker.unwrap_or(false),
+    })
+}
+
+fn option_reason(e: &flowstate_io::Error) -> String {
+    match e {
+        flowstate_io::Error::Option { reason, .. } => reason.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Parses a humane duration: a number and a unit, `ns`, `us` (or `µs`), `ms` or `s`:
+/// `"1ms"`, `"250 us"`, `"0.5s"`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let expected = || format!("expected a duration like \"1ms\" (units: ns, us, ms, s), got {s:?}");
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .ok_or_else(expected)?;
+    let (num, unit) = t.split_at(split);
+    let per_unit: f64 = match unit.trim() {
+        "ns" => 1.0,
+        "us" | "µs" => 1e3,
+        "ms" => 1e6,
+        "s" => 1e9,
+        _ => return Err(expected()),
+    };
+    let v: f64 = num.parse().map_err(|_| expected())?;
+    let ns = v * per_unit;
+    if !ns.is_finite() || ns > u64::MAX as f64 {
+        return Err(expected());
+    }
+    Ok(Duration::from_nanos(ns.round() as u64))
+}
+
+/// Finds the line (1-based) and the dotted key path at byte `pos` of `text`: the table header
+/// in force there (`[runtime]`, the n-th `[[chain]]`) and the key (or inline-table keys) on the
+/// line up to `pos`. Best effort: a TOML layout it does not follow yields a shorter path.
+fn locate(text: &str, pos: usize) -> (usize, String) {
+    let pos = pos.min(text.len());
+    let pos = (0..=pos)
+        .rev()
+        .find(|&p| text.is_char_boundary(p))
+        .unwrap_or(0);
+    let before = &text[..pos];
+    let line_no = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+
+    // The header in force: the last `[x]` or `[[x]]` line before this one (or this one, when the
+    // position is inside the header itself).
+    let mut header = String::new();
+    let mut arrays: Vec<(String, usize)> = Vec::new();
+    for line in text[..line_start].lines() {
+        let l = line.trim();
+        if let Some(name) = l.strip_prefix("[[").and_then(|r| r.split("]]").next()) {
+            let name = name.trim().to_owned();
+            let n = match arrays.iter_mut().find(|(k, _)| *k == name) {
+                Some((_, n)) => {
+                    *n += 1;
+                    *n
+                }
+                None => {
+                    arrays.push((name.clone(), 0));
+                    0
+                }
+            };
+            header = format!("{name}[{n}]");
+        } else if let Some(name) = l.strip_prefix('[').and_then(|r| r.split(']').next()) {
+            header = name.trim().to_owned();
+        }
+    }
+    let line = &text[line_start..];
+    let line = &line[..line.find('\n').unwrap_or(line.len())];
+    let in_line = pos - line_start;
+    let trimmed = line.trim_start();
+    if trimmed.starts_with('[') {
+        // The position is on a header: the key is the header's name.
+        let name = trimmed
+            .trim_start_matches('[')
+            .split(']')
+            .next()
+            .unwrap_or("")
+            .trim();
+        return (line_no, name.to_owned());
+    }
+
+    // Keys on this line up to the position, with inline-table nesting.
+    let is_ident = |c: u8| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-' | b'.');
+    let mut path: Vec<String> = Vec::new();
+    // For each open inline table, the path length at its `{`.
+    let mut bases: Vec<usize> = vec![0];
+    let bytes = line.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() && i <= in_line {
+        let c = bytes[i];
+        if c == b'"' || c == b'\'' {
+            // Skip a string (basic strings may escape the quote).
+            i += 1;
+            while i < bytes.len() && bytes[i] != c {
+                if c == b'"' && bytes[i] == b'\\' {
+                    i += 1;
+                }
+                i += 1;
+            }
+            i += 1;
+            continue;
+        }
+        if is_ident(c) {
+            let start = i;
+            while i < bytes.len() && is_ident(bytes[i]) {
+                i += 1;
+            }
+            let rest = line[i..].trim_start();
+            if rest.starts_with('=') && !rest.starts_with("==") {
+                path.truncate(bases.last().copied().unwrap_or(0));
+                path.push(line[start..i].to_owned());
+            }
+            if (start..i).contains(&in_line) {
+                break;
+            }
+            continue;
+        }
+        match c {
+            b'{' => bases.push(path.len()),
+            b'}' if bases.len() > 1 => {
+                if let Some(base) = bases.pop() {
+                    path.truncate(base);
+                }
+            }
+            b'#' => break,
+            _ => {}
+        }
+        i += 1;
+    }
+    let mut key = header;
+    for k in path {
+        if !key.is_empty() {
+            key.push('.');
+        }
+        key.push_str(&k);
+    }
+    (line_no, key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("1ms"), Ok(Duration::from_millis(1)));
+        assert_eq!(parse_duration(" 250 us "), Ok(Duration::from_micros(250)));
+        assert_eq!(parse_duration("0.5s"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("7ns"), Ok(Duration::from_nanos(7)));
+        for bad in ["", "ms", "1", "1 parsec", "-1ms", "1e3ms", "1..2ms"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn locate_finds_keys() {
+        let t = "[input]\nsynthetic = { profile = \"m\", flows = -3 }\n[runtime]\nworkers = \"x\"\n[[chain]]\nnf = \"a\"\n[[chain]]\nnf = 3\n";
+        let at = |needle: &str| locate(t, t.find(needle).unwrap());
+        assert_eq!(at("-3"), (2, "input.synthetic.flows".into()));
+        assert_eq!(at("\"m\""), (2, "input.synthetic.profile".into()));
+        assert_eq!(at("\"x\""), (4, "runtime.workers".into()));
+        assert_eq!(at("workers"), (4, "runtime.workers".into()));
+        assert_eq!(at("3\n"), (8, "chain[1].nf".into()));
+        assert_eq!(at("runtime"), (3, "runtime".into()));
+    }
+}

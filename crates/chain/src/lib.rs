@@ -1,0 +1,264 @@
+//! flowstate's runtime: runs a chain of network functions over traffic on N worker threads.
+//!
+//! A [`Runtime`] takes the chain's [`NfFactory`]s and a state [`Connector`]. Each worker
+//! thread owns a state [`Partition`](flowstate_state::Partition) and its own instance of every
+//! NF, built in the thread. [`Runtime::run`] reads a [`Source`] on the calling thread (the
+//! dispatcher), [`Runtime::run_generated`] lets each worker generate its own traffic (the NIC
+//! RSS model). Forwarded packets go to a [`Sink`] or are discarded, and a
+//! run ends with a [`Summary`]. [`Config`] reads the TOML deployment file and [`run_config`]
+//! runs it, which is what `flowstate run` does.
+//!
+//! ```
+//! use flowstate_chain::{Runtime, RuntimeOptions};
+//! use flowstate_io::synth::{Profile, SynthConfig, Synthetic};
+//! use flowstate_state::local::LocalStore;
+//! use std::sync::Arc;
+//!
+//! let chain = vec![flowstate_nf::registry::factory("counter", &toml::Table::new())?];
+//! let options = RuntimeOptions { workers: 2, ..RuntimeOptions::default() };
+//! let runtime = Runtime::new(options, chain, Arc::new(LocalStore::new()));
+//! let mut trace = SynthConfig::new(Profile::Mixed);
+//! trace.flows = 100;
+//! trace.packets = 5_000;
+//! let summary = runtime.run(&mut Synthetic::new(trace)?, None)?;
+//! assert_eq!((summary.packets_in, summary.packets_out), (5_000, 5_000));
+//! assert_eq!(summary.nfs[0].report["packets_counted"], 5_000);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Promises:
+//! * A packet is dissected once, before the chain. A malformed packet is dropped and counted
+//!   by `layer: reason`, never forwarded.
+//! * Both directions of a flow are processed by the same worker (symmetric Toeplitz hash,
+//!   [`steer`]); packets of one flow leave in the order they arrived.
+//! * Outbound packets (source in `inside`) go through the chain in order, inbound ones in
+//!   reverse order (last NF first): the chain is a line from the inside to the outside.
+//! * Every packet is accounted for: `packets_in + reflected == packets_out + dropped_total +
+//!   skipped` ([`Summary::balanced`]).
+//! * Time is the packets' timestamps; a run over the same input and configuration gives the
+//!   same output and counts (packets of different workers may interleave differently in the
+//!   output).
+//! * Nothing is allocated per packet on the steady path: batches are allocated once and
+//!   recycled.
+//! * Configuration errors name the file, the key and what was expected; a failing worker,
+//!   input or output ends the run with an error, never a panic of the caller.
+//!
+//! The summary serializes to one JSON object:
+//!
+//! ```json
+//! { "packets_in": 1000, "reflected": 0, "packets_out": 990, "dropped_total": 10,
+//!   "dropped": { "firewall: not allowed": 9 }, "malformed": { "ipv4: truncated": 1 },
+//!   "skipped": 0, "wall_s": 0.01, "mpps": 0.1, "workers": 2, "backend": "local",
+//!   "per_worker": [ { "index": 0, "packets": 500, "reflected": 0, "packets_out": 495,
+//!                     "busy_s": 0.004, "state_flushes": 3, "state_errors": 0 } ],
+//!   "nfs": [ { "name": "firewall", "packets_in": 999, "forwarded": 990,
+//!              "dropped": { "not allowed": 9 }, "report": { "active_flows": 12 } } ] }
+//! ```
+
+pub mod config;
+pub mod reflect;
+pub mod runtime;
+pub mod steer;
+pub mod summary;
+
+pub use config::{Config, ConfigError};
+pub use runtime::{RunError, Runtime, RuntimeOptions};
+pub use steer::{IpPrefix, Steering};
+pub use summary::{NfSummary, Summary, WorkerSummary};
+
+use flowstate_io::pcap::{PcapReader, PcapWriter, WriterOptions, LINKTYPE_ETHERNET};
+use flowstate_io::synth::{Ipv4Net, Ipv6Net, SynthConfig, Synthetic};
+use flowstate_io::{PacketBatch, Sink, Source};
+use flowstate_nf::{NfFactory, WorkerInfo};
+use flowstate_state::Connector;
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+/// Why [`run_config`] failed. Each message is complete on its own (no `source()` chain to
+/// print after it).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The configuration is wrong.
+    #[error("{0}")]
+    Config(ConfigError),
+    /// An input or output file cannot be opened or finished.
+    #[error("{0}")]
+    Io(flowstate_io::Error),
+    /// The run failed.
+    #[error("{0}")]
+    Run(RunError),
+}
+
+impl From<ConfigError> for Error {
+    fn from(e: ConfigError) -> Self {
+        Error::Config(e)
+    }
+}
+
+impl From<flowstate_io::Error> for Error {
+    fn from(e: flowstate_io::Error) -> Self {
+        Error::Io(e)
+    }
+}
+
+impl From<RunError> for Error {
+    fn from(e: RunError) -> Self {
+        Error::Run(e)
+    }
+}
+
+/// A progress callback: called with the number of packets just read.
+pub type Progress<'a> = &'a (dyn Fn(u64) + Sync);
+
+/// Runs a configuration: builds the chain from the NF registry and the store from `[state]`,
+/// opens the input and the output, runs, and finishes the output file. `progress`, if given,
+/// hears about every batch read.
+pub fn run_config(config: &Config, progress: Option<Progress<'_>>) -> Result<Summary, Error> {
+    let factories: Vec<std::sync::Arc<dyn NfFactory>> = config.factories()?;
+    let connector: std::sync::Arc<dyn Connector> = config.connector()?;
+    let runtime = Runtime::new(RuntimeOptions::from_config(config), factories, connector);
+
+    // Open the input first: a missing input must not truncate an output file.
+    enum Opened {
+        Reader(PcapReader),
+        Generator(Box<Synthetic>),
+        PerWorker(SynthConfig),
+    }
+    let opened = match &config.input {
+        config::Input::Pcap(path) => {
+            let reader = PcapReader::open(path)?;
+            if reader.linktype() != LINKTYPE_ETHERNET {
+                return Err(ConfigError {
+                    file: config.file.clone(),
+                    line: None,
+                    key: "input.pcap".into(),
+                    reason: format!(
+                        "{}: link type {} is not Ethernet (1); only Ethernet captures are supported",
+                        path.display(),
+                        reader.linktype()
+                    ),
+                }
+                .into());
+            }
+            Opened::Reader(reader)
+        }
+        config::Input::Synthetic(s) if s.per_worker => Opened::PerWorker(s.config.clone()),
+        config::Input::Synthetic(s) => {
+            Opened::Generator(Box::new(Synthetic::new(s.config.clone())?))
+        }
+    };
+    let mut writer = match &config.output {
+        config::Output::Pcap(path) => Some(PcapWriter::create_with(path, WriterOptions::nanos())?),
+        config::Output::Discard => None,
+    };
+    let sink = writer.as_mut().map(|w| w as &mut (dyn Sink + Send));
+    let summary = match opened {
+        Opened::Reader(r) => runtime.run(&mut Counting::new(Some(r), progress), sink)?,
+        Opened::Generator(g) => runtime.run(&mut Counting::new(Some(*g), progress), sink)?,
+        Opened::PerWorker(c) => runtime.run_generated(
+            |w| {
+                let source = match synthetic_share(&c, w) {
+                    Some(share) => Some(Synthetic::new(share)?),
+                    None => None,
+                };
+                Ok(Counting::new(source, progress))
+            },
+            sink,
+        )?,
+    };
+    if let Some(w) = writer {
+        w.finish()?;
+    }
+    Ok(summary)
+}
+
+/// A source that reports progress (`None`: an empty source).
+struct Counting<'a, S> {
+    inner: Option<S>,
+    progress: Option<Progress<'a>>,
+}
+
+impl<'a, S> Counting<'a, S> {
+    fn new(inner: Option<S>, progress: Option<Progress<'a>>) -> Self {
+        Counting { inner, progress }
+    }
+}
+
+impl<S: Source> Source for Counting<'_, S> {
+    fn recv(&mut self, batch: &mut PacketBatch) -> flowstate_io::Result<usize> {
+        let n = match &mut self.inner {
+            Some(s) => s.recv(batch)?,
+            None => {
+                batch.clear();
+                0
+            }
+        };
+        if let Some(p) = self.progress {
+            p(n as u64);
+        }
+        Ok(n)
+    }
+}
+
+/// Worker `w`'s share of a synthetic trace, for [`Runtime::run_generated`]: about
+/// `1/count` of the flows, with packets in proportion; its own slice of the client subnets
+/// (so no two workers generate the same 5-tuple); its own seed. `None` when there are fewer
+/// flows than workers and this one gets none.
+///
+/// The shares together have exactly `config.flows` flows and `config.packets` packets; each
+/// share's timestamps start at `config.start_ns` (every worker replays its own timeline, as
+/// RSS queues fill in parallel).
+pub fn synthetic_share(config: &SynthConfig, w: WorkerInfo) -> Option<SynthConfig> {
+    let n = u64::from(w.count.max(1));
+    let i = u64::from(w.index);
+    if i >= n {
+        return None;
+    }
+    let flows = config.flows / n + u64::from(i < config.flows % n);
+    if flows == 0 {
+        return None;
+    }
+    // Packets in proportion to flows: ⌊packets·F_i / F⌋, the remainder one each to the
+    // first workers. Each share keeps at least the minimum per flow.
+    let total = u128::from(config.packets);
+    let share = |k: u64| {
+        let f = config.flows / n + u64::from(k < config.flows % n);
+        (total * u128::from(f) / u128::from(config.flows.max(1))) as u64
+    };
+    let base: u64 = (0..n).map(share).sum();
+    let left = config.packets - base;
+    let packets = share(i) + u64::from(i < left);
+
+    let mut c = config.clone();
+    c.flows = flows;
+    c.packets = packets;
+    c.seed = config
+        .seed
+        .wrapping_add(0x9e37_79b9_7f4a_7c15u64.wrapping_mul(i + 1));
+    let bits = 64 - (n - 1).leading_zeros();
+    let bits = if n == 1 { 0 } else { bits as u8 };
+    c.clients_v4 = split_v4(config.clients_v4, bits, i);
+    c.clients_v6 = split_v6(config.clients_v6, bits, i);
+    Some(c)
+}
+
+fn split_v4(net: Ipv4Net, bits: u8, i: u64) -> Ipv4Net {
+    let len = (net.prefix_len + bits).min(32);
+    let shift = 32 - u32::from(len);
+    let base = u32::from(net.addr)
+        & u32::MAX
+            .checked_shl(32 - u32::from(net.prefix_len))
+            .unwrap_or(0);
+    let sub = (i as u32).checked_shl(shift).unwrap_or(0);
+    Ipv4Net::new(Ipv4Addr::from(base | sub), len)
+}
+
+fn split_v6(net: Ipv6Net, bits: u8, i: u64) -> Ipv6Net {
+    let len = (net.prefix_len + bits).min(128);
+    let shift = 128 - u32::from(len);
+    let base = u128::from(net.addr)
+        & u128::MAX
+            .checked_shl(128 - u32::from(net.prefix_len))
+            .unwrap_or(0);
+    let sub = u128::from(i).checked_shl(shift).unwrap_or(0);
+    Ipv6Net::new(Ipv6Addr::from(base | sub), len)
+}

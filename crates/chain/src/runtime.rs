@@ -1,0 +1,1112 @@
+//! The runtime: a dispatcher (or per-worker generators), workers running the chain to
+//! completion, and an output stage.
+//!
+//! ```text
+//!            dispatch mode (run)                       generated mode (run_generated)
+//! Source -> dispatcher: dissect once,             worker k: its own Source, dissects itself
+//!           drop + count malformed,                   |
+//!           classify direction,                       |
+//!           steer by symmetric hash                   |
+//!             | bounded queue per worker              |
+//!             v                                       v
+//!           worker k: prefetch pass, chain per packet (reverse order when Inbound),
+//!                     reflect, on_tick + maybe_flush once per batch
+//!             | one bounded queue, FIFO per worker
+//!             v
+//!           output: forwarded packets (and replies) -> Sink; or discarded
+//!             | batch goes home (to the dispatcher's or the generator's pool)
+//! ```
+//!
+//! Batches are allocated once (`pool` per worker) and recycled: on the steady path nothing is
+//! allocated per packet. Packets of one flow go to one worker and leave in the order they
+//! came; packets of different workers interleave freely. Time is the packets' timestamps
+//! (virtual, monotone per worker), so a run over a given input is deterministic whatever the
+//! machine's speed.
+//!
+//! Workers are not pinned to cores: pinning needs `sched_setaffinity` (a `libc` dependency
+//! this crate does not take yet); the OS scheduler places the threads.
+
+use crate::reflect::reflect;
+use crate::steer::{IpPrefix, Steering};
+use crate::summary::{NfSummary, Summary, WorkerSummary};
+use flowstate_io::{PacketBatch, Sink, Source};
+use flowstate_nf::{
+    BuildError, Context, Direction, NetworkFunction, NfFactory, Packet, Verdict, WorkerInfo,
+};
+use flowstate_state::{Connector, Nanos, Partition, StateConfig, StateError};
+use flowstate_wire::{dissect, Dissection};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// How often a blocked stage looks whether another one failed.
+const ABORT_POLL: Duration = Duration::from_millis(20);
+
+/// Settings of a [`Runtime`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct RuntimeOptions {
+    /// Worker threads (at least 1).
+    pub workers: usize,
+    /// Packets per batch: hand-off unit and prefetch window.
+    pub batch: usize,
+    /// Buffer size per packet; longer frames are truncated.
+    pub max_frame: usize,
+    /// Batches per worker in flight (queued, processed or being written).
+    pub pool: usize,
+    /// Sources that make a packet Outbound.
+    pub inside: Vec<IpPrefix>,
+    /// Answer outbound packets as the outside hosts would ([`crate::reflect`]).
+    pub reflect: bool,
+    /// Skip inbound input packets (counted as `skipped`).
+    pub outbound_only: bool,
+    /// NF instance id (in state keys).
+    pub instance: u32,
+    /// How often each partition flushes to the store.
+    pub flush_interval: Duration,
+    /// Flush batches that may wait for a partition's state thread.
+    pub queue_depth: usize,
+}
+
+impl Default for RuntimeOptions {
+    /// One worker per core, batches of 32, the default inside prefixes, no reflect.
+    fn default() -> Self {
+        RuntimeOptions {
+            workers: crate::config::default_workers(),
+            batch: crate::config::DEFAULT_BATCH,
+            max_frame: crate::config::DEFAULT_MAX_FRAME,
+            pool: 8,
+            inside: crate::config::default_inside(),
+            reflect: false,
+            outbound_only: false,
+            instance: 0,
+            flush_interval: Duration::from_millis(1),
+            queue_depth: StateConfig::default().queue_depth,
+        }
+    }
+}
+
+impl RuntimeOptions {
+    /// The options a configuration asks for.
+    pub fn from_config(c: &crate::Config) -> Self {
+        RuntimeOptions {
+            workers: c.runtime.workers,
+            batch: c.runtime.batch,
+            max_frame: c.runtime.max_frame,
+            inside: c.runtime.inside.clone(),
+            reflect: c.runtime.reflect,
+            outbound_only: c.outbound_only,
+            instance: c.state.nf_instance,
+            flush_interval: c.state.flush_interval,
+            ..RuntimeOptions::default()
+        }
+    }
+}
+
+/// Why a run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The input failed (the file is damaged, a read failed).
+    #[error("input: {0}")]
+    Input(flowstate_io::Error),
+    /// The output failed.
+    #[error("output: {0}")]
+    Output(flowstate_io::Error),
+    /// An NF could not be built for a worker.
+    #[error("worker {worker}: cannot build NF {nf}: {error}")]
+    Build {
+        /// The worker.
+        worker: usize,
+        /// The NF.
+        nf: &'static str,
+        /// Why.
+        error: BuildError,
+    },
+    /// A worker's state partition failed (connecting, or the final flush).
+    #[error("worker {worker}: state: {error}")]
+    State {
+        /// The worker.
+        worker: usize,
+        /// Why.
+        error: StateError,
+    },
+    /// A worker's traffic generator could not be made or failed.
+    #[error("worker {worker}: traffic generator: {error}")]
+    Generator {
+        /// The worker.
+        worker: usize,
+        /// Why.
+        error: flowstate_io::Error,
+    },
+    /// A thread panicked (a bug: reported, not propagated).
+    #[error("{what} panicked: {message}")]
+    Panicked {
+        /// Which thread.
+        what: String,
+        /// The panic message.
+        message: String,
+    },
+    /// A thread could not be started.
+    #[error("cannot start a thread: {0}")]
+    Spawn(std::io::Error),
+    /// This stage stopped because another one failed (that one's error is the cause).
+    #[error("stopped because another stage failed")]
+    Stopped,
+}
+
+/// Runs a chain of NFs over traffic. See the module documentation.
+pub struct Runtime {
+    options: RuntimeOptions,
+    chain: Vec<Arc<dyn NfFactory>>,
+    connector: Arc<dyn Connector>,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("options", &self.options)
+            .field(
+                "chain",
+                &self.chain.iter().map(|c| c.name()).collect::<Vec<_>>(),
+            )
+            .field("backend", &self.connector.name())
+            .finish()
+    }
+}
+
+/// A Source that never yields (stands in for the generator type in dispatch mode).
+struct NoSource;
+
+impl Source for NoSource {
+    fn recv(&mut self, batch: &mut PacketBatch) -> flowstate_io::Result<usize> {
+        batch.clear();
+        Ok(0)
+    }
+}
+
+impl Runtime {
+    /// A runtime running `chain` (NFs in order from the inside to the outside) with state in
+    /// the store `connector` opens.
+    pub fn new(
+        options: RuntimeOptions,
+        chain: Vec<Arc<dyn NfFactory>>,
+        connector: Arc<dyn Connector>,
+    ) -> Self {
+        Runtime {
+            options,
+            chain,
+            connector,
+        }
+    }
+
+    /// The settings.
+    pub fn options(&self) -> &RuntimeOptions {
+        &self.options
+    }
+
+    /// Runs every packet of `source` through the chain: the calling thread dispatches,
+    /// forwarded packets go to `sink` (`None`: discarded). Returns when the source is
+    /// exhausted and every worker has drained and flushed its state.
+    pub fn run(
+        &self,
+        source: &mut dyn Source,
+        sink: Option<&mut (dyn Sink + Send)>,
+    ) -> Result<Summary, RunError> {
+        self.execute::<NoSource, fn(WorkerInfo) -> flowstate_io::Result<NoSource>>(
+            Some(source),
+            None,
+            sink,
+        )
+    }
+
+    /// Runs with traffic generated in the workers (NIC RSS model: no dispatcher between
+    /// traffic and workers). `make` is called once in each worker's thread with its
+    /// [`WorkerInfo`]; the source it returns is that worker's whole share, and its flows
+    /// should be the worker's own (see [`crate::synthetic_share`]). The worker dissects,
+    /// counts malformed packets, and classifies, as the dispatcher would.
+    pub fn run_generated<S, F>(
+        &self,
+        make: F,
+        sink: Option<&mut (dyn Sink + Send)>,
+    ) -> Result<Summary, RunError>
+    where
+        S: Source,
+        F: Fn(WorkerInfo) -> flowstate_io::Result<S> + Sync,
+    {
+        self.execute(None, Some(&make), sink)
+    }
+
+    fn execute<S, F>(
+        &self,
+        source: Option<&mut dyn Source>,
+        make: Option<&F>,
+        sink: Option<&mut (dyn Sink + Send)>,
+    ) -> Result<Summary, RunError>
+    where
+        S: Source,
+        F: Fn(WorkerInfo) -> flowstate_io::Result<S> + Sync,
+    {
+        let o = &self.options;
+        let n = o.workers.max(1);
+        let pool = o.pool.max(2);
+        let batch = o.batch.max(1);
+        let steering = Steering::new(o.inside.clone(), n);
+        let abort = AtomicBool::new(false);
+        let dispatching = source.is_some();
+        tracing::info!(
+            workers = n,
+            batch,
+            chain = ?self.chain.iter().map(|f| f.name()).collect::<Vec<_>>(),
+            backend = self.connector.name(),
+            mode = if dispatching { "dispatch" } else { "generated" },
+            reflect = o.reflect,
+            "run starting"
+        );
+
+        thread::scope(|s| {
+            let abort = &abort;
+            let steering = &steering;
+            let mut errors: Vec<RunError> = Vec::new();
+
+            // Each worker's pool of batches, allocated once.
+            let mut free_txs = Vec::with_capacity(n);
+            let mut free_rxs = Vec::with_capacity(n);
+            for w in 0..n {
+                let (tx, rx) = sync_channel(pool);
+                for _ in 0..pool {
+                    let _ = tx.send(WorkBatch::new(w, batch, o.max_frame, o.reflect));
+                }
+                free_txs.push(tx);
+                free_rxs.push(rx);
+            }
+
+            // The output stage.
+            let (out_tx, output) = match sink {
+                Some(sink) => {
+                    let (tx, rx) = sync_channel::<WorkBatch>(n * pool);
+                    let free = free_txs.clone();
+                    let max_frame = o.max_frame;
+                    let spawned = thread::Builder::new()
+                        .name("flowstate-output".into())
+                        .spawn_scoped(s, move || {
+                            let _guard = AbortOnPanic(abort);
+                            let r = output_loop(sink, rx, &free, 2 * batch, max_frame, abort);
+                            if r.is_err() {
+                                abort.store(true, Ordering::SeqCst);
+                            }
+                            r
+                        });
+                    match spawned {
+                        Ok(h) => (Some(tx), Some(h)),
+                        Err(e) => return Err(RunError::Spawn(e)),
+                    }
+                }
+                None => (None, None),
+            };
+
+            // Workers.
+            let (ready_tx, ready_rx) = sync_channel::<bool>(n);
+            let mut go_txs = Vec::with_capacity(n);
+            let mut in_txs = Vec::with_capacity(n);
+            let mut dispatcher_free = Vec::with_capacity(n);
+            let mut handles = Vec::with_capacity(n);
+            for (w, free_rx) in free_rxs.into_iter().enumerate() {
+                let (go_tx, go_rx) = sync_channel::<bool>(1);
+                let feed = if dispatching {
+                    let (tx, rx) = sync_channel::<WorkBatch>(pool);
+                    in_txs.push(tx);
+                    dispatcher_free.push(free_rx);
+                    Feed::Queue(rx)
+                } else {
+                    Feed::Generate(free_rx)
+                };
+                let recycle = match &out_tx {
+                    Some(t) => Recycle::Output(t.clone()),
+                    None => Recycle::Pool(free_txs[w].clone()),
+                };
+                let ready = ReadyGuard(Some(ready_tx.clone()));
+                let spawned = thread::Builder::new()
+                    .name(format!("flowstate-worker-{w}"))
+                    .spawn_scoped(s, move || {
+                        let _guard = AbortOnPanic(abort);
+                        let r =
+                            self.worker(w, n, ready, go_rx, feed, recycle, make, steering, abort);
+                        if matches!(&r, Err(e) if !matches!(e, RunError::Stopped)) {
+                            abort.store(true, Ordering::SeqCst);
+                        }
+                        r
+                    });
+                match spawned {
+                    Ok(h) => {
+                        handles.push(h);
+                        go_txs.push(go_tx);
+                    }
+                    Err(e) => {
+                        errors.push(RunError::Spawn(e));
+                        abort.store(true, Ordering::SeqCst);
+                        break;
+                    }
+                }
+            }
+            drop(out_tx);
+            drop(ready_tx);
+            drop(free_txs);
+
+            // Start once every worker has built its chain.
+            let mut ready = errors.is_empty();
+            for _ in 0..handles.len() {
+                if !matches!(ready_rx.recv(), Ok(true)) {
+                    ready = false;
+                    break;
+                }
+            }
+            if !ready {
+                abort.store(true, Ordering::SeqCst);
+            }
+            let start = Instant::now();
+            for g in &go_txs {
+                let _ = g.send(ready);
+            }
+
+            let mut dispatched = Counts::default();
+            if let (true, Some(source)) = (ready, source) {
+                let r = dispatch(
+                    source,
+                    steering,
+                    &in_txs,
+                    &dispatcher_free,
+                    abort,
+                    o,
+                    &mut dispatched,
+                );
+                if let Err(e) = r {
+                    abort.store(true, Ordering::SeqCst);
+                    errors.push(e);
+                }
+            }
+            drop(in_txs);
+
+            let mut reports = Vec::with_capacity(n);
+            for (w, h) in handles.into_iter().enumerate() {
+                match h.join() {
+                    Ok(Ok(r)) => reports.push(r),
+                    Ok(Err(e)) => errors.push(e),
+                    Err(p) => errors.push(RunError::Panicked {
+                        what: format!("worker {w}"),
+                        message: panic_message(&*p),
+                    }),
+                }
+            }
+            if let Some(h) = output {
+                match h.join() {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => errors.push(e),
+                    Err(p) => errors.push(RunError::Panicked {
+                        what: "the output stage".into(),
+                        message: panic_message(&*p),
+                    }),
+                }
+            }
+            let wall = start.elapsed();
+            for e in &errors {
+                tracing::debug!(error = %e, "stage failed");
+            }
+            if !errors.is_empty() {
+                let first = errors.iter().position(|e| !matches!(e, RunError::Stopped));
+                return Err(errors.swap_remove(first.unwrap_or(0)));
+            }
+            Ok(self.summarize(dispatched, reports, wall))
+        })
+    }
+
+    /// One worker's thread: builds its partition and chain, then processes batches.
+    #[allow(clippy::too_many_arguments)]
+    fn worker<S, F>(
+        &self,
+        index: usize,
+        count: usize,
+        mut ready: ReadyGuard,
+        go: Receiver<bool>,
+        feed: Feed,
+        recycle: Recycle,
+        make: Option<&F>,
+        steering: &Steering,
+        abort: &AtomicBool,
+    ) -> Result<WorkerReport, RunError>
+    where
+        S: Source,
+        F: Fn(WorkerInfo) -> flowstate_io::Result<S> + Sync,
+    {
+        let o = &self.options;
+        let info = WorkerInfo {
+            index: index as u32,
+            count: count as u32,
+            instance: o.instance,
+        };
+        let setup = (|| {
+            let mut partition = Partition::new(
+                &*self.connector,
+                StateConfig {
+                    instance: o.instance,
+                    core: index as u32,
+                    flush_interval: o.flush_interval,
+                    exclusive: count == 1,
+                    queue_depth: o.queue_depth,
+                },
+            )
+            .map_err(|error| RunError::State {
+                worker: index,
+                error,
+            })?;
+            let mut nfs = Vec::with_capacity(self.chain.len());
+            for f in &self.chain {
+                let nf = f
+                    .build(&mut partition.declare(f.name()), info)
+                    .map_err(|error| RunError::Build {
+                        worker: index,
+                        nf: f.name(),
+                        error,
+                    })?;
+                nfs.push(nf);
+            }
+            let source = match make {
+                Some(make) => Some(make(info).map_err(|error| RunError::Generator {
+                    worker: index,
+                    error,
+                })?),
+                None => None,
+            };
+            Ok((partition, nfs, source))
+        })();
+        let (partition, nfs, mut source) = match setup {
+            Ok(x) => {
+                ready.send(true);
+                x
+            }
+            Err(e) => {
+                ready.send(false);
+                return Err(e);
+            }
+        };
+        if !matches!(go.recv(), Ok(true)) {
+            return Err(RunError::Stopped);
+        }
+
+        let mut w = Worker {
+            index,
+            counters: vec![NfCounters::default(); nfs.len()],
+            nfs,
+            partition,
+            now: 0,
+            reflect: o.reflect,
+            counts: Counts::default(),
+            packets: 0,
+            reflected: 0,
+            out: 0,
+            busy: Duration::ZERO,
+        };
+        loop {
+            let mut work = match &feed {
+                Feed::Queue(rx) => match rx.recv() {
+                    Ok(b) => b,
+                    Err(_) => break,
+                },
+                Feed::Generate(pool) => {
+                    if abort.load(Ordering::Relaxed) {
+                        return Err(RunError::Stopped);
+                    }
+                    let Some(mut b) = recv_or_abort(pool, abort) else {
+                        return Err(RunError::Stopped);
+                    };
+                    let Some(source) = source.as_mut() else { break };
+                    b.reset();
+                    let got = source
+                        .recv(&mut b.packets)
+                        .map_err(|error| RunError::Generator {
+                            worker: index,
+                            error,
+                        })?;
+                    if got == 0 {
+                        break;
+                    }
+                    w.counts.packets_in += got as u64;
+                    b.classify(steering, o.outbound_only, &mut w.counts);
+                    b
+                }
+            };
+            if abort.load(Ordering::Relaxed) {
+                return Err(RunError::Stopped);
+            }
+            let t0 = Instant::now();
+            w.process(&mut work);
+            w.busy += t0.elapsed();
+            match &recycle {
+                Recycle::Output(tx) => tx.send(work).map_err(|_| RunError::Stopped)?,
+                Recycle::Pool(tx) => {
+                    let _ = tx.try_send(work);
+                }
+            }
+        }
+        let t0 = Instant::now();
+        w.partition
+            .flush_all(w.now)
+            .map_err(|error| RunError::State {
+                worker: index,
+                error,
+            })?;
+        w.busy += t0.elapsed();
+        tracing::debug!(
+            worker = index,
+            packets = w.packets,
+            reflected = w.reflected,
+            out = w.out,
+            busy_s = w.busy.as_secs_f64(),
+            "worker done"
+        );
+        Ok(w.report())
+    }
+
+    fn summarize(&self, dispatched: Counts, reports: Vec<WorkerReport>, wall: Duration) -> Summary {
+        let mut s = Summary {
+            workers: self.options.workers.max(1),
+            backend: self.connector.name().to_owned(),
+            wall_s: wall.as_secs_f64(),
+            ..Summary::default()
+        };
+        let mut counts = dispatched;
+        s.nfs = self
+            .chain
+            .iter()
+            .map(|f| NfSummary {
+                name: f.name().to_owned(),
+                ..NfSummary::default()
+            })
+            .collect();
+        for r in reports {
+            counts.merge(&r.counts);
+            s.reflected += r.reflected;
+            s.packets_out += r.out;
+            for (i, c) in r.counters.iter().enumerate() {
+                let Some(nf) = s.nfs.get_mut(i) else { continue };
+                nf.packets_in += c.packets_in;
+                nf.forwarded += c.forwarded;
+                for &(reason, k) in &c.dropped {
+                    *nf.dropped.entry(reason.to_owned()).or_default() += k;
+                }
+            }
+            for (i, rep) in r.reports.iter().enumerate() {
+                let Some(nf) = s.nfs.get_mut(i) else { continue };
+                for &(k, v) in rep {
+                    *nf.report.entry(k.to_owned()).or_default() += v;
+                }
+            }
+            s.per_worker.push(WorkerSummary {
+                index: r.index,
+                packets: r.packets,
+                reflected: r.reflected,
+                packets_out: r.out,
+                busy_s: r.busy.as_secs_f64(),
+                state_flushes: r.state_flushes,
+                state_errors: r.state_errors,
+            });
+        }
+        for nf in &s.nfs {
+            for (reason, k) in &nf.dropped {
+                *s.dropped
+                    .entry(format!("{}: {reason}", nf.name))
+                    .or_default() += k;
+            }
+        }
+        s.packets_in = counts.packets_in;
+        s.skipped = counts.skipped;
+        s.malformed = counts
+            .malformed
+            .iter()
+            .map(|(e, k)| (e.to_string(), *k))
+            .collect::<BTreeMap<_, _>>();
+        s.dropped_total = s.nf_dropped() + s.malformed_total();
+        s.mpps = if s.wall_s > 0.0 {
+            s.packets_in as f64 / s.wall_s / 1e6
+        } else {
+            0.0
+        };
+        s
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batches
+
+/// One packet's place in a [`WorkBatch`].
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    /// `None`: malformed or skipped (generated mode), not processed.
+    dissection: Option<Dissection>,
+    direction: Direction,
+    /// The chain forwarded it.
+    forward: bool,
+    /// Index of its forwarded reply in `replies`.
+    reply: Option<u16>,
+}
+
+/// The unit of hand-off: packets with their dissections, and the replies reflected from them.
+struct WorkBatch {
+    /// The worker whose pool it belongs to.
+    home: usize,
+    packets: PacketBatch,
+    slots: Vec<Slot>,
+    replies: PacketBatch,
+}
+
+impl WorkBatch {
+    fn new(home: usize, batch: usize, max_frame: usize, reflect: bool) -> Self {
+        WorkBatch {
+            home,
+            packets: PacketBatch::new(batch, max_frame),
+            slots: Vec::with_capacity(batch),
+            replies: if reflect {
+                PacketBatch::new(batch, max_frame)
+            } else {
+                PacketBatch::new(1, 1)
+            },
+        }
+    }
+
+    fn reset(&mut self) {
+        self.packets.clear();
+        self.slots.clear();
+        self.replies.clear();
+    }
+
+    /// Dissects and classifies every packet (generated mode: the worker does what the
+    /// dispatcher would).
+    fn classify(&mut self, steering: &Steering, outbound_only: bool, counts: &mut Counts) {
+        self.slots.clear();
+        for (data, _) in self.packets.iter() {
+            let slot = match dissect(data) {
+                Ok(d) => {
+                    let direction = steering.direction(&d);
+                    if outbound_only && direction == Direction::Inbound {
+                        counts.skipped += 1;
+                        Slot::skipped()
+                    } else {
+                        Slot::new(d, direction)
+                    }
+                }
+                Err(e) => {
+                    counts.malformed(e);
+                    Slot::skipped()
+                }
+            };
+            self.slots.push(slot);
+        }
+    }
+}
+
+impl Slot {
+    fn new(d: Dissection, direction: Direction) -> Self {
+        Slot {
+            dissection: Some(d),
+            direction,
+            forward: false,
+            reply: None,
+        }
+    }
+
+    fn skipped() -> Self {
+        Slot {
+            dissection: None,
+            direction: Direction::Inbound,
+            forward: false,
+            reply: None,
+        }
+    }
+}
+
+/// Where a worker's input comes from.
+enum Feed {
+    /// Batches from the dispatcher.
+    Queue(Receiver<WorkBatch>),
+    /// Empty batches from the worker's own pool, filled by its generator.
+    Generate(Receiver<WorkBatch>),
+}
+
+/// Where a processed batch goes.
+enum Recycle {
+    /// To the output stage (which sends it home).
+    Output(SyncSender<WorkBatch>),
+    /// Straight home (output discarded).
+    Pool(SyncSender<WorkBatch>),
+}
+
+/// Tells the starter whether this worker is ready; says "no" if dropped unsent (a panic).
+struct ReadyGuard(Option<SyncSender<bool>>);
+
+impl ReadyGuard {
+    fn send(&mut self, ok: bool) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(ok);
+        }
+    }
+}
+
+impl Drop for ReadyGuard {
+    fn drop(&mut self) {
+        self.send(false);
+    }
+}
+
+/// Raises the abort flag if its thread panics.
+struct AbortOnPanic<'a>(&'a AtomicBool);
+
+impl Drop for AbortOnPanic<'_> {
+    fn drop(&mut self) {
+        if thread::panicking() {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(no message)".into()
+    }
+}
+
+/// Receives, waking up regularly to give up when another stage failed.
+fn recv_or_abort<T>(rx: &Receiver<T>, abort: &AtomicBool) -> Option<T> {
+    loop {
+        match rx.recv_timeout(ABORT_POLL) {
+            Ok(v) => return Some(v),
+            Err(RecvTimeoutError::Timeout) => {
+                if abort.load(Ordering::Relaxed) {
+                    return None;
+                }
+            }
+            Err(RecvTimeoutError::Disconnected) => return None,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Counting
+
+/// Input-side counts (the dispatcher's, or a generating worker's).
+#[derive(Debug, Default)]
+struct Counts {
+    packets_in: u64,
+    skipped: u64,
+    /// Malformed packets by error; few distinct errors, so a short list.
+    malformed: Vec<(flowstate_wire::Error, u64)>,
+}
+
+impl Counts {
+    fn malformed(&mut self, e: flowstate_wire::Error) {
+        match self.malformed.iter_mut().find(|(k, _)| *k == e) {
+            Some((_, n)) => *n += 1,
+            None => self.malformed.push((e, 1)),
+        }
+    }
+
+    fn merge(&mut self, other: &Counts) {
+        self.packets_in += other.packets_in;
+        self.skipped += other.skipped;
+        for &(e, k) in &other.malformed {
+            match self.malformed.iter_mut().find(|(x, _)| *x == e) {
+                Some((_, n)) => *n += k,
+                None => self.malformed.push((e, k)),
+            }
+        }
+    }
+}
+
+/// One NF's counters in one worker.
+#[derive(Debug, Clone, Default)]
+struct NfCounters {
+    packets_in: u64,
+    forwarded: u64,
+    dropped: Vec<(&'static str, u64)>,
+}
+
+impl NfCounters {
+    #[inline]
+    fn drop(&mut self, reason: &'static str) {
+        match self.dropped.iter_mut().find(|(r, _)| *r == reason) {
+            Some((_, n)) => *n += 1,
+            None => self.dropped.push((reason, 1)),
+        }
+    }
+}
+
+/// What a worker hands back at the end.
+struct WorkerReport {
+    index: usize,
+    counts: Counts,
+    packets: u64,
+    reflected: u64,
+    out: u64,
+    busy: Duration,
+    counters: Vec<NfCounters>,
+    reports: Vec<Vec<(&'static str, i64)>>,
+    state_flushes: u64,
+    state_errors: u64,
+}
+
+// ---------------------------------------------------------------------------------------------
+// The worker
+
+struct Worker {
+    index: usize,
+    nfs: Vec<Box<dyn NetworkFunction>>,
+    counters: Vec<NfCounters>,
+    partition: Partition,
+    /// Runtime time: the latest packet timestamp seen.
+    now: Nanos,
+    reflect: bool,
+    counts: Counts,
+    packets: u64,
+    reflected: u64,
+    out: u64,
+    busy: Duration,
+}
+
+/// Runs `pkt` through the chain: in order when Outbound, last NF first when Inbound.
+/// Returns whether every NF forwarded it.
+#[inline]
+fn run_chain(
+    nfs: &mut [Box<dyn NetworkFunction>],
+    counters: &mut [NfCounters],
+    pkt: &mut Packet<'_>,
+    cx: &Context,
+) -> bool {
+    let n = nfs.len();
+    let outbound = pkt.direction == Direction::Outbound;
+    for k in 0..n {
+        let i = if outbound { k } else { n - 1 - k };
+        let c = &mut counters[i];
+        c.packets_in += 1;
+        match nfs[i].process(pkt, cx) {
+            Verdict::Forward => c.forwarded += 1,
+            Verdict::Drop(reason) => {
+                c.drop(reason);
+                return false;
+            }
+        }
+    }
+    true
+}
+
+impl Worker {
+    /// Processes one batch to completion.
+    fn process(&mut self, work: &mut WorkBatch) {
+        let WorkBatch {
+            packets,
+            slots,
+            replies,
+            ..
+        } = work;
+        replies.clear();
+        let n = packets.len().min(slots.len());
+
+        // Prefetch pass: every NF of the packet's path gets a hint. NFs after the first see
+        // the headers as they arrived, before earlier NFs rewrite them: a hint, not a promise.
+        for (i, slot) in slots.iter().enumerate().take(n) {
+            let (Some(d), Some((data, _))) = (slot.dissection, packets.get_mut(i)) else {
+                continue;
+            };
+            let pkt = Packet {
+                data,
+                dissection: d,
+                direction: slot.direction,
+            };
+            match slot.direction {
+                Direction::Outbound => self.nfs.iter_mut().for_each(|nf| nf.prefetch(&pkt)),
+                Direction::Inbound => self.nfs.iter_mut().rev().for_each(|nf| nf.prefetch(&pkt)),
+            }
+        }
+
+        for (i, slot) in slots.iter_mut().enumerate().take(n) {
+            let (Some(d), Some((data, meta))) = (slot.dissection, packets.get_mut(i)) else {
+                continue;
+            };
+            self.packets += 1;
+            self.now = self.now.max(meta.timestamp_ns);
+            let cx = Context {
+                now: self.now,
+                clock: 0,
+                worker: self.index as u32,
+            };
+            let mut pkt = Packet {
+                data,
+                dissection: d,
+                direction: slot.direction,
+            };
+            if !run_chain(&mut self.nfs, &mut self.counters, &mut pkt, &cx) {
+                continue;
+            }
+            slot.forward = true;
+            self.out += 1;
+            if !(self.reflect && slot.direction == Direction::Outbound) {
+                continue;
+            }
+            let request: &[u8] = pkt.data;
+            let ts = meta.timestamp_ns;
+            let mut built = 0;
+            if !replies.push_with(|buf, m| {
+                built = reflect(request, cx.now, buf).unwrap_or(0);
+                m.timestamp_ns = ts;
+                m.wire_len = built as u32;
+                built
+            }) || built == 0
+            {
+                continue;
+            }
+            let r = replies.len() - 1;
+            let Some((rdata, _)) = replies.get_mut(r) else {
+                continue;
+            };
+            let Ok(rd) = dissect(rdata) else { continue };
+            self.reflected += 1;
+            let mut reply = Packet {
+                data: rdata,
+                dissection: rd,
+                direction: Direction::Inbound,
+            };
+            if run_chain(&mut self.nfs, &mut self.counters, &mut reply, &cx) {
+                slot.reply = u16::try_from(r).ok();
+                self.out += 1;
+            }
+        }
+
+        for nf in &mut self.nfs {
+            nf.on_tick(self.now);
+        }
+        self.partition.maybe_flush(self.now);
+    }
+
+    fn report(self) -> WorkerReport {
+        let stats = self.partition.stats();
+        WorkerReport {
+            index: self.index,
+            packets: self.packets,
+            reflected: self.reflected,
+            out: self.out,
+            busy: self.busy,
+            reports: self.nfs.iter().map(|nf| nf.report()).collect(),
+            counters: self.counters,
+            counts: self.counts,
+            state_flushes: stats.flushes.load(Ordering::Relaxed),
+            state_errors: stats.errors.load(Ordering::Relaxed),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dispatcher and output
+
+/// Reads the source, dissects, classifies and steers each packet into its worker's batch.
+fn dispatch(
+    source: &mut dyn Source,
+    steering: &Steering,
+    in_txs: &[SyncSender<WorkBatch>],
+    free: &[Receiver<WorkBatch>],
+    abort: &AtomicBool,
+    o: &RuntimeOptions,
+    counts: &mut Counts,
+) -> Result<(), RunError> {
+    let mut input = PacketBatch::new(o.batch.max(1), o.max_frame);
+    let mut pending: Vec<Option<WorkBatch>> = (0..in_txs.len()).map(|_| None).collect();
+    loop {
+        if abort.load(Ordering::Relaxed) {
+            return Err(RunError::Stopped);
+        }
+        let got = source.recv(&mut input).map_err(RunError::Input)?;
+        if got == 0 {
+            break;
+        }
+        counts.packets_in += got as u64;
+        for (data, meta) in input.iter() {
+            let d = match dissect(data) {
+                Ok(d) => d,
+                Err(e) => {
+                    counts.malformed(e);
+                    continue;
+                }
+            };
+            let direction = steering.direction(&d);
+            if o.outbound_only && direction == Direction::Inbound {
+                counts.skipped += 1;
+                continue;
+            }
+            let w = steering.worker(data, &d);
+            if pending[w].is_none() {
+                let Some(mut b) = recv_or_abort(&free[w], abort) else {
+                    return Err(RunError::Stopped);
+                };
+                b.reset();
+                pending[w] = Some(b);
+            }
+            let Some(b) = pending[w].as_mut() else {
+                continue;
+            };
+            b.packets.push(data, *meta);
+            b.slots.push(Slot::new(d, direction));
+            if b.packets.is_full() {
+                if let Some(b) = pending[w].take() {
+                    in_txs[w].send(b).map_err(|_| RunError::Stopped)?;
+                }
+            }
+        }
+    }
+    for (w, b) in pending.iter_mut().enumerate() {
+        if let Some(b) = b.take() {
+            in_txs[w].send(b).map_err(|_| RunError::Stopped)?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes each batch's forwarded packets, each followed by its forwarded reply, and sends the
+/// batch home.
+fn output_loop(
+    sink: &mut (dyn Sink + Send),
+    rx: Receiver<WorkBatch>,
+    free: &[SyncSender<WorkBatch>],
+    capacity: usize,
+    max_frame: usize,
+    abort: &AtomicBool,
+) -> Result<(), RunError> {
+    let mut out = PacketBatch::new(capacity, max_frame);
+    while let Ok(work) = rx.recv() {
+        out.clear();
+        for (i, slot) in work.slots.iter().enumerate() {
+            if !slot.forward {
+                continue;
+            }
+            if let Some((data, meta)) = work.packets.get(i) {
+                out.push(data, *meta);
+            }
+            if let Some((data, meta)) = slot.reply.and_then(|r| work.replies.get(usize::from(r))) {
+                out.push(data, *meta);
+            }
+        }
+        if !out.is_empty() {
+            sink.send(&out).map_err(RunError::Output)?;
+        }
+        if let Some(home) = free.get(work.home) {
+            let _ = home.try_send(work);
+        }
+        if abort.load(Ordering::Relaxed) {
+            // Keep draining so that workers are not stuck on a full queue; stop writing.
+            while rx.recv().is_ok() {}
+            return Err(RunError::Stopped);
+        }
+    }
+    sink.flush().map_err(RunError::Output)
+}

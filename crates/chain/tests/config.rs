@@ -1,0 +1,359 @@
+//! Configuration: a full file parses; every error names the file, the key and what was
+//! expected.
+
+use flowstate_chain::config::{BackendKind, Input, Output};
+use flowstate_chain::{run_config, Config, ConfigError};
+use flowstate_io::pcap::PcapReader;
+use flowstate_io::synth::Profile;
+use std::path::Path;
+use std::time::Duration;
+
+const FULL: &str = r#"
+[input]
+synthetic = { profile = "short", flows = 100, packets = 20000, seed = 3 }
+outbound_only = true
+
+[output]
+pcap = "out.pcap"
+
+[runtime]
+workers = 3
+batch = 16
+inside = ["10.0.0.0/8", "fd00::/8", "192.0.2.1"]
+reflect = true
+
+[state]
+backend = "local"
+flush_interval = "250us"
+nf_instance = 4
+
+[[chain]]
+nf = "firewall"
+
+[[chain]]
+nf = "nat"
+external = ["203.0.113.1"]
+ports = "1024-65535"
+"#;
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    Config::parse(text, "test.toml")
+}
+
+/// Parses `text` expecting an error at `key` whose message contains `what`.
+fn fails(text: &str, key: &str, what: &str) -> ConfigError {
+    let e = parse(text).expect_err(text);
+    assert_eq!(e.key, key, "{e}");
+    let msg = e.to_string();
+    assert!(msg.starts_with("test.toml"), "{msg}");
+    assert!(msg.contains(key), "{msg}");
+    assert!(msg.contains(what), "{msg}");
+    e
+}
+
+const INPUT: &str = "[input]\npcap = \"in.pcap\"\n";
+
+#[test]
+fn full_file() {
+    let c = parse(FULL).unwrap();
+    match &c.input {
+        Input::Synthetic(s) => {
+            assert_eq!(s.config.profile, Profile::Short);
+            assert_eq!(
+                (s.config.flows, s.config.packets, s.config.seed),
+                (100, 20_000, 3)
+            );
+            assert!(!s.per_worker);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(c.outbound_only);
+    assert_eq!(c.output, Output::Pcap("out.pcap".into()));
+    assert_eq!((c.runtime.workers, c.runtime.batch), (3, 16));
+    assert_eq!(c.runtime.inside.len(), 3);
+    assert_eq!(c.runtime.inside[2].to_string(), "192.0.2.1/32");
+    assert!(c.runtime.reflect);
+    assert_eq!(c.state.backend, BackendKind::Local);
+    assert_eq!(c.state.flush_interval, Duration::from_micros(250));
+    assert_eq!(c.state.nf_instance, 4);
+    assert_eq!(c.chain.len(), 2);
+    assert_eq!(c.chain[0].nf, "firewall");
+    assert!(c.chain[0].options.is_empty());
+    assert_eq!(c.chain[1].nf, "nat");
+    assert_eq!(c.chain[1].options.len(), 2, "everything but nf");
+    assert!(c.chain[1].options.contains_key("ports"));
+}
+
+#[test]
+fn defaults() {
+    let c = parse(INPUT).unwrap();
+    assert_eq!(c.input, Input::Pcap("in.pcap".into()));
+    assert_eq!(c.output, Output::Discard);
+    assert_eq!(c.runtime.batch, 32);
+    assert!(c.runtime.workers >= 1);
+    assert!(!c.runtime.reflect);
+    assert_eq!(c.state.flush_interval, Duration::from_millis(1));
+    assert!(c.chain.is_empty());
+}
+
+#[test]
+fn unknown_keys() {
+    let e = fails(
+        &format!("{INPUT}[runtime]\nwrkers = 2\n"),
+        "runtime.wrkers",
+        "unknown field",
+    );
+    assert_eq!(e.line, Some(4));
+    assert!(e.reason.contains("workers"), "lists what is expected: {e}");
+    fails(&format!("{INPUT}[inputs]\n"), "inputs", "unknown field");
+    fails(
+        "[input]\nsynthetic = { profile = \"mixed\", flow = 10 }\n",
+        "input.synthetic.flow",
+        "unknown field",
+    );
+    fails(
+        &format!("{INPUT}[state]\nbackend = \"local\"\nurl = \"x\"\nflush = \"1ms\"\n"),
+        "state.flush",
+        "unknown field",
+    );
+}
+
+#[test]
+fn wrong_types_and_ranges() {
+    fails(
+        &format!("{INPUT}[runtime]\nworkers = \"two\"\n"),
+        "runtime.workers",
+        "expected",
+    );
+    fails(
+        &format!("{INPUT}[runtime]\nworkers = 0\n"),
+        "runtime.workers",
+        "expected 1 to",
+    );
+    fails(
+        &format!("{INPUT}[runtime]\nbatch = 100000\n"),
+        "runtime.batch",
+        "expected 1 to",
+    );
+    fails(
+        &format!("{INPUT}[runtime]\nreflect = \"yes\"\n"),
+        "runtime.reflect",
+        "expected a boolean",
+    );
+    fails(
+        "[input]\nsynthetic = { profile = \"mixed\", flows = -3 }\n",
+        "input.synthetic.flows",
+        "expected u64",
+    );
+    fails(
+        "[input]\nsynthetic = { profile = \"tiny\" }\n",
+        "input.synthetic.profile",
+        "unknown profile",
+    );
+    fails(
+        "[input]\nsynthetic = { profile = \"mixed\", flows = 0 }\n",
+        "input.synthetic.flows",
+        "at least 1",
+    );
+    fails(
+        "[input]\nsynthetic = { flows = 100, packets = 10 }\n",
+        "input.synthetic.packets",
+        "needs at least",
+    );
+    fails(
+        "[input]\nsynthetic = { size = \"huge\" }\n",
+        "input.synthetic.size",
+        "imix",
+    );
+}
+
+#[test]
+fn bad_duration() {
+    fails(
+        &format!("{INPUT}[state]\nflush_interval = \"1 parsec\"\n"),
+        "state.flush_interval",
+        "expected a duration like \"1ms\"",
+    );
+    fails(
+        &format!("{INPUT}[state]\nflush_interval = 5\n"),
+        "state.flush_interval",
+        "expected a string",
+    );
+}
+
+#[test]
+fn bad_prefix() {
+    fails(
+        &format!("{INPUT}[runtime]\ninside = [\"10.0.0.0/8\", \"10.0.0.0/40\"]\n"),
+        "runtime.inside[1]",
+        "expected an IP prefix",
+    );
+}
+
+#[test]
+fn backends() {
+    fails(
+        &format!("{INPUT}[state]\nbackend = \"mongodb\"\n"),
+        "state.backend",
+        "unknown backend \"mongodb\"; expected one of local, store, redis",
+    );
+    let c = parse(&format!(
+        "{INPUT}[state]\nbackend = \"redis\"\nurl = \"127.0.0.1:6379\"\n"
+    ))
+    .unwrap();
+    assert_eq!(c.state.backend, BackendKind::Redis);
+    let e = c.connector().err().expect("redis is not built in");
+    assert_eq!(e.key, "state.backend");
+    assert!(
+        e.to_string()
+            .contains("backend \"redis\" is not built in yet"),
+        "{e}"
+    );
+    assert!(parse(INPUT).unwrap().connector().is_ok());
+}
+
+#[test]
+fn missing_or_contradictory_sections() {
+    fails("", "input", "missing [input]");
+    fails("[runtime]\nworkers = 1\n", "input", "missing [input]");
+    fails("[input]\n", "input", "expected `pcap");
+    fails(
+        "[input]\npcap = \"a\"\nsynthetic = { profile = \"mixed\" }\n",
+        "input",
+        "not both",
+    );
+    fails(&format!("{INPUT}[output]\n"), "output", "discard = true");
+    fails(
+        &format!("{INPUT}[output]\npcap = \"o\"\ndiscard = true\n"),
+        "output",
+        "not both",
+    );
+    fails(
+        &format!("{INPUT}[output]\npcap = \"in.pcap\"\n"),
+        "output.pcap",
+        "is the input file",
+    );
+    fails(
+        &format!("{INPUT}[[chain]]\nexternal = 1\n"),
+        "chain[0].nf",
+        "missing",
+    );
+    fails(
+        &format!("{INPUT}[[chain]]\nnf = \"counter\"\n[[chain]]\nnf = 3\n"),
+        "chain[1].nf",
+        "expected an NF name",
+    );
+}
+
+#[test]
+fn syntax_errors_give_the_line() {
+    let e = parse(&format!("{INPUT}[runtime]\nworkers = \n")).unwrap_err();
+    assert_eq!(e.line, Some(4));
+    assert!(e.to_string().starts_with("test.toml:4"), "{e}");
+}
+
+#[test]
+fn unknown_nf_and_bad_nf_options_name_the_entry() {
+    let c = parse(&format!(
+        "{INPUT}[[chain]]\nnf = \"counter\"\n[[chain]]\nnf = \"teleporter\"\n"
+    ))
+    .unwrap();
+    let e = c.factories().err().expect("unknown NF");
+    assert_eq!(e.key, "chain[1].nf");
+    assert!(e.reason.contains("unknown NF \"teleporter\""), "{e}");
+
+    let c = parse(&format!(
+        "{INPUT}[[chain]]\nnf = \"counter\"\nmode = \"psychic\"\n"
+    ))
+    .unwrap();
+    let e = c.factories().err().expect("bad option");
+    assert!(e.key.starts_with("chain[0]."), "{e}");
+    assert!(e.to_string().contains("counter"), "{e}");
+}
+
+#[test]
+fn load_names_a_missing_file() {
+    let e = Config::load("/nonexistent/flowstate.toml").unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("/nonexistent/flowstate.toml: cannot read"),
+        "{e}"
+    );
+}
+
+#[test]
+fn examples_parse() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let c = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+            assert!(!c.chain.is_empty(), "{}", path.display());
+            // Once its NFs are registered, an example must build too.
+            let known: Vec<_> = flowstate_nf::registry::names().collect();
+            if c.chain.iter().all(|e| known.contains(&e.nf.as_str())) {
+                c.factories().unwrap_or_else(|e| panic!("{e}"));
+            }
+            n += 1;
+        }
+    }
+    assert!(n >= 4, "examples/{{nat,firewall,lb,chain}}.toml");
+}
+
+#[test]
+fn run_config_end_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.pcap");
+    let text = format!(
+        "[input]\nsynthetic = {{ profile = \"mixed\", flows = 200, packets = 6000, per_worker = true }}\n\
+         [output]\npcap = \"{}\"\n[runtime]\nworkers = 2\n[[chain]]\nnf = \"counter\"\n[[chain]]\nnf = \"monitor\"\n",
+        out.display()
+    );
+    let c = parse(&text).unwrap();
+    let seen = std::sync::atomic::AtomicU64::new(0);
+    let progress = |n: u64| {
+        seen.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    };
+    let s = run_config(&c, Some(&progress)).unwrap();
+    assert_eq!(s.packets_in, 6_000);
+    assert_eq!(s.packets_out, 6_000);
+    assert_eq!(seen.into_inner(), 6_000);
+    assert_eq!(s.nfs[0].report["packets_counted"], 6_000);
+    let mut r = PcapReader::open(&out).unwrap();
+    let mut k = 0;
+    while r.next_packet().unwrap().is_some() {
+        k += 1;
+    }
+    assert_eq!(k, 6_000);
+
+    // The same through the dispatcher, reading the file just written.
+    let text = format!(
+        "[input]\npcap = \"{}\"\n[runtime]\nworkers = 2\n[[chain]]\nnf = \"counter\"\n",
+        out.display()
+    );
+    let s = run_config(&parse(&text).unwrap(), None).unwrap();
+    assert_eq!((s.packets_in, s.packets_out), (6_000, 6_000));
+}
+
+mod never_panics {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn on_any_text(text in "\\PC{0,200}") {
+            let _ = parse(&text);
+        }
+
+        #[test]
+        fn on_a_damaged_full_file(cut in 0usize..FULL.len(), insert in "[\\[\\]{}=\"',.#a-z0-9 \n-]{0,8}") {
+            let mut text = FULL.to_owned();
+            let at = (0..=cut).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0);
+            text.insert_str(at, &insert);
+            if let Err(e) = parse(&text) {
+                prop_assert!(e.to_string().starts_with("test.toml"));
+            }
+        }
+    }
+}

@@ -1,0 +1,75 @@
+//! `flowstate run CONFIG.toml`: runs a chain of NFs as a configuration file describes, and
+//! prints what happened.
+
+use anyhow::{bail, Result};
+use clap::Args;
+use flowstate_chain::config::{Input, MAX_WORKERS};
+use flowstate_chain::{run_config, Config};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+/// Options of `flowstate run`.
+#[derive(Debug, Args)]
+pub(crate) struct RunArgs {
+    /// The configuration file (TOML). Relative paths in it are relative to the current
+    /// directory.
+    pub(crate) config: PathBuf,
+    /// Print the summary as one JSON object instead of text.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Number of workers, overriding `[runtime] workers`.
+    #[arg(long)]
+    pub(crate) workers: Option<usize>,
+}
+
+/// Runs the configuration and prints the summary on stdout (text, or JSON with `--json`).
+/// Progress goes to stderr on a terminal only.
+pub(crate) fn run(args: &RunArgs) -> Result<()> {
+    let mut config = Config::load(&args.config)?;
+    if let Some(w) = args.workers {
+        if !(1..=MAX_WORKERS).contains(&w) {
+            bail!("--workers: expected 1 to {MAX_WORKERS}, got {w}");
+        }
+        config.runtime.workers = w;
+    }
+    let total = match &config.input {
+        Input::Synthetic(s) => s.config.packets,
+        Input::Pcap(_) => 0,
+    };
+    let bar = progress_bar(total);
+    let progress = |n: u64| bar.inc(n);
+    let summary = run_config(&config, Some(&progress));
+    bar.finish_and_clear();
+    let summary = summary?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    } else {
+        print!("{summary}");
+    }
+    Ok(())
+}
+
+/// A bar when the number of packets is known, a counter otherwise; hidden unless stderr is a
+/// terminal.
+fn progress_bar(total: u64) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let (bar, template) = if total > 0 {
+        (
+            ProgressBar::new(total),
+            "run [{bar:40}] {human_pos}/{human_len} packets {per_sec} eta {eta}",
+        )
+    } else {
+        (
+            ProgressBar::new_spinner(),
+            "run {spinner} {human_pos} packets {per_sec}",
+        )
+    };
+    let style = ProgressStyle::with_template(template)
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ");
+    bar.set_style(style);
+    bar
+}

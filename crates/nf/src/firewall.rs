@@ -1,0 +1,1294 @@
+//! The stateful firewall (StatelessNF Appendix Algorithm 4): connection tracking with Linux
+//! conntrack's TCP states, UDP and ICMP echo pseudo-connections, a first-match rule list and the
+//! default policy "inside may open, outside may only answer".
+//!
+//! Per packet (Algorithm 4): read the connection's entry (keyed by the canonical 5-tuple, so both
+//! directions share it), compute the new state, write it back if it changed, and let the packet
+//! through if the connection allows it. Rules are looked up only for packets that would start a
+//! connection (and for packets that cannot be tracked, e.g. later fragments); packets of a
+//! tracked connection pass on its state alone.
+//!
+//! * **TCP** follows conntrack's states (NONE, SYN_SENT, SYN_RECV, ESTABLISHED, FIN_WAIT,
+//!   CLOSE_WAIT, LAST_ACK, TIME_WAIT, CLOSE) without window or sequence checks. Only a SYN starts
+//!   a connection; a packet whose flags are not a valid combination (a bare FIN, SYN+FIN, no
+//!   flags, ...), a non-SYN packet for no connection, and a packet that makes no sense in its
+//!   connection's state (an ACK answering nothing in SYN_SENT) are dropped with a reason.
+//! * **UDP** and other protocols are *unreplied* until the other side answers, then *replied*.
+//! * **ICMP echo** (v4 and v6) requests open a pseudo-connection keyed by the identifier, which
+//!   the replies answer. ICMP errors pass when the packet they quote belongs to a tracked
+//!   connection (conntrack's RELATED); ICMPv6 neighbour discovery always passes (RFC 4890 §4.4.1).
+//! * Each entry records which side opened the connection and from which [`Direction`]; a packet
+//!   of the connection arriving from the wrong side is dropped (a spoofed inside address).
+//! * Every packet renews its entry's timer with its state's timeout (Linux's defaults,
+//!   configurable); [`NetworkFunction::on_tick`] expires entries.
+
+use crate::{
+    BuildError, Context, Direction, NetworkFunction, NfFactory, Packet, Verdict, WorkerInfo,
+};
+use flowstate_state::{Access, Codec, CodecError, Counter, CounterMap, Declare, Map, Nanos, Scope};
+use flowstate_wire::dissect::{Fragment, Transport};
+use flowstate_wire::flow::proto;
+use flowstate_wire::{icmp, tcp, FlowKey};
+use serde::Deserialize;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+const NF: &str = "firewall";
+
+// ------------------------------------------------------------------------------------------
+// Configuration
+
+/// What a rule or a default policy does with a packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Action {
+    /// Let it through (and track the connection it starts).
+    Allow,
+    /// Drop it.
+    Deny,
+}
+
+/// A port range: `80`, `"80"` or `"80-443"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum PortsConfig {
+    /// One port.
+    Number(i64),
+    /// `"PORT"` or `"FIRST-LAST"`.
+    Text(String),
+}
+
+/// A protocol: a name (`any`, `tcp`, `udp`, `icmp`, `icmpv6`) or an IP protocol number.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum ProtoConfig {
+    /// An IP protocol number, 0–255.
+    Number(i64),
+    /// A name.
+    Name(String),
+}
+
+/// One `rules = [{ .. }]` entry.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleConfig {
+    /// `allow` or `deny`.
+    pub action: Action,
+    /// `any` (default), `tcp`, `udp`, `icmp` (ICMP and ICMPv6), `icmpv6`, or a number.
+    #[serde(default)]
+    pub proto: Option<ProtoConfig>,
+    /// Source prefix (`"10.0.0.0/8"`, `"2001:db8::/32"`, or an address); any if absent.
+    #[serde(default)]
+    pub src: Option<String>,
+    /// Destination prefix; any if absent.
+    #[serde(default)]
+    pub dst: Option<String>,
+    /// Destination port range (TCP and UDP only); any if absent.
+    #[serde(default)]
+    pub dport: Option<PortsConfig>,
+    /// `inbound`, `outbound` or `any` (default).
+    #[serde(default)]
+    pub direction: Option<String>,
+}
+
+/// Idle timeouts per state, in seconds (Linux conntrack's defaults).
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Timeouts {
+    /// TCP SYN_SENT (120).
+    pub syn_sent: f64,
+    /// TCP SYN_RECV (60).
+    pub syn_recv: f64,
+    /// TCP ESTABLISHED (432000, five days).
+    pub established: f64,
+    /// TCP FIN_WAIT (120).
+    pub fin_wait: f64,
+    /// TCP CLOSE_WAIT (60).
+    pub close_wait: f64,
+    /// TCP LAST_ACK (30).
+    pub last_ack: f64,
+    /// TCP TIME_WAIT (120).
+    pub time_wait: f64,
+    /// TCP CLOSE (10).
+    pub close: f64,
+    /// UDP before the other side answered (30).
+    pub udp_unreplied: f64,
+    /// UDP once answered (120).
+    pub udp_replied: f64,
+    /// ICMP echo (30).
+    pub icmp: f64,
+    /// Other protocols (600).
+    pub generic: f64,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            syn_sent: 120.0,
+            syn_recv: 60.0,
+            established: 432_000.0,
+            fin_wait: 120.0,
+            close_wait: 60.0,
+            last_ack: 30.0,
+            time_wait: 120.0,
+            close: 10.0,
+            udp_unreplied: 30.0,
+            udp_replied: 120.0,
+            icmp: 30.0,
+            generic: 600.0,
+        }
+    }
+}
+
+fn default_allow() -> Action {
+    Action::Allow
+}
+
+fn default_deny() -> Action {
+    Action::Deny
+}
+
+/// `[[chain]] nf = "firewall"` options.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Rules, first match wins, consulted for packets that start a connection.
+    #[serde(default)]
+    pub rules: Vec<RuleConfig>,
+    /// What happens to an outbound connection no rule matches (default `allow`).
+    #[serde(default = "default_allow")]
+    pub default_outbound: Action,
+    /// What happens to an inbound connection no rule matches (default `deny`).
+    #[serde(default = "default_deny")]
+    pub default_inbound: Action,
+    /// Idle timeouts per state.
+    #[serde(default)]
+    pub timeouts: Timeouts,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            rules: Vec::new(),
+            default_outbound: Action::Allow,
+            default_inbound: Action::Deny,
+            timeouts: Timeouts::default(),
+        }
+    }
+}
+
+fn config_err(key: &'static str, reason: impl Into<String>) -> BuildError {
+    BuildError::Config {
+        nf: NF,
+        key,
+        reason: reason.into(),
+    }
+}
+
+impl Config {
+    /// Parses a `[[chain]]` table (without `nf`); errors name the key.
+    pub fn from_table(table: &toml::Table) -> Result<Config, BuildError> {
+        match Config::deserialize(toml::Value::Table(table.clone())) {
+            Ok(c) => Ok(c),
+            Err(e) => {
+                Err(locate_error(table).unwrap_or_else(|| config_err("(table)", e.message())))
+            }
+        }
+    }
+}
+
+/// Finds which key of `table` does not deserialize, for an error that names it.
+fn locate_error(table: &toml::Table) -> Option<BuildError> {
+    fn check<T: for<'de> Deserialize<'de>>(
+        key: &'static str,
+        v: &toml::Value,
+    ) -> Option<BuildError> {
+        T::deserialize(v.clone())
+            .err()
+            .map(|e| config_err(key, e.message()))
+    }
+    for (k, v) in table {
+        let err = match k.as_str() {
+            "rules" => match v.as_array() {
+                Some(rules) => rules.iter().enumerate().find_map(|(i, r)| {
+                    RuleConfig::deserialize(r.clone())
+                        .err()
+                        .map(|e| config_err("rules", format!("rule {}: {}", i + 1, e.message())))
+                }),
+                None => Some(config_err("rules", "expected an array of rule tables")),
+            },
+            "default_outbound" => check::<Action>("default_outbound", v),
+            "default_inbound" => check::<Action>("default_inbound", v),
+            "timeouts" => check::<Timeouts>("timeouts", v),
+            other => Some(config_err(
+                "(unknown key)",
+                format!(
+                    "unknown key `{other}`; expected one of rules, default_outbound, default_inbound, timeouts"
+                ),
+            )),
+        };
+        if err.is_some() {
+            return err;
+        }
+    }
+    None
+}
+
+/// An address prefix (CIDR).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Prefix {
+    addr: IpAddr,
+    len: u8,
+}
+
+impl Prefix {
+    /// Parses `"ADDR/LEN"` or a bare address (a host prefix). Host bits must be zero.
+    pub fn parse(s: &str) -> Result<Prefix, String> {
+        let (a, l) = match s.split_once('/') {
+            Some((a, l)) => (a, Some(l)),
+            None => (s, None),
+        };
+        let addr: IpAddr = a
+            .trim()
+            .parse()
+            .map_err(|_| format!("{s:?} is not an IPv4 or IPv6 prefix"))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let len = match l {
+            None => max,
+            Some(l) => match l.trim().parse::<u8>() {
+                Ok(n) if n <= max => n,
+                _ => return Err(format!("{s:?}: prefix length must be 0 to {max}")),
+            },
+        };
+        let p = Prefix { addr, len };
+        if p.network() != addr {
+            return Err(format!(
+                "{s:?} has host bits set; did you mean {}/{len}?",
+                p.network()
+            ));
+        }
+        Ok(p)
+    }
+
+    fn network(&self) -> IpAddr {
+        match self.addr {
+            IpAddr::V4(a) => IpAddr::V4((u32::from(a) & mask32(self.len)).into()),
+            IpAddr::V6(a) => IpAddr::V6((u128::from(a) & mask128(self.len)).into()),
+        }
+    }
+
+    /// Whether `ip` lies in the prefix (never across address families).
+    #[inline]
+    pub fn contains(&self, ip: &IpAddr) -> bool {
+        match (self.addr, ip) {
+            (IpAddr::V4(n), IpAddr::V4(a)) => u32::from(*a) & mask32(self.len) == u32::from(n),
+            (IpAddr::V6(n), IpAddr::V6(a)) => u128::from(*a) & mask128(self.len) == u128::from(n),
+            _ => false,
+        }
+    }
+}
+
+fn mask32(len: u8) -> u32 {
+    u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0)
+}
+
+fn mask128(len: u8) -> u128 {
+    u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0)
+}
+
+/// Which protocols a rule matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ProtoMatch {
+    Any,
+    /// ICMP over either IP version.
+    Icmp,
+    Number(u8),
+}
+
+impl ProtoMatch {
+    fn matches(self, p: u8) -> bool {
+        match self {
+            ProtoMatch::Any => true,
+            ProtoMatch::Icmp => p == proto::ICMP || p == proto::ICMPV6,
+            ProtoMatch::Number(n) => n == p,
+        }
+    }
+}
+
+/// A compiled rule.
+#[derive(Debug, Clone)]
+struct Rule {
+    action: Action,
+    proto: ProtoMatch,
+    src: Option<Prefix>,
+    dst: Option<Prefix>,
+    dport: Option<(u16, u16)>,
+    direction: Option<Direction>,
+}
+
+/// Parses a port range: `80`, `"80"`, `"80-443"`.
+fn parse_ports(p: &PortsConfig) -> Result<(u16, u16), String> {
+    let port = |n: i64| u16::try_from(n).map_err(|_| format!("port {n} is not 0 to 65535"));
+    match p {
+        PortsConfig::Number(n) => port(*n).map(|n| (n, n)),
+        PortsConfig::Text(s) => {
+            let num = |t: &str| {
+                t.trim()
+                    .parse::<i64>()
+                    .map_err(|_| format!("{s:?} is not a port or a range FIRST-LAST"))
+                    .and_then(port)
+            };
+            let (a, b) = match s.split_once('-') {
+                Some((a, b)) => (num(a)?, num(b)?),
+                None => {
+                    let n = num(s)?;
+                    (n, n)
+                }
+            };
+            if a > b {
+                return Err(format!("{s:?}: the range is empty"));
+            }
+            Ok((a, b))
+        }
+    }
+}
+
+impl Rule {
+    fn compile(r: &RuleConfig, i: usize) -> Result<Rule, BuildError> {
+        let at = |key: &'static str, e: String| config_err(key, format!("rule {}: {e}", i + 1));
+        let proto = match &r.proto {
+            None => ProtoMatch::Any,
+            Some(ProtoConfig::Number(n)) => match u8::try_from(*n) {
+                Ok(n) => ProtoMatch::Number(n),
+                Err(_) => return Err(at("rules.proto", format!("protocol {n} is not 0 to 255"))),
+            },
+            Some(ProtoConfig::Name(s)) => match s.to_ascii_lowercase().as_str() {
+                "any" => ProtoMatch::Any,
+                "tcp" => ProtoMatch::Number(proto::TCP),
+                "udp" => ProtoMatch::Number(proto::UDP),
+                "icmp" => ProtoMatch::Icmp,
+                "icmpv6" => ProtoMatch::Number(proto::ICMPV6),
+                _ => {
+                    return Err(at(
+                        "rules.proto",
+                        format!(
+                        "unknown protocol {s:?}; expected any, tcp, udp, icmp, icmpv6 or a number"
+                    ),
+                    ))
+                }
+            },
+        };
+        let src = r
+            .src
+            .as_deref()
+            .map(Prefix::parse)
+            .transpose()
+            .map_err(|e| at("rules.src", e))?;
+        let dst = r
+            .dst
+            .as_deref()
+            .map(Prefix::parse)
+            .transpose()
+            .map_err(|e| at("rules.dst", e))?;
+        let dport = r
+            .dport
+            .as_ref()
+            .map(parse_ports)
+            .transpose()
+            .map_err(|e| at("rules.dport", e))?;
+        if dport.is_some()
+            && !matches!(
+                proto,
+                ProtoMatch::Any | ProtoMatch::Number(proto::TCP) | ProtoMatch::Number(proto::UDP)
+            )
+        {
+            return Err(at(
+                "rules.dport",
+                "a port range needs proto tcp, udp or any".into(),
+            ));
+        }
+        if let (Some(s), Some(d)) = (src, dst) {
+            if s.addr.is_ipv4() != d.addr.is_ipv4() {
+                return Err(at(
+                    "rules.dst",
+                    "src and dst are of different address families".into(),
+                ));
+            }
+        }
+        let direction = match r
+            .direction
+            .as_deref()
+            .map(str::to_ascii_lowercase)
+            .as_deref()
+        {
+            None | Some("any") => None,
+            Some("inbound") => Some(Direction::Inbound),
+            Some("outbound") => Some(Direction::Outbound),
+            Some(other) => {
+                return Err(at(
+                    "rules.direction",
+                    format!("{other:?}: expected inbound, outbound or any"),
+                ))
+            }
+        };
+        Ok(Rule {
+            action: r.action,
+            proto,
+            src,
+            dst,
+            dport,
+            direction,
+        })
+    }
+
+    /// Whether the rule matches; `dport` is `None` for packets without ports (ICMP, later
+    /// fragments, other protocols), which rules with a port range never match.
+    #[inline]
+    fn matches(&self, flow: &FlowKey, dport: Option<u16>, dir: Direction) -> bool {
+        self.proto.matches(flow.proto)
+            && self.direction.is_none_or(|d| d == dir)
+            && self.src.is_none_or(|p| p.contains(&flow.src))
+            && self.dst.is_none_or(|p| p.contains(&flow.dst))
+            && match self.dport {
+                None => true,
+                Some((lo, hi)) => dport.is_some_and(|p| (lo..=hi).contains(&p)),
+            }
+    }
+}
+
+fn seconds(key: &'static str, s: f64) -> Result<Duration, BuildError> {
+    if s.is_finite() && s > 0.0 && s < 1e12 {
+        Ok(Duration::from_secs_f64(s))
+    } else {
+        Err(config_err(
+            key,
+            format!("{s} is not a positive number of seconds"),
+        ))
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Connection state
+
+/// The state of a tracked connection (Linux conntrack's names; NONE is the absence of an entry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum ConnState {
+    /// TCP: the opening SYN was seen.
+    SynSent = 1,
+    /// TCP: the SYN/ACK answered it.
+    SynRecv = 2,
+    /// TCP: the handshake completed.
+    Established = 3,
+    /// TCP: one side sent a FIN.
+    FinWait = 4,
+    /// TCP: the other side acknowledged that FIN.
+    CloseWait = 5,
+    /// TCP: both sides sent a FIN; waiting for the last ACK.
+    LastAck = 6,
+    /// TCP: the last ACK was seen.
+    TimeWait = 7,
+    /// TCP: reset.
+    Close = 8,
+    /// UDP, ICMP echo, other protocols: only the opening side has sent.
+    Unreplied = 9,
+    /// UDP, ICMP echo, other protocols: the other side answered.
+    Replied = 10,
+}
+
+impl ConnState {
+    /// Every state, in code order.
+    pub const ALL: [ConnState; 10] = [
+        ConnState::SynSent,
+        ConnState::SynRecv,
+        ConnState::Established,
+        ConnState::FinWait,
+        ConnState::CloseWait,
+        ConnState::LastAck,
+        ConnState::TimeWait,
+        ConnState::Close,
+        ConnState::Unreplied,
+        ConnState::Replied,
+    ];
+
+    fn from_code(c: u8) -> Option<ConnState> {
+        ConnState::ALL.get(usize::from(c).wrapping_sub(1)).copied()
+    }
+
+    /// Conntrack's name (`"ESTABLISHED"`, ...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            ConnState::SynSent => "SYN_SENT",
+            ConnState::SynRecv => "SYN_RECV",
+            ConnState::Established => "ESTABLISHED",
+            ConnState::FinWait => "FIN_WAIT",
+            ConnState::CloseWait => "CLOSE_WAIT",
+            ConnState::LastAck => "LAST_ACK",
+            ConnState::TimeWait => "TIME_WAIT",
+            ConnState::Close => "CLOSE",
+            ConnState::Unreplied => "UNREPLIED",
+            ConnState::Replied => "REPLIED",
+        }
+    }
+
+    const fn report_name(self) -> &'static str {
+        match self {
+            ConnState::SynSent => "conns_syn_sent",
+            ConnState::SynRecv => "conns_syn_recv",
+            ConnState::Established => "conns_established",
+            ConnState::FinWait => "conns_fin_wait",
+            ConnState::CloseWait => "conns_close_wait",
+            ConnState::LastAck => "conns_last_ack",
+            ConnState::TimeWait => "conns_time_wait",
+            ConnState::Close => "conns_close",
+            ConnState::Unreplied => "conns_unreplied",
+            ConnState::Replied => "conns_replied",
+        }
+    }
+}
+
+/// One side of a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    /// The side that opened it.
+    Orig,
+    /// The other.
+    Reply,
+}
+
+/// A conntrack entry: the value of the `conns` map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conn {
+    /// Current state.
+    pub state: ConnState,
+    /// Whether the opening side is the `src` of the canonical flow key.
+    pub opener_is_canonical_src: bool,
+    /// Where the opening packet came from.
+    pub opened_from: Direction,
+    /// TCP: the side that sent the first FIN, `Some(true)` for the opener.
+    pub first_fin_by_opener: Option<bool>,
+}
+
+impl Conn {
+    fn side_of(&self, flow: &FlowKey) -> Side {
+        if flow.is_canonical() == self.opener_is_canonical_src {
+            Side::Orig
+        } else {
+            Side::Reply
+        }
+    }
+
+    fn expected_direction(&self, side: Side) -> Direction {
+        match side {
+            Side::Orig => self.opened_from,
+            Side::Reply => self.opened_from.reversed(),
+        }
+    }
+
+    fn closer(&self) -> Option<Side> {
+        self.first_fin_by_opener
+            .map(|o| if o { Side::Orig } else { Side::Reply })
+    }
+}
+
+impl Codec for Conn {
+    fn encode(&self, out: &mut Vec<u8>) {
+        let flags = u8::from(self.opener_is_canonical_src)
+            | u8::from(self.opened_from == Direction::Inbound) << 1
+            | match self.first_fin_by_opener {
+                None => 0,
+                Some(true) => 0b100,
+                Some(false) => 0b1000,
+            };
+        (self.state as u8, flags).encode(out);
+    }
+
+    fn decode(input: &mut &[u8]) -> Result<Self, CodecError> {
+        let (state, flags) = <(u8, u8)>::decode(input)?;
+        let state =
+            ConnState::from_code(state).ok_or(CodecError::Invalid("firewall connection state"))?;
+        if flags & !0b1111 != 0 || flags & 0b1100 == 0b1100 {
+            return Err(CodecError::Invalid("firewall connection flags"));
+        }
+        Ok(Conn {
+            state,
+            opener_is_canonical_src: flags & 1 != 0,
+            opened_from: if flags & 2 != 0 {
+                Direction::Inbound
+            } else {
+                Direction::Outbound
+            },
+            first_fin_by_opener: match flags & 0b1100 {
+                0b100 => Some(true),
+                0b1000 => Some(false),
+                _ => None,
+            },
+        })
+    }
+}
+
+/// What a TCP segment's flags make it (conntrack's packet classes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Segment {
+    Syn,
+    SynAck,
+    Fin,
+    Ack,
+    Rst,
+}
+
+/// Classifies a segment; `None` for a combination no TCP sends (bare FIN, SYN+FIN, SYN+RST, no
+/// flags, ...). PSH, URG, ECE and CWR do not matter.
+fn classify(flags: tcp::Flags) -> Option<Segment> {
+    const SYN: u8 = tcp::Flags::SYN.0;
+    const ACK: u8 = tcp::Flags::ACK.0;
+    const FIN: u8 = tcp::Flags::FIN.0;
+    const RST: u8 = tcp::Flags::RST.0;
+    match flags.bits() & (SYN | ACK | FIN | RST) {
+        SYN => Some(Segment::Syn),
+        x if x == SYN | ACK => Some(Segment::SynAck),
+        x if x == FIN | ACK => Some(Segment::Fin),
+        ACK => Some(Segment::Ack),
+        x if x == RST || x == RST | ACK => Some(Segment::Rst),
+        _ => None,
+    }
+}
+
+/// The result of a segment in a state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// The connection moves to this state (possibly the same); the segment passes.
+    To(ConnState),
+    /// A SYN after the connection ended: a new connection on the same 5-tuple.
+    Reopen,
+    /// The segment makes no sense here: dropped, the state is unchanged.
+    Invalid,
+}
+
+/// The TCP state machine (conntrack's transitions, without window tracking). `closer` is the
+/// side that sent the first FIN, if any.
+fn tcp_step(state: ConnState, seg: Segment, side: Side, closer: Option<Side>) -> Step {
+    use ConnState::*;
+    use Segment::*;
+    let from_closer = closer == Some(side);
+    match (state, seg) {
+        (Unreplied | Replied, _) => Step::Invalid,
+        (_, Rst) => Step::To(Close),
+        (SynSent, Syn) => Step::To(if side == Side::Orig { SynSent } else { SynRecv }),
+        (SynSent, SynAck) if side == Side::Reply => Step::To(SynRecv),
+        (SynSent, _) => Step::Invalid,
+        (SynRecv, Syn | SynAck) => Step::To(SynRecv),
+        (SynRecv, Ack) => Step::To(if side == Side::Orig {
+            Established
+        } else {
+            SynRecv
+        }),
+        (SynRecv | Established, Fin) => Step::To(FinWait),
+        // A retransmitted SYN or SYN/ACK whose answer was lost: passes, nothing changes.
+        (Established, Syn | SynAck | Ack) => Step::To(Established),
+        (FinWait, Ack) => Step::To(if from_closer { FinWait } else { CloseWait }),
+        (FinWait, Fin) => Step::To(if from_closer { FinWait } else { LastAck }),
+        (CloseWait, Ack) => Step::To(CloseWait),
+        (CloseWait, Fin) => Step::To(if from_closer { CloseWait } else { LastAck }),
+        (LastAck, Ack) => Step::To(if from_closer { TimeWait } else { LastAck }),
+        (LastAck, Fin) => Step::To(LastAck),
+        (FinWait | CloseWait | LastAck, Syn | SynAck) => Step::Invalid,
+        (TimeWait | Close, Syn) => Step::Reopen,
+        (TimeWait | Close, SynAck) => Step::Invalid,
+        (TimeWait, Ack | Fin) => Step::To(TimeWait),
+        (Close, Ack | Fin) => Step::To(Close),
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Verdict reasons
+
+/// Why a packet was let through or dropped; counted per reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Reason {
+    /// Allowed: it belongs to a tracked connection.
+    Tracked = 1,
+    /// Allowed by a rule.
+    AllowRule = 2,
+    /// Allowed by the default policy of its direction.
+    AllowPolicy = 3,
+    /// Allowed: an ICMP error about a tracked connection.
+    Related = 4,
+    /// Allowed: ICMPv6 neighbour discovery.
+    NeighborDiscovery = 5,
+    /// Allowed: not IP (ARP, ...).
+    NotIp = 6,
+    /// Dropped by a rule.
+    DenyRule = 20,
+    /// Dropped: an inbound packet that would open a connection, no rule allowing it.
+    InboundPolicy = 21,
+    /// Dropped: an outbound packet that would open a connection, `default_outbound = "deny"`.
+    OutboundPolicy = 22,
+    /// Dropped: TCP flags no TCP sends.
+    TcpInvalidFlags = 23,
+    /// Dropped: a TCP segment other than SYN for no connection.
+    TcpNoConnection = 24,
+    /// Dropped: a TCP segment that makes no sense in its connection's state.
+    TcpInvalidState = 25,
+    /// Dropped: a packet of a tracked connection from the wrong side.
+    WrongDirection = 26,
+    /// Dropped: an ICMP echo reply without its request.
+    IcmpUnsolicitedReply = 27,
+    /// Dropped: the transport header could not be read.
+    Malformed = 28,
+    /// Dropped: the connection table could not be read (fail closed).
+    StateUnavailable = 29,
+}
+
+impl Reason {
+    /// Every reason.
+    pub const ALL: [Reason; 16] = [
+        Reason::Tracked,
+        Reason::AllowRule,
+        Reason::AllowPolicy,
+        Reason::Related,
+        Reason::NeighborDiscovery,
+        Reason::NotIp,
+        Reason::DenyRule,
+        Reason::InboundPolicy,
+        Reason::OutboundPolicy,
+        Reason::TcpInvalidFlags,
+        Reason::TcpNoConnection,
+        Reason::TcpInvalidState,
+        Reason::WrongDirection,
+        Reason::IcmpUnsolicitedReply,
+        Reason::Malformed,
+        Reason::StateUnavailable,
+    ];
+
+    /// Whether packets with this reason pass.
+    pub const fn allows(self) -> bool {
+        (self as u8) < 20
+    }
+
+    /// The text of the reason (the [`Verdict::Drop`] reason for a dropped packet).
+    pub const fn text(self) -> &'static str {
+        match self {
+            Reason::Tracked => "tracked connection",
+            Reason::AllowRule => "allowed by rule",
+            Reason::AllowPolicy => "allowed by policy",
+            Reason::Related => "icmp error for a tracked connection",
+            Reason::NeighborDiscovery => "icmpv6 neighbor discovery",
+            Reason::NotIp => "not ip",
+            Reason::DenyRule => "denied by rule",
+            Reason::InboundPolicy => "inbound: not opened from inside",
+            Reason::OutboundPolicy => "outbound denied by policy",
+            Reason::TcpInvalidFlags => "tcp: invalid flags",
+            Reason::TcpNoConnection => "tcp: no connection",
+            Reason::TcpInvalidState => "tcp: invalid in connection state",
+            Reason::WrongDirection => "wrong direction for connection",
+            Reason::IcmpUnsolicitedReply => "icmp: reply without request",
+            Reason::Malformed => "malformed transport header",
+            Reason::StateUnavailable => "connection state unavailable",
+        }
+    }
+
+    const fn report_name(self) -> &'static str {
+        match self {
+            Reason::Tracked => "allowed_tracked",
+            Reason::AllowRule => "allowed_rule",
+            Reason::AllowPolicy => "allowed_policy",
+            Reason::Related => "allowed_related",
+            Reason::NeighborDiscovery => "allowed_neighbor_discovery",
+            Reason::NotIp => "allowed_not_ip",
+            Reason::DenyRule => "denied_rule",
+            Reason::InboundPolicy => "denied_inbound_policy",
+            Reason::OutboundPolicy => "denied_outbound_policy",
+            Reason::TcpInvalidFlags => "denied_tcp_invalid_flags",
+            Reason::TcpNoConnection => "denied_tcp_no_connection",
+            Reason::TcpInvalidState => "denied_tcp_invalid_state",
+            Reason::WrongDirection => "denied_wrong_direction",
+            Reason::IcmpUnsolicitedReply => "denied_icmp_unsolicited_reply",
+            Reason::Malformed => "denied_malformed",
+            Reason::StateUnavailable => "denied_state_unavailable",
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Factory
+
+/// Builds firewalls; holds the compiled configuration, shared by every worker.
+#[derive(Debug, Clone)]
+pub struct Factory(Arc<Compiled>);
+
+#[derive(Debug)]
+struct Compiled {
+    rules: Vec<Rule>,
+    default_outbound: Action,
+    default_inbound: Action,
+    /// Timeouts indexed by [`Timeout`].
+    timeouts: [Duration; 12],
+}
+
+/// Index of a timeout in [`Compiled::timeouts`].
+#[derive(Clone, Copy)]
+enum Timeout {
+    SynSent,
+    SynRecv,
+    Established,
+    FinWait,
+    CloseWait,
+    LastAck,
+    TimeWait,
+    Close,
+    UdpUnreplied,
+    UdpReplied,
+    Icmp,
+    Generic,
+}
+
+impl Factory {
+    /// Compiles `config`; errors name the key.
+    pub fn new(config: &Config) -> Result<Factory, BuildError> {
+        let rules = config
+            .rules
+            .iter()
+            .enumerate()
+            .map(|(i, r)| Rule::compile(r, i))
+            .collect::<Result<_, _>>()?;
+        let t = &config.timeouts;
+        let timeouts = [
+            seconds("timeouts.syn_sent", t.syn_sent)?,
+            seconds("timeouts.syn_recv", t.syn_recv)?,
+            seconds("timeouts.established", t.established)?,
+            seconds("timeouts.fin_wait", t.fin_wait)?,
+            seconds("timeouts.close_wait", t.close_wait)?,
+            seconds("timeouts.last_ack", t.last_ack)?,
+            seconds("timeouts.time_wait", t.time_wait)?,
+            seconds("timeouts.close", t.close)?,
+            seconds("timeouts.udp_unreplied", t.udp_unreplied)?,
+            seconds("timeouts.udp_replied", t.udp_replied)?,
+            seconds("timeouts.icmp", t.icmp)?,
+            seconds("timeouts.generic", t.generic)?,
+        ];
+        Ok(Factory(Arc::new(Compiled {
+            rules,
+            default_outbound: config.default_outbound,
+            default_inbound: config.default_inbound,
+            timeouts,
+        })))
+    }
+
+    /// Builds one worker's firewall (what [`NfFactory::build`] boxes).
+    pub fn build_firewall(
+        &self,
+        state: &mut Declare<'_>,
+        _worker: WorkerInfo,
+    ) -> Result<Firewall, BuildError> {
+        Ok(Firewall {
+            cfg: Arc::clone(&self.0),
+            conns: state.map("conns", Scope::PerFlow, Access::ReadWrite)?,
+            allowed: state.counter_map("allowed", Scope::CrossFlow(&[]), Access::WriteMostly)?,
+            denied: state.counter_map("denied", Scope::CrossFlow(&[]), Access::WriteMostly)?,
+            by_state: state.counter_map(
+                "conns_by_state",
+                Scope::CrossFlow(&[]),
+                Access::WriteMostly,
+            )?,
+            opened: state.counter("conns_opened", Scope::CrossFlow(&[]), Access::WriteMostly)?,
+            expired: state.counter("conns_expired", Scope::CrossFlow(&[]), Access::WriteMostly)?,
+        })
+    }
+}
+
+/// The factory for a `[[chain]]` table.
+pub fn factory(table: &toml::Table) -> Result<Arc<dyn NfFactory>, BuildError> {
+    Ok(Arc::new(Factory::new(&Config::from_table(table)?)?))
+}
+
+impl NfFactory for Factory {
+    fn name(&self) -> &'static str {
+        NF
+    }
+
+    fn build(
+        &self,
+        state: &mut Declare<'_>,
+        worker: WorkerInfo,
+    ) -> Result<Box<dyn NetworkFunction>, BuildError> {
+        Ok(Box::new(self.build_firewall(state, worker)?))
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// The NF
+
+/// One worker's firewall.
+pub struct Firewall {
+    cfg: Arc<Compiled>,
+    /// Conntrack entries by canonical flow key.
+    conns: Map<FlowKey, Conn>,
+    /// Packets let through, by [`Reason`] code.
+    allowed: CounterMap<u8>,
+    /// Packets dropped, by [`Reason`] code.
+    denied: CounterMap<u8>,
+    /// Tracked connections by [`ConnState`] code (a gauge).
+    by_state: CounterMap<u8>,
+    /// Connections opened.
+    opened: Counter,
+    /// Entries that timed out.
+    expired: Counter,
+}
+
+/// What to do with a packet that would open a connection (or cannot be tracked).
+enum Policy {
+    Allow(Reason),
+    Deny(Reason),
+}
+
+impl Firewall {
+    /// The tracked connection `flow` (either direction) belongs to, if any.
+    pub fn connection(&self, flow: &FlowKey) -> Option<Conn> {
+        self.conns.get(&flow.canonical()).ok().flatten()
+    }
+
+    /// Number of tracked connections on this worker.
+    pub fn tracked(&self) -> usize {
+        self.conns.cached_len()
+    }
+
+    /// Packets counted for `reason` on this worker.
+    pub fn count(&self, reason: Reason) -> i64 {
+        let map = if reason.allows() {
+            &self.allowed
+        } else {
+            &self.denied
+        };
+        map.get(&(reason as u8)).unwrap_or(0)
+    }
+
+    /// Connections in `state` on this worker.
+    pub fn connections_in(&self, state: ConnState) -> i64 {
+        self.by_state.get(&(state as u8)).unwrap_or(0)
+    }
+
+    fn timeout(&self, state: ConnState, proto: u8) -> Duration {
+        let t = match state {
+            ConnState::SynSent => Timeout::SynSent,
+            ConnState::SynRecv => Timeout::SynRecv,
+            ConnState::Established => Timeout::Established,
+            ConnState::FinWait => Timeout::FinWait,
+            ConnState::CloseWait => Timeout::CloseWait,
+            ConnState::LastAck => Timeout::LastAck,
+            ConnState::TimeWait => Timeout::TimeWait,
+            ConnState::Close => Timeout::Close,
+            ConnState::Unreplied | ConnState::Replied => match proto {
+                proto::UDP if state == ConnState::Unreplied => Timeout::UdpUnreplied,
+                proto::UDP => Timeout::UdpReplied,
+                proto::ICMP | proto::ICMPV6 => Timeout::Icmp,
+                _ => Timeout::Generic,
+            },
+        };
+        self.cfg.timeouts[t as usize]
+    }
+
+    /// Rules, then the default policy of the packet's direction.
+    fn policy(&self, flow: &FlowKey, dport: Option<u16>, dir: Direction) -> Policy {
+        match self.cfg.rules.iter().find(|r| r.matches(flow, dport, dir)) {
+            Some(r) if r.action == Action::Allow => Policy::Allow(Reason::AllowRule),
+            Some(_) => Policy::Deny(Reason::DenyRule),
+            None => {
+                let (default, denied) = match dir {
+                    Direction::Outbound => (self.cfg.default_outbound, Reason::OutboundPolicy),
+                    Direction::Inbound => (self.cfg.default_inbound, Reason::InboundPolicy),
+                };
+                match default {
+                    Action::Allow => Policy::Allow(Reason::AllowPolicy),
+                    Action::Deny => Policy::Deny(denied),
+                }
+            }
+        }
+    }
+
+    fn stateless(&self, flow: &FlowKey, dport: Option<u16>, dir: Direction) -> Reason {
+        match self.policy(flow, dport, dir) {
+            Policy::Allow(r) | Policy::Deny(r) => r,
+        }
+    }
+
+    fn gauge(&self, state: ConnState, delta: i64) {
+        self.by_state.add_to_nowait(&(state as u8), delta);
+    }
+
+    /// Opens a connection in `state` for the packet `flow` from `dir`, if the policy allows.
+    fn open(
+        &self,
+        key: FlowKey,
+        flow: &FlowKey,
+        dir: Direction,
+        state: ConnState,
+        now: Nanos,
+    ) -> Reason {
+        let dport = matches!(flow.proto, proto::TCP | proto::UDP).then_some(flow.dst_port);
+        match self.policy(flow, dport, dir) {
+            Policy::Deny(r) => r,
+            Policy::Allow(r) => {
+                let conn = Conn {
+                    state,
+                    opener_is_canonical_src: flow.is_canonical(),
+                    opened_from: dir,
+                    first_fin_by_opener: None,
+                };
+                // Replacing an ended connection (TIME_WAIT, CLOSE) takes it out of its state.
+                if let Some(old) = self.conns.remove_nowait(&key) {
+                    self.gauge(old.state, -1);
+                }
+                self.conns.insert_nowait(key, conn);
+                self.conns
+                    .expire_after(&key, self.timeout(state, flow.proto), now);
+                self.gauge(state, 1);
+                self.opened.add_nowait(1);
+                r
+            }
+        }
+    }
+
+    /// Applies `next` to the entry `key` (whose current value is `conn`), renewing its timer.
+    fn advance(&self, key: &FlowKey, conn: Conn, next: Conn, now: Nanos) -> Result<(), Reason> {
+        if next != conn {
+            let updated = self.conns.with_mut(key, |c| {
+                if let Some(c) = c {
+                    *c = next;
+                }
+            });
+            if updated.is_err() {
+                return Err(Reason::StateUnavailable);
+            }
+            if next.state != conn.state {
+                self.gauge(conn.state, -1);
+                self.gauge(next.state, 1);
+            }
+        }
+        self.conns
+            .expire_after(key, self.timeout(next.state, key.proto), now);
+        Ok(())
+    }
+
+    fn decide(&self, pkt: &Packet<'_>, now: Nanos) -> Reason {
+        let Some(flow) = pkt.dissection.flow else {
+            return Reason::NotIp;
+        };
+        let dir = pkt.direction;
+        if pkt.dissection.fragment == Fragment::Later {
+            // No ports to find the connection by: rules without port ranges and the default
+            // policy decide, and nothing is tracked.
+            return self.stateless(&flow, None, dir);
+        }
+        match pkt.dissection.transport {
+            Transport::Tcp => self.tcp(pkt, &flow, now),
+            Transport::Icmpv4 { kind, .. } => match kind {
+                icmp::v4::types::ECHO_REQUEST => self.echo(&flow, dir, true, now),
+                icmp::v4::types::ECHO_REPLY => self.echo(&flow, dir, false, now),
+                icmp::v4::types::DEST_UNREACHABLE
+                | icmp::v4::types::SOURCE_QUENCH
+                | icmp::v4::types::REDIRECT
+                | icmp::v4::types::TIME_EXCEEDED
+                | icmp::v4::types::PARAM_PROBLEM => {
+                    let inner =
+                        l4(pkt).and_then(|b| icmp::v4::Packet::new_checked(b).ok()?.inner_flow());
+                    self.icmp_error(&flow, inner, dir)
+                }
+                _ => self.stateless(&flow, None, dir),
+            },
+            Transport::Icmpv6 { kind, .. } => match kind {
+                icmp::v6::types::ECHO_REQUEST => self.echo(&flow, dir, true, now),
+                icmp::v6::types::ECHO_REPLY => self.echo(&flow, dir, false, now),
+                1..=4 => {
+                    let inner =
+                        l4(pkt).and_then(|b| icmp::v6::Packet::new_checked(b).ok()?.inner_flow());
+                    self.icmp_error(&flow, inner, dir)
+                }
+                // Router/neighbour solicitation and advertisement, redirect (RFC 4861).
+                133..=137 => Reason::NeighborDiscovery,
+                _ => self.stateless(&flow, None, dir),
+            },
+            // UDP and every other protocol: a pseudo-connection, unreplied until answered.
+            _ => self.datagram(&flow, dir, now),
+        }
+    }
+
+    fn tcp(&self, pkt: &Packet<'_>, flow: &FlowKey, now: Nanos) -> Reason {
+        let Some(seg) = l4(pkt).and_then(|b| tcp::Packet::new_checked(b).ok()) else {
+            return Reason::Malformed;
+        };
+        let Some(seg) = classify(seg.flags()) else {
+            return Reason::TcpInvalidFlags;
+        };
+        let key = flow.canonical();
+        let Ok(conn) = self.conns.with(&key, |c| c.copied()) else {
+            return Reason::StateUnavailable;
+        };
+        let Some(conn) = conn else {
+            // NONE: only a SYN opens a connection.
+            return match seg {
+                Segment::Syn => self.open(key, flow, pkt.direction, ConnState::SynSent, now),
+                _ => Reason::TcpNoConnection,
+            };
+        };
+        let side = conn.side_of(flow);
+        if pkt.direction != conn.expected_direction(side) {
+            // A SYN from the wrong side after the connection ended opens a new one.
+            if seg == Segment::Syn && matches!(conn.state, ConnState::TimeWait | ConnState::Close) {
+                return self.open(key, flow, pkt.direction, ConnState::SynSent, now);
+            }
+            return Reason::WrongDirection;
+        }
+        match tcp_step(conn.state, seg, side, conn.closer()) {
+            Step::Invalid => Reason::TcpInvalidState,
+            Step::Reopen => self.open(key, flow, pkt.direction, ConnState::SynSent, now),
+            Step::To(state) => {
+                let mut next = Conn { state, ..conn };
+                if seg == Segment::Fin && conn.first_fin_by_opener.is_none() {
+                    next.first_fin_by_opener = Some(side == Side::Orig);
+                }
+                match self.advance(&key, conn, next, now) {
+                    Ok(()) => Reason::Tracked,
+                    Err(r) => r,
+                }
+            }
+        }
+    }
+
+    /// UDP and other protocols.
+    fn datagram(&self, flow: &FlowKey, dir: Direction, now: Nanos) -> Reason {
+        let key = flow.canonical();
+        let Ok(conn) = self.conns.with(&key, |c| c.copied()) else {
+            return Reason::StateUnavailable;
+        };
+        let Some(conn) = conn else {
+            return self.open(key, flow, dir, ConnState::Unreplied, now);
+        };
+        let side = conn.side_of(flow);
+        if dir != conn.expected_direction(side) {
+            return Reason::WrongDirection;
+        }
+        let state = if side == Side::Reply {
+            ConnState::Replied
+        } else {
+            conn.state
+        };
+        match self.advance(&key, conn, Conn { state, ..conn }, now) {
+            Ok(()) => Reason::Tracked,
+            Err(r) => r,
+        }
+    }
+
+    /// ICMP echo: the request's sender opens, the replies answer.
+    fn echo(&self, flow: &FlowKey, dir: Direction, request: bool, now: Nanos) -> Reason {
+        let key = flow.canonical();
+        let Ok(conn) = self.conns.with(&key, |c| c.copied()) else {
+            return Reason::StateUnavailable;
+        };
+        let Some(conn) = conn else {
+            return if request {
+                self.open(key, flow, dir, ConnState::Unreplied, now)
+            } else {
+                Reason::IcmpUnsolicitedReply
+            };
+        };
+        let side = conn.side_of(flow);
+        match (request, side) {
+            (true, Side::Orig) | (false, Side::Reply) => {
+                if dir != conn.expected_direction(side) {
+                    return Reason::WrongDirection;
+                }
+                let state = if request {
+                    conn.state
+                } else {
+                    ConnState::Replied
+                };
+                match self.advance(&key, conn, Conn { state, ..conn }, now) {
+                    Ok(()) => Reason::Tracked,
+                    Err(r) => r,
+                }
+            }
+            // The answering side pings back with the same identifier: judged on its own,
+            // without touching the entry.
+            (true, Side::Reply) => self.stateless(flow, None, dir),
+            (false, Side::Orig) => Reason::IcmpUnsolicitedReply,
+        }
+    }
+
+    /// An ICMP error passes if it quotes a packet of a tracked connection and goes to one of
+    /// that connection's ends; otherwise the rules and the default policy decide.
+    fn icmp_error(&self, flow: &FlowKey, inner: Option<FlowKey>, dir: Direction) -> Reason {
+        if let Some(inner) = inner {
+            let to_an_end = flow.dst == inner.src || flow.dst == inner.dst;
+            if to_an_end
+                && matches!(
+                    self.conns.with(&inner.canonical(), |c| c.is_some()),
+                    Ok(true)
+                )
+            {
+                return Reason::Related;
+            }
+        }
+        self.stateless(flow, None, dir)
+    }
+}
+
+/// The transport header and what follows, up to the end of the IP packet.
+fn l4<'p>(pkt: &'p Packet<'_>) -> Option<&'p [u8]> {
+    let d = &pkt.dissection;
+    pkt.data.get(d.l4_offset?..d.l3_end)
+}
+
+impl NetworkFunction for Firewall {
+    fn name(&self) -> &str {
+        NF
+    }
+
+    #[inline]
+    fn process(&mut self, pkt: &mut Packet<'_>, cx: &Context) -> Verdict {
+        let reason = self.decide(pkt, cx.now);
+        if reason.allows() {
+            self.allowed.add_to_nowait(&(reason as u8), 1);
+            Verdict::Forward
+        } else {
+            self.denied.add_to_nowait(&(reason as u8), 1);
+            Verdict::Drop(reason.text())
+        }
+    }
+
+    fn on_tick(&mut self, now: Nanos) {
+        let (by_state, expired) = (&self.by_state, &self.expired);
+        self.conns.expire(now, |_, c| {
+            by_state.add_to_nowait(&(c.state as u8), -1);
+            expired.add_nowait(1);
+        });
+    }
+
+    fn report(&self) -> Vec<(&'static str, i64)> {
+        let mut out = vec![("tracked", self.conns.cached_len() as i64)];
+        let (mut allowed, mut denied) = (0, 0);
+        let mut reasons = Vec::new();
+        for r in Reason::ALL {
+            let n = self.count(r);
+            if r.allows() {
+                allowed += n;
+            } else {
+                denied += n;
+            }
+            if n != 0 {
+                reasons.push((r.report_name(), n));
+            }
+        }
+        out.push(("allowed", allowed));
+        out.push(("denied", denied));
+        out.extend(reasons);
+        for s in ConnState::ALL {
+            out.push((s.report_name(), self.connections_in(s)));
+        }
+        out.push(("conns_opened", self.opened.get().unwrap_or(-1)));
+        out.push(("conns_expired", self.expired.get().unwrap_or(-1)));
+        out
+    }
+}

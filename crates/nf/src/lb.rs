@@ -1,0 +1,971 @@
+//! The L4 load balancer (StatelessNF §3 Algorithm 1): connections to a virtual service (VIP,
+//! port, protocol) are spread over its backends and stay on the backend chosen for them.
+//!
+//! * A packet to a VIP service that starts a connection (a TCP SYN, any UDP datagram of a new
+//!   flow) chooses a backend: **least-loaded** (Algorithm 1's `nextServer`: the backend with
+//!   the fewest active connections; as in FlexState §V-A4 each worker keeps its own load
+//!   counters, so "least" is per worker partition; ties go to the first candidate after a
+//!   hash of the flow) or **Maglev** consistent hashing (Eisenbud et al., NSDI '16 §3.4: a
+//!   lookup table of prime size built once from the backends' permutations; the flow's hash
+//!   picks the entry).
+//! * The choice is stored per flow (`affinity`), so every later packet of the connection goes
+//!   to the same backend whatever the loads become. The destination address and port are
+//!   rewritten to the backend's with incremental checksum updates (RFC 1624), and the
+//!   packet's flow key is updated for the NFs after this one.
+//! * Replies from a backend of a tracked connection get the VIP and service port back as
+//!   their source.
+//! * A connection ends with FINs both ways, a RST, or its affinity's idle timeout; then its
+//!   backend's active count drops. The entry lives on for `timeouts.tcp_fin` after the end so
+//!   that the last ACK still reaches the backend.
+//! * Packets neither for a VIP service nor from one of its backends pass untouched. The
+//!   direction a packet came from does not matter.
+
+use crate::{BuildError, Context, NetworkFunction, NfFactory, Packet, Verdict, WorkerInfo};
+use flowstate_state::{Access, Codec, CodecError, Counter, CounterMap, Declare, Map, Nanos, Scope};
+use flowstate_wire::dissect::{Fragment, Transport};
+use flowstate_wire::flow::{proto, FLOW_KEY_MAX_BYTES};
+use flowstate_wire::{ipv4, ipv6, tcp, udp, FlowKey};
+use serde::Deserialize;
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+const NF: &str = "lb";
+
+// ------------------------------------------------------------------------------------------
+// Maglev
+
+/// A 64-bit hash of `data`: FNV-1a from a seeded start, then the SplitMix64 finaliser so that
+/// every input bit reaches every output bit. Deterministic across runs and machines.
+fn hash64(seed: u64, data: &[u8]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325 ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    for &b in data {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h ^= h >> 30;
+    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h ^= h >> 27;
+    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
+const SEED_OFFSET: u64 = 1;
+const SEED_SKIP: u64 = 2;
+const SEED_FLOW: u64 = 3;
+
+/// The hash of a flow (in the direction given) that Maglev and the least-loaded tie-break use.
+pub fn flow_hash(key: &FlowKey) -> u64 {
+    let mut buf = [0u8; FLOW_KEY_MAX_BYTES];
+    hash64(SEED_FLOW, key.to_bytes(&mut buf))
+}
+
+fn is_prime(n: usize) -> bool {
+    if n < 2 {
+        return false;
+    }
+    let mut d = 2;
+    while d * d <= n {
+        if n % d == 0 {
+            return false;
+        }
+        d += 1;
+    }
+    true
+}
+
+/// A Maglev lookup table (Eisenbud et al., NSDI '16 §3.4): `M` entries (`M` prime), each the
+/// index of a backend.
+///
+/// Backend `i` prefers the entries of its permutation `(offset + j · skip) mod M` for
+/// `j = 0, 1, ..`, with `offset = h1(name) mod M` and `skip = h2(name) mod (M − 1) + 1`; the
+/// backends take turns claiming their next preferred entry that is still free until the
+/// table is full. Each backend gets `M/N` entries give or take one, and removing a backend
+/// moves little more than the entries it had.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MaglevTable {
+    entries: Vec<u16>,
+}
+
+impl MaglevTable {
+    /// The table size the paper suggests, and the default.
+    pub const DEFAULT_SIZE: usize = 65537;
+    /// The largest size accepted.
+    pub const MAX_SIZE: usize = 1 << 24;
+
+    /// Builds the table for backends named `names` (in index order). `size` must be a prime
+    /// not below the number of backends; at most 65535 backends.
+    pub fn new<S: AsRef<[u8]>>(names: &[S], size: usize) -> Result<MaglevTable, String> {
+        let n = names.len();
+        if n == 0 {
+            return Err("no backends".into());
+        }
+        if n > usize::from(u16::MAX) {
+            return Err(format!("{n} backends; at most {}", u16::MAX));
+        }
+        if !is_prime(size) || size > Self::MAX_SIZE {
+            return Err(format!(
+                "table size {size} is not a prime up to {}",
+                Self::MAX_SIZE
+            ));
+        }
+        if size < n {
+            return Err(format!(
+                "table size {size} is below the number of backends ({n})"
+            ));
+        }
+        let m = size as u64;
+        let perm: Vec<(u64, u64)> = names
+            .iter()
+            .map(|name| {
+                let name = name.as_ref();
+                (
+                    hash64(SEED_OFFSET, name) % m,
+                    hash64(SEED_SKIP, name) % (m - 1) + 1,
+                )
+            })
+            .collect();
+        const FREE: u16 = u16::MAX;
+        let mut entries = vec![FREE; size];
+        let mut next = vec![0u64; n];
+        let mut filled = 0;
+        'fill: loop {
+            for (i, &(offset, skip)) in perm.iter().enumerate() {
+                // A permutation of a prime-sized table visits every entry, so a free one is
+                // found within M steps.
+                let mut c = ((offset + next[i] * skip) % m) as usize;
+                while entries[c] != FREE {
+                    next[i] += 1;
+                    c = ((offset + next[i] * skip) % m) as usize;
+                }
+                entries[c] = i as u16;
+                next[i] += 1;
+                filled += 1;
+                if filled == size {
+                    break 'fill;
+                }
+            }
+        }
+        Ok(MaglevTable { entries })
+    }
+
+    /// The number of entries, `M`.
+    pub fn size(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// The backend index of every entry.
+    pub fn entries(&self) -> &[u16] {
+        &self.entries
+    }
+
+    /// The backend for a flow hash: entry `hash mod M`.
+    #[inline]
+    pub fn lookup(&self, hash: u64) -> usize {
+        usize::from(self.entries[(hash % self.entries.len() as u64) as usize])
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Configuration
+
+/// How a VIP chooses the backend of a new connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Method {
+    /// The backend with the fewest active connections (this worker's count).
+    #[default]
+    LeastLoaded,
+    /// Maglev consistent hashing.
+    Maglev,
+}
+
+/// One `vips = [{ .. }]` entry.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VipConfig {
+    /// The virtual address (IPv4 or IPv6).
+    pub vip: String,
+    /// The service port, 1–65535.
+    pub port: i64,
+    /// `tcp` (default) or `udp`.
+    #[serde(default)]
+    pub proto: Option<String>,
+    /// Backends: `"10.1.0.1"` (the service port) or `"10.1.0.1:8080"`, `"[2001:db8::1]:8080"`.
+    pub backends: Vec<String>,
+    /// `least-loaded` (default) or `maglev`.
+    #[serde(default)]
+    pub method: Method,
+    /// Maglev only: the lookup table's size, a prime (default 65537).
+    #[serde(default)]
+    pub table_size: Option<i64>,
+}
+
+/// Idle timeouts of a flow's backend choice, in seconds (IPVS's defaults).
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Timeouts {
+    /// A TCP connection (900).
+    pub tcp: f64,
+    /// A TCP connection after a FIN or a RST (120).
+    pub tcp_fin: f64,
+    /// A UDP flow (300).
+    pub udp: f64,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            tcp: 900.0,
+            tcp_fin: 120.0,
+            udp: 300.0,
+        }
+    }
+}
+
+/// `[[chain]] nf = "lb"` options.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// The virtual services.
+    pub vips: Vec<VipConfig>,
+    /// Idle timeouts.
+    #[serde(default)]
+    pub timeouts: Timeouts,
+}
+
+fn config_err(key: &'static str, reason: impl Into<String>) -> BuildError {
+    BuildError::Config {
+        nf: NF,
+        key,
+        reason: reason.into(),
+    }
+}
+
+impl Config {
+    /// Parses a `[[chain]]` table (without `nf`); errors name the key.
+    pub fn from_table(table: &toml::Table) -> Result<Config, BuildError> {
+        match Config::deserialize(toml::Value::Table(table.clone())) {
+            Ok(c) => Ok(c),
+            Err(e) => Err(locate_error(table).unwrap_or_else(|| config_err("vips", e.message()))),
+        }
+    }
+}
+
+/// Finds which key of `table` does not deserialize, for an error that names it.
+fn locate_error(table: &toml::Table) -> Option<BuildError> {
+    for (k, v) in table {
+        let err = match k.as_str() {
+            "vips" => match v.as_array() {
+                Some(vips) => vips.iter().enumerate().find_map(|(i, r)| {
+                    VipConfig::deserialize(r.clone())
+                        .err()
+                        .map(|e| config_err("vips", format!("vip {}: {}", i + 1, e.message())))
+                }),
+                None => Some(config_err("vips", "expected an array of VIP tables")),
+            },
+            "timeouts" => Timeouts::deserialize(v.clone())
+                .err()
+                .map(|e| config_err("timeouts", e.message())),
+            other => Some(config_err(
+                "(unknown key)",
+                format!("unknown key `{other}`; expected one of vips, timeouts"),
+            )),
+        };
+        if err.is_some() {
+            return err;
+        }
+    }
+    None
+}
+
+/// A backend server: address and port.
+pub type BackendAddr = (IpAddr, u16);
+
+#[derive(Debug)]
+struct Backend {
+    addr: IpAddr,
+    port: u16,
+}
+
+impl Backend {
+    fn key(&self) -> BackendAddr {
+        (self.addr, self.port)
+    }
+}
+
+#[derive(Debug)]
+struct Vip {
+    addr: IpAddr,
+    port: u16,
+    proto: u8,
+    method: Method,
+    backends: Vec<Backend>,
+    table: Option<MaglevTable>,
+}
+
+#[derive(Debug)]
+struct Compiled {
+    vips: Vec<Vip>,
+    /// `(vip, port, proto)` → index in `vips`.
+    services: HashMap<(IpAddr, u16, u8), usize>,
+    /// `(backend, port, proto)` → every `(vip, backend)` index pair it serves.
+    backends: HashMap<(IpAddr, u16, u8), Vec<(usize, u16)>>,
+    /// Addresses (with protocols) of VIPs and backends: fragments to or from them are dropped.
+    vip_hosts: HashSet<(IpAddr, u8)>,
+    backend_hosts: HashSet<(IpAddr, u8)>,
+    /// Distinct backends with their report names (active, connections).
+    report: Vec<(BackendAddr, &'static str, &'static str)>,
+    tcp: Duration,
+    tcp_fin: Duration,
+    udp: Duration,
+}
+
+fn seconds(key: &'static str, s: f64) -> Result<Duration, BuildError> {
+    if s.is_finite() && s > 0.0 && s < 1e12 {
+        Ok(Duration::from_secs_f64(s))
+    } else {
+        Err(config_err(
+            key,
+            format!("{s} is not a positive number of seconds"),
+        ))
+    }
+}
+
+fn parse_backend(s: &str, vip: IpAddr, port: u16) -> Result<Backend, String> {
+    let (addr, port) = if let Ok(sa) = s.trim().parse::<SocketAddr>() {
+        (sa.ip(), sa.port())
+    } else if let Ok(ip) = s.trim().parse::<IpAddr>() {
+        (ip, port)
+    } else {
+        return Err(format!("{s:?} is not an address or address:port"));
+    };
+    if port == 0 {
+        return Err(format!("{s:?}: port 0"));
+    }
+    if addr.is_ipv4() != vip.is_ipv4() {
+        return Err(format!("{s:?} is not of the VIP's address family"));
+    }
+    Ok(Backend { addr, port })
+}
+
+fn compile_vip(v: &VipConfig, i: usize) -> Result<Vip, BuildError> {
+    let at = |key: &'static str, e: String| config_err(key, format!("vip {}: {e}", i + 1));
+    let addr: IpAddr = v
+        .vip
+        .trim()
+        .parse()
+        .map_err(|_| at("vips.vip", format!("{:?} is not an address", v.vip)))?;
+    let port = u16::try_from(v.port)
+        .ok()
+        .filter(|&p| p != 0)
+        .ok_or_else(|| at("vips.port", format!("{} is not a port 1 to 65535", v.port)))?;
+    let proto = match v.proto.as_deref().map(str::to_ascii_lowercase).as_deref() {
+        None | Some("tcp") => proto::TCP,
+        Some("udp") => proto::UDP,
+        Some(other) => return Err(at("vips.proto", format!("{other:?}: expected tcp or udp"))),
+    };
+    if v.backends.is_empty() {
+        return Err(at("vips.backends", "no backends".into()));
+    }
+    if v.backends.len() >= usize::from(u16::MAX) {
+        return Err(at(
+            "vips.backends",
+            format!("{} backends; at most 65534", v.backends.len()),
+        ));
+    }
+    let mut backends: Vec<Backend> = Vec::with_capacity(v.backends.len());
+    for b in &v.backends {
+        let b = parse_backend(b, addr, port).map_err(|e| at("vips.backends", e))?;
+        if backends.iter().any(|o| o.key() == b.key()) {
+            return Err(at(
+                "vips.backends",
+                format!("{} is listed twice", SocketAddr::from(b.key())),
+            ));
+        }
+        backends.push(b);
+    }
+    let table = match (v.method, v.table_size) {
+        (Method::LeastLoaded, None) => None,
+        (Method::LeastLoaded, Some(_)) => {
+            return Err(at(
+                "vips.table_size",
+                "only method = \"maglev\" has a table".into(),
+            ))
+        }
+        (Method::Maglev, size) => {
+            let size = match size {
+                None => MaglevTable::DEFAULT_SIZE,
+                Some(s) => usize::try_from(s)
+                    .map_err(|_| at("vips.table_size", format!("{s} is negative")))?,
+            };
+            let names: Vec<String> = backends
+                .iter()
+                .map(|b| SocketAddr::from(b.key()).to_string())
+                .collect();
+            Some(MaglevTable::new(&names, size).map_err(|e| at("vips.table_size", e))?)
+        }
+    };
+    Ok(Vip {
+        addr,
+        port,
+        proto,
+        method: v.method,
+        backends,
+        table,
+    })
+}
+
+/// Builds load balancers; holds the compiled configuration (and Maglev tables), shared by
+/// every worker.
+#[derive(Debug, Clone)]
+pub struct Factory(Arc<Compiled>);
+
+impl Factory {
+    /// Compiles `config`, building each Maglev table once; errors name the key.
+    pub fn new(config: &Config) -> Result<Factory, BuildError> {
+        if config.vips.is_empty() {
+            return Err(config_err("vips", "no VIPs"));
+        }
+        let mut c = Compiled {
+            vips: Vec::new(),
+            services: HashMap::new(),
+            backends: HashMap::new(),
+            vip_hosts: HashSet::new(),
+            backend_hosts: HashSet::new(),
+            report: Vec::new(),
+            tcp: seconds("timeouts.tcp", config.timeouts.tcp)?,
+            tcp_fin: seconds("timeouts.tcp_fin", config.timeouts.tcp_fin)?,
+            udp: seconds("timeouts.udp", config.timeouts.udp)?,
+        };
+        for (i, v) in config.vips.iter().enumerate() {
+            let vip = compile_vip(v, i)?;
+            if c.services
+                .insert((vip.addr, vip.port, vip.proto), i)
+                .is_some()
+            {
+                return Err(config_err(
+                    "vips",
+                    format!("vip {}: the service is defined twice", i + 1),
+                ));
+            }
+            c.vip_hosts.insert((vip.addr, vip.proto));
+            for (bi, b) in vip.backends.iter().enumerate() {
+                c.backends
+                    .entry((b.addr, b.port, vip.proto))
+                    .or_default()
+                    .push((i, bi as u16));
+                c.backend_hosts.insert((b.addr, vip.proto));
+                if !c.report.iter().any(|r| r.0 == b.key()) {
+                    // Report names are built once per configuration and live as long as the
+                    // process (report() hands out `&'static str`).
+                    let name = SocketAddr::from(b.key());
+                    let active: &'static str = Box::leak(format!("{name} active").into_boxed_str());
+                    let total: &'static str =
+                        Box::leak(format!("{name} connections").into_boxed_str());
+                    c.report.push((b.key(), active, total));
+                }
+            }
+            c.vips.push(vip);
+        }
+        Ok(Factory(Arc::new(c)))
+    }
+
+    /// The Maglev table of VIP `i` (in configuration order), if it uses Maglev.
+    pub fn maglev_table(&self, i: usize) -> Option<&MaglevTable> {
+        self.0.vips.get(i)?.table.as_ref()
+    }
+
+    /// Builds one worker's load balancer (what [`NfFactory::build`] boxes).
+    pub fn build_lb(
+        &self,
+        state: &mut Declare<'_>,
+        _worker: WorkerInfo,
+    ) -> Result<LoadBalancer, BuildError> {
+        Ok(LoadBalancer {
+            cfg: Arc::clone(&self.0),
+            affinity: state.map("affinity", Scope::PerFlow, Access::ReadMostly)?,
+            active: state.counter_map("active", Scope::CrossFlow(&[]), Access::ReadWrite)?,
+            connections: state.counter_map(
+                "connections",
+                Scope::CrossFlow(&[]),
+                Access::WriteMostly,
+            )?,
+            bytes: state.counter_map("bytes", Scope::CrossFlow(&[]), Access::WriteMostly)?,
+            untracked_replies: state.counter(
+                "untracked_replies",
+                Scope::CrossFlow(&[]),
+                Access::WriteMostly,
+            )?,
+        })
+    }
+}
+
+/// The factory for a `[[chain]]` table.
+pub fn factory(table: &toml::Table) -> Result<Arc<dyn NfFactory>, BuildError> {
+    Ok(Arc::new(Factory::new(&Config::from_table(table)?)?))
+}
+
+impl NfFactory for Factory {
+    fn name(&self) -> &'static str {
+        NF
+    }
+
+    fn build(
+        &self,
+        state: &mut Declare<'_>,
+        worker: WorkerInfo,
+    ) -> Result<Box<dyn NetworkFunction>, BuildError> {
+        Ok(Box::new(self.build_lb(state, worker)?))
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Per-flow state
+
+/// A flow's backend choice: the value of the `affinity` map, keyed by the client → VIP flow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Affinity {
+    /// Index of the backend in its VIP's list.
+    pub backend: u16,
+    flags: u8,
+}
+
+const FIN_CLIENT: u8 = 1;
+const FIN_BACKEND: u8 = 2;
+const CLOSED: u8 = 4;
+
+impl Affinity {
+    /// Whether the connection has ended (FINs both ways or a RST); the entry stays until its
+    /// short timeout so the last packets still reach the backend.
+    pub fn closed(&self) -> bool {
+        self.flags & CLOSED != 0
+    }
+
+    /// Records a segment's FIN/RST from one end; returns whether this closed the connection.
+    fn note(&mut self, fin: bool, rst: bool, from_client: bool) -> bool {
+        if fin {
+            self.flags |= if from_client { FIN_CLIENT } else { FIN_BACKEND };
+        }
+        let ended = rst || self.flags & (FIN_CLIENT | FIN_BACKEND) == FIN_CLIENT | FIN_BACKEND;
+        if ended && !self.closed() {
+            self.flags |= CLOSED;
+            return true;
+        }
+        false
+    }
+}
+
+impl Codec for Affinity {
+    fn encode(&self, out: &mut Vec<u8>) {
+        (self.backend, self.flags).encode(out);
+    }
+    fn decode(input: &mut &[u8]) -> Result<Self, CodecError> {
+        let (backend, flags) = <(u16, u8)>::decode(input)?;
+        if flags & !(FIN_CLIENT | FIN_BACKEND | CLOSED) != 0 {
+            return Err(CodecError::Invalid("lb affinity flags"));
+        }
+        Ok(Affinity { backend, flags })
+    }
+}
+
+/// What a TCP segment means to the load balancer.
+#[derive(Debug, Clone, Copy, Default)]
+struct Seg {
+    /// SYN without ACK: a connection attempt.
+    syn: bool,
+    fin: bool,
+    rst: bool,
+}
+
+// ------------------------------------------------------------------------------------------
+// The NF
+
+/// Drop reasons.
+pub mod reason {
+    /// A TCP segment other than SYN for a least-loaded VIP with no backend chosen for its flow
+    /// (StatelessNF Algorithm 1, line 13).
+    pub const NO_CONNECTION: &str = "lb: no backend for this connection";
+    /// A fragment to a VIP or from a backend: its ports cannot be seen, so it cannot be steered.
+    pub const FRAGMENT: &str = "lb: fragment";
+    /// The flow's backend choice could not be read.
+    pub const STATE: &str = "lb: state unavailable";
+    /// The headers to rewrite could not be read.
+    pub const MALFORMED: &str = "lb: malformed";
+}
+
+/// One worker's load balancer.
+pub struct LoadBalancer {
+    cfg: Arc<Compiled>,
+    /// Backend choice per client → VIP flow.
+    affinity: Map<FlowKey, Affinity>,
+    /// Active connections per backend (this worker's; read for least-loaded).
+    active: CounterMap<BackendAddr>,
+    /// Connections ever assigned per backend.
+    connections: CounterMap<BackendAddr>,
+    /// Bytes per backend, both directions.
+    bytes: CounterMap<BackendAddr>,
+    /// Packets from a backend's service port that belong to no tracked flow (passed untouched).
+    untracked_replies: Counter,
+}
+
+/// One backend's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackendStats {
+    /// The backend.
+    pub backend: BackendAddr,
+    /// Connections now active (this worker's).
+    pub active: i64,
+    /// Connections assigned so far.
+    pub connections: i64,
+    /// Bytes in both directions.
+    pub bytes: i64,
+}
+
+/// Which end of a packet to rewrite.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum End {
+    Src,
+    Dst,
+}
+
+impl LoadBalancer {
+    /// The counters of every configured backend.
+    pub fn backend_stats(&self) -> Vec<BackendStats> {
+        self.cfg
+            .report
+            .iter()
+            .map(|&(b, _, _)| BackendStats {
+                backend: b,
+                active: self.active.get(&b).unwrap_or(-1),
+                connections: self.connections.get(&b).unwrap_or(-1),
+                bytes: self.bytes.get(&b).unwrap_or(-1),
+            })
+            .collect()
+    }
+
+    /// The backend chosen for a client → VIP flow, if any.
+    pub fn backend_of(&self, flow: &FlowKey) -> Option<BackendAddr> {
+        let vi = *self
+            .cfg
+            .services
+            .get(&(flow.dst, flow.dst_port, flow.proto))?;
+        let a = self.affinity.get(flow).ok()??;
+        Some(
+            self.cfg.vips[vi]
+                .backends
+                .get(usize::from(a.backend))?
+                .key(),
+        )
+    }
+
+    /// Number of flows with a backend choice on this worker (ended ones included until their
+    /// entry expires).
+    pub fn flows(&self) -> usize {
+        self.affinity.cached_len()
+    }
+
+    /// Number of flows on this worker that have not ended (what the active counts add up to).
+    pub fn open_flows(&self) -> usize {
+        let mut n = 0;
+        self.affinity.for_each(|_, a| n += usize::from(!a.closed()));
+        n
+    }
+
+    fn choose(&self, vip: &Vip, flow: &FlowKey) -> u16 {
+        let h = flow_hash(flow);
+        match &vip.table {
+            Some(t) if vip.method == Method::Maglev => t.lookup(h) as u16,
+            _ => {
+                let n = vip.backends.len();
+                let start = (h % n as u64) as usize;
+                let mut best = (i64::MAX, start);
+                for j in 0..n {
+                    let i = (start + j) % n;
+                    let load = self.active.get(&vip.backends[i].key()).unwrap_or(0);
+                    if load < best.0 {
+                        best = (load, i);
+                    }
+                }
+                best.1 as u16
+            }
+        }
+    }
+
+    fn timeout(&self, a: &Affinity, proto: u8) -> Duration {
+        match proto {
+            proto::UDP => self.cfg.udp,
+            _ if a.flags != 0 => self.cfg.tcp_fin,
+            _ => self.cfg.tcp,
+        }
+    }
+
+    /// A new connection of `flow` on backend `b`: stores the choice and counts it.
+    fn assign(&self, flow: FlowKey, vip: &Vip, b: u16, now: Nanos) {
+        let a = Affinity {
+            backend: b,
+            flags: 0,
+        };
+        self.affinity.insert_nowait(flow, a);
+        self.affinity
+            .expire_after(&flow, self.timeout(&a, flow.proto), now);
+        let key = vip.backends[usize::from(b)].key();
+        self.active.add_to_nowait(&key, 1);
+        self.connections.add_to_nowait(&key, 1);
+    }
+
+    /// Client → VIP.
+    fn inbound(&self, pkt: &mut Packet<'_>, flow: FlowKey, vip: &Vip, now: Nanos) -> Verdict {
+        let seg = match segment(pkt) {
+            Ok(s) => s,
+            Err(v) => return v,
+        };
+        let found = self.affinity.with_mut(&flow, |a| {
+            let a = a?;
+            if seg.syn && a.closed() {
+                return None; // the 5-tuple is reused by a new connection
+            }
+            let closed_now = a.note(seg.fin, seg.rst, true);
+            Some((*a, closed_now))
+        });
+        let b = match found {
+            Err(_) => return Verdict::Drop(reason::STATE),
+            Ok(Some((a, closed_now))) => {
+                if closed_now {
+                    self.active
+                        .add_to_nowait(&vip.backends[usize::from(a.backend)].key(), -1);
+                }
+                self.affinity
+                    .expire_after(&flow, self.timeout(&a, flow.proto), now);
+                a.backend
+            }
+            Ok(None) => {
+                let starts = flow.proto != proto::TCP || seg.syn;
+                match vip.method {
+                    _ if starts => {
+                        let b = self.choose(vip, &flow);
+                        self.assign(flow, vip, b, now);
+                        b
+                    }
+                    Method::LeastLoaded => return Verdict::Drop(reason::NO_CONNECTION),
+                    // Maglev: the table gives the same backend without the entry (§3.3), so a
+                    // connection whose entry was lost carries on; a FIN or RST is passed on
+                    // without creating one.
+                    Method::Maglev => {
+                        let b = self.choose(vip, &flow);
+                        if !(seg.fin || seg.rst) {
+                            self.assign(flow, vip, b, now);
+                        }
+                        b
+                    }
+                }
+            }
+        };
+        let backend = &vip.backends[usize::from(b)];
+        self.bytes
+            .add_to_nowait(&backend.key(), pkt.data.len() as i64);
+        match rewrite(pkt, End::Dst, backend.addr, backend.port) {
+            Ok(()) => Verdict::Forward,
+            Err(()) => Verdict::Drop(reason::MALFORMED),
+        }
+    }
+
+    /// Backend → client: finds the client → VIP flow it answers.
+    fn outbound(
+        &self,
+        pkt: &mut Packet<'_>,
+        flow: FlowKey,
+        candidates: &[(usize, u16)],
+        now: Nanos,
+    ) -> Verdict {
+        let seg = match segment(pkt) {
+            Ok(s) => s,
+            Err(v) => return v,
+        };
+        for &(vi, bi) in candidates {
+            let vip = &self.cfg.vips[vi];
+            let client = FlowKey::new(flow.dst, vip.addr, flow.dst_port, vip.port, flow.proto);
+            let found = self.affinity.with_mut(&client, |a| match a {
+                Some(a) if a.backend == bi => {
+                    let closed_now = a.note(seg.fin, seg.rst, false);
+                    Some((*a, closed_now))
+                }
+                _ => None,
+            });
+            let (a, closed_now) = match found {
+                Err(_) => return Verdict::Drop(reason::STATE),
+                Ok(None) => continue,
+                Ok(Some(x)) => x,
+            };
+            let key = vip.backends[usize::from(bi)].key();
+            if closed_now {
+                self.active.add_to_nowait(&key, -1);
+            }
+            // Replies renew the choice too, without a store write unless a flag changed.
+            self.affinity
+                .expire_after(&client, self.timeout(&a, flow.proto), now);
+            self.bytes.add_to_nowait(&key, pkt.data.len() as i64);
+            return match rewrite(pkt, End::Src, vip.addr, vip.port) {
+                Ok(()) => Verdict::Forward,
+                Err(()) => Verdict::Drop(reason::MALFORMED),
+            };
+        }
+        self.untracked_replies.add_nowait(1);
+        Verdict::Forward
+    }
+}
+
+/// Reads what matters of a TCP segment (nothing for UDP).
+fn segment(pkt: &Packet<'_>) -> Result<Seg, Verdict> {
+    if pkt.dissection.transport != Transport::Tcp {
+        return Ok(Seg::default());
+    }
+    let d = &pkt.dissection;
+    let t = d
+        .l4_offset
+        .and_then(|o| pkt.data.get(o..d.l3_end))
+        .and_then(|b| tcp::Packet::new_checked(b).ok())
+        .ok_or(Verdict::Drop(reason::MALFORMED))?;
+    Ok(Seg {
+        syn: t.syn() && !t.ack(),
+        fin: t.fin(),
+        rst: t.rst(),
+    })
+}
+
+/// Rewrites one end's address and port with incremental checksum updates (RFC 1624) and
+/// updates the packet's flow key. Checks every header before changing a byte.
+fn rewrite(pkt: &mut Packet<'_>, end: End, addr: IpAddr, port: u16) -> Result<(), ()> {
+    let d = pkt.dissection;
+    let flow = d.flow.ok_or(())?;
+    let l4 = d.l4_offset.ok_or(())?;
+    let data = &mut *pkt.data;
+    if d.l3_offset > l4 || l4 > d.l3_end || d.l3_end > data.len() {
+        return Err(());
+    }
+    let ok = match d.transport {
+        Transport::Tcp => tcp::Packet::new_checked(&data[l4..d.l3_end]).is_ok(),
+        Transport::Udp => udp::Packet::new_checked(&data[l4..d.l3_end]).is_ok(),
+        _ => false,
+    };
+    if !ok {
+        return Err(());
+    }
+    let old = if end == End::Src { flow.src } else { flow.dst };
+    let (mut ob, mut nb) = ([0u8; 16], [0u8; 16]);
+    let n = match (old, addr) {
+        (IpAddr::V4(o), IpAddr::V4(a)) => {
+            let mut ip =
+                ipv4::Packet::new_checked(&mut data[d.l3_offset..d.l3_end]).map_err(|_| ())?;
+            match end {
+                End::Src => ip.set_src_addr(a),
+                End::Dst => ip.set_dst_addr(a),
+            }
+            ob[..4].copy_from_slice(&o.octets());
+            nb[..4].copy_from_slice(&a.octets());
+            4
+        }
+        (IpAddr::V6(o), IpAddr::V6(a)) => {
+            let mut ip =
+                ipv6::Packet::new_checked(&mut data[d.l3_offset..d.l3_end]).map_err(|_| ())?;
+            match end {
+                End::Src => ip.set_src_addr(a),
+                End::Dst => ip.set_dst_addr(a),
+            }
+            ob = o.octets();
+            nb = a.octets();
+            16
+        }
+        _ => return Err(()),
+    };
+    let seg = &mut data[l4..d.l3_end];
+    if d.transport == Transport::Tcp {
+        let mut t = tcp::Packet::new_unchecked(seg);
+        t.update_checksum_for_addr(&ob[..n], &nb[..n]);
+        match end {
+            End::Src => t.set_src_port(port),
+            End::Dst => t.set_dst_port(port),
+        }
+    } else {
+        let mut u = udp::Packet::new_unchecked(seg);
+        u.update_checksum_for_addr(&ob[..n], &nb[..n]);
+        match end {
+            End::Src => u.set_src_port(port),
+            End::Dst => u.set_dst_port(port),
+        }
+    }
+    let mut f = flow;
+    match end {
+        End::Src => {
+            f.src = addr;
+            f.src_port = port;
+        }
+        End::Dst => {
+            f.dst = addr;
+            f.dst_port = port;
+        }
+    }
+    pkt.dissection.flow = Some(f);
+    Ok(())
+}
+
+impl NetworkFunction for LoadBalancer {
+    fn name(&self) -> &str {
+        NF
+    }
+
+    #[inline]
+    fn process(&mut self, pkt: &mut Packet<'_>, cx: &Context) -> Verdict {
+        let Some(flow) = pkt.dissection.flow else {
+            return Verdict::Forward;
+        };
+        let cfg = Arc::clone(&self.cfg);
+        if pkt.dissection.fragment != Fragment::None {
+            // Later fragments carry no ports: a fragment to a VIP or from a backend cannot be
+            // steered consistently.
+            let host = |a| (a, flow.proto);
+            if cfg.vip_hosts.contains(&host(flow.dst))
+                || cfg.backend_hosts.contains(&host(flow.src))
+            {
+                return Verdict::Drop(reason::FRAGMENT);
+            }
+            return Verdict::Forward;
+        }
+        if let Some(&vi) = cfg.services.get(&(flow.dst, flow.dst_port, flow.proto)) {
+            return self.inbound(pkt, flow, &cfg.vips[vi], cx.now);
+        }
+        if let Some(c) = cfg.backends.get(&(flow.src, flow.src_port, flow.proto)) {
+            return self.outbound(pkt, flow, c, cx.now);
+        }
+        Verdict::Forward
+    }
+
+    fn on_tick(&mut self, now: Nanos) {
+        let (cfg, active) = (&self.cfg, &self.active);
+        self.affinity.expire(now, |k, a| {
+            if a.closed() {
+                return;
+            }
+            let Some(&vi) = cfg.services.get(&(k.dst, k.dst_port, k.proto)) else {
+                return;
+            };
+            if let Some(b) = cfg.vips[vi].backends.get(usize::from(a.backend)) {
+                active.add_to_nowait(&b.key(), -1);
+            }
+        });
+    }
+
+    fn report(&self) -> Vec<(&'static str, i64)> {
+        let mut out = vec![("flows", self.affinity.cached_len() as i64)];
+        for &(b, active, total) in &self.cfg.report {
+            out.push((active, self.active.get(&b).unwrap_or(-1)));
+            out.push((total, self.connections.get(&b).unwrap_or(-1)));
+        }
+        out.push((
+            "untracked_replies",
+            self.untracked_replies.get().unwrap_or(-1),
+        ));
+        out
+    }
+}

@@ -1,0 +1,321 @@
+//! Shared rig for the firewall and load-balancer tests: one worker's NF on a store, a virtual
+//! clock, frame builders, and checks run on every packet.
+
+#![allow(dead_code)]
+
+use flowstate_nf::firewall::{self, Firewall};
+use flowstate_nf::lb::{self, LoadBalancer};
+use flowstate_nf::{Context, Direction, NetworkFunction, Packet, Verdict, WorkerInfo};
+use flowstate_state::local::LocalStore;
+use flowstate_state::{Backend, BackendError, Connector, Declare, Partition, StateConfig};
+use flowstate_wire::build::*;
+use flowstate_wire::dissect::{verify_checksums, Network};
+use flowstate_wire::{checksum, dissect, Dissection, FlowKey};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+pub(crate) const SEC: u64 = 1_000_000_000;
+
+#[allow(unused_imports)]
+pub(crate) use flowstate_wire::build::tcp_flags::{ACK, FIN, PSH, RST, SYN};
+
+pub(crate) const OUT: Direction = Direction::Outbound;
+pub(crate) const IN: Direction = Direction::Inbound;
+
+/// The local store seen as a remote one: every object goes through the store (loads, flushes,
+/// offloaded counters), not only the worker's cache.
+pub(crate) struct Remote(pub(crate) LocalStore);
+
+impl Connector for Remote {
+    fn name(&self) -> &'static str {
+        "remote-local"
+    }
+    fn connect(&self) -> Result<Box<dyn Backend>, BackendError> {
+        self.0.connect()
+    }
+}
+
+/// One worker's NF with its partition and a virtual clock.
+pub(crate) struct Rig<N> {
+    pub(crate) part: Partition,
+    pub(crate) nf: N,
+    pub(crate) now: u64,
+}
+
+pub(crate) fn table(toml_text: &str) -> toml::Table {
+    toml_text.parse().expect("test TOML parses")
+}
+
+fn rig<N>(
+    store: &dyn Connector,
+    nf: &str,
+    core: u32,
+    build: impl FnOnce(&mut Declare<'_>, WorkerInfo) -> N,
+) -> Rig<N> {
+    let mut part = Partition::new(
+        store,
+        StateConfig {
+            core,
+            ..StateConfig::default()
+        },
+    )
+    .expect("partition");
+    let nf = {
+        let mut d = part.declare(nf);
+        build(
+            &mut d,
+            WorkerInfo {
+                index: core,
+                count: core + 1,
+                instance: 0,
+            },
+        )
+    };
+    Rig { part, nf, now: 0 }
+}
+
+/// A firewall on a fresh local store.
+pub(crate) fn firewall(config: &str) -> Rig<Firewall> {
+    firewall_on(&LocalStore::new(), config)
+}
+
+/// A firewall on `store`.
+pub(crate) fn firewall_on(store: &dyn Connector, config: &str) -> Rig<Firewall> {
+    let f = firewall::Factory::new(&firewall::Config::from_table(&table(config)).expect("parses"))
+        .expect("config is valid");
+    rig(store, "firewall", 0, |d, w| {
+        f.build_firewall(d, w).expect("builds")
+    })
+}
+
+/// A load balancer on a fresh local store.
+pub(crate) fn lb(config: &str) -> Rig<LoadBalancer> {
+    lb_on(&LocalStore::new(), config, 0)
+}
+
+/// A load balancer on `store`, as worker `core`.
+pub(crate) fn lb_on(store: &dyn Connector, config: &str, core: u32) -> Rig<LoadBalancer> {
+    let f = lb::Factory::new(&lb::Config::from_table(&table(config)).expect("parses"))
+        .expect("config is valid");
+    rig(store, "lb", core, |d, w| f.build_lb(d, w).expect("builds"))
+}
+
+impl<N: NetworkFunction> Rig<N> {
+    /// Sends `frame` through the NF; on `Forward` checks that the dissection the NF left
+    /// matches the bytes and that checksums which verified before still verify; on `Drop`
+    /// checks that nothing was changed.
+    pub(crate) fn send(&mut self, frame: &mut [u8], direction: Direction) -> Verdict {
+        let d = dissect(frame).expect("test frames dissect");
+        let before = verify_checksums(frame, &d);
+        let copy = frame.to_vec();
+        let mut pkt = Packet {
+            data: frame,
+            dissection: d,
+            direction,
+        };
+        let cx = Context {
+            now: self.now,
+            clock: 0,
+            worker: 0,
+        };
+        let v = self.nf.process(&mut pkt, &cx);
+        let left = pkt.dissection;
+        if v == Verdict::Forward {
+            check_forwarded(frame, &left, before);
+        } else {
+            assert_eq!(left, d, "a dropped packet's dissection was changed");
+            assert_eq!(frame, &copy[..], "a dropped packet was changed");
+        }
+        self.part.maybe_flush(self.now);
+        v
+    }
+
+    /// Sends a copy of `frame` and returns the verdict and the bytes that came out.
+    pub(crate) fn pass(&mut self, frame: &[u8], direction: Direction) -> (Verdict, Vec<u8>) {
+        let mut f = frame.to_vec();
+        let v = self.send(&mut f, direction);
+        (v, f)
+    }
+
+    /// Whether a copy of `frame` is forwarded.
+    pub(crate) fn passes(&mut self, frame: &[u8], direction: Direction) -> bool {
+        self.pass(frame, direction).0 == Verdict::Forward
+    }
+
+    /// Moves the clock on by `secs` seconds and lets the NF expire its entries.
+    pub(crate) fn advance(&mut self, secs: u64) {
+        self.advance_ns(secs * SEC);
+    }
+
+    /// Moves the clock on by `ns` and lets the NF expire its entries.
+    pub(crate) fn advance_ns(&mut self, ns: u64) {
+        self.now += ns;
+        self.nf.on_tick(self.now);
+        self.part.maybe_flush(self.now);
+    }
+
+    /// A value of `report()`.
+    pub(crate) fn report(&self, name: &str) -> i64 {
+        self.nf
+            .report()
+            .into_iter()
+            .find(|(n, _)| *n == name)
+            .unwrap_or_else(|| panic!("no {name} in the report"))
+            .1
+    }
+}
+
+/// Checks a forwarded frame against the dissection the NF left and the checksum status it had
+/// on input.
+pub(crate) fn check_forwarded(
+    frame: &[u8],
+    left: &Dissection,
+    before: flowstate_wire::dissect::ChecksumStatus,
+) {
+    let again = dissect(frame).expect("a forwarded frame still dissects");
+    assert_eq!(&again, left, "the dissection does not match the bytes");
+    let after = verify_checksums(frame, &again);
+    if before.ip == Some(true) {
+        assert_eq!(after.ip, Some(true), "IPv4 header checksum broken");
+    }
+    if before.transport == Some(true) {
+        assert_eq!(after.transport, Some(true), "transport checksum broken");
+    }
+    if before.transport.is_none() && again.network == Network::Ipv4 {
+        assert_eq!(after.transport, None, "a UDP checksum of 0 must stay 0");
+    }
+}
+
+/// Both checksums of a frame verify.
+pub(crate) fn checksums_ok(frame: &[u8]) -> bool {
+    let d = dissect(frame).expect("dissects");
+    let st = verify_checksums(frame, &d);
+    st.ip != Some(false) && st.transport == Some(true)
+}
+
+/// The flow key of a frame.
+pub(crate) fn flow_of(frame: &[u8]) -> FlowKey {
+    dissect(frame).expect("dissects").flow.expect("has a flow")
+}
+
+pub(crate) fn sa(s: &str) -> SocketAddr {
+    s.parse().expect("test socket address")
+}
+
+fn ip_spec(src: IpAddr, dst: IpAddr) -> IpSpec {
+    match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => IpSpec::V4(Ipv4Spec::new(s, d)),
+        (IpAddr::V6(s), IpAddr::V6(d)) => IpSpec::V6(Ipv6Spec::new(s, d)),
+        _ => panic!("mixed address families"),
+    }
+}
+
+pub(crate) fn frame_of(ip: IpSpec, l4: L4Spec, payload: &[u8]) -> Vec<u8> {
+    let spec = FrameSpec {
+        ethernet: EthernetSpec::new([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]),
+        ip,
+        l4,
+        payload: Payload::Bytes(payload),
+        min_len: ETHERNET_MIN_LEN,
+    };
+    let mut buf = vec![0u8; 2048];
+    let n = spec.write(&mut buf).expect("frame fits");
+    buf.truncate(n);
+    buf
+}
+
+/// A TCP segment `src` → `dst` (`"10.0.0.1:40000"`, `"[2001:db8::1]:80"`) with `flags`.
+pub(crate) fn tcp(src: &str, dst: &str, flags: u8) -> Vec<u8> {
+    tcp_data(src, dst, flags, b"")
+}
+
+/// A TCP segment with data.
+pub(crate) fn tcp_data(src: &str, dst: &str, flags: u8, data: &[u8]) -> Vec<u8> {
+    let (s, d) = (sa(src), sa(dst));
+    frame_of(
+        ip_spec(s.ip(), d.ip()),
+        L4Spec::Tcp(TcpSpec {
+            src_port: s.port(),
+            dst_port: d.port(),
+            seq: 1000,
+            ack: if flags & ACK != 0 { 2000 } else { 0 },
+            flags,
+            window: 65535,
+            urgent: 0,
+            options: TcpOptions::NONE,
+        }),
+        data,
+    )
+}
+
+/// A UDP datagram `src` → `dst` with a few bytes of data.
+pub(crate) fn udp(src: &str, dst: &str) -> Vec<u8> {
+    let (s, d) = (sa(src), sa(dst));
+    frame_of(
+        ip_spec(s.ip(), d.ip()),
+        L4Spec::Udp(UdpSpec {
+            src_port: s.port(),
+            dst_port: d.port(),
+        }),
+        b"query",
+    )
+}
+
+/// An ICMP (ICMPv6 between IPv6 addresses) echo request or reply.
+pub(crate) fn echo(src: &str, dst: &str, id: u16, reply: bool) -> Vec<u8> {
+    let (s, d): (IpAddr, IpAddr) = (src.parse().unwrap(), dst.parse().unwrap());
+    frame_of(
+        ip_spec(s, d),
+        L4Spec::Echo(EchoSpec { reply, id, seq: 1 }),
+        b"ping",
+    )
+}
+
+/// An ICMPv4 error (`kind`, `code`) from `from` to `to` quoting the IP packet of `quoted`
+/// (an Ethernet frame): its IP header and the first 8 bytes after it (RFC 792).
+pub(crate) fn icmp4_error(
+    from: Ipv4Addr,
+    to: Ipv4Addr,
+    kind: u8,
+    code: u8,
+    quoted: &[u8],
+) -> Vec<u8> {
+    let ip = &quoted[ETHERNET_HEADER_LEN..];
+    let hl = usize::from(ip[0] & 0x0f) * 4;
+    let inner = &ip[..(hl + 8).min(ip.len())];
+    let mut icmp = vec![kind, code, 0, 0, 0, 0, 0, 0];
+    icmp.extend_from_slice(inner);
+    let c = checksum::checksum(&icmp);
+    icmp[2..4].copy_from_slice(&c.to_be_bytes());
+    let total = (IPV4_HEADER_LEN + icmp.len()) as u16;
+    let mut f = vec![2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1, 0x08, 0x00];
+    let mut h = vec![0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 1, 0, 0];
+    h[2..4].copy_from_slice(&total.to_be_bytes());
+    h.extend_from_slice(&from.octets());
+    h.extend_from_slice(&to.octets());
+    let c = checksum::checksum(&h);
+    h[10..12].copy_from_slice(&c.to_be_bytes());
+    f.extend_from_slice(&h);
+    f.extend_from_slice(&icmp);
+    f
+}
+
+/// A raw ICMPv6 message of `kind` (no body beyond 4 zero bytes), checksummed.
+pub(crate) fn icmp6(src: &str, dst: &str, kind: u8) -> Vec<u8> {
+    let (s, d): (std::net::Ipv6Addr, std::net::Ipv6Addr) =
+        (src.parse().unwrap(), dst.parse().unwrap());
+    let mut msg = vec![kind, 0, 0, 0, 0, 0, 0, 0];
+    let sum = checksum::combine(
+        checksum::pseudo_header_v6(&s.octets(), &d.octets(), 58, msg.len() as u32),
+        checksum::sum(&msg),
+    );
+    let c = checksum::finish(sum);
+    msg[2..4].copy_from_slice(&c.to_be_bytes());
+    let mut f = vec![2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1, 0x86, 0xdd];
+    f.extend_from_slice(&[0x60, 0, 0, 0]);
+    f.extend_from_slice(&(msg.len() as u16).to_be_bytes());
+    f.extend_from_slice(&[58, 255]);
+    f.extend_from_slice(&s.octets());
+    f.extend_from_slice(&d.octets());
+    f.extend_from_slice(&msg);
+    f
+}

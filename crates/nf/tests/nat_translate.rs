@@ -1,0 +1,449 @@
+//! NAT translation: TCP, UDP and ICMP echo both ways, endpoint-independent mapping, filtering,
+//! ICMP errors, IPv6 and non-IP, configuration errors.
+
+mod nat_support;
+
+use flowstate_nf::nat::{self, port_owner, Config, Ipv6Policy, PortRange};
+use flowstate_nf::{BuildError, Direction::*, Verdict};
+use flowstate_wire::build::tcp_flags::*;
+use flowstate_wire::{dissect, dissect::verify_checksums};
+use nat_support::*;
+use std::net::{IpAddr, Ipv4Addr};
+
+const CONFIG: &str = r#"external = ["203.0.113.1"]"#;
+
+fn drop_reason(v: Verdict) -> &'static str {
+    match v {
+        Verdict::Drop(r) => r,
+        Verdict::Forward => panic!("forwarded, expected a drop"),
+    }
+}
+
+#[test]
+fn nat_tcp_syn_is_translated_and_the_reply_comes_back_exactly() {
+    let mut rig = Rig::new(CONFIG);
+    let mut syn = tcp((IN1, 40000), (SRV1, 80), SYN);
+    assert_eq!(rig.send(&mut syn, Outbound), Verdict::Forward);
+    let port = ext_port(&syn, EXT);
+    assert!(PortRange::default().contains(port));
+    assert_eq!(port_owner(port, 1024, 1), 0);
+    assert_eq!(dst_of(&syn), (IpAddr::V4(SRV1), 80));
+    // Byte for byte what a host at the external address would have sent.
+    assert_eq!(syn, tcp((EXT, port), (SRV1, 80), SYN));
+
+    let mut reply = tcp((SRV1, 80), (EXT, port), SYN | ACK);
+    assert_eq!(rig.send(&mut reply, Inbound), Verdict::Forward);
+    assert_eq!(reply, tcp((SRV1, 80), (IN1, 40000), SYN | ACK));
+
+    let mut ack = tcp((IN1, 40000), (SRV1, 80), ACK);
+    assert_eq!(rig.send(&mut ack, Outbound), Verdict::Forward);
+    assert_eq!(ack, tcp((EXT, port), (SRV1, 80), ACK));
+    assert_eq!(rig.report("translations"), 1);
+    assert_eq!(rig.report("packets_out"), 2);
+    assert_eq!(rig.report("packets_in"), 1);
+    assert_eq!(rig.report("active_mappings"), 1);
+    assert_eq!(rig.report("active_sessions"), 1);
+}
+
+#[test]
+fn nat_one_inside_endpoint_keeps_one_external_port() {
+    let mut rig = Rig::new(CONFIG);
+    let mut a = udp((IN1, 5000), (SRV1, 53));
+    let mut b = udp((IN1, 5000), (SRV2, 443));
+    rig.send(&mut a, Outbound);
+    rig.send(&mut b, Outbound);
+    let port = ext_port(&a, EXT);
+    assert_eq!(
+        ext_port(&b, EXT),
+        port,
+        "endpoint-independent mapping (RFC 4787 REQ-1)"
+    );
+    assert_eq!(rig.report("translations"), 2);
+    assert_eq!(rig.report("active_mappings"), 1);
+    // Each server's reply reaches the one inside endpoint.
+    for srv in [(SRV1, 53), (SRV2, 443)] {
+        let mut r = udp(srv, (EXT, port));
+        assert_eq!(rig.send(&mut r, Inbound), Verdict::Forward);
+        assert_eq!(r, udp(srv, (IN1, 5000)));
+    }
+    // Other inside endpoints get other ports; TCP on the same port number too.
+    let mut ports = vec![port];
+    for (ip, p) in [(IN1, 5001), (IN2, 5000)] {
+        let mut f = udp((ip, p), (SRV1, 53));
+        rig.send(&mut f, Outbound);
+        ports.push(ext_port(&f, EXT));
+    }
+    let mut t = tcp((IN1, 5000), (SRV1, 53), SYN);
+    rig.send(&mut t, Outbound);
+    ports.push(ext_port(&t, EXT));
+    let mut unique = ports.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(
+        unique.len(),
+        ports.len(),
+        "ports handed out twice: {ports:?}"
+    );
+}
+
+#[test]
+fn nat_udp_both_ways_and_a_zero_checksum_stays_zero() {
+    let mut rig = Rig::new(CONFIG);
+    let mut out = udp((IN1, 6000), (SRV1, 9999));
+    assert_eq!(rig.send(&mut out, Outbound), Verdict::Forward);
+    let port = ext_port(&out, EXT);
+    assert_eq!(out, udp((EXT, port), (SRV1, 9999)));
+    let mut back = udp((SRV1, 9999), (EXT, port));
+    assert_eq!(rig.send(&mut back, Inbound), Verdict::Forward);
+    assert_eq!(back, udp((SRV1, 9999), (IN1, 6000)));
+
+    // UDP over IPv4 without a checksum (0): it stays 0 both ways (`send` checks it).
+    let mut bare = udp((IN1, 6000), (SRV1, 9999));
+    bare[40..42].copy_from_slice(&[0, 0]);
+    assert_eq!(rig.send(&mut bare, Outbound), Verdict::Forward);
+    assert_eq!(&bare[40..42], &[0, 0]);
+    let mut bare_back = udp((SRV1, 9999), (EXT, port));
+    bare_back[40..42].copy_from_slice(&[0, 0]);
+    assert_eq!(rig.send(&mut bare_back, Inbound), Verdict::Forward);
+    assert_eq!(&bare_back[40..42], &[0, 0]);
+    assert_eq!(dst_of(&bare_back), (IpAddr::V4(IN1), 6000));
+}
+
+#[test]
+fn nat_icmp_echo_both_ways() {
+    let mut rig = Rig::new(CONFIG);
+    let mut req = echo(IN1, SRV1, 0x1234, false);
+    assert_eq!(rig.send(&mut req, Outbound), Verdict::Forward);
+    let f = flow(&req);
+    assert_eq!(f.src, IpAddr::V4(EXT));
+    assert_eq!(
+        f.src_port, f.dst_port,
+        "both flow ports carry the identifier"
+    );
+    let id = f.src_port;
+    assert_eq!(req, echo(EXT, SRV1, id, false));
+    let mut reply = echo(SRV1, EXT, id, true);
+    assert_eq!(rig.send(&mut reply, Inbound), Verdict::Forward);
+    assert_eq!(reply, echo(SRV1, IN1, 0x1234, true));
+    // Another host using the same identifier gets another external one.
+    let mut other = echo(IN2, SRV1, 0x1234, false);
+    rig.send(&mut other, Outbound);
+    assert_ne!(flow(&other).src_port, id);
+    // A reply with the wrong identifier, and an echo reply the inside sends unasked, are dropped.
+    let mut wrong = echo(SRV1, EXT, id.wrapping_add(100), true);
+    assert_eq!(
+        drop_reason(rig.send(&mut wrong, Inbound)),
+        "nat: no mapping"
+    );
+    let mut unasked = echo(IN1, SRV1, 0x4444, true);
+    assert_eq!(
+        drop_reason(rig.send(&mut unasked, Outbound)),
+        "nat: no mapping"
+    );
+}
+
+#[test]
+fn nat_unsolicited_inbound_is_dropped() {
+    let mut rig = Rig::new(CONFIG);
+    let mut probe = tcp((SRV1, 4444), (EXT, 1024), SYN);
+    assert_eq!(
+        drop_reason(rig.send(&mut probe, Inbound)),
+        "nat: no mapping"
+    );
+    let mut out = udp((IN1, 7000), (SRV1, 53));
+    rig.send(&mut out, Outbound);
+    let port = ext_port(&out, EXT);
+    // Address- and port-dependent filtering: only the server the inside talked to, from the
+    // port it talked to, gets in.
+    let mut other_port = udp((SRV1, 54), (EXT, port));
+    assert_eq!(
+        drop_reason(rig.send(&mut other_port, Inbound)),
+        "nat: no mapping"
+    );
+    let mut other_host = udp((SRV2, 53), (EXT, port));
+    assert_eq!(
+        drop_reason(rig.send(&mut other_host, Inbound)),
+        "nat: no mapping"
+    );
+    let mut other_proto = tcp((SRV1, 53), (EXT, port), SYN);
+    assert_eq!(
+        drop_reason(rig.send(&mut other_proto, Inbound)),
+        "nat: no mapping"
+    );
+    // Not addressed to an external address at all.
+    let mut direct = udp((SRV1, 53), (IN1, 7000));
+    assert_eq!(
+        drop_reason(rig.send(&mut direct, Inbound)),
+        "nat: not an external address"
+    );
+    assert_eq!(rig.report("drop_no_mapping"), 4);
+    assert_eq!(rig.report("drop_not_external"), 1);
+    assert_eq!(rig.report("packets_in"), 0);
+}
+
+#[test]
+fn nat_inbound_icmp_error_quoting_a_whole_datagram_restores_it_exactly() {
+    let mut rig = Rig::new(CONFIG);
+    let original = udp((IN1, 6000), (SRV1, 9999));
+    let mut out = original.clone();
+    rig.send(&mut out, Outbound);
+    // The server answers "port unreachable", quoting the whole translated datagram.
+    let mut err = icmp_error(SRV1, EXT, 3, 3, ip_packet(&out));
+    assert_eq!(rig.send(&mut err, Inbound), Verdict::Forward);
+    assert_eq!(flow(&err).dst, IpAddr::V4(IN1));
+    // The quote is now byte for byte the datagram the inside host sent, checksums included.
+    assert_eq!(&err[42..], ip_packet(&original));
+    assert_eq!(err, icmp_error(SRV1, IN1, 3, 3, ip_packet(&original)));
+    assert_eq!(rig.report("packets_in"), 1);
+}
+
+#[test]
+fn nat_inbound_icmp_errors_with_short_quotes() {
+    let mut rig = Rig::new(CONFIG);
+    // TCP: a quote of the IP header and 8 bytes does not hold the TCP checksum.
+    let original = tcp((IN1, 40000), (SRV1, 80), SYN);
+    let mut out = original.clone();
+    rig.send(&mut out, Outbound);
+    let mut err = icmp_error(SRV2, EXT, 11, 0, &ip_packet(&out)[..28]);
+    assert_eq!(rig.send(&mut err, Inbound), Verdict::Forward);
+    assert_eq!(
+        err,
+        icmp_error(SRV2, IN1, 11, 0, &ip_packet(&original)[..28])
+    );
+    // An echo request timing out on the way.
+    let original = echo(IN2, SRV1, 0x0101, false);
+    let mut out = original.clone();
+    rig.send(&mut out, Outbound);
+    let mut err = icmp_error(SRV2, EXT, 11, 0, &ip_packet(&out)[..28]);
+    assert_eq!(rig.send(&mut err, Inbound), Verdict::Forward);
+    assert_eq!(
+        err,
+        icmp_error(SRV2, IN2, 11, 0, &ip_packet(&original)[..28])
+    );
+    // Errors do not open or refresh anything, and unknown ones are dropped.
+    let stranger = tcp((EXT, 5555), (SRV1, 80), SYN);
+    let mut err = icmp_error(SRV1, EXT, 3, 1, &ip_packet(&stranger)[..28]);
+    assert_eq!(drop_reason(rig.send(&mut err, Inbound)), "nat: no mapping");
+    // A quote too short for the ports, or of a protocol without ports.
+    let mut short = icmp_error(SRV1, EXT, 3, 1, &ip_packet(&out)[..22]);
+    assert_eq!(
+        drop_reason(rig.send(&mut short, Inbound)),
+        "nat: untranslatable icmp error"
+    );
+    let mut gre = ip_packet(&out)[..28].to_vec();
+    gre[9] = 47;
+    let mut err = icmp_error(SRV1, EXT, 3, 1, &gre);
+    assert_eq!(
+        drop_reason(rig.send(&mut err, Inbound)),
+        "nat: untranslatable icmp error"
+    );
+    assert_eq!(rig.report("drop_icmp_error"), 2);
+}
+
+#[test]
+fn nat_outbound_icmp_error_about_an_inbound_packet() {
+    let mut rig = Rig::new(CONFIG);
+    let mut out = udp((IN1, 6000), (SRV1, 9999));
+    rig.send(&mut out, Outbound);
+    let port = ext_port(&out, EXT);
+    // The server sends again; the inside host has closed the port and says so.
+    let arrived = udp((SRV1, 9999), (EXT, port));
+    let mut inside = arrived.clone();
+    assert_eq!(rig.send(&mut inside, Inbound), Verdict::Forward);
+    let mut err = icmp_error(IN1, SRV1, 3, 3, ip_packet(&inside));
+    assert_eq!(rig.send(&mut err, Outbound), Verdict::Forward);
+    // The outside sees the error from the external address about the packet it sent.
+    assert_eq!(err, icmp_error(EXT, SRV1, 3, 3, ip_packet(&arrived)));
+    // About a packet of no session: dropped.
+    let mut err = icmp_error(IN1, SRV2, 3, 3, ip_packet(&udp((SRV2, 1), (IN1, 2))));
+    assert_eq!(drop_reason(rig.send(&mut err, Outbound)), "nat: no mapping");
+}
+
+#[test]
+fn nat_ipv6_non_ip_fragments_and_other_protocols() {
+    let mut rig = Rig::new(CONFIG);
+    let mut v6 = udp6();
+    let copy = v6.clone();
+    assert_eq!(rig.send(&mut v6, Outbound), Verdict::Forward);
+    assert_eq!(v6, copy, "IPv6 passes untouched");
+    let mut drop6 = Rig::new(
+        r#"external = ["203.0.113.1"]
+ipv6 = "drop""#,
+    );
+    assert_eq!(drop_reason(drop6.send(&mut v6, Inbound)), "nat: ipv6");
+
+    let mut arp = vec![0xffu8; 12];
+    arp.extend_from_slice(&[0x08, 0x06, 0, 1, 8, 0, 6, 4, 0, 1]);
+    arp.resize(60, 0);
+    let copy = arp.clone();
+    assert_eq!(rig.send(&mut arp, Inbound), Verdict::Forward);
+    assert_eq!(arp, copy);
+
+    // A first fragment (MF set): dropped; IP checksum fixed so only the flag differs.
+    let mut frag = udp((IN1, 1), (SRV1, 2));
+    frag[20] = 0x20;
+    refill_ip_checksum(&mut frag);
+    assert_eq!(drop_reason(rig.send(&mut frag, Outbound)), "nat: fragment");
+    // GRE outbound: unsupported; inbound: no mapping.
+    let mut gre = udp((IN1, 1), (SRV1, 2));
+    gre[23] = 47;
+    refill_ip_checksum(&mut gre);
+    assert_eq!(
+        drop_reason(rig.send(&mut gre, Outbound)),
+        "nat: unsupported protocol"
+    );
+    let mut gre_in = udp((SRV1, 1), (EXT, 2));
+    gre_in[23] = 47;
+    refill_ip_checksum(&mut gre_in);
+    assert_eq!(
+        drop_reason(rig.send(&mut gre_in, Inbound)),
+        "nat: no mapping"
+    );
+    assert_eq!(rig.report("drop_fragment"), 1);
+    assert_eq!(rig.report("drop_unsupported"), 1);
+}
+
+fn refill_ip_checksum(f: &mut [u8]) {
+    f[24..26].copy_from_slice(&[0, 0]);
+    let c = flowstate_wire::checksum::checksum(&f[14..34]);
+    f[24..26].copy_from_slice(&c.to_be_bytes());
+    let d = dissect(f).unwrap();
+    assert_eq!(verify_checksums(f, &d).ip, Some(true));
+}
+
+#[test]
+fn nat_two_external_addresses_pair_each_inside_host_with_one() {
+    let mut rig = Rig::new(r#"external = ["203.0.113.1", "203.0.113.2"]"#);
+    let mut seen = std::collections::HashSet::new();
+    for host in 1..=40u8 {
+        let inside = Ipv4Addr::new(10, 0, 1, host);
+        let mut first = None;
+        for port in [1000, 2000, 3000] {
+            let mut f = udp((inside, port), (SRV1, 53));
+            assert_eq!(rig.send(&mut f, Outbound), Verdict::Forward);
+            let (a, _) = src_of(&f);
+            assert!(a == IpAddr::V4(EXT) || a == IpAddr::V4(EXT2));
+            assert_eq!(
+                *first.get_or_insert(a),
+                a,
+                "paired pooling (RFC 4787 REQ-2)"
+            );
+        }
+        seen.insert(first.unwrap());
+    }
+    assert_eq!(seen.len(), 2, "both addresses are used");
+    // Inbound to the second address works like the first.
+    let mut f = udp((IN1, 9), (SRV1, 53));
+    rig.send(&mut f, Outbound);
+    let (a, p) = src_of(&f);
+    let IpAddr::V4(a) = a else { unreachable!() };
+    let mut back = udp((SRV1, 53), (a, p));
+    assert_eq!(rig.send(&mut back, Inbound), Verdict::Forward);
+    assert_eq!(back, udp((SRV1, 53), (IN1, 9)));
+}
+
+fn config_error(toml_text: &str) -> (&'static str, String) {
+    match nat::factory(&table(toml_text)) {
+        Err(BuildError::Config { nf, key, reason }) => {
+            assert_eq!(nf, "nat");
+            (key, reason)
+        }
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("{toml_text:?} accepted"),
+    }
+}
+
+#[test]
+fn nat_configuration_defaults_and_errors_name_the_key() {
+    let c = Config::from_table(&table(CONFIG)).unwrap();
+    assert_eq!(c, Config::new(vec![EXT]));
+    assert_eq!(
+        (c.tcp_established, c.tcp_transitory, c.udp, c.icmp, c.ipv6),
+        (7440, 240, 300, 60, Ipv6Policy::Forward)
+    );
+    assert_eq!(
+        c.ports,
+        PortRange {
+            lo: 1024,
+            hi: 65535
+        }
+    );
+    let full = Config::from_table(&table(
+        r#"external = ["203.0.113.1", "203.0.113.9"]
+ports = "2000-2999"
+tcp_established = 100
+tcp_transitory = 10
+udp = 20
+icmp = 5
+ipv6 = "drop""#,
+    ))
+    .unwrap();
+    assert_eq!(full.ports, PortRange { lo: 2000, hi: 2999 });
+    assert_eq!(
+        (full.tcp_established, full.icmp, full.ipv6),
+        (100, 5, Ipv6Policy::Drop)
+    );
+
+    assert_eq!(config_error("").0, "external");
+    assert_eq!(config_error("external = []").0, "external");
+    assert_eq!(
+        config_error(r#"external = ["203.0.113.300"]"#).0,
+        "external"
+    );
+    assert_eq!(config_error(r#"external = ["2001:db8::1"]"#).0, "external");
+    assert_eq!(
+        config_error(r#"external = ["203.0.113.1", "203.0.113.1"]"#).0,
+        "external"
+    );
+    assert_eq!(config_error(r#"external = "203.0.113.1""#).0, "external");
+    let (key, reason) = config_error(
+        r#"external = ["203.0.113.1"]
+ports = "5-1""#,
+    );
+    assert_eq!(key, "ports");
+    assert!(reason.contains("LO-HI"), "{reason}");
+    assert_eq!(
+        config_error("external = [\"203.0.113.1\"]\nports = 80").0,
+        "ports"
+    );
+    assert_eq!(
+        config_error("external = [\"203.0.113.1\"]\nudp = 0").0,
+        "udp"
+    );
+    assert_eq!(
+        config_error("external = [\"203.0.113.1\"]\nicmp = -1").0,
+        "icmp"
+    );
+    assert_eq!(
+        config_error("external = [\"203.0.113.1\"]\ntcp_established = \"2h\"").0,
+        "tcp_established"
+    );
+    assert_eq!(
+        config_error("external = [\"203.0.113.1\"]\nipv6 = \"translate\"").0,
+        "ipv6"
+    );
+    let (_, reason) = config_error("external = [\"203.0.113.1\"]\ntimeout = 3");
+    assert!(reason.contains("`timeout`"), "{reason}");
+}
+
+#[test]
+fn nat_too_many_workers_for_the_ports_is_a_build_error() {
+    let store = flowstate_state::local::LocalStore::new();
+    let factory = nat::factory(&table(
+        "external = [\"203.0.113.1\"]\nports = \"1024-1025\"",
+    ))
+    .unwrap();
+    let mut part =
+        flowstate_state::Partition::new(&store, flowstate_state::StateConfig::default()).unwrap();
+    let mut d = part.declare("nat");
+    let worker = flowstate_nf::WorkerInfo {
+        index: 0,
+        count: 3,
+        instance: 0,
+    };
+    match factory.build(&mut d, worker) {
+        Err(BuildError::Config { key: "ports", .. }) => {}
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("built with an empty chunk"),
+    }
+}
