@@ -755,30 +755,32 @@ impl Nat {
             }
             _ => return self.drop_packet(UNSUPPORTED),
         };
-        let session = match self.out.get(&flow) {
+        // One lookup finds the session, steps its TCP state and renews it.
+        let found = self.out.renew_with(&flow, now, |s| {
+            if let Kind::Tcp(f) = kind {
+                s.tcp = tcp_step(s.tcp, f, Direction::Outbound);
+            }
+            (self.timeout(flow.proto, s.tcp), *s)
+        });
+        let session = match found {
             Err(_) => return self.drop_packet(STATE_ERROR),
-            Ok(Some(mut s)) => {
-                if let Kind::Tcp(f) = kind {
-                    let t = tcp_step(s.tcp, f, Direction::Outbound);
-                    if t != s.tcp {
-                        s.tcp = t;
-                        if self.out.with_mut(&flow, |e| e.map(|e| e.tcp = t)).is_err() {
-                            return self.drop_packet(STATE_ERROR);
-                        }
-                    }
-                }
+            Ok(Some(s)) => {
+                self.inb
+                    .expire_after(&in_key(&flow, &s), self.timeout(flow.proto, s.tcp), now);
                 s
             }
             Ok(None) => match self.open(&flow, kind) {
-                Ok(s) => s,
+                Ok(s) => {
+                    let ttl = self.timeout(flow.proto, s.tcp);
+                    self.refresh(&flow, &in_key(&flow, &s), ttl, now);
+                    s
+                }
                 Err(why) => return self.drop_packet(why),
             },
         };
         if !rewrite(pkt, Side::Src, session.ext_ip, session.ext_port) {
             return self.drop_packet(MALFORMED);
         }
-        let ttl = self.timeout(flow.proto, session.tcp);
-        self.refresh(&flow, &in_key(&flow, &session), ttl, now);
         self.packets_out.add_nowait(1);
         Verdict::Forward
     }

@@ -835,21 +835,38 @@ impl<K: Codec + Hash + Ord + Clone + 'static, V: Codec + 'static> Map<K, V> {
     /// there is no such entry in the cache. Renewing on every packet is cheap.
     #[inline]
     pub fn expire_after(&self, k: &K, ttl: Duration, now: Nanos) -> bool {
+        matches!(self.renew_with(k, now, |_| (ttl, ())), Ok(Some(())))
+    }
+
+    /// The per-packet path of a stateful NF in one hash lookup: calls `f` with the entry for
+    /// `k` to change it in place, then makes the entry expire after the time `f` returns
+    /// (counted from `now`). `Ok(None)` when there is no entry.
+    #[inline]
+    pub fn renew_with<R>(
+        &self,
+        k: &K,
+        now: Nanos,
+        f: impl FnOnce(&mut V) -> (Duration, R),
+    ) -> Result<Option<R>, StateError> {
         let mut o = self.inner();
+        o.load(k)?;
         let o = &mut *o;
         let Some(slot) = o.cache.get_mut(k) else {
-            return false;
+            return Ok(None);
         };
+        let (ttl, r) = f(&mut slot.value);
         let deadline = now.saturating_add(ttl.as_nanos() as u64).max(1);
         slot.deadline = deadline;
-        if slot.timer == 0 || deadline < slot.timer {
+        // One timer node per entry: a later deadline is found when the earlier node fires.
+        let arm = slot.timer == 0 || deadline < slot.timer;
+        if arm {
             slot.timer = deadline;
             o.timers.push(Reverse((deadline, k.clone())));
         }
         if !o.meta.authoritative {
             o.dirty.insert(k.clone());
         }
-        true
+        Ok(Some(r))
     }
 
     /// Removes every entry whose time has come by `now` and hands each to `on_expiry` (the
