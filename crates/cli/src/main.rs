@@ -98,17 +98,26 @@ fn main() {
     }
 }
 
-/// A progress bar on a terminal, hidden when stderr is piped.
+/// A progress bar on a terminal (a counter when `len` is 0, unknown), hidden when stderr is
+/// piped.
 pub(crate) fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
     if !std::io::stderr().is_terminal() {
         return indicatif::ProgressBar::hidden();
     }
-    let bar = indicatif::ProgressBar::new(len);
-    let style = indicatif::ProgressStyle::with_template(
-        "{msg} [{bar:40}] {human_pos}/{human_len} {per_sec} eta {eta}",
-    )
-    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-    .progress_chars("=> ");
+    let (bar, template) = if len > 0 {
+        (
+            indicatif::ProgressBar::new(len),
+            "{msg} [{bar:40}] {human_pos}/{human_len} {per_sec} eta {eta}",
+        )
+    } else {
+        (
+            indicatif::ProgressBar::new_spinner(),
+            "{msg} {spinner} {human_pos} {per_sec}",
+        )
+    };
+    let style = indicatif::ProgressStyle::with_template(template)
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> ");
     bar.set_style(style);
     bar.set_message(what.to_owned());
     bar

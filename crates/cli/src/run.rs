@@ -5,8 +5,6 @@ use anyhow::{bail, Result};
 use clap::Args;
 use flowstate_chain::config::{Input, MAX_WORKERS};
 use flowstate_chain::{run_config, Config};
-use indicatif::{ProgressBar, ProgressStyle};
-use std::io::IsTerminal;
 use std::path::PathBuf;
 
 /// Options of `flowstate run`.
@@ -37,7 +35,7 @@ pub(crate) fn run(args: &RunArgs) -> Result<()> {
         Input::Synthetic(s) => s.config.packets,
         Input::Pcap(_) => 0,
     };
-    let bar = progress_bar(total);
+    let bar = crate::progress(total, "run");
     let progress = |n: u64| bar.inc(n);
     let summary = run_config(&config, Some(&progress));
     bar.finish_and_clear();
@@ -48,28 +46,4 @@ pub(crate) fn run(args: &RunArgs) -> Result<()> {
         print!("{summary}");
     }
     Ok(())
-}
-
-/// A bar when the number of packets is known, a counter otherwise; hidden unless stderr is a
-/// terminal.
-fn progress_bar(total: u64) -> ProgressBar {
-    if !std::io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    let (bar, template) = if total > 0 {
-        (
-            ProgressBar::new(total),
-            "run [{bar:40}] {human_pos}/{human_len} packets {per_sec} eta {eta}",
-        )
-    } else {
-        (
-            ProgressBar::new_spinner(),
-            "run {spinner} {human_pos} packets {per_sec}",
-        )
-    };
-    let style = ProgressStyle::with_template(template)
-        .unwrap_or_else(|_| ProgressStyle::default_bar())
-        .progress_chars("=> ");
-    bar.set_style(style);
-    bar
 }
