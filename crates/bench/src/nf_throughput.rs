@@ -286,6 +286,7 @@ fn run_passes(
     clock: &mut u64,
 ) -> usize {
     let mut batch = [[0u8; FRAME]; BATCH];
+    let mut dissections = [None; BATCH];
     let mut forwarded = 0;
     for _ in 0..passes {
         for chunk in order.chunks(BATCH) {
@@ -298,10 +299,23 @@ fn run_passes(
             for (slot, &i) in batch.iter_mut().zip(chunk) {
                 *slot = frames[i];
             }
-            for slot in batch.iter_mut().take(chunk.len()) {
-                let Ok(dissection) = dissect(slot) else {
-                    continue;
+            // As the chain runtime does: dissect the whole batch, let every NF prefetch the
+            // state of every packet, then process them, so the batch's misses overlap.
+            let n = chunk.len();
+            for (slot, d) in batch.iter().zip(dissections.iter_mut()).take(n) {
+                *d = dissect(slot).ok();
+            }
+            for (slot, d) in batch.iter_mut().zip(&dissections).take(n) {
+                let Some(dissection) = *d else { continue };
+                let pkt = Packet {
+                    data: slot,
+                    dissection,
+                    direction: Direction::Outbound,
                 };
+                nfs.iter_mut().for_each(|nf| nf.prefetch(&pkt));
+            }
+            for (slot, d) in batch.iter_mut().zip(&dissections).take(n) {
+                let Some(dissection) = *d else { continue };
                 let mut pkt = Packet {
                     data: slot,
                     dissection,

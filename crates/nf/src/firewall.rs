@@ -1246,6 +1246,18 @@ impl NetworkFunction for Firewall {
         NF
     }
 
+    /// Prefetches the connection `process` looks up: the canonical form of the packet's flow
+    /// (not tracked for later fragments, which carry no ports).
+    #[inline]
+    fn prefetch(&mut self, pkt: &Packet<'_>) {
+        let Some(flow) = pkt.dissection.flow else {
+            return;
+        };
+        if pkt.dissection.fragment != Fragment::Later {
+            self.conns.prefetch(&flow.canonical());
+        }
+    }
+
     #[inline]
     fn process(&mut self, pkt: &mut Packet<'_>, cx: &Context) -> Verdict {
         let reason = self.decide(pkt, cx.now);

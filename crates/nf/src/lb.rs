@@ -915,6 +915,31 @@ impl NetworkFunction for LoadBalancer {
         NF
     }
 
+    /// Prefetches the affinity entries `process` looks up: the packet's flow for a client →
+    /// VIP packet, the client flow(s) it may answer for a backend → client one.
+    #[inline]
+    fn prefetch(&mut self, pkt: &Packet<'_>) {
+        let Some(flow) = pkt.dissection.flow else {
+            return;
+        };
+        if pkt.dissection.fragment != Fragment::None {
+            return;
+        }
+        let cfg = &self.cfg;
+        if cfg
+            .services
+            .contains_key(&(flow.dst, flow.dst_port, flow.proto))
+        {
+            self.affinity.prefetch(&flow);
+        } else if let Some(c) = cfg.backends.get(&(flow.src, flow.src_port, flow.proto)) {
+            for &(vi, _) in c {
+                let vip = &cfg.vips[vi];
+                let client = FlowKey::new(flow.dst, vip.addr, flow.dst_port, vip.port, flow.proto);
+                self.affinity.prefetch(&client);
+            }
+        }
+    }
+
     #[inline]
     fn process(&mut self, pkt: &mut Packet<'_>, cx: &Context) -> Verdict {
         let Some(flow) = pkt.dissection.flow else {

@@ -973,6 +973,19 @@ impl NetworkFunction for Nat {
         NF
     }
 
+    /// Prefetches the session `process` looks up first: the `out` entry of an outbound
+    /// packet, the `in` entry of an inbound one (keyed by the packet's flow as it arrives).
+    #[inline]
+    fn prefetch(&mut self, pkt: &Packet<'_>) {
+        let (Network::Ipv4, Some(flow)) = (pkt.dissection.network, pkt.dissection.flow) else {
+            return;
+        };
+        match pkt.direction {
+            Direction::Outbound => self.out.prefetch(&flow),
+            Direction::Inbound => self.inb.prefetch(&flow),
+        }
+    }
+
     fn process(&mut self, pkt: &mut Packet<'_>, cx: &Context) -> Verdict {
         match pkt.dissection.network {
             Network::Ipv4 => {}

@@ -19,6 +19,7 @@ use crate::engine::{Declare, Flushable, Meta, Nanos};
 use crate::fxhash::{FxHashMap, FxHashSet};
 use crate::key::Kind;
 use crate::scope::{Access, Scope, Strategy};
+use crate::table::FlowTable;
 use crate::StateError;
 use std::cell::{RefCell, RefMut};
 use std::cmp::Reverse;
@@ -677,7 +678,7 @@ struct Slot<V> {
 
 struct MapObj<K, V> {
     meta: Meta,
-    cache: FxHashMap<K, Slot<V>>,
+    cache: FlowTable<K, Slot<V>>,
     /// Keys whose current state (value or absence) the store must learn.
     dirty: FxHashSet<K>,
     timers: BinaryHeap<Reverse<(Nanos, K)>>,
@@ -884,9 +885,21 @@ impl<K: Codec + Hash + Ord + Clone + 'static, V: Codec + 'static> Map<K, V> {
         expired
     }
 
+    /// Hints that `k` will be looked up soon: starts loading the cache lines its lookup
+    /// reads first, so the lookups of a batch of packets can overlap their memory misses.
+    /// Changes nothing; a no-op when the cache is empty (or the map is in use).
+    #[inline]
+    pub fn prefetch(&self, k: &K) {
+        if let Ok(o) = self.0.try_borrow() {
+            if !o.cache.is_empty() {
+                o.cache.prefetch(FlowTable::<K, Slot<V>>::hash(k));
+            }
+        }
+    }
+
     /// Calls `f` for every cached entry (all entries when the cache is the only copy).
     pub fn for_each(&self, mut f: impl FnMut(&K, &V)) {
-        for (k, s) in &self.inner().cache {
+        for (k, s) in self.inner().cache.iter() {
             f(k, &s.value);
         }
     }
@@ -1220,7 +1233,7 @@ impl Declare<'_> {
         let meta = self.meta(Kind::Map, id, scope, access)?;
         let obj = Rc::new(RefCell::new(MapObj {
             meta,
-            cache: FxHashMap::default(),
+            cache: FlowTable::new(),
             dirty: FxHashSet::default(),
             timers: BinaryHeap::new(),
         }));
@@ -1243,5 +1256,33 @@ impl Declare<'_> {
         }));
         self.register(obj.clone());
         Ok(CounterMap(obj))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::local::LocalStore;
+    use crate::{Access, Partition, Scope, StateConfig};
+
+    #[test]
+    fn map_prefetch_is_only_a_hint() {
+        let store = LocalStore::new();
+        let mut part = Partition::new(&store, StateConfig::default()).unwrap();
+        let mut nf = part.declare("t");
+        let m = nf
+            .map::<u32, u32>("m", Scope::PerFlow, Access::ReadMostly)
+            .unwrap();
+        m.prefetch(&1); // empty: nothing to load
+        for i in 0..1_000 {
+            m.insert_nowait(i, i + 1);
+        }
+        for i in 0..2_000 {
+            m.prefetch(&i);
+        }
+        assert_eq!(m.cached_len(), 1_000);
+        assert_eq!(m.get(&7).unwrap(), Some(8));
+        assert_eq!(m.get(&1_500).unwrap(), None);
+        // While the map is in use (inside a callback) a prefetch does nothing.
+        m.with(&7, |_| m.prefetch(&8)).unwrap();
     }
 }

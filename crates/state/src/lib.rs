@@ -37,6 +37,7 @@ mod key;
 pub mod local;
 pub mod merge;
 mod scope;
+mod table;
 
 pub use backend::{Backend, BackendError, Bytes, Connector, Object, Op, OpError, Reply};
 pub use codec::{Codec, CodecError};

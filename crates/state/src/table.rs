@@ -1,0 +1,414 @@
+//! [`FlowTable`]: the open-addressing hash table behind the typed caches, built so a batch of
+//! lookups can be prefetched (DESIGN.md "Work in batches (32 packets) so lookups can be
+//! prefetched").
+//!
+//! `std`'s `HashMap` hides where a key lives, so with a million flows every lookup is a
+//! DRAM miss that the core waits for alone. Here the slot a key starts probing at is a
+//! function of its hash that callers can compute early: [`FlowTable::hash`] a batch of keys,
+//! [`FlowTable::prefetch`] each, then look them up — the misses overlap.
+//!
+//! Layout: a power-of-two number of slots, in two arrays of the same length:
+//! * `tags`: one byte per slot, `0` for empty, else 8 bits of the key's hash (never 0), so a
+//!   probe compares keys only on a tag match; 64 tags share a cache line.
+//! * `slots`: the entries, `Some((key, value))` where the tag is non-zero.
+//!
+//! Linear probing from `hash & mask`, at most 7/8 full (the table doubles and rehashes
+//! before it gets fuller), so a probe always ends at an empty slot. Removal shifts the
+//! entries after the hole back (no tombstones), so probe lengths never degrade over time.
+//! The hash is the crate's [`FxHasher`] followed by a full 64-bit finaliser: Fx's last step
+//! is a multiplication, which leaves the low bits (the slot index here) poorly mixed.
+
+use crate::fxhash::FxHasher;
+use std::hash::{Hash, Hasher};
+
+/// Fewest slots of a non-empty table.
+const MIN_SLOTS: usize = 8;
+
+/// A hash map from `K` to `V` whose lookups can be prefetched.
+pub(crate) struct FlowTable<K, V> {
+    /// Per slot: 0 when empty, else the key's [`tag`].
+    tags: Vec<u8>,
+    /// Per slot: the entry, `Some` exactly where the tag is non-zero.
+    slots: Vec<Option<(K, V)>>,
+    /// Entries.
+    len: usize,
+}
+
+/// The non-zero tag byte of a hash (its top 8 bits; the index uses the low bits).
+#[inline]
+fn tag(hash: u64) -> u8 {
+    ((hash >> 56) as u8).max(1)
+}
+
+impl<K, V> Default for FlowTable<K, V> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<K: Hash + Eq, V> FlowTable<K, V> {
+    /// The hash of `k` that [`prefetch`](Self::prefetch) takes.
+    #[inline]
+    pub(crate) fn hash(k: &K) -> u64 {
+        let mut h = FxHasher::default();
+        k.hash(&mut h);
+        // murmur3's fmix64: every output bit depends on every input bit.
+        let mut x = h.finish();
+        x ^= x >> 33;
+        x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        x ^= x >> 33;
+        x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        x ^ (x >> 33)
+    }
+
+    /// Starts loading the cache lines a lookup of a key with this `hash` reads first: its
+    /// tag and its home slot. A hint: it changes nothing and never fails.
+    #[inline]
+    pub(crate) fn prefetch(&self, hash: u64) {
+        if self.tags.is_empty() {
+            return;
+        }
+        let i = self.home(hash);
+        prefetch_bytes(&self.tags[i], 1);
+        prefetch_bytes(&self.slots[i], std::mem::size_of::<Option<(K, V)>>());
+    }
+
+    /// Number of entries.
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the table has no entries.
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    #[inline]
+    fn mask(&self) -> usize {
+        self.tags.len().wrapping_sub(1)
+    }
+
+    #[inline]
+    fn home(&self, hash: u64) -> usize {
+        hash as usize & self.mask()
+    }
+
+    /// The slot holding `k`.
+    #[inline]
+    fn find(&self, hash: u64, k: &K) -> Option<usize> {
+        if self.len == 0 {
+            return None;
+        }
+        let t = tag(hash);
+        let mask = self.mask();
+        let mut i = hash as usize & mask;
+        loop {
+            match self.tags[i] {
+                0 => return None,
+                x if x == t => {
+                    if matches!(&self.slots[i], Some((key, _)) if key == k) {
+                        return Some(i);
+                    }
+                }
+                _ => {}
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    /// The value of `k`.
+    #[inline]
+    pub(crate) fn get(&self, k: &K) -> Option<&V> {
+        let i = self.find(Self::hash(k), k)?;
+        self.slots[i].as_ref().map(|(_, v)| v)
+    }
+
+    /// The value of `k`, to change in place.
+    #[inline]
+    pub(crate) fn get_mut(&mut self, k: &K) -> Option<&mut V> {
+        let i = self.find(Self::hash(k), k)?;
+        self.slots[i].as_mut().map(|(_, v)| v)
+    }
+
+    /// Whether `k` has an entry.
+    #[inline]
+    pub(crate) fn contains_key(&self, k: &K) -> bool {
+        self.find(Self::hash(k), k).is_some()
+    }
+
+    /// Sets the value of `k`; returns the value it replaces.
+    pub(crate) fn insert(&mut self, k: K, v: V) -> Option<V> {
+        let hash = Self::hash(&k);
+        if let Some(i) = self.find(hash, &k) {
+            return self.slots[i]
+                .as_mut()
+                .map(|(_, old)| std::mem::replace(old, v));
+        }
+        if (self.len + 1) * 8 > self.tags.len() * 7 {
+            self.grow();
+        }
+        self.place(hash, k, v);
+        self.len += 1;
+        None
+    }
+
+    /// Puts a key known to be absent in the first empty slot of its probe sequence.
+    fn place(&mut self, hash: u64, k: K, v: V) {
+        let mask = self.mask();
+        let mut i = hash as usize & mask;
+        while self.tags[i] != 0 {
+            i = (i + 1) & mask;
+        }
+        self.tags[i] = tag(hash);
+        self.slots[i] = Some((k, v));
+    }
+
+    /// Doubles the slots and puts every entry back.
+    fn grow(&mut self) {
+        let slots = (self.tags.len() * 2).max(MIN_SLOTS);
+        self.tags = vec![0; slots];
+        let old = std::mem::replace(&mut self.slots, Vec::with_capacity(slots));
+        self.slots.resize_with(slots, || None);
+        for (k, v) in old.into_iter().flatten() {
+            self.place(Self::hash(&k), k, v);
+        }
+    }
+
+    /// Removes the entry of `k`; returns its value.
+    pub(crate) fn remove(&mut self, k: &K) -> Option<V> {
+        let mut hole = self.find(Self::hash(k), k)?;
+        let (_, v) = self.slots[hole].take()?;
+        self.tags[hole] = 0;
+        self.len -= 1;
+        // Backward shift: move back each following entry of the cluster that may live in
+        // the hole (its home is not between the hole and where it is), so that no probe
+        // meets an empty slot before its key.
+        let mask = self.mask();
+        let mut j = hole;
+        loop {
+            j = (j + 1) & mask;
+            if self.tags[j] == 0 {
+                break;
+            }
+            let Some((key, _)) = &self.slots[j] else {
+                break; // unreachable: a non-zero tag has an entry
+            };
+            let home = Self::hash(key) as usize & mask;
+            if (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(hole) & mask) {
+                self.tags[hole] = self.tags[j];
+                self.tags[j] = 0;
+                self.slots[hole] = self.slots[j].take();
+                hole = j;
+            }
+        }
+        Some(v)
+    }
+
+    /// Removes every entry, keeping the slots.
+    pub(crate) fn clear(&mut self) {
+        if self.len == 0 {
+            return;
+        }
+        for (t, s) in self.tags.iter_mut().zip(&mut self.slots) {
+            if *t != 0 {
+                *t = 0;
+                *s = None;
+            }
+        }
+        self.len = 0;
+    }
+}
+
+impl<K, V> FlowTable<K, V> {
+    /// An empty table; it allocates on the first insert.
+    pub(crate) const fn new() -> Self {
+        Self {
+            tags: Vec::new(),
+            slots: Vec::new(),
+            len: 0,
+        }
+    }
+
+    /// The entries, in no particular order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&K, &V)> + '_ {
+        self.slots
+            .iter()
+            .filter_map(|s| s.as_ref().map(|(k, v)| (k, v)))
+    }
+
+    /// The entries, values mutable, in no particular order.
+    #[allow(
+        dead_code,
+        reason = "part of the map API; the caches do not need it yet"
+    )]
+    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (&K, &mut V)> + '_ {
+        self.slots
+            .iter_mut()
+            .filter_map(|s| s.as_mut().map(|(k, v)| (&*k, v)))
+    }
+
+    /// The keys, in no particular order.
+    pub(crate) fn keys(&self) -> impl Iterator<Item = &K> + '_ {
+        self.iter().map(|(k, _)| k)
+    }
+}
+
+/// Asks the CPU to start loading every cache line of the `len` bytes at `at` (a hint; no-op
+/// off x86_64).
+#[inline(always)]
+fn prefetch_bytes<T>(at: &T, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let first = (at as *const T).cast::<i8>();
+        // The first and the last byte: `len` is at most a few cache lines' worth, and an
+        // entry larger than 64 bytes straddles two lines at most once per 64 bytes.
+        let last = first.wrapping_add(len.max(1) - 1);
+        // SAFETY: prefetching is a hint that never faults nor changes memory, whatever the
+        // address; both addresses are in the live allocation `at` points into anyway. SSE
+        // (which has `prefetcht0`) is part of the x86_64 baseline.
+        unsafe {
+            _mm_prefetch::<_MM_HINT_T0>(first);
+            _mm_prefetch::<_MM_HINT_T0>(last);
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (at, len);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn basics() {
+        let mut t: FlowTable<u32, &str> = FlowTable::new();
+        assert!(t.is_empty());
+        assert_eq!(t.get(&1), None);
+        assert!(!t.contains_key(&1));
+        assert_eq!(t.remove(&1), None);
+        t.prefetch(FlowTable::<u32, &str>::hash(&1)); // empty: a no-op
+        assert_eq!(t.insert(1, "a"), None);
+        assert_eq!(t.insert(1, "b"), Some("a"));
+        assert_eq!(t.get(&1), Some(&"b"));
+        *t.get_mut(&1).unwrap() = "c";
+        assert_eq!(t.len(), 1);
+        assert_eq!(t.remove(&1), Some("c"));
+        assert!(t.is_empty());
+    }
+
+    #[test]
+    fn grows_and_clears() {
+        let mut t = FlowTable::new();
+        for i in 0..10_000u64 {
+            t.insert(i, i * 2);
+            t.prefetch(FlowTable::<u64, u64>::hash(&i));
+        }
+        assert_eq!(t.len(), 10_000);
+        assert!(t.tags.len() * 7 >= t.len() * 8);
+        assert!((0..10_000u64).all(|i| t.get(&i) == Some(&(i * 2))));
+        for (_, v) in t.iter_mut() {
+            *v += 1;
+        }
+        assert_eq!(
+            t.iter().map(|(_, v)| *v).sum::<u64>(),
+            10_000 * 9_999 + 10_000
+        );
+        let slots = t.tags.len();
+        t.clear();
+        assert!(t.is_empty());
+        assert_eq!(t.keys().count(), 0);
+        assert_eq!(t.tags.len(), slots);
+        assert_eq!(t.get(&5), None);
+    }
+
+    /// Every entry is reachable from its home slot without crossing an empty slot.
+    fn check_invariants<K: Hash + Eq, V>(t: &FlowTable<K, V>) {
+        let mask = t.mask();
+        let mut n = 0;
+        for (i, (tg, s)) in t.tags.iter().zip(&t.slots).enumerate() {
+            assert_eq!(*tg != 0, s.is_some());
+            if let Some((k, _)) = s {
+                n += 1;
+                let h = FlowTable::<K, V>::hash(k);
+                assert_eq!(*tg, tag(h));
+                let mut j = h as usize & mask;
+                while j != i {
+                    assert_ne!(t.tags[j], 0, "a gap in a probe sequence");
+                    j = (j + 1) & mask;
+                }
+            }
+        }
+        assert_eq!(n, t.len());
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Insert(u16, u32),
+        Remove(u16),
+        Get(u16),
+        Mutate(u16),
+        Clear,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            8 => (any::<u16>(), any::<u32>()).prop_map(|(k, v)| Op::Insert(k % 512, v)),
+            5 => any::<u16>().prop_map(|k| Op::Remove(k % 512)),
+            3 => any::<u16>().prop_map(|k| Op::Get(k % 512)),
+            2 => any::<u16>().prop_map(|k| Op::Mutate(k % 512)),
+            1 => Just(Op::Clear),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        #[test]
+        fn behaves_like_std_hashmap(ops in proptest::collection::vec(op(), 0..2_000)) {
+            let mut t: FlowTable<u16, u32> = FlowTable::new();
+            let mut m: HashMap<u16, u32> = HashMap::new();
+            for op in ops {
+                match op {
+                    Op::Insert(k, v) => prop_assert_eq!(t.insert(k, v), m.insert(k, v)),
+                    Op::Remove(k) => prop_assert_eq!(t.remove(&k), m.remove(&k)),
+                    Op::Get(k) => {
+                        t.prefetch(FlowTable::<u16, u32>::hash(&k));
+                        prop_assert_eq!(t.get(&k), m.get(&k));
+                        prop_assert_eq!(t.contains_key(&k), m.contains_key(&k));
+                    }
+                    Op::Mutate(k) => {
+                        if let Some(v) = t.get_mut(&k) {
+                            *v = v.wrapping_add(1);
+                        }
+                        if let Some(v) = m.get_mut(&k) {
+                            *v = v.wrapping_add(1);
+                        }
+                    }
+                    Op::Clear => {
+                        t.clear();
+                        m.clear();
+                    }
+                }
+                prop_assert_eq!(t.len(), m.len());
+            }
+            check_invariants(&t);
+            let mut got: Vec<(u16, u32)> = t.iter().map(|(k, v)| (*k, *v)).collect();
+            let mut want: Vec<(u16, u32)> = m.iter().map(|(k, v)| (*k, *v)).collect();
+            got.sort_unstable();
+            want.sort_unstable();
+            prop_assert_eq!(got, want);
+            let mut keys: Vec<u16> = t.keys().copied().collect();
+            keys.sort_unstable();
+            let mut want_keys: Vec<u16> = m.keys().copied().collect();
+            want_keys.sort_unstable();
+            prop_assert_eq!(keys, want_keys);
+        }
+    }
+}
