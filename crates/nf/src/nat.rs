@@ -764,11 +764,9 @@ impl Nat {
         });
         let session = match found {
             Err(_) => return self.drop_packet(STATE_ERROR),
-            Ok(Some(s)) => {
-                self.inb
-                    .expire_after(&in_key(&flow, &s), self.timeout(flow.proto, s.tcp), now);
-                s
-            }
+            // The reverse entry is not renewed here: that would be a second, unprefetchable
+            // lookup per packet. It is renewed lazily when its timer fires (`on_tick`).
+            Ok(Some(s)) => s,
             Ok(None) => match self.open(&flow, kind) {
                 Ok(s) => {
                     let ttl = self.timeout(flow.proto, s.tcp);
@@ -1024,12 +1022,22 @@ impl NetworkFunction for Nat {
 
     fn on_tick(&mut self, now: Nanos) {
         self.out.expire(now, |k, s| self.release(&k, &s));
-        // Both entries of a pair share their deadline, so the loop above removed every `in`
-        // entry that is due; one left over (its `out` entry gone some other way) ends here.
+        // Outbound packets renew only the `out` entry, so an `in` entry can come due while its
+        // session lives on: it then takes the `out` entry's time again. Otherwise its session
+        // ended above (release removed it) or its `out` entry went some other way: end it.
         self.inb.expire(now, |k, s| {
             let ok = out_key(&k, &s);
-            if let Some(o) = self.out.remove_nowait(&ok) {
-                self.release(&ok, &o);
+            match self.out.deadline(&ok) {
+                Some(until) if until > now => {
+                    self.inb.insert_nowait(k, s);
+                    self.inb
+                        .expire_after(&k, Duration::from_nanos(until - now), now);
+                }
+                _ => {
+                    if let Some(o) = self.out.remove_nowait(&ok) {
+                        self.release(&ok, &o);
+                    }
+                }
             }
         });
     }

@@ -70,6 +70,36 @@ fn nat_a_refreshed_session_does_not_expire() {
     assert_eq!(rig.report("active_sessions"), 0);
 }
 
+/// Outbound packets renew only the outbound entry; the reverse entry is renewed lazily when its
+/// own timer fires, so replies keep working long after its first deadline.
+#[test]
+fn nat_a_session_kept_alive_by_outbound_packets_alone_still_answers() {
+    let mut rig = Rig::new(CONFIG);
+    let mut out = udp((IN1, 5000), (SRV1, 53));
+    rig.send(&mut out, Outbound);
+    let port = ext_port(&out, EXT);
+    for _ in 0..10 {
+        rig.advance(200);
+        let mut f = udp((IN1, 5000), (SRV1, 53));
+        assert_eq!(rig.send(&mut f, Outbound), Verdict::Forward);
+    }
+    assert_eq!(rig.report("active_sessions"), 1);
+    let mut reply = udp((SRV1, 53), (EXT, port));
+    assert_eq!(
+        rig.send(&mut reply, Inbound),
+        Verdict::Forward,
+        "2000 s in, the reply passes"
+    );
+    // Silence: the whole session ends one timeout after the last packet, not before.
+    rig.advance(299);
+    let mut reply = udp((SRV1, 53), (EXT, port));
+    assert_eq!(rig.send(&mut reply, Inbound), Verdict::Forward);
+    rig.advance(301);
+    let mut late = udp((SRV1, 53), (EXT, port));
+    assert!(is_drop(rig.send(&mut late, Inbound), "no mapping"));
+    assert_eq!(rig.report("active_sessions"), 0);
+}
+
 #[test]
 fn nat_icmp_echo_session_uses_the_icmp_timeout() {
     let mut rig = Rig::new("external = [\"203.0.113.1\"]\nicmp = 30");

@@ -804,6 +804,16 @@ impl<K: Codec + Hash + Ord + Clone + 'static, V: Codec + 'static> Map<K, V> {
         )?)
     }
 
+    /// When the cached entry for `k` expires; `None` when it is not cached or has no time to
+    /// live.
+    pub fn deadline(&self, k: &K) -> Option<Nanos> {
+        self.inner()
+            .cache
+            .get(k)
+            .map(|s| s.deadline)
+            .filter(|&d| d != 0)
+    }
+
     /// Entries in this worker's cache (all entries when the cache is the only copy).
     pub fn cached_len(&self) -> usize {
         self.inner().cache.len()
