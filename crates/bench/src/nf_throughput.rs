@@ -221,6 +221,14 @@ fn chain_mpps(chain: &[(&str, &str)], keys: &[FlowKey], workers: usize, passes: 
         .collect();
     let store = LocalStore::new();
     let barrier = std::sync::Barrier::new(workers);
+    // One core per worker, as a NIC queue per core would have it (when there are enough).
+    let cores = core_affinity::get_core_ids().unwrap_or_default();
+    let cores = if cores.len() >= workers {
+        cores
+    } else {
+        Vec::new()
+    };
+    let cores = &cores;
     let results: Vec<(usize, f64)> = std::thread::scope(|s| {
         let handles: Vec<_> = shares
             .iter()
@@ -228,6 +236,9 @@ fn chain_mpps(chain: &[(&str, &str)], keys: &[FlowKey], workers: usize, passes: 
             .map(|(w, share)| {
                 let (store, barrier) = (&store, &barrier);
                 s.spawn(move || {
+                    if let Some(&core) = cores.get(w) {
+                        core_affinity::set_for_current(core);
+                    }
                     let config = StateConfig {
                         core: w as u32,
                         exclusive: workers == 1,

@@ -23,8 +23,9 @@
 //! (virtual, monotone per worker), so a run over a given input is deterministic whatever the
 //! machine's speed.
 //!
-//! Workers are not pinned to cores: pinning needs `sched_setaffinity` (a `libc` dependency
-//! this crate does not take yet); the OS scheduler places the threads.
+//! Workers are pinned to distinct cores when every thread of the run (the workers, plus the
+//! dispatcher and the output stage when there are any) can have a core of its own; otherwise
+//! pinning would make workers and those threads fight over cores, and the OS places them.
 
 use crate::reflect::reflect;
 use crate::steer::{IpPrefix, Steering};
@@ -255,6 +256,9 @@ impl Runtime {
         let steering = Steering::new(o.inside.clone(), n);
         let abort = AtomicBool::new(false);
         let dispatching = source.is_some();
+        let cores = core_affinity::get_core_ids().unwrap_or_default();
+        let pin = pin_workers(n, dispatching, sink.is_some(), cores.len());
+        let cores = &cores;
         tracing::info!(
             workers = n,
             batch,
@@ -262,6 +266,7 @@ impl Runtime {
             backend = self.connector.name(),
             mode = if dispatching { "dispatch" } else { "generated" },
             reflect = o.reflect,
+            pinned = pin,
             "run starting"
         );
 
@@ -331,6 +336,9 @@ impl Runtime {
                     .name(format!("flowstate-worker-{w}"))
                     .spawn_scoped(s, move || {
                         let _guard = AbortOnPanic(abort);
+                        if pin && !core_affinity::set_for_current(cores[w]) {
+                            tracing::debug!(worker = w, "could not pin the worker to its core");
+                        }
                         let r =
                             self.worker(w, n, ready, go_rx, feed, recycle, make, steering, abort);
                         if matches!(&r, Err(e) if !matches!(e, RunError::Stopped)) {
@@ -1109,4 +1117,30 @@ fn output_loop(
         }
     }
     sink.flush().map_err(RunError::Output)
+}
+
+/// Whether to pin each worker to a core of its own: only when the workers and the other busy
+/// threads of the run (the dispatcher, the output stage) all fit on distinct cores.
+fn pin_workers(workers: usize, dispatching: bool, output: bool, cores: usize) -> bool {
+    workers + usize::from(dispatching) + usize::from(output) <= cores
+}
+
+#[cfg(test)]
+mod pin_tests {
+    use super::pin_workers;
+
+    #[test]
+    fn pins_only_when_every_thread_has_a_core() {
+        assert!(
+            pin_workers(2, false, false, 2),
+            "generated traffic, discarded: pin"
+        );
+        assert!(
+            !pin_workers(2, true, false, 2),
+            "a dispatcher needs a core too"
+        );
+        assert!(!pin_workers(2, false, true, 2), "so does the output stage");
+        assert!(pin_workers(2, true, true, 4));
+        assert!(!pin_workers(1, false, false, 0), "no core list: never");
+    }
 }
