@@ -78,6 +78,18 @@ fn call_after(meta: &Meta, mut ops: Vec<Op>, op: Op) -> Result<Reply, StateError
 }
 
 impl Meta {
+    /// The collection's length in the store, after `pending` (its queued changes) are applied.
+    fn len_after(&self, pending: Vec<Op>, kind: Kind) -> Result<u64, StateError> {
+        reply_len(call_after(
+            self,
+            pending,
+            Op::Len {
+                key: self.key.clone(),
+                kind,
+            },
+        )?)
+    }
+
     fn lock(&self) -> Result<bool, StateError> {
         reply_bool(self.link.call1(Op::Lock {
             key: self.key.clone(),
@@ -463,14 +475,7 @@ impl<T: Codec + 'static> List<T> {
             return Ok(o.cache.len() as u64);
         }
         let pending = o.pending_ops();
-        reply_len(call_after(
-            &o.meta,
-            pending,
-            Op::Len {
-                key: o.meta.key.clone(),
-                kind: Kind::List,
-            },
-        )?)
+        o.meta.len_after(pending, Kind::List)
     }
 
     /// Whether the list is empty.
@@ -609,14 +614,7 @@ impl<T: Codec + Hash + Eq + 'static> Set<T> {
             return Ok(o.cache.len() as u64);
         }
         let pending = o.pending_ops();
-        reply_len(call_after(
-            &o.meta,
-            pending,
-            Op::Len {
-                key: o.meta.key.clone(),
-                kind: Kind::Set,
-            },
-        )?)
+        o.meta.len_after(pending, Kind::Set)
     }
 
     /// Whether the set is empty.
@@ -827,14 +825,7 @@ impl<K: Codec + Hash + Ord + Clone + 'static, V: Codec + 'static> Map<K, V> {
         }
         let mut pending = Vec::new();
         o.drain_dirty(0, &mut pending);
-        reply_len(call_after(
-            &o.meta,
-            pending,
-            Op::Len {
-                key: o.meta.key.clone(),
-                kind: Kind::Map,
-            },
-        )?)
+        o.meta.len_after(pending, Kind::Map)
     }
 
     /// Whether the map is empty.

@@ -176,6 +176,22 @@ fn remote_store_receives_every_change_within_a_flush() {
         "coalesced: {:?}",
         st
     );
+    // Lengths come from the store, after the queued changes.
+    let mut d = p.declare("nf");
+    let l = d
+        .list::<u16>("l", Scope::PerFlow, Access::ReadWrite)
+        .unwrap();
+    let s = d
+        .set::<u16>("s", Scope::PerFlow, Access::ReadWrite)
+        .unwrap();
+    l.push_nowait(1);
+    l.push_nowait(2);
+    s.insert_nowait(5);
+    s.insert_nowait(5);
+    assert_eq!(
+        (l.len().unwrap(), s.len().unwrap(), m.len().unwrap()),
+        (2, 1, 1)
+    );
 }
 
 #[test]
