@@ -17,11 +17,11 @@
 //! max_frame = 2048              # buffer per packet; longer frames are truncated
 //!
 //! [state]                       # optional
-//! backend = "local"             # local | store | redis | redis-cluster | cassandra;
-//!                               # only "local" is built in so far
+//! backend = "local"             # local | store | redis | redis-cluster | cassandra
 //! url = "127.0.0.1:7878"        # for the backends that have an address
 //! flush_interval = "1ms"        # a number and a unit: ns, us, ms, s
 //! nf_instance = 0
+//! # every other key is the driver's own (see its crate), checked by the binary
 //!
 //! [[chain]]                     # the NFs in order, from the inside to the outside
 //! nf = "nat"                    # a name the NF registry knows
@@ -46,7 +46,6 @@
 use crate::steer::IpPrefix;
 use flowstate_io::synth::{Profile, SizeDist, SynthConfig};
 use flowstate_nf::{BuildError, NfFactory};
-use flowstate_state::Connector;
 use serde::Deserialize;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -83,7 +82,8 @@ impl fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 impl ConfigError {
-    fn new(file: &Path, key: impl Into<String>, reason: impl Into<String>) -> Self {
+    /// An error about `key` of `file`.
+    pub fn new(file: &Path, key: impl Into<String>, reason: impl Into<String>) -> Self {
         ConfigError {
             file: file.to_owned(),
             line: None,
@@ -227,7 +227,7 @@ impl BackendKind {
 }
 
 /// `[state]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StateSection {
     /// Which store.
     pub backend: BackendKind,
@@ -237,6 +237,9 @@ pub struct StateSection {
     pub flush_interval: Duration,
     /// This NF instance's id (state keys carry it).
     pub nf_instance: u32,
+    /// Every other key of `[state]`: the driver's own settings, which the binary hands to the
+    /// driver it builds (DESIGN "Layout": this crate depends on no driver).
+    pub options: toml::Table,
 }
 
 impl Default for StateSection {
@@ -246,24 +249,7 @@ impl Default for StateSection {
             url: None,
             flush_interval: Duration::from_millis(1),
             nf_instance: 0,
-        }
-    }
-}
-
-impl StateSection {
-    /// The connector of the configured backend. Only `local` is built into this crate; the
-    /// others are an error saying so (the binary builds them when their drivers exist).
-    pub fn connector(&self, file: &Path) -> Result<Arc<dyn Connector>, ConfigError> {
-        match self.backend {
-            BackendKind::Local => Ok(Arc::new(flowstate_state::local::LocalStore::new())),
-            other => Err(ConfigError::new(
-                file,
-                "state.backend",
-                format!(
-                    "backend {:?} is not built in yet; use \"local\"",
-                    other.name()
-                ),
-            )),
+            options: toml::Table::new(),
         }
     }
 }
@@ -337,12 +323,13 @@ struct RawRuntime {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct RawState {
     backend: Option<String>,
     url: Option<String>,
     flush_interval: Option<String>,
     nf_instance: Option<u32>,
+    #[serde(flatten)]
+    options: toml::Table,
 }
 
 impl Config {
@@ -519,6 +506,7 @@ impl Config {
             if let Some(i) = s.nf_instance {
                 state.nf_instance = i;
             }
+            state.options = s.options;
         }
 
         // [[chain]]
@@ -590,11 +578,6 @@ impl Config {
                 })
             })
             .collect()
-    }
-
-    /// The configured store's connector (see [`StateSection::connector`]).
-    pub fn connector(&self) -> Result<Arc<dyn Connector>, ConfigError> {
-        self.state.connector(&self.file)
     }
 }
 

@@ -109,12 +109,15 @@ impl From<RunError> for Error {
 /// A progress callback: called with the number of packets just read.
 pub type Progress<'a> = &'a (dyn Fn(u64) + Sync);
 
-/// Runs a configuration: builds the chain from the NF registry and the store from `[state]`,
-/// opens the input and the output, runs, and finishes the output file. `progress`, if given,
-/// hears about every batch read.
-pub fn run_config(config: &Config, progress: Option<Progress<'_>>) -> Result<Summary, Error> {
+/// Runs a configuration on the store `connector` (which the binary builds from `[state]`):
+/// builds the chain from the NF registry, opens the input and the output, runs, and finishes
+/// the output file. `progress`, if given, hears about every batch read.
+pub fn run_config(
+    config: &Config,
+    connector: std::sync::Arc<dyn Connector>,
+    progress: Option<Progress<'_>>,
+) -> Result<Summary, Error> {
     let factories: Vec<std::sync::Arc<dyn NfFactory>> = config.factories()?;
-    let connector: std::sync::Arc<dyn Connector> = config.connector()?;
     let runtime = Runtime::new(RuntimeOptions::from_config(config), factories, connector);
 
     // Open the input first: a missing input must not truncate an output file.

@@ -1,5 +1,6 @@
 //! `flowstate`: the one binary. See `flowstate --help`.
 
+mod backends;
 mod gen;
 mod inspect;
 mod run;
@@ -144,7 +145,8 @@ fn demo(a: DemoArgs) -> Result<()> {
         );
     }
     let bar = progress(a.packets, "demo");
-    let summary = flowstate_chain::run_config(&config, Some(&|n| bar.inc(n)))?;
+    let connector = backends::connector(&config)?;
+    let summary = flowstate_chain::run_config(&config, connector, Some(&|n| bar.inc(n)))?;
     bar.finish_and_clear();
     if a.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);

@@ -37,7 +37,8 @@ pub(crate) fn run(args: &RunArgs) -> Result<()> {
     };
     let bar = crate::progress(total, "run");
     let progress = |n: u64| bar.inc(n);
-    let summary = run_config(&config, Some(&progress));
+    let connector = crate::backends::connector(&config)?;
+    let summary = run_config(&config, connector, Some(&progress));
     bar.finish_and_clear();
     let summary = summary?;
     if args.json {

@@ -282,6 +282,28 @@ pub enum BackendError {
     },
 }
 
+/// A driver setting (a key under `[state]`) that cannot be used. Drivers build their
+/// [`Connector`] from `[state]`'s `url` and their own keys and name the key that is wrong; the
+/// binary adds the file and line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{key}: {reason}")]
+pub struct SettingError {
+    /// The key under `[state]` (`url`, `token`, `nodes`, ...).
+    pub key: String,
+    /// What was expected.
+    pub reason: String,
+}
+
+impl SettingError {
+    /// An error about `key`.
+    pub fn new(key: impl Into<String>, reason: impl Into<String>) -> Self {
+        SettingError {
+            key: key.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
 /// A connection to a store. Each worker's state thread owns one.
 pub trait Backend: Send {
     /// The backend's name in configuration (`local`, `redis`, ...).

@@ -14,8 +14,9 @@
 //! * Each check works in its own namespace (NF name `conf-<check>-<pid>-<n>-<nanos>`), so checks
 //!   can run in parallel and against a store other programs use; each deletes what it wrote
 //!   when it passes (anything left behind by a failure stays in that namespace).
-//! * Time to live and lease checks use the real clock with short times ([`SHORT_TTL`], waiting
-//!   [`TTL_WAIT`]); the whole suite takes a few seconds against an in-process store.
+//! * Time to live and lease checks use the real clock with short times
+//!   ([`Options::short_ttl`], waiting [`Options::ttl_wait`]); the whole suite takes a few
+//!   seconds against an in-process store.
 //!
 //! Two points where backends may differ are accepted both ways: a collection emptied by
 //! [`Op::Pop`], [`Op::Remove`] or [`Op::MapDelete`] may be removed ([`Reply::Object`]`(None)`)
@@ -26,17 +27,46 @@ use core::fmt::Debug;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// The time to live and lease the time checks set.
-pub const SHORT_TTL: Duration = Duration::from_millis(150);
+/// What a backend is held to where stores legitimately differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Options {
+    /// The time to live and lease the time checks set.
+    pub short_ttl: Duration,
+    /// How long the time checks wait for `short_ttl` to pass.
+    pub ttl_wait: Duration,
+    /// Whether [`OpError::WrongKind`] must name the kind the store holds exactly. Stores whose
+    /// native types stand for several kinds (a Redis string holds values and counters) set
+    /// `false`: the key and the wanted kind are still checked.
+    pub exact_found_kind: bool,
+}
 
-/// How long the time checks wait for [`SHORT_TTL`] to pass.
-pub const TTL_WAIT: Duration = Duration::from_millis(400);
+impl Options {
+    /// Millisecond timers, exact errors: the `local` store and our own.
+    pub const EXACT: Options = Options {
+        short_ttl: Duration::from_millis(150),
+        ttl_wait: Duration::from_millis(400),
+        exact_found_kind: true,
+    };
+
+    /// Timers in whole seconds (Cassandra's `USING TTL`).
+    pub const WHOLE_SECONDS: Options = Options {
+        short_ttl: Duration::from_secs(1),
+        ttl_wait: Duration::from_millis(2_500),
+        ..Options::EXACT
+    };
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options::EXACT
+    }
+}
 
 /// A lease long enough never to end during a check.
 const LONG: Duration = Duration::from_secs(30);
 
 /// One check: runs against a connector's store, panics on a failure.
-pub type Check = fn(&dyn Connector);
+pub type Check = fn(&dyn Connector, &Options);
 
 /// Every check, by name, in the order [`run_all`] runs them.
 pub const CHECKS: &[(&str, Check)] = &[
@@ -61,17 +91,28 @@ pub const CHECKS: &[(&str, Check)] = &[
     ("binary_bytes", binary_bytes),
 ];
 
-/// Runs every check against `connector`; panics on the first failure.
+/// Runs every check against `connector` with [`Options::EXACT`]; panics on the first failure.
 pub fn run_all(connector: &dyn Connector) {
+    run_all_with(connector, &Options::EXACT);
+}
+
+/// Runs every check against `connector`; panics on the first failure.
+pub fn run_all_with(connector: &dyn Connector, options: &Options) {
     for (_, check) in CHECKS {
-        check(connector);
+        check(connector, options);
     }
 }
 
-/// Runs the check called `name`; panics if it fails or if there is no such check.
+/// Runs the check called `name` with [`Options::EXACT`]; panics if it fails or if there is no
+/// such check.
 pub fn run_check(connector: &dyn Connector, name: &str) {
+    run_check_with(connector, name, &Options::EXACT);
+}
+
+/// Runs the check called `name`; panics if it fails or if there is no such check.
+pub fn run_check_with(connector: &dyn Connector, name: &str, options: &Options) {
     match CHECKS.iter().find(|(n, _)| *n == name) {
-        Some((_, check)) => check(connector),
+        Some((_, check)) => check(connector, options),
         None => panic!("no conformance check named '{name}'"),
     }
 }
@@ -111,6 +152,7 @@ fn short<T: Debug + ?Sized>(v: &T) -> String {
 /// One check's connection and namespace.
 struct Ctx {
     check: &'static str,
+    options: Options,
     backend: &'static str,
     conn: Box<dyn Backend>,
     nf: String,
@@ -123,12 +165,17 @@ struct Ctx {
 }
 
 impl Ctx {
-    fn new(check: &'static str, connector: &dyn Connector) -> Ctx {
-        Ctx::with_nf(check, connector, namespace(check))
+    fn new(check: &'static str, connector: &dyn Connector, options: &Options) -> Ctx {
+        Ctx::with_nf(check, connector, options, namespace(check))
     }
 
     /// Another connection in the same namespace.
-    fn with_nf(check: &'static str, connector: &dyn Connector, nf: String) -> Ctx {
+    fn with_nf(
+        check: &'static str,
+        connector: &dyn Connector,
+        options: &Options,
+        nf: String,
+    ) -> Ctx {
         let conn = connector.connect().unwrap_or_else(|e| {
             panic!(
                 "conformance check '{check}' failed on backend '{}': connect: {e}",
@@ -137,6 +184,7 @@ impl Ctx {
         });
         Ctx {
             check,
+            options: *options,
             backend: conn.name(),
             conn,
             nf,
@@ -204,7 +252,7 @@ impl Ctx {
         let (ops, wants): (Vec<Op>, Vec<Reply>) = pairs.into_iter().unzip();
         let got = self.exec(&ops);
         for (i, ((op, want), got)) in ops.iter().zip(&wants).zip(&got).enumerate() {
-            if want != got {
+            if !self.same(want, got) {
                 self.fail(format!(
                     "batch #{}, op #{i}: {}: expected {}, got {}",
                     self.batches,
@@ -213,6 +261,19 @@ impl Ctx {
                     short(got)
                 ));
             }
+        }
+    }
+
+    /// Whether `got` is the reply `want`, up to what [`Options`] lets a backend differ in.
+    fn same(&self, want: &Reply, got: &Reply) -> bool {
+        match (want, got) {
+            (
+                Reply::Error(OpError::WrongKind { key, wanted, .. }),
+                Reply::Error(OpError::WrongKind {
+                    key: k, wanted: w, ..
+                }),
+            ) if !self.options.exact_found_kind => key == k && wanted == w,
+            _ => want == got,
         }
     }
 
@@ -467,8 +528,8 @@ fn wrong(key: &ObjectKey, wanted: Kind, found: Kind) -> Reply {
 // Checks
 
 /// Every read of an object that was never written answers "absent", zero or empty.
-fn missing_objects(c: &dyn Connector) {
-    let mut x = Ctx::new("missing_objects", c);
+fn missing_objects(c: &dyn Connector, o: &Options) {
+    let mut x = Ctx::new("missing_objects", c, o);
     let v = x.shared(Kind::Value, "v");
     let n = x.shared(Kind::Counter, "c");
     let l = x.shared(Kind::List, "l");
@@ -518,8 +579,8 @@ fn missing_objects(c: &dyn Connector) {
 }
 
 /// Values: get, set, overwrite, delete.
-fn value(c: &dyn Connector) {
-    let mut x = Ctx::new("value", c);
+fn value(c: &dyn Connector, o: &Options) {
+    let mut x = Ctx::new("value", c, o);
     let v = x.shared(Kind::Value, "v");
     let w = x.part(1, 2, Kind::Value, "v");
     x.expect(v.get(), Reply::Value(None));
@@ -542,8 +603,8 @@ fn value(c: &dyn Connector) {
 }
 
 /// Compare-and-set: set when absent, refuse on a wrong expectation, replace, delete.
-fn compare_and_set(c: &dyn Connector) {
-    let mut x = Ctx::new("compare_and_set", c);
+fn compare_and_set(c: &dyn Connector, o: &Options) {
+    let mut x = Ctx::new("compare_and_set", c, o);
     let v = x.shared(Kind::Value, "v");
     let cas = |expected: Option<&str>, new: Option<&str>| {
         v.cas(expected.map(str::as_bytes), new.map(str::as_bytes))
@@ -572,8 +633,8 @@ fn compare_and_set(c: &dyn Connector) {
 }
 
 /// Counters: missing reads 0, add (also negative), set, delete.
-fn counter(c: &dyn Connector) {
-    let mut x = Ctx::new("counter", c);
+fn counter(c: &dyn Connector, o: &Options) {
+    let mut x = Ctx::new("counter", c, o);
     let n = x.shared(Kind::Counter, "n");
     let m = x.part(0, 3, Kind::Counter, "n");
     x.expect(n.get_counter(), Reply::Int(0));
@@ -601,8 +662,8 @@ fn counter(c: &dyn Connector) {
 }
 
 /// Lists: first in, first out; pop of an empty list; length.
-fn list(c: &dyn Connector) {
-    let mut x = Ctx::new("list", c);
+fn list(c: &dyn Connector, o: &Options) {
+    let mut x = Ctx::new("list", c, o);
     let l = x.shared(Kind::List, "l");
     x.expect(l.pop(), Reply::Value(None));
     x.expect(l.len(Kind::List), Reply::Len(0));
@@ -629,8 +690,8 @@ fn list(c: &dyn Connector) {
 }
 
 /// Sets: insert, duplicates, contains, remove, length.
-fn set(c: &dyn Connector) {
-    let mut x = Ctx::new("set", c);
+fn set(c: &dyn Connector, o: &Options) {
+    let mut x = Ctx::new("set", c, o);
     let s = x.shared(Kind::Set, "s");
     let len = s.len(Kind::Set);
     x.expect(s.insert("b"), Reply::Bool(true));
@@ -660,8 +721,8 @@ fn set(c: &dyn Connector) {
 }
 
 /// Maps: set, get, overwrite, delete, length, sorted read-all.
-fn map(c: &dyn Connector) {
-    let mut x = Ctx::new("map", c);
+fn map(c: &dyn Connector, o: &Options) {
+    let mut x = Ctx::new("map", c, o);
     let m = x.shared(Kind::Map, "m");
     let set = |f: &str, v: &str| m.map_set(f, v);
     let get = |f: &str| m.map_get(f);
@@ -697,8 +758,8 @@ fn map(c: &dyn Connector) {
 }
 
 /// Counter-maps: add to fields (missing = 0), get, delete, sorted read-all.
-fn counter_map(c: &dyn Connector) {
-    let mut x = Ctx::new("counter_map", c);
+fn counter_map(c: &dyn Connector, o: &Options) {
+    let mut x = Ctx::new("counter_map", c, o);
     let m = x.shared(Kind::CounterMap, "cm");
     let add = |f: &str, d: i64| m.map_add(f, d);
     let get = |f: &str| m.map_get_counter(f);
@@ -733,8 +794,8 @@ fn counter_map(c: &dyn Connector) {
 
 /// Read-all of every kind returns the whole object; collections sorted by bytes, lists in
 /// order.
-fn read_all(c: &dyn Connector) {
-    let mut x = Ctx::new("read_all", c);
+fn read_all(c: &dyn Connector, o: &Options) {
+    let mut x = Ctx::new("read_all", c, o);
     let v = x.part(0, 0, Kind::Value, "o");
     let n = x.part(0, 0, Kind::Counter, "o");
     let l = x.part(0, 0, Kind::List, "o");
@@ -791,8 +852,8 @@ fn read_all(c: &dyn Connector) {
 }
 
 /// Delete removes an object of any kind and says whether it existed.
-fn delete_any_kind(c: &dyn Connector) {
-    let mut x = Ctx::new("delete_any_kind", c);
+fn delete_any_kind(c: &dyn Connector, o: &Options) {
+    let mut x = Ctx::new("delete_any_kind", c, o);
     let v = x.shared(Kind::Value, "d");
     let n = x.shared(Kind::Counter, "d");
     let l = x.shared(Kind::List, "d");
@@ -842,8 +903,8 @@ fn delete_any_kind(c: &dyn Connector) {
 /// An operation on a key holding another kind fails alone: the rest of the batch runs and
 /// the object is unchanged. (Pairs every store can tell apart: not value/counter, not
 /// map/counter-map.)
-fn wrong_kind(c: &dyn Connector) {
-    let mut x = Ctx::new("wrong_kind", c);
+fn wrong_kind(c: &dyn Connector, o: &Options) {
+    let mut x = Ctx::new("wrong_kind", c, o);
     let l = x.shared(Kind::List, "l");
     let m = x.shared(Kind::Map, "m");
     let s = x.shared(Kind::Set, "s");
@@ -894,8 +955,8 @@ fn wrong_kind(c: &dyn Connector) {
 }
 
 /// Operations of one batch apply in order: a read sees every earlier write of its batch.
-fn batch_order(c: &dyn Connector) {
-    let mut x = Ctx::new("batch_order", c);
+fn batch_order(c: &dyn Connector, o: &Options) {
+    let mut x = Ctx::new("batch_order", c, o);
     let v = x.shared(Kind::Value, "v");
     let n = x.shared(Kind::Counter, "n");
     let l = x.shared(Kind::List, "l");
@@ -943,8 +1004,8 @@ fn batch_order(c: &dyn Connector) {
 
 /// `partitions` lists exactly the partitions written of one object: every owner's and the
 /// shared one, not another id, kind or NF, not deleted ones, not locks.
-fn partitions(c: &dyn Connector) {
-    let mut x = Ctx::new("partitions", c);
+fn partitions(c: &dyn Connector, o: &Options) {
+    let mut x = Ctx::new("partitions", c, o);
     let owners = [
         (0, 0),
         (0, 1),
@@ -1007,8 +1068,8 @@ fn partitions(c: &dyn Connector) {
 }
 
 /// Time to live on whole objects, with the real clock.
-fn ttl_object(c: &dyn Connector) {
-    let mut x = Ctx::new("ttl_object", c);
+fn ttl_object(c: &dyn Connector, o: &Options) {
+    let mut x = Ctx::new("ttl_object", c, o);
     let v = x.part(0, 1, Kind::Value, "t");
     let n = x.shared(Kind::Counter, "t");
     let l = x.shared(Kind::List, "t");
@@ -1021,17 +1082,17 @@ fn ttl_object(c: &dyn Connector) {
         (l.push("i"), Reply::Len(1)),
         (m.map_set("f", "y"), Reply::Done),
         (keep.set("k"), Reply::Done),
-        (v.expire(SHORT_TTL), Reply::Bool(true)),
-        (n.expire(SHORT_TTL), Reply::Bool(true)),
-        (l.expire(SHORT_TTL), Reply::Bool(true)),
-        (m.expire(SHORT_TTL), Reply::Bool(true)),
-        (missing.expire(SHORT_TTL), Reply::Bool(false)),
+        (v.expire(o.short_ttl), Reply::Bool(true)),
+        (n.expire(o.short_ttl), Reply::Bool(true)),
+        (l.expire(o.short_ttl), Reply::Bool(true)),
+        (m.expire(o.short_ttl), Reply::Bool(true)),
+        (missing.expire(o.short_ttl), Reply::Bool(false)),
         (v.get(), some("x")),
         (n.get_counter(), Reply::Int(5)),
         (l.len(Kind::List), Reply::Len(1)),
         (m.map_get("f"), some("y")),
     ]);
-    std::thread::sleep(TTL_WAIT);
+    std::thread::sleep(o.ttl_wait);
     x.expect_batch(vec![
         (v.get(), Reply::Value(None)),
         (n.get_counter(), Reply::Int(0)),
@@ -1055,10 +1116,10 @@ fn ttl_object(c: &dyn Connector) {
 }
 
 /// Time to live on single map fields, with the real clock.
-fn ttl_map_field(c: &dyn Connector) {
-    let mut x = Ctx::new("ttl_map_field", c);
+fn ttl_map_field(c: &dyn Connector, o: &Options) {
+    let mut x = Ctx::new("ttl_map_field", c, o);
     let m = x.shared(Kind::Map, "fields");
-    let exp = |f: &str| m.expire_field(f, SHORT_TTL);
+    let exp = |f: &str| m.expire_field(f, o.short_ttl);
     let get = |f: &str| m.map_get(f);
     let len = m.len(Kind::Map);
     x.expect_batch(vec![
@@ -1072,7 +1133,7 @@ fn ttl_map_field(c: &dyn Connector) {
         (get("c"), some("3")),
         (len.clone(), Reply::Len(3)),
     ]);
-    std::thread::sleep(TTL_WAIT);
+    std::thread::sleep(o.ttl_wait);
     x.expect_batch(vec![
         (get("a"), Reply::Value(None)),
         (get("b"), some("2")),
@@ -1094,9 +1155,9 @@ fn ttl_map_field(c: &dyn Connector) {
 
 /// Locks: grant, re-grant to the same owner, refuse others, release only by the holder, locks
 /// apart from objects, and a lease that ends by itself (real clock).
-fn locks(c: &dyn Connector) {
-    let mut x = Ctx::new("locks", c);
-    let mut y = Ctx::with_nf("locks", c, x.nf.clone());
+fn locks(c: &dyn Connector, o: &Options) {
+    let mut x = Ctx::new("locks", c, o);
+    let mut y = Ctx::with_nf("locks", c, o, x.nf.clone());
     // Owner ids at both ends of the range.
     let a = u64::MAX;
     let zero = 0;
@@ -1137,10 +1198,10 @@ fn locks(c: &dyn Connector) {
     // A lease ends by itself.
     // (One batch, so that no pause can end the lease between the two.)
     x.expect_batch(vec![
-        (l.lock(5, SHORT_TTL), Reply::Bool(true)),
+        (l.lock(5, o.short_ttl), Reply::Bool(true)),
         (l.lock(6, LONG), Reply::Bool(false)),
     ]);
-    std::thread::sleep(TTL_WAIT);
+    std::thread::sleep(o.ttl_wait);
     y.expect(l.lock(6, LONG), Reply::Bool(true));
     x.expect(l.unlock(5), Reply::Bool(false));
     x.expect(l.lock(5, LONG), Reply::Bool(false));
@@ -1150,11 +1211,11 @@ fn locks(c: &dyn Connector) {
 
 /// Four connections at once: 2,000 adds each to one shared counter, plus writes to their own
 /// partitions; every add is counted once and every connection's order is kept.
-fn concurrency(c: &dyn Connector) {
+fn concurrency(c: &dyn Connector, o: &Options) {
     const THREADS: u32 = 4;
     const ADDS: usize = 2_000;
     const PER_BATCH: usize = 20;
-    let mut x = Ctx::new("concurrency", c);
+    let mut x = Ctx::new("concurrency", c, o);
     let shared = x.shared(Kind::Counter, "total");
     let own: Vec<(ObjectKey, ObjectKey, ObjectKey)> = (0..THREADS)
         .map(|t| {
@@ -1173,7 +1234,7 @@ fn concurrency(c: &dyn Connector) {
                 let nf = nf.clone();
                 let shared = shared.clone();
                 scope.spawn(move || {
-                    let mut y = Ctx::with_nf("concurrency", c, nf);
+                    let mut y = Ctx::with_nf("concurrency", c, o, nf);
                     let mut seen = Vec::with_capacity(ADDS);
                     let mut i = 0;
                     while i < ADDS {
@@ -1250,8 +1311,8 @@ fn concurrency(c: &dyn Connector) {
 }
 
 /// A 1 MiB value, list item and map value round-trip unchanged.
-fn large_values(c: &dyn Connector) {
-    let mut x = Ctx::new("large_values", c);
+fn large_values(c: &dyn Connector, o: &Options) {
+    let mut x = Ctx::new("large_values", c, o);
     let mut state: u32 = 0x9e37_79b9;
     let big: Vec<u8> = (0..1 << 20)
         .map(|_| {
@@ -1281,8 +1342,8 @@ fn large_values(c: &dyn Connector) {
 
 /// Values, members and fields of every byte value (NUL, 0xff, invalid UTF-8) and empty ones;
 /// sets and maps sorted by bytes; ids with `@` and non-ASCII text.
-fn binary_bytes(c: &dyn Connector) {
-    let mut x = Ctx::new("binary_bytes", c);
+fn binary_bytes(c: &dyn Connector, o: &Options) {
+    let mut x = Ctx::new("binary_bytes", c, o);
     let all: Vec<u8> = (0..=255).collect();
     let rev: Vec<u8> = (0..=255).rev().collect();
     let v = x.shared(Kind::Value, "bin@ary-ü✓");

@@ -39,7 +39,9 @@ pub mod merge;
 mod scope;
 mod table;
 
-pub use backend::{Backend, BackendError, Bytes, Connector, Object, Op, OpError, Reply};
+pub use backend::{
+    Backend, BackendError, Bytes, Connector, Object, Op, OpError, Reply, SettingError,
+};
 pub use codec::{Codec, CodecError};
 pub use engine::{Declare, LinkStats, Nanos, Partition, StateConfig};
 pub use handles::{Counter, CounterMap, List, Map, Set, Value, LOCK_LEASE};

@@ -1,0 +1,61 @@
+//! Builds the state store that `[state]` names (DESIGN "Layout": the binary builds the
+//! backend and hands it to the runtime; the runtime depends on no driver).
+//!
+//! Each driver crate reads `[state]`'s `url` and its own keys from
+//! [`StateSection::options`](flowstate_chain::config::StateSection) and names the key that is
+//! wrong in a [`SettingError`]; this module adds the file.
+
+use flowstate_chain::config::BackendKind;
+use flowstate_chain::{Config, ConfigError};
+use flowstate_state::{Connector, SettingError};
+use std::sync::Arc;
+
+/// The connector of the store `config`'s `[state]` names.
+pub(crate) fn connector(config: &Config) -> Result<Arc<dyn Connector>, ConfigError> {
+    let state = &config.state;
+    let setting =
+        |e: SettingError| ConfigError::new(&config.file, format!("state.{}", e.key), e.reason);
+    match state.backend {
+        BackendKind::Local => {
+            if let Some(key) = state.options.keys().next() {
+                return Err(setting(SettingError::new(
+                    key.as_str(),
+                    "unknown key; backend \"local\" takes only backend, url, flush_interval and nf_instance",
+                )));
+            }
+            Ok(Arc::new(flowstate_state::local::LocalStore::new()))
+        }
+        other => Err(ConfigError::new(
+            &config.file,
+            "state.backend",
+            format!(
+                "backend {:?} is not built in yet; use \"local\"",
+                other.name()
+            ),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    const INPUT: &str = "[input]\nsynthetic = { flows = 10 }\n";
+
+    fn build(state: &str) -> Result<Arc<dyn Connector>, ConfigError> {
+        let config =
+            Config::parse(&format!("{INPUT}[state]\n{state}"), Path::new("t.toml")).unwrap();
+        connector(&config)
+    }
+
+    #[test]
+    fn local_is_built_and_takes_no_settings() {
+        assert_eq!(build("backend = \"local\"\n").unwrap().name(), "local");
+        let e = build("backend = \"local\"\ncolour = \"red\"\n")
+            .err()
+            .unwrap();
+        assert_eq!(e.key, "state.colour");
+        assert!(e.reason.contains("unknown key"), "{e}");
+    }
+}
