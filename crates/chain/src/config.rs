@@ -9,6 +9,11 @@
 //! [output]                      # optional; default: discard
 //! pcap = "out.pcap"             # or: discard = true
 //!
+//! # A live two-port box instead (crate::live): both sections name an interface.
+//! # [input]  interface = "fs-in"   address = "10.0.0.1"       # the inside port, the box's address
+//! #          driver = "af-packet"  gateway = "10.0.0.254"     # optional: next hop for every packet out
+//! # [output] interface = "fs-out"  address = "198.51.100.1"   # the outside port
+//!
 //! [runtime]                     # optional
 //! workers = 2                   # default: every core (available parallelism)
 //! batch = 32                    # packets per hand-off and per prefetch pass, 1 to 1024
@@ -120,6 +125,29 @@ pub enum Input {
     Pcap(PathBuf),
     /// Generated traffic.
     Synthetic(SyntheticInput),
+    /// The inside port of a live box (the outside port is [`Output::Interface`]).
+    Interface(LivePort),
+}
+
+/// One port of a live box (`[input] interface = ...`, `[output] interface = ...`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LivePort {
+    /// The network interface.
+    pub interface: String,
+    /// The box's IPv4 address on it (answered in ARP).
+    pub address: std::net::Ipv4Addr,
+    /// Next hop of every packet leaving by this port (`None`: destinations are on the link).
+    pub gateway: Option<std::net::Ipv4Addr>,
+    /// How packets are read and written (`[input] driver`; the same for both ports).
+    pub driver: Driver,
+}
+
+/// `[input] driver`: the I/O behind a live box's ports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Driver {
+    /// AF_PACKET sockets, TPACKET_V3 receive ring (default).
+    #[default]
+    AfPacket,
 }
 
 /// `[input] synthetic = { ... }`.
@@ -139,6 +167,8 @@ pub enum Output {
     Pcap(PathBuf),
     /// Count them and drop them.
     Discard,
+    /// The outside port of a live box (needs [`Input::Interface`]).
+    Interface(LivePort),
 }
 
 /// `[runtime]`.
@@ -283,6 +313,10 @@ struct RawInput {
     pcap: Option<String>,
     synthetic: Option<RawSynthetic>,
     outbound_only: Option<bool>,
+    interface: Option<String>,
+    address: Option<String>,
+    gateway: Option<String>,
+    driver: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -310,6 +344,9 @@ struct RawSynthetic {
 struct RawOutput {
     pcap: Option<String>,
     discard: Option<bool>,
+    interface: Option<String>,
+    address: Option<String>,
+    gateway: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -344,7 +381,7 @@ impl Config {
     /// Validates `text`; `file` names it in errors.
     pub fn parse(text: &str, file: impl AsRef<Path>) -> Result<Config, ConfigError> {
         let file = file.as_ref();
-        let raw: RawConfig = toml::from_str(text).map_err(|e| {
+        let mut raw: RawConfig = toml::from_str(text).map_err(|e| {
             let (line, key) = match e.span() {
                 Some(span) => {
                     let (line, key) = locate(text, span.start);
@@ -370,59 +407,146 @@ impl Config {
             ));
         };
         let outbound_only = input.outbound_only.unwrap_or(false);
-        let input = match (input.pcap, input.synthetic) {
-            (Some(_), Some(_)) => {
+        let driver = match input.driver.as_deref() {
+            None | Some("af-packet") => Driver::AfPacket,
+            Some(d) => {
                 return Err(err(
-                    "input",
-                    "give one of `pcap` and `synthetic`, not both".into(),
+                    "input.driver",
+                    format!("expected \"af-packet\", got {d:?}"),
                 ))
             }
-            (None, None) => {
+        };
+        let live_in = match input.interface {
+            Some(_) if input.pcap.is_some() || input.synthetic.is_some() => {
                 return Err(err(
                     "input",
-                    "expected `pcap = \"FILE\"` or `synthetic = { profile = \"mixed\", ... }`"
+                    "give one of `pcap`, `synthetic` and `interface`, not several".into(),
+                ));
+            }
+            Some(i) => Some(live_port(
+                file,
+                "input",
+                i,
+                input.address,
+                input.gateway,
+                driver,
+            )?),
+            None => {
+                for (k, v) in [("address", &input.address), ("gateway", &input.gateway)] {
+                    if v.is_some() {
+                        return Err(err(
+                            &format!("input.{k}"),
+                            "only for a live box: give `interface` too".into(),
+                        ));
+                    }
+                }
+                None
+            }
+        };
+        let live_out = match raw.output.as_mut() {
+            Some(o) if o.interface.is_some() => {
+                if o.pcap.is_some() || o.discard.is_some() {
+                    return Err(err(
+                        "output",
+                        "give one of `pcap`, `discard = true` and `interface`, not several".into(),
+                    ));
+                }
+                let (i, a, g) = (o.interface.take(), o.address.take(), o.gateway.take());
+                Some(live_port(
+                    file,
+                    "output",
+                    i.unwrap_or_default(),
+                    a,
+                    g,
+                    driver,
+                )?)
+            }
+            Some(o) if o.address.is_some() || o.gateway.is_some() => {
+                return Err(err(
+                    "output.address",
+                    "only for a live box: give `interface` too".into(),
+                ))
+            }
+            _ => None,
+        };
+        match (&live_in, &live_out) {
+            (Some(_), None) => return Err(err(
+                "output.interface",
+                "missing: a live box needs its outside port, e.g. [output] interface = \"fs-out\""
+                    .into(),
+            )),
+            (None, Some(_)) => {
+                return Err(err(
+                    "input.interface",
+                    "missing: a live box needs its inside port, e.g. [input] interface = \"fs-in\""
                         .into(),
                 ))
             }
-            (Some(p), None) => {
-                if p.is_empty() {
-                    return Err(err("input.pcap", "expected a file name, got \"\"".into()));
+            _ => {}
+        }
+        let input =
+            if let Some(p) = live_in {
+                Input::Interface(p)
+            } else {
+                match (input.pcap, input.synthetic) {
+                    (Some(_), Some(_)) => {
+                        return Err(err(
+                            "input",
+                            "give one of `pcap` and `synthetic`, not both".into(),
+                        ))
+                    }
+                    (None, None) => return Err(err(
+                        "input",
+                        "expected `pcap = \"FILE\"` or `synthetic = { profile = \"mixed\", ... }`"
+                            .into(),
+                    )),
+                    (Some(p), None) => {
+                        if p.is_empty() {
+                            return Err(err("input.pcap", "expected a file name, got \"\"".into()));
+                        }
+                        Input::Pcap(PathBuf::from(p))
+                    }
+                    (None, Some(s)) => Input::Synthetic(synthetic(s, file)?),
                 }
-                Input::Pcap(PathBuf::from(p))
-            }
-            (None, Some(s)) => Input::Synthetic(synthetic(s, file)?),
-        };
+            };
 
         // [output]
-        let output = match raw.output {
-            None => Output::Discard,
-            Some(RawOutput {
-                pcap: Some(_),
-                discard: Some(true),
-            }) => {
-                return Err(err(
-                    "output",
-                    "give one of `pcap` and `discard = true`, not both".into(),
-                ))
-            }
-            Some(RawOutput {
-                pcap: Some(p),
-                discard: _,
-            }) => {
-                if p.is_empty() {
-                    return Err(err("output.pcap", "expected a file name, got \"\"".into()));
+        let output = if let Some(p) = live_out {
+            Output::Interface(p)
+        } else {
+            match raw.output {
+                None => Output::Discard,
+                Some(RawOutput {
+                    pcap: Some(_),
+                    discard: Some(true),
+                    ..
+                }) => {
+                    return Err(err(
+                        "output",
+                        "give one of `pcap` and `discard = true`, not both".into(),
+                    ))
                 }
-                Output::Pcap(PathBuf::from(p))
-            }
-            Some(RawOutput {
-                pcap: None,
-                discard: Some(true),
-            }) => Output::Discard,
-            Some(RawOutput { pcap: None, .. }) => {
-                return Err(err(
-                    "output",
-                    "expected `pcap = \"FILE\"` or `discard = true`".into(),
-                ))
+                Some(RawOutput {
+                    pcap: Some(p),
+                    discard: _,
+                    ..
+                }) => {
+                    if p.is_empty() {
+                        return Err(err("output.pcap", "expected a file name, got \"\"".into()));
+                    }
+                    Output::Pcap(PathBuf::from(p))
+                }
+                Some(RawOutput {
+                    pcap: None,
+                    discard: Some(true),
+                    ..
+                }) => Output::Discard,
+                Some(RawOutput { pcap: None, .. }) => {
+                    return Err(err(
+                        "output",
+                        "expected `pcap = \"FILE\"` or `discard = true`".into(),
+                    ))
+                }
             }
         };
         if let (Input::Pcap(i), Output::Pcap(o)) = (&input, &output) {
@@ -805,6 +929,41 @@ fn locate(text: &str, pos: usize) -> (usize, String) {
         key.push_str(&k);
     }
     (line_no, key)
+}
+
+/// Checks one live port's keys (`section` is `input` or `output`).
+fn live_port(
+    file: &Path,
+    section: &str,
+    interface: String,
+    address: Option<String>,
+    gateway: Option<String>,
+    driver: Driver,
+) -> Result<LivePort, ConfigError> {
+    let err =
+        |key: &str, reason: String| ConfigError::new(file, format!("{section}.{key}"), reason);
+    if interface.is_empty() || interface.len() > 15 || interface.contains(['/', ' ', '\0']) {
+        return Err(err(
+            "interface",
+            format!("expected an interface name (1 to 15 characters), got {interface:?}"),
+        ));
+    }
+    let ip = |key: &str, v: &str| {
+        v.parse::<std::net::Ipv4Addr>()
+            .map_err(|_| err(key, format!("expected an IPv4 address, got {v:?}")))
+    };
+    let Some(address) = address else {
+        return Err(err(
+            "address",
+            "missing: the box's IPv4 address on this port (answered in ARP), e.g. address = \"10.0.0.1\"".into(),
+        ));
+    };
+    Ok(LivePort {
+        interface,
+        address: ip("address", &address)?,
+        gateway: gateway.map(|g| ip("gateway", &g)).transpose()?,
+        driver,
+    })
 }
 
 #[cfg(test)]

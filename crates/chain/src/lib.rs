@@ -56,6 +56,9 @@
 //! ```
 
 pub mod config;
+#[cfg(target_os = "linux")]
+pub mod live;
+pub mod owners;
 pub mod reflect;
 pub mod runtime;
 pub mod steer;
@@ -120,9 +123,26 @@ pub fn run_config(
     let factories: Vec<std::sync::Arc<dyn NfFactory>> = config.factories()?;
     let runtime = Runtime::new(RuntimeOptions::from_config(config), factories, connector);
 
+    #[cfg(target_os = "linux")]
+    if let (config::Input::Interface(inside), config::Output::Interface(outside)) =
+        (&config.input, &config.output)
+    {
+        if let Err(e) = live::Stop::on_signals() {
+            tracing::warn!("cannot catch SIGINT/SIGTERM: {e}");
+        }
+        return live::run(
+            &runtime,
+            config,
+            inside,
+            outside,
+            live::Stop::new(),
+            progress,
+        );
+    }
+
     // Open the input first: a missing input must not truncate an output file.
     enum Opened {
-        Reader(PcapReader),
+        Reader(Box<PcapReader>),
         Generator(Box<Synthetic>),
         PerWorker(SynthConfig),
     }
@@ -142,20 +162,22 @@ pub fn run_config(
                 }
                 .into());
             }
-            Opened::Reader(reader)
+            Opened::Reader(Box::new(reader))
         }
         config::Input::Synthetic(s) if s.per_worker => Opened::PerWorker(s.config.clone()),
         config::Input::Synthetic(s) => {
             Opened::Generator(Box::new(Synthetic::new(s.config.clone())?))
         }
+        config::Input::Interface(_) => return Err(live_mismatch(config, "input")),
     };
     let mut writer = match &config.output {
         config::Output::Pcap(path) => Some(PcapWriter::create_with(path, WriterOptions::nanos())?),
         config::Output::Discard => None,
+        config::Output::Interface(_) => return Err(live_mismatch(config, "output")),
     };
     let sink = writer.as_mut().map(|w| w as &mut (dyn Sink + Send));
     let summary = match opened {
-        Opened::Reader(r) => runtime.run(&mut Counting::new(Some(r), progress), sink)?,
+        Opened::Reader(r) => runtime.run(&mut Counting::new(Some(*r), progress), sink)?,
         Opened::Generator(g) => runtime.run(&mut Counting::new(Some(*g), progress), sink)?,
         Opened::PerWorker(c) => runtime.run_generated(
             |w| {
@@ -174,14 +196,25 @@ pub fn run_config(
     Ok(summary)
 }
 
+/// A live port on one side only (the configuration check prevents it), or not on Linux.
+fn live_mismatch(config: &Config, section: &str) -> Error {
+    ConfigError {
+        file: config.file.clone(),
+        line: None,
+        key: format!("{section}.interface"),
+        reason: "a live box needs `interface` in both [input] and [output], on Linux".into(),
+    }
+    .into()
+}
+
 /// A source that reports progress (`None`: an empty source).
-struct Counting<'a, S> {
+pub(crate) struct Counting<'a, S> {
     inner: Option<S>,
     progress: Option<Progress<'a>>,
 }
 
 impl<'a, S> Counting<'a, S> {
-    fn new(inner: Option<S>, progress: Option<Progress<'a>>) -> Self {
+    pub(crate) fn new(inner: Option<S>, progress: Option<Progress<'a>>) -> Self {
         Counting { inner, progress }
     }
 }
