@@ -120,8 +120,10 @@ fn frames_sent_on_one_end_arrive_whole_and_in_order_on_the_other() {
     let ns = Ns::new("o");
     ns.within(|| {
         let mut rx = AfPacket::open("fsb", &AfPacketOptions::default()).unwrap();
-        let mut tx_opts = AfPacketOptions::default();
-        tx_opts.receive = false;
+        let tx_opts = AfPacketOptions {
+            receive: false,
+            ..AfPacketOptions::default()
+        };
         let mut tx = AfPacket::open("fsa", &tx_opts).unwrap();
         assert_eq!(tx.raw_fd(), None, "send-only");
         let src = tx.mac();
