@@ -11,7 +11,7 @@
 //!
 //! # A live two-port box instead (crate::live): both sections name an interface.
 //! # [input]  interface = "fs-in"   address = "10.0.0.1"       # the inside port, the box's address
-//! #          driver = "af-packet"  gateway = "10.0.0.254"     # optional: next hop for every packet out
+//! #          driver = "af-packet"  gateway = "10.0.0.254"     # or "af-xdp"; optional: next hop out
 //! # [output] interface = "fs-out"  address = "198.51.100.1"   # the outside port
 //!
 //! [runtime]                     # optional
@@ -148,6 +148,8 @@ pub enum Driver {
     /// AF_PACKET sockets, TPACKET_V3 receive ring (default).
     #[default]
     AfPacket,
+    /// AF_XDP sockets (generic mode) for receiving, AF_PACKET for sending.
+    AfXdp,
 }
 
 /// `[input] synthetic = { ... }`.
@@ -409,10 +411,11 @@ impl Config {
         let outbound_only = input.outbound_only.unwrap_or(false);
         let driver = match input.driver.as_deref() {
             None | Some("af-packet") => Driver::AfPacket,
+            Some("af-xdp") => Driver::AfXdp,
             Some(d) => {
                 return Err(err(
                     "input.driver",
-                    format!("expected \"af-packet\", got {d:?}"),
+                    format!("expected \"af-packet\" or \"af-xdp\", got {d:?}"),
                 ))
             }
         };

@@ -18,6 +18,11 @@
 //!   a packet whose TTL runs out is dropped. A destination whose MAC is not known yet is asked
 //!   for with an ARP request (at most once every 200 ms per address) and the packet dropped;
 //!   the sender's retransmission finds it.
+//! * Receiving is AF_PACKET (TPACKET_V3) or AF_XDP (`driver = "af-xdp"`: an XDP program
+//!   redirects each port's queue 0 to an XDP socket, so the kernel stack never sees the
+//!   frames); sending is AF_PACKET `sendmmsg` in both cases, because an XDP socket belongs to
+//!   one queue and the receiving (dispatcher) and sending (output) threads would have to share
+//!   it under a lock. [`flowstate_io::afxdp::AfXdp`] sends too, for single-threaded users.
 //! * [`Stop`] ends the source: the runtime then drains its workers and flushes their state,
 //!   which is the graceful stop `flowstate run` performs on SIGINT and SIGTERM.
 //!
@@ -556,24 +561,52 @@ pub fn run(
     stop: Stop,
     progress: Option<crate::Progress<'_>>,
 ) -> Result<crate::Summary, crate::Error> {
+    use crate::config::Driver;
     use flowstate_io::afpacket::{AfPacket, AfPacketOptions};
-    let rx = AfPacketOptions::default();
+    use flowstate_io::afxdp::{AfXdp, AfXdpOptions, XdpProgram};
     let tx = AfPacketOptions {
         receive: false,
         ..AfPacketOptions::default()
     };
-    let addrs = [inside, outside].map(|p| PortAddr {
-        address: p.address,
-        gateway: p.gateway,
-    });
-    let rx_ports = [
-        AfPacket::open(&inside.interface, &rx)?,
-        AfPacket::open(&outside.interface, &rx)?,
-    ];
     let tx_ports = [
         AfPacket::open(&inside.interface, &tx)?,
         AfPacket::open(&outside.interface, &tx)?,
     ];
+    let ports = (inside, outside);
+    match inside.driver {
+        Driver::AfPacket => {
+            let rx = AfPacketOptions::default();
+            let rx_ports = [
+                AfPacket::open(&inside.interface, &rx)?,
+                AfPacket::open(&outside.interface, &rx)?,
+            ];
+            run_ports(runtime, config, ports, rx_ports, tx_ports, stop, progress)
+        }
+        Driver::AfXdp => {
+            // One queue per port (veth has one); the socket of each port's queue 0.
+            let open = |ifname: &str| -> Result<AfXdp, flowstate_io::Error> {
+                let program = XdpProgram::attach(ifname, 1)?;
+                AfXdp::open(ifname, program, &AfXdpOptions::default())
+            };
+            let rx_ports = [open(&inside.interface)?, open(&outside.interface)?];
+            run_ports(runtime, config, ports, rx_ports, tx_ports, stop, progress)
+        }
+    }
+}
+
+fn run_ports<R: Port, T: Port>(
+    runtime: &crate::Runtime,
+    config: &crate::Config,
+    (inside, outside): (&crate::config::LivePort, &crate::config::LivePort),
+    rx_ports: [R; 2],
+    tx_ports: [T; 2],
+    stop: Stop,
+    progress: Option<crate::Progress<'_>>,
+) -> Result<crate::Summary, crate::Error> {
+    let addrs = [inside, outside].map(|p| PortAddr {
+        address: p.address,
+        gateway: p.gateway,
+    });
     let shared = Arc::new(Shared::default());
     let source = LiveSource::new(rx_ports, addrs, Arc::clone(&shared), stop);
     let mut sink = LiveSink::new(
@@ -587,6 +620,7 @@ pub fn run(
     tracing::info!(
         inside = %inside.interface,
         outside = %outside.interface,
+        driver = ?inside.driver,
         "live box running; SIGINT or SIGTERM stops it"
     );
     let mut source = crate::Counting::new(Some(source), progress);

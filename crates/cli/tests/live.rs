@@ -440,3 +440,34 @@ fn a_missing_interface_is_a_clear_error() {
         "says what is missing: {err}"
     );
 }
+
+#[test]
+fn nat_over_af_xdp_carries_http_and_tcp() {
+    if !is_root() {
+        eprintln!("skipped: live tests need root");
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut live = Live::up("x");
+    let files = publish(&live.lab);
+    let cfg = config(&nat_chain()).replace(
+        "address = \"10.0.0.1\"\n",
+        "address = \"10.0.0.1\"\ndriver = \"af-xdp\"\n",
+    );
+    assert!(cfg.contains("af-xdp"));
+    live.start_box(&cfg, SERVER);
+    for (name, data) in &files {
+        let got = live.download(&format!("http://{SERVER}:{HTTP_PORT}/{name}"));
+        assert!(got == *data, "{name}: {} bytes, content differs", got.len());
+    }
+    let tcp = live.client(&["iperf3", "-c", &SERVER.to_string(), "-t", "1"]);
+    assert!(
+        tcp.status.success(),
+        "{}",
+        String::from_utf8_lossy(&tcp.stdout)
+    );
+    let http_log = std::fs::read_to_string(live.lab.log("http-a")).unwrap();
+    assert!(!http_log.contains(&CLIENT.to_string()), "{http_log}");
+    let s = live.stop_box();
+    assert!(report(&s, "nat", "translations") >= 4, "{s}");
+}

@@ -5,7 +5,8 @@
 //!   from it never allocates per packet.
 //! * Every packet source ([`pcap::PcapReader`], [`synth::Synthetic`], later AF_PACKET and AF_XDP)
 //!   implements [`Source`]; every sink implements [`Sink`].
-//! * A live port ([`Port`]: [`afpacket::AfPacket`]) receives into a caller's batch without
+//! * A live port ([`Port`]: [`afpacket::AfPacket`],
+//!   [`afxdp::AfXdp`]) receives into a caller's batch without
 //!   blocking and sends a batch with one system call; a missing privilege or kernel feature is
 //!   an [`Error::Device`] that says what is missing.
 //! * A damaged input file is an [`Error`] that names the file and the byte offset; the packets
@@ -13,6 +14,8 @@
 
 #[cfg(target_os = "linux")]
 pub mod afpacket;
+#[cfg(target_os = "linux")]
+pub mod afxdp;
 pub mod batch;
 pub mod pcap;
 pub mod synth;
