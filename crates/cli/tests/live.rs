@@ -471,3 +471,37 @@ fn nat_over_af_xdp_carries_http_and_tcp() {
     let s = live.stop_box();
     assert!(report(&s, "nat", "translations") >= 4, "{s}");
 }
+
+#[test]
+fn bench_live_nat_reports_the_ratios() {
+    if !is_root() {
+        eprintln!("skipped: live tests need root");
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("live-nat.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_flowstate"))
+        .args(["bench", "live-nat", "--quick", "--json", path(&json)])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(v["name"], "live-nat");
+    assert!(v["params"].get("error").is_none(), "{v}");
+    for key in [
+        "xdp_vs_linux_pps",
+        "afpacket_vs_linux_pps",
+        "xdp_vs_linux_tcp_goodput",
+        "afpacket_vs_linux_tcp_goodput",
+    ] {
+        assert!(v["ratios"][key].as_f64().unwrap() > 0.0, "{key}: {v}");
+    }
+    // Its lab is gone.
+    let netns = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&netns.stdout).contains("fs-bench"));
+}

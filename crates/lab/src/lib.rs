@@ -558,9 +558,11 @@ impl Lab {
         let inside = format!("{BOX_INSIDE}/24");
         let outside = format!("{BOX_OUTSIDE}/24");
         if on {
-            let rules = format!(
-                "table ip {KERNEL_NAT_TABLE} {{ chain post {{ type nat hook postrouting priority srcnat; policy accept; oifname \"{NF_OUTSIDE_IF}\" masquerade; }} }}"
-            );
+            let nft = |args: &[&str]| Cmd {
+                argv: Lab::in_ns(&n, &[&["nft"][..], args].concat()),
+                may_fail: false,
+            };
+            let oif = format!("\"{NF_OUTSIDE_IF}\"");
             vec![
                 Cmd::new(&["ip", "-n", &n, "addr", "add", &inside, "dev", NF_INSIDE_IF]),
                 Cmd::new(&[
@@ -577,10 +579,25 @@ impl Lab {
                     argv: Lab::in_ns(&n, &["sysctl", "-qw", "net.ipv4.ip_forward=1"]),
                     may_fail: false,
                 },
-                Cmd {
-                    argv: Lab::in_ns(&n, &["nft", &rules]),
-                    may_fail: false,
-                },
+                nft(&["add", "table", "ip", KERNEL_NAT_TABLE]),
+                nft(&[
+                    "add",
+                    "chain",
+                    "ip",
+                    KERNEL_NAT_TABLE,
+                    "post",
+                    "{ type nat hook postrouting priority srcnat; policy accept; }",
+                ]),
+                nft(&[
+                    "add",
+                    "rule",
+                    "ip",
+                    KERNEL_NAT_TABLE,
+                    "post",
+                    "oifname",
+                    &oif,
+                    "masquerade",
+                ]),
             ]
         } else {
             vec![
