@@ -96,17 +96,23 @@ fn iperf3(lab: &Lab, args: &[&str]) -> Result<serde_json::Value, String> {
     let server = SERVER.to_string();
     let mut argv = vec!["iperf3", "-c", server.as_str(), "--json"];
     argv.extend_from_slice(args);
-    let out = Command::new("ip")
-        .args(["netns", "exec", &lab.client_ns()])
-        .args(&argv)
-        .output()
-        .map_err(|e| format!("iperf3: {e}"))?;
-    let j: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .map_err(|e| format!("iperf3 {}: {e}", argv.join(" ")))?;
-    if let Some(err) = j.get("error") {
-        return Err(format!("iperf3 {}: {err}", argv.join(" ")));
+    // The server may still be finishing the previous test (a flood can delay its end):
+    // "busy" is retried for a while.
+    for _ in 0..20 {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &lab.client_ns()])
+            .args(&argv)
+            .output()
+            .map_err(|e| format!("iperf3: {e}"))?;
+        let j: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .map_err(|e| format!("iperf3 {}: {e}", argv.join(" ")))?;
+        match j.get("error").and_then(|e| e.as_str()) {
+            Some(e) if e.contains("busy") => std::thread::sleep(Duration::from_secs(1)),
+            Some(e) => return Err(format!("iperf3 {}: {e}", argv.join(" "))),
+            None => return Ok(j),
+        }
     }
-    Ok(j)
+    Err(format!("iperf3 {}: the server stayed busy", argv.join(" ")))
 }
 
 fn measure(lab: &Lab, seconds: u32) -> Result<Measured, String> {
