@@ -40,6 +40,13 @@
 //!   output).
 //! * Nothing is allocated per packet on the steady path: batches are allocated once and
 //!   recycled.
+//! * A packet whose state one worker owns (a NAT's external port, an LB connection) goes to
+//!   that worker ([`owners`]); other packets follow the symmetric hash.
+//! * A short read from the source (a live port with nothing more ready) hands every partial
+//!   batch to its worker at once: live traffic is never held back waiting for a full batch.
+//! * With `interface` input and output, the run is a live two-port box ([`live`]) until
+//!   SIGINT/SIGTERM, after which the workers drain and flush their state as at the end of a
+//!   file.
 //! * Configuration errors name the file, the key and what was expected; a failing worker,
 //!   input or output ends the run with an error, never a panic of the caller.
 //!
