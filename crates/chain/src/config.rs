@@ -409,149 +409,67 @@ impl Config {
             ));
         };
         let outbound_only = input.outbound_only.unwrap_or(false);
-        let driver = match input.driver.as_deref() {
-            None | Some("af-packet") => Driver::AfPacket,
-            Some("af-xdp") => Driver::AfXdp,
-            Some(d) => {
-                return Err(err(
-                    "input.driver",
-                    format!("expected \"af-packet\" or \"af-xdp\", got {d:?}"),
-                ))
-            }
-        };
-        let live_in = match input.interface {
-            Some(_) if input.pcap.is_some() || input.synthetic.is_some() => {
+        let (live_in, live_out) = live_ports(file, &input, &mut raw.output)?;
+        let input = match (input.pcap, input.synthetic, live_in) {
+            (None, None, Some(p)) => Input::Interface(p),
+            (Some(_), Some(_), _) => {
                 return Err(err(
                     "input",
-                    "give one of `pcap`, `synthetic` and `interface`, not several".into(),
-                ));
-            }
-            Some(i) => Some(live_port(
-                file,
-                "input",
-                i,
-                input.address,
-                input.gateway,
-                driver,
-            )?),
-            None => {
-                for (k, v) in [("address", &input.address), ("gateway", &input.gateway)] {
-                    if v.is_some() {
-                        return Err(err(
-                            &format!("input.{k}"),
-                            "only for a live box: give `interface` too".into(),
-                        ));
-                    }
-                }
-                None
-            }
-        };
-        let live_out = match raw.output.as_mut() {
-            Some(o) if o.interface.is_some() => {
-                if o.pcap.is_some() || o.discard.is_some() {
-                    return Err(err(
-                        "output",
-                        "give one of `pcap`, `discard = true` and `interface`, not several".into(),
-                    ));
-                }
-                let (i, a, g) = (o.interface.take(), o.address.take(), o.gateway.take());
-                Some(live_port(
-                    file,
-                    "output",
-                    i.unwrap_or_default(),
-                    a,
-                    g,
-                    driver,
-                )?)
-            }
-            Some(o) if o.address.is_some() || o.gateway.is_some() => {
-                return Err(err(
-                    "output.address",
-                    "only for a live box: give `interface` too".into(),
+                    "give one of `pcap` and `synthetic`, not both".into(),
                 ))
             }
-            _ => None,
-        };
-        match (&live_in, &live_out) {
-            (Some(_), None) => return Err(err(
-                "output.interface",
-                "missing: a live box needs its outside port, e.g. [output] interface = \"fs-out\""
-                    .into(),
-            )),
-            (None, Some(_)) => {
+            (None, None, None) => {
                 return Err(err(
-                    "input.interface",
-                    "missing: a live box needs its inside port, e.g. [input] interface = \"fs-in\""
+                    "input",
+                    "expected `pcap = \"FILE\"` or `synthetic = { profile = \"mixed\", ... }`"
                         .into(),
                 ))
             }
-            _ => {}
-        }
-        let input =
-            if let Some(p) = live_in {
-                Input::Interface(p)
-            } else {
-                match (input.pcap, input.synthetic) {
-                    (Some(_), Some(_)) => {
-                        return Err(err(
-                            "input",
-                            "give one of `pcap` and `synthetic`, not both".into(),
-                        ))
-                    }
-                    (None, None) => return Err(err(
-                        "input",
-                        "expected `pcap = \"FILE\"` or `synthetic = { profile = \"mixed\", ... }`"
-                            .into(),
-                    )),
-                    (Some(p), None) => {
-                        if p.is_empty() {
-                            return Err(err("input.pcap", "expected a file name, got \"\"".into()));
-                        }
-                        Input::Pcap(PathBuf::from(p))
-                    }
-                    (None, Some(s)) => Input::Synthetic(synthetic(s, file)?),
+            (Some(p), None, _) => {
+                if p.is_empty() {
+                    return Err(err("input.pcap", "expected a file name, got \"\"".into()));
                 }
-            };
+                Input::Pcap(PathBuf::from(p))
+            }
+            (None, Some(s), _) => Input::Synthetic(synthetic(s, file)?),
+        };
 
         // [output]
-        let output = if let Some(p) = live_out {
-            Output::Interface(p)
-        } else {
-            match raw.output {
-                None => Output::Discard,
-                Some(RawOutput {
-                    pcap: Some(_),
-                    discard: Some(true),
-                    ..
-                }) => {
-                    return Err(err(
-                        "output",
-                        "give one of `pcap` and `discard = true`, not both".into(),
-                    ))
+        let output = match raw.output {
+            None => Output::Discard,
+            Some(RawOutput {
+                pcap: Some(_),
+                discard: Some(true),
+                ..
+            }) => {
+                return Err(err(
+                    "output",
+                    "give one of `pcap` and `discard = true`, not both".into(),
+                ))
+            }
+            Some(RawOutput {
+                pcap: Some(p),
+                discard: _,
+                ..
+            }) => {
+                if p.is_empty() {
+                    return Err(err("output.pcap", "expected a file name, got \"\"".into()));
                 }
-                Some(RawOutput {
-                    pcap: Some(p),
-                    discard: _,
-                    ..
-                }) => {
-                    if p.is_empty() {
-                        return Err(err("output.pcap", "expected a file name, got \"\"".into()));
-                    }
-                    Output::Pcap(PathBuf::from(p))
-                }
-                Some(RawOutput {
-                    pcap: None,
-                    discard: Some(true),
-                    ..
-                }) => Output::Discard,
-                Some(RawOutput { pcap: None, .. }) => {
-                    return Err(err(
-                        "output",
-                        "expected `pcap = \"FILE\"` or `discard = true`".into(),
-                    ))
-                }
+                Output::Pcap(PathBuf::from(p))
+            }
+            Some(RawOutput {
+                pcap: None,
+                discard: Some(true),
+                ..
+            }) => Output::Discard,
+            Some(RawOutput { pcap: None, .. }) => {
+                return Err(err(
+                    "output",
+                    "expected `pcap = \"FILE\"` or `discard = true`".into(),
+                ))
             }
         };
+        let output = live_out.map_or(output, Output::Interface);
         if let (Input::Pcap(i), Output::Pcap(o)) = (&input, &output) {
             let same =
                 i == o || matches!((i.canonicalize(), o.canonicalize()), (Ok(a), Ok(b)) if a == b);
@@ -932,6 +850,83 @@ fn locate(text: &str, pos: usize) -> (usize, String) {
         key.push_str(&k);
     }
     (line_no, key)
+}
+
+/// The live box's ports, when `[input]` and `[output]` name interfaces: checks that both do,
+/// that nothing else is given beside them, and takes `[output]` out of the way (`None`) so that
+/// the file/discard parsing sees no output section.
+fn live_ports(
+    file: &Path,
+    input: &RawInput,
+    output: &mut Option<RawOutput>,
+) -> Result<(Option<LivePort>, Option<LivePort>), ConfigError> {
+    let err = |key: &str, reason: &str| ConfigError::new(file, key, reason.to_owned());
+    let driver = match input.driver.as_deref() {
+        None | Some("af-packet") => Driver::AfPacket,
+        Some("af-xdp") => Driver::AfXdp,
+        Some(d) => {
+            return Err(err(
+                "input.driver",
+                &format!("expected \"af-packet\" or \"af-xdp\", got {d:?}"),
+            ))
+        }
+    };
+    let only_live = "only for a live box: give `interface` too";
+    let live_in = match &input.interface {
+        Some(_) if input.pcap.is_some() || input.synthetic.is_some() => {
+            return Err(err(
+                "input",
+                "give one of `pcap`, `synthetic` and `interface`, not several",
+            ))
+        }
+        Some(i) => Some(live_port(
+            file,
+            "input",
+            i.clone(),
+            input.address.clone(),
+            input.gateway.clone(),
+            driver,
+        )?),
+        None if input.address.is_some() => return Err(err("input.address", only_live)),
+        None if input.gateway.is_some() => return Err(err("input.gateway", only_live)),
+        None => None,
+    };
+    let live_out = match output.as_ref() {
+        Some(o) if o.interface.is_some() => {
+            if o.pcap.is_some() || o.discard.is_some() {
+                return Err(err(
+                    "output",
+                    "give one of `pcap`, `discard = true` and `interface`, not several",
+                ));
+            }
+            Some(live_port(
+                file,
+                "output",
+                o.interface.clone().unwrap_or_default(),
+                o.address.clone(),
+                o.gateway.clone(),
+                driver,
+            )?)
+        }
+        Some(o) if o.address.is_some() => return Err(err("output.address", only_live)),
+        Some(o) if o.gateway.is_some() => return Err(err("output.gateway", only_live)),
+        _ => None,
+    };
+    match (&live_in, &live_out) {
+        (Some(_), None) => Err(err(
+            "output.interface",
+            "missing: a live box needs its outside port, e.g. [output] interface = \"fs-out\"",
+        )),
+        (None, Some(_)) => Err(err(
+            "input.interface",
+            "missing: a live box needs its inside port, e.g. [input] interface = \"fs-in\"",
+        )),
+        (Some(_), Some(_)) => {
+            *output = None;
+            Ok((live_in, live_out))
+        }
+        (None, None) => Ok((None, None)),
+    }
 }
 
 /// Checks one live port's keys (`section` is `input` or `output`).

@@ -149,7 +149,7 @@ pub fn run_config(
 
     // Open the input first: a missing input must not truncate an output file.
     enum Opened {
-        Reader(Box<PcapReader>),
+        Reader(PcapReader),
         Generator(Box<Synthetic>),
         PerWorker(SynthConfig),
     }
@@ -169,7 +169,7 @@ pub fn run_config(
                 }
                 .into());
             }
-            Opened::Reader(Box::new(reader))
+            Opened::Reader(reader)
         }
         config::Input::Synthetic(s) if s.per_worker => Opened::PerWorker(s.config.clone()),
         config::Input::Synthetic(s) => {
@@ -184,7 +184,7 @@ pub fn run_config(
     };
     let sink = writer.as_mut().map(|w| w as &mut (dyn Sink + Send));
     let summary = match opened {
-        Opened::Reader(r) => runtime.run(&mut Counting::new(Some(*r), progress), sink)?,
+        Opened::Reader(r) => runtime.run(&mut Counting::new(Some(r), progress), sink)?,
         Opened::Generator(g) => runtime.run(&mut Counting::new(Some(*g), progress), sink)?,
         Opened::PerWorker(c) => runtime.run_generated(
             |w| {

@@ -156,7 +156,7 @@ fn sys_err(what: &str, ifname: &str, e: io::Error) -> Error {
     };
     Error::Device {
         device: ifname.to_owned(),
-        what: format!("{what}{hint}"),
+        what: format!("{what}{hint}").into(),
         source: e,
     }
 }

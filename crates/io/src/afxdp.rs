@@ -74,7 +74,7 @@ fn dev_err(device: &str, what: &str, e: io::Error) -> Error {
     };
     Error::Device {
         device: device.to_owned(),
-        what: format!("{what}{hint}"),
+        what: format!("{what}{hint}").into(),
         source: e,
     }
 }

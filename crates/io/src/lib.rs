@@ -52,7 +52,7 @@ pub enum Error {
         /// The interface (or facility) concerned.
         device: String,
         /// What was being done, and what may be missing.
-        what: String,
+        what: Box<str>,
         /// What the system said.
         #[source]
         source: std::io::Error,
