@@ -26,6 +26,14 @@
 //! * [`Stop`] ends the source: the runtime then drains its workers and flushes their state,
 //!   which is the graceful stop `flowstate run` performs on SIGINT and SIGTERM.
 //!
+//! Limits: IPv4 only (IPv6 and VLAN-tagged frames are dropped as not for the box); no ICMP
+//! errors are generated (TTL expiry, unknown neighbour); one dispatcher thread reads both
+//! ports and steers by flowstate's own hash and state ownership, rather than one
+//! `PACKET_FANOUT`/AF_XDP queue per worker, because the kernel's spreading knows neither the
+//! symmetric hash nor which worker owns a NAT port; time (NAT and firewall timeouts) advances
+//! with packets, so an idle box expires nothing until traffic resumes, and a stage that fails
+//! while the ports are idle ends the run at the next packet or signal.
+//!
 //! The neighbour table is written by the receiving thread only and read by the sending one
 //! through a per-entry sequence lock: no lock, no allocation after start.
 

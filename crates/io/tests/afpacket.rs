@@ -159,7 +159,7 @@ fn fanout_splits_by_flow_and_loses_nothing() {
     ns.within(|| {
         let opts = AfPacketOptions {
             fanout: Some(Fanout {
-                group: 0x4653,
+                group: (std::process::id() & 0xffff) as u16,
                 mode: FanoutMode::Hash,
             }),
             ..AfPacketOptions::default()
