@@ -433,8 +433,9 @@ impl Lab {
             (&s, &[SERVER_IF][..]),
         ] {
             // IPv4 only: no router solicitations or DAD chatter through the box.
-            p.push(sysctl(ns, "net.ipv6.conf.all.disable_ipv6=1"));
-            p.push(sysctl(ns, "net.ipv6.conf.default.disable_ipv6=1"));
+            // (A kernel without IPv6 has no such keys: nothing to turn off.)
+            p.push(sysctl(ns, "net.ipv6.conf.all.disable_ipv6=1").may_fail());
+            p.push(sysctl(ns, "net.ipv6.conf.default.disable_ipv6=1").may_fail());
             p.push(Cmd::new(&["ip", "-n", ns, "link", "set", "lo", "up"]));
             for dev in devs {
                 p.push(ethtool_off(ns, dev));
