@@ -6,6 +6,8 @@
 
 mod flexstate_counter;
 mod hashing;
+#[cfg(target_os = "linux")]
+mod live_nat;
 mod nf_throughput;
 mod report;
 
@@ -54,6 +56,12 @@ pub const BENCHES: &[Bench] = &[
         name: "nf-throughput",
         about: "Mpps per core of no-op, NAT, firewall, LB and the chain on established flows (10k, 1M), 1 and 2 workers, vs plain hash-map lookups",
         run: nf_throughput::run,
+    },
+    #[cfg(target_os = "linux")]
+    Bench {
+        name: "live-nat",
+        about: "in the netns lab: pps of a small-UDP flood and iperf3 TCP goodput through Linux's NAT (nftables) vs flowstate's NAT over AF_PACKET and AF_XDP (needs root)",
+        run: live_nat::run,
     },
 ];
 

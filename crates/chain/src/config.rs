@@ -9,6 +9,11 @@
 //! [output]                      # optional; default: discard
 //! pcap = "out.pcap"             # or: discard = true
 //!
+//! # A live two-port box instead (crate::live): both sections name an interface.
+//! # [input]  interface = "fs-in"   address = "10.0.0.1"       # the inside port, the box's address
+//! #          driver = "af-packet"  gateway = "10.0.0.254"     # or "af-xdp"; optional: next hop out
+//! # [output] interface = "fs-out"  address = "198.51.100.1"   # the outside port
+//!
 //! [runtime]                     # optional
 //! workers = 2                   # default: every core (available parallelism)
 //! batch = 32                    # packets per hand-off and per prefetch pass, 1 to 1024
@@ -120,6 +125,31 @@ pub enum Input {
     Pcap(PathBuf),
     /// Generated traffic.
     Synthetic(SyntheticInput),
+    /// The inside port of a live box (the outside port is [`Output::Interface`]).
+    Interface(LivePort),
+}
+
+/// One port of a live box (`[input] interface = ...`, `[output] interface = ...`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LivePort {
+    /// The network interface.
+    pub interface: String,
+    /// The box's IPv4 address on it (answered in ARP).
+    pub address: std::net::Ipv4Addr,
+    /// Next hop of every packet leaving by this port (`None`: destinations are on the link).
+    pub gateway: Option<std::net::Ipv4Addr>,
+    /// How packets are read and written (`[input] driver`; the same for both ports).
+    pub driver: Driver,
+}
+
+/// `[input] driver`: the I/O behind a live box's ports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Driver {
+    /// AF_PACKET sockets, TPACKET_V3 receive ring (default).
+    #[default]
+    AfPacket,
+    /// AF_XDP sockets (generic mode) for receiving, AF_PACKET for sending.
+    AfXdp,
 }
 
 /// `[input] synthetic = { ... }`.
@@ -139,6 +169,8 @@ pub enum Output {
     Pcap(PathBuf),
     /// Count them and drop them.
     Discard,
+    /// The outside port of a live box (needs [`Input::Interface`]).
+    Interface(LivePort),
 }
 
 /// `[runtime]`.
@@ -283,6 +315,10 @@ struct RawInput {
     pcap: Option<String>,
     synthetic: Option<RawSynthetic>,
     outbound_only: Option<bool>,
+    interface: Option<String>,
+    address: Option<String>,
+    gateway: Option<String>,
+    driver: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -310,6 +346,9 @@ struct RawSynthetic {
 struct RawOutput {
     pcap: Option<String>,
     discard: Option<bool>,
+    interface: Option<String>,
+    address: Option<String>,
+    gateway: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -344,7 +383,7 @@ impl Config {
     /// Validates `text`; `file` names it in errors.
     pub fn parse(text: &str, file: impl AsRef<Path>) -> Result<Config, ConfigError> {
         let file = file.as_ref();
-        let raw: RawConfig = toml::from_str(text).map_err(|e| {
+        let mut raw: RawConfig = toml::from_str(text).map_err(|e| {
             let (line, key) = match e.span() {
                 Some(span) => {
                     let (line, key) = locate(text, span.start);
@@ -370,27 +409,29 @@ impl Config {
             ));
         };
         let outbound_only = input.outbound_only.unwrap_or(false);
-        let input = match (input.pcap, input.synthetic) {
-            (Some(_), Some(_)) => {
+        let (live_in, live_out) = live_ports(file, &input, &mut raw.output)?;
+        let input = match (input.pcap, input.synthetic, live_in) {
+            (None, None, Some(p)) => Input::Interface(p),
+            (Some(_), Some(_), _) => {
                 return Err(err(
                     "input",
                     "give one of `pcap` and `synthetic`, not both".into(),
                 ))
             }
-            (None, None) => {
+            (None, None, None) => {
                 return Err(err(
                     "input",
                     "expected `pcap = \"FILE\"` or `synthetic = { profile = \"mixed\", ... }`"
                         .into(),
                 ))
             }
-            (Some(p), None) => {
+            (Some(p), None, _) => {
                 if p.is_empty() {
                     return Err(err("input.pcap", "expected a file name, got \"\"".into()));
                 }
                 Input::Pcap(PathBuf::from(p))
             }
-            (None, Some(s)) => Input::Synthetic(synthetic(s, file)?),
+            (None, Some(s), _) => Input::Synthetic(synthetic(s, file)?),
         };
 
         // [output]
@@ -399,6 +440,7 @@ impl Config {
             Some(RawOutput {
                 pcap: Some(_),
                 discard: Some(true),
+                ..
             }) => {
                 return Err(err(
                     "output",
@@ -408,6 +450,7 @@ impl Config {
             Some(RawOutput {
                 pcap: Some(p),
                 discard: _,
+                ..
             }) => {
                 if p.is_empty() {
                     return Err(err("output.pcap", "expected a file name, got \"\"".into()));
@@ -417,6 +460,7 @@ impl Config {
             Some(RawOutput {
                 pcap: None,
                 discard: Some(true),
+                ..
             }) => Output::Discard,
             Some(RawOutput { pcap: None, .. }) => {
                 return Err(err(
@@ -425,6 +469,7 @@ impl Config {
                 ))
             }
         };
+        let output = live_out.map_or(output, Output::Interface);
         if let (Input::Pcap(i), Output::Pcap(o)) = (&input, &output) {
             let same =
                 i == o || matches!((i.canonicalize(), o.canonicalize()), (Ok(a), Ok(b)) if a == b);
@@ -805,6 +850,118 @@ fn locate(text: &str, pos: usize) -> (usize, String) {
         key.push_str(&k);
     }
     (line_no, key)
+}
+
+/// The live box's ports, when `[input]` and `[output]` name interfaces: checks that both do,
+/// that nothing else is given beside them, and takes `[output]` out of the way (`None`) so that
+/// the file/discard parsing sees no output section.
+fn live_ports(
+    file: &Path,
+    input: &RawInput,
+    output: &mut Option<RawOutput>,
+) -> Result<(Option<LivePort>, Option<LivePort>), ConfigError> {
+    let err = |key: &str, reason: &str| ConfigError::new(file, key, reason.to_owned());
+    let driver = match input.driver.as_deref() {
+        None | Some("af-packet") => Driver::AfPacket,
+        Some("af-xdp") => Driver::AfXdp,
+        Some(d) => {
+            return Err(err(
+                "input.driver",
+                &format!("expected \"af-packet\" or \"af-xdp\", got {d:?}"),
+            ))
+        }
+    };
+    let only_live = "only for a live box: give `interface` too";
+    let live_in = match &input.interface {
+        Some(_) if input.pcap.is_some() || input.synthetic.is_some() => {
+            return Err(err(
+                "input",
+                "give one of `pcap`, `synthetic` and `interface`, not several",
+            ))
+        }
+        Some(i) => Some(live_port(
+            file,
+            "input",
+            i.clone(),
+            input.address.clone(),
+            input.gateway.clone(),
+            driver,
+        )?),
+        None if input.address.is_some() => return Err(err("input.address", only_live)),
+        None if input.gateway.is_some() => return Err(err("input.gateway", only_live)),
+        None => None,
+    };
+    let live_out = match output.as_ref() {
+        Some(o) if o.interface.is_some() => {
+            if o.pcap.is_some() || o.discard.is_some() {
+                return Err(err(
+                    "output",
+                    "give one of `pcap`, `discard = true` and `interface`, not several",
+                ));
+            }
+            Some(live_port(
+                file,
+                "output",
+                o.interface.clone().unwrap_or_default(),
+                o.address.clone(),
+                o.gateway.clone(),
+                driver,
+            )?)
+        }
+        Some(o) if o.address.is_some() => return Err(err("output.address", only_live)),
+        Some(o) if o.gateway.is_some() => return Err(err("output.gateway", only_live)),
+        _ => None,
+    };
+    match (&live_in, &live_out) {
+        (Some(_), None) => Err(err(
+            "output.interface",
+            "missing: a live box needs its outside port, e.g. [output] interface = \"fs-out\"",
+        )),
+        (None, Some(_)) => Err(err(
+            "input.interface",
+            "missing: a live box needs its inside port, e.g. [input] interface = \"fs-in\"",
+        )),
+        (Some(_), Some(_)) => {
+            *output = None;
+            Ok((live_in, live_out))
+        }
+        (None, None) => Ok((None, None)),
+    }
+}
+
+/// Checks one live port's keys (`section` is `input` or `output`).
+fn live_port(
+    file: &Path,
+    section: &str,
+    interface: String,
+    address: Option<String>,
+    gateway: Option<String>,
+    driver: Driver,
+) -> Result<LivePort, ConfigError> {
+    let err =
+        |key: &str, reason: String| ConfigError::new(file, format!("{section}.{key}"), reason);
+    if interface.is_empty() || interface.len() > 15 || interface.contains(['/', ' ', '\0']) {
+        return Err(err(
+            "interface",
+            format!("expected an interface name (1 to 15 characters), got {interface:?}"),
+        ));
+    }
+    let ip = |key: &str, v: &str| {
+        v.parse::<std::net::Ipv4Addr>()
+            .map_err(|_| err(key, format!("expected an IPv4 address, got {v:?}")))
+    };
+    let Some(address) = address else {
+        return Err(err(
+            "address",
+            "missing: the box's IPv4 address on this port (answered in ARP), e.g. address = \"10.0.0.1\"".into(),
+        ));
+    };
+    Ok(LivePort {
+        interface,
+        address: ip("address", &address)?,
+        gateway: gateway.map(|g| ip("gateway", &g)).transpose()?,
+        driver,
+    })
 }
 
 #[cfg(test)]

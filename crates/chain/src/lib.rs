@@ -40,6 +40,13 @@
 //!   output).
 //! * Nothing is allocated per packet on the steady path: batches are allocated once and
 //!   recycled.
+//! * A packet whose state one worker owns (a NAT's external port, an LB connection) goes to
+//!   that worker ([`owners`]); other packets follow the symmetric hash.
+//! * A short read from the source (a live port with nothing more ready) hands every partial
+//!   batch to its worker at once: live traffic is never held back waiting for a full batch.
+//! * With `interface` input and output, the run is a live two-port box ([`live`]) until
+//!   SIGINT/SIGTERM, after which the workers drain and flush their state as at the end of a
+//!   file.
 //! * Configuration errors name the file, the key and what was expected; a failing worker,
 //!   input or output ends the run with an error, never a panic of the caller.
 //!
@@ -56,6 +63,9 @@
 //! ```
 
 pub mod config;
+#[cfg(target_os = "linux")]
+pub mod live;
+pub mod owners;
 pub mod reflect;
 pub mod runtime;
 pub mod steer;
@@ -120,6 +130,23 @@ pub fn run_config(
     let factories: Vec<std::sync::Arc<dyn NfFactory>> = config.factories()?;
     let runtime = Runtime::new(RuntimeOptions::from_config(config), factories, connector);
 
+    #[cfg(target_os = "linux")]
+    if let (config::Input::Interface(inside), config::Output::Interface(outside)) =
+        (&config.input, &config.output)
+    {
+        if let Err(e) = live::Stop::on_signals() {
+            tracing::warn!("cannot catch SIGINT/SIGTERM: {e}");
+        }
+        return live::run(
+            &runtime,
+            config,
+            inside,
+            outside,
+            live::Stop::new(),
+            progress,
+        );
+    }
+
     // Open the input first: a missing input must not truncate an output file.
     enum Opened {
         Reader(PcapReader),
@@ -148,10 +175,12 @@ pub fn run_config(
         config::Input::Synthetic(s) => {
             Opened::Generator(Box::new(Synthetic::new(s.config.clone())?))
         }
+        config::Input::Interface(_) => return Err(live_mismatch(config, "input")),
     };
     let mut writer = match &config.output {
         config::Output::Pcap(path) => Some(PcapWriter::create_with(path, WriterOptions::nanos())?),
         config::Output::Discard => None,
+        config::Output::Interface(_) => return Err(live_mismatch(config, "output")),
     };
     let sink = writer.as_mut().map(|w| w as &mut (dyn Sink + Send));
     let summary = match opened {
@@ -174,14 +203,25 @@ pub fn run_config(
     Ok(summary)
 }
 
+/// A live port on one side only (the configuration check prevents it), or not on Linux.
+fn live_mismatch(config: &Config, section: &str) -> Error {
+    ConfigError {
+        file: config.file.clone(),
+        line: None,
+        key: format!("{section}.interface"),
+        reason: "a live box needs `interface` in both [input] and [output], on Linux".into(),
+    }
+    .into()
+}
+
 /// A source that reports progress (`None`: an empty source).
-struct Counting<'a, S> {
+pub(crate) struct Counting<'a, S> {
     inner: Option<S>,
     progress: Option<Progress<'a>>,
 }
 
 impl<'a, S> Counting<'a, S> {
-    fn new(inner: Option<S>, progress: Option<Progress<'a>>) -> Self {
+    pub(crate) fn new(inner: Option<S>, progress: Option<Progress<'a>>) -> Self {
         Counting { inner, progress }
     }
 }

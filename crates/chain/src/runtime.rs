@@ -69,6 +69,8 @@ pub struct RuntimeOptions {
     pub flush_interval: Duration,
     /// Flush batches that may wait for a partition's state thread.
     pub queue_depth: usize,
+    /// Steer by state ownership first (NAT external ports, LB connections).
+    pub owners: crate::owners::Owners,
 }
 
 impl Default for RuntimeOptions {
@@ -85,6 +87,7 @@ impl Default for RuntimeOptions {
             instance: 0,
             flush_interval: Duration::from_millis(1),
             queue_depth: StateConfig::default().queue_depth,
+            owners: crate::owners::Owners::default(),
         }
     }
 }
@@ -101,6 +104,7 @@ impl RuntimeOptions {
             outbound_only: c.outbound_only,
             instance: c.state.nf_instance,
             flush_interval: c.state.flush_interval,
+            owners: crate::owners::Owners::from_chain(&c.chain),
             ..RuntimeOptions::default()
         }
     }
@@ -253,7 +257,7 @@ impl Runtime {
         let n = o.workers.max(1);
         let pool = o.pool.max(2);
         let batch = o.batch.max(1);
-        let steering = Steering::new(o.inside.clone(), n);
+        let steering = Steering::new(o.inside.clone(), n).with_owners(o.owners.clone());
         let abort = AtomicBool::new(false);
         let dispatching = source.is_some();
         let cores = core_affinity::get_core_ids().unwrap_or_default();
@@ -1067,6 +1071,15 @@ fn dispatch(
             b.slots.push(Slot::new(d, direction));
             if b.packets.is_full() {
                 if let Some(b) = pending[w].take() {
+                    in_txs[w].send(b).map_err(|_| RunError::Stopped)?;
+                }
+            }
+        }
+        // A short read means the source had no more for now (a live port is idle): hand the
+        // partial batches over rather than hold packets back until more arrive.
+        if got < input.capacity() {
+            for (w, b) in pending.iter_mut().enumerate() {
+                if let Some(b) = b.take() {
                     in_txs[w].send(b).map_err(|_| RunError::Stopped)?;
                 }
             }

@@ -8,6 +8,8 @@
 //!   protocol only (ports zeroed), as RSS does, so every fragment of a packet reaches the same
 //!   worker; ICMP errors hash on the flow they quote, so they reach the worker of that flow.
 //!   Non-IP packets go to worker 0.
+//! * Ownership first: when the chain holds state that one worker owns (a NAT's external
+//!   ports, an LB's connections), [`crate::owners::Owners`] sends the packet to that worker.
 
 use flowstate_nf::Direction;
 use flowstate_wire::dissect::{Fragment, Transport};
@@ -116,6 +118,7 @@ pub struct Steering {
     inside: Vec<IpPrefix>,
     workers: u32,
     toeplitz: Toeplitz,
+    owners: crate::owners::Owners,
 }
 
 impl Steering {
@@ -125,7 +128,14 @@ impl Steering {
             inside,
             workers: u32::try_from(workers.max(1)).unwrap_or(u32::MAX),
             toeplitz: Toeplitz::symmetric(),
+            owners: crate::owners::Owners::default(),
         }
+    }
+
+    /// The same, steering by state ownership first.
+    pub fn with_owners(mut self, owners: crate::owners::Owners) -> Self {
+        self.owners = owners;
+        self
     }
 
     /// The inside prefixes.
@@ -162,7 +172,15 @@ impl Steering {
             key.src_port = 0;
             key.dst_port = 0;
         } else if let Some(inner) = quoted_flow(frame, d) {
+            if let Some(w) = self
+                .owners
+                .worker(&key, Some(&inner), self.workers, &self.toeplitz)
+            {
+                return w;
+            }
             key = inner;
+        } else if let Some(w) = self.owners.worker(&key, None, self.workers, &self.toeplitz) {
+            return w;
         }
         self.worker_of_flow(&key)
     }

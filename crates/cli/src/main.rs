@@ -3,6 +3,7 @@
 mod backends;
 mod gen;
 mod inspect;
+mod lab;
 mod run;
 
 use anyhow::{bail, Context, Result};
@@ -31,6 +32,8 @@ enum Command {
     Inspect(InspectArgs),
     /// Run an experiment and report its numbers (`--list` shows them all).
     Bench(BenchArgs),
+    /// A network-namespace lab with a client, the box and servers: up, down, status.
+    Lab(lab::LabArgs),
 }
 
 #[derive(Debug, Args)]
@@ -92,6 +95,7 @@ fn main() {
         Command::Gen(a) => gen::run(&a).map(|_| ()),
         Command::Inspect(a) => inspect_cmd(&a),
         Command::Bench(a) => bench(&a),
+        Command::Lab(a) => lab::run(&a),
     };
     if let Err(e) = result {
         eprintln!("flowstate: error: {e:#}");

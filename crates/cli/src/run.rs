@@ -33,7 +33,7 @@ pub(crate) fn run(args: &RunArgs) -> Result<()> {
     }
     let total = match &config.input {
         Input::Synthetic(s) => s.config.packets,
-        Input::Pcap(_) => 0,
+        Input::Pcap(_) | Input::Interface(_) => 0,
     };
     let bar = crate::progress(total, "run");
     let progress = |n: u64| bar.inc(n);

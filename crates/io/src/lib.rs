@@ -5,9 +5,17 @@
 //!   from it never allocates per packet.
 //! * Every packet source ([`pcap::PcapReader`], [`synth::Synthetic`], later AF_PACKET and AF_XDP)
 //!   implements [`Source`]; every sink implements [`Sink`].
+//! * A live port ([`Port`]: [`afpacket::AfPacket`],
+//!   [`afxdp::AfXdp`]) receives into a caller's batch without
+//!   blocking and sends a batch with one system call; a missing privilege or kernel feature is
+//!   an [`Error::Device`] that says what is missing.
 //! * A damaged input file is an [`Error`] that names the file and the byte offset; the packets
 //!   read before it stay valid.
 
+#[cfg(target_os = "linux")]
+pub mod afpacket;
+#[cfg(target_os = "linux")]
+pub mod afxdp;
 pub mod batch;
 pub mod pcap;
 pub mod synth;
@@ -38,6 +46,17 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+    /// A network device or socket failed, or cannot be used here.
+    #[error("{device}: {what}: {source}")]
+    Device {
+        /// The interface (or facility) concerned.
+        device: String,
+        /// What was being done, and what may be missing.
+        what: Box<str>,
+        /// What the system said.
+        #[source]
+        source: std::io::Error,
+    },
     /// An option is out of its range or contradicts another.
     #[error("invalid option {name}: {reason}")]
     Option {
@@ -67,4 +86,26 @@ pub trait Sink {
     fn flush(&mut self) -> Result<()> {
         Ok(())
     }
+}
+
+/// One port of a live box: an interface it receives from and sends to.
+pub trait Port: Send {
+    /// The port's MAC address.
+    fn mac(&self) -> [u8; 6];
+
+    /// Appends the frames ready now (up to `batch`'s free room) for which `keep` says yes,
+    /// each with `port` in its metadata, without blocking. Returns how many were appended.
+    fn recv_ready(
+        &mut self,
+        batch: &mut PacketBatch,
+        port: u16,
+        keep: &mut dyn FnMut(&[u8]) -> bool,
+    ) -> Result<usize>;
+
+    /// Sends `frames`; returns how many the device took (the rest were dropped for lack of
+    /// room, and counted by the port).
+    fn send(&mut self, frames: &mut dyn Iterator<Item = &[u8]>) -> Result<usize>;
+
+    /// A descriptor that polls readable when frames may be ready (`None`: send-only).
+    fn raw_fd(&self) -> Option<std::os::fd::RawFd>;
 }

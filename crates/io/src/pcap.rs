@@ -862,6 +862,15 @@ fn copy_error(e: &Error) -> Error {
             name,
             reason: reason.clone(),
         },
+        Error::Device {
+            device,
+            what,
+            source,
+        } => Error::Device {
+            device: device.clone(),
+            what: what.clone(),
+            source: io::Error::new(source.kind(), source.to_string()),
+        },
     }
 }
 

@@ -1,0 +1,209 @@
+//! `live-nat`: in the namespace lab (`flowstate_lab`), Linux's own NAT (nftables masquerade
+//! with IPv4 forwarding in the `nf` namespace) against flowstate's NAT in the same place, over
+//! AF_PACKET and over AF_XDP (generic mode), with real hosts on both sides:
+//!
+//! * **pps**: the client floods small UDP datagrams (`iperf3 -u -l 18 -b 0`, 60-byte frames)
+//!   to the server; forwarded pps = datagrams the server received / seconds.
+//! * **TCP goodput**: `iperf3` TCP, the receiver's bits per second.
+//!
+//! The three variants run one after another in one lab, in the same run; the claims are the
+//! ratios ours/Linux (`ratios.xdp_vs_linux_pps`, `ratios.afpacket_vs_linux_pps`,
+//! `ratios.xdp_vs_linux_tcp_goodput`, `ratios.afpacket_vs_linux_tcp_goodput`). The box runs
+//! in this process (a thread in the `nf` namespace), one worker, state on the local store.
+//! Needs root, iproute2, nftables, ethtool, iperf3 (scripts/setup-live); without them the
+//! report carries `params.error` and no ratio.
+
+use crate::{Effort, Report};
+use flowstate_chain::live::Stop;
+use flowstate_lab::{Lab, System, BOX_OUTSIDE, SERVER};
+use std::os::fd::AsRawFd;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub(crate) fn run(effort: Effort) -> Report {
+    let seconds = match effort {
+        Effort::Full => 5,
+        Effort::Quick => 1,
+    };
+    let mut report = Report::new("live-nat");
+    report
+        .param("seconds", seconds)
+        .param("udp_payload_bytes", 18)
+        .param("workers", 1)
+        .param(
+            "lab",
+            "client -- veth -- nf -- veth -- server, generic XDP, offloads off",
+        );
+    let prefix = format!("fs-bench{}-", std::process::id() % 100_000);
+    let lab = match Lab::new(&prefix) {
+        Ok(l) => l,
+        Err(e) => {
+            report.param("error", e.to_string());
+            return report;
+        }
+    };
+    let result = measure_all(&lab, seconds, &mut report);
+    let _ = lab.down(&mut System::default());
+    if let Err(e) = result {
+        eprintln!("live-nat: {e}");
+        report.param("error", e);
+    }
+    report
+}
+
+fn measure_all(lab: &Lab, seconds: u32, report: &mut Report) -> Result<(), String> {
+    let mut exec = System::default();
+    lab.up(&mut exec).map_err(|e| e.to_string())?;
+
+    lab.kernel_nat(&mut exec, true).map_err(|e| e.to_string())?;
+    let linux = measure(lab, seconds)?;
+    lab.kernel_nat(&mut exec, false)
+        .map_err(|e| e.to_string())?;
+
+    let afpacket = with_box(lab, "af-packet", || measure(lab, seconds))?;
+    let xdp = with_box(lab, "af-xdp", || measure(lab, seconds))?;
+
+    for (name, m) in [("linux", &linux), ("afpacket", &afpacket), ("xdp", &xdp)] {
+        report.metric(&format!("{name}_pps"), m.pps);
+        report.metric(&format!("{name}_udp_sent_pps"), m.sent_pps);
+        report.metric(&format!("{name}_tcp_goodput_mbps"), m.tcp_bps / 1e6);
+    }
+    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+    report.ratio("xdp_vs_linux_pps", ratio(xdp.pps, linux.pps));
+    report.ratio("afpacket_vs_linux_pps", ratio(afpacket.pps, linux.pps));
+    report.ratio(
+        "xdp_vs_linux_tcp_goodput",
+        ratio(xdp.tcp_bps, linux.tcp_bps),
+    );
+    report.ratio(
+        "afpacket_vs_linux_tcp_goodput",
+        ratio(afpacket.tcp_bps, linux.tcp_bps),
+    );
+    Ok(())
+}
+
+struct Measured {
+    /// Datagrams the server received per second.
+    pps: f64,
+    /// Datagrams the client sent per second.
+    sent_pps: f64,
+    /// TCP goodput at the receiver, bits per second.
+    tcp_bps: f64,
+}
+
+fn iperf3(lab: &Lab, args: &[&str]) -> Result<serde_json::Value, String> {
+    let server = SERVER.to_string();
+    let mut argv = vec!["iperf3", "-c", server.as_str(), "--json"];
+    argv.extend_from_slice(args);
+    // The server may still be finishing the previous test (a flood can delay its end):
+    // "busy" is retried for a while.
+    for _ in 0..20 {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &lab.client_ns()])
+            .args(&argv)
+            .output()
+            .map_err(|e| format!("iperf3: {e}"))?;
+        let j: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .map_err(|e| format!("iperf3 {}: {e}", argv.join(" ")))?;
+        match j.get("error").and_then(|e| e.as_str()) {
+            Some(e) if e.contains("busy") => std::thread::sleep(Duration::from_secs(1)),
+            Some(e) => return Err(format!("iperf3 {}: {e}", argv.join(" "))),
+            None => return Ok(j),
+        }
+    }
+    Err(format!("iperf3 {}: the server stayed busy", argv.join(" ")))
+}
+
+fn measure(lab: &Lab, seconds: u32) -> Result<Measured, String> {
+    let t = seconds.to_string();
+    let udp = iperf3(lab, &["-u", "-l", "18", "-b", "0", "-t", &t])?;
+    let sum = &udp["end"]["sum"];
+    let secs = sum["seconds"].as_f64().unwrap_or(0.0).max(1e-9);
+    let packets = sum["packets"].as_f64().unwrap_or(0.0);
+    let lost = sum["lost_packets"].as_f64().unwrap_or(0.0);
+    // Let the flood drain before the TCP run.
+    std::thread::sleep(Duration::from_millis(500));
+    let tcp = iperf3(lab, &["-t", &t])?;
+    Ok(Measured {
+        pps: (packets - lost).max(0.0) / secs,
+        sent_pps: packets / secs,
+        tcp_bps: tcp["end"]["sum_received"]["bits_per_second"]
+            .as_f64()
+            .unwrap_or(0.0),
+    })
+}
+
+/// Runs `f` while flowstate's NAT runs as the box (in a thread inside the nf namespace).
+fn with_box<T>(
+    lab: &Lab,
+    driver: &str,
+    f: impl FnOnce() -> Result<T, String>,
+) -> Result<T, String> {
+    let text = format!(
+        "[input]\ninterface = \"{}\"\naddress = \"10.0.0.1\"\ndriver = \"{driver}\"\n\
+         [output]\ninterface = \"{}\"\naddress = \"{BOX_OUTSIDE}\"\n\
+         [runtime]\nworkers = 1\ninside = [\"10.0.0.0/24\"]\n\
+         [state]\nbackend = \"local\"\n\
+         [[chain]]\nnf = \"nat\"\nexternal = [\"{BOX_OUTSIDE}\"]\n",
+        flowstate_lab::NF_INSIDE_IF,
+        flowstate_lab::NF_OUTSIDE_IF
+    );
+    let config =
+        flowstate_chain::Config::parse(&text, "live-nat.toml").map_err(|e| e.to_string())?;
+    let (
+        flowstate_chain::config::Input::Interface(inside),
+        flowstate_chain::config::Output::Interface(outside),
+    ) = (config.input.clone(), config.output.clone())
+    else {
+        return Err("live-nat: the box configuration is not a live one".into());
+    };
+    let factories = config.factories().map_err(|e| e.to_string())?;
+    let runtime = flowstate_chain::Runtime::new(
+        flowstate_chain::RuntimeOptions::from_config(&config),
+        factories,
+        Arc::new(flowstate_state::local::LocalStore::new()),
+    );
+    let stop = Stop::new();
+    let ns = format!("/run/netns/{}", lab.nf_ns());
+    std::thread::scope(|s| {
+        let boxed = s.spawn(|| -> Result<(), String> {
+            let file = std::fs::File::open(&ns).map_err(|e| format!("{ns}: {e}"))?;
+            // SAFETY: moves this thread (and the threads it starts) into the nf namespace.
+            if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                return Err(format!("setns {ns}: {}", std::io::Error::last_os_error()));
+            }
+            flowstate_chain::live::run(&runtime, &config, &inside, &outside, stop.clone(), None)
+                .map(drop)
+                .map_err(|e| e.to_string())
+        });
+        // Wait until the client reaches the server through the box.
+        let mut up = false;
+        for _ in 0..40 {
+            if boxed.is_finished() {
+                break;
+            }
+            let ok = Command::new("ip")
+                .args(["netns", "exec", &lab.client_ns()])
+                .args(["ping", "-c1", "-W1", &SERVER.to_string()])
+                .output()
+                .map(|o| o.status.success())
+                .unwrap_or(false);
+            if ok {
+                up = true;
+                break;
+            }
+        }
+        let r = if up {
+            f()
+        } else {
+            Err(format!("live-nat: the {driver} box did not come up"))
+        };
+        stop.stop();
+        match boxed.join() {
+            Ok(Ok(())) => r,
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(format!("live-nat: the {driver} box panicked")),
+        }
+    })
+}

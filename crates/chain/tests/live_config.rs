@@ -1,0 +1,114 @@
+//! `[input]`/`[output] interface`: the live box's configuration, and its errors.
+
+use flowstate_chain::config::{Driver, Input, LivePort, Output};
+use flowstate_chain::Config;
+
+const CHAIN: &str = "[[chain]]\nnf = \"firewall\"\n";
+
+fn parse(input: &str, output: &str) -> Result<Config, String> {
+    Config::parse(
+        &format!("[input]\n{input}\n[output]\n{output}\n{CHAIN}"),
+        "live.toml",
+    )
+    .map_err(|e| e.to_string())
+}
+
+#[test]
+fn a_live_box_names_both_ports() {
+    let c = parse(
+        "interface = \"fs-in\"\naddress = \"10.0.0.1\"\ndriver = \"af-xdp\"",
+        "interface = \"fs-out\"\naddress = \"198.51.100.1\"\ngateway = \"198.51.100.254\"",
+    )
+    .unwrap();
+    assert_eq!(
+        c.input,
+        Input::Interface(LivePort {
+            interface: "fs-in".into(),
+            address: "10.0.0.1".parse().unwrap(),
+            gateway: None,
+            driver: Driver::AfXdp,
+        })
+    );
+    assert_eq!(
+        c.output,
+        Output::Interface(LivePort {
+            interface: "fs-out".into(),
+            address: "198.51.100.1".parse().unwrap(),
+            gateway: Some("198.51.100.254".parse().unwrap()),
+            driver: Driver::AfXdp,
+        })
+    );
+    let d = parse(
+        "interface = \"fs-in\"\naddress = \"10.0.0.1\"",
+        "interface = \"fs-out\"\naddress = \"198.51.100.1\"",
+    )
+    .unwrap();
+    assert!(matches!(
+        d.input,
+        Input::Interface(LivePort {
+            driver: Driver::AfPacket,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn errors_name_the_key() {
+    let cases = [
+        (
+            "interface = \"fs-in\"\naddress = \"10.0.0.1\"",
+            "discard = true",
+            "output.interface",
+        ),
+        (
+            "pcap = \"x.pcap\"",
+            "interface = \"fs-out\"\naddress = \"198.51.100.1\"",
+            "input.interface",
+        ),
+        (
+            "interface = \"fs-in\"",
+            "interface = \"fs-out\"\naddress = \"198.51.100.1\"",
+            "input.address",
+        ),
+        (
+            "interface = \"fs-in\"\naddress = \"10.0.0.300\"",
+            "interface = \"fs-out\"\naddress = \"198.51.100.1\"",
+            "input.address",
+        ),
+        (
+            "interface = \"fs-in\"\naddress = \"10.0.0.1\"\ndriver = \"dpdk\"",
+            "interface = \"fs-out\"\naddress = \"198.51.100.1\"",
+            "input.driver",
+        ),
+        (
+            "interface = \"a-name-much-too-long\"\naddress = \"10.0.0.1\"",
+            "interface = \"fs-out\"\naddress = \"198.51.100.1\"",
+            "input.interface",
+        ),
+        (
+            "interface = \"fs-in\"\naddress = \"10.0.0.1\"\npcap = \"x.pcap\"",
+            "interface = \"fs-out\"\naddress = \"198.51.100.1\"",
+            "input",
+        ),
+        (
+            "interface = \"fs-in\"\naddress = \"10.0.0.1\"",
+            "interface = \"fs-out\"\naddress = \"198.51.100.1\"\npcap = \"o.pcap\"",
+            "output",
+        ),
+        (
+            "pcap = \"x.pcap\"\naddress = \"10.0.0.1\"",
+            "discard = true",
+            "input.address",
+        ),
+        (
+            "pcap = \"x.pcap\"",
+            "address = \"10.0.0.1\"",
+            "output.address",
+        ),
+    ];
+    for (input, output, key) in cases {
+        let e = parse(input, output).unwrap_err();
+        assert!(e.contains("live.toml"), "{e}");
+        assert!(e.contains(key), "[input] {input} / [output] {output}: {e}");
+    }
+}

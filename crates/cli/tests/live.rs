@@ -1,0 +1,507 @@
+//! Real hosts through a live flowstate box: the lab's client and servers talk through
+//! `flowstate run` on AF_PACKET in the lab's `nf` namespace (needs root and scripts/setup-live;
+//! skipped with a message when not root).
+//!
+//! Each test makes its own lab (a unique prefix) and takes it down however it ends; the tests
+//! run one at a time so that the boxes do not compete for the machine's cores.
+
+use flowstate_lab::{Lab, System, BOX_OUTSIDE, CLIENT, HTTP_PORT, SERVER, VIP};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Mutex;
+use std::time::Duration;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .map(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
+/// A lab with a flowstate box in it; everything is stopped and removed on drop.
+struct Live {
+    lab: Lab,
+    dir: tempfile::TempDir,
+    flowstate: Option<Child>,
+    others: Vec<Child>,
+}
+
+impl Live {
+    fn up(name: &str) -> Live {
+        let prefix = format!("fs-{name}{}-", std::process::id() % 100_000);
+        let lab = Lab::new(&prefix).unwrap();
+        let live = Live {
+            lab,
+            dir: tempfile::tempdir().unwrap(),
+            flowstate: None,
+            others: Vec::new(),
+        };
+        live.lab.up(&mut System::default()).unwrap();
+        live
+    }
+
+    /// Starts `flowstate run` with `config` in the box's namespace and waits until the client
+    /// reaches `probe` through it.
+    fn start_box(&mut self, config: &str, probe: std::net::Ipv4Addr) {
+        let path = self.dir.path().join("box.toml");
+        std::fs::write(&path, config).unwrap();
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.lab.nf_ns()])
+            .arg(env!("CARGO_BIN_EXE_flowstate"))
+            .args(["run", "--json"])
+            .arg(&path)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        self.flowstate = Some(child);
+        for _ in 0..40 {
+            if self
+                .client(&["ping", "-c1", "-W1", &probe.to_string()])
+                .status
+                .success()
+            {
+                return;
+            }
+            if let Some(Ok(Some(status))) = self.flowstate.as_mut().map(Child::try_wait) {
+                let out = self.flowstate.take().unwrap().wait_with_output().unwrap();
+                panic!(
+                    "flowstate exited early ({status}): {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+        panic!("the client never reached {probe} through the box");
+    }
+
+    /// Stops the box with SIGTERM; its JSON summary.
+    fn stop_box(&mut self) -> serde_json::Value {
+        let child = self.flowstate.take().expect("a box runs");
+        let pid = child.id().to_string();
+        assert!(Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success());
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "flowstate exits cleanly on SIGTERM: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!("{e}: {}", String::from_utf8_lossy(&out.stdout));
+        })
+    }
+
+    fn run_in(&self, ns: &str, argv: &[&str]) -> Output {
+        Command::new("ip")
+            .args(["netns", "exec", ns])
+            .args(argv)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
+    fn client(&self, argv: &[&str]) -> Output {
+        self.run_in(&self.lab.client_ns(), argv)
+    }
+
+    fn server(&self, argv: &[&str]) -> Output {
+        self.run_in(&self.lab.server_ns(), argv)
+    }
+
+    /// Downloads `url` in the client namespace into a file; its bytes.
+    fn download(&self, url: &str) -> Vec<u8> {
+        let to = self.dir.path().join("download");
+        let out = self.client(&["curl", "-sSf", "-m", "60", "-o", path(&to), url]);
+        assert!(
+            out.status.success(),
+            "curl {url}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::read(&to).unwrap()
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        for c in self.flowstate.iter_mut().chain(self.others.iter_mut()) {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = self.lab.down(&mut System::default());
+    }
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Deterministic pseudo-random bytes (xorshift), so content errors cannot hide in zeros.
+fn content(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Files of several sizes in both backends' web roots.
+fn publish(lab: &Lab) -> Vec<(String, Vec<u8>)> {
+    let files: Vec<(String, Vec<u8>)> = [(1_000, 1), (100_000, 2), (3_000_000, 3)]
+        .into_iter()
+        .map(|(n, seed)| (format!("f{n}.bin"), content(n, seed)))
+        .collect();
+    for b in ['a', 'b'] {
+        for (name, data) in &files {
+            std::fs::write(lab.www(b).join(name), data).unwrap();
+        }
+    }
+    files
+}
+
+fn config(chain: &str) -> String {
+    format!(
+        "[input]\ninterface = \"fs-in\"\naddress = \"10.0.0.1\"\n\
+         [output]\ninterface = \"fs-out\"\naddress = \"{BOX_OUTSIDE}\"\n\
+         [runtime]\nworkers = 2\ninside = [\"10.0.0.0/24\"]\n\
+         [state]\nbackend = \"local\"\n{chain}"
+    )
+}
+
+fn nat_chain() -> String {
+    format!(
+        "[[chain]]\nnf = \"firewall\"\n[[chain]]\nnf = \"nat\"\nexternal = [\"{BOX_OUTSIDE}\"]\nports = \"20000-59999\"\n"
+    )
+}
+
+fn report(summary: &serde_json::Value, nf: &str, key: &str) -> i64 {
+    summary["nfs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == nf)
+        .unwrap_or_else(|| panic!("{nf} in {summary}"))["report"][key]
+        .as_i64()
+        .unwrap_or(0)
+}
+
+#[test]
+fn nat_carries_http_iperf3_and_ping_and_hides_the_client() {
+    if !is_root() {
+        eprintln!("skipped: live tests need root");
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut live = Live::up("n");
+    let files = publish(&live.lab);
+    live.start_box(&config(&nat_chain()), SERVER);
+
+    for (name, data) in &files {
+        let got = live.download(&format!("http://{SERVER}:{HTTP_PORT}/{name}"));
+        assert!(got == *data, "{name}: {} bytes, content differs", got.len());
+    }
+
+    let ping = live.client(&["ping", "-c3", "-i0.2", "-W2", &SERVER.to_string()]);
+    assert!(
+        ping.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ping.stdout)
+    );
+
+    let tcp = live.client(&["iperf3", "-c", &SERVER.to_string(), "-t", "2", "--json"]);
+    assert!(
+        tcp.status.success(),
+        "iperf3 tcp: {}",
+        String::from_utf8_lossy(&tcp.stdout)
+    );
+    let j: serde_json::Value = serde_json::from_slice(&tcp.stdout).unwrap();
+    assert!(
+        j["end"]["sum_received"]["bytes"].as_f64().unwrap() > 0.0,
+        "{j}"
+    );
+
+    let udp = live.client(&[
+        "iperf3",
+        "-c",
+        &SERVER.to_string(),
+        "-u",
+        "-b",
+        "20M",
+        "-t",
+        "2",
+        "--json",
+    ]);
+    assert!(
+        udp.status.success(),
+        "iperf3 udp: {}",
+        String::from_utf8_lossy(&udp.stdout)
+    );
+    let j: serde_json::Value = serde_json::from_slice(&udp.stdout).unwrap();
+    let sum = &j["end"]["sum"];
+    assert!(
+        sum["packets"].as_i64().unwrap() > sum["lost_packets"].as_i64().unwrap(),
+        "datagrams arrive: {sum}"
+    );
+
+    // An unsolicited connection to the external address has no mapping: it fails.
+    let unsolicited = live.server(&[
+        "curl",
+        "-s",
+        "-m",
+        "3",
+        &format!("http://{BOX_OUTSIDE}:{HTTP_PORT}/"),
+    ]);
+    assert!(!unsolicited.status.success());
+
+    // The servers saw the NAT's external address only.
+    let http_log = std::fs::read_to_string(live.lab.log("http-a")).unwrap();
+    let requests: Vec<&str> = http_log.lines().filter(|l| l.contains("\"GET ")).collect();
+    assert_eq!(requests.len(), files.len(), "{http_log}");
+    for r in &requests {
+        assert!(r.starts_with(&format!("{BOX_OUTSIDE} ")), "{r}");
+    }
+    let iperf_log = std::fs::read_to_string(live.lab.log("iperf3")).unwrap();
+    assert!(iperf_log.contains(&format!("Accepted connection from {BOX_OUTSIDE}")));
+    assert!(!iperf_log.contains(&CLIENT.to_string()), "{iperf_log}");
+    assert!(!http_log.contains(&CLIENT.to_string()));
+
+    let s = live.stop_box();
+    assert!(report(&s, "nat", "translations") >= 5, "{s}");
+    assert!(s["packets_out"].as_u64().unwrap() > 1000, "{s}");
+    let dropped = s["dropped"].as_object().unwrap();
+    assert!(
+        dropped
+            .iter()
+            .any(|(k, v)| k.ends_with("no mapping") && v.as_u64() >= Some(1)),
+        "the unsolicited SYN was dropped: {s}"
+    );
+}
+
+#[test]
+fn firewall_lets_replies_in_and_keeps_unsolicited_connections_out() {
+    if !is_root() {
+        eprintln!("skipped: live tests need root");
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut live = Live::up("f");
+    publish(&live.lab);
+    // A server on the client, which the outside must not reach.
+    let www = live.dir.path().join("client-www");
+    std::fs::create_dir_all(&www).unwrap();
+    std::fs::write(www.join("secret"), "inside\n").unwrap();
+    let client_server = Command::new("ip")
+        .args(["netns", "exec", &live.lab.client_ns()])
+        // socketserver rather than `http.server`, which looks its own name up in the DNS (and
+        // the client's DNS traffic would go to the box, not started yet).
+        .args(["python3", "-c"])
+        .arg(format!(
+            "import functools, socketserver, http.server as h\n\
+             socketserver.TCPServer(('{CLIENT}', 8081), functools.partial(\
+             h.SimpleHTTPRequestHandler, directory='{}')).serve_forever()",
+            path(&www)
+        ))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(live.dir.path().join("client-www.log")).unwrap())
+        .spawn()
+        .unwrap();
+    live.others.push(client_server);
+    live.start_box(
+        &config("[[chain]]\nnf = \"firewall\"\ndefault_outbound = \"allow\"\ndefault_inbound = \"deny\"\n"),
+        SERVER,
+    );
+    // The client is up locally.
+    let mut local = false;
+    for _ in 0..50 {
+        let o = live.client(&[
+            "curl",
+            "-s",
+            "-m",
+            "1",
+            &format!("http://{CLIENT}:8081/secret"),
+        ]);
+        if o.status.success() {
+            local = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        local,
+        "the client's own server runs: {}",
+        std::fs::read_to_string(live.dir.path().join("client-www.log")).unwrap_or_default()
+    );
+
+    // Solicited: the client's connection and its replies pass (routed, no NAT).
+    let got = live.download(&format!("http://{SERVER}:{HTTP_PORT}/f100000.bin"));
+    assert_eq!(got, content(100_000, 2));
+    let log = std::fs::read_to_string(live.lab.log("http-a")).unwrap();
+    assert!(log.contains(&format!("{CLIENT} ")), "no NAT here: {log}");
+
+    // Unsolicited: the server cannot open a connection to the client.
+    for _ in 0..2 {
+        let o = live.server(&[
+            "curl",
+            "-s",
+            "-m",
+            "3",
+            &format!("http://{CLIENT}:8081/secret"),
+        ]);
+        assert!(
+            !o.status.success(),
+            "{}",
+            String::from_utf8_lossy(&o.stdout)
+        );
+    }
+    let s = live.stop_box();
+    let dropped = s["dropped"].as_object().unwrap();
+    assert!(
+        dropped.keys().any(|k| k.starts_with("firewall:")),
+        "the firewall dropped the server's SYNs: {s}"
+    );
+}
+
+#[test]
+fn lb_spreads_connections_and_keeps_each_on_one_backend() {
+    if !is_root() {
+        eprintln!("skipped: live tests need root");
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut live = Live::up("l");
+    let files = publish(&live.lab);
+    let chain = format!(
+        "[[chain]]\nnf = \"lb\"\nvips = [{{ vip = \"{VIP}\", port = {HTTP_PORT}, backends = [\"{SERVER}\", \"198.51.100.3\"] }}]\n"
+    );
+    live.start_box(&config(&chain), SERVER);
+
+    // Many connections, each from a new source port: both backends answer.
+    let mut seen = std::collections::BTreeMap::new();
+    for _ in 0..16 {
+        let who = live.download(&format!("http://{VIP}:{HTTP_PORT}/backend"));
+        *seen
+            .entry(String::from_utf8_lossy(&who).trim().to_owned())
+            .or_insert(0) += 1;
+    }
+    assert_eq!(
+        seen.keys().cloned().collect::<Vec<_>>(),
+        ["a", "b"],
+        "{seen:?}"
+    );
+
+    // Long connections: every packet of each stays on one backend (else the transfer breaks).
+    let (name, data) = &files[2];
+    for _ in 0..4 {
+        assert!(live.download(&format!("http://{VIP}:{HTTP_PORT}/{name}")) == *data);
+    }
+    let served: usize = ['a', 'b']
+        .iter()
+        .map(|b| {
+            let log = std::fs::read_to_string(live.lab.log(&format!("http-{b}"))).unwrap();
+            log.lines()
+                .filter(|l| l.contains(&format!("GET /{name}")))
+                .count()
+        })
+        .sum();
+    assert_eq!(served, 4, "each download served once, by one backend");
+
+    let s = live.stop_box();
+    assert!(report(&s, "lb", "flows") >= 20, "{s}");
+}
+
+#[test]
+fn a_missing_interface_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg: PathBuf = dir.path().join("box.toml");
+    std::fs::write(
+        &cfg,
+        config("[[chain]]\nnf = \"firewall\"\n").replace("fs-in", "fs-nosuch0"),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_flowstate"))
+        .args(["run", path(&cfg)])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("fs-nosuch0"), "{err}");
+    assert!(
+        err.contains("no such interface") || err.contains("CAP_NET_RAW"),
+        "says what is missing: {err}"
+    );
+}
+
+#[test]
+fn nat_over_af_xdp_carries_http_and_tcp() {
+    if !is_root() {
+        eprintln!("skipped: live tests need root");
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut live = Live::up("x");
+    let files = publish(&live.lab);
+    let cfg = config(&nat_chain()).replace(
+        "address = \"10.0.0.1\"\n",
+        "address = \"10.0.0.1\"\ndriver = \"af-xdp\"\n",
+    );
+    assert!(cfg.contains("af-xdp"));
+    live.start_box(&cfg, SERVER);
+    for (name, data) in &files {
+        let got = live.download(&format!("http://{SERVER}:{HTTP_PORT}/{name}"));
+        assert!(got == *data, "{name}: {} bytes, content differs", got.len());
+    }
+    let tcp = live.client(&["iperf3", "-c", &SERVER.to_string(), "-t", "1"]);
+    assert!(
+        tcp.status.success(),
+        "{}",
+        String::from_utf8_lossy(&tcp.stdout)
+    );
+    let http_log = std::fs::read_to_string(live.lab.log("http-a")).unwrap();
+    assert!(!http_log.contains(&CLIENT.to_string()), "{http_log}");
+    let s = live.stop_box();
+    assert!(report(&s, "nat", "translations") >= 4, "{s}");
+}
+
+#[test]
+fn bench_live_nat_reports_the_ratios() {
+    if !is_root() {
+        eprintln!("skipped: live tests need root");
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("live-nat.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_flowstate"))
+        .args(["bench", "live-nat", "--quick", "--json", path(&json)])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(v["name"], "live-nat");
+    assert!(v["params"].get("error").is_none(), "{v}");
+    for key in [
+        "xdp_vs_linux_pps",
+        "afpacket_vs_linux_pps",
+        "xdp_vs_linux_tcp_goodput",
+        "afpacket_vs_linux_tcp_goodput",
+    ] {
+        assert!(v["ratios"][key].as_f64().unwrap() > 0.0, "{key}: {v}");
+    }
+    // Its lab is gone.
+    let netns = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&netns.stdout).contains("fs-bench"));
+}
