@@ -898,23 +898,29 @@ fn len32(n: usize) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
 }
 
-fn put_u16(w: &mut Vec<u8>, v: u16) {
+/// Appends a little-endian field (see the frame diagram).
+pub fn put_u16(w: &mut Vec<u8>, v: u16) {
     w.extend_from_slice(&v.to_le_bytes());
 }
-fn put_u32(w: &mut Vec<u8>, v: u32) {
+/// Appends a little-endian field (see the frame diagram).
+pub fn put_u32(w: &mut Vec<u8>, v: u32) {
     w.extend_from_slice(&v.to_le_bytes());
 }
-fn put_u64(w: &mut Vec<u8>, v: u64) {
+/// Appends a little-endian field (see the frame diagram).
+pub fn put_u64(w: &mut Vec<u8>, v: u64) {
     w.extend_from_slice(&v.to_le_bytes());
 }
-fn put_i64(w: &mut Vec<u8>, v: i64) {
+/// Appends a little-endian field (see the frame diagram).
+pub fn put_i64(w: &mut Vec<u8>, v: i64) {
     w.extend_from_slice(&v.to_le_bytes());
 }
-fn put_bytes(w: &mut Vec<u8>, b: &[u8]) {
+/// Appends a little-endian field (see the frame diagram).
+pub fn put_bytes(w: &mut Vec<u8>, b: &[u8]) {
     put_u32(w, len32(b.len()));
     w.extend_from_slice(b);
 }
-fn put_opt_bytes(w: &mut Vec<u8>, b: Option<&[u8]>) {
+/// Appends a little-endian field (see the frame diagram).
+pub fn put_opt_bytes(w: &mut Vec<u8>, b: Option<&[u8]>) {
     match b {
         None => w.push(0),
         Some(b) => {
@@ -923,7 +929,8 @@ fn put_opt_bytes(w: &mut Vec<u8>, b: Option<&[u8]>) {
         }
     }
 }
-fn put_duration(w: &mut Vec<u8>, d: Duration) {
+/// Appends a little-endian field (see the frame diagram).
+pub fn put_duration(w: &mut Vec<u8>, d: Duration) {
     put_u64(w, u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
 }
 
@@ -1070,7 +1077,13 @@ impl<'a> Rd<'a> {
         Rd { buf }
     }
 
-    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+    /// Whether everything was read.
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+
+    /// The next `n` bytes.
+    pub fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
         if self.buf.len() < n {
             return Err(DecodeError::Malformed("truncated"));
         }
@@ -1089,14 +1102,16 @@ impl<'a> Rd<'a> {
     pub fn u8(&mut self) -> Result<u8, DecodeError> {
         Ok(self.take(1)?[0])
     }
-    fn bool(&mut self) -> Result<bool, DecodeError> {
+    /// A boolean byte.
+    pub fn bool(&mut self) -> Result<bool, DecodeError> {
         match self.u8()? {
             0 => Ok(false),
             1 => Ok(true),
             _ => Err(DecodeError::Malformed("boolean")),
         }
     }
-    fn u16(&mut self) -> Result<u16, DecodeError> {
+    /// A u16.
+    pub fn u16(&mut self) -> Result<u16, DecodeError> {
         Ok(u16::from_le_bytes(self.arr()?))
     }
     /// A u32.
@@ -1116,20 +1131,24 @@ impl<'a> Rd<'a> {
         let n = self.u32()? as usize;
         self.take(n)
     }
-    fn opt_bytes(&mut self) -> Result<Option<Vec<u8>>, DecodeError> {
+    /// Optional length-prefixed bytes.
+    pub fn opt_bytes(&mut self) -> Result<Option<Vec<u8>>, DecodeError> {
         Ok(match self.u8()? {
             0 => None,
             1 => Some(self.bytes()?.to_vec()),
             _ => return Err(DecodeError::Malformed("option tag")),
         })
     }
-    fn kind(&mut self) -> Result<Kind, DecodeError> {
+    /// An object kind.
+    pub fn kind(&mut self) -> Result<Kind, DecodeError> {
         Kind::from_code(self.u8()?).ok_or(DecodeError::Malformed("object kind"))
     }
-    fn duration(&mut self) -> Result<Duration, DecodeError> {
+    /// A duration in nanoseconds.
+    pub fn duration(&mut self) -> Result<Duration, DecodeError> {
         Ok(Duration::from_nanos(self.u64()?))
     }
-    fn count(&mut self, min_item: usize) -> Result<usize, DecodeError> {
+    /// A count of items of at least `min_item` bytes each, checked against what is left.
+    pub fn count(&mut self, min_item: usize) -> Result<usize, DecodeError> {
         let n = self.u32()? as usize;
         if n.saturating_mul(min_item) > self.buf.len() {
             return Err(DecodeError::Malformed("count past the end of the frame"));
