@@ -4,6 +4,7 @@ mod backends;
 mod gen;
 mod inspect;
 mod run;
+mod store;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -31,6 +32,8 @@ enum Command {
     Inspect(InspectArgs),
     /// Run an experiment and report its numbers (`--list` shows them all).
     Bench(BenchArgs),
+    /// Run the state store server (the `store` backend).
+    Store(store::StoreArgs),
 }
 
 #[derive(Debug, Args)]
@@ -92,6 +95,7 @@ fn main() {
         Command::Gen(a) => gen::run(&a).map(|_| ()),
         Command::Inspect(a) => inspect_cmd(&a),
         Command::Bench(a) => bench(&a),
+        Command::Store(a) => store::run(&a),
     };
     if let Err(e) = result {
         eprintln!("flowstate: error: {e:#}");
