@@ -67,8 +67,6 @@ pub(crate) struct Sub {
 #[derive(Default)]
 pub(crate) struct Subs {
     pub(crate) list: Vec<Sub>,
-    /// Round robin over `list` for expiry notifications.
-    pub(crate) next: usize,
 }
 
 impl Obj {

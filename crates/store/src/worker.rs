@@ -64,6 +64,9 @@ pub(crate) struct Worker {
     outbox: Vec<(WriterTx, ToWriter)>,
     /// Keys updated in the current group, with the connection that did it.
     touched: Vec<(Vec<u8>, u64)>,
+    /// Round robin over subscribers for expiry notifications, spreading timer work over the
+    /// instances (StatelessNF §4.1).
+    next_expiry: usize,
 }
 
 impl Worker {
@@ -85,6 +88,7 @@ impl Worker {
             subs: Default::default(),
             outbox: Vec::new(),
             touched: Vec::new(),
+            next_expiry: 0,
         }
     }
 
@@ -193,7 +197,8 @@ impl Worker {
         self.touched.clear();
     }
 
-    /// Tells exactly one subscriber of each expired key (StatelessNF §4.1), round robin.
+    /// Tells exactly one subscriber of each expired key or field (StatelessNF §4.1), round
+    /// robin over the shard's expiries.
     fn notify_expired(&mut self) {
         for (key, field) in self.objects.expired.drain(..) {
             let Some(subs) = self.subs.get_mut(&key) else {
@@ -202,8 +207,8 @@ impl Worker {
             if subs.list.is_empty() {
                 continue;
             }
-            let i = subs.next % subs.list.len();
-            subs.next = subs.next.wrapping_add(1);
+            let i = self.next_expiry % subs.list.len();
+            self.next_expiry = self.next_expiry.wrapping_add(1);
             tracing::debug!(
                 "shard {}: expiry of {} told to instance {}",
                 self.index,
