@@ -8,6 +8,7 @@ mod flexstate_counter;
 mod hashing;
 mod nf_throughput;
 mod report;
+mod store_ops;
 
 pub use report::{Machine, Report};
 
@@ -54,6 +55,16 @@ pub const BENCHES: &[Bench] = &[
         name: "nf-throughput",
         about: "Mpps per core of no-op, NAT, firewall, LB and the chain on established flows (10k, 1M), 1 and 2 workers, vs plain hash-map lookups",
         run: nf_throughput::run,
+    },
+    Bench {
+        name: "store-ops",
+        about: "our store vs redis-server: ops/s, p50/p99 and ops per server CPU second at pipeline depths 1, 16, 64 (CHC §7.1)",
+        run: store_ops::run_ops,
+    },
+    Bench {
+        name: "store-batching",
+        about: "per-operation cost through the store driver: single requests vs multi-op frames of 100 (StatelessNF §5.3)",
+        run: store_ops::run_batching,
     },
 ];
 

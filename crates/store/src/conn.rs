@@ -3,7 +3,7 @@
 //! back together and sends them in request order (pipelining: the reader never waits for an
 //! answer, only for the in-flight limit).
 
-use crate::worker::Job;
+use crate::worker::{BatchItem, Job};
 use crate::Shared;
 use flowstate_proto::{
     self as proto, DecodeError, ErrorCode, Frame, Header, Message, Reply, Request, HEADER_LEN,
@@ -31,6 +31,9 @@ pub(crate) enum ToWriter {
     Ready { seq: u64, frame: Frame },
     /// A frame to send now (notifications).
     Push(Message),
+    /// Several of the above, in order (one channel operation for everything a reader or a
+    /// shard produced in one go).
+    Many(Vec<ToWriter>),
     /// No more requests: send what is pending, then close.
     Close,
 }
@@ -62,6 +65,16 @@ pub(crate) struct InFlight {
 }
 
 impl InFlight {
+    /// Counts one more request if that stays within `max`.
+    fn try_add(&self, max: usize) -> bool {
+        let mut n = self.n.lock().unwrap_or_else(PoisonError::into_inner);
+        if *n >= max {
+            return false;
+        }
+        *n += 1;
+        true
+    }
+
     fn add(&self, max: usize) {
         let mut n = self.n.lock().unwrap_or_else(PoisonError::into_inner);
         while *n >= max {
@@ -111,10 +124,13 @@ pub(crate) fn serve(stream: TcpStream, conn: u64, shared: Arc<Shared>) {
         authed: shared.config.token.is_none(),
         buf: Vec::with_capacity(64 * 1024),
         parts: Vec::new(),
+        to_writer: Vec::new(),
+        to_shards: Vec::new(),
     };
     if let Err(why) = reader.run() {
         tracing::debug!("connection {conn} closed: {why}");
     }
+    reader.flush_pending();
     let _ = reader.tx.send(ToWriter::Close);
     for s in &shared.shards {
         let _ = s.send(Job::Disconnect { conn });
@@ -135,6 +151,10 @@ struct Reader {
     buf: Vec<u8>,
     /// Per-shard operation lists, reused.
     parts: Vec<Vec<(u32, Request)>>,
+    /// What goes to the writer and to the shards once the frames read so far are decoded:
+    /// one channel operation each per read, not per frame.
+    to_writer: Vec<ToWriter>,
+    to_shards: Vec<Vec<BatchItem>>,
 }
 
 impl Reader {
@@ -152,6 +172,7 @@ impl Reader {
                     Err(e) => {
                         // The length cannot be trusted: answer, then close.
                         self.error(0, e.code(), e.to_string());
+                        self.flush_pending();
                         return Err(e.to_string());
                     }
                 };
@@ -162,9 +183,11 @@ impl Reader {
                     proto::decode_body(&h, &self.buf[start + HEADER_LEN..start + h.total], &limits);
                 start += h.total;
                 if !self.frame(&h, msg)? {
+                    self.flush_pending();
                     return Ok(());
                 }
             }
+            self.flush_pending();
             self.buf.drain(..start);
             start = 0;
             let n = self
@@ -182,8 +205,32 @@ impl Reader {
         }
     }
 
+    /// Sends what the frames decoded so far produced.
+    fn flush_pending(&mut self) {
+        if !self.to_writer.is_empty() {
+            let v = std::mem::take(&mut self.to_writer);
+            let _ = self.tx.send(ToWriter::Many(v));
+        }
+        for (s, items) in self.to_shards.iter_mut().enumerate() {
+            if items.is_empty() {
+                continue;
+            }
+            let items = std::mem::take(items);
+            let _ = self.shared.shards[s].send(Job::Batches {
+                conn: self.conn,
+                tx: self.tx.clone(),
+                items,
+            });
+        }
+    }
+
     fn next_seq(&mut self) -> u64 {
-        self.inflight.add(self.shared.config.max_inflight.max(1));
+        let max = self.shared.config.max_inflight.max(1);
+        if !self.inflight.try_add(max) {
+            // The writer must see what is pending before it can free a place.
+            self.flush_pending();
+            self.inflight.add(max);
+        }
         let s = self.seq;
         self.seq += 1;
         s
@@ -191,7 +238,7 @@ impl Reader {
 
     fn ready(&mut self, id: u64, msg: Message) {
         let seq = self.next_seq();
-        let _ = self.tx.send(ToWriter::Ready {
+        self.to_writer.push(ToWriter::Ready {
             seq,
             frame: Frame { id, msg },
         });
@@ -238,15 +285,17 @@ impl Reader {
             Message::Partitions { nf, kind, id } => {
                 let seq = self.next_seq();
                 let n = self.shared.shards.len() as u32;
-                let _ = self.tx.send(ToWriter::Expect {
+                self.to_writer.push(ToWriter::Expect {
                     seq,
                     id: h.id,
                     parts: n,
                     ops: 0,
                     shape: Shape::Keys,
                 });
+                self.flush_pending();
                 for s in &self.shared.shards {
                     let _ = s.send(Job::Partitions {
+                        conn: self.conn,
                         tx: self.tx.clone(),
                         seq,
                         nf: nf.clone(),
@@ -289,13 +338,14 @@ impl Reader {
 
     fn expect_one(&mut self, id: u64) -> u64 {
         let seq = self.next_seq();
-        let _ = self.tx.send(ToWriter::Expect {
+        self.to_writer.push(ToWriter::Expect {
             seq,
             id,
             parts: 1,
             ops: 0,
             shape: Shape::Replies,
         });
+        self.flush_pending();
         seq
     }
 
@@ -342,21 +392,20 @@ impl Reader {
         }
         let used = self.parts.iter().filter(|p| !p.is_empty()).count() as u32;
         let seq = self.next_seq();
-        let _ = self.tx.send(ToWriter::Expect {
+        self.to_writer.push(ToWriter::Expect {
             seq,
             id,
             parts: used,
             ops: count,
             shape: if ack_only { Shape::Ack } else { Shape::Replies },
         });
+        self.to_shards.resize_with(n, Vec::new);
         for (s, part) in self.parts.iter_mut().enumerate() {
             if part.is_empty() {
                 continue;
             }
             let ops = std::mem::take(part);
-            let _ = self.shared.shards[s].send(Job::Batch {
-                conn: self.conn,
-                tx: self.tx.clone(),
+            self.to_shards[s].push(BatchItem {
                 seq,
                 client: self.client,
                 op_id,
@@ -406,9 +455,10 @@ fn write_loop(mut stream: TcpStream, rx: Receiver<ToWriter>, inflight: Arc<InFli
     let mut out = Vec::with_capacity(64 * 1024);
     let mut closing = false;
     while let Ok(first) = rx.recv() {
-        let mut next = Some(first);
-        while let Some(m) = next.take() {
+        let mut stack = vec![first];
+        while let Some(m) = stack.pop() {
             match m {
+                ToWriter::Many(v) => stack.extend(v.into_iter().rev()),
                 ToWriter::Expect {
                     seq,
                     id,
@@ -468,7 +518,11 @@ fn write_loop(mut stream: TcpStream, rx: Receiver<ToWriter>, inflight: Arc<InFli
                 ToWriter::Push(msg) => proto::encode(&Frame { id: 0, msg }, &mut out),
                 ToWriter::Close => closing = true,
             }
-            next = rx.try_recv().ok();
+            if stack.is_empty() {
+                if let Ok(m) = rx.try_recv() {
+                    stack.push(m);
+                }
+            }
         }
         let mut answered = 0;
         while pending.front().is_some_and(Pending::complete) {

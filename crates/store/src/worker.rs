@@ -13,15 +13,14 @@ use std::time::{Duration, Instant};
 
 /// Work for a shard.
 pub(crate) enum Job {
-    Batch {
+    /// This shard's operations of some batches of one connection, in order.
+    Batches {
         conn: u64,
         tx: WriterTx,
-        seq: u64,
-        client: u64,
-        op_id: u64,
-        ops: Vec<(u32, Request)>,
+        items: Vec<BatchItem>,
     },
     Partitions {
+        conn: u64,
         tx: WriterTx,
         seq: u64,
         nf: Vec<u8>,
@@ -47,6 +46,16 @@ pub(crate) enum Job {
     Stop,
 }
 
+/// This shard's part of one batch frame.
+pub(crate) struct BatchItem {
+    /// The frame's sequence number on its connection.
+    pub(crate) seq: u64,
+    pub(crate) client: u64,
+    pub(crate) op_id: u64,
+    /// Operations with their index in the frame.
+    pub(crate) ops: Vec<(u32, Request)>,
+}
+
 /// How often a shard sweeps expired objects (and so how late an expiry notification may be).
 const TICK: Duration = Duration::from_millis(20);
 /// Most jobs applied before their group is logged and answered.
@@ -60,8 +69,8 @@ pub(crate) struct Worker {
     pub(crate) checkpoint_interval: Duration,
     pub(crate) checkpoint_bytes: u64,
     subs: std::collections::HashMap<Vec<u8>, crate::shard::Subs>,
-    /// Answers of the current group, sent once the group is logged.
-    outbox: Vec<(WriterTx, ToWriter)>,
+    /// Answers of the current group by connection, sent once the group is logged.
+    outbox: Vec<(u64, WriterTx, ToWriter)>,
     /// Keys updated in the current group, with the connection that did it.
     touched: Vec<(Vec<u8>, u64)>,
     /// Round robin over subscribers for expiry notifications, spreading timer work over the
@@ -166,8 +175,21 @@ impl Worker {
                 std::process::exit(74);
             }
         }
-        for (tx, m) in self.outbox.drain(..) {
-            let _ = tx.send(m);
+        // One channel operation per run of answers to the same connection.
+        let mut run: Option<(u64, WriterTx, Vec<ToWriter>)> = None;
+        for (conn, tx, m) in self.outbox.drain(..) {
+            match &mut run {
+                Some((c, _, v)) if *c == conn => v.push(m),
+                _ => {
+                    if let Some((_, tx, v)) = run.take() {
+                        let _ = tx.send(ToWriter::Many(v));
+                    }
+                    run = Some((conn, tx, vec![m]));
+                }
+            }
+        }
+        if let Some((_, tx, v)) = run {
+            let _ = tx.send(ToWriter::Many(v));
         }
         self.notify_expired();
         if self.touched.is_empty() {
@@ -228,15 +250,13 @@ impl Worker {
     /// Runs one job; whether it asks the shard to stop.
     fn job(&mut self, job: Job, t: Duration) -> bool {
         match job {
-            Job::Batch {
-                conn,
-                tx,
-                seq,
-                client,
-                op_id,
-                ops,
-            } => self.batch(conn, tx, seq, client, op_id, ops, t),
+            Job::Batches { conn, tx, items } => {
+                for it in items {
+                    self.batch(conn, &tx, it.seq, it.client, it.op_id, it.ops, t);
+                }
+            }
             Job::Partitions {
+                conn,
                 tx,
                 seq,
                 nf,
@@ -245,6 +265,7 @@ impl Worker {
             } => {
                 let keys = self.objects.partitions(&nf, kind, &id, t);
                 self.outbox.push((
+                    conn,
                     tx,
                     ToWriter::Part {
                         seq,
@@ -266,7 +287,7 @@ impl Worker {
                     instance,
                     tx: tx.clone(),
                 });
-                self.outbox.push((tx, empty_part(seq)));
+                self.outbox.push((conn, tx, empty_part(seq)));
             }
             Job::Unsubscribe { conn, tx, seq, key } => {
                 if let Some(subs) = self.subs.get_mut(&key) {
@@ -275,7 +296,7 @@ impl Worker {
                         self.subs.remove(&key);
                     }
                 }
-                self.outbox.push((tx, empty_part(seq)));
+                self.outbox.push((conn, tx, empty_part(seq)));
             }
             Job::Disconnect { conn } => {
                 self.subs.retain(|_, s| {
@@ -292,7 +313,7 @@ impl Worker {
     fn batch(
         &mut self,
         conn: u64,
-        tx: WriterTx,
+        tx: &WriterTx,
         seq: u64,
         client: u64,
         op_id: u64,
@@ -309,7 +330,8 @@ impl Worker {
                     };
                     self.metrics.duplicates.fetch_add(1, Ordering::Relaxed);
                     self.outbox.push((
-                        tx,
+                        conn,
+                        tx.clone(),
                         ToWriter::Part {
                             seq,
                             body: PartBody::Replies {
@@ -351,7 +373,8 @@ impl Worker {
             }
         }
         self.outbox.push((
-            tx,
+            conn,
+            tx.clone(),
             ToWriter::Part {
                 seq,
                 body: PartBody::Replies {

@@ -324,9 +324,19 @@ fn a_token_is_required_when_configured() {
 
 #[test]
 fn pipelined_requests_are_answered_in_order_across_shards() {
+    pipeline(4096);
+}
+
+#[test]
+fn a_small_in_flight_limit_slows_a_pipelining_client_down_without_losing_order() {
+    pipeline(3);
+}
+
+fn pipeline(max_inflight: usize) {
     let server = Server::start(Config {
         listen: "127.0.0.1:0".parse().unwrap(),
         shards: 4,
+        max_inflight,
         ..Config::default()
     })
     .unwrap();
