@@ -122,6 +122,7 @@ pub(crate) fn serve(stream: TcpStream, conn: u64, shared: Arc<Shared>) {
         seq: 0,
         client: (1 << 63) | conn,
         authed: shared.config.token.is_none(),
+        greeted: false,
         buf: Vec::with_capacity(64 * 1024),
         parts: Vec::new(),
         to_writer: Vec::new(),
@@ -148,6 +149,8 @@ struct Reader {
     seq: u64,
     client: u64,
     authed: bool,
+    /// Whether the client said hello (and so has a client id of its own).
+    greeted: bool,
     buf: Vec<u8>,
     /// Per-shard operation lists, reused.
     parts: Vec<Vec<(u32, Request)>>,
@@ -266,6 +269,7 @@ impl Reader {
             Message::Hello { client, token } => {
                 if self.token_ok(&token) {
                     self.client = client;
+                    self.greeted = true;
                     let shards = self.shared.shards.len() as u32;
                     self.ready(h.id, Message::Welcome { shards });
                 } else {
@@ -365,6 +369,7 @@ impl Reader {
         match msg {
             Message::Hello { client, token } if self.token_ok(&token) => {
                 self.authed = true;
+                self.greeted = true;
                 self.client = client;
                 let shards = self.shared.shards.len() as u32;
                 self.ready(id, Message::Welcome { shards });
@@ -408,7 +413,10 @@ impl Reader {
             self.to_shards[s].push(BatchItem {
                 seq,
                 client: self.client,
-                op_id,
+                // Op ids are scoped by the client id a hello gives; without one they are
+                // ignored (a server-made id does not survive a reconnect).
+                op_id: if self.greeted { op_id } else { 0 },
+                ack_only,
                 ops,
             });
         }

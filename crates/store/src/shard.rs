@@ -11,8 +11,9 @@ use std::time::Duration;
 /// How many clock tags an object remembers per instance (CHC §5.3: duplicates come from
 /// straggler clones and replays, which trail the original by a bounded number of packets).
 pub(crate) const TAG_WINDOW: usize = 4096;
-/// How many answered batches per client a shard keeps to answer a retransmission.
-pub(crate) const REPLY_CACHE: usize = 256;
+/// How many answered batches per client a shard keeps to answer a retransmission (a driver
+/// retransmits only the frames of the call in progress; ack-only batches need no answer kept).
+pub(crate) const REPLY_CACHE: usize = 64;
 
 /// Something a shard hands back to a connection.
 pub(crate) enum Obj {

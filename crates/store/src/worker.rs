@@ -52,6 +52,8 @@ pub(crate) struct BatchItem {
     pub(crate) seq: u64,
     pub(crate) client: u64,
     pub(crate) op_id: u64,
+    /// Only an ack is wanted: no answer to keep for a retransmission.
+    pub(crate) ack_only: bool,
     /// Operations with their index in the frame.
     pub(crate) ops: Vec<(u32, Request)>,
 }
@@ -252,7 +254,7 @@ impl Worker {
         match job {
             Job::Batches { conn, tx, items } => {
                 for it in items {
-                    self.batch(conn, &tx, it.seq, it.client, it.op_id, it.ops, t);
+                    self.batch(conn, &tx, it, t);
                 }
             }
             Job::Partitions {
@@ -309,17 +311,14 @@ impl Worker {
         false
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn batch(
-        &mut self,
-        conn: u64,
-        tx: &WriterTx,
-        seq: u64,
-        client: u64,
-        op_id: u64,
-        ops: Vec<(u32, Request)>,
-        t: Duration,
-    ) {
+    fn batch(&mut self, conn: u64, tx: &WriterTx, item: BatchItem, t: Duration) {
+        let BatchItem {
+            seq,
+            client,
+            op_id,
+            ack_only,
+            ops,
+        } = item;
         // An idempotent batch seen before: answer it as the first time, apply nothing.
         if op_id != 0 {
             if let Some(d) = self.objects.clients.get(&client) {
@@ -367,9 +366,11 @@ impl Worker {
         if op_id != 0 {
             let d = self.objects.clients.entry(client).or_default();
             d.last = op_id;
-            d.recent.push_back((op_id, replies.clone()));
-            if d.recent.len() > REPLY_CACHE {
-                d.recent.pop_front();
+            if !ack_only {
+                d.recent.push_back((op_id, replies.clone()));
+                if d.recent.len() > REPLY_CACHE {
+                    d.recent.pop_front();
+                }
             }
         }
         self.outbox.push((

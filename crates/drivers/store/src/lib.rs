@@ -261,6 +261,8 @@ pub enum Pushed {
 struct Conn {
     stream: TcpStream,
     rbuf: Vec<u8>,
+    /// Where reads land (allocated once per connection).
+    chunk: Box<[u8]>,
     /// Bytes of `rbuf` already consumed.
     start: usize,
 }
@@ -381,6 +383,7 @@ impl StoreBackend {
                     let mut c = Conn {
                         stream,
                         rbuf: Vec::with_capacity(64 * 1024),
+                        chunk: vec![0; 64 * 1024].into_boxed_slice(),
                         start: 0,
                     };
                     let mut hello = Vec::new();
@@ -848,16 +851,12 @@ fn read_frame(c: &mut Conn, limits: &Limits) -> Result<Frame, Fail> {
             c.rbuf.drain(..c.start);
             c.start = 0;
         }
-        let len = c.rbuf.len();
-        c.rbuf.resize(len + 64 * 1024, 0);
-        match c.stream.read(&mut c.rbuf[len..]) {
+        match c.stream.read(&mut c.chunk[..]) {
             Ok(0) => {
-                c.rbuf.truncate(len);
                 return Err(Fail::Conn("the store closed the connection".into()));
             }
-            Ok(n) => c.rbuf.truncate(len + n),
+            Ok(n) => c.rbuf.extend_from_slice(&c.chunk[..n]),
             Err(e) => {
-                c.rbuf.truncate(len);
                 let timeout = matches!(
                     e.kind(),
                     std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
