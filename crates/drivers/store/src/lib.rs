@@ -63,7 +63,7 @@ impl Default for Settings {
             addr: format!("127.0.0.1:{}", proto::DEFAULT_PORT),
             token: None,
             timeout: Duration::from_secs(5),
-            retry_for: Duration::from_secs(10),
+            retry_for: Duration::from_secs(30),
             max_batch: 4096,
             retransmit_after: Duration::from_millis(200),
         }
