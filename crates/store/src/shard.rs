@@ -5,7 +5,7 @@
 //! subscriptions (CHC §4.3 callbacks) and expiry notifications (StatelessNF §4.1).
 
 use flowstate_proto::{Kind, Object, Op, Reply, Request};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
 /// How many clock tags an object remembers per instance (CHC §5.3: duplicates come from
@@ -30,12 +30,32 @@ pub(crate) struct MapObj {
     pub(crate) fields: BTreeMap<Vec<u8>, Vec<u8>>,
     /// Ends of the time to live of some fields.
     pub(crate) deadlines: HashMap<Vec<u8>, Duration>,
+    /// The same deadlines in time order: expiring `k` fields costs O(k log n), not a scan of
+    /// every field (a NAT's flow map has one deadline per flow).
+    pub(crate) by_time: BTreeSet<(Duration, Vec<u8>)>,
+}
+
+impl MapObj {
+    pub(crate) fn set_deadline(&mut self, field: &[u8], d: Duration) {
+        if let Some(old) = self.deadlines.insert(field.to_vec(), d) {
+            self.by_time.remove(&(old, field.to_vec()));
+        }
+        self.by_time.insert((d, field.to_vec()));
+    }
+
+    fn clear_deadline(&mut self, field: &[u8]) {
+        if let Some(old) = self.deadlines.remove(field) {
+            self.by_time.remove(&(old, field.to_vec()));
+        }
+    }
 }
 
 pub(crate) struct Entry {
     pub(crate) obj: Obj,
     /// End of the object's time to live.
     pub(crate) deadline: Option<Duration>,
+    /// Where this entry sits in its shard's deadline index.
+    pub(crate) indexed: Option<Duration>,
     /// The instance that owns this (per-flow) object, if claimed.
     pub(crate) owner: Option<u32>,
     /// Clock tags of updates applied, per instance. Boxed: most objects have none, and an
@@ -130,6 +150,7 @@ impl Obj {
             Object::Map(v) => Obj::Map(MapObj {
                 fields: v.into_iter().collect(),
                 deadlines: HashMap::new(),
+                by_time: BTreeSet::new(),
             }),
             Object::CounterMap(v) => Obj::CounterMap(v.into_iter().collect()),
         }
@@ -141,6 +162,7 @@ impl Entry {
         Entry {
             obj,
             deadline: None,
+            indexed: None,
             owner: None,
             tags: None,
         }
@@ -153,17 +175,19 @@ impl Entry {
             expired.push((key.to_vec(), None));
             return true;
         }
-        if let Obj::Map(MapObj { fields, deadlines }) = &mut self.obj {
-            if !deadlines.is_empty() {
-                deadlines.retain(|f, d| {
-                    let alive = *d > now;
-                    if !alive && fields.remove(f).is_some() {
-                        expired.push((key.to_vec(), Some(f.clone())));
-                    }
-                    alive
-                });
-                return fields.is_empty();
+        if let Obj::Map(m) = &mut self.obj {
+            let mut any = false;
+            while m.by_time.first().is_some_and(|(d, _)| *d <= now) {
+                let Some((_, f)) = m.by_time.pop_first() else {
+                    break;
+                };
+                m.deadlines.remove(&f);
+                if m.fields.remove(&f).is_some() {
+                    expired.push((key.to_vec(), Some(f)));
+                }
+                any = true;
             }
+            return any && m.fields.is_empty();
         }
         false
     }
@@ -173,16 +197,24 @@ impl Entry {
             return false;
         }
         match &self.obj {
-            Obj::Map(m) if !m.deadlines.is_empty() => m
-                .fields
-                .keys()
-                .any(|f| m.deadlines.get(f).is_none_or(|d| *d > now)),
+            Obj::Map(m) if !m.by_time.is_empty() => {
+                let gone = m.by_time.iter().take_while(|(d, _)| *d <= now).count();
+                gone < m.fields.len()
+            }
             _ => true,
         }
     }
 
-    fn has_deadlines(&self) -> bool {
-        self.deadline.is_some() || matches!(&self.obj, Obj::Map(m) if !m.deadlines.is_empty())
+    /// The earliest deadline of the object or one of its fields.
+    fn next_deadline(&self) -> Option<Duration> {
+        let field = match &self.obj {
+            Obj::Map(m) => m.by_time.first().map(|(d, _)| *d),
+            _ => None,
+        };
+        match (self.deadline, field) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     fn seen(&self, instance: u32, clock: u64) -> bool {
@@ -213,8 +245,9 @@ pub(crate) type Expired = (Vec<u8>, Option<Vec<u8>>);
 pub(crate) struct Objects {
     pub(crate) objects: HashMap<Vec<u8>, Entry>,
     pub(crate) locks: HashMap<Vec<u8>, Lease>,
-    /// Keys whose object or some field has a deadline (what the expiry sweep visits).
-    pub(crate) timed: HashSet<Vec<u8>>,
+    /// Objects by their earliest deadline (object or field): what the expiry sweep visits,
+    /// from the front, touching only what is due.
+    pub(crate) index: BTreeSet<(Duration, Vec<u8>)>,
     pub(crate) clients: HashMap<u64, Dedup>,
     /// Most objects this shard holds; `None`: no limit.
     pub(crate) max_objects: Option<usize>,
@@ -257,8 +290,7 @@ impl Objects {
             .get_mut(key)?
             .prune(key, now, &mut self.expired);
         if dead {
-            self.objects.remove(key);
-            self.timed.remove(key);
+            self.remove(key);
             return None;
         }
         self.objects.get_mut(key)
@@ -280,26 +312,51 @@ impl Objects {
     }
 
     fn remove(&mut self, key: &[u8]) -> bool {
-        self.timed.remove(key);
-        self.objects.remove(key).is_some()
+        match self.objects.remove(key) {
+            Some(e) => {
+                if let Some(d) = e.indexed {
+                    self.index.remove(&(d, key.to_vec()));
+                }
+                true
+            }
+            None => false,
+        }
     }
 
-    /// Drops everything whose time is up, noting what expired.
-    pub(crate) fn sweep(&mut self, now: Duration) {
-        let timed: Vec<Vec<u8>> = self.timed.iter().cloned().collect();
-        for key in timed {
-            let Some(e) = self.objects.get_mut(&key) else {
-                self.timed.remove(&key);
-                continue;
-            };
-            if e.prune(&key, now, &mut self.expired) {
-                self.objects.remove(&key);
-                self.timed.remove(&key);
-            } else if !e.has_deadlines() {
-                self.timed.remove(&key);
-            }
+    /// Puts the object under `key` where its earliest deadline says in the index.
+    pub(crate) fn reindex(&mut self, key: &[u8]) {
+        let Some(e) = self.objects.get_mut(key) else {
+            return;
+        };
+        let next = e.next_deadline();
+        if next == e.indexed {
+            return;
         }
-        self.locks.retain(|_, l| l.until > now);
+        if let Some(old) = e.indexed {
+            self.index.remove(&(old, key.to_vec()));
+        }
+        if let Some(n) = next {
+            self.index.insert((n, key.to_vec()));
+        }
+        e.indexed = next;
+    }
+
+    /// Drops everything whose time is up, noting what expired. Visits only the objects with
+    /// something due.
+    pub(crate) fn sweep(&mut self, now: Duration) {
+        while self.index.first().is_some_and(|(d, _)| *d <= now) {
+            let Some((_, key)) = self.index.pop_first() else {
+                break;
+            };
+            if let Some(e) = self.objects.get_mut(&key) {
+                e.indexed = None;
+            }
+            let _ = self.live(&key, now);
+            self.reindex(&key);
+        }
+        if !self.locks.is_empty() {
+            self.locks.retain(|_, l| l.until > now);
+        }
     }
 
     /// Keys of the live objects of `nf` of `kind` and `id`: `nf@Kind@id` and
@@ -355,15 +412,14 @@ impl Objects {
         };
         let ok = !matches!(reply, Reply::Refused(_) | Reply::WrongKind { .. });
         if writes && ok {
-            if let Some(e) = self.objects.get_mut(key) {
-                if let (Some(i), Some(c)) = (req.instance, req.clock) {
-                    e.tag(i, c);
-                }
-                if e.has_deadlines() {
-                    self.timed.insert(key.to_vec());
-                }
+            if let (Some(i), Some(c), Some(e)) =
+                (req.instance, req.clock, self.objects.get_mut(key))
+            {
+                e.tag(i, c);
             }
         }
+        // Any operation may have set, cleared or (by pruning) moved a deadline.
+        self.reindex(key);
         (reply, writes && ok)
     }
 
@@ -487,7 +543,7 @@ impl Objects {
                 let e = self.get_or_create(key, now, Kind::Map)?;
                 match &mut e.obj {
                     Obj::Map(m) => {
-                        m.deadlines.remove(field);
+                        m.clear_deadline(field);
                         m.fields.insert(field.clone(), value.clone());
                         Reply::Done
                     }
@@ -499,7 +555,7 @@ impl Objects {
                     None => (Reply::Bool(false), false),
                     Some(e) => match &mut e.obj {
                         Obj::Map(m) => {
-                            m.deadlines.remove(field);
+                            m.clear_deadline(field);
                             (
                                 Reply::Bool(m.fields.remove(field).is_some()),
                                 m.fields.is_empty(),
@@ -582,7 +638,7 @@ impl Objects {
                     Obj::Map(m) => {
                         let has = m.fields.contains_key(field);
                         if has {
-                            m.deadlines.insert(field.clone(), now.saturating_add(*ttl));
+                            m.set_deadline(field, now.saturating_add(*ttl));
                         }
                         Reply::Bool(has)
                     }
@@ -824,6 +880,58 @@ mod tests {
         o.sweep(t0 + Duration::from_secs(3));
         assert_eq!(o.expired, vec![(v, None)]);
         assert_eq!(o.len(), 1);
-        assert!(o.timed.is_empty());
+        assert!(o.index.is_empty());
+    }
+}
+
+#[cfg(test)]
+mod index_tests {
+    use super::*;
+
+    fn r(op: Op) -> Request {
+        op.into()
+    }
+
+    #[test]
+    fn renewed_field_deadlines_leave_no_stale_timers_and_expire_in_order() {
+        let mut o = Objects::default();
+        let t = Duration::from_secs(100);
+        let m = b"m".to_vec();
+        for f in [b"a", b"b", b"c"] {
+            o.apply(
+                &r(Op::MapSet {
+                    key: m.clone(),
+                    field: f.to_vec(),
+                    value: b"v".to_vec(),
+                }),
+                t,
+            );
+        }
+        let expire = |f: &[u8], s: u64| {
+            r(Op::Expire {
+                key: m.clone(),
+                field: Some(f.to_vec()),
+                ttl: Duration::from_secs(s),
+            })
+        };
+        o.apply(&expire(b"a", 1), t);
+        o.apply(&expire(b"b", 2), t);
+        o.apply(&expire(b"a", 5), t); // renewed: the 1 s timer is gone
+        let Some(Entry {
+            obj: Obj::Map(mo), ..
+        }) = o.objects.get(&m)
+        else {
+            panic!("a map")
+        };
+        assert_eq!(mo.by_time.len(), 2);
+        assert_eq!(o.index.len(), 1);
+        o.sweep(t + Duration::from_secs(3));
+        assert_eq!(o.expired, vec![(m.clone(), Some(b"b".to_vec()))]);
+        o.expired.clear();
+        // Overwriting a field clears its deadline: only c is left without one, a still has 5 s.
+        o.sweep(t + Duration::from_secs(6));
+        assert_eq!(o.expired, vec![(m.clone(), Some(b"a".to_vec()))]);
+        assert_eq!(o.len(), 1, "c has no time to live");
+        assert!(o.index.is_empty());
     }
 }

@@ -391,7 +391,7 @@ fn load_checkpoint(data: &[u8], o: &mut Objects) -> Result<(), String> {
             let f = r.bytes().map_err(e)?.to_vec();
             let d = Duration::from_nanos(r.u64().map_err(e)?);
             if let Obj::Map(m) = &mut entry.obj {
-                m.deadlines.insert(f, d);
+                m.set_deadline(&f, d);
             }
         }
         let nt = r.count(8).map_err(e)?;
@@ -407,11 +407,8 @@ fn load_checkpoint(data: &[u8], o: &mut Objects) -> Result<(), String> {
             }
             entry.tags = Some(Box::new(tags));
         }
-        if entry.deadline.is_some() || matches!(&entry.obj, Obj::Map(m) if !m.deadlines.is_empty())
-        {
-            o.timed.insert(key.clone());
-        }
-        o.objects.insert(key, entry);
+        o.objects.insert(key.clone(), entry);
+        o.reindex(&key);
     }
     let n = r.count(20).map_err(e)?;
     for _ in 0..n {
