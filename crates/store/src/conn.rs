@@ -219,11 +219,12 @@ impl Reader {
                 continue;
             }
             let items = std::mem::take(items);
-            let _ = self.shared.shards[s].send(Job::Batches {
+            let job = Job::Batches {
                 conn: self.conn,
                 tx: self.tx.clone(),
                 items,
-            });
+            };
+            send_job(&self.shared.shards[s], job);
         }
     }
 
@@ -298,36 +299,39 @@ impl Reader {
                 });
                 self.flush_pending();
                 for s in &self.shared.shards {
-                    let _ = s.send(Job::Partitions {
+                    let job = Job::Partitions {
                         conn: self.conn,
                         tx: self.tx.clone(),
                         seq,
                         nf: nf.clone(),
                         kind,
                         id: id.clone(),
-                    });
+                    };
+                    send_job(s, job);
                 }
             }
             Message::Subscribe { key, instance } => {
                 let seq = self.expect_one(h.id);
                 let s = self.shared.shard_of(&key);
-                let _ = self.shared.shards[s].send(Job::Subscribe {
+                let job = Job::Subscribe {
                     conn: self.conn,
                     tx: self.tx.clone(),
                     seq,
                     key,
                     instance,
-                });
+                };
+                send_job(&self.shared.shards[s], job);
             }
             Message::Unsubscribe { key } => {
                 let seq = self.expect_one(h.id);
                 let s = self.shared.shard_of(&key);
-                let _ = self.shared.shards[s].send(Job::Unsubscribe {
+                let job = Job::Unsubscribe {
                     conn: self.conn,
                     tx: self.tx.clone(),
                     seq,
                     key,
-                });
+                };
+                send_job(&self.shared.shards[s], job);
             }
             other => {
                 self.error(
@@ -420,6 +424,47 @@ impl Reader {
                 ops,
             });
         }
+    }
+}
+
+/// Hands `job` to a shard. A shard that has stopped (the server is shutting down) cannot
+/// answer: its part of each request is answered here, refused, so the writer never waits
+/// for it.
+fn send_job(shard: &std::sync::mpsc::Sender<Job>, job: Job) {
+    let Err(std::sync::mpsc::SendError(job)) = shard.send(job) else {
+        return;
+    };
+    let refused = |ops: &[(u32, Request)]| PartBody::Replies {
+        replies: ops
+            .iter()
+            .map(|(i, _)| (*i, Reply::Refused("the store is shutting down".into())))
+            .collect(),
+        duplicate: false,
+    };
+    match job {
+        Job::Batches { tx, items, .. } => {
+            let parts = items
+                .iter()
+                .map(|it| ToWriter::Part {
+                    seq: it.seq,
+                    body: refused(&it.ops),
+                })
+                .collect();
+            let _ = tx.send(ToWriter::Many(parts));
+        }
+        Job::Partitions { tx, seq, .. } => {
+            let _ = tx.send(ToWriter::Part {
+                seq,
+                body: PartBody::Keys(Vec::new()),
+            });
+        }
+        Job::Subscribe { tx, seq, .. } | Job::Unsubscribe { tx, seq, .. } => {
+            let _ = tx.send(ToWriter::Part {
+                seq,
+                body: refused(&[]),
+            });
+        }
+        Job::Disconnect { .. } | Job::Stop => {}
     }
 }
 
