@@ -491,3 +491,63 @@ fn a_batch_whose_answer_was_lost_is_answered_again_not_applied_again() {
     assert!(st["duplicates"] >= 1, "{st:?}");
     s.stop();
 }
+
+#[test]
+fn the_state_engine_keeps_going_while_the_store_is_down_and_catches_up() {
+    use flowstate_state::{Access, Partition, Scope, StateConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        data_dir: Some(dir.path().to_owned()),
+        shards: 2,
+        ..Config::default()
+    };
+    let s = Server::start(cfg.clone()).unwrap();
+    let addr = s.local_addr();
+    let connector = StoreConnector::with_settings(Settings {
+        addr: addr.to_string(),
+        retry_for: Duration::from_secs(60),
+        ..Settings::default()
+    });
+    let mut part = Partition::new(&connector, StateConfig::default()).unwrap();
+    let mut nf = part.declare("outage");
+    let c = nf
+        .counter("packets", Scope::CrossFlow(&[]), Access::WriteMostly)
+        .unwrap();
+    let mut now = 0u64;
+    for _ in 0..100 {
+        c.add_nowait(1);
+        now += 1_000_000;
+        part.maybe_flush(now);
+    }
+    s.stop();
+    // The store is gone: the NF's non-blocking updates neither block nor fail.
+    for _ in 0..100 {
+        c.add_nowait(1);
+        now += 1_000_000;
+        part.maybe_flush(now);
+    }
+    // Let the state thread find the store gone and back off (what it then does is what the
+    // assertion checks, whatever the timing).
+    std::thread::sleep(Duration::from_millis(200));
+    let s = Server::start(Config {
+        listen: addr,
+        ..cfg
+    })
+    .unwrap();
+    part.flush_all(now).unwrap();
+    let mut b = connector.open().unwrap();
+    // Write-mostly counters are kept per partition (merged on read).
+    let keys = b.partitions("outage", Kind::Counter, "packets").unwrap();
+    assert!(!keys.is_empty());
+    let ops: Vec<Op> = keys.into_iter().map(|key| Op::GetCounter { key }).collect();
+    let total: i64 = exec(&mut b, &ops)
+        .into_iter()
+        .map(|r| match r {
+            Reply::Int(n) => n,
+            other => panic!("{other:?}"),
+        })
+        .sum();
+    assert_eq!(total, 200, "every update reached the store once");
+    s.stop();
+}
