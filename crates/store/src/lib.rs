@@ -33,7 +33,11 @@
 //! * **Durability** ([`Config::data_dir`]): each shard writes a write-ahead log record of a
 //!   batch's updates before it answers, and checkpoints periodically (CHC §5.4). After the
 //!   process is killed (`kill -9`) and restarted, the store holds every acknowledged update
-//!   exactly once. Without a data directory it runs purely in memory.
+//!   exactly once. Without a data directory it runs purely in memory. A store that cannot
+//!   write its log exits (status 74) rather than acknowledge updates it could lose.
+//!   Idempotency state (each client's last op id) is logged and checkpointed; the answers
+//!   kept for retransmissions are not, so a batch applied before a crash and sent again after
+//!   it is answered [`Reply::Duplicate`](flowstate_proto::Reply::Duplicate) per operation.
 //! * **Security**: [`Config::default`] binds 127.0.0.1; with [`Config::token`] a client must
 //!   present the token in its first frame or is refused; connections, frame size, batch size
 //!   and in-flight requests are limited.
