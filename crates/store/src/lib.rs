@@ -42,7 +42,7 @@
 //!   present the token in its first frame or is refused; connections, frame size, batch size
 //!   and in-flight requests are limited.
 //! * **Metrics**: a `Stats` request answers ops/s by type, connections, objects, memory and
-//!   WAL lag ([`stats`]).
+//!   WAL lag ([`Server::stats`]).
 
 mod conn;
 mod shard;

@@ -1054,7 +1054,7 @@ fn encode_op(w: &mut Vec<u8>, op: &Op, instance: Option<u32>, clock: Option<u64>
     }
 }
 
-/// The protocol operation a state-API operation stands for (what [`encode_op`] writes).
+/// The protocol operation a state-API operation stands for (what the driver encodes).
 pub fn to_proto(op: &Op) -> proto::Op {
     let k = op.key().as_bytes().to_vec();
     match op.clone() {
