@@ -271,8 +271,6 @@ struct Conn {
 struct Sent {
     id: u64,
     range: std::ops::Range<usize>,
-    /// Index of the first op of this frame in the call's op list.
-    first: usize,
     answered: bool,
 }
 
@@ -422,15 +420,16 @@ impl StoreBackend {
     /// Encodes one batch frame of `ops` into `self.out`; its request id.
     fn encode_batch<'a>(
         &mut self,
-        ops: impl ExactSizeIterator<Item = (&'a Op, Option<u32>, Option<u64>)>,
+        count: usize,
+        ops: impl Iterator<Item = (&'a Op, Option<u32>, Option<u64>)>,
         ack_only: bool,
     ) -> u64 {
         let id = self.next_req;
         self.next_req += 1;
         let op_id = self.next_op;
         self.next_op += 1;
-        let start = proto::begin_batch(&mut self.out, id, op_id, ack_only, ops.len() as u32);
-        for (op, instance, clock) in ops {
+        let start = proto::begin_batch(&mut self.out, id, op_id, ack_only, count as u32);
+        for (op, instance, clock) in ops.take(count) {
             encode_op(&mut self.out, op, instance, clock);
         }
         proto::finish(&mut self.out, start);
@@ -579,12 +578,10 @@ impl StoreBackend {
         while first < n {
             let k = (n - first).min(max);
             let start = self.out.len();
-            let chunk: Vec<_> = ops.by_ref().take(k).collect();
-            let id = self.encode_batch(chunk.into_iter(), false);
+            let id = self.encode_batch(k, ops.by_ref(), false);
             self.sent.push(Sent {
                 id,
                 range: start..self.out.len(),
-                first,
                 answered: false,
             });
             first += k;
@@ -596,9 +593,8 @@ impl StoreBackend {
         self.prepare(ops.len(), ops.iter().map(|t| (&t.op, t.instance, t.clock)));
         self.run_prepared()?;
         let mut out = Vec::with_capacity(ops.len());
-        for (s, a) in self.sent.iter().zip(self.answers.drain(..)) {
+        for a in self.answers.drain(..) {
             let a = a.ok_or_else(|| protocol("a batch was not answered"))?;
-            let _ = s.first;
             for r in a {
                 out.push(match r {
                     proto::Reply::Duplicate => TaggedReply::Duplicate,
@@ -654,7 +650,6 @@ impl StoreBackend {
         self.sent.push(Sent {
             id,
             range: 0..self.out.len(),
-            first: 0,
             answered: false,
         });
         self.run_prepared()?;
@@ -673,11 +668,14 @@ impl StoreBackend {
     /// never applied twice) after [`Settings::retransmit_after`] or a reconnect, from
     /// [`StoreBackend::poll`] and every other call.
     pub fn send_nowait(&mut self, ops: &[Tagged]) -> Result<(), BackendError> {
-        let mut frame = std::mem::take(&mut self.out);
-        frame.clear();
-        std::mem::swap(&mut self.out, &mut frame);
-        let id = self.encode_batch(ops.iter().map(|t| (&t.op, t.instance, t.clock)), true);
-        let bytes = std::mem::take(&mut self.out);
+        self.out.clear();
+        let id = self.encode_batch(
+            ops.len(),
+            ops.iter().map(|t| (&t.op, t.instance, t.clock)),
+            true,
+        );
+        // Kept until acknowledged; `out` keeps its capacity for the next call.
+        let bytes = self.out.split_off(0);
         self.unacked.push_back(Unacked {
             id,
             bytes,
@@ -830,7 +828,6 @@ impl StoreBackend {
         self.sent.push(Sent {
             id,
             range: 0..self.out.len(),
-            first: 0,
             answered: false,
         });
         self.run_prepared()?;
