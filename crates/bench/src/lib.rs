@@ -10,6 +10,7 @@ mod hashing;
 mod live_nat;
 mod nf_throughput;
 mod report;
+mod store_ops;
 
 pub use report::{Machine, Report};
 
@@ -62,6 +63,16 @@ pub const BENCHES: &[Bench] = &[
         name: "live-nat",
         about: "in the netns lab: pps of a small-UDP flood and iperf3 TCP goodput through Linux's NAT (nftables) vs flowstate's NAT over AF_PACKET and AF_XDP (needs root)",
         run: live_nat::run,
+    },
+    Bench {
+        name: "store-ops",
+        about: "our store vs redis-server: ops/s, p50/p99 and ops per server CPU second at pipeline depths 1, 16, 64 (CHC §7.1)",
+        run: store_ops::run_ops,
+    },
+    Bench {
+        name: "store-batching",
+        about: "per-operation cost through the store driver: single requests vs multi-op frames of 100 (StatelessNF §5.3)",
+        run: store_ops::run_batching,
     },
 ];
 

@@ -25,6 +25,28 @@ pub(crate) fn connector(config: &Config) -> Result<Arc<dyn Connector>, ConfigErr
             }
             Ok(Arc::new(flowstate_state::local::LocalStore::new()))
         }
+        BackendKind::Store => {
+            let mut options = Vec::with_capacity(state.options.len());
+            for (key, value) in &state.options {
+                let text = match value {
+                    toml::Value::String(s) => s.clone(),
+                    toml::Value::Integer(i) => i.to_string(),
+                    other => {
+                        return Err(setting(SettingError::new(
+                            key.as_str(),
+                            format!("expected a string or an integer, got {}", other.type_str()),
+                        )))
+                    }
+                };
+                options.push((key.as_str(), text));
+            }
+            let c = flowstate_driver_store::StoreConnector::from_config(
+                state.url.as_deref(),
+                options.iter().map(|(k, v)| (*k, v.as_str())),
+            )
+            .map_err(setting)?;
+            Ok(Arc::new(c))
+        }
         other => Err(ConfigError::new(
             &config.file,
             "state.backend",
@@ -47,6 +69,22 @@ mod tests {
         let config =
             Config::parse(&format!("{INPUT}[state]\n{state}"), Path::new("t.toml")).unwrap();
         connector(&config)
+    }
+
+    #[test]
+    fn store_is_built_and_names_bad_keys() {
+        let c = build("backend = \"store\"\nurl = \"127.0.0.1:9\"\ntoken = \"t\"\n").unwrap();
+        assert_eq!(c.name(), "store");
+        let e = build("backend = \"store\"\ncolour = \"red\"\n")
+            .err()
+            .unwrap();
+        assert_eq!(e.key, "state.colour");
+        let e = build("backend = \"store\"\nurl = \"nohost\"\n")
+            .err()
+            .unwrap();
+        assert_eq!(e.key, "state.url");
+        let e = build("backend = \"store\"\ntoken = [1]\n").err().unwrap();
+        assert_eq!(e.key, "state.token");
     }
 
     #[test]

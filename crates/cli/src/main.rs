@@ -5,6 +5,7 @@ mod gen;
 mod inspect;
 mod lab;
 mod run;
+mod store;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -34,6 +35,8 @@ enum Command {
     Bench(BenchArgs),
     /// A network-namespace lab with a client, the box and servers: up, down, status.
     Lab(lab::LabArgs),
+    /// Run the state store server (the `store` backend).
+    Store(store::StoreArgs),
 }
 
 #[derive(Debug, Args)]
@@ -96,6 +99,7 @@ fn main() {
         Command::Inspect(a) => inspect_cmd(&a),
         Command::Bench(a) => bench(&a),
         Command::Lab(a) => lab::run(&a),
+        Command::Store(a) => store::run(&a),
     };
     if let Err(e) = result {
         eprintln!("flowstate: error: {e:#}");

@@ -1,0 +1,480 @@
+//! The state store's own benchmarks (issue 4; CHC §7.1 "Datastore performance", StatelessNF
+//! §5.3 batching):
+//!
+//! * `store-ops`: our store (`flowstate-store`, one shard) against a real `redis-server`
+//!   (persistence off, pinned to one core with `taskset` when there is one), the same
+//!   operation mix (set, get, incr, list push, list pop) from one client connection at
+//!   pipeline depths 1, 16 and 64: ops/s, p50/p99 latency, and ops per second of server CPU
+//!   time (the server's threads, measured from `/proc`), with the ratios ours/Redis. Redis
+//!   is skipped (and its ratios left out) when `redis-server` is not on the PATH.
+//! * `store-batching`: the effective per-operation cost through the `store` driver of single
+//!   requests against multi-op frames of 100 operations.
+
+use crate::{Effort, Report};
+use flowstate_driver_store::StoreConnector;
+use flowstate_proto::{self as proto, Frame, Limits, Message, Op};
+use flowstate_state::{Backend, Kind, ObjectKey, Op as SOp};
+use flowstate_store::{Config, Server};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const DEPTHS: [usize; 3] = [1, 16, 64];
+
+/// Latency and rate of one run.
+struct Run {
+    ops_per_sec: f64,
+    p50_us: f64,
+    p99_us: f64,
+    /// Server CPU seconds used during the run.
+    server_cpu_s: f64,
+}
+
+pub(crate) fn run_ops(effort: Effort) -> Report {
+    let ops = match effort {
+        Effort::Full => 300_000usize,
+        Effort::Quick => 3_000,
+    };
+    let mut report = Report::new("store-ops");
+    report
+        .param("ops_per_depth", ops as u64)
+        .param("mix", "set, get, incr, list push, list pop (equal shares)")
+        .param("store_shards", 1)
+        .param("client_connections", 1);
+    let server = Server::start(Config {
+        listen: "127.0.0.1:0".parse().expect("address"),
+        shards: 1,
+        ..Config::default()
+    })
+    .expect("start the store");
+    let redis = Redis::start();
+    report.param(
+        "redis",
+        redis
+            .as_ref()
+            .map_or("not found".into(), |r| r.version.clone()),
+    );
+    let mut ours = Vec::new();
+    for depth in DEPTHS {
+        let r = measure(&mut Ours::connect(server.local_addr()), depth, ops, &|| {
+            own_cpu_except_this_thread()
+        });
+        report.metric(&format!("store_ops_per_sec_depth{depth}"), r.ops_per_sec);
+        report.metric(&format!("store_p50_us_depth{depth}"), r.p50_us);
+        report.metric(&format!("store_p99_us_depth{depth}"), r.p99_us);
+        report.metric(
+            &format!("store_ops_per_cpu_sec_depth{depth}"),
+            ops as f64 / r.server_cpu_s.max(1e-3),
+        );
+        if let Some(redis) = &redis {
+            let pid = redis.child.id();
+            let rr = measure(&mut RedisConn::connect(redis.addr), depth, ops, &|| {
+                proc_cpu(&format!("/proc/{pid}/stat"))
+            });
+            report.metric(&format!("redis_ops_per_sec_depth{depth}"), rr.ops_per_sec);
+            report.metric(&format!("redis_p50_us_depth{depth}"), rr.p50_us);
+            report.metric(&format!("redis_p99_us_depth{depth}"), rr.p99_us);
+            report.metric(
+                &format!("redis_ops_per_cpu_sec_depth{depth}"),
+                ops as f64 / rr.server_cpu_s.max(1e-3),
+            );
+            report.ratio(
+                &format!("store_vs_redis_depth{depth}"),
+                r.ops_per_sec / rr.ops_per_sec,
+            );
+            report.ratio(
+                &format!("store_vs_redis_per_cpu_depth{depth}"),
+                rr.server_cpu_s.max(1e-3) / r.server_cpu_s.max(1e-3),
+            );
+        }
+        ours.push(r.ops_per_sec);
+    }
+    report.ratio("store_depth64_vs_depth1", ours[2] / ours[0]);
+    report.ratio("store_depth16_vs_depth1", ours[1] / ours[0]);
+    drop(redis);
+    server.stop();
+    report
+}
+
+pub(crate) fn run_batching(effort: Effort) -> Report {
+    let ops = match effort {
+        Effort::Full => 200_000usize,
+        Effort::Quick => 2_000,
+    };
+    let mut report = Report::new("store-batching");
+    report
+        .param("ops", ops as u64)
+        .param("batch", 100)
+        .param("mix", "counter add");
+    let server = Server::start(Config {
+        listen: "127.0.0.1:0".parse().expect("address"),
+        shards: 1,
+        ..Config::default()
+    })
+    .expect("start the store");
+    let mut b = StoreConnector::new(server.local_addr().to_string())
+        .open()
+        .expect("connect");
+    let key = ObjectKey::shared("bench", Kind::Counter, "batching");
+    let op = SOp::Add {
+        key: key.clone(),
+        delta: 1,
+    };
+    let mut replies = Vec::new();
+    // Single requests: one operation per frame, each waited for.
+    let single_n = ops / 10;
+    let t = Instant::now();
+    for _ in 0..single_n {
+        replies.clear();
+        b.execute(std::slice::from_ref(&op), &mut replies)
+            .expect("execute");
+    }
+    let single = t.elapsed().as_secs_f64() / single_n as f64;
+    // Multi-op frames of 100.
+    let batch: Vec<SOp> = (0..100).map(|_| op.clone()).collect();
+    let t = Instant::now();
+    for _ in 0..ops / 100 {
+        replies.clear();
+        b.execute(&batch, &mut replies).expect("execute");
+    }
+    let batched = t.elapsed().as_secs_f64() / (ops / 100 * 100) as f64;
+    report.metric("single_cost_per_op_us", single * 1e6);
+    report.metric("batch100_cost_per_op_us", batched * 1e6);
+    report.ratio("single_vs_batch100_cost_per_op", single / batched);
+    server.stop();
+    report
+}
+
+/// A pipelined client of some server.
+trait Client {
+    /// Appends request `i` of the mix to the pending window.
+    fn push(&mut self, i: usize);
+    /// Sends the window.
+    fn flush(&mut self);
+    /// Waits for the next answer.
+    fn next_answer(&mut self);
+}
+
+fn measure(c: &mut dyn Client, depth: usize, ops: usize, cpu: &dyn Fn() -> f64) -> Run {
+    // Warm up (fills the keys, lists never run dry: push comes before pop in the mix).
+    for i in 0..(ops / 10).max(depth) {
+        c.push(i);
+    }
+    c.flush();
+    for _ in 0..(ops / 10).max(depth) {
+        c.next_answer();
+    }
+    let mut lat = Vec::with_capacity(ops);
+    let cpu0 = cpu();
+    let t0 = Instant::now();
+    let mut i = 0;
+    while i < ops {
+        let n = depth.min(ops - i);
+        for j in 0..n {
+            c.push(i + j);
+        }
+        let sent = Instant::now();
+        c.flush();
+        for _ in 0..n {
+            c.next_answer();
+            lat.push(sent.elapsed());
+        }
+        i += n;
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    let server_cpu_s = cpu() - cpu0;
+    lat.sort_unstable();
+    let pct = |p: f64| {
+        lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1)))
+            .map_or(0.0, |d| d.as_secs_f64() * 1e6)
+    };
+    Run {
+        ops_per_sec: ops as f64 / wall,
+        p50_us: pct(0.50),
+        p99_us: pct(0.99),
+        server_cpu_s,
+    }
+}
+
+/// CPU seconds (user + system) in a `/proc/.../stat` file.
+fn proc_cpu(path: &str) -> f64 {
+    let Ok(s) = std::fs::read_to_string(path) else {
+        return 0.0;
+    };
+    // Fields after the command name (which may hold spaces) start after the last ')'.
+    let rest = s.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15 of stat: 12 and 13 after the state field.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// CPU time of this process except the calling (client) thread: the in-process server's.
+fn own_cpu_except_this_thread() -> f64 {
+    proc_cpu("/proc/self/stat") - proc_cpu("/proc/thread-self/stat")
+}
+
+/// A raw protocol client of our store: one operation per frame, as Redis gets one command
+/// per request.
+struct Ours {
+    s: TcpStream,
+    out: Vec<u8>,
+    buf: Vec<u8>,
+    start: usize,
+    id: u64,
+}
+
+impl Ours {
+    fn connect(addr: SocketAddr) -> Ours {
+        let s = TcpStream::connect(addr).expect("connect to the store");
+        let _ = s.set_nodelay(true);
+        Ours {
+            s,
+            out: Vec::new(),
+            buf: Vec::with_capacity(1 << 16),
+            start: 0,
+            id: 0,
+        }
+    }
+}
+
+impl Client for Ours {
+    fn push(&mut self, i: usize) {
+        let k = i % 1000;
+        let op = match i % 5 {
+            0 => Op::Set {
+                key: format!("bench@Value@k{k}").into_bytes(),
+                value: vec![b'v'; 16],
+            },
+            1 => Op::Get {
+                key: format!("bench@Value@k{k}").into_bytes(),
+            },
+            2 => Op::Add {
+                key: format!("bench@Counter@c{}", k % 10).into_bytes(),
+                delta: 1,
+            },
+            3 => Op::Push {
+                key: format!("bench@List@l{}", k % 10).into_bytes(),
+                item: vec![b'i'; 8],
+            },
+            _ => Op::Pop {
+                key: format!("bench@List@l{}", k % 10).into_bytes(),
+            },
+        };
+        self.id += 1;
+        let start = proto::begin_batch(&mut self.out, self.id, 0, false, 1);
+        proto::put_request(&mut self.out, &op, None, None);
+        proto::finish(&mut self.out, start);
+    }
+
+    fn flush(&mut self) {
+        self.s.write_all(&self.out).expect("write to the store");
+        self.out.clear();
+    }
+
+    fn next_answer(&mut self) {
+        loop {
+            match proto::decode(&self.buf[self.start..], &Limits::default()) {
+                Ok(Some((Frame { msg, .. }, used))) => {
+                    assert!(matches!(msg, Message::Replies(_)), "{msg:?}");
+                    self.start += used;
+                    if self.start == self.buf.len() {
+                        self.buf.clear();
+                        self.start = 0;
+                    }
+                    return;
+                }
+                Ok(None) => {}
+                Err(e) => panic!("store answer: {e}"),
+            }
+            let mut chunk = [0u8; 65536];
+            let n = self.s.read(&mut chunk).expect("read from the store");
+            assert!(n > 0, "the store closed the connection");
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+}
+
+/// A `redis-server` started for the benchmark (persistence off), stopped when dropped.
+struct Redis {
+    child: Child,
+    addr: SocketAddr,
+    version: String,
+}
+
+impl Redis {
+    fn start() -> Option<Redis> {
+        let version = Command::new("redis-server")
+            .arg("--version")
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .ok()?
+            .local_addr()
+            .ok()?
+            .port();
+        let args = [
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ]
+        .map(str::to_owned);
+        // One core for Redis when taskset is there.
+        let pinned = Command::new("taskset")
+            .args(["-c", "0", "redis-server"])
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        let child = match pinned {
+            Ok(c) => c,
+            Err(_) => Command::new("redis-server")
+                .args(&args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .ok()?,
+        };
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let mut r = Redis {
+            child,
+            addr,
+            version,
+        };
+        for _ in 0..500 {
+            if TcpStream::connect(addr).is_ok() {
+                // taskset execs redis-server: the pid is Redis's own.
+                return Some(r);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = r.child.kill();
+        None
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A pipelining RESP client.
+struct RedisConn {
+    s: TcpStream,
+    out: Vec<u8>,
+    buf: Vec<u8>,
+    start: usize,
+}
+
+impl RedisConn {
+    fn connect(addr: SocketAddr) -> RedisConn {
+        let s = TcpStream::connect(addr).expect("connect to redis");
+        let _ = s.set_nodelay(true);
+        RedisConn {
+            s,
+            out: Vec::new(),
+            buf: Vec::with_capacity(1 << 16),
+            start: 0,
+        }
+    }
+
+    fn command(&mut self, args: &[&[u8]]) {
+        self.out
+            .extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
+        for a in args {
+            self.out
+                .extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+            self.out.extend_from_slice(a);
+            self.out.extend_from_slice(b"\r\n");
+        }
+    }
+
+    /// Length of one whole RESP reply at the start of `b`, if it is all there.
+    fn reply_len(b: &[u8]) -> Option<usize> {
+        let line = b.windows(2).position(|w| w == b"\r\n")?;
+        match b.first()? {
+            b'+' | b'-' | b':' => Some(line + 2),
+            b'$' => {
+                let n: i64 = std::str::from_utf8(&b[1..line]).ok()?.parse().ok()?;
+                if n < 0 {
+                    return Some(line + 2);
+                }
+                let total = line + 2 + n as usize + 2;
+                (b.len() >= total).then_some(total)
+            }
+            _ => panic!("unexpected redis reply {:?}", &b[..line]),
+        }
+    }
+}
+
+impl Client for RedisConn {
+    fn push(&mut self, i: usize) {
+        let k = i % 1000;
+        match i % 5 {
+            0 => self.command(&[b"SET", format!("k{k}").as_bytes(), &[b'v'; 16]]),
+            1 => self.command(&[b"GET", format!("k{k}").as_bytes()]),
+            2 => self.command(&[b"INCR", format!("c{}", k % 10).as_bytes()]),
+            3 => self.command(&[b"RPUSH", format!("l{}", k % 10).as_bytes(), &[b'i'; 8]]),
+            _ => self.command(&[b"LPOP", format!("l{}", k % 10).as_bytes()]),
+        }
+    }
+
+    fn flush(&mut self) {
+        self.s.write_all(&self.out).expect("write to redis");
+        self.out.clear();
+    }
+
+    fn next_answer(&mut self) {
+        loop {
+            if let Some(n) = RedisConn::reply_len(&self.buf[self.start..]) {
+                assert_ne!(self.buf[self.start], b'-', "redis error");
+                self.start += n;
+                if self.start == self.buf.len() {
+                    self.buf.clear();
+                    self.start = 0;
+                }
+                return;
+            }
+            let mut chunk = [0u8; 65536];
+            let n = self.s.read(&mut chunk).expect("read from redis");
+            assert!(n > 0, "redis closed the connection");
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resp_reply_lengths() {
+        assert_eq!(RedisConn::reply_len(b"+OK\r\n+"), Some(5));
+        assert_eq!(RedisConn::reply_len(b":12\r\n"), Some(5));
+        assert_eq!(RedisConn::reply_len(b"$-1\r\n"), Some(5));
+        assert_eq!(RedisConn::reply_len(b"$3\r\nabc\r\n"), Some(9));
+        assert_eq!(RedisConn::reply_len(b"$3\r\nab"), None);
+        assert_eq!(RedisConn::reply_len(b":1"), None);
+    }
+
+    #[test]
+    fn quick_runs_report_the_contract_names() {
+        let r = run_ops(Effort::Quick);
+        for d in DEPTHS {
+            assert!(r.metrics[&format!("store_ops_per_sec_depth{d}")] > 0.0);
+        }
+        assert!(r.ratios.contains_key("store_depth64_vs_depth1"));
+        let b = run_batching(Effort::Quick);
+        assert!(b.ratios["single_vs_batch100_cost_per_op"] > 0.0);
+    }
+}

@@ -1,0 +1,79 @@
+//! `flowstate store`: runs the state store server (`flowstate-store`) in the foreground.
+
+use anyhow::{Context, Result};
+use clap::Args;
+use flowstate_store::{Config, Server};
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Options of `flowstate store`.
+#[derive(Debug, Args)]
+pub(crate) struct StoreArgs {
+    /// Address to listen on (port 0 picks a free port; the address is printed).
+    #[arg(long, default_value = "127.0.0.1:7878")]
+    listen: SocketAddr,
+    /// Directory of the write-ahead log and checkpoints; without it the store is in memory
+    /// only.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Shared token clients must present (also read from FLOWSTATE_STORE_TOKEN).
+    #[arg(long)]
+    token: Option<String>,
+    /// Shard threads (0: one per core, at most 8). A data directory keeps its own count.
+    #[arg(long, default_value_t = 0)]
+    shards: usize,
+    /// Most open connections.
+    #[arg(long, default_value_t = 1024)]
+    max_connections: usize,
+    /// Largest frame in bytes.
+    #[arg(long, default_value_t = 64 << 20)]
+    max_frame: u32,
+    /// Most operations in one batch.
+    #[arg(long, default_value_t = 65_536)]
+    max_ops: u32,
+    /// Most unanswered requests per connection.
+    #[arg(long, default_value_t = 4096)]
+    max_inflight: usize,
+    /// Most objects the store holds.
+    #[arg(long)]
+    max_objects: Option<usize>,
+    /// Seconds between checkpoints.
+    #[arg(long, default_value_t = 60)]
+    checkpoint_secs: u64,
+    /// fdatasync every log write (survive machine crashes, not only process crashes).
+    #[arg(long)]
+    sync: bool,
+}
+
+/// Starts the server, prints where it listens, and serves until killed.
+pub(crate) fn run(a: &StoreArgs) -> Result<()> {
+    let config = Config {
+        listen: a.listen,
+        data_dir: a.data_dir.clone(),
+        token: a
+            .token
+            .clone()
+            .or_else(|| std::env::var("FLOWSTATE_STORE_TOKEN").ok())
+            .filter(|t| !t.is_empty()),
+        shards: a.shards,
+        limits: flowstate_proto::Limits {
+            max_frame: a.max_frame.max(64),
+            max_ops: a.max_ops.max(1),
+        },
+        max_connections: a.max_connections.max(1),
+        max_inflight: a.max_inflight.max(1),
+        max_objects: a.max_objects,
+        checkpoint_interval: Duration::from_secs(a.checkpoint_secs.max(1)),
+        sync: a.sync,
+        ..Config::default()
+    };
+    let server = Server::start(config).context("flowstate store")?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "flowstate store: listening on {}", server.local_addr())?;
+    out.flush()?;
+    drop(out);
+    server.wait();
+    Ok(())
+}

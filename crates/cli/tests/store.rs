@@ -1,0 +1,304 @@
+//! `flowstate store` and the `store` backend end to end: the server binary, `flowstate run`
+//! with `backend = "store"`, and the same packets out as with the embedded store.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A `flowstate store` process, killed when dropped.
+struct StoreProcess {
+    child: Child,
+    addr: String,
+}
+
+impl StoreProcess {
+    fn start(extra: &[&str]) -> StoreProcess {
+        StoreProcess::start_on("127.0.0.1:0", extra)
+    }
+
+    fn start_on(listen: &str, extra: &[&str]) -> StoreProcess {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_flowstate"))
+            .args(["store", "--listen", listen])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start flowstate store");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .trim()
+            .rsplit(' ')
+            .next()
+            .expect("the store prints its address")
+            .to_owned();
+        assert!(addr.contains(':'), "{line:?}");
+        StoreProcess { child, addr }
+    }
+}
+
+impl Drop for StoreProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The lines of a configuration outside its `[state]` table.
+fn outside_state(text: &str) -> Vec<&str> {
+    let mut in_state = false;
+    text.lines()
+        .filter(|l| {
+            let t = l.trim();
+            if t.starts_with('[') {
+                in_state = t == "[state]";
+            }
+            !in_state
+        })
+        .collect()
+}
+
+fn run(config: &Path) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_flowstate"))
+        .args(["run", config.to_str().unwrap(), "--json"])
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}: {}",
+        config.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn nat_on_the_store_sends_the_same_packets_as_on_the_embedded_store() {
+    let local = std::fs::read_to_string(root().join("examples/nat.toml")).unwrap();
+    let store = std::fs::read_to_string(root().join("examples/nat-store.toml")).unwrap();
+    assert_eq!(
+        outside_state(&local),
+        outside_state(&store),
+        "examples/nat-store.toml differs from examples/nat.toml only under [state]"
+    );
+    let server = StoreProcess::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let mut outputs = Vec::new();
+    for (name, text) in [("local", &local), ("store", &store)] {
+        let out = dir.path().join(format!("{name}.pcap"));
+        let text = text
+            .replace(
+                "discard = true",
+                &format!("pcap = {:?}", out.to_str().unwrap()),
+            )
+            .replace("127.0.0.1:7878", &server.addr);
+        assert!(text.contains(".pcap"));
+        let cfg = dir.path().join(format!("{name}.toml"));
+        std::fs::write(&cfg, text).unwrap();
+        let summary = run(&cfg);
+        assert_eq!(summary["backend"], name);
+        assert!(summary["packets_out"].as_u64().unwrap() > 0);
+        outputs.push(packets(&std::fs::read(&out).unwrap()));
+    }
+    assert!(outputs[0].len() > 1000);
+    assert_eq!(outputs[0].len(), outputs[1].len());
+    // Two workers interleave their output differently from run to run (on either store), and
+    // pcap timestamps are taken when written: compare every packet's bytes, in a fixed order.
+    assert!(
+        outputs[0] == outputs[1],
+        "the NAT's output packets differ between the embedded store and the store server"
+    );
+}
+
+/// The packets of a classic pcap file, each byte for byte, sorted.
+fn packets(pcap: &[u8]) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut at = 24;
+    while at + 16 <= pcap.len() {
+        let len = u32::from_le_bytes(pcap[at + 8..at + 12].try_into().unwrap()) as usize;
+        out.push(pcap[at + 16..at + 16 + len].to_vec());
+        at += 16 + len;
+    }
+    assert_eq!(at, pcap.len(), "whole pcap records");
+    out.sort_unstable();
+    out
+}
+
+#[test]
+fn every_nf_runs_on_the_store() {
+    let server = StoreProcess::start(&["--token", "s3cret"]);
+    let dir = tempfile::tempdir().unwrap();
+    for example in ["firewall", "lb", "chain"] {
+        let text =
+            std::fs::read_to_string(root().join(format!("examples/{example}.toml"))).unwrap();
+        let text = text.replace(
+            "backend = \"local\"",
+            &format!(
+                "backend = \"store\"\nurl = {:?}\ntoken = \"s3cret\"",
+                server.addr
+            ),
+        );
+        assert!(text.contains("backend = \"store\""), "{example}");
+        let cfg = dir.path().join(format!("{example}.toml"));
+        std::fs::write(&cfg, text).unwrap();
+        let s = run(&cfg);
+        assert_eq!(s["backend"], "store");
+        let total_in = s["packets_in"].as_u64().unwrap() + s["reflected"].as_u64().unwrap();
+        let total_out = s["packets_out"].as_u64().unwrap()
+            + s["dropped_total"].as_u64().unwrap()
+            + s["skipped"].as_u64().unwrap();
+        assert_eq!(total_in, total_out, "{example}: every packet accounted for");
+        assert!(s["packets_out"].as_u64().unwrap() > 0, "{example}");
+    }
+}
+
+#[test]
+fn a_wrong_token_is_a_clear_error() {
+    let server = StoreProcess::start(&["--token", "right"]);
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(root().join("examples/nat-store.toml"))
+        .unwrap()
+        .replace("127.0.0.1:7878", &server.addr)
+        .replace("# token = \"...\"", "token = \"wrong\"");
+    let cfg = dir.path().join("bad.toml");
+    std::fs::write(&cfg, text).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_flowstate"))
+        .args(["run", cfg.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("Unauthorized") || err.contains("token"),
+        "{err}"
+    );
+}
+
+/// Crash test: concurrent writers, `kill -9` of the store mid-load, restart on the same data
+/// directory; the store then holds exactly every acknowledged update, none twice (the driver
+/// sends unanswered batches again with their op ids, and the store's log remembers which it
+/// applied).
+#[test]
+fn after_kill_9_and_restart_the_store_holds_every_acknowledged_update_once() {
+    use flowstate_driver_store::{Settings, StoreConnector};
+    use flowstate_state::{Backend, Kind, Object, ObjectKey, Op, OpError, Reply};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let listen = format!("127.0.0.1:{port}");
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap().to_owned();
+    let args = ["--data-dir", data.as_str(), "--shards", "3"];
+    let mut server = StoreProcess::start_on(&listen, &args);
+    const WRITERS: usize = 4;
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked: Arc<Vec<AtomicU64>> = Arc::new((0..WRITERS).map(|_| AtomicU64::new(0)).collect());
+    let list = |w: usize| ObjectKey::shared("crash", Kind::List, &format!("w{w}"));
+    let counter = |w: usize| ObjectKey::shared("crash", Kind::Counter, &format!("w{w}"));
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let (stop, acked, addr) = (stop.clone(), acked.clone(), listen.clone());
+            std::thread::spawn(move || {
+                let mut b = StoreConnector::with_settings(Settings {
+                    addr,
+                    retry_for: Duration::from_secs(60),
+                    ..Settings::default()
+                })
+                .open()
+                .unwrap();
+                let mut i = 0u64;
+                let mut replies = Vec::new();
+                while !stop.load(Ordering::SeqCst) {
+                    // A batch of 4 updates on two objects of two shards (at most).
+                    let ops: Vec<Op> = (i..i + 4)
+                        .flat_map(|j| {
+                            [
+                                Op::Push {
+                                    key: list(w),
+                                    item: j.to_le_bytes().to_vec(),
+                                },
+                                Op::Add {
+                                    key: counter(w),
+                                    delta: 1,
+                                },
+                            ]
+                        })
+                        .collect();
+                    replies.clear();
+                    b.execute(&ops, &mut replies).expect("the store comes back");
+                    for r in &replies {
+                        match r {
+                            Reply::Len(_) | Reply::Int(_) => {}
+                            // Applied before the crash; its answer died with the store.
+                            Reply::Error(OpError::Refused(m)) if m.contains("already applied") => {}
+                            other => panic!("writer {w}: {other:?}"),
+                        }
+                    }
+                    i += 4;
+                    acked[w].store(i, Ordering::SeqCst);
+                }
+            })
+        })
+        .collect();
+    let wait_for = |at_least: u64| {
+        while acked.iter().any(|a| a.load(Ordering::SeqCst) < at_least) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    wait_for(400);
+    // kill -9 mid-load.
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    let before: Vec<u64> = acked.iter().map(|a| a.load(Ordering::SeqCst)).collect();
+    server = StoreProcess::start_on(&listen, &args);
+    wait_for(before.iter().max().unwrap() + 400);
+    stop.store(true, Ordering::SeqCst);
+    for w in writers {
+        w.join().unwrap();
+    }
+    let mut b = StoreConnector::new(server.addr.clone()).open().unwrap();
+    let stats: std::collections::HashMap<String, u64> = b.stats().unwrap().into_iter().collect();
+    assert!(
+        stats["recovered_records"] > 0,
+        "the restart replayed the log: {stats:?}"
+    );
+    for w in 0..WRITERS {
+        let n = acked[w].load(Ordering::SeqCst);
+        let mut r = Vec::new();
+        b.execute(
+            &[
+                Op::ReadAll {
+                    key: list(w),
+                    kind: Kind::List,
+                },
+                Op::GetCounter { key: counter(w) },
+            ],
+            &mut r,
+        )
+        .unwrap();
+        let want: Vec<Vec<u8>> = (0..n).map(|j| j.to_le_bytes().to_vec()).collect();
+        assert_eq!(
+            r[0],
+            Reply::Object(Some(Object::List(want))),
+            "writer {w}: every acknowledged push once, in order"
+        );
+        assert_eq!(
+            r[1],
+            Reply::Int(n as i64),
+            "writer {w}: every acknowledged add once"
+        );
+    }
+    drop(server);
+}

@@ -1,0 +1,481 @@
+//! flowstate's state store server (`flowstate store`): the externalized state store of CHC
+//! §4.3 and StatelessNF §4, speaking [`flowstate_proto`] over TCP.
+//!
+//! ```no_run
+//! use flowstate_store::{Config, Server};
+//!
+//! let server = Server::start(Config::default()).unwrap(); // 127.0.0.1:7878, in memory
+//! println!("listening on {}", server.local_addr());
+//! server.wait();
+//! ```
+//!
+//! Promises:
+//! * **Semantics**: every operation of the state API behaves exactly as in the in-process
+//!   store (`flowstate_state::local`): time to live per object and per map field, leases,
+//!   compare-and-set, wrong-kind errors; the store passes the backend conformance suite
+//!   through `flowstate-driver-store`. Operations on one object run in the order a connection
+//!   sent them, and a read sees every earlier update (CHC §4.3).
+//! * **Threads**: objects are sharded by a hash of their key over [`Config::shards`] threads;
+//!   each object is owned by exactly one thread and its data is touched by no other (no locks
+//!   on object data, CHC §4.3 "datastore threads"). Connections have a reader and a writer
+//!   thread; a batch's operations are handed to their shards and the answers reassembled, so a
+//!   client may pipeline any number of requests up to [`Config::max_inflight`].
+//! * **Robustness**: nothing a client sends can panic the server. A malformed frame, a bad
+//!   version or too many operations get an error frame and the connection goes on; an
+//!   oversize or unreadable length gets an error frame and the connection closes. Other
+//!   clients are never affected.
+//! * **Extensions** (beyond the state API, CHC §4.3, §5.1, §5.3; StatelessNF §4.1):
+//!   ack-only (non-blocking) batches; idempotent batches (a client id and an increasing op id:
+//!   a retransmission is answered as the first time and applied once); clock-tagged updates
+//!   applied once per (instance, object, clock); ownership of per-flow objects with a
+//!   handover operation; subscriptions that push an object's new value when another
+//!   connection changes it; expiry notifications to exactly one subscriber of the key.
+//! * **Durability** ([`Config::data_dir`]): each shard writes a write-ahead log record of a
+//!   batch's updates before it answers, and checkpoints periodically (CHC §5.4). After the
+//!   process is killed (`kill -9`) and restarted, the store holds every acknowledged update
+//!   exactly once. Without a data directory it runs purely in memory. A store that cannot
+//!   write its log exits (status 74) rather than acknowledge updates it could lose.
+//!   Idempotency state (each client's last op id) is logged and checkpointed; the answers
+//!   kept for retransmissions are not, so a batch applied before a crash and sent again after
+//!   it is answered [`Reply::Duplicate`](flowstate_proto::Reply::Duplicate) per operation.
+//! * **Security**: [`Config::default`] binds 127.0.0.1; with [`Config::token`] a client must
+//!   present the token in its first frame or is refused; connections, frame size, batch size
+//!   and in-flight requests are limited.
+//! * **Metrics**: a `Stats` request answers ops/s by type, connections, objects, memory and
+//!   WAL lag ([`Server::stats`]).
+
+mod conn;
+mod shard;
+mod wal;
+mod worker;
+
+pub use wal::RecoveryError;
+
+use flowstate_proto::{ErrorCode, Frame, Limits, Message, OP_NAMES};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Settings of a [`Server`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Where to listen (default `127.0.0.1:7878`; port 0 picks a free one).
+    pub listen: SocketAddr,
+    /// Where the log and checkpoints go; `None`: in memory only.
+    pub data_dir: Option<PathBuf>,
+    /// A shared token clients must present; `None`: no authentication.
+    pub token: Option<String>,
+    /// Shard threads (0: one per core, at most 8). A data directory keeps the count it was
+    /// created with.
+    pub shards: usize,
+    /// Frame and batch limits.
+    pub limits: Limits,
+    /// Most open connections.
+    pub max_connections: usize,
+    /// Most requests one connection may have unanswered; its reader waits beyond.
+    pub max_inflight: usize,
+    /// Most objects (spread evenly over the shards); `None`: no limit.
+    pub max_objects: Option<usize>,
+    /// Time between checkpoints of a shard that has logged something.
+    pub checkpoint_interval: Duration,
+    /// Log size that triggers a checkpoint.
+    pub checkpoint_bytes: u64,
+    /// `fdatasync` every log write (survives machine crashes, not only process crashes).
+    pub sync: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], flowstate_proto::DEFAULT_PORT)),
+            data_dir: None,
+            token: None,
+            shards: 0,
+            limits: Limits::default(),
+            max_connections: 1024,
+            max_inflight: 4096,
+            max_objects: None,
+            checkpoint_interval: Duration::from_secs(60),
+            checkpoint_bytes: 256 << 20,
+            sync: false,
+        }
+    }
+}
+
+/// Why the server cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The address cannot be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// What happened.
+        source: std::io::Error,
+    },
+    /// The data directory cannot be used.
+    #[error(transparent)]
+    Recovery(#[from] RecoveryError),
+    /// A thread cannot be started.
+    #[error("cannot start a thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// Counters shared by every thread.
+pub(crate) struct Metrics {
+    pub(crate) ops: [AtomicU64; OP_NAMES.len()],
+    pub(crate) objects: Vec<AtomicU64>,
+    pub(crate) wal_bytes: Vec<AtomicU64>,
+    pub(crate) connections: AtomicUsize,
+    pub(crate) connections_total: AtomicU64,
+    pub(crate) errors: AtomicU64,
+    pub(crate) duplicates: AtomicU64,
+    pub(crate) notifications: AtomicU64,
+    pub(crate) checkpoints: AtomicU64,
+    /// Op counts and time of the previous stats request, for rates.
+    last: Mutex<(Instant, [u64; OP_NAMES.len()])>,
+    started: Instant,
+}
+
+pub(crate) struct Shared {
+    pub(crate) config: Config,
+    pub(crate) shards: Vec<Sender<worker::Job>>,
+    pub(crate) metrics: Arc<Metrics>,
+    recovered_records: u64,
+}
+
+impl Shared {
+    /// The shard that owns `key` (FNV-1a: stable across restarts, as the log needs).
+    pub(crate) fn shard_of(&self, key: &[u8]) -> usize {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in key {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        (h % self.shards.len() as u64) as usize
+    }
+}
+
+/// Wall-clock time since the Unix epoch: deadlines and leases persist across restarts.
+pub(crate) fn now() -> Duration {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+}
+
+/// The numbers a `Stats` request answers: `ops_<type>` (total), `ops_per_sec_<type>` and
+/// `ops_per_sec` (since the previous stats request, or the start), `connections`,
+/// `connections_total`, `objects`, `memory_bytes` (resident set), `wal_lag_bytes` (log bytes a
+/// restart would replay), `checkpoints`, `errors` (error frames sent), `duplicates`
+/// (retransmitted batches not applied again), `notifications`, `shards`, `uptime_ms`,
+/// `recovered_records`.
+pub(crate) fn stats(shared: &Shared) -> Vec<(String, u64)> {
+    let m = &shared.metrics;
+    let mut v = Vec::with_capacity(64);
+    let counts: [u64; OP_NAMES.len()] = std::array::from_fn(|i| m.ops[i].load(Ordering::Relaxed));
+    let (secs, before) = {
+        let mut last = m.last.lock().unwrap_or_else(PoisonError::into_inner);
+        let secs = last.0.elapsed().as_secs_f64().max(1e-3);
+        let before = last.1;
+        *last = (Instant::now(), counts);
+        (secs, before)
+    };
+    let mut total_rate = 0.0;
+    for (i, name) in OP_NAMES.iter().enumerate() {
+        let rate = counts[i].saturating_sub(before[i]) as f64 / secs;
+        total_rate += rate;
+        v.push((format!("ops_{name}"), counts[i]));
+        v.push((format!("ops_per_sec_{name}"), rate as u64));
+    }
+    v.push(("ops_per_sec".into(), total_rate as u64));
+    v.push((
+        "connections".into(),
+        m.connections.load(Ordering::Relaxed) as u64,
+    ));
+    v.push((
+        "connections_total".into(),
+        m.connections_total.load(Ordering::Relaxed),
+    ));
+    let sum = |a: &[AtomicU64]| a.iter().map(|x| x.load(Ordering::Relaxed)).sum::<u64>();
+    v.push(("objects".into(), sum(&m.objects)));
+    v.push(("memory_bytes".into(), resident_bytes()));
+    v.push(("wal_lag_bytes".into(), sum(&m.wal_bytes)));
+    v.push(("checkpoints".into(), m.checkpoints.load(Ordering::Relaxed)));
+    v.push(("errors".into(), m.errors.load(Ordering::Relaxed)));
+    v.push(("duplicates".into(), m.duplicates.load(Ordering::Relaxed)));
+    v.push((
+        "notifications".into(),
+        m.notifications.load(Ordering::Relaxed),
+    ));
+    v.push(("shards".into(), shared.shards.len() as u64));
+    v.push((
+        "uptime_ms".into(),
+        u64::try_from(m.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+    ));
+    v.push(("recovered_records".into(), shared.recovered_records));
+    v
+}
+
+/// Resident memory of this process (Linux `/proc/self/statm`; 0 elsewhere).
+fn resident_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * 4096)
+}
+
+/// A running store.
+pub struct Server {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    stop: Arc<AtomicBool>,
+    acceptor: Option<JoinHandle<()>>,
+    workers: Vec<JoinHandle<()>>,
+    conns: Arc<Mutex<Vec<(u64, TcpStream)>>>,
+}
+
+impl Server {
+    /// Recovers the data directory (if any), binds, and starts serving on background threads.
+    pub fn start(config: Config) -> Result<Server, StartError> {
+        let mut config = config;
+        let mut shards = if config.shards == 0 {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+                .min(8)
+        } else {
+            config.shards
+        };
+        if let Some(dir) = &config.data_dir {
+            std::fs::create_dir_all(dir).map_err(|source| RecoveryError::Io {
+                path: dir.clone(),
+                source,
+            })?;
+            match wal::stored_shards(dir)? {
+                Some(n) if n > 0 => shards = n,
+                _ => wal::store_shards(dir, shards)?,
+            }
+        }
+        config.shards = shards;
+        let metrics = Arc::new(Metrics {
+            ops: std::array::from_fn(|_| AtomicU64::new(0)),
+            objects: (0..shards).map(|_| AtomicU64::new(0)).collect(),
+            wal_bytes: (0..shards).map(|_| AtomicU64::new(0)).collect(),
+            connections: AtomicUsize::new(0),
+            connections_total: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            duplicates: AtomicU64::new(0),
+            notifications: AtomicU64::new(0),
+            checkpoints: AtomicU64::new(0),
+            last: Mutex::new((Instant::now(), [0; OP_NAMES.len()])),
+            started: Instant::now(),
+        });
+        let per_shard = config.max_objects.map(|m| m.div_ceil(shards).max(1));
+        let mut workers = Vec::with_capacity(shards);
+        let mut recovered_records = 0;
+        for i in 0..shards {
+            let mut objects = shard::Objects {
+                max_objects: per_shard,
+                ..Default::default()
+            };
+            let wal = match &config.data_dir {
+                Some(dir) => {
+                    let r = wal::recover(dir, i, config.sync, &mut objects)?;
+                    recovered_records += r.records;
+                    if r.torn_bytes > 0 {
+                        tracing::warn!(
+                            "shard {i}: cut {} bytes of a torn, unacknowledged log record",
+                            r.torn_bytes
+                        );
+                    }
+                    Some(r.wal)
+                }
+                None => None,
+            };
+            metrics.objects[i].store(objects.len() as u64, Ordering::Relaxed);
+            workers.push(worker::Worker::new(
+                i,
+                objects,
+                wal,
+                metrics.clone(),
+                config.checkpoint_interval,
+                config.checkpoint_bytes,
+            ));
+        }
+        let listener = TcpListener::bind(config.listen).map_err(|source| StartError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+        let addr = listener.local_addr().map_err(|source| StartError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+        let mut senders = Vec::with_capacity(shards);
+        let mut handles = Vec::with_capacity(shards);
+        for w in workers {
+            let (tx, rx) = std::sync::mpsc::channel();
+            senders.push(tx);
+            let h = std::thread::Builder::new()
+                .name(format!("store-shard{}", w.index))
+                .spawn(move || w.run(rx))
+                .map_err(StartError::Thread)?;
+            handles.push(h);
+        }
+        let shared = Arc::new(Shared {
+            config,
+            shards: senders,
+            metrics,
+            recovered_records,
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let conns: Arc<Mutex<Vec<(u64, TcpStream)>>> = Arc::default();
+        let acceptor = {
+            let (shared, stop, conns) = (shared.clone(), stop.clone(), conns.clone());
+            std::thread::Builder::new()
+                .name("store-accept".into())
+                .spawn(move || accept_loop(listener, shared, stop, conns))
+                .map_err(StartError::Thread)?
+        };
+        tracing::info!(
+            "flowstate store listening on {addr} ({shards} shards, {})",
+            match &shared.config.data_dir {
+                Some(d) => format!(
+                    "data in {}, {recovered_records} log records replayed",
+                    d.display()
+                ),
+                None => "in memory".into(),
+            }
+        );
+        Ok(Server {
+            addr,
+            shared,
+            stop,
+            acceptor: Some(acceptor),
+            workers: handles,
+            conns,
+        })
+    }
+
+    /// The address the server listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The statistics a `Stats` request answers.
+    pub fn stats(&self) -> Vec<(String, u64)> {
+        stats(&self.shared)
+    }
+
+    /// Serves until the process ends.
+    pub fn wait(mut self) {
+        if let Some(a) = self.acceptor.take() {
+            let _ = a.join();
+        }
+    }
+
+    /// Stops accepting, closes every connection, writes a final checkpoint and joins the
+    /// threads.
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wake the acceptor.
+        let _ = TcpStream::connect(self.addr);
+        if let Some(a) = self.acceptor.take() {
+            let _ = a.join();
+        }
+        for (_, s) in self
+            .conns
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain(..)
+        {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        for s in &self.shared.shards {
+            let _ = s.send(worker::Job::Stop);
+        }
+        for h in self.workers.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.acceptor.is_some() {
+            self.shutdown();
+        }
+    }
+}
+
+fn accept_loop(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    stop: Arc<AtomicBool>,
+    conns: Arc<Mutex<Vec<(u64, TcpStream)>>>,
+) {
+    let mut next = 1u64;
+    for stream in listener.incoming() {
+        if stop.load(Ordering::SeqCst) {
+            break;
+        }
+        let mut stream = match stream {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!("accept: {e}");
+                // Out of descriptors and the like: do not spin.
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        let m = &shared.metrics;
+        if m.connections.load(Ordering::SeqCst) >= shared.config.max_connections {
+            let mut out = Vec::new();
+            flowstate_proto::encode(
+                &Frame {
+                    id: 0,
+                    msg: Message::Error {
+                        code: ErrorCode::TooManyConnections,
+                        message: format!(
+                            "the store takes at most {} connections",
+                            shared.config.max_connections
+                        ),
+                    },
+                },
+                &mut out,
+            );
+            let _ = std::io::Write::write_all(&mut stream, &out);
+            continue;
+        }
+        let conn = next;
+        next += 1;
+        m.connections.fetch_add(1, Ordering::SeqCst);
+        m.connections_total.fetch_add(1, Ordering::Relaxed);
+        if let Ok(c) = stream.try_clone() {
+            let mut list = conns.lock().unwrap_or_else(PoisonError::into_inner);
+            list.push((conn, c));
+        }
+        let (shared2, conns2) = (shared.clone(), conns.clone());
+        let spawned = std::thread::Builder::new()
+            .name(format!("store-conn{conn}"))
+            .spawn(move || {
+                conn::serve(stream, conn, shared2.clone());
+                shared2.metrics.connections.fetch_sub(1, Ordering::SeqCst);
+                conns2
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .retain(|(c, _)| *c != conn);
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("cannot start a connection thread: {e}");
+            m.connections.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}

@@ -1,0 +1,937 @@
+//! One shard: the objects whose key hashes to it, owned by one thread (CHC §4.3 "datastore
+//! threads": no locks on object data). The semantics of every operation are those of the state
+//! API's in-process store (`flowstate_state::local`), so the two pass the same conformance
+//! suite; on top come ownership (CHC §5.1), clock tags (CHC §5.3), idempotent batches,
+//! subscriptions (CHC §4.3 callbacks) and expiry notifications (StatelessNF §4.1).
+
+use flowstate_proto::{Kind, Object, Op, Reply, Request};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::time::Duration;
+
+/// How many clock tags an object remembers per instance (CHC §5.3: duplicates come from
+/// straggler clones and replays, which trail the original by a bounded number of packets).
+pub(crate) const TAG_WINDOW: usize = 4096;
+/// How many answered batches per client a shard keeps to answer a retransmission (a driver
+/// retransmits only the frames of the call in progress; ack-only batches need no answer kept).
+pub(crate) const REPLY_CACHE: usize = 64;
+
+/// Something a shard hands back to a connection.
+pub(crate) enum Obj {
+    Value(Vec<u8>),
+    Counter(i64),
+    List(VecDeque<Vec<u8>>),
+    Set(BTreeSet<Vec<u8>>),
+    Map(MapObj),
+    CounterMap(BTreeMap<Vec<u8>, i64>),
+}
+
+#[derive(Default)]
+pub(crate) struct MapObj {
+    pub(crate) fields: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// Ends of the time to live of some fields.
+    pub(crate) deadlines: HashMap<Vec<u8>, Duration>,
+    /// The same deadlines in time order: expiring `k` fields costs O(k log n), not a scan of
+    /// every field (a NAT's flow map has one deadline per flow).
+    pub(crate) by_time: BTreeSet<(Duration, Vec<u8>)>,
+}
+
+impl MapObj {
+    pub(crate) fn set_deadline(&mut self, field: &[u8], d: Duration) {
+        if let Some(old) = self.deadlines.insert(field.to_vec(), d) {
+            self.by_time.remove(&(old, field.to_vec()));
+        }
+        self.by_time.insert((d, field.to_vec()));
+    }
+
+    fn clear_deadline(&mut self, field: &[u8]) {
+        if let Some(old) = self.deadlines.remove(field) {
+            self.by_time.remove(&(old, field.to_vec()));
+        }
+    }
+}
+
+pub(crate) struct Entry {
+    pub(crate) obj: Obj,
+    /// End of the object's time to live.
+    pub(crate) deadline: Option<Duration>,
+    /// Where this entry sits in its shard's deadline index.
+    pub(crate) indexed: Option<Duration>,
+    /// The instance that owns this (per-flow) object, if claimed.
+    pub(crate) owner: Option<u32>,
+    /// Clock tags of updates applied, per instance. Boxed: most objects have none, and an
+    /// empty `Option<Box<_>>` is one word where a map is six.
+    #[allow(clippy::box_collection)]
+    pub(crate) tags: Option<Box<HashMap<u32, BTreeSet<u64>>>>,
+}
+
+pub(crate) struct Lease {
+    pub(crate) owner: u64,
+    pub(crate) until: Duration,
+}
+
+/// Idempotency state of one client in one shard.
+#[derive(Default)]
+pub(crate) struct Dedup {
+    /// Highest op id applied.
+    pub(crate) last: u64,
+    /// Replies of the last batches, to answer a retransmission the same way.
+    pub(crate) recent: VecDeque<(u64, Vec<(u32, Reply)>)>,
+}
+
+/// Where a subscriber's pushes go.
+pub(crate) struct Sub {
+    pub(crate) conn: u64,
+    pub(crate) instance: u32,
+    pub(crate) tx: crate::conn::WriterTx,
+}
+
+#[derive(Default)]
+pub(crate) struct Subs {
+    pub(crate) list: Vec<Sub>,
+}
+
+impl Obj {
+    pub(crate) fn empty(kind: Kind) -> Obj {
+        match kind {
+            Kind::Value => Obj::Value(Vec::new()),
+            Kind::Counter => Obj::Counter(0),
+            Kind::List => Obj::List(VecDeque::new()),
+            Kind::Set => Obj::Set(BTreeSet::new()),
+            Kind::Map => Obj::Map(MapObj::default()),
+            Kind::CounterMap => Obj::CounterMap(BTreeMap::new()),
+        }
+    }
+
+    pub(crate) fn kind(&self) -> Kind {
+        match self {
+            Obj::Value(_) => Kind::Value,
+            Obj::Counter(_) => Kind::Counter,
+            Obj::List(_) => Kind::List,
+            Obj::Set(_) => Kind::Set,
+            Obj::Map(_) => Kind::Map,
+            Obj::CounterMap(_) => Kind::CounterMap,
+        }
+    }
+
+    fn len(&self) -> Option<usize> {
+        match self {
+            Obj::Value(_) | Obj::Counter(_) => None,
+            Obj::List(l) => Some(l.len()),
+            Obj::Set(s) => Some(s.len()),
+            Obj::Map(m) => Some(m.fields.len()),
+            Obj::CounterMap(m) => Some(m.len()),
+        }
+    }
+
+    pub(crate) fn to_object(&self) -> Object {
+        match self {
+            Obj::Value(v) => Object::Value(v.clone()),
+            Obj::Counter(c) => Object::Counter(*c),
+            Obj::List(l) => Object::List(l.iter().cloned().collect()),
+            Obj::Set(s) => Object::Set(s.iter().cloned().collect()),
+            Obj::Map(m) => Object::Map(
+                m.fields
+                    .iter()
+                    .map(|(f, v)| (f.clone(), v.clone()))
+                    .collect(),
+            ),
+            Obj::CounterMap(m) => {
+                Object::CounterMap(m.iter().map(|(f, c)| (f.clone(), *c)).collect())
+            }
+        }
+    }
+
+    pub(crate) fn from_object(o: Object) -> Obj {
+        match o {
+            Object::Value(v) => Obj::Value(v),
+            Object::Counter(c) => Obj::Counter(c),
+            Object::List(v) => Obj::List(v.into()),
+            Object::Set(v) => Obj::Set(v.into_iter().collect()),
+            Object::Map(v) => Obj::Map(MapObj {
+                fields: v.into_iter().collect(),
+                deadlines: HashMap::new(),
+                by_time: BTreeSet::new(),
+            }),
+            Object::CounterMap(v) => Obj::CounterMap(v.into_iter().collect()),
+        }
+    }
+}
+
+impl Entry {
+    pub(crate) fn new(obj: Obj) -> Entry {
+        Entry {
+            obj,
+            deadline: None,
+            indexed: None,
+            owner: None,
+            tags: None,
+        }
+    }
+
+    /// Drops map fields whose time is up (noting them in `expired`); whether the whole entry
+    /// is now dead.
+    fn prune(&mut self, key: &[u8], now: Duration, expired: &mut Vec<Expired>) -> bool {
+        if self.deadline.is_some_and(|d| d <= now) {
+            expired.push((key.to_vec(), None));
+            return true;
+        }
+        if let Obj::Map(m) = &mut self.obj {
+            let mut any = false;
+            while m.by_time.first().is_some_and(|(d, _)| *d <= now) {
+                let Some((_, f)) = m.by_time.pop_first() else {
+                    break;
+                };
+                m.deadlines.remove(&f);
+                if m.fields.remove(&f).is_some() {
+                    expired.push((key.to_vec(), Some(f)));
+                }
+                any = true;
+            }
+            return any && m.fields.is_empty();
+        }
+        false
+    }
+
+    fn alive(&self, now: Duration) -> bool {
+        if self.deadline.is_some_and(|d| d <= now) {
+            return false;
+        }
+        match &self.obj {
+            Obj::Map(m) if !m.by_time.is_empty() => {
+                let gone = m.by_time.iter().take_while(|(d, _)| *d <= now).count();
+                gone < m.fields.len()
+            }
+            _ => true,
+        }
+    }
+
+    /// The earliest deadline of the object or one of its fields.
+    fn next_deadline(&self) -> Option<Duration> {
+        let field = match &self.obj {
+            Obj::Map(m) => m.by_time.first().map(|(d, _)| *d),
+            _ => None,
+        };
+        match (self.deadline, field) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn seen(&self, instance: u32, clock: u64) -> bool {
+        self.tags
+            .as_ref()
+            .and_then(|t| t.get(&instance))
+            .is_some_and(|s| s.contains(&clock))
+    }
+
+    fn tag(&mut self, instance: u32, clock: u64) {
+        let set = self
+            .tags
+            .get_or_insert_with(Default::default)
+            .entry(instance)
+            .or_default();
+        set.insert(clock);
+        if set.len() > TAG_WINDOW {
+            set.pop_first();
+        }
+    }
+}
+
+/// A key (and map field) whose time to live ran out.
+pub(crate) type Expired = (Vec<u8>, Option<Vec<u8>>);
+
+/// The objects of one shard.
+#[derive(Default)]
+pub(crate) struct Objects {
+    pub(crate) objects: HashMap<Vec<u8>, Entry>,
+    pub(crate) locks: HashMap<Vec<u8>, Lease>,
+    /// Objects by their earliest deadline (object or field): what the expiry sweep visits,
+    /// from the front, touching only what is due.
+    pub(crate) index: BTreeSet<(Duration, Vec<u8>)>,
+    pub(crate) clients: HashMap<u64, Dedup>,
+    /// Most objects this shard holds; `None`: no limit.
+    pub(crate) max_objects: Option<usize>,
+    /// Expiries found while running operations, to notify after the batch.
+    pub(crate) expired: Vec<Expired>,
+}
+
+fn text(key: &[u8]) -> String {
+    String::from_utf8_lossy(key).into_owned()
+}
+
+fn wrong(key: &[u8], wanted: Kind, found: &Obj) -> Reply {
+    Reply::WrongKind {
+        key: key.to_vec(),
+        wanted,
+        found: found.kind(),
+    }
+}
+
+fn len_reply(n: usize) -> Reply {
+    Reply::Len(u64::try_from(n).unwrap_or(u64::MAX))
+}
+
+fn overflow(key: &[u8]) -> Reply {
+    Reply::Refused(format!("{}: counter overflow", text(key)))
+}
+
+/// An operation would create an object in a full shard.
+struct Full;
+
+impl Objects {
+    pub(crate) fn len(&self) -> usize {
+        self.objects.len()
+    }
+
+    /// The live entry under `key`, dropping it (and expired map fields) if its time is up.
+    fn live(&mut self, key: &[u8], now: Duration) -> Option<&mut Entry> {
+        let dead = self
+            .objects
+            .get_mut(key)?
+            .prune(key, now, &mut self.expired);
+        if dead {
+            self.remove(key);
+            return None;
+        }
+        self.objects.get_mut(key)
+    }
+
+    fn get_or_create(&mut self, key: &[u8], now: Duration, kind: Kind) -> Result<&mut Entry, Full> {
+        if self.live(key, now).is_none() {
+            if self.max_objects.is_some_and(|m| self.objects.len() >= m) {
+                self.sweep(now);
+                if self.max_objects.is_some_and(|m| self.objects.len() >= m) {
+                    return Err(Full);
+                }
+            }
+            self.objects
+                .insert(key.to_vec(), Entry::new(Obj::empty(kind)));
+        }
+        // Just made sure it is there.
+        self.objects.get_mut(key).ok_or(Full)
+    }
+
+    fn remove(&mut self, key: &[u8]) -> bool {
+        match self.objects.remove(key) {
+            Some(e) => {
+                if let Some(d) = e.indexed {
+                    self.index.remove(&(d, key.to_vec()));
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Puts the object under `key` where its earliest deadline says in the index.
+    pub(crate) fn reindex(&mut self, key: &[u8]) {
+        let Some(e) = self.objects.get_mut(key) else {
+            return;
+        };
+        let next = e.next_deadline();
+        if next == e.indexed {
+            return;
+        }
+        if let Some(old) = e.indexed {
+            self.index.remove(&(old, key.to_vec()));
+        }
+        if let Some(n) = next {
+            self.index.insert((n, key.to_vec()));
+        }
+        e.indexed = next;
+    }
+
+    /// Drops everything whose time is up, noting what expired. Visits only the objects with
+    /// something due.
+    pub(crate) fn sweep(&mut self, now: Duration) {
+        while self.index.first().is_some_and(|(d, _)| *d <= now) {
+            let Some((_, key)) = self.index.pop_first() else {
+                break;
+            };
+            if let Some(e) = self.objects.get_mut(&key) {
+                e.indexed = None;
+            }
+            let _ = self.live(&key, now);
+            self.reindex(&key);
+        }
+        if !self.locks.is_empty() {
+            self.locks.retain(|_, l| l.until > now);
+        }
+    }
+
+    /// Keys of the live objects of `nf` of `kind` and `id`: `nf@Kind@id` and
+    /// `nf@<instance>@<core>@Kind@id` (the state API's key layout).
+    pub(crate) fn partitions(
+        &self,
+        nf: &[u8],
+        kind: Kind,
+        id: &[u8],
+        now: Duration,
+    ) -> Vec<Vec<u8>> {
+        self.objects
+            .iter()
+            .filter(|(k, e)| key_matches(k, nf, kind, id) && e.alive(now))
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    /// Runs one tagged operation at `now`; `origin_changed` tells whether it may have
+    /// changed the object (for subscribers).
+    pub(crate) fn apply(&mut self, req: &Request, now: Duration) -> (Reply, bool) {
+        let key = req.op.key();
+        let writes = !req.op.is_read() && !matches!(req.op, Op::Lock { .. } | Op::Unlock { .. });
+        if writes && !matches!(req.op, Op::Claim { .. } | Op::Handover { .. }) {
+            if let Some(e) = self.live(key, now) {
+                if let Some(owner) = e.owner {
+                    if req.instance != Some(owner) {
+                        return (
+                            Reply::Refused(format!(
+                                "{}: owned by instance {owner}, not {}",
+                                text(key),
+                                req.instance
+                                    .map_or_else(|| "an untagged client".into(), |i| i.to_string())
+                            )),
+                            false,
+                        );
+                    }
+                }
+                if let (Some(i), Some(c)) = (req.instance, req.clock) {
+                    if e.seen(i, c) {
+                        return (Reply::Duplicate, false);
+                    }
+                }
+            }
+        }
+        let reply = match self.run(&req.op, now) {
+            Ok(r) => r,
+            Err(Full) => Reply::Refused(format!(
+                "{}: store full ({} objects in this shard)",
+                text(key),
+                self.max_objects.unwrap_or(0)
+            )),
+        };
+        let ok = !matches!(reply, Reply::Refused(_) | Reply::WrongKind { .. });
+        if writes && ok {
+            if let (Some(i), Some(c), Some(e)) =
+                (req.instance, req.clock, self.objects.get_mut(key))
+            {
+                e.tag(i, c);
+            }
+        }
+        // Any operation may have set, cleared or (by pruning) moved a deadline.
+        self.reindex(key);
+        (reply, writes && ok)
+    }
+
+    fn run(&mut self, op: &Op, now: Duration) -> Result<Reply, Full> {
+        let key = op.key();
+        Ok(match op {
+            Op::Get { .. } => match self.live(key, now) {
+                None => Reply::Value(None),
+                Some(e) => match &e.obj {
+                    Obj::Value(v) => Reply::Value(Some(v.clone())),
+                    o => wrong(key, Kind::Value, o),
+                },
+            },
+            Op::Set { value, .. } => {
+                let e = self.get_or_create(key, now, Kind::Value)?;
+                match &mut e.obj {
+                    Obj::Value(v) => {
+                        v.clone_from(value);
+                        e.deadline = None;
+                        Reply::Done
+                    }
+                    o => wrong(key, Kind::Value, o),
+                }
+            }
+            Op::Delete { .. } => {
+                let present = self.live(key, now).is_some();
+                Reply::Bool(present && self.remove(key))
+            }
+            Op::Add { delta, .. } => {
+                let e = self.get_or_create(key, now, Kind::Counter)?;
+                match &mut e.obj {
+                    Obj::Counter(c) => match c.checked_add(*delta) {
+                        Some(n) => {
+                            *c = n;
+                            Reply::Int(n)
+                        }
+                        None => overflow(key),
+                    },
+                    o => wrong(key, Kind::Counter, o),
+                }
+            }
+            Op::GetCounter { .. } => match self.live(key, now) {
+                None => Reply::Int(0),
+                Some(e) => match &e.obj {
+                    Obj::Counter(c) => Reply::Int(*c),
+                    o => wrong(key, Kind::Counter, o),
+                },
+            },
+            Op::SetCounter { value, .. } => {
+                let e = self.get_or_create(key, now, Kind::Counter)?;
+                match &mut e.obj {
+                    Obj::Counter(c) => {
+                        *c = *value;
+                        e.deadline = None;
+                        Reply::Done
+                    }
+                    o => wrong(key, Kind::Counter, o),
+                }
+            }
+            Op::Push { item, .. } => {
+                let e = self.get_or_create(key, now, Kind::List)?;
+                match &mut e.obj {
+                    Obj::List(l) => {
+                        l.push_back(item.clone());
+                        len_reply(l.len())
+                    }
+                    o => wrong(key, Kind::List, o),
+                }
+            }
+            Op::Pop { .. } => {
+                let (reply, emptied) = match self.live(key, now) {
+                    None => (Reply::Value(None), false),
+                    Some(e) => match &mut e.obj {
+                        Obj::List(l) => {
+                            let item = l.pop_front();
+                            (Reply::Value(item), l.is_empty())
+                        }
+                        o => (wrong(key, Kind::List, o), false),
+                    },
+                };
+                if emptied {
+                    self.remove(key);
+                }
+                reply
+            }
+            Op::Insert { member, .. } => {
+                let e = self.get_or_create(key, now, Kind::Set)?;
+                match &mut e.obj {
+                    Obj::Set(s) => Reply::Bool(s.insert(member.clone())),
+                    o => wrong(key, Kind::Set, o),
+                }
+            }
+            Op::Remove { member, .. } => {
+                let (reply, emptied) = match self.live(key, now) {
+                    None => (Reply::Bool(false), false),
+                    Some(e) => match &mut e.obj {
+                        Obj::Set(s) => (Reply::Bool(s.remove(member)), s.is_empty()),
+                        o => (wrong(key, Kind::Set, o), false),
+                    },
+                };
+                if emptied {
+                    self.remove(key);
+                }
+                reply
+            }
+            Op::Contains { member, .. } => match self.live(key, now) {
+                None => Reply::Bool(false),
+                Some(e) => match &e.obj {
+                    Obj::Set(s) => Reply::Bool(s.contains(member)),
+                    o => wrong(key, Kind::Set, o),
+                },
+            },
+            Op::MapGet { field, .. } => match self.live(key, now) {
+                None => Reply::Value(None),
+                Some(e) => match &e.obj {
+                    Obj::Map(m) => Reply::Value(m.fields.get(field).cloned()),
+                    o => wrong(key, Kind::Map, o),
+                },
+            },
+            Op::MapSet { field, value, .. } => {
+                let e = self.get_or_create(key, now, Kind::Map)?;
+                match &mut e.obj {
+                    Obj::Map(m) => {
+                        m.clear_deadline(field);
+                        m.fields.insert(field.clone(), value.clone());
+                        Reply::Done
+                    }
+                    o => wrong(key, Kind::Map, o),
+                }
+            }
+            Op::MapDelete { field, .. } => {
+                let (reply, emptied) = match self.live(key, now) {
+                    None => (Reply::Bool(false), false),
+                    Some(e) => match &mut e.obj {
+                        Obj::Map(m) => {
+                            m.clear_deadline(field);
+                            (
+                                Reply::Bool(m.fields.remove(field).is_some()),
+                                m.fields.is_empty(),
+                            )
+                        }
+                        Obj::CounterMap(m) => {
+                            (Reply::Bool(m.remove(field).is_some()), m.is_empty())
+                        }
+                        o => (wrong(key, Kind::Map, o), false),
+                    },
+                };
+                if emptied {
+                    self.remove(key);
+                }
+                reply
+            }
+            Op::MapAdd { field, delta, .. } => {
+                let e = self.get_or_create(key, now, Kind::CounterMap)?;
+                match &mut e.obj {
+                    Obj::CounterMap(m) => {
+                        let c = m.entry(field.clone()).or_insert(0);
+                        match c.checked_add(*delta) {
+                            Some(n) => {
+                                *c = n;
+                                Reply::Int(n)
+                            }
+                            None => overflow(key),
+                        }
+                    }
+                    o => wrong(key, Kind::CounterMap, o),
+                }
+            }
+            Op::MapGetCounter { field, .. } => match self.live(key, now) {
+                None => Reply::Int(0),
+                Some(e) => match &e.obj {
+                    Obj::CounterMap(m) => Reply::Int(m.get(field).copied().unwrap_or(0)),
+                    o => wrong(key, Kind::CounterMap, o),
+                },
+            },
+            Op::CompareAndSet { expected, new, .. } => {
+                let current = match self.live(key, now) {
+                    None => None,
+                    Some(e) => match &e.obj {
+                        Obj::Value(v) => Some(v),
+                        o => return Ok(wrong(key, Kind::Value, o)),
+                    },
+                };
+                if current.map(Vec::as_slice) != expected.as_deref() {
+                    Reply::Bool(false)
+                } else {
+                    match new {
+                        None => {
+                            self.remove(key);
+                        }
+                        Some(n) => {
+                            let e = self.get_or_create(key, now, Kind::Value)?;
+                            e.obj = Obj::Value(n.clone());
+                            e.deadline = None;
+                        }
+                    }
+                    Reply::Bool(true)
+                }
+            }
+            Op::Expire {
+                field: None, ttl, ..
+            } => match self.live(key, now) {
+                None => Reply::Bool(false),
+                Some(e) => {
+                    e.deadline = Some(now.saturating_add(*ttl));
+                    Reply::Bool(true)
+                }
+            },
+            Op::Expire {
+                field: Some(field),
+                ttl,
+                ..
+            } => match self.live(key, now) {
+                None => Reply::Bool(false),
+                Some(e) => match &mut e.obj {
+                    Obj::Map(m) => {
+                        let has = m.fields.contains_key(field);
+                        if has {
+                            m.set_deadline(field, now.saturating_add(*ttl));
+                        }
+                        Reply::Bool(has)
+                    }
+                    o => wrong(key, Kind::Map, o),
+                },
+            },
+            Op::Len { kind, .. } => match kind {
+                Kind::Value | Kind::Counter => Reply::Refused(format!(
+                    "{}: Len needs a collection kind, not {}",
+                    text(key),
+                    kind.name()
+                )),
+                _ => match self.live(key, now) {
+                    None => Reply::Len(0),
+                    Some(e) if e.obj.kind() == *kind => len_reply(e.obj.len().unwrap_or(0)),
+                    Some(e) => wrong(key, *kind, &e.obj),
+                },
+            },
+            Op::ReadAll { kind, .. } => match self.live(key, now) {
+                None => Reply::Object(None),
+                Some(e) if e.obj.kind() == *kind => Reply::Object(Some(e.obj.to_object())),
+                Some(e) => wrong(key, *kind, &e.obj),
+            },
+            Op::Lock { owner, lease, .. } => {
+                let until = now.saturating_add(*lease);
+                let granted = match self.locks.get_mut(key) {
+                    Some(l) if l.until > now && l.owner != *owner => false,
+                    Some(l) => {
+                        l.owner = *owner;
+                        l.until = until;
+                        true
+                    }
+                    None => {
+                        self.locks.insert(
+                            key.to_vec(),
+                            Lease {
+                                owner: *owner,
+                                until,
+                            },
+                        );
+                        true
+                    }
+                };
+                Reply::Bool(granted)
+            }
+            Op::Unlock { owner, .. } => {
+                let held = self
+                    .locks
+                    .get(key)
+                    .is_some_and(|l| l.until > now && l.owner == *owner);
+                if held || self.locks.get(key).is_some_and(|l| l.until <= now) {
+                    self.locks.remove(key);
+                }
+                Reply::Bool(held)
+            }
+            Op::Claim { kind, instance, .. } => {
+                let e = self.get_or_create(key, now, *kind)?;
+                if e.obj.kind() != *kind {
+                    wrong(key, *kind, &e.obj)
+                } else if e.owner.is_none_or(|o| o == *instance) {
+                    e.owner = Some(*instance);
+                    Reply::Bool(true)
+                } else {
+                    Reply::Bool(false)
+                }
+            }
+            Op::Handover { from, to, .. } => match self.live(key, now) {
+                Some(e) if e.owner == Some(*from) => {
+                    e.owner = Some(*to);
+                    Reply::Bool(true)
+                }
+                _ => Reply::Bool(false),
+            },
+        })
+    }
+
+    /// The live object under `key`, for subscribers.
+    pub(crate) fn current(&mut self, key: &[u8], now: Duration) -> Option<Object> {
+        self.live(key, now).map(|e| e.obj.to_object())
+    }
+}
+
+/// Whether `key` is `nf@Kind@id` or `nf@<u32>@<u32>@Kind@id`.
+fn key_matches(key: &[u8], nf: &[u8], kind: Kind, id: &[u8]) -> bool {
+    let Some(rest) = key.strip_prefix(nf).and_then(|r| r.strip_prefix(b"@")) else {
+        return false;
+    };
+    let tail = |r: &[u8]| {
+        r.strip_prefix(kind.name().as_bytes())
+            .and_then(|r| r.strip_prefix(b"@"))
+            .is_some_and(|r| r == id)
+    };
+    // Partitioned: instance@core@Kind@id, instance and core decimal u32s. This is tried first,
+    // as the state API's key parser does.
+    let mut parts = rest.splitn(3, |b| *b == b'@');
+    if let (Some(i), Some(c), Some(r)) = (parts.next(), parts.next(), parts.next()) {
+        let num = |s: &[u8]| {
+            std::str::from_utf8(s)
+                .ok()
+                .and_then(|s| s.parse::<u32>().ok())
+                .is_some()
+        };
+        if num(i) && num(c) {
+            return tail(r);
+        }
+    }
+    tail(rest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partition_keys_match_the_state_api_layout() {
+        assert!(key_matches(
+            b"nat@1@2@Counter@flows",
+            b"nat",
+            Kind::Counter,
+            b"flows"
+        ));
+        assert!(key_matches(
+            b"nat@Counter@flows",
+            b"nat",
+            Kind::Counter,
+            b"flows"
+        ));
+        assert!(key_matches(b"nat@Set@a@b", b"nat", Kind::Set, b"a@b"));
+        assert!(!key_matches(b"nat@Set@a@b", b"nat", Kind::Set, b"a"));
+        assert!(!key_matches(
+            b"nat@1@2@Map@flows",
+            b"nat",
+            Kind::Counter,
+            b"flows"
+        ));
+        assert!(!key_matches(
+            b"natx@Counter@flows",
+            b"nat",
+            Kind::Counter,
+            b"flows"
+        ));
+    }
+
+    fn r(op: Op) -> Request {
+        op.into()
+    }
+
+    #[test]
+    fn clock_tagged_updates_apply_once_and_owners_are_enforced() {
+        let mut o = Objects::default();
+        let now = Duration::from_secs(1);
+        let key = b"nat@0@0@Counter@c".to_vec();
+        let add = |i: Option<u32>, c: Option<u64>| Request {
+            op: Op::Add {
+                key: key.clone(),
+                delta: 5,
+            },
+            instance: i,
+            clock: c,
+        };
+        assert_eq!(o.apply(&add(Some(1), Some(7)), now).0, Reply::Int(5));
+        assert_eq!(o.apply(&add(Some(1), Some(7)), now).0, Reply::Duplicate);
+        assert_eq!(o.apply(&add(Some(2), Some(7)), now).0, Reply::Int(10));
+        assert_eq!(o.apply(&add(Some(1), Some(8)), now).0, Reply::Int(15));
+        let claim = |i| {
+            r(Op::Claim {
+                key: key.clone(),
+                kind: Kind::Counter,
+                instance: i,
+            })
+        };
+        assert_eq!(o.apply(&claim(1), now).0, Reply::Bool(true));
+        assert_eq!(o.apply(&claim(2), now).0, Reply::Bool(false));
+        assert!(matches!(
+            o.apply(&add(Some(2), None), now).0,
+            Reply::Refused(_)
+        ));
+        assert!(matches!(
+            o.apply(&add(None, None), now).0,
+            Reply::Refused(_)
+        ));
+        assert_eq!(o.apply(&add(Some(1), None), now).0, Reply::Int(20));
+        let hand = r(Op::Handover {
+            key: key.clone(),
+            from: 1,
+            to: 2,
+        });
+        assert_eq!(o.apply(&hand, now).0, Reply::Bool(true));
+        assert_eq!(o.apply(&hand, now).0, Reply::Bool(false));
+        assert!(matches!(
+            o.apply(&add(Some(1), None), now).0,
+            Reply::Refused(_)
+        ));
+        assert_eq!(o.apply(&add(Some(2), None), now).0, Reply::Int(25));
+        // Reads are never refused.
+        assert_eq!(
+            o.apply(&r(Op::GetCounter { key: key.clone() }), now).0,
+            Reply::Int(25)
+        );
+    }
+
+    #[test]
+    fn sweep_reports_expired_objects_and_fields() {
+        let mut o = Objects::default();
+        let t0 = Duration::from_secs(10);
+        let m = b"m".to_vec();
+        let v = b"v".to_vec();
+        for req in [
+            Op::MapSet {
+                key: m.clone(),
+                field: b"a".to_vec(),
+                value: b"1".to_vec(),
+            },
+            Op::MapSet {
+                key: m.clone(),
+                field: b"b".to_vec(),
+                value: b"2".to_vec(),
+            },
+            Op::Expire {
+                key: m.clone(),
+                field: Some(b"a".to_vec()),
+                ttl: Duration::from_secs(1),
+            },
+            Op::Set {
+                key: v.clone(),
+                value: b"x".to_vec(),
+            },
+            Op::Expire {
+                key: v.clone(),
+                field: None,
+                ttl: Duration::from_secs(2),
+            },
+        ] {
+            o.apply(&r(req), t0);
+        }
+        o.sweep(t0 + Duration::from_millis(1500));
+        assert_eq!(o.expired, vec![(m.clone(), Some(b"a".to_vec()))]);
+        o.expired.clear();
+        o.sweep(t0 + Duration::from_secs(3));
+        assert_eq!(o.expired, vec![(v, None)]);
+        assert_eq!(o.len(), 1);
+        assert!(o.index.is_empty());
+    }
+}
+
+#[cfg(test)]
+mod index_tests {
+    use super::*;
+
+    fn r(op: Op) -> Request {
+        op.into()
+    }
+
+    #[test]
+    fn renewed_field_deadlines_leave_no_stale_timers_and_expire_in_order() {
+        let mut o = Objects::default();
+        let t = Duration::from_secs(100);
+        let m = b"m".to_vec();
+        for f in [b"a", b"b", b"c"] {
+            o.apply(
+                &r(Op::MapSet {
+                    key: m.clone(),
+                    field: f.to_vec(),
+                    value: b"v".to_vec(),
+                }),
+                t,
+            );
+        }
+        let expire = |f: &[u8], s: u64| {
+            r(Op::Expire {
+                key: m.clone(),
+                field: Some(f.to_vec()),
+                ttl: Duration::from_secs(s),
+            })
+        };
+        o.apply(&expire(b"a", 1), t);
+        o.apply(&expire(b"b", 2), t);
+        o.apply(&expire(b"a", 5), t); // renewed: the 1 s timer is gone
+        let Some(Entry {
+            obj: Obj::Map(mo), ..
+        }) = o.objects.get(&m)
+        else {
+            panic!("a map")
+        };
+        assert_eq!(mo.by_time.len(), 2);
+        assert_eq!(o.index.len(), 1);
+        o.sweep(t + Duration::from_secs(3));
+        assert_eq!(o.expired, vec![(m.clone(), Some(b"b".to_vec()))]);
+        o.expired.clear();
+        // Overwriting a field clears its deadline: only c is left without one, a still has 5 s.
+        o.sweep(t + Duration::from_secs(6));
+        assert_eq!(o.expired, vec![(m.clone(), Some(b"a".to_vec()))]);
+        assert_eq!(o.len(), 1, "c has no time to live");
+        assert!(o.index.is_empty());
+    }
+}

@@ -1,0 +1,523 @@
+//! Durability (CHC §5.4: "checkpoint + write-ahead log"): each shard appends the updates of
+//! every batch it applies to its own log before it answers, and from time to time writes a
+//! checkpoint of all its objects and starts a new log.
+//!
+//! Files in the data directory, per shard `i` and generation `g`:
+//! * `shard-i-g.ckpt`: the shard's objects, leases, idempotency and clock-tag state when log
+//!   `g` began (absent for generation 0);
+//! * `shard-i-g.wal`: records of the batches applied since.
+//!
+//! A record is `length u32 | crc32c u32 | now u64 | client u64 | op id u64 | count u32 |
+//! requests` (the requests encoded as in a batch frame). Recovery loads the newest checkpoint,
+//! replays its log with each record's own time (so time to live and leases replay exactly),
+//! and cuts the log at the first torn or corrupt record: only the tail that was never
+//! acknowledged can be torn, since a batch is answered after its record is written.
+//!
+//! The log is written with one `write` per group of batches before their answers go out:
+//! acknowledged updates survive the store process being killed (`kill -9`). With `sync` each
+//! write is also `fdatasync`ed, for surviving the machine's crash.
+
+use crate::shard::{Dedup, Entry, Lease, Obj, Objects};
+use flowstate_proto::{self as proto, DecodeError, Rd, Request};
+use std::collections::{BTreeSet, HashMap};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const CKPT_MAGIC: &[u8; 8] = b"FSCKPT01";
+
+/// The open log of one shard.
+pub(crate) struct Wal {
+    dir: PathBuf,
+    shard: usize,
+    gen: u64,
+    file: File,
+    buf: Vec<u8>,
+    sync: bool,
+    /// Bytes in the current log (what a restart would replay).
+    pub(crate) bytes: u64,
+}
+
+fn wal_path(dir: &Path, shard: usize, gen: u64) -> PathBuf {
+    dir.join(format!("shard-{shard}-{gen}.wal"))
+}
+fn ckpt_path(dir: &Path, shard: usize, gen: u64) -> PathBuf {
+    dir.join(format!("shard-{shard}-{gen}.ckpt"))
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl Wal {
+    /// Appends the record of one batch (its updating operations) to the pending group.
+    pub(crate) fn record<'a>(
+        &mut self,
+        now: Duration,
+        client: u64,
+        op_id: u64,
+        ops: impl Iterator<Item = &'a Request>,
+    ) {
+        let start = self.buf.len();
+        self.buf.extend_from_slice(&[0; 8]);
+        proto::put_u64(&mut self.buf, nanos(now));
+        proto::put_u64(&mut self.buf, client);
+        proto::put_u64(&mut self.buf, op_id);
+        let count_at = self.buf.len();
+        proto::put_u32(&mut self.buf, 0);
+        let mut n = 0u32;
+        for r in ops {
+            proto::put_request(&mut self.buf, &r.op, r.instance, r.clock);
+            n += 1;
+        }
+        self.buf[count_at..count_at + 4].copy_from_slice(&n.to_le_bytes());
+        let len = (self.buf.len() - start - 8) as u32;
+        let crc = proto::crc32c(0, &self.buf[start + 8..]);
+        self.buf[start..start + 4].copy_from_slice(&len.to_le_bytes());
+        self.buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    /// Writes the pending group; the caller answers only after this returns `Ok`.
+    pub(crate) fn flush(&mut self) -> io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        self.file.write_all(&self.buf)?;
+        if self.sync {
+            self.file.sync_data()?;
+        }
+        self.bytes += self.buf.len() as u64;
+        self.buf.clear();
+        if self.buf.capacity() > 8 << 20 {
+            self.buf.shrink_to(64 * 1024);
+        }
+        Ok(())
+    }
+
+    /// Writes a checkpoint of `objects` as generation `gen + 1`, starts that generation's
+    /// log and removes the previous generation's files.
+    pub(crate) fn checkpoint(&mut self, objects: &Objects, now: Duration) -> io::Result<()> {
+        self.flush()?;
+        let next = self.gen + 1;
+        let body = encode_checkpoint(objects, now);
+        let tmp = self
+            .dir
+            .join(format!("shard-{}-{next}.ckpt.tmp", self.shard));
+        {
+            let mut f = File::create(&tmp)?;
+            f.write_all(CKPT_MAGIC)?;
+            f.write_all(&(body.len() as u64).to_le_bytes())?;
+            f.write_all(&proto::crc32c(0, &body).to_le_bytes())?;
+            f.write_all(&body)?;
+            f.sync_all()?;
+        }
+        fs::rename(&tmp, ckpt_path(&self.dir, self.shard, next))?;
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(wal_path(&self.dir, self.shard, next))?;
+        sync_dir(&self.dir);
+        let old = self.gen;
+        self.gen = next;
+        self.file = file;
+        self.bytes = 0;
+        let _ = fs::remove_file(wal_path(&self.dir, self.shard, old));
+        let _ = fs::remove_file(ckpt_path(&self.dir, self.shard, old));
+        Ok(())
+    }
+}
+
+fn sync_dir(dir: &Path) {
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+}
+
+/// Why a data directory cannot be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum RecoveryError {
+    /// A file cannot be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What happened.
+        source: io::Error,
+    },
+    /// A checkpoint is corrupt (checkpoints are written whole and renamed, so this is damage
+    /// from outside).
+    #[error("{path}: corrupt checkpoint: {reason}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> RecoveryError + '_ {
+    move |source| RecoveryError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// The number of shards the data in `dir` was written with, if any (stored in `shards`).
+pub(crate) fn stored_shards(dir: &Path) -> Result<Option<usize>, RecoveryError> {
+    let p = dir.join("shards");
+    match fs::read_to_string(&p) {
+        Ok(s) => s
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| RecoveryError::Corrupt {
+                path: p,
+                reason: format!("{s:?} is not a shard count"),
+            }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io_err(&p)(e)),
+    }
+}
+
+/// Records the shard count of a new data directory.
+pub(crate) fn store_shards(dir: &Path, n: usize) -> Result<(), RecoveryError> {
+    let p = dir.join("shards");
+    fs::write(&p, format!("{n}\n")).map_err(io_err(&p))?;
+    sync_dir(dir);
+    Ok(())
+}
+
+/// What recovery found for one shard.
+pub(crate) struct Recovered {
+    pub(crate) wal: Wal,
+    pub(crate) records: u64,
+    pub(crate) torn_bytes: u64,
+}
+
+/// Loads shard `shard` from `dir` into `objects` and opens its log for appending.
+pub(crate) fn recover(
+    dir: &Path,
+    shard: usize,
+    sync: bool,
+    objects: &mut Objects,
+) -> Result<Recovered, RecoveryError> {
+    // The newest generation with a checkpoint (or 0).
+    let mut gen = 0u64;
+    let prefix = format!("shard-{shard}-");
+    for e in fs::read_dir(dir).map_err(io_err(dir))? {
+        let e = e.map_err(io_err(dir))?;
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if let Some(g) = name
+            .strip_prefix(&prefix)
+            .and_then(|r| r.strip_suffix(".ckpt"))
+            .and_then(|g| g.parse::<u64>().ok())
+        {
+            gen = gen.max(g);
+        }
+    }
+    if gen > 0 {
+        let p = ckpt_path(dir, shard, gen);
+        let data = fs::read(&p).map_err(io_err(&p))?;
+        load_checkpoint(&data, objects).map_err(|reason| RecoveryError::Corrupt {
+            path: p.clone(),
+            reason,
+        })?;
+    }
+    let wp = wal_path(dir, shard, gen);
+    let mut data = Vec::new();
+    match File::open(&wp) {
+        Ok(mut f) => {
+            f.read_to_end(&mut data).map_err(io_err(&wp))?;
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err(&wp)(e)),
+    }
+    let mut at = 0usize;
+    let mut records = 0;
+    while let Some(rec) = data.get(at..at + 8) {
+        let len = u32::from_le_bytes([rec[0], rec[1], rec[2], rec[3]]) as usize;
+        let crc = u32::from_le_bytes([rec[4], rec[5], rec[6], rec[7]]);
+        let Some(body) = data.get(at + 8..at + 8 + len) else {
+            break;
+        };
+        if proto::crc32c(0, body) != crc || replay(body, objects).is_err() {
+            break;
+        }
+        records += 1;
+        at += 8 + len;
+    }
+    let torn = (data.len() - at) as u64;
+    let file = OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(false)
+        .open(&wp)
+        .map_err(io_err(&wp))?;
+    if torn > 0 {
+        tracing::warn!(
+            "{}: cutting {torn} bytes of an unacknowledged torn record",
+            wp.display()
+        );
+        file.set_len(at as u64).map_err(io_err(&wp))?;
+    }
+    drop(file);
+    let file = OpenOptions::new()
+        .append(true)
+        .open(&wp)
+        .map_err(io_err(&wp))?;
+    objects.expired.clear();
+    Ok(Recovered {
+        wal: Wal {
+            dir: dir.to_owned(),
+            shard,
+            gen,
+            file,
+            buf: Vec::with_capacity(64 * 1024),
+            sync,
+            bytes: at as u64,
+        },
+        records,
+        torn_bytes: torn,
+    })
+}
+
+fn replay(body: &[u8], objects: &mut Objects) -> Result<(), DecodeError> {
+    let mut r = Rd::new(body);
+    let now = Duration::from_nanos(r.u64()?);
+    let client = r.u64()?;
+    let op_id = r.u64()?;
+    let n = r.u32()?;
+    // Decode the whole record before applying any of it.
+    let mut reqs = Vec::with_capacity((n as usize).min(body.len() / 6));
+    for _ in 0..n {
+        reqs.push(r.request()?);
+    }
+    if !r.is_empty() {
+        return Err(DecodeError::Malformed("trailing bytes in a log record"));
+    }
+    for req in &reqs {
+        objects.apply(req, now);
+    }
+    if op_id != 0 {
+        let d = objects.clients.entry(client).or_default();
+        d.last = d.last.max(op_id);
+    }
+    Ok(())
+}
+
+fn encode_checkpoint(o: &Objects, now: Duration) -> Vec<u8> {
+    let mut w = Vec::with_capacity(64 * 1024);
+    proto::put_u64(&mut w, nanos(now));
+    proto::put_u32(&mut w, o.clients.len() as u32);
+    for (c, d) in &o.clients {
+        proto::put_u64(&mut w, *c);
+        proto::put_u64(&mut w, d.last);
+    }
+    proto::put_u32(&mut w, o.objects.len() as u32);
+    for (k, e) in &o.objects {
+        proto::put_bytes(&mut w, k);
+        proto::put_u64(&mut w, e.deadline.map_or(u64::MAX, nanos));
+        proto::put_u64(&mut w, e.owner.map_or(u64::MAX, u64::from));
+        proto::put_opt_object(&mut w, Some(&e.obj.to_object()));
+        match &e.obj {
+            Obj::Map(m) => {
+                proto::put_u32(&mut w, m.deadlines.len() as u32);
+                for (f, d) in &m.deadlines {
+                    proto::put_bytes(&mut w, f);
+                    proto::put_u64(&mut w, nanos(*d));
+                }
+            }
+            _ => proto::put_u32(&mut w, 0),
+        }
+        let tags = e.tags.as_deref();
+        proto::put_u32(&mut w, tags.map_or(0, |t| t.len() as u32));
+        for (i, set) in tags.into_iter().flatten() {
+            proto::put_u32(&mut w, *i);
+            proto::put_u32(&mut w, set.len() as u32);
+            for c in set {
+                proto::put_u64(&mut w, *c);
+            }
+        }
+    }
+    proto::put_u32(&mut w, o.locks.len() as u32);
+    for (k, l) in &o.locks {
+        proto::put_bytes(&mut w, k);
+        proto::put_u64(&mut w, l.owner);
+        proto::put_u64(&mut w, nanos(l.until));
+    }
+    w
+}
+
+fn load_checkpoint(data: &[u8], o: &mut Objects) -> Result<(), String> {
+    let e = |e: DecodeError| e.to_string();
+    if data.get(..8) != Some(CKPT_MAGIC.as_slice()) {
+        return Err("not a flowstate checkpoint".into());
+    }
+    let mut r = Rd::new(&data[8..]);
+    let len = r.u64().map_err(e)?;
+    let crc = r.u32().map_err(e)?;
+    if r.buf.len() as u64 != len || proto::crc32c(0, r.buf) != crc {
+        return Err("length or checksum mismatch".into());
+    }
+    let _when = r.u64().map_err(e)?;
+    let n = r.count(16).map_err(e)?;
+    for _ in 0..n {
+        let c = r.u64().map_err(e)?;
+        let last = r.u64().map_err(e)?;
+        o.clients.insert(
+            c,
+            Dedup {
+                last,
+                recent: Default::default(),
+            },
+        );
+    }
+    let n = r.count(4).map_err(e)?;
+    for _ in 0..n {
+        let key = r.bytes().map_err(e)?.to_vec();
+        let deadline = r.u64().map_err(e)?;
+        let owner = r.u64().map_err(e)?;
+        let obj = r
+            .opt_object()
+            .map_err(e)?
+            .ok_or("an object entry without an object")?;
+        let mut entry = Entry::new(Obj::from_object(obj));
+        entry.deadline = (deadline != u64::MAX).then(|| Duration::from_nanos(deadline));
+        entry.owner = u32::try_from(owner).ok();
+        let nd = r.count(12).map_err(e)?;
+        for _ in 0..nd {
+            let f = r.bytes().map_err(e)?.to_vec();
+            let d = Duration::from_nanos(r.u64().map_err(e)?);
+            if let Obj::Map(m) = &mut entry.obj {
+                m.set_deadline(&f, d);
+            }
+        }
+        let nt = r.count(8).map_err(e)?;
+        if nt > 0 {
+            let mut tags: HashMap<u32, BTreeSet<u64>> = HashMap::new();
+            for _ in 0..nt {
+                let i = r.u32().map_err(e)?;
+                let k = r.count(8).map_err(e)?;
+                let set = tags.entry(i).or_default();
+                for _ in 0..k {
+                    set.insert(r.u64().map_err(e)?);
+                }
+            }
+            entry.tags = Some(Box::new(tags));
+        }
+        o.objects.insert(key.clone(), entry);
+        o.reindex(&key);
+    }
+    let n = r.count(20).map_err(e)?;
+    for _ in 0..n {
+        let key = r.bytes().map_err(e)?.to_vec();
+        let owner = r.u64().map_err(e)?;
+        let until = Duration::from_nanos(r.u64().map_err(e)?);
+        o.locks.insert(key, Lease { owner, until });
+    }
+    if !r.is_empty() {
+        return Err("trailing bytes".into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flowstate_proto::{Kind, Op, Reply};
+
+    fn apply(o: &mut Objects, wal: &mut Wal, now: Duration, op: Op) -> Reply {
+        let req: Request = op.into();
+        let r = o.apply(&req, now).0;
+        wal.record(now, 1, 0, std::iter::once(&req));
+        wal.flush().unwrap();
+        r
+    }
+
+    #[test]
+    fn log_and_checkpoint_recover_the_same_objects_and_cut_torn_tails() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = Duration::from_secs(100);
+        let mut o = Objects::default();
+        let mut wal = recover(dir.path(), 0, false, &mut o).unwrap().wal;
+        let k = |s: &str| s.as_bytes().to_vec();
+        apply(
+            &mut o,
+            &mut wal,
+            t,
+            Op::Add {
+                key: k("c"),
+                delta: 3,
+            },
+        );
+        apply(
+            &mut o,
+            &mut wal,
+            t,
+            Op::Push {
+                key: k("l"),
+                item: k("a"),
+            },
+        );
+        wal.checkpoint(&o, t).unwrap();
+        apply(
+            &mut o,
+            &mut wal,
+            t,
+            Op::Add {
+                key: k("c"),
+                delta: 4,
+            },
+        );
+        apply(
+            &mut o,
+            &mut wal,
+            t,
+            Op::MapSet {
+                key: k("m"),
+                field: k("f"),
+                value: k("v"),
+            },
+        );
+        apply(
+            &mut o,
+            &mut wal,
+            t,
+            Op::Expire {
+                key: k("m"),
+                field: Some(k("f")),
+                ttl: Duration::from_secs(5),
+            },
+        );
+        drop(wal);
+        // A torn record at the end (never acknowledged).
+        let wp = wal_path(dir.path(), 0, 1);
+        let mut f = OpenOptions::new().append(true).open(&wp).unwrap();
+        f.write_all(&[40, 0, 0, 0, 1, 2]).unwrap();
+        drop(f);
+        let mut back = Objects::default();
+        let rec = recover(dir.path(), 0, false, &mut back).unwrap();
+        assert_eq!(rec.records, 3);
+        assert_eq!(rec.torn_bytes, 6);
+        for key in ["c", "l", "m"] {
+            let kind = match key {
+                "c" => Kind::Counter,
+                "l" => Kind::List,
+                _ => Kind::Map,
+            };
+            let read = Request::from(Op::ReadAll { key: k(key), kind });
+            assert_eq!(back.apply(&read, t).0, o.apply(&read, t).0, "{key}");
+        }
+        // The field's time to live came back too.
+        let read = Request::from(Op::MapGet {
+            key: k("m"),
+            field: k("f"),
+        });
+        assert_eq!(
+            back.apply(&read, t + Duration::from_secs(6)).0,
+            Reply::Value(None)
+        );
+    }
+}
