@@ -229,6 +229,18 @@ fn is_read(op: &Op) -> bool {
     )
 }
 
+/// The consecutive adds at the start of `idx`, if its first op is one on an object of its
+/// own kind: `(field, delta)` each.
+fn add_run<'o>(ops: &'o [Op], idx: &[usize], kind: Kind) -> Option<Vec<(Option<&'o Bytes>, i64)>> {
+    let one = |op: &'o Op| match (op, kind) {
+        (Op::Add { delta, .. }, Kind::Counter) => Some((None, *delta)),
+        (Op::MapAdd { field, delta, .. }, Kind::CounterMap) => Some((Some(field), *delta)),
+        _ => None,
+    };
+    let run: Vec<_> = idx.iter().map_while(|&k| one(&ops[k])).collect();
+    (!run.is_empty()).then_some(run)
+}
+
 fn len(n: i64) -> Reply {
     Reply::Len(u64::try_from(n).unwrap_or(0))
 }
@@ -611,6 +623,33 @@ impl Shared {
                 let r = self.reply(&loc, r)?;
                 out.extend(idx[i..j].iter().map(|&k| (k, r.clone())));
                 i = j;
+            } else if matches!(op, Op::Push { .. }) && loc.kind == Kind::List {
+                let j = run_end(&|o| matches!(o, Op::Push { .. }));
+                let items: Vec<&[u8]> = idx[i..j]
+                    .iter()
+                    .filter_map(|&k| match &ops[k] {
+                        Op::Push { item, .. } => Some(item.as_slice()),
+                        _ => None,
+                    })
+                    .collect();
+                match self.push_many(&loc, &items).await {
+                    Ok(rs) => out.extend(idx[i..j].iter().copied().zip(rs)),
+                    Err(e) => {
+                        let r = self.reply(&loc, Err(e))?;
+                        out.extend(idx[i..j].iter().map(|&k| (k, r.clone())));
+                    }
+                }
+                i = j;
+            } else if let Some(adds) = add_run(ops, &idx[i..], loc.kind) {
+                let j = i + adds.len();
+                match self.add_many(&loc, &adds).await {
+                    Ok(rs) => out.extend(idx[i..j].iter().copied().zip(rs)),
+                    Err(e) => {
+                        let r = self.reply(&loc, Err(e))?;
+                        out.extend(idx[i..j].iter().map(|&k| (k, r.clone())));
+                    }
+                }
+                i = j;
             } else {
                 let r = self.op(&loc, op).await;
                 out.push((idx[i], self.reply(&loc, r)?));
@@ -842,7 +881,7 @@ impl Shared {
                 .await?;
                 Ok(Reply::Done)
             }
-            Op::Push { item, .. } => self.push(loc, item).await,
+            Op::Push { item, .. } => Ok(self.push_many(loc, &[item]).await?.remove(0)),
             Op::Pop { .. } => self.pop(loc).await,
             Op::Insert { member, .. } => {
                 let q_has = format!("SELECT id FROM {ks}.set_members WHERE id = ? AND member = ?");
@@ -1070,37 +1109,62 @@ impl Shared {
         Ok(Reply::Int(delta))
     }
 
-    async fn push(&self, loc: &Loc<'_>, item: &[u8]) -> R<Reply> {
+    /// Appends items: one read of the list's head and tail, the items in bounded batches, then
+    /// the new tail (items past the tail are invisible until it moves).
+    async fn push_many(&self, loc: &Loc<'_>, items: &[&[u8]]) -> R<Vec<Reply>> {
         let (ks, id) = (loc.ks.as_str(), loc.id);
         let s = self.list_state(loc, false).await?;
         if s.leftovers {
-            self.write(
-                loc,
-                &["list"],
-                &format!("DELETE FROM {ks}.list WHERE id = ?"),
-                (id,),
-            )
-            .await?;
+            let cql = format!("DELETE FROM {ks}.list WHERE id = ?");
+            self.write(loc, &["list"], &cql, (id,)).await?;
         }
-        let (head, ttl) = if s.live() {
-            (s.head, s.ttl)
+        let (head, tail, ttl) = if s.live() {
+            (s.head, s.tail, s.ttl)
         } else {
-            (s.tail, 0)
+            (0, 0, 0)
         };
-        let pos = if s.live() { s.tail } else { head };
-        let cqls = [
-            format!("INSERT INTO {ks}.list (id, pos, item) VALUES (?, ?, ?) USING TTL ?"),
-            format!("UPDATE {ks}.list USING TTL ? SET head = ?, tail = ? WHERE id = ?"),
-        ];
-        let cqls: Vec<&str> = cqls.iter().map(String::as_str).collect();
-        self.batch(
-            loc,
-            &["list"],
-            &cqls,
-            ((id, pos, item, ttl), (ttl, head, pos + 1, id)),
-        )
-        .await?;
-        Ok(len(pos + 1 - head))
+        let cql = format!("INSERT INTO {ks}.list (id, pos, item) VALUES (?, ?, ?) USING TTL ?");
+        let rows: Vec<(&str, i64, &[u8], i32)> = items
+            .iter()
+            .zip(tail..)
+            .map(|(item, pos)| (id, pos, *item, ttl))
+            .collect();
+        let new_tail = tail.saturating_add(i64::try_from(items.len()).unwrap_or(i64::MAX));
+        self.rewrite(loc, &cql, rows, |r| r.2.len()).await?;
+        let cql = format!("UPDATE {ks}.list USING TTL ? SET head = ?, tail = ? WHERE id = ?");
+        self.write(loc, &["list"], &cql, (ttl, head, new_tail, id))
+            .await?;
+        Ok((tail..new_tail).map(|pos| len(pos + 1 - head)).collect())
+    }
+
+    /// Adds to counters (or counter-map fields): one add of the sum per counter, the replies
+    /// are the running totals (the adds are serialised by the object's stripe lock).
+    async fn add_many(&self, loc: &Loc<'_>, adds: &[(Option<&Bytes>, i64)]) -> R<Vec<Reply>> {
+        let mut order: Vec<Option<&Bytes>> = Vec::new();
+        let mut sums: HashMap<Option<&Bytes>, i64> = HashMap::new();
+        for (f, d) in adds {
+            let sum = sums.entry(*f).or_insert_with(|| {
+                order.push(*f);
+                0
+            });
+            *sum = sum.wrapping_add(*d);
+        }
+        let finals = try_join_all(order.iter().map(|f| self.add(loc, *f, sums[f]))).await?;
+        let mut running: HashMap<Option<&Bytes>, i64> = HashMap::new();
+        for (f, r) in order.iter().zip(finals) {
+            let Reply::Int(v) = r else {
+                return Ok(vec![r; adds.len()]);
+            };
+            running.insert(*f, v.wrapping_sub(sums[f]));
+        }
+        Ok(adds
+            .iter()
+            .map(|(f, d)| {
+                let v = running.entry(*f).or_insert(0);
+                *v = v.wrapping_add(*d);
+                Reply::Int(*v)
+            })
+            .collect())
     }
 
     async fn pop(&self, loc: &Loc<'_>) -> R<Reply> {
@@ -1127,8 +1191,9 @@ impl Shared {
             )
             .await?;
         } else {
+            // A range tombstone, not one per item: reads skip it at once.
             let cqls = [
-                format!("DELETE FROM {ks}.list WHERE id = ? AND pos = ?"),
+                format!("DELETE FROM {ks}.list WHERE id = ? AND pos <= ?"),
                 format!("UPDATE {ks}.list USING TTL ? SET head = ? WHERE id = ?"),
             ];
             let cqls: Vec<&str> = cqls.iter().map(String::as_str).collect();
