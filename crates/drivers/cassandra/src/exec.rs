@@ -6,6 +6,7 @@ use crate::names::keyspace_name;
 use crate::NAME;
 use flowstate_state::{BackendError, Bytes, Kind, Object, ObjectKey, Op, OpError, Reply};
 use futures_util::future::{join_all, try_join_all};
+use futures_util::StreamExt;
 use scylla::client::execution_profile::ExecutionProfile;
 use scylla::client::session::Session;
 use scylla::client::session_builder::SessionBuilder;
@@ -16,6 +17,7 @@ use scylla::serialize::batch::BatchValues;
 use scylla::serialize::row::SerializeRow;
 use scylla::statement::batch::{Batch, BatchType};
 use scylla::statement::prepared::PreparedStatement;
+use scylla::statement::unprepared::Statement;
 use scylla::value::{Counter, CqlValue, Row};
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
@@ -31,6 +33,10 @@ const STRIPES: usize = 1024;
 /// `max_mutation_size`, 16 MiB by default).
 const BATCH_MAX_STATEMENTS: usize = 256;
 const BATCH_MAX_BYTES: usize = 4 << 20;
+/// Time limit of one schema change.
+const DDL_TIMEOUT: Duration = Duration::from_secs(120);
+/// Schema changes sent at once by [`Shared::drop_nfs`].
+const DROPS_AT_ONCE: usize = 4;
 /// Cassandra's longest time to live (20 years).
 const MAX_TTL: u128 = 630_720_000;
 
@@ -360,9 +366,13 @@ impl Shared {
         )
     }
 
+    /// A schema change: Cassandra applies them one at a time and waits for the cluster to
+    /// agree, so they get a longer time limit than reads and writes.
     async fn ddl(&self, cql: &str) -> R<()> {
+        let mut statement = Statement::new(cql);
+        statement.set_request_timeout(Some(DDL_TIMEOUT));
         self.session
-            .query_unpaged(cql, ())
+            .query_unpaged(statement, ())
             .await
             .map(|_| ())
             .map_err(|e| classify(&e))
@@ -531,18 +541,27 @@ impl Shared {
                     (),
                 )
                 .await?;
-            let mut n = 0;
-            for (nf, part, ks) in rows.into_iter().filter(|(nf, _, _)| drop(nf)) {
-                let _ddl = self.ddl.lock().await;
+            let doomed: Vec<(String, String, String)> =
+                rows.into_iter().filter(|(nf, _, _)| drop(nf)).collect();
+            let _ddl = self.ddl.lock().await;
+            // Concurrently: each drop waits for schema agreement, which is most of its time.
+            let drops = doomed.iter().map(|(nf, part, ks)| async move {
                 self.ddl(&format!("DROP KEYSPACE IF EXISTS {ks}")).await?;
+                self.forget(ks);
                 self.run(
                     &format!("DELETE FROM {REGISTRY}.partitions WHERE nf = ? AND part = ?"),
                     (nf.as_str(), part.as_str()),
                 )
-                .await?;
-                self.forget(&ks);
-                n += 1;
+                .await
+            });
+            let results: Vec<R<QueryResult>> = futures_util::stream::iter(drops)
+                .buffer_unordered(DROPS_AT_ONCE)
+                .collect()
+                .await;
+            for r in results {
+                r?;
             }
+            let n = doomed.len();
             Ok(n)
         })
     }
