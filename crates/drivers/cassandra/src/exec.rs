@@ -1472,3 +1472,88 @@ impl Shared {
         Ok(out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flowstate_state::Owner;
+    use scylla::frame::types::Consistency;
+
+    #[test]
+    fn store_errors_fail_the_batch_or_the_operation() {
+        let missing = classify_db(&DbError::Invalid, "unconfigured table value");
+        assert!(matches!(missing, Fail::Missing));
+        let missing = classify_db(&DbError::Invalid, "Keyspace fs_x does not exist");
+        assert!(matches!(missing, Fail::Missing));
+        let down = classify_db(
+            &DbError::Unavailable {
+                consistency: Consistency::Quorum,
+                required: 2,
+                alive: 1,
+            },
+            "Cannot achieve consistency level QUORUM",
+        );
+        assert!(matches!(
+            down,
+            Fail::Batch(BackendError::Unreachable { .. })
+        ));
+        assert!(matches!(
+            classify_db(&DbError::Overloaded, "busy"),
+            Fail::Batch(BackendError::Unreachable { .. })
+        ));
+        let refused = classify_db(&DbError::Invalid, "Mutation of 20 MiB is too large");
+        assert!(matches!(refused, Fail::Refused(m) if m.contains("too large")));
+    }
+
+    #[test]
+    fn ttls_are_whole_seconds_rounded_up() {
+        assert_eq!(ttl_secs(Duration::from_millis(1)), 1);
+        assert_eq!(ttl_secs(Duration::from_millis(1000)), 1);
+        assert_eq!(ttl_secs(Duration::from_millis(1001)), 2);
+        assert_eq!(ttl_secs(Duration::ZERO), 1);
+        assert_eq!(ttl_secs(Duration::from_secs(u64::MAX)), 630_720_000);
+    }
+
+    #[test]
+    fn keys_map_to_keyspaces_and_runs_of_adds_are_found() {
+        let k = ObjectKey::partitioned(&Owner::new("nat", 1, 2), Kind::Counter, "a@b");
+        let loc = Loc::new(&k).unwrap();
+        assert_eq!(loc.ks, keyspace_name("nat@1@2"));
+        assert_eq!(
+            (loc.part.as_str(), loc.id, loc.kind),
+            ("1@2", "a@b", Kind::Counter)
+        );
+        assert_eq!(loc.lock_id(), "Counter@a@b");
+        let s = ObjectKey::shared("nat", Kind::Map, "m");
+        assert_eq!(Loc::new(&s).unwrap().ks, keyspace_name("nat"));
+
+        let ops = [
+            Op::Add {
+                key: k.clone(),
+                delta: 2,
+            },
+            Op::Add {
+                key: k.clone(),
+                delta: -1,
+            },
+            Op::GetCounter { key: k.clone() },
+            Op::Add {
+                key: k.clone(),
+                delta: 5,
+            },
+        ];
+        let run = add_run(&ops, &[0, 1, 2, 3], Kind::Counter).unwrap();
+        assert_eq!(run, vec![(None, 2), (None, -1)]);
+        assert_eq!(add_run(&ops, &[2, 3], Kind::Counter), None);
+        assert_eq!(add_run(&ops, &[0], Kind::CounterMap), None);
+        // Ops of another kind than their key's are told apart.
+        assert_eq!(op_kind(&ops[0], Kind::Counter), Some(Kind::Counter));
+        let del = Op::MapDelete {
+            key: k.clone(),
+            field: vec![],
+        };
+        assert_eq!(op_kind(&del, Kind::CounterMap), Some(Kind::CounterMap));
+        assert_eq!(op_kind(&del, Kind::Set), Some(Kind::Map));
+        assert_eq!(op_kind(&Op::Delete { key: k }, Kind::Set), None);
+    }
+}
