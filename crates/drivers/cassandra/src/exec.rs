@@ -1192,16 +1192,13 @@ impl Shared {
         if !s.live() {
             return Ok(Reply::Value(None));
         }
-        let item = match s.first {
-            Some((pos, item)) if pos == s.head => item,
-            _ => {
-                return Err(protocol(format!(
-                    "{}: list item {} is missing",
-                    loc.key, s.head
-                )))
-            }
+        // Items before the head are deleted. An item missing at the head (its time to live ran
+        // out a second before its list's) is skipped; with none left the list is removed.
+        let (pos, item) = match s.first {
+            Some((pos, item)) if (s.head..s.tail).contains(&pos) => (pos, Some(item)),
+            _ => (s.tail - 1, None),
         };
-        if s.head + 1 >= s.tail {
+        if pos + 1 >= s.tail {
             self.write(
                 loc,
                 &["list"],
@@ -1216,15 +1213,10 @@ impl Shared {
                 format!("UPDATE {ks}.list USING TTL ? SET head = ? WHERE id = ?"),
             ];
             let cqls: Vec<&str> = cqls.iter().map(String::as_str).collect();
-            self.batch(
-                loc,
-                &["list"],
-                &cqls,
-                ((id, s.head), (s.ttl, s.head + 1, id)),
-            )
-            .await?;
+            self.batch(loc, &["list"], &cqls, ((id, pos), (s.ttl, pos + 1, id)))
+                .await?;
         }
-        Ok(Reply::Value(Some(item)))
+        Ok(Reply::Value(item))
     }
 
     async fn delete(&self, loc: &Loc<'_>) -> R<Reply> {
