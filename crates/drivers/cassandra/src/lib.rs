@@ -21,7 +21,9 @@
 //!   value is `raw - base`. [`Op::SetCounter`] moves the base (one read, one write), delete
 //!   and time to live act on the base row; the raw counter is never deleted (Cassandra
 //!   advises against re-using a deleted counter).
-//! * **Lists** keep `head` and `tail` positions in static columns beside their items.
+//! * **Lists** keep `head` and `tail` positions in static columns beside their items; a pop
+//!   deletes everything before the new head with one range tombstone, so reads do not wade
+//!   through a tombstone per popped item.
 //! * **Locks** (FlexState §VI-B) are rows of their own table `locks`, taken and released with
 //!   lightweight transactions (`IF NOT EXISTS`, `IF owner = ?`) and a `USING TTL` lease; a
 //!   lock named like an object neither sees nor changes it. [`Op::CompareAndSet`] is a
@@ -38,9 +40,16 @@
 //!   reads "absent" and a write of another kind is [`OpError::Refused`] (the `local` store would
 //!   create the object; no flowstate handle ever does this).
 //! * One [`Backend::execute`] runs the operations of different objects concurrently and those
-//!   of one object in order, each reading what the earlier ones wrote (CHC §4.3). Consecutive
-//!   reads of one object go out together, consecutive [`Op::MapSet`]s of one map go out as one
-//!   single-partition batch. Statements are prepared once per connector and cached.
+//!   of one object in order, each reading what the earlier ones wrote (CHC §4.3), so a batch
+//!   takes about as many round trips as its longest run of operations on one object needs.
+//!   Within one object: consecutive reads go out together; consecutive [`Op::MapSet`]s are one
+//!   single-partition batch (the last write of each field); consecutive [`Op::Push`]es are one
+//!   read of the list's ends, the items in single-partition batches and one write of the new
+//!   tail; consecutive [`Op::Add`]s (or [`Op::MapAdd`]s per field) are one counter update and
+//!   one read, replying the running totals. Statements are prepared once per connector and
+//!   cached. Round trips per operation otherwise: reads 1; `Set`, `MapSet` 1; `Add`, `Pop`,
+//!   `Insert`, `Remove`, `MapDelete`, `Delete`, `Expire`, `SetCounter` 2 (a read, then a write);
+//!   `CompareAndSet`, `Lock`, `Unlock` one lightweight transaction (a re-granted lock two).
 //! * Operations on one object are serialised among all connections of one
 //!   [`CassandraConnector`] (one flowstate process), so counter replies are exact there: with
 //!   N concurrent adds of 1 the replies are exactly 1..=N. Between processes, counters still
