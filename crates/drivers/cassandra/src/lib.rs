@@ -78,6 +78,8 @@ pub use names::keyspace_name;
 
 use exec::Shared;
 use flowstate_state::{Backend, BackendError, Connector, Kind, ObjectKey, Op, Reply};
+#[cfg(doc)]
+use flowstate_state::OpError;
 use std::sync::Arc;
 
 /// The backend's name in configuration.
