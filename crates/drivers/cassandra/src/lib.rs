@@ -77,9 +77,9 @@ pub use config::{CassandraConfig, DEFAULT_NODE, KEYS};
 pub use names::keyspace_name;
 
 use exec::Shared;
-use flowstate_state::{Backend, BackendError, Connector, Kind, ObjectKey, Op, Reply};
 #[cfg(doc)]
 use flowstate_state::OpError;
+use flowstate_state::{Backend, BackendError, Connector, Kind, ObjectKey, Op, Reply};
 use std::sync::Arc;
 
 /// The backend's name in configuration.
