@@ -47,6 +47,24 @@ pub(crate) fn connector(config: &Config) -> Result<Arc<dyn Connector>, ConfigErr
             .map_err(setting)?;
             Ok(Arc::new(c))
         }
+        BackendKind::Cassandra => {
+            use flowstate_driver_cassandra::{CassandraConfig, CassandraConnector};
+            let settings = CassandraConfig::from_settings(state.url.as_deref(), &state.options)
+                .map_err(setting)?;
+            let key = if state.url.is_some() || !state.options.contains_key("nodes") {
+                "state.url"
+            } else {
+                "state.nodes"
+            };
+            let connector = CassandraConnector::new(settings).map_err(|e| {
+                ConfigError::new(
+                    &config.file,
+                    key,
+                    format!("{e} (is Cassandra running? scripts/cassandra start runs one)"),
+                )
+            })?;
+            Ok(Arc::new(connector))
+        }
         other => Err(ConfigError::new(
             &config.file,
             "state.backend",
@@ -95,5 +113,24 @@ mod tests {
             .unwrap();
         assert_eq!(e.key, "state.colour");
         assert!(e.reason.contains("unknown key"), "{e}");
+    }
+
+    #[test]
+    fn cassandra_settings_are_checked_and_a_dead_store_is_a_clear_error() {
+        let e = build("backend = \"cassandra\"\nreplication = 3\n")
+            .err()
+            .unwrap();
+        assert_eq!(e.key, "state.replication");
+        let e = build("backend = \"cassandra\"\nconsistency = \"most\"\n")
+            .err()
+            .unwrap();
+        assert_eq!(e.key, "state.consistency");
+        // Nothing listens on port 1.
+        let e = build("backend = \"cassandra\"\nurl = \"127.0.0.1:1\"\n")
+            .err()
+            .unwrap();
+        assert_eq!(e.key, "state.url");
+        assert!(e.reason.contains("unreachable"), "{e}");
+        assert!(e.reason.contains("127.0.0.1:1"), "{e}");
     }
 }
