@@ -1099,7 +1099,7 @@ fn tcp_flags(pkt: &Packet<'_>) -> tcp::Flags {
 /// checksum after `old` was replaced by `new`. Bit for bit what [`checksum::update`] computes,
 /// without its loops over slices (this runs for every translated packet).
 #[inline(always)]
-fn checksum_update<const N: usize>(check: u16, old: [u8; N], new: [u8; N]) -> u16 {
+pub(crate) fn checksum_update<const N: usize>(check: u16, old: [u8; N], new: [u8; N]) -> u16 {
     #[inline(always)]
     fn fold(acc: u32) -> u32 {
         // Two folds bring any 32-bit sum to 16 bits: the first leaves at most 0x1fffe.
@@ -1117,7 +1117,7 @@ fn checksum_update<const N: usize>(check: u16, old: [u8; N], new: [u8; N]) -> u1
 
 /// The big-endian 16-bit word at `at`.
 #[inline(always)]
-fn be16(b: &[u8], at: usize) -> u16 {
+pub(crate) fn be16(b: &[u8], at: usize) -> u16 {
     u16::from_be_bytes([b[at], b[at + 1]])
 }
 
