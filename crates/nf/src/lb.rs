@@ -785,23 +785,23 @@ impl LoadBalancer {
             Ok(s) => s,
             Err(v) => return v,
         };
-        let found = self.affinity.with_mut(&flow, |a| {
-            let a = a?;
+        // One lookup finds the choice, notes the segment and renews it. When the 5-tuple is
+        // reused by a new connection the entry is left as it is, and `assign` below replaces
+        // it whole (a SYN always starts a connection), so the renewal has no effect.
+        let found = self.affinity.renew_with(&flow, now, |a| {
             if seg.syn && a.closed() {
-                return None; // the 5-tuple is reused by a new connection
+                return (self.timeout(a, flow.proto), None);
             }
             let closed_now = a.note(seg.fin, seg.rst, true);
-            Some((*a, closed_now))
+            (self.timeout(a, flow.proto), Some((*a, closed_now)))
         });
-        let b = match found {
+        let b = match found.map(Option::flatten) {
             Err(_) => return Verdict::Drop(reason::STATE),
             Ok(Some((a, closed_now))) => {
                 if closed_now {
                     self.active
                         .add_to_nowait(&vip.backends[usize::from(a.backend)].key(), -1);
                 }
-                self.affinity
-                    .expire_after(&flow, self.timeout(&a, flow.proto), now);
                 a.backend
             }
             Ok(None) => {
