@@ -20,14 +20,16 @@
 //! * Packets neither for a VIP service nor from one of its backends pass untouched. The
 //!   direction a packet came from does not matter.
 
+use crate::nat::{be16, checksum_update};
 use crate::{BuildError, Context, NetworkFunction, NfFactory, Packet, Verdict, WorkerInfo};
 use flowstate_state::{Access, Codec, CodecError, Counter, CounterMap, Declare, Map, Nanos, Scope};
-use flowstate_wire::dissect::{Fragment, Transport};
+use flowstate_wire::dissect::{Dissection, Fragment, Transport};
 use flowstate_wire::flow::{proto, FLOW_KEY_MAX_BYTES};
 use flowstate_wire::{ipv4, ipv6, tcp, udp, FlowKey};
 use serde::Deserialize;
 use std::collections::{HashMap, HashSet};
-use std::net::{IpAddr, SocketAddr};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -305,16 +307,78 @@ struct Vip {
     table: Option<MaglevTable>,
 }
 
+/// The hasher of the configuration's lookup maps, which every packet queries: multiply-rotate
+/// over 64-bit words (as rustc's FxHasher). Their keys come from the configuration, not from
+/// traffic, so SipHash's resistance to chosen keys buys nothing here; it cost ~500
+/// instructions per packet.
+type FastHash = BuildHasherDefault<WordHasher>;
+
+/// An address, port and protocol: a VIP's or a backend's service.
+type Service = (IpAddr, u16, u8);
+
+/// See [`FastHash`].
+#[derive(Default, Clone, Copy)]
+struct WordHasher(u64);
+
+impl WordHasher {
+    #[inline]
+    fn add(&mut self, w: u64) {
+        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+impl Hasher for WordHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            self.add(u64::from_le_bytes([
+                c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7],
+            ]));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut b = [0u8; 8];
+            b[..rest.len()].copy_from_slice(rest);
+            self.add(u64::from_le_bytes(b));
+        }
+    }
+    #[inline]
+    fn write_u8(&mut self, i: u8) {
+        self.add(u64::from(i));
+    }
+    #[inline]
+    fn write_u16(&mut self, i: u16) {
+        self.add(u64::from(i));
+    }
+    #[inline]
+    fn write_u32(&mut self, i: u32) {
+        self.add(u64::from(i));
+    }
+    #[inline]
+    fn write_u64(&mut self, i: u64) {
+        self.add(i);
+    }
+    #[inline]
+    fn write_usize(&mut self, i: usize) {
+        self.add(i as u64);
+    }
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
 #[derive(Debug)]
 struct Compiled {
     vips: Vec<Vip>,
     /// `(vip, port, proto)` → index in `vips`.
-    services: HashMap<(IpAddr, u16, u8), usize>,
+    services: HashMap<Service, usize, FastHash>,
     /// `(backend, port, proto)` → every `(vip, backend)` index pair it serves.
-    backends: HashMap<(IpAddr, u16, u8), Vec<(usize, u16)>>,
+    backends: HashMap<Service, Vec<(usize, u16)>, FastHash>,
     /// Addresses (with protocols) of VIPs and backends: fragments to or from them are dropped.
-    vip_hosts: HashSet<(IpAddr, u8)>,
-    backend_hosts: HashSet<(IpAddr, u8)>,
+    vip_hosts: HashSet<(IpAddr, u8), FastHash>,
+    backend_hosts: HashSet<(IpAddr, u8), FastHash>,
     /// Distinct backends with their report names (active, connections).
     report: Vec<(BackendAddr, &'static str, &'static str)>,
     tcp: Duration,
@@ -430,10 +494,10 @@ impl Factory {
         }
         let mut c = Compiled {
             vips: Vec::new(),
-            services: HashMap::new(),
-            backends: HashMap::new(),
-            vip_hosts: HashSet::new(),
-            backend_hosts: HashSet::new(),
+            services: HashMap::default(),
+            backends: HashMap::default(),
+            vip_hosts: HashSet::default(),
+            backend_hosts: HashSet::default(),
             report: Vec::new(),
             tcp: seconds("timeouts.tcp", config.timeouts.tcp)?,
             tcp_fin: seconds("timeouts.tcp_fin", config.timeouts.tcp_fin)?,
@@ -721,23 +785,23 @@ impl LoadBalancer {
             Ok(s) => s,
             Err(v) => return v,
         };
-        let found = self.affinity.with_mut(&flow, |a| {
-            let a = a?;
+        // One lookup finds the choice, notes the segment and renews it. When the 5-tuple is
+        // reused by a new connection the entry is left as it is, and `assign` below replaces
+        // it whole (a SYN always starts a connection), so the renewal has no effect.
+        let found = self.affinity.renew_with(&flow, now, |a| {
             if seg.syn && a.closed() {
-                return None; // the 5-tuple is reused by a new connection
+                return (self.timeout(a, flow.proto), None);
             }
             let closed_now = a.note(seg.fin, seg.rst, true);
-            Some((*a, closed_now))
+            (self.timeout(a, flow.proto), Some((*a, closed_now)))
         });
-        let b = match found {
+        let b = match found.map(Option::flatten) {
             Err(_) => return Verdict::Drop(reason::STATE),
             Ok(Some((a, closed_now))) => {
                 if closed_now {
                     self.active
                         .add_to_nowait(&vip.backends[usize::from(a.backend)].key(), -1);
                 }
-                self.affinity
-                    .expire_after(&flow, self.timeout(&a, flow.proto), now);
                 a.backend
             }
             Ok(None) => {
@@ -853,6 +917,97 @@ fn rewrite(pkt: &mut Packet<'_>, end: End, addr: IpAddr, port: u16) -> Result<()
         return Err(());
     }
     let old = if end == End::Src { flow.src } else { flow.dst };
+    if let (IpAddr::V4(o), IpAddr::V4(a)) = (old, addr) {
+        rewrite_v4(data, &d, end, o, a, port)?;
+    } else {
+        rewrite_any(data, &d, end, old, addr, port)?;
+    }
+    let mut f = flow;
+    match end {
+        End::Src => {
+            f.src = addr;
+            f.src_port = port;
+        }
+        End::Dst => {
+            f.dst = addr;
+            f.dst_port = port;
+        }
+    }
+    pkt.dissection.flow = Some(f);
+    Ok(())
+}
+
+/// [`rewrite`]'s IPv4 case on the bytes (the per-packet path): the same checks as
+/// `ipv4::Packet::new_checked` and the same checksum updates, bit for bit, as the setters
+/// [`rewrite_any`] calls, without their loops over slices. The transport was checked.
+#[inline]
+fn rewrite_v4(
+    data: &mut [u8],
+    d: &Dissection,
+    end: End,
+    old: Ipv4Addr,
+    addr: Ipv4Addr,
+    port: u16,
+) -> Result<(), ()> {
+    let l4 = d.l4_offset.ok_or(())?;
+    {
+        let ip = &mut data[d.l3_offset..d.l3_end];
+        if ip.len() < ipv4::HEADER_LEN || ip[0] >> 4 != 4 {
+            return Err(());
+        }
+        let hl = usize::from(ip[0] & 0x0f) * 4;
+        let tl = usize::from(be16(ip, 2));
+        if hl < ipv4::HEADER_LEN || ip.len() < hl || tl < hl || ip.len() < tl {
+            return Err(());
+        }
+        let at = match end {
+            End::Src => 12,
+            End::Dst => 16,
+        };
+        let cur = [ip[at], ip[at + 1], ip[at + 2], ip[at + 3]];
+        let c = checksum_update(be16(ip, 10), cur, addr.octets());
+        ip[at..at + 4].copy_from_slice(&addr.octets());
+        ip[10..12].copy_from_slice(&c.to_be_bytes());
+    }
+    let seg = &mut data[l4..d.l3_end];
+    let port_at = match end {
+        End::Src => 0,
+        End::Dst => 2,
+    };
+    let old_port = be16(seg, port_at);
+    if d.transport == Transport::Tcp {
+        // update_checksum_for_addr, then set_{src,dst}_port.
+        let c = checksum_update(be16(seg, 16), old.octets(), addr.octets());
+        let c = checksum_update(c, old_port.to_be_bytes(), port.to_be_bytes());
+        seg[16..18].copy_from_slice(&c.to_be_bytes());
+    } else {
+        // UDP: a zero checksum stays zero, a computed zero is sent as 0xffff, after each step.
+        let c = be16(seg, 6);
+        if c != 0 {
+            let nonzero = |c: u16| if c == 0 { 0xffff } else { c };
+            let c = nonzero(checksum_update(c, old.octets(), addr.octets()));
+            let c = nonzero(checksum_update(
+                c,
+                old_port.to_be_bytes(),
+                port.to_be_bytes(),
+            ));
+            seg[6..8].copy_from_slice(&c.to_be_bytes());
+        }
+    }
+    seg[port_at..port_at + 2].copy_from_slice(&port.to_be_bytes());
+    Ok(())
+}
+
+/// [`rewrite`] through the wire crate's setters, for any address family.
+fn rewrite_any(
+    data: &mut [u8],
+    d: &Dissection,
+    end: End,
+    old: IpAddr,
+    addr: IpAddr,
+    port: u16,
+) -> Result<(), ()> {
+    let l4 = d.l4_offset.ok_or(())?;
     let (mut ob, mut nb) = ([0u8; 16], [0u8; 16]);
     let n = match (old, addr) {
         (IpAddr::V4(o), IpAddr::V4(a)) => {
@@ -895,18 +1050,6 @@ fn rewrite(pkt: &mut Packet<'_>, end: End, addr: IpAddr, port: u16) -> Result<()
             End::Dst => u.set_dst_port(port),
         }
     }
-    let mut f = flow;
-    match end {
-        End::Src => {
-            f.src = addr;
-            f.src_port = port;
-        }
-        End::Dst => {
-            f.dst = addr;
-            f.dst_port = port;
-        }
-    }
-    pkt.dissection.flow = Some(f);
     Ok(())
 }
 
@@ -945,7 +1088,10 @@ impl NetworkFunction for LoadBalancer {
         let Some(flow) = pkt.dissection.flow else {
             return Verdict::Forward;
         };
-        let cfg = Arc::clone(&self.cfg);
+        // Shared from here on: the configuration is borrowed, not cloned (an atomic
+        // increment and decrement per packet).
+        let this: &Self = self;
+        let cfg = &*this.cfg;
         if pkt.dissection.fragment != Fragment::None {
             // Later fragments carry no ports: a fragment to a VIP or from a backend cannot be
             // steered consistently.
@@ -958,10 +1104,10 @@ impl NetworkFunction for LoadBalancer {
             return Verdict::Forward;
         }
         if let Some(&vi) = cfg.services.get(&(flow.dst, flow.dst_port, flow.proto)) {
-            return self.inbound(pkt, flow, &cfg.vips[vi], cx.now);
+            return this.inbound(pkt, flow, &cfg.vips[vi], cx.now);
         }
         if let Some(c) = cfg.backends.get(&(flow.src, flow.src_port, flow.proto)) {
-            return self.outbound(pkt, flow, c, cx.now);
+            return this.outbound(pkt, flow, c, cx.now);
         }
         Verdict::Forward
     }

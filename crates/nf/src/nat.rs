@@ -571,6 +571,8 @@ pub struct Nat {
     eim: Map<Endpoint, Mapping>,
     /// One free-port list per external address, in configuration order.
     pools: Vec<(Ipv4Addr, List<u16>)>,
+    /// The external addresses, sorted (for [`Nat::is_external`]).
+    external: Vec<u32>,
     translations: Counter,
     packets_out: Counter,
     packets_in: Counter,
@@ -653,6 +655,11 @@ impl Nat {
                 Scope::CrossFlow(&[Field::SrcIp, Field::SrcPort, Field::Proto]),
                 Access::ReadWrite,
             )?,
+            external: {
+                let mut e: Vec<u32> = config.external.iter().map(|&a| u32::from(a)).collect();
+                e.sort_unstable();
+                e
+            },
             pools,
             translations: state.counter("translations", part, Access::WriteMostly)?,
             packets_out: state.counter("packets_out", part, Access::WriteMostly)?,
@@ -712,9 +719,17 @@ impl Nat {
         Verdict::Drop(DROP_REASONS[usize::from(why)].0)
     }
 
+    /// Whether `a` is one of the external addresses: outside their span at the cost of two
+    /// comparisons (most packets), else by a binary search, not a scan of every address.
     #[inline]
     fn is_external(&self, a: Ipv4Addr) -> bool {
-        self.pools.iter().any(|(e, _)| *e == a)
+        let a = u32::from(a);
+        match (self.external.first(), self.external.last()) {
+            (Some(&lo), Some(&hi)) if (lo..=hi).contains(&a) => {
+                self.external.binary_search(&a).is_ok()
+            }
+            _ => false,
+        }
     }
 
     /// The pool of the external address paired with `inside` (RFC 4787 REQ-2).
@@ -1080,60 +1095,129 @@ fn tcp_flags(pkt: &Packet<'_>) -> tcp::Flags {
     tcp::Flags(at.and_then(|a| pkt.data.get(a)).copied().unwrap_or(0))
 }
 
+/// RFC 1624 eqn. 3 over `N` bytes (a whole number of 16-bit words at an even offset): the
+/// checksum after `old` was replaced by `new`. Bit for bit what [`checksum::update`] computes,
+/// without its loops over slices (this runs for every translated packet).
+#[inline(always)]
+pub(crate) fn checksum_update<const N: usize>(check: u16, old: [u8; N], new: [u8; N]) -> u16 {
+    #[inline(always)]
+    fn fold(acc: u32) -> u32 {
+        // Two folds bring any 32-bit sum to 16 bits: the first leaves at most 0x1fffe.
+        let acc = (acc & 0xffff) + (acc >> 16);
+        (acc & 0xffff) + (acc >> 16)
+    }
+    let (mut sum_old, mut sum_new) = (0u32, 0u32);
+    for w in 0..N / 2 {
+        sum_old += u32::from(u16::from_be_bytes([old[2 * w], old[2 * w + 1]]));
+        sum_new += u32::from(u16::from_be_bytes([new[2 * w], new[2 * w + 1]]));
+    }
+    let not_old = u32::from(!(fold(sum_old) as u16));
+    !(fold(u32::from(!check) + not_old + fold(sum_new)) as u16)
+}
+
+/// The big-endian 16-bit word at `at`.
+#[inline(always)]
+pub(crate) fn be16(b: &[u8], at: usize) -> u16 {
+    u16::from_be_bytes([b[at], b[at + 1]])
+}
+
 /// Rewrites the `side` endpoint of an unfragmented IPv4 TCP, UDP or ICMP echo packet to
 /// `addr`/`port` (the identifier for ICMP), with incremental checksum updates (RFC 1624), and
 /// the dissection's flow key with it. Returns `false`, the packet untouched, if its headers do
 /// not parse.
+///
+/// The per-packet path: it checks what `ipv4::Packet::new_checked` and the transport's
+/// `new_checked` check, and updates the checksums as their setters do, bit for bit, on the
+/// bytes directly.
+#[inline]
 fn rewrite(pkt: &mut Packet<'_>, side: Side, addr: Ipv4Addr, port: u16) -> bool {
     let d = pkt.dissection;
     let Some(l3) = pkt.data.get_mut(d.l3_offset..d.l3_end) else {
         return false;
     };
-    let Ok(mut ip) = ipv4::Packet::new_checked(l3) else {
+    // ipv4::Packet::check: the fixed header fits, version 4, IHL >= 5, the header fits,
+    // header length <= total length <= buffer length.
+    if l3.len() < ipv4::HEADER_LEN || l3[0] >> 4 != 4 {
         return false;
-    };
+    }
+    let hl = usize::from(l3[0] & 0x0f) * 4;
+    let tl = usize::from(be16(l3, 2));
+    if hl < ipv4::HEADER_LEN || l3.len() < hl || tl < hl || l3.len() < tl {
+        return false;
+    }
+    let (ip, l4) = l3[..tl].split_at_mut(hl);
+    // The transport's check, on the IP payload.
     let valid = match d.transport {
-        Transport::Tcp => tcp::Packet::new_checked(ip.payload()).is_ok(),
-        Transport::Udp => udp::Packet::new_checked(ip.payload()).is_ok(),
-        Transport::Icmpv4 { .. } => icmp::v4::Packet::new_checked(ip.payload()).is_ok(),
+        Transport::Tcp => {
+            l4.len() >= tcp::HEADER_LEN && {
+                let thl = usize::from(l4[12] >> 4) * 4;
+                thl >= tcp::HEADER_LEN && l4.len() >= thl
+            }
+        }
+        Transport::Udp => {
+            l4.len() >= udp::HEADER_LEN && {
+                let ul = usize::from(be16(l4, 4));
+                ul >= udp::HEADER_LEN && l4.len() >= ul
+            }
+        }
+        Transport::Icmpv4 { .. } => l4.len() >= icmp::HEADER_LEN,
         _ => false,
     };
     if !valid {
         return false;
     }
-    let old = match side {
-        Side::Src => ip.src_addr(),
-        Side::Dst => ip.dst_addr(),
-    }
-    .octets();
+    // IPv4 source at 12, destination at 16, header checksum at 10.
+    let at = match side {
+        Side::Src => 12,
+        Side::Dst => 16,
+    };
+    let old: [u8; 4] = [ip[at], ip[at + 1], ip[at + 2], ip[at + 3]];
     let new = addr.octets();
-    match side {
-        Side::Src => ip.set_src_addr(addr),
-        Side::Dst => ip.set_dst_addr(addr),
-    }
-    let l4 = ip.payload_mut();
+    let c = checksum_update(be16(ip, 10), old, new);
+    ip[at..at + 4].copy_from_slice(&new);
+    ip[10..12].copy_from_slice(&c.to_be_bytes());
+    // TCP and UDP: source port at 0, destination port at 2; TCP checksum at 16, UDP at 6.
+    let port_at = match side {
+        Side::Src => 0,
+        Side::Dst => 2,
+    };
     let icmp = match d.transport {
         Transport::Tcp => {
-            let mut t = tcp::Packet::new_unchecked(l4);
-            match side {
-                Side::Src => t.set_src_port(port),
-                Side::Dst => t.set_dst_port(port),
-            }
-            t.update_checksum_for_addr(&old, &new);
+            // tcp::Packet::set_{src,dst}_port, then update_checksum_for_addr.
+            let c = checksum_update(
+                be16(l4, 16),
+                be16(l4, port_at).to_be_bytes(),
+                port.to_be_bytes(),
+            );
+            l4[port_at..port_at + 2].copy_from_slice(&port.to_be_bytes());
+            let c = checksum_update(c, old, new);
+            l4[16..18].copy_from_slice(&c.to_be_bytes());
             false
         }
         Transport::Udp => {
-            let mut u = udp::Packet::new_unchecked(l4);
-            match side {
-                Side::Src => u.set_src_port(port),
-                Side::Dst => u.set_dst_port(port),
+            // udp::Packet: the same two updates, but a zero checksum ("none") stays zero and
+            // a computed zero is sent as 0xffff (RFC 768), after each update.
+            let old_port = be16(l4, port_at);
+            l4[port_at..port_at + 2].copy_from_slice(&port.to_be_bytes());
+            let c = be16(l4, 6);
+            if c != 0 {
+                let nonzero = |c: u16| if c == 0 { 0xffff } else { c };
+                let c = nonzero(checksum_update(
+                    c,
+                    old_port.to_be_bytes(),
+                    port.to_be_bytes(),
+                ));
+                let c = nonzero(checksum_update(c, old, new));
+                l4[6..8].copy_from_slice(&c.to_be_bytes());
             }
-            u.update_checksum_for_addr(&old, &new);
             false
         }
         _ => {
-            // The ICMPv4 checksum has no pseudo-header: only the identifier counts.
-            icmp::v4::Packet::new_unchecked(l4).set_echo_ident(port);
+            // The ICMPv4 checksum (at 2) has no pseudo-header: only the identifier (at 4)
+            // counts.
+            let c = checksum_update(be16(l4, 2), be16(l4, 4).to_be_bytes(), port.to_be_bytes());
+            l4[4..6].copy_from_slice(&port.to_be_bytes());
+            l4[2..4].copy_from_slice(&c.to_be_bytes());
             true
         }
     };
@@ -1282,6 +1366,35 @@ fn pool_fingerprint(config: &Config, worker: WorkerInfo) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The per-packet checksum update agrees with `checksum::update` bit for bit.
+    #[test]
+    fn checksum_update_matches_wire() {
+        use proptest::prelude::*;
+        proptest!(|(check: u16, old: [u8; 4], new: [u8; 4])| {
+            prop_assert_eq!(
+                super::checksum_update(check, old, new),
+                checksum::update(check, &old, &new)
+            );
+            let (o2, n2) = ([old[0], old[1]], [new[0], new[1]]);
+            prop_assert_eq!(
+                super::checksum_update(check, o2, n2),
+                checksum::update(check, &o2, &n2)
+            );
+        });
+        for check in [0u16, 1, 0xfffe, 0xffff] {
+            for (old, new) in [
+                ([0u8; 4], [0xffu8; 4]),
+                ([0xff; 4], [0; 4]),
+                ([0; 4], [0; 4]),
+            ] {
+                assert_eq!(
+                    super::checksum_update(check, old, new),
+                    checksum::update(check, &old, &new)
+                );
+            }
+        }
+    }
 
     #[test]
     fn port_ranges_parse() {

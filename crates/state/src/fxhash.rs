@@ -20,6 +20,16 @@ impl FxHasher {
 impl Hasher for FxHasher {
     #[inline]
     fn write(&mut self, bytes: &[u8]) {
+        // Up to 8 bytes (an IPv4 address, a port): one word, zero-padded as below, without
+        // the chunk loop.
+        if bytes.len() <= 8 {
+            let mut b = [0u8; 8];
+            b[..bytes.len()].copy_from_slice(bytes);
+            if !bytes.is_empty() {
+                self.add(u64::from_le_bytes(b));
+            }
+            return;
+        }
         let mut chunks = bytes.chunks_exact(8);
         for c in &mut chunks {
             self.add(u64::from_le_bytes([

@@ -941,9 +941,18 @@ impl<K: Codec + Hash + Ord + Clone, V: Codec> MapObj<K, V> {
 
 impl<K: Codec + Hash + Eq + Clone, V: Codec> MapObj<K, V> {
     /// Makes sure the cache can answer for `k`.
-    #[inline]
+    #[inline(always)]
     fn load(&mut self, k: &K) -> Result<(), StateError> {
-        if self.meta.authoritative || self.cache.contains_key(k) || self.dirty.contains(k) {
+        // The cache is the only copy: nothing to load (the per-packet case, kept inline).
+        if self.meta.authoritative {
+            return Ok(());
+        }
+        self.load_shared(k)
+    }
+
+    /// [`load`](Self::load) when the store holds the map.
+    fn load_shared(&mut self, k: &K) -> Result<(), StateError> {
+        if self.cache.contains_key(k) || self.dirty.contains(k) {
             return Ok(());
         }
         let mut pending = Vec::new();
@@ -1047,7 +1056,13 @@ impl<K: Codec + Hash + Eq + Clone + 'static> CounterMap<K> {
         let mut o = self.inner();
         let o = &mut *o;
         if o.meta.authoritative {
-            *o.cache.entry(k.clone()).or_insert(0) += delta;
+            // Look up before `entry`, which clones the key and may grow the map.
+            match o.cache.get_mut(k) {
+                Some(v) => *v += delta,
+                None => {
+                    o.cache.insert(k.clone(), delta);
+                }
+            }
             return;
         }
         if let Some(v) = o.cache.get_mut(k) {
