@@ -20,7 +20,9 @@
 //!   operation alone; a lost connection or a timeout becomes [`BackendError::Unreachable`] and
 //!   the next `execute` connects again. Cluster redirections (`MOVED`, `ASK`, `TRYAGAIN`) are
 //!   followed: the slot map is refreshed and the redirected operations are sent again, in their
-//!   batch order, to the node that now serves them.
+//!   batch order, to the node that now serves them. Map operations are two-key scripts (the
+//!   map and its deadlines), which Redis answers `TRYAGAIN` while their slot is half migrated:
+//!   they wait for the migration, up to `timeout`, then the batch fails as unreachable.
 //! * Redis replies are never trusted: an answer of the wrong shape is an
 //!   [`OpError::Refused`](flowstate_state::OpError) naming the key, never a panic.
 //!
@@ -619,16 +621,28 @@ impl ClusterBackend {
         key: &[u8],
         mut last: Option<Answer>,
     ) -> Result<Answer, BackendError> {
-        for attempt in 0..MAX_REDIRECTS {
+        let start = std::time::Instant::now();
+        let mut redirects = 0;
+        let mut waits: u32 = 0;
+        while redirects < MAX_REDIRECTS {
             let (addr, asking) = match last.as_ref().and_then(redirect) {
-                Some(Redirect::Ask(addr)) => (addr, true),
-                Some(Redirect::Moved(addr)) => (addr, false),
+                Some(Redirect::Ask(addr)) => {
+                    redirects += 1;
+                    (addr, true)
+                }
+                Some(Redirect::Moved(addr)) => {
+                    redirects += 1;
+                    (addr, false)
+                }
                 Some(Redirect::Wait) => {
-                    // TRYAGAIN/CLUSTERDOWN: a slot is moving; wait a little, then ask again.
-                    std::thread::sleep(Duration::from_millis(10 * (attempt as u64 + 1)));
-                    if attempt > 0 {
-                        self.refresh()?;
+                    // TRYAGAIN (a multi-key script on a slot whose keys are half moved) or
+                    // CLUSTERDOWN: wait for the migration, up to the timeout.
+                    if start.elapsed() >= self.timeout {
+                        break;
                     }
+                    std::thread::sleep(Duration::from_millis(5u64 << waits.min(4)));
+                    waits += 1;
+                    self.refresh()?;
                     let addr =
                         self.addr_of(ops::slot(key))
                             .map(str::to_owned)
@@ -661,7 +675,11 @@ impl ClusterBackend {
             Some(a) if redirect(&a).is_none() => Ok(a),
             _ => Err(unreachable(
                 "redis-cluster",
-                "an operation was redirected too many times (is a slot migration stuck?)",
+                format!(
+                    "an operation was still redirected after {redirects} redirections and {:?} \
+                     (is a slot migration stuck?)",
+                    start.elapsed()
+                ),
             )),
         }
     }
