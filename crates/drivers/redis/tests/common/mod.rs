@@ -47,3 +47,67 @@ pub fn cluster() -> Option<RedisClusterConnector> {
         Err(e) => missing("the Redis Cluster", "scripts/redis-cluster start", e).map(|()| c),
     }
 }
+
+/// A redis-server of a test's own on a free loopback port, stopped when dropped.
+pub struct OwnServer {
+    /// Its port.
+    pub port: u16,
+    child: Option<std::process::Child>,
+    dir: std::path::PathBuf,
+}
+
+impl OwnServer {
+    /// Starts one, or `None` (test skipped) when redis-server is not installed outside CI.
+    pub fn start() -> Option<OwnServer> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let dir = std::env::temp_dir().join(format!("flowstate-redis-{}-{port}", std::process::id()));
+        let mut s = OwnServer { port, child: None, dir };
+        match s.restart() {
+            Ok(()) => Some(s),
+            Err(e) => missing("redis-server (the program)", "scripts/redis start", e).and(None),
+        }
+    }
+
+    /// Starts the server again (empty) after [`OwnServer::stop`].
+    pub fn restart(&mut self) -> std::io::Result<()> {
+        std::fs::create_dir_all(&self.dir)?;
+        let child = std::process::Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdout(std::process::Stdio::null())
+            .spawn()?;
+        self.child = Some(child);
+        // Ready when it answers PING.
+        for _ in 0..500 {
+            let ok = redis::Client::open(format!("redis://127.0.0.1:{}", self.port))
+                .and_then(|c| c.get_connection())
+                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+                .is_ok();
+            if ok {
+                return Ok(());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        Err(std::io::Error::other("redis-server did not answer PING"))
+    }
+
+    /// Stops the server and waits until it is gone.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
