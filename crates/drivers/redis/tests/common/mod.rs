@@ -63,8 +63,13 @@ impl OwnServer {
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
             .expect("a free port");
-        let dir = std::env::temp_dir().join(format!("flowstate-redis-{}-{port}", std::process::id()));
-        let mut s = OwnServer { port, child: None, dir };
+        let dir =
+            std::env::temp_dir().join(format!("flowstate-redis-{}-{port}", std::process::id()));
+        let mut s = OwnServer {
+            port,
+            child: None,
+            dir,
+        };
         match s.restart() {
             Ok(()) => Some(s),
             Err(e) => missing("redis-server (the program)", "scripts/redis start", e).and(None),
@@ -80,6 +85,7 @@ impl OwnServer {
             .arg("--dir")
             .arg(&self.dir)
             .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
             .spawn()?;
         self.child = Some(child);
         // Ready when it answers PING.
