@@ -353,7 +353,7 @@ fn finish(
                 Some(a) => ops::reply(op, a, types.get(&i).map(String::as_str)),
                 None => {
                     return Err(BackendError::Protocol {
-                        backend: "redis",
+                        backend: layout.backend(),
                         reason: format!("no reply to operation #{i}"),
                     })
                 }
@@ -547,6 +547,21 @@ impl ClusterBackend {
     /// node, sent to all before reading any; then the redirected ones again, one by one, in
     /// batch order.
     fn run(
+        &mut self,
+        cmds: &[(usize, Cmd)],
+        keys: &[Vec<u8>],
+    ) -> Result<Vec<Answer>, BackendError> {
+        let result = self.run_once(cmds, keys);
+        if result.is_err() {
+            // Other nodes may still owe replies to this batch: start every connection afresh
+            // so that no late reply is taken for the next batch's.
+            self.nodes.clear();
+            self.slots.clear();
+        }
+        result
+    }
+
+    fn run_once(
         &mut self,
         cmds: &[(usize, Cmd)],
         keys: &[Vec<u8>],

@@ -37,6 +37,14 @@ pub(crate) enum Layout {
 }
 
 impl Layout {
+    /// The backend that uses this layout.
+    pub(crate) fn backend(self) -> &'static str {
+        match self {
+            Layout::Plain => "redis",
+            Layout::Tagged => "redis-cluster",
+        }
+    }
+
     /// The Redis key of an object.
     pub(crate) fn key(self, key: &ObjectKey) -> Vec<u8> {
         match self {
@@ -398,8 +406,11 @@ fn items(v: Value) -> Result<Vec<Vec<u8>>, Value> {
     }
 }
 
+/// A map field and its value.
+type Field = (Vec<u8>, Vec<u8>);
+
 /// Field/value pairs from an `HGETALL` reply (RESP2 array or RESP3 map), sorted by field.
-fn pairs(v: Value) -> Result<Vec<(Vec<u8>, Vec<u8>)>, Value> {
+fn pairs(v: Value) -> Result<Vec<Field>, Value> {
     let mut out = match v {
         Value::Map(m) => {
             let mut out = Vec::with_capacity(m.len());
@@ -603,11 +614,15 @@ mod tests {
     #[test]
     fn slots_match_redis() {
         // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
-        assert_eq!(slot(b"123456789"), 0x31c3 % 16384);
+        assert_eq!(slot(b"123456789"), 0x31c3);
         assert_eq!(slot(b"foo"), 12182);
         assert_eq!(slot(b"{user1000}.following"), slot(b"user1000"));
-        assert_eq!(slot(b"foo{}{bar}"), slot(b"foo{}{bar}"));
-        assert_eq!(slot(b"{}x"), slot(b"{}x"));
+        // An empty tag does not count; only the first tag does.
+        assert_eq!(slot(b"foo{}{bar}"), 8363);
+        assert_eq!(slot(b"{}x"), 10595);
+        assert_eq!(slot(b"foo{bar}{zap}"), 5061);
+        assert_eq!(slot(b"{nat@1@3}@Map@flows"), 6239);
+        assert_eq!(slot(b"~ttl~{nat@1@3}@Map@flows"), 6239);
     }
 
     #[test]
