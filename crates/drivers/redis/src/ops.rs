@@ -68,9 +68,12 @@ impl Layout {
         match self {
             Layout::Plain => ObjectKey::from_raw(text),
             Layout::Tagged => {
+                // The owner may itself hold `}`: take the split that encodes back to `raw`.
                 let rest = text.strip_prefix('{')?;
-                let (owner, tail) = rest.split_once('}')?;
-                ObjectKey::from_raw(&format!("{owner}{tail}"))
+                rest.match_indices('}').find_map(|(at, _)| {
+                    let key = ObjectKey::from_raw(&format!("{}{}", &rest[..at], &rest[at + 1..]))?;
+                    (self.key(&key) == raw).then_some(key)
+                })
             }
         }
     }
@@ -184,8 +187,9 @@ fn eval(body: &str, purge: bool, keys: &[&[u8]], args: &[&[u8]]) -> Cmd {
     cmd
 }
 
+/// Whole milliseconds, rounded up: a time to live never ends early.
 fn millis(d: std::time::Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+    u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
 }
 
 /// The command that performs `op`, or the reply when no command is needed.
@@ -641,11 +645,23 @@ mod tests {
             Layout::Tagged.object(&Layout::Tagged.key(&s)),
             Some(s.clone())
         );
+        let odd = ObjectKey::partitioned(&Owner::new("n}f{", 2, 0), Kind::Map, "}@x");
+        assert_eq!(Layout::Tagged.object(&Layout::Tagged.key(&odd)), Some(odd));
         assert_eq!(Layout::Plain.key(&s), s.as_bytes());
         assert_eq!(Layout::Plain.object(s.as_bytes()), Some(s));
         // Helper keys never belong to an NF's objects.
         let lock = Layout::Plain.object(b"~lock~nat@Set@x");
         assert!(lock.is_none_or(|k| k.parse().is_none_or(|p| p.nf != "nat")));
+    }
+
+    #[test]
+    fn times_round_up_to_whole_milliseconds() {
+        use std::time::Duration;
+        assert_eq!(millis(Duration::ZERO), 0);
+        assert_eq!(millis(Duration::from_micros(1)), 1);
+        assert_eq!(millis(Duration::from_millis(150)), 150);
+        assert_eq!(millis(Duration::from_micros(150_001)), 151);
+        assert_eq!(millis(Duration::MAX), u64::MAX);
     }
 
     #[test]
