@@ -65,6 +65,7 @@ pub(crate) fn connector(config: &Config) -> Result<Arc<dyn Connector>, ConfigErr
             })?;
             Ok(Arc::new(connector))
         }
+        BackendKind::Redis | BackendKind::RedisCluster => redis(config),
         other => Err(ConfigError::new(
             &config.file,
             "state.backend",
@@ -74,6 +75,60 @@ pub(crate) fn connector(config: &Config) -> Result<Arc<dyn Connector>, ConfigErr
             ),
         )),
     }
+}
+
+/// `backend = "redis"` / `"redis-cluster"` (flowstate-driver-redis); a store that does not
+/// answer at start-up is an error naming `url` (or `nodes`).
+fn redis(config: &Config) -> Result<Arc<dyn Connector>, ConfigError> {
+    use flowstate_driver_redis::{RedisClusterConnector, RedisConnector, Setting};
+    let state = &config.state;
+    let setting =
+        |e: SettingError| ConfigError::new(&config.file, format!("state.{}", e.key), e.reason);
+    let mut lists = Vec::new();
+    for (key, value) in &state.options {
+        if let Some(items) = value.as_array() {
+            let strings: Option<Vec<String>> = items
+                .iter()
+                .map(|v| v.as_str().map(str::to_owned))
+                .collect();
+            match strings {
+                Some(l) => lists.push((key.as_str(), l)),
+                None => {
+                    return Err(setting(SettingError::new(
+                        key.as_str(),
+                        "expected a list of strings",
+                    )))
+                }
+            }
+        }
+    }
+    let options = state.options.iter().map(|(key, value)| {
+        let v = match (
+            value.as_str(),
+            lists.iter().find(|(k, _)| *k == key.as_str()),
+        ) {
+            (Some(s), _) => Setting::Str(s),
+            (None, Some((_, l))) => Setting::List(l),
+            (None, None) => Setting::Other(value.type_str()),
+        };
+        (key.as_str(), v)
+    });
+    let url = state.url.as_deref();
+    let (connector, key): (Arc<dyn Connector>, &str) = if state.backend == BackendKind::Redis {
+        let c = RedisConnector::from_settings(url, options).map_err(setting)?;
+        (Arc::new(c), "url")
+    } else {
+        let c = RedisClusterConnector::from_settings(url, options).map_err(setting)?;
+        let key = if url.is_some() { "url" } else { "nodes" };
+        (Arc::new(c), key)
+    };
+    if let Err(e) = connector.connect() {
+        return Err(setting(SettingError::new(
+            key,
+            format!("the store does not answer at start-up: {e}"),
+        )));
+    }
+    Ok(connector)
 }
 
 #[cfg(test)]
@@ -132,5 +187,33 @@ mod tests {
         assert_eq!(e.key, "state.url");
         assert!(e.reason.contains("unreachable"), "{e}");
         assert!(e.reason.contains("127.0.0.1:1"), "{e}");
+    }
+
+    #[test]
+    fn redis_settings_are_checked_and_a_dead_store_is_an_error() {
+        let e = build("backend = \"redis\"\nurl = \"redis://127.0.0.1:1\"\n")
+            .err()
+            .unwrap();
+        assert_eq!(e.key, "state.url");
+        assert!(e.reason.contains("does not answer"), "{e}");
+        let e = build("backend = \"redis\"\nurl = \"http://x\"\n")
+            .err()
+            .unwrap();
+        assert_eq!(e.key, "state.url");
+        let e = build("backend = \"redis\"\nhost = \"x\"\n").err().unwrap();
+        assert_eq!(e.key, "state.host");
+        let e = build("backend = \"redis-cluster\"\nnodes = [1, 2]\n")
+            .err()
+            .unwrap();
+        assert_eq!(e.key, "state.nodes");
+        let e = build("backend = \"redis-cluster\"\nnodes = [\"redis://127.0.0.1:1\"]\n")
+            .err()
+            .unwrap();
+        assert_eq!(e.key, "state.nodes");
+        assert!(e.reason.contains("does not answer"), "{e}");
+        let e = build("backend = \"redis-cluster\"\ntimeout = 3\n")
+            .err()
+            .unwrap();
+        assert_eq!(e.key, "state.timeout");
     }
 }

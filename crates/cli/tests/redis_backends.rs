@@ -1,0 +1,138 @@
+//! NAT and LB over the same input on `local` and on `redis` / `redis-cluster` (the example
+//! configurations, which differ only under `[state]`): the output packets are the same, byte
+//! for byte (FlexState §III-A2: changing the store is a line of configuration and changes
+//! nothing an NF does).
+//!
+//! Needs `scripts/redis start` and `scripts/redis-cluster start`. In CI (`CI=true`) a missing
+//! server fails the test; elsewhere the test is skipped with a message.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn server_up(addr: &str, what: &str, start: &str) -> bool {
+    let up = redis::Client::open(format!("redis://{addr}"))
+        .and_then(|c| c.get_connection())
+        .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+        .is_ok();
+    if !up {
+        if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+            panic!("{what} is not running at {addr}; CI starts it with {start}");
+        }
+        eprintln!("SKIPPED: {what} is not running at {addr}; start it with {start}");
+    }
+    up
+}
+
+/// An instance id of its own for each run, so runs never see each other's state.
+fn instance() -> u32 {
+    static N: AtomicU32 = AtomicU32::new(0);
+    (std::process::id() % 100_000) * 100 + N.fetch_add(1, Ordering::Relaxed) + 1_000_000
+}
+
+/// Runs `example` with its output to a pcap; returns the file's bytes.
+fn run(dir: &Path, example: &str, workers: u32, tag: &str) -> Vec<u8> {
+    let text =
+        std::fs::read_to_string(root().join(format!("examples/{example}.toml"))).expect("example");
+    let out = dir.join(format!("{example}-{workers}-{tag}.pcap"));
+    let mut config = text.replacen(
+        "discard = true",
+        &format!("pcap = {:?}", out.to_string_lossy()),
+        1,
+    );
+    assert_ne!(config, text, "{example}: no `discard = true` to replace");
+    if !example.ends_with("redis") && !example.ends_with("cluster") {
+        assert!(config.contains("backend = \"local\""));
+    } else {
+        config = config.replacen(
+            "[state]\n",
+            &format!("[state]\nnf_instance = {}\n", instance()),
+            1,
+        );
+    }
+    let path = dir.join(format!("{example}-{workers}-{tag}.toml"));
+    std::fs::write(&path, config).expect("write config");
+    let o = Command::new(env!("CARGO_BIN_EXE_flowstate"))
+        .args(["run", path.to_str().expect("utf-8 path"), "--json"])
+        .args(["--workers", &workers.to_string()])
+        .current_dir(root())
+        .output()
+        .expect("run flowstate");
+    assert!(
+        o.status.success(),
+        "{example}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let s: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON summary");
+    let workers_sum = |key: &str| -> u64 {
+        s["per_worker"]
+            .as_array()
+            .expect("per_worker")
+            .iter()
+            .map(|w| w[key].as_u64().expect("a count"))
+            .sum()
+    };
+    assert_eq!(workers_sum("state_errors"), 0, "{example}: {s}");
+    if s["backend"] != "local" {
+        // The state really went to the store.
+        assert!(workers_sum("state_flushes") > 0, "{example}: {s}");
+    }
+    std::fs::read(&out).expect("output pcap")
+}
+
+/// The packet records of a classic pcap (header and bytes each), sorted: what several
+/// workers write in an order of their own.
+fn records(pcap: &[u8]) -> Vec<&[u8]> {
+    let mut out = Vec::new();
+    let mut at = 24;
+    while at + 16 <= pcap.len() {
+        let len = u32::from_le_bytes(pcap[at + 8..at + 12].try_into().expect("4 bytes")) as usize;
+        out.push(&pcap[at..at + 16 + len]);
+        at += 16 + len;
+    }
+    assert_eq!(at, pcap.len(), "whole records");
+    out.sort_unstable();
+    out
+}
+
+fn same_output(local: &str, remote: &str) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let a = run(dir.path(), local, 1, "a");
+    let b = run(dir.path(), remote, 1, "b");
+    assert!(records(&a).len() > 1000, "{local}: a real run");
+    assert!(
+        a == b,
+        "{local} and {remote} wrote different packets (1 worker)"
+    );
+    let a = run(dir.path(), local, 2, "a");
+    let b = run(dir.path(), remote, 2, "b");
+    assert!(
+        records(&a) == records(&b),
+        "{local} and {remote} wrote different packets (2 workers)"
+    );
+}
+
+#[test]
+fn nat_and_lb_write_the_same_packets_on_local_and_redis() {
+    if !server_up("127.0.0.1:6379", "redis-server", "scripts/redis start") {
+        return;
+    }
+    same_output("nat", "nat-redis");
+    same_output("lb", "lb-redis");
+}
+
+#[test]
+fn nat_writes_the_same_packets_on_local_and_redis_cluster() {
+    if !server_up(
+        "127.0.0.1:7001",
+        "the Redis Cluster",
+        "scripts/redis-cluster start",
+    ) {
+        return;
+    }
+    same_output("nat", "nat-redis-cluster");
+}

@@ -1,0 +1,883 @@
+//! The `redis` and `redis-cluster` state backends: flowstate's state objects on Redis's native
+//! types (FlexState §IV-B "Redis": counters with `INCRBY`, maps as hashes, lists, sets; keys
+//! `nf@instance@core@Type@id`, §III-B2).
+//!
+//! Promises:
+//! * Both backends pass the [`conformance`](flowstate_state::conformance) suite with
+//!   `exact_found_kind: false` (a Redis string stands for values and counters, a hash for maps
+//!   and counter-maps).
+//! * One [`Backend::execute`] is one pipeline: one round trip to a single server, one per
+//!   master touched in a cluster (FlexState §III-A2 batching of store requests). Operations
+//!   that must be atomic on the server (compare-and-set, locks with leases, map-field time to
+//!   live) run as Lua scripts inside that pipeline.
+//! * Keys are exactly `nf@instance@core@Type@id` (`nf@Type@id` for shared objects) on a single
+//!   server. On a cluster the owner part is a hash tag, `{nf@instance@core}@Type@id` and
+//!   `{nf}@Type@id`, so one partition's objects share a hash slot.
+//! * Time to live uses Redis expiry (`PEXPIRE`); map fields, which Redis 7.0 cannot expire, get
+//!   a companion sorted set of deadlines purged by the scripts of every map operation (see
+//!   [`ops`]); locks are `~lock~<key>` strings with a `PX` lease.
+//! * Errors: `WRONGTYPE` becomes [`OpError::WrongKind`](flowstate_state::OpError) for that
+//!   operation alone; a lost connection or a timeout becomes [`BackendError::Unreachable`] and
+//!   the next `execute` connects again. Cluster redirections (`MOVED`, `ASK`, `TRYAGAIN`) are
+//!   followed: the slot map is refreshed and the redirected operations are sent again, in their
+//!   batch order, to the node that now serves them. Map operations are two-key scripts (the
+//!   map and its deadlines), which Redis answers `TRYAGAIN` while their slot is half migrated:
+//!   they wait for the migration, up to `timeout`, then the batch fails as unreachable.
+//! * Redis replies are never trusted: an answer of the wrong shape is an
+//!   [`OpError::Refused`](flowstate_state::OpError) naming the key, never a panic.
+//!
+//! Configuration (`[state]`): `backend = "redis"` with `url = "redis://host:port[/db]"`
+//! (`rediss://` is not built in); `backend = "redis-cluster"` with `nodes = ["redis://..",
+//! ..]` or a comma-separated `url`; both take `timeout = "2s"` (connect, read and write
+//! timeout of every call).
+
+mod ops;
+
+use flowstate_state::{Backend, BackendError, Connector, Kind, ObjectKey, Op, Reply, SettingError};
+use ops::{Answer, Layout};
+use redis::{Cmd, Connection, ConnectionLike, Value};
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// Default connect/read/write timeout.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Redirections followed for one operation before giving up on it.
+const MAX_REDIRECTS: usize = 16;
+
+/// Connects to one Redis server (`backend = "redis"`).
+#[derive(Debug, Clone)]
+pub struct RedisConnector {
+    info: redis::ConnectionInfo,
+    url: String,
+    timeout: Duration,
+}
+
+impl RedisConnector {
+    /// A connector for `url` (`redis://host:port[/db]`).
+    pub fn new(url: &str) -> Result<Self, SettingError> {
+        Ok(RedisConnector {
+            info: parse_url("url", url)?,
+            url: url.to_owned(),
+            timeout: DEFAULT_TIMEOUT,
+        })
+    }
+
+    /// From `[state]`: `url` (default `redis://127.0.0.1:6379`) and the driver's own keys
+    /// (`timeout`); an unknown key is an error naming it.
+    pub fn from_settings<'a>(
+        url: Option<&str>,
+        options: impl IntoIterator<Item = (&'a str, Setting<'a>)>,
+    ) -> Result<Self, SettingError> {
+        let mut c = RedisConnector::new(url.unwrap_or("redis://127.0.0.1:6379"))?;
+        for (key, value) in options {
+            match key {
+                "timeout" => c.timeout = timeout(value)?,
+                other => {
+                    return Err(SettingError::new(
+                        other,
+                        "unknown key; backend \"redis\" takes url and timeout",
+                    ))
+                }
+            }
+        }
+        Ok(c)
+    }
+
+    /// Sets the connect, read and write timeout.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The server's address as configured.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+}
+
+impl Connector for RedisConnector {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
+    fn connect(&self) -> Result<Box<dyn Backend>, BackendError> {
+        let conn = open(&self.info, self.timeout, "redis")?;
+        Ok(Box::new(RedisBackend {
+            info: self.info.clone(),
+            timeout: self.timeout,
+            conn: Some(conn),
+        }))
+    }
+}
+
+/// Connects to a Redis Cluster (`backend = "redis-cluster"`).
+#[derive(Debug, Clone)]
+pub struct RedisClusterConnector {
+    seeds: Vec<redis::ConnectionInfo>,
+    timeout: Duration,
+}
+
+/// A driver setting's value, as the binary hands it over.
+#[derive(Debug, Clone, Copy)]
+pub enum Setting<'a> {
+    /// A string.
+    Str(&'a str),
+    /// A list of strings.
+    List(&'a [String]),
+    /// Anything else (described for the error message).
+    Other(&'a str),
+}
+
+impl RedisClusterConnector {
+    /// A connector that learns the cluster from `nodes` (`redis://host:port` each).
+    pub fn new<S: AsRef<str>>(nodes: &[S]) -> Result<Self, SettingError> {
+        if nodes.is_empty() {
+            return Err(SettingError::new(
+                "nodes",
+                "at least one node address (redis://host:port) is needed",
+            ));
+        }
+        let seeds = nodes
+            .iter()
+            .map(|n| parse_url("nodes", n.as_ref().trim()))
+            .collect::<Result<_, _>>()?;
+        Ok(RedisClusterConnector {
+            seeds,
+            timeout: DEFAULT_TIMEOUT,
+        })
+    }
+
+    /// From `[state]`: `nodes = [...]`, or a comma-separated `url`; and `timeout`.
+    pub fn from_settings<'a>(
+        url: Option<&str>,
+        options: impl IntoIterator<Item = (&'a str, Setting<'a>)>,
+    ) -> Result<Self, SettingError> {
+        let mut nodes: Option<Vec<String>> = None;
+        let mut t = DEFAULT_TIMEOUT;
+        for (key, value) in options {
+            match (key, value) {
+                ("nodes", Setting::List(l)) => nodes = Some(l.to_vec()),
+                ("nodes", Setting::Str(s)) => {
+                    nodes = Some(s.split(',').map(str::to_owned).collect());
+                }
+                ("nodes", _) => {
+                    return Err(SettingError::new(
+                        "nodes",
+                        "expected a list of addresses like [\"redis://127.0.0.1:7001\"]",
+                    ))
+                }
+                ("timeout", v) => t = timeout(v)?,
+                (other, _) => {
+                    return Err(SettingError::new(
+                        other,
+                        "unknown key; backend \"redis-cluster\" takes url, nodes and timeout",
+                    ))
+                }
+            }
+        }
+        let nodes = match (nodes, url) {
+            (Some(_), Some(_)) => {
+                return Err(SettingError::new(
+                    "nodes",
+                    "give the cluster's nodes either in url or in nodes, not both",
+                ))
+            }
+            (Some(n), None) => n,
+            (None, Some(u)) => u.split(',').map(str::to_owned).collect(),
+            (None, None) => vec!["redis://127.0.0.1:7001".to_owned()],
+        };
+        let key = if url.is_some() { "url" } else { "nodes" };
+        let mut c = RedisClusterConnector::new(&nodes).map_err(|e| SettingError {
+            key: key.into(),
+            ..e
+        })?;
+        c.timeout = t;
+        Ok(c)
+    }
+
+    /// Sets the connect, read and write timeout.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+}
+
+impl Connector for RedisClusterConnector {
+    fn name(&self) -> &'static str {
+        "redis-cluster"
+    }
+
+    fn connect(&self) -> Result<Box<dyn Backend>, BackendError> {
+        let mut b = ClusterBackend {
+            seeds: self.seeds.clone(),
+            timeout: self.timeout,
+            nodes: HashMap::new(),
+            slots: Vec::new(),
+        };
+        b.refresh()?;
+        Ok(Box::new(b))
+    }
+}
+
+fn parse_url(key: &str, url: &str) -> Result<redis::ConnectionInfo, SettingError> {
+    use redis::IntoConnectionInfo;
+    if !url.starts_with("redis://") {
+        return Err(SettingError::new(
+            key,
+            format!("expected an address like redis://127.0.0.1:6379, not {url:?}"),
+        ));
+    }
+    url.into_connection_info()
+        .map_err(|e| SettingError::new(key, format!("{url:?} is not a Redis address: {e}")))
+}
+
+fn timeout(v: Setting<'_>) -> Result<Duration, SettingError> {
+    let bad = || {
+        SettingError::new(
+            "timeout",
+            "expected a duration like \"500ms\" or \"2s\" (more than zero)",
+        )
+    };
+    let Setting::Str(s) = v else {
+        return Err(bad());
+    };
+    let s = s.trim();
+    let (num, unit) = s
+        .find(|c: char| !c.is_ascii_digit())
+        .map_or((s, ""), |i| s.split_at(i));
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        _ => return Err(bad()),
+    };
+    if d.is_zero() {
+        return Err(bad());
+    }
+    Ok(d)
+}
+
+fn unreachable(backend: &'static str, e: impl std::fmt::Display) -> BackendError {
+    BackendError::Unreachable {
+        backend,
+        reason: e.to_string(),
+    }
+}
+
+fn open(
+    info: &redis::ConnectionInfo,
+    timeout: Duration,
+    backend: &'static str,
+) -> Result<Connection, BackendError> {
+    let client = redis::Client::open(info.clone()).map_err(|e| unreachable(backend, e))?;
+    let conn = client
+        .get_connection_with_timeout(timeout)
+        .map_err(|e| unreachable(backend, format!("{}: {e}", info.addr)))?;
+    conn.set_read_timeout(Some(timeout))
+        .and_then(|()| conn.set_write_timeout(Some(timeout)))
+        .map_err(|e| unreachable(backend, e))?;
+    Ok(conn)
+}
+
+/// Sends `cmds` as one pipeline and reads one answer per command. `Err` only when the
+/// connection failed (nothing is known of which commands ran).
+fn pipeline(conn: &mut Connection, cmds: &[&Cmd]) -> redis::RedisResult<Vec<Answer>> {
+    if cmds.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut packed = Vec::new();
+    for c in cmds {
+        c.write_packed_command(&mut packed);
+    }
+    let values = conn.req_packed_commands(&packed, 0, cmds.len())?;
+    if values.len() != cmds.len() {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::ResponseError,
+            "wrong number of replies to a pipeline",
+        )));
+    }
+    Ok(values.into_iter().map(answer).collect())
+}
+
+fn answer(v: Value) -> Answer {
+    match v {
+        Value::ServerError(e) => Answer::Error {
+            code: e.code().to_owned(),
+            detail: e.details().unwrap_or_default().to_owned(),
+        },
+        v => Answer::Value(v),
+    }
+}
+
+/// Builds the commands of a batch: `Ok(cmd)` to send, `Err(reply)` answered without Redis.
+fn commands(layout: Layout, ops: &[Op]) -> Vec<Result<Cmd, Reply>> {
+    ops.iter().map(|op| ops::command(layout, op)).collect()
+}
+
+/// Turns answers into replies; `WRONGTYPE` answers get a follow-up `TYPE` to name the kind
+/// found (a second round trip only on that error path).
+fn finish(
+    layout: Layout,
+    ops: &[Op],
+    built: Vec<Result<Cmd, Reply>>,
+    mut answers: Vec<Option<Answer>>,
+    replies: &mut Vec<Reply>,
+    mut run: impl FnMut(&[(usize, Cmd)]) -> Result<Vec<Answer>, BackendError>,
+) -> Result<(), BackendError> {
+    let wrong: Vec<(usize, Cmd)> = answers
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| {
+            matches!(a, Some(Answer::Error { code, detail })
+                if code == "WRONGTYPE" || detail.contains("WRONGTYPE"))
+        })
+        .map(|(i, _)| {
+            let mut c = redis::cmd("TYPE");
+            c.arg(layout.key(ops[i].key()));
+            (i, c)
+        })
+        .collect();
+    let mut types: HashMap<usize, String> = HashMap::new();
+    if !wrong.is_empty() {
+        for ((i, _), a) in wrong.iter().zip(run(&wrong)?) {
+            if let Answer::Value(Value::SimpleString(t)) = a {
+                types.insert(*i, t);
+            }
+        }
+    }
+    for (i, (op, b)) in ops.iter().zip(built).enumerate() {
+        replies.push(match b {
+            Err(r) => r,
+            Ok(_) => match answers[i].take() {
+                Some(a) => ops::reply(op, a, types.get(&i).map(String::as_str)),
+                None => {
+                    return Err(BackendError::Protocol {
+                        backend: layout.backend(),
+                        reason: format!("no reply to operation #{i}"),
+                    })
+                }
+            },
+        });
+    }
+    Ok(())
+}
+
+/// One connection to one Redis server.
+struct RedisBackend {
+    info: redis::ConnectionInfo,
+    timeout: Duration,
+    conn: Option<Connection>,
+}
+
+impl RedisBackend {
+    fn run(&mut self, cmds: &[&Cmd]) -> Result<Vec<Answer>, BackendError> {
+        let conn = match &mut self.conn {
+            Some(c) => c,
+            None => self.conn.insert(open(&self.info, self.timeout, "redis")?),
+        };
+        match pipeline(conn, cmds) {
+            Ok(a) => Ok(a),
+            Err(e) => {
+                // The connection's state is unknown: start afresh next time.
+                self.conn = None;
+                Err(unreachable("redis", format!("{}: {e}", self.info.addr)))
+            }
+        }
+    }
+}
+
+impl Backend for RedisBackend {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
+    fn execute(&mut self, ops: &[Op], replies: &mut Vec<Reply>) -> Result<(), BackendError> {
+        let built = commands(Layout::Plain, ops);
+        let cmds: Vec<&Cmd> = built.iter().filter_map(|b| b.as_ref().ok()).collect();
+        let mut it = self.run(&cmds)?.into_iter();
+        let answers = built
+            .iter()
+            .map(|b| if b.is_ok() { it.next() } else { None })
+            .collect();
+        finish(Layout::Plain, ops, built, answers, replies, |cmds| {
+            let refs: Vec<&Cmd> = cmds.iter().map(|(_, c)| c).collect();
+            self.run(&refs)
+        })
+    }
+
+    fn partitions(
+        &mut self,
+        nf: &str,
+        kind: Kind,
+        id: &str,
+    ) -> Result<Vec<ObjectKey>, BackendError> {
+        let pattern = Layout::Plain.pattern(nf, kind, id);
+        let mut found = Vec::new();
+        let mut cursor = b"0".to_vec();
+        loop {
+            let mut c = redis::cmd("SCAN");
+            c.arg(&cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000);
+            let a = self.run(&[&c])?;
+            cursor = scan_step(a, Layout::Plain, nf, kind, id, &mut found, "redis")?;
+            if cursor == b"0" {
+                break;
+            }
+        }
+        found.sort();
+        found.dedup();
+        Ok(found)
+    }
+}
+
+/// Reads one `SCAN` reply: adds the matching keys to `found`, returns the next cursor.
+fn scan_step(
+    answers: Vec<Answer>,
+    layout: Layout,
+    nf: &str,
+    kind: Kind,
+    id: &str,
+    found: &mut Vec<ObjectKey>,
+    backend: &'static str,
+) -> Result<Vec<u8>, BackendError> {
+    let protocol = |reason: String| BackendError::Protocol { backend, reason };
+    let Some(Answer::Value(Value::Array(mut parts))) = answers.into_iter().next() else {
+        return Err(protocol("SCAN did not answer [cursor, keys]".into()));
+    };
+    if parts.len() != 2 {
+        return Err(protocol("SCAN did not answer [cursor, keys]".into()));
+    }
+    let keys = parts.pop();
+    let cursor = match parts.pop() {
+        Some(Value::BulkString(c)) => c,
+        _ => return Err(protocol("SCAN answered no cursor".into())),
+    };
+    if let Some(Value::Array(keys)) = keys {
+        for k in keys {
+            let Value::BulkString(raw) = k else { continue };
+            if let Some(key) = layout.object(&raw) {
+                let ours = key
+                    .parse()
+                    .is_some_and(|p| p.nf == nf && p.kind == kind && p.id == id);
+                if ours {
+                    found.push(key);
+                }
+            }
+        }
+    }
+    Ok(cursor)
+}
+
+/// Connections to every master of a Redis Cluster, with its slot map.
+struct ClusterBackend {
+    seeds: Vec<redis::ConnectionInfo>,
+    timeout: Duration,
+    /// By address `host:port`.
+    nodes: HashMap<String, Connection>,
+    /// Address serving each of the 16384 slots (empty until learned).
+    slots: Vec<Option<String>>,
+}
+
+const SLOTS: usize = 16384;
+
+impl ClusterBackend {
+    fn info_for(&self, addr: &str) -> Result<redis::ConnectionInfo, BackendError> {
+        use redis::IntoConnectionInfo;
+        let mut info = format!("redis://{addr}")
+            .into_connection_info()
+            .map_err(|e| unreachable("redis-cluster", format!("{addr}: {e}")))?;
+        // Credentials and database as for the seeds.
+        if let Some(seed) = self.seeds.first() {
+            info.redis = seed.redis.clone();
+        }
+        Ok(info)
+    }
+
+    fn conn(&mut self, addr: &str) -> Result<&mut Connection, BackendError> {
+        if !self.nodes.contains_key(addr) {
+            let info = self.info_for(addr)?;
+            let c = open(&info, self.timeout, "redis-cluster")?;
+            self.nodes.insert(addr.to_owned(), c);
+        }
+        self.nodes
+            .get_mut(addr)
+            .ok_or_else(|| unreachable("redis-cluster", "connection vanished"))
+    }
+
+    /// Learns the slot map from the first node that answers `CLUSTER SLOTS`.
+    fn refresh(&mut self) -> Result<(), BackendError> {
+        let mut candidates: Vec<String> = self.nodes.keys().cloned().collect();
+        candidates.extend(self.seeds.iter().map(|s| s.addr.to_string()));
+        let mut last = String::from("no node given");
+        for addr in candidates {
+            let conn = match self.conn(&addr) {
+                Ok(c) => c,
+                Err(e) => {
+                    last = e.to_string();
+                    continue;
+                }
+            };
+            let reply = redis::cmd("CLUSTER").arg("SLOTS").query::<Value>(conn);
+            match reply {
+                Ok(v) => match slot_map(v) {
+                    Some(map) => {
+                        self.slots = map;
+                        return Ok(());
+                    }
+                    None => last = format!("{addr}: CLUSTER SLOTS answer not understood"),
+                },
+                Err(e) => {
+                    self.nodes.remove(&addr);
+                    last = format!("{addr}: {e}");
+                }
+            }
+        }
+        Err(unreachable("redis-cluster", last))
+    }
+
+    fn addr_of(&self, slot: u16) -> Option<&str> {
+        self.slots.get(usize::from(slot))?.as_deref()
+    }
+
+    /// Runs `cmds` (with their ops' indexes) on the nodes serving their keys: one pipeline per
+    /// node, sent to all before reading any; then the redirected ones again, one by one, in
+    /// batch order.
+    fn run(
+        &mut self,
+        cmds: &[(usize, Cmd)],
+        keys: &[Vec<u8>],
+    ) -> Result<Vec<Answer>, BackendError> {
+        let result = self.run_once(cmds, keys);
+        if result.is_err() {
+            // Other nodes may still owe replies to this batch: start every connection afresh
+            // so that no late reply is taken for the next batch's.
+            self.nodes.clear();
+            self.slots.clear();
+        }
+        result
+    }
+
+    fn run_once(
+        &mut self,
+        cmds: &[(usize, Cmd)],
+        keys: &[Vec<u8>],
+    ) -> Result<Vec<Answer>, BackendError> {
+        if self.slots.is_empty() {
+            self.refresh()?;
+        }
+        let mut answers: Vec<Option<Answer>> = vec![None; cmds.len()];
+        // Group by node, keeping the order within each node.
+        let mut by_node: Vec<(String, Vec<usize>)> = Vec::new();
+        for (j, key) in keys.iter().enumerate() {
+            let addr = self
+                .addr_of(ops::slot(key))
+                .map(str::to_owned)
+                .ok_or_else(|| unreachable("redis-cluster", "a slot is served by no node"))?;
+            match by_node.iter_mut().find(|(a, _)| *a == addr) {
+                Some((_, v)) => v.push(j),
+                None => by_node.push((addr, vec![j])),
+            }
+        }
+        let mut sent = Vec::new();
+        for (addr, idx) in &by_node {
+            let mut packed = Vec::new();
+            for &j in idx {
+                cmds[j].1.write_packed_command(&mut packed);
+            }
+            let conn = self.conn(addr)?;
+            if let Err(e) = conn.send_packed_command(&packed) {
+                self.drop_node(addr);
+                return Err(unreachable("redis-cluster", format!("{addr}: {e}")));
+            }
+            sent.push((addr.clone(), idx.clone()));
+        }
+        for (addr, idx) in &sent {
+            for &j in idx {
+                let conn = self.conn(addr)?;
+                match conn.recv_response() {
+                    Ok(v) => answers[j] = Some(answer(v)),
+                    Err(e) if e.code().is_some() && !e.is_io_error() => {
+                        answers[j] = Some(Answer::Error {
+                            code: e.code().unwrap_or("ERR").to_owned(),
+                            detail: e.detail().unwrap_or_default().to_owned(),
+                        });
+                    }
+                    Err(e) => {
+                        self.drop_node(addr);
+                        return Err(unreachable("redis-cluster", format!("{addr}: {e}")));
+                    }
+                }
+            }
+        }
+        // Redirections: refresh the map once, then resend in batch order.
+        let redirected: Vec<usize> = (0..cmds.len())
+            .filter(|&j| matches!(&answers[j], Some(a) if redirect(a).is_some()))
+            .collect();
+        if !redirected.is_empty() {
+            self.refresh()?;
+            for j in redirected {
+                answers[j] = Some(self.follow(&cmds[j].1, &keys[j], answers[j].take())?);
+            }
+        }
+        answers
+            .into_iter()
+            .map(|a| a.ok_or_else(|| unreachable("redis-cluster", "a command got no answer")))
+            .collect()
+    }
+
+    /// Sends one command again until it is not redirected.
+    fn follow(
+        &mut self,
+        cmd: &Cmd,
+        key: &[u8],
+        mut last: Option<Answer>,
+    ) -> Result<Answer, BackendError> {
+        let start = std::time::Instant::now();
+        let mut redirects = 0;
+        let mut waits: u32 = 0;
+        while redirects < MAX_REDIRECTS {
+            let (addr, asking) = match last.as_ref().and_then(redirect) {
+                Some(Redirect::Ask(addr)) => {
+                    redirects += 1;
+                    (addr, true)
+                }
+                Some(Redirect::Moved(addr)) => {
+                    redirects += 1;
+                    (addr, false)
+                }
+                Some(Redirect::Wait) => {
+                    // TRYAGAIN (a multi-key script on a slot whose keys are half moved) or
+                    // CLUSTERDOWN: wait for the migration, up to the timeout.
+                    if start.elapsed() >= self.timeout {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(5u64 << waits.min(4)));
+                    waits += 1;
+                    self.refresh()?;
+                    let addr =
+                        self.addr_of(ops::slot(key))
+                            .map(str::to_owned)
+                            .ok_or_else(|| {
+                                unreachable("redis-cluster", "a slot is served by no node")
+                            })?;
+                    (addr, false)
+                }
+                None => break,
+            };
+            let asking_cmd = redis::cmd("ASKING");
+            let conn = self.conn(&addr)?;
+            let result = if asking {
+                pipeline(conn, &[&asking_cmd, cmd]).map(|mut a| a.pop())
+            } else {
+                pipeline(conn, &[cmd]).map(|mut a| a.pop())
+            };
+            match result {
+                Ok(a) => last = a,
+                Err(e) => {
+                    self.drop_node(&addr);
+                    return Err(unreachable("redis-cluster", format!("{addr}: {e}")));
+                }
+            }
+            if matches!(last.as_ref().and_then(redirect), Some(Redirect::Moved(_))) {
+                self.refresh()?;
+            }
+        }
+        match last {
+            Some(a) if redirect(&a).is_none() => Ok(a),
+            _ => Err(unreachable(
+                "redis-cluster",
+                format!(
+                    "an operation was still redirected after {redirects} redirections and {:?} \
+                     (is a slot migration stuck?)",
+                    start.elapsed()
+                ),
+            )),
+        }
+    }
+
+    fn drop_node(&mut self, addr: &str) {
+        self.nodes.remove(addr);
+        // The map may be stale too: learn it again before the next batch.
+        self.slots.clear();
+    }
+
+    fn masters(&self) -> Vec<String> {
+        let mut m: Vec<String> = self.slots.iter().flatten().cloned().collect();
+        m.sort();
+        m.dedup();
+        m
+    }
+}
+
+enum Redirect {
+    Moved(String),
+    Ask(String),
+    Wait,
+}
+
+fn redirect(a: &Answer) -> Option<Redirect> {
+    let Answer::Error { code, detail } = a else {
+        return None;
+    };
+    let target = || detail.split_whitespace().nth(1).map(str::to_owned);
+    match code.as_str() {
+        "MOVED" => target().map(Redirect::Moved),
+        "ASK" => target().map(Redirect::Ask),
+        "TRYAGAIN" | "CLUSTERDOWN" => Some(Redirect::Wait),
+        _ => None,
+    }
+}
+
+/// The slot map from a `CLUSTER SLOTS` reply: `[[start, end, [host, port, ..], ..], ..]`.
+fn slot_map(v: Value) -> Option<Vec<Option<String>>> {
+    let Value::Array(ranges) = v else { return None };
+    let mut map = vec![None; SLOTS];
+    for r in ranges {
+        let Value::Array(r) = r else { return None };
+        let (Some(Value::Int(start)), Some(Value::Int(end)), Some(Value::Array(master))) =
+            (r.first(), r.get(1), r.get(2))
+        else {
+            return None;
+        };
+        let host = match master.first() {
+            Some(Value::BulkString(h)) => String::from_utf8_lossy(h).into_owned(),
+            _ => return None,
+        };
+        let Some(Value::Int(port)) = master.get(1) else {
+            return None;
+        };
+        let addr = format!("{host}:{port}");
+        let (start, end) = (usize::try_from(*start).ok()?, usize::try_from(*end).ok()?);
+        for s in map.get_mut(start..=end)? {
+            *s = Some(addr.clone());
+        }
+    }
+    Some(map)
+}
+
+impl Backend for ClusterBackend {
+    fn name(&self) -> &'static str {
+        "redis-cluster"
+    }
+
+    fn execute(&mut self, ops: &[Op], replies: &mut Vec<Reply>) -> Result<(), BackendError> {
+        let built = commands(Layout::Tagged, ops);
+        let mut cmds = Vec::with_capacity(ops.len());
+        let mut keys = Vec::with_capacity(ops.len());
+        for (i, (op, b)) in ops.iter().zip(&built).enumerate() {
+            if let Ok(c) = b {
+                cmds.push((i, c.clone()));
+                keys.push(Layout::Tagged.key(op.key()));
+            }
+        }
+        let got = self.run(&cmds, &keys)?;
+        let mut answers: Vec<Option<Answer>> = vec![None; ops.len()];
+        for ((i, _), a) in cmds.iter().zip(got) {
+            answers[*i] = Some(a);
+        }
+        finish(Layout::Tagged, ops, built, answers, replies, |cmds| {
+            let keys: Vec<Vec<u8>> = cmds
+                .iter()
+                .map(|(i, _)| Layout::Tagged.key(ops[*i].key()))
+                .collect();
+            self.run(cmds, &keys)
+        })
+    }
+
+    fn partitions(
+        &mut self,
+        nf: &str,
+        kind: Kind,
+        id: &str,
+    ) -> Result<Vec<ObjectKey>, BackendError> {
+        if self.slots.is_empty() {
+            self.refresh()?;
+        }
+        let pattern = Layout::Tagged.pattern(nf, kind, id);
+        let mut found = Vec::new();
+        for addr in self.masters() {
+            let mut cursor = b"0".to_vec();
+            loop {
+                let mut c = redis::cmd("SCAN");
+                c.arg(&cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(1000);
+                let conn = self.conn(&addr)?;
+                let a = match pipeline(conn, &[&c]) {
+                    Ok(a) => a,
+                    Err(e) => {
+                        self.drop_node(&addr);
+                        return Err(unreachable("redis-cluster", format!("{addr}: {e}")));
+                    }
+                };
+                cursor = scan_step(a, Layout::Tagged, nf, kind, id, &mut found, "redis-cluster")?;
+                if cursor == b"0" {
+                    break;
+                }
+            }
+        }
+        found.sort();
+        found.dedup();
+        Ok(found)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_name_the_bad_key() {
+        let e = RedisConnector::from_settings(Some("http://x"), []).unwrap_err();
+        assert_eq!(e.key, "url");
+        let e = RedisConnector::from_settings(None, [("colour", Setting::Str("red"))]).unwrap_err();
+        assert_eq!(e.key, "colour");
+        let e =
+            RedisConnector::from_settings(None, [("timeout", Setting::Str("soon"))]).unwrap_err();
+        assert_eq!(e.key, "timeout");
+        let c = RedisConnector::from_settings(None, [("timeout", Setting::Str("250ms"))]).unwrap();
+        assert_eq!(c.timeout, Duration::from_millis(250));
+        let nodes = vec!["redis://127.0.0.1:7001".to_owned(), "bad".to_owned()];
+        let e = RedisClusterConnector::from_settings(None, [("nodes", Setting::List(&nodes))])
+            .unwrap_err();
+        assert_eq!(e.key, "nodes");
+        let e = RedisClusterConnector::from_settings(Some("redis://a:1,nope"), []).unwrap_err();
+        assert_eq!(e.key, "url");
+        let c = RedisClusterConnector::from_settings(
+            Some("redis://127.0.0.1:7001, redis://127.0.0.1:7002"),
+            [],
+        )
+        .unwrap();
+        assert_eq!(c.seeds.len(), 2);
+        let e = RedisClusterConnector::from_settings(None, [("nodes", Setting::Other("integer"))])
+            .unwrap_err();
+        assert_eq!(e.key, "nodes");
+    }
+
+    #[test]
+    fn a_dead_server_is_unreachable() {
+        // Port 1 on loopback: nothing listens there.
+        let c = RedisConnector::new("redis://127.0.0.1:1").unwrap();
+        assert!(matches!(
+            c.connect().err(),
+            Some(BackendError::Unreachable {
+                backend: "redis",
+                ..
+            })
+        ));
+        let c = RedisClusterConnector::new(&["redis://127.0.0.1:1"]).unwrap();
+        assert!(matches!(
+            c.connect().err(),
+            Some(BackendError::Unreachable {
+                backend: "redis-cluster",
+                ..
+            })
+        ));
+    }
+}
