@@ -66,14 +66,6 @@ pub(crate) fn connector(config: &Config) -> Result<Arc<dyn Connector>, ConfigErr
             Ok(Arc::new(connector))
         }
         BackendKind::Redis | BackendKind::RedisCluster => redis(config),
-        other => Err(ConfigError::new(
-            &config.file,
-            "state.backend",
-            format!(
-                "backend {:?} is not built in yet; use \"local\"",
-                other.name()
-            ),
-        )),
     }
 }
 
