@@ -6,6 +6,7 @@
 
 mod flexstate_counter;
 mod hashing;
+mod hashmvt;
 mod nf_throughput;
 mod report;
 
@@ -54,6 +55,16 @@ pub const BENCHES: &[Bench] = &[
         name: "nf-throughput",
         about: "Mpps per core of no-op, NAT, firewall, LB and the chain on established flows (10k, 1M), 1 and 2 workers, vs plain hash-map lookups",
         run: nf_throughput::run,
+    },
+    Bench {
+        name: "hashmvt",
+        about: "Match-Value Tables on the real prefix set: insertion collisions, HW vs SW CRC32C matching, MVT vs binary-trie LPM, MVT-partitioned NAT vs shared pool at 1 and 2 workers (HashMVT §VI)",
+        run: hashmvt::run,
+    },
+    Bench {
+        name: "mvt",
+        about: "the same as hashmvt",
+        run: hashmvt::run,
     },
 ];
 

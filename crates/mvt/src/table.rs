@@ -65,6 +65,12 @@ static SW_TABLE: [u32; 256] = {
     t
 };
 
+/// The CRC32C start value of a match `l` bits long (a multiplicative spread of the length).
+#[inline(always)]
+fn len_seed(l: u16) -> u32 {
+    (u32::from(l) + 1).wrapping_mul(0x9e37_79b9)
+}
+
 /// An entry's handle: stable while the entry lives (also across [`Mvt::rematch`]); a handle
 /// of a removed entry is stale and finds nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -307,18 +313,11 @@ impl<V> Mvt<V> {
     // --------------------------------------------------------------------------------------
     // Hashing (§III-C)
 
-    /// The hash of match `m`: CRC32C of its bits (the last byte masked) and its length.
+    /// The hash of match `m`: CRC32C of the bytes covering its bits (the last byte masked),
+    /// started from a value that depends on the length, so that one CRC call gives it.
     #[inline]
     fn match_hash(&self, m: &Match) -> u32 {
-        let len = usize::from(m.len());
-        let full = len / 8;
-        let bytes = m.as_key();
-        let b = bytes.bytes();
-        let mut c = self.hasher.append(0, &b[..full]);
-        if len % 8 != 0 {
-            c = self.hasher.append(c, &b[full..=full]);
-        }
-        self.hasher.append(c, &m.len().to_le_bytes())
+        self.hasher.append(len_seed(m.len()), m.bytes())
     }
 
     /// The hash of the full key (indexes the state cache).
@@ -327,35 +326,22 @@ impl<V> Mvt<V> {
         self.hasher.append(0, key.bytes())
     }
 
-    /// Hashes of `key` truncated to every length present (at most its width), longest first,
-    /// into `out`; returns how many. The CRC of whole leading bytes is shared.
+    /// The hash of `key` truncated to `l` bits (at most its width): [`Mvt::match_hash`] of the
+    /// prefix, without building it.
     #[inline]
-    fn probe_hashes(&self, key: &Key, out: &mut [(u16, u32); KEY_BITS as usize + 1]) -> usize {
-        let mut upto = [0u32; KEY_BYTES + 1];
+    fn prefix_hash(&self, key: &Key, l: u16) -> u32 {
+        let lu = usize::from(l);
         let kb = key.bytes();
-        let mut c = 0;
-        for (i, b) in kb.iter().enumerate() {
-            upto[i] = c;
-            c = self.hasher.append(c, std::slice::from_ref(b));
+        let full = lu / 8;
+        let rem = lu % 8;
+        if rem == 0 {
+            return self.hasher.append(len_seed(l), &kb[..full]);
         }
-        upto[kb.len()] = c;
-        let mut n = 0;
-        for &l in &self.lens {
-            if l > key.bits() {
-                continue;
-            }
-            let lu = usize::from(l);
-            let full = lu / 8;
-            let mut h = upto[full];
-            let rem = lu % 8;
-            if rem != 0 {
-                h = self.hasher.append(h, &[kb[full] & (0xffu8 << (8 - rem))]);
-            }
-            h = self.hasher.append(h, &l.to_le_bytes());
-            out[n] = (l, h);
-            n += 1;
-        }
-        n
+        // The masked last byte needs a copy; keys are at most 40 bytes.
+        let mut buf = [0u8; KEY_BYTES];
+        buf[..=full].copy_from_slice(&kb[..=full]);
+        buf[full] &= 0xffu8 << (8 - rem);
+        self.hasher.append(len_seed(l), &buf[..=full])
     }
 
     // --------------------------------------------------------------------------------------
@@ -369,28 +355,38 @@ impl<V> Mvt<V> {
     }
 
     fn probe(&self, key: &Key) -> u32 {
-        let mut hs = [(0u16, 0u32); KEY_BITS as usize + 1];
-        let n = self.probe_hashes(key, &mut hs);
-        // Every row is hashed before any is read, and all are prefetched: the probes' memory
-        // accesses overlap (§III-C computes the hashes "simultaneously").
-        for &(_, h) in &hs[..n] {
-            prefetch(&self.heads[(h & self.mask) as usize]);
-        }
-        for &(l, h) in &hs[..n] {
-            let mut i = self.heads[(h & self.mask) as usize];
-            while i != NIL {
-                let s = &self.slots[i as usize];
-                if s.hash == h {
-                    if let Some(e) = &s.entry {
-                        if e.valid && e.m.len() == l && e.m.matches(key) {
-                            return i;
+        // The lengths are taken in groups: every row of a group is hashed and prefetched
+        // before any is read, so the probes' memory accesses overlap (§III-C computes the
+        // hashes "simultaneously"); a group ends the lookup when it matches.
+        const GROUP: usize = 32;
+        let mut hs = [(0u16, 0u32); GROUP];
+        let mut lens = self.lens.iter().copied().filter(|&l| l <= key.bits());
+        loop {
+            let mut n = 0;
+            for l in lens.by_ref().take(GROUP) {
+                let h = self.prefix_hash(key, l);
+                prefetch(&self.heads[(h & self.mask) as usize]);
+                hs[n] = (l, h);
+                n += 1;
+            }
+            if n == 0 {
+                return NIL;
+            }
+            for &(l, h) in &hs[..n] {
+                let mut i = self.heads[(h & self.mask) as usize];
+                while i != NIL {
+                    let s = &self.slots[i as usize];
+                    if s.hash == h {
+                        if let Some(e) = &s.entry {
+                            if e.valid && e.m.len() == l && e.m.matches(key) {
+                                return i;
+                            }
                         }
                     }
+                    i = s.next;
                 }
-                i = s.next;
             }
         }
-        NIL
     }
 
     /// The entry matching `key` on the longest prefix (the first inserted among equal
@@ -540,12 +536,19 @@ impl<V> Mvt<V> {
         Ok(self.id(i))
     }
 
+    /// Counts an insertion landing in a row that holds another rule (looking at the first
+    /// few entries of the row only, so that a long run of equal matches, such as a pool of
+    /// `*` entries, costs nothing).
     fn count_collision(&mut self, i: u32, h: u32) {
+        const LOOK: usize = 8;
         self.inserts += 1;
         let m = self.slots[i as usize].entry.as_ref().map(|e| e.m);
         let mut j = self.heads[(h & self.mask) as usize];
         let (mut row, mut full) = (false, false);
-        while j != NIL {
+        for _ in 0..LOOK {
+            if j == NIL {
+                break;
+            }
             let s = &self.slots[j as usize];
             if s.entry.as_ref().map(|e| e.m) != m {
                 row = true;
