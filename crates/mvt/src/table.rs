@@ -71,6 +71,12 @@ fn len_seed(l: u16) -> u32 {
     (u32::from(l) + 1).wrapping_mul(0x9e37_79b9)
 }
 
+/// The bit of hash `h` in its row's filter (the top 5 bits; rows are chosen by the low ones).
+#[inline(always)]
+fn filter_bit(h: u32) -> u32 {
+    1 << (h >> 27)
+}
+
 /// An entry's handle: stable while the entry lives (also across [`Mvt::rematch`]); a handle
 /// of a removed entry is stale and finds nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -191,8 +197,13 @@ pub struct Mvt<V> {
     free: Vec<u32>,
     live: usize,
     valid: usize,
+    /// Rows: the first entry of each chain.
     heads: Vec<u32>,
     tails: Vec<u32>,
+    /// Per row, one bit per 5-bit slice of the hashes chained there (a one-word Bloom filter
+    /// kept beside the head, so that a probe of a length with no rule in the row reads only
+    /// the row, never an entry). Bits are set on insert and cleared when the row empties.
+    filters: Vec<u32>,
     mask: u32,
     /// Entries per match length.
     len_count: Vec<u32>,
@@ -249,6 +260,7 @@ impl<V> Mvt<V> {
             valid: 0,
             heads: vec![NIL; buckets],
             tails: vec![NIL; buckets],
+            filters: vec![0; buckets],
             mask: (buckets - 1) as u32,
             len_count: vec![0; usize::from(KEY_BITS) + 1],
             lens: Vec::new(),
@@ -366,6 +378,7 @@ impl<V> Mvt<V> {
             for l in lens.by_ref().take(GROUP) {
                 let h = self.prefix_hash(key, l);
                 prefetch(&self.heads[(h & self.mask) as usize]);
+                prefetch(&self.filters[(h & self.mask) as usize]);
                 hs[n] = (l, h);
                 n += 1;
             }
@@ -373,7 +386,11 @@ impl<V> Mvt<V> {
                 return NIL;
             }
             for &(l, h) in &hs[..n] {
-                let mut i = self.heads[(h & self.mask) as usize];
+                let b = (h & self.mask) as usize;
+                if self.filters[b] & filter_bit(h) == 0 {
+                    continue;
+                }
+                let mut i = self.heads[b];
                 while i != NIL {
                     let s = &self.slots[i as usize];
                     if s.hash == h {
@@ -451,7 +468,11 @@ impl<V> Mvt<V> {
     #[inline]
     pub fn find(&self, m: &Match) -> Option<EntryId> {
         let h = self.match_hash(m);
-        let mut i = self.heads[(h & self.mask) as usize];
+        let b = (h & self.mask) as usize;
+        if self.filters[b] & filter_bit(h) == 0 {
+            return None;
+        }
+        let mut i = self.heads[b];
         while i != NIL {
             let s = &self.slots[i as usize];
             if s.hash == h {
@@ -604,6 +625,7 @@ impl<V> Mvt<V> {
     fn link(&mut self, i: u32) {
         let b = (self.slots[i as usize].hash & self.mask) as usize;
         let tail = self.tails[b];
+        self.filters[b] |= filter_bit(self.slots[i as usize].hash);
         {
             let s = &mut self.slots[i as usize];
             s.prev = tail;
@@ -628,6 +650,9 @@ impl<V> Mvt<V> {
         } else {
             self.slots[prev as usize].next = next;
         }
+        if prev == NIL && next == NIL {
+            self.filters[b] = 0;
+        }
         if next == NIL {
             self.tails[b] = prev;
         } else {
@@ -640,6 +665,7 @@ impl<V> Mvt<V> {
         let n = old.len() * 2;
         self.heads = vec![NIL; n];
         self.tails = vec![NIL; n];
+        self.filters = vec![0; n];
         self.mask = (n - 1) as u32;
         // Chains are walked in order, so equal matches (always in one chain) keep their order.
         for head in old {
