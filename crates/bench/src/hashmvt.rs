@@ -8,7 +8,9 @@
 //!    state cache answers them, §III-C);
 //! 4. NAT throughput, MVT-partitioned (each worker its own table shard) vs the same NAT with
 //!    one table and pool shared between the workers behind a lock (VigNAT-style, §VI-D), 1
-//!    and 2 workers, over flows that are created and then carry traffic.
+//!    and 2 workers, over flows that are created and then carry traffic;
+//! 5. a scale-out in the middle of a run (§IV-B): established flows broken (must be 0) and
+//!    the share of new flows the new instance takes, with rules aggregated to a budget.
 //!
 //! The prefix set is `../shared/data/ipv4-prefixes.tsv` (or `$FLOWSTATE_PREFIXES`); without
 //! it a synthetic set of the same size is used and `params.prefix_set` says so.
@@ -46,7 +48,98 @@ pub(crate) fn run(effort: Effort) -> Report {
     collisions(&mut report, &rules);
     matching(&mut report, &rules, quick);
     nat(&mut report, quick);
+    scale_out(&mut report, quick);
     report
+}
+
+/// §IV-B, §VI: a scale-out in the middle of a run. One instance (an MVT pool of `*` entries)
+/// takes flows from inside hosts (dispatch is by source prefix, so a host's new flows follow
+/// its old ones: "new flows" here are those of hosts that were not active before); its agent reports a load above the threshold; the
+/// coordinator starts a second instance, moves 80% of the free pool and installs aggregated
+/// dispatch rules; then every established flow is steered again and new flows arrive.
+fn scale_out(report: &mut Report, quick: bool) {
+    use flowstate_control::{move_free, Action, Agent, Config, Coordinator, Dispatcher};
+    let (before, after) = if quick { (500, 500) } else { (20_000, 20_000) };
+    let budget = 1024;
+    let mut coord = Coordinator::new(
+        Config {
+            rule_budget: budget,
+            ..Config::default()
+        },
+        0,
+        0,
+    );
+    let mut disp = Dispatcher::new(flowstate_mvt::Field::SrcV4, 0);
+    let mut pools: Vec<Mvt<u16>> = vec![Mvt::with_capacity(32, 65_536)];
+    let mut flows: Vec<Vec<u32>> = vec![Vec::new()];
+    for p in 1024..=65535u16 {
+        let _ = pools[0].insert(Entry::new(Match::ANY, p, 0, NEVER, 0));
+    }
+    // Inside hosts get addresses in order (as DHCP hands them out), four flows each; new
+    // hosts after the scale-out come after the old ones.
+    let host = |i: u32| 0x0a00_0000 | (i / 4 + 1);
+    let open = |pools: &mut [Mvt<u16>], flows: &mut [Vec<u32>], to: usize, h: u32| {
+        if let Some(id) = pools[to].find(&Match::ANY) {
+            if pools[to].rematch(id, Match::exact(&Key::v4_u32(h))).is_ok() {
+                flows[to].push(h);
+            }
+        }
+    };
+    for i in 0..before {
+        let h = host(i);
+        let to = disp.steer(&Key::v4_u32(h)).unwrap_or(0) as usize;
+        open(&mut pools, &mut flows, to, h);
+    }
+    let mut agent = Agent::new(0);
+    agent.record(900, 1000);
+    let range = flows[0]
+        .iter()
+        .map(|h| Match::exact(&Key::v4_u32(*h)))
+        .collect();
+    let free = pools[0]
+        .iter()
+        .filter(|(_, e)| e.matching().is_any())
+        .count() as u64;
+    let hb = agent.heartbeat(1_000_000_000, flows[0].len() as u64, free, range);
+    coord.on_heartbeat(hb, 1_000_000_000);
+    let start = Instant::now();
+    let mut rules = 1;
+    for a in coord.tick(1_000_000_000) {
+        match a {
+            Action::ScaleOut { from, .. } => {
+                let moved = move_free(&mut pools[from as usize], 0.8, |e| e.matching().is_any());
+                report.metric("scale_out_moved_resources", moved.len() as f64);
+                pools.push(moved);
+                flows.push(Vec::new());
+            }
+            Action::Rules(r) => {
+                rules = r.len();
+                disp.install(&r);
+            }
+            _ => {}
+        }
+    }
+    report.metric("scale_out_decision_ms", start.elapsed().as_secs_f64() * 1e3);
+    let mut broken = 0;
+    for (i, fs) in flows.iter().enumerate() {
+        for h in fs {
+            broken += usize::from(disp.steer(&Key::v4_u32(*h)) != Some(i as u32));
+        }
+    }
+    for i in before..before + after {
+        let h = host(i);
+        let to = (disp.steer(&Key::v4_u32(h)).unwrap_or(0) as usize).min(pools.len() - 1);
+        open(&mut pools, &mut flows, to, h);
+    }
+    let new_at_new = flows.get(1).map_or(0, |f| f.len());
+    report.metric("flows_broken_on_scale_out", broken as f64);
+    report.metric("instances_after_scale_out", pools.len() as f64);
+    report.metric("dispatch_rules", rules as f64);
+    report.metric("dispatch_rule_budget", budget as f64);
+    report.metric(
+        "new_flows_to_new_instance_pct",
+        100.0 * new_at_new as f64 / after as f64,
+    );
 }
 
 /// The real prefix set, each with its label's index; synthetic if the file is missing.
@@ -525,6 +618,8 @@ mod tests {
             let v = r.metrics.get(k).copied().unwrap_or(f64::NAN);
             assert!(v.is_finite() && v >= 0.0, "{k} = {v}");
         }
+        assert_eq!(r.metrics.get("flows_broken_on_scale_out"), Some(&0.0));
+        assert_eq!(r.metrics.get("new_flows_to_new_instance_pct"), Some(&100.0));
         for k in ["crc32c_hw_vs_sw", "mvt_vs_trie_lookup"] {
             assert!(r.ratios.contains_key(k), "{k}");
         }

@@ -29,6 +29,8 @@ struct Node {
     pin: Option<u32>,
     /// Candidate targets (sorted), `None` for "any" (don't care).
     set: Option<Vec<u32>>,
+    /// What a missing child (a leaf of the completed trie) must steer to, if anything.
+    fill: Option<u32>,
 }
 
 const NIL: u32 = u32::MAX;
@@ -42,6 +44,7 @@ pub fn aggregate(pins: &[Rule], default: Option<u32>) -> Vec<Rule> {
         kids: [NIL; 2],
         pin: default,
         set: None,
+        fill: None,
     }];
     let mut prefixes = vec![Match::ANY];
     for (m, t) in pins {
@@ -54,6 +57,7 @@ pub fn aggregate(pins: &[Rule], default: Option<u32>) -> Vec<Rule> {
                     kids: [NIL; 2],
                     pin: None,
                     set: None,
+                    fill: None,
                 });
                 prefixes.push(Match::prefix(&key, i + 1));
                 nodes[n].kids[b] = (nodes.len() - 1) as u32;
@@ -67,6 +71,7 @@ pub fn aggregate(pins: &[Rule], default: Option<u32>) -> Vec<Rule> {
     // missing child is a leaf inheriting the node's own target.
     fn up(nodes: &mut [Node], n: usize, inherited: Option<u32>) -> Option<Vec<u32>> {
         let here = nodes[n].pin.or(inherited);
+        nodes[n].fill = here;
         let kids = nodes[n].kids;
         let set = if kids == [NIL; 2] {
             here.map(|t| vec![t])
@@ -116,9 +121,18 @@ pub fn aggregate(pins: &[Rule], default: Option<u32>) -> Vec<Rule> {
                 here = Some(t);
             }
         }
-        for k in nodes[n].kids {
+        let kids = nodes[n].kids;
+        for (j, k) in kids.into_iter().enumerate() {
             if k != NIL {
                 down(nodes, prefixes, k as usize, here, out);
+            } else if kids != [NIL; 2] {
+                // A leaf the completion added: it needs a rule when what it must steer to is
+                // not what it inherits.
+                if let (Some(f), Some((lo, hi))) = (nodes[n].fill, prefixes[n].halves(KEY_BITS)) {
+                    if here != Some(f) {
+                        out.push((if j == 0 { lo } else { hi }, f));
+                    }
+                }
             }
         }
     }
@@ -229,6 +243,54 @@ mod tests {
         assert_eq!(rules.len(), 2);
         for (m, t) in pins {
             assert_eq!(steer(&rules, &m.as_key()), Some(t));
+        }
+    }
+
+    #[test]
+    fn unpinned_space_goes_to_the_default() {
+        let pins: Vec<Rule> = (1..=125u32)
+            .map(|h| (Match::exact(&Key::v4_u32(0x0a00_0000 | h)), 0))
+            .collect();
+        let rules = aggregate(&pins, Some(1));
+        for h in 0..300u32 {
+            let want = if (1..=125).contains(&h) { 0 } else { 1 };
+            assert_eq!(
+                steer(&rules, &Key::v4_u32(0x0a00_0000 | h)),
+                Some(want),
+                "{h}"
+            );
+        }
+        assert!(rules.len() <= 10, "{rules:?}");
+    }
+
+    /// Random pins against a linear oracle: every pinned key keeps its target; with a
+    /// default, every other key gets the default.
+    #[test]
+    fn aggregation_is_exact_on_random_pins() {
+        let mut x: u32 = 99;
+        let mut next = || {
+            x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+            x >> 8
+        };
+        for _ in 0..200 {
+            let pins: Vec<Rule> = (0..next() % 12)
+                .map(|_| {
+                    (
+                        p(
+                            [10, (next() % 4) as u8, next() as u8, next() as u8],
+                            (6 + next() % 27) as u8,
+                        ),
+                        next() % 3,
+                    )
+                })
+                .collect();
+            let rules = aggregate(&pins, Some(7));
+            for _ in 0..200 {
+                let k = Key::v4_u32((10 << 24) | (next() & 0x03ff_ffff));
+                let want = steer(&pins, &k).unwrap_or(7);
+                assert_eq!(steer(&rules, &k), Some(want), "{pins:?} {rules:?} {k:?}");
+            }
+            assert!(rules.len() <= pins.len() + 1);
         }
     }
 

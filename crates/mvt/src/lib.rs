@@ -28,6 +28,11 @@
 //! on random rules and on the 324,903 real IPv4 prefixes); shard/combine and split/merge leave
 //! the set of matches unchanged (property-tested).
 //!
+//! Known limit: equal matches share one row, so a pool of n `*` entries is an n-long chain
+//! that a key hashing to the same row walks past (the row filter and the stored hashes make
+//! each step cheap, and such keys are one in the row count). Keeping equal matches in a side
+//! list off one chain node would remove it.
+//!
 //! # How an MVT relates to the state API
 //!
 //! DESIGN.md routes all NF state through `flowstate-state`. An MVT is one *partition* of a
