@@ -71,6 +71,23 @@ fn len_seed(l: u16) -> u32 {
     (u32::from(l) + 1).wrapping_mul(0x9e37_79b9)
 }
 
+/// A row of the hash table: its first entry, and one bit per 5-bit slice of the hashes
+/// chained there (a one-word Bloom filter beside the head, so that a probe of a length with
+/// no rule in the row reads one cache line and no entry). Bits are set on insert and cleared
+/// when the row empties.
+#[derive(Debug, Clone, Copy)]
+struct Row {
+    head: u32,
+    filter: u32,
+}
+
+impl Row {
+    const EMPTY: Row = Row {
+        head: NIL,
+        filter: 0,
+    };
+}
+
 /// The bit of hash `h` in its row's filter (the top 5 bits; rows are chosen by the low ones).
 #[inline(always)]
 fn filter_bit(h: u32) -> u32 {
@@ -193,17 +210,15 @@ pub enum MvtError {
 pub struct Mvt<V> {
     width: u16,
     hasher: Hasher,
+    /// The hardware hasher on a CPU that has the instruction.
+    sse42: bool,
     slots: Vec<Slot<V>>,
     free: Vec<u32>,
     live: usize,
     valid: usize,
     /// Rows: the first entry of each chain.
-    heads: Vec<u32>,
+    heads: Vec<Row>,
     tails: Vec<u32>,
-    /// Per row, one bit per 5-bit slice of the hashes chained there (a one-word Bloom filter
-    /// kept beside the head, so that a probe of a length with no rule in the row reads only
-    /// the row, never an entry). Bits are set on insert and cleared when the row empties.
-    filters: Vec<u32>,
     mask: u32,
     /// Entries per match length.
     len_count: Vec<u32>,
@@ -254,13 +269,13 @@ impl<V> Mvt<V> {
         Mvt {
             width: width.min(KEY_BITS),
             hasher,
+            sse42: hasher == Hasher::Hardware && hash::crc32c_hw_available(),
             slots: Vec::with_capacity(entries),
             free: Vec::new(),
             live: 0,
             valid: 0,
-            heads: vec![NIL; buckets],
+            heads: vec![Row::EMPTY; buckets],
             tails: vec![NIL; buckets],
-            filters: vec![0; buckets],
             mask: (buckets - 1) as u32,
             len_count: vec![0; usize::from(KEY_BITS) + 1],
             lens: Vec::new(),
@@ -366,7 +381,26 @@ impl<V> Mvt<V> {
         (i != NIL).then(|| self.id(i))
     }
 
+    #[inline]
     fn probe(&self, key: &Key) -> u32 {
+        #[cfg(target_arch = "x86_64")]
+        if self.sse42 {
+            // SAFETY: `sse42` is set only when the CPU has SSE4.2 (checked at construction).
+            return unsafe { self.probe_sse42(key) };
+        }
+        self.probe_generic(key)
+    }
+
+    /// [`Mvt::probe_generic`] compiled for SSE4.2, so that the CRC32C instructions of every
+    /// length's hash are inlined into the loop rather than called.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "sse4.2")]
+    unsafe fn probe_sse42(&self, key: &Key) -> u32 {
+        self.probe_generic(key)
+    }
+
+    #[inline(always)]
+    fn probe_generic(&self, key: &Key) -> u32 {
         // The lengths are taken in groups: every row of a group is hashed and prefetched
         // before any is read, so the probes' memory accesses overlap (§III-C computes the
         // hashes "simultaneously"); a group ends the lookup when it matches.
@@ -378,7 +412,6 @@ impl<V> Mvt<V> {
             for l in lens.by_ref().take(GROUP) {
                 let h = self.prefix_hash(key, l);
                 prefetch(&self.heads[(h & self.mask) as usize]);
-                prefetch(&self.filters[(h & self.mask) as usize]);
                 hs[n] = (l, h);
                 n += 1;
             }
@@ -387,10 +420,10 @@ impl<V> Mvt<V> {
             }
             for &(l, h) in &hs[..n] {
                 let b = (h & self.mask) as usize;
-                if self.filters[b] & filter_bit(h) == 0 {
+                if self.heads[b].filter & filter_bit(h) == 0 {
                     continue;
                 }
-                let mut i = self.heads[b];
+                let mut i = self.heads[b].head;
                 while i != NIL {
                     let s = &self.slots[i as usize];
                     if s.hash == h {
@@ -469,10 +502,10 @@ impl<V> Mvt<V> {
     pub fn find(&self, m: &Match) -> Option<EntryId> {
         let h = self.match_hash(m);
         let b = (h & self.mask) as usize;
-        if self.filters[b] & filter_bit(h) == 0 {
+        if self.heads[b].filter & filter_bit(h) == 0 {
             return None;
         }
-        let mut i = self.heads[b];
+        let mut i = self.heads[b].head;
         while i != NIL {
             let s = &self.slots[i as usize];
             if s.hash == h {
@@ -491,7 +524,7 @@ impl<V> Mvt<V> {
     #[inline]
     pub fn prefetch_find(&self, m: &Match) {
         let h = self.match_hash(m);
-        let i = self.heads[(h & self.mask) as usize];
+        let i = self.heads[(h & self.mask) as usize].head;
         if i != NIL {
             prefetch(&self.slots[i as usize]);
         }
@@ -564,7 +597,7 @@ impl<V> Mvt<V> {
         const LOOK: usize = 8;
         self.inserts += 1;
         let m = self.slots[i as usize].entry.as_ref().map(|e| e.m);
-        let mut j = self.heads[(h & self.mask) as usize];
+        let mut j = self.heads[(h & self.mask) as usize].head;
         let (mut row, mut full) = (false, false);
         for _ in 0..LOOK {
             if j == NIL {
@@ -625,14 +658,14 @@ impl<V> Mvt<V> {
     fn link(&mut self, i: u32) {
         let b = (self.slots[i as usize].hash & self.mask) as usize;
         let tail = self.tails[b];
-        self.filters[b] |= filter_bit(self.slots[i as usize].hash);
+        self.heads[b].filter |= filter_bit(self.slots[i as usize].hash);
         {
             let s = &mut self.slots[i as usize];
             s.prev = tail;
             s.next = NIL;
         }
         if tail == NIL {
-            self.heads[b] = i;
+            self.heads[b].head = i;
         } else {
             self.slots[tail as usize].next = i;
         }
@@ -646,12 +679,12 @@ impl<V> Mvt<V> {
         };
         let b = (h & self.mask) as usize;
         if prev == NIL {
-            self.heads[b] = next;
+            self.heads[b].head = next;
         } else {
             self.slots[prev as usize].next = next;
         }
         if prev == NIL && next == NIL {
-            self.filters[b] = 0;
+            self.heads[b].filter = 0;
         }
         if next == NIL {
             self.tails[b] = prev;
@@ -663,13 +696,12 @@ impl<V> Mvt<V> {
     fn grow(&mut self) {
         let old = std::mem::take(&mut self.heads);
         let n = old.len() * 2;
-        self.heads = vec![NIL; n];
+        self.heads = vec![Row::EMPTY; n];
         self.tails = vec![NIL; n];
-        self.filters = vec![0; n];
         self.mask = (n - 1) as u32;
         // Chains are walked in order, so equal matches (always in one chain) keep their order.
-        for head in old {
-            let mut i = head;
+        for row in old {
+            let mut i = row.head;
             while i != NIL {
                 let next = self.slots[i as usize].next;
                 self.link(i);
