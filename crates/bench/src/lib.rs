@@ -8,6 +8,7 @@ mod flexstate_counter;
 mod hashing;
 #[cfg(target_os = "linux")]
 mod live_nat;
+mod hashmvt;
 mod nf_throughput;
 mod report;
 mod store_ops;
@@ -73,6 +74,11 @@ pub const BENCHES: &[Bench] = &[
         name: "store-batching",
         about: "per-operation cost through the store driver: single requests vs multi-op frames of 100 (StatelessNF §5.3)",
         run: store_ops::run_batching,
+    },
+    Bench {
+        name: "hashmvt",
+        about: "Match-Value Tables on the real prefix set: insertion collisions, HW vs SW CRC32C matching, MVT vs binary-trie LPM, MVT-partitioned NAT vs shared pool at 1 and 2 workers (HashMVT §VI)",
+        run: hashmvt::run,
     },
 ];
 

@@ -121,6 +121,8 @@ use std::time::Duration;
 
 const NF: &str = "nat";
 
+pub mod mvt; // the same NAT on a Match-Value Table (`table = "mvt"`)
+
 // ------------------------------------------------------------------------------------------
 // Configuration
 

@@ -11,7 +11,7 @@ const BUILT_IN: &[(&str, Builder)] = &[
     ("firewall", crate::firewall::factory),
     ("lb", crate::lb::factory),
     ("monitor", crate::monitor::factory),
-    ("nat", crate::nat::factory),
+    ("nat", crate::nat::mvt::select_factory),
 ];
 
 /// Names of the built-in NFs.

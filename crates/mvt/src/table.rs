@@ -1,0 +1,1121 @@
+//! The Match-Value Table: entries ⟨M(e), V(e)⟩ (HashMVT §III-A), their operations (§III-B)
+//! and hash-based multi-prefix matching with a state cache (§III-C).
+
+use crate::key::{Key, Match, KEY_BITS, KEY_BYTES};
+use flowstate_wire::hash;
+
+/// Time in nanoseconds (the runtime's clock; never read here, always passed in).
+pub type Nanos = u64;
+
+/// A timeout that never comes.
+pub const NEVER: Nanos = u64::MAX;
+
+const NIL: u32 = u32::MAX;
+
+/// How a table computes CRC32C.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Hasher {
+    /// The CPU's CRC32C instruction when it has one (SSE4.2), software otherwise (default).
+    #[default]
+    Hardware,
+    /// Table-driven software CRC32C whatever the CPU (the baseline of §VI-C). Same values.
+    Software,
+}
+
+impl Hasher {
+    #[inline(always)]
+    fn append(self, crc: u32, data: &[u8]) -> u32 {
+        match self {
+            Hasher::Hardware => hash::crc32c_append(crc, data),
+            Hasher::Software => sw_append(crc, data),
+        }
+    }
+}
+
+/// `crc32c_append` in software: `crc32c_sw(a ++ b)` from `crc32c_sw(a)` by the combine rule
+/// (the software CRC has no append entry point, so the state is carried by recomputation of
+/// the inverted register: `!crc` is the running register).
+#[inline]
+fn sw_append(crc: u32, data: &[u8]) -> u32 {
+    // crc32c_sw(x) = !reg(!0, x); reg(r, a ++ b) = reg(reg(r, a), b). `SW_TABLE` steps a byte.
+    let mut c = !crc;
+    for &b in data {
+        c = (c >> 8) ^ SW_TABLE[((c ^ u32::from(b)) & 0xff) as usize];
+    }
+    !c
+}
+
+static SW_TABLE: [u32; 256] = {
+    let mut t = [0u32; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut c = i as u32;
+        let mut k = 0;
+        while k < 8 {
+            c = if c & 1 != 0 {
+                (c >> 1) ^ 0x82f6_3b78
+            } else {
+                c >> 1
+            };
+            k += 1;
+        }
+        t[i] = c;
+        i += 1;
+    }
+    t
+};
+
+/// The CRC32C start value of a match `l` bits long (a multiplicative spread of the length).
+#[inline(always)]
+fn len_seed(l: u16) -> u32 {
+    (u32::from(l) + 1).wrapping_mul(0x9e37_79b9)
+}
+
+/// A row of the hash table: its first entry, and one bit per 5-bit slice of the hashes
+/// chained there (a one-word Bloom filter beside the head, so that a probe of a length with
+/// no rule in the row reads one cache line and no entry). Bits are set on insert and cleared
+/// when the row empties.
+#[derive(Debug, Clone, Copy)]
+struct Row {
+    head: u32,
+    filter: u32,
+}
+
+impl Row {
+    const EMPTY: Row = Row {
+        head: NIL,
+        filter: 0,
+    };
+}
+
+/// The bit of hash `h` in its row's filter (the top 5 bits; rows are chosen by the low ones).
+#[inline(always)]
+fn filter_bit(h: u32) -> u32 {
+    1 << (h >> 27)
+}
+
+/// An entry's handle: stable while the entry lives (also across [`Mvt::rematch`]); a handle
+/// of a removed entry is stale and finds nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EntryId {
+    index: u32,
+    gen: u32,
+}
+
+impl EntryId {
+    /// The slot index (dense, below [`Mvt::slots`]).
+    pub const fn index(self) -> u32 {
+        self.index
+    }
+}
+
+/// An entry ⟨M(e), V(e)⟩. V(e) is the state `value`, a `timestamp`, a `timeout`, a
+/// validity flag and an auxiliary field (§III-A, Fig. 2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry<V> {
+    m: Match,
+    /// The state value.
+    pub value: V,
+    /// When the entry was created or last renewed.
+    pub timestamp: Nanos,
+    /// How long after `timestamp` the entry times out ([`NEVER`]: never).
+    pub timeout: Nanos,
+    valid: bool,
+    /// The auxiliary field (reserved for the NF: a session count, a resource, ...).
+    pub aux: u64,
+}
+
+impl<V> Entry<V> {
+    /// A valid entry.
+    pub fn new(m: Match, value: V, timestamp: Nanos, timeout: Nanos, aux: u64) -> Self {
+        Entry {
+            m,
+            value,
+            timestamp,
+            timeout,
+            valid: true,
+            aux,
+        }
+    }
+
+    /// Its matching field M(e).
+    #[inline]
+    pub fn matching(&self) -> &Match {
+        &self.m
+    }
+
+    /// The validity flag: an invalid entry matches nothing and goes at the next cleaning.
+    #[inline]
+    pub fn is_valid(&self) -> bool {
+        self.valid
+    }
+
+    /// When it times out.
+    #[inline]
+    pub fn deadline(&self) -> Nanos {
+        self.timestamp.saturating_add(self.timeout)
+    }
+
+    /// Whether its time has come by `now`.
+    #[inline]
+    pub fn timed_out(&self, now: Nanos) -> bool {
+        self.deadline() <= now
+    }
+}
+
+struct Slot<V> {
+    entry: Option<Entry<V>>,
+    gen: u32,
+    /// Bucket hash of the entry's match (valid while `entry` is some).
+    hash: u32,
+    next: u32,
+    prev: u32,
+    /// Insertion order (for the order of equal matches across table operations).
+    seq: u64,
+}
+
+#[derive(Clone, Copy)]
+struct CacheSlot {
+    key: Key,
+    epoch: u64,
+    /// The matched slot, or NIL for a cached miss.
+    index: u32,
+}
+
+/// Why a table operation failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum MvtError {
+    /// The handle names no live entry.
+    #[error("no such entry")]
+    NoEntry,
+    /// A split of an entry that matches single keys of the table's width.
+    #[error("the entry is as specific as the field allows")]
+    TooSpecific,
+    /// A split of an entry hidden behind an earlier entry of the same match (its halves would
+    /// come to light and change what matches).
+    #[error("an earlier entry of the same match shadows the entry")]
+    Shadowed,
+    /// A merge whose condition (§III-B) does not hold.
+    #[error("entries cannot be merged: {0}")]
+    NotMergeable(&'static str),
+    /// More entries than handles can name.
+    #[error("table full")]
+    Full,
+}
+
+/// A Match-Value Table over keys `width` bits wide.
+///
+/// Lookups ([`Mvt::lookup`], [`Mvt::lookup_batch`], [`Mvt::find`]) allocate nothing. Inserts
+/// allocate only when the table grows past its capacity (use [`Mvt::with_capacity`]).
+pub struct Mvt<V> {
+    width: u16,
+    hasher: Hasher,
+    /// The hardware hasher on a CPU that has the instruction.
+    sse42: bool,
+    slots: Vec<Slot<V>>,
+    free: Vec<u32>,
+    live: usize,
+    valid: usize,
+    /// Rows: the first entry of each chain.
+    heads: Vec<Row>,
+    tails: Vec<u32>,
+    mask: u32,
+    /// Entries per match length.
+    len_count: Vec<u32>,
+    /// Lengths with at least one entry, longest first.
+    lens: Vec<u16>,
+    cache: Vec<CacheSlot>,
+    cache_mask: u32,
+    epoch: u64,
+    seq: u64,
+    inserts: u64,
+    row_collisions: u64,
+    hash_collisions: u64,
+}
+
+impl<V> std::fmt::Debug for Mvt<V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mvt")
+            .field("width", &self.width)
+            .field("entries", &self.live)
+            .field("lengths", &self.lens)
+            .finish()
+    }
+}
+
+/// Default state-cache slots.
+pub const DEFAULT_CACHE: usize = 4096;
+
+impl<V> Mvt<V> {
+    /// An empty table over keys `width` bits wide (see [`crate::Field::width`]).
+    pub fn new(width: u16) -> Self {
+        Self::with_capacity(width, 16)
+    }
+
+    /// An empty table with room for `entries` before it grows, and the default state cache.
+    pub fn with_capacity(width: u16, entries: usize) -> Self {
+        Self::with_options(width, entries, DEFAULT_CACHE, Hasher::default())
+    }
+
+    /// An empty table: room for `entries`, `cache` state-cache slots (rounded up to a power of
+    /// two; 0 turns the cache off), and the CRC32C implementation.
+    pub fn with_options(width: u16, entries: usize, cache: usize, hasher: Hasher) -> Self {
+        let buckets = entries.max(8).next_power_of_two();
+        let cache_n = if cache == 0 {
+            0
+        } else {
+            cache.next_power_of_two()
+        };
+        Mvt {
+            width: width.min(KEY_BITS),
+            hasher,
+            sse42: hasher == Hasher::Hardware && hash::crc32c_hw_available(),
+            slots: Vec::with_capacity(entries),
+            free: Vec::new(),
+            live: 0,
+            valid: 0,
+            heads: vec![Row::EMPTY; buckets],
+            tails: vec![NIL; buckets],
+            mask: (buckets - 1) as u32,
+            len_count: vec![0; usize::from(KEY_BITS) + 1],
+            lens: Vec::new(),
+            cache: vec![
+                CacheSlot {
+                    key: Key::EMPTY,
+                    epoch: u64::MAX,
+                    index: NIL,
+                };
+                cache_n
+            ],
+            cache_mask: cache_n.saturating_sub(1) as u32,
+            epoch: 0,
+            seq: 0,
+            inserts: 0,
+            row_collisions: 0,
+            hash_collisions: 0,
+        }
+    }
+
+    /// Width of the keys, bits.
+    pub fn width(&self) -> u16 {
+        self.width
+    }
+
+    /// The CRC32C implementation.
+    pub fn hasher(&self) -> Hasher {
+        self.hasher
+    }
+
+    /// Entries in the table (valid or not).
+    pub fn len(&self) -> usize {
+        self.live
+    }
+
+    /// Whether the table holds no entry.
+    pub fn is_empty(&self) -> bool {
+        self.live == 0
+    }
+
+    /// Valid entries ("active entries" of a heartbeat, §IV-C).
+    pub fn valid_len(&self) -> usize {
+        self.valid
+    }
+
+    /// Slot indices in use so far (an upper bound of [`EntryId::index`]).
+    pub fn slots(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Match lengths present, longest first.
+    pub fn lengths(&self) -> &[u16] {
+        &self.lens
+    }
+
+    /// Insertions so far, insertions that landed in a row already holding another rule, and
+    /// insertions whose 32-bit hash equals that of another rule present (§VI-B).
+    pub fn collision_stats(&self) -> (u64, u64, u64) {
+        (self.inserts, self.row_collisions, self.hash_collisions)
+    }
+
+    // --------------------------------------------------------------------------------------
+    // Hashing (§III-C)
+
+    /// The hash of match `m`: CRC32C of the bytes covering its bits (the last byte masked),
+    /// started from a value that depends on the length, so that one CRC call gives it.
+    #[inline]
+    fn match_hash(&self, m: &Match) -> u32 {
+        self.hasher.append(len_seed(m.len()), m.bytes())
+    }
+
+    /// The hash of the full key (indexes the state cache).
+    #[inline]
+    fn key_hash(&self, key: &Key) -> u32 {
+        self.hasher.append(0, key.bytes())
+    }
+
+    /// The hash of `key` truncated to `l` bits (at most its width): [`Mvt::match_hash`] of the
+    /// prefix, without building it.
+    #[inline]
+    fn prefix_hash(&self, key: &Key, l: u16) -> u32 {
+        let lu = usize::from(l);
+        let kb = key.bytes();
+        let full = lu / 8;
+        let rem = lu % 8;
+        if rem == 0 {
+            return self.hasher.append(len_seed(l), &kb[..full]);
+        }
+        // The masked last byte needs a copy; keys are at most 40 bytes.
+        let mut buf = [0u8; KEY_BYTES];
+        buf[..=full].copy_from_slice(&kb[..=full]);
+        buf[full] &= 0xffu8 << (8 - rem);
+        self.hasher.append(len_seed(l), &buf[..=full])
+    }
+
+    // --------------------------------------------------------------------------------------
+    // Lookup
+
+    /// The entry matching `key` on the longest prefix, without the state cache (`&self`).
+    #[inline]
+    pub fn lookup_uncached(&self, key: &Key) -> Option<EntryId> {
+        let i = self.probe(key);
+        (i != NIL).then(|| self.id(i))
+    }
+
+    #[inline]
+    fn probe(&self, key: &Key) -> u32 {
+        #[cfg(target_arch = "x86_64")]
+        if self.sse42 {
+            // SAFETY: `sse42` is set only when the CPU has SSE4.2 (checked at construction).
+            return unsafe { self.probe_sse42(key) };
+        }
+        self.probe_generic(key)
+    }
+
+    /// [`Mvt::probe_generic`] compiled for SSE4.2, so that the CRC32C instructions of every
+    /// length's hash are inlined into the loop rather than called.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "sse4.2")]
+    unsafe fn probe_sse42(&self, key: &Key) -> u32 {
+        self.probe_generic(key)
+    }
+
+    #[inline(always)]
+    fn probe_generic(&self, key: &Key) -> u32 {
+        // The lengths are taken in groups: every row of a group is hashed and prefetched
+        // before any is read, so the probes' memory accesses overlap (§III-C computes the
+        // hashes "simultaneously"); a group ends the lookup when it matches.
+        const GROUP: usize = 32;
+        let mut hs = [(0u16, 0u32); GROUP];
+        let mut lens = self.lens.iter().copied().filter(|&l| l <= key.bits());
+        loop {
+            let mut n = 0;
+            for l in lens.by_ref().take(GROUP) {
+                let h = self.prefix_hash(key, l);
+                prefetch(&self.heads[(h & self.mask) as usize]);
+                hs[n] = (l, h);
+                n += 1;
+            }
+            if n == 0 {
+                return NIL;
+            }
+            for &(l, h) in &hs[..n] {
+                let b = (h & self.mask) as usize;
+                if self.heads[b].filter & filter_bit(h) == 0 {
+                    continue;
+                }
+                let mut i = self.heads[b].head;
+                while i != NIL {
+                    let s = &self.slots[i as usize];
+                    if s.hash == h {
+                        if let Some(e) = &s.entry {
+                            if e.valid && e.m.len() == l && e.m.matches(key) {
+                                return i;
+                            }
+                        }
+                    }
+                    i = s.next;
+                }
+            }
+        }
+    }
+
+    /// The entry matching `key` on the longest prefix (the first inserted among equal
+    /// matches), through the state cache: a hit costs one hash and one row; a miss probes
+    /// every length present and caches the result (§III-C steps 1–4). Invalid entries match
+    /// nothing.
+    #[inline]
+    pub fn lookup(&mut self, key: &Key) -> Option<EntryId> {
+        if self.cache.is_empty() {
+            return self.lookup_uncached(key);
+        }
+        let h = self.key_hash(key);
+        self.lookup_hashed(key, h)
+    }
+
+    #[inline]
+    fn lookup_hashed(&mut self, key: &Key, h: u32) -> Option<EntryId> {
+        let c = (h & self.cache_mask) as usize;
+        let slot = self.cache[c];
+        let i = if slot.epoch == self.epoch && slot.key == *key {
+            slot.index
+        } else {
+            let i = self.probe(key);
+            self.cache[c] = CacheSlot {
+                key: *key,
+                epoch: self.epoch,
+                index: i,
+            };
+            i
+        };
+        (i != NIL).then(|| self.id(i))
+    }
+
+    /// Looks `keys` up as [`Mvt::lookup`] does, into `out` (as many as the shorter of the
+    /// two): every key's cache slot is hashed and prefetched first, then resolved.
+    pub fn lookup_batch(&mut self, keys: &[Key], out: &mut [Option<EntryId>]) {
+        const CHUNK: usize = 32;
+        let n = keys.len().min(out.len());
+        if self.cache.is_empty() {
+            for (k, o) in keys[..n].iter().zip(&mut out[..n]) {
+                *o = self.lookup_uncached(k);
+            }
+            return;
+        }
+        let mut hs = [0u32; CHUNK];
+        let mut at = 0;
+        while at < n {
+            let m = (n - at).min(CHUNK);
+            for j in 0..m {
+                let h = self.key_hash(&keys[at + j]);
+                hs[j] = h;
+                prefetch(&self.cache[(h & self.cache_mask) as usize]);
+            }
+            for j in 0..m {
+                out[at + j] = self.lookup_hashed(&keys[at + j], hs[j]);
+            }
+            at += m;
+        }
+    }
+
+    /// The first valid entry whose match is exactly `m` (one probe; no cache).
+    #[inline]
+    pub fn find(&self, m: &Match) -> Option<EntryId> {
+        let h = self.match_hash(m);
+        let b = (h & self.mask) as usize;
+        if self.heads[b].filter & filter_bit(h) == 0 {
+            return None;
+        }
+        let mut i = self.heads[b].head;
+        while i != NIL {
+            let s = &self.slots[i as usize];
+            if s.hash == h {
+                if let Some(e) = &s.entry {
+                    if e.valid && e.m == *m {
+                        return Some(self.id(i));
+                    }
+                }
+            }
+            i = s.next;
+        }
+        None
+    }
+
+    /// Hints that [`Mvt::find`]`(m)` comes soon: prefetches its row.
+    #[inline]
+    pub fn prefetch_find(&self, m: &Match) {
+        let h = self.match_hash(m);
+        let i = self.heads[(h & self.mask) as usize].head;
+        if i != NIL {
+            prefetch(&self.slots[i as usize]);
+        }
+    }
+
+    #[inline]
+    fn id(&self, i: u32) -> EntryId {
+        EntryId {
+            index: i,
+            gen: self.slots[i as usize].gen,
+        }
+    }
+
+    fn slot(&self, id: EntryId) -> Option<&Slot<V>> {
+        self.slots
+            .get(id.index as usize)
+            .filter(|s| s.gen == id.gen && s.entry.is_some())
+    }
+
+    // --------------------------------------------------------------------------------------
+    // Table operations (§III-B1)
+
+    /// "new": inserts an entry; equal matches are kept in insertion order.
+    pub fn insert(&mut self, e: Entry<V>) -> Result<EntryId, MvtError> {
+        let i = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                if self.slots.len() >= NIL as usize {
+                    return Err(MvtError::Full);
+                }
+                self.slots.push(Slot {
+                    entry: None,
+                    gen: 0,
+                    hash: 0,
+                    next: NIL,
+                    prev: NIL,
+                    seq: 0,
+                });
+                (self.slots.len() - 1) as u32
+            }
+        };
+        if self.live + 1 > self.heads.len() {
+            self.grow();
+        }
+        self.seq += 1;
+        let h = self.match_hash(&e.m);
+        let valid = e.valid;
+        let len = e.m.len();
+        {
+            let s = &mut self.slots[i as usize];
+            s.hash = h;
+            s.seq = self.seq;
+            s.entry = Some(e);
+        }
+        self.count_collision(i, h);
+        self.link(i);
+        self.live += 1;
+        if valid {
+            self.valid += 1;
+        }
+        self.add_len(len);
+        self.epoch += 1;
+        Ok(self.id(i))
+    }
+
+    /// Counts an insertion landing in a row that holds another rule (looking at the first
+    /// few entries of the row only, so that a long run of equal matches, such as a pool of
+    /// `*` entries, costs nothing).
+    fn count_collision(&mut self, i: u32, h: u32) {
+        const LOOK: usize = 8;
+        self.inserts += 1;
+        let m = self.slots[i as usize].entry.as_ref().map(|e| e.m);
+        let mut j = self.heads[(h & self.mask) as usize].head;
+        let (mut row, mut full) = (false, false);
+        for _ in 0..LOOK {
+            if j == NIL {
+                break;
+            }
+            let s = &self.slots[j as usize];
+            if s.entry.as_ref().map(|e| e.m) != m {
+                row = true;
+                full |= s.hash == h;
+            }
+            j = s.next;
+        }
+        self.row_collisions += u64::from(row);
+        self.hash_collisions += u64::from(full);
+    }
+
+    /// "remove": takes the entry out.
+    pub fn remove(&mut self, id: EntryId) -> Option<Entry<V>> {
+        self.slot(id)?;
+        let i = id.index;
+        self.unlink(i);
+        let s = &mut self.slots[i as usize];
+        let e = s.entry.take()?;
+        s.gen = s.gen.wrapping_add(1);
+        self.free.push(i);
+        self.live -= 1;
+        if e.valid {
+            self.valid -= 1;
+        }
+        self.sub_len(e.m.len());
+        self.epoch += 1;
+        Some(e)
+    }
+
+    /// Changes an entry's matching field, keeping its handle and value: the entry goes to the
+    /// end of the order among its new equals (HashMVT §III-D: an allocated pool entry "'s
+    /// matching field is changed").
+    pub fn rematch(&mut self, id: EntryId, m: Match) -> Result<(), MvtError> {
+        self.slot(id).ok_or(MvtError::NoEntry)?;
+        let i = id.index;
+        self.unlink(i);
+        self.seq += 1;
+        let h = self.match_hash(&m);
+        let s = &mut self.slots[i as usize];
+        let old = match s.entry.as_mut() {
+            Some(e) => std::mem::replace(&mut e.m, m).len(),
+            None => return Err(MvtError::NoEntry),
+        };
+        s.hash = h;
+        s.seq = self.seq;
+        self.link(i);
+        self.sub_len(old);
+        self.add_len(m.len());
+        self.epoch += 1;
+        Ok(())
+    }
+
+    fn link(&mut self, i: u32) {
+        let b = (self.slots[i as usize].hash & self.mask) as usize;
+        let tail = self.tails[b];
+        self.heads[b].filter |= filter_bit(self.slots[i as usize].hash);
+        {
+            let s = &mut self.slots[i as usize];
+            s.prev = tail;
+            s.next = NIL;
+        }
+        if tail == NIL {
+            self.heads[b].head = i;
+        } else {
+            self.slots[tail as usize].next = i;
+        }
+        self.tails[b] = i;
+    }
+
+    fn unlink(&mut self, i: u32) {
+        let (prev, next, h) = {
+            let s = &self.slots[i as usize];
+            (s.prev, s.next, s.hash)
+        };
+        let b = (h & self.mask) as usize;
+        if prev == NIL {
+            self.heads[b].head = next;
+        } else {
+            self.slots[prev as usize].next = next;
+        }
+        if prev == NIL && next == NIL {
+            self.heads[b].filter = 0;
+        }
+        if next == NIL {
+            self.tails[b] = prev;
+        } else {
+            self.slots[next as usize].prev = prev;
+        }
+    }
+
+    fn grow(&mut self) {
+        let old = std::mem::take(&mut self.heads);
+        let n = old.len() * 2;
+        self.heads = vec![Row::EMPTY; n];
+        self.tails = vec![NIL; n];
+        self.mask = (n - 1) as u32;
+        // Chains are walked in order, so equal matches (always in one chain) keep their order.
+        for row in old {
+            let mut i = row.head;
+            while i != NIL {
+                let next = self.slots[i as usize].next;
+                self.link(i);
+                i = next;
+            }
+        }
+    }
+
+    fn add_len(&mut self, l: u16) {
+        let c = &mut self.len_count[usize::from(l)];
+        *c += 1;
+        if *c == 1 {
+            let at = self.lens.partition_point(|&x| x > l);
+            self.lens.insert(at, l);
+        }
+    }
+
+    fn sub_len(&mut self, l: u16) {
+        let c = &mut self.len_count[usize::from(l)];
+        *c = c.saturating_sub(1);
+        if *c == 0 {
+            self.lens.retain(|&x| x != l);
+        }
+    }
+
+    /// Live entries in insertion order.
+    fn ordered(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = (0..self.slots.len() as u32)
+            .filter(|&i| self.slots[i as usize].entry.is_some())
+            .collect();
+        v.sort_by_key(|&i| self.slots[i as usize].seq);
+        v
+    }
+
+    /// Every entry, in slot order.
+    pub fn iter(&self) -> impl Iterator<Item = (EntryId, &Entry<V>)> + '_ {
+        self.slots.iter().enumerate().filter_map(|(i, s)| {
+            s.entry.as_ref().map(|e| {
+                (
+                    EntryId {
+                        index: i as u32,
+                        gen: s.gen,
+                    },
+                    e,
+                )
+            })
+        })
+    }
+
+    /// "shard" (T ⇒ {T1, T2}): entries for which `to_second` holds move to a new table T2;
+    /// the others stay. M(T) = M(T1) ∪ M(T2); order among equal matches is kept. Handles of
+    /// moved entries are not valid in T2 ([`Mvt::iter`] gives the new ones).
+    pub fn shard(&mut self, mut to_second: impl FnMut(&Entry<V>) -> bool) -> Mvt<V> {
+        let mut t2 = Mvt::with_options(self.width, 16, self.cache.len(), self.hasher);
+        for i in self.ordered() {
+            let id = self.id(i);
+            let go = self.slots[i as usize]
+                .entry
+                .as_ref()
+                .is_some_and(&mut to_second);
+            if go {
+                if let Some(e) = self.remove(id) {
+                    // Cannot fail: t2 holds fewer entries than self did.
+                    let _ = t2.insert(e);
+                }
+            }
+        }
+        t2
+    }
+
+    /// "combine" (T = T1 ∪ T2): moves every entry of `other` into this table, after this
+    /// table's entries in the order among equal matches.
+    pub fn combine(&mut self, mut other: Mvt<V>) -> Result<(), MvtError> {
+        for i in other.ordered() {
+            let id = other.id(i);
+            if let Some(e) = other.remove(id) {
+                self.insert(e)?;
+            }
+        }
+        Ok(())
+    }
+
+    // --------------------------------------------------------------------------------------
+    // Entry operations (§III-B2)
+
+    /// "get": the entry behind a handle, valid or not.
+    #[inline]
+    pub fn entry(&self, id: EntryId) -> Option<&Entry<V>> {
+        self.slot(id)?.entry.as_ref()
+    }
+
+    /// "get": the state value of a valid entry.
+    #[inline]
+    pub fn get(&self, id: EntryId) -> Option<&V> {
+        self.entry(id).filter(|e| e.valid).map(|e| &e.value)
+    }
+
+    /// The entry behind a handle, to change its value, timestamp, timeout or aux in place.
+    /// (Its match changes only through [`Mvt::rematch`], its validity through
+    /// [`Mvt::timeout`]/[`Mvt::invalidate`].)
+    #[inline]
+    pub fn entry_mut(&mut self, id: EntryId) -> Option<&mut Entry<V>> {
+        let s = self.slots.get_mut(id.index as usize)?;
+        if s.gen != id.gen {
+            return None;
+        }
+        s.entry.as_mut()
+    }
+
+    /// "set": replaces the state value; returns the old one.
+    pub fn set(&mut self, id: EntryId, value: V) -> Result<V, MvtError> {
+        let e = self.entry_mut(id).ok_or(MvtError::NoEntry)?;
+        Ok(std::mem::replace(&mut e.value, value))
+    }
+
+    /// "inc": adds `by` to the state value; returns the new value.
+    pub fn inc(&mut self, id: EntryId, by: V) -> Result<V, MvtError>
+    where
+        V: std::ops::AddAssign + Copy,
+    {
+        let e = self.entry_mut(id).ok_or(MvtError::NoEntry)?;
+        e.value += by;
+        Ok(e.value)
+    }
+
+    /// "timeout": invalidates the entry if its time has come by `now`; returns whether it is
+    /// now invalid.
+    pub fn timeout(&mut self, id: EntryId, now: Nanos) -> Result<bool, MvtError> {
+        let e = self.entry(id).ok_or(MvtError::NoEntry)?;
+        if e.valid && e.timed_out(now) {
+            self.invalidate(id);
+        }
+        Ok(!self.entry(id).is_some_and(|e| e.valid))
+    }
+
+    /// Clears the validity flag: the entry matches nothing from now on and goes at the next
+    /// [`Mvt::clean`].
+    pub fn invalidate(&mut self, id: EntryId) -> bool {
+        let Some(e) = self.entry_mut(id) else {
+            return false;
+        };
+        let was = std::mem::replace(&mut e.valid, false);
+        if was {
+            self.valid -= 1;
+            self.epoch += 1;
+        }
+        was
+    }
+
+    /// "renew": restarts the entry's time at `now` with `timeout`.
+    pub fn renew(&mut self, id: EntryId, now: Nanos, timeout: Nanos) -> Result<(), MvtError> {
+        let e = self.entry_mut(id).ok_or(MvtError::NoEntry)?;
+        e.timestamp = now;
+        e.timeout = timeout;
+        Ok(())
+    }
+
+    /// Periodic cleaning (§III-A): times out every entry whose time has come by `now`, then
+    /// removes every invalid entry, handing each to `removed`. Returns how many went.
+    pub fn clean(&mut self, now: Nanos, mut removed: impl FnMut(Entry<V>)) -> usize {
+        let mut n = 0;
+        for i in 0..self.slots.len() as u32 {
+            let id = self.id(i);
+            let gone = match &self.slots[i as usize].entry {
+                Some(e) => !e.valid || e.timed_out(now),
+                None => false,
+            };
+            if gone {
+                if let Some(e) = self.remove(id) {
+                    removed(e);
+                    n += 1;
+                }
+            }
+        }
+        n
+    }
+
+    /// "split" (e → (e'1, e'2)): replaces a prefix entry by its two halves, one bit longer,
+    /// each with a copy of V(e); M(e'1) ∩ M(e'2) = ∅ and M(e'1) ∪ M(e'2) = M(e) for keys of the
+    /// table's width. Returns the handles of the halves (the lower first). Refused for an
+    /// entry of `width` bits and for one shadowed by an earlier equal match.
+    pub fn split(&mut self, id: EntryId) -> Result<(EntryId, EntryId), MvtError>
+    where
+        V: Clone,
+    {
+        let e = self.entry(id).ok_or(MvtError::NoEntry)?;
+        let (lo, hi) = e.m.halves(self.width).ok_or(MvtError::TooSpecific)?;
+        if e.valid && self.find(&e.m) != Some(id) {
+            return Err(MvtError::Shadowed);
+        }
+        let mut twin = e.clone();
+        twin.m = hi;
+        self.rematch(id, lo)?;
+        let b = self.insert(twin)?;
+        Ok((id, b))
+    }
+
+    /// "merge" (e'1 + e'2 → e): the inverse of split. Succeeds when both entries are valid,
+    /// their matches are the two halves of one prefix, their values, timeouts and aux fields
+    /// are equal, and no entry already matches exactly that prefix (which the merged entry
+    /// would shadow or be shadowed by). The merged entry keeps `a`'s handle and the later
+    /// timestamp; `b` is removed. On failure nothing changes.
+    pub fn merge(&mut self, a: EntryId, b: EntryId) -> Result<EntryId, MvtError>
+    where
+        V: PartialEq,
+    {
+        let ea = self.entry(a).ok_or(MvtError::NoEntry)?;
+        let eb = self.entry(b).ok_or(MvtError::NoEntry)?;
+        if a == b {
+            return Err(MvtError::NotMergeable("an entry with itself"));
+        }
+        if !ea.valid || !eb.valid {
+            return Err(MvtError::NotMergeable("an entry is invalid"));
+        }
+        let parent =
+            ea.m.parent()
+                .ok_or(MvtError::NotMergeable("`*` has no sibling"))?;
+        let (lo, hi) = parent
+            .halves(self.width)
+            .ok_or(MvtError::NotMergeable("no halves"))?;
+        if !((ea.m == lo && eb.m == hi) || (ea.m == hi && eb.m == lo)) {
+            return Err(MvtError::NotMergeable(
+                "matches are not the halves of one prefix",
+            ));
+        }
+        if ea.value != eb.value || ea.timeout != eb.timeout || ea.aux != eb.aux {
+            return Err(MvtError::NotMergeable("values differ"));
+        }
+        if self.find(&parent).is_some() {
+            return Err(MvtError::NotMergeable("the merged prefix exists"));
+        }
+        let ts = ea.timestamp.max(eb.timestamp);
+        self.remove(b);
+        self.rematch(a, parent)?;
+        if let Some(e) = self.entry_mut(a) {
+            e.timestamp = ts;
+        }
+        Ok(a)
+    }
+
+    /// The matching range M(T) (§III-A): the matches of the valid entries, deduplicated,
+    /// most specific first.
+    pub fn matching_range(&self) -> Vec<Match> {
+        let mut v: Vec<Match> = self
+            .iter()
+            .filter(|(_, e)| e.valid)
+            .map(|(_, e)| e.m)
+            .collect();
+        v.sort_by(|a, b| b.len().cmp(&a.len()).then(a.bytes().cmp(b.bytes())));
+        v.dedup();
+        v
+    }
+}
+
+/// Asks the CPU to start loading the cache line at `at` (a hint; no-op off x86_64).
+#[inline(always)]
+fn prefetch<T>(at: &T) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // SAFETY: prefetching is a hint that never faults nor changes memory; SSE is part of
+        // the x86_64 baseline.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>((at as *const T).cast::<i8>()) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = at;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    fn v4(a: [u8; 4], l: u8) -> Match {
+        Match::v4(Ipv4Addr::from(a), l)
+    }
+
+    fn k(a: [u8; 4]) -> Key {
+        Key::v4(Ipv4Addr::from(a))
+    }
+
+    #[test]
+    fn software_crc_agrees_with_wire() {
+        for data in [
+            &b""[..],
+            b"a",
+            b"123456789",
+            b"a longer input of some bytes",
+        ] {
+            assert_eq!(sw_append(0, data), hash::crc32c_sw(data));
+            assert_eq!(
+                sw_append(
+                    sw_append(0, &data[..data.len() / 2]),
+                    &data[data.len() / 2..]
+                ),
+                hash::crc32c(data)
+            );
+        }
+        let mut hw = Mvt::<u32>::with_options(32, 16, 16, Hasher::Hardware);
+        let mut sw = Mvt::<u32>::with_options(32, 16, 16, Hasher::Software);
+        let m = v4([10, 1, 0, 0], 13);
+        assert_eq!(hw.match_hash(&m), sw.match_hash(&m));
+        hw.insert(Entry::new(m, 1, 0, NEVER, 0)).unwrap();
+        sw.insert(Entry::new(m, 1, 0, NEVER, 0)).unwrap();
+        let key = k([10, 7, 3, 3]);
+        assert!(hw.lookup(&key).is_some() && sw.lookup(&key).is_some());
+    }
+
+    #[test]
+    fn longest_prefix_wins_and_cache_follows_changes() {
+        let mut t = Mvt::new(32);
+        let a = t
+            .insert(Entry::new(v4([10, 0, 0, 0], 8), 'a', 0, NEVER, 0))
+            .unwrap();
+        let b = t
+            .insert(Entry::new(v4([10, 1, 0, 0], 16), 'b', 0, NEVER, 0))
+            .unwrap();
+        let any = t.insert(Entry::new(Match::ANY, '*', 0, NEVER, 0)).unwrap();
+        assert_eq!(t.lookup(&k([10, 1, 2, 3])), Some(b));
+        assert_eq!(t.lookup(&k([10, 2, 2, 3])), Some(a));
+        assert_eq!(t.lookup(&k([11, 2, 2, 3])), Some(any));
+        // Cached now; a longer prefix must still win.
+        let c = t
+            .insert(Entry::new(v4([10, 1, 2, 0], 24), 'c', 0, NEVER, 0))
+            .unwrap();
+        assert_eq!(t.lookup(&k([10, 1, 2, 3])), Some(c));
+        t.invalidate(c);
+        assert_eq!(t.lookup(&k([10, 1, 2, 3])), Some(b));
+        assert_eq!(t.remove(b).map(|e| e.value), Some('b'));
+        assert_eq!(t.lookup(&k([10, 1, 2, 3])), Some(a));
+        assert_eq!(t.get(b), None, "stale handle");
+        assert_eq!(t.lengths(), &[24, 8, 0]);
+        assert_eq!(t.clean(0, |_| {}), 1);
+        assert_eq!(t.lengths(), &[8, 0]);
+        let mut out = [None; 3];
+        t.lookup_batch(
+            &[k([10, 9, 9, 9]), k([9, 9, 9, 9]), k([10, 1, 2, 3])],
+            &mut out,
+        );
+        assert_eq!(out, [Some(a), Some(any), Some(a)]);
+    }
+
+    #[test]
+    fn equal_matches_are_first_in_first_out() {
+        let mut t = Mvt::new(8);
+        let ids: Vec<_> = (0..5)
+            .map(|i| t.insert(Entry::new(Match::ANY, i, 0, NEVER, 0)).unwrap())
+            .collect();
+        assert_eq!(t.find(&Match::ANY), Some(ids[0]));
+        t.rematch(ids[0], Match::exact(&Key::from_bytes(&[7])))
+            .unwrap();
+        assert_eq!(t.find(&Match::ANY), Some(ids[1]));
+        t.rematch(ids[0], Match::ANY).unwrap();
+        // Back at the end of the pool.
+        for want in [1, 2, 3, 4, 0] {
+            let id = t.find(&Match::ANY).unwrap();
+            assert_eq!(t.get(id), Some(&want));
+            t.rematch(id, Match::exact(&Key::from_bytes(&[want as u8 + 100])))
+                .unwrap();
+        }
+        assert_eq!(t.find(&Match::ANY), None);
+        // Growth keeps the order.
+        let mut t = Mvt::with_capacity(8, 1);
+        for i in 0..100 {
+            t.insert(Entry::new(Match::ANY, i, 0, NEVER, 0)).unwrap();
+        }
+        let id = t.find(&Match::ANY).unwrap();
+        assert_eq!(t.get(id), Some(&0));
+    }
+
+    #[test]
+    fn entry_operations() {
+        let mut t = Mvt::new(32);
+        let e = t
+            .insert(Entry::new(v4([1, 0, 0, 0], 8), 5u64, 100, 50, 9))
+            .unwrap();
+        assert_eq!(t.set(e, 6), Ok(5));
+        assert_eq!(t.inc(e, 4), Ok(10));
+        assert_eq!(t.timeout(e, 149), Ok(false));
+        t.renew(e, 120, 50).unwrap();
+        assert_eq!(t.timeout(e, 169), Ok(false));
+        assert_eq!(t.timeout(e, 170), Ok(true));
+        assert_eq!(t.get(e), None);
+        assert_eq!(t.entry(e).map(|x| x.aux), Some(9));
+        assert_eq!(t.lookup(&k([1, 2, 3, 4])), None);
+        assert_eq!(t.valid_len(), 0);
+        let mut gone = Vec::new();
+        assert_eq!(t.clean(170, |x| gone.push(x.value)), 1);
+        assert_eq!(gone, [10]);
+        assert!(t.is_empty());
+    }
+
+    #[test]
+    fn split_and_merge() {
+        let mut t = Mvt::new(32);
+        let e = t
+            .insert(Entry::new(v4([10, 0, 0, 0], 8), 1, 0, NEVER, 0))
+            .unwrap();
+        let (lo, hi) = t.split(e).unwrap();
+        assert_eq!(t.entry(lo).unwrap().matching(), &v4([10, 0, 0, 0], 9));
+        assert_eq!(t.entry(hi).unwrap().matching(), &v4([10, 128, 0, 0], 9));
+        assert_eq!(t.lookup(&k([10, 200, 0, 0])), Some(hi));
+        t.set(hi, 2).unwrap();
+        assert!(matches!(t.merge(lo, hi), Err(MvtError::NotMergeable(_))));
+        t.set(hi, 1).unwrap();
+        let m = t.merge(hi, lo).unwrap();
+        assert_eq!(m, hi);
+        assert_eq!(t.len(), 1);
+        assert_eq!(t.entry(m).unwrap().matching(), &v4([10, 0, 0, 0], 8));
+        let host = t
+            .insert(Entry::new(v4([1, 1, 1, 1], 32), 1, 0, NEVER, 0))
+            .unwrap();
+        assert_eq!(t.split(host), Err(MvtError::TooSpecific));
+    }
+}

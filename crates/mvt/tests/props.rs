@@ -1,0 +1,254 @@
+//! Property tests: MVT lookups agree with a naive longest-prefix match; shard/combine and
+//! split/merge preserve the set of matches.
+
+use flowstate_mvt::trie::BinaryTrie;
+use flowstate_mvt::{Entry, Hasher, Key, Match, Mvt, NEVER};
+use proptest::prelude::*;
+use std::net::Ipv4Addr;
+
+/// A rule: a prefix of a 32-bit address. Addresses are drawn from a few /8s so that rules
+/// overlap and random keys hit them.
+fn rule() -> impl Strategy<Value = (u32, u8)> {
+    (
+        0u32..4,
+        any::<u32>(),
+        prop_oneof![0u8..=32, Just(8u8), Just(16), Just(24), Just(32)],
+    )
+        .prop_map(|(net, low, len)| (((10 + net) << 24) | (low & 0x00ff_ffff), len))
+}
+
+fn key() -> impl Strategy<Value = u32> {
+    (0u32..5, any::<u32>()).prop_map(|(net, low)| ((10 + net) << 24) | (low & 0x00ff_ffff))
+}
+
+fn m(addr: u32, len: u8) -> Match {
+    Match::v4(Ipv4Addr::from(addr), len)
+}
+
+/// The value of the longest matching rule, the first among equal ones (naive oracle).
+fn naive(rules: &[(Match, u32)], k: &Key) -> Option<u32> {
+    let mut best: Option<(u16, u32)> = None;
+    for (r, v) in rules {
+        if r.matches(k) && best.is_none_or(|(l, _)| r.len() > l) {
+            best = Some((r.len(), *v));
+        }
+    }
+    best.map(|(_, v)| v)
+}
+
+fn table(rules: &[(Match, u32)], hasher: Hasher, cache: usize) -> Mvt<u32> {
+    let mut t = Mvt::with_options(32, 4, cache, hasher);
+    for (r, v) in rules {
+        t.insert(Entry::new(*r, *v, 0, NEVER, 0)).unwrap();
+    }
+    t
+}
+
+fn value(t: &mut Mvt<u32>, k: &Key) -> Option<u32> {
+    t.lookup(k).and_then(|id| t.get(id).copied())
+}
+
+fn unique(rules: Vec<(u32, u8)>) -> Vec<(Match, u32)> {
+    let mut out: Vec<(Match, u32)> = Vec::new();
+    for (i, (a, l)) in rules.into_iter().enumerate() {
+        let r = m(a, l);
+        if !out.iter().any(|(x, _)| *x == r) {
+            out.push((r, i as u32));
+        }
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    #[test]
+    fn lookup_is_longest_prefix_match(
+        rules in prop::collection::vec(rule(), 0..60),
+        keys in prop::collection::vec(key(), 1..80),
+        sw in any::<bool>(),
+        cache in prop_oneof![Just(0usize), Just(4), Just(1024)],
+    ) {
+        // Duplicates included: the first inserted of equal matches wins.
+        let rules: Vec<(Match, u32)> =
+            rules.into_iter().enumerate().map(|(i, (a, l))| (m(a, l), i as u32)).collect();
+        let hasher = if sw { Hasher::Software } else { Hasher::Hardware };
+        let mut t = table(&rules, hasher, cache);
+        let mut trie = BinaryTrie::new();
+        for (r, v) in rules.iter().rev() {
+            trie.insert(r, *v); // reversed: the first inserted wins, as in the MVT
+        }
+        let ks: Vec<Key> = keys.iter().map(|&a| Key::v4_u32(a)).collect();
+        let mut batch = vec![None; ks.len()];
+        t.lookup_batch(&ks, &mut batch);
+        for (i, k) in ks.iter().enumerate() {
+            let want = naive(&rules, k);
+            prop_assert_eq!(value(&mut t, k), want, "key {:?}", k);
+            prop_assert_eq!(value(&mut t, k), want, "cached, key {:?}", k);
+            prop_assert_eq!(t.lookup_uncached(k).and_then(|id| t.get(id).copied()), want);
+            prop_assert_eq!(batch[i].and_then(|id| t.get(id).copied()), want);
+            prop_assert_eq!(trie.lookup(k), want);
+        }
+        // Removing half the rules (the cache must forget them).
+        let ids: Vec<_> = t.iter().map(|(id, _)| id).collect();
+        let mut kept = Vec::new();
+        for id in ids {
+            let e = t.entry(id).unwrap().clone();
+            if e.value % 2 == 0 {
+                t.remove(id);
+            } else {
+                kept.push((*e.matching(), e.value));
+            }
+        }
+        kept.sort_by_key(|r| r.1);
+        for k in &ks {
+            prop_assert_eq!(value(&mut t, k), naive(&kept, k));
+        }
+    }
+
+    #[test]
+    fn shard_and_combine_preserve_matches(
+        rules in prop::collection::vec(rule(), 0..60),
+        keys in prop::collection::vec(key(), 1..60),
+        salt in any::<u32>(),
+    ) {
+        let rules = unique(rules);
+        let mut t1 = table(&rules, Hasher::Hardware, 64);
+        let mut t2 = t1.shard(|e| (e.value ^ salt) % 3 == 0);
+        prop_assert_eq!(t1.len() + t2.len(), rules.len());
+        // M(T) = M(T1) ∪ M(T2), disjointly.
+        let mut all: Vec<(Match, u32)> = t1.iter().chain(t2.iter()).map(|(_, e)| (*e.matching(), e.value)).collect();
+        all.sort_by_key(|r| r.1);
+        prop_assert_eq!(&all, &rules);
+        for k in keys.iter().map(|&a| Key::v4_u32(a)) {
+            // Each shard answers for its own rules.
+            let r1: Vec<_> = rules.iter().copied().filter(|r| (r.1 ^ salt) % 3 != 0).collect();
+            let r2: Vec<_> = rules.iter().copied().filter(|r| (r.1 ^ salt) % 3 == 0).collect();
+            prop_assert_eq!(value(&mut t1, &k), naive(&r1, &k));
+            prop_assert_eq!(value(&mut t2, &k), naive(&r2, &k));
+        }
+        t1.combine(t2).unwrap();
+        prop_assert_eq!(t1.len(), rules.len());
+        for k in keys.iter().map(|&a| Key::v4_u32(a)) {
+            prop_assert_eq!(value(&mut t1, &k), naive(&rules, &k));
+        }
+    }
+
+    #[test]
+    fn split_and_merge_preserve_matches(
+        rules in prop::collection::vec(rule(), 1..40),
+        keys in prop::collection::vec(key(), 1..60),
+        picks in prop::collection::vec(any::<prop::sample::Index>(), 1..8),
+    ) {
+        let rules = unique(rules);
+        let mut t = table(&rules, Hasher::Hardware, 64);
+        let ks: Vec<Key> = keys.iter().map(|&a| Key::v4_u32(a)).collect();
+        let before: Vec<_> = ks.iter().map(|k| naive(&rules, k)).collect();
+        let mut splits = Vec::new();
+        for p in picks {
+            let ids: Vec<_> = t.iter().map(|(id, _)| id).collect();
+            let id = ids[p.index(ids.len())];
+            let e = t.entry(id).unwrap().clone();
+            match t.split(id) {
+                Ok((a, b)) => {
+                    let (ea, eb) = (t.entry(a).unwrap(), t.entry(b).unwrap());
+                    prop_assert!(!ea.matching().overlaps(eb.matching()));
+                    prop_assert!(ea.matching().within(e.matching()) && eb.matching().within(e.matching()));
+                    splits.push((a, b));
+                }
+                Err(flowstate_mvt::MvtError::TooSpecific) => prop_assert_eq!(e.matching().len(), 32),
+                Err(err) => prop_assert_eq!(err, flowstate_mvt::MvtError::Shadowed),
+            }
+            for (k, want) in ks.iter().zip(&before) {
+                prop_assert_eq!(value(&mut t, k), *want);
+            }
+        }
+        // Merge back, last split first: each pair is mergeable unless a later split or an
+        // existing rule took its parent.
+        for (a, b) in splits.into_iter().rev() {
+            if t.entry(a).is_some() && t.entry(b).is_some() {
+                let had = t.len();
+                if t.merge(a, b).is_ok() {
+                    prop_assert_eq!(t.len(), had - 1);
+                }
+            }
+            for (k, want) in ks.iter().zip(&before) {
+                prop_assert_eq!(value(&mut t, k), *want);
+            }
+        }
+    }
+}
+
+/// The real prefix set: 324,903 IPv4 prefixes with a country label.
+#[test]
+fn real_prefix_set_agrees_with_trie_and_naive() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../shared/data/ipv4-prefixes.tsv"
+    );
+    let Ok(text) = std::fs::read_to_string(path) else {
+        eprintln!("skipped: {path} not found");
+        return;
+    };
+    let mut labels: Vec<&str> = Vec::new();
+    let mut rules: Vec<(Match, u32)> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for line in text.lines() {
+        let Some((p, c)) = line.split_once('\t') else {
+            continue;
+        };
+        let Some(mt) = flowstate_mvt::parse_v4_prefix(p) else {
+            continue;
+        };
+        let label = match labels.iter().position(|l| *l == c) {
+            Some(i) => i,
+            None => {
+                labels.push(c);
+                labels.len() - 1
+            }
+        } as u32;
+        if seen.insert(mt) {
+            rules.push((mt, label));
+        }
+    }
+    assert!(rules.len() > 300_000, "{} prefixes", rules.len());
+    let mut t = Mvt::with_capacity(32, rules.len());
+    let mut trie = BinaryTrie::new();
+    for (r, v) in &rules {
+        t.insert(Entry::new(*r, *v, 0, NEVER, 0)).unwrap();
+        trie.insert(r, *v);
+    }
+    // Keys: random addresses, plus addresses inside (and just past) the prefixes.
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x as u32
+    };
+    let mut keys: Vec<u32> = (0..20_000).map(|_| next()).collect();
+    for i in 0..20_000 {
+        let (r, _) = rules[(next() as usize) % rules.len()];
+        let (a, l) = r.to_v4().unwrap();
+        let host = next() & u32::MAX.checked_shr(u32::from(l)).unwrap_or(0);
+        keys.push(u32::from(a) | host);
+        if i % 4 == 0 {
+            keys.push(
+                (u32::from(a) | u32::MAX.checked_shr(u32::from(l)).unwrap_or(0)).wrapping_add(1),
+            );
+        }
+    }
+    let mut matched = 0;
+    for &a in &keys {
+        let k = Key::v4_u32(a);
+        let want = trie.lookup(&k);
+        matched += usize::from(want.is_some());
+        assert_eq!(value(&mut t, &k), want, "{}", Ipv4Addr::from(a));
+    }
+    assert!(matched > keys.len() / 2);
+    // The trie itself against a linear scan, on a sample.
+    for &a in keys.iter().step_by(400) {
+        let k = Key::v4_u32(a);
+        assert_eq!(trie.lookup(&k), naive(&rules, &k), "{}", Ipv4Addr::from(a));
+    }
+}
