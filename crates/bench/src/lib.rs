@@ -6,9 +6,9 @@
 
 mod flexstate_counter;
 mod hashing;
+mod hashmvt;
 #[cfg(target_os = "linux")]
 mod live_nat;
-mod hashmvt;
 mod nf_throughput;
 mod report;
 mod store_ops;

@@ -626,9 +626,12 @@ impl Runtime {
         }
         for nf in &s.nfs {
             for (reason, k) in &nf.dropped {
-                *s.dropped
-                    .entry(format!("{}: {reason}", nf.name))
-                    .or_default() += k;
+                // NFs name themselves in their reasons ("nat: no mapping"); others get a prefix.
+                let key = match reason.strip_prefix(nf.name.as_str()) {
+                    Some(rest) if rest.starts_with(": ") => reason.to_string(),
+                    _ => format!("{}: {reason}", nf.name),
+                };
+                *s.dropped.entry(key).or_default() += k;
             }
         }
         s.packets_in = counts.packets_in;

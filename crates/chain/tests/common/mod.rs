@@ -272,7 +272,7 @@ impl NetworkFunction for MiniFirewallNf {
             }
             Direction::Inbound => match self.flows.contains_key(&flow.canonical()) {
                 Ok(true) => Verdict::Forward,
-                _ => Verdict::Drop("no state"),
+                _ => Verdict::Drop("minifw: no state"), // names itself: not prefixed twice,
             },
         }
     }
