@@ -55,6 +55,11 @@ pub const BENCHES: &[Bench] = &[
         run: flexstate_counter::run,
     },
     Bench {
+        name: "flexstate",
+        about: "sync vs async Counter NF on every backend (local, store, redis, redis-cluster, cassandra) and flush interval 1/10/100 ms vs store traffic (FlexState §V)",
+        run: flexstate_counter::run_all_backends,
+    },
+    Bench {
         name: "nf-throughput",
         about: "Mpps per core of no-op, NAT, firewall, LB and the chain on established flows (10k, 1M), 1 and 2 workers, vs plain hash-map lookups",
         run: nf_throughput::run,

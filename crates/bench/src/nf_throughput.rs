@@ -11,7 +11,7 @@
 use crate::{Effort, Report};
 use flowstate_nf::{registry, Context, Direction, NetworkFunction, Packet, Verdict, WorkerInfo};
 use flowstate_state::local::LocalStore;
-use flowstate_state::{Partition, StateConfig};
+use flowstate_state::{Connector, Partition, StateConfig};
 use flowstate_wire::build::{EthernetSpec, FrameSpec, IpSpec, Ipv4Spec, L4Spec, Payload, UdpSpec};
 use flowstate_wire::hash::Toeplitz;
 use flowstate_wire::{dissect, FlowKey};
@@ -25,7 +25,7 @@ const FRAME: usize = 60;
 const BATCH: usize = 32;
 
 /// The chains measured, by name, and their `[[chain]]` tables.
-fn chains() -> Vec<(&'static str, Vec<(&'static str, &'static str)>)> {
+pub(crate) fn chains() -> Vec<(&'static str, Vec<(&'static str, &'static str)>)> {
     let fw = ("firewall", "");
     let nat = ("nat", "external = [\"203.0.113.1\", \"203.0.113.2\", \"203.0.113.3\", \"203.0.113.4\", \"203.0.113.5\", \"203.0.113.6\", \"203.0.113.7\", \"203.0.113.8\", \"203.0.113.9\", \"203.0.113.10\", \"203.0.113.11\", \"203.0.113.12\", \"203.0.113.13\", \"203.0.113.14\", \"203.0.113.15\", \"203.0.113.16\", \"203.0.113.17\", \"203.0.113.18\", \"203.0.113.19\", \"203.0.113.20\", \"203.0.113.21\", \"203.0.113.22\", \"203.0.113.23\", \"203.0.113.24\"]\nports = \"1024-65535\"");
     let lb = ("lb", "vips = [{ vip = \"198.51.100.10\", port = 53, proto = \"udp\", backends = [\"10.1.0.1\", \"10.1.0.2\", \"10.1.0.3\", \"10.1.0.4\"], method = \"least-loaded\" }]");
@@ -70,7 +70,7 @@ pub(crate) fn run(effort: Effort) -> Report {
         let mut per_core = HashMap::new();
         for (name, chain) in chains() {
             for workers in 1..=cores {
-                let (mpps, cpu) = chain_mpps(&chain, &keys, workers, passes);
+                let (mpps, cpu) = chain_mpps(&LocalStore::new(), 0, &chain, &keys, workers, passes);
                 let pc = mpps / workers as f64;
                 report.metric(&format!("{name}_mpps_per_core_{label}_{workers}w"), pc);
                 report.metric(
@@ -130,7 +130,7 @@ pub(crate) fn run(effort: Effort) -> Report {
 }
 
 /// `n` distinct client flows to the VIP.
-fn flow_keys(n: usize) -> Vec<FlowKey> {
+pub(crate) fn flow_keys(n: usize) -> Vec<FlowKey> {
     (0..n)
         .map(|i| {
             let host = 0x0a00_0000 | (i as u32 / 16 + 1);
@@ -263,8 +263,11 @@ fn visit_order(n: usize) -> Vec<usize> {
 }
 
 /// Total Mpps of `workers` threads, each running its own share of the flows through its own
-/// instance of `chain`; and the packets per CPU-second the workers used (per core).
-fn chain_mpps(
+/// instance of `chain` with its state on `store` (as NF instance `instance`); and the packets
+/// per CPU-second the workers used (per core).
+pub(crate) fn chain_mpps(
+    store: &dyn Connector,
+    instance: u32,
     chain: &[(&str, &str)],
     keys: &[FlowKey],
     workers: usize,
@@ -279,7 +282,6 @@ fn chain_mpps(
                 .collect()
         })
         .collect();
-    let store = LocalStore::new();
     let barrier = std::sync::Barrier::new(workers);
     // One core per worker, as a NIC queue per core would have it (when there are enough).
     let cores = core_affinity::get_core_ids().unwrap_or_default();
@@ -294,21 +296,22 @@ fn chain_mpps(
             .iter()
             .enumerate()
             .map(|(w, share)| {
-                let (store, barrier) = (&store, &barrier);
+                let barrier = &barrier;
                 s.spawn(move || {
                     if let Some(&core) = cores.get(w) {
                         core_affinity::set_for_current(core);
                     }
                     let config = StateConfig {
+                        instance,
                         core: w as u32,
                         exclusive: workers == 1,
                         ..StateConfig::default()
                     };
-                    let mut part = Partition::new(store, config).expect("local partition");
+                    let mut part = Partition::new(store, config).expect("state partition");
                     let info = WorkerInfo {
                         index: w as u32,
                         count: workers as u32,
-                        instance: 0,
+                        instance,
                     };
                     let mut nfs: Vec<Box<dyn NetworkFunction>> = chain
                         .iter()
@@ -333,6 +336,8 @@ fn chain_mpps(
                     let start = Instant::now();
                     let cpu = thread_cpu_seconds();
                     let n = run_passes(&mut nfs, &mut part, &frames, passes, w as u32, &mut clock);
+                    // What is still queued for the store is part of the work.
+                    part.flush_all(clock + 1).expect("final flush");
                     (n, start.elapsed().as_secs_f64(), thread_cpu_seconds() - cpu)
                 })
             })
