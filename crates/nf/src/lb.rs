@@ -28,7 +28,6 @@ use flowstate_wire::flow::{proto, FLOW_KEY_MAX_BYTES};
 use flowstate_wire::{ipv4, ipv6, tcp, udp, FlowKey};
 use serde::Deserialize;
 use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasherDefault, Hasher};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
@@ -311,63 +310,10 @@ struct Vip {
 /// over 64-bit words (as rustc's FxHasher). Their keys come from the configuration, not from
 /// traffic, so SipHash's resistance to chosen keys buys nothing here; it cost ~500
 /// instructions per packet.
-type FastHash = BuildHasherDefault<WordHasher>;
+type FastHash = flowstate_state::fxhash::FxBuildHasher;
 
 /// An address, port and protocol: a VIP's or a backend's service.
 type Service = (IpAddr, u16, u8);
-
-/// See [`FastHash`].
-#[derive(Default, Clone, Copy)]
-struct WordHasher(u64);
-
-impl WordHasher {
-    #[inline]
-    fn add(&mut self, w: u64) {
-        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-}
-
-impl Hasher for WordHasher {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            self.add(u64::from_le_bytes([
-                c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7],
-            ]));
-        }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            let mut b = [0u8; 8];
-            b[..rest.len()].copy_from_slice(rest);
-            self.add(u64::from_le_bytes(b));
-        }
-    }
-    #[inline]
-    fn write_u8(&mut self, i: u8) {
-        self.add(u64::from(i));
-    }
-    #[inline]
-    fn write_u16(&mut self, i: u16) {
-        self.add(u64::from(i));
-    }
-    #[inline]
-    fn write_u32(&mut self, i: u32) {
-        self.add(u64::from(i));
-    }
-    #[inline]
-    fn write_u64(&mut self, i: u64) {
-        self.add(i);
-    }
-    #[inline]
-    fn write_usize(&mut self, i: usize) {
-        self.add(i as u64);
-    }
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
 
 #[derive(Debug)]
 struct Compiled {

@@ -4,9 +4,12 @@
 
 use std::hash::{BuildHasherDefault, Hasher};
 
+/// [`FxHasher`] as a `BuildHasher` for maps and sets.
+pub type FxBuildHasher = BuildHasherDefault<FxHasher>;
+
 /// The hasher.
 #[derive(Default, Clone, Copy)]
-pub(crate) struct FxHasher(u64);
+pub struct FxHasher(u64);
 
 const SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
 
@@ -70,6 +73,6 @@ impl Hasher for FxHasher {
 }
 
 /// `HashMap` with [`FxHasher`].
-pub(crate) type FxHashMap<K, V> = std::collections::HashMap<K, V, BuildHasherDefault<FxHasher>>;
+pub type FxHashMap<K, V> = std::collections::HashMap<K, V, BuildHasherDefault<FxHasher>>;
 /// `HashSet` with [`FxHasher`].
-pub(crate) type FxHashSet<T> = std::collections::HashSet<T, BuildHasherDefault<FxHasher>>;
+pub type FxHashSet<T> = std::collections::HashSet<T, BuildHasherDefault<FxHasher>>;

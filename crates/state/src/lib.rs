@@ -31,7 +31,7 @@ mod backend;
 mod codec;
 pub mod conformance;
 mod engine;
-mod fxhash;
+pub mod fxhash;
 mod handles;
 mod key;
 pub mod local;
