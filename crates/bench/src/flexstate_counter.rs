@@ -166,8 +166,10 @@ pub(crate) fn run_all_backends(effort: Effort) -> Report {
     // every 1 ms. A fresh NF instance id per run keeps earlier runs' state in a persistent
     // store out of the way.
     let (flows, passes) = match effort {
-        Effort::Full => (2_000, 20),
-        Effort::Quick => (500, 4),
+        // About a second of packets per run at 1 Mpps: the final round trip to the store is
+        // part of the work, and must not dominate.
+        Effort::Full => (2_000, 500),
+        Effort::Quick => (500, 40),
     };
     report.param("nf_flows", flows).param("nf_passes", passes);
     let keys = crate::nf_throughput::flow_keys(flows);
@@ -180,23 +182,49 @@ pub(crate) fn run_all_backends(effort: Effort) -> Report {
         "nat",
         "external = [\"203.0.113.1\"]\nports = \"10000-19999\"",
     )];
-    let base = 1 + std::process::id() % 100_000 * 10;
+    // Runs are short and this machine may be shared: every backend runs `REPEATS` times,
+    // interleaved, and its best run counts. A fresh NF instance id per run keeps earlier runs'
+    // state in a persistent store out of the way.
+    const REPEATS: u32 = 3;
+    report.param("nf_repeats", REPEATS);
+    let base = 1 + std::process::id() % 100_000 * 100;
     let mut spread: f64 = 0.0;
     for (nf, chain) in [("nat", &nat[..]), ("lb", &lb[..])] {
+        let mut best: Vec<Option<crate::nf_throughput::ChainRun>> =
+            backends.iter().map(|_| None).collect();
+        for rep in 0..REPEATS {
+            for (i, (_, connector)) in backends.iter().enumerate() {
+                let Ok(connector) = connector else { continue };
+                let instance = base + rep * 10 + i as u32;
+                let run = crate::nf_throughput::chain_run(
+                    connector.as_ref(),
+                    instance,
+                    chain,
+                    &keys,
+                    1,
+                    passes,
+                );
+                if best[i]
+                    .as_ref()
+                    .is_none_or(|b| run.mpps_forwarding > b.mpps_forwarding)
+                {
+                    best[i] = Some(run);
+                }
+            }
+        }
         let mut rates = Vec::new();
-        for (i, (name, connector)) in backends.iter().enumerate() {
-            let Ok(connector) = connector else { continue };
-            let instance = base + i as u32;
-            let (mpps, _) = crate::nf_throughput::chain_mpps(
-                connector.as_ref(),
-                instance,
-                chain,
-                &keys,
-                1,
-                passes,
+        for ((name, _), run) in backends.iter().zip(&best) {
+            let Some(run) = run else { continue };
+            let name = name.replace('-', "_");
+            report.metric(&format!("{nf}_mpps_{name}"), run.mpps_forwarding);
+            report.metric(&format!("{nf}_mpps_with_drain_{name}"), run.mpps);
+            report.metric(&format!("{nf}_drain_ms_{name}"), run.drain_secs * 1e3);
+            report.metric(
+                &format!("{nf}_held_back_flushes_{name}"),
+                run.held_back as f64,
             );
-            report.metric(&format!("{nf}_mpps_{}", name.replace('-', "_")), mpps);
-            rates.push(mpps);
+            report.metric(&format!("{nf}_failed_flushes_{name}"), run.errors as f64);
+            rates.push(run.mpps_forwarding);
         }
         let max = rates.iter().copied().fold(0.0, f64::max);
         let min = rates.iter().copied().fold(f64::INFINITY, f64::min);

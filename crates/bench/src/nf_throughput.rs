@@ -19,6 +19,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 const FRAME: usize = 60;
@@ -70,7 +71,8 @@ pub(crate) fn run(effort: Effort) -> Report {
         let mut per_core = HashMap::new();
         for (name, chain) in chains() {
             for workers in 1..=cores {
-                let (mpps, cpu) = chain_mpps(&LocalStore::new(), 0, &chain, &keys, workers, passes);
+                let run = chain_run(&LocalStore::new(), 0, &chain, &keys, workers, passes);
+                let (mpps, cpu) = (run.mpps, run.mpps_per_cpu);
                 let pc = mpps / workers as f64;
                 report.metric(&format!("{name}_mpps_per_core_{label}_{workers}w"), pc);
                 report.metric(
@@ -262,17 +264,42 @@ fn visit_order(n: usize) -> Vec<usize> {
     order
 }
 
-/// Total Mpps of `workers` threads, each running its own share of the flows through its own
-/// instance of `chain` with its state on `store` (as NF instance `instance`); and the packets
-/// per CPU-second the workers used (per core).
-pub(crate) fn chain_mpps(
+/// What [`chain_run`] measured.
+pub(crate) struct ChainRun {
+    /// Total Mpps of the workers, the final write-out to the store included.
+    pub(crate) mpps: f64,
+    /// Total Mpps while packets flowed (the final write-out excluded).
+    pub(crate) mpps_forwarding: f64,
+    /// Packets per CPU-second the workers used.
+    pub(crate) mpps_per_cpu: f64,
+    /// Seconds the slowest worker's final write-out took.
+    pub(crate) drain_secs: f64,
+    /// Flushes held back because the store was behind, and failed flushes, over all workers.
+    pub(crate) held_back: u64,
+    pub(crate) errors: u64,
+}
+
+/// One worker's share of a [`ChainRun`]: seconds forwarding, seconds in all, CPU seconds.
+struct WorkerRun {
+    packets: usize,
+    forwarding: f64,
+    total: f64,
+    cpu: f64,
+    held_back: u64,
+    errors: u64,
+}
+
+/// Runs `workers` threads, each running its own share of the flows through its own instance
+/// of `chain` with its state on `store` (as NF instance `instance`), after a warm-up pass that
+/// establishes every flow (in the store too).
+pub(crate) fn chain_run(
     store: &dyn Connector,
     instance: u32,
     chain: &[(&str, &str)],
     keys: &[FlowKey],
     workers: usize,
     passes: usize,
-) -> (f64, f64) {
+) -> ChainRun {
     let rss = Toeplitz::symmetric();
     let shares: Vec<Vec<FlowKey>> = (0..workers)
         .map(|w| {
@@ -291,7 +318,7 @@ pub(crate) fn chain_mpps(
         Vec::new()
     };
     let cores = &cores;
-    let results: Vec<(usize, f64, f64)> = std::thread::scope(|s| {
+    let results: Vec<WorkerRun> = std::thread::scope(|s| {
         let handles: Vec<_> = shares
             .iter()
             .enumerate()
@@ -327,18 +354,32 @@ pub(crate) fn chain_mpps(
                     let order = visit_order(share.len());
                     let frames: Vec<[u8; FRAME]> =
                         order.iter().map(|&i| frame(&share[i])).collect();
-                    // Warm-up: establishes every flow's state.
-                    let mut clock = 0;
-                    let forwarded =
-                        run_passes(&mut nfs, &mut part, &frames, 1, w as u32, &mut clock);
+                    // Warm-up: establishes every flow's state, in the store too.
+                    let origin = Instant::now();
+                    let forwarded = run_passes(&mut nfs, &mut part, &frames, 1, w as u32, origin);
                     assert_eq!(forwarded, frames.len(), "every flow is established");
+                    part.flush_all(now_since(origin)).expect("warm-up flush");
                     barrier.wait();
                     let start = Instant::now();
                     let cpu = thread_cpu_seconds();
-                    let n = run_passes(&mut nfs, &mut part, &frames, passes, w as u32, &mut clock);
+                    let n = run_passes(&mut nfs, &mut part, &frames, passes, w as u32, origin);
                     // What is still queued for the store is part of the work.
-                    part.flush_all(clock + 1).expect("final flush");
-                    (n, start.elapsed().as_secs_f64(), thread_cpu_seconds() - cpu)
+                    let forwarding = start.elapsed().as_secs_f64();
+                    let stats = part.stats();
+                    let (held, errors) = (
+                        stats.held_back.load(Ordering::Relaxed),
+                        stats.errors.load(Ordering::Relaxed),
+                    );
+                    part.flush_all(now_since(origin)).expect("final flush");
+                    let cpu = thread_cpu_seconds() - cpu;
+                    WorkerRun {
+                        packets: n,
+                        forwarding,
+                        total: start.elapsed().as_secs_f64(),
+                        cpu,
+                        held_back: held,
+                        errors,
+                    }
                 })
             })
             .collect();
@@ -347,10 +388,21 @@ pub(crate) fn chain_mpps(
             .map(|h| h.join().expect("worker"))
             .collect()
     });
-    let packets: usize = results.iter().map(|r| r.0).sum();
-    let slowest = results.iter().map(|r| r.1).fold(0.0, f64::max);
-    let cpu: f64 = results.iter().map(|r| r.2).sum();
-    (packets as f64 / slowest / 1e6, packets as f64 / cpu / 1e6)
+    let packets = results.iter().map(|r| r.packets).sum::<usize>() as f64;
+    let slowest = |f: fn(&WorkerRun) -> f64| results.iter().map(f).fold(0.0, f64::max);
+    ChainRun {
+        mpps: packets / slowest(|r| r.total) / 1e6,
+        mpps_forwarding: packets / slowest(|r| r.forwarding) / 1e6,
+        mpps_per_cpu: packets / results.iter().map(|r| r.cpu).sum::<f64>() / 1e6,
+        drain_secs: slowest(|r| r.total - r.forwarding),
+        held_back: results.iter().map(|r| r.held_back).sum(),
+        errors: results.iter().map(|r| r.errors).sum(),
+    }
+}
+
+/// Nanoseconds since `origin` on the NFs' clock (never 0: that means "no time" to timers).
+fn now_since(origin: Instant) -> u64 {
+    origin.elapsed().as_nanos() as u64 + 1
 }
 
 /// Runs `passes` over the frames, in order and in batches; returns the packets forwarded.
@@ -360,16 +412,16 @@ fn run_passes(
     frames: &[[u8; FRAME]],
     passes: usize,
     worker: u32,
-    clock: &mut u64,
+    origin: Instant,
 ) -> usize {
     let mut batch = [[0u8; FRAME]; BATCH];
     let mut dissections = [None; BATCH];
     let mut forwarded = 0;
     for _ in 0..passes {
         for chunk in frames.chunks(BATCH) {
-            *clock += 100 * chunk.len() as u64; // 10 Mpps of virtual time
+            // Real time, so flushes go out every `flush_interval` as in a running chain.
             let cx = Context {
-                now: *clock,
+                now: now_since(origin),
                 clock: 0,
                 worker,
             };

@@ -13,7 +13,7 @@
 //! on a remote store are not cached: pushes and inserts queue, pops and lookups are store
 //! calls.
 
-use crate::backend::{Op, Reply};
+use crate::backend::{Bytes, Op, Reply};
 use crate::codec::Codec;
 use crate::engine::{Declare, Flushable, Meta, Nanos};
 use crate::fxhash::{FxHashMap, FxHashSet};
@@ -672,6 +672,28 @@ struct Slot<V> {
     deadline: Nanos,
     /// Deadline of this entry's node in the timer heap, 0 for none.
     timer: Nanos,
+    /// When the store's copy expires, as last told (0: not told). Kept at or after `deadline`
+    /// so the store never loses an entry a worker still uses (see [`renewal_ttl`]).
+    stored: Nanos,
+}
+
+impl<V> Slot<V> {
+    fn new(value: V) -> Self {
+        Slot {
+            value,
+            deadline: 0,
+            timer: 0,
+            stored: 0,
+        }
+    }
+}
+
+/// The time to live the store is given for an entry that expires `remaining` from now: half
+/// as long again, so that renewing an entry on every packet tells the store at most once per
+/// half time to live instead of once per flush. The store's copy outlives the worker's by at
+/// most half a time to live, and a worker taking the flow over renews it on its first packet.
+fn renewal_ttl(remaining: Nanos) -> Nanos {
+    remaining.saturating_add(remaining / 2).max(1)
 }
 
 struct MapObj<K, V> {
@@ -679,6 +701,10 @@ struct MapObj<K, V> {
     cache: FlowTable<K, Slot<V>>,
     /// Keys whose current state (value or absence) the store must learn.
     dirty: FxHashSet<K>,
+    /// Keys whose store copy must live longer (value unchanged).
+    renew: FxHashSet<K>,
+    /// The latest time a caller gave (deadlines become times to live against it).
+    now: Nanos,
     timers: BinaryHeap<Reverse<(Nanos, K)>>,
 }
 
@@ -741,14 +767,7 @@ impl<K: Codec + Hash + Ord + Clone + 'static, V: Codec + 'static> Map<K, V> {
         if !o.meta.authoritative {
             o.dirty.insert(k.clone());
         }
-        o.cache.insert(
-            k,
-            Slot {
-                value: v,
-                deadline: 0,
-                timer: 0,
-            },
-        );
+        o.cache.insert(k, Slot::new(v));
     }
 
     /// Sets the entry for `k` and waits for the store.
@@ -763,14 +782,7 @@ impl<K: Codec + Hash + Ord + Clone + 'static, V: Codec + 'static> Map<K, V> {
             call_after(&o.meta, Vec::new(), op)?;
             o.dirty.remove(&k);
         }
-        o.cache.insert(
-            k,
-            Slot {
-                value: v,
-                deadline: 0,
-                timer: 0,
-            },
-        );
+        o.cache.insert(k, Slot::new(v));
         Ok(())
     }
 
@@ -834,28 +846,38 @@ impl<K: Codec + Hash + Ord + Clone + 'static, V: Codec + 'static> Map<K, V> {
     }
 
     /// Makes the entry for `k` expire `ttl` after `now` (replacing an earlier time); `false` if
-    /// there is no such entry in the cache. Renewing on every packet is cheap.
+    /// there is no such entry in the cache. Renewing on every packet is cheap, and on a remote
+    /// store costs a store operation at most once per half time to live, not per flush.
     #[inline]
-    pub fn expire_after(&self, k: &K, ttl: Duration, now: Nanos) -> bool {
+    pub fn expire_after(&self, k: &K, ttl: Duration, now: Nanos) -> bool
+    where
+        V: Clone + PartialEq,
+    {
         matches!(self.renew_with(k, now, |_| (ttl, ())), Ok(Some(())))
     }
 
     /// The per-packet path of a stateful NF in one hash lookup: calls `f` with the entry for
     /// `k` to change it in place, then makes the entry expire after the time `f` returns
-    /// (counted from `now`). `Ok(None)` when there is no entry.
+    /// (counted from `now`). `Ok(None)` when there is no entry. On a remote store the value
+    /// is written with the next flush only if `f` changed it.
     #[inline]
     pub fn renew_with<R>(
         &self,
         k: &K,
         now: Nanos,
         f: impl FnOnce(&mut V) -> (Duration, R),
-    ) -> Result<Option<R>, StateError> {
+    ) -> Result<Option<R>, StateError>
+    where
+        V: Clone + PartialEq,
+    {
         let mut o = self.inner();
         o.load(k)?;
         let o = &mut *o;
         let Some(slot) = o.cache.get_mut(k) else {
             return Ok(None);
         };
+        let authoritative = o.meta.authoritative;
+        let before = (!authoritative).then(|| slot.value.clone());
         let (ttl, r) = f(&mut slot.value);
         let deadline = now.saturating_add(ttl.as_nanos() as u64).max(1);
         slot.deadline = deadline;
@@ -865,8 +887,13 @@ impl<K: Codec + Hash + Ord + Clone + 'static, V: Codec + 'static> Map<K, V> {
             slot.timer = deadline;
             o.timers.push(Reverse((deadline, k.clone())));
         }
-        if !o.meta.authoritative {
-            o.dirty.insert(k.clone());
+        if let Some(before) = before {
+            o.now = o.now.max(now);
+            if before != slot.value {
+                o.dirty.insert(k.clone());
+            } else if deadline > slot.stored {
+                o.renew.insert(k.clone());
+            }
         }
         Ok(Some(r))
     }
@@ -964,36 +991,26 @@ impl<K: Codec + Hash + Eq + Clone, V: Codec> MapObj<K, V> {
             field: k.to_bytes(),
         };
         if let Some(v) = reply_value::<V>(call_after(&self.meta, pending, op)?)? {
-            self.cache.insert(
-                k.clone(),
-                Slot {
-                    value: v,
-                    deadline: 0,
-                    timer: 0,
-                },
-            );
+            self.cache.insert(k.clone(), Slot::new(v));
         }
         Ok(())
     }
 
     fn drain_dirty(&mut self, now: Nanos, ops: &mut Vec<Op>) {
+        let now = now.max(self.now);
         for k in self.dirty.drain() {
+            self.renew.remove(&k);
             let field = k.to_bytes();
-            match self.cache.get(&k) {
+            match self.cache.get_mut(&k) {
                 Some(s) => {
                     ops.push(Op::MapSet {
                         key: self.meta.key.clone(),
                         field: field.clone(),
                         value: s.value.to_bytes(),
                     });
-                    if s.deadline != 0 {
-                        let ttl = Duration::from_nanos(s.deadline.saturating_sub(now).max(1));
-                        ops.push(Op::Expire {
-                            key: self.meta.key.clone(),
-                            field: Some(field),
-                            ttl,
-                        });
-                    }
+                    // A write clears the field's time to live (as in Redis): give it again.
+                    s.stored = 0;
+                    push_renewal(&self.meta, s, field, now, ops);
                 }
                 None => ops.push(Op::MapDelete {
                     key: self.meta.key.clone(),
@@ -1001,7 +1018,26 @@ impl<K: Codec + Hash + Eq + Clone, V: Codec> MapObj<K, V> {
                 }),
             }
         }
+        for k in self.renew.drain() {
+            if let Some(s) = self.cache.get_mut(&k) {
+                push_renewal(&self.meta, s, k.to_bytes(), now, ops);
+            }
+        }
     }
+}
+
+/// Tells the store when the entry in `slot` expires, if it has a deadline.
+fn push_renewal<V>(meta: &Meta, slot: &mut Slot<V>, field: Bytes, now: Nanos, ops: &mut Vec<Op>) {
+    if slot.deadline == 0 {
+        return;
+    }
+    let ttl = renewal_ttl(slot.deadline.saturating_sub(now));
+    slot.stored = now.saturating_add(ttl);
+    ops.push(Op::Expire {
+        key: meta.key.clone(),
+        field: Some(field),
+        ttl: Duration::from_nanos(ttl),
+    });
 }
 
 impl<K: Codec + Hash + Eq + Clone, V: Codec> Flushable for MapObj<K, V> {
@@ -1251,6 +1287,8 @@ impl Declare<'_> {
             meta,
             cache: FlowTable::new(),
             dirty: FxHashSet::default(),
+            renew: FxHashSet::default(),
+            now: 0,
             timers: BinaryHeap::new(),
         }));
         self.register(obj.clone());

@@ -286,3 +286,53 @@ fn bad_ids_are_refused() {
     assert!(flowstate_state::ObjectKey::from_raw("nf@0@1@Map@flows").is_some());
     assert!(flowstate_state::ObjectKey::from_raw("nf@Nope@x").is_none());
 }
+
+#[test]
+fn renewals_reach_a_remote_store_once_per_half_ttl_and_changes_at_once() {
+    use flowstate_state::local::ManualClock;
+    let clock = ManualClock::new();
+    let store = LocalStore::with_clock(clock.clock());
+    let remote = Remote(store.clone());
+    let mut p = part(&remote, 0);
+    let m = p
+        .declare("nat")
+        .map::<u32, u32>("out", Scope::PerFlow, Access::ReadMostly)
+        .unwrap();
+    let ttl = Duration::from_secs(10);
+    // Steps the worker and the store to `t` seconds and flushes; returns the ops sent so far.
+    let step = |p: &mut Partition, t: u64| {
+        clock.set(Duration::from_secs(t));
+        p.flush(t * S);
+        m.len().unwrap(); // a round trip: everything queued before it is applied
+        p.stats().async_ops.load(Ordering::Relaxed)
+    };
+    let in_store = || {
+        merge::map_union::<u32, u32>(store.connect().unwrap().as_mut(), "nat", "out", |a, _| a)
+            .unwrap()
+            .into_iter()
+            .collect::<Vec<_>>()
+    };
+    m.insert_nowait(1, 10);
+    m.expire_after(&1, ttl, 0);
+    assert_eq!(step(&mut p, 0), 2, "the entry and its time to live (15 s)");
+    // Renewed every second: the store's copy (until 15 s) outlives the worker's until 6 s.
+    for t in 1..=5 {
+        assert!(m.expire_after(&1, ttl, t * S));
+        assert_eq!(step(&mut p, t), 2, "no store traffic at {t} s");
+    }
+    assert!(m.expire_after(&1, ttl, 6 * S));
+    assert_eq!(step(&mut p, 6), 3, "one renewal: until 6 + 15 = 21 s");
+    // A renewal that changes the value writes it with the next flush.
+    let old = m.renew_with(&1, 7 * S, |v| {
+        let old = *v;
+        *v = 11;
+        (ttl, old)
+    });
+    assert_eq!(old.unwrap(), Some(10));
+    assert_eq!(step(&mut p, 7), 5, "the new value and its time to live");
+    // The worker's entry expires at 17 s; the store keeps it a while longer, then drops it.
+    clock.set(Duration::from_secs(17));
+    assert_eq!(in_store(), vec![(1, 11)]);
+    clock.set(Duration::from_secs(23));
+    assert_eq!(in_store(), vec![]);
+}
