@@ -25,6 +25,7 @@
 //! backend = "local"             # local | store | redis | redis-cluster | cassandra
 //! url = "127.0.0.1:7878"        # for the backends that have an address
 //! flush_interval = "1ms"        # a number and a unit: ns, us, ms, s
+//! retain_ops = 1000000          # operations kept to send again while the store is down
 //! nf_instance = 0
 //! # every other key is the driver's own (see its crate), checked by the binary
 //!
@@ -267,6 +268,8 @@ pub struct StateSection {
     pub url: Option<String>,
     /// How often queued changes go to the store.
     pub flush_interval: Duration,
+    /// Operations of failed flushes kept (per worker) to send again when the store answers.
+    pub retain_ops: usize,
     /// This NF instance's id (state keys carry it).
     pub nf_instance: u32,
     /// Every other key of `[state]`: the driver's own settings, which the binary hands to the
@@ -280,6 +283,7 @@ impl Default for StateSection {
             backend: BackendKind::Local,
             url: None,
             flush_interval: Duration::from_millis(1),
+            retain_ops: flowstate_state::StateConfig::default().retain_ops,
             nf_instance: 0,
             options: toml::Table::new(),
         }
@@ -366,6 +370,7 @@ struct RawState {
     backend: Option<String>,
     url: Option<String>,
     flush_interval: Option<String>,
+    retain_ops: Option<i64>,
     nf_instance: Option<u32>,
     #[serde(flatten)]
     options: toml::Table,
@@ -547,6 +552,14 @@ impl Config {
             if let Some(d) = s.flush_interval {
                 state.flush_interval =
                     parse_duration(&d).map_err(|reason| err("state.flush_interval", reason))?;
+            }
+            if let Some(n) = s.retain_ops {
+                state.retain_ops = usize::try_from(n).map_err(|_| {
+                    err(
+                        "state.retain_ops",
+                        format!("{n} is negative; expected a count"),
+                    )
+                })?;
             }
             if let Some(i) = s.nf_instance {
                 state.nf_instance = i;

@@ -69,6 +69,8 @@ pub struct RuntimeOptions {
     pub flush_interval: Duration,
     /// Flush batches that may wait for a partition's state thread.
     pub queue_depth: usize,
+    /// Operations of failed flushes each partition keeps to send again.
+    pub retain_ops: usize,
     /// Steer by state ownership first (NAT external ports, LB connections).
     pub owners: crate::owners::Owners,
 }
@@ -87,6 +89,7 @@ impl Default for RuntimeOptions {
             instance: 0,
             flush_interval: Duration::from_millis(1),
             queue_depth: StateConfig::default().queue_depth,
+            retain_ops: StateConfig::default().retain_ops,
             owners: crate::owners::Owners::default(),
         }
     }
@@ -104,6 +107,7 @@ impl RuntimeOptions {
             outbound_only: c.outbound_only,
             instance: c.state.nf_instance,
             flush_interval: c.state.flush_interval,
+            retain_ops: c.state.retain_ops,
             owners: crate::owners::Owners::from_chain(&c.chain),
             ..RuntimeOptions::default()
         }
@@ -466,6 +470,7 @@ impl Runtime {
                     flush_interval: o.flush_interval,
                     exclusive: count == 1,
                     queue_depth: o.queue_depth,
+                    retain_ops: o.retain_ops,
                 },
             )
             .map_err(|error| RunError::State {
@@ -622,6 +627,7 @@ impl Runtime {
                 busy_s: r.busy.as_secs_f64(),
                 state_flushes: r.state_flushes,
                 state_errors: r.state_errors,
+                state_lost_ops: r.state_lost_ops,
             });
         }
         for nf in &s.nfs {
@@ -871,6 +877,7 @@ struct WorkerReport {
     reports: Vec<Vec<(&'static str, i64)>>,
     state_flushes: u64,
     state_errors: u64,
+    state_lost_ops: u64,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1018,6 +1025,7 @@ impl Worker {
             counts: self.counts,
             state_flushes: stats.flushes.load(Ordering::Relaxed),
             state_errors: stats.errors.load(Ordering::Relaxed),
+            state_lost_ops: stats.lost_ops.load(Ordering::Relaxed),
         }
     }
 }

@@ -57,8 +57,10 @@ pub struct WorkerSummary {
     pub busy_s: f64,
     /// Flush batches its partition handed to the store.
     pub state_flushes: u64,
-    /// Store batches that failed.
+    /// Store calls that failed (failed flushes are kept and sent again).
     pub state_errors: u64,
+    /// State operations given up (more failed flushes than `[state] retain_ops`).
+    pub state_lost_ops: u64,
 }
 
 /// One NF's counters, summed over workers.

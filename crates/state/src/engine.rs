@@ -17,11 +17,12 @@ use crate::key::{Kind, ObjectKey, Owner};
 use crate::scope::{Access, Scope, Strategy};
 use crate::StateError;
 use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TrySendError};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender, TrySendError};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Nanoseconds on the runtime's clock (virtual in tests). NFs never read a clock themselves.
 pub type Nanos = u64;
@@ -41,6 +42,10 @@ pub struct StateConfig {
     /// How many flush batches may wait for the state thread before flushing holds back
     /// (changes keep accumulating, coalesced, in the cache meanwhile).
     pub queue_depth: usize,
+    /// Most operations of failed flushes kept to send again, in order, when the store answers
+    /// again (default a million, about 100 MB of small operations); beyond, the oldest are
+    /// given up and counted in [`LinkStats::lost_ops`].
+    pub retain_ops: usize,
 }
 
 impl Default for StateConfig {
@@ -51,6 +56,7 @@ impl Default for StateConfig {
             flush_interval: Duration::from_millis(1),
             exclusive: false,
             queue_depth: 64,
+            retain_ops: 1_000_000,
         }
     }
 }
@@ -64,15 +70,26 @@ pub struct LinkStats {
     pub async_ops: AtomicU64,
     /// Synchronous round trips.
     pub sync_calls: AtomicU64,
-    /// Batches the store failed (counted, logged once per interval, retried by the caller).
+    /// Attempts the store failed (counted, logged once per interval; failed flushes are sent
+    /// again, see [`StateConfig::retain_ops`]).
     pub errors: AtomicU64,
     /// Flushes held back because the state thread was behind.
     pub held_back: AtomicU64,
+    /// Operations given up: beyond [`StateConfig::retain_ops`] while the store was down, or
+    /// still unsent when the partition closed.
+    pub lost_ops: AtomicU64,
 }
+
+/// How long a state thread waits before sending failed flushes again, at first and at most.
+const RETRY_FIRST: Duration = Duration::from_millis(10);
+const RETRY_MAX: Duration = Duration::from_secs(1);
 
 struct Request {
     ops: Vec<Op>,
     reply: Option<Sender<Result<Vec<Reply>, BackendError>>>,
+    /// How many of `ops`, from the first, to keep and send again if the store fails them:
+    /// queued changes the caller has let go of (the rest are its own call, which fails).
+    keep: usize,
 }
 
 /// A worker's line to its state thread.
@@ -98,6 +115,12 @@ enum Route {
 impl Link {
     /// Runs `ops` after everything queued and waits for the replies.
     pub(crate) fn call(&self, ops: Vec<Op>) -> Result<Vec<Reply>, StateError> {
+        self.call_keeping(ops, 0)
+    }
+
+    /// [`call`](Self::call), where the first `keep` ops are changes drained from a cache: if
+    /// the store fails, the state thread keeps them to send again like a failed flush.
+    pub(crate) fn call_keeping(&self, ops: Vec<Op>, keep: usize) -> Result<Vec<Reply>, StateError> {
         self.stats.sync_calls.fetch_add(1, Ordering::Relaxed);
         match &self.route {
             Route::Thread {
@@ -108,6 +131,7 @@ impl Link {
                 tx.send(Request {
                     ops,
                     reply: Some(reply_tx.clone()),
+                    keep,
                 })
                 .map_err(|_| StateError::Closed)?;
                 Ok(reply_rx.recv().map_err(|_| StateError::Closed)??)
@@ -134,7 +158,11 @@ impl Link {
     fn send(&self, ops: Vec<Op>) -> Result<(), Vec<Op>> {
         let n = ops.len() as u64;
         match &self.route {
-            Route::Thread { tx, .. } => match tx.try_send(Request { ops, reply: None }) {
+            Route::Thread { tx, .. } => match tx.try_send(Request {
+                keep: ops.len(),
+                ops,
+                reply: None,
+            }) {
                 Ok(()) => {}
                 Err(TrySendError::Full(r)) | Err(TrySendError::Disconnected(r)) => {
                     self.stats.held_back.fetch_add(1, Ordering::Relaxed);
@@ -155,33 +183,150 @@ impl Link {
     }
 }
 
+/// Flushes the store failed, kept in order to be sent again before anything newer.
+struct Retained {
+    batches: VecDeque<Vec<Op>>,
+    ops: usize,
+    limit: usize,
+    next_try: Instant,
+    backoff: Duration,
+    last_log: Option<Instant>,
+}
+
+impl Retained {
+    /// Counts a failure, logs it at most once a second, and waits longer before the next try.
+    fn failed(&mut self, stats: &LinkStats, e: &BackendError) {
+        let n = stats.errors.fetch_add(1, Ordering::Relaxed) + 1;
+        if self
+            .last_log
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
+        {
+            eprintln!(
+                "flowstate: state flush failed ({n} so far, {} operations kept to send \
+                 again): {e}",
+                self.ops
+            );
+            self.last_log = Some(Instant::now());
+        }
+        self.next_try = Instant::now() + self.backoff;
+        self.backoff = (self.backoff * 2).min(RETRY_MAX);
+    }
+
+    /// Keeps `ops` to send again, giving up the oldest beyond `limit`.
+    fn keep(&mut self, ops: Vec<Op>, stats: &LinkStats) {
+        self.ops += ops.len();
+        self.batches.push_back(ops);
+        while self.ops > self.limit {
+            let Some(old) = self.batches.pop_front() else {
+                break;
+            };
+            self.ops -= old.len();
+            stats
+                .lost_ops
+                .fetch_add(old.len() as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// Sends the kept flushes again, oldest first; `false` if the store still fails.
+    fn resend(
+        &mut self,
+        backend: &mut dyn crate::Backend,
+        replies: &mut Vec<Reply>,
+        stats: &LinkStats,
+    ) -> bool {
+        while let Some(ops) = self.batches.front() {
+            replies.clear();
+            if let Err(e) = backend.execute(ops, replies) {
+                self.failed(stats, &e);
+                return false;
+            }
+            self.ops -= ops.len();
+            self.batches.pop_front();
+        }
+        self.backoff = RETRY_FIRST;
+        true
+    }
+}
+
+/// Runs requests in order. A flush the store fails is kept and sent again (with backoff)
+/// before anything newer, so the store ends with every update once it answers again; a
+/// synchronous call while earlier flushes wait fails rather than read around them. A flush
+/// whose fate is unknown (the connection broke mid-batch) is sent again whole: assignments
+/// are idempotent, but on Redis and Cassandra its counter additions may count twice (the
+/// `store` backend deduplicates by operation id).
 fn state_thread(
     mut backend: Box<dyn crate::Backend>,
     rx: Receiver<Request>,
     stats: Arc<LinkStats>,
+    retain_ops: usize,
 ) {
     let mut replies = Vec::new();
-    let mut last_log = std::time::Instant::now() - Duration::from_secs(2);
-    while let Ok(req) = rx.recv() {
-        replies.clear();
-        let result = backend.execute(&req.ops, &mut replies);
+    let mut kept = Retained {
+        batches: VecDeque::new(),
+        ops: 0,
+        limit: retain_ops,
+        next_try: Instant::now(),
+        backoff: RETRY_FIRST,
+        last_log: None,
+    };
+    loop {
+        let req = if kept.batches.is_empty() {
+            rx.recv().ok()
+        } else {
+            match rx.recv_timeout(kept.next_try.saturating_duration_since(Instant::now())) {
+                Ok(req) => Some(req),
+                Err(RecvTimeoutError::Timeout) => {
+                    kept.resend(backend.as_mut(), &mut replies, &stats);
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => None,
+            }
+        };
+        let Some(req) = req else { break };
+        // A caller waiting is worth a try before the backoff is over.
+        let clear = kept.batches.is_empty()
+            || ((req.reply.is_some() || Instant::now() >= kept.next_try)
+                && kept.resend(backend.as_mut(), &mut replies, &stats));
         match req.reply {
             Some(tx) => {
-                let _ = tx.send(result.map(|()| std::mem::take(&mut replies)));
+                let result = if clear {
+                    replies.clear();
+                    backend
+                        .execute(&req.ops, &mut replies)
+                        .map(|()| std::mem::take(&mut replies))
+                } else {
+                    Err(BackendError::Unreachable {
+                        backend: backend.name(),
+                        reason: format!(
+                            "{} earlier operations wait for the store to answer",
+                            kept.ops
+                        ),
+                    })
+                };
+                if result.is_err() && req.keep > 0 {
+                    let mut ops = req.ops;
+                    ops.truncate(req.keep);
+                    kept.keep(ops, &stats);
+                }
+                let _ = tx.send(result);
             }
-            None => {
-                if let Err(e) = result {
-                    stats.errors.fetch_add(1, Ordering::Relaxed);
-                    if last_log.elapsed() >= Duration::from_secs(1) {
-                        eprintln!(
-                            "flowstate: state flush failed ({} so far): {e}",
-                            stats.errors.load(Ordering::Relaxed)
-                        );
-                        last_log = std::time::Instant::now();
-                    }
+            None if clear => {
+                replies.clear();
+                if let Err(e) = backend.execute(&req.ops, &mut replies) {
+                    kept.keep(req.ops, &stats);
+                    kept.failed(&stats, &e);
                 }
             }
+            None => kept.keep(req.ops, &stats),
         }
+    }
+    // The partition is gone: one last try for what waits, then it is lost.
+    if !kept.batches.is_empty() && !kept.resend(backend.as_mut(), &mut replies, &stats) {
+        stats.lost_ops.fetch_add(kept.ops as u64, Ordering::Relaxed);
+        eprintln!(
+            "flowstate: {} state operations could not reach the store and are lost",
+            kept.ops
+        );
     }
 }
 
@@ -243,10 +388,11 @@ impl Partition {
             let (tx, rx) = mpsc::sync_channel(config.queue_depth.max(1));
             let (reply_tx, reply_rx) = mpsc::channel();
             let thread_stats = Arc::clone(&stats);
+            let retain_ops = config.retain_ops;
             // The thread ends by itself when the last handle of this partition is gone.
             std::thread::Builder::new()
                 .name(format!("state-{}-{}", config.instance, config.core))
-                .spawn(move || state_thread(backend, rx, thread_stats))
+                .spawn(move || state_thread(backend, rx, thread_stats, retain_ops))
                 .map_err(|_| StateError::Unexpected("cannot start the state thread"))?;
             Route::Thread {
                 tx,
@@ -328,7 +474,7 @@ impl Partition {
         if ops.is_empty() {
             return Ok(());
         }
-        let replies = self.link.call(ops)?;
+        let replies = self.link.call_keeping(ops, usize::MAX)?;
         match replies.into_iter().find_map(|r| match r {
             Reply::Error(e) => Some(e),
             _ => None,

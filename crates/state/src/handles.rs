@@ -64,10 +64,12 @@ fn reply_len(r: Reply) -> Result<u64, StateError> {
     }
 }
 
-/// Runs `ops` (queued changes of one object, then the call) and returns the last reply.
+/// Runs `ops` (queued changes of one object, then the call) and returns the last reply. If
+/// the store fails, the queued changes are still sent later; the call fails.
 fn call_after(meta: &Meta, mut ops: Vec<Op>, op: Op) -> Result<Reply, StateError> {
+    let queued = ops.len();
     ops.push(op);
-    let mut replies = meta.link.call(ops)?;
+    let mut replies = meta.link.call_keeping(ops, queued)?;
     if let Some(e) = replies.iter().find_map(|r| match r {
         Reply::Error(e) => Some(e.clone()),
         _ => None,

@@ -336,3 +336,118 @@ fn renewals_reach_a_remote_store_once_per_half_ttl_and_changes_at_once() {
     clock.set(Duration::from_secs(23));
     assert_eq!(in_store(), vec![]);
 }
+
+/// The local store behind a link that can be cut: every call fails while `down` is set.
+struct Flaky {
+    store: LocalStore,
+    down: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+struct FlakyBackend {
+    inner: Box<dyn Backend>,
+    down: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Backend for FlakyBackend {
+    fn name(&self) -> &'static str {
+        "flaky"
+    }
+    fn execute(
+        &mut self,
+        ops: &[flowstate_state::Op],
+        replies: &mut Vec<flowstate_state::Reply>,
+    ) -> Result<(), BackendError> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err(BackendError::Unreachable {
+                backend: "flaky",
+                reason: "cut".into(),
+            });
+        }
+        self.inner.execute(ops, replies)
+    }
+    fn partitions(
+        &mut self,
+        nf: &str,
+        kind: flowstate_state::Kind,
+        id: &str,
+    ) -> Result<Vec<flowstate_state::ObjectKey>, BackendError> {
+        self.inner.partitions(nf, kind, id)
+    }
+}
+
+impl Connector for Flaky {
+    fn name(&self) -> &'static str {
+        "flaky"
+    }
+    fn connect(&self) -> Result<Box<dyn Backend>, BackendError> {
+        Ok(Box::new(FlakyBackend {
+            inner: self.store.connect()?,
+            down: self.down.clone(),
+        }))
+    }
+}
+
+#[test]
+fn flushes_the_store_fails_are_sent_again_in_order_when_it_answers() {
+    let flaky = Flaky {
+        store: LocalStore::new(),
+        down: Default::default(),
+    };
+    let mut p = part(&flaky, 0);
+    let mut d = p.declare("nf");
+    let c = d.counter("c", Scope::PerFlow, Access::WriteMostly).unwrap();
+    let l = d
+        .list::<u16>("pool", Scope::PerFlow, Access::ReadWrite)
+        .unwrap();
+    c.add_nowait(5);
+    p.flush(S);
+    assert_eq!(c.add(0).unwrap(), 5);
+
+    flaky.down.store(true, Ordering::SeqCst);
+    c.add_nowait(7);
+    p.flush(2 * S);
+    c.add_nowait(30);
+    p.flush(3 * S);
+    l.push_nowait(1);
+    l.push_nowait(2);
+    // A call while the store is down fails, but the pushes queued before it are kept.
+    assert!(l.pop().is_err());
+    assert!(c.add(0).is_err(), "no read around the updates that wait");
+    flaky.down.store(false, Ordering::SeqCst);
+    assert_eq!(c.add(0).unwrap(), 42, "every update, once, in order");
+    assert_eq!(l.pop().unwrap(), Some(1));
+    assert_eq!(l.pop().unwrap(), Some(2));
+    let st = p.stats();
+    assert!(st.errors.load(Ordering::Relaxed) >= 1, "{st:?}");
+    assert_eq!(st.lost_ops.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn beyond_the_retention_limit_the_oldest_failed_flushes_are_given_up_and_counted() {
+    let flaky = Flaky {
+        store: LocalStore::new(),
+        down: Default::default(),
+    };
+    let mut p = Partition::new(
+        &flaky,
+        StateConfig {
+            retain_ops: 2,
+            ..StateConfig::default()
+        },
+    )
+    .unwrap();
+    let c = p
+        .declare("nf")
+        .counter("c", Scope::PerFlow, Access::WriteMostly)
+        .unwrap();
+    flaky.down.store(true, Ordering::SeqCst);
+    for (i, delta) in [1, 10, 100].into_iter().enumerate() {
+        c.add_nowait(delta);
+        p.flush(i as u64 * S);
+    }
+    // A call waits for the state thread to have seen every flush (and fails: still down).
+    assert!(c.add(0).is_err());
+    flaky.down.store(false, Ordering::SeqCst);
+    assert_eq!(c.add(0).unwrap(), 110, "the oldest flush was given up");
+    assert_eq!(p.stats().lost_ops.load(Ordering::Relaxed), 1);
+}

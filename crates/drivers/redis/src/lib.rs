@@ -17,8 +17,9 @@
 //!   a companion sorted set of deadlines purged by the scripts of every map operation (see
 //!   [`ops`]); locks are `~lock~<key>` strings with a `PX` lease.
 //! * Errors: `WRONGTYPE` becomes [`OpError::WrongKind`](flowstate_state::OpError) for that
-//!   operation alone; a lost connection or a timeout becomes [`BackendError::Unreachable`] and
-//!   the next `execute` connects again. Cluster redirections (`MOVED`, `ASK`, `TRYAGAIN`) are
+//!   operation alone; a lost connection, a timeout, or a server that refuses every command
+//!   for now (`LOADING` after a restart, `BUSY`, `MASTERDOWN`: the batch was not applied)
+//!   becomes [`BackendError::Unreachable`] and the next `execute` connects again. Cluster redirections (`MOVED`, `ASK`, `TRYAGAIN`) are
 //!   followed: the slot map is refreshed and the redirected operations are sent again, in their
 //!   batch order, to the node that now serves them. Map operations are two-key scripts (the
 //!   map and its deadlines), which Redis answers `TRYAGAIN` while their slot is half migrated:
@@ -297,8 +298,25 @@ fn pipeline(conn: &mut Connection, cmds: &[&Cmd]) -> redis::RedisResult<Vec<Answ
             "wrong number of replies to a pipeline",
         )));
     }
-    Ok(values.into_iter().map(answer).collect())
+    let answers: Vec<Answer> = values.into_iter().map(answer).collect();
+    // A server that is loading its data (after a restart) or blocked refuses every command
+    // for a while: the batch was not applied, and fails as unreachable so that it is sent
+    // again, rather than answering each operation with an error that would lose it.
+    if let Some(Answer::Error { code, detail }) = answers
+        .iter()
+        .find(|a| matches!(a, Answer::Error { code, .. } if NOT_READY.contains(&code.as_str())))
+    {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::IoError,
+            "server not ready",
+            format!("{code} {detail}"),
+        )));
+    }
+    Ok(answers)
 }
+
+/// Error codes of a server that refuses every command for now.
+const NOT_READY: [&str; 3] = ["LOADING", "BUSY", "MASTERDOWN"];
 
 fn answer(v: Value) -> Answer {
     match v {
@@ -728,6 +746,7 @@ fn redirect(a: &Answer) -> Option<Redirect> {
         "MOVED" => target().map(Redirect::Moved),
         "ASK" => target().map(Redirect::Ask),
         "TRYAGAIN" | "CLUSTERDOWN" => Some(Redirect::Wait),
+        c if NOT_READY.contains(&c) => Some(Redirect::Wait),
         _ => None,
     }
 }
