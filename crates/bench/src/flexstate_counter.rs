@@ -12,11 +12,22 @@
 //!   NAT's and the LB's throughput on established flows with each store (FlexState Fig. 8:
 //!   with asynchronous flushing every 1 ms, the store should not matter), as
 //!   `metrics.throughput_spread_pct` = (max − min) / max over the backends, in percent.
+//!   Every store is measured twice there: on loopback, and remote (`<backend>_remote`: the
+//!   same server started by the bench in a network namespace behind a veth pair, see
+//!   [`crate::remote`]; Cassandra only in a full run). The NF runs one worker on a real-time
+//!   clock, flushing every 1 ms, after a warm-up pass that establishes every flow in the store;
+//!   the rate counts the packets while they flow (`<nf>_mpps_<backend>`, best of 3
+//!   interleaved runs), and the final write-out is reported beside it
+//!   (`<nf>_drain_ms_<backend>`, `<nf>_mpps_with_drain_<backend>`), with the flushes held back
+//!   because the store was behind and those that failed. `<nf>_mpps_per_cpu_<backend>` and
+//!   `per_cpu_spread_pct` divide by the worker's CPU time instead, which a store server
+//!   sharing this machine's cores does not change.
 //!
 //! Every run checks that the store ends with exactly one count per packet (measured as the
 //! difference of the merged counter before and after, so earlier runs against a persistent
 //! store do not matter).
 
+use crate::remote::Candidate;
 use crate::{Effort, Report};
 use flowstate_nf::{counter, Context, Direction, NfFactory, Packet, Verdict, WorkerInfo};
 use flowstate_state::local::LocalStore;
@@ -51,9 +62,6 @@ pub(crate) fn run(effort: Effort) -> Report {
     report.ratio("async_vs_sync_counter", a.mpps / s.mpps);
     report
 }
-
-/// A backend to measure, or why it is skipped.
-type Candidate = (&'static str, Result<Arc<dyn Connector>, String>);
 
 /// Packets for the sync and async runs on one backend: a remote synchronous update is a round
 /// trip (tens of µs on Redis, hundreds on Cassandra), so those runs are shorter.
@@ -188,12 +196,25 @@ pub(crate) fn run_all_backends(effort: Effort) -> Report {
     const REPEATS: u32 = 3;
     report.param("nf_repeats", REPEATS);
     let base = 1 + std::process::id() % 100_000 * 100;
-    let mut spread: f64 = 0.0;
+    // The same stores once more, each in a namespace of its own behind a veth pair.
+    let mut remote = crate::remote::RemoteStores::create();
+    let remote_backends = match &mut remote {
+        Ok(r) => r.start(effort == Effort::Full),
+        Err(why) => vec![("remote", Err(why.clone()))],
+    };
+    let mut nf_backends: Vec<&Candidate> = backends.iter().collect();
+    for c in &remote_backends {
+        match c {
+            (_, Ok(_)) => nf_backends.push(c),
+            (name, Err(why)) => skipped.push(format!("{name}: {why}")),
+        }
+    }
+    let (mut spread, mut spread_cpu): (f64, f64) = (0.0, 0.0);
     for (nf, chain) in [("nat", &nat[..]), ("lb", &lb[..])] {
         let mut best: Vec<Option<crate::nf_throughput::ChainRun>> =
-            backends.iter().map(|_| None).collect();
+            nf_backends.iter().map(|_| None).collect();
         for rep in 0..REPEATS {
-            for (i, (_, connector)) in backends.iter().enumerate() {
+            for (i, (_, connector)) in nf_backends.iter().enumerate() {
                 let Ok(connector) = connector else { continue };
                 let instance = base + rep * 10 + i as u32;
                 let run = crate::nf_throughput::chain_run(
@@ -212,12 +233,16 @@ pub(crate) fn run_all_backends(effort: Effort) -> Report {
                 }
             }
         }
-        let mut rates = Vec::new();
-        for ((name, _), run) in backends.iter().zip(&best) {
+        let (mut rates, mut per_cpu) = (Vec::new(), Vec::new());
+        for ((name, _), run) in nf_backends.iter().zip(&best) {
             let Some(run) = run else { continue };
             let name = name.replace('-', "_");
             report.metric(&format!("{nf}_mpps_{name}"), run.mpps_forwarding);
             report.metric(&format!("{nf}_mpps_with_drain_{name}"), run.mpps);
+            report.metric(
+                &format!("{nf}_mpps_per_cpu_{name}"),
+                run.mpps_per_cpu_forwarding,
+            );
             report.metric(&format!("{nf}_drain_ms_{name}"), run.drain_secs * 1e3);
             report.metric(
                 &format!("{nf}_held_back_flushes_{name}"),
@@ -225,22 +250,40 @@ pub(crate) fn run_all_backends(effort: Effort) -> Report {
             );
             report.metric(&format!("{nf}_failed_flushes_{name}"), run.errors as f64);
             rates.push(run.mpps_forwarding);
+            per_cpu.push(run.mpps_per_cpu_forwarding);
         }
-        let max = rates.iter().copied().fold(0.0, f64::max);
-        let min = rates.iter().copied().fold(f64::INFINITY, f64::min);
-        let pct = if max > 0.0 {
-            (max - min) / max * 100.0
-        } else {
-            0.0
-        };
+        let pct = spread_pct(&rates);
         report.metric(&format!("{nf}_throughput_spread_pct"), pct);
+        report.metric(&format!("{nf}_per_cpu_spread_pct"), spread_pct(&per_cpu));
         spread = spread.max(pct);
+        spread_cpu = spread_cpu.max(spread_pct(&per_cpu));
     }
     report.metric("throughput_spread_pct", spread);
-    report.param("location", "every store on this machine (loopback)");
+    report.metric("per_cpu_spread_pct", spread_cpu);
+    let location = match &remote {
+        Ok(r) => format!(
+            "<backend>: this machine's loopback; <backend>_remote: {} in a network namespace \
+             behind a veth pair",
+            r.address()
+        ),
+        Err(_) => "this machine's loopback (no remote location)".into(),
+    };
+    report.param("location", location);
+    drop(remote);
     report.param("backends", measured.join(", "));
     report.param("skipped", skipped.join("; "));
     report
+}
+
+/// (max − min) / max of `rates`, in percent (0 for none).
+fn spread_pct(rates: &[f64]) -> f64 {
+    let max = rates.iter().copied().fold(0.0, f64::max);
+    let min = rates.iter().copied().fold(f64::INFINITY, f64::min);
+    if max > 0.0 {
+        (max - min) / max * 100.0
+    } else {
+        0.0
+    }
 }
 
 /// What one run measured.
@@ -369,6 +412,20 @@ mod tests {
                     || params.contains(&format!("{name}: ")),
                 "{name} neither measured nor named as skipped: {params}"
             );
+            // ... and so is each remote one (root can make the namespace; others are told
+            // why not).
+            assert!(
+                r.metrics.contains_key(&format!("nat_mpps_{key}_remote"))
+                    || params.contains(&format!("{name}-remote: "))
+                    || params.contains("remote: "),
+                "{name}-remote neither measured nor named as skipped: {params}"
+            );
+        }
+        // No flush failed and every run was measured on each backend.
+        for (k, v) in &r.metrics {
+            if k.contains("failed_flushes") {
+                assert_eq!(*v, 0.0, "{k}");
+            }
         }
     }
 }

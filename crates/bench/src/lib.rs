@@ -10,6 +10,7 @@ mod hashmvt;
 #[cfg(target_os = "linux")]
 mod live_nat;
 mod nf_throughput;
+mod remote;
 mod report;
 mod store_ops;
 

@@ -270,8 +270,10 @@ pub(crate) struct ChainRun {
     pub(crate) mpps: f64,
     /// Total Mpps while packets flowed (the final write-out excluded).
     pub(crate) mpps_forwarding: f64,
-    /// Packets per CPU-second the workers used.
+    /// Packets per CPU-second the workers used, the final write-out included.
     pub(crate) mpps_per_cpu: f64,
+    /// Packets per CPU-second the workers used while packets flowed.
+    pub(crate) mpps_per_cpu_forwarding: f64,
     /// Seconds the slowest worker's final write-out took.
     pub(crate) drain_secs: f64,
     /// Flushes held back because the store was behind, and failed flushes, over all workers.
@@ -279,12 +281,13 @@ pub(crate) struct ChainRun {
     pub(crate) errors: u64,
 }
 
-/// One worker's share of a [`ChainRun`]: seconds forwarding, seconds in all, CPU seconds.
+/// One worker's share of a [`ChainRun`]: seconds (and CPU seconds) forwarding and in all.
 struct WorkerRun {
     packets: usize,
     forwarding: f64,
     total: f64,
     cpu: f64,
+    cpu_forwarding: f64,
     held_back: u64,
     errors: u64,
 }
@@ -365,6 +368,7 @@ pub(crate) fn chain_run(
                     let n = run_passes(&mut nfs, &mut part, &frames, passes, w as u32, origin);
                     // What is still queued for the store is part of the work.
                     let forwarding = start.elapsed().as_secs_f64();
+                    let cpu_forwarding = thread_cpu_seconds() - cpu;
                     let stats = part.stats();
                     let (held, errors) = (
                         stats.held_back.load(Ordering::Relaxed),
@@ -377,6 +381,7 @@ pub(crate) fn chain_run(
                         forwarding,
                         total: start.elapsed().as_secs_f64(),
                         cpu,
+                        cpu_forwarding,
                         held_back: held,
                         errors,
                     }
@@ -394,6 +399,9 @@ pub(crate) fn chain_run(
         mpps: packets / slowest(|r| r.total) / 1e6,
         mpps_forwarding: packets / slowest(|r| r.forwarding) / 1e6,
         mpps_per_cpu: packets / results.iter().map(|r| r.cpu).sum::<f64>() / 1e6,
+        mpps_per_cpu_forwarding: packets
+            / results.iter().map(|r| r.cpu_forwarding).sum::<f64>()
+            / 1e6,
         drain_secs: slowest(|r| r.total - r.forwarding),
         held_back: results.iter().map(|r| r.held_back).sum(),
         errors: results.iter().map(|r| r.errors).sum(),

@@ -330,6 +330,22 @@ fn state_thread(
     }
 }
 
+/// Lets the calling thread run on every CPU the process may use. A state thread is started
+/// by its worker, often pinned to one core; it mostly waits for the store, and sharing the
+/// worker's core would take that core's time from packets (FlexState §III-C2: state
+/// management off the packet path).
+fn unpin_current_thread() {
+    // SAFETY: both calls only read or write the `cpu_set_t` given, whose size is passed;
+    // pid 0 is the calling thread, `getpid()` the process's main thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        if libc::sched_getaffinity(libc::getpid(), size, &mut set) == 0 {
+            libc::sched_setaffinity(0, size, &set);
+        }
+    }
+}
+
 /// What every object shares: its key, strategy, and the link to the store.
 pub(crate) struct Meta {
     pub(crate) key: ObjectKey,
@@ -392,7 +408,10 @@ impl Partition {
             // The thread ends by itself when the last handle of this partition is gone.
             std::thread::Builder::new()
                 .name(format!("state-{}-{}", config.instance, config.core))
-                .spawn(move || state_thread(backend, rx, thread_stats, retain_ops))
+                .spawn(move || {
+                    unpin_current_thread();
+                    state_thread(backend, rx, thread_stats, retain_ops)
+                })
                 .map_err(|_| StateError::Unexpected("cannot start the state thread"))?;
             Route::Thread {
                 tx,
