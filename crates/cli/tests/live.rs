@@ -479,10 +479,14 @@ fn bench_live_nat_reports_the_ratios() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("live-nat.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_flowstate"))
+    let child = Command::new(env!("CARGO_BIN_EXE_flowstate"))
         .args(["bench", "live-nat", "--quick", "--json", path(&json)])
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
     assert!(
         out.status.success(),
         "{}",
@@ -499,7 +503,8 @@ fn bench_live_nat_reports_the_ratios() {
     ] {
         assert!(v["ratios"][key].as_f64().unwrap() > 0.0, "{key}: {v}");
     }
-    // Its lab is gone.
+    // Its lab (named after its process) is gone.
     let netns = Command::new("ip").args(["netns", "list"]).output().unwrap();
-    assert!(!String::from_utf8_lossy(&netns.stdout).contains("fs-bench"));
+    let netns = String::from_utf8_lossy(&netns.stdout);
+    assert!(!netns.contains(&format!("fs-bench{pid}-")), "{netns}");
 }
