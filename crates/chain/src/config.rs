@@ -15,7 +15,7 @@
 //! # [output] interface = "fs-out"  address = "198.51.100.1"   # the outside port
 //!
 //! [runtime]                     # optional
-//! workers = 2                   # default: every core (available parallelism)
+//! workers = 2                   # default: every core (available parallelism); a live box: 1
 //! batch = 32                    # packets per hand-off and per prefetch pass, 1 to 1024
 //! inside = ["10.0.0.0/8", "fd00::/8"]   # sources that make a packet Outbound (this default)
 //! reflect = false               # play the outside hosts (see `crate::reflect`)
@@ -145,7 +145,7 @@ pub struct LivePort {
 /// `[input] driver`: the I/O behind a live box's ports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Driver {
-    /// AF_PACKET sockets, TPACKET_V3 receive ring (default).
+    /// AF_PACKET sockets, TPACKET_V2 receive ring (default).
     #[default]
     AfPacket,
     /// AF_XDP sockets (generic mode) for receiving, AF_PACKET for sending.
@@ -176,7 +176,8 @@ pub enum Output {
 /// `[runtime]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuntimeSection {
-    /// Worker threads (default: the machine's available parallelism).
+    /// Worker threads (default: the machine's available parallelism; 1 for a live box, which
+    /// then runs to completion, see [`crate::live`]).
     pub workers: usize,
     /// Packets per batch.
     pub batch: usize,
@@ -486,6 +487,10 @@ impl Config {
 
         // [runtime]
         let mut runtime = RuntimeSection::default();
+        if matches!(input, Input::Interface(_)) {
+            // A live box runs one worker to completion unless told otherwise (crate::live).
+            runtime.workers = 1;
+        }
         if let Some(r) = raw.runtime {
             if let Some(w) = r.workers {
                 runtime.workers = in_range(w, 1, MAX_WORKERS).ok_or_else(|| {
