@@ -28,8 +28,8 @@
 //! machine's speed.
 //!
 //! Workers are pinned to distinct cores when every thread of the run (the workers, plus the
-//! dispatcher and the output stage when there are any; a worker that sends itself counts one
-//! more, for the kernel's work in its system calls) can have a core of its own; otherwise
+//! dispatcher and the output stage when there are any) can have a core of its own, except in
+//! run-to-completion mode (the kernel's sending work runs in the worker's calls); otherwise
 //! pinning would make workers and those threads fight over cores, and the OS places them.
 
 use crate::reflect::reflect;
@@ -321,9 +321,10 @@ impl Runtime {
         let abort = AtomicBool::new(false);
         let dispatching = source.is_some();
         let cores = core_affinity::get_core_ids().unwrap_or_default();
-        // A worker with its own output sends from its thread: the kernel's transmit work (on
-        // veth, the receiving side's too) runs there, so it counts as a busy thread of its own.
-        let pin = pin_workers(n, dispatching, sink.is_some() || own_output, cores.len());
+        // A worker that runs to completion is not pinned: the kernel's work for what it sends
+        // (on veth, the receiving host's whole stack) runs in its system calls and wakes the
+        // hosts' processes, and the scheduler must stay free to move it off a busy core.
+        let pin = !own_output && pin_workers(n, dispatching, sink.is_some(), cores.len());
         let cores = &cores;
         tracing::info!(
             workers = n,
