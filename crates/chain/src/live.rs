@@ -633,8 +633,11 @@ pub fn run(
     use crate::config::Driver;
     use flowstate_io::afpacket::{AfPacket, AfPacketOptions};
     use flowstate_io::afxdp::{AfXdp, AfXdpOptions, XdpProgram};
+    // The box's own frames need no queueing discipline (a veth has none anyway) and no copy
+    // for the sending host's taps.
     let tx = AfPacketOptions {
         receive: false,
+        qdisc_bypass: true,
         ..AfPacketOptions::default()
     };
     let tx_ports = [

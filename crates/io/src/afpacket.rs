@@ -41,6 +41,7 @@ const TP_STATUS_KERNEL: u32 = 0;
 const TP_STATUS_USER: u32 = 1;
 const PACKET_IGNORE_OUTGOING: libc::c_int = 23;
 const PACKET_OUTGOING: u8 = 4;
+const PACKET_QDISC_BYPASS: libc::c_int = 20;
 
 /// How several sockets of one interface share its traffic (`PACKET_FANOUT`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,6 +103,10 @@ pub struct AfPacketOptions {
     pub fanout: Option<Fanout>,
     /// Packets per `sendmmsg` call at most (headers prepared for this many).
     pub send_batch: usize,
+    /// Send straight to the device driver (`PACKET_QDISC_BYPASS`, Linux 3.14+): no queueing
+    /// discipline, and the interface's own taps (a `tcpdump` on this host's end) do not see
+    /// the frames sent; captures elsewhere do. Ignored where the kernel lacks it.
+    pub qdisc_bypass: bool,
 }
 
 impl Default for AfPacketOptions {
@@ -117,6 +122,7 @@ impl Default for AfPacketOptions {
             block_timeout: Duration::from_millis(1),
             fanout: None,
             send_batch: 64,
+            qdisc_bypass: false,
         }
     }
 }
@@ -406,6 +412,10 @@ impl AfPacket {
                 ifname,
                 io::Error::last_os_error(),
             ));
+        }
+        if o.qdisc_bypass {
+            // Best effort: without it frames go through the qdisc, which is only slower.
+            let _ = setsockopt(s, libc::SOL_PACKET, PACKET_QDISC_BYPASS, &1i32);
         }
         if let (Some(f), true) = (o.fanout, o.receive) {
             let arg: u32 = u32::from(f.group) | (f.mode.raw() << 16);
