@@ -647,7 +647,16 @@ pub fn run(
     let ports = (inside, outside);
     match inside.driver {
         Driver::AfPacket => {
-            let rx = AfPacketOptions::default();
+            // Ring slots big enough for the frames the batches keep (the slot's header and
+            // address take 66 bytes of it).
+            let frame_size = (config.runtime.max_frame + 66)
+                .next_power_of_two()
+                .clamp(2048, 1 << 16) as u32;
+            let rx = AfPacketOptions {
+                frame_size,
+                block_size: frame_size.max(1 << 18),
+                ..AfPacketOptions::default()
+            };
             let rx_ports = [
                 AfPacket::open(&inside.interface, &rx)?,
                 AfPacket::open(&outside.interface, &rx)?,
