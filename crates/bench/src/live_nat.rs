@@ -9,7 +9,15 @@
 //! The three variants run one after another in one lab, in the same run; the claims are the
 //! ratios ours/Linux (`ratios.xdp_vs_linux_pps`, `ratios.afpacket_vs_linux_pps`,
 //! `ratios.xdp_vs_linux_tcp_goodput`, `ratios.afpacket_vs_linux_tcp_goodput`). The box runs
-//! in this process (a thread in the `nf` namespace), one worker, state on the local store.
+//! in this process (a thread in the `nf` namespace), one worker running to completion (the
+//! live box's default), state on the local store.
+//!
+//! Besides, for flowstate's boxes, the CPU the box used (this process's CPU time over the
+//! phase: the box's threads are all that run in it meanwhile), in cores
+//! (`metrics.{afpacket,xdp}_{udp,tcp}_box_cores`), and what it forwarded per core
+//! (`metrics.{afpacket,xdp}_pps_per_box_core`, `..._tcp_mbps_per_box_core`): on a shared
+//! machine the box may get far less than a core, which the ratios alone do not show.
+//! `metrics.loadavg_1m_start` is the machine's load when the run began.
 //! Needs root, iproute2, nftables, ethtool, iperf3 (scripts/setup-live); without them the
 //! report carries `params.error` and no ratio.
 
@@ -54,6 +62,12 @@ pub(crate) fn run(effort: Effort) -> Report {
 
 fn measure_all(lab: &Lab, seconds: u32, report: &mut Report) -> Result<(), String> {
     let mut exec = System::default();
+    if let Some(load) = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next()?.parse::<f64>().ok())
+    {
+        report.metric("loadavg_1m_start", load);
+    }
     lab.up(&mut exec).map_err(|e| e.to_string())?;
 
     lab.kernel_nat(&mut exec, true).map_err(|e| e.to_string())?;
@@ -64,12 +78,24 @@ fn measure_all(lab: &Lab, seconds: u32, report: &mut Report) -> Result<(), Strin
     let afpacket = with_box(lab, "af-packet", || measure(lab, seconds))?;
     let xdp = with_box(lab, "af-xdp", || measure(lab, seconds))?;
 
+    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
     for (name, m) in [("linux", &linux), ("afpacket", &afpacket), ("xdp", &xdp)] {
         report.metric(&format!("{name}_pps"), m.pps);
         report.metric(&format!("{name}_udp_sent_pps"), m.sent_pps);
         report.metric(&format!("{name}_tcp_goodput_mbps"), m.tcp_bps / 1e6);
+        if name != "linux" {
+            report.metric(&format!("{name}_udp_box_cores"), m.udp_cores);
+            report.metric(&format!("{name}_tcp_box_cores"), m.tcp_cores);
+            report.metric(
+                &format!("{name}_pps_per_box_core"),
+                ratio(m.pps, m.udp_cores),
+            );
+            report.metric(
+                &format!("{name}_tcp_mbps_per_box_core"),
+                ratio(m.tcp_bps / 1e6, m.tcp_cores),
+            );
+        }
     }
-    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
     report.ratio("xdp_vs_linux_pps", ratio(xdp.pps, linux.pps));
     report.ratio("afpacket_vs_linux_pps", ratio(afpacket.pps, linux.pps));
     report.ratio(
@@ -90,6 +116,38 @@ struct Measured {
     sent_pps: f64,
     /// TCP goodput at the receiver, bits per second.
     tcp_bps: f64,
+    /// This process's CPU during the UDP and the TCP phase, in cores (a flowstate box's).
+    udp_cores: f64,
+    tcp_cores: f64,
+}
+
+/// This process's CPU time (user + system), and the wall clock.
+fn cpu_now() -> (Duration, std::time::Instant) {
+    // SAFETY: getrusage fills the rusage we pass.
+    let cpu = unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        if libc::getrusage(libc::RUSAGE_SELF, &mut u) != 0 {
+            Duration::ZERO
+        } else {
+            let tv = |t: libc::timeval| {
+                Duration::from_secs(t.tv_sec.max(0) as u64)
+                    + Duration::from_micros(t.tv_usec.max(0) as u64)
+            };
+            tv(u.ru_utime) + tv(u.ru_stime)
+        }
+    };
+    (cpu, std::time::Instant::now())
+}
+
+/// Cores used since `since` (CPU time over wall time).
+fn cores_since(since: (Duration, std::time::Instant)) -> f64 {
+    let (cpu, _) = cpu_now();
+    let wall = since.1.elapsed().as_secs_f64();
+    if wall > 0.0 {
+        cpu.saturating_sub(since.0).as_secs_f64() / wall
+    } else {
+        0.0
+    }
 }
 
 fn iperf3(lab: &Lab, args: &[&str]) -> Result<serde_json::Value, String> {
@@ -117,15 +175,21 @@ fn iperf3(lab: &Lab, args: &[&str]) -> Result<serde_json::Value, String> {
 
 fn measure(lab: &Lab, seconds: u32) -> Result<Measured, String> {
     let t = seconds.to_string();
+    let start = cpu_now();
     let udp = iperf3(lab, &["-u", "-l", "18", "-b", "0", "-t", &t])?;
+    let udp_cores = cores_since(start);
     let sum = &udp["end"]["sum"];
     let secs = sum["seconds"].as_f64().unwrap_or(0.0).max(1e-9);
     let packets = sum["packets"].as_f64().unwrap_or(0.0);
     let lost = sum["lost_packets"].as_f64().unwrap_or(0.0);
     // Let the flood drain before the TCP run.
     std::thread::sleep(Duration::from_millis(500));
+    let start = cpu_now();
     let tcp = iperf3(lab, &["-t", &t])?;
+    let tcp_cores = cores_since(start);
     Ok(Measured {
+        udp_cores,
+        tcp_cores,
         pps: (packets - lost).max(0.0) / secs,
         sent_pps: packets / secs,
         tcp_bps: tcp["end"]["sum_received"]["bits_per_second"]
