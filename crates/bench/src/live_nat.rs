@@ -15,9 +15,15 @@
 //! Besides, for flowstate's boxes, the CPU the box used (this process's CPU time over the
 //! phase: the box's threads are all that run in it meanwhile), in cores
 //! (`metrics.{afpacket,xdp}_{udp,tcp}_box_cores`), and what it forwarded per core
-//! (`metrics.{afpacket,xdp}_pps_per_box_core`, `..._tcp_mbps_per_box_core`): on a shared
-//! machine the box may get far less than a core, which the ratios alone do not show.
+//! (`metrics.{afpacket,xdp}_forwarded_pps_per_box_core`, `..._tcp_mbps_per_box_core`): on a
+//! shared machine the box may get far less than a core, which the ratios alone do not show.
 //! `metrics.loadavg_1m_start` is the machine's load when the run began.
+//!
+//! The pps the issue names counts what the server's `iperf3` received; on a shared machine
+//! the server's process may not keep up with what the box delivers (its socket overflows).
+//! `metrics.*_forwarded_pps` (and `ratios.*_vs_linux_forwarded_pps`) count the frames the box
+//! sent out of its outside port during the flood (the port's kernel counter), for every box,
+//! Linux's included.
 //! Needs root, iproute2, nftables, ethtool, iperf3 (scripts/setup-live); without them the
 //! report carries `params.error` and no ratio.
 
@@ -82,13 +88,14 @@ fn measure_all(lab: &Lab, seconds: u32, report: &mut Report) -> Result<(), Strin
     for (name, m) in [("linux", &linux), ("afpacket", &afpacket), ("xdp", &xdp)] {
         report.metric(&format!("{name}_pps"), m.pps);
         report.metric(&format!("{name}_udp_sent_pps"), m.sent_pps);
+        report.metric(&format!("{name}_forwarded_pps"), m.forwarded_pps);
         report.metric(&format!("{name}_tcp_goodput_mbps"), m.tcp_bps / 1e6);
         if name != "linux" {
             report.metric(&format!("{name}_udp_box_cores"), m.udp_cores);
             report.metric(&format!("{name}_tcp_box_cores"), m.tcp_cores);
             report.metric(
-                &format!("{name}_pps_per_box_core"),
-                ratio(m.pps, m.udp_cores),
+                &format!("{name}_forwarded_pps_per_box_core"),
+                ratio(m.forwarded_pps, m.udp_cores),
             );
             report.metric(
                 &format!("{name}_tcp_mbps_per_box_core"),
@@ -106,6 +113,14 @@ fn measure_all(lab: &Lab, seconds: u32, report: &mut Report) -> Result<(), Strin
         "afpacket_vs_linux_tcp_goodput",
         ratio(afpacket.tcp_bps, linux.tcp_bps),
     );
+    report.ratio(
+        "xdp_vs_linux_forwarded_pps",
+        ratio(xdp.forwarded_pps, linux.forwarded_pps),
+    );
+    report.ratio(
+        "afpacket_vs_linux_forwarded_pps",
+        ratio(afpacket.forwarded_pps, linux.forwarded_pps),
+    );
     Ok(())
 }
 
@@ -114,6 +129,9 @@ struct Measured {
     pps: f64,
     /// Datagrams the client sent per second.
     sent_pps: f64,
+    /// Frames the box sent out of its outside port per second during the flood: what it
+    /// forwarded, whether or not the server's process then kept up with them.
+    forwarded_pps: f64,
     /// TCP goodput at the receiver, bits per second.
     tcp_bps: f64,
     /// This process's CPU during the UDP and the TCP phase, in cores (a flowstate box's).
@@ -173,10 +191,28 @@ fn iperf3(lab: &Lab, args: &[&str]) -> Result<serde_json::Value, String> {
     Err(format!("iperf3 {}: the server stayed busy", argv.join(" ")))
 }
 
+/// Frames the box's outside port has sent so far (its kernel counter, whoever the box is).
+fn outside_tx_packets(lab: &Lab) -> Result<u64, String> {
+    let path = format!(
+        "/sys/class/net/{}/statistics/tx_packets",
+        flowstate_lab::NF_OUTSIDE_IF
+    );
+    let out = Command::new("ip")
+        .args(["netns", "exec", &lab.nf_ns(), "cat", &path])
+        .output()
+        .map_err(|e| format!("reading {path}: {e}"))?;
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .map_err(|_| format!("reading {path} in {}: not a number", lab.nf_ns()))
+}
+
 fn measure(lab: &Lab, seconds: u32) -> Result<Measured, String> {
     let t = seconds.to_string();
     let start = cpu_now();
+    let tx0 = outside_tx_packets(lab)?;
     let udp = iperf3(lab, &["-u", "-l", "18", "-b", "0", "-t", &t])?;
+    let tx1 = outside_tx_packets(lab)?;
     let udp_cores = cores_since(start);
     let sum = &udp["end"]["sum"];
     let secs = sum["seconds"].as_f64().unwrap_or(0.0).max(1e-9);
@@ -190,6 +226,7 @@ fn measure(lab: &Lab, seconds: u32) -> Result<Measured, String> {
     Ok(Measured {
         udp_cores,
         tcp_cores,
+        forwarded_pps: tx1.saturating_sub(tx0) as f64 / secs,
         pps: (packets - lost).max(0.0) / secs,
         sent_pps: packets / secs,
         tcp_bps: tcp["end"]["sum_received"]["bits_per_second"]

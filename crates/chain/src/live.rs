@@ -647,11 +647,16 @@ pub fn run(
     let ports = (inside, outside);
     match inside.driver {
         Driver::AfPacket => {
-            // Ring slots big enough for the frames the batches keep (the slot's header and
-            // address take 66 bytes of it).
-            let frame_size = (config.runtime.max_frame + 66)
-                .next_power_of_two()
-                .clamp(2048, 1 << 16) as u32;
+            // 2 KiB ring slots hold frames up to 1982 bytes (the slot's header and address
+            // take 66), enough for a 1500-byte MTU and dense in memory for small frames; a
+            // larger max_frame gets slots that hold it.
+            let frame_size = if config.runtime.max_frame <= 2048 {
+                2048
+            } else {
+                (config.runtime.max_frame + 66)
+                    .next_power_of_two()
+                    .min(1 << 16) as u32
+            };
             let rx = AfPacketOptions {
                 frame_size,
                 block_size: frame_size.max(1 << 18),
