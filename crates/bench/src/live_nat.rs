@@ -19,6 +19,11 @@
 //! shared machine the box may get far less than a core, which the ratios alone do not show.
 //! `metrics.loadavg_1m_start` is the machine's load when the run began.
 //!
+//! A fourth box, `afpacket_nice`, is the AF_PACKET one with its worker at nice -10
+//! (`[runtime] nice`): the kernel's NAT runs in softirq context, ahead of every process,
+//! while flowstate's worker waits its turn among the hosts' processes and whatever else the
+//! machine runs; this variant shows how much of the gap is that wait.
+//!
 //! The pps the issue names counts what the server's `iperf3` received; on a shared machine
 //! the server's process may not keep up with what the box delivers (its socket overflows).
 //! `metrics.*_forwarded_pps` (and `ratios.*_vs_linux_forwarded_pps`) count the frames the box
@@ -35,6 +40,9 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The nice value of the extra AF_PACKET variant (`afpacket_nice_*`).
+const NICE: i32 = -10;
+
 pub(crate) fn run(effort: Effort) -> Report {
     let seconds = match effort {
         Effort::Full => 5,
@@ -45,6 +53,7 @@ pub(crate) fn run(effort: Effort) -> Report {
         .param("seconds", seconds)
         .param("udp_payload_bytes", 18)
         .param("workers", 1)
+        .param("afpacket_nice_variant_nice", NICE)
         .param(
             "lab",
             "client -- veth -- nf -- veth -- server, generic XDP, offloads off",
@@ -81,11 +90,17 @@ fn measure_all(lab: &Lab, seconds: u32, report: &mut Report) -> Result<(), Strin
     lab.kernel_nat(&mut exec, false)
         .map_err(|e| e.to_string())?;
 
-    let afpacket = with_box(lab, "af-packet", || measure(lab, seconds))?;
-    let xdp = with_box(lab, "af-xdp", || measure(lab, seconds))?;
+    let afpacket = with_box(lab, "af-packet", None, || measure(lab, seconds))?;
+    let xdp = with_box(lab, "af-xdp", None, || measure(lab, seconds))?;
+    let afpacket_nice = with_box(lab, "af-packet", Some(NICE), || measure(lab, seconds))?;
 
     let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
-    for (name, m) in [("linux", &linux), ("afpacket", &afpacket), ("xdp", &xdp)] {
+    for (name, m) in [
+        ("linux", &linux),
+        ("afpacket", &afpacket),
+        ("xdp", &xdp),
+        ("afpacket_nice", &afpacket_nice),
+    ] {
         report.metric(&format!("{name}_pps"), m.pps);
         report.metric(&format!("{name}_udp_sent_pps"), m.sent_pps);
         report.metric(&format!("{name}_forwarded_pps"), m.forwarded_pps);
@@ -120,6 +135,18 @@ fn measure_all(lab: &Lab, seconds: u32, report: &mut Report) -> Result<(), Strin
     report.ratio(
         "afpacket_vs_linux_forwarded_pps",
         ratio(afpacket.forwarded_pps, linux.forwarded_pps),
+    );
+    report.ratio(
+        "afpacket_nice_vs_linux_pps",
+        ratio(afpacket_nice.pps, linux.pps),
+    );
+    report.ratio(
+        "afpacket_nice_vs_linux_tcp_goodput",
+        ratio(afpacket_nice.tcp_bps, linux.tcp_bps),
+    );
+    report.ratio(
+        "afpacket_nice_vs_linux_forwarded_pps",
+        ratio(afpacket_nice.forwarded_pps, linux.forwarded_pps),
     );
     Ok(())
 }
@@ -239,12 +266,14 @@ fn measure(lab: &Lab, seconds: u32) -> Result<Measured, String> {
 fn with_box<T>(
     lab: &Lab,
     driver: &str,
+    nice: Option<i32>,
     f: impl FnOnce() -> Result<T, String>,
 ) -> Result<T, String> {
+    let nice = nice.map(|n| format!("nice = {n}\n")).unwrap_or_default();
     let text = format!(
         "[input]\ninterface = \"{}\"\naddress = \"10.0.0.1\"\ndriver = \"{driver}\"\n\
          [output]\ninterface = \"{}\"\naddress = \"{BOX_OUTSIDE}\"\n\
-         [runtime]\nworkers = 1\ninside = [\"10.0.0.0/24\"]\n\
+         [runtime]\nworkers = 1\ninside = [\"10.0.0.0/24\"]\n{nice}\
          [state]\nbackend = \"local\"\n\
          [[chain]]\nnf = \"nat\"\nexternal = [\"{BOX_OUTSIDE}\"]\n",
         flowstate_lab::NF_INSIDE_IF,

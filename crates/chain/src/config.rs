@@ -20,6 +20,7 @@
 //! inside = ["10.0.0.0/8", "fd00::/8"]   # sources that make a packet Outbound (this default)
 //! reflect = false               # play the outside hosts (see `crate::reflect`)
 //! max_frame = 2048              # buffer per packet; longer frames are truncated
+//! nice = -10                    # workers' scheduling priority, -20 to 19 (default: inherited)
 //!
 //! [state]                       # optional
 //! backend = "local"             # local | store | redis | redis-cluster | cassandra
@@ -187,6 +188,11 @@ pub struct RuntimeSection {
     pub reflect: bool,
     /// Buffer size per packet: longer frames are truncated (and then usually malformed).
     pub max_frame: usize,
+    /// The workers' nice value (`None`: the process's own). A live box shares its cores with
+    /// other processes: a lower value shortens the wait between a frame's arrival and the
+    /// worker running (the kernel's own forwarding runs in softirq context, ahead of every
+    /// process). Lowering it needs CAP_SYS_NICE.
+    pub nice: Option<i32>,
 }
 
 /// Default `[runtime] batch`.
@@ -208,6 +214,7 @@ impl Default for RuntimeSection {
             inside: default_inside(),
             reflect: false,
             max_frame: DEFAULT_MAX_FRAME,
+            nice: None,
         }
     }
 }
@@ -360,6 +367,7 @@ struct RawRuntime {
     inside: Option<Vec<String>>,
     reflect: Option<bool>,
     max_frame: Option<i64>,
+    nice: Option<i64>,
 }
 
 #[derive(Deserialize)]
@@ -507,6 +515,12 @@ impl Config {
                         format!("expected 1 to {MAX_BATCH}, got {b}"),
                     )
                 })?;
+            }
+            if let Some(n) = r.nice {
+                if !(-20..=19).contains(&n) {
+                    return Err(err("runtime.nice", format!("expected -20 to 19, got {n}")));
+                }
+                runtime.nice = Some(n as i32);
             }
             if let Some(m) = r.max_frame {
                 runtime.max_frame = in_range(m, 64, 65_536 + 18).ok_or_else(|| {

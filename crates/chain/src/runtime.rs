@@ -76,6 +76,8 @@ pub struct RuntimeOptions {
     pub queue_depth: usize,
     /// Steer by state ownership first (NAT external ports, LB connections).
     pub owners: crate::owners::Owners,
+    /// The worker threads' nice value (`None`: inherited).
+    pub nice: Option<i32>,
 }
 
 impl Default for RuntimeOptions {
@@ -93,6 +95,7 @@ impl Default for RuntimeOptions {
             flush_interval: Duration::from_millis(1),
             queue_depth: StateConfig::default().queue_depth,
             owners: crate::owners::Owners::default(),
+            nice: None,
         }
     }
 }
@@ -110,6 +113,7 @@ impl RuntimeOptions {
             instance: c.state.nf_instance,
             flush_interval: c.state.flush_interval,
             owners: crate::owners::Owners::from_chain(&c.chain),
+            nice: c.runtime.nice,
             ..RuntimeOptions::default()
         }
     }
@@ -411,6 +415,9 @@ impl Runtime {
                         let _guard = AbortOnPanic(abort);
                         if pin && !core_affinity::set_for_current(cores[w]) {
                             tracing::debug!(worker = w, "could not pin the worker to its core");
+                        }
+                        if let Some(nice) = o.nice {
+                            set_nice(nice, w);
                         }
                         let r = self.worker(
                             w, n, ready, go_rx, feed, recycle, make, own_output, steering, abort,
@@ -1209,6 +1216,29 @@ fn output_loop(
         }
     }
     sink.flush().map_err(RunError::Output)
+}
+
+/// Sets the calling thread's nice value (Linux: per thread); a refusal (no CAP_SYS_NICE) is
+/// logged, not fatal: the worker runs at the inherited priority.
+fn set_nice(nice: i32, worker: usize) {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: gettid and setpriority on this thread; no memory is passed.
+        let r = unsafe {
+            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+            libc::setpriority(libc::PRIO_PROCESS, tid, nice)
+        };
+        if r != 0 {
+            tracing::warn!(
+                worker,
+                nice,
+                error = %std::io::Error::last_os_error(),
+                "could not set the worker's nice value; it runs at the inherited one"
+            );
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    tracing::warn!(worker, nice, "nice values are set on Linux only");
 }
 
 /// Hands a processed batch's forwarded packets, each followed by its forwarded reply, to the
