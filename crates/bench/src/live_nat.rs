@@ -9,7 +9,26 @@
 //! The three variants run one after another in one lab, in the same run; the claims are the
 //! ratios ours/Linux (`ratios.xdp_vs_linux_pps`, `ratios.afpacket_vs_linux_pps`,
 //! `ratios.xdp_vs_linux_tcp_goodput`, `ratios.afpacket_vs_linux_tcp_goodput`). The box runs
-//! in this process (a thread in the `nf` namespace), one worker, state on the local store.
+//! in this process (a thread in the `nf` namespace), one worker running to completion (the
+//! live box's default), state on the local store.
+//!
+//! Besides, for flowstate's boxes, the CPU the box used (this process's CPU time over the
+//! phase: the box's threads are all that run in it meanwhile), in cores
+//! (`metrics.{afpacket,xdp}_{udp,tcp}_box_cores`), and what it forwarded per core
+//! (`metrics.{afpacket,xdp}_forwarded_pps_per_box_core`, `..._tcp_mbps_per_box_core`): on a
+//! shared machine the box may get far less than a core, which the ratios alone do not show.
+//! `metrics.loadavg_1m_start` is the machine's load when the run began.
+//!
+//! A fourth box, `afpacket_nice`, is the AF_PACKET one with its worker at nice -10
+//! (`[runtime] nice`): the kernel's NAT runs in softirq context, ahead of every process,
+//! while flowstate's worker waits its turn among the hosts' processes and whatever else the
+//! machine runs; this variant shows how much of the gap is that wait.
+//!
+//! The pps the issue names counts what the server's `iperf3` received; on a shared machine
+//! the server's process may not keep up with what the box delivers (its socket overflows).
+//! `metrics.*_forwarded_pps` (and `ratios.*_vs_linux_forwarded_pps`) count the frames the box
+//! sent out of its outside port during the flood (the port's kernel counter), for every box,
+//! Linux's included.
 //! Needs root, iproute2, nftables, ethtool, iperf3 (scripts/setup-live); without them the
 //! report carries `params.error` and no ratio.
 
@@ -21,6 +40,9 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The nice value of the extra AF_PACKET variant (`afpacket_nice_*`).
+const NICE: i32 = -10;
+
 pub(crate) fn run(effort: Effort) -> Report {
     let seconds = match effort {
         Effort::Full => 5,
@@ -31,6 +53,7 @@ pub(crate) fn run(effort: Effort) -> Report {
         .param("seconds", seconds)
         .param("udp_payload_bytes", 18)
         .param("workers", 1)
+        .param("afpacket_nice_variant_nice", NICE)
         .param(
             "lab",
             "client -- veth -- nf -- veth -- server, generic XDP, offloads off",
@@ -54,6 +77,12 @@ pub(crate) fn run(effort: Effort) -> Report {
 
 fn measure_all(lab: &Lab, seconds: u32, report: &mut Report) -> Result<(), String> {
     let mut exec = System::default();
+    if let Some(load) = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next()?.parse::<f64>().ok())
+    {
+        report.metric("loadavg_1m_start", load);
+    }
     lab.up(&mut exec).map_err(|e| e.to_string())?;
 
     lab.kernel_nat(&mut exec, true).map_err(|e| e.to_string())?;
@@ -61,15 +90,34 @@ fn measure_all(lab: &Lab, seconds: u32, report: &mut Report) -> Result<(), Strin
     lab.kernel_nat(&mut exec, false)
         .map_err(|e| e.to_string())?;
 
-    let afpacket = with_box(lab, "af-packet", || measure(lab, seconds))?;
-    let xdp = with_box(lab, "af-xdp", || measure(lab, seconds))?;
+    let afpacket = with_box(lab, "af-packet", None, || measure(lab, seconds))?;
+    let xdp = with_box(lab, "af-xdp", None, || measure(lab, seconds))?;
+    let afpacket_nice = with_box(lab, "af-packet", Some(NICE), || measure(lab, seconds))?;
 
-    for (name, m) in [("linux", &linux), ("afpacket", &afpacket), ("xdp", &xdp)] {
+    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+    for (name, m) in [
+        ("linux", &linux),
+        ("afpacket", &afpacket),
+        ("xdp", &xdp),
+        ("afpacket_nice", &afpacket_nice),
+    ] {
         report.metric(&format!("{name}_pps"), m.pps);
         report.metric(&format!("{name}_udp_sent_pps"), m.sent_pps);
+        report.metric(&format!("{name}_forwarded_pps"), m.forwarded_pps);
         report.metric(&format!("{name}_tcp_goodput_mbps"), m.tcp_bps / 1e6);
+        if name != "linux" {
+            report.metric(&format!("{name}_udp_box_cores"), m.udp_cores);
+            report.metric(&format!("{name}_tcp_box_cores"), m.tcp_cores);
+            report.metric(
+                &format!("{name}_forwarded_pps_per_box_core"),
+                ratio(m.forwarded_pps, m.udp_cores),
+            );
+            report.metric(
+                &format!("{name}_tcp_mbps_per_box_core"),
+                ratio(m.tcp_bps / 1e6, m.tcp_cores),
+            );
+        }
     }
-    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
     report.ratio("xdp_vs_linux_pps", ratio(xdp.pps, linux.pps));
     report.ratio("afpacket_vs_linux_pps", ratio(afpacket.pps, linux.pps));
     report.ratio(
@@ -80,6 +128,26 @@ fn measure_all(lab: &Lab, seconds: u32, report: &mut Report) -> Result<(), Strin
         "afpacket_vs_linux_tcp_goodput",
         ratio(afpacket.tcp_bps, linux.tcp_bps),
     );
+    report.ratio(
+        "xdp_vs_linux_forwarded_pps",
+        ratio(xdp.forwarded_pps, linux.forwarded_pps),
+    );
+    report.ratio(
+        "afpacket_vs_linux_forwarded_pps",
+        ratio(afpacket.forwarded_pps, linux.forwarded_pps),
+    );
+    report.ratio(
+        "afpacket_nice_vs_linux_pps",
+        ratio(afpacket_nice.pps, linux.pps),
+    );
+    report.ratio(
+        "afpacket_nice_vs_linux_tcp_goodput",
+        ratio(afpacket_nice.tcp_bps, linux.tcp_bps),
+    );
+    report.ratio(
+        "afpacket_nice_vs_linux_forwarded_pps",
+        ratio(afpacket_nice.forwarded_pps, linux.forwarded_pps),
+    );
     Ok(())
 }
 
@@ -88,8 +156,43 @@ struct Measured {
     pps: f64,
     /// Datagrams the client sent per second.
     sent_pps: f64,
+    /// Frames the box sent out of its outside port per second during the flood: what it
+    /// forwarded, whether or not the server's process then kept up with them.
+    forwarded_pps: f64,
     /// TCP goodput at the receiver, bits per second.
     tcp_bps: f64,
+    /// This process's CPU during the UDP and the TCP phase, in cores (a flowstate box's).
+    udp_cores: f64,
+    tcp_cores: f64,
+}
+
+/// This process's CPU time (user + system), and the wall clock.
+fn cpu_now() -> (Duration, std::time::Instant) {
+    // SAFETY: getrusage fills the rusage we pass.
+    let cpu = unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        if libc::getrusage(libc::RUSAGE_SELF, &mut u) != 0 {
+            Duration::ZERO
+        } else {
+            let tv = |t: libc::timeval| {
+                Duration::from_secs(t.tv_sec.max(0) as u64)
+                    + Duration::from_micros(t.tv_usec.max(0) as u64)
+            };
+            tv(u.ru_utime) + tv(u.ru_stime)
+        }
+    };
+    (cpu, std::time::Instant::now())
+}
+
+/// Cores used since `since` (CPU time over wall time).
+fn cores_since(since: (Duration, std::time::Instant)) -> f64 {
+    let (cpu, _) = cpu_now();
+    let wall = since.1.elapsed().as_secs_f64();
+    if wall > 0.0 {
+        cpu.saturating_sub(since.0).as_secs_f64() / wall
+    } else {
+        0.0
+    }
 }
 
 fn iperf3(lab: &Lab, args: &[&str]) -> Result<serde_json::Value, String> {
@@ -115,17 +218,42 @@ fn iperf3(lab: &Lab, args: &[&str]) -> Result<serde_json::Value, String> {
     Err(format!("iperf3 {}: the server stayed busy", argv.join(" ")))
 }
 
+/// Frames the box's outside port has sent so far (its kernel counter, whoever the box is).
+fn outside_tx_packets(lab: &Lab) -> Result<u64, String> {
+    let path = format!(
+        "/sys/class/net/{}/statistics/tx_packets",
+        flowstate_lab::NF_OUTSIDE_IF
+    );
+    let out = Command::new("ip")
+        .args(["netns", "exec", &lab.nf_ns(), "cat", &path])
+        .output()
+        .map_err(|e| format!("reading {path}: {e}"))?;
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .map_err(|_| format!("reading {path} in {}: not a number", lab.nf_ns()))
+}
+
 fn measure(lab: &Lab, seconds: u32) -> Result<Measured, String> {
     let t = seconds.to_string();
+    let start = cpu_now();
+    let tx0 = outside_tx_packets(lab)?;
     let udp = iperf3(lab, &["-u", "-l", "18", "-b", "0", "-t", &t])?;
+    let tx1 = outside_tx_packets(lab)?;
+    let udp_cores = cores_since(start);
     let sum = &udp["end"]["sum"];
     let secs = sum["seconds"].as_f64().unwrap_or(0.0).max(1e-9);
     let packets = sum["packets"].as_f64().unwrap_or(0.0);
     let lost = sum["lost_packets"].as_f64().unwrap_or(0.0);
     // Let the flood drain before the TCP run.
     std::thread::sleep(Duration::from_millis(500));
+    let start = cpu_now();
     let tcp = iperf3(lab, &["-t", &t])?;
+    let tcp_cores = cores_since(start);
     Ok(Measured {
+        udp_cores,
+        tcp_cores,
+        forwarded_pps: tx1.saturating_sub(tx0) as f64 / secs,
         pps: (packets - lost).max(0.0) / secs,
         sent_pps: packets / secs,
         tcp_bps: tcp["end"]["sum_received"]["bits_per_second"]
@@ -138,12 +266,14 @@ fn measure(lab: &Lab, seconds: u32) -> Result<Measured, String> {
 fn with_box<T>(
     lab: &Lab,
     driver: &str,
+    nice: Option<i32>,
     f: impl FnOnce() -> Result<T, String>,
 ) -> Result<T, String> {
+    let nice = nice.map(|n| format!("nice = {n}\n")).unwrap_or_default();
     let text = format!(
         "[input]\ninterface = \"{}\"\naddress = \"10.0.0.1\"\ndriver = \"{driver}\"\n\
          [output]\ninterface = \"{}\"\naddress = \"{BOX_OUTSIDE}\"\n\
-         [runtime]\nworkers = 1\ninside = [\"10.0.0.0/24\"]\n\
+         [runtime]\nworkers = 1\ninside = [\"10.0.0.0/24\"]\n{nice}\
          [state]\nbackend = \"local\"\n\
          [[chain]]\nnf = \"nat\"\nexternal = [\"{BOX_OUTSIDE}\"]\n",
         flowstate_lab::NF_INSIDE_IF,

@@ -15,11 +15,12 @@
 //! # [output] interface = "fs-out"  address = "198.51.100.1"   # the outside port
 //!
 //! [runtime]                     # optional
-//! workers = 2                   # default: every core (available parallelism)
+//! workers = 2                   # default: every core (available parallelism); a live box: 1
 //! batch = 32                    # packets per hand-off and per prefetch pass, 1 to 1024
 //! inside = ["10.0.0.0/8", "fd00::/8"]   # sources that make a packet Outbound (this default)
 //! reflect = false               # play the outside hosts (see `crate::reflect`)
 //! max_frame = 2048              # buffer per packet; longer frames are truncated
+//! nice = -10                    # workers' scheduling priority, -20 to 19 (default: inherited)
 //!
 //! [state]                       # optional
 //! backend = "local"             # local | store | redis | redis-cluster | cassandra
@@ -146,7 +147,7 @@ pub struct LivePort {
 /// `[input] driver`: the I/O behind a live box's ports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Driver {
-    /// AF_PACKET sockets, TPACKET_V3 receive ring (default).
+    /// AF_PACKET sockets, TPACKET_V2 receive ring (default).
     #[default]
     AfPacket,
     /// AF_XDP sockets (generic mode) for receiving, AF_PACKET for sending.
@@ -177,7 +178,8 @@ pub enum Output {
 /// `[runtime]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuntimeSection {
-    /// Worker threads (default: the machine's available parallelism).
+    /// Worker threads (default: the machine's available parallelism; 1 for a live box, which
+    /// then runs to completion, see [`crate::live`]).
     pub workers: usize,
     /// Packets per batch.
     pub batch: usize,
@@ -187,6 +189,11 @@ pub struct RuntimeSection {
     pub reflect: bool,
     /// Buffer size per packet: longer frames are truncated (and then usually malformed).
     pub max_frame: usize,
+    /// The workers' nice value (`None`: the process's own). A live box shares its cores with
+    /// other processes: a lower value shortens the wait between a frame's arrival and the
+    /// worker running (the kernel's own forwarding runs in softirq context, ahead of every
+    /// process). Lowering it needs CAP_SYS_NICE.
+    pub nice: Option<i32>,
 }
 
 /// Default `[runtime] batch`.
@@ -208,6 +215,7 @@ impl Default for RuntimeSection {
             inside: default_inside(),
             reflect: false,
             max_frame: DEFAULT_MAX_FRAME,
+            nice: None,
         }
     }
 }
@@ -363,6 +371,7 @@ struct RawRuntime {
     inside: Option<Vec<String>>,
     reflect: Option<bool>,
     max_frame: Option<i64>,
+    nice: Option<i64>,
 }
 
 #[derive(Deserialize)]
@@ -491,6 +500,10 @@ impl Config {
 
         // [runtime]
         let mut runtime = RuntimeSection::default();
+        if matches!(input, Input::Interface(_)) {
+            // A live box runs one worker to completion unless told otherwise (crate::live).
+            runtime.workers = 1;
+        }
         if let Some(r) = raw.runtime {
             if let Some(w) = r.workers {
                 runtime.workers = in_range(w, 1, MAX_WORKERS).ok_or_else(|| {
@@ -507,6 +520,12 @@ impl Config {
                         format!("expected 1 to {MAX_BATCH}, got {b}"),
                     )
                 })?;
+            }
+            if let Some(n) = r.nice {
+                if !(-20..=19).contains(&n) {
+                    return Err(err("runtime.nice", format!("expected -20 to 19, got {n}")));
+                }
+                runtime.nice = Some(n as i32);
             }
             if let Some(m) = r.max_frame {
                 runtime.max_frame = in_range(m, 64, 65_536 + 18).ok_or_else(|| {

@@ -73,7 +73,7 @@ pub mod steer;
 pub mod summary;
 
 pub use config::{Config, ConfigError};
-pub use runtime::{RunError, Runtime, RuntimeOptions};
+pub use runtime::{RunError, Runtime, RuntimeOptions, WorkerSink};
 pub use steer::{IpPrefix, Steering};
 pub use summary::{NfSummary, Summary, WorkerSummary};
 
@@ -240,6 +240,22 @@ impl<S: Source> Source for Counting<'_, S> {
             p(n as u64);
         }
         Ok(n)
+    }
+}
+
+impl<S: WorkerSink> WorkerSink for Counting<'_, S> {
+    fn forward(&mut self, frame: &[u8]) -> flowstate_io::Result<()> {
+        match &mut self.inner {
+            Some(s) => s.forward(frame),
+            None => Ok(()),
+        }
+    }
+
+    fn flush_forwarded(&mut self) -> flowstate_io::Result<()> {
+        match &mut self.inner {
+            Some(s) => s.flush_forwarded(),
+            None => Ok(()),
+        }
     }
 }
 

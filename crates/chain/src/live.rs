@@ -1,8 +1,12 @@
 //! The two-port box: live interfaces in and out of the chain.
 //!
 //! ```text
-//!  inside hosts --port 0 (inside)--> [LiveSource] -> dispatcher -> workers -> [LiveSink] --port 1 (outside)--> outside hosts
-//!               <------------------------------------------------------------------------
+//!  one worker (default): run to completion, one thread
+//!  inside hosts --port 0--> [worker: poll both ports -> chain -> route -> sendmmsg] --port 1--> outside hosts
+//!               <-------------------------------------------------------------------
+//!
+//!  several workers: dispatcher -> workers -> output thread
+//!  inside hosts --port 0--> [LiveSource] -> dispatcher -> workers -> [LiveSink] --port 1--> outside hosts
 //! ```
 //!
 //! The box is an IPv4 router with two ports and no kernel addresses:
@@ -18,24 +22,42 @@
 //!   a packet whose TTL runs out is dropped. A destination whose MAC is not known yet is asked
 //!   for with an ARP request (at most once every 200 ms per address) and the packet dropped;
 //!   the sender's retransmission finds it.
-//! * Receiving is AF_PACKET (TPACKET_V3) or AF_XDP (`driver = "af-xdp"`: an XDP program
-//!   redirects each port's queue 0 to an XDP socket, so the kernel stack never sees the
-//!   frames); sending is AF_PACKET `sendmmsg` in both cases, because an XDP socket belongs to
-//!   one queue and the receiving (dispatcher) and sending (output) threads would have to share
-//!   it under a lock. [`flowstate_io::afxdp::AfXdp`] sends too, for single-threaded users.
+//! * Receiving is AF_PACKET (a TPACKET_V2 ring: each frame is handed over, and wakes the
+//!   box, as soon as the kernel wrote it; TPACKET_V3's block retire timeout would hold a slow
+//!   flow's frames, a TCP connection's ACKs, for a millisecond or more) or AF_XDP
+//!   (`driver = "af-xdp"`: an XDP program redirects each port's queue 0 to an XDP socket, so
+//!   the kernel stack never sees the frames); sending is AF_PACKET `sendmmsg` in both cases.
+//! * **Run to completion** with one worker (the default for a live box): the worker's thread
+//!   owns both ports' sockets, waits in `poll` on both (no busy spinning: the hosts' own
+//!   processes and the kernel need the cores), takes what is ready (up to a batch), runs the
+//!   chain, and sends the forwarded frames itself, one `sendmmsg` per port and batch. No
+//!   dispatcher, no output thread, no hand-off, no allocation per packet.
+//! * With several workers (`[runtime] workers = N`), one dispatcher thread reads both ports
+//!   and steers each packet by flowstate's symmetric hash and state ownership
+//!   ([`crate::steer`], [`crate::owners`]) to its worker, and one output thread sends. The
+//!   kernel's own spreading cannot replace the dispatcher: `PACKET_FANOUT_HASH` (and RSS on
+//!   a NIC) hashes the 5-tuple as it is on the wire, which for a NAT differs between the two
+//!   directions (the inbound packet is addressed to the external address and port), and it
+//!   knows nothing of which worker owns a NAT port or an LB connection; a flow's two
+//!   directions would reach different workers, and state owned by one would be missed by the
+//!   other. Hence one worker by default: on a small machine the cores are better spent on
+//!   the kernel's share of forwarding (on veth the whole receiving host's stack runs in the
+//!   sender's system call) than on more threads.
+//! * An XDP socket belongs to one queue and the receiving and sending threads of the
+//!   several-worker mode would have to share it under a lock, hence AF_PACKET for sending;
+//!   [`flowstate_io::afxdp::AfXdp`] sends too, for single-threaded users.
 //! * [`Stop`] ends the source: the runtime then drains its workers and flushes their state,
 //!   which is the graceful stop `flowstate run` performs on SIGINT and SIGTERM.
 //!
 //! Limits: IPv4 only (IPv6 and VLAN-tagged frames are dropped as not for the box); no ICMP
-//! errors are generated (TTL expiry, unknown neighbour); one dispatcher thread reads both
-//! ports and steers by flowstate's own hash and state ownership, rather than one
-//! `PACKET_FANOUT`/AF_XDP queue per worker, because the kernel's spreading knows neither the
-//! symmetric hash nor which worker owns a NAT port; time (NAT and firewall timeouts) advances
+//! errors are generated (TTL expiry, unknown neighbour); several workers go through the
+//! dispatcher and output threads (see above); time (NAT and firewall timeouts) advances
 //! with packets, so an idle box expires nothing until traffic resumes, and a stage that fails
 //! while the ports are idle ends the run at the next packet or signal.
 //!
-//! The neighbour table is written by the receiving thread only and read by the sending one
-//! through a per-entry sequence lock: no lock, no allocation after start.
+//! The neighbour table is written by the receiving side only and read by the sending side
+//! (another thread with several workers) through a per-entry sequence lock: no lock, no
+//! allocation after start.
 
 use crate::steer::IpPrefix;
 use flowstate_io::{PacketBatch, Port, Sink, Source};
@@ -548,6 +570,45 @@ impl<P: Port> LiveSink<P> {
     }
 }
 
+/// Both sides of the box in one worker's hands (run to completion: the worker receives, runs
+/// the chain and sends, with no thread in between).
+pub struct LiveWorker<R: Port, T: Port> {
+    source: LiveSource<R>,
+    sink: LiveSink<T>,
+}
+
+impl<R: Port, T: Port> std::fmt::Debug for LiveWorker<R, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LiveWorker")
+            .field("addrs", &self.source.addrs)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<R: Port, T: Port> LiveWorker<R, T> {
+    /// The worker's receiving and sending sides.
+    pub fn new(source: LiveSource<R>, sink: LiveSink<T>) -> Self {
+        LiveWorker { source, sink }
+    }
+}
+
+impl<R: Port, T: Port> Source for LiveWorker<R, T> {
+    fn recv(&mut self, batch: &mut PacketBatch) -> flowstate_io::Result<usize> {
+        self.source.recv(batch)
+    }
+}
+
+impl<R: Port, T: Port> crate::WorkerSink for LiveWorker<R, T> {
+    fn forward(&mut self, frame: &[u8]) -> flowstate_io::Result<()> {
+        self.sink.route(frame)
+    }
+
+    fn flush_forwarded(&mut self) -> flowstate_io::Result<()> {
+        self.sink.drain(0)?;
+        self.sink.drain(1)
+    }
+}
+
 impl<P: Port> Sink for LiveSink<P> {
     fn send(&mut self, batch: &PacketBatch) -> flowstate_io::Result<()> {
         for (frame, _) in batch.iter() {
@@ -572,8 +633,11 @@ pub fn run(
     use crate::config::Driver;
     use flowstate_io::afpacket::{AfPacket, AfPacketOptions};
     use flowstate_io::afxdp::{AfXdp, AfXdpOptions, XdpProgram};
+    // The box's own frames need no queueing discipline (a veth has none anyway) and no copy
+    // for the sending host's taps.
     let tx = AfPacketOptions {
         receive: false,
+        qdisc_bypass: true,
         ..AfPacketOptions::default()
     };
     let tx_ports = [
@@ -583,7 +647,21 @@ pub fn run(
     let ports = (inside, outside);
     match inside.driver {
         Driver::AfPacket => {
-            let rx = AfPacketOptions::default();
+            // 2 KiB ring slots hold frames up to 1982 bytes (the slot's header and address
+            // take 66), enough for a 1500-byte MTU and dense in memory for small frames; a
+            // larger max_frame gets slots that hold it.
+            let frame_size = if config.runtime.max_frame <= 2048 {
+                2048
+            } else {
+                (config.runtime.max_frame + 66)
+                    .next_power_of_two()
+                    .min(1 << 16) as u32
+            };
+            let rx = AfPacketOptions {
+                frame_size,
+                block_size: frame_size.max(1 << 18),
+                ..AfPacketOptions::default()
+            };
             let rx_ports = [
                 AfPacket::open(&inside.interface, &rx)?,
                 AfPacket::open(&outside.interface, &rx)?,
@@ -617,7 +695,7 @@ fn run_ports<R: Port, T: Port>(
     });
     let shared = Arc::new(Shared::default());
     let source = LiveSource::new(rx_ports, addrs, Arc::clone(&shared), stop);
-    let mut sink = LiveSink::new(
+    let sink = LiveSink::new(
         tx_ports,
         addrs,
         config.runtime.inside.clone(),
@@ -625,14 +703,26 @@ fn run_ports<R: Port, T: Port>(
         2 * config.runtime.batch,
         config.runtime.max_frame,
     );
+    let rtc = runtime.options().workers <= 1;
     tracing::info!(
         inside = %inside.interface,
         outside = %outside.interface,
         driver = ?inside.driver,
+        mode = if rtc { "run-to-completion" } else { "dispatcher" },
         "live box running; SIGINT or SIGTERM stops it"
     );
-    let mut source = crate::Counting::new(Some(source), progress);
-    let summary = runtime.run(&mut source, Some(&mut sink))?;
+    let summary = if rtc {
+        // One worker: it owns both ports (see the module documentation).
+        let only = std::sync::Mutex::new(Some(LiveWorker::new(source, sink)));
+        runtime.run_to_completion(|_| {
+            let taken = only.lock().map(|mut g| g.take()).unwrap_or(None);
+            Ok(crate::Counting::new(taken, progress))
+        })?
+    } else {
+        let mut sink = sink;
+        let mut source = crate::Counting::new(Some(source), progress);
+        runtime.run(&mut source, Some(&mut sink))?
+    };
     tracing::info!(stats = ?shared.stats.snapshot(), "live box stopped");
     Ok(summary)
 }

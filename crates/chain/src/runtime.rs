@@ -17,6 +17,10 @@
 //!             | batch goes home (to the dispatcher's or the generator's pool)
 //! ```
 //!
+//! Run-to-completion mode ([`Runtime::run_to_completion`], a live box's ports) is generated
+//! mode without the output stage: the worker's source is also its [`WorkerSink`], and the
+//! worker receives, dissects, runs the chain and sends in its own thread, batch after batch.
+//!
 //! Batches are allocated once (`pool` per worker) and recycled: on the steady path nothing is
 //! allocated per packet. Packets of one flow go to one worker and leave in the order they
 //! came; packets of different workers interleave freely. Time is the packets' timestamps
@@ -24,7 +28,8 @@
 //! machine's speed.
 //!
 //! Workers are pinned to distinct cores when every thread of the run (the workers, plus the
-//! dispatcher and the output stage when there are any) can have a core of its own; otherwise
+//! dispatcher and the output stage when there are any) can have a core of its own, except in
+//! run-to-completion mode (the kernel's sending work runs in the worker's calls); otherwise
 //! pinning would make workers and those threads fight over cores, and the OS places them.
 
 use crate::reflect::reflect;
@@ -73,6 +78,8 @@ pub struct RuntimeOptions {
     pub retain_ops: usize,
     /// Steer by state ownership first (NAT external ports, LB connections).
     pub owners: crate::owners::Owners,
+    /// The worker threads' nice value (`None`: inherited).
+    pub nice: Option<i32>,
 }
 
 impl Default for RuntimeOptions {
@@ -91,6 +98,7 @@ impl Default for RuntimeOptions {
             queue_depth: StateConfig::default().queue_depth,
             retain_ops: StateConfig::default().retain_ops,
             owners: crate::owners::Owners::default(),
+            nice: None,
         }
     }
 }
@@ -109,6 +117,7 @@ impl RuntimeOptions {
             flush_interval: c.state.flush_interval,
             retain_ops: c.state.retain_ops,
             owners: crate::owners::Owners::from_chain(&c.chain),
+            nice: c.runtime.nice,
             ..RuntimeOptions::default()
         }
     }
@@ -185,8 +194,45 @@ impl std::fmt::Debug for Runtime {
     }
 }
 
+/// Where a worker that runs to completion sends its forwarded packets itself
+/// ([`Runtime::run_to_completion`]): no output thread between the chain and the device.
+pub trait WorkerSink {
+    /// Takes one forwarded frame (the sink may buffer it until [`WorkerSink::flush_forwarded`]).
+    fn forward(&mut self, frame: &[u8]) -> flowstate_io::Result<()>;
+
+    /// Sends whatever is buffered; called once after every batch.
+    fn flush_forwarded(&mut self) -> flowstate_io::Result<()>;
+}
+
+/// A generator with no output of its own ([`Runtime::run_generated`]: the output stage sends).
+struct NoOutput<S>(S);
+
+impl<S: Source> Source for NoOutput<S> {
+    fn recv(&mut self, batch: &mut PacketBatch) -> flowstate_io::Result<usize> {
+        self.0.recv(batch)
+    }
+}
+
+impl<S> WorkerSink for NoOutput<S> {
+    fn forward(&mut self, _: &[u8]) -> flowstate_io::Result<()> {
+        Ok(())
+    }
+    fn flush_forwarded(&mut self) -> flowstate_io::Result<()> {
+        Ok(())
+    }
+}
+
 /// A Source that never yields (stands in for the generator type in dispatch mode).
 struct NoSource;
+
+impl WorkerSink for NoSource {
+    fn forward(&mut self, _: &[u8]) -> flowstate_io::Result<()> {
+        Ok(())
+    }
+    fn flush_forwarded(&mut self) -> flowstate_io::Result<()> {
+        Ok(())
+    }
+}
 
 impl Source for NoSource {
     fn recv(&mut self, batch: &mut PacketBatch) -> flowstate_io::Result<usize> {
@@ -227,6 +273,7 @@ impl Runtime {
             Some(source),
             None,
             sink,
+            false,
         )
     }
 
@@ -244,7 +291,23 @@ impl Runtime {
         S: Source,
         F: Fn(WorkerInfo) -> flowstate_io::Result<S> + Sync,
     {
-        self.execute(None, Some(&make), sink)
+        let make = |w: WorkerInfo| make(w).map(NoOutput);
+        self.execute(None, Some(&make), sink, false)
+    }
+
+    /// Runs to completion in every worker, with no other thread on the data path: `make` is
+    /// called once in each worker's thread and returns that worker's input and output (a live
+    /// box's ports). The worker receives a batch, dissects and classifies it, runs the chain and
+    /// hands the forwarded packets (and reflected replies) to the same object's
+    /// [`WorkerSink`], then takes the next batch. The packets a worker receives must be the
+    /// ones it owns (flow steering is the source's business: with one worker, trivially).
+    /// Returns when every worker's source has ended and every worker has flushed its state.
+    pub fn run_to_completion<S, F>(&self, make: F) -> Result<Summary, RunError>
+    where
+        S: Source + WorkerSink,
+        F: Fn(WorkerInfo) -> flowstate_io::Result<S> + Sync,
+    {
+        self.execute(None, Some(&make), None, true)
     }
 
     fn execute<S, F>(
@@ -252,9 +315,10 @@ impl Runtime {
         source: Option<&mut dyn Source>,
         make: Option<&F>,
         sink: Option<&mut (dyn Sink + Send)>,
+        own_output: bool,
     ) -> Result<Summary, RunError>
     where
-        S: Source,
+        S: Source + WorkerSink,
         F: Fn(WorkerInfo) -> flowstate_io::Result<S> + Sync,
     {
         let o = &self.options;
@@ -265,14 +329,23 @@ impl Runtime {
         let abort = AtomicBool::new(false);
         let dispatching = source.is_some();
         let cores = core_affinity::get_core_ids().unwrap_or_default();
-        let pin = pin_workers(n, dispatching, sink.is_some(), cores.len());
+        // A worker that runs to completion is not pinned: the kernel's work for what it sends
+        // (on veth, the receiving host's whole stack) runs in its system calls and wakes the
+        // hosts' processes, and the scheduler must stay free to move it off a busy core.
+        let pin = !own_output && pin_workers(n, dispatching, sink.is_some(), cores.len());
         let cores = &cores;
         tracing::info!(
             workers = n,
             batch,
             chain = ?self.chain.iter().map(|f| f.name()).collect::<Vec<_>>(),
             backend = self.connector.name(),
-            mode = if dispatching { "dispatch" } else { "generated" },
+            mode = if dispatching {
+                "dispatch"
+            } else if own_output {
+                "run-to-completion"
+            } else {
+                "generated"
+            },
             reflect = o.reflect,
             pinned = pin,
             "run starting"
@@ -347,8 +420,12 @@ impl Runtime {
                         if pin && !core_affinity::set_for_current(cores[w]) {
                             tracing::debug!(worker = w, "could not pin the worker to its core");
                         }
-                        let r =
-                            self.worker(w, n, ready, go_rx, feed, recycle, make, steering, abort);
+                        if let Some(nice) = o.nice {
+                            set_nice(nice, w);
+                        }
+                        let r = self.worker(
+                            w, n, ready, go_rx, feed, recycle, make, own_output, steering, abort,
+                        );
                         if matches!(&r, Err(e) if !matches!(e, RunError::Stopped)) {
                             abort.store(true, Ordering::SeqCst);
                         }
@@ -448,11 +525,12 @@ impl Runtime {
         feed: Feed,
         recycle: Recycle,
         make: Option<&F>,
+        own_output: bool,
         steering: &Steering,
         abort: &AtomicBool,
     ) -> Result<WorkerReport, RunError>
     where
-        S: Source,
+        S: Source + WorkerSink,
         F: Fn(WorkerInfo) -> flowstate_io::Result<S> + Sync,
     {
         let o = &self.options;
@@ -559,6 +637,11 @@ impl Runtime {
             let t0 = Instant::now();
             w.process(&mut work);
             w.busy += t0.elapsed();
+            if own_output {
+                if let Some(out) = source.as_mut() {
+                    forward_batch(&work, out).map_err(RunError::Output)?;
+                }
+            }
             match &recycle {
                 Recycle::Output(tx) => tx.send(work).map_err(|_| RunError::Stopped)?,
                 Recycle::Pool(tx) => {
@@ -1141,6 +1224,46 @@ fn output_loop(
         }
     }
     sink.flush().map_err(RunError::Output)
+}
+
+/// Sets the calling thread's nice value (Linux: per thread); a refusal (no CAP_SYS_NICE) is
+/// logged, not fatal: the worker runs at the inherited priority.
+fn set_nice(nice: i32, worker: usize) {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: gettid and setpriority on this thread; no memory is passed.
+        let r = unsafe {
+            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+            libc::setpriority(libc::PRIO_PROCESS, tid, nice)
+        };
+        if r != 0 {
+            tracing::warn!(
+                worker,
+                nice,
+                error = %std::io::Error::last_os_error(),
+                "could not set the worker's nice value; it runs at the inherited one"
+            );
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    tracing::warn!(worker, nice, "nice values are set on Linux only");
+}
+
+/// Hands a processed batch's forwarded packets, each followed by its forwarded reply, to the
+/// worker's own output, then sends them.
+fn forward_batch(work: &WorkBatch, out: &mut dyn WorkerSink) -> flowstate_io::Result<()> {
+    for (i, slot) in work.slots.iter().enumerate() {
+        if !slot.forward {
+            continue;
+        }
+        if let Some((data, _)) = work.packets.get(i) {
+            out.forward(data)?;
+        }
+        if let Some((data, _)) = slot.reply.and_then(|r| work.replies.get(usize::from(r))) {
+            out.forward(data)?;
+        }
+    }
+    out.flush_forwarded()
 }
 
 /// Whether to pin each worker to a core of its own: only when the workers and the other busy

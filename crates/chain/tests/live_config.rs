@@ -112,3 +112,46 @@ fn errors_name_the_key() {
         assert!(e.contains(key), "[input] {input} / [output] {output}: {e}");
     }
 }
+
+#[test]
+fn a_live_box_runs_one_worker_unless_told_otherwise() {
+    let d = parse(
+        "interface = \"fs-in\"\naddress = \"10.0.0.1\"",
+        "interface = \"fs-out\"\naddress = \"198.51.100.1\"",
+    )
+    .unwrap();
+    assert_eq!(d.runtime.workers, 1);
+    let two = Config::parse(
+        "[input]\ninterface = \"fs-in\"\naddress = \"10.0.0.1\"\n\
+         [output]\ninterface = \"fs-out\"\naddress = \"198.51.100.1\"\n\
+         [runtime]\nworkers = 2\n[[chain]]\nnf = \"firewall\"\n",
+        "live.toml",
+    )
+    .unwrap();
+    assert_eq!(two.runtime.workers, 2);
+}
+
+#[test]
+fn runtime_nice_is_checked() {
+    let text = |n: &str| {
+        format!(
+            "[input]\ninterface = \"fs-in\"\naddress = \"10.0.0.1\"\n\
+             [output]\ninterface = \"fs-out\"\naddress = \"198.51.100.1\"\n\
+             [runtime]\nnice = {n}\n{CHAIN}"
+        )
+    };
+    let c = Config::parse(&text("-10"), "live.toml").unwrap();
+    assert_eq!(c.runtime.nice, Some(-10));
+    let d = parse(
+        "interface = \"fs-in\"\naddress = \"10.0.0.1\"",
+        "interface = \"fs-out\"\naddress = \"198.51.100.1\"",
+    )
+    .unwrap();
+    assert_eq!(d.runtime.nice, None, "inherited unless given");
+    for bad in ["-21", "20", "\"high\""] {
+        let e = Config::parse(&text(bad), "live.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("runtime.nice"), "{bad}: {e}");
+    }
+}

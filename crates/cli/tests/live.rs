@@ -470,6 +470,63 @@ fn nat_over_af_xdp_carries_http_and_tcp() {
     assert!(report(&s, "nat", "translations") >= 4, "{s}");
 }
 
+/// One worker (the live box's default): it owns both ports and runs to completion, with no
+/// dispatcher or output thread; on both drivers, and it stops cleanly on SIGTERM.
+#[test]
+fn one_worker_runs_to_completion_on_both_drivers() {
+    if !is_root() {
+        eprintln!("skipped: live tests need root");
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for driver in ["af-packet", "af-xdp"] {
+        let mut live = Live::up("r");
+        let files = publish(&live.lab);
+        let cfg = config(&nat_chain()).replace("workers = 2\n", "").replace(
+            "address = \"10.0.0.1\"\n",
+            &format!("address = \"10.0.0.1\"\ndriver = \"{driver}\"\n"),
+        );
+        assert!(cfg.contains(driver) && !cfg.contains("workers"));
+        live.start_box(&cfg, SERVER);
+        for (name, data) in &files {
+            let got = live.download(&format!("http://{SERVER}:{HTTP_PORT}/{name}"));
+            assert!(
+                got == *data,
+                "{driver}: {name}: {} bytes, content differs",
+                got.len()
+            );
+        }
+        let tcp = live.client(&["iperf3", "-c", &SERVER.to_string(), "-t", "1", "--json"]);
+        assert!(
+            tcp.status.success(),
+            "{driver}: {}",
+            String::from_utf8_lossy(&tcp.stdout)
+        );
+        let j: serde_json::Value = serde_json::from_slice(&tcp.stdout).unwrap();
+        assert!(
+            j["end"]["sum_received"]["bytes"].as_f64().unwrap() > 0.0,
+            "{driver}: {j}"
+        );
+        let unsolicited = live.server(&[
+            "curl",
+            "-s",
+            "-m",
+            "2",
+            &format!("http://{BOX_OUTSIDE}:{HTTP_PORT}/"),
+        ]);
+        assert!(!unsolicited.status.success(), "{driver}");
+        let http_log = std::fs::read_to_string(live.lab.log("http-a")).unwrap();
+        assert!(
+            !http_log.contains(&CLIENT.to_string()),
+            "{driver}: {http_log}"
+        );
+        let s = live.stop_box();
+        assert_eq!(s["workers"].as_u64(), Some(1), "{driver}: {s}");
+        assert!(report(&s, "nat", "translations") >= 4, "{driver}: {s}");
+        assert!(s["packets_out"].as_u64().unwrap() > 1000, "{driver}: {s}");
+    }
+}
+
 #[test]
 fn bench_live_nat_reports_the_ratios() {
     if !is_root() {

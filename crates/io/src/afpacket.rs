@@ -1,11 +1,19 @@
-//! AF_PACKET ports: a TPACKET_V3 memory-mapped receive ring and batched send (`sendmmsg`).
+//! AF_PACKET ports: a memory-mapped receive ring (TPACKET_V2 or TPACKET_V3) and batched send
+//! (`sendmmsg`).
 //!
 //! Promises:
 //! * [`AfPacket::open`] checks everything once (the interface exists, the process may open a
-//!   packet socket, the kernel has TPACKET_V3) and says what is missing in its error.
+//!   packet socket, the kernel has the ring version asked for) and says what is missing in its
+//!   error.
 //! * Receiving copies each frame from the kernel's ring into the caller's [`PacketBatch`]
-//!   (one `memcpy`, no allocation) and hands a ring block back to the kernel as soon as every
-//!   frame in it was taken. Sending a batch is one `sendmmsg` call over headers prepared once.
+//!   (one `memcpy`, no allocation) and hands the ring slot back to the kernel as soon as it was
+//!   taken. Sending a batch is one `sendmmsg` call over headers prepared once.
+//! * Two ring layouts ([`RingVersion`]). **TPACKET_V2** (the default) has one slot per frame:
+//!   the kernel hands each frame over, and wakes a waiting `poll`, as soon as it is written, so
+//!   a frame waits for nobody. **TPACKET_V3** packs frames into blocks and hands a block over
+//!   only when it is full or its retire timer ([`AfPacketOptions::block_timeout`], 1 ms at
+//!   least) fires: fewer wake-ups for a capture at line rate, but every frame of a slow flow (a
+//!   TCP connection's ACKs) waits up to that timeout, which a forwarding box cannot afford.
 //! * Frames this host sends on the interface are not received again (`PACKET_IGNORE_OUTGOING`,
 //!   and a check of the packet type), so a box that receives and sends on one port does not
 //!   see its own output.
@@ -25,11 +33,15 @@ use std::sync::atomic::{fence, Ordering};
 use std::time::Duration;
 
 const ETH_P_ALL: u16 = 0x0003;
+const TPACKET_V2: libc::c_int = 1;
 const TPACKET_V3: libc::c_int = 2;
+/// `sizeof(struct tpacket2_hdr)`, already `TPACKET_ALIGN`ed: the `sockaddr_ll` follows.
+const TPACKET2_HDRLEN: usize = 32;
 const TP_STATUS_KERNEL: u32 = 0;
 const TP_STATUS_USER: u32 = 1;
 const PACKET_IGNORE_OUTGOING: libc::c_int = 23;
 const PACKET_OUTGOING: u8 = 4;
+const PACKET_QDISC_BYPASS: libc::c_int = 20;
 
 /// How several sockets of one interface share its traffic (`PACKET_FANOUT`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,33 +73,56 @@ impl FanoutMode {
     }
 }
 
+/// The receive ring's layout (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RingVersion {
+    /// One slot per frame, each handed over as soon as it is written (low latency).
+    #[default]
+    V2,
+    /// Blocks of frames, handed over when full or after `block_timeout` (fewer wake-ups).
+    V3,
+}
+
 /// Settings of an [`AfPacket`] socket.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AfPacketOptions {
     /// Receive at all (`false`: a send-only socket, no ring, bound with protocol 0).
     pub receive: bool,
+    /// The receive ring's layout.
+    pub ring: RingVersion,
     /// Ring block size in bytes (a multiple of the page size).
     pub block_size: u32,
+    /// TPACKET_V2 slot size in bytes (a power of two from 2048 to `block_size`); frames longer
+    /// than the slot minus its 66-byte header are truncated.
+    pub frame_size: u32,
     /// Number of ring blocks.
     pub block_count: u32,
-    /// How long the kernel keeps a partly filled block before handing it over.
+    /// How long the kernel keeps a partly filled block before handing it over (TPACKET_V3).
     pub block_timeout: Duration,
     /// Share the traffic with other sockets.
     pub fanout: Option<Fanout>,
     /// Packets per `sendmmsg` call at most (headers prepared for this many).
     pub send_batch: usize,
+    /// Send straight to the device driver (`PACKET_QDISC_BYPASS`, Linux 3.14+): no queueing
+    /// discipline, and the interface's own taps (a `tcpdump` on this host's end) do not see
+    /// the frames sent; captures elsewhere do. Ignored where the kernel lacks it.
+    pub qdisc_bypass: bool,
 }
 
 impl Default for AfPacketOptions {
-    /// 64 blocks of 256 KiB (16 MiB of ring), blocks retired after 1 ms, 64 per send.
+    /// TPACKET_V2, 64 blocks of 256 KiB (16 MiB of ring: 8192 slots of 2 KiB), V3 blocks
+    /// retired after 1 ms, 64 per send.
     fn default() -> Self {
         AfPacketOptions {
             receive: true,
+            ring: RingVersion::V2,
             block_size: 1 << 18,
+            frame_size: 2048,
             block_count: 64,
             block_timeout: Duration::from_millis(1),
             fanout: None,
             send_batch: 64,
+            qdisc_bypass: false,
         }
     }
 }
@@ -122,8 +157,12 @@ impl std::fmt::Debug for AfPacket {
 }
 
 struct Ring {
+    version: RingVersion,
     base: NonNull<u8>,
     len: usize,
+    /// TPACKET_V2: slot size and count (the slot being read is `block`).
+    frame_size: usize,
+    frame_count: usize,
     block_size: usize,
     block_count: usize,
     /// The block being read.
@@ -151,6 +190,9 @@ fn sys_err(what: &str, ifname: &str, e: io::Error) -> Error {
         Some(libc::EAFNOSUPPORT) => " (the kernel has no AF_PACKET support: CONFIG_PACKET)",
         Some(libc::EINVAL) if what.contains("TPACKET_V3") => {
             " (the kernel lacks TPACKET_V3: Linux 3.2 or later)"
+        }
+        Some(libc::EINVAL) if what.contains("TPACKET_V2") => {
+            " (the kernel lacks TPACKET_V2: Linux 2.6.27 or later)"
         }
         _ => "",
     };
@@ -251,8 +293,12 @@ impl AfPacket {
 
         let mut ring = None;
         if o.receive {
-            setsockopt(s, libc::SOL_PACKET, libc::PACKET_VERSION, &TPACKET_V3)
-                .map_err(|e| sys_err("selecting TPACKET_V3", ifname, e))?;
+            let (version, name) = match o.ring {
+                RingVersion::V2 => (TPACKET_V2, "TPACKET_V2"),
+                RingVersion::V3 => (TPACKET_V3, "TPACKET_V3"),
+            };
+            setsockopt(s, libc::SOL_PACKET, libc::PACKET_VERSION, &version)
+                .map_err(|e| sys_err(&format!("selecting {name}"), ifname, e))?;
             let page = 4096u32;
             if o.block_size < page || o.block_size % page != 0 || o.block_count == 0 {
                 return Err(Error::Option {
@@ -263,18 +309,47 @@ impl AfPacket {
                     ),
                 });
             }
-            let frame_size = 2048u32;
-            let req = libc::tpacket_req3 {
-                tp_block_size: o.block_size,
-                tp_block_nr: o.block_count,
-                tp_frame_size: frame_size,
-                tp_frame_nr: o.block_size / frame_size * o.block_count,
-                tp_retire_blk_tov: o.block_timeout.as_millis().clamp(1, 1000) as u32,
-                tp_sizeof_priv: 0,
-                tp_feature_req_word: 0,
+            let frame_size = match o.ring {
+                RingVersion::V3 => 2048u32,
+                RingVersion::V2 => {
+                    let f = o.frame_size;
+                    if !f.is_power_of_two() || f < 2048 || f > o.block_size {
+                        return Err(Error::Option {
+                            name: "frame_size",
+                            reason: format!(
+                                "expected a power of two from 2048 to the block size {}, got {f}",
+                                o.block_size
+                            ),
+                        });
+                    }
+                    f
+                }
             };
-            setsockopt(s, libc::SOL_PACKET, libc::PACKET_RX_RING, &req)
-                .map_err(|e| sys_err("setting up the TPACKET_V3 receive ring", ifname, e))?;
+            let frame_count = o.block_size / frame_size * o.block_count;
+            let set = match o.ring {
+                RingVersion::V3 => {
+                    let req = libc::tpacket_req3 {
+                        tp_block_size: o.block_size,
+                        tp_block_nr: o.block_count,
+                        tp_frame_size: frame_size,
+                        tp_frame_nr: frame_count,
+                        tp_retire_blk_tov: o.block_timeout.as_millis().clamp(1, 1000) as u32,
+                        tp_sizeof_priv: 0,
+                        tp_feature_req_word: 0,
+                    };
+                    setsockopt(s, libc::SOL_PACKET, libc::PACKET_RX_RING, &req)
+                }
+                RingVersion::V2 => {
+                    let req = libc::tpacket_req {
+                        tp_block_size: o.block_size,
+                        tp_block_nr: o.block_count,
+                        tp_frame_size: frame_size,
+                        tp_frame_nr: frame_count,
+                    };
+                    setsockopt(s, libc::SOL_PACKET, libc::PACKET_RX_RING, &req)
+                }
+            };
+            set.map_err(|e| sys_err(&format!("setting up the {name} receive ring"), ifname, e))?;
             let len = o.block_size as usize * o.block_count as usize;
             // SAFETY: maps the ring the kernel just made for this socket.
             let base = unsafe {
@@ -302,8 +377,11 @@ impl AfPacket {
                 ));
             };
             ring = Some(Ring {
+                version: o.ring,
                 base,
                 len,
+                frame_size: frame_size as usize,
+                frame_count: frame_count as usize,
                 block_size: o.block_size as usize,
                 block_count: o.block_count as usize,
                 block: 0,
@@ -334,6 +412,10 @@ impl AfPacket {
                 ifname,
                 io::Error::last_os_error(),
             ));
+        }
+        if o.qdisc_bypass {
+            // Best effort: without it frames go through the qdisc, which is only slower.
+            let _ = setsockopt(s, libc::SOL_PACKET, PACKET_QDISC_BYPASS, &1i32);
         }
         if let (Some(f), true) = (o.fanout, o.receive) {
             let arg: u32 = u32::from(f.group) | (f.mode.raw() << 16);
@@ -389,9 +471,91 @@ impl Port for AfPacket {
         port: u16,
         keep: &mut dyn FnMut(&[u8]) -> bool,
     ) -> Result<usize> {
-        let Some(r) = self.ring.as_mut() else {
-            return Ok(0);
-        };
+        match self.ring.as_mut() {
+            None => Ok(0),
+            Some(r) if r.version == RingVersion::V2 => Ok(r.recv_v2(batch, port, keep)),
+            Some(r) => Ok(r.recv_v3(batch, port, keep)),
+        }
+    }
+
+    fn send(&mut self, frames: &mut dyn Iterator<Item = &[u8]>) -> Result<usize> {
+        self.send_frames(frames)
+    }
+
+    fn raw_fd(&self) -> Option<RawFd> {
+        self.ring.as_ref().map(|_| self.fd.as_raw_fd())
+    }
+}
+
+impl Ring {
+    /// TPACKET_V2: takes the frames of consecutive user-owned slots.
+    fn recv_v2(
+        &mut self,
+        batch: &mut PacketBatch,
+        port: u16,
+        keep: &mut dyn FnMut(&[u8]) -> bool,
+    ) -> usize {
+        let mut got = 0;
+        // At most one pass over the ring.
+        for _ in 0..self.frame_count {
+            if batch.is_full() {
+                break;
+            }
+            // SAFETY: block < frame_count and the slots tile the mapping (the block size is a
+            // multiple of the slot size); slots are 16-aligned.
+            let h = unsafe { self.base.as_ptr().add(self.block * self.frame_size) };
+            // SAFETY: tp_status at offset 0 of tpacket2_hdr.
+            let status = unsafe { ring_u32(h) };
+            if status & TP_STATUS_USER == 0 {
+                break;
+            }
+            fence(Ordering::Acquire);
+            // SAFETY: tpacket2_hdr fields: len 4, snaplen 8, mac 12 (u16), sec 16, nsec 20;
+            // the sockaddr_ll's pkttype at 32 + 10.
+            let (len, snap, mac, sec, nsec, pkttype) = unsafe {
+                (
+                    ring_u32(h.add(4)),
+                    ring_u32(h.add(8)),
+                    std::ptr::read_volatile(h.add(12).cast::<u16>()),
+                    ring_u32(h.add(16)),
+                    ring_u32(h.add(20)),
+                    std::ptr::read_volatile(h.add(TPACKET2_HDRLEN + 10)),
+                )
+            };
+            let start = usize::from(mac);
+            let end = start + snap as usize;
+            if start >= TPACKET2_HDRLEN && end <= self.frame_size && pkttype != PACKET_OUTGOING {
+                // SAFETY: start..end is inside this slot (checked above).
+                let frame = unsafe { std::slice::from_raw_parts(h.add(start), end - start) };
+                if keep(frame) {
+                    batch.push(
+                        frame,
+                        PacketMeta {
+                            timestamp_ns: u64::from(sec) * 1_000_000_000 + u64::from(nsec),
+                            wire_len: len,
+                            port,
+                            user: 0,
+                        },
+                    );
+                    got += 1;
+                }
+            }
+            fence(Ordering::Release);
+            // SAFETY: hands the slot back: tp_status = TP_STATUS_KERNEL.
+            unsafe { std::ptr::write_volatile(h.cast::<u32>(), TP_STATUS_KERNEL) };
+            self.block = (self.block + 1) % self.frame_count;
+        }
+        got
+    }
+
+    /// TPACKET_V3: takes the frames of retired blocks.
+    fn recv_v3(
+        &mut self,
+        batch: &mut PacketBatch,
+        port: u16,
+        keep: &mut dyn FnMut(&[u8]) -> bool,
+    ) -> usize {
+        let r = self;
         let mut got = 0;
         // At most one pass over the ring.
         for _ in 0..=r.block_count {
@@ -478,10 +642,12 @@ impl Port for AfPacket {
                 r.next = 0;
             }
         }
-        Ok(got)
+        got
     }
+}
 
-    fn send(&mut self, frames: &mut dyn Iterator<Item = &[u8]>) -> Result<usize> {
+impl AfPacket {
+    fn send_frames(&mut self, frames: &mut dyn Iterator<Item = &[u8]>) -> Result<usize> {
         let mut sent = 0;
         loop {
             let mut n = 0;
@@ -536,10 +702,6 @@ impl Port for AfPacket {
                 }
             }
         }
-    }
-
-    fn raw_fd(&self) -> Option<RawFd> {
-        self.ring.as_ref().map(|_| self.fd.as_raw_fd())
     }
 }
 
