@@ -14,7 +14,9 @@
 //!   `metrics.throughput_spread_pct` = (max − min) / max over the backends, in percent.
 //!   Every store is measured twice there: on loopback, and remote (`<backend>_remote`: the
 //!   same server started by the bench in a network namespace behind a veth pair, see
-//!   [`crate::remote`]; Cassandra only in a full run). The NF runs one worker on a real-time
+//!   [`crate::remote`], on every CPU but the NF worker's; Cassandra only in a full run;
+//!   loopback stores run where they were started, e.g. `taskset -c 0 scripts/cassandra
+//!   start` keeps the JVM off the worker's core). The NF runs one worker on a real-time
 //!   clock, flushing every 1 ms, after a warm-up pass that establishes every flow in the store;
 //!   the rate counts the packets while they flow (`<nf>_mpps_<backend>`, best of 3
 //!   interleaved runs), and the final write-out is reported beside it
@@ -263,8 +265,10 @@ pub(crate) fn run_all_backends(effort: Effort) -> Report {
     let location = match &remote {
         Ok(r) => format!(
             "<backend>: this machine's loopback; <backend>_remote: {} in a network namespace \
-             behind a veth pair",
-            r.address()
+             behind a veth pair, on CPUs {}; the NF worker on the last CPU",
+            r.address(),
+            r.cpus()
+                .map_or("shared with the NF".into(), |c| format!("{c:?}"))
         ),
         Err(_) => "this machine's loopback (no remote location)".into(),
     };

@@ -313,10 +313,11 @@ pub(crate) fn chain_run(
         })
         .collect();
     let barrier = std::sync::Barrier::new(workers);
-    // One core per worker, as a NIC queue per core would have it (when there are enough).
+    // One core per worker, as a NIC queue per core would have it (when there are enough):
+    // the last ones, leaving the first to stores started beside the bench (crate::remote).
     let cores = core_affinity::get_core_ids().unwrap_or_default();
     let cores = if cores.len() >= workers {
-        cores
+        cores[cores.len() - workers..].to_vec()
     } else {
         Vec::new()
     };

@@ -7,6 +7,10 @@
 //! a 3-node Redis Cluster as `redis-server`s in the namespace, Cassandra through
 //! `scripts/cassandra` with `CASSANDRA_ADDRESS` set, all with persistence off and data under
 //! a temporary directory. A store that cannot be started is named with the reason.
+//!
+//! On a machine with more than one CPU the stores run on every CPU but the last, which
+//! [`crate::nf_throughput::chain_run`] gives its single worker: a remote store does not take
+//! the NF's core, as on its own machine in FlexState's testbed.
 
 use flowstate_state::Connector;
 use std::fs::File;
@@ -29,6 +33,15 @@ pub(crate) struct RemoteStores {
     children: Vec<Child>,
     store: Option<flowstate_store::Server>,
     cassandra: bool,
+    /// The CPUs the stores run on (`taskset -c` list), if they are kept off the NF's.
+    cpus: Option<Vec<usize>>,
+}
+
+/// Every CPU this process may use but the last, if there are at least two.
+fn store_cpus() -> Option<Vec<usize>> {
+    let cores = core_affinity::get_core_ids().unwrap_or_default();
+    let ids: Vec<usize> = cores.iter().map(|c| c.id).collect();
+    (ids.len() >= 2).then(|| ids[..ids.len() - 1].to_vec())
 }
 
 fn run(argv: &[&str]) -> Result<(), String> {
@@ -77,6 +90,7 @@ impl RemoteStores {
             children: Vec::new(),
             store: None,
             cassandra: false,
+            cpus: store_cpus(),
         };
         std::fs::create_dir_all(&me.dir).map_err(|e| format!("{}: {e}", me.dir.display()))?;
         let host = format!("10.253.{net}.1/30");
@@ -98,6 +112,26 @@ impl RemoteStores {
         in_ns(&["ip", "link", "set", "lo", "up"])?;
         me.host_if = host_if;
         Ok(me)
+    }
+
+    /// A command run in the namespace (on the stores' CPUs); the caller adds the program.
+    fn in_ns(&self) -> Command {
+        let mut cmd = match &self.cpus {
+            Some(cpus) => {
+                let list: Vec<String> = cpus.iter().map(usize::to_string).collect();
+                let mut c = Command::new("taskset");
+                c.args(["-c", &list.join(","), "ip"]);
+                c
+            }
+            None => Command::new("ip"),
+        };
+        cmd.args(["netns", "exec", &self.ns]);
+        cmd
+    }
+
+    /// The CPUs the stores run on, or `None` when they share every CPU with the NF.
+    pub(crate) fn cpus(&self) -> Option<&[usize]> {
+        self.cpus.as_deref()
     }
 
     /// Where the stores listen.
@@ -123,9 +157,14 @@ impl RemoteStores {
     fn start_store(&mut self) -> Result<Arc<dyn Connector>, String> {
         let listen = std::net::SocketAddr::from((self.addr, 7878));
         let ns = self.ns.clone();
-        // The listener is bound, and the server's threads are started, inside the namespace.
+        let cpus = self.cpus.clone();
+        // The listener is bound, and the server's threads are started, inside the namespace
+        // and on the stores' CPUs (threads inherit both).
         let server = std::thread::spawn(move || {
             enter(&ns)?;
+            if let Some(cpus) = cpus {
+                pin(&cpus)?;
+            }
             flowstate_store::Server::start(flowstate_store::Config {
                 listen,
                 ..flowstate_store::Config::default()
@@ -142,8 +181,8 @@ impl RemoteStores {
     fn redis_server(&mut self, port: u16, cluster: bool) -> Result<(), String> {
         let dir = self.dir.join(format!("redis-{port}"));
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &self.ns, "redis-server"])
+        let mut cmd = self.in_ns();
+        cmd.arg("redis-server")
             .args([
                 "--port",
                 &port.to_string(),
@@ -219,8 +258,9 @@ impl RemoteStores {
             return Err(format!("{} is missing", script.display()));
         }
         self.cassandra = true;
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.ns, "bash"])
+        let out = self
+            .in_ns()
+            .arg("bash")
             .arg(&script)
             .arg("start")
             .env("CASSANDRA_ADDRESS", self.addr.to_string())
@@ -251,6 +291,26 @@ fn enter(ns: &str) -> Result<(), String> {
     // network namespace; the descriptor outlives the call.
     if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
         return Err(format!("setns {path}: {}", std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Restricts the calling thread (and the threads it starts) to `cpus`.
+fn pin(cpus: &[usize]) -> Result<(), String> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes within it for ids below
+    // CPU_SETSIZE, which `sched_getaffinity`'s ids are; sched_setaffinity(0) affects this
+    // thread only.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &c in cpus {
+            libc::CPU_SET(c, &mut set);
+        }
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(format!(
+                "sched_setaffinity: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
     }
     Ok(())
 }
