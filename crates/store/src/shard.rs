@@ -82,7 +82,8 @@ pub(crate) struct Dedup {
 pub(crate) struct Sub {
     pub(crate) conn: u64,
     pub(crate) instance: u32,
-    pub(crate) tx: crate::conn::WriterTx,
+    /// The shard thread that owns the connection.
+    pub(crate) shard: usize,
 }
 
 #[derive(Default)]
