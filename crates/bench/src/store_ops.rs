@@ -1,12 +1,15 @@
 //! The state store's own benchmarks (issue 4; CHC §7.1 "Datastore performance", StatelessNF
 //! §5.3 batching):
 //!
-//! * `store-ops`: our store (`flowstate-store`, one shard) against a real `redis-server`
-//!   (persistence off, pinned to one core with `taskset` when there is one), the same
-//!   operation mix (set, get, incr, list push, list pop) from one client connection at
-//!   pipeline depths 1, 16 and 64: ops/s, p50/p99 latency, and ops per second of server CPU
-//!   time (the server's threads, measured from `/proc`), with the ratios ours/Redis. Redis
-//!   is skipped (and its ratios left out) when `redis-server` is not on the PATH.
+//! * `store-ops`: our store (`flowstate-store`, one shard thread, pinned to CPU 0) against a
+//!   real `redis-server` (persistence off, pinned to CPU 0 with `taskset` when there is
+//!   one), the same operation mix (set, get, incr, list push, list pop) from one client
+//!   connection at pipeline depths 1, 16 and 64: ops/s, p50/p99 latency, and ops per second
+//!   of server CPU time, with the ratios ours/Redis. Server CPU time is measured from `/proc`:
+//!   Redis's process, and our store's own threads (`store-*`, from
+//!   `/proc/self/task/<tid>/schedstat`; the client thread in the same process is not
+//!   counted). Redis is skipped (and its ratios left out) when `redis-server` is not on the
+//!   PATH.
 //! * `store-batching`: the effective per-operation cost through the `store` driver of single
 //!   requests against multi-op frames of 100 operations.
 
@@ -41,10 +44,13 @@ pub(crate) fn run_ops(effort: Effort) -> Report {
         .param("ops_per_depth", ops as u64)
         .param("mix", "set, get, incr, list push, list pop (equal shares)")
         .param("store_shards", 1)
+        .param("store_cpu", 0)
         .param("client_connections", 1);
     let server = Server::start(Config {
         listen: "127.0.0.1:0".parse().expect("address"),
         shards: 1,
+        // On CPU 0, as Redis.
+        cpus: vec![0],
         ..Config::default()
     })
     .expect("start the store");
@@ -57,9 +63,12 @@ pub(crate) fn run_ops(effort: Effort) -> Report {
     );
     let mut ours = Vec::new();
     for depth in DEPTHS {
-        let r = measure(&mut Ours::connect(server.local_addr()), depth, ops, &|| {
-            own_cpu_except_this_thread()
-        });
+        let r = measure(
+            &mut Ours::connect(server.local_addr()),
+            depth,
+            ops,
+            &store_threads_cpu,
+        );
         report.metric(&format!("store_ops_per_sec_depth{depth}"), r.ops_per_sec);
         report.metric(&format!("store_p50_us_depth{depth}"), r.p50_us);
         report.metric(&format!("store_p99_us_depth{depth}"), r.p99_us);
@@ -210,9 +219,26 @@ fn proc_cpu(path: &str) -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
-/// CPU time of this process except the calling (client) thread: the in-process server's.
-fn own_cpu_except_this_thread() -> f64 {
-    proc_cpu("/proc/self/stat") - proc_cpu("/proc/thread-self/stat")
+/// CPU seconds of the in-process store's threads (named `store-*`: shard threads and the
+/// accept thread), from each thread's `schedstat` (nanoseconds on the CPU).
+fn store_threads_cpu() -> f64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0.0;
+    };
+    let mut ns = 0u64;
+    for t in tasks.flatten() {
+        let dir = t.path();
+        let is_store = std::fs::read_to_string(dir.join("comm"))
+            .is_ok_and(|c| c.trim_end().starts_with("store-"));
+        if !is_store {
+            continue;
+        }
+        ns += std::fs::read_to_string(dir.join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    ns as f64 / 1e9
 }
 
 /// A raw protocol client of our store: one operation per frame, as Redis gets one command

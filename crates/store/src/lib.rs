@@ -22,7 +22,9 @@
 //!   every shard thread runs an event loop (`epoll` through `mio`) over its connections. In
 //!   one turn of the loop a shard reads what every ready connection sent, applies each whole
 //!   frame whose operations it owns right there, writes one log record group for the turn,
-//!   and then writes each connection's answers with one `write`. Operations owned by another
+//!   and then writes each connection's answers with one `write` (no thread hop and no channel
+//!   for a request whose operations the connection's own shard owns, which is every request
+//!   with one shard). Operations owned by another
 //!   shard go to it in one message per destination shard per turn, and their answers come
 //!   back the same way and are merged in request order, so a client may pipeline any number
 //!   of requests (up to [`Config::max_inflight`] waiting on other shards) and gets its answers
@@ -40,7 +42,8 @@
 //!   handover operation; subscriptions that push an object's new value when another
 //!   connection changes it; expiry notifications to exactly one subscriber of the key.
 //! * **Durability** ([`Config::data_dir`]): each shard writes a write-ahead log record of a
-//!   batch's updates before it answers, and checkpoints periodically (CHC §5.4). After the
+//!   batch's updates before it answers (the records of one turn of its loop in one write,
+//!   before any answer of that turn is sent to a client or to another shard), and checkpoints periodically (CHC §5.4). After the
 //!   process is killed (`kill -9`) and restarted, the store holds every acknowledged update
 //!   exactly once. Without a data directory it runs purely in memory. A store that cannot
 //!   write its log exits (status 74) rather than acknowledge updates it could lose.
@@ -48,8 +51,8 @@
 //!   kept for retransmissions are not, so a batch applied before a crash and sent again after
 //!   it is answered [`Reply::Duplicate`](flowstate_proto::Reply::Duplicate) per operation.
 //! * **Security**: [`Config::default`] binds 127.0.0.1; with [`Config::token`] a client must
-//!   present the token in its first frame or is refused; connections, frame size, batch size
-//!   and in-flight requests are limited.
+//!   present the token in its first frame or is refused; connections, frame size, batch size,
+//!   in-flight requests and unsent output per connection are limited.
 //! * **Metrics**: a `Stats` request answers ops/s by type, connections, objects, memory and
 //!   WAL lag ([`Server::stats`]).
 

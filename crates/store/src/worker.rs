@@ -189,7 +189,7 @@ impl Worker {
                     mark(&mut self.dirty, c);
                 }
                 if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
-                    queue(&mut self.again, c);
+                    queue_slot(&mut self.again, c);
                 }
             }
             while let Ok(m) = rx.try_recv() {
@@ -336,6 +336,13 @@ impl Worker {
                 Ok(n) => {
                     c.inbuf.extend_from_slice(&self.chunk[..n]);
                     budget = budget.saturating_sub(n);
+                    if n < self.chunk.len() {
+                        // The socket is drained (a short read): serve what came and skip
+                        // the read that would only say `WouldBlock`. Data arriving later
+                        // raises a new readiness event (epoll is edge-triggered on arrival).
+                        self.frames(&mut c, t);
+                        break;
+                    }
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
@@ -770,10 +777,6 @@ pub(crate) fn mark(dirty: &mut Vec<usize>, c: &mut Conn) {
         c.dirty = true;
         dirty.push(c.slot);
     }
-}
-
-fn queue(again: &mut Vec<usize>, c: &mut Conn) {
-    queue_slot(again, c);
 }
 
 fn queue_slot(again: &mut Vec<usize>, c: &mut Conn) {
