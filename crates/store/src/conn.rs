@@ -107,6 +107,8 @@ pub(crate) struct Conn {
     pub(crate) closing: bool,
     /// Close at once (the socket failed).
     pub(crate) dead: bool,
+    /// The client's side hung up or the socket reported an error: read on to the end.
+    pub(crate) hup: bool,
 }
 
 impl Conn {
@@ -130,6 +132,7 @@ impl Conn {
             eof: false,
             closing: false,
             dead: false,
+            hup: false,
         }
     }
 

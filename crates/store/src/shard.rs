@@ -244,12 +244,14 @@ pub(crate) type Expired = (Vec<u8>, Option<Vec<u8>>);
 /// The objects of one shard.
 #[derive(Default)]
 pub(crate) struct Objects {
-    pub(crate) objects: HashMap<Vec<u8>, Entry>,
-    pub(crate) locks: HashMap<Vec<u8>, Lease>,
+    /// (foldhash: a fast hash with a random seed per map; keys are hashed on every
+    /// operation.)
+    pub(crate) objects: foldhash::HashMap<Vec<u8>, Entry>,
+    pub(crate) locks: foldhash::HashMap<Vec<u8>, Lease>,
     /// Objects by their earliest deadline (object or field): what the expiry sweep visits,
     /// from the front, touching only what is due.
     pub(crate) index: BTreeSet<(Duration, Vec<u8>)>,
-    pub(crate) clients: HashMap<u64, Dedup>,
+    pub(crate) clients: foldhash::HashMap<u64, Dedup>,
     /// Most objects this shard holds; `None`: no limit.
     pub(crate) max_objects: Option<usize>,
     /// Expiries found while running operations, to notify after the batch.

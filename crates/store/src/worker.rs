@@ -22,7 +22,7 @@ use std::io::{ErrorKind, Read, Write};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The token of a shard's waker (connections use their slot index).
 pub(crate) const WAKER: Token = Token(usize::MAX);
@@ -88,7 +88,7 @@ pub(crate) struct Worker {
     pub(crate) wal: Option<Wal>,
     pub(crate) shared: Arc<Shared>,
     registry: Registry,
-    pub(crate) subs: std::collections::HashMap<Vec<u8>, crate::shard::Subs>,
+    pub(crate) subs: foldhash::HashMap<Vec<u8>, crate::shard::Subs>,
     /// Keys updated in this turn, with the connection that did it.
     pub(crate) touched: Vec<(Vec<u8>, u64)>,
     /// Round robin over subscribers for expiry notifications, spreading timer work over the
@@ -158,24 +158,41 @@ impl Worker {
             crate::pin_to_cpu(cpus[self.index % cpus.len()]);
         }
         let mut events = Events::with_capacity(1024);
-        let mut last_sweep = Instant::now();
-        let mut last_ckpt = Instant::now();
         let checkpoint_interval = self.shared.config.checkpoint_interval;
         let checkpoint_bytes = self.shared.config.checkpoint_bytes;
         let mut work = Vec::new();
+        // The time of the current turn: one clock read per turn, for the operations (wall
+        // clock: deadlines persist) and for the shard's own timers.
+        let mut t = now();
+        let (mut last_sweep, mut last_ckpt) = (t, t);
         loop {
-            let timeout = if self.again.is_empty() {
-                TICK.saturating_sub(last_sweep.elapsed())
+            // Sleep without a timer when nothing is timed: no deadline to sweep, nothing logged
+            // to checkpoint.
+            let timeout = if !self.again.is_empty() {
+                Some(Duration::ZERO)
             } else {
-                Duration::ZERO
+                let sweep = (!self.objects.index.is_empty())
+                    .then(|| TICK.saturating_sub(t.saturating_sub(last_sweep)));
+                let ckpt = self
+                    .wal
+                    .as_ref()
+                    .filter(|w| w.bytes > 0)
+                    .map(|_| checkpoint_interval.saturating_sub(t.saturating_sub(last_ckpt)));
+                match (sweep, ckpt) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                }
             };
-            if let Err(e) = poll.poll(&mut events, Some(timeout)) {
+            if let Err(e) = poll.poll(&mut events, timeout) {
                 if e.kind() != ErrorKind::Interrupted {
                     tracing::error!("shard {}: poll: {e}", self.index);
                     std::thread::sleep(Duration::from_millis(1));
                 }
             }
-            let t = now();
+            t = now();
+            // A wall clock set back must not hold the timers back.
+            last_sweep = last_sweep.min(t);
+            last_ckpt = last_ckpt.min(t);
             for ev in events.iter() {
                 if ev.token() == WAKER {
                     continue;
@@ -187,6 +204,10 @@ impl Worker {
                 if ev.is_writable() {
                     c.writable = true;
                     mark(&mut self.dirty, c);
+                }
+                if ev.is_read_closed() || ev.is_error() {
+                    // Read to the end (or the error): no short-read shortcut.
+                    c.hup = true;
                 }
                 if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
                     queue_slot(&mut self.again, c);
@@ -203,9 +224,9 @@ impl Worker {
                 }
             }
             work.clear();
-            if last_sweep.elapsed() >= TICK {
-                last_sweep = Instant::now();
-                self.objects.sweep(now());
+            if t.saturating_sub(last_sweep) >= TICK {
+                last_sweep = t;
+                self.objects.sweep(t);
             }
             self.commit(t);
             self.send_out();
@@ -214,8 +235,8 @@ impl Worker {
                 .wal
                 .as_ref()
                 .is_some_and(|w| w.bytes >= checkpoint_bytes);
-            if self.stop || wal_full || last_ckpt.elapsed() >= checkpoint_interval {
-                last_ckpt = Instant::now();
+            if self.stop || wal_full || t.saturating_sub(last_ckpt) >= checkpoint_interval {
+                last_ckpt = t;
                 self.checkpoint();
             }
             let m = &self.shared.metrics;
@@ -336,10 +357,12 @@ impl Worker {
                 Ok(n) => {
                     c.inbuf.extend_from_slice(&self.chunk[..n]);
                     budget = budget.saturating_sub(n);
-                    if n < self.chunk.len() {
+                    if n < self.chunk.len() && !c.hup {
                         // The socket is drained (a short read): serve what came and skip
                         // the read that would only say `WouldBlock`. Data arriving later
-                        // raises a new readiness event (epoll is edge-triggered on arrival).
+                        // raises a new readiness event (epoll is edge-triggered on arrival);
+                        // a hang-up already reported is not reported again, so then the
+                        // loop reads on to the end.
                         self.frames(&mut c, t);
                         break;
                     }
