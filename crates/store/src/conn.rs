@@ -20,6 +20,9 @@ use flowstate_proto::{
     self as proto, DecodeError, ErrorCode, Frame, Header, Message, Reply, Request, HEADER_LEN,
 };
 use std::collections::VecDeque;
+
+/// The kind byte of a batch frame.
+const BATCH: u8 = 3;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -269,7 +272,26 @@ impl Worker {
                 c.inbuf.reserve(h.total - avail.len());
                 break;
             }
-            let msg = proto::decode_body(&h, &avail[HEADER_LEN..h.total], &limits);
+            let body = &avail[HEADER_LEN..h.total];
+            if h.kind == BATCH && c.authed {
+                // The common frame, decoded into a reused operation list.
+                let mut ops = std::mem::take(&mut self.batch_ops);
+                let decoded = proto::decode_batch_into(&h, body, &limits, &mut ops);
+                c.start += h.total;
+                match decoded {
+                    Ok((op_id, ack_only)) => self.batch(c, h.id, op_id, ack_only, &mut ops, t),
+                    Err(e) => {
+                        self.error(c, h.id, e.code(), e.to_string());
+                        if !e.recoverable() {
+                            c.closing = true;
+                        }
+                    }
+                }
+                ops.clear();
+                self.batch_ops = ops;
+                continue;
+            }
+            let msg = proto::decode_body(&h, body, &limits);
             c.start += h.total;
             if !self.frame(c, &h, msg, t) {
                 c.closing = true;
@@ -335,8 +357,8 @@ impl Worker {
             Message::Batch {
                 op_id,
                 ack_only,
-                ops,
-            } => self.batch(c, h.id, op_id, ack_only, ops, t),
+                mut ops,
+            } => self.batch(c, h.id, op_id, ack_only, &mut ops, t),
             Message::Stats => {
                 self.flush_counts();
                 let v = crate::stats(&self.shared);
@@ -426,10 +448,10 @@ impl Worker {
         id: u64,
         op_id: u64,
         ack_only: bool,
-        ops: Vec<Request>,
+        ops: &mut Vec<Request>,
         t: Duration,
     ) {
-        for r in &ops {
+        for r in ops.iter() {
             self.op_counts[usize::from(r.op.code())] += 1;
         }
         let client = c.client;
@@ -502,7 +524,7 @@ impl Worker {
         // Split over the shards: this shard's part now, the others' sent to them.
         let count = ops.len();
         let mut parts = std::mem::take(&mut self.parts);
-        for (i, r) in ops.into_iter().enumerate() {
+        for (i, r) in ops.drain(..).enumerate() {
             let s = self.shared.shard_of(r.op.key());
             parts[s].push((i as u32, r));
         }

@@ -383,7 +383,12 @@ impl Objects {
     pub(crate) fn apply(&mut self, req: &Request, now: Duration) -> (Reply, bool) {
         let key = req.op.key();
         let writes = !req.op.is_read() && !matches!(req.op, Op::Lock { .. } | Op::Unlock { .. });
-        if writes && !matches!(req.op, Op::Claim { .. } | Op::Handover { .. }) {
+        // The owner and clock checks, for a tagged update or an owned object (an untagged
+        // update of an unowned object skips a lookup: `run` prunes the entry anyway).
+        let check = writes
+            && !matches!(req.op, Op::Claim { .. } | Op::Handover { .. })
+            && (req.instance.is_some() || self.objects.get(key).is_some_and(|e| e.owner.is_some()));
+        if check {
             if let Some(e) = self.live(key, now) {
                 if let Some(owner) = e.owner {
                     if req.instance != Some(owner) {

@@ -113,6 +113,7 @@ pub(crate) struct Worker {
     chunk: Vec<u8>,
     pub(crate) replies: Vec<(u32, Reply)>,
     pub(crate) parts: Vec<Vec<(u32, Request)>>,
+    pub(crate) batch_ops: Vec<Request>,
     targets: Vec<(usize, u64)>,
     stop: bool,
 }
@@ -147,6 +148,7 @@ impl Worker {
             chunk: vec![0; CHUNK],
             replies: Vec::new(),
             parts: (0..n).map(|_| Vec::new()).collect(),
+            batch_ops: Vec::new(),
             targets: Vec::new(),
             stop: false,
         })
