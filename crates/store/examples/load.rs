@@ -31,15 +31,33 @@ fn main() {
         for _ in 0..depth {
             let key = format!("key:{}", i % 1000).into_bytes();
             let op = match i % 5 {
-                0 => Op::Set { key, value: b"value-0123456789".to_vec() },
+                0 => Op::Set {
+                    key,
+                    value: b"value-0123456789".to_vec(),
+                },
                 1 => Op::Get { key },
-                2 => Op::Add { key: format!("ctr:{}", i % 1000).into_bytes(), delta: 1 },
-                3 => Op::Push { key: format!("list:{}", i % 1000).into_bytes(), item: b"item".to_vec() },
-                _ => Op::Pop { key: format!("list:{}", (i - 1) % 1000).into_bytes() },
+                2 => Op::Add {
+                    key: format!("ctr:{}", i % 1000).into_bytes(),
+                    delta: 1,
+                },
+                3 => Op::Push {
+                    key: format!("list:{}", i % 1000).into_bytes(),
+                    item: b"item".to_vec(),
+                },
+                _ => Op::Pop {
+                    key: format!("list:{}", (i - 1) % 1000).into_bytes(),
+                },
             };
             i += 1;
             proto::encode(
-                &Frame { id: i as u64, msg: Message::Batch { op_id: 0, ack_only: false, ops: vec![Request::from(op)] } },
+                &Frame {
+                    id: i as u64,
+                    msg: Message::Batch {
+                        op_id: 0,
+                        ack_only: false,
+                        ops: vec![Request::from(op)],
+                    },
+                },
                 &mut out,
             );
         }
