@@ -33,7 +33,8 @@ pub(crate) struct StoreArgs {
     /// Most operations in one batch.
     #[arg(long, default_value_t = 65_536)]
     max_ops: u32,
-    /// Most unanswered requests per connection.
+    /// Most requests per connection waiting for other shards' answers (further requests are
+    /// not read until some are answered).
     #[arg(long, default_value_t = 4096)]
     max_inflight: usize,
     /// Most bytes of unsent answers per connection before the store stops reading its
