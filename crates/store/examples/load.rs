@@ -23,6 +23,7 @@ fn main() {
     let mut out = Vec::new();
     let mut buf = Vec::new();
     let mut chunk = vec![0u8; 1 << 16];
+    let cpu0 = store_cpu_ns();
     let t0 = Instant::now();
     let mut ops = 0u64;
     let mut i = 0usize;
@@ -76,6 +77,26 @@ fn main() {
         }
         ops += depth as u64;
     }
-    println!("{:.0} ops/s", ops as f64 / t0.elapsed().as_secs_f64());
+    let cpu = store_cpu_ns() - cpu0;
+    println!(
+        "{:.0} ops/s, {:.0} ns of store CPU per op",
+        ops as f64 / t0.elapsed().as_secs_f64(),
+        cpu as f64 / ops as f64
+    );
     server.stop();
+}
+
+/// CPU nanoseconds of the store's threads (`store-*`).
+fn store_cpu_ns() -> u64 {
+    let mut ns = 0;
+    for t in std::fs::read_dir("/proc/self/task").into_iter().flatten().flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if comm.starts_with("store-") {
+            ns += std::fs::read_to_string(t.path().join("schedstat"))
+                .ok()
+                .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    ns
 }
