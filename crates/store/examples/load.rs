@@ -78,6 +78,8 @@ fn main() {
         ops += depth as u64;
     }
     let cpu = store_cpu_ns() - cpu0;
+    let (user, system) = store_user_system();
+    println!("store threads since start: user {user:.2} s, system {system:.2} s");
     println!(
         "{:.0} ops/s, {:.0} ns of store CPU per op",
         ops as f64 / t0.elapsed().as_secs_f64(),
@@ -89,7 +91,11 @@ fn main() {
 /// CPU nanoseconds of the store's threads (`store-*`).
 fn store_cpu_ns() -> u64 {
     let mut ns = 0;
-    for t in std::fs::read_dir("/proc/self/task").into_iter().flatten().flatten() {
+    for t in std::fs::read_dir("/proc/self/task")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
         let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
         if comm.starts_with("store-") {
             ns += std::fs::read_to_string(t.path().join("schedstat"))
@@ -99,4 +105,26 @@ fn store_cpu_ns() -> u64 {
         }
     }
     ns
+}
+
+/// User and system CPU seconds of the store's threads since they started (`stat`).
+fn store_user_system() -> (f64, f64) {
+    let (mut u, mut s) = (0.0, 0.0);
+    for t in std::fs::read_dir("/proc/self/task")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with("store-") {
+            continue;
+        }
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
+        u += ticks(11) / 100.0;
+        s += ticks(12) / 100.0;
+    }
+    (u, s)
 }
