@@ -5,9 +5,9 @@
 //!   real `redis-server` (persistence off, pinned to CPU 0 with `taskset` when there is
 //!   one), the same operation mix (set, get, incr, list push, list pop) from one client
 //!   connection at pipeline depths 1, 16 and 64: ops/s, p50/p99 latency, and ops per second
-//!   of server CPU time, with the ratios ours/Redis. Server CPU time is measured from `/proc`:
-//!   Redis's process, and our store's own threads (`store-*`, from
-//!   `/proc/self/task/<tid>/schedstat`; the client thread in the same process is not
+//!   of server CPU time, with the ratios ours/Redis. Server CPU time is measured the same way
+//!   for both, from each thread's `/proc/<pid>/task/<tid>/schedstat`: all of Redis's threads,
+//!   and our store's own threads (`store-*`; the client thread in the same process is not
 //!   counted). Redis is skipped (and its ratios left out) when `redis-server` is not on the
 //!   PATH.
 //! * `store-batching`: the effective per-operation cost through the `store` driver of single
@@ -79,7 +79,7 @@ pub(crate) fn run_ops(effort: Effort) -> Report {
         if let Some(redis) = &redis {
             let pid = redis.child.id();
             let rr = measure(&mut RedisConn::connect(redis.addr), depth, ops, &|| {
-                proc_cpu(&format!("/proc/{pid}/stat"))
+                threads_cpu(&pid.to_string(), "")
             });
             report.metric(&format!("redis_ops_per_sec_depth{depth}"), rr.ops_per_sec);
             report.metric(&format!("redis_p50_us_depth{depth}"), rr.p50_us);
@@ -206,31 +206,20 @@ fn measure(c: &mut dyn Client, depth: usize, ops: usize, cpu: &dyn Fn() -> f64) 
     }
 }
 
-/// CPU seconds (user + system) in a `/proc/.../stat` file.
-fn proc_cpu(path: &str) -> f64 {
-    let Ok(s) = std::fs::read_to_string(path) else {
-        return 0.0;
-    };
-    // Fields after the command name (which may hold spaces) start after the last ')'.
-    let rest = s.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
-    // utime and stime are fields 14 and 15 of stat: 12 and 13 after the state field.
-    (ticks(11) + ticks(12)) / 100.0
-}
-
-/// CPU seconds of the in-process store's threads (named `store-*`: shard threads and the
-/// accept thread), from each thread's `schedstat` (nanoseconds on the CPU).
-fn store_threads_cpu() -> f64 {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+/// CPU seconds of the threads of process `pid` whose name starts with `prefix` (all with an
+/// empty prefix), from each thread's `schedstat` (nanoseconds on the CPU, exact, where the
+/// `stat` file's user and system times are sampled at clock ticks).
+fn threads_cpu(pid: &str, prefix: &str) -> f64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return 0.0;
     };
     let mut ns = 0u64;
     for t in tasks.flatten() {
         let dir = t.path();
-        let is_store = std::fs::read_to_string(dir.join("comm"))
-            .is_ok_and(|c| c.trim_end().starts_with("store-"));
-        if !is_store {
+        let wanted = prefix.is_empty()
+            || std::fs::read_to_string(dir.join("comm"))
+                .is_ok_and(|c| c.trim_end().starts_with(prefix));
+        if !wanted {
             continue;
         }
         ns += std::fs::read_to_string(dir.join("schedstat"))
@@ -239,6 +228,12 @@ fn store_threads_cpu() -> f64 {
             .unwrap_or(0);
     }
     ns as f64 / 1e9
+}
+
+/// CPU seconds of the in-process store's threads (named `store-*`: shard threads and the
+/// accept thread).
+fn store_threads_cpu() -> f64 {
+    threads_cpu("self", "store-")
 }
 
 /// A raw protocol client of our store: one operation per frame, as Redis gets one command
