@@ -193,6 +193,12 @@ impl Entry {
         false
     }
 
+    /// Whether [`Entry::prune`] has something to do at `now`.
+    fn due(&self, now: Duration) -> bool {
+        self.deadline.is_some_and(|d| d <= now)
+            || matches!(&self.obj, Obj::Map(m) if m.by_time.first().is_some_and(|(d, _)| *d <= now))
+    }
+
     fn alive(&self, now: Duration) -> bool {
         if self.deadline.is_some_and(|d| d <= now) {
             return false;
@@ -300,6 +306,10 @@ impl Objects {
     }
 
     fn get_or_create(&mut self, key: &[u8], now: Duration, kind: Kind) -> Result<&mut Entry, Full> {
+        // The common case in two lookups: there, and nothing to prune.
+        if self.objects.get(key).is_some_and(|e| !e.due(now)) {
+            return self.objects.get_mut(key).ok_or(Full);
+        }
         if self.live(key, now).is_none() {
             if self.max_objects.is_some_and(|m| self.objects.len() >= m) {
                 self.sweep(now);
@@ -426,8 +436,12 @@ impl Objects {
                 e.tag(i, c);
             }
         }
-        // Any operation may have set, cleared or (by pruning) moved a deadline.
-        self.reindex(key);
+        // Any operation may have set, cleared or (by pruning) moved a deadline; only `Expire`
+        // sets one, so with no deadline in the shard (an empty index: every entry's `indexed`
+        // is `None`) any other operation leaves nothing to index.
+        if matches!(req.op, Op::Expire { .. }) || !self.index.is_empty() {
+            self.reindex(key);
+        }
         (reply, writes && ok)
     }
 
