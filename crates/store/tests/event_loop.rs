@@ -385,3 +385,38 @@ fn a_client_that_does_not_read_is_not_read_from_and_others_go_on() {
     reader.join().unwrap();
     server.stop();
 }
+
+#[test]
+fn a_request_followed_by_a_hang_up_is_answered_and_closed_at_once() {
+    let server = server(2);
+    let t = Instant::now();
+    for i in 0..50u64 {
+        let mut c = Client::connect(server.local_addr());
+        let mut out = Vec::new();
+        proto::encode(
+            &batch(
+                i,
+                false,
+                vec![Op::Add {
+                    key: b"hup".to_vec(),
+                    delta: 1,
+                }],
+            ),
+            &mut out,
+        );
+        // The request and the end of the stream arrive together.
+        c.s.write_all(&out).unwrap();
+        c.s.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut got = Vec::new();
+        c.s.read_to_end(&mut got).unwrap();
+        let (f, used) = proto::decode(&got, &Limits::default()).unwrap().unwrap();
+        assert_eq!(used, got.len());
+        assert_eq!(f.msg, Message::Replies(vec![Reply::Int(i as i64 + 1)]));
+    }
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "hang-ups noticed late: {:?}",
+        t.elapsed()
+    );
+    server.stop();
+}
