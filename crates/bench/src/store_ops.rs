@@ -1,12 +1,15 @@
 //! The state store's own benchmarks (issue 4; CHC §7.1 "Datastore performance", StatelessNF
 //! §5.3 batching):
 //!
-//! * `store-ops`: our store (`flowstate-store`, one shard) against a real `redis-server`
-//!   (persistence off, pinned to one core with `taskset` when there is one), the same
-//!   operation mix (set, get, incr, list push, list pop) from one client connection at
-//!   pipeline depths 1, 16 and 64: ops/s, p50/p99 latency, and ops per second of server CPU
-//!   time (the server's threads, measured from `/proc`), with the ratios ours/Redis. Redis
-//!   is skipped (and its ratios left out) when `redis-server` is not on the PATH.
+//! * `store-ops`: our store (`flowstate-store`, one shard thread, pinned to CPU 0) against a
+//!   real `redis-server` (persistence off, pinned to CPU 0 with `taskset` when there is
+//!   one), the same operation mix (set, get, incr, list push, list pop) from one client
+//!   connection at pipeline depths 1, 16 and 64: ops/s, p50/p99 latency, and ops per second
+//!   of server CPU time, with the ratios ours/Redis. Server CPU time is measured the same way
+//!   for both, from each thread's `/proc/<pid>/task/<tid>/schedstat`: all of Redis's threads,
+//!   and our store's own threads (`store-*`; the client thread in the same process is not
+//!   counted). Redis is skipped (and its ratios left out) when `redis-server` is not on the
+//!   PATH.
 //! * `store-batching`: the effective per-operation cost through the `store` driver of single
 //!   requests against multi-op frames of 100 operations.
 
@@ -41,10 +44,13 @@ pub(crate) fn run_ops(effort: Effort) -> Report {
         .param("ops_per_depth", ops as u64)
         .param("mix", "set, get, incr, list push, list pop (equal shares)")
         .param("store_shards", 1)
+        .param("store_cpu", 0)
         .param("client_connections", 1);
     let server = Server::start(Config {
         listen: "127.0.0.1:0".parse().expect("address"),
         shards: 1,
+        // On CPU 0, as Redis.
+        cpus: vec![0],
         ..Config::default()
     })
     .expect("start the store");
@@ -57,9 +63,12 @@ pub(crate) fn run_ops(effort: Effort) -> Report {
     );
     let mut ours = Vec::new();
     for depth in DEPTHS {
-        let r = measure(&mut Ours::connect(server.local_addr()), depth, ops, &|| {
-            own_cpu_except_this_thread()
-        });
+        let r = measure(
+            &mut Ours::connect(server.local_addr()),
+            depth,
+            ops,
+            &store_threads_cpu,
+        );
         report.metric(&format!("store_ops_per_sec_depth{depth}"), r.ops_per_sec);
         report.metric(&format!("store_p50_us_depth{depth}"), r.p50_us);
         report.metric(&format!("store_p99_us_depth{depth}"), r.p99_us);
@@ -70,7 +79,7 @@ pub(crate) fn run_ops(effort: Effort) -> Report {
         if let Some(redis) = &redis {
             let pid = redis.child.id();
             let rr = measure(&mut RedisConn::connect(redis.addr), depth, ops, &|| {
-                proc_cpu(&format!("/proc/{pid}/stat"))
+                threads_cpu(&pid.to_string(), "")
             });
             report.metric(&format!("redis_ops_per_sec_depth{depth}"), rr.ops_per_sec);
             report.metric(&format!("redis_p50_us_depth{depth}"), rr.p50_us);
@@ -197,22 +206,34 @@ fn measure(c: &mut dyn Client, depth: usize, ops: usize, cpu: &dyn Fn() -> f64) 
     }
 }
 
-/// CPU seconds (user + system) in a `/proc/.../stat` file.
-fn proc_cpu(path: &str) -> f64 {
-    let Ok(s) = std::fs::read_to_string(path) else {
+/// CPU seconds of the threads of process `pid` whose name starts with `prefix` (all with an
+/// empty prefix), from each thread's `schedstat` (nanoseconds on the CPU, exact, where the
+/// `stat` file's user and system times are sampled at clock ticks).
+fn threads_cpu(pid: &str, prefix: &str) -> f64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return 0.0;
     };
-    // Fields after the command name (which may hold spaces) start after the last ')'.
-    let rest = s.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
-    // utime and stime are fields 14 and 15 of stat: 12 and 13 after the state field.
-    (ticks(11) + ticks(12)) / 100.0
+    let mut ns = 0u64;
+    for t in tasks.flatten() {
+        let dir = t.path();
+        let wanted = prefix.is_empty()
+            || std::fs::read_to_string(dir.join("comm"))
+                .is_ok_and(|c| c.trim_end().starts_with(prefix));
+        if !wanted {
+            continue;
+        }
+        ns += std::fs::read_to_string(dir.join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    ns as f64 / 1e9
 }
 
-/// CPU time of this process except the calling (client) thread: the in-process server's.
-fn own_cpu_except_this_thread() -> f64 {
-    proc_cpu("/proc/self/stat") - proc_cpu("/proc/thread-self/stat")
+/// CPU seconds of the in-process store's threads (named `store-*`: shard threads and the
+/// accept thread).
+fn store_threads_cpu() -> f64 {
+    threads_cpu("self", "store-")
 }
 
 /// A raw protocol client of our store: one operation per frame, as Redis gets one command

@@ -33,9 +33,17 @@ pub(crate) struct StoreArgs {
     /// Most operations in one batch.
     #[arg(long, default_value_t = 65_536)]
     max_ops: u32,
-    /// Most unanswered requests per connection.
+    /// Most requests per connection waiting for other shards' answers (further requests are
+    /// not read until some are answered).
     #[arg(long, default_value_t = 4096)]
     max_inflight: usize,
+    /// Most bytes of unsent answers per connection before the store stops reading its
+    /// requests (backpressure).
+    #[arg(long, default_value_t = 4 << 20)]
+    max_output: usize,
+    /// CPUs to pin the shard threads to, comma separated (shard i on the i-th, round robin).
+    #[arg(long, value_delimiter = ',')]
+    cpus: Vec<usize>,
     /// Most objects the store holds.
     #[arg(long)]
     max_objects: Option<usize>,
@@ -64,6 +72,8 @@ pub(crate) fn run(a: &StoreArgs) -> Result<()> {
         },
         max_connections: a.max_connections.max(1),
         max_inflight: a.max_inflight.max(1),
+        max_output: a.max_output.max(64 * 1024),
+        cpus: a.cpus.clone(),
         max_objects: a.max_objects,
         checkpoint_interval: Duration::from_secs(a.checkpoint_secs.max(1)),
         sync: a.sync,

@@ -710,24 +710,13 @@ pub fn decode_body(h: &Header, body: &[u8], limits: &Limits) -> Result<Message, 
         },
         2 => Message::Welcome { shards: r.u32()? },
         3 => {
-            let op_id = r.u64()?;
-            let n = r.u32()?;
-            if n > limits.max_ops {
-                return Err(DecodeError::TooManyOps {
-                    n,
-                    max: limits.max_ops,
-                });
-            }
-            // Each op takes at least 6 bytes: never reserve more than the body can hold.
-            let mut ops = Vec::with_capacity((n as usize).min(r.buf.len() / 6));
-            for _ in 0..n {
-                ops.push(r.request()?);
-            }
-            Message::Batch {
+            let mut ops = Vec::new();
+            let (op_id, ack_only) = decode_batch_into(h, body, limits, &mut ops)?;
+            return Ok(Message::Batch {
                 op_id,
-                ack_only: h.flags & FLAG_ACK_ONLY != 0,
+                ack_only,
                 ops,
-            }
+            });
         }
         4 => {
             let n = r.u32()? as usize;
@@ -795,6 +784,42 @@ pub fn decode_body(h: &Header, body: &[u8], limits: &Limits) -> Result<Message, 
         return Err(DecodeError::Malformed("trailing bytes after the body"));
     }
     Ok(msg)
+}
+
+/// Decodes the body of a batch frame (kind 3, as [`decode_body`] does) into `ops`, which is
+/// cleared first and whose allocation is reused: a server's hot path. Returns the batch's op
+/// id and whether it is ack-only.
+pub fn decode_batch_into(
+    h: &Header,
+    body: &[u8],
+    limits: &Limits,
+    ops: &mut Vec<Request>,
+) -> Result<(u64, bool), DecodeError> {
+    if h.version != VERSION {
+        return Err(DecodeError::BadVersion(h.version));
+    }
+    if h.kind != 3 {
+        return Err(DecodeError::UnknownKind(h.kind));
+    }
+    ops.clear();
+    let mut r = Rd { buf: body };
+    let op_id = r.u64()?;
+    let n = r.u32()?;
+    if n > limits.max_ops {
+        return Err(DecodeError::TooManyOps {
+            n,
+            max: limits.max_ops,
+        });
+    }
+    // Each op takes at least 6 bytes: never reserve more than the body can hold.
+    ops.reserve((n as usize).min(r.buf.len() / 6));
+    for _ in 0..n {
+        ops.push(r.request()?);
+    }
+    if !r.buf.is_empty() {
+        return Err(DecodeError::Malformed("trailing bytes after the body"));
+    }
+    Ok((op_id, h.flags & FLAG_ACK_ONLY != 0))
 }
 
 /// Appends `frame` to `out` (which the caller reuses).

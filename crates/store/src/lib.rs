@@ -17,9 +17,20 @@
 //!   sent them, and a read sees every earlier update (CHC §4.3).
 //! * **Threads**: objects are sharded by a hash of their key over [`Config::shards`] threads;
 //!   each object is owned by exactly one thread and its data is touched by no other (no locks
-//!   on object data, CHC §4.3 "datastore threads"). Connections have a reader and a writer
-//!   thread; a batch's operations are handed to their shards and the answers reassembled, so a
-//!   client may pipeline any number of requests up to [`Config::max_inflight`].
+//!   on object data, CHC §4.3 "datastore threads"). The shard threads also own the
+//!   connections: an accept thread hands each new connection to a shard thread in turn, and
+//!   every shard thread runs an event loop (`epoll` through `mio`) over its connections. In
+//!   one turn of the loop a shard reads what every ready connection sent, applies each whole
+//!   frame whose operations it owns right there, writes one log record group for the turn,
+//!   and then writes each connection's answers with one `write` (no thread hop and no channel
+//!   for a request whose operations the connection's own shard owns, which is every request
+//!   with one shard). Operations owned by another
+//!   shard go to it in one message per destination shard per turn, and their answers come
+//!   back the same way and are merged in request order, so a client may pipeline any number
+//!   of requests (up to [`Config::max_inflight`] waiting on other shards) and gets its answers
+//!   in order. A client that does not read its answers is not read from once more than
+//!   [`Config::max_output`] bytes wait for it. Shard threads can be pinned to CPUs
+//!   ([`Config::cpus`]).
 //! * **Robustness**: nothing a client sends can panic the server. A malformed frame, a bad
 //!   version or too many operations get an error frame and the connection goes on; an
 //!   oversize or unreadable length gets an error frame and the connection closes. Other
@@ -31,7 +42,8 @@
 //!   handover operation; subscriptions that push an object's new value when another
 //!   connection changes it; expiry notifications to exactly one subscriber of the key.
 //! * **Durability** ([`Config::data_dir`]): each shard writes a write-ahead log record of a
-//!   batch's updates before it answers, and checkpoints periodically (CHC §5.4). After the
+//!   batch's updates before it answers (the records of one turn of its loop in one write,
+//!   before any answer of that turn is sent to a client or to another shard), and checkpoints periodically (CHC §5.4). After the
 //!   process is killed (`kill -9`) and restarted, the store holds every acknowledged update
 //!   exactly once. Without a data directory it runs purely in memory. A store that cannot
 //!   write its log exits (status 74) rather than acknowledge updates it could lose.
@@ -39,8 +51,8 @@
 //!   kept for retransmissions are not, so a batch applied before a crash and sent again after
 //!   it is answered [`Reply::Duplicate`](flowstate_proto::Reply::Duplicate) per operation.
 //! * **Security**: [`Config::default`] binds 127.0.0.1; with [`Config::token`] a client must
-//!   present the token in its first frame or is refused; connections, frame size, batch size
-//!   and in-flight requests are limited.
+//!   present the token in its first frame or is refused; connections, frame size, batch size,
+//!   in-flight requests and unsent output per connection are limited.
 //! * **Metrics**: a `Stats` request answers ops/s by type, connections, objects, memory and
 //!   WAL lag ([`Server::stats`]).
 
@@ -76,8 +88,17 @@ pub struct Config {
     pub limits: Limits,
     /// Most open connections.
     pub max_connections: usize,
-    /// Most requests one connection may have unanswered; its reader waits beyond.
+    /// Most requests of one connection waiting for other shards' answers; the connection's
+    /// further requests are not read until some are answered.
     pub max_inflight: usize,
+    /// Most bytes of answers and pushes waiting to be sent to one connection before the store
+    /// stops reading that connection's requests (backpressure on a client that does not
+    /// read). Pushes alone (subscriptions) to a connection with more than eight times this
+    /// waiting close it as too slow.
+    pub max_output: usize,
+    /// CPUs to pin the shard threads to (shard `i` on `cpus[i % cpus.len()]`, Linux only);
+    /// empty: not pinned.
+    pub cpus: Vec<usize>,
     /// Most objects (spread evenly over the shards); `None`: no limit.
     pub max_objects: Option<usize>,
     /// Time between checkpoints of a shard that has logged something.
@@ -98,6 +119,8 @@ impl Default for Config {
             limits: Limits::default(),
             max_connections: 1024,
             max_inflight: 4096,
+            max_output: 4 << 20,
+            cpus: Vec::new(),
             max_objects: None,
             checkpoint_interval: Duration::from_secs(60),
             checkpoint_bytes: 256 << 20,
@@ -123,6 +146,9 @@ pub enum StartError {
     /// A thread cannot be started.
     #[error("cannot start a thread: {0}")]
     Thread(std::io::Error),
+    /// A shard's event loop (`epoll`) cannot be made.
+    #[error("cannot start an event loop: {0}")]
+    Poll(std::io::Error),
 }
 
 /// Counters shared by every thread.
@@ -141,9 +167,24 @@ pub(crate) struct Metrics {
     started: Instant,
 }
 
+/// Where to send work to a shard thread: its inbox and the waker of its event loop.
+pub(crate) struct ShardHandle {
+    pub(crate) tx: Sender<worker::Msg>,
+    pub(crate) waker: mio::Waker,
+}
+
+impl ShardHandle {
+    /// Puts `m` in the shard's inbox and wakes its loop; gives `m` back if the shard stopped.
+    pub(crate) fn send(&self, m: worker::Msg) -> Result<(), worker::Msg> {
+        self.tx.send(m).map_err(|e| e.0)?;
+        let _ = self.waker.wake();
+        Ok(())
+    }
+}
+
 pub(crate) struct Shared {
     pub(crate) config: Config,
-    pub(crate) shards: Vec<Sender<worker::Job>>,
+    pub(crate) shards: Vec<ShardHandle>,
     pub(crate) metrics: Arc<Metrics>,
     recovered_records: u64,
 }
@@ -151,6 +192,9 @@ pub(crate) struct Shared {
 impl Shared {
     /// The shard that owns `key` (FNV-1a: stable across restarts, as the log needs).
     pub(crate) fn shard_of(&self, key: &[u8]) -> usize {
+        if self.shards.len() == 1 {
+            return 0;
+        }
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
         for b in key {
             h ^= u64::from(*b);
@@ -235,7 +279,6 @@ pub struct Server {
     stop: Arc<AtomicBool>,
     acceptor: Option<JoinHandle<()>>,
     workers: Vec<JoinHandle<()>>,
-    conns: Arc<Mutex<Vec<(u64, TcpStream)>>>,
 }
 
 impl Server {
@@ -275,7 +318,7 @@ impl Server {
             started: Instant::now(),
         });
         let per_shard = config.max_objects.map(|m| m.div_ceil(shards).max(1));
-        let mut workers = Vec::with_capacity(shards);
+        let mut states = Vec::with_capacity(shards);
         let mut recovered_records = 0;
         for i in 0..shards {
             let mut objects = shard::Objects {
@@ -297,14 +340,7 @@ impl Server {
                 None => None,
             };
             metrics.objects[i].store(objects.len() as u64, Ordering::Relaxed);
-            workers.push(worker::Worker::new(
-                i,
-                objects,
-                wal,
-                metrics.clone(),
-                config.checkpoint_interval,
-                config.checkpoint_bytes,
-            ));
+            states.push((objects, wal));
         }
         let listener = TcpListener::bind(config.listen).map_err(|source| StartError::Bind {
             addr: config.listen,
@@ -314,30 +350,38 @@ impl Server {
             addr: config.listen,
             source,
         })?;
-        let mut senders = Vec::with_capacity(shards);
         let mut handles = Vec::with_capacity(shards);
-        for w in workers {
+        let mut loops = Vec::with_capacity(shards);
+        for _ in 0..shards {
+            let poll = mio::Poll::new().map_err(StartError::Poll)?;
+            let waker =
+                mio::Waker::new(poll.registry(), worker::WAKER).map_err(StartError::Poll)?;
             let (tx, rx) = std::sync::mpsc::channel();
-            senders.push(tx);
-            let h = std::thread::Builder::new()
-                .name(format!("store-shard{}", w.index))
-                .spawn(move || w.run(rx))
-                .map_err(StartError::Thread)?;
-            handles.push(h);
+            handles.push(ShardHandle { tx, waker });
+            loops.push((poll, rx));
         }
         let shared = Arc::new(Shared {
             config,
-            shards: senders,
+            shards: handles,
             metrics,
             recovered_records,
         });
+        let mut workers = Vec::with_capacity(shards);
+        for (i, ((objects, wal), (poll, rx))) in states.into_iter().zip(loops).enumerate() {
+            let w = worker::Worker::new(i, objects, wal, shared.clone(), &poll)
+                .map_err(StartError::Poll)?;
+            let h = std::thread::Builder::new()
+                .name(format!("store-shard{i}"))
+                .spawn(move || w.run(poll, rx))
+                .map_err(StartError::Thread)?;
+            workers.push(h);
+        }
         let stop = Arc::new(AtomicBool::new(false));
-        let conns: Arc<Mutex<Vec<(u64, TcpStream)>>> = Arc::default();
         let acceptor = {
-            let (shared, stop, conns) = (shared.clone(), stop.clone(), conns.clone());
+            let (shared, stop) = (shared.clone(), stop.clone());
             std::thread::Builder::new()
                 .name("store-accept".into())
-                .spawn(move || accept_loop(listener, shared, stop, conns))
+                .spawn(move || accept_loop(listener, shared, stop))
                 .map_err(StartError::Thread)?
         };
         tracing::info!(
@@ -355,8 +399,7 @@ impl Server {
             shared,
             stop,
             acceptor: Some(acceptor),
-            workers: handles,
-            conns,
+            workers,
         })
     }
 
@@ -390,16 +433,8 @@ impl Server {
         if let Some(a) = self.acceptor.take() {
             let _ = a.join();
         }
-        for (_, s) in self
-            .conns
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .drain(..)
-        {
-            let _ = s.shutdown(std::net::Shutdown::Both);
-        }
         for s in &self.shared.shards {
-            let _ = s.send(worker::Job::Stop);
+            let _ = s.send(worker::Msg::Stop);
         }
         for h in self.workers.drain(..) {
             let _ = h.join();
@@ -415,13 +450,33 @@ impl Drop for Server {
     }
 }
 
-fn accept_loop(
-    listener: TcpListener,
-    shared: Arc<Shared>,
-    stop: Arc<AtomicBool>,
-    conns: Arc<Mutex<Vec<(u64, TcpStream)>>>,
-) {
+/// Pins the calling thread to `cpu` (Linux; elsewhere nothing).
+#[cfg(target_os = "linux")]
+pub(crate) fn pin_to_cpu(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET stays inside it (checked
+    // against its size) and sched_setaffinity only reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if cpu >= 8 * std::mem::size_of::<libc::cpu_set_t>() {
+            tracing::warn!("cannot pin to CPU {cpu}: out of range");
+            return;
+        }
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            tracing::warn!(
+                "cannot pin to CPU {cpu}: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn pin_to_cpu(_cpu: usize) {}
+
+fn accept_loop(listener: TcpListener, shared: Arc<Shared>, stop: Arc<AtomicBool>) {
     let mut next = 1u64;
+    let mut turn = 0usize;
     for stream in listener.incoming() {
         if stop.load(Ordering::SeqCst) {
             break;
@@ -454,27 +509,22 @@ fn accept_loop(
             let _ = std::io::Write::write_all(&mut stream, &out);
             continue;
         }
+        if let Err(e) = stream.set_nonblocking(true) {
+            tracing::warn!("accept: {e}");
+            continue;
+        }
+        let _ = stream.set_nodelay(true);
         let conn = next;
         next += 1;
         m.connections.fetch_add(1, Ordering::SeqCst);
         m.connections_total.fetch_add(1, Ordering::Relaxed);
-        if let Ok(c) = stream.try_clone() {
-            let mut list = conns.lock().unwrap_or_else(PoisonError::into_inner);
-            list.push((conn, c));
-        }
-        let (shared2, conns2) = (shared.clone(), conns.clone());
-        let spawned = std::thread::Builder::new()
-            .name(format!("store-conn{conn}"))
-            .spawn(move || {
-                conn::serve(stream, conn, shared2.clone());
-                shared2.metrics.connections.fetch_sub(1, Ordering::SeqCst);
-                conns2
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .retain(|(c, _)| *c != conn);
-            });
-        if let Err(e) = spawned {
-            tracing::warn!("cannot start a connection thread: {e}");
+        // Round robin over the shard threads.
+        let shard = turn % shared.shards.len();
+        turn = turn.wrapping_add(1);
+        if shared.shards[shard]
+            .send(worker::Msg::Conn { id: conn, stream })
+            .is_err()
+        {
             m.connections.fetch_sub(1, Ordering::SeqCst);
         }
     }

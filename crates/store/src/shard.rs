@@ -82,7 +82,8 @@ pub(crate) struct Dedup {
 pub(crate) struct Sub {
     pub(crate) conn: u64,
     pub(crate) instance: u32,
-    pub(crate) tx: crate::conn::WriterTx,
+    /// The shard thread that owns the connection.
+    pub(crate) shard: usize,
 }
 
 #[derive(Default)]
@@ -192,6 +193,12 @@ impl Entry {
         false
     }
 
+    /// Whether [`Entry::prune`] has something to do at `now`.
+    fn due(&self, now: Duration) -> bool {
+        self.deadline.is_some_and(|d| d <= now)
+            || matches!(&self.obj, Obj::Map(m) if m.by_time.first().is_some_and(|(d, _)| *d <= now))
+    }
+
     fn alive(&self, now: Duration) -> bool {
         if self.deadline.is_some_and(|d| d <= now) {
             return false;
@@ -243,12 +250,14 @@ pub(crate) type Expired = (Vec<u8>, Option<Vec<u8>>);
 /// The objects of one shard.
 #[derive(Default)]
 pub(crate) struct Objects {
-    pub(crate) objects: HashMap<Vec<u8>, Entry>,
-    pub(crate) locks: HashMap<Vec<u8>, Lease>,
+    /// (foldhash: a fast hash with a random seed per map; keys are hashed on every
+    /// operation.)
+    pub(crate) objects: foldhash::HashMap<Vec<u8>, Entry>,
+    pub(crate) locks: foldhash::HashMap<Vec<u8>, Lease>,
     /// Objects by their earliest deadline (object or field): what the expiry sweep visits,
     /// from the front, touching only what is due.
     pub(crate) index: BTreeSet<(Duration, Vec<u8>)>,
-    pub(crate) clients: HashMap<u64, Dedup>,
+    pub(crate) clients: foldhash::HashMap<u64, Dedup>,
     /// Most objects this shard holds; `None`: no limit.
     pub(crate) max_objects: Option<usize>,
     /// Expiries found while running operations, to notify after the batch.
@@ -297,6 +306,10 @@ impl Objects {
     }
 
     fn get_or_create(&mut self, key: &[u8], now: Duration, kind: Kind) -> Result<&mut Entry, Full> {
+        // The common case in two lookups: there, and nothing to prune.
+        if self.objects.get(key).is_some_and(|e| !e.due(now)) {
+            return self.objects.get_mut(key).ok_or(Full);
+        }
         if self.live(key, now).is_none() {
             if self.max_objects.is_some_and(|m| self.objects.len() >= m) {
                 self.sweep(now);
@@ -380,7 +393,12 @@ impl Objects {
     pub(crate) fn apply(&mut self, req: &Request, now: Duration) -> (Reply, bool) {
         let key = req.op.key();
         let writes = !req.op.is_read() && !matches!(req.op, Op::Lock { .. } | Op::Unlock { .. });
-        if writes && !matches!(req.op, Op::Claim { .. } | Op::Handover { .. }) {
+        // The owner and clock checks, for a tagged update or an owned object (an untagged
+        // update of an unowned object skips a lookup: `run` prunes the entry anyway).
+        let check = writes
+            && !matches!(req.op, Op::Claim { .. } | Op::Handover { .. })
+            && (req.instance.is_some() || self.objects.get(key).is_some_and(|e| e.owner.is_some()));
+        if check {
             if let Some(e) = self.live(key, now) {
                 if let Some(owner) = e.owner {
                     if req.instance != Some(owner) {
@@ -418,8 +436,12 @@ impl Objects {
                 e.tag(i, c);
             }
         }
-        // Any operation may have set, cleared or (by pruning) moved a deadline.
-        self.reindex(key);
+        // Any operation may have set, cleared or (by pruning) moved a deadline; only `Expire`
+        // sets one, so with no deadline in the shard (an empty index: every entry's `indexed`
+        // is `None`) any other operation leaves nothing to index.
+        if matches!(req.op, Op::Expire { .. }) || !self.index.is_empty() {
+            self.reindex(key);
+        }
         (reply, writes && ok)
     }
 

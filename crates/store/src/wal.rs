@@ -13,9 +13,10 @@
 //! and cuts the log at the first torn or corrupt record: only the tail that was never
 //! acknowledged can be torn, since a batch is answered after its record is written.
 //!
-//! The log is written with one `write` per group of batches before their answers go out:
-//! acknowledged updates survive the store process being killed (`kill -9`). With `sync` each
-//! write is also `fdatasync`ed, for surviving the machine's crash.
+//! The log is written with one `write` per group of batches (one turn of the shard's event
+//! loop) before their answers go out: acknowledged updates survive the store process being
+//! killed (`kill -9`). With `sync` each write is also `fdatasync`ed, for surviving the
+//! machine's crash.
 
 use crate::shard::{Dedup, Entry, Lease, Obj, Objects};
 use flowstate_proto::{self as proto, DecodeError, Rd, Request};

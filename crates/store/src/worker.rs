@@ -1,83 +1,121 @@
-//! The thread of one shard: takes jobs from connections in arrival order, applies them, logs
-//! the group, answers, pushes notifications, sweeps expired objects and writes checkpoints.
+//! The thread of one shard: an event loop that owns some of the store's objects and some of
+//! its connections (CHC §4.3 "datastore threads").
+//!
+//! One turn of the loop: wait for socket readiness or a message from another shard; read what
+//! every ready connection sent and serve each whole frame ([`crate::conn`]): operations on
+//! this shard's objects are applied at once, others are queued for their shard; take the
+//! other shards' messages (operations to apply here, answers to merge, pushes to deliver);
+//! sweep expired objects when due; write the turn's log records with one write (and
+//! `fdatasync` with [`crate::Config::sync`]); only then queue the notifications and hand the
+//! queued operations, answers and pushes to the other shards (one message per destination,
+//! and one wake-up); and last write each connection's pending output with one `write`.
+//! Nothing is sent to a client, and no answer leaves for another shard, before the log
+//! records of the operations it acknowledges are written.
 
-use crate::conn::{PartBody, ToWriter, WriterTx};
+use crate::conn::{Conn, PartBody};
 use crate::shard::{Objects, Sub, REPLY_CACHE};
 use crate::wal::Wal;
-use crate::{now, Metrics};
-use flowstate_proto::{Kind, Message, Notification, Reply, Request};
+use crate::{now, Shared};
+use flowstate_proto::{Kind, Message, Notification, Reply, Request, OP_NAMES};
+use mio::{Events, Interest, Poll, Registry, Token};
+use std::io::{ErrorKind, Read, Write};
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::Receiver;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// Work for a shard.
-pub(crate) enum Job {
-    /// This shard's operations of some batches of one connection, in order.
-    Batches {
-        conn: u64,
-        tx: WriterTx,
-        items: Vec<BatchItem>,
+/// The token of a shard's waker (connections use their slot index).
+pub(crate) const WAKER: Token = Token(usize::MAX);
+
+/// A message to a shard thread.
+pub(crate) enum Msg {
+    /// A new connection to serve (from the accept thread).
+    Conn {
+        id: u64,
+        stream: std::net::TcpStream,
+    },
+    /// Requests of connections of shard `from` on this shard's objects, in the order the
+    /// connections sent them.
+    Forward { from: usize, items: Vec<(u64, Fwd)> },
+    /// This shard's connections' answers from another shard: (connection, request sequence
+    /// number, part).
+    Answers(Vec<(u64, u64, PartBody)>),
+    /// Frames to push to this shard's connections (notifications).
+    Pushes(Vec<(u64, Message)>),
+    /// A connection closed: drop its subscriptions.
+    Disconnect(u64),
+    /// Close every connection, write a final checkpoint and stop.
+    Stop,
+}
+
+/// A request (or part of one) handed to the shard that owns its objects.
+pub(crate) enum Fwd {
+    Batch {
+        seq: u64,
+        client: u64,
+        op_id: u64,
+        ack_only: bool,
+        /// Operations with their index in the frame.
+        ops: Vec<(u32, Request)>,
     },
     Partitions {
-        conn: u64,
-        tx: WriterTx,
         seq: u64,
         nf: Vec<u8>,
         kind: Kind,
         id: Vec<u8>,
     },
     Subscribe {
-        conn: u64,
-        tx: WriterTx,
         seq: u64,
         key: Vec<u8>,
         instance: u32,
     },
     Unsubscribe {
-        conn: u64,
-        tx: WriterTx,
         seq: u64,
         key: Vec<u8>,
     },
-    /// A connection closed: drop its subscriptions.
-    Disconnect { conn: u64 },
-    /// Write a final checkpoint and stop.
-    Stop,
-}
-
-/// This shard's part of one batch frame.
-pub(crate) struct BatchItem {
-    /// The frame's sequence number on its connection.
-    pub(crate) seq: u64,
-    pub(crate) client: u64,
-    pub(crate) op_id: u64,
-    /// Only an ack is wanted: no answer to keep for a retransmission.
-    pub(crate) ack_only: bool,
-    /// Operations with their index in the frame.
-    pub(crate) ops: Vec<(u32, Request)>,
 }
 
 /// How often a shard sweeps expired objects (and so how late an expiry notification may be).
 const TICK: Duration = Duration::from_millis(20);
-/// Most jobs applied before their group is logged and answered.
-const GROUP: usize = 512;
+/// Most bytes read from one connection in one turn (fairness between connections).
+const READ_BUDGET: usize = 256 * 1024;
+/// Size of a read.
+const CHUNK: usize = 64 * 1024;
 
 pub(crate) struct Worker {
     pub(crate) index: usize,
     pub(crate) objects: Objects,
     pub(crate) wal: Option<Wal>,
-    pub(crate) metrics: Arc<Metrics>,
-    pub(crate) checkpoint_interval: Duration,
-    pub(crate) checkpoint_bytes: u64,
-    subs: std::collections::HashMap<Vec<u8>, crate::shard::Subs>,
-    /// Answers of the current group by connection, sent once the group is logged.
-    outbox: Vec<(u64, WriterTx, ToWriter)>,
-    /// Keys updated in the current group, with the connection that did it.
-    touched: Vec<(Vec<u8>, u64)>,
+    pub(crate) shared: Arc<Shared>,
+    registry: Registry,
+    pub(crate) subs: foldhash::HashMap<Vec<u8>, crate::shard::Subs>,
+    /// Keys updated in this turn, with the connection that did it.
+    pub(crate) touched: Vec<(Vec<u8>, u64)>,
     /// Round robin over subscribers for expiry notifications, spreading timer work over the
     /// instances (StatelessNF §4.1).
     next_expiry: usize,
+    /// Connections by slot (the slot is the mio token).
+    pub(crate) conns: Vec<Option<Conn>>,
+    free: Vec<usize>,
+    /// Slot of each connection of this shard, by connection id.
+    by_id: foldhash::HashMap<u64, usize>,
+    /// Connections to serve (again) in this turn: readable, or held back before.
+    again: Vec<usize>,
+    /// Connections to write to or to check for closing at the end of the turn.
+    pub(crate) dirty: Vec<usize>,
+    /// What goes to each other shard at the end of the turn.
+    pub(crate) forwards: Vec<Vec<(u64, Fwd)>>,
+    answers: Vec<Vec<(u64, u64, PartBody)>>,
+    pushes: Vec<Vec<(u64, Message)>>,
+    /// Operations counted in this turn, added to the shared counters once per turn.
+    pub(crate) op_counts: [u64; OP_NAMES.len()],
+    /// Reused buffers.
+    chunk: Vec<u8>,
+    pub(crate) replies: Vec<(u32, Reply)>,
+    pub(crate) parts: Vec<Vec<(u32, Request)>>,
+    pub(crate) batch_ops: Vec<Request>,
+    targets: Vec<(usize, u64)>,
+    stop: bool,
 }
 
 impl Worker {
@@ -85,67 +123,138 @@ impl Worker {
         index: usize,
         objects: Objects,
         wal: Option<Wal>,
-        metrics: Arc<Metrics>,
-        checkpoint_interval: Duration,
-        checkpoint_bytes: u64,
-    ) -> Worker {
-        Worker {
+        shared: Arc<Shared>,
+        poll: &Poll,
+    ) -> std::io::Result<Worker> {
+        let n = shared.shards.len();
+        Ok(Worker {
             index,
             objects,
             wal,
-            metrics,
-            checkpoint_interval,
-            checkpoint_bytes,
+            registry: poll.registry().try_clone()?,
+            shared,
             subs: Default::default(),
-            outbox: Vec::new(),
             touched: Vec::new(),
             next_expiry: 0,
-        }
+            conns: Vec::new(),
+            free: Vec::new(),
+            by_id: Default::default(),
+            again: Vec::new(),
+            dirty: Vec::new(),
+            forwards: (0..n).map(|_| Vec::new()).collect(),
+            answers: (0..n).map(|_| Vec::new()).collect(),
+            pushes: (0..n).map(|_| Vec::new()).collect(),
+            op_counts: [0; OP_NAMES.len()],
+            chunk: vec![0; CHUNK],
+            replies: Vec::new(),
+            parts: (0..n).map(|_| Vec::new()).collect(),
+            batch_ops: Vec::new(),
+            targets: Vec::new(),
+            stop: false,
+        })
     }
 
-    pub(crate) fn run(mut self, rx: Receiver<Job>) {
-        let mut last_sweep = Instant::now();
-        let mut last_ckpt = Instant::now();
+    pub(crate) fn run(mut self, mut poll: Poll, rx: Receiver<Msg>) {
+        let cpus = &self.shared.config.cpus;
+        if !cpus.is_empty() {
+            crate::pin_to_cpu(cpus[self.index % cpus.len()]);
+        }
+        let mut events = Events::with_capacity(1024);
+        let checkpoint_interval = self.shared.config.checkpoint_interval;
+        let checkpoint_bytes = self.shared.config.checkpoint_bytes;
+        let mut work = Vec::new();
+        // The time of the current turn: one clock read per turn, for the operations (wall
+        // clock: deadlines persist) and for the shard's own timers.
+        let mut t = now();
+        let (mut last_sweep, mut last_ckpt) = (t, t);
         loop {
-            let first = match rx.recv_timeout(TICK) {
-                Ok(j) => Some(j),
-                Err(RecvTimeoutError::Timeout) => None,
-                Err(RecvTimeoutError::Disconnected) => break,
+            // Sleep without a timer when nothing is timed: no deadline to sweep, nothing logged
+            // to checkpoint.
+            let timeout = if !self.again.is_empty() {
+                Some(Duration::ZERO)
+            } else {
+                let sweep = (!self.objects.index.is_empty())
+                    .then(|| TICK.saturating_sub(t.saturating_sub(last_sweep)));
+                let ckpt = self
+                    .wal
+                    .as_ref()
+                    .filter(|w| w.bytes > 0)
+                    .map(|_| checkpoint_interval.saturating_sub(t.saturating_sub(last_ckpt)));
+                match (sweep, ckpt) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                }
             };
-            let t = now();
-            let mut stop = false;
-            if let Some(j) = first {
-                stop |= self.job(j, t);
-                let mut n = 1;
-                while n < GROUP && !stop {
-                    match rx.try_recv() {
-                        Ok(j) => stop |= self.job(j, t),
-                        Err(_) => break,
-                    }
-                    n += 1;
+            if let Err(e) = poll.poll(&mut events, timeout) {
+                if e.kind() != ErrorKind::Interrupted {
+                    tracing::error!("shard {}: poll: {e}", self.index);
+                    std::thread::sleep(Duration::from_millis(1));
                 }
             }
-            self.commit();
-            if last_sweep.elapsed() >= TICK {
-                last_sweep = Instant::now();
-                self.objects.sweep(now());
-                self.notify_expired();
+            t = now();
+            // A wall clock set back must not hold the timers back.
+            last_sweep = last_sweep.min(t);
+            last_ckpt = last_ckpt.min(t);
+            for ev in events.iter() {
+                if ev.token() == WAKER {
+                    continue;
+                }
+                let slot = ev.token().0;
+                let Some(c) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
+                    continue;
+                };
+                if ev.is_writable() {
+                    c.writable = true;
+                    mark(&mut self.dirty, c);
+                }
+                if ev.is_read_closed() || ev.is_error() {
+                    // Read to the end (or the error): no short-read shortcut.
+                    c.hup = true;
+                }
+                if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+                    queue_slot(&mut self.again, c);
+                }
             }
+            while let Ok(m) = rx.try_recv() {
+                self.message(m, t);
+            }
+            std::mem::swap(&mut work, &mut self.again);
+            if !self.stop {
+                // (A stopping shard takes no more requests.)
+                for &slot in &work {
+                    self.serve(slot, t);
+                }
+            }
+            work.clear();
+            if t.saturating_sub(last_sweep) >= TICK {
+                last_sweep = t;
+                self.objects.sweep(t);
+            }
+            self.commit(t);
+            self.send_out();
+            self.write_out();
             let wal_full = self
                 .wal
                 .as_ref()
-                .is_some_and(|w| w.bytes >= self.checkpoint_bytes);
-            if stop || wal_full || last_ckpt.elapsed() >= self.checkpoint_interval {
-                last_ckpt = Instant::now();
+                .is_some_and(|w| w.bytes >= checkpoint_bytes);
+            if self.stop || wal_full || t.saturating_sub(last_ckpt) >= checkpoint_interval {
+                last_ckpt = t;
                 self.checkpoint();
             }
-            self.metrics.objects[self.index].store(self.objects.len() as u64, Ordering::Relaxed);
+            let m = &self.shared.metrics;
+            m.objects[self.index].store(self.objects.len() as u64, Ordering::Relaxed);
             if let Some(w) = &self.wal {
-                self.metrics.wal_bytes[self.index].store(w.bytes, Ordering::Relaxed);
+                m.wal_bytes[self.index].store(w.bytes, Ordering::Relaxed);
             }
-            if stop {
+            if self.stop {
                 break;
             }
+        }
+        for slot in 0..self.conns.len() {
+            if let Some(c) = &self.conns[slot] {
+                let _ = c.stream.shutdown(std::net::Shutdown::Both);
+            }
+            self.close(slot);
         }
     }
 
@@ -158,13 +267,296 @@ impl Worker {
                 // The log goes on; the next checkpoint tries again.
                 tracing::error!("shard {}: checkpoint failed: {e}", self.index);
             } else {
-                self.metrics.checkpoints.fetch_add(1, Ordering::Relaxed);
+                self.shared
+                    .metrics
+                    .checkpoints
+                    .fetch_add(1, Ordering::Relaxed);
             }
         }
     }
 
-    /// Logs the group, then sends its answers and notifications.
-    fn commit(&mut self) {
+    fn message(&mut self, m: Msg, t: Duration) {
+        match m {
+            Msg::Conn { id, stream } => self.add_conn(id, stream),
+            Msg::Forward { from, items } => {
+                for (conn, f) in items {
+                    self.forwarded(from, conn, f, t);
+                }
+            }
+            Msg::Answers(items) => {
+                for (conn, seq, body) in items {
+                    self.answer(conn, seq, body);
+                }
+            }
+            Msg::Pushes(items) => {
+                for (conn, msg) in items {
+                    self.push_local(conn, &msg);
+                }
+            }
+            Msg::Disconnect(conn) => self.drop_subs(conn),
+            Msg::Stop => self.stop = true,
+        }
+    }
+
+    fn add_conn(&mut self, id: u64, stream: std::net::TcpStream) {
+        let mut stream = mio::net::TcpStream::from_std(stream);
+        let slot = self.free.pop().unwrap_or(self.conns.len());
+        if let Err(e) = self.registry.register(
+            &mut stream,
+            Token(slot),
+            Interest::READABLE | Interest::WRITABLE,
+        ) {
+            tracing::warn!("shard {}: cannot watch connection {id}: {e}", self.index);
+            self.free.push(slot);
+            self.shared
+                .metrics
+                .connections
+                .fetch_sub(1, Ordering::SeqCst);
+            return;
+        }
+        let token_needed = self.shared.config.token.is_some();
+        let c = Conn::new(id, slot, stream, !token_needed);
+        if slot == self.conns.len() {
+            self.conns.push(None);
+        }
+        self.conns[slot] = Some(c);
+        self.by_id.insert(id, slot);
+        // Data may be there already.
+        self.again.push(slot);
+        if let Some(c) = self.conns[slot].as_mut() {
+            c.queued = true;
+        }
+    }
+
+    /// Reads and serves what connection `slot` sent, as far as its limits allow.
+    fn serve(&mut self, slot: usize, t: Duration) {
+        let Some(mut c) = self.conns.get_mut(slot).and_then(Option::take) else {
+            return;
+        };
+        c.queued = false;
+        let mut budget = READ_BUDGET;
+        loop {
+            self.frames(&mut c, t);
+            if c.closing || c.eof || c.dead || self.held_back(&c) {
+                break;
+            }
+            if budget == 0 {
+                // More may be waiting: come back next turn, after the others.
+                queue_slot(&mut self.again, &mut c);
+                break;
+            }
+            match c.stream.read(&mut self.chunk) {
+                Ok(0) => {
+                    c.eof = true;
+                    if c.start < c.inbuf.len() {
+                        tracing::debug!(
+                            "connection {} closed inside a frame ({} bytes)",
+                            c.id,
+                            c.inbuf.len() - c.start
+                        );
+                    }
+                }
+                Ok(n) => {
+                    c.inbuf.extend_from_slice(&self.chunk[..n]);
+                    budget = budget.saturating_sub(n);
+                    if n < self.chunk.len() && !c.hup {
+                        // The socket is drained (a short read): serve what came and skip
+                        // the read that would only say `WouldBlock`. Data arriving later
+                        // raises a new readiness event (epoll is edge-triggered on arrival);
+                        // a hang-up already reported is not reported again, so then the
+                        // loop reads on to the end.
+                        self.frames(&mut c, t);
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => {
+                    tracing::debug!("connection {} closed: read: {e}", c.id);
+                    c.dead = true;
+                }
+            }
+        }
+        c.compact();
+        mark(&mut self.dirty, &mut c);
+        self.conns[slot] = Some(c);
+    }
+
+    /// Whether the connection's requests must wait: too many waiting on other shards, or too
+    /// much output the client has not read.
+    pub(crate) fn held_back(&self, c: &Conn) -> bool {
+        c.pending.len() >= self.shared.config.max_inflight.max(1)
+            || c.out.len() - c.out_pos > self.shared.config.max_output
+    }
+
+    /// Runs a request (part) of another shard's connection.
+    fn forwarded(&mut self, from: usize, conn: u64, f: Fwd, t: Duration) {
+        let (seq, body) = match f {
+            Fwd::Batch {
+                seq,
+                client,
+                op_id,
+                ack_only,
+                ops,
+            } => {
+                let mut replies = Vec::with_capacity(ops.len());
+                let duplicate = self.run_batch(
+                    conn,
+                    client,
+                    op_id,
+                    ack_only,
+                    ops.iter().map(|(i, r)| (*i, r)),
+                    &mut replies,
+                    t,
+                );
+                (seq, PartBody::Replies { replies, duplicate })
+            }
+            Fwd::Partitions { seq, nf, kind, id } => (
+                seq,
+                PartBody::Keys(self.objects.partitions(&nf, kind, &id, t)),
+            ),
+            Fwd::Subscribe { seq, key, instance } => {
+                self.subscribe(conn, from, key, instance);
+                (
+                    seq,
+                    PartBody::Replies {
+                        replies: Vec::new(),
+                        duplicate: false,
+                    },
+                )
+            }
+            Fwd::Unsubscribe { seq, key } => {
+                self.unsubscribe(conn, &key);
+                (
+                    seq,
+                    PartBody::Replies {
+                        replies: Vec::new(),
+                        duplicate: false,
+                    },
+                )
+            }
+        };
+        self.answers[from].push((conn, seq, body));
+    }
+
+    /// Merges another shard's part of the answer to request `seq` of connection `conn`.
+    fn answer(&mut self, conn: u64, seq: u64, body: PartBody) {
+        let Some(&slot) = self.by_id.get(&conn) else {
+            return;
+        };
+        let Some(mut c) = self.conns.get_mut(slot).and_then(Option::take) else {
+            return;
+        };
+        let was_held = self.held_back(&c);
+        c.part(seq, body);
+        if was_held && !self.held_back(&c) {
+            queue_slot(&mut self.again, &mut c);
+        }
+        mark(&mut self.dirty, &mut c);
+        self.conns[slot] = Some(c);
+    }
+
+    pub(crate) fn subscribe(&mut self, conn: u64, shard: usize, key: Vec<u8>, instance: u32) {
+        let subs = self.subs.entry(key).or_default();
+        subs.list.retain(|s| s.conn != conn);
+        subs.list.push(Sub {
+            conn,
+            instance,
+            shard,
+        });
+    }
+
+    pub(crate) fn unsubscribe(&mut self, conn: u64, key: &[u8]) {
+        if let Some(subs) = self.subs.get_mut(key) {
+            subs.list.retain(|s| s.conn != conn);
+            if subs.list.is_empty() {
+                self.subs.remove(key);
+            }
+        }
+    }
+
+    fn drop_subs(&mut self, conn: u64) {
+        self.subs.retain(|_, s| {
+            s.list.retain(|x| x.conn != conn);
+            !s.list.is_empty()
+        });
+    }
+
+    /// Applies a batch's operations on this shard's objects (or answers a retransmission as
+    /// the first time) and records its updates for the log. Replies go to `replies` with their
+    /// index in the frame; returns whether the batch was a duplicate.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn run_batch<'a>(
+        &mut self,
+        conn: u64,
+        client: u64,
+        op_id: u64,
+        ack_only: bool,
+        ops: impl Iterator<Item = (u32, &'a Request)> + Clone,
+        replies: &mut Vec<(u32, Reply)>,
+        t: Duration,
+    ) -> bool {
+        // An idempotent batch seen before: answer it as the first time, apply nothing.
+        if op_id != 0 {
+            if let Some(d) = self.objects.clients.get(&client) {
+                if op_id <= d.last {
+                    match d.recent.iter().find(|(id, _)| *id == op_id) {
+                        Some((_, r)) => replies.extend(r.iter().cloned()),
+                        None => replies.extend(ops.map(|(i, _)| (i, Reply::Duplicate))),
+                    }
+                    self.shared
+                        .metrics
+                        .duplicates
+                        .fetch_add(1, Ordering::Relaxed);
+                    return true;
+                }
+            }
+        }
+        let first = replies.len();
+        let mut writes = false;
+        for (i, req) in ops.clone() {
+            let (reply, changed) = self.objects.apply(req, t);
+            if changed && !self.subs.is_empty() && self.subs.contains_key(req.op.key()) {
+                self.touched.push((req.op.key().to_vec(), conn));
+            }
+            writes |= !req.op.is_read();
+            replies.push((i, reply));
+        }
+        if writes {
+            if let Some(w) = &mut self.wal {
+                w.record(
+                    t,
+                    client,
+                    op_id,
+                    ops.map(|(_, r)| r).filter(|r| !r.op.is_read()),
+                );
+            }
+        }
+        if op_id != 0 {
+            let d = self.objects.clients.entry(client).or_default();
+            d.last = op_id;
+            if !ack_only {
+                d.recent.push_back((op_id, replies[first..].to_vec()));
+                if d.recent.len() > REPLY_CACHE {
+                    d.recent.pop_front();
+                }
+            }
+        }
+        false
+    }
+
+    /// Adds the operations counted in this turn to the shared counters.
+    pub(crate) fn flush_counts(&mut self) {
+        for (i, n) in self.op_counts.iter_mut().enumerate() {
+            if *n > 0 {
+                self.shared.metrics.ops[i].fetch_add(*n, Ordering::Relaxed);
+                *n = 0;
+            }
+        }
+    }
+
+    /// Logs the turn's updates; then queues the notifications they cause.
+    fn commit(&mut self, t: Duration) {
         if let Some(w) = &mut self.wal {
             if let Err(e) = w.flush() {
                 // Answering now would acknowledge updates that may not survive a restart: a
@@ -177,46 +569,39 @@ impl Worker {
                 std::process::exit(74);
             }
         }
-        // One channel operation per run of answers to the same connection.
-        let mut run: Option<(u64, WriterTx, Vec<ToWriter>)> = None;
-        for (conn, tx, m) in self.outbox.drain(..) {
-            match &mut run {
-                Some((c, _, v)) if *c == conn => v.push(m),
-                _ => {
-                    if let Some((_, tx, v)) = run.take() {
-                        let _ = tx.send(ToWriter::Many(v));
-                    }
-                    run = Some((conn, tx, vec![m]));
-                }
-            }
-        }
-        if let Some((_, tx, v)) = run {
-            let _ = tx.send(ToWriter::Many(v));
-        }
+        self.flush_counts();
         self.notify_expired();
         if self.touched.is_empty() {
             return;
         }
+        self.touched.sort_unstable();
         self.touched.dedup();
-        let t = now();
         let touched = std::mem::take(&mut self.touched);
+        let mut targets = std::mem::take(&mut self.targets);
         for (key, origin) in &touched {
+            targets.clear();
             let Some(subs) = self.subs.get(key) else {
                 continue;
             };
-            if subs.list.iter().all(|s| s.conn == *origin) {
+            targets.extend(
+                subs.list
+                    .iter()
+                    .filter(|s| s.conn != *origin)
+                    .map(|s| (s.shard, s.conn)),
+            );
+            if targets.is_empty() {
                 continue;
             }
             let object = self.objects.current(key, t);
-            for s in subs.list.iter().filter(|s| s.conn != *origin) {
-                let _ =
-                    s.tx.send(ToWriter::Push(Message::Notify(Notification::Updated {
-                        key: key.clone(),
-                        object: object.clone(),
-                    })));
-                self.metrics.notifications.fetch_add(1, Ordering::Relaxed);
+            for &(shard, conn) in &targets {
+                let msg = Message::Notify(Notification::Updated {
+                    key: key.clone(),
+                    object: object.clone(),
+                });
+                self.push(shard, conn, msg);
             }
         }
+        self.targets = targets;
         self.touched = touched;
         self.touched.clear();
     }
@@ -224,8 +609,9 @@ impl Worker {
     /// Tells exactly one subscriber of each expired key or field (StatelessNF §4.1), round
     /// robin over the shard's expiries.
     fn notify_expired(&mut self) {
-        for (key, field) in self.objects.expired.drain(..) {
-            let Some(subs) = self.subs.get_mut(&key) else {
+        let expired = std::mem::take(&mut self.objects.expired);
+        for (key, field) in expired {
+            let Some(subs) = self.subs.get(&key) else {
                 continue;
             };
             if subs.list.is_empty() {
@@ -233,166 +619,194 @@ impl Worker {
             }
             let i = self.next_expiry % subs.list.len();
             self.next_expiry = self.next_expiry.wrapping_add(1);
+            let s = &subs.list[i];
             tracing::debug!(
                 "shard {}: expiry of {} told to instance {}",
                 self.index,
                 String::from_utf8_lossy(&key),
-                subs.list[i].instance
+                s.instance
             );
-            let _ = subs.list[i]
-                .tx
-                .send(ToWriter::Push(Message::Notify(Notification::Expired {
-                    key,
-                    field,
-                })));
-            self.metrics.notifications.fetch_add(1, Ordering::Relaxed);
+            let (shard, conn) = (s.shard, s.conn);
+            self.push(
+                shard,
+                conn,
+                Message::Notify(Notification::Expired { key, field }),
+            );
         }
     }
 
-    /// Runs one job; whether it asks the shard to stop.
-    fn job(&mut self, job: Job, t: Duration) -> bool {
-        match job {
-            Job::Batches { conn, tx, items } => {
-                for it in items {
-                    self.batch(conn, &tx, it, t);
-                }
+    /// Pushes `msg` to connection `conn` of shard `shard`.
+    fn push(&mut self, shard: usize, conn: u64, msg: Message) {
+        self.shared
+            .metrics
+            .notifications
+            .fetch_add(1, Ordering::Relaxed);
+        if shard == self.index {
+            self.push_local(conn, &msg);
+        } else if let Some(q) = self.pushes.get_mut(shard) {
+            q.push((conn, msg));
+        }
+    }
+
+    fn push_local(&mut self, conn: u64, msg: &Message) {
+        let Some(&slot) = self.by_id.get(&conn) else {
+            return;
+        };
+        let Some(c) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
+            return;
+        };
+        if c.dead {
+            return;
+        }
+        c.push(msg);
+        if c.out.len() - c.out_pos > self.shared.config.max_output.saturating_mul(8) {
+            tracing::debug!(
+                "connection {}: closed, {} bytes of pushes not read",
+                c.id,
+                c.out.len() - c.out_pos
+            );
+            c.dead = true;
+        }
+        mark(&mut self.dirty, c);
+    }
+
+    /// Hands the turn's forwarded requests, answers and pushes to their shards.
+    fn send_out(&mut self) {
+        for s in 0..self.forwards.len() {
+            if s == self.index
+                || (self.forwards[s].is_empty()
+                    && self.answers[s].is_empty()
+                    && self.pushes[s].is_empty())
+            {
+                continue;
             }
-            Job::Partitions {
-                conn,
-                tx,
-                seq,
-                nf,
-                kind,
-                id,
-            } => {
-                let keys = self.objects.partitions(&nf, kind, &id, t);
-                self.outbox.push((
-                    conn,
-                    tx,
-                    ToWriter::Part {
-                        seq,
-                        body: PartBody::Keys(keys),
-                    },
-                ));
-            }
-            Job::Subscribe {
-                conn,
-                tx,
-                seq,
-                key,
-                instance,
-            } => {
-                let subs = self.subs.entry(key).or_default();
-                subs.list.retain(|s| s.conn != conn);
-                subs.list.push(Sub {
-                    conn,
-                    instance,
-                    tx: tx.clone(),
-                });
-                self.outbox.push((conn, tx, empty_part(seq)));
-            }
-            Job::Unsubscribe { conn, tx, seq, key } => {
-                if let Some(subs) = self.subs.get_mut(&key) {
-                    subs.list.retain(|s| s.conn != conn);
-                    if subs.list.is_empty() {
-                        self.subs.remove(&key);
+            let mut sent = false;
+            let shared = self.shared.clone();
+            let handle = &shared.shards[s];
+            if !self.forwards[s].is_empty() {
+                let items = std::mem::take(&mut self.forwards[s]);
+                match handle.tx.send(Msg::Forward {
+                    from: self.index,
+                    items,
+                }) {
+                    Ok(()) => sent = true,
+                    Err(e) => {
+                        // That shard has stopped (the store is shutting down): those requests
+                        // get no answer, and their connections close unanswered, so that no
+                        // client takes an update that was not applied for acknowledged (a
+                        // client retransmits unacknowledged batches; op ids keep that exact).
+                        if let Msg::Forward { items, .. } = e.0 {
+                            for (conn, _) in items {
+                                self.kill(conn);
+                            }
+                        }
                     }
                 }
-                self.outbox.push((conn, tx, empty_part(seq)));
             }
-            Job::Disconnect { conn } => {
-                self.subs.retain(|_, s| {
-                    s.list.retain(|x| x.conn != conn);
-                    !s.list.is_empty()
-                });
+            if !self.answers[s].is_empty() {
+                let items = std::mem::take(&mut self.answers[s]);
+                sent |= handle.tx.send(Msg::Answers(items)).is_ok();
             }
-            Job::Stop => return true,
+            if !self.pushes[s].is_empty() {
+                let items = std::mem::take(&mut self.pushes[s]);
+                sent |= handle.tx.send(Msg::Pushes(items)).is_ok();
+            }
+            if sent {
+                let _ = handle.waker.wake();
+            }
         }
-        false
     }
 
-    fn batch(&mut self, conn: u64, tx: &WriterTx, item: BatchItem, t: Duration) {
-        let BatchItem {
-            seq,
-            client,
-            op_id,
-            ack_only,
-            ops,
-        } = item;
-        // An idempotent batch seen before: answer it as the first time, apply nothing.
-        if op_id != 0 {
-            if let Some(d) = self.objects.clients.get(&client) {
-                if op_id <= d.last {
-                    let replies = match d.recent.iter().find(|(id, _)| *id == op_id) {
-                        Some((_, r)) => r.clone(),
-                        None => ops.iter().map(|(i, _)| (*i, Reply::Duplicate)).collect(),
-                    };
-                    self.metrics.duplicates.fetch_add(1, Ordering::Relaxed);
-                    self.outbox.push((
-                        conn,
-                        tx.clone(),
-                        ToWriter::Part {
-                            seq,
-                            body: PartBody::Replies {
-                                replies,
-                                duplicate: true,
-                            },
-                        },
-                    ));
-                    return;
+    /// Writes each marked connection's output (one `write` when the socket takes it all) and
+    /// closes the connections that are done.
+    fn write_out(&mut self) {
+        let dirty = std::mem::take(&mut self.dirty);
+        for &slot in &dirty {
+            let Some(mut c) = self.conns.get_mut(slot).and_then(Option::take) else {
+                continue;
+            };
+            c.dirty = false;
+            let was_held = self.held_back(&c);
+            while !c.dead && c.writable && c.out_pos < c.out.len() {
+                match c.stream.write(&c.out[c.out_pos..]) {
+                    Ok(0) => c.dead = true,
+                    Ok(n) => c.out_pos += n,
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => c.writable = false,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        tracing::debug!("connection {} closed: write: {e}", c.id);
+                        c.dead = true;
+                    }
                 }
             }
-        }
-        let mut replies = Vec::with_capacity(ops.len());
-        let mut writes = false;
-        for (i, req) in &ops {
-            let (reply, changed) = self.objects.apply(req, t);
-            if changed && self.subs.contains_key(req.op.key()) {
-                self.touched.push((req.op.key().to_vec(), conn));
-            }
-            writes |= !req.op.is_read();
-            replies.push((*i, reply));
-        }
-        if writes {
-            if let Some(w) = &mut self.wal {
-                w.record(
-                    t,
-                    client,
-                    op_id,
-                    ops.iter().map(|(_, r)| r).filter(|r| !r.op.is_read()),
-                );
-            }
-        }
-        if op_id != 0 {
-            let d = self.objects.clients.entry(client).or_default();
-            d.last = op_id;
-            if !ack_only {
-                d.recent.push_back((op_id, replies.clone()));
-                if d.recent.len() > REPLY_CACHE {
-                    d.recent.pop_front();
+            if c.out_pos == c.out.len() {
+                c.out.clear();
+                c.out_pos = 0;
+                if c.out.capacity() > 4 << 20 {
+                    c.out.shrink_to(64 * 1024);
                 }
+            } else if c.out_pos > 1 << 20 && c.out_pos * 2 > c.out.len() {
+                c.out.drain(..c.out_pos);
+                c.out_pos = 0;
+            }
+            let done = c.dead
+                || ((c.closing || c.eof) && c.pending.is_empty() && c.out_pos == c.out.len());
+            if !done && was_held && !self.held_back(&c) {
+                queue_slot(&mut self.again, &mut c);
+            }
+            self.conns[slot] = Some(c);
+            if done {
+                self.close(slot);
             }
         }
-        self.outbox.push((
-            conn,
-            tx.clone(),
-            ToWriter::Part {
-                seq,
-                body: PartBody::Replies {
-                    replies,
-                    duplicate: false,
-                },
-            },
-        ));
+        self.dirty = dirty;
+        self.dirty.clear();
+    }
+
+    /// Closes connection `conn` at the end of the turn, without sending what it waits for.
+    fn kill(&mut self, conn: u64) {
+        let Some(&slot) = self.by_id.get(&conn) else {
+            return;
+        };
+        if let Some(c) = self.conns.get_mut(slot).and_then(Option::as_mut) {
+            c.dead = true;
+            mark(&mut self.dirty, c);
+        }
+    }
+
+    /// Closes the connection in `slot` and drops its subscriptions on every shard.
+    fn close(&mut self, slot: usize) {
+        let Some(mut c) = self.conns.get_mut(slot).and_then(Option::take) else {
+            return;
+        };
+        let _ = self.registry.deregister(&mut c.stream);
+        let _ = c.stream.shutdown(std::net::Shutdown::Write);
+        self.by_id.remove(&c.id);
+        self.free.push(slot);
+        self.shared
+            .metrics
+            .connections
+            .fetch_sub(1, Ordering::SeqCst);
+        self.drop_subs(c.id);
+        for (s, h) in self.shared.shards.iter().enumerate() {
+            if s != self.index {
+                let _ = h.send(Msg::Disconnect(c.id));
+            }
+        }
     }
 }
 
-fn empty_part(seq: u64) -> ToWriter {
-    ToWriter::Part {
-        seq,
-        body: PartBody::Replies {
-            replies: Vec::new(),
-            duplicate: false,
-        },
+/// Marks `c` for the end-of-turn write.
+pub(crate) fn mark(dirty: &mut Vec<usize>, c: &mut Conn) {
+    if !c.dirty {
+        c.dirty = true;
+        dirty.push(c.slot);
+    }
+}
+
+fn queue_slot(again: &mut Vec<usize>, c: &mut Conn) {
+    if !c.queued {
+        c.queued = true;
+        again.push(c.slot);
     }
 }
