@@ -97,6 +97,9 @@ pub(crate) struct Link {
     route: Route,
     pub(crate) in_process: bool,
     pub(crate) stats: Arc<LinkStats>,
+    /// Changes drained from the caches that the state thread could not take yet (it was
+    /// behind): they go before anything newer, a flush's or a call's.
+    backlog: RefCell<Vec<Op>>,
 }
 
 /// How a partition reaches its store.
@@ -120,8 +123,30 @@ impl Link {
 
     /// [`call`](Self::call), where the first `keep` ops are changes drained from a cache: if
     /// the store fails, the state thread keeps them to send again like a failed flush.
-    pub(crate) fn call_keeping(&self, ops: Vec<Op>, keep: usize) -> Result<Vec<Reply>, StateError> {
+    pub(crate) fn call_keeping(
+        &self,
+        mut ops: Vec<Op>,
+        mut keep: usize,
+    ) -> Result<Vec<Reply>, StateError> {
         self.stats.sync_calls.fetch_add(1, Ordering::Relaxed);
+        // The backlog goes first, so that a read sees every earlier change and a write is not
+        // overtaken by an older one; its replies are not the caller's.
+        let older = {
+            let mut backlog = self.backlog.borrow_mut();
+            let n = backlog.len();
+            if n > 0 {
+                backlog.append(&mut ops);
+                ops = std::mem::take(&mut *backlog);
+                keep = keep.saturating_add(n);
+            }
+            n
+        };
+        let mut replies = self.call_raw(ops, keep)?;
+        replies.drain(..older.min(replies.len()));
+        Ok(replies)
+    }
+
+    fn call_raw(&self, ops: Vec<Op>, keep: usize) -> Result<Vec<Reply>, StateError> {
         match &self.route {
             Route::Thread {
                 tx,
@@ -138,7 +163,13 @@ impl Link {
             }
             Route::Inline(backend) => {
                 let mut replies = Vec::with_capacity(ops.len());
-                backend.borrow_mut().execute(&ops, &mut replies)?;
+                if let Err(e) = backend.borrow_mut().execute(&ops, &mut replies) {
+                    // No state thread to retain them: the kept changes wait as the backlog.
+                    let mut ops = ops;
+                    ops.truncate(keep);
+                    *self.backlog.borrow_mut() = ops;
+                    return Err(e.into());
+                }
                 Ok(replies)
             }
         }
@@ -154,8 +185,25 @@ impl Link {
         }
     }
 
-    /// Hands `ops` over without waiting; gives them back if the state thread is behind.
-    fn send(&self, ops: Vec<Op>) -> Result<(), Vec<Op>> {
+    /// Hands the backlog over without waiting; `false` if the state thread is still behind.
+    fn send_backlog(&self) -> bool {
+        let ops = std::mem::take(&mut *self.backlog.borrow_mut());
+        ops.is_empty() || self.send(ops)
+    }
+
+    /// Hands `ops` over without waiting; keeps them as the backlog if the state thread is
+    /// behind (the backlog is empty: [`send_backlog`](Self::send_backlog) went first).
+    fn send(&self, ops: Vec<Op>) -> bool {
+        match self.try_send(ops) {
+            Ok(()) => true,
+            Err(back) => {
+                *self.backlog.borrow_mut() = back;
+                false
+            }
+        }
+    }
+
+    fn try_send(&self, ops: Vec<Op>) -> Result<(), Vec<Op>> {
         let n = ops.len() as u64;
         match &self.route {
             Route::Thread { tx, .. } => match tx.try_send(Request {
@@ -377,7 +425,6 @@ pub struct Partition {
     config: StateConfig,
     link: Rc<Link>,
     objects: Vec<Rc<RefCell<dyn Flushable>>>,
-    backlog: Vec<Op>,
     last_flush: Cell<Nanos>,
     backend: &'static str,
 }
@@ -424,10 +471,10 @@ impl Partition {
                 route,
                 in_process: connector.in_process(),
                 stats,
+                backlog: RefCell::new(Vec::new()),
             }),
             config,
             objects: Vec::new(),
-            backlog: Vec::new(),
             last_flush: Cell::new(0),
             backend: name,
         })
@@ -467,30 +514,32 @@ impl Partition {
     }
 
     /// Hands every queued change to the state thread without waiting. If the thread is behind,
-    /// the changes wait here for the next flush.
+    /// the changes stay in the caches, where later ones coalesce with them (one update per
+    /// object and flush, FlexState §III-B), until a flush finds the thread ready.
     pub fn flush(&mut self, now: Nanos) {
         self.last_flush.set(now);
-        let mut ops = std::mem::take(&mut self.backlog);
+        if !self.link.send_backlog() {
+            return;
+        }
+        let mut ops = Vec::new();
         for o in &self.objects {
             let mut o = o.borrow_mut();
             o.drain(now, false, &mut ops);
             o.refresh();
         }
         if !ops.is_empty() {
-            if let Err(back) = self.link.send(ops) {
-                self.backlog = back;
-            }
+            self.link.send(ops);
         }
     }
 
     /// Writes everything to the store, including what only the caches hold, and waits: for a
     /// clean shutdown, or before merging functions read the store.
     pub fn flush_all(&mut self, now: Nanos) -> Result<(), StateError> {
-        let mut ops = std::mem::take(&mut self.backlog);
+        let mut ops = Vec::new();
         for o in &self.objects {
             o.borrow_mut().drain(now, true, &mut ops);
         }
-        if ops.is_empty() {
+        if ops.is_empty() && self.link.backlog.borrow().is_empty() {
             return Ok(());
         }
         let replies = self.link.call_keeping(ops, usize::MAX)?;
