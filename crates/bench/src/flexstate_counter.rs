@@ -14,16 +14,20 @@
 //!   `metrics.throughput_spread_pct` = (max − min) / max over the backends, in percent.
 //!   Every store is measured twice there: on loopback, and remote (`<backend>_remote`: the
 //!   same server started by the bench in a network namespace behind a veth pair, see
-//!   [`crate::remote`], on every CPU but the NF worker's; Cassandra only in a full run;
-//!   loopback stores run where they were started, e.g. `taskset -c 0 scripts/cassandra
-//!   start` keeps the JVM off the worker's core). The NF runs one worker on a real-time
+//!   [`crate::remote`]; Cassandra only in a full run). The NF runs one worker on a real-time
 //!   clock, flushing every 1 ms, after a warm-up pass that establishes every flow in the store;
-//!   the rate counts the packets while they flow (`<nf>_mpps_<backend>`, best of 3
+//!   the rate counts the packets while they flow (`<nf>_mpps_<backend>`, best of 5
 //!   interleaved runs), and the final write-out is reported beside it
 //!   (`<nf>_drain_ms_<backend>`, `<nf>_mpps_with_drain_<backend>`), with the flushes held back
 //!   because the store was behind and those that failed. `<nf>_mpps_per_cpu_<backend>` and
 //!   `per_cpu_spread_pct` divide by the worker's CPU time instead, which a store server
 //!   sharing this machine's cores does not change.
+//!
+//! **CPUs** (with two or more): the NF (the counter, the NAT's or LB's worker) runs alone on
+//! the last CPU, as FlexState's NFs on their own DPDK cores; everything else the bench starts
+//! (stores, the drivers' threads, the NF's state thread) runs on the others. Stores on
+//! loopback run where they were started: `taskset -c 0 scripts/cassandra start` keeps the
+//! JVM off the NF's CPU on a 2-CPU machine.
 //!
 //! Every run checks that the store ends with exactly one count per packet (measured as the
 //! difference of the merged counter before and after, so earlier runs against a persistent
@@ -130,6 +134,9 @@ pub(crate) fn run_all_backends(effort: Effort) -> Report {
         .param("packet_bytes", 60)
         .param("virtual_pps", VIRTUAL_PPS)
         .param("async_flush_interval_ms", 1);
+    // The NF has a CPU to itself, as on FlexState's testbed (DPDK cores); the stores, their
+    // drivers and the state threads share the others.
+    let _off_nf_cpu = crate::remote::OffNfCpu::new();
     let (backends, _server) = candidates();
     let mut skipped = Vec::new();
     let mut measured = Vec::new();
@@ -195,7 +202,7 @@ pub(crate) fn run_all_backends(effort: Effort) -> Report {
     // Runs are short and this machine may be shared: every backend runs `REPEATS` times,
     // interleaved, and its best run counts. A fresh NF instance id per run keeps earlier runs'
     // state in a persistent store out of the way.
-    const REPEATS: u32 = 3;
+    const REPEATS: u32 = 5;
     report.param("nf_repeats", REPEATS);
     let base = 1 + std::process::id() % 100_000 * 100;
     // The same stores once more, each in a namespace of its own behind a veth pair.
@@ -297,9 +304,14 @@ struct Run {
     ops_sent: u64,
 }
 
-/// Runs `n` packets through one Counter NF on `store`. Panics if the store does not end with
-/// exactly `n` more counts: a benchmark of a counter that loses updates measures nothing.
+/// Runs `n` packets through one Counter NF on `store`, on the NF's CPU. Panics if the store
+/// does not end with exactly `n` more counts: a benchmark of a counter that loses updates
+/// measures nothing.
 fn measure(store: &dyn Connector, mode: counter::Mode, n: u64, flush: Duration) -> Run {
+    crate::remote::on_nf_cpu(|| measure_here(store, mode, n, flush))
+}
+
+fn measure_here(store: &dyn Connector, mode: counter::Mode, n: u64, flush: Duration) -> Run {
     let total = || {
         let mut backend = store.connect().expect("connect to the store");
         merge::counter_sum(backend.as_mut(), "counter", "packets").expect("merge")

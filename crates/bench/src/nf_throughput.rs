@@ -315,7 +315,7 @@ pub(crate) fn chain_run(
     let barrier = std::sync::Barrier::new(workers);
     // One core per worker, as a NIC queue per core would have it (when there are enough):
     // the last ones, leaving the first to stores started beside the bench (crate::remote).
-    let cores = core_affinity::get_core_ids().unwrap_or_default();
+    let cores = crate::remote::all_cpus();
     let cores = if cores.len() >= workers {
         cores[cores.len() - workers..].to_vec()
     } else {

@@ -37,10 +37,16 @@ pub(crate) struct RemoteStores {
     cpus: Option<Vec<usize>>,
 }
 
+/// The CPUs this process could use when first asked (before [`OffNfCpu`] narrowed the
+/// calling thread's: a thread's own set is what `core_affinity` reports).
+pub(crate) fn all_cpus() -> &'static [core_affinity::CoreId] {
+    static CPUS: std::sync::OnceLock<Vec<core_affinity::CoreId>> = std::sync::OnceLock::new();
+    CPUS.get_or_init(|| core_affinity::get_core_ids().unwrap_or_default())
+}
+
 /// Every CPU this process may use but the last, if there are at least two.
-fn store_cpus() -> Option<Vec<usize>> {
-    let cores = core_affinity::get_core_ids().unwrap_or_default();
-    let ids: Vec<usize> = cores.iter().map(|c| c.id).collect();
+pub(crate) fn store_cpus() -> Option<Vec<usize>> {
+    let ids: Vec<usize> = all_cpus().iter().map(|c| c.id).collect();
     (ids.len() >= 2).then(|| ids[..ids.len() - 1].to_vec())
 }
 
@@ -293,6 +299,53 @@ fn enter(ns: &str) -> Result<(), String> {
         return Err(format!("setns {path}: {}", std::io::Error::last_os_error()));
     }
     Ok(())
+}
+
+/// Keeps the calling thread, and the threads it starts meanwhile (store servers, drivers'
+/// runtimes, state threads, which take the main thread's CPUs), off the NF's CPU: on
+/// [`store_cpus`] until dropped, when its own CPUs are restored.
+pub(crate) struct OffNfCpu(Option<libc::cpu_set_t>);
+
+impl OffNfCpu {
+    pub(crate) fn new() -> Self {
+        let Some(cpus) = store_cpus() else {
+            return OffNfCpu(None);
+        };
+        // SAFETY: sched_getaffinity(0) writes at most `size` bytes into the set given.
+        let old = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            let size = std::mem::size_of::<libc::cpu_set_t>();
+            (libc::sched_getaffinity(0, size, &mut set) == 0).then_some(set)
+        };
+        match old {
+            Some(old) if pin(&cpus).is_ok() => OffNfCpu(Some(old)),
+            _ => OffNfCpu(None),
+        }
+    }
+}
+
+impl Drop for OffNfCpu {
+    fn drop(&mut self) {
+        if let Some(old) = &self.0 {
+            // SAFETY: restores a set sched_getaffinity filled, of the size passed.
+            unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), old) };
+        }
+    }
+}
+
+/// Runs `f` on a thread of its own on the NF's CPU (the last one), like
+/// [`crate::nf_throughput::chain_run`]'s worker.
+pub(crate) fn on_nf_cpu<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            if let Some(&core) = all_cpus().last() {
+                core_affinity::set_for_current(core);
+            }
+            f()
+        })
+        .join()
+        .expect("the NF thread panicked")
+    })
 }
 
 /// Restricts the calling thread (and the threads it starts) to `cpus`.
