@@ -19,7 +19,9 @@
 //!   the rate counts the packets while they flow (`<nf>_mpps_<backend>`, best of 5
 //!   interleaved runs), and the final write-out is reported beside it
 //!   (`<nf>_drain_ms_<backend>`, `<nf>_mpps_with_drain_<backend>`), with the flushes held back
-//!   because the store was behind and those that failed. `<nf>_mpps_per_cpu_<backend>` and
+//!   because the store was behind and those that failed. `metrics.store_spread_pct` is the spread over the stores outside the NF's process only
+//!   (every backend but `local`, whose cache is the only copy and is never flushed), the
+//!   comparison FlexState's Fig. 8 makes; `<nf>_mpps_per_cpu_<backend>` and
 //!   `per_cpu_spread_pct` divide by the worker's CPU time instead, which a store server
 //!   sharing this machine's cores does not change.
 //!
@@ -218,7 +220,7 @@ pub(crate) fn run_all_backends(effort: Effort) -> Report {
             (name, Err(why)) => skipped.push(format!("{name}: {why}")),
         }
     }
-    let (mut spread, mut spread_cpu): (f64, f64) = (0.0, 0.0);
+    let (mut spread, mut spread_cpu, mut spread_stores): (f64, f64, f64) = (0.0, 0.0, 0.0);
     for (nf, chain) in [("nat", &nat[..]), ("lb", &lb[..])] {
         let mut best: Vec<Option<crate::nf_throughput::ChainRun>> =
             nf_backends.iter().map(|_| None).collect();
@@ -242,7 +244,7 @@ pub(crate) fn run_all_backends(effort: Effort) -> Report {
                 }
             }
         }
-        let (mut rates, mut per_cpu) = (Vec::new(), Vec::new());
+        let (mut rates, mut per_cpu, mut store_rates) = (Vec::new(), Vec::new(), Vec::new());
         for ((name, _), run) in nf_backends.iter().zip(&best) {
             let Some(run) = run else { continue };
             let name = name.replace('-', "_");
@@ -260,15 +262,20 @@ pub(crate) fn run_all_backends(effort: Effort) -> Report {
             report.metric(&format!("{nf}_failed_flushes_{name}"), run.errors as f64);
             rates.push(run.mpps_forwarding);
             per_cpu.push(run.mpps_per_cpu_forwarding);
+            if name != "local" {
+                store_rates.push(run.mpps_forwarding);
+            }
         }
         let pct = spread_pct(&rates);
         report.metric(&format!("{nf}_throughput_spread_pct"), pct);
         report.metric(&format!("{nf}_per_cpu_spread_pct"), spread_pct(&per_cpu));
         spread = spread.max(pct);
         spread_cpu = spread_cpu.max(spread_pct(&per_cpu));
+        spread_stores = spread_stores.max(spread_pct(&store_rates));
     }
     report.metric("throughput_spread_pct", spread);
     report.metric("per_cpu_spread_pct", spread_cpu);
+    report.metric("store_spread_pct", spread_stores);
     let location = match &remote {
         Ok(r) => format!(
             "<backend>: this machine's loopback; <backend>_remote: {} in a network namespace \
