@@ -149,6 +149,9 @@ pub enum StartError {
     /// A shard's event loop (`epoll`) cannot be made.
     #[error("cannot start an event loop: {0}")]
     Poll(std::io::Error),
+    /// [`Config::cpus`] names a CPU this process may not run on.
+    #[error("cpus: this process may not run on CPU {0}")]
+    Cpu(usize),
 }
 
 /// Counters shared by every thread.
@@ -285,6 +288,9 @@ impl Server {
     /// Recovers the data directory (if any), binds, and starts serving on background threads.
     pub fn start(config: Config) -> Result<Server, StartError> {
         let mut config = config;
+        if let Some(&cpu) = config.cpus.iter().find(|&&c| !cpu_allowed(c)) {
+            return Err(StartError::Cpu(cpu));
+        }
         let mut shards = if config.shards == 0 {
             std::thread::available_parallelism()
                 .map(|n| n.get())
@@ -448,6 +454,26 @@ impl Drop for Server {
             self.shutdown();
         }
     }
+}
+
+/// Whether this process may run on `cpu` (Linux; elsewhere every CPU is).
+#[cfg(target_os = "linux")]
+fn cpu_allowed(cpu: usize) -> bool {
+    if cpu >= 8 * std::mem::size_of::<libc::cpu_set_t>() {
+        return false;
+    }
+    // SAFETY: sched_getaffinity writes at most the size given into the set; CPU_ISSET reads
+    // within it (`cpu` checked against its size above).
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0
+            && libc::CPU_ISSET(cpu, &set)
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn cpu_allowed(_cpu: usize) -> bool {
+    true
 }
 
 /// Pins the calling thread to `cpu` (Linux; elsewhere nothing).

@@ -420,3 +420,18 @@ fn a_request_followed_by_a_hang_up_is_answered_and_closed_at_once() {
     );
     server.stop();
 }
+
+#[test]
+fn a_cpu_the_process_may_not_use_is_a_clear_error() {
+    let err = Server::start(Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        cpus: vec![100_000],
+        ..Config::default()
+    })
+    .err()
+    .expect("refused");
+    assert_eq!(
+        err.to_string(),
+        "cpus: this process may not run on CPU 100000"
+    );
+}
