@@ -337,32 +337,40 @@ fn renewals_reach_a_remote_store_once_per_half_ttl_and_changes_at_once() {
     assert_eq!(in_store(), vec![]);
 }
 
-/// The local store behind a link that can be cut: every call fails while `down` is set.
-struct Flaky {
+/// The local store behind a wire the test controls: cut (every call fails while `down` is
+/// set), held up (calls wait while the test holds `gate`), and counted (calls, operations).
+#[derive(Clone, Default)]
+struct Wire {
     store: LocalStore,
     down: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    gate: std::sync::Arc<std::sync::Mutex<()>>,
+    calls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    ops: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
-struct FlakyBackend {
+struct WireBackend {
     inner: Box<dyn Backend>,
-    down: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    wire: Wire,
 }
 
-impl Backend for FlakyBackend {
+impl Backend for WireBackend {
     fn name(&self) -> &'static str {
-        "flaky"
+        "wire"
     }
     fn execute(
         &mut self,
         ops: &[flowstate_state::Op],
         replies: &mut Vec<flowstate_state::Reply>,
     ) -> Result<(), BackendError> {
-        if self.down.load(Ordering::SeqCst) {
+        self.wire.calls.fetch_add(1, Ordering::SeqCst);
+        let _pass = self.wire.gate.lock().unwrap();
+        if self.wire.down.load(Ordering::SeqCst) {
             return Err(BackendError::Unreachable {
-                backend: "flaky",
+                backend: "wire",
                 reason: "cut".into(),
             });
         }
+        self.wire.ops.fetch_add(ops.len(), Ordering::SeqCst);
         self.inner.execute(ops, replies)
     }
     fn partitions(
@@ -375,25 +383,22 @@ impl Backend for FlakyBackend {
     }
 }
 
-impl Connector for Flaky {
+impl Connector for Wire {
     fn name(&self) -> &'static str {
-        "flaky"
+        "wire"
     }
     fn connect(&self) -> Result<Box<dyn Backend>, BackendError> {
-        Ok(Box::new(FlakyBackend {
+        Ok(Box::new(WireBackend {
             inner: self.store.connect()?,
-            down: self.down.clone(),
+            wire: self.clone(),
         }))
     }
 }
 
 #[test]
 fn flushes_the_store_fails_are_sent_again_in_order_when_it_answers() {
-    let flaky = Flaky {
-        store: LocalStore::new(),
-        down: Default::default(),
-    };
-    let mut p = part(&flaky, 0);
+    let wire = Wire::default();
+    let mut p = part(&wire, 0);
     let mut d = p.declare("nf");
     let c = d.counter("c", Scope::PerFlow, Access::WriteMostly).unwrap();
     let l = d
@@ -403,7 +408,7 @@ fn flushes_the_store_fails_are_sent_again_in_order_when_it_answers() {
     p.flush(S);
     assert_eq!(c.add(0).unwrap(), 5);
 
-    flaky.down.store(true, Ordering::SeqCst);
+    wire.down.store(true, Ordering::SeqCst);
     c.add_nowait(7);
     p.flush(2 * S);
     c.add_nowait(30);
@@ -413,7 +418,7 @@ fn flushes_the_store_fails_are_sent_again_in_order_when_it_answers() {
     // A call while the store is down fails, but the pushes queued before it are kept.
     assert!(l.pop().is_err());
     assert!(c.add(0).is_err(), "no read around the updates that wait");
-    flaky.down.store(false, Ordering::SeqCst);
+    wire.down.store(false, Ordering::SeqCst);
     assert_eq!(c.add(0).unwrap(), 42, "every update, once, in order");
     assert_eq!(l.pop().unwrap(), Some(1));
     assert_eq!(l.pop().unwrap(), Some(2));
@@ -424,12 +429,9 @@ fn flushes_the_store_fails_are_sent_again_in_order_when_it_answers() {
 
 #[test]
 fn beyond_the_retention_limit_the_oldest_failed_flushes_are_given_up_and_counted() {
-    let flaky = Flaky {
-        store: LocalStore::new(),
-        down: Default::default(),
-    };
+    let wire = Wire::default();
     let mut p = Partition::new(
-        &flaky,
+        &wire,
         StateConfig {
             retain_ops: 2,
             ..StateConfig::default()
@@ -440,74 +442,23 @@ fn beyond_the_retention_limit_the_oldest_failed_flushes_are_given_up_and_counted
         .declare("nf")
         .counter("c", Scope::PerFlow, Access::WriteMostly)
         .unwrap();
-    flaky.down.store(true, Ordering::SeqCst);
+    wire.down.store(true, Ordering::SeqCst);
     for (i, delta) in [1, 10, 100].into_iter().enumerate() {
         c.add_nowait(delta);
         p.flush(i as u64 * S);
     }
     // A call waits for the state thread to have seen every flush (and fails: still down).
     assert!(c.add(0).is_err());
-    flaky.down.store(false, Ordering::SeqCst);
+    wire.down.store(false, Ordering::SeqCst);
     assert_eq!(c.add(0).unwrap(), 110, "the oldest flush was given up");
     assert_eq!(p.stats().lost_ops.load(Ordering::Relaxed), 1);
 }
 
-/// The local store behind a state thread that can be held up: `execute` waits while the test
-/// holds `gate`, and counts the calls and the operations it got.
-#[derive(Clone, Default)]
-struct Gated {
-    store: LocalStore,
-    gate: std::sync::Arc<std::sync::Mutex<()>>,
-    calls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    ops: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-}
-
-struct GatedBackend {
-    inner: Box<dyn Backend>,
-    gated: Gated,
-}
-
-impl Backend for GatedBackend {
-    fn name(&self) -> &'static str {
-        "gated"
-    }
-    fn execute(
-        &mut self,
-        ops: &[flowstate_state::Op],
-        replies: &mut Vec<flowstate_state::Reply>,
-    ) -> Result<(), BackendError> {
-        self.gated.calls.fetch_add(1, Ordering::SeqCst);
-        let _pass = self.gated.gate.lock().unwrap();
-        self.gated.ops.fetch_add(ops.len(), Ordering::SeqCst);
-        self.inner.execute(ops, replies)
-    }
-    fn partitions(
-        &mut self,
-        nf: &str,
-        kind: flowstate_state::Kind,
-        id: &str,
-    ) -> Result<Vec<flowstate_state::ObjectKey>, BackendError> {
-        self.inner.partitions(nf, kind, id)
-    }
-}
-
-impl Connector for Gated {
-    fn name(&self) -> &'static str {
-        "gated"
-    }
-    fn connect(&self) -> Result<Box<dyn Backend>, BackendError> {
-        Ok(Box::new(GatedBackend {
-            inner: self.store.connect()?,
-            gated: self.clone(),
-        }))
-    }
-}
-
 #[test]
 fn while_the_state_thread_is_behind_changes_coalesce_and_no_older_write_overtakes_a_newer() {
-    let gated = Gated::default();
+    let wire = Wire::default();
     let mut p = Partition::new(
-        &gated,
+        &wire,
         StateConfig {
             queue_depth: 1,
             ..StateConfig::default()
@@ -519,11 +470,11 @@ fn while_the_state_thread_is_behind_changes_coalesce_and_no_older_write_overtake
     let v = d
         .value::<u32>("v", Scope::PerFlow, Access::ReadWrite)
         .unwrap();
-    let hold = gated.gate.lock().unwrap();
+    let hold = wire.gate.lock().unwrap();
     c.add_nowait(1);
     p.flush(S);
     // The state thread has taken that flush and waits at the gate.
-    while gated.calls.load(Ordering::SeqCst) == 0 {
+    while wire.calls.load(Ordering::SeqCst) == 0 {
         std::thread::yield_now();
     }
     c.add_nowait(1);
@@ -539,7 +490,7 @@ fn while_the_state_thread_is_behind_changes_coalesce_and_no_older_write_overtake
     v.set(1000).unwrap();
     assert_eq!(c.get().unwrap(), 100);
     p.flush_all(101 * S).unwrap();
-    let mut b = gated.store.connect().unwrap();
+    let mut b = wire.store.connect().unwrap();
     let key = flowstate_state::ObjectKey::from_raw(&v.key()).unwrap();
     let mut replies = Vec::new();
     b.execute(&[flowstate_state::Op::Get { key }], &mut replies)
@@ -551,6 +502,6 @@ fn while_the_state_thread_is_behind_changes_coalesce_and_no_older_write_overtake
         ))]
     );
     // 98 flushes held back cost a handful of operations, not one per object per flush.
-    let ops = gated.ops.load(Ordering::SeqCst);
+    let ops = wire.ops.load(Ordering::SeqCst);
     assert!(ops <= 8, "{ops} operations reached the store");
 }
