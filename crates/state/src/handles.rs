@@ -727,8 +727,8 @@ impl<K: Codec + Hash + Ord + Clone + 'static, V: Codec + 'static> Map<K, V> {
     #[inline]
     pub fn with<R>(&self, k: &K, f: impl FnOnce(Option<&V>) -> R) -> Result<R, StateError> {
         let mut o = self.inner();
-        o.load(k)?;
-        Ok(f(o.cache.get(k).map(|s| &s.value)))
+        let i = o.find_loaded(k)?;
+        Ok(f(i.and_then(|i| o.cache.at(i)).map(|s| &s.value)))
     }
 
     /// Calls `f` with the entry for `k` to change it in place; the change reaches the store
@@ -736,9 +736,9 @@ impl<K: Codec + Hash + Ord + Clone + 'static, V: Codec + 'static> Map<K, V> {
     #[inline]
     pub fn with_mut<R>(&self, k: &K, f: impl FnOnce(Option<&mut V>) -> R) -> Result<R, StateError> {
         let mut o = self.inner();
-        o.load(k)?;
+        let i = o.find_loaded(k)?;
         let o = &mut *o;
-        match o.cache.get_mut(k) {
+        match i.and_then(|i| o.cache.at_mut(i)) {
             Some(s) => {
                 if !o.meta.authoritative {
                     o.dirty.insert(k.clone());
@@ -873,9 +873,9 @@ impl<K: Codec + Hash + Ord + Clone + 'static, V: Codec + 'static> Map<K, V> {
         V: Clone + PartialEq,
     {
         let mut o = self.inner();
-        o.load(k)?;
+        let i = o.find_loaded(k)?;
         let o = &mut *o;
-        let Some(slot) = o.cache.get_mut(k) else {
+        let Some(slot) = i.and_then(|i| o.cache.at_mut(i)) else {
             return Ok(None);
         };
         let authoritative = o.meta.authoritative;
@@ -969,17 +969,22 @@ impl<K: Codec + Hash + Ord + Clone, V: Codec> MapObj<K, V> {
 }
 
 impl<K: Codec + Hash + Eq + Clone, V: Codec> MapObj<K, V> {
-    /// Makes sure the cache can answer for `k`.
+    /// Where `k`'s entry is in the cache, after loading it from the store if the cache is not
+    /// the only copy and lacks it: one lookup when it is cached (the per-packet case).
     #[inline(always)]
-    fn load(&mut self, k: &K) -> Result<(), StateError> {
-        // The cache is the only copy: nothing to load (the per-packet case, kept inline).
-        if self.meta.authoritative {
-            return Ok(());
+    fn find_loaded(&mut self, k: &K) -> Result<Option<usize>, StateError> {
+        if let Some(i) = self.cache.index_of(k) {
+            return Ok(Some(i));
         }
-        self.load_shared(k)
+        if self.meta.authoritative {
+            return Ok(None);
+        }
+        self.load_shared(k)?;
+        Ok(self.cache.index_of(k))
     }
 
-    /// [`load`](Self::load) when the store holds the map.
+    /// Loads `k` from the store unless the cache holds it or has changed it
+    /// ([`find_loaded`](Self::find_loaded)'s slow path).
     fn load_shared(&mut self, k: &K) -> Result<(), StateError> {
         if self.cache.contains_key(k) || self.dirty.contains(k) {
             return Ok(());

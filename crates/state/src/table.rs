@@ -157,6 +157,25 @@ impl<K: Hash + Eq, V> FlowTable<K, V> {
         self.slots[i].0.as_mut().map(|(_, v)| v)
     }
 
+    /// Where `k`'s entry is, for [`at`](Self::at) and [`at_mut`](Self::at_mut) until the
+    /// table next changes: one lookup serving several steps.
+    #[inline]
+    pub(crate) fn index_of(&self, k: &K) -> Option<usize> {
+        self.find(Self::hash(k), k)
+    }
+
+    /// The value at `i`, from [`index_of`](Self::index_of).
+    #[inline]
+    pub(crate) fn at(&self, i: usize) -> Option<&V> {
+        self.slots.get(i)?.0.as_ref().map(|(_, v)| v)
+    }
+
+    /// The value at `i`, from [`index_of`](Self::index_of), to change in place.
+    #[inline]
+    pub(crate) fn at_mut(&mut self, i: usize) -> Option<&mut V> {
+        self.slots.get_mut(i)?.0.as_mut().map(|(_, v)| v)
+    }
+
     /// Whether `k` has an entry.
     #[inline]
     pub(crate) fn contains_key(&self, k: &K) -> bool {
