@@ -102,9 +102,26 @@ fn main() {
         Command::Store(a) => store::run(&a),
     };
     if let Err(e) = result {
-        eprintln!("flowstate: error: {e:#}");
+        eprintln!("flowstate: error: {}", error_chain(&e));
         std::process::exit(1);
     }
+}
+
+/// The error and its causes, `: `-separated, leaving out a cause whose text the message
+/// before it already ends with (our errors often spell their source out themselves).
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let s = cause.to_string();
+        if text.ends_with(&s) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&s);
+    }
+    text
 }
 
 /// A progress bar on a terminal (a counter when `len` is 0, unknown), hidden when stderr is
@@ -207,4 +224,34 @@ fn bench(a: &BenchArgs) -> Result<()> {
 
 fn write_file(path: &Path, text: &str) -> Result<()> {
     std::fs::write(path, format!("{text}\n")).with_context(|| format!("writing {}", path.display()))
+}
+
+#[cfg(test)]
+mod error_tests {
+    use super::error_chain;
+
+    /// An error that spells its source out, as ours do.
+    #[derive(Debug)]
+    struct Spelled(std::io::Error);
+
+    impl std::fmt::Display for Spelled {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "/data: {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Spelled {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn a_cause_the_message_spells_out_is_said_once() {
+        let io = || std::io::Error::new(std::io::ErrorKind::NotFound, "gone");
+        let e = anyhow::Error::new(Spelled(io())).context("store");
+        assert_eq!(error_chain(&e), "store: /data: gone");
+        let e = anyhow::Error::new(io()).context("reading /x");
+        assert_eq!(error_chain(&e), "reading /x: gone");
+    }
 }

@@ -25,21 +25,21 @@ pub(crate) struct StoreArgs {
     #[arg(long, default_value_t = 0)]
     shards: usize,
     /// Most open connections.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, value_parser = at_least(1))]
     max_connections: usize,
-    /// Largest frame in bytes.
-    #[arg(long, default_value_t = 64 << 20)]
+    /// Largest frame in bytes (at least 64).
+    #[arg(long, default_value_t = 64 << 20, value_parser = clap::value_parser!(u32).range(64..))]
     max_frame: u32,
     /// Most operations in one batch.
-    #[arg(long, default_value_t = 65_536)]
+    #[arg(long, default_value_t = 65_536, value_parser = clap::value_parser!(u32).range(1..))]
     max_ops: u32,
     /// Most requests per connection waiting for other shards' answers (further requests are
     /// not read until some are answered).
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, value_parser = at_least(1))]
     max_inflight: usize,
     /// Most bytes of unsent answers per connection before the store stops reading its
-    /// requests (backpressure).
-    #[arg(long, default_value_t = 4 << 20)]
+    /// requests (backpressure; at least 64 KiB).
+    #[arg(long, default_value_t = 4 << 20, value_parser = at_least(64 * 1024))]
     max_output: usize,
     /// CPUs to pin the shard threads to, comma separated (shard i on the i-th, round robin).
     #[arg(long, value_delimiter = ',')]
@@ -48,11 +48,16 @@ pub(crate) struct StoreArgs {
     #[arg(long)]
     max_objects: Option<usize>,
     /// Seconds between checkpoints.
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     checkpoint_secs: u64,
     /// fdatasync every log write (survive machine crashes, not only process crashes).
     #[arg(long)]
     sync: bool,
+}
+
+/// A count of at least `min`: a smaller one is refused with an error naming the option.
+fn at_least(min: u64) -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::new().range(min..)
 }
 
 /// Starts the server, prints where it listens, and serves until killed.
@@ -67,15 +72,15 @@ pub(crate) fn run(a: &StoreArgs) -> Result<()> {
             .filter(|t| !t.is_empty()),
         shards: a.shards,
         limits: flowstate_proto::Limits {
-            max_frame: a.max_frame.max(64),
-            max_ops: a.max_ops.max(1),
+            max_frame: a.max_frame,
+            max_ops: a.max_ops,
         },
-        max_connections: a.max_connections.max(1),
-        max_inflight: a.max_inflight.max(1),
-        max_output: a.max_output.max(64 * 1024),
+        max_connections: a.max_connections,
+        max_inflight: a.max_inflight,
+        max_output: a.max_output,
         cpus: a.cpus.clone(),
         max_objects: a.max_objects,
-        checkpoint_interval: Duration::from_secs(a.checkpoint_secs.max(1)),
+        checkpoint_interval: Duration::from_secs(a.checkpoint_secs),
         sync: a.sync,
         ..Config::default()
     };

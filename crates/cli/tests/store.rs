@@ -181,6 +181,26 @@ fn a_wrong_token_is_a_clear_error() {
     );
 }
 
+#[test]
+fn limits_below_their_floor_are_refused_naming_the_option() {
+    for (option, value) in [
+        ("--max-output", "100"),
+        ("--max-frame", "10"),
+        ("--max-inflight", "0"),
+        ("--checkpoint-secs", "0"),
+    ] {
+        // A data directory that cannot be made: if the value were taken, the store would
+        // fail to start (exit 1) rather than serve forever.
+        let out = Command::new(env!("CARGO_BIN_EXE_flowstate"))
+            .args(["store", "--data-dir", "/proc/flowstate-none", option, value])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{option} {value}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(option), "{err}");
+    }
+}
+
 /// Crash test: concurrent writers, `kill -9` of the store mid-load, restart on the same data
 /// directory; the store then holds exactly every acknowledged update, none twice (the driver
 /// sends unanswered batches again with their op ids, and the store's log remembers which it
