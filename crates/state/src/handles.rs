@@ -983,10 +983,10 @@ impl<K: Codec + Hash + Eq + Clone, V: Codec> MapObj<K, V> {
         Ok(self.cache.index_of(k))
     }
 
-    /// Loads `k` from the store unless the cache holds it or has changed it
-    /// ([`find_loaded`](Self::find_loaded)'s slow path).
+    /// Loads `k`, which the cache lacks, from the store unless this worker has changed it
+    /// (removed it, to be written): [`find_loaded`](Self::find_loaded)'s slow path.
     fn load_shared(&mut self, k: &K) -> Result<(), StateError> {
-        if self.cache.contains_key(k) || self.dirty.contains(k) {
+        if self.dirty.contains(k) {
             return Ok(());
         }
         let mut pending = Vec::new();

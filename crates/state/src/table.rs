@@ -146,15 +146,13 @@ impl<K: Hash + Eq, V> FlowTable<K, V> {
     /// The value of `k`.
     #[inline]
     pub(crate) fn get(&self, k: &K) -> Option<&V> {
-        let i = self.find(Self::hash(k), k)?;
-        self.slots[i].0.as_ref().map(|(_, v)| v)
+        self.at(self.index_of(k)?)
     }
 
     /// The value of `k`, to change in place.
     #[inline]
     pub(crate) fn get_mut(&mut self, k: &K) -> Option<&mut V> {
-        let i = self.find(Self::hash(k), k)?;
-        self.slots[i].0.as_mut().map(|(_, v)| v)
+        self.at_mut(self.index_of(k)?)
     }
 
     /// Where `k`'s entry is, for [`at`](Self::at) and [`at_mut`](Self::at_mut) until the
@@ -174,12 +172,6 @@ impl<K: Hash + Eq, V> FlowTable<K, V> {
     #[inline]
     pub(crate) fn at_mut(&mut self, i: usize) -> Option<&mut V> {
         self.slots.get_mut(i)?.0.as_mut().map(|(_, v)| v)
-    }
-
-    /// Whether `k` has an entry.
-    #[inline]
-    pub(crate) fn contains_key(&self, k: &K) -> bool {
-        self.find(Self::hash(k), k).is_some()
     }
 
     /// Sets the value of `k`; returns the value it replaces.
@@ -373,7 +365,7 @@ mod tests {
         let mut t: FlowTable<u32, &str> = FlowTable::new();
         assert!(t.is_empty());
         assert_eq!(t.get(&1), None);
-        assert!(!t.contains_key(&1));
+        assert!(t.index_of(&1).is_none());
         assert_eq!(t.remove(&1), None);
         t.prefetch(FlowTable::<u32, &str>::hash(&1)); // empty: a no-op
         assert_eq!(t.insert(1, "a"), None);
@@ -463,7 +455,7 @@ mod tests {
                     Op::Get(k) => {
                         t.prefetch(FlowTable::<u16, u32>::hash(&k));
                         prop_assert_eq!(t.get(&k), m.get(&k));
-                        prop_assert_eq!(t.contains_key(&k), m.contains_key(&k));
+                        prop_assert_eq!(t.index_of(&k).is_some(), m.contains_key(&k));
                     }
                     Op::Mutate(k) => {
                         if let Some(v) = t.get_mut(&k) {
