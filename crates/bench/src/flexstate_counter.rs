@@ -19,10 +19,10 @@
 //!   the rate counts the packets while they flow (`<nf>_mpps_<backend>`, best of 5
 //!   interleaved runs), and the final write-out is reported beside it
 //!   (`<nf>_drain_ms_<backend>`, `<nf>_mpps_with_drain_<backend>`), with the flushes held back
-//!   because the store was behind and those that failed. `metrics.store_spread_pct` is the spread over the stores outside the NF's process only
-//!   (every backend but `local`, whose cache is the only copy and is never flushed), the
-//!   comparison FlexState's Fig. 8 makes; `<nf>_mpps_per_cpu_<backend>` and
-//!   `per_cpu_spread_pct` divide by the worker's CPU time instead, which a store server
+//!   because the store was behind and those that failed. `metrics.store_spread_pct` is the
+//!   spread over the stores outside the NF's process only (every backend but `local`, whose
+//!   cache is the only copy and is never flushed), the comparison FlexState's Fig. 8 makes;
+//!   `<nf>_mpps_per_cpu_<backend>` and `per_cpu_spread_pct` divide by the worker's CPU time instead, which a store server
 //!   sharing this machine's cores does not change.
 //!
 //! **CPUs** (with two or more): the NF (the counter, the NAT's or LB's worker) runs alone on
@@ -266,11 +266,11 @@ pub(crate) fn run_all_backends(effort: Effort) -> Report {
                 store_rates.push(run.mpps_forwarding);
             }
         }
-        let pct = spread_pct(&rates);
+        let (pct, pct_cpu) = (spread_pct(&rates), spread_pct(&per_cpu));
         report.metric(&format!("{nf}_throughput_spread_pct"), pct);
-        report.metric(&format!("{nf}_per_cpu_spread_pct"), spread_pct(&per_cpu));
+        report.metric(&format!("{nf}_per_cpu_spread_pct"), pct_cpu);
         spread = spread.max(pct);
-        spread_cpu = spread_cpu.max(spread_pct(&per_cpu));
+        spread_cpu = spread_cpu.max(pct_cpu);
         spread_stores = spread_stores.max(spread_pct(&store_rates));
     }
     report.metric("throughput_spread_pct", spread);
@@ -281,8 +281,7 @@ pub(crate) fn run_all_backends(effort: Effort) -> Report {
             "<backend>: this machine's loopback; <backend>_remote: {} in a network namespace \
              behind a veth pair, on CPUs {}; the NF worker on the last CPU",
             r.address(),
-            r.cpus()
-                .map_or("shared with the NF".into(), |c| format!("{c:?}"))
+            crate::remote::store_cpus().map_or("shared with the NF".into(), |c| format!("{c:?}"))
         ),
         Err(_) => "this machine's loopback (no remote location)".into(),
     };

@@ -33,8 +33,6 @@ pub(crate) struct RemoteStores {
     children: Vec<Child>,
     store: Option<flowstate_store::Server>,
     cassandra: bool,
-    /// The CPUs the stores run on (`taskset -c` list), if they are kept off the NF's.
-    cpus: Option<Vec<usize>>,
 }
 
 /// The CPUs this process could use when first asked (before [`OffNfCpu`] narrowed the
@@ -96,7 +94,6 @@ impl RemoteStores {
             children: Vec::new(),
             store: None,
             cassandra: false,
-            cpus: store_cpus(),
         };
         std::fs::create_dir_all(&me.dir).map_err(|e| format!("{}: {e}", me.dir.display()))?;
         let host = format!("10.253.{net}.1/30");
@@ -122,7 +119,7 @@ impl RemoteStores {
 
     /// A command run in the namespace (on the stores' CPUs); the caller adds the program.
     fn in_ns(&self) -> Command {
-        let mut cmd = match &self.cpus {
+        let mut cmd = match store_cpus() {
             Some(cpus) => {
                 let list: Vec<String> = cpus.iter().map(usize::to_string).collect();
                 let mut c = Command::new("taskset");
@@ -133,11 +130,6 @@ impl RemoteStores {
         };
         cmd.args(["netns", "exec", &self.ns]);
         cmd
-    }
-
-    /// The CPUs the stores run on, or `None` when they share every CPU with the NF.
-    pub(crate) fn cpus(&self) -> Option<&[usize]> {
-        self.cpus.as_deref()
     }
 
     /// Where the stores listen.
@@ -163,7 +155,7 @@ impl RemoteStores {
     fn start_store(&mut self) -> Result<Arc<dyn Connector>, String> {
         let listen = std::net::SocketAddr::from((self.addr, 7878));
         let ns = self.ns.clone();
-        let cpus = self.cpus.clone();
+        let cpus = store_cpus();
         // The listener is bound, and the server's threads are started, inside the namespace
         // and on the stores' CPUs (threads inherit both).
         let server = std::thread::spawn(move || {
