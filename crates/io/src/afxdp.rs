@@ -22,6 +22,7 @@
 //! Limits: copy mode only (generic XDP has no zero copy); one queue per socket.
 
 use crate::afpacket::interface_info;
+use crate::fastpath::FastPath;
 use crate::{Error, PacketBatch, PacketMeta, Port, Result};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -57,7 +58,7 @@ const XDP_FLAGS_SKB_MODE: u32 = 1 << 1;
 /// The frame size of the UMEM.
 pub const FRAME_SIZE: u32 = 2048;
 
-fn dev_err(device: &str, what: &str, e: io::Error) -> Error {
+pub(crate) fn dev_err(device: &str, what: &str, e: io::Error) -> Error {
     let hint = match e.raw_os_error() {
         Some(libc::EPERM) | Some(libc::EACCES) => {
             " (needs CAP_NET_ADMIN, CAP_BPF and CAP_NET_RAW: run as root)"
@@ -80,7 +81,7 @@ fn dev_err(device: &str, what: &str, e: io::Error) -> Error {
 }
 
 /// `bpf(cmd, attr, size)`.
-fn bpf(cmd: libc::c_long, attr: &mut [u64; 16]) -> io::Result<RawFd> {
+pub(crate) fn bpf(cmd: libc::c_long, attr: &mut [u64; 16]) -> io::Result<RawFd> {
     // SAFETY: attr is a 128-byte, zero-padded bpf_attr for `cmd`.
     let r = unsafe {
         libc::syscall(
@@ -97,7 +98,7 @@ fn bpf(cmd: libc::c_long, attr: &mut [u64; 16]) -> io::Result<RawFd> {
     }
 }
 
-fn put_u32(attr: &mut [u64; 16], offset: usize, v: u32) {
+pub(crate) fn put_u32(attr: &mut [u64; 16], offset: usize, v: u32) {
     // SAFETY: offset + 4 <= 128 at every call site; attr is plain memory.
     unsafe {
         let p = attr.as_mut_ptr().cast::<u8>().add(offset).cast::<u32>();
@@ -105,7 +106,7 @@ fn put_u32(attr: &mut [u64; 16], offset: usize, v: u32) {
     }
 }
 
-fn put_u64(attr: &mut [u64; 16], offset: usize, v: u64) {
+pub(crate) fn put_u64(attr: &mut [u64; 16], offset: usize, v: u64) {
     // SAFETY: as above.
     unsafe {
         let p = attr.as_mut_ptr().cast::<u8>().add(offset).cast::<u64>();
@@ -113,7 +114,7 @@ fn put_u64(attr: &mut [u64; 16], offset: usize, v: u64) {
     }
 }
 
-fn owned(fd: RawFd) -> OwnedFd {
+pub(crate) fn owned(fd: RawFd) -> OwnedFd {
     // SAFETY: `fd` was just returned by the kernel and is owned by nobody else.
     unsafe { OwnedFd::from_raw_fd(fd) }
 }
@@ -122,6 +123,7 @@ fn owned(fd: RawFd) -> OwnedFd {
 #[derive(Debug)]
 pub struct XdpProgram {
     ifname: String,
+    ifindex: u32,
     map: OwnedFd,
     _prog: OwnedFd,
     _link: OwnedFd,
@@ -131,6 +133,16 @@ impl XdpProgram {
     /// Loads the redirect program with room for `queues` sockets and attaches it to
     /// `ifname` in generic mode.
     pub fn attach(ifname: &str, queues: u32) -> Result<Arc<XdpProgram>> {
+        XdpProgram::attach_with(ifname, queues, None)
+    }
+
+    /// As [`XdpProgram::attach`], with `fast_path` in front of the sockets: its flows'
+    /// packets are forwarded by the program itself (see [`crate::fastpath`]).
+    pub fn attach_with(
+        ifname: &str,
+        queues: u32,
+        fast_path: Option<&FastPath>,
+    ) -> Result<Arc<XdpProgram>> {
         let (ifindex, _) = interface_info(ifname)?;
         let err = |what: &str| {
             let what = what.to_owned();
@@ -142,27 +154,12 @@ impl XdpProgram {
         put_u32(&mut a, 8, 4);
         put_u32(&mut a, 12, queues.max(1));
         let map = owned(bpf(BPF_MAP_CREATE, &mut a).map_err(err("creating the XSKMAP"))?);
-
-        // r2 = ctx->rx_queue_index; r1 = &xsks; r3 = XDP_PASS; call bpf_redirect_map; exit
-        let fd = map.as_raw_fd() as u32;
-        let insns: [[u8; 8]; 6] = [
-            insn(0x61, 2, 1, 16, 0).to_le_bytes(),
-            insn(0x18, 1, 1, 0, fd).to_le_bytes(),
-            insn(0, 0, 0, 0, 0).to_le_bytes(),
-            insn(0xb7, 3, 0, 0, 2).to_le_bytes(),
-            insn(0x85, 0, 0, 0, 51).to_le_bytes(),
-            insn(0x95, 0, 0, 0, 0).to_le_bytes(),
-        ];
-        let license = c"GPL";
-        let mut a = [0u64; 16];
-        put_u32(&mut a, 0, BPF_PROG_TYPE_XDP);
-        put_u32(&mut a, 4, insns.len() as u32);
-        put_u64(&mut a, 8, insns.as_ptr() as u64);
-        put_u64(&mut a, 16, license.as_ptr() as u64);
-        put_u32(&mut a, 68, BPF_XDP);
-        let prog =
-            owned(bpf(BPF_PROG_LOAD, &mut a).map_err(err("loading the XDP redirect program"))?);
-
+        let prog = match fast_path {
+            None => load_xdp(&redirect_program(map.as_raw_fd()))
+                .map_err(err("loading the XDP redirect program"))?,
+            Some(f) => load_xdp(&f.program(map.as_raw_fd()))
+                .map_err(err("loading the XDP fast-path program"))?,
+        };
         let mut a = [0u64; 16];
         put_u32(&mut a, 0, prog.as_raw_fd() as u32);
         put_u32(&mut a, 4, ifindex as u32);
@@ -173,10 +170,16 @@ impl XdpProgram {
         );
         Ok(Arc::new(XdpProgram {
             ifname: ifname.to_owned(),
+            ifindex: ifindex as u32,
             map,
             _prog: prog,
             _link: link,
         }))
+    }
+
+    /// The interface's index.
+    pub fn ifindex(&self) -> u32 {
+        self.ifindex
     }
 
     /// Sends the frames of `queue` to socket `fd`.
@@ -193,8 +196,63 @@ impl XdpProgram {
     }
 }
 
+/// `bpf_redirect_map(&xsks, ctx->rx_queue_index, XDP_PASS)`.
+fn redirect_program(xsks: RawFd) -> Vec<u64> {
+    // r2 = ctx->rx_queue_index; r1 = &xsks; r3 = XDP_PASS; call bpf_redirect_map; exit
+    vec![
+        insn(0x61, 2, 1, 16, 0),
+        insn(0x18, 1, 1, 0, xsks as u32),
+        0,
+        insn(0xb7, 3, 0, 0, 2),
+        insn(0x85, 0, 0, 0, 51),
+        insn(0x95, 0, 0, 0, 0),
+    ]
+}
+
+/// Loads an XDP program; a refusal by the verifier carries the verifier's log.
+pub(crate) fn load_xdp(insns: &[u64]) -> io::Result<OwnedFd> {
+    let license = c"GPL";
+    let load = |log: &mut [u8]| {
+        let mut a = [0u64; 16];
+        put_u32(&mut a, 0, BPF_PROG_TYPE_XDP);
+        put_u32(&mut a, 4, insns.len() as u32);
+        put_u64(&mut a, 8, insns.as_ptr() as u64);
+        put_u64(&mut a, 16, license.as_ptr() as u64);
+        if !log.is_empty() {
+            put_u32(&mut a, 24, 1);
+            put_u32(&mut a, 28, log.len() as u32);
+            put_u64(&mut a, 32, log.as_mut_ptr() as u64);
+        }
+        put_u32(&mut a, 68, BPF_XDP);
+        bpf(BPF_PROG_LOAD, &mut a).map(owned)
+    };
+    load(&mut []).or_else(|e| {
+        if e.raw_os_error() != Some(libc::EACCES) && e.raw_os_error() != Some(libc::EINVAL) {
+            return Err(e);
+        }
+        let mut log = vec![0u8; 1 << 20];
+        match load(&mut log) {
+            Ok(fd) => Ok(fd),
+            Err(e2) => {
+                let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+                let text = String::from_utf8_lossy(&log[..end]);
+                let tail: Vec<&str> = text.lines().rev().take(12).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                if tail.is_empty() {
+                    Err(e2)
+                } else {
+                    Err(io::Error::new(
+                        e2.kind(),
+                        format!("{e2}; the verifier said: {}", tail.join(" | ")),
+                    ))
+                }
+            }
+        }
+    })
+}
+
 /// One BPF instruction: opcode, registers, offset, immediate.
-const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: u32) -> u64 {
+pub(crate) const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: u32) -> u64 {
     // Little-endian layout of struct bpf_insn: code, dst:4|src:4, off, imm.
     (code as u64)
         | (((dst & 0xf) | ((src & 0xf) << 4)) as u64) << 8

@@ -17,6 +17,8 @@ pub mod afpacket;
 #[cfg(target_os = "linux")]
 pub mod afxdp;
 pub mod batch;
+#[cfg(target_os = "linux")]
+pub mod fastpath;
 pub mod pcap;
 pub mod synth;
 
