@@ -12,6 +12,8 @@
 //! # A live two-port box instead (crate::live): both sections name an interface.
 //! # [input]  interface = "fs-in"   address = "10.0.0.1"       # the inside port, the box's address
 //! #          driver = "af-packet"  gateway = "10.0.0.254"     # or "af-xdp"; optional: next hop out
+//! #          fast_path = true                                 # af-xdp: XDP fast path (default on)
+//! #          fast_path_refresh = "1s"  fast_path_capacity = 65536
 //! # [output] interface = "fs-out"  address = "198.51.100.1"   # the outside port
 //!
 //! [runtime]                     # optional
@@ -142,7 +144,29 @@ pub struct LivePort {
     pub gateway: Option<std::net::Ipv4Addr>,
     /// How packets are read and written (`[input] driver`; the same for both ports).
     pub driver: Driver,
+    /// The XDP fast path in front of the chain (`None`: every packet takes the chain).
+    pub fast_path: Option<FastPathConfig>,
 }
+
+/// `[input] fast_path`, `fast_path_refresh`, `fast_path_capacity`: the XDP fast path of an
+/// `af-xdp` box (`flowstate_io::fastpath`). It is used when every NF of the chain allows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FastPathConfig {
+    /// How long an entry lives past the slow path's last packet of its flow (default 1 s;
+    /// keep it below the NFs' shortest idle timeout).
+    pub refresh: Duration,
+    /// Flow directions the table holds (default 65,536; least recently used go first).
+    pub capacity: u32,
+}
+
+/// Default `[input] fast_path_refresh`.
+pub const DEFAULT_FAST_PATH_REFRESH: Duration = Duration::from_secs(1);
+/// Default `[input] fast_path_capacity`.
+pub const DEFAULT_FAST_PATH_CAPACITY: u32 = 1 << 16;
+/// Longest `[input] fast_path_refresh`.
+pub const MAX_FAST_PATH_REFRESH: Duration = Duration::from_secs(60);
+/// Largest `[input] fast_path_capacity`.
+pub const MAX_FAST_PATH_CAPACITY: u32 = 1 << 24;
 
 /// `[input] driver`: the I/O behind a live box's ports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -331,6 +355,9 @@ struct RawInput {
     address: Option<String>,
     gateway: Option<String>,
     driver: Option<String>,
+    fast_path: Option<bool>,
+    fast_path_refresh: Option<String>,
+    fast_path_capacity: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -903,6 +930,7 @@ fn live_ports(
             ))
         }
     };
+    let fast_path = fast_path(file, input, driver)?;
     let only_live = "only for a live box: give `interface` too";
     let live_in = match &input.interface {
         Some(_) if input.pcap.is_some() || input.synthetic.is_some() => {
@@ -918,8 +946,10 @@ fn live_ports(
             input.address.clone(),
             input.gateway.clone(),
             driver,
-        )?),
+        )?)
+        .map(|p| LivePort { fast_path, ..p }),
         None if input.address.is_some() => return Err(err("input.address", only_live)),
+        None if input.fast_path.is_some() => return Err(err("input.fast_path", only_live)),
         None if input.gateway.is_some() => return Err(err("input.gateway", only_live)),
         None => None,
     };
@@ -939,6 +969,7 @@ fn live_ports(
                 o.gateway.clone(),
                 driver,
             )?)
+            .map(|p| LivePort { fast_path, ..p })
         }
         Some(o) if o.address.is_some() => return Err(err("output.address", only_live)),
         Some(o) if o.gateway.is_some() => return Err(err("output.gateway", only_live)),
@@ -959,6 +990,48 @@ fn live_ports(
         }
         (None, None) => Ok((None, None)),
     }
+}
+
+/// `[input] fast_path*`: on by default with `af-xdp`, refused with `af-packet`.
+fn fast_path(
+    file: &Path,
+    input: &RawInput,
+    driver: Driver,
+) -> Result<Option<FastPathConfig>, ConfigError> {
+    let err = |key: &str, reason: String| ConfigError::new(file, key, reason);
+    let on = match (input.fast_path, driver) {
+        (Some(true), Driver::AfPacket) => {
+            return Err(err(
+                "input.fast_path",
+                "the fast path is an XDP program: it needs driver = \"af-xdp\"".into(),
+            ))
+        }
+        (on, Driver::AfXdp) => on.unwrap_or(true),
+        (_, Driver::AfPacket) => false,
+    };
+    let refresh = match &input.fast_path_refresh {
+        None => DEFAULT_FAST_PATH_REFRESH,
+        Some(v) => parse_duration(v)
+            .ok()
+            .filter(|d| !d.is_zero() && *d <= MAX_FAST_PATH_REFRESH)
+            .ok_or_else(|| {
+                err(
+                    "input.fast_path_refresh",
+                    format!("expected a duration above 0 and at most 60s, e.g. \"1s\", got {v:?}"),
+                )
+            })?,
+    };
+    let capacity = match input.fast_path_capacity {
+        None => DEFAULT_FAST_PATH_CAPACITY,
+        Some(c) if (1..=u64::from(MAX_FAST_PATH_CAPACITY)).contains(&c) => c as u32,
+        Some(c) => {
+            return Err(err(
+                "input.fast_path_capacity",
+                format!("expected 1 to {MAX_FAST_PATH_CAPACITY}, got {c}"),
+            ))
+        }
+    };
+    Ok(on.then_some(FastPathConfig { refresh, capacity }))
 }
 
 /// Checks one live port's keys (`section` is `input` or `output`).
@@ -993,6 +1066,7 @@ fn live_port(
         address: ip("address", &address)?,
         gateway: gateway.map(|g| ip("gateway", &g)).transpose()?,
         driver,
+        fast_path: None,
     })
 }
 

@@ -244,9 +244,9 @@ impl<S: Source> Source for Counting<'_, S> {
 }
 
 impl<S: WorkerSink> WorkerSink for Counting<'_, S> {
-    fn forward(&mut self, frame: &[u8]) -> flowstate_io::Result<()> {
+    fn forward(&mut self, frame: &[u8], input: Option<usize>) -> flowstate_io::Result<()> {
         match &mut self.inner {
-            Some(s) => s.forward(frame),
+            Some(s) => s.forward(frame, input),
             None => Ok(()),
         }
     }

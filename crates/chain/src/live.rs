@@ -60,6 +60,7 @@
 //! allocation after start.
 
 use crate::steer::IpPrefix;
+use flowstate_io::fastpath::FastPath;
 use flowstate_io::{PacketBatch, Port, Sink, Source};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -149,6 +150,12 @@ pub struct BoxStats {
     pub ttl_expired: AtomicU64,
     /// Frames the devices refused to send.
     pub send_dropped: AtomicU64,
+    /// Packets the XDP fast path forwarded (read when the box stops).
+    pub fast_path_packets: AtomicU64,
+    /// Their bytes.
+    pub fast_path_bytes: AtomicU64,
+    /// Fast-path entries that could not be written (the flows stayed on the slow path).
+    pub fast_path_errors: AtomicU64,
 }
 
 impl BoxStats {
@@ -162,6 +169,9 @@ impl BoxStats {
             ("unresolved", l(&self.unresolved)),
             ("ttl_expired", l(&self.ttl_expired)),
             ("send_dropped", l(&self.send_dropped)),
+            ("fast_path_packets", l(&self.fast_path_packets)),
+            ("fast_path_bytes", l(&self.fast_path_bytes)),
+            ("fast_path_errors", l(&self.fast_path_errors)),
         ]
     }
 }
@@ -509,8 +519,9 @@ impl<P: Port> LiveSink<P> {
         Ok(())
     }
 
-    /// Routes one frame into its port's out batch.
-    fn route(&mut self, frame: &[u8]) -> flowstate_io::Result<()> {
+    /// Routes one frame into its port's out batch; returns that port, or `None` when the frame
+    /// was dropped.
+    fn route(&mut self, frame: &[u8]) -> flowstate_io::Result<Option<usize>> {
         let stats = &self.shared.stats;
         let (Some(ETHERTYPE_IPV4), Some(dst), Some(ttl)) = (
             be16(frame, 12),
@@ -518,11 +529,11 @@ impl<P: Port> LiveSink<P> {
             frame.get(ETH_HLEN + 8).copied(),
         ) else {
             stats.not_for_us.fetch_add(1, Ordering::Relaxed);
-            return Ok(());
+            return Ok(None);
         };
         if ttl <= 1 {
             stats.ttl_expired.fetch_add(1, Ordering::Relaxed);
-            return Ok(());
+            return Ok(None);
         }
         let p = if self.inside.iter().any(|i| i.contains(IpAddr::V4(dst))) {
             usize::from(INSIDE)
@@ -541,7 +552,7 @@ impl<P: Port> LiveSink<P> {
                     self.shared.stats.arp_asked.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            return Ok(());
+            return Ok(None);
         };
         if self.out[p].is_full() {
             self.drain(p)?;
@@ -566,7 +577,7 @@ impl<P: Port> LiveSink<P> {
             buf[c..c + 2].copy_from_slice(&hc.to_be_bytes());
             n
         });
-        Ok(())
+        Ok(Some(p))
     }
 }
 
@@ -575,6 +586,16 @@ impl<P: Port> LiveSink<P> {
 pub struct LiveWorker<R: Port, T: Port> {
     source: LiveSource<R>,
     sink: LiveSink<T>,
+    fast: Option<Learner>,
+}
+
+/// What the fast path learns from: each packet as it came in, before the chain changed it, and
+/// as it went out.
+struct Learner {
+    path: Arc<FastPath>,
+    /// The ports' interface indexes.
+    ifindex: [u32; 2],
+    received: PacketBatch,
 }
 
 impl<R: Port, T: Port> std::fmt::Debug for LiveWorker<R, T> {
@@ -588,19 +609,65 @@ impl<R: Port, T: Port> std::fmt::Debug for LiveWorker<R, T> {
 impl<R: Port, T: Port> LiveWorker<R, T> {
     /// The worker's receiving and sending sides.
     pub fn new(source: LiveSource<R>, sink: LiveSink<T>) -> Self {
-        LiveWorker { source, sink }
+        LiveWorker {
+            source,
+            sink,
+            fast: None,
+        }
+    }
+
+    /// Teaches `path` every flow the chain forwards (ports' interface indexes `ifindex`;
+    /// batches of up to `batch` frames of `max_frame` bytes).
+    pub fn with_fast_path(
+        mut self,
+        path: Arc<FastPath>,
+        ifindex: [u32; 2],
+        batch: usize,
+        max_frame: usize,
+    ) -> Self {
+        self.fast = Some(Learner {
+            path,
+            ifindex,
+            received: PacketBatch::new(batch.max(1), max_frame),
+        });
+        self
     }
 }
 
 impl<R: Port, T: Port> Source for LiveWorker<R, T> {
     fn recv(&mut self, batch: &mut PacketBatch) -> flowstate_io::Result<usize> {
-        self.source.recv(batch)
+        let n = self.source.recv(batch)?;
+        if let Some(l) = &mut self.fast {
+            l.received.clear();
+            for (data, meta) in batch.iter() {
+                l.received.push(data, *meta);
+            }
+        }
+        Ok(n)
     }
 }
 
 impl<R: Port, T: Port> crate::WorkerSink for LiveWorker<R, T> {
-    fn forward(&mut self, frame: &[u8]) -> flowstate_io::Result<()> {
-        self.sink.route(frame)
+    fn forward(&mut self, frame: &[u8], input: Option<usize>) -> flowstate_io::Result<()> {
+        let port = self.sink.route(frame)?;
+        let (Some(l), Some(i), Some(p)) = (&self.fast, input, port) else {
+            return Ok(());
+        };
+        let out = &self.sink.out[p];
+        let sent = out.len().checked_sub(1).and_then(|last| out.get(last));
+        let (Some((received, meta)), Some((sent, _))) = (l.received.get(i), sent) else {
+            return Ok(());
+        };
+        let Some(&in_if) = l.ifindex.get(usize::from(meta.port)) else {
+            return Ok(());
+        };
+        if let Err(e) = l.path.observe(in_if, received, l.ifindex[p], sent) {
+            let stats = &self.sink.shared.stats;
+            if stats.fast_path_errors.fetch_add(1, Ordering::Relaxed) == 0 {
+                tracing::warn!(error = %e, "the fast path refused an entry; its flow stays on the slow path");
+            }
+        }
+        Ok(())
     }
 
     fn flush_forwarded(&mut self) -> flowstate_io::Result<()> {
@@ -666,26 +733,70 @@ pub fn run(
                 AfPacket::open(&inside.interface, &rx)?,
                 AfPacket::open(&outside.interface, &rx)?,
             ];
-            run_ports(runtime, config, ports, rx_ports, tx_ports, stop, progress)
+            run_ports(
+                runtime, config, ports, rx_ports, tx_ports, None, stop, progress,
+            )
         }
         Driver::AfXdp => {
+            let fast = fast_path(runtime, inside)?.map(Arc::new);
             // One queue per port (veth has one); the socket of each port's queue 0.
-            let open = |ifname: &str| -> Result<AfXdp, flowstate_io::Error> {
-                let program = XdpProgram::attach(ifname, 1)?;
-                AfXdp::open(ifname, program, &AfXdpOptions::default())
+            let open = |ifname: &str| -> Result<(AfXdp, u32), flowstate_io::Error> {
+                let program = XdpProgram::attach_with(ifname, 1, fast.as_deref())?;
+                let ifindex = program.ifindex();
+                Ok((
+                    AfXdp::open(ifname, program, &AfXdpOptions::default())?,
+                    ifindex,
+                ))
             };
-            let rx_ports = [open(&inside.interface)?, open(&outside.interface)?];
-            run_ports(runtime, config, ports, rx_ports, tx_ports, stop, progress)
+            let ((rx_in, if_in), (rx_out, if_out)) =
+                (open(&inside.interface)?, open(&outside.interface)?);
+            let fast = fast.map(|f| (f, [if_in, if_out]));
+            run_ports(
+                runtime,
+                config,
+                ports,
+                [rx_in, rx_out],
+                tx_ports,
+                fast,
+                stop,
+                progress,
+            )
         }
     }
 }
 
+/// The fast path of an `af-xdp` box, when it is configured, the chain allows it and the box
+/// runs to completion (the worker that runs the chain is the one that teaches it).
+fn fast_path(
+    runtime: &crate::Runtime,
+    port: &crate::config::LivePort,
+) -> Result<Option<FastPath>, crate::Error> {
+    let Some(c) = port.fast_path else {
+        return Ok(None);
+    };
+    let why_not = if !runtime.fast_path_allowed() {
+        Some("an NF of the chain must see every packet")
+    } else if runtime.options().workers > 1 {
+        Some("several workers (it needs the run-to-completion box)")
+    } else {
+        None
+    };
+    if let Some(why) = why_not {
+        tracing::info!("XDP fast path off: {why}");
+        return Ok(None);
+    }
+    tracing::info!(refresh = ?c.refresh, capacity = c.capacity, "XDP fast path on");
+    Ok(Some(FastPath::new(c.capacity, c.refresh)?))
+}
+
+#[allow(clippy::too_many_arguments)]
 fn run_ports<R: Port, T: Port>(
     runtime: &crate::Runtime,
     config: &crate::Config,
     (inside, outside): (&crate::config::LivePort, &crate::config::LivePort),
     rx_ports: [R; 2],
     tx_ports: [T; 2],
+    fast: Option<(Arc<FastPath>, [u32; 2])>,
     stop: Stop,
     progress: Option<crate::Progress<'_>>,
 ) -> Result<crate::Summary, crate::Error> {
@@ -713,7 +824,12 @@ fn run_ports<R: Port, T: Port>(
     );
     let summary = if rtc {
         // One worker: it owns both ports (see the module documentation).
-        let only = std::sync::Mutex::new(Some(LiveWorker::new(source, sink)));
+        let mut worker = LiveWorker::new(source, sink);
+        if let Some((path, ifindex)) = &fast {
+            let (batch, max_frame) = (config.runtime.batch, config.runtime.max_frame);
+            worker = worker.with_fast_path(Arc::clone(path), *ifindex, batch, max_frame);
+        }
+        let only = std::sync::Mutex::new(Some(worker));
         runtime.run_to_completion(|_| {
             let taken = only.lock().map(|mut g| g.take()).unwrap_or(None);
             Ok(crate::Counting::new(taken, progress))
@@ -723,7 +839,24 @@ fn run_ports<R: Port, T: Port>(
         let mut source = crate::Counting::new(Some(source), progress);
         runtime.run(&mut source, Some(&mut sink))?
     };
+    if let Some((path, _)) = &fast {
+        match path.stats() {
+            Ok(f) => {
+                let s = &shared.stats;
+                s.fast_path_packets.store(f.packets, Ordering::Relaxed);
+                s.fast_path_bytes.store(f.bytes, Ordering::Relaxed);
+            }
+            Err(e) => tracing::warn!(error = %e, "the fast path's counters could not be read"),
+        }
+    }
     tracing::info!(stats = ?shared.stats.snapshot(), "live box stopped");
+    let mut summary = summary;
+    summary.live_box = shared
+        .stats
+        .snapshot()
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
     Ok(summary)
 }
 

@@ -197,8 +197,9 @@ impl std::fmt::Debug for Runtime {
 /// Where a worker that runs to completion sends its forwarded packets itself
 /// ([`Runtime::run_to_completion`]): no output thread between the chain and the device.
 pub trait WorkerSink {
-    /// Takes one forwarded frame (the sink may buffer it until [`WorkerSink::flush_forwarded`]).
-    fn forward(&mut self, frame: &[u8]) -> flowstate_io::Result<()>;
+    /// Takes one forwarded frame (the sink may buffer it until [`WorkerSink::flush_forwarded`]);
+    /// `input` is its index in the batch the worker received (`None`: a reflected reply).
+    fn forward(&mut self, frame: &[u8], input: Option<usize>) -> flowstate_io::Result<()>;
 
     /// Sends whatever is buffered; called once after every batch.
     fn flush_forwarded(&mut self) -> flowstate_io::Result<()>;
@@ -214,7 +215,7 @@ impl<S: Source> Source for NoOutput<S> {
 }
 
 impl<S> WorkerSink for NoOutput<S> {
-    fn forward(&mut self, _: &[u8]) -> flowstate_io::Result<()> {
+    fn forward(&mut self, _: &[u8], _: Option<usize>) -> flowstate_io::Result<()> {
         Ok(())
     }
     fn flush_forwarded(&mut self) -> flowstate_io::Result<()> {
@@ -226,7 +227,7 @@ impl<S> WorkerSink for NoOutput<S> {
 struct NoSource;
 
 impl WorkerSink for NoSource {
-    fn forward(&mut self, _: &[u8]) -> flowstate_io::Result<()> {
+    fn forward(&mut self, _: &[u8], _: Option<usize>) -> flowstate_io::Result<()> {
         Ok(())
     }
     fn flush_forwarded(&mut self) -> flowstate_io::Result<()> {
@@ -259,6 +260,11 @@ impl Runtime {
     /// The settings.
     pub fn options(&self) -> &RuntimeOptions {
         &self.options
+    }
+
+    /// Whether every NF of the chain allows a fast path ([`NfFactory::fast_path`]).
+    pub fn fast_path_allowed(&self) -> bool {
+        self.chain.iter().all(|f| f.fast_path())
     }
 
     /// Runs every packet of `source` through the chain: the calling thread dispatches,
@@ -1257,10 +1263,10 @@ fn forward_batch(work: &WorkBatch, out: &mut dyn WorkerSink) -> flowstate_io::Re
             continue;
         }
         if let Some((data, _)) = work.packets.get(i) {
-            out.forward(data)?;
+            out.forward(data, Some(i))?;
         }
         if let Some((data, _)) = slot.reply.and_then(|r| work.replies.get(usize::from(r))) {
-            out.forward(data)?;
+            out.forward(data, None)?;
         }
     }
     out.flush_forwarded()

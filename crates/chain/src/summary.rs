@@ -39,6 +39,10 @@ pub struct Summary {
     pub per_worker: Vec<WorkerSummary>,
     /// Per NF of the chain, in chain order, summed over workers.
     pub nfs: Vec<NfSummary>,
+    /// A live box's own counters (ARP, neighbours, its XDP fast path), outside the balance
+    /// above: packets the fast path forwarded never reached the chain. Empty otherwise.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub live_box: BTreeMap<String, u64>,
 }
 
 /// One worker's share.
@@ -126,6 +130,9 @@ impl fmt::Display for Summary {
             "time             {:>12.3} s   {:.3} Mpps   {} worker(s), state: {}",
             self.wall_s, self.mpps, self.workers, self.backend
         )?;
+        for (name, n) in &self.live_box {
+            writeln!(f, "  box {name:<20} {n:>12}")?;
+        }
         for w in &self.per_worker {
             writeln!(
                 f,

@@ -1,7 +1,8 @@
 //! `[input]`/`[output] interface`: the live box's configuration, and its errors.
 
-use flowstate_chain::config::{Driver, Input, LivePort, Output};
+use flowstate_chain::config::{Driver, FastPathConfig, Input, LivePort, Output};
 use flowstate_chain::Config;
+use std::time::Duration;
 
 const CHAIN: &str = "[[chain]]\nnf = \"firewall\"\n";
 
@@ -27,6 +28,10 @@ fn a_live_box_names_both_ports() {
             address: "10.0.0.1".parse().unwrap(),
             gateway: None,
             driver: Driver::AfXdp,
+            fast_path: Some(FastPathConfig {
+                refresh: Duration::from_secs(1),
+                capacity: 65536,
+            }),
         })
     );
     assert_eq!(
@@ -36,6 +41,10 @@ fn a_live_box_names_both_ports() {
             address: "198.51.100.1".parse().unwrap(),
             gateway: Some("198.51.100.254".parse().unwrap()),
             driver: Driver::AfXdp,
+            fast_path: Some(FastPathConfig {
+                refresh: Duration::from_secs(1),
+                capacity: 65536,
+            }),
         })
     );
     let d = parse(
@@ -105,12 +114,61 @@ fn errors_name_the_key() {
             "address = \"10.0.0.1\"",
             "output.address",
         ),
+        (
+            "interface = \"fs-in\"\naddress = \"10.0.0.1\"\nfast_path = true",
+            "interface = \"fs-out\"\naddress = \"198.51.100.1\"",
+            "input.fast_path",
+        ),
+        (
+            "interface = \"fs-in\"\naddress = \"10.0.0.1\"\ndriver = \"af-xdp\"\nfast_path_refresh = \"0s\"",
+            "interface = \"fs-out\"\naddress = \"198.51.100.1\"",
+            "input.fast_path_refresh",
+        ),
+        (
+            "interface = \"fs-in\"\naddress = \"10.0.0.1\"\ndriver = \"af-xdp\"\nfast_path_refresh = \"2min\"",
+            "interface = \"fs-out\"\naddress = \"198.51.100.1\"",
+            "input.fast_path_refresh",
+        ),
+        (
+            "interface = \"fs-in\"\naddress = \"10.0.0.1\"\ndriver = \"af-xdp\"\nfast_path_capacity = 0",
+            "interface = \"fs-out\"\naddress = \"198.51.100.1\"",
+            "input.fast_path_capacity",
+        ),
+        (
+            "pcap = \"x.pcap\"\nfast_path = false",
+            "discard = true",
+            "input.fast_path",
+        ),
     ];
     for (input, output, key) in cases {
         let e = parse(input, output).unwrap_err();
         assert!(e.contains("live.toml"), "{e}");
         assert!(e.contains(key), "[input] {input} / [output] {output}: {e}");
     }
+}
+
+#[test]
+fn the_fast_path_is_on_with_af_xdp_unless_turned_off() {
+    let port =
+        |input: &str| match parse(input, "interface = \"fs-out\"\naddress = \"198.51.100.1\"")
+            .unwrap()
+            .input
+        {
+            Input::Interface(p) => p.fast_path,
+            other => panic!("{other:?}"),
+        };
+    let xdp = "interface = \"fs-in\"\naddress = \"10.0.0.1\"\ndriver = \"af-xdp\"";
+    assert_eq!(
+        port(&format!(
+            "{xdp}\nfast_path_refresh = \"250ms\"\nfast_path_capacity = 1000"
+        )),
+        Some(FastPathConfig {
+            refresh: Duration::from_millis(250),
+            capacity: 1000
+        })
+    );
+    assert_eq!(port(&format!("{xdp}\nfast_path = false")), None);
+    assert_eq!(port("interface = \"fs-in\"\naddress = \"10.0.0.1\""), None);
 }
 
 #[test]

@@ -529,6 +529,12 @@ impl NfFactory for Factory {
     ) -> Result<Box<dyn NetworkFunction>, BuildError> {
         Ok(Box::new(self.build_lb(state, worker)?))
     }
+
+    /// Yes: an established flow's packets without SYN, FIN or RST change nothing but its
+    /// idle timer (see the module documentation).
+    fn fast_path(&self) -> bool {
+        true
+    }
 }
 
 // ------------------------------------------------------------------------------------------
