@@ -19,7 +19,16 @@
 //! shared machine the box may get far less than a core, which the ratios alone do not show.
 //! `metrics.loadavg_1m_start` is the machine's load when the run began.
 //!
-//! A fourth box, `afpacket_nice`, is the AF_PACKET one with its worker at nice -10
+//! The AF_XDP box runs as a live box does by default: with its XDP fast path
+//! (`flowstate_io::fastpath`), so established flows are rewritten and redirected by the
+//! kernel in the XDP hook and only new flows, control packets and one packet per flow and
+//! refresh interval take the chain. `xdp_slow` is the same box with `fast_path = false`,
+//! every packet through the AF_XDP socket and the chain (`ratios.xdp_slow_vs_linux_*`).
+//! `metrics.xdp_fast_path_share` is the share of the box's packets (both phases) that the
+//! fast path forwarded. The fast path runs in softirq context, like Linux's NAT, so the
+//! `*_box_cores` metrics count the chain's thread only.
+//!
+//! A further box, `afpacket_nice`, is the AF_PACKET one with its worker at nice -10
 //! (`[runtime] nice`): the kernel's NAT runs in softirq context, ahead of every process,
 //! while flowstate's worker waits its turn among the hosts' processes and whatever else the
 //! machine runs; this variant shows how much of the gap is that wait.
@@ -39,6 +48,9 @@ use std::os::fd::AsRawFd;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// Below this many cores of the box's own threads, per-core figures are not reported.
+const MIN_CORES: f64 = 0.05;
 
 /// The nice value of the extra AF_PACKET variant (`afpacket_nice_*`).
 const NICE: i32 = -10;
@@ -90,15 +102,27 @@ fn measure_all(lab: &Lab, seconds: u32, report: &mut Report) -> Result<(), Strin
     lab.kernel_nat(&mut exec, false)
         .map_err(|e| e.to_string())?;
 
-    let afpacket = with_box(lab, "af-packet", None, || measure(lab, seconds))?;
-    let xdp = with_box(lab, "af-xdp", None, || measure(lab, seconds))?;
-    let afpacket_nice = with_box(lab, "af-packet", Some(NICE), || measure(lab, seconds))?;
+    let m = || measure(lab, seconds);
+    let (afpacket, _) = with_box(lab, "af-packet", "", None, m)?;
+    let (xdp, xdp_box) = with_box(lab, "af-xdp", "", None, m)?;
+    let (xdp_slow, _) = with_box(lab, "af-xdp", "fast_path = false\n", None, m)?;
+    let (afpacket_nice, _) = with_box(lab, "af-packet", "", Some(NICE), m)?;
+    let fast = xdp_box
+        .live_box
+        .get("fast_path_packets")
+        .copied()
+        .unwrap_or(0) as f64;
+    report.metric(
+        "xdp_fast_path_share",
+        fast / (fast + xdp_box.packets_in as f64).max(1.0),
+    );
 
     let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
     for (name, m) in [
         ("linux", &linux),
         ("afpacket", &afpacket),
         ("xdp", &xdp),
+        ("xdp_slow", &xdp_slow),
         ("afpacket_nice", &afpacket_nice),
     ] {
         report.metric(&format!("{name}_pps"), m.pps);
@@ -108,14 +132,18 @@ fn measure_all(lab: &Lab, seconds: u32, report: &mut Report) -> Result<(), Strin
         if name != "linux" {
             report.metric(&format!("{name}_udp_box_cores"), m.udp_cores);
             report.metric(&format!("{name}_tcp_box_cores"), m.tcp_cores);
-            report.metric(
-                &format!("{name}_forwarded_pps_per_box_core"),
-                ratio(m.forwarded_pps, m.udp_cores),
-            );
-            report.metric(
-                &format!("{name}_tcp_mbps_per_box_core"),
-                ratio(m.tcp_bps / 1e6, m.tcp_cores),
-            );
+            // Per core only where the box's thread did the forwarding (not the fast path's
+            // softirq, which no process is charged for).
+            if m.udp_cores >= MIN_CORES && m.tcp_cores >= MIN_CORES {
+                report.metric(
+                    &format!("{name}_forwarded_pps_per_box_core"),
+                    ratio(m.forwarded_pps, m.udp_cores),
+                );
+                report.metric(
+                    &format!("{name}_tcp_mbps_per_box_core"),
+                    ratio(m.tcp_bps / 1e6, m.tcp_cores),
+                );
+            }
         }
     }
     report.ratio("xdp_vs_linux_pps", ratio(xdp.pps, linux.pps));
@@ -135,6 +163,15 @@ fn measure_all(lab: &Lab, seconds: u32, report: &mut Report) -> Result<(), Strin
     report.ratio(
         "afpacket_vs_linux_forwarded_pps",
         ratio(afpacket.forwarded_pps, linux.forwarded_pps),
+    );
+    report.ratio("xdp_slow_vs_linux_pps", ratio(xdp_slow.pps, linux.pps));
+    report.ratio(
+        "xdp_slow_vs_linux_tcp_goodput",
+        ratio(xdp_slow.tcp_bps, linux.tcp_bps),
+    );
+    report.ratio(
+        "xdp_slow_vs_linux_forwarded_pps",
+        ratio(xdp_slow.forwarded_pps, linux.forwarded_pps),
     );
     report.ratio(
         "afpacket_nice_vs_linux_pps",
@@ -266,12 +303,13 @@ fn measure(lab: &Lab, seconds: u32) -> Result<Measured, String> {
 fn with_box<T>(
     lab: &Lab,
     driver: &str,
+    input_extra: &str,
     nice: Option<i32>,
     f: impl FnOnce() -> Result<T, String>,
-) -> Result<T, String> {
+) -> Result<(T, flowstate_chain::Summary), String> {
     let nice = nice.map(|n| format!("nice = {n}\n")).unwrap_or_default();
     let text = format!(
-        "[input]\ninterface = \"{}\"\naddress = \"10.0.0.1\"\ndriver = \"{driver}\"\n\
+        "[input]\ninterface = \"{}\"\naddress = \"10.0.0.1\"\ndriver = \"{driver}\"\n{input_extra}\
          [output]\ninterface = \"{}\"\naddress = \"{BOX_OUTSIDE}\"\n\
          [runtime]\nworkers = 1\ninside = [\"10.0.0.0/24\"]\n{nice}\
          [state]\nbackend = \"local\"\n\
@@ -297,14 +335,13 @@ fn with_box<T>(
     let stop = Stop::new();
     let ns = format!("/run/netns/{}", lab.nf_ns());
     std::thread::scope(|s| {
-        let boxed = s.spawn(|| -> Result<(), String> {
+        let boxed = s.spawn(|| -> Result<flowstate_chain::Summary, String> {
             let file = std::fs::File::open(&ns).map_err(|e| format!("{ns}: {e}"))?;
             // SAFETY: moves this thread (and the threads it starts) into the nf namespace.
             if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
                 return Err(format!("setns {ns}: {}", std::io::Error::last_os_error()));
             }
             flowstate_chain::live::run(&runtime, &config, &inside, &outside, stop.clone(), None)
-                .map(drop)
                 .map_err(|e| e.to_string())
         });
         // Wait until the client reaches the server through the box.
@@ -331,7 +368,7 @@ fn with_box<T>(
         };
         stop.stop();
         match boxed.join() {
-            Ok(Ok(())) => r,
+            Ok(Ok(summary)) => r.map(|r| (r, summary)),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(format!("live-nat: the {driver} box panicked")),
         }
