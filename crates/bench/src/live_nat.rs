@@ -6,7 +6,7 @@
 //!   to the server; forwarded pps = datagrams the server received / seconds.
 //! * **TCP goodput**: `iperf3` TCP, the receiver's bits per second.
 //!
-//! The three variants run one after another in one lab, in the same run; the claims are the
+//! The boxes run one after another in one lab, in the same run; the claims are the
 //! ratios ours/Linux (`ratios.xdp_vs_linux_pps`, `ratios.afpacket_vs_linux_pps`,
 //! `ratios.xdp_vs_linux_tcp_goodput`, `ratios.afpacket_vs_linux_tcp_goodput`). The box runs
 //! in this process (a thread in the `nf` namespace), one worker running to completion (the
@@ -19,16 +19,17 @@
 //! shared machine the box may get far less than a core, which the ratios alone do not show.
 //! `metrics.loadavg_1m_start` is the machine's load when the run began.
 //!
-//! The AF_XDP box runs as a live box does by default: with its XDP fast path
-//! (`flowstate_io::fastpath`), so established flows are rewritten and redirected by the
-//! kernel in the XDP hook and only new flows, control packets and one packet per flow and
-//! refresh interval take the chain. `xdp_slow` is the same box with `fast_path = false`,
-//! every packet through the AF_XDP socket and the chain (`ratios.xdp_slow_vs_linux_*`).
-//! `metrics.xdp_fast_path_share` is the share of the box's packets (both phases) that the
-//! fast path forwarded. The fast path runs in softirq context, like Linux's NAT, so the
-//! `*_box_cores` metrics count the chain's thread only.
+//! Both flowstate boxes run as a live box does by default: with the XDP fast path
+//! (`flowstate_io::fastpath`) in front of the chain, so established flows are rewritten and
+//! redirected by the kernel in the XDP hook, and only new flows, control packets and one
+//! packet per flow and refresh interval reach the AF_PACKET or AF_XDP socket and the chain.
+//! `afpacket_slow` and `xdp_slow` are the same boxes with `fast_path = false`: every packet
+//! through the socket and the chain (`ratios.{afpacket,xdp}_slow_vs_linux_*`), which measures
+//! the I/O itself. `metrics.{afpacket,xdp}_fast_path_share` is the share of the box's packets
+//! (both phases) that the fast path forwarded. The fast path runs in softirq context, like
+//! Linux's NAT, so the `*_box_cores` metrics count the chain's thread only.
 //!
-//! A further box, `afpacket_nice`, is the AF_PACKET one with its worker at nice -10
+//! A last box, `afpacket_nice`, is the AF_PACKET slow path with its worker at nice -10
 //! (`[runtime] nice`): the kernel's NAT runs in softirq context, ahead of every process,
 //! while flowstate's worker waits its turn among the hosts' processes and whatever else the
 //! machine runs; this variant shows how much of the gap is that wait.
@@ -103,25 +104,26 @@ fn measure_all(lab: &Lab, seconds: u32, report: &mut Report) -> Result<(), Strin
         .map_err(|e| e.to_string())?;
 
     let m = || measure(lab, seconds);
-    let (afpacket, _) = with_box(lab, "af-packet", "", None, m)?;
+    let slow = "fast_path = false\n";
+    let (afpacket, afpacket_box) = with_box(lab, "af-packet", "", None, m)?;
     let (xdp, xdp_box) = with_box(lab, "af-xdp", "", None, m)?;
-    let (xdp_slow, _) = with_box(lab, "af-xdp", "fast_path = false\n", None, m)?;
-    let (afpacket_nice, _) = with_box(lab, "af-packet", "", Some(NICE), m)?;
-    let fast = xdp_box
-        .live_box
-        .get("fast_path_packets")
-        .copied()
-        .unwrap_or(0) as f64;
-    report.metric(
-        "xdp_fast_path_share",
-        fast / (fast + xdp_box.packets_in as f64).max(1.0),
-    );
+    let (afpacket_slow, _) = with_box(lab, "af-packet", slow, None, m)?;
+    let (xdp_slow, _) = with_box(lab, "af-xdp", slow, None, m)?;
+    let (afpacket_nice, _) = with_box(lab, "af-packet", slow, Some(NICE), m)?;
+    for (name, b) in [("afpacket", &afpacket_box), ("xdp", &xdp_box)] {
+        let fast = b.live_box.get("fast_path_packets").copied().unwrap_or(0) as f64;
+        report.metric(
+            &format!("{name}_fast_path_share"),
+            fast / (fast + b.packets_in as f64).max(1.0),
+        );
+    }
 
     let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
     for (name, m) in [
         ("linux", &linux),
         ("afpacket", &afpacket),
         ("xdp", &xdp),
+        ("afpacket_slow", &afpacket_slow),
         ("xdp_slow", &xdp_slow),
         ("afpacket_nice", &afpacket_nice),
     ] {
@@ -163,6 +165,18 @@ fn measure_all(lab: &Lab, seconds: u32, report: &mut Report) -> Result<(), Strin
     report.ratio(
         "afpacket_vs_linux_forwarded_pps",
         ratio(afpacket.forwarded_pps, linux.forwarded_pps),
+    );
+    report.ratio(
+        "afpacket_slow_vs_linux_pps",
+        ratio(afpacket_slow.pps, linux.pps),
+    );
+    report.ratio(
+        "afpacket_slow_vs_linux_tcp_goodput",
+        ratio(afpacket_slow.tcp_bps, linux.tcp_bps),
+    );
+    report.ratio(
+        "afpacket_slow_vs_linux_forwarded_pps",
+        ratio(afpacket_slow.forwarded_pps, linux.forwarded_pps),
     );
     report.ratio("xdp_slow_vs_linux_pps", ratio(xdp_slow.pps, linux.pps));
     report.ratio(

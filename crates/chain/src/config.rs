@@ -12,7 +12,7 @@
 //! # A live two-port box instead (crate::live): both sections name an interface.
 //! # [input]  interface = "fs-in"   address = "10.0.0.1"       # the inside port, the box's address
 //! #          driver = "af-packet"  gateway = "10.0.0.254"     # or "af-xdp"; optional: next hop out
-//! #          fast_path = true                                 # af-xdp: XDP fast path (default on)
+//! #          fast_path = true                                 # the XDP fast path (default on)
 //! #          fast_path_refresh = "1s"  fast_path_capacity = 65536
 //! # [output] interface = "fs-out"  address = "198.51.100.1"   # the outside port
 //!
@@ -148,8 +148,9 @@ pub struct LivePort {
     pub fast_path: Option<FastPathConfig>,
 }
 
-/// `[input] fast_path`, `fast_path_refresh`, `fast_path_capacity`: the XDP fast path of an
-/// `af-xdp` box (`flowstate_io::fastpath`). It is used when every NF of the chain allows it.
+/// `[input] fast_path`, `fast_path_refresh`, `fast_path_capacity`: the XDP fast path of a live
+/// box, with either driver (`flowstate_io::fastpath`). It is used when every NF of the chain
+/// allows it and the box runs one worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FastPathConfig {
     /// How long an entry lives past the slow path's last packet of its flow (default 1 s;
@@ -930,7 +931,7 @@ fn live_ports(
             ))
         }
     };
-    let fast_path = fast_path(file, input, driver)?;
+    let fast_path = fast_path(file, input)?;
     let only_live = "only for a live box: give `interface` too";
     let live_in = match &input.interface {
         Some(_) if input.pcap.is_some() || input.synthetic.is_some() => {
@@ -992,23 +993,10 @@ fn live_ports(
     }
 }
 
-/// `[input] fast_path*`: on by default with `af-xdp`, refused with `af-packet`.
-fn fast_path(
-    file: &Path,
-    input: &RawInput,
-    driver: Driver,
-) -> Result<Option<FastPathConfig>, ConfigError> {
+/// `[input] fast_path*`: on unless `fast_path = false`.
+fn fast_path(file: &Path, input: &RawInput) -> Result<Option<FastPathConfig>, ConfigError> {
     let err = |key: &str, reason: String| ConfigError::new(file, key, reason);
-    let on = match (input.fast_path, driver) {
-        (Some(true), Driver::AfPacket) => {
-            return Err(err(
-                "input.fast_path",
-                "the fast path is an XDP program: it needs driver = \"af-xdp\"".into(),
-            ))
-        }
-        (on, Driver::AfXdp) => on.unwrap_or(true),
-        (_, Driver::AfPacket) => false,
-    };
+    let on = input.fast_path.unwrap_or(true);
     let refresh = match &input.fast_path_refresh {
         None => DEFAULT_FAST_PATH_REFRESH,
         Some(v) => parse_duration(v)

@@ -712,6 +712,17 @@ pub fn run(
         AfPacket::open(&outside.interface, &tx)?,
     ];
     let ports = (inside, outside);
+    let fast = fast_path(runtime, inside)?.map(Arc::new);
+    // The fast-path program on each port; frames it leaves alone go to the port's XDP socket
+    // (af-xdp) or, with no socket registered, on to the kernel and its AF_PACKET taps.
+    let programs = match &fast {
+        Some(f) => Some([
+            XdpProgram::attach_with(&inside.interface, 1, Some(f))?,
+            XdpProgram::attach_with(&outside.interface, 1, Some(f))?,
+        ]),
+        None => None,
+    };
+    let learner = fast.zip(programs.as_ref().map(|p| p.each_ref().map(|p| p.ifindex())));
     match inside.driver {
         Driver::AfPacket => {
             // 2 KiB ring slots hold frames up to 1982 bytes (the slot's header and address
@@ -734,38 +745,34 @@ pub fn run(
                 AfPacket::open(&outside.interface, &rx)?,
             ];
             run_ports(
-                runtime, config, ports, rx_ports, tx_ports, None, stop, progress,
+                runtime, config, ports, rx_ports, tx_ports, learner, stop, progress,
             )
         }
         Driver::AfXdp => {
-            let fast = fast_path(runtime, inside)?.map(Arc::new);
             // One queue per port (veth has one); the socket of each port's queue 0.
-            let open = |ifname: &str| -> Result<(AfXdp, u32), flowstate_io::Error> {
-                let program = XdpProgram::attach_with(ifname, 1, fast.as_deref())?;
-                let ifindex = program.ifindex();
-                Ok((
-                    AfXdp::open(ifname, program, &AfXdpOptions::default())?,
-                    ifindex,
-                ))
+            let open = |ifname: &str, program: Option<&Arc<XdpProgram>>| {
+                let program = match program {
+                    Some(p) => Arc::clone(p),
+                    None => XdpProgram::attach(ifname, 1)?,
+                };
+                AfXdp::open(ifname, program, &AfXdpOptions::default())
             };
-            let ((rx_in, if_in), (rx_out, if_out)) =
-                (open(&inside.interface)?, open(&outside.interface)?);
-            let fast = fast.map(|f| (f, [if_in, if_out]));
+            let [p_in, p_out] = programs
+                .as_ref()
+                .map(|p| p.each_ref().map(Some))
+                .unwrap_or([None, None]);
+            let rx_ports = [
+                open(&inside.interface, p_in)?,
+                open(&outside.interface, p_out)?,
+            ];
             run_ports(
-                runtime,
-                config,
-                ports,
-                [rx_in, rx_out],
-                tx_ports,
-                fast,
-                stop,
-                progress,
+                runtime, config, ports, rx_ports, tx_ports, learner, stop, progress,
             )
         }
     }
 }
 
-/// The fast path of an `af-xdp` box, when it is configured, the chain allows it and the box
+/// The fast path of a box, when it is configured, the chain allows it and the box
 /// runs to completion (the worker that runs the chain is the one that teaches it).
 fn fast_path(
     runtime: &crate::Runtime,

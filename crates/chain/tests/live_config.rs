@@ -115,11 +115,6 @@ fn errors_name_the_key() {
             "output.address",
         ),
         (
-            "interface = \"fs-in\"\naddress = \"10.0.0.1\"\nfast_path = true",
-            "interface = \"fs-out\"\naddress = \"198.51.100.1\"",
-            "input.fast_path",
-        ),
-        (
             "interface = \"fs-in\"\naddress = \"10.0.0.1\"\ndriver = \"af-xdp\"\nfast_path_refresh = \"0s\"",
             "interface = \"fs-out\"\naddress = \"198.51.100.1\"",
             "input.fast_path_refresh",
@@ -148,7 +143,7 @@ fn errors_name_the_key() {
 }
 
 #[test]
-fn the_fast_path_is_on_with_af_xdp_unless_turned_off() {
+fn the_fast_path_is_on_unless_turned_off() {
     let port =
         |input: &str| match parse(input, "interface = \"fs-out\"\naddress = \"198.51.100.1\"")
             .unwrap()
@@ -168,7 +163,13 @@ fn the_fast_path_is_on_with_af_xdp_unless_turned_off() {
         })
     );
     assert_eq!(port(&format!("{xdp}\nfast_path = false")), None);
-    assert_eq!(port("interface = \"fs-in\"\naddress = \"10.0.0.1\""), None);
+    assert_eq!(
+        port("interface = \"fs-in\"\naddress = \"10.0.0.1\""),
+        Some(FastPathConfig {
+            refresh: Duration::from_secs(1),
+            capacity: 65536
+        })
+    );
 }
 
 #[test]

@@ -475,8 +475,8 @@ fn nat_over_af_xdp_carries_http_and_tcp() {
 }
 
 /// One worker (the live box's default): it owns both ports and runs to completion, with no
-/// dispatcher or output thread; on both drivers (AF_XDP with its fast path, the default, and
-/// without), and it stops cleanly on SIGTERM.
+/// dispatcher or output thread; on both drivers, with the XDP fast path (the default) and
+/// without, and it stops cleanly on SIGTERM.
 #[test]
 fn one_worker_runs_to_completion_on_both_drivers() {
     if !is_root() {
@@ -484,21 +484,25 @@ fn one_worker_runs_to_completion_on_both_drivers() {
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    for (driver, fast) in [("af-packet", false), ("af-xdp", true), ("af-xdp", false)] {
+    let combos = [
+        ("af-packet", true),
+        ("af-xdp", true),
+        ("af-packet", false),
+        ("af-xdp", false),
+    ];
+    for (driver, fast) in combos {
         let mut live = Live::up("r");
         let files = publish(&live.lab);
         let cfg = config(&nat_chain()).replace("workers = 2\n", "").replace(
             "address = \"10.0.0.1\"\n",
             &format!("address = \"10.0.0.1\"\ndriver = \"{driver}\"\n"),
         );
-        let cfg = if driver == "af-xdp" && !fast {
-            cfg.replace(
-                "driver = \"af-xdp\"\n",
-                "driver = \"af-xdp\"\nfast_path = false\n",
-            )
-        } else {
+        let cfg = if fast {
             cfg
+        } else {
+            cfg.replace("\"\ndriver", "\"\nfast_path = false\ndriver")
         };
+        assert_eq!(cfg.contains("fast_path = false"), !fast);
         assert!(cfg.contains(driver) && !cfg.contains("workers"));
         live.start_box(&cfg, SERVER);
         for (name, data) in &files {
@@ -577,8 +581,14 @@ fn bench_live_nat_reports_the_ratios() {
         "afpacket_vs_linux_pps",
         "xdp_vs_linux_tcp_goodput",
         "afpacket_vs_linux_tcp_goodput",
+        "xdp_slow_vs_linux_pps",
+        "afpacket_slow_vs_linux_tcp_goodput",
     ] {
         assert!(v["ratios"][key].as_f64().unwrap() > 0.0, "{key}: {v}");
+    }
+    // The default boxes forward most packets on their fast path.
+    for key in ["afpacket_fast_path_share", "xdp_fast_path_share"] {
+        assert!(v["metrics"][key].as_f64().unwrap() > 0.5, "{key}: {v}");
     }
     // Its lab (named after its process) is gone.
     let netns = Command::new("ip").args(["netns", "list"]).output().unwrap();
