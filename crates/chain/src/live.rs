@@ -46,6 +46,13 @@
 //! * An XDP socket belongs to one queue and the receiving and sending threads of the
 //!   several-worker mode would have to share it under a lock, hence AF_PACKET for sending;
 //!   [`flowstate_io::afxdp::AfXdp`] sends too, for single-threaded users.
+//! * **The XDP fast path** (`[input] fast_path`, on by default; [`flowstate_io::fastpath`]):
+//!   with one worker and a chain whose every NF allows it, an XDP program on both ports
+//!   forwards established flows itself. The worker teaches it: it keeps a copy of each
+//!   received frame and, for each frame the chain forwarded, hands both frames to
+//!   [`FastPath::observe`], which installs an entry only when the entry reproduces the
+//!   outgoing frame exactly. Frames the program does not take go to the XDP socket (af-xdp)
+//!   or on to the kernel, where the AF_PACKET ring gets them (af-packet).
 //! * [`Stop`] ends the source: the runtime then drains its workers and flushes their state,
 //!   which is the graceful stop `flowstate run` performs on SIGINT and SIGTERM.
 //!
