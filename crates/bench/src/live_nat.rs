@@ -131,6 +131,7 @@ fn measure_all(lab: &Lab, seconds: u32, report: &mut Report) -> Result<(), Strin
         report.metric(&format!("{name}_udp_sent_pps"), m.sent_pps);
         report.metric(&format!("{name}_forwarded_pps"), m.forwarded_pps);
         report.metric(&format!("{name}_tcp_goodput_mbps"), m.tcp_bps / 1e6);
+        report.metric(&format!("{name}_tcp_retransmits"), m.tcp_retransmits);
         if name != "linux" {
             report.metric(&format!("{name}_udp_box_cores"), m.udp_cores);
             report.metric(&format!("{name}_tcp_box_cores"), m.tcp_cores);
@@ -212,6 +213,8 @@ struct Measured {
     forwarded_pps: f64,
     /// TCP goodput at the receiver, bits per second.
     tcp_bps: f64,
+    /// Segments the TCP sender retransmitted (losses, and reordering taken for loss).
+    tcp_retransmits: f64,
     /// This process's CPU during the UDP and the TCP phase, in cores (a flowstate box's).
     udp_cores: f64,
     tcp_cores: f64,
@@ -308,6 +311,9 @@ fn measure(lab: &Lab, seconds: u32) -> Result<Measured, String> {
         pps: (packets - lost).max(0.0) / secs,
         sent_pps: packets / secs,
         tcp_bps: tcp["end"]["sum_received"]["bits_per_second"]
+            .as_f64()
+            .unwrap_or(0.0),
+        tcp_retransmits: tcp["end"]["sum_sent"]["retransmits"]
             .as_f64()
             .unwrap_or(0.0),
     })

@@ -21,11 +21,14 @@
 //!
 //! Promises:
 //! * **Bounded staleness.** Every entry carries a deadline, `refresh` after the slow path last
-//!   forwarded a packet of its flow. A packet that finds its entry past the deadline goes to
-//!   the slow path, whose output renews the entry. So a fast-path packet is never more than
-//!   `refresh` away from the chain's own decision for its flow, and every NF's idle timer
-//!   is touched at least once per `refresh` while the flow is active: with `refresh` shorter
-//!   than the NFs' timeouts, no state expires under an active flow.
+//!   forwarded a packet of its flow, and a renewal time halfway there. The first packet after
+//!   the renewal time goes to the slow path (the others keep the fast path), and the slow
+//!   path's output renews the entry; a packet that finds its entry past the deadline goes to
+//!   the slow path too. So a fast-path packet is never more than `refresh` away from the
+//!   chain's own decision for its flow, and every NF's idle timer is touched about every
+//!   `refresh / 2` while the flow is active: with `refresh` shorter than the NFs' timeouts,
+//!   no state expires under an active flow. An active flow leaves the fast path only if the
+//!   slow path takes longer than `refresh / 2` to forward the renewing packet.
 //! * **Control packets take the slow path**: TCP SYN, FIN and RST are never handled by the
 //!   program (connection tracking in the NFs sees every one), and a FIN or RST the slow path
 //!   forwards removes the flow's entries in both directions. So are IPv4 packets with options
@@ -68,16 +71,17 @@ const PROTO_UDP: u8 = 17;
 /// Bytes of a flow key: ingress ifindex, source, destination, ports, protocol (u32 each).
 pub const KEY_SIZE: usize = 20;
 /// Bytes of an entry (see [`Entry`]).
-pub const ENTRY_SIZE: usize = 48;
+pub const ENTRY_SIZE: usize = 56;
 
 // Entry layout, shared by `Entry::encode` and the program.
 const E_DEADLINE: i16 = 0; // u64, CLOCK_MONOTONIC ns
-const E_MACS: i16 = 8; // destination MAC, source MAC (12 bytes)
-const E_ADDRS: i16 = 20; // source, destination (8 bytes, as on the wire)
-const E_PORTS: i16 = 28; // source port, destination port (4 bytes, as on the wire)
-const E_IFINDEX: i16 = 32; // u32, the port to send from
-const E_IP_SUM: i16 = 36; // u32, one's-complement sum to add to the IPv4 header checksum
-const E_L4_SUM: i16 = 40; // u32, the same for the TCP or UDP checksum
+const E_RENEW: i16 = 8; // u64, CLOCK_MONOTONIC ns
+const E_MACS: i16 = 16; // destination MAC, source MAC (12 bytes)
+const E_ADDRS: i16 = 28; // source, destination (8 bytes, as on the wire)
+const E_PORTS: i16 = 36; // source port, destination port (4 bytes, as on the wire)
+const E_IFINDEX: i16 = 40; // u32, the port to send from
+const E_IP_SUM: i16 = 44; // u32, one's-complement sum to add to the IPv4 header checksum
+const E_L4_SUM: i16 = 48; // u32, the same for the TCP or UDP checksum
 
 /// Largest `capacity`.
 pub const MAX_CAPACITY: u32 = 1 << 24;
@@ -117,6 +121,9 @@ impl FlowKey {
 pub struct Entry {
     /// Until when (CLOCK_MONOTONIC nanoseconds) the entry may be used.
     pub deadline_ns: u64,
+    /// From when the next packet is sent to the slow path once, to renew the entry while
+    /// the others still take the fast path.
+    pub renew_ns: u64,
     /// Destination and source MAC addresses.
     pub macs: [u8; 12],
     /// Source and destination IPv4 addresses, as on the wire.
@@ -136,6 +143,7 @@ impl Entry {
         let mut v = [0u8; ENTRY_SIZE];
         let at = |o: i16| o as usize;
         v[at(E_DEADLINE)..at(E_DEADLINE) + 8].copy_from_slice(&self.deadline_ns.to_ne_bytes());
+        v[at(E_RENEW)..at(E_RENEW) + 8].copy_from_slice(&self.renew_ns.to_ne_bytes());
         v[at(E_MACS)..at(E_MACS) + 12].copy_from_slice(&self.macs);
         v[at(E_ADDRS)..at(E_ADDRS) + 8].copy_from_slice(&self.addrs);
         v[at(E_PORTS)..at(E_PORTS) + 4].copy_from_slice(&self.ports);
@@ -187,12 +195,14 @@ fn delta(input: &[u8], output: &[u8], offsets: &[usize]) -> u16 {
 }
 
 /// What forwarding `input` (received on `in_ifindex`) as `output` (sent from `out_ifindex`)
-/// teaches the fast path, whose entries live until `deadline_ns` (see the module docs).
+/// teaches the fast path, whose entries are renewed from `renew_ns` and live until
+/// `deadline_ns` (see the module docs).
 pub fn lesson(
     in_ifindex: u32,
     input: &[u8],
     out_ifindex: u32,
     output: &[u8],
+    renew_ns: u64,
     deadline_ns: u64,
 ) -> Lesson {
     let handled = |f: &[u8]| {
@@ -255,6 +265,7 @@ pub fn lesson(
     };
     let mut e = Entry {
         deadline_ns,
+        renew_ns,
         macs: [0; 12],
         addrs: [0; 8],
         ports: [0; 4],
@@ -338,8 +349,9 @@ impl FastPath {
         out_ifindex: u32,
         output: &[u8],
     ) -> Result<()> {
-        let deadline = monotonic_ns().saturating_add(self.refresh.as_nanos() as u64);
-        match lesson(in_ifindex, input, out_ifindex, output, deadline) {
+        let (now, refresh) = (monotonic_ns(), self.refresh.as_nanos() as u64);
+        let (renew, deadline) = (now.saturating_add(refresh / 2), now.saturating_add(refresh));
+        match lesson(in_ifindex, input, out_ifindex, output, renew, deadline) {
             Lesson::Install(key, entry) => self.install(&key, &entry),
             Lesson::Forget(keys) => {
                 for k in &keys {
@@ -545,7 +557,8 @@ impl Asm {
 fn program(flows: RawFd, stats: RawFd, xsks: RawFd) -> Vec<u64> {
     let raw16 = |b: [u8; 2]| i32::from(u16::from_ne_bytes(b));
     let mut a = Asm::default();
-    let (punt, key, udp, l4, store, rewrite, redirect) = (
+    let (punt, renew, key, udp, l4, store, rewrite, redirect) = (
+        a.label(),
         a.label(),
         a.label(),
         a.label(),
@@ -597,6 +610,8 @@ fn program(flows: RawFd, stats: RawFd, xsks: RawFd) -> Vec<u64> {
     a.op(CALL, 0, 0, 0, KTIME_GET_NS as i32);
     a.op(LDXDW, R1, R9, E_DEADLINE, 0);
     a.jump(JGE_X, R0, R1, 0, punt); // stale: the slow path renews it
+    a.op(LDXDW, R1, R9, E_RENEW, 0);
+    a.jump(JGE_X, R0, R1, 0, renew); // due: one packet to the slow path
 
     // Bounds for the transport checksum (checked again: nothing is written before this).
     a.op(LDXW, R2, R10, -8, 0);
@@ -670,6 +685,12 @@ fn program(flows: RawFd, stats: RawFd, xsks: RawFd) -> Vec<u64> {
     a.op(MOV_K, R2, 0, 0, 0);
     a.op(CALL, 0, 0, 0, REDIRECT as i32);
     a.op(EXIT, 0, 0, 0, 0);
+
+    // Renewal: no other packet is sent for it until the deadline (a race between CPUs sends
+    // two, which is harmless); this one goes to the slow path, whose output renews the entry.
+    a.here(renew);
+    a.op(LDXDW, R1, R9, E_DEADLINE, 0);
+    a.op(STXDW, R9, R1, E_RENEW, 0);
 
     // The slow path: the port's XDP socket for this queue, else the kernel stack.
     a.here(punt);
@@ -807,12 +828,12 @@ mod tests {
         const ACK: u8 = 0x10;
         let h = outbound(Some(ACK));
         let (input, output) = (frame(&h), frame(&translated(&h)));
-        let Lesson::Install(key, e) = lesson(3, &input, 4, &output, 99) else {
+        let Lesson::Install(key, e) = lesson(3, &input, 4, &output, 50, 99) else {
             panic!("expected an entry");
         };
         assert_eq!(key, FlowKey::of(3, &input).unwrap());
         assert_eq!(e.out_ifindex, 4);
-        assert_eq!(e.deadline_ns, 99);
+        assert_eq!((e.renew_ns, e.deadline_ns), (50, 99));
         assert_eq!(&e.addrs[..4], &[198, 51, 100, 1]);
         assert_eq!(&e.ports[..2], &1024u16.to_be_bytes());
         for flags in [TCP_SYN, TCP_FIN | ACK, TCP_RST] {
@@ -823,7 +844,7 @@ mod tests {
             assert_eq!(&reverse.0[8..12], &[198, 51, 100, 1]);
             assert_eq!(&reverse.0[12..16], &[0, 80, 4, 0]);
             assert_eq!(
-                lesson(3, &input, 4, &output, 99),
+                lesson(3, &input, 4, &output, 50, 99),
                 Lesson::Forget([FlowKey::of(3, &input).unwrap(), reverse])
             );
         }
@@ -871,17 +892,21 @@ mod tests {
             }),
         ];
         for (what, output) in cases {
-            assert_eq!(lesson(3, &input, 4, &output, 1), Lesson::Nothing, "{what}");
+            assert_eq!(
+                lesson(3, &input, 4, &output, 1, 1),
+                Lesson::Nothing,
+                "{what}"
+            );
         }
         let mut fragment = input.clone();
         fragment[IP + 6] |= 0x20; // more fragments
-        assert_eq!(lesson(3, &fragment, 4, &fragment, 1), Lesson::Nothing);
+        assert_eq!(lesson(3, &fragment, 4, &fragment, 1, 1), Lesson::Nothing);
         let icmp = {
             let mut f = input.clone();
             f[IP + 9] = 1;
             f
         };
-        assert_eq!(lesson(3, &icmp, 4, &icmp, 1), Lesson::Nothing);
+        assert_eq!(lesson(3, &icmp, 4, &icmp, 1, 1), Lesson::Nothing);
     }
 
     fn is_root() -> bool {
@@ -963,6 +988,31 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_due_entry_sends_one_packet_to_the_slow_path_and_keeps_the_others() {
+        if !is_root() {
+            eprintln!("skipped: loading XDP programs needs root");
+            return;
+        }
+        let fast = FastPath::new(64, Duration::from_secs(5)).unwrap();
+        let (prog, _xsks) = loaded(&fast);
+        let h = outbound(None);
+        let (input, output) = (frame(&h), frame(&translated(&h)));
+        let now = monotonic_ns();
+        let Lesson::Install(key, entry) = lesson(LO, &input, 7, &output, now, now + (1 << 40))
+        else {
+            panic!("expected an entry");
+        };
+        fast.install(&key, &entry).unwrap();
+        let run = || test_run(prog.as_raw_fd(), LO, &input).unwrap().0;
+        assert_eq!(run(), XDP_PASS, "the renewing packet takes the slow path");
+        assert_eq!(run(), XDP_REDIRECT, "the next ones keep the fast path");
+        assert_eq!(run(), XDP_REDIRECT);
+        // The slow path's output renews the entry: due again only later.
+        fast.observe(LO, &input, 7, &output).unwrap();
+        assert_eq!(run(), XDP_REDIRECT);
+    }
+
     fn headers() -> impl Strategy<Value = (Headers, Headers)> {
         (
             any::<([u8; 12], [u8; 12])>(),
@@ -1008,7 +1058,7 @@ mod tests {
         #[test]
         fn every_rewrite_is_learned_and_repeated_exactly((h, t) in headers()) {
             let (input, output) = (frame(&h), frame(&t));
-            let lesson = lesson(LO, &input, 7, &output, u64::MAX);
+            let lesson = lesson(LO, &input, 7, &output, u64::MAX, u64::MAX);
             let Lesson::Install(key, entry) = lesson else {
                 return Err(TestCaseError::fail(format!("not installed: {lesson:?}")));
             };
