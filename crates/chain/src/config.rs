@@ -158,6 +158,9 @@ pub struct FastPathConfig {
     pub refresh: Duration,
     /// Flow directions the table holds (default 65,536; least recently used go first).
     pub capacity: u32,
+    /// `fast_path = true` was given: a kernel that refuses the fast path is an error (by
+    /// default the box runs without it, with a warning).
+    pub required: bool,
 }
 
 /// Default `[input] fast_path_refresh`.
@@ -1019,7 +1022,11 @@ fn fast_path(file: &Path, input: &RawInput) -> Result<Option<FastPathConfig>, Co
             ))
         }
     };
-    Ok(on.then_some(FastPathConfig { refresh, capacity }))
+    Ok(on.then_some(FastPathConfig {
+        refresh,
+        capacity,
+        required: input.fast_path == Some(true),
+    }))
 }
 
 /// Checks one live port's keys (`section` is `input` or `output`).

@@ -67,6 +67,7 @@
 //! allocation after start.
 
 use crate::steer::IpPrefix;
+use flowstate_io::afxdp::XdpProgram;
 use flowstate_io::fastpath::FastPath;
 use flowstate_io::{PacketBatch, Port, Sink, Source};
 use std::net::{IpAddr, Ipv4Addr};
@@ -706,7 +707,7 @@ pub fn run(
 ) -> Result<crate::Summary, crate::Error> {
     use crate::config::Driver;
     use flowstate_io::afpacket::{AfPacket, AfPacketOptions};
-    use flowstate_io::afxdp::{AfXdp, AfXdpOptions, XdpProgram};
+    use flowstate_io::afxdp::{AfXdp, AfXdpOptions};
     // The box's own frames need no queueing discipline (a veth has none anyway) and no copy
     // for the sending host's taps.
     let tx = AfPacketOptions {
@@ -719,16 +720,9 @@ pub fn run(
         AfPacket::open(&outside.interface, &tx)?,
     ];
     let ports = (inside, outside);
-    let fast = fast_path(runtime, inside)?.map(Arc::new);
     // The fast-path program on each port; frames it leaves alone go to the port's XDP socket
     // (af-xdp) or, with no socket registered, on to the kernel and its AF_PACKET taps.
-    let programs = match &fast {
-        Some(f) => Some([
-            XdpProgram::attach_with(&inside.interface, 1, Some(f))?,
-            XdpProgram::attach_with(&outside.interface, 1, Some(f))?,
-        ]),
-        None => None,
-    };
+    let (fast, programs) = fast_path(runtime, inside, outside)?.unzip();
     let learner = fast.zip(programs.as_ref().map(|p| p.each_ref().map(|p| p.ifindex())));
     match inside.driver {
         Driver::AfPacket => {
@@ -779,13 +773,20 @@ pub fn run(
     }
 }
 
-/// The fast path of a box, when it is configured, the chain allows it and the box
-/// runs to completion (the worker that runs the chain is the one that teaches it).
+/// A fast path and its program on each port (inside, outside).
+type LoadedFastPath = (Arc<FastPath>, [Arc<XdpProgram>; 2]);
+
+/// The fast path of a box and its program on each port, when it is configured, the chain
+/// allows it and the box runs to completion (the worker that runs the chain is the one that
+/// teaches it). When the kernel refuses it (no BPF, another XDP program on a port), a fast path
+/// asked for with `fast_path = true` is an error; the default one is a warning and the box
+/// runs without.
 fn fast_path(
     runtime: &crate::Runtime,
-    port: &crate::config::LivePort,
-) -> Result<Option<FastPath>, crate::Error> {
-    let Some(c) = port.fast_path else {
+    inside: &crate::config::LivePort,
+    outside: &crate::config::LivePort,
+) -> Result<Option<LoadedFastPath>, crate::Error> {
+    let Some(c) = inside.fast_path else {
         return Ok(None);
     };
     let why_not = if !runtime.fast_path_allowed() {
@@ -799,8 +800,25 @@ fn fast_path(
         tracing::info!("XDP fast path off: {why}");
         return Ok(None);
     }
-    tracing::info!(refresh = ?c.refresh, capacity = c.capacity, "XDP fast path on");
-    Ok(Some(FastPath::new(c.capacity, c.refresh)?))
+    let load = || -> Result<_, flowstate_io::Error> {
+        let f = Arc::new(FastPath::new(c.capacity, c.refresh)?);
+        let programs = [
+            XdpProgram::attach_with(&inside.interface, 1, Some(&f))?,
+            XdpProgram::attach_with(&outside.interface, 1, Some(&f))?,
+        ];
+        Ok((f, programs))
+    };
+    match load() {
+        Ok(loaded) => {
+            tracing::info!(refresh = ?c.refresh, capacity = c.capacity, "XDP fast path on");
+            Ok(Some(loaded))
+        }
+        Err(e) if !c.required => {
+            tracing::warn!(error = %e, "XDP fast path off: the kernel refused it");
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -31,6 +31,7 @@ fn a_live_box_names_both_ports() {
             fast_path: Some(FastPathConfig {
                 refresh: Duration::from_secs(1),
                 capacity: 65536,
+                required: false,
             }),
         })
     );
@@ -44,6 +45,7 @@ fn a_live_box_names_both_ports() {
             fast_path: Some(FastPathConfig {
                 refresh: Duration::from_secs(1),
                 capacity: 65536,
+                required: false,
             }),
         })
     );
@@ -159,15 +161,18 @@ fn the_fast_path_is_on_unless_turned_off() {
         )),
         Some(FastPathConfig {
             refresh: Duration::from_millis(250),
-            capacity: 1000
+            capacity: 1000,
+            required: false
         })
     );
     assert_eq!(port(&format!("{xdp}\nfast_path = false")), None);
+    assert!(port(&format!("{xdp}\nfast_path = true")).is_some_and(|f| f.required));
     assert_eq!(
         port("interface = \"fs-in\"\naddress = \"10.0.0.1\""),
         Some(FastPathConfig {
             refresh: Duration::from_secs(1),
-            capacity: 65536
+            capacity: 65536,
+            required: false
         })
     );
 }

@@ -535,7 +535,11 @@ impl ClusterBackend {
             let conn = match self.conn(&addr) {
                 Ok(c) => c,
                 Err(e) => {
-                    last = e.to_string();
+                    // Its reason only: the error below names the backend and "unreachable".
+                    last = match e {
+                        BackendError::Unreachable { reason, .. } => reason,
+                        other => other.to_string(),
+                    };
                     continue;
                 }
             };
@@ -891,12 +895,17 @@ mod tests {
             })
         ));
         let c = RedisClusterConnector::new(&["redis://127.0.0.1:1"]).unwrap();
+        let e = c.connect().err();
         assert!(matches!(
-            c.connect().err(),
+            e,
             Some(BackendError::Unreachable {
                 backend: "redis-cluster",
                 ..
             })
         ));
+        // The message names the backend and "unreachable" once, then the node and its error.
+        let text = e.unwrap().to_string();
+        assert_eq!(text.matches("unreachable").count(), 1, "{text}");
+        assert!(text.contains("127.0.0.1:1"), "{text}");
     }
 }
