@@ -1032,11 +1032,13 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
 /// ([`begin_batch`] and [`put_request`]) without building [`Op`]s.
 pub fn begin(out: &mut Vec<u8>, kind: u8, flags: u16, id: u64) -> usize {
     let start = out.len();
-    out.extend_from_slice(&[0; 4]);
-    out.push(VERSION);
-    out.push(kind);
-    put_u16(out, flags);
-    put_u64(out, id);
+    // The header in one append (the length is written by `finish`).
+    let mut h = [0; HEADER_LEN];
+    h[4] = VERSION;
+    h[5] = kind;
+    h[6..8].copy_from_slice(&flags.to_le_bytes());
+    h[8..].copy_from_slice(&id.to_le_bytes());
+    out.extend_from_slice(&h);
     start
 }
 
