@@ -2,8 +2,9 @@
 //! accept to close: no thread of its own, no channel hop for the requests its shard owns.
 //!
 //! The shard decodes every whole frame the connection sent. A batch whose operations all
-//! belong to the connection's own shard (always so with one shard) is applied at once and its
-//! answer encoded straight into the connection's output buffer. Otherwise the operations of
+//! belong to the connection's own shard (always so with one shard) is applied at once, its
+//! keys and values read in place from the connection's input (nothing copied out but what an
+//! object keeps), and its answer encoded straight into the connection's output buffer. Otherwise the operations of
 //! each other shard are queued for it (and sent, one message per destination shard, at the end
 //! of the turn), the request waits in the connection's queue of pending requests, and the
 //! other shards' parts are merged into it as they come back; answers always leave in request

@@ -360,9 +360,7 @@ impl Objects {
             .collect()
     }
 
-    /// Runs one tagged operation at `now`: the reply, and whether the operation may have
-    /// changed the object (for subscribers). The common case, an object that is there with
-    /// nothing of it due, takes one lookup of its key.
+    /// [`Objects::apply_ref`] of a request owning or borrowing its byte strings.
     #[cfg(test)]
     pub(crate) fn apply<B: AsRef<[u8]>>(
         &mut self,
@@ -372,7 +370,9 @@ impl Objects {
         self.apply_ref(&req.borrowed(), now)
     }
 
-    /// [`Objects::apply`] of a request that borrows its byte strings.
+    /// Runs one tagged operation at `now`: the reply, and whether the operation may have
+    /// changed the object (for subscribers). The common case, an object that is there with
+    /// nothing of it due, takes one lookup of its key.
     pub(crate) fn apply_ref(&mut self, req: &Request<&[u8]>, now: Duration) -> (Reply, bool) {
         let op = &req.op;
         if let Op::Lock { .. } | Op::Unlock { .. } = op {
