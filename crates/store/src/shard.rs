@@ -807,14 +807,13 @@ pub(crate) struct Spare {
 impl Spare {
     /// A buffer holding a copy of `b`.
     pub(crate) fn copy(&mut self, b: &[u8]) -> Vec<u8> {
-        let fits = |v: &Vec<u8>| v.capacity() >= b.len() && v.capacity() <= 2 * b.len() + 64;
-        match self.bufs.last() {
-            Some(v) if fits(v) => {
-                let mut v = self.bufs.pop().unwrap_or_default();
+        match self.bufs.pop() {
+            Some(mut v) if v.capacity() >= b.len() && v.capacity() <= 2 * b.len() + 64 => {
                 v.clear();
                 v.extend_from_slice(b);
                 v
             }
+            // A buffer that does not fit is freed: the spares follow the sizes in use.
             _ => b.to_vec(),
         }
     }
@@ -994,6 +993,38 @@ mod tests {
         assert_eq!(o.expired, vec![(v, None)]);
         assert_eq!(o.len(), 1);
         assert!(o.index.is_empty());
+    }
+}
+
+#[cfg(test)]
+mod spare_tests {
+    use super::*;
+
+    #[test]
+    fn spare_buffers_are_reused_only_where_they_fit_and_are_bounded() {
+        let mut sp = Spare::default();
+        let v = sp.copy(b"0123456789abcdef");
+        let at = v.as_ptr() as usize;
+        sp.reclaim(Reply::Value(Some(v)));
+        let w = sp.copy(b"fedcba9876543210");
+        assert_eq!(
+            w.as_ptr() as usize,
+            at,
+            "a buffer of the same size is reused"
+        );
+        assert_eq!(w, b"fedcba9876543210");
+        // A buffer far too big for a small value is not handed out (and is let go).
+        sp.put(Vec::with_capacity(1024));
+        let small = sp.copy(b"x");
+        assert!(small.capacity() < 64);
+        assert!(sp.bufs.is_empty());
+        // Bounded in size and count.
+        sp.put(Vec::with_capacity(SPARE_BYTES + 1));
+        assert!(sp.bufs.is_empty());
+        for _ in 0..SPARE_BUFFERS + 10 {
+            sp.put(Vec::with_capacity(8));
+        }
+        assert_eq!(sp.bufs.len(), SPARE_BUFFERS);
     }
 }
 
