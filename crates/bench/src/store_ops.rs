@@ -9,7 +9,10 @@
 //!   for both, from each thread's `/proc/<pid>/task/<tid>/schedstat`: all of Redis's threads,
 //!   and our store's own threads (`store-*`; the client thread in the same process is not
 //!   counted). Redis is skipped (and its ratios left out) when `redis-server` is not on the
-//!   PATH.
+//!   PATH. Beside the one-connection runs, an extra run at depths 16 and 64 spreads the same
+//!   operations over [`CLIENTS`] connections driven by one client thread with its own event
+//!   loop (each connection keeps its own window of `depth` requests in flight): the keys end
+//!   in `_clients4`; Redis gets exactly the same load.
 //! * `store-batching`: the effective per-operation cost through the `store` driver of single
 //!   requests against multi-op frames of 100 operations.
 
@@ -24,6 +27,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const DEPTHS: [usize; 3] = [1, 16, 64];
+/// Client connections of the extra runs (keys `..._depthN_clients4`).
+const CLIENTS: usize = 4;
+/// Depths of the extra runs.
+const CLIENT_DEPTHS: [usize; 2] = [16, 64];
 
 /// Latency and rate of one run.
 struct Run {
@@ -45,7 +52,8 @@ pub(crate) fn run_ops(effort: Effort) -> Report {
         .param("mix", "set, get, incr, list push, list pop (equal shares)")
         .param("store_shards", 1)
         .param("store_cpu", 0)
-        .param("client_connections", 1);
+        .param("client_connections", 1)
+        .param("extra_client_connections", CLIENTS as u64);
     let server = Server::start(Config {
         listen: "127.0.0.1:0".parse().expect("address"),
         shards: 1,
@@ -101,9 +109,46 @@ pub(crate) fn run_ops(effort: Effort) -> Report {
     }
     report.ratio("store_depth64_vs_depth1", ours[2] / ours[0]);
     report.ratio("store_depth16_vs_depth1", ours[1] / ours[0]);
+    for depth in CLIENT_DEPTHS {
+        let tag = format!("depth{depth}_clients{CLIENTS}");
+        let r = measure_clients(
+            server.local_addr(),
+            Wire::Ours,
+            depth,
+            ops,
+            &store_threads_cpu,
+        );
+        report_run(&mut report, "store", &tag, &r, ops);
+        if let Some(redis) = &redis {
+            let pid = redis.child.id();
+            let rr = measure_clients(redis.addr, Wire::Redis, depth, ops, &|| {
+                threads_cpu(&pid.to_string(), "")
+            });
+            report_run(&mut report, "redis", &tag, &rr, ops);
+            report.ratio(
+                &format!("store_vs_redis_{tag}"),
+                r.ops_per_sec / rr.ops_per_sec,
+            );
+            report.ratio(
+                &format!("store_vs_redis_per_cpu_{tag}"),
+                rr.server_cpu_s.max(1e-3) / r.server_cpu_s.max(1e-3),
+            );
+        }
+    }
     drop(redis);
     server.stop();
     report
+}
+
+/// Reports a run's metrics as `<server>_<name>_<tag>`.
+fn report_run(report: &mut Report, server: &str, tag: &str, r: &Run, ops: usize) {
+    report.metric(&format!("{server}_ops_per_sec_{tag}"), r.ops_per_sec);
+    report.metric(&format!("{server}_p50_us_{tag}"), r.p50_us);
+    report.metric(&format!("{server}_p99_us_{tag}"), r.p99_us);
+    report.metric(
+        &format!("{server}_ops_per_cpu_sec_{tag}"),
+        ops as f64 / r.server_cpu_s.max(1e-3),
+    );
 }
 
 pub(crate) fn run_batching(effort: Effort) -> Report {
@@ -193,6 +238,11 @@ fn measure(c: &mut dyn Client, depth: usize, ops: usize, cpu: &dyn Fn() -> f64) 
     }
     let wall = t0.elapsed().as_secs_f64();
     let server_cpu_s = cpu() - cpu0;
+    summarize(&mut lat, ops, wall, server_cpu_s)
+}
+
+/// The [`Run`] of `ops` operations in `wall` seconds with latencies `lat`.
+fn summarize(lat: &mut [Duration], ops: usize, wall: f64, server_cpu_s: f64) -> Run {
     lat.sort_unstable();
     let pct = |p: f64| {
         lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1)))
@@ -262,31 +312,8 @@ impl Ours {
 
 impl Client for Ours {
     fn push(&mut self, i: usize) {
-        let k = i % 1000;
-        let op = match i % 5 {
-            0 => Op::Set {
-                key: format!("bench@Value@k{k}").into_bytes(),
-                value: vec![b'v'; 16],
-            },
-            1 => Op::Get {
-                key: format!("bench@Value@k{k}").into_bytes(),
-            },
-            2 => Op::Add {
-                key: format!("bench@Counter@c{}", k % 10).into_bytes(),
-                delta: 1,
-            },
-            3 => Op::Push {
-                key: format!("bench@List@l{}", k % 10).into_bytes(),
-                item: vec![b'i'; 8],
-            },
-            _ => Op::Pop {
-                key: format!("bench@List@l{}", k % 10).into_bytes(),
-            },
-        };
         self.id += 1;
-        let start = proto::begin_batch(&mut self.out, self.id, 0, false, 1);
-        proto::put_request(&mut self.out, &op, None, None);
-        proto::finish(&mut self.out, start);
+        Wire::Ours.request(i, self.id, &mut self.out);
     }
 
     fn flush(&mut self) {
@@ -296,18 +323,13 @@ impl Client for Ours {
 
     fn next_answer(&mut self) {
         loop {
-            match proto::decode(&self.buf[self.start..], &Limits::default()) {
-                Ok(Some((Frame { msg, .. }, used))) => {
-                    assert!(matches!(msg, Message::Replies(_)), "{msg:?}");
-                    self.start += used;
-                    if self.start == self.buf.len() {
-                        self.buf.clear();
-                        self.start = 0;
-                    }
-                    return;
+            if let Some(used) = Wire::Ours.answer_len(&self.buf[self.start..]) {
+                self.start += used;
+                if self.start == self.buf.len() {
+                    self.buf.clear();
+                    self.start = 0;
                 }
-                Ok(None) => {}
-                Err(e) => panic!("store answer: {e}"),
+                return;
             }
             let mut chunk = [0u8; 65536];
             let n = self.s.read(&mut chunk).expect("read from the store");
@@ -409,17 +431,6 @@ impl RedisConn {
         }
     }
 
-    fn command(&mut self, args: &[&[u8]]) {
-        self.out
-            .extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
-        for a in args {
-            self.out
-                .extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-            self.out.extend_from_slice(a);
-            self.out.extend_from_slice(b"\r\n");
-        }
-    }
-
     /// Length of one whole RESP reply at the start of `b`, if it is all there.
     fn reply_len(b: &[u8]) -> Option<usize> {
         let line = b.windows(2).position(|w| w == b"\r\n")?;
@@ -440,14 +451,7 @@ impl RedisConn {
 
 impl Client for RedisConn {
     fn push(&mut self, i: usize) {
-        let k = i % 1000;
-        match i % 5 {
-            0 => self.command(&[b"SET", format!("k{k}").as_bytes(), &[b'v'; 16]]),
-            1 => self.command(&[b"GET", format!("k{k}").as_bytes()]),
-            2 => self.command(&[b"INCR", format!("c{}", k % 10).as_bytes()]),
-            3 => self.command(&[b"RPUSH", format!("l{}", k % 10).as_bytes(), &[b'i'; 8]]),
-            _ => self.command(&[b"LPOP", format!("l{}", k % 10).as_bytes()]),
-        }
+        Wire::Redis.request(i, 0, &mut self.out);
     }
 
     fn flush(&mut self) {
@@ -457,8 +461,7 @@ impl Client for RedisConn {
 
     fn next_answer(&mut self) {
         loop {
-            if let Some(n) = RedisConn::reply_len(&self.buf[self.start..]) {
-                assert_ne!(self.buf[self.start], b'-', "redis error");
+            if let Some(n) = Wire::Redis.answer_len(&self.buf[self.start..]) {
                 self.start += n;
                 if self.start == self.buf.len() {
                     self.buf.clear();
@@ -472,6 +475,247 @@ impl Client for RedisConn {
             self.buf.extend_from_slice(&chunk[..n]);
         }
     }
+}
+
+/// The wire protocol of a server under test, and the operation mix in it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Wire {
+    /// Ours: one operation per batch frame.
+    Ours,
+    /// RESP, one command per request.
+    Redis,
+}
+
+impl Wire {
+    /// Appends request `i` of the mix (set, get, incr, list push, list pop) to `out`; `id` is
+    /// the frame's request id (ours only).
+    fn request(self, i: usize, id: u64, out: &mut Vec<u8>) {
+        let k = i % 1000;
+        match self {
+            Wire::Ours => {
+                let op = match i % 5 {
+                    0 => Op::Set {
+                        key: format!("bench@Value@k{k}").into_bytes(),
+                        value: vec![b'v'; 16],
+                    },
+                    1 => Op::Get {
+                        key: format!("bench@Value@k{k}").into_bytes(),
+                    },
+                    2 => Op::Add {
+                        key: format!("bench@Counter@c{}", k % 10).into_bytes(),
+                        delta: 1,
+                    },
+                    3 => Op::Push {
+                        key: format!("bench@List@l{}", k % 10).into_bytes(),
+                        item: vec![b'i'; 8],
+                    },
+                    _ => Op::Pop {
+                        key: format!("bench@List@l{}", k % 10).into_bytes(),
+                    },
+                };
+                let start = proto::begin_batch(out, id, 0, false, 1);
+                proto::put_request(out, &op, None, None);
+                proto::finish(out, start);
+            }
+            Wire::Redis => match i % 5 {
+                0 => resp(out, &[b"SET", format!("k{k}").as_bytes(), &[b'v'; 16]]),
+                1 => resp(out, &[b"GET", format!("k{k}").as_bytes()]),
+                2 => resp(out, &[b"INCR", format!("c{}", k % 10).as_bytes()]),
+                3 => resp(
+                    out,
+                    &[b"RPUSH", format!("l{}", k % 10).as_bytes(), &[b'i'; 8]],
+                ),
+                _ => resp(out, &[b"LPOP", format!("l{}", k % 10).as_bytes()]),
+            },
+        }
+    }
+
+    /// Length of the whole answer at the start of `buf`, if it is all there. Panics on an
+    /// error answer: the bench's requests are all valid.
+    fn answer_len(self, buf: &[u8]) -> Option<usize> {
+        match self {
+            Wire::Ours => match proto::decode(buf, &Limits::default()) {
+                Ok(Some((Frame { msg, .. }, used))) => {
+                    assert!(matches!(msg, Message::Replies(_)), "{msg:?}");
+                    Some(used)
+                }
+                Ok(None) => None,
+                Err(e) => panic!("store answer: {e}"),
+            },
+            Wire::Redis => {
+                let n = RedisConn::reply_len(buf)?;
+                assert_ne!(buf[0], b'-', "redis error");
+                Some(n)
+            }
+        }
+    }
+}
+
+/// Appends a RESP command.
+fn resp(out: &mut Vec<u8>, args: &[&[u8]]) {
+    out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
+    for a in args {
+        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        out.extend_from_slice(a);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// One of several pipelined connections of [`measure_clients`]: it runs requests
+/// `next..end` of the mix in windows of `depth`.
+struct Pipe {
+    s: mio::net::TcpStream,
+    out: Vec<u8>,
+    sent_to: usize,
+    buf: Vec<u8>,
+    start: usize,
+    next: usize,
+    end: usize,
+    /// Answers still expected for the window in flight, and when it was sent.
+    waiting: usize,
+    sent: Instant,
+    id: u64,
+}
+
+impl Pipe {
+    /// Sends the next window if the last one is answered; whether requests remain.
+    fn refill(&mut self, wire: Wire, depth: usize) -> bool {
+        if self.waiting == 0 && self.next < self.end {
+            let n = depth.min(self.end - self.next);
+            for i in self.next..self.next + n {
+                self.id += 1;
+                wire.request(i, self.id, &mut self.out);
+            }
+            self.next += n;
+            self.waiting = n;
+            self.sent = Instant::now();
+            self.write();
+        }
+        self.waiting > 0 || self.next < self.end
+    }
+
+    /// Writes what the socket takes.
+    fn write(&mut self) {
+        while self.sent_to < self.out.len() {
+            match self.s.write(&self.out[self.sent_to..]) {
+                Ok(n) => self.sent_to += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => panic!("write: {e}"),
+            }
+        }
+        self.out.clear();
+        self.sent_to = 0;
+    }
+
+    /// Reads what came and takes each whole answer, noting its latency in `lat`.
+    fn read(&mut self, wire: Wire, lat: &mut Vec<Duration>) {
+        let mut chunk = [0u8; 65536];
+        loop {
+            match self.s.read(&mut chunk) {
+                Ok(0) => panic!("the server closed the connection"),
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => panic!("read: {e}"),
+            }
+        }
+        while let Some(n) = wire.answer_len(&self.buf[self.start..]) {
+            self.start += n;
+            self.waiting = self.waiting.saturating_sub(1);
+            lat.push(self.sent.elapsed());
+        }
+        self.buf.drain(..self.start);
+        self.start = 0;
+    }
+}
+
+/// Runs requests `0..ops` of the mix over [`CLIENTS`] connections (a contiguous share each),
+/// each with a window of `depth` requests in flight, from this thread's own event loop.
+fn run_pipes(
+    pipes: &mut [Pipe],
+    poll: &mut mio::Poll,
+    wire: Wire,
+    depth: usize,
+    ops: usize,
+) -> Vec<Duration> {
+    let per = ops.div_ceil(pipes.len());
+    for (c, p) in pipes.iter_mut().enumerate() {
+        p.next = (c * per).min(ops);
+        p.end = ((c + 1) * per).min(ops);
+    }
+    let mut lat = Vec::with_capacity(ops);
+    let mut events = mio::Events::with_capacity(64);
+    loop {
+        let mut busy = false;
+        for p in pipes.iter_mut() {
+            busy |= p.refill(wire, depth);
+        }
+        if !busy {
+            return lat;
+        }
+        if let Err(e) = poll.poll(&mut events, None) {
+            assert_eq!(e.kind(), std::io::ErrorKind::Interrupted, "poll: {e}");
+        }
+        for ev in events.iter() {
+            let Some(p) = pipes.get_mut(ev.token().0) else {
+                continue;
+            };
+            if ev.is_writable() {
+                p.write();
+            }
+            if ev.is_readable() {
+                p.read(wire, &mut lat);
+            }
+        }
+    }
+}
+
+/// [`measure`] over [`CLIENTS`] connections to `addr`: the same operations, the same
+/// warm-up, the same server CPU accounting.
+fn measure_clients(
+    addr: SocketAddr,
+    wire: Wire,
+    depth: usize,
+    ops: usize,
+    cpu: &dyn Fn() -> f64,
+) -> Run {
+    let mut poll = mio::Poll::new().expect("poll");
+    let mut pipes: Vec<Pipe> = (0..CLIENTS)
+        .map(|c| {
+            let s = TcpStream::connect(addr).expect("connect");
+            let _ = s.set_nodelay(true);
+            s.set_nonblocking(true).expect("non-blocking socket");
+            let mut s = mio::net::TcpStream::from_std(s);
+            poll.registry()
+                .register(
+                    &mut s,
+                    mio::Token(c),
+                    mio::Interest::READABLE | mio::Interest::WRITABLE,
+                )
+                .expect("register");
+            Pipe {
+                s,
+                out: Vec::new(),
+                sent_to: 0,
+                buf: Vec::with_capacity(1 << 16),
+                start: 0,
+                next: 0,
+                end: 0,
+                waiting: 0,
+                sent: Instant::now(),
+                id: 0,
+            }
+        })
+        .collect();
+    // Warm up as `measure` does.
+    run_pipes(&mut pipes, &mut poll, wire, depth, (ops / 10).max(depth));
+    let cpu0 = cpu();
+    let t0 = Instant::now();
+    let mut lat = run_pipes(&mut pipes, &mut poll, wire, depth, ops);
+    let wall = t0.elapsed().as_secs_f64();
+    let server_cpu_s = cpu() - cpu0;
+    summarize(&mut lat, ops, wall, server_cpu_s)
 }
 
 #[cfg(test)]
@@ -495,6 +739,9 @@ mod tests {
             assert!(r.metrics[&format!("store_ops_per_sec_depth{d}")] > 0.0);
         }
         assert!(r.ratios.contains_key("store_depth64_vs_depth1"));
+        for d in CLIENT_DEPTHS {
+            assert!(r.metrics[&format!("store_ops_per_sec_depth{d}_clients{CLIENTS}")] > 0.0);
+        }
         let b = run_batching(Effort::Quick);
         assert!(b.ratios["single_vs_batch100_cost_per_op"] > 0.0);
     }

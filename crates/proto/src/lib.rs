@@ -126,116 +126,120 @@ impl Kind {
 
 /// One operation on one object. The first 22 mirror the state API's operations and have its
 /// semantics exactly; [`Op::Claim`] and [`Op::Handover`] manage ownership (CHC §5.1).
+///
+/// `B` holds the byte strings (keys, values, fields): owned (`Vec<u8>`, the default) or
+/// borrowed from a frame (`&[u8]`, as [`decode_batch_into`] decodes them, without
+/// allocating).
 #[allow(missing_docs)] // fields are named as in the state API
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Op {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op<B = Vec<u8>> {
     Get {
-        key: Vec<u8>,
+        key: B,
     },
     Set {
-        key: Vec<u8>,
-        value: Vec<u8>,
+        key: B,
+        value: B,
     },
     Delete {
-        key: Vec<u8>,
+        key: B,
     },
     Add {
-        key: Vec<u8>,
+        key: B,
         delta: i64,
     },
     GetCounter {
-        key: Vec<u8>,
+        key: B,
     },
     SetCounter {
-        key: Vec<u8>,
+        key: B,
         value: i64,
     },
     Push {
-        key: Vec<u8>,
-        item: Vec<u8>,
+        key: B,
+        item: B,
     },
     Pop {
-        key: Vec<u8>,
+        key: B,
     },
     Insert {
-        key: Vec<u8>,
-        member: Vec<u8>,
+        key: B,
+        member: B,
     },
     Remove {
-        key: Vec<u8>,
-        member: Vec<u8>,
+        key: B,
+        member: B,
     },
     Contains {
-        key: Vec<u8>,
-        member: Vec<u8>,
+        key: B,
+        member: B,
     },
     MapGet {
-        key: Vec<u8>,
-        field: Vec<u8>,
+        key: B,
+        field: B,
     },
     MapSet {
-        key: Vec<u8>,
-        field: Vec<u8>,
-        value: Vec<u8>,
+        key: B,
+        field: B,
+        value: B,
     },
     MapDelete {
-        key: Vec<u8>,
-        field: Vec<u8>,
+        key: B,
+        field: B,
     },
     MapAdd {
-        key: Vec<u8>,
-        field: Vec<u8>,
+        key: B,
+        field: B,
         delta: i64,
     },
     MapGetCounter {
-        key: Vec<u8>,
-        field: Vec<u8>,
+        key: B,
+        field: B,
     },
     CompareAndSet {
-        key: Vec<u8>,
-        expected: Option<Vec<u8>>,
-        new: Option<Vec<u8>>,
+        key: B,
+        expected: Option<B>,
+        new: Option<B>,
     },
     Expire {
-        key: Vec<u8>,
-        field: Option<Vec<u8>>,
+        key: B,
+        field: Option<B>,
         ttl: Duration,
     },
     Len {
-        key: Vec<u8>,
+        key: B,
         kind: Kind,
     },
     ReadAll {
-        key: Vec<u8>,
+        key: B,
         kind: Kind,
     },
     Lock {
-        key: Vec<u8>,
+        key: B,
         owner: u64,
         lease: Duration,
     },
     Unlock {
-        key: Vec<u8>,
+        key: B,
         owner: u64,
     },
     /// Make `instance` the owner of the object (created empty of `kind` if missing): from now
     /// on only operations tagged with that instance may change it. Replies `Bool` (whether it
     /// was granted: the object had no owner or already this one).
     Claim {
-        key: Vec<u8>,
+        key: B,
         kind: Kind,
         instance: u32,
     },
     /// Move ownership from `from` to `to` (a flow move, CHC §5.1). Replies `Bool` (whether
     /// `from` owned it).
     Handover {
-        key: Vec<u8>,
+        key: B,
         from: u32,
         to: u32,
     },
 }
 
-impl Op {
+impl<B: AsRef<[u8]>> Op<B> {
     /// The key of the object the operation is on.
     pub fn key(&self) -> &[u8] {
         match self {
@@ -262,7 +266,117 @@ impl Op {
             | Op::Lock { key, .. }
             | Op::Unlock { key, .. }
             | Op::Claim { key, .. }
-            | Op::Handover { key, .. } => key,
+            | Op::Handover { key, .. } => key.as_ref(),
+        }
+    }
+
+    /// The same operation borrowing its byte strings.
+    pub fn borrowed(&self) -> Op<&[u8]> {
+        self.map_bytes(AsRef::as_ref)
+    }
+
+    /// The same operation with each byte string mapped by `f`.
+    fn map_bytes<'s, C>(&'s self, mut f: impl FnMut(&'s B) -> C) -> Op<C> {
+        match self {
+            Op::Get { key } => Op::Get { key: f(key) },
+            Op::Set { key, value } => Op::Set {
+                key: f(key),
+                value: f(value),
+            },
+            Op::Delete { key } => Op::Delete { key: f(key) },
+            Op::Add { key, delta } => Op::Add {
+                key: f(key),
+                delta: *delta,
+            },
+            Op::GetCounter { key } => Op::GetCounter { key: f(key) },
+            Op::SetCounter { key, value } => Op::SetCounter {
+                key: f(key),
+                value: *value,
+            },
+            Op::Push { key, item } => Op::Push {
+                key: f(key),
+                item: f(item),
+            },
+            Op::Pop { key } => Op::Pop { key: f(key) },
+            Op::Insert { key, member } => Op::Insert {
+                key: f(key),
+                member: f(member),
+            },
+            Op::Remove { key, member } => Op::Remove {
+                key: f(key),
+                member: f(member),
+            },
+            Op::Contains { key, member } => Op::Contains {
+                key: f(key),
+                member: f(member),
+            },
+            Op::MapGet { key, field } => Op::MapGet {
+                key: f(key),
+                field: f(field),
+            },
+            Op::MapSet { key, field, value } => Op::MapSet {
+                key: f(key),
+                field: f(field),
+                value: f(value),
+            },
+            Op::MapDelete { key, field } => Op::MapDelete {
+                key: f(key),
+                field: f(field),
+            },
+            Op::MapAdd { key, field, delta } => Op::MapAdd {
+                key: f(key),
+                field: f(field),
+                delta: *delta,
+            },
+            Op::MapGetCounter { key, field } => Op::MapGetCounter {
+                key: f(key),
+                field: f(field),
+            },
+            Op::CompareAndSet { key, expected, new } => {
+                let key = f(key);
+                let expected = expected.as_ref().map(&mut f);
+                Op::CompareAndSet {
+                    key,
+                    expected,
+                    new: new.as_ref().map(f),
+                }
+            }
+            Op::Expire { key, field, ttl } => Op::Expire {
+                key: f(key),
+                field: field.as_ref().map(f),
+                ttl: *ttl,
+            },
+            Op::Len { key, kind } => Op::Len {
+                key: f(key),
+                kind: *kind,
+            },
+            Op::ReadAll { key, kind } => Op::ReadAll {
+                key: f(key),
+                kind: *kind,
+            },
+            Op::Lock { key, owner, lease } => Op::Lock {
+                key: f(key),
+                owner: *owner,
+                lease: *lease,
+            },
+            Op::Unlock { key, owner } => Op::Unlock {
+                key: f(key),
+                owner: *owner,
+            },
+            Op::Claim {
+                key,
+                kind,
+                instance,
+            } => Op::Claim {
+                key: f(key),
+                kind: *kind,
+                instance: *instance,
+            },
+            Op::Handover { key, from, to } => Op::Handover {
+                key: f(key),
+                from: *from,
+                to: *to,
+            },
         }
     }
 
@@ -340,11 +454,11 @@ pub const OP_NAMES: [&str; 24] = [
     "handover",
 ];
 
-/// An operation with its optional tags.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Request {
+/// An operation with its optional tags (`B` as in [`Op`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request<B = Vec<u8>> {
     /// The operation.
-    pub op: Op,
+    pub op: Op<B>,
     /// The NF instance that sends it: checked against the object's owner (CHC §5.1), and the
     /// scope of `clock`.
     pub instance: Option<u32>,
@@ -353,8 +467,28 @@ pub struct Request {
     pub clock: Option<u64>,
 }
 
-impl From<Op> for Request {
-    fn from(op: Op) -> Self {
+impl<B: AsRef<[u8]>> Request<B> {
+    /// The same request borrowing its byte strings.
+    pub fn borrowed(&self) -> Request<&[u8]> {
+        Request {
+            op: self.op.borrowed(),
+            instance: self.instance,
+            clock: self.clock,
+        }
+    }
+
+    /// The same request owning its byte strings.
+    pub fn owned(&self) -> Request {
+        Request {
+            op: self.op.map_bytes(|b| b.as_ref().to_vec()),
+            instance: self.instance,
+            clock: self.clock,
+        }
+    }
+}
+
+impl<B> From<Op<B>> for Request<B> {
+    fn from(op: Op<B>) -> Self {
         Request {
             op,
             instance: None,
@@ -715,7 +849,7 @@ pub fn decode_body(h: &Header, body: &[u8], limits: &Limits) -> Result<Message, 
             return Ok(Message::Batch {
                 op_id,
                 ack_only,
-                ops,
+                ops: ops.iter().map(Request::owned).collect(),
             });
         }
         4 => {
@@ -787,13 +921,14 @@ pub fn decode_body(h: &Header, body: &[u8], limits: &Limits) -> Result<Message, 
 }
 
 /// Decodes the body of a batch frame (kind 3, as [`decode_body`] does) into `ops`, which is
-/// cleared first and whose allocation is reused: a server's hot path. Returns the batch's op
-/// id and whether it is ack-only.
-pub fn decode_batch_into(
+/// cleared first and whose allocation is reused: a server's hot path. The operations borrow
+/// their byte strings from `body` (nothing is copied). Returns the batch's op id and whether
+/// it is ack-only; on an error `ops` holds no operation of the frame that is to be trusted.
+pub fn decode_batch_into<'a>(
     h: &Header,
-    body: &[u8],
+    body: &'a [u8],
     limits: &Limits,
-    ops: &mut Vec<Request>,
+    ops: &mut Vec<Request<&'a [u8]>>,
 ) -> Result<(u64, bool), DecodeError> {
     if h.version != VERSION {
         return Err(DecodeError::BadVersion(h.version));
@@ -814,7 +949,7 @@ pub fn decode_batch_into(
     // Each op takes at least 6 bytes: never reserve more than the body can hold.
     ops.reserve((n as usize).min(r.buf.len() / 6));
     for _ in 0..n {
-        ops.push(r.request()?);
+        ops.push(r.request_ref()?);
     }
     if !r.buf.is_empty() {
         return Err(DecodeError::Malformed("trailing bytes after the body"));
@@ -897,11 +1032,13 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
 /// ([`begin_batch`] and [`put_request`]) without building [`Op`]s.
 pub fn begin(out: &mut Vec<u8>, kind: u8, flags: u16, id: u64) -> usize {
     let start = out.len();
-    out.extend_from_slice(&[0; 4]);
-    out.push(VERSION);
-    out.push(kind);
-    put_u16(out, flags);
-    put_u64(out, id);
+    // The header in one append (the length is written by `finish`).
+    let mut h = [0; HEADER_LEN];
+    h[4] = VERSION;
+    h[5] = kind;
+    h[6..8].copy_from_slice(&flags.to_le_bytes());
+    h[8..].copy_from_slice(&id.to_le_bytes());
+    out.extend_from_slice(&h);
     start
 }
 
@@ -960,7 +1097,12 @@ pub fn put_duration(w: &mut Vec<u8>, d: Duration) {
 }
 
 /// Writes one operation with its tags.
-pub fn put_request(w: &mut Vec<u8>, op: &Op, instance: Option<u32>, clock: Option<u64>) {
+pub fn put_request<B: AsRef<[u8]>>(
+    w: &mut Vec<u8>,
+    op: &Op<B>,
+    instance: Option<u32>,
+    clock: Option<u64>,
+) {
     w.push(op.code());
     let meta = if instance.is_some() { META_INSTANCE } else { 0 }
         | if clock.is_some() { META_CLOCK } else { 0 };
@@ -974,30 +1116,30 @@ pub fn put_request(w: &mut Vec<u8>, op: &Op, instance: Option<u32>, clock: Optio
     put_bytes(w, op.key());
     match op {
         Op::Get { .. } | Op::Delete { .. } | Op::GetCounter { .. } | Op::Pop { .. } => {}
-        Op::Set { value, .. } => put_bytes(w, value),
+        Op::Set { value, .. } => put_bytes(w, value.as_ref()),
         Op::Add { delta, .. } => put_i64(w, *delta),
         Op::SetCounter { value, .. } => put_i64(w, *value),
-        Op::Push { item, .. } => put_bytes(w, item),
+        Op::Push { item, .. } => put_bytes(w, item.as_ref()),
         Op::Insert { member, .. } | Op::Remove { member, .. } | Op::Contains { member, .. } => {
-            put_bytes(w, member)
+            put_bytes(w, member.as_ref())
         }
         Op::MapGet { field, .. }
         | Op::MapDelete { field, .. }
-        | Op::MapGetCounter { field, .. } => put_bytes(w, field),
+        | Op::MapGetCounter { field, .. } => put_bytes(w, field.as_ref()),
         Op::MapSet { field, value, .. } => {
-            put_bytes(w, field);
-            put_bytes(w, value);
+            put_bytes(w, field.as_ref());
+            put_bytes(w, value.as_ref());
         }
         Op::MapAdd { field, delta, .. } => {
-            put_bytes(w, field);
+            put_bytes(w, field.as_ref());
             put_i64(w, *delta);
         }
         Op::CompareAndSet { expected, new, .. } => {
-            put_opt_bytes(w, expected.as_deref());
-            put_opt_bytes(w, new.as_deref());
+            put_opt_bytes(w, expected.as_ref().map(AsRef::as_ref));
+            put_opt_bytes(w, new.as_ref().map(AsRef::as_ref));
         }
         Op::Expire { field, ttl, .. } => {
-            put_opt_bytes(w, field.as_deref());
+            put_opt_bytes(w, field.as_ref().map(AsRef::as_ref));
             put_duration(w, *ttl);
         }
         Op::Len { kind, .. } | Op::ReadAll { kind, .. } => w.push(*kind as u8),
@@ -1090,7 +1232,7 @@ pub fn put_opt_object(w: &mut Vec<u8>, o: Option<&Object>) {
 }
 
 /// A reader over a body: every read is bounds-checked.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Rd<'a> {
     /// What is left to read.
     pub buf: &'a [u8],
@@ -1158,9 +1300,13 @@ impl<'a> Rd<'a> {
     }
     /// Optional length-prefixed bytes.
     pub fn opt_bytes(&mut self) -> Result<Option<Vec<u8>>, DecodeError> {
+        Ok(self.opt_slice()?.map(<[u8]>::to_vec))
+    }
+    /// Optional length-prefixed bytes, borrowed.
+    pub fn opt_slice(&mut self) -> Result<Option<&'a [u8]>, DecodeError> {
         Ok(match self.u8()? {
             0 => None,
-            1 => Some(self.bytes()?.to_vec()),
+            1 => Some(self.bytes()?),
             _ => return Err(DecodeError::Malformed("option tag")),
         })
     }
@@ -1181,8 +1327,14 @@ impl<'a> Rd<'a> {
         Ok(n)
     }
 
-    /// One operation with its tags.
+    /// One operation with its tags, owning its byte strings.
     pub fn request(&mut self) -> Result<Request, DecodeError> {
+        Ok(self.request_ref()?.owned())
+    }
+
+    /// One operation with its tags, its byte strings borrowed from the buffer (no
+    /// allocation).
+    pub fn request_ref(&mut self) -> Result<Request<&'a [u8]>, DecodeError> {
         let code = self.u8()?;
         let meta = self.u8()?;
         if meta & !(META_INSTANCE | META_CLOCK) != 0 {
@@ -1198,8 +1350,8 @@ impl<'a> Rd<'a> {
         } else {
             None
         };
-        let key = self.bytes()?.to_vec();
-        let b = |r: &mut Self| -> Result<Vec<u8>, DecodeError> { Ok(r.bytes()?.to_vec()) };
+        let key = self.bytes()?;
+        let b = |r: &mut Self| r.bytes();
         let op = match code {
             0 => Op::Get { key },
             1 => Op::Set {
@@ -1257,12 +1409,12 @@ impl<'a> Rd<'a> {
             },
             16 => Op::CompareAndSet {
                 key,
-                expected: self.opt_bytes()?,
-                new: self.opt_bytes()?,
+                expected: self.opt_slice()?,
+                new: self.opt_slice()?,
             },
             17 => Op::Expire {
                 key,
-                field: self.opt_bytes()?,
+                field: self.opt_slice()?,
                 ttl: self.duration()?,
             },
             18 => Op::Len {

@@ -1,5 +1,7 @@
 //! A pipelining load on a one-shard store, for profiling: `cargo run --release --example load
-//! -p flowstate-store -- <depth> <seconds>`.
+//! -p flowstate-store -- <depth> <seconds> [churn|store-ops]`. The `churn` mix (the default)
+//! pushes to a missing list and pops it empty, so one operation in five creates an object;
+//! `store-ops` is the mix of `flowstate bench store-ops`.
 
 use flowstate_proto::{self as proto, Frame, Limits, Message, Op, Request};
 use flowstate_store::{Config, Server};
@@ -11,6 +13,7 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let depth: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(64);
     let secs: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(10);
+    let bench_mix = args.next().as_deref() == Some("store-ops");
     let server = Server::start(Config {
         listen: "127.0.0.1:0".parse().unwrap(),
         shards: 1,
@@ -31,23 +34,27 @@ fn main() {
         out.clear();
         for _ in 0..depth {
             let key = format!("key:{}", i % 1000).into_bytes();
-            let op = match i % 5 {
-                0 => Op::Set {
-                    key,
-                    value: b"value-0123456789".to_vec(),
-                },
-                1 => Op::Get { key },
-                2 => Op::Add {
-                    key: format!("ctr:{}", i % 1000).into_bytes(),
-                    delta: 1,
-                },
-                3 => Op::Push {
-                    key: format!("list:{}", i % 1000).into_bytes(),
-                    item: b"item".to_vec(),
-                },
-                _ => Op::Pop {
-                    key: format!("list:{}", (i - 1) % 1000).into_bytes(),
-                },
+            let op = if bench_mix {
+                store_ops_mix(i)
+            } else {
+                match i % 5 {
+                    0 => Op::Set {
+                        key,
+                        value: b"value-0123456789".to_vec(),
+                    },
+                    1 => Op::Get { key },
+                    2 => Op::Add {
+                        key: format!("ctr:{}", i % 1000).into_bytes(),
+                        delta: 1,
+                    },
+                    3 => Op::Push {
+                        key: format!("list:{}", i % 1000).into_bytes(),
+                        item: b"item".to_vec(),
+                    },
+                    _ => Op::Pop {
+                        key: format!("list:{}", (i - 1) % 1000).into_bytes(),
+                    },
+                }
             };
             i += 1;
             proto::encode(
@@ -86,6 +93,31 @@ fn main() {
         cpu as f64 / ops as f64
     );
     server.stop();
+}
+
+/// Operation `i` of `flowstate bench store-ops`'s mix.
+fn store_ops_mix(i: usize) -> Op {
+    let k = i % 1000;
+    match i % 5 {
+        0 => Op::Set {
+            key: format!("bench@Value@k{k}").into_bytes(),
+            value: vec![b'v'; 16],
+        },
+        1 => Op::Get {
+            key: format!("bench@Value@k{k}").into_bytes(),
+        },
+        2 => Op::Add {
+            key: format!("bench@Counter@c{}", k % 10).into_bytes(),
+            delta: 1,
+        },
+        3 => Op::Push {
+            key: format!("bench@List@l{}", k % 10).into_bytes(),
+            item: vec![b'i'; 8],
+        },
+        _ => Op::Pop {
+            key: format!("bench@List@l{}", k % 10).into_bytes(),
+        },
+    }
 }
 
 /// CPU nanoseconds of the store's threads (`store-*`).

@@ -2,8 +2,9 @@
 //! accept to close: no thread of its own, no channel hop for the requests its shard owns.
 //!
 //! The shard decodes every whole frame the connection sent. A batch whose operations all
-//! belong to the connection's own shard (always so with one shard) is applied at once and its
-//! answer encoded straight into the connection's output buffer. Otherwise the operations of
+//! belong to the connection's own shard (always so with one shard) is applied at once, its
+//! keys and values read in place from the connection's input (nothing copied out but what an
+//! object keeps), and its answer encoded straight into the connection's output buffer. Otherwise the operations of
 //! each other shard are queued for it (and sent, one message per destination shard, at the end
 //! of the turn), the request waits in the connection's queue of pending requests, and the
 //! other shards' parts are merged into it as they come back; answers always leave in request
@@ -15,6 +16,7 @@
 //! most [`crate::Config::max_output`] bytes of unsent output, before the connection's further
 //! frames are left unread (in the kernel's buffer, then the client's: TCP backpressure).
 
+use crate::shard::Spare;
 use crate::worker::{mark, Fwd, Worker};
 use flowstate_proto::{
     self as proto, DecodeError, ErrorCode, Frame, Header, Message, Reply, Request, HEADER_LEN,
@@ -240,12 +242,14 @@ fn encode_ref(msg: &Message, out: &mut Vec<u8>) {
     );
 }
 
-/// Appends a `Replies` frame of `replies` (in frame order) to `out`.
-fn encode_replies(out: &mut Vec<u8>, id: u64, replies: &[(u32, Reply)]) {
+/// Appends a `Replies` frame of `replies` (in frame order) to `out`, emptying `replies`: the
+/// buffers of their values go to `spare`.
+fn encode_replies(out: &mut Vec<u8>, id: u64, replies: &mut Vec<(u32, Reply)>, spare: &mut Spare) {
     let start = proto::begin(out, 4, 0, id);
     proto::put_u32(out, u32::try_from(replies.len()).unwrap_or(u32::MAX));
-    for (_, r) in replies {
-        proto::put_reply(out, r);
+    for (_, r) in replies.drain(..) {
+        proto::put_reply(out, &r);
+        spare.reclaim(r);
     }
     proto::finish(out, start);
 }
@@ -253,10 +257,37 @@ fn encode_replies(out: &mut Vec<u8>, id: u64, replies: &[(u32, Reply)]) {
 impl Worker {
     /// Serves every whole frame in the connection's input, as far as its limits allow.
     pub(crate) fn frames(&mut self, c: &mut Conn, t: Duration) {
+        // The input is lent out while the frames read from it are answered into the
+        // connection's output: operations borrow their keys and values from it.
+        let inbuf = std::mem::take(&mut c.inbuf);
+        let missing = self.frames_in(c, &inbuf, t);
+        c.inbuf = inbuf;
+        // Make room for the rest of a large frame at once.
+        c.inbuf.reserve(missing);
+    }
+
+    /// Serves the whole frames of `inbuf[c.start..]`; the bytes still missing of a frame that
+    /// is there only in part.
+    fn frames_in(&mut self, c: &mut Conn, inbuf: &[u8], t: Duration) -> usize {
         let limits = self.shared.config.limits;
+        let mut ops = relend(std::mem::take(&mut self.batch_ops));
+        let missing = self.frames_with(c, inbuf, &mut ops, &limits, t);
+        self.batch_ops = relend(ops);
+        missing
+    }
+
+    /// [`Worker::frames_in`] with `ops` to decode batches into.
+    fn frames_with<'a>(
+        &mut self,
+        c: &mut Conn,
+        inbuf: &'a [u8],
+        ops: &mut Vec<Request<&'a [u8]>>,
+        limits: &proto::Limits,
+        t: Duration,
+    ) -> usize {
         while !c.closing && !c.dead && !self.held_back(c) {
-            let avail = &c.inbuf[c.start..];
-            let h = match proto::peek_header(avail, &limits) {
+            let avail = &inbuf[c.start..];
+            let h = match proto::peek_header(avail, limits) {
                 Ok(Some(h)) => h,
                 Ok(None) => break,
                 Err(e) => {
@@ -268,18 +299,14 @@ impl Worker {
                 }
             };
             if avail.len() < h.total {
-                // Make room for the rest of a large frame at once.
-                c.inbuf.reserve(h.total - avail.len());
-                break;
+                return h.total - avail.len();
             }
             let body = &avail[HEADER_LEN..h.total];
+            c.start += h.total;
             if h.kind == BATCH && c.authed {
-                // The common frame, decoded into a reused operation list.
-                let mut ops = std::mem::take(&mut self.batch_ops);
-                let decoded = proto::decode_batch_into(&h, body, &limits, &mut ops);
-                c.start += h.total;
-                match decoded {
-                    Ok((op_id, ack_only)) => self.batch(c, h.id, op_id, ack_only, &mut ops, t),
+                // The common frame: its operations are read in place.
+                match proto::decode_batch_into(&h, body, limits, ops) {
+                    Ok((op_id, ack_only)) => self.batch(c, h.id, op_id, ack_only, ops, t),
                     Err(e) => {
                         self.error(c, h.id, e.code(), e.to_string());
                         if !e.recoverable() {
@@ -287,16 +314,14 @@ impl Worker {
                         }
                     }
                 }
-                ops.clear();
-                self.batch_ops = ops;
                 continue;
             }
-            let msg = proto::decode_body(&h, body, &limits);
-            c.start += h.total;
+            let msg = proto::decode_body(&h, body, limits);
             if !self.frame(c, &h, msg, t) {
                 c.closing = true;
             }
         }
+        0
     }
 
     fn error(&mut self, c: &mut Conn, id: u64, code: ErrorCode, message: String) {
@@ -357,8 +382,11 @@ impl Worker {
             Message::Batch {
                 op_id,
                 ack_only,
-                mut ops,
-            } => self.batch(c, h.id, op_id, ack_only, &mut ops, t),
+                ops,
+            } => {
+                let ops: Vec<_> = ops.iter().map(Request::borrowed).collect();
+                self.batch(c, h.id, op_id, ack_only, &ops, t);
+            }
             Message::Stats => {
                 self.flush_counts();
                 let v = crate::stats(&self.shared);
@@ -442,91 +470,122 @@ impl Worker {
         seq
     }
 
+    /// Serves a batch: at once when this shard owns all its operations, else split over the
+    /// shards that own them.
     fn batch(
         &mut self,
         c: &mut Conn,
         id: u64,
         op_id: u64,
         ack_only: bool,
-        ops: &mut Vec<Request>,
+        ops: &[Request<&[u8]>],
         t: Duration,
     ) {
-        for r in ops.iter() {
+        let me = self.index;
+        let mut local = true;
+        for r in ops {
             self.op_counts[usize::from(r.op.code())] += 1;
+            local &= self.shared.shard_of(r.op.key()) == me;
         }
-        let client = c.client;
         // Op ids are scoped by the client id a hello gives; without one they are ignored (a
         // server-made id does not survive a reconnect).
         let op_id = if c.greeted { op_id } else { 0 };
-        let me = self.index;
-        let local = self.shared.shards.len() == 1
-            || ops.iter().all(|r| self.shared.shard_of(r.op.key()) == me);
         if local {
-            let mut replies = std::mem::take(&mut self.replies);
-            replies.clear();
-            let duplicate = self.run_batch(
-                c.id,
-                client,
-                op_id,
-                ack_only,
-                ops.iter().enumerate().map(|(i, r)| (i as u32, r)),
-                &mut replies,
-                t,
-            );
-            let in_order = !duplicate
-                || (replies.len() == ops.len()
-                    && replies
-                        .iter()
-                        .enumerate()
-                        .all(|(i, (j, _))| i == *j as usize));
-            if c.pending.is_empty() && (ack_only || in_order) {
-                if ack_only {
-                    proto::encode(
-                        &Frame {
-                            id,
-                            msg: Message::Ack { duplicate },
-                        },
-                        &mut c.out,
-                    );
-                } else {
-                    encode_replies(&mut c.out, id, &replies);
-                }
+            self.local_batch(c, id, op_id, ack_only, ops, t);
+        } else {
+            self.split_batch(c, id, op_id, ack_only, ops, t);
+        }
+        mark(&mut self.dirty, c);
+    }
+
+    /// Serves a batch whose operations this shard owns: applied now, answered now or, behind
+    /// earlier requests still waiting, in turn.
+    fn local_batch(
+        &mut self,
+        c: &mut Conn,
+        id: u64,
+        op_id: u64,
+        ack_only: bool,
+        ops: &[Request<&[u8]>],
+        t: Duration,
+    ) {
+        let count = ops.len();
+        let mut replies = std::mem::take(&mut self.replies);
+        replies.clear();
+        let duplicate = self.run_batch(
+            c.id,
+            c.client,
+            op_id,
+            ack_only,
+            ops.iter().enumerate().map(|(i, r)| (i as u32, *r)),
+            &mut replies,
+            t,
+        );
+        let in_order = !duplicate
+            || (replies.len() == count
+                && replies
+                    .iter()
+                    .enumerate()
+                    .all(|(i, (j, _))| i == *j as usize));
+        if c.pending.is_empty() && (ack_only || in_order) {
+            if ack_only {
+                proto::encode(
+                    &Frame {
+                        id,
+                        msg: Message::Ack { duplicate },
+                    },
+                    &mut c.out,
+                );
             } else {
-                let mut slots = Vec::new();
-                if !ack_only {
-                    slots = vec![Reply::Done; ops.len()];
-                    for (i, r) in replies.drain(..) {
-                        if let Some(s) = slots.get_mut(i as usize) {
-                            *s = r;
-                        }
+                encode_replies(&mut c.out, id, &mut replies, &mut self.objects.spare);
+            }
+        } else {
+            let mut slots = Vec::new();
+            if !ack_only {
+                slots = vec![Reply::Done; count];
+                for (i, r) in replies.drain(..) {
+                    if let Some(s) = slots.get_mut(i as usize) {
+                        *s = r;
                     }
                 }
-                let p = Pending {
-                    id,
-                    parts: 0,
-                    shape: if ack_only { Shape::Ack } else { Shape::Replies },
-                    replies: slots,
-                    keys: Vec::new(),
-                    duplicate,
-                    ready: None,
-                };
-                if c.pending.is_empty() {
-                    proto::encode(&p.into_frame(), &mut c.out);
-                } else {
-                    c.pending.push_back(p);
-                }
             }
-            replies.clear();
-            self.replies = replies;
-            mark(&mut self.dirty, c);
-            return;
+            let p = Pending {
+                id,
+                parts: 0,
+                shape: if ack_only { Shape::Ack } else { Shape::Replies },
+                replies: slots,
+                keys: Vec::new(),
+                duplicate,
+                ready: None,
+            };
+            if c.pending.is_empty() {
+                proto::encode(&p.into_frame(), &mut c.out);
+            } else {
+                c.pending.push_back(p);
+            }
         }
-        // Split over the shards: this shard's part now, the others' sent to them.
+        replies.clear();
+        self.replies = replies;
+    }
+
+    /// Serves a batch over the shards that own its operations: this shard's part now, the
+    /// others' sent to them (owned copies); the answer waits for every part.
+    fn split_batch(
+        &mut self,
+        c: &mut Conn,
+        id: u64,
+        op_id: u64,
+        ack_only: bool,
+        ops: &[Request<&[u8]>],
+        t: Duration,
+    ) {
+        let me = self.index;
+        let client = c.client;
         let count = ops.len();
         let mut parts = std::mem::take(&mut self.parts);
-        for (i, r) in ops.drain(..).enumerate() {
+        for (i, r) in ops.iter().enumerate() {
             let s = self.shared.shard_of(r.op.key());
-            parts[s].push((i as u32, r));
+            parts[s].push((i as u32, r.owned()));
         }
         let seq = c.next_seq();
         let mut slots = if ack_only {
@@ -548,7 +607,7 @@ impl Worker {
                     client,
                     op_id,
                     ack_only,
-                    part.iter().map(|(i, r)| (*i, r)),
+                    part.iter().map(|(i, r)| (*i, r.borrowed())),
                     &mut replies,
                     t,
                 );
@@ -587,6 +646,15 @@ impl Worker {
     }
 }
 
+/// An empty vector with the allocation of `v`, for borrows of another lifetime: the reused
+/// list of a batch's operations, which borrow from one connection's input at a time.
+/// (Collecting a vector's own emptied iterator reuses its allocation.)
+#[allow(clippy::unnecessary_filter_map)] // `filter` cannot change the type (its lifetime)
+fn relend<'b>(mut v: Vec<Request<&[u8]>>) -> Vec<Request<&'b [u8]>> {
+    v.clear();
+    v.into_iter().filter_map(|_| None).collect()
+}
+
 fn kind_name(m: &Message) -> &'static str {
     match m {
         Message::Hello { .. } => "Hello",
@@ -602,5 +670,23 @@ fn kind_name(m: &Message) -> &'static str {
         Message::Subscribe { .. } => "Subscribe",
         Message::Unsubscribe { .. } => "Unsubscribe",
         Message::Notify(_) => "Notify",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flowstate_proto::Op;
+
+    #[test]
+    fn the_operation_list_keeps_its_allocation_across_inputs() {
+        let input = b"key".to_vec();
+        let mut v: Vec<Request<&[u8]>> = Vec::with_capacity(64);
+        v.push(Op::Get { key: &input[..] }.into());
+        let at = v.as_ptr() as usize;
+        let v = relend(v);
+        assert!(v.is_empty());
+        assert_eq!(v.capacity(), 64);
+        assert_eq!(v.as_ptr() as usize, at);
     }
 }

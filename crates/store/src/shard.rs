@@ -262,6 +262,8 @@ pub(crate) struct Objects {
     pub(crate) max_objects: Option<usize>,
     /// Expiries found while running operations, to notify after the batch.
     pub(crate) expired: Vec<Expired>,
+    /// Byte buffers to reuse for reply values and list items.
+    pub(crate) spare: Spare,
 }
 
 fn text(key: &[u8]) -> String {
@@ -305,25 +307,6 @@ impl Objects {
         self.objects.get_mut(key)
     }
 
-    fn get_or_create(&mut self, key: &[u8], now: Duration, kind: Kind) -> Result<&mut Entry, Full> {
-        // The common case in two lookups: there, and nothing to prune.
-        if self.objects.get(key).is_some_and(|e| !e.due(now)) {
-            return self.objects.get_mut(key).ok_or(Full);
-        }
-        if self.live(key, now).is_none() {
-            if self.max_objects.is_some_and(|m| self.objects.len() >= m) {
-                self.sweep(now);
-                if self.max_objects.is_some_and(|m| self.objects.len() >= m) {
-                    return Err(Full);
-                }
-            }
-            self.objects
-                .insert(key.to_vec(), Entry::new(Obj::empty(kind)));
-        }
-        // Just made sure it is there.
-        self.objects.get_mut(key).ok_or(Full)
-    }
-
     fn remove(&mut self, key: &[u8]) -> bool {
         match self.objects.remove(key) {
             Some(e) => {
@@ -338,20 +321,9 @@ impl Objects {
 
     /// Puts the object under `key` where its earliest deadline says in the index.
     pub(crate) fn reindex(&mut self, key: &[u8]) {
-        let Some(e) = self.objects.get_mut(key) else {
-            return;
-        };
-        let next = e.next_deadline();
-        if next == e.indexed {
-            return;
+        if let Some(e) = self.objects.get_mut(key) {
+            reindex_entry(&mut self.index, key, e);
         }
-        if let Some(old) = e.indexed {
-            self.index.remove(&(old, key.to_vec()));
-        }
-        if let Some(n) = next {
-            self.index.insert((n, key.to_vec()));
-        }
-        e.indexed = next;
     }
 
     /// Drops everything whose time is up, noting what expired. Visits only the objects with
@@ -388,302 +360,132 @@ impl Objects {
             .collect()
     }
 
-    /// Runs one tagged operation at `now`; `origin_changed` tells whether it may have
-    /// changed the object (for subscribers).
-    pub(crate) fn apply(&mut self, req: &Request, now: Duration) -> (Reply, bool) {
-        let key = req.op.key();
-        let writes = !req.op.is_read() && !matches!(req.op, Op::Lock { .. } | Op::Unlock { .. });
-        // The owner and clock checks, for a tagged update or an owned object (an untagged
-        // update of an unowned object skips a lookup: `run` prunes the entry anyway).
-        let check = writes
-            && !matches!(req.op, Op::Claim { .. } | Op::Handover { .. })
-            && (req.instance.is_some() || self.objects.get(key).is_some_and(|e| e.owner.is_some()));
-        if check {
-            if let Some(e) = self.live(key, now) {
-                if let Some(owner) = e.owner {
-                    if req.instance != Some(owner) {
-                        return (
-                            Reply::Refused(format!(
-                                "{}: owned by instance {owner}, not {}",
-                                text(key),
-                                req.instance
-                                    .map_or_else(|| "an untagged client".into(), |i| i.to_string())
-                            )),
-                            false,
-                        );
-                    }
-                }
-                if let (Some(i), Some(c)) = (req.instance, req.clock) {
-                    if e.seen(i, c) {
-                        return (Reply::Duplicate, false);
-                    }
-                }
-            }
-        }
-        let reply = match self.run(&req.op, now) {
-            Ok(r) => r,
-            Err(Full) => Reply::Refused(format!(
-                "{}: store full ({} objects in this shard)",
-                text(key),
-                self.max_objects.unwrap_or(0)
-            )),
-        };
-        let ok = !matches!(reply, Reply::Refused(_) | Reply::WrongKind { .. });
-        if writes && ok {
-            if let (Some(i), Some(c), Some(e)) =
-                (req.instance, req.clock, self.objects.get_mut(key))
-            {
-                e.tag(i, c);
-            }
-        }
-        // Any operation may have set, cleared or (by pruning) moved a deadline; only `Expire`
-        // sets one, so with no deadline in the shard (an empty index: every entry's `indexed`
-        // is `None`) any other operation leaves nothing to index.
-        if matches!(req.op, Op::Expire { .. }) || !self.index.is_empty() {
-            self.reindex(key);
-        }
-        (reply, writes && ok)
+    /// [`Objects::apply_ref`] of a request owning or borrowing its byte strings.
+    #[cfg(test)]
+    pub(crate) fn apply<B: AsRef<[u8]>>(
+        &mut self,
+        req: &Request<B>,
+        now: Duration,
+    ) -> (Reply, bool) {
+        self.apply_ref(&req.borrowed(), now)
     }
 
-    fn run(&mut self, op: &Op, now: Duration) -> Result<Reply, Full> {
+    /// Runs one tagged operation at `now`: the reply, and whether the operation may have
+    /// changed the object (for subscribers). The common case, an object that is there with
+    /// nothing of it due, takes one lookup of its key.
+    pub(crate) fn apply_ref(&mut self, req: &Request<&[u8]>, now: Duration) -> (Reply, bool) {
+        let op = &req.op;
+        if let Op::Lock { .. } | Op::Unlock { .. } = op {
+            // Leases live beside the objects and change none.
+            return (self.lease(op, now), false);
+        }
         let key = op.key();
-        Ok(match op {
-            Op::Get { .. } => match self.live(key, now) {
-                None => Reply::Value(None),
-                Some(e) => match &e.obj {
-                    Obj::Value(v) => Reply::Value(Some(v.clone())),
-                    o => wrong(key, Kind::Value, o),
-                },
-            },
-            Op::Set { value, .. } => {
-                let e = self.get_or_create(key, now, Kind::Value)?;
-                match &mut e.obj {
-                    Obj::Value(v) => {
-                        v.clone_from(value);
-                        e.deadline = None;
-                        Reply::Done
-                    }
-                    o => wrong(key, Kind::Value, o),
-                }
-            }
-            Op::Delete { .. } => {
-                let present = self.live(key, now).is_some();
-                Reply::Bool(present && self.remove(key))
-            }
-            Op::Add { delta, .. } => {
-                let e = self.get_or_create(key, now, Kind::Counter)?;
-                match &mut e.obj {
-                    Obj::Counter(c) => match c.checked_add(*delta) {
-                        Some(n) => {
-                            *c = n;
-                            Reply::Int(n)
-                        }
-                        None => overflow(key),
-                    },
-                    o => wrong(key, Kind::Counter, o),
-                }
-            }
-            Op::GetCounter { .. } => match self.live(key, now) {
-                None => Reply::Int(0),
-                Some(e) => match &e.obj {
-                    Obj::Counter(c) => Reply::Int(*c),
-                    o => wrong(key, Kind::Counter, o),
-                },
-            },
-            Op::SetCounter { value, .. } => {
-                let e = self.get_or_create(key, now, Kind::Counter)?;
-                match &mut e.obj {
-                    Obj::Counter(c) => {
-                        *c = *value;
-                        e.deadline = None;
-                        Reply::Done
-                    }
-                    o => wrong(key, Kind::Counter, o),
-                }
-            }
-            Op::Push { item, .. } => {
-                let e = self.get_or_create(key, now, Kind::List)?;
-                match &mut e.obj {
-                    Obj::List(l) => {
-                        l.push_back(item.clone());
-                        len_reply(l.len())
-                    }
-                    o => wrong(key, Kind::List, o),
-                }
-            }
-            Op::Pop { .. } => {
-                let (reply, emptied) = match self.live(key, now) {
-                    None => (Reply::Value(None), false),
-                    Some(e) => match &mut e.obj {
-                        Obj::List(l) => {
-                            let item = l.pop_front();
-                            (Reply::Value(item), l.is_empty())
-                        }
-                        o => (wrong(key, Kind::List, o), false),
-                    },
-                };
-                if emptied {
+        let mut dead = false;
+        if let Some(e) = self.objects.get_mut(key) {
+            dead = e.due(now) && e.prune(key, now, &mut self.expired);
+            if !dead {
+                let (reply, changed, gone) = on_live(e, req, now, &mut self.spare, &mut self.index);
+                if gone {
                     self.remove(key);
                 }
-                reply
+                return (reply, changed);
             }
-            Op::Insert { member, .. } => {
-                let e = self.get_or_create(key, now, Kind::Set)?;
-                match &mut e.obj {
-                    Obj::Set(s) => Reply::Bool(s.insert(member.clone())),
-                    o => wrong(key, Kind::Set, o),
-                }
-            }
-            Op::Remove { member, .. } => {
-                let (reply, emptied) = match self.live(key, now) {
-                    None => (Reply::Bool(false), false),
-                    Some(e) => match &mut e.obj {
-                        Obj::Set(s) => (Reply::Bool(s.remove(member)), s.is_empty()),
-                        o => (wrong(key, Kind::Set, o), false),
-                    },
-                };
-                if emptied {
-                    self.remove(key);
-                }
-                reply
-            }
-            Op::Contains { member, .. } => match self.live(key, now) {
-                None => Reply::Bool(false),
-                Some(e) => match &e.obj {
-                    Obj::Set(s) => Reply::Bool(s.contains(member)),
-                    o => wrong(key, Kind::Set, o),
-                },
-            },
-            Op::MapGet { field, .. } => match self.live(key, now) {
-                None => Reply::Value(None),
-                Some(e) => match &e.obj {
-                    Obj::Map(m) => Reply::Value(m.fields.get(field).cloned()),
-                    o => wrong(key, Kind::Map, o),
-                },
-            },
-            Op::MapSet { field, value, .. } => {
-                let e = self.get_or_create(key, now, Kind::Map)?;
-                match &mut e.obj {
-                    Obj::Map(m) => {
-                        m.clear_deadline(field);
-                        m.fields.insert(field.clone(), value.clone());
-                        Reply::Done
-                    }
-                    o => wrong(key, Kind::Map, o),
-                }
-            }
-            Op::MapDelete { field, .. } => {
-                let (reply, emptied) = match self.live(key, now) {
-                    None => (Reply::Bool(false), false),
-                    Some(e) => match &mut e.obj {
-                        Obj::Map(m) => {
-                            m.clear_deadline(field);
-                            (
-                                Reply::Bool(m.fields.remove(field).is_some()),
-                                m.fields.is_empty(),
-                            )
-                        }
-                        Obj::CounterMap(m) => {
-                            (Reply::Bool(m.remove(field).is_some()), m.is_empty())
-                        }
-                        o => (wrong(key, Kind::Map, o), false),
-                    },
-                };
-                if emptied {
-                    self.remove(key);
-                }
-                reply
-            }
-            Op::MapAdd { field, delta, .. } => {
-                let e = self.get_or_create(key, now, Kind::CounterMap)?;
-                match &mut e.obj {
-                    Obj::CounterMap(m) => {
-                        let c = m.entry(field.clone()).or_insert(0);
-                        match c.checked_add(*delta) {
-                            Some(n) => {
-                                *c = n;
-                                Reply::Int(n)
-                            }
-                            None => overflow(key),
-                        }
-                    }
-                    o => wrong(key, Kind::CounterMap, o),
-                }
-            }
-            Op::MapGetCounter { field, .. } => match self.live(key, now) {
-                None => Reply::Int(0),
-                Some(e) => match &e.obj {
-                    Obj::CounterMap(m) => Reply::Int(m.get(field).copied().unwrap_or(0)),
-                    o => wrong(key, Kind::CounterMap, o),
-                },
-            },
-            Op::CompareAndSet { expected, new, .. } => {
-                let current = match self.live(key, now) {
-                    None => None,
-                    Some(e) => match &e.obj {
-                        Obj::Value(v) => Some(v),
-                        o => return Ok(wrong(key, Kind::Value, o)),
-                    },
-                };
-                if current.map(Vec::as_slice) != expected.as_deref() {
-                    Reply::Bool(false)
-                } else {
-                    match new {
-                        None => {
-                            self.remove(key);
-                        }
-                        Some(n) => {
-                            let e = self.get_or_create(key, now, Kind::Value)?;
-                            e.obj = Obj::Value(n.clone());
-                            e.deadline = None;
-                        }
-                    }
-                    Reply::Bool(true)
-                }
-            }
-            Op::Expire {
-                field: None, ttl, ..
-            } => match self.live(key, now) {
-                None => Reply::Bool(false),
-                Some(e) => {
-                    e.deadline = Some(now.saturating_add(*ttl));
-                    Reply::Bool(true)
-                }
-            },
-            Op::Expire {
-                field: Some(field),
-                ttl,
-                ..
-            } => match self.live(key, now) {
-                None => Reply::Bool(false),
-                Some(e) => match &mut e.obj {
-                    Obj::Map(m) => {
-                        let has = m.fields.contains_key(field);
-                        if has {
-                            m.set_deadline(field, now.saturating_add(*ttl));
-                        }
-                        Reply::Bool(has)
-                    }
-                    o => wrong(key, Kind::Map, o),
-                },
-            },
+        }
+        if dead {
+            self.remove(key);
+        }
+        self.absent(req, now)
+    }
+
+    /// Runs `req` on a key that holds no live object: a read or removal answers at once, an
+    /// update creates the object (unless the shard is full) and runs on it.
+    fn absent(&mut self, req: &Request<&[u8]>, now: Duration) -> (Reply, bool) {
+        let op = &req.op;
+        let key = op.key();
+        let reply = match op {
+            Op::Get { .. } | Op::Pop { .. } | Op::MapGet { .. } => Reply::Value(None),
+            Op::GetCounter { .. } | Op::MapGetCounter { .. } => Reply::Int(0),
+            Op::Delete { .. }
+            | Op::Remove { .. }
+            | Op::Contains { .. }
+            | Op::MapDelete { .. }
+            | Op::Expire { .. }
+            | Op::Handover { .. } => Reply::Bool(false),
             Op::Len { kind, .. } => match kind {
-                Kind::Value | Kind::Counter => Reply::Refused(format!(
-                    "{}: Len needs a collection kind, not {}",
-                    text(key),
-                    kind.name()
-                )),
-                _ => match self.live(key, now) {
-                    None => Reply::Len(0),
-                    Some(e) if e.obj.kind() == *kind => len_reply(e.obj.len().unwrap_or(0)),
-                    Some(e) => wrong(key, *kind, &e.obj),
+                Kind::Value | Kind::Counter => len_refused(key, *kind),
+                _ => Reply::Len(0),
+            },
+            Op::ReadAll { .. } => Reply::Object(None),
+            Op::CompareAndSet { expected, new, .. } => match (expected, new) {
+                (Some(_), _) => Reply::Bool(false),
+                (None, None) => Reply::Bool(true),
+                (None, Some(n)) => match self.create(key, Kind::Value, now) {
+                    Ok(e) => {
+                        e.obj = Obj::Value(n.to_vec());
+                        tag_update(e, req);
+                        Reply::Bool(true)
+                    }
+                    Err(Full) => self.full(key),
                 },
             },
-            Op::ReadAll { kind, .. } => match self.live(key, now) {
-                None => Reply::Object(None),
-                Some(e) if e.obj.kind() == *kind => Reply::Object(Some(e.obj.to_object())),
-                Some(e) => wrong(key, *kind, &e.obj),
-            },
+            Op::Set { .. } => return self.create_and_run(req, Kind::Value, now),
+            Op::Add { .. } | Op::SetCounter { .. } => {
+                return self.create_and_run(req, Kind::Counter, now)
+            }
+            Op::Push { .. } => return self.create_and_run(req, Kind::List, now),
+            Op::Insert { .. } => return self.create_and_run(req, Kind::Set, now),
+            Op::MapSet { .. } => return self.create_and_run(req, Kind::Map, now),
+            Op::MapAdd { .. } => return self.create_and_run(req, Kind::CounterMap, now),
+            Op::Claim { kind, .. } => return self.create_and_run(req, *kind, now),
+            Op::Lock { .. } | Op::Unlock { .. } => return (self.lease(op, now), false),
+        };
+        let changed = !op.is_read() && replied_ok(&reply);
+        (reply, changed)
+    }
+
+    /// Creates an empty object of `kind` under `req`'s key and runs `req` on it.
+    fn create_and_run(&mut self, req: &Request<&[u8]>, kind: Kind, now: Duration) -> (Reply, bool) {
+        let key = req.op.key();
+        if self.create(key, kind, now).is_err() {
+            return (self.full(key), false);
+        }
+        let Some(e) = self.objects.get_mut(key) else {
+            return (self.full(key), false);
+        };
+        let (reply, changed, gone) = on_live(e, req, now, &mut self.spare, &mut self.index);
+        if gone {
+            self.remove(key);
+        }
+        (reply, changed)
+    }
+
+    /// Makes an empty object of `kind` under `key` (known to hold no live object), sweeping
+    /// expired objects first if the shard is full.
+    fn create(&mut self, key: &[u8], kind: Kind, now: Duration) -> Result<&mut Entry, Full> {
+        if self.max_objects.is_some_and(|m| self.objects.len() >= m) {
+            self.sweep(now);
+            if self.max_objects.is_some_and(|m| self.objects.len() >= m) {
+                return Err(Full);
+            }
+        }
+        Ok(self
+            .objects
+            .entry(key.to_vec())
+            .or_insert_with(|| Entry::new(Obj::empty(kind))))
+    }
+
+    fn full(&self, key: &[u8]) -> Reply {
+        Reply::Refused(format!(
+            "{}: store full ({} objects in this shard)",
+            text(key),
+            self.max_objects.unwrap_or(0)
+        ))
+    }
+
+    /// Runs [`Op::Lock`] or [`Op::Unlock`] (leases, beside the objects).
+    fn lease(&mut self, op: &Op<&[u8]>, now: Duration) -> Reply {
+        let key = op.key();
+        match op {
             Op::Lock { owner, lease, .. } => {
                 let until = now.saturating_add(*lease);
                 let granted = match self.locks.get_mut(key) {
@@ -716,30 +518,318 @@ impl Objects {
                 }
                 Reply::Bool(held)
             }
-            Op::Claim { kind, instance, .. } => {
-                let e = self.get_or_create(key, now, *kind)?;
-                if e.obj.kind() != *kind {
-                    wrong(key, *kind, &e.obj)
-                } else if e.owner.is_none_or(|o| o == *instance) {
-                    e.owner = Some(*instance);
-                    Reply::Bool(true)
-                } else {
-                    Reply::Bool(false)
-                }
-            }
-            Op::Handover { from, to, .. } => match self.live(key, now) {
-                Some(e) if e.owner == Some(*from) => {
-                    e.owner = Some(*to);
-                    Reply::Bool(true)
-                }
-                _ => Reply::Bool(false),
-            },
-        })
+            _ => Reply::Refused(format!("{}: not a lease operation", text(key))),
+        }
     }
 
     /// The live object under `key`, for subscribers.
     pub(crate) fn current(&mut self, key: &[u8], now: Duration) -> Option<Object> {
         self.live(key, now).map(|e| e.obj.to_object())
+    }
+}
+
+fn len_refused(key: &[u8], kind: Kind) -> Reply {
+    Reply::Refused(format!(
+        "{}: Len needs a collection kind, not {}",
+        text(key),
+        kind.name()
+    ))
+}
+
+/// Whether a reply says the operation took effect.
+fn replied_ok(reply: &Reply) -> bool {
+    !matches!(reply, Reply::Refused(_) | Reply::WrongKind { .. })
+}
+
+/// Records the clock tag of an update applied to `e` (CHC §5.3).
+fn tag_update(e: &mut Entry, req: &Request<&[u8]>) {
+    if let (Some(i), Some(c)) = (req.instance, req.clock) {
+        e.tag(i, c);
+    }
+}
+
+/// Runs `req` on the live entry `e` under its key: the owner check (CHC §5.1) and the clock
+/// check (CHC §5.3) of an update, the operation, the update's clock tag and the entry's
+/// place in the deadline `index`. Returns the reply, whether the object may have changed,
+/// and whether the entry is now to be removed (deleted or emptied).
+fn on_live(
+    e: &mut Entry,
+    req: &Request<&[u8]>,
+    now: Duration,
+    spare: &mut Spare,
+    index: &mut BTreeSet<(Duration, Vec<u8>)>,
+) -> (Reply, bool, bool) {
+    let op = &req.op;
+    let key = op.key();
+    let writes = !op.is_read();
+    if writes && !matches!(op, Op::Claim { .. } | Op::Handover { .. }) {
+        if let Some(owner) = e.owner {
+            if req.instance != Some(owner) {
+                let by = req
+                    .instance
+                    .map_or_else(|| "an untagged client".into(), |i| i.to_string());
+                let msg = format!("{}: owned by instance {owner}, not {by}", text(key));
+                return (Reply::Refused(msg), false, false);
+            }
+        }
+        if let (Some(i), Some(c)) = (req.instance, req.clock) {
+            if e.seen(i, c) {
+                return (Reply::Duplicate, false, false);
+            }
+        }
+    }
+    let (reply, gone) = run_on(e, op, now, spare);
+    let changed = writes && replied_ok(&reply);
+    if gone {
+        return (reply, changed, true);
+    }
+    if changed {
+        tag_update(e, req);
+    }
+    // Only `Expire` sets a deadline, so with an empty index (no entry indexed) any other
+    // operation leaves nothing to index.
+    if matches!(op, Op::Expire { .. }) || !index.is_empty() {
+        reindex_entry(index, key, e);
+    }
+    (reply, changed, false)
+}
+
+/// Puts `e` (under `key`) where its earliest deadline says in `index`.
+fn reindex_entry(index: &mut BTreeSet<(Duration, Vec<u8>)>, key: &[u8], e: &mut Entry) {
+    let next = e.next_deadline();
+    if next == e.indexed {
+        return;
+    }
+    if let Some(old) = e.indexed {
+        index.remove(&(old, key.to_vec()));
+    }
+    if let Some(n) = next {
+        index.insert((n, key.to_vec()));
+    }
+    e.indexed = next;
+}
+
+/// Runs `op` on the object of the live entry `e`: its reply, and whether the entry is now to
+/// be removed (deleted, or a collection emptied).
+fn run_on(e: &mut Entry, op: &Op<&[u8]>, now: Duration, spare: &mut Spare) -> (Reply, bool) {
+    let key = op.key();
+    let reply = match op {
+        Op::Get { .. } => match &e.obj {
+            Obj::Value(v) => Reply::Value(Some(spare.copy(v))),
+            o => wrong(key, Kind::Value, o),
+        },
+        Op::Set { value, .. } => match &mut e.obj {
+            Obj::Value(v) => {
+                v.clear();
+                v.extend_from_slice(value);
+                e.deadline = None;
+                Reply::Done
+            }
+            o => wrong(key, Kind::Value, o),
+        },
+        Op::Delete { .. } => return (Reply::Bool(true), true),
+        Op::Add { delta, .. } => match &mut e.obj {
+            Obj::Counter(c) => match c.checked_add(*delta) {
+                Some(n) => {
+                    *c = n;
+                    Reply::Int(n)
+                }
+                None => overflow(key),
+            },
+            o => wrong(key, Kind::Counter, o),
+        },
+        Op::GetCounter { .. } => match &e.obj {
+            Obj::Counter(c) => Reply::Int(*c),
+            o => wrong(key, Kind::Counter, o),
+        },
+        Op::SetCounter { value, .. } => match &mut e.obj {
+            Obj::Counter(c) => {
+                *c = *value;
+                e.deadline = None;
+                Reply::Done
+            }
+            o => wrong(key, Kind::Counter, o),
+        },
+        Op::Push { item, .. } => match &mut e.obj {
+            Obj::List(l) => {
+                l.push_back(spare.copy(item));
+                len_reply(l.len())
+            }
+            o => wrong(key, Kind::List, o),
+        },
+        Op::Pop { .. } => match &mut e.obj {
+            Obj::List(l) => {
+                let item = l.pop_front();
+                return (Reply::Value(item), l.is_empty());
+            }
+            o => wrong(key, Kind::List, o),
+        },
+        Op::Insert { member, .. } => match &mut e.obj {
+            Obj::Set(s) => Reply::Bool(!s.contains(*member) && s.insert(member.to_vec())),
+            o => wrong(key, Kind::Set, o),
+        },
+        Op::Remove { member, .. } => match &mut e.obj {
+            Obj::Set(s) => return (Reply::Bool(s.remove(*member)), s.is_empty()),
+            o => wrong(key, Kind::Set, o),
+        },
+        Op::Contains { member, .. } => match &e.obj {
+            Obj::Set(s) => Reply::Bool(s.contains(*member)),
+            o => wrong(key, Kind::Set, o),
+        },
+        Op::MapGet { field, .. } => match &e.obj {
+            Obj::Map(m) => Reply::Value(m.fields.get(*field).map(|v| spare.copy(v))),
+            o => wrong(key, Kind::Map, o),
+        },
+        Op::MapSet { field, value, .. } => match &mut e.obj {
+            Obj::Map(m) => {
+                m.clear_deadline(field);
+                match m.fields.get_mut(*field) {
+                    Some(v) => {
+                        v.clear();
+                        v.extend_from_slice(value);
+                    }
+                    None => {
+                        m.fields.insert(field.to_vec(), value.to_vec());
+                    }
+                }
+                Reply::Done
+            }
+            o => wrong(key, Kind::Map, o),
+        },
+        Op::MapDelete { field, .. } => match &mut e.obj {
+            Obj::Map(m) => {
+                m.clear_deadline(field);
+                let had = m.fields.remove(*field).is_some();
+                return (Reply::Bool(had), m.fields.is_empty());
+            }
+            Obj::CounterMap(m) => return (Reply::Bool(m.remove(*field).is_some()), m.is_empty()),
+            o => wrong(key, Kind::Map, o),
+        },
+        Op::MapAdd { field, delta, .. } => match &mut e.obj {
+            Obj::CounterMap(m) => match m.get_mut(*field) {
+                Some(c) => match c.checked_add(*delta) {
+                    Some(n) => {
+                        *c = n;
+                        Reply::Int(n)
+                    }
+                    None => overflow(key),
+                },
+                None => {
+                    m.insert(field.to_vec(), *delta);
+                    Reply::Int(*delta)
+                }
+            },
+            o => wrong(key, Kind::CounterMap, o),
+        },
+        Op::MapGetCounter { field, .. } => match &e.obj {
+            Obj::CounterMap(m) => Reply::Int(m.get(*field).copied().unwrap_or(0)),
+            o => wrong(key, Kind::CounterMap, o),
+        },
+        Op::CompareAndSet { expected, new, .. } => match &mut e.obj {
+            Obj::Value(v) if Some(v.as_slice()) != *expected => Reply::Bool(false),
+            Obj::Value(v) => match new {
+                None => return (Reply::Bool(true), true),
+                Some(n) => {
+                    v.clear();
+                    v.extend_from_slice(n);
+                    e.deadline = None;
+                    Reply::Bool(true)
+                }
+            },
+            o => wrong(key, Kind::Value, o),
+        },
+        Op::Expire {
+            field: None, ttl, ..
+        } => {
+            e.deadline = Some(now.saturating_add(*ttl));
+            Reply::Bool(true)
+        }
+        Op::Expire {
+            field: Some(field),
+            ttl,
+            ..
+        } => match &mut e.obj {
+            Obj::Map(m) => {
+                let has = m.fields.contains_key(*field);
+                if has {
+                    m.set_deadline(field, now.saturating_add(*ttl));
+                }
+                Reply::Bool(has)
+            }
+            o => wrong(key, Kind::Map, o),
+        },
+        Op::Len { kind, .. } => match kind {
+            Kind::Value | Kind::Counter => len_refused(key, *kind),
+            _ if e.obj.kind() == *kind => len_reply(e.obj.len().unwrap_or(0)),
+            _ => wrong(key, *kind, &e.obj),
+        },
+        Op::ReadAll { kind, .. } if e.obj.kind() == *kind => Reply::Object(Some(e.obj.to_object())),
+        Op::ReadAll { kind, .. } => wrong(key, *kind, &e.obj),
+        Op::Claim { kind, instance, .. } => {
+            if e.obj.kind() != *kind {
+                wrong(key, *kind, &e.obj)
+            } else if e.owner.is_none_or(|o| o == *instance) {
+                e.owner = Some(*instance);
+                Reply::Bool(true)
+            } else {
+                Reply::Bool(false)
+            }
+        }
+        Op::Handover { from, to, .. } => {
+            if e.owner == Some(*from) {
+                e.owner = Some(*to);
+                Reply::Bool(true)
+            } else {
+                Reply::Bool(false)
+            }
+        }
+        Op::Lock { .. } | Op::Unlock { .. } => {
+            Reply::Refused(format!("{}: not an object operation", text(key)))
+        }
+    };
+    (reply, false)
+}
+
+/// Most spare buffers a shard keeps.
+const SPARE_BUFFERS: usize = 1024;
+/// Largest spare buffer kept (bytes of capacity).
+const SPARE_BYTES: usize = 4096;
+
+/// Spare byte buffers: the values of answers already sent and of popped list items, reused
+/// for the next answer's value or list item, so that in steady state reading a value or
+/// moving items through a list allocates nothing. Bounded in count and size; a buffer is
+/// reused only where it fits snugly (no stored item keeps much more memory than it needs).
+#[derive(Default)]
+pub(crate) struct Spare {
+    bufs: Vec<Vec<u8>>,
+}
+
+impl Spare {
+    /// A buffer holding a copy of `b`.
+    pub(crate) fn copy(&mut self, b: &[u8]) -> Vec<u8> {
+        match self.bufs.pop() {
+            Some(mut v) if v.capacity() >= b.len() && v.capacity() <= 2 * b.len() + 64 => {
+                v.clear();
+                v.extend_from_slice(b);
+                v
+            }
+            // A buffer that does not fit is freed: the spares follow the sizes in use.
+            _ => b.to_vec(),
+        }
+    }
+
+    /// Takes `v` back for reuse (or frees it).
+    pub(crate) fn put(&mut self, v: Vec<u8>) {
+        if v.capacity() > 0 && v.capacity() <= SPARE_BYTES && self.bufs.len() < SPARE_BUFFERS {
+            self.bufs.push(v);
+        }
+    }
+
+    /// Takes back the value buffer of a reply that was sent.
+    pub(crate) fn reclaim(&mut self, reply: Reply) {
+        if let Reply::Value(Some(v)) = reply {
+            self.put(v);
+        }
     }
 }
 
@@ -903,6 +993,38 @@ mod tests {
         assert_eq!(o.expired, vec![(v, None)]);
         assert_eq!(o.len(), 1);
         assert!(o.index.is_empty());
+    }
+}
+
+#[cfg(test)]
+mod spare_tests {
+    use super::*;
+
+    #[test]
+    fn spare_buffers_are_reused_only_where_they_fit_and_are_bounded() {
+        let mut sp = Spare::default();
+        let v = sp.copy(b"0123456789abcdef");
+        let at = v.as_ptr() as usize;
+        sp.reclaim(Reply::Value(Some(v)));
+        let w = sp.copy(b"fedcba9876543210");
+        assert_eq!(
+            w.as_ptr() as usize,
+            at,
+            "a buffer of the same size is reused"
+        );
+        assert_eq!(w, b"fedcba9876543210");
+        // A buffer far too big for a small value is not handed out (and is let go).
+        sp.put(Vec::with_capacity(1024));
+        let small = sp.copy(b"x");
+        assert!(small.capacity() < 64);
+        assert!(sp.bufs.is_empty());
+        // Bounded in size and count.
+        sp.put(Vec::with_capacity(SPARE_BYTES + 1));
+        assert!(sp.bufs.is_empty());
+        for _ in 0..SPARE_BUFFERS + 10 {
+            sp.put(Vec::with_capacity(8));
+        }
+        assert_eq!(sp.bufs.len(), SPARE_BUFFERS);
     }
 }
 

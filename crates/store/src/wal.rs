@@ -53,12 +53,12 @@ fn nanos(d: Duration) -> u64 {
 
 impl Wal {
     /// Appends the record of one batch (its updating operations) to the pending group.
-    pub(crate) fn record<'a>(
+    pub(crate) fn record<B: AsRef<[u8]>>(
         &mut self,
         now: Duration,
         client: u64,
         op_id: u64,
-        ops: impl Iterator<Item = &'a Request>,
+        ops: impl Iterator<Item = Request<B>>,
     ) {
         let start = self.buf.len();
         self.buf.extend_from_slice(&[0; 8]);
@@ -293,13 +293,13 @@ fn replay(body: &[u8], objects: &mut Objects) -> Result<(), DecodeError> {
     // Decode the whole record before applying any of it.
     let mut reqs = Vec::with_capacity((n as usize).min(body.len() / 6));
     for _ in 0..n {
-        reqs.push(r.request()?);
+        reqs.push(r.request_ref()?);
     }
     if !r.is_empty() {
         return Err(DecodeError::Malformed("trailing bytes in a log record"));
     }
     for req in &reqs {
-        objects.apply(req, now);
+        objects.apply_ref(req, now);
     }
     if op_id != 0 {
         let d = objects.clients.entry(client).or_default();
@@ -432,7 +432,7 @@ mod tests {
     fn apply(o: &mut Objects, wal: &mut Wal, now: Duration, op: Op) -> Reply {
         let req: Request = op.into();
         let r = o.apply(&req, now).0;
-        wal.record(now, 1, 0, std::iter::once(&req));
+        wal.record(now, 1, 0, std::iter::once(req.borrowed()));
         wal.flush().unwrap();
         r
     }

@@ -113,7 +113,8 @@ pub(crate) struct Worker {
     chunk: Vec<u8>,
     pub(crate) replies: Vec<(u32, Reply)>,
     pub(crate) parts: Vec<Vec<(u32, Request)>>,
-    pub(crate) batch_ops: Vec<Request>,
+    /// The operations of the batch being served (emptied between connections).
+    pub(crate) batch_ops: Vec<Request<&'static [u8]>>,
     targets: Vec<(usize, u64)>,
     stop: bool,
 }
@@ -405,7 +406,7 @@ impl Worker {
                     client,
                     op_id,
                     ack_only,
-                    ops.iter().map(|(i, r)| (*i, r)),
+                    ops.iter().map(|(i, r)| (*i, r.borrowed())),
                     &mut replies,
                     t,
                 );
@@ -492,7 +493,7 @@ impl Worker {
         client: u64,
         op_id: u64,
         ack_only: bool,
-        ops: impl Iterator<Item = (u32, &'a Request)> + Clone,
+        ops: impl Iterator<Item = (u32, Request<&'a [u8]>)> + Clone,
         replies: &mut Vec<(u32, Reply)>,
         t: Duration,
     ) -> bool {
@@ -515,7 +516,7 @@ impl Worker {
         let first = replies.len();
         let mut writes = false;
         for (i, req) in ops.clone() {
-            let (reply, changed) = self.objects.apply(req, t);
+            let (reply, changed) = self.objects.apply_ref(&req, t);
             if changed && !self.subs.is_empty() && self.subs.contains_key(req.op.key()) {
                 self.touched.push((req.op.key().to_vec(), conn));
             }
@@ -536,10 +537,14 @@ impl Worker {
             let d = self.objects.clients.entry(client).or_default();
             d.last = op_id;
             if !ack_only {
-                d.recent.push_back((op_id, replies[first..].to_vec()));
-                if d.recent.len() > REPLY_CACHE {
-                    d.recent.pop_front();
-                }
+                // The oldest answer kept makes room for this one (and lends its allocation).
+                let mut kept = match d.recent.len() >= REPLY_CACHE {
+                    true => d.recent.pop_front().map(|(_, v)| v).unwrap_or_default(),
+                    false => Vec::new(),
+                };
+                kept.clear();
+                kept.extend_from_slice(&replies[first..]);
+                d.recent.push_back((op_id, kept));
             }
         }
         false
