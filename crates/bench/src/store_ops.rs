@@ -488,9 +488,11 @@ enum Wire {
 
 impl Wire {
     /// Appends request `i` of the mix (set, get, incr, list push, list pop) to `out`; `id` is
-    /// the frame's request id (ours only).
+    /// the frame's request id (ours only). Each group of five works on one key (of 1,000) and
+    /// one counter and list (of 10), so the get reads what the set wrote and the pop takes
+    /// what the push added: every operation finds its object.
     fn request(self, i: usize, id: u64, out: &mut Vec<u8>) {
-        let k = i % 1000;
+        let k = (i / 5) % 1000;
         match self {
             Wire::Ours => {
                 let op = match i % 5 {

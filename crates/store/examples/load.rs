@@ -97,7 +97,7 @@ fn main() {
 
 /// Operation `i` of `flowstate bench store-ops`'s mix.
 fn store_ops_mix(i: usize) -> Op {
-    let k = i % 1000;
+    let k = (i / 5) % 1000; // one key, counter and list per group of five, as the bench
     match i % 5 {
         0 => Op::Set {
             key: format!("bench@Value@k{k}").into_bytes(),
