@@ -167,9 +167,10 @@ pub struct FastPathConfig {
 pub const DEFAULT_FAST_PATH_REFRESH: Duration = Duration::from_secs(1);
 /// Default `[input] fast_path_capacity`.
 pub const DEFAULT_FAST_PATH_CAPACITY: u32 = 1 << 16;
-/// Longest `[input] fast_path_refresh`.
+/// Longest `[input] fast_path_refresh` (`flowstate_io::fastpath::MAX_REFRESH`; that module is
+/// Linux-only, this file is not).
 pub const MAX_FAST_PATH_REFRESH: Duration = Duration::from_secs(60);
-/// Largest `[input] fast_path_capacity`.
+/// Largest `[input] fast_path_capacity` (`flowstate_io::fastpath::MAX_CAPACITY`).
 pub const MAX_FAST_PATH_CAPACITY: u32 = 1 << 24;
 
 /// `[input] driver`: the I/O behind a live box's ports.
@@ -1008,7 +1009,10 @@ fn fast_path(file: &Path, input: &RawInput) -> Result<Option<FastPathConfig>, Co
             .ok_or_else(|| {
                 err(
                     "input.fast_path_refresh",
-                    format!("expected a duration above 0 and at most 60s, e.g. \"1s\", got {v:?}"),
+                    format!(
+                        "expected a duration above 0 and at most {MAX_FAST_PATH_REFRESH:?}, \
+                         e.g. \"1s\", got {v:?}"
+                    ),
                 )
             })?,
     };

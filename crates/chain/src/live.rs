@@ -773,6 +773,13 @@ pub fn run(
     }
 }
 
+// The configuration's limits (checked where the file is read) are the fast path's own.
+const _: () = assert!(
+    crate::config::MAX_FAST_PATH_REFRESH.as_nanos()
+        == flowstate_io::fastpath::MAX_REFRESH.as_nanos()
+        && crate::config::MAX_FAST_PATH_CAPACITY == flowstate_io::fastpath::MAX_CAPACITY
+);
+
 /// A fast path and its program on each port (inside, outside).
 type LoadedFastPath = (Arc<FastPath>, [Arc<XdpProgram>; 2]);
 
