@@ -15,14 +15,17 @@
 //! Besides, for flowstate's boxes, the CPU the box used (this process's CPU time over the
 //! phase: the box's threads are all that run in it meanwhile), in cores
 //! (`metrics.{afpacket,xdp}_{udp,tcp}_box_cores`), and what it forwarded per core
-//! (`metrics.{afpacket,xdp}_forwarded_pps_per_box_core`, `..._tcp_mbps_per_box_core`): on a
-//! shared machine the box may get far less than a core, which the ratios alone do not show.
+//! (`metrics.{afpacket,xdp}_forwarded_pps_per_box_core`, `..._tcp_mbps_per_box_core`, where
+//! the box's thread used at least 0.05 of a core): on a shared machine the box may get far
+//! less than a core, which the ratios alone do not show. `metrics.*_tcp_retransmits` is what
+//! the TCP sender retransmitted.
 //! `metrics.loadavg_1m_start` is the machine's load when the run began.
 //!
 //! Both flowstate boxes run as a live box does by default: with the XDP fast path
 //! (`flowstate_io::fastpath`) in front of the chain, so established flows are rewritten and
 //! redirected by the kernel in the XDP hook, and only new flows, control packets and one
-//! packet per flow and refresh interval reach the AF_PACKET or AF_XDP socket and the chain.
+//! packet per flow and half refresh interval reach the AF_PACKET or AF_XDP socket and the
+//! chain.
 //! `afpacket_slow` and `xdp_slow` are the same boxes with `fast_path = false`: every packet
 //! through the socket and the chain (`ratios.{afpacket,xdp}_slow_vs_linux_*`), which measures
 //! the I/O itself. `metrics.{afpacket,xdp}_fast_path_share` is the share of the box's packets
