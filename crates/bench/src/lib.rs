@@ -12,7 +12,7 @@ mod live_nat;
 mod nf_throughput;
 mod remote;
 mod report;
-mod store_ops;
+pub mod store_ops;
 
 pub use report::{Machine, Report};
 

@@ -282,7 +282,7 @@ fn threads_cpu(pid: &str, prefix: &str) -> f64 {
 
 /// CPU seconds of the in-process store's threads (named `store-*`: shard threads and the
 /// accept thread).
-fn store_threads_cpu() -> f64 {
+pub fn store_threads_cpu() -> f64 {
     threads_cpu("self", "store-")
 }
 
@@ -477,6 +477,34 @@ impl Client for RedisConn {
     }
 }
 
+/// Operation `i` of the mix on our store: set, get, incr, list push, list pop in turn. Each
+/// group of five works on one key (of 1,000) and one counter and list (of 10), so the get reads
+/// what the set wrote and the pop takes what the push added: every operation finds its object.
+/// (`Wire::Redis` sends the same mix as RESP commands.)
+pub fn mix_op(i: usize) -> Op {
+    let k = (i / 5) % 1000;
+    match i % 5 {
+        0 => Op::Set {
+            key: format!("bench@Value@k{k}").into_bytes(),
+            value: vec![b'v'; 16],
+        },
+        1 => Op::Get {
+            key: format!("bench@Value@k{k}").into_bytes(),
+        },
+        2 => Op::Add {
+            key: format!("bench@Counter@c{}", k % 10).into_bytes(),
+            delta: 1,
+        },
+        3 => Op::Push {
+            key: format!("bench@List@l{}", k % 10).into_bytes(),
+            item: vec![b'i'; 8],
+        },
+        _ => Op::Pop {
+            key: format!("bench@List@l{}", k % 10).into_bytes(),
+        },
+    }
+}
+
 /// The wire protocol of a server under test, and the operation mix in it.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Wire {
@@ -487,34 +515,13 @@ enum Wire {
 }
 
 impl Wire {
-    /// Appends request `i` of the mix (set, get, incr, list push, list pop) to `out`; `id` is
-    /// the frame's request id (ours only). Each group of five works on one key (of 1,000) and
-    /// one counter and list (of 10), so the get reads what the set wrote and the pop takes
-    /// what the push added: every operation finds its object.
+    /// Appends request `i` of the mix ([`mix_op`]) to `out`; `id` is the frame's request id
+    /// (ours only).
     fn request(self, i: usize, id: u64, out: &mut Vec<u8>) {
         let k = (i / 5) % 1000;
         match self {
             Wire::Ours => {
-                let op = match i % 5 {
-                    0 => Op::Set {
-                        key: format!("bench@Value@k{k}").into_bytes(),
-                        value: vec![b'v'; 16],
-                    },
-                    1 => Op::Get {
-                        key: format!("bench@Value@k{k}").into_bytes(),
-                    },
-                    2 => Op::Add {
-                        key: format!("bench@Counter@c{}", k % 10).into_bytes(),
-                        delta: 1,
-                    },
-                    3 => Op::Push {
-                        key: format!("bench@List@l{}", k % 10).into_bytes(),
-                        item: vec![b'i'; 8],
-                    },
-                    _ => Op::Pop {
-                        key: format!("bench@List@l{}", k % 10).into_bytes(),
-                    },
-                };
+                let op = mix_op(i);
                 let start = proto::begin_batch(out, id, 0, false, 1);
                 proto::put_request(out, &op, None, None);
                 proto::finish(out, start);

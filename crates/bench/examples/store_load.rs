@@ -1,8 +1,9 @@
-//! A pipelining load on a one-shard store, for profiling: `cargo run --release --example load
-//! -p flowstate-store -- <depth> <seconds> [churn|store-ops]`. The `churn` mix (the default)
+//! A pipelining load on a one-shard store, for profiling: `cargo run --release --example
+//! store_load -p flowstate-bench -- <depth> <seconds> [churn|store-ops]`. The `churn` mix (the default)
 //! pushes to a missing list and pops it empty, so one operation in five creates an object;
 //! `store-ops` is the mix of `flowstate bench store-ops`.
 
+use flowstate_bench::store_ops::{mix_op, store_threads_cpu};
 use flowstate_proto::{self as proto, Frame, Limits, Message, Op, Request};
 use flowstate_store::{Config, Server};
 use std::io::{Read, Write};
@@ -26,7 +27,7 @@ fn main() {
     let mut out = Vec::new();
     let mut buf = Vec::new();
     let mut chunk = vec![0u8; 1 << 16];
-    let cpu0 = store_cpu_ns();
+    let cpu0 = store_threads_cpu();
     let t0 = Instant::now();
     let mut ops = 0u64;
     let mut i = 0usize;
@@ -35,7 +36,7 @@ fn main() {
         for _ in 0..depth {
             let key = format!("key:{}", i % 1000).into_bytes();
             let op = if bench_mix {
-                store_ops_mix(i)
+                mix_op(i)
             } else {
                 match i % 5 {
                     0 => Op::Set {
@@ -84,59 +85,15 @@ fn main() {
         }
         ops += depth as u64;
     }
-    let cpu = store_cpu_ns() - cpu0;
+    let cpu_ns = (store_threads_cpu() - cpu0) * 1e9;
     let (user, system) = store_user_system();
     println!("store threads since start: user {user:.2} s, system {system:.2} s");
     println!(
         "{:.0} ops/s, {:.0} ns of store CPU per op",
         ops as f64 / t0.elapsed().as_secs_f64(),
-        cpu as f64 / ops as f64
+        cpu_ns / ops as f64
     );
     server.stop();
-}
-
-/// Operation `i` of `flowstate bench store-ops`'s mix.
-fn store_ops_mix(i: usize) -> Op {
-    let k = (i / 5) % 1000; // one key, counter and list per group of five, as the bench
-    match i % 5 {
-        0 => Op::Set {
-            key: format!("bench@Value@k{k}").into_bytes(),
-            value: vec![b'v'; 16],
-        },
-        1 => Op::Get {
-            key: format!("bench@Value@k{k}").into_bytes(),
-        },
-        2 => Op::Add {
-            key: format!("bench@Counter@c{}", k % 10).into_bytes(),
-            delta: 1,
-        },
-        3 => Op::Push {
-            key: format!("bench@List@l{}", k % 10).into_bytes(),
-            item: vec![b'i'; 8],
-        },
-        _ => Op::Pop {
-            key: format!("bench@List@l{}", k % 10).into_bytes(),
-        },
-    }
-}
-
-/// CPU nanoseconds of the store's threads (`store-*`).
-fn store_cpu_ns() -> u64 {
-    let mut ns = 0;
-    for t in std::fs::read_dir("/proc/self/task")
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-        if comm.starts_with("store-") {
-            ns += std::fs::read_to_string(t.path().join("schedstat"))
-                .ok()
-                .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-                .unwrap_or(0);
-        }
-    }
-    ns
 }
 
 /// User and system CPU seconds of the store's threads since they started (`stat`).
