@@ -77,33 +77,15 @@ pub(crate) fn run_ops(effort: Effort) -> Report {
             ops,
             &store_threads_cpu,
         );
-        report.metric(&format!("store_ops_per_sec_depth{depth}"), r.ops_per_sec);
-        report.metric(&format!("store_p50_us_depth{depth}"), r.p50_us);
-        report.metric(&format!("store_p99_us_depth{depth}"), r.p99_us);
-        report.metric(
-            &format!("store_ops_per_cpu_sec_depth{depth}"),
-            ops as f64 / r.server_cpu_s.max(1e-3),
-        );
+        let tag = format!("depth{depth}");
+        report_run(&mut report, "store", &tag, &r, ops);
         if let Some(redis) = &redis {
             let pid = redis.child.id();
             let rr = measure(&mut RedisConn::connect(redis.addr), depth, ops, &|| {
                 threads_cpu(&pid.to_string(), "")
             });
-            report.metric(&format!("redis_ops_per_sec_depth{depth}"), rr.ops_per_sec);
-            report.metric(&format!("redis_p50_us_depth{depth}"), rr.p50_us);
-            report.metric(&format!("redis_p99_us_depth{depth}"), rr.p99_us);
-            report.metric(
-                &format!("redis_ops_per_cpu_sec_depth{depth}"),
-                ops as f64 / rr.server_cpu_s.max(1e-3),
-            );
-            report.ratio(
-                &format!("store_vs_redis_depth{depth}"),
-                r.ops_per_sec / rr.ops_per_sec,
-            );
-            report.ratio(
-                &format!("store_vs_redis_per_cpu_depth{depth}"),
-                rr.server_cpu_s.max(1e-3) / r.server_cpu_s.max(1e-3),
-            );
+            report_run(&mut report, "redis", &tag, &rr, ops);
+            report_vs_redis(&mut report, &tag, &r, &rr);
         }
         ours.push(r.ops_per_sec);
     }
@@ -125,14 +107,7 @@ pub(crate) fn run_ops(effort: Effort) -> Report {
                 threads_cpu(&pid.to_string(), "")
             });
             report_run(&mut report, "redis", &tag, &rr, ops);
-            report.ratio(
-                &format!("store_vs_redis_{tag}"),
-                r.ops_per_sec / rr.ops_per_sec,
-            );
-            report.ratio(
-                &format!("store_vs_redis_per_cpu_{tag}"),
-                rr.server_cpu_s.max(1e-3) / r.server_cpu_s.max(1e-3),
-            );
+            report_vs_redis(&mut report, &tag, &r, &rr);
         }
     }
     drop(redis);
@@ -148,6 +123,19 @@ fn report_run(report: &mut Report, server: &str, tag: &str, r: &Run, ops: usize)
     report.metric(
         &format!("{server}_ops_per_cpu_sec_{tag}"),
         ops as f64 / r.server_cpu_s.max(1e-3),
+    );
+}
+
+/// The claims of one run: ours / Redis in ops/s and in operations per server CPU second
+/// (`store_vs_redis_{tag}`, `store_vs_redis_per_cpu_{tag}`).
+fn report_vs_redis(report: &mut Report, tag: &str, ours: &Run, redis: &Run) {
+    report.ratio(
+        &format!("store_vs_redis_{tag}"),
+        ours.ops_per_sec / redis.ops_per_sec,
+    );
+    report.ratio(
+        &format!("store_vs_redis_per_cpu_{tag}"),
+        redis.server_cpu_s.max(1e-3) / ours.server_cpu_s.max(1e-3),
     );
 }
 
