@@ -18,19 +18,30 @@
 
 use crate::{Effort, Report};
 use flowstate_driver_store::StoreConnector;
-use flowstate_proto::{self as proto, Frame, Limits, Message, Op};
+use flowstate_proto::{self as proto, Limits, Message, Op};
 use flowstate_state::{Backend, Kind, ObjectKey, Op as SOp};
 use flowstate_store::{Config, Server};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::ops::Range;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const DEPTHS: [usize; 3] = [1, 16, 64];
-/// Client connections of the extra runs (keys `..._depthN_clients4`).
-const CLIENTS: usize = 4;
-/// Depths of the extra runs.
-const CLIENT_DEPTHS: [usize; 2] = [16, 64];
+/// The runs, as (client connections, pipeline depth): one connection at depths 1, 16 and 64
+/// first (keys `..._depthN`), then more connections (keys `..._depthN_clientsC`).
+const RUNS: [(usize, usize); 7] = [
+    (1, 1),
+    (1, 16),
+    (1, 64),
+    (4, 16),
+    (4, 64),
+    (16, 64),
+    (64, 64),
+];
+/// The depth at which our store runs a second time with each window of requests in one
+/// multi-op frame, as its own client (`flowstate-driver-store`) sends them (keys
+/// `store_batched_...`; Redis has no multi-command frame and is compared as pipelined).
+const BATCHED_DEPTH: usize = 64;
 
 /// Latency and rate of one run.
 struct Run {
@@ -52,8 +63,10 @@ pub(crate) fn run_ops(effort: Effort) -> Report {
         .param("mix", "set, get, incr, list push, list pop (equal shares)")
         .param("store_shards", 1)
         .param("store_cpu", 0)
-        .param("client_connections", 1)
-        .param("extra_client_connections", CLIENTS as u64);
+        .param(
+            "runs",
+            RUNS.map(|(c, d)| format!("{c}x{d}")).join(" ") + " (connections x depth)",
+        );
     let server = Server::start(Config {
         listen: "127.0.0.1:0".parse().expect("address"),
         shards: 1,
@@ -69,47 +82,54 @@ pub(crate) fn run_ops(effort: Effort) -> Report {
             .as_ref()
             .map_or("not found".into(), |r| r.version.clone()),
     );
+    let ours_reqs = Requests::new(Wire::Ours, ops, 1);
+    let batched_reqs = Requests::new(Wire::Ours, ops, BATCHED_DEPTH);
+    let redis_reqs = redis.as_ref().map(|_| Requests::new(Wire::Redis, ops, 1));
     let mut ours = Vec::new();
-    for depth in DEPTHS {
+    let addr = server.local_addr();
+    for (connections, depth) in RUNS {
+        let tag = match connections {
+            1 => format!("depth{depth}"),
+            c => format!("depth{depth}_clients{c}"),
+        };
         let r = measure(
-            &mut Ours::connect(server.local_addr()),
+            addr,
+            &ours_reqs,
+            connections,
             depth,
             ops,
             &store_threads_cpu,
         );
-        let tag = format!("depth{depth}");
         report_run(&mut report, "store", &tag, &r, ops);
-        if let Some(redis) = &redis {
-            let pid = redis.child.id();
-            let rr = measure(&mut RedisConn::connect(redis.addr), depth, ops, &|| {
-                threads_cpu(&pid.to_string(), "")
+        let rb = (depth == BATCHED_DEPTH).then(|| {
+            let rb = measure(
+                addr,
+                &batched_reqs,
+                connections,
+                depth,
+                ops,
+                &store_threads_cpu,
+            );
+            report_run(&mut report, "store_batched", &tag, &rb, ops);
+            rb
+        });
+        if let (Some(redis), Some(reqs)) = (&redis, &redis_reqs) {
+            let pid = redis.child.id().to_string();
+            let rr = measure(redis.addr, reqs, connections, depth, ops, &|| {
+                threads_cpu(&pid, "")
             });
             report_run(&mut report, "redis", &tag, &rr, ops);
-            report_vs_redis(&mut report, &tag, &r, &rr);
+            report_vs_redis(&mut report, "store", &tag, &r, &rr);
+            if let Some(rb) = &rb {
+                report_vs_redis(&mut report, "store_batched", &tag, rb, &rr);
+            }
         }
-        ours.push(r.ops_per_sec);
+        if connections == 1 {
+            ours.push(r.ops_per_sec);
+        }
     }
     report.ratio("store_depth64_vs_depth1", ours[2] / ours[0]);
     report.ratio("store_depth16_vs_depth1", ours[1] / ours[0]);
-    for depth in CLIENT_DEPTHS {
-        let tag = format!("depth{depth}_clients{CLIENTS}");
-        let r = measure_clients(
-            server.local_addr(),
-            Wire::Ours,
-            depth,
-            ops,
-            &store_threads_cpu,
-        );
-        report_run(&mut report, "store", &tag, &r, ops);
-        if let Some(redis) = &redis {
-            let pid = redis.child.id();
-            let rr = measure_clients(redis.addr, Wire::Redis, depth, ops, &|| {
-                threads_cpu(&pid.to_string(), "")
-            });
-            report_run(&mut report, "redis", &tag, &rr, ops);
-            report_vs_redis(&mut report, &tag, &r, &rr);
-        }
-    }
     drop(redis);
     server.stop();
     report
@@ -127,14 +147,14 @@ fn report_run(report: &mut Report, server: &str, tag: &str, r: &Run, ops: usize)
 }
 
 /// The claims of one run: ours / Redis in ops/s and in operations per server CPU second
-/// (`store_vs_redis_{tag}`, `store_vs_redis_per_cpu_{tag}`).
-fn report_vs_redis(report: &mut Report, tag: &str, ours: &Run, redis: &Run) {
+/// (`{server}_vs_redis_{tag}`, `{server}_vs_redis_per_cpu_{tag}`).
+fn report_vs_redis(report: &mut Report, server: &str, tag: &str, ours: &Run, redis: &Run) {
     report.ratio(
-        &format!("store_vs_redis_{tag}"),
+        &format!("{server}_vs_redis_{tag}"),
         ours.ops_per_sec / redis.ops_per_sec,
     );
     report.ratio(
-        &format!("store_vs_redis_per_cpu_{tag}"),
+        &format!("{server}_vs_redis_per_cpu_{tag}"),
         redis.server_cpu_s.max(1e-3) / ours.server_cpu_s.max(1e-3),
     );
 }
@@ -188,47 +208,6 @@ pub(crate) fn run_batching(effort: Effort) -> Report {
     report
 }
 
-/// A pipelined client of some server.
-trait Client {
-    /// Appends request `i` of the mix to the pending window.
-    fn push(&mut self, i: usize);
-    /// Sends the window.
-    fn flush(&mut self);
-    /// Waits for the next answer.
-    fn next_answer(&mut self);
-}
-
-fn measure(c: &mut dyn Client, depth: usize, ops: usize, cpu: &dyn Fn() -> f64) -> Run {
-    // Warm up (fills the keys, lists never run dry: push comes before pop in the mix).
-    for i in 0..(ops / 10).max(depth) {
-        c.push(i);
-    }
-    c.flush();
-    for _ in 0..(ops / 10).max(depth) {
-        c.next_answer();
-    }
-    let mut lat = Vec::with_capacity(ops);
-    let cpu0 = cpu();
-    let t0 = Instant::now();
-    let mut i = 0;
-    while i < ops {
-        let n = depth.min(ops - i);
-        for j in 0..n {
-            c.push(i + j);
-        }
-        let sent = Instant::now();
-        c.flush();
-        for _ in 0..n {
-            c.next_answer();
-            lat.push(sent.elapsed());
-        }
-        i += n;
-    }
-    let wall = t0.elapsed().as_secs_f64();
-    let server_cpu_s = cpu() - cpu0;
-    summarize(&mut lat, ops, wall, server_cpu_s)
-}
-
 /// The [`Run`] of `ops` operations in `wall` seconds with latencies `lat`.
 fn summarize(lat: &mut [Duration], ops: usize, wall: f64, server_cpu_s: f64) -> Run {
     lat.sort_unstable();
@@ -270,61 +249,8 @@ fn threads_cpu(pid: &str, prefix: &str) -> f64 {
 
 /// CPU seconds of the in-process store's threads (named `store-*`: shard threads and the
 /// accept thread).
-pub fn store_threads_cpu() -> f64 {
+fn store_threads_cpu() -> f64 {
     threads_cpu("self", "store-")
-}
-
-/// A raw protocol client of our store: one operation per frame, as Redis gets one command
-/// per request.
-struct Ours {
-    s: TcpStream,
-    out: Vec<u8>,
-    buf: Vec<u8>,
-    start: usize,
-    id: u64,
-}
-
-impl Ours {
-    fn connect(addr: SocketAddr) -> Ours {
-        let s = TcpStream::connect(addr).expect("connect to the store");
-        let _ = s.set_nodelay(true);
-        Ours {
-            s,
-            out: Vec::new(),
-            buf: Vec::with_capacity(1 << 16),
-            start: 0,
-            id: 0,
-        }
-    }
-}
-
-impl Client for Ours {
-    fn push(&mut self, i: usize) {
-        self.id += 1;
-        Wire::Ours.request(i, self.id, &mut self.out);
-    }
-
-    fn flush(&mut self) {
-        self.s.write_all(&self.out).expect("write to the store");
-        self.out.clear();
-    }
-
-    fn next_answer(&mut self) {
-        loop {
-            if let Some(used) = Wire::Ours.answer_len(&self.buf[self.start..]) {
-                self.start += used;
-                if self.start == self.buf.len() {
-                    self.buf.clear();
-                    self.start = 0;
-                }
-                return;
-            }
-            let mut chunk = [0u8; 65536];
-            let n = self.s.read(&mut chunk).expect("read from the store");
-            assert!(n > 0, "the store closed the connection");
-            self.buf.extend_from_slice(&chunk[..n]);
-        }
-    }
 }
 
 /// A `redis-server` started for the benchmark (persistence off), stopped when dropped.
@@ -399,77 +325,20 @@ impl Drop for Redis {
     }
 }
 
-/// A pipelining RESP client.
-struct RedisConn {
-    s: TcpStream,
-    out: Vec<u8>,
-    buf: Vec<u8>,
-    start: usize,
-}
-
-impl RedisConn {
-    fn connect(addr: SocketAddr) -> RedisConn {
-        let s = TcpStream::connect(addr).expect("connect to redis");
-        let _ = s.set_nodelay(true);
-        RedisConn {
-            s,
-            out: Vec::new(),
-            buf: Vec::with_capacity(1 << 16),
-            start: 0,
-        }
-    }
-
-    /// Length of one whole RESP reply at the start of `b`, if it is all there.
-    fn reply_len(b: &[u8]) -> Option<usize> {
-        let line = b.windows(2).position(|w| w == b"\r\n")?;
-        match b.first()? {
-            b'+' | b'-' | b':' => Some(line + 2),
-            b'$' => {
-                let n: i64 = std::str::from_utf8(&b[1..line]).ok()?.parse().ok()?;
-                if n < 0 {
-                    return Some(line + 2);
-                }
-                let total = line + 2 + n as usize + 2;
-                (b.len() >= total).then_some(total)
-            }
-            _ => panic!("unexpected redis reply {:?}", &b[..line]),
-        }
-    }
-}
-
-impl Client for RedisConn {
-    fn push(&mut self, i: usize) {
-        Wire::Redis.request(i, 0, &mut self.out);
-    }
-
-    fn flush(&mut self) {
-        self.s.write_all(&self.out).expect("write to redis");
-        self.out.clear();
-    }
-
-    fn next_answer(&mut self) {
-        loop {
-            if let Some(n) = Wire::Redis.answer_len(&self.buf[self.start..]) {
-                self.start += n;
-                if self.start == self.buf.len() {
-                    self.buf.clear();
-                    self.start = 0;
-                }
-                return;
-            }
-            let mut chunk = [0u8; 65536];
-            let n = self.s.read(&mut chunk).expect("read from redis");
-            assert!(n > 0, "redis closed the connection");
-            self.buf.extend_from_slice(&chunk[..n]);
-        }
-    }
+/// Runs requests `0..ops` of the mix (after a warm-up) against our store at `addr` over
+/// `connections` connections with `depth` requests in flight on each, as `store-ops` does:
+/// the operations run and the store threads' CPU seconds (for `examples/store_load`).
+pub fn load_store(addr: SocketAddr, connections: usize, depth: usize, ops: usize) -> (usize, f64) {
+    let reqs = Requests::new(Wire::Ours, ops, 1);
+    let run = measure(addr, &reqs, connections, depth, ops, &store_threads_cpu);
+    (ops, run.server_cpu_s)
 }
 
 /// Operation `i` of the mix on our store: set, get, incr, list push, list pop in turn. Each
 /// group of five works on one key (of 1,000) and one counter and list (of 10), so the get reads
 /// what the set wrote and the pop takes what the push added: every operation finds its object.
 /// (`Wire::Redis` sends the same mix as RESP commands.)
-pub fn mix_op(i: usize) -> Op {
+fn mix_op(i: usize) -> Op {
     let k = (i / 5) % 1000;
     match i % 5 {
         0 => Op::Set {
@@ -503,48 +372,72 @@ enum Wire {
 }
 
 impl Wire {
-    /// Appends request `i` of the mix ([`mix_op`]) to `out`; `id` is the frame's request id
-    /// (ours only).
-    fn request(self, i: usize, id: u64, out: &mut Vec<u8>) {
-        let k = (i / 5) % 1000;
+    /// Appends requests `ops` of the mix ([`mix_op`]) to `out`: ours in one batch frame with
+    /// request id `id`, Redis's as one command each (`ops` is then one request).
+    fn request(self, ops: Range<usize>, id: u64, out: &mut Vec<u8>) {
         match self {
             Wire::Ours => {
-                let op = mix_op(i);
-                let start = proto::begin_batch(out, id, 0, false, 1);
-                proto::put_request(out, &op, None, None);
+                let start = proto::begin_batch(out, id, 0, false, ops.len() as u32);
+                for i in ops {
+                    proto::put_request(out, &mix_op(i), None, None);
+                }
                 proto::finish(out, start);
             }
-            Wire::Redis => match i % 5 {
-                0 => resp(out, &[b"SET", format!("k{k}").as_bytes(), &[b'v'; 16]]),
-                1 => resp(out, &[b"GET", format!("k{k}").as_bytes()]),
-                2 => resp(out, &[b"INCR", format!("c{}", k % 10).as_bytes()]),
-                3 => resp(
-                    out,
-                    &[b"RPUSH", format!("l{}", k % 10).as_bytes(), &[b'i'; 8]],
-                ),
-                _ => resp(out, &[b"LPOP", format!("l{}", k % 10).as_bytes()]),
-            },
+            Wire::Redis => {
+                for i in ops {
+                    let k = (i / 5) % 1000;
+                    match i % 5 {
+                        0 => resp(out, &[b"SET", format!("k{k}").as_bytes(), &[b'v'; 16]]),
+                        1 => resp(out, &[b"GET", format!("k{k}").as_bytes()]),
+                        2 => resp(out, &[b"INCR", format!("c{}", k % 10).as_bytes()]),
+                        3 => resp(
+                            out,
+                            &[b"RPUSH", format!("l{}", k % 10).as_bytes(), &[b'i'; 8]],
+                        ),
+                        _ => resp(out, &[b"LPOP", format!("l{}", k % 10).as_bytes()]),
+                    }
+                }
+            }
         }
     }
 
-    /// Length of the whole answer at the start of `buf`, if it is all there. Panics on an
-    /// error answer: the bench's requests are all valid.
-    fn answer_len(self, buf: &[u8]) -> Option<usize> {
+    /// Length of the whole answer at the start of `buf`, if it is all there, and how many
+    /// operations it answers. Panics on an error answer: the bench's requests are all valid.
+    fn answer_len(self, buf: &[u8]) -> Option<(usize, usize)> {
         match self {
-            Wire::Ours => match proto::decode(buf, &Limits::default()) {
-                Ok(Some((Frame { msg, .. }, used))) => {
-                    assert!(matches!(msg, Message::Replies(_)), "{msg:?}");
-                    Some(used)
-                }
-                Ok(None) => None,
-                Err(e) => panic!("store answer: {e}"),
-            },
+            Wire::Ours => {
+                let h = proto::peek_header(buf, &Limits::default()).expect("store answer")?;
+                assert_eq!(h.kind, Message::REPLIES, "store answer of kind {}", h.kind);
+                let whole = buf.get(..h.total)?;
+                // Replies body: reply count u32, then the replies.
+                let count = whole
+                    .get(proto::HEADER_LEN..proto::HEADER_LEN + 4)
+                    .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+                Some((h.total, count.expect("a replies frame") as usize))
+            }
             Wire::Redis => {
-                let n = RedisConn::reply_len(buf)?;
+                let n = resp_reply_len(buf)?;
                 assert_ne!(buf[0], b'-', "redis error");
-                Some(n)
+                Some((n, 1))
             }
         }
+    }
+}
+
+/// Length of one whole RESP reply at the start of `b`, if it is all there.
+fn resp_reply_len(b: &[u8]) -> Option<usize> {
+    let line = b.windows(2).position(|w| w == b"\r\n")?;
+    match b.first()? {
+        b'+' | b'-' | b':' => Some(line + 2),
+        b'$' => {
+            let n: i64 = std::str::from_utf8(&b[1..line]).ok()?.parse().ok()?;
+            if n < 0 {
+                return Some(line + 2);
+            }
+            let total = line + 2 + n as usize + 2;
+            (b.len() >= total).then_some(total)
+        }
+        _ => panic!("unexpected redis reply {:?}", &b[..line]),
     }
 }
 
@@ -558,85 +451,146 @@ fn resp(out: &mut Vec<u8>, args: &[&[u8]]) {
     }
 }
 
-/// One of several pipelined connections of [`measure_clients`]: it runs requests
-/// `next..end` of the mix in windows of `depth`.
+/// The mix's requests `0..n` on one wire, encoded before the clock starts: while it runs,
+/// the client only writes these bytes and finds where each answer ends, so that one client
+/// thread can keep a server core busy.
+struct Requests {
+    wire: Wire,
+    /// Operations per frame: 1, or (ours only) a window's worth in one multi-op frame.
+    per_frame: usize,
+    bytes: Vec<u8>,
+    /// `ends[i]`: where the frame of request `i` ends in `bytes`.
+    ends: Vec<usize>,
+}
+
+impl Requests {
+    fn new(wire: Wire, n: usize, per_frame: usize) -> Requests {
+        let mut bytes = Vec::new();
+        let mut ends = Vec::with_capacity(n);
+        for first in (0..n).step_by(per_frame) {
+            let ops = first..(first + per_frame).min(n);
+            wire.request(ops.clone(), first as u64 + 1, &mut bytes);
+            ends.extend(ops.map(|_| bytes.len()));
+        }
+        Requests {
+            wire,
+            per_frame,
+            bytes,
+            ends,
+        }
+    }
+
+    /// Where requests `a..b` are in `bytes` (`a` starts a frame).
+    fn span(&self, a: usize, b: usize) -> Range<usize> {
+        let start = a.checked_sub(1).map_or(0, |p| self.ends[p]);
+        start..self.ends[b - 1]
+    }
+}
+
+/// One client connection of [`run_pipes`]: it runs requests `next..end` of the mix in
+/// windows of `depth`, sending a window when the last one is all answered.
 struct Pipe {
     s: mio::net::TcpStream,
-    out: Vec<u8>,
-    sent_to: usize,
+    /// The part of the window in flight not yet written (a span of [`Requests::bytes`]).
+    unsent: Range<usize>,
+    /// Answers read, `..filled` of it, not yet taken.
     buf: Vec<u8>,
-    start: usize,
+    filled: usize,
     next: usize,
     end: usize,
     /// Answers still expected for the window in flight, and when it was sent.
     waiting: usize,
     sent: Instant,
-    id: u64,
 }
 
 impl Pipe {
+    fn connect(addr: SocketAddr) -> Pipe {
+        let s = TcpStream::connect(addr).expect("connect to the server");
+        let _ = s.set_nodelay(true);
+        s.set_nonblocking(true).expect("non-blocking socket");
+        Pipe {
+            s: mio::net::TcpStream::from_std(s),
+            unsent: 0..0,
+            buf: vec![0; 1 << 16],
+            filled: 0,
+            next: 0,
+            end: 0,
+            waiting: 0,
+            sent: Instant::now(),
+        }
+    }
+
     /// Sends the next window if the last one is answered; whether requests remain.
-    fn refill(&mut self, wire: Wire, depth: usize) -> bool {
+    fn refill(&mut self, reqs: &Requests, depth: usize) -> bool {
         if self.waiting == 0 && self.next < self.end {
             let n = depth.min(self.end - self.next);
-            for i in self.next..self.next + n {
-                self.id += 1;
-                wire.request(i, self.id, &mut self.out);
-            }
+            self.unsent = reqs.span(self.next, self.next + n);
             self.next += n;
             self.waiting = n;
             self.sent = Instant::now();
-            self.write();
+            self.write(reqs);
         }
         self.waiting > 0 || self.next < self.end
     }
 
-    /// Writes what the socket takes.
-    fn write(&mut self) {
-        while self.sent_to < self.out.len() {
-            match self.s.write(&self.out[self.sent_to..]) {
-                Ok(n) => self.sent_to += n,
+    /// Writes what the socket takes of the window.
+    fn write(&mut self, reqs: &Requests) {
+        while !self.unsent.is_empty() {
+            match self.s.write(&reqs.bytes[self.unsent.clone()]) {
+                Ok(n) => self.unsent.start += n,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => panic!("write: {e}"),
             }
         }
-        self.out.clear();
-        self.sent_to = 0;
     }
 
-    /// Reads what came and takes each whole answer, noting its latency in `lat`.
+    /// Reads what came and takes each whole answer; the answers of one read get one latency,
+    /// the time since their window was sent, in `lat`.
     fn read(&mut self, wire: Wire, lat: &mut Vec<Duration>) {
-        let mut chunk = [0u8; 65536];
         loop {
-            match self.s.read(&mut chunk) {
+            let room = self.buf.len() - self.filled;
+            let n = match self.s.read(&mut self.buf[self.filled..]) {
                 Ok(0) => panic!("the server closed the connection"),
-                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => panic!("read: {e}"),
+            };
+            self.filled += n;
+            let waited = self.sent.elapsed();
+            let mut taken = 0;
+            while let Some((len, ops)) = wire.answer_len(&self.buf[taken..self.filled]) {
+                taken += len;
+                self.waiting = self.waiting.checked_sub(ops).expect("unasked answers");
+                lat.extend(std::iter::repeat_n(waited, ops));
+            }
+            self.buf.copy_within(taken..self.filled, 0);
+            self.filled -= taken;
+            // A TCP read shorter than the room left has emptied the socket: the next byte
+            // will be a new readiness event.
+            if n < room {
+                return;
+            }
+            if self.filled == self.buf.len() {
+                let grown = 2 * self.buf.len();
+                self.buf.resize(grown, 0);
             }
         }
-        while let Some(n) = wire.answer_len(&self.buf[self.start..]) {
-            self.start += n;
-            self.waiting = self.waiting.saturating_sub(1);
-            lat.push(self.sent.elapsed());
-        }
-        self.buf.drain(..self.start);
-        self.start = 0;
     }
 }
 
-/// Runs requests `0..ops` of the mix over [`CLIENTS`] connections (a contiguous share each),
-/// each with a window of `depth` requests in flight, from this thread's own event loop.
+/// Runs requests `0..ops` of `reqs` over `pipes` (a contiguous share each), each with a window
+/// of `depth` requests in flight, from this thread's own event loop; the latencies.
 fn run_pipes(
     pipes: &mut [Pipe],
     poll: &mut mio::Poll,
-    wire: Wire,
+    reqs: &Requests,
     depth: usize,
     ops: usize,
 ) -> Vec<Duration> {
-    let per = ops.div_ceil(pipes.len());
+    // Shares (and so windows) start on frame boundaries.
+    let per = ops.div_ceil(pipes.len()).next_multiple_of(reqs.per_frame);
     for (c, p) in pipes.iter_mut().enumerate() {
         p.next = (c * per).min(ops);
         p.end = ((c + 1) * per).min(ops);
@@ -646,7 +600,7 @@ fn run_pipes(
     loop {
         let mut busy = false;
         for p in pipes.iter_mut() {
-            busy |= p.refill(wire, depth);
+            busy |= p.refill(reqs, depth);
         }
         if !busy {
             return lat;
@@ -659,85 +613,87 @@ fn run_pipes(
                 continue;
             };
             if ev.is_writable() {
-                p.write();
+                p.write(reqs);
             }
             if ev.is_readable() {
-                p.read(wire, &mut lat);
+                p.read(reqs.wire, &mut lat);
             }
         }
     }
 }
 
-/// [`measure`] over [`CLIENTS`] connections to `addr`: the same operations, the same
-/// warm-up, the same server CPU accounting.
-fn measure_clients(
+/// One run against the server at `addr`: requests `0..ops` of `reqs` over `connections`
+/// connections with `depth` requests in flight on each, after a warm-up of a tenth as many
+/// (which fills the keys; lists never run dry, as push comes before pop in the mix). The
+/// client thread runs on the last CPU when there are several (the servers are on CPU 0);
+/// `cpu` reads the server's CPU seconds.
+fn measure(
     addr: SocketAddr,
-    wire: Wire,
+    reqs: &Requests,
+    connections: usize,
     depth: usize,
     ops: usize,
-    cpu: &dyn Fn() -> f64,
+    cpu: &(dyn Fn() -> f64 + Sync),
 ) -> Run {
-    let mut poll = mio::Poll::new().expect("poll");
-    let mut pipes: Vec<Pipe> = (0..CLIENTS)
-        .map(|c| {
-            let s = TcpStream::connect(addr).expect("connect");
-            let _ = s.set_nodelay(true);
-            s.set_nonblocking(true).expect("non-blocking socket");
-            let mut s = mio::net::TcpStream::from_std(s);
-            poll.registry()
-                .register(
-                    &mut s,
-                    mio::Token(c),
-                    mio::Interest::READABLE | mio::Interest::WRITABLE,
-                )
-                .expect("register");
-            Pipe {
-                s,
-                out: Vec::new(),
-                sent_to: 0,
-                buf: Vec::with_capacity(1 << 16),
-                start: 0,
-                next: 0,
-                end: 0,
-                waiting: 0,
-                sent: Instant::now(),
-                id: 0,
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            if let Some(&last) = core_affinity::get_core_ids()
+                .unwrap_or_default()
+                .get(1..)
+                .and_then(<[_]>::last)
+            {
+                core_affinity::set_for_current(last);
             }
+            let mut poll = mio::Poll::new().expect("poll");
+            let mut pipes: Vec<Pipe> = (0..connections)
+                .map(|c| {
+                    let mut p = Pipe::connect(addr);
+                    poll.registry()
+                        .register(
+                            &mut p.s,
+                            mio::Token(c),
+                            mio::Interest::READABLE | mio::Interest::WRITABLE,
+                        )
+                        .expect("register");
+                    p
+                })
+                .collect();
+            let warm_up = (ops / 10).max(depth).next_multiple_of(reqs.per_frame);
+            run_pipes(&mut pipes, &mut poll, reqs, depth, warm_up.min(ops));
+            let cpu0 = cpu();
+            let t0 = Instant::now();
+            let mut lat = run_pipes(&mut pipes, &mut poll, reqs, depth, ops);
+            let wall = t0.elapsed().as_secs_f64();
+            let server_cpu_s = cpu() - cpu0;
+            summarize(&mut lat, ops, wall, server_cpu_s)
         })
-        .collect();
-    // Warm up as `measure` does.
-    run_pipes(&mut pipes, &mut poll, wire, depth, (ops / 10).max(depth));
-    let cpu0 = cpu();
-    let t0 = Instant::now();
-    let mut lat = run_pipes(&mut pipes, &mut poll, wire, depth, ops);
-    let wall = t0.elapsed().as_secs_f64();
-    let server_cpu_s = cpu() - cpu0;
-    summarize(&mut lat, ops, wall, server_cpu_s)
+        .join()
+        .expect("the client thread")
+    })
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn resp_reply_lengths() {
-        assert_eq!(RedisConn::reply_len(b"+OK\r\n+"), Some(5));
-        assert_eq!(RedisConn::reply_len(b":12\r\n"), Some(5));
-        assert_eq!(RedisConn::reply_len(b"$-1\r\n"), Some(5));
-        assert_eq!(RedisConn::reply_len(b"$3\r\nabc\r\n"), Some(9));
-        assert_eq!(RedisConn::reply_len(b"$3\r\nab"), None);
-        assert_eq!(RedisConn::reply_len(b":1"), None);
+        assert_eq!(resp_reply_len(b"+OK\r\n+"), Some(5));
+        assert_eq!(resp_reply_len(b":12\r\n"), Some(5));
+        assert_eq!(resp_reply_len(b"$-1\r\n"), Some(5));
+        assert_eq!(resp_reply_len(b"$3\r\nabc\r\n"), Some(9));
+        assert_eq!(resp_reply_len(b"$3\r\nab"), None);
+        assert_eq!(resp_reply_len(b":1"), None);
     }
 
     #[test]
     fn quick_runs_report_the_contract_names() {
         let r = run_ops(Effort::Quick);
-        for d in DEPTHS {
+        for d in [1, 16, 64] {
             assert!(r.metrics[&format!("store_ops_per_sec_depth{d}")] > 0.0);
         }
         assert!(r.ratios.contains_key("store_depth64_vs_depth1"));
-        for d in CLIENT_DEPTHS {
-            assert!(r.metrics[&format!("store_ops_per_sec_depth{d}_clients{CLIENTS}")] > 0.0);
+        for (c, d) in RUNS.into_iter().filter(|&(c, _)| c > 1) {
+            assert!(r.metrics[&format!("store_ops_per_sec_depth{d}_clients{c}")] > 0.0);
         }
         let b = run_batching(Effort::Quick);
         assert!(b.ratios["single_vs_batch100_cost_per_op"] > 0.0);

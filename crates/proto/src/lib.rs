@@ -686,12 +686,15 @@ pub enum Message {
 }
 
 impl Message {
+    /// The kind byte ([`Header::kind`]) of a [`Message::Replies`] frame.
+    pub const REPLIES: u8 = 4;
+
     fn kind_code(&self) -> u8 {
         match self {
             Message::Hello { .. } => 1,
             Message::Welcome { .. } => 2,
             Message::Batch { .. } => 3,
-            Message::Replies(_) => 4,
+            Message::Replies(_) => Message::REPLIES,
             Message::Ack { .. } => 5,
             Message::Error { .. } => 6,
             Message::Stats => 7,
@@ -852,7 +855,7 @@ pub fn decode_body(h: &Header, body: &[u8], limits: &Limits) -> Result<Message, 
                 ops: ops.iter().map(Request::owned).collect(),
             });
         }
-        4 => {
+        Message::REPLIES => {
             let n = r.u32()? as usize;
             let mut replies = Vec::with_capacity(n.min(r.buf.len()));
             for _ in 0..n {
