@@ -1,6 +1,7 @@
 //! A load on a one-shard store for profiling, from the client of `flowstate bench store-ops`
 //! (its mix, its pre-encoded requests): `cargo run --release -p flowstate-bench --example
-//! store_load -- <connections> <depth> <seconds>`. Prints the store threads' user and system
+//! store_load -- <connections> <depth> <seconds> [batched]` (`batched`: each window of `depth`
+//! requests in one multi-op frame). Prints the store threads' user and system
 //! CPU time and their CPU time per operation.
 
 use flowstate_bench::store_ops::load_store;
@@ -11,6 +12,7 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let mut arg = |default: u64| args.next().and_then(|a| a.parse().ok()).unwrap_or(default);
     let (connections, depth, secs) = (arg(1) as usize, arg(64) as usize, arg(10));
+    let batched = std::env::args().nth(4).as_deref() == Some("batched");
     let server = Server::start(Config {
         listen: "127.0.0.1:0".parse().unwrap(),
         shards: 1,
@@ -21,7 +23,7 @@ fn main() {
     let (mut ops, mut cpu_s) = (0usize, 0.0);
     let t0 = Instant::now();
     while t0.elapsed() < Duration::from_secs(secs) {
-        let (n, cpu) = load_store(server.local_addr(), connections, depth, 200_000);
+        let (n, cpu) = load_store(server.local_addr(), connections, depth, 200_000, batched);
         ops += n;
         cpu_s += cpu;
     }

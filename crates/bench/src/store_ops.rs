@@ -326,10 +326,17 @@ impl Drop for Redis {
 }
 
 /// Runs requests `0..ops` of the mix (after a warm-up) against our store at `addr` over
-/// `connections` connections with `depth` requests in flight on each, as `store-ops` does:
-/// the operations run and the store threads' CPU seconds (for `examples/store_load`).
-pub fn load_store(addr: SocketAddr, connections: usize, depth: usize, ops: usize) -> (usize, f64) {
-    let reqs = Requests::new(Wire::Ours, ops, 1);
+/// `connections` connections with `depth` requests in flight on each, as `store-ops` does,
+/// `batched`: each window in one multi-op frame. The operations run and the store threads'
+/// CPU seconds (for `examples/store_load`).
+pub fn load_store(
+    addr: SocketAddr,
+    connections: usize,
+    depth: usize,
+    ops: usize,
+    batched: bool,
+) -> (usize, f64) {
+    let reqs = Requests::new(Wire::Ours, ops, if batched { depth } else { 1 });
     let run = measure(addr, &reqs, connections, depth, ops, &store_threads_cpu);
     (ops, run.server_cpu_s)
 }

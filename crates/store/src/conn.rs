@@ -245,7 +245,7 @@ fn encode_ref(msg: &Message, out: &mut Vec<u8>) {
 /// Appends a `Replies` frame of `replies` (in frame order) to `out`, emptying `replies`: the
 /// buffers of their values go to `spare`.
 fn encode_replies(out: &mut Vec<u8>, id: u64, replies: &mut Vec<(u32, Reply)>, spare: &mut Spare) {
-    let start = proto::begin(out, 4, 0, id);
+    let start = proto::begin(out, Message::REPLIES, 0, id);
     proto::put_u32(out, u32::try_from(replies.len()).unwrap_or(u32::MAX));
     for (_, r) in replies.drain(..) {
         proto::put_reply(out, &r);
@@ -510,6 +510,26 @@ impl Worker {
         t: Duration,
     ) {
         let count = ops.len();
+        if op_id == 0 && !ack_only && c.pending.is_empty() {
+            // The common request: each reply is written as its operation runs.
+            let out = &mut c.out;
+            let start = proto::begin(out, Message::REPLIES, 0, id);
+            proto::put_u32(out, u32::try_from(count).unwrap_or(u32::MAX));
+            let numbered = ops.iter().enumerate().map(|(i, r)| (i as u32, *r));
+            self.apply_ops(
+                c.id,
+                c.client,
+                0,
+                numbered,
+                |_, r, spare| {
+                    proto::put_reply(out, &r);
+                    spare.reclaim(r);
+                },
+                t,
+            );
+            proto::finish(out, start);
+            return;
+        }
         let mut replies = std::mem::take(&mut self.replies);
         replies.clear();
         let duplicate = self.run_batch(

@@ -308,11 +308,13 @@ impl Objects {
     }
 
     fn remove(&mut self, key: &[u8]) -> bool {
-        match self.objects.remove(key) {
-            Some(e) => {
+        match self.objects.remove_entry(key) {
+            Some((k, e)) => {
                 if let Some(d) = e.indexed {
                     self.index.remove(&(d, key.to_vec()));
                 }
+                self.spare.put(k);
+                self.spare.retire(e.obj);
                 true
             }
             None => false,
@@ -449,10 +451,16 @@ impl Objects {
         if self.create(key, kind, now).is_err() {
             return (self.full(key), false);
         }
-        let Some(e) = self.objects.get_mut(key) else {
+        let Objects {
+            objects,
+            spare,
+            index,
+            ..
+        } = self;
+        let Some(e) = objects.get_mut(key) else {
             return (self.full(key), false);
         };
-        let (reply, changed, gone) = on_live(e, req, now, &mut self.spare, &mut self.index);
+        let (reply, changed, gone) = on_live(e, req, now, spare, index);
         if gone {
             self.remove(key);
         }
@@ -468,10 +476,14 @@ impl Objects {
                 return Err(Full);
             }
         }
+        let obj = match kind {
+            Kind::List => Obj::List(self.spare.list()),
+            k => Obj::empty(k),
+        };
         Ok(self
             .objects
-            .entry(key.to_vec())
-            .or_insert_with(|| Entry::new(Obj::empty(kind))))
+            .entry(self.spare.copy(key))
+            .or_insert_with(|| Entry::new(obj)))
     }
 
     fn full(&self, key: &[u8]) -> Reply {
@@ -794,6 +806,10 @@ fn run_on(e: &mut Entry, op: &Op<&[u8]>, now: Duration, spare: &mut Spare) -> (R
 const SPARE_BUFFERS: usize = 1024;
 /// Largest spare buffer kept (bytes of capacity).
 const SPARE_BYTES: usize = 4096;
+/// Most spare lists a shard keeps.
+const SPARE_LISTS: usize = 256;
+/// Largest spare list kept (items of capacity).
+const SPARE_LIST_ITEMS: usize = 64;
 
 /// Spare byte buffers: the values of answers already sent and of popped list items, reused
 /// for the next answer's value or list item, so that in steady state reading a value or
@@ -802,6 +818,9 @@ const SPARE_BYTES: usize = 4096;
 #[derive(Default)]
 pub(crate) struct Spare {
     bufs: Vec<Vec<u8>>,
+    /// Empty lists with room, from lists removed (popped empty or deleted): a list emptied
+    /// and filled again, a NAT's free-port list or a work queue, allocates nothing.
+    lists: Vec<VecDeque<Vec<u8>>>,
 }
 
 impl Spare {
@@ -822,6 +841,27 @@ impl Spare {
     pub(crate) fn put(&mut self, v: Vec<u8>) {
         if v.capacity() > 0 && v.capacity() <= SPARE_BYTES && self.bufs.len() < SPARE_BUFFERS {
             self.bufs.push(v);
+        }
+    }
+
+    /// An empty list, with room if one was retired.
+    pub(crate) fn list(&mut self) -> VecDeque<Vec<u8>> {
+        self.lists.pop().unwrap_or_default()
+    }
+
+    /// Takes back the buffers of a removed object: a list's items and (if small) the list.
+    pub(crate) fn retire(&mut self, obj: Obj) {
+        match obj {
+            Obj::List(mut l) => {
+                for item in l.drain(..) {
+                    self.put(item);
+                }
+                if l.capacity() <= SPARE_LIST_ITEMS && self.lists.len() < SPARE_LISTS {
+                    self.lists.push(l);
+                }
+            }
+            Obj::Value(v) => self.put(v),
+            _ => {}
         }
     }
 
@@ -896,6 +936,37 @@ mod tests {
 
     fn r(op: Op) -> Request {
         op.into()
+    }
+
+    #[test]
+    fn a_list_popped_empty_is_gone_and_its_buffers_serve_the_next_one() {
+        let mut o = Objects::default();
+        let now = Duration::from_secs(1);
+        let key = b"nat@Ports@free".to_vec();
+        let push = |item: &[u8]| {
+            r(Op::Push {
+                key: key.clone(),
+                item: item.to_vec(),
+            })
+        };
+        let pop = r(Op::Pop { key: key.clone() });
+        assert_eq!(o.apply(&push(b"1024"), now).0, Reply::Len(1));
+        assert_eq!(o.apply(&pop, now).0, Reply::Value(Some(b"1024".to_vec())));
+        // Gone, as in the in-process store: the key can hold another kind now.
+        assert_eq!(o.len(), 0);
+        assert_eq!(o.spare.lists.len(), 1);
+        assert_eq!(o.apply(&push(b"1025"), now).0, Reply::Len(1));
+        assert!(o.spare.lists.is_empty(), "the retired list was reused");
+        assert_eq!(o.apply(&pop, now).0, Reply::Value(Some(b"1025".to_vec())));
+        let set = r(Op::Set {
+            key: key.clone(),
+            value: b"v".to_vec(),
+        });
+        assert_eq!(o.apply(&set, now).0, Reply::Done);
+        assert_eq!(
+            o.apply(&pop, now).0,
+            wrong(&key, Kind::List, &Obj::Value(vec![]))
+        );
     }
 
     #[test]
@@ -1034,6 +1105,37 @@ mod index_tests {
 
     fn r(op: Op) -> Request {
         op.into()
+    }
+
+    #[test]
+    fn a_list_popped_empty_is_gone_and_its_buffers_serve_the_next_one() {
+        let mut o = Objects::default();
+        let now = Duration::from_secs(1);
+        let key = b"nat@Ports@free".to_vec();
+        let push = |item: &[u8]| {
+            r(Op::Push {
+                key: key.clone(),
+                item: item.to_vec(),
+            })
+        };
+        let pop = r(Op::Pop { key: key.clone() });
+        assert_eq!(o.apply(&push(b"1024"), now).0, Reply::Len(1));
+        assert_eq!(o.apply(&pop, now).0, Reply::Value(Some(b"1024".to_vec())));
+        // Gone, as in the in-process store: the key can hold another kind now.
+        assert_eq!(o.len(), 0);
+        assert_eq!(o.spare.lists.len(), 1);
+        assert_eq!(o.apply(&push(b"1025"), now).0, Reply::Len(1));
+        assert!(o.spare.lists.is_empty(), "the retired list was reused");
+        assert_eq!(o.apply(&pop, now).0, Reply::Value(Some(b"1025".to_vec())));
+        let set = r(Op::Set {
+            key: key.clone(),
+            value: b"v".to_vec(),
+        });
+        assert_eq!(o.apply(&set, now).0, Reply::Done);
+        assert_eq!(
+            o.apply(&pop, now).0,
+            wrong(&key, Kind::List, &Obj::Value(vec![]))
+        );
     }
 
     #[test]

@@ -13,7 +13,7 @@
 //! records of the operations it acknowledges are written.
 
 use crate::conn::{Conn, PartBody};
-use crate::shard::{Objects, Sub, REPLY_CACHE};
+use crate::shard::{Objects, Spare, Sub, REPLY_CACHE};
 use crate::wal::Wal;
 use crate::{now, Shared};
 use flowstate_proto::{Kind, Message, Notification, Reply, Request, OP_NAMES};
@@ -514,25 +514,7 @@ impl Worker {
             }
         }
         let first = replies.len();
-        let mut writes = false;
-        for (i, req) in ops.clone() {
-            let (reply, changed) = self.objects.apply_ref(&req, t);
-            if changed && !self.subs.is_empty() && self.subs.contains_key(req.op.key()) {
-                self.touched.push((req.op.key().to_vec(), conn));
-            }
-            writes |= !req.op.is_read();
-            replies.push((i, reply));
-        }
-        if writes {
-            if let Some(w) = &mut self.wal {
-                w.record(
-                    t,
-                    client,
-                    op_id,
-                    ops.map(|(_, r)| r).filter(|r| !r.op.is_read()),
-                );
-            }
-        }
+        self.apply_ops(conn, client, op_id, ops, |i, r, _| replies.push((i, r)), t);
         if op_id != 0 {
             let d = self.objects.clients.entry(client).or_default();
             d.last = op_id;
@@ -548,6 +530,39 @@ impl Worker {
             }
         }
         false
+    }
+
+    /// Applies operations in order on this shard's objects, handing each reply (with its
+    /// index in the frame, and the shard's spare buffers to return it to) to `reply`, and
+    /// records the updates for the log.
+    pub(crate) fn apply_ops<'a>(
+        &mut self,
+        conn: u64,
+        client: u64,
+        op_id: u64,
+        ops: impl Iterator<Item = (u32, Request<&'a [u8]>)> + Clone,
+        mut reply: impl FnMut(u32, Reply, &mut Spare),
+        t: Duration,
+    ) {
+        let mut writes = false;
+        for (i, req) in ops.clone() {
+            let (r, changed) = self.objects.apply_ref(&req, t);
+            if changed && !self.subs.is_empty() && self.subs.contains_key(req.op.key()) {
+                self.touched.push((req.op.key().to_vec(), conn));
+            }
+            writes |= !req.op.is_read();
+            reply(i, r, &mut self.objects.spare);
+        }
+        if writes {
+            if let Some(w) = &mut self.wal {
+                w.record(
+                    t,
+                    client,
+                    op_id,
+                    ops.map(|(_, r)| r).filter(|r| !r.op.is_read()),
+                );
+            }
+        }
     }
 
     /// Adds the operations counted in this turn to the shared counters.
