@@ -3,16 +3,23 @@
 //!
 //! * `store-ops`: our store (`flowstate-store`, one shard thread, pinned to CPU 0) against a
 //!   real `redis-server` (persistence off, pinned to CPU 0 with `taskset` when there is
-//!   one), the same operation mix (set, get, incr, list push, list pop) from one client
-//!   connection at pipeline depths 1, 16 and 64: ops/s, p50/p99 latency, and ops per second
-//!   of server CPU time, with the ratios ours/Redis. Server CPU time is measured the same way
-//!   for both, from each thread's `/proc/<pid>/task/<tid>/schedstat`: all of Redis's threads,
-//!   and our store's own threads (`store-*`; the client thread in the same process is not
-//!   counted). Redis is skipped (and its ratios left out) when `redis-server` is not on the
-//!   PATH. Beside the one-connection runs, an extra run at depths 16 and 64 spreads the same
-//!   operations over [`CLIENTS`] connections driven by one client thread with its own event
-//!   loop (each connection keeps its own window of `depth` requests in flight): the keys end
-//!   in `_clients4`; Redis gets exactly the same load.
+//!   one), the same operation mix (set, get, incr, list push, list pop) at pipeline depths 1,
+//!   16 and 64: ops/s, p50/p99 latency, and operations per second of server CPU time, with
+//!   the ratios ours/Redis. Server CPU time is measured the same way for both, from each
+//!   thread's `/proc/<pid>/task/<tid>/schedstat`: all of Redis's threads, and our store's own
+//!   threads (`store-*`; the client thread in the same process is not counted). Redis is
+//!   skipped (and its ratios left out) when `redis-server` is not on the PATH.
+//!
+//!   One client thread (on the last CPU) drives every run from its own event loop, each
+//!   connection keeping a window of `depth` requests in flight; the requests are encoded
+//!   before the clock starts, so the client can keep a server core busy. The runs (`RUNS`):
+//!   one connection at each depth (keys `..._depthN`: lock-step with one client, where both
+//!   servers spend most of their CPU time being woken and waking the client), then 4, 16 and
+//!   64 connections (keys `..._depthN_clientsC`; 16 and 64 keep one server core busy, the
+//!   capacity of a core that CHC §7.1 measures). Every run sends one operation per frame, as
+//!   Redis gets one command per request; at depth 64 our store also runs each window as one
+//!   multi-op frame, as its own client (`flowstate-driver-store`) sends a flush (keys
+//!   `store_batched_...`, compared with the same Redis run).
 //! * `store-batching`: the effective per-operation cost through the `store` driver of single
 //!   requests against multi-op frames of 100 operations.
 
