@@ -700,6 +700,34 @@ mod tests {
     }
 
     #[test]
+    fn windows_in_one_frame_carry_the_mix_and_their_answers_count_every_operation() {
+        let reqs = Requests::new(Wire::Ours, 10, 4);
+        // Frames of 4, 4 and 2 operations; a window starting on a frame is whole frames.
+        let mut rest = &reqs.bytes[reqs.span(4, 10)];
+        for (first, n) in [(4, 4), (8, 2)] {
+            let (frame, used) = proto::decode(rest, &Limits::default()).unwrap().unwrap();
+            assert_eq!(frame.id, first as u64 + 1);
+            let Message::Batch { ops, .. } = frame.msg else {
+                panic!("{:?}", frame.msg)
+            };
+            let want: Vec<Op> = (first..first + n).map(mix_op).collect();
+            assert_eq!(ops.into_iter().map(|r| r.op).collect::<Vec<_>>(), want);
+            rest = &rest[used..];
+        }
+        assert!(rest.is_empty());
+        let mut answer = Vec::new();
+        proto::encode(
+            &proto::Frame {
+                id: 5,
+                msg: Message::Replies(vec![proto::Reply::Done, proto::Reply::Int(3)]),
+            },
+            &mut answer,
+        );
+        assert_eq!(Wire::Ours.answer_len(&answer), Some((answer.len(), 2)));
+        assert_eq!(Wire::Ours.answer_len(&answer[..answer.len() - 1]), None);
+    }
+
+    #[test]
     fn quick_runs_report_the_contract_names() {
         let r = run_ops(Effort::Quick);
         for d in [1, 16, 64] {
@@ -709,6 +737,7 @@ mod tests {
         for (c, d) in RUNS.into_iter().filter(|&(c, _)| c > 1) {
             assert!(r.metrics[&format!("store_ops_per_sec_depth{d}_clients{c}")] > 0.0);
         }
+        assert!(r.metrics["store_batched_ops_per_sec_depth64_clients64"] > 0.0);
         let b = run_batching(Effort::Quick);
         assert!(b.ratios["single_vs_batch100_cost_per_op"] > 0.0);
     }
