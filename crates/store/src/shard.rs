@@ -811,10 +811,12 @@ const SPARE_LISTS: usize = 256;
 /// Largest spare list kept (items of capacity).
 const SPARE_LIST_ITEMS: usize = 64;
 
-/// Spare byte buffers: the values of answers already sent and of popped list items, reused
-/// for the next answer's value or list item, so that in steady state reading a value or
-/// moving items through a list allocates nothing. Bounded in count and size; a buffer is
-/// reused only where it fits snugly (no stored item keeps much more memory than it needs).
+/// Spare byte buffers: the values of answers already sent, popped list items and the keys
+/// and values of removed objects, reused for the next answer's value, list item or new
+/// object's key, so that in steady state reading a value, moving items through a list or
+/// creating an object where one was removed allocates nothing. Bounded in count and size; a
+/// buffer is reused only where it fits snugly (no stored item keeps much more memory than it
+/// needs).
 #[derive(Default)]
 pub(crate) struct Spare {
     bufs: Vec<Vec<u8>>,
@@ -1105,37 +1107,6 @@ mod index_tests {
 
     fn r(op: Op) -> Request {
         op.into()
-    }
-
-    #[test]
-    fn a_list_popped_empty_is_gone_and_its_buffers_serve_the_next_one() {
-        let mut o = Objects::default();
-        let now = Duration::from_secs(1);
-        let key = b"nat@Ports@free".to_vec();
-        let push = |item: &[u8]| {
-            r(Op::Push {
-                key: key.clone(),
-                item: item.to_vec(),
-            })
-        };
-        let pop = r(Op::Pop { key: key.clone() });
-        assert_eq!(o.apply(&push(b"1024"), now).0, Reply::Len(1));
-        assert_eq!(o.apply(&pop, now).0, Reply::Value(Some(b"1024".to_vec())));
-        // Gone, as in the in-process store: the key can hold another kind now.
-        assert_eq!(o.len(), 0);
-        assert_eq!(o.spare.lists.len(), 1);
-        assert_eq!(o.apply(&push(b"1025"), now).0, Reply::Len(1));
-        assert!(o.spare.lists.is_empty(), "the retired list was reused");
-        assert_eq!(o.apply(&pop, now).0, Reply::Value(Some(b"1025".to_vec())));
-        let set = r(Op::Set {
-            key: key.clone(),
-            value: b"v".to_vec(),
-        });
-        assert_eq!(o.apply(&set, now).0, Reply::Done);
-        assert_eq!(
-            o.apply(&pop, now).0,
-            wrong(&key, Kind::List, &Obj::Value(vec![]))
-        );
     }
 
     #[test]
