@@ -66,7 +66,7 @@ pub(crate) fn run_ops(effort: Effort) -> Report {
     };
     let mut report = Report::new("store-ops");
     report
-        .param("ops_per_depth", ops as u64)
+        .param("ops_per_run", ops as u64)
         .param("mix", "set, get, incr, list push, list pop (equal shares)")
         .param("store_shards", 1)
         .param("store_cpu", 0)
