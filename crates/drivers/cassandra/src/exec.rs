@@ -116,9 +116,12 @@ fn classify(e: &ExecutionError) -> Fail {
     }
 }
 
-/// Whole seconds, rounded up, at least 1 (`USING TTL 0` would mean "forever").
+/// `USING TTL` seconds for a time to live of `d`: whole seconds rounded up, plus one. Cassandra
+/// truncates the write's time to the second (expiry at `now_secs + ttl`), so `USING TTL n`
+/// lives between `n - 1` and `n` seconds; one more second makes every object live at least `d`
+/// and at most a second longer (an NF's mapping expiring early would break its connection).
 fn ttl_secs(d: Duration) -> i32 {
-    let s = d.as_nanos().div_ceil(1_000_000_000).clamp(1, MAX_TTL);
+    let s = (d.as_nanos().div_ceil(1_000_000_000) + 1).min(MAX_TTL);
     i32::try_from(s).unwrap_or(i32::MAX)
 }
 
@@ -1498,10 +1501,10 @@ mod tests {
     }
 
     #[test]
-    fn ttls_are_whole_seconds_rounded_up() {
-        assert_eq!(ttl_secs(Duration::from_millis(1)), 1);
-        assert_eq!(ttl_secs(Duration::from_millis(1000)), 1);
-        assert_eq!(ttl_secs(Duration::from_millis(1001)), 2);
+    fn ttls_are_whole_seconds_rounded_up_plus_the_truncated_second() {
+        assert_eq!(ttl_secs(Duration::from_millis(1)), 2);
+        assert_eq!(ttl_secs(Duration::from_millis(1000)), 2);
+        assert_eq!(ttl_secs(Duration::from_millis(1001)), 3);
         assert_eq!(ttl_secs(Duration::ZERO), 1);
         assert_eq!(ttl_secs(Duration::from_secs(u64::MAX)), 630_720_000);
     }

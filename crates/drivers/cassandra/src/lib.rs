@@ -28,7 +28,9 @@
 //!   lightweight transactions (`IF NOT EXISTS`, `IF owner = ?`) and a `USING TTL` lease; a
 //!   lock named like an object neither sees nor changes it. [`Op::CompareAndSet`] is a
 //!   lightweight transaction too.
-//! * **Time to live** is `USING TTL` in whole seconds, rounded up (FlexState §VI-B "TIMERS").
+//! * **Time to live** is `USING TTL` in whole seconds, rounded up, plus the second Cassandra
+//!   truncates from the write's time: an object lives at least its time to live and at most
+//!   a second longer (FlexState §VI-B "TIMERS").
 //!
 //! # Promises
 //! * The driver passes the [`conformance`](flowstate_state::conformance) suite with
