@@ -1,7 +1,10 @@
-//! `flowstate store`: runs the state store server (`flowstate-store`) in the foreground.
+//! `flowstate store`: runs the state store server (`flowstate-store`) in the foreground, or
+//! (`flowstate store stats`) asks a running one for its statistics.
 
 use anyhow::{Context, Result};
-use clap::Args;
+use clap::{Args, Subcommand};
+use flowstate_chain::live::Stop;
+use flowstate_driver_store::{Settings, StoreConnector};
 use flowstate_store::{Config, Server};
 use std::io::Write;
 use std::net::SocketAddr;
@@ -10,7 +13,10 @@ use std::time::Duration;
 
 /// Options of `flowstate store`.
 #[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub(crate) struct StoreArgs {
+    #[command(subcommand)]
+    query: Option<Query>,
     /// Address to listen on (port 0 picks a free port; the address is printed).
     #[arg(long, default_value = "127.0.0.1:7878")]
     listen: SocketAddr,
@@ -55,21 +61,57 @@ pub(crate) struct StoreArgs {
     sync: bool,
 }
 
+/// Requests to a running store.
+#[derive(Debug, Subcommand)]
+enum Query {
+    /// Print a running store's statistics: operations (total and per second since the
+    /// previous stats request) by type, connections, objects, memory, WAL lag.
+    Stats(StatsArgs),
+}
+
+#[derive(Debug, Args)]
+struct StatsArgs {
+    /// The store's address.
+    #[arg(long, default_value = "127.0.0.1:7878")]
+    url: String,
+    /// Its shared token, if it wants one (also read from FLOWSTATE_STORE_TOKEN).
+    #[arg(long)]
+    token: Option<String>,
+    /// Print a JSON object instead of one `name value` line each.
+    #[arg(long)]
+    json: bool,
+}
+
 /// A count of at least `min`: a smaller one is refused with an error naming the option.
 fn at_least(min: u64) -> clap::builder::RangedU64ValueParser<usize> {
     clap::builder::RangedU64ValueParser::new().range(min..)
 }
 
-/// Starts the server, prints where it listens, and serves until killed.
+/// The token from the option or the environment (an empty one is none).
+fn token(option: &Option<String>) -> Option<String> {
+    option
+        .clone()
+        .or_else(|| std::env::var("FLOWSTATE_STORE_TOKEN").ok())
+        .filter(|t| !t.is_empty())
+}
+
+/// Serves (or runs the query given).
 pub(crate) fn run(a: &StoreArgs) -> Result<()> {
+    match &a.query {
+        Some(Query::Stats(q)) => stats(q),
+        None => serve(a),
+    }
+}
+
+/// Starts the server, prints where it listens, and serves until SIGINT or SIGTERM, then stops
+/// accepting, closes the connections and writes a final checkpoint (a second signal kills at
+/// once; the write-ahead log makes that safe too).
+fn serve(a: &StoreArgs) -> Result<()> {
+    Stop::on_signals().context("catching SIGINT/SIGTERM")?;
     let config = Config {
         listen: a.listen,
         data_dir: a.data_dir.clone(),
-        token: a
-            .token
-            .clone()
-            .or_else(|| std::env::var("FLOWSTATE_STORE_TOKEN").ok())
-            .filter(|t| !t.is_empty()),
+        token: token(&a.token),
         shards: a.shards,
         limits: flowstate_proto::Limits {
             max_frame: a.max_frame,
@@ -89,6 +131,36 @@ pub(crate) fn run(a: &StoreArgs) -> Result<()> {
     writeln!(out, "flowstate store: listening on {}", server.local_addr())?;
     out.flush()?;
     drop(out);
-    server.wait();
+    let stop = Stop::new();
+    while !stop.stopped() {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    server.stop();
+    eprintln!("flowstate store: stopped");
+    Ok(())
+}
+
+fn stats(q: &StatsArgs) -> Result<()> {
+    let connector = StoreConnector::with_settings(Settings {
+        addr: q.url.clone(),
+        token: token(&q.token),
+        retry_for: Duration::ZERO,
+        ..Settings::default()
+    });
+    let v = connector
+        .open()
+        .and_then(|mut b| b.stats())
+        .with_context(|| format!("statistics of the store at {}", q.url))?;
+    let mut out = std::io::stdout().lock();
+    if q.json {
+        let m: serde_json::Map<String, serde_json::Value> =
+            v.into_iter().map(|(n, x)| (n, x.into())).collect();
+        writeln!(out, "{}", serde_json::to_string_pretty(&m)?)?;
+    } else {
+        let width = v.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
+        for (n, x) in v {
+            writeln!(out, "{n:width$}  {x}")?;
+        }
+    }
     Ok(())
 }

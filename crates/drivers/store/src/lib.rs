@@ -164,6 +164,7 @@ impl StoreConnector {
             out: Vec::with_capacity(64 * 1024),
             sent: Vec::new(),
             answers: Vec::new(),
+            control_answer: None,
             unacked: VecDeque::new(),
             notes: VecDeque::new(),
             limits: Limits::default(),
@@ -291,8 +292,10 @@ pub struct StoreBackend {
     /// Encoded frames of the current call (reused).
     out: Vec<u8>,
     sent: Vec<Sent>,
-    /// Answers of the current call, by frame.
+    /// Answers of the current call's batches, by frame.
     answers: Vec<Option<Vec<proto::Reply>>>,
+    /// The answer of the current call's control request ([`StoreBackend::control`]).
+    control_answer: Option<Message>,
     unacked: VecDeque<Unacked>,
     notes: VecDeque<Pushed>,
     limits: Limits,
@@ -491,22 +494,9 @@ impl StoreBackend {
                         self.answers[i] = Some(r);
                         left -= 1;
                     }
-                    Message::Keys(k) => {
+                    msg @ (Message::Keys(_) | Message::StatsReply(_)) => {
                         self.sent[i].answered = true;
-                        self.answers[i] = Some(
-                            k.into_iter()
-                                .map(|k| proto::Reply::Value(Some(k)))
-                                .collect(),
-                        );
-                        left -= 1;
-                    }
-                    Message::StatsReply(v) => {
-                        self.sent[i].answered = true;
-                        self.answers[i] = Some(
-                            v.into_iter()
-                                .map(|(n, x)| proto::Reply::Refused(format!("{n}={x}")))
-                                .collect(),
-                        );
+                        self.control_answer = Some(msg);
                         left -= 1;
                     }
                     Message::Error { code, message } => {
@@ -559,6 +549,7 @@ impl StoreBackend {
     fn run_prepared(&mut self) -> Result<(), BackendError> {
         self.answers.clear();
         self.answers.resize(self.sent.len(), None);
+        self.control_answer = None;
         let r = self.round_trip();
         self.out.clear();
         if self.out.capacity() > 16 << 20 {
@@ -807,19 +798,14 @@ impl StoreBackend {
     /// The store's statistics (`ops_per_sec`, `connections`, `objects`, `memory_bytes`,
     /// `wal_lag_bytes`, ...).
     pub fn stats(&mut self) -> Result<Vec<(String, u64)>, BackendError> {
-        let a = self.control(Message::Stats)?;
-        Ok(a.into_iter()
-            .filter_map(|r| match r {
-                proto::Reply::Refused(s) => {
-                    let (n, x) = s.rsplit_once('=')?;
-                    Some((n.to_owned(), x.parse().ok()?))
-                }
-                _ => None,
-            })
-            .collect())
+        match self.control(Message::Stats)? {
+            Message::StatsReply(v) => Ok(v),
+            other => Err(protocol(format!("unexpected answer to Stats: {other:?}"))),
+        }
     }
 
-    fn control(&mut self, msg: Message) -> Result<Vec<proto::Reply>, BackendError> {
+    /// Sends one request that is not a batch and waits for its answer.
+    fn control(&mut self, msg: Message) -> Result<Message, BackendError> {
         self.out.clear();
         self.sent.clear();
         let id = self.next_req;
@@ -831,10 +817,13 @@ impl StoreBackend {
             answered: false,
         });
         self.run_prepared()?;
-        self.answers
-            .pop()
-            .flatten()
-            .ok_or_else(|| protocol("no answer"))
+        match self.answers.pop().flatten() {
+            Some(replies) => Ok(Message::Replies(replies)),
+            None => self
+                .control_answer
+                .take()
+                .ok_or_else(|| protocol("no answer")),
+        }
     }
 }
 
@@ -921,14 +910,12 @@ impl Backend for StoreBackend {
             kind: pkind(kind),
             id: id.as_bytes().to_vec(),
         })?;
+        let Message::Keys(a) = a else {
+            return Err(protocol(format!("unexpected answer to Partitions: {a:?}")));
+        };
         let mut keys: Vec<ObjectKey> = a
             .into_iter()
-            .filter_map(|r| match r {
-                proto::Reply::Value(Some(k)) => {
-                    std::str::from_utf8(&k).ok().and_then(ObjectKey::from_raw)
-                }
-                _ => None,
-            })
+            .filter_map(|k| std::str::from_utf8(&k).ok().and_then(ObjectKey::from_raw))
             .collect();
         keys.sort();
         Ok(keys)
