@@ -19,7 +19,8 @@
 //!   capacity of a core that CHC §7.1 measures). Every run sends one operation per frame, as
 //!   Redis gets one command per request; at depth 64 our store also runs each window as one
 //!   multi-op frame, as its own client (`flowstate-driver-store`) sends a flush (keys
-//!   `store_batched_...`, compared with the same Redis run).
+//!   `store_batched_...`, compared with the same Redis run). A run is 300,000 operations,
+//!   sent again in rounds until at least a second has passed (`MIN_RUN`).
 //! * `store-batching`: the effective per-operation cost through the `store` driver of single
 //!   requests against multi-op frames of 100 operations.
 
@@ -50,8 +51,15 @@ const RUNS: [(usize, usize); 7] = [
 /// `store_batched_...`; Redis has no multi-command frame and is compared as pipelined).
 const BATCHED_DEPTH: usize = 64;
 
+/// Least time a measured run lasts: its requests are sent again, round after round, until it
+/// has passed (a run of 300,000 operations takes 60 ms on a busy core, too short to measure on
+/// a shared VM). The mix stays valid when replayed: sets overwrite, every push is popped.
+const MIN_RUN: Duration = Duration::from_secs(1);
+
 /// Latency and rate of one run.
 struct Run {
+    /// Operations measured (whole rounds of the run's requests).
+    ops: usize,
     ops_per_sec: f64,
     p50_us: f64,
     p99_us: f64,
@@ -59,14 +67,22 @@ struct Run {
     server_cpu_s: f64,
 }
 
+impl Run {
+    /// Operations per second of server CPU time.
+    fn ops_per_cpu_sec(&self) -> f64 {
+        self.ops as f64 / self.server_cpu_s.max(1e-3)
+    }
+}
+
 pub(crate) fn run_ops(effort: Effort) -> Report {
-    let ops = match effort {
-        Effort::Full => 300_000usize,
-        Effort::Quick => 3_000,
+    let (ops, min_run) = match effort {
+        Effort::Full => (300_000usize, MIN_RUN),
+        Effort::Quick => (3_000, Duration::ZERO),
     };
     let mut report = Report::new("store-ops");
     report
-        .param("ops_per_run", ops as u64)
+        .param("ops_per_round", ops as u64)
+        .param("min_run_secs", min_run.as_secs_f64())
         .param("mix", "set, get, incr, list push, list pop (equal shares)")
         .param("store_shards", 1)
         .param("store_cpu", 0)
@@ -99,33 +115,23 @@ pub(crate) fn run_ops(effort: Effort) -> Report {
             1 => format!("depth{depth}"),
             c => format!("depth{depth}_clients{c}"),
         };
-        let r = measure(
-            addr,
-            &ours_reqs,
+        let shape = Shape {
             connections,
             depth,
             ops,
-            &store_threads_cpu,
-        );
-        report_run(&mut report, "store", &tag, &r, ops);
+            min_run,
+        };
+        let r = measure(addr, &ours_reqs, shape, &store_threads_cpu);
+        report_run(&mut report, "store", &tag, &r);
         let rb = (depth == BATCHED_DEPTH).then(|| {
-            let rb = measure(
-                addr,
-                &batched_reqs,
-                connections,
-                depth,
-                ops,
-                &store_threads_cpu,
-            );
-            report_run(&mut report, "store_batched", &tag, &rb, ops);
+            let rb = measure(addr, &batched_reqs, shape, &store_threads_cpu);
+            report_run(&mut report, "store_batched", &tag, &rb);
             rb
         });
         if let (Some(redis), Some(reqs)) = (&redis, &redis_reqs) {
             let pid = redis.child.id().to_string();
-            let rr = measure(redis.addr, reqs, connections, depth, ops, &|| {
-                threads_cpu(&pid, "")
-            });
-            report_run(&mut report, "redis", &tag, &rr, ops);
+            let rr = measure(redis.addr, reqs, shape, &|| threads_cpu(&pid, ""));
+            report_run(&mut report, "redis", &tag, &rr);
             report_vs_redis(&mut report, "store", &tag, &r, &rr);
             if let Some(rb) = &rb {
                 report_vs_redis(&mut report, "store_batched", &tag, rb, &rr);
@@ -143,13 +149,13 @@ pub(crate) fn run_ops(effort: Effort) -> Report {
 }
 
 /// Reports a run's metrics as `<server>_<name>_<tag>`.
-fn report_run(report: &mut Report, server: &str, tag: &str, r: &Run, ops: usize) {
+fn report_run(report: &mut Report, server: &str, tag: &str, r: &Run) {
     report.metric(&format!("{server}_ops_per_sec_{tag}"), r.ops_per_sec);
     report.metric(&format!("{server}_p50_us_{tag}"), r.p50_us);
     report.metric(&format!("{server}_p99_us_{tag}"), r.p99_us);
     report.metric(
         &format!("{server}_ops_per_cpu_sec_{tag}"),
-        ops as f64 / r.server_cpu_s.max(1e-3),
+        r.ops_per_cpu_sec(),
     );
 }
 
@@ -162,7 +168,7 @@ fn report_vs_redis(report: &mut Report, server: &str, tag: &str, ours: &Run, red
     );
     report.ratio(
         &format!("{server}_vs_redis_per_cpu_{tag}"),
-        redis.server_cpu_s.max(1e-3) / ours.server_cpu_s.max(1e-3),
+        ours.ops_per_cpu_sec() / redis.ops_per_cpu_sec(),
     );
 }
 
@@ -223,6 +229,7 @@ fn summarize(lat: &mut [Duration], ops: usize, wall: f64, server_cpu_s: f64) -> 
             .map_or(0.0, |d| d.as_secs_f64() * 1e6)
     };
     Run {
+        ops,
         ops_per_sec: ops as f64 / wall,
         p50_us: pct(0.50),
         p99_us: pct(0.99),
@@ -344,8 +351,14 @@ pub fn load_store(
     batched: bool,
 ) -> (usize, f64) {
     let reqs = Requests::new(Wire::Ours, ops, if batched { depth } else { 1 });
-    let run = measure(addr, &reqs, connections, depth, ops, &store_threads_cpu);
-    (ops, run.server_cpu_s)
+    let shape = Shape {
+        connections,
+        depth,
+        ops,
+        min_run: Duration::ZERO,
+    };
+    let run = measure(addr, &reqs, shape, &store_threads_cpu);
+    (run.ops, run.server_cpu_s)
 }
 
 /// Operation `i` of the mix on our store: set, get, incr, list push, list pop in turn. Each
@@ -636,19 +649,30 @@ fn run_pipes(
     }
 }
 
-/// One run against the server at `addr`: requests `0..ops` of `reqs` over `connections`
-/// connections with `depth` requests in flight on each, after a warm-up of a tenth as many
-/// (which fills the keys; lists never run dry, as push comes before pop in the mix). The
-/// client thread runs on the last CPU when there are several (the servers are on CPU 0);
-/// `cpu` reads the server's CPU seconds.
-fn measure(
-    addr: SocketAddr,
-    reqs: &Requests,
+/// What one run sends.
+#[derive(Clone, Copy)]
+struct Shape {
     connections: usize,
+    /// Requests in flight on each connection.
     depth: usize,
+    /// Requests of one round.
     ops: usize,
-    cpu: &(dyn Fn() -> f64 + Sync),
-) -> Run {
+    /// Rounds go on until this much time has passed.
+    min_run: Duration,
+}
+
+/// One run against the server at `addr`: rounds of requests `0..ops` of `reqs` over
+/// `connections` connections with `depth` requests in flight on each, until `min_run` has
+/// passed, after a warm-up of a tenth of a round (which fills the keys; lists never run dry,
+/// as push comes before pop in the mix). The client thread runs on the last CPU when there
+/// are several (the servers are on CPU 0); `cpu` reads the server's CPU seconds.
+fn measure(addr: SocketAddr, reqs: &Requests, shape: Shape, cpu: &(dyn Fn() -> f64 + Sync)) -> Run {
+    let Shape {
+        connections,
+        depth,
+        ops,
+        min_run,
+    } = shape;
     std::thread::scope(|s| {
         s.spawn(|| {
             if let Some(&last) = core_affinity::get_core_ids()
@@ -676,10 +700,15 @@ fn measure(
             run_pipes(&mut pipes, &mut poll, reqs, depth, warm_up.min(ops));
             let cpu0 = cpu();
             let t0 = Instant::now();
-            let mut lat = run_pipes(&mut pipes, &mut poll, reqs, depth, ops);
+            let mut lat = Vec::with_capacity(ops);
+            let mut rounds = 0;
+            while rounds == 0 || t0.elapsed() < min_run {
+                lat.extend(run_pipes(&mut pipes, &mut poll, reqs, depth, ops));
+                rounds += 1;
+            }
             let wall = t0.elapsed().as_secs_f64();
             let server_cpu_s = cpu() - cpu0;
-            summarize(&mut lat, ops, wall, server_cpu_s)
+            summarize(&mut lat, rounds * ops, wall, server_cpu_s)
         })
         .join()
         .expect("the client thread")
@@ -688,6 +717,22 @@ fn measure(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn per_cpu_ratios_compare_operations_per_cpu_second_of_runs_of_any_length() {
+        let run = |ops, secs, cpu| summarize(&mut [], ops, secs, cpu);
+        let mut report = Report::new("t");
+        // Ours: twice the operations (more rounds) on the same CPU time, in half the time.
+        report_vs_redis(
+            &mut report,
+            "store",
+            "x",
+            &run(600, 1.0, 0.5),
+            &run(300, 2.0, 0.5),
+        );
+        assert_eq!(report.ratios["store_vs_redis_per_cpu_x"], 2.0);
+        assert_eq!(report.ratios["store_vs_redis_x"], 4.0);
+    }
 
     #[test]
     fn resp_reply_lengths() {
