@@ -35,7 +35,8 @@ enum Command {
     Bench(BenchArgs),
     /// A network-namespace lab with a client, the box and servers: up, down, status.
     Lab(lab::LabArgs),
-    /// Run the state store server (the `store` backend).
+    /// Run the state store server (the `store` backend), or ask a running one for its
+    /// statistics (`store stats`).
     Store(store::StoreArgs),
 }
 
