@@ -608,21 +608,23 @@ impl Pipe {
 }
 
 /// Runs requests `0..ops` of `reqs` over `pipes` (a contiguous share each), each with a window
-/// of `depth` requests in flight, from this thread's own event loop; the latencies.
+/// of `depth` requests in flight, from this thread's own event loop; appends their latencies
+/// to `lat`.
 fn run_pipes(
     pipes: &mut [Pipe],
     poll: &mut mio::Poll,
     reqs: &Requests,
     depth: usize,
     ops: usize,
-) -> Vec<Duration> {
+    lat: &mut Vec<Duration>,
+) {
     // Shares (and so windows) start on frame boundaries.
     let per = ops.div_ceil(pipes.len()).next_multiple_of(reqs.per_frame);
     for (c, p) in pipes.iter_mut().enumerate() {
         p.next = (c * per).min(ops);
         p.end = ((c + 1) * per).min(ops);
     }
-    let mut lat = Vec::with_capacity(ops);
+    lat.reserve(ops);
     let mut events = mio::Events::with_capacity(64);
     loop {
         let mut busy = false;
@@ -630,7 +632,7 @@ fn run_pipes(
             busy |= p.refill(reqs, depth);
         }
         if !busy {
-            return lat;
+            return;
         }
         if let Err(e) = poll.poll(&mut events, None) {
             assert_eq!(e.kind(), std::io::ErrorKind::Interrupted, "poll: {e}");
@@ -643,7 +645,7 @@ fn run_pipes(
                 p.write(reqs);
             }
             if ev.is_readable() {
-                p.read(reqs.wire, &mut lat);
+                p.read(reqs.wire, lat);
             }
         }
     }
@@ -697,13 +699,21 @@ fn measure(addr: SocketAddr, reqs: &Requests, shape: Shape, cpu: &(dyn Fn() -> f
                 })
                 .collect();
             let warm_up = (ops / 10).max(depth).next_multiple_of(reqs.per_frame);
-            run_pipes(&mut pipes, &mut poll, reqs, depth, warm_up.min(ops));
+            let mut lat = Vec::with_capacity(ops);
+            run_pipes(
+                &mut pipes,
+                &mut poll,
+                reqs,
+                depth,
+                warm_up.min(ops),
+                &mut lat,
+            );
+            lat.clear();
             let cpu0 = cpu();
             let t0 = Instant::now();
-            let mut lat = Vec::with_capacity(ops);
             let mut rounds = 0;
             while rounds == 0 || t0.elapsed() < min_run {
-                lat.extend(run_pipes(&mut pipes, &mut poll, reqs, depth, ops));
+                run_pipes(&mut pipes, &mut poll, reqs, depth, ops, &mut lat);
                 rounds += 1;
             }
             let wall = t0.elapsed().as_secs_f64();
