@@ -1,18 +1,34 @@
 //! Fuzzes the state store protocol's decoder as a server meets it: frames back to back in one
 //! buffer, under default and tight limits. Nothing may panic; every frame that decodes must
-//! encode to bytes that decode to the same frame; the borrowed batch decoder must agree with
-//! the owned one.
+//! encode to bytes that decode to the same frame; the borrowed batch decoder (the server's hot
+//! path) must agree with the owned one on every batch frame.
 //!
 //! Run with `cargo +nightly fuzz run proto` from the repository root.
 
 #![no_main]
 
-use flowstate_proto::{decode, decode_batch_into, encode, peek_header, Limits, Request, HEADER_LEN};
+use flowstate_proto::{
+    decode, decode_batch_into, encode, peek_header, Limits, Message, Request, HEADER_LEN,
+};
 use libfuzzer_sys::fuzz_target;
 
 fn frames(mut buf: &[u8], limits: &Limits) {
+    let mut ops: Vec<Request<&[u8]>> = Vec::new();
     while let Ok(Some((frame, used))) = decode(buf, limits) {
         assert!(used >= HEADER_LEN && used <= buf.len());
+        if let Message::Batch {
+            op_id,
+            ack_only,
+            ops: owned,
+        } = &frame.msg
+        {
+            let h = peek_header(buf, limits)
+                .expect("a decoded frame's header")
+                .expect("a whole header");
+            let borrowed = decode_batch_into(&h, &buf[HEADER_LEN..used], limits, &mut ops);
+            assert_eq!(borrowed.ok(), Some((*op_id, *ack_only)));
+            assert!(ops.iter().map(Request::owned).eq(owned.iter().cloned()));
+        }
         let mut out = Vec::new();
         encode(&frame, &mut out);
         let (again, n) = decode(&out, &Limits::default())
@@ -21,13 +37,6 @@ fn frames(mut buf: &[u8], limits: &Limits) {
         assert_eq!(n, out.len());
         assert_eq!(again, frame);
         buf = &buf[used..];
-    }
-    // The borrowed decoder (the server's hot path) on the first frame, whatever its kind.
-    if let Ok(Some(h)) = peek_header(buf, limits) {
-        if let Some(body) = buf.get(HEADER_LEN..h.total) {
-            let mut ops: Vec<Request<&[u8]>> = Vec::new();
-            let _ = decode_batch_into(&h, body, limits, &mut ops);
-        }
     }
 }
 
