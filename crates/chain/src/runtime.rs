@@ -76,8 +76,6 @@ pub struct RuntimeOptions {
     pub queue_depth: usize,
     /// Operations of failed flushes each partition keeps to send again.
     pub retain_ops: usize,
-    /// Steer by state ownership first (NAT external ports, LB connections).
-    pub owners: crate::owners::Owners,
     /// The worker threads' nice value (`None`: inherited).
     pub nice: Option<i32>,
 }
@@ -97,7 +95,6 @@ impl Default for RuntimeOptions {
             flush_interval: Duration::from_millis(1),
             queue_depth: StateConfig::default().queue_depth,
             retain_ops: StateConfig::default().retain_ops,
-            owners: crate::owners::Owners::default(),
             nice: None,
         }
     }
@@ -116,7 +113,6 @@ impl RuntimeOptions {
             instance: c.state.nf_instance,
             flush_interval: c.state.flush_interval,
             retain_ops: c.state.retain_ops,
-            owners: crate::owners::Owners::from_chain(&c.chain),
             nice: c.runtime.nice,
             ..RuntimeOptions::default()
         }
@@ -331,7 +327,8 @@ impl Runtime {
         let n = o.workers.max(1);
         let pool = o.pool.max(2);
         let batch = o.batch.max(1);
-        let steering = Steering::new(o.inside.clone(), n).with_owners(o.owners.clone());
+        let steering =
+            Steering::new(o.inside.clone(), n).with_owners(crate::owners::Owners::new(&self.chain));
         let abort = AtomicBool::new(false);
         let dispatching = source.is_some();
         let cores = core_affinity::get_core_ids().unwrap_or_default();

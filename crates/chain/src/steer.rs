@@ -172,22 +172,24 @@ impl Steering {
             key.src_port = 0;
             key.dst_port = 0;
         } else if let Some(inner) = quoted_flow(frame, d) {
-            if let Some(w) = self
-                .owners
-                .worker(&key, Some(&inner), self.workers, &self.toeplitz)
-            {
-                return w;
+            let dir = self.direction(d);
+            if let Some(w) = self.owners.partition(&key, Some(&inner), dir, self.workers) {
+                return w as usize;
             }
             key = inner;
-        } else if let Some(w) = self.owners.worker(&key, None, self.workers, &self.toeplitz) {
-            return w;
+        } else if let Some(w) = self
+            .owners
+            .partition(&key, None, self.direction(d), self.workers)
+        {
+            return w as usize;
         }
         self.worker_of_flow(&key)
     }
 }
 
 /// The flow an ICMP error message quotes, if `d` is one.
-fn quoted_flow(frame: &[u8], d: &Dissection) -> Option<FlowKey> {
+#[inline]
+pub fn quoted_flow(frame: &[u8], d: &Dissection) -> Option<FlowKey> {
     let l4 = frame.get(d.l4_offset?..d.l3_end)?;
     match d.transport {
         Transport::Icmpv4 { kind, .. } if !matches!(kind, 0 | 8) => {

@@ -21,7 +21,9 @@
 //!   direction a packet came from does not matter.
 
 use crate::nat::{be16, checksum_update};
-use crate::{BuildError, Context, NetworkFunction, NfFactory, Packet, Verdict, WorkerInfo};
+use crate::{
+    BuildError, Context, Direction, NetworkFunction, NfFactory, Packet, Verdict, WorkerInfo,
+};
 use flowstate_state::{Access, Codec, CodecError, Counter, CounterMap, Declare, Map, Nanos, Scope};
 use flowstate_wire::dissect::{Dissection, Fragment, Transport};
 use flowstate_wire::flow::{proto, FLOW_KEY_MAX_BYTES};
@@ -534,6 +536,35 @@ impl NfFactory for Factory {
     /// idle timer (see the module documentation).
     fn fast_path(&self) -> bool {
         true
+    }
+
+    /// A connection's state (affinity, per-backend counts) is the client endpoint's: client →
+    /// VIP and backend → client both go to the partition of the client endpoint.
+    fn partition(
+        &self,
+        flow: &FlowKey,
+        _quoted: Option<&FlowKey>,
+        _direction: Direction,
+        partitions: u32,
+    ) -> Option<u32> {
+        let client = if self
+            .0
+            .services
+            .contains_key(&(flow.dst, flow.dst_port, flow.proto))
+        {
+            (flow.src, flow.src_port)
+        } else if self
+            .0
+            .backends
+            .contains_key(&(flow.src, flow.src_port, flow.proto))
+        {
+            (flow.dst, flow.dst_port)
+        } else {
+            return None;
+        };
+        Some(crate::endpoint_partition(
+            client.0, client.1, flow.proto, partitions,
+        ))
     }
 }
 

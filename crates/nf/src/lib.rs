@@ -12,7 +12,7 @@
 //!   packet holds can make an NF panic.
 
 use flowstate_state::{Declare, Nanos, StateError};
-use flowstate_wire::Dissection;
+use flowstate_wire::{Dissection, FlowKey};
 
 /// Which side a packet came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -145,6 +145,41 @@ pub trait NfFactory: Send + Sync {
     fn fast_path(&self) -> bool {
         false
     }
+
+    /// The traffic partition (of `partitions`) that holds the state this NF needs for a packet
+    /// of flow `flow`, when its state is keyed by something other than the flow itself (CHC
+    /// §4.1: a packet goes where the objects of its scope live). A NAT's reply is addressed
+    /// to the external port it handed out, so it goes to the partition that owns that port;
+    /// an LB's connection goes by its client endpoint, the part both directions share.
+    /// `quoted` is the flow an ICMP error quotes, `direction` where the packet came from.
+    /// Partitions are a host's workers or a cluster's traffic partitions alike.
+    ///
+    /// Default `None`: the NF's state is per flow, so any split that sends both directions of
+    /// a flow to one partition serves it (the runtime's symmetric flow hash).
+    fn partition(
+        &self,
+        flow: &FlowKey,
+        quoted: Option<&FlowKey>,
+        direction: Direction,
+        partitions: u32,
+    ) -> Option<u32> {
+        let _ = (flow, quoted, direction, partitions);
+        None
+    }
+}
+
+/// The partition (of `partitions`) of an endpoint `(address, port)` of protocol `proto`: how
+/// NFs whose state is keyed by one endpoint of a flow declare their partition. CRC32C of the
+/// endpoint (a symmetric Toeplitz hash would give every endpoint the same value: its key
+/// repeats every 16 bits, so an address hashed against itself cancels out).
+pub fn endpoint_partition(addr: std::net::IpAddr, port: u16, proto: u8, partitions: u32) -> u32 {
+    let mut h = match addr {
+        std::net::IpAddr::V4(a) => flowstate_wire::hash::crc32c(&a.octets()),
+        std::net::IpAddr::V6(a) => flowstate_wire::hash::crc32c(&a.octets()),
+    };
+    h = flowstate_wire::hash::crc32c_append(h, &port.to_be_bytes());
+    h = flowstate_wire::hash::crc32c_append(h, &[proto]);
+    h % partitions.max(1)
 }
 
 pub mod counter;

@@ -561,6 +561,46 @@ impl NfFactory for Factory {
     fn fast_path(&self) -> bool {
         true
     }
+
+    fn partition(
+        &self,
+        flow: &FlowKey,
+        quoted: Option<&FlowKey>,
+        direction: Direction,
+        partitions: u32,
+    ) -> Option<u32> {
+        self.0.partition(flow, quoted, direction, partitions)
+    }
+}
+
+impl Config {
+    /// The partition that holds a packet's NAT state (see [`NfFactory::partition`]):
+    /// * inbound to an external address: the owner of its destination port
+    ///   ([`port_owner`]); an ICMP error quoting a translated packet: the owner of the quoted
+    ///   source port;
+    /// * outbound IPv4 TCP, UDP or ICMP echo: the partition of its inside endpoint (address,
+    ///   port, protocol), the scope of the `eim` mapping, so every flow of one endpoint meets
+    ///   its one mapping (RFC 4787 REQ-1, endpoint-independent mapping, holds across
+    ///   partitions; CHC §4.1 partitions by the coarsest scope);
+    /// * anything else: the flow hash.
+    pub fn partition(
+        &self,
+        flow: &FlowKey,
+        quoted: Option<&FlowKey>,
+        direction: Direction,
+        partitions: u32,
+    ) -> Option<u32> {
+        let external = |ip: IpAddr| matches!(ip, IpAddr::V4(a) if self.external.contains(&a));
+        if let Some(q) = quoted {
+            return external(q.src).then(|| port_owner(q.src_port, self.ports.lo, partitions));
+        }
+        if external(flow.dst) {
+            return Some(port_owner(flow.dst_port, self.ports.lo, partitions));
+        }
+        let translated = matches!(flow.proto, proto::TCP | proto::UDP | proto::ICMP);
+        (direction == Direction::Outbound && flow.src.is_ipv4() && translated)
+            .then(|| crate::endpoint_partition(flow.src, flow.src_port, flow.proto, partitions))
+    }
 }
 
 // ------------------------------------------------------------------------------------------

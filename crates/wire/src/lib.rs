@@ -16,6 +16,7 @@ pub mod checksum;
 pub mod dissect;
 pub mod ethernet;
 pub mod flow;
+pub mod geneve;
 pub mod hash;
 pub mod icmp;
 pub mod ipv4;
@@ -47,6 +48,8 @@ pub enum Layer {
     Icmpv4,
     /// ICMPv6.
     Icmpv6,
+    /// GENEVE encapsulation (RFC 8926).
+    Geneve,
 }
 
 impl Layer {
@@ -61,6 +64,7 @@ impl Layer {
             Layer::Udp => "udp",
             Layer::Icmpv4 => "icmpv4",
             Layer::Icmpv6 => "icmpv6",
+            Layer::Geneve => "geneve",
         }
     }
 }

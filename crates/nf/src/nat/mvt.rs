@@ -100,6 +100,16 @@ impl NfFactory for Factory {
     ) -> Result<Box<dyn NetworkFunction>, BuildError> {
         Ok(Box::new(MvtNat::new(&self.0, state, worker)?))
     }
+
+    fn partition(
+        &self,
+        flow: &flowstate_wire::FlowKey,
+        quoted: Option<&flowstate_wire::FlowKey>,
+        direction: Direction,
+        partitions: u32,
+    ) -> Option<u32> {
+        self.0.partition(flow, quoted, direction, partitions)
+    }
 }
 
 // Tags: the first byte of every key.
