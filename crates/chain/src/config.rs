@@ -120,6 +120,9 @@ pub struct Config {
     pub state: StateSection,
     /// The NFs, in order from the inside to the outside.
     pub chain: Vec<ChainEntry>,
+    /// `[cluster]`: the deployment of many instances, read by `flowstate-cluster` (`None`:
+    /// one process).
+    pub cluster: Option<toml::Table>,
 }
 
 /// `[input]`.
@@ -348,6 +351,7 @@ struct RawConfig {
     runtime: Option<RawRuntime>,
     state: Option<RawState>,
     chain: Option<Vec<toml::Table>>,
+    cluster: Option<toml::Table>,
 }
 
 #[derive(Deserialize)]
@@ -655,6 +659,7 @@ impl Config {
             runtime,
             state,
             chain,
+            cluster: raw.cluster,
         })
     }
 

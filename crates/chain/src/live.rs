@@ -435,6 +435,22 @@ impl<P: Port> LiveSource<P> {
     }
 }
 
+impl<P: Port> LiveSource<P> {
+    /// Appends the IPv4 frames for the box that are ready now (answering ARP on the way),
+    /// without blocking: for a caller that waits on [`LiveSource::fds`] with descriptors of
+    /// its own (the cluster's root).
+    pub fn recv_ready(&mut self, batch: &mut PacketBatch) -> flowstate_io::Result<usize> {
+        let before = batch.len();
+        self.receive(batch)?;
+        Ok(batch.len() - before)
+    }
+
+    /// The ports' descriptors that poll readable when frames may be ready.
+    pub fn fds(&self) -> impl Iterator<Item = std::os::fd::RawFd> + '_ {
+        self.ports.iter().filter_map(|p| p.raw_fd())
+    }
+}
+
 impl<P: Port> Source for LiveSource<P> {
     /// Blocks until at least one packet is there (returns what is ready, up to a batch) or
     /// the box is stopped (returns 0).

@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 use clap::{Args, ValueEnum};
-use flowstate_lab::{Lab, System};
+use flowstate_lab::{instance_addr, Lab, System, MAX_INSTANCES};
 
 /// Options of `flowstate lab`.
 #[derive(Debug, Args)]
@@ -10,13 +10,23 @@ pub(crate) struct LabArgs {
     /// What to do.
     action: Action,
     /// Prefix of every name the lab makes (namespaces `{prefix}client`, `{prefix}nf`,
-    /// `{prefix}server`).
+    /// `{prefix}server`, `{prefix}i1`.., `{prefix}r1`, `{prefix}r2`).
     #[arg(long, default_value = "fs-")]
     prefix: String,
     /// `up` only: switch on Linux's own NAT in the box (nftables masquerade) instead of
     /// leaving the box to flowstate; `down` of the lab removes it too.
     #[arg(long)]
     kernel_nat: bool,
+    /// `up` only: instance namespaces `{prefix}i1..iN` on the cluster network 192.0.2.0/24 in
+    /// the nf namespace (root at 192.0.2.1, instance k at 192.0.2.(10+k)); 0 to 16. A lab that
+    /// is up with another count gets instances added or removed; `down` removes them all.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=i64::from(MAX_INSTANCES)))]
+    instances: u32,
+    /// `up` only: Linux's own HA NAT instead of a box: routers `{prefix}r1` (primary) and
+    /// `{prefix}r2` (backup) with nftables SNAT, keepalived (VRRP) and conntrackd (FTFW); the nf
+    /// namespace becomes a switch. `up` without it switches it off; `down` removes it.
+    #[arg(long, conflicts_with = "kernel_nat")]
+    kernel_ha: bool,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -30,24 +40,41 @@ enum Action {
 }
 
 pub(crate) fn run(a: &LabArgs) -> Result<()> {
-    let lab = Lab::new(&a.prefix)?;
+    let lab = Lab::new(&a.prefix)?.with_instances(a.instances)?;
     let mut exec = System::default();
     match a.action {
         Action::Up => {
             let made = lab.up(&mut exec)?;
-            lab.kernel_nat(&mut exec, a.kernel_nat)?;
+            if a.kernel_ha {
+                lab.kernel_ha(&mut exec, true)?;
+            } else {
+                lab.kernel_ha(&mut exec, false)?;
+                lab.kernel_nat(&mut exec, a.kernel_nat)?;
+            }
             println!(
                 "lab {}: {}",
                 lab.prefix(),
                 if made { "up" } else { "already up" }
             );
             print!("{}", lab.describe());
+            if a.kernel_ha {
+                print!("{}", lab.describe_kernel_ha());
+                if let Some(m) = lab.ha_master(&mut exec)? {
+                    println!("            master now: {m}");
+                }
+            }
         }
         Action::Down => {
             lab.down(&mut exec)?;
             println!("lab {}: down", lab.prefix());
         }
         Action::Status => {
+            // Describe the instances that are there, whatever count they were made with.
+            let s = lab.status(&mut exec)?;
+            let n = u32::try_from(s.instances.len())
+                .unwrap_or(MAX_INSTANCES)
+                .min(MAX_INSTANCES);
+            let lab = lab.with_instances(n)?;
             let s = lab.status(&mut exec)?;
             let state = match (s.complete, s.namespaces.is_empty() && s.servers.is_empty()) {
                 (true, _) => "up",
@@ -62,8 +89,37 @@ pub(crate) fn run(a: &LabArgs) -> Result<()> {
                 .map(|(n, p)| format!("{n} (pid {p})"))
                 .collect();
             println!("servers     {}", servers.join(", "));
+            if !s.instances.is_empty() {
+                let list: Vec<String> = s
+                    .instances
+                    .iter()
+                    .map(|ns| {
+                        let k = ns
+                            .strip_prefix(lab.prefix())
+                            .and_then(|x| x.strip_prefix('i'))
+                            .and_then(|d| d.parse::<u32>().ok())
+                            .filter(|k| (1..=MAX_INSTANCES).contains(k));
+                        match k {
+                            Some(k) => format!("{ns} {}", instance_addr(k)),
+                            None => ns.clone(),
+                        }
+                    })
+                    .collect();
+                println!("instances   {}", list.join(", "));
+            }
+            if !s.routers.is_empty() {
+                let master = lab.ha_master(&mut exec)?;
+                println!(
+                    "kernel ha   routers {}; master {}",
+                    s.routers.join(", "),
+                    master.as_deref().unwrap_or("none")
+                );
+            }
             if s.complete {
                 print!("{}", lab.describe());
+                if !s.routers.is_empty() {
+                    print!("{}", lab.describe_kernel_ha());
+                }
             }
         }
     }

@@ -1,6 +1,7 @@
 //! `flowstate`: the one binary. See `flowstate --help`.
 
 mod backends;
+mod cluster;
 mod gen;
 mod inspect;
 mod lab;
@@ -38,6 +39,9 @@ enum Command {
     /// Run the state store server (the `store` backend), or ask a running one for its
     /// statistics (`store stats`).
     Store(store::StoreArgs),
+    /// Many instances on a shared store, a root that steers, a controller: failover and
+    /// scale out/in without a broken connection (in the lab's namespaces).
+    Cluster(cluster::ClusterArgs),
 }
 
 #[derive(Debug, Args)]
@@ -101,6 +105,7 @@ fn main() {
         Command::Bench(a) => bench(&a),
         Command::Lab(a) => lab::run(&a),
         Command::Store(a) => store::run(&a),
+        Command::Cluster(a) => cluster::run(&a),
     };
     if let Err(e) = result {
         eprintln!("flowstate: error: {}", error_chain(&e));

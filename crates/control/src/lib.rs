@@ -21,7 +21,12 @@
 //! * Scale-in: when every instance has stayed below the low threshold for `scale_in_periods`
 //!   heartbeats, an instance that no longer receives new flows and holds no active entry is
 //!   retired, its pool combined into the instance taking new flows; again no flow moves.
+//! * [`cluster`]: the multi-process cluster's controller (StatelessNF §4.2), sans-IO too:
+//!   instances report over UDP, it publishes which instance owns each traffic partition (one
+//!   owner, epochs, versions), fails dead instances over at once, and starts, drains and stops
+//!   instances to a target.
 
+pub mod cluster;
 pub mod heartbeat;
 
 pub use heartbeat::{DecodeError, Heartbeat};

@@ -26,11 +26,49 @@
 //!   a port is complete (its checksums are correct) and at most one MTU long.
 //! * The commands run through the [`Exec`] trait (`ip`, `ethtool`, `sysctl`, `nft`, the
 //!   servers), so the plans are tested without privileges; [`System`] runs them for real.
+//!
+//! Two additions, each optional:
+//! * **Instance namespaces** ([`Lab::with_instances`], `flowstate lab up --instances N`): a
+//!   cluster network [`CLUSTER_NET`] inside the nf namespace, where a bridge `fs-cl` holds
+//!   [`ROOT_ADDR`] (the root, the controller and a managed store listen there), and N
+//!   namespaces `{prefix}i{k}`, each joined to the bridge by a veth (`fs-cl{k}` in the nf
+//!   namespace, `fs-i` with [`instance_addr`]`(k)` in the instance's). The nf namespace still
+//!   forwards nothing: the instances reach 192.0.2.1 and each other, never the client or
+//!   server side.
+//!
+//!   ```text
+//!   nf ns: bridge fs-cl 192.0.2.1/24 ── fs-cl1 <-veth-> fs-i 192.0.2.11/24  ({prefix}i1)
+//!                                     ── fs-cl2 <-veth-> fs-i 192.0.2.12/24  ({prefix}i2) ...
+//!   ```
+//!
+//!   [`Lab::up`] reconciles the instances without touching the rest: a lab that is up with
+//!   another count gets the missing instance namespaces added and the extra ones removed.
+//! * **Linux's own HA NAT** ([`Lab::kernel_ha`], `flowstate lab up --kernel-ha`): the peer for
+//!   failover. Two router namespaces `{prefix}r1` (primary) and `{prefix}r2` (backup) with
+//!   nftables SNAT to [`BOX_OUTSIDE`], keepalived (VRRP) moving [`BOX_INSIDE`] and
+//!   [`BOX_OUTSIDE`] between them, and conntrackd (FTFW) syncing the conntrack table over a
+//!   dedicated link; the nf namespace becomes a plain switch (see the `ha` module's docs and
+//!   [`Lab::describe_kernel_ha`]). [`Lab::kill_ha_primary`] crashes the primary,
+//!   [`Lab::ha_master`] tells who holds the addresses, [`Lab::peer_failover_gap`] measures the
+//!   gap a client sees.
 
 use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+
+mod cluster;
+mod ha;
+
+pub use cluster::{
+    instance_addr, instance_port, CLUSTER_BRIDGE, CLUSTER_NET, INSTANCE_IF, MAX_INSTANCES,
+    ROOT_ADDR,
+};
+pub use ha::{
+    failover_gap, ping_reply_times, Daemon, GapProbe, HaRouter, HA_ADVERT_INT_MS, HA_INSIDE_BRIDGE,
+    HA_INSIDE_IF, HA_NAT_TABLE, HA_OUTSIDE_BRIDGE, HA_OUTSIDE_IF, HA_ROUTERS, HA_SYNC_IF,
+    HA_SYNC_NET, HA_SYNC_PORT,
+};
 
 /// The client's address.
 pub const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
@@ -102,6 +140,28 @@ pub enum LabError {
     /// The prefix is not usable in names.
     #[error("invalid lab prefix {0:?}: expected 1 to 24 of [a-z0-9-], starting with a letter")]
     Prefix(String),
+    /// More instances than [`MAX_INSTANCES`] were asked for.
+    #[error("{0} instances asked for: a lab has at most {MAX_INSTANCES}")]
+    Instances(u32),
+    /// The lab (or the part of it an operation needs) is not up.
+    #[error("lab {prefix}: {what} is not up (run `flowstate lab up{flag}` first)")]
+    NotUp {
+        /// The lab's prefix.
+        prefix: String,
+        /// What is missing.
+        what: &'static str,
+        /// The `lab up` option that makes it.
+        flag: &'static str,
+    },
+    /// Linux's HA NAT did not do what it should (no router took the addresses, both did, or
+    /// traffic did not come back through the backup).
+    #[error("kernel HA ({prefix}): {what}")]
+    Ha {
+        /// The lab's prefix.
+        prefix: String,
+        /// What went wrong.
+        what: String,
+    },
     /// A server the lab started did not come up.
     #[error("{what} did not start (see {log})")]
     NotStarted {
@@ -166,6 +226,9 @@ fn hint_for(program: &str) -> &'static str {
         "ethtool" => " (install ethtool: scripts/setup-live)",
         "nft" => " (install nftables: scripts/setup-live)",
         "iperf3" => " (install iperf3: scripts/setup-live)",
+        "keepalived" => " (install keepalived: scripts/setup-live)",
+        "conntrackd" => " (install conntrackd: scripts/setup-live)",
+        "ping" => " (install iputils-ping: scripts/setup-live)",
         _ => "",
     }
 }
@@ -281,21 +344,30 @@ pub struct Server {
     pub cmd: Cmd,
 }
 
-/// One lab: its names and where it keeps its state.
+/// One lab: its names, how many instance namespaces it has, and where it keeps its state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lab {
     prefix: String,
     state_dir: PathBuf,
+    instances: u32,
 }
 
 /// What [`Lab::status`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Status {
-    /// The lab's namespaces that exist.
+    /// The lab's namespaces that exist: the three of the lab, its instance namespaces and its
+    /// kernel-HA routers.
     pub namespaces: Vec<String>,
-    /// The lab's servers that run: (name, pid).
+    /// The lab's servers that run, and the kernel-HA daemons: (name, pid).
     pub servers: Vec<(String, u32)>,
-    /// Whether every namespace exists and every server runs.
+    /// The instance namespaces that exist (`{prefix}i{k}`, by k), whatever count was asked.
+    pub instances: Vec<String>,
+    /// The kernel-HA router namespaces that exist (`{prefix}r1`, `{prefix}r2`).
+    pub routers: Vec<String>,
+    /// Whether every namespace exists and every server runs, including instances 1 to
+    /// [`Lab::instances`] with their links and, when a router namespace exists, every
+    /// kernel-HA daemon. (More instances than asked for do not make it incomplete; `up` trims
+    /// them.)
     pub complete: bool,
 }
 
@@ -319,7 +391,23 @@ impl Lab {
         Ok(Lab {
             prefix: prefix.to_owned(),
             state_dir: root.join(prefix),
+            instances: 0,
         })
+    }
+
+    /// The same lab with `n` instance namespaces (0, the default: none; at most
+    /// [`MAX_INSTANCES`], else [`LabError::Instances`]).
+    pub fn with_instances(mut self, n: u32) -> Result<Lab, LabError> {
+        if n > MAX_INSTANCES {
+            return Err(LabError::Instances(n));
+        }
+        self.instances = n;
+        Ok(self)
+    }
+
+    /// How many instance namespaces this lab has.
+    pub fn instances(&self) -> u32 {
+        self.instances
     }
 
     /// The prefix.
@@ -342,7 +430,8 @@ impl Lab {
         format!("{}server", self.prefix)
     }
 
-    /// The three namespaces, in the order they are made.
+    /// The three namespaces of every lab, in the order they are made (instance and router
+    /// namespaces come on top: [`Lab::instance_ns`], [`Lab::router_ns`]).
     pub fn namespaces(&self) -> [String; 3] {
         [self.client_ns(), self.nf_ns(), self.server_ns()]
     }
@@ -542,13 +631,21 @@ impl Lab {
         v
     }
 
-    /// The commands that remove the namespaces in `present` (those of this lab only).
+    /// The commands that remove the namespaces in `present` (those of this lab only: its
+    /// three, any instance namespace `{prefix}i<digits>`, its routers).
     pub fn down_plan(&self, present: &[String]) -> Vec<Cmd> {
-        self.namespaces()
+        present
             .iter()
-            .filter(|ns| present.contains(ns))
+            .filter(|ns| self.owns(ns))
             .map(|ns| Cmd::new(&["ip", "netns", "del", ns]).may_fail())
             .collect()
+    }
+
+    /// Whether namespace `ns` is one this lab makes.
+    fn owns(&self, ns: &str) -> bool {
+        self.namespaces().iter().any(|n| n == ns)
+            || self.instance_index(ns).is_some()
+            || self.router_index(ns).is_some()
     }
 
     /// The commands that make (`on`) or remove Linux's own NAT in the nf namespace: the
@@ -618,18 +715,33 @@ impl Lab {
         }
     }
 
-    /// Which of this lab's namespaces exist.
+    /// Which of this lab's namespaces exist: its three (in the order they are made), then its
+    /// instance namespaces (by k), then its routers.
     pub fn present(&self, exec: &mut dyn Exec) -> Result<Vec<String>, LabError> {
         let out = exec.run(&Cmd::new(&["ip", "netns", "list"]))?;
         let names: Vec<&str> = out
             .lines()
             .filter_map(|l| l.split_whitespace().next())
             .collect();
-        Ok(self
+        let mut v: Vec<String> = self
             .namespaces()
             .into_iter()
             .filter(|ns| names.contains(&ns.as_str()))
-            .collect())
+            .collect();
+        let mut instances: Vec<(u64, &str)> = names
+            .iter()
+            .filter_map(|n| self.instance_index(n).map(|k| (k, *n)))
+            .collect();
+        instances.sort();
+        v.extend(instances.into_iter().map(|(_, n)| n.to_owned()));
+        let mut routers: Vec<&str> = names
+            .iter()
+            .copied()
+            .filter(|n| self.router_index(n).is_some())
+            .collect();
+        routers.sort_unstable();
+        v.extend(routers.into_iter().map(str::to_owned));
+        Ok(v)
     }
 
     fn read_pids(&self) -> Vec<(String, u32, String)> {
@@ -647,40 +759,92 @@ impl Lab {
             .collect()
     }
 
-    /// What exists of this lab.
-    pub fn status(&self, exec: &mut dyn Exec) -> Result<Status, LabError> {
-        let namespaces = self.present(exec)?;
-        let wanted = self.servers();
-        let servers: Vec<(String, u32)> = self
-            .read_pids()
+    /// The lab's servers that run: (name, pid).
+    fn running_servers(&self, exec: &mut dyn Exec) -> Vec<(String, u32)> {
+        self.read_pids()
             .into_iter()
             .filter(|(_, pid, argv0)| exec.alive(*pid, argv0))
             .map(|(name, pid, _)| (name, pid))
-            .collect();
-        let complete = namespaces.len() == 3
-            && wanted
+            .collect()
+    }
+
+    /// Whether the three namespaces exist and the servers run (instances and routers aside).
+    fn base_complete(&self, present: &[String], servers: &[(String, u32)]) -> bool {
+        self.namespaces().iter().all(|ns| present.contains(ns))
+            && self
+                .servers()
                 .iter()
-                .all(|w| servers.iter().any(|(n, _)| n == w.name));
+                .all(|w| servers.iter().any(|(n, _)| n == w.name))
+    }
+
+    /// What exists of this lab.
+    pub fn status(&self, exec: &mut dyn Exec) -> Result<Status, LabError> {
+        let namespaces = self.present(exec)?;
+        let mut servers = self.running_servers(exec);
+        let daemons = self.running_ha_daemons(exec);
+        let instances: Vec<String> = namespaces
+            .iter()
+            .filter(|ns| self.instance_index(ns).is_some())
+            .cloned()
+            .collect();
+        let routers: Vec<String> = namespaces
+            .iter()
+            .filter(|ns| self.router_index(ns).is_some())
+            .cloned()
+            .collect();
+        let mut complete = self.base_complete(&namespaces, &servers);
+        if complete && self.instances > 0 {
+            complete = self.bridge_ok(exec)?;
+            for k in 1..=self.instances {
+                complete = complete
+                    && namespaces.contains(&self.instance_ns(k))
+                    && self.instance_ok(exec, k)?;
+            }
+        }
+        if complete && !routers.is_empty() {
+            complete = self.ha_complete(&namespaces, &daemons);
+        }
+        servers.extend(daemons);
         Ok(Status {
             namespaces,
             servers,
+            instances,
+            routers,
             complete,
         })
     }
 
-    /// Makes the lab (see the crate promises). Returns whether anything was made (`false`:
-    /// it was already complete).
+    /// Makes the lab (see the crate promises). Returns whether anything was made or removed
+    /// (`false`: it was already complete).
+    ///
+    /// The lab itself (its three namespaces and servers) is left as it is when complete and
+    /// made anew when not (a rebuild removes kernel HA too); then the instance namespaces are
+    /// reconciled with [`Lab::instances`]: missing or broken ones are made, extra ones removed,
+    /// complete ones left alone (all are remade only if the cluster bridge itself was broken).
+    /// On any failure everything is removed.
     pub fn up(&self, exec: &mut dyn Exec) -> Result<bool, LabError> {
-        if self.status(exec)?.complete {
-            return Ok(false);
-        }
-        self.down(exec)?;
-        let made = self.build(exec);
+        let made = self.up_inner(exec);
         if made.is_err() {
             // Leave nothing half made.
             let _ = self.down(exec);
         }
-        made.map(|()| true)
+        made
+    }
+
+    fn up_inner(&self, exec: &mut dyn Exec) -> Result<bool, LabError> {
+        let present = self.present(exec)?;
+        let servers = self.running_servers(exec);
+        let mut made = false;
+        let present = if self.base_complete(&present, &servers) {
+            present
+        } else {
+            self.down(exec)?;
+            self.build(exec)?;
+            made = true;
+            self.present(exec)?
+        };
+        made |= self.reconcile_instances(exec, &present)?;
+        Ok(made)
     }
 
     fn build(&self, exec: &mut dyn Exec) -> Result<(), LabError> {
@@ -732,8 +896,11 @@ impl Lab {
         })
     }
 
-    /// Removes the lab (see the crate promises).
+    /// Removes the lab (see the crate promises): also its instance namespaces (any
+    /// `{prefix}i<digits>`, whatever count it was made with) and its kernel-HA routers and
+    /// their daemons.
     pub fn down(&self, exec: &mut dyn Exec) -> Result<(), LabError> {
+        self.stop_ha_daemons(exec)?;
         for (_, pid, argv0) in self.read_pids() {
             if exec.alive(pid, &argv0) {
                 exec.kill(pid);
@@ -754,8 +921,10 @@ impl Lab {
     }
 
     /// Switches Linux's own NAT in the nf namespace on or off ([`Lab::kernel_nat_plan`]).
+    /// Switching it on switches kernel HA off ([`Lab::kernel_ha`]): the lab is one or the other.
     pub fn kernel_nat(&self, exec: &mut dyn Exec, on: bool) -> Result<(), LabError> {
         if on {
+            self.kernel_ha(exec, false)?;
             for cmd in self.kernel_nat_plan(false) {
                 exec.run(&cmd)?;
             }
@@ -779,8 +948,9 @@ impl Lab {
              lb vip      {VIP}:{HTTP_PORT}\n\
              state       {}\n\
              try         ip netns exec {n} flowstate run examples/live-nat.toml\n\
-             \x20           ip netns exec {c} curl http://{SERVER}:{HTTP_PORT}/backend\n",
-            self.state_dir.display()
+             \x20           ip netns exec {c} curl http://{SERVER}:{HTTP_PORT}/backend\n{}",
+            self.state_dir.display(),
+            self.describe_instances(),
         )
     }
 }
@@ -790,7 +960,9 @@ mod tests {
     use super::*;
     use std::collections::HashSet;
 
-    /// Records commands; `ip netns list` answers with `netns`.
+    /// Records commands; `ip netns list` answers with `netns`; links made with `ip link add`
+    /// (veths, bridges) and their addresses are remembered for `ip -br addr show` (or answered
+    /// from `brief`), `ip netns pids` answers from `pids`.
     #[derive(Default)]
     struct Fake {
         ran: Vec<Cmd>,
@@ -798,6 +970,17 @@ mod tests {
         spawned: Vec<(Cmd, u32)>,
         killed: Vec<u32>,
         listen: bool,
+        /// (namespace, device, addresses)
+        links: Vec<(String, String, Vec<String>)>,
+        /// Canned `ip -n NS -br -4 addr show dev DEV` answers: ((NS, DEV), answer).
+        brief: Vec<((String, String), String)>,
+        pids: String,
+    }
+
+    impl Fake {
+        fn link(&mut self, ns: &str, dev: &str) {
+            self.links.push((ns.to_owned(), dev.to_owned(), Vec::new()));
+        }
     }
 
     impl Exec for Fake {
@@ -812,7 +995,40 @@ mod tests {
                 }
                 ["ip", "netns", "del", ns] => {
                     self.netns.retain(|n| n != ns);
+                    self.links.retain(|(n, _, _)| n != ns);
                     Ok(String::new())
+                }
+                ["ip", "netns", "pids", _] => Ok(self.pids.clone()),
+                ["ip", "link", "add", d, "netns", x, "type", "veth", "peer", "name", p, "netns", y] => {
+                    self.link(x, d);
+                    self.link(y, p);
+                    Ok(String::new())
+                }
+                ["ip", "-n", ns, "link", "add", d, "type", "bridge", ..] => {
+                    self.link(ns, d);
+                    Ok(String::new())
+                }
+                ["ip", "-n", ns, "link", "del", d] => {
+                    self.links.retain(|(n, dev, _)| !(n == ns && dev == d));
+                    Ok(String::new())
+                }
+                ["ip", "-n", ns, "addr", "add", addr, "dev", d] => {
+                    if let Some(l) = self.links.iter_mut().find(|(n, dev, _)| n == ns && dev == d) {
+                        l.2.push((*addr).to_owned());
+                    }
+                    Ok(String::new())
+                }
+                ["ip", "-n", ns, "-br", "-4", "addr", "show", "dev", d] => {
+                    let key = ((*ns).to_owned(), (*d).to_owned());
+                    if let Some((_, out)) = self.brief.iter().find(|(k, _)| *k == key) {
+                        return Ok(out.clone());
+                    }
+                    Ok(self
+                        .links
+                        .iter()
+                        .find(|(n, dev, _)| n == ns && dev == d)
+                        .map(|(_, dev, addrs)| format!("{dev}@if9 UP {}\n", addrs.join(" ")))
+                        .unwrap_or_default())
                 }
                 [.., "ss", "-Hltn"] if self.listen => Ok(format!(
                     "LISTEN 0 5 {SERVER}:{HTTP_PORT} *\nLISTEN 0 5 {SERVER2}:{HTTP_PORT} *\nLISTEN 0 5 {SERVER}:{IPERF_PORT} *"
@@ -980,5 +1196,447 @@ mod tests {
         }
         let on: Vec<String> = lab.kernel_nat_plan(true).iter().map(Cmd::line).collect();
         assert!(on.iter().any(|l| l.contains("masquerade")));
+    }
+
+    fn lines(plan: &[Cmd]) -> Vec<String> {
+        plan.iter().map(Cmd::line).collect()
+    }
+
+    /// Every namespace named in `plan` is one of `lab`'s, and every veth is made with both ends
+    /// in lab namespaces.
+    fn assert_prefixed(lab: &Lab, plan: &[Cmd]) {
+        for cmd in plan {
+            let a = &cmd.argv;
+            let l = cmd.line();
+            if a[..2] == ["ip", "-n"]
+                || a[..3] == ["ip", "netns", "exec"]
+                || a[..3] == ["ip", "netns", "add"]
+            {
+                let ns = if a[1] == "-n" { &a[2] } else { &a[3] };
+                assert!(lab.owns(ns), "{l}");
+            }
+            if a[..3] == ["ip", "link", "add"] {
+                let ends: Vec<&String> = a
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, x)| *x == "netns" && *i > 0)
+                    .map(|(i, _)| &a[i + 1])
+                    .collect();
+                assert_eq!(ends.len(), 2, "{l}");
+                assert!(ends.iter().all(|ns| lab.owns(ns)), "{l}");
+            }
+        }
+    }
+
+    #[test]
+    fn instances_are_named_and_numbered() {
+        let (lab, _d) = lab();
+        assert_eq!(lab.instances(), 0);
+        assert_eq!(instance_addr(1), Ipv4Addr::new(192, 0, 2, 11));
+        assert_eq!(instance_addr(MAX_INSTANCES), Ipv4Addr::new(192, 0, 2, 26));
+        assert_eq!(lab.instance_ns(3), "fs-u-i3");
+        assert_eq!(instance_port(3), "fs-cl3");
+        assert!(matches!(
+            lab.clone().with_instances(MAX_INSTANCES + 1),
+            Err(LabError::Instances(17))
+        ));
+        assert_eq!(lab.clone().with_instances(16).unwrap().instances(), 16);
+        assert_eq!(lab.clone().with_instances(0).unwrap(), lab);
+        assert_eq!(ROOT_ADDR.to_string() + "/24", "192.0.2.1/24");
+        assert!(CLUSTER_NET.starts_with("192.0.2.0/"));
+        // Only digits after `{prefix}i` are instances: other labs' names are not.
+        assert_eq!(lab.instance_index("fs-u-i12"), Some(12));
+        for not in ["fs-u-i", "fs-u-inf", "fs-u-i1x", "fs-i1", "fs-u-client"] {
+            assert_eq!(lab.instance_index(not), None, "{not}");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "instances are numbered 1 to 16")]
+    fn instance_zero_has_no_address() {
+        let _ = instance_addr(0);
+    }
+
+    #[test]
+    fn instances_join_the_cluster_bridge_and_nothing_is_routed() {
+        let (lab, _d) = lab();
+        let lab = lab.with_instances(2).unwrap();
+        let mut plan = lab.cluster_plan();
+        plan.extend(lab.instance_plan(1));
+        plan.extend(lab.instance_plan(2));
+        assert_prefixed(&lab, &plan);
+        let l = lines(&plan);
+        for want in [
+            "ip -n fs-u-nf link add fs-cl type bridge forward_delay 0".to_owned(),
+            "ip -n fs-u-nf addr add 192.0.2.1/24 dev fs-cl".to_owned(),
+            "ip netns add fs-u-i2".to_owned(),
+            "ip link add fs-i netns fs-u-i2 type veth peer name fs-cl2 netns fs-u-nf".to_owned(),
+            "ip -n fs-u-nf link set fs-cl2 master fs-cl".to_owned(),
+            "ip -n fs-u-i2 addr add 192.0.2.12/24 dev fs-i".to_owned(),
+            "ip -n fs-u-i2 link set lo up".to_owned(),
+            "ip netns exec fs-u-i2 sysctl -qw net.ipv6.conf.all.disable_ipv6=1".to_owned(),
+        ] {
+            assert!(l.contains(&want), "{want}");
+        }
+        for dev in [
+            ("fs-u-nf", "fs-cl"),
+            ("fs-u-nf", "fs-cl1"),
+            ("fs-u-i1", "fs-i"),
+        ] {
+            assert!(
+                l.iter().any(|x| x.starts_with(&format!(
+                    "ip netns exec {} ethtool -K {} tx off",
+                    dev.0, dev.1
+                ))),
+                "{dev:?}"
+            );
+        }
+        assert!(!l.iter().any(|x| x.contains("ip_forward=1")));
+        assert!(!l.iter().any(|x| x.contains("route")));
+        let d = lab.describe();
+        assert!(
+            d.contains("192.0.2.1") && d.contains("fs-u-i2 192.0.2.12"),
+            "{d}"
+        );
+    }
+
+    #[test]
+    fn up_reconciles_the_instances_and_down_removes_them_all() {
+        let (lab, _d) = lab();
+        let three = lab.clone().with_instances(3).unwrap();
+        let mut fake = Fake {
+            listen: true,
+            netns: vec!["other".into(), "fs-u-inf".into()],
+            ..Fake::default()
+        };
+        assert!(three.up(&mut fake).unwrap());
+        let st = three.status(&mut fake).unwrap();
+        assert!(st.complete, "{st:?}");
+        assert_eq!(st.instances, vec!["fs-u-i1", "fs-u-i2", "fs-u-i3"]);
+        assert_eq!(st.namespaces.len(), 6);
+
+        // Complete: nothing is made, only looked at.
+        let before = fake.ran.len();
+        assert!(!three.up(&mut fake).unwrap());
+        for c in &fake.ran[before..] {
+            let l = c.line();
+            assert!(
+                l == "ip netns list" || l.contains(" -br -4 addr show "),
+                "{l}"
+            );
+        }
+
+        // Trimmed to one: i2 and i3 go, nothing else is touched.
+        let one = lab.clone().with_instances(1).unwrap();
+        let before = fake.ran.len();
+        assert!(one.up(&mut fake).unwrap());
+        let dels: Vec<String> = fake.ran[before..]
+            .iter()
+            .map(Cmd::line)
+            .filter(|l| l.contains(" del") || l.contains(" add "))
+            .collect();
+        assert_eq!(dels, vec!["ip netns del fs-u-i2", "ip netns del fs-u-i3"]);
+        assert!(one.status(&mut fake).unwrap().complete);
+
+        // Grown to two: only i2 is made.
+        let two = lab.clone().with_instances(2).unwrap();
+        let before = fake.ran.len();
+        assert!(two.up(&mut fake).unwrap());
+        let adds: Vec<String> = fake.ran[before..]
+            .iter()
+            .map(Cmd::line)
+            .filter(|l| l.starts_with("ip netns add") || l.starts_with("ip netns del"))
+            .collect();
+        assert_eq!(adds, vec!["ip netns add fs-u-i2"]);
+
+        // A lab without instances: they go, and the bridge with them.
+        fake.netns.push("fs-u-i9".into());
+        let before = fake.ran.len();
+        assert!(lab.up(&mut fake).unwrap());
+        let l = lines(&fake.ran[before..]);
+        assert!(
+            l.contains(&"ip -n fs-u-nf link del fs-cl".to_owned()),
+            "{l:?}"
+        );
+        assert!(!fake.netns.iter().any(|n| lab.instance_index(n).is_some()));
+
+        // Down removes any instance namespace, whatever the count it was made with.
+        fake.netns.push("fs-u-i4".into());
+        lab.down(&mut fake).unwrap();
+        assert_eq!(fake.netns, vec!["other".to_owned(), "fs-u-inf".to_owned()]);
+    }
+
+    #[test]
+    fn a_broken_cluster_bridge_remakes_every_instance() {
+        let (lab, _d) = lab();
+        let two = lab.with_instances(2).unwrap();
+        let mut fake = Fake {
+            listen: true,
+            ..Fake::default()
+        };
+        assert!(two.up(&mut fake).unwrap());
+        fake.links.retain(|(_, d, _)| d != CLUSTER_BRIDGE);
+        assert!(!two.status(&mut fake).unwrap().complete);
+        let before = fake.ran.len();
+        assert!(two.up(&mut fake).unwrap());
+        let l = lines(&fake.ran[before..]);
+        for want in [
+            "ip -n fs-u-nf link add fs-cl type bridge forward_delay 0",
+            "ip netns del fs-u-i1",
+            "ip netns del fs-u-i2",
+            "ip netns add fs-u-i1",
+            "ip netns add fs-u-i2",
+        ] {
+            assert!(l.contains(&want.to_owned()), "{want}: {l:?}");
+        }
+        assert!(!l.contains(&"ip netns del fs-u-nf".to_owned()));
+    }
+
+    #[test]
+    fn kernel_ha_is_made_in_the_lab_namespaces_only() {
+        let (lab, _d) = lab();
+        let plan = lab.kernel_ha_plan();
+        assert_prefixed(&lab, &plan);
+        let l = lines(&plan);
+        for want in [
+            "ip netns add fs-u-r1",
+            "ip netns add fs-u-r2",
+            "ip -n fs-u-nf link add fs-ib type bridge forward_delay 0 mcast_snooping 0",
+            "ip -n fs-u-nf link set fs-in master fs-ib",
+            "ip -n fs-u-nf link set fs-out master fs-ob",
+            "ip -n fs-u-nf link set fs-r2i master fs-ib",
+            "ip -n fs-u-nf link set fs-r1o master fs-ob",
+            "ip link add fs-ri netns fs-u-r1 type veth peer name fs-r1i netns fs-u-nf",
+            "ip link add fs-rs netns fs-u-r1 type veth peer name fs-rs netns fs-u-r2",
+            "ip -n fs-u-r1 addr add 10.0.0.252/24 dev fs-ri",
+            "ip -n fs-u-r2 addr add 198.51.100.253/24 dev fs-ro",
+            "ip -n fs-u-r2 addr add 198.18.0.2/24 dev fs-rs",
+            "ip netns exec fs-u-r1 sysctl -qw net.ipv4.ip_forward=1",
+        ] {
+            assert!(l.contains(&want.to_owned()), "{want}");
+        }
+        // The VIPs are keepalived's, the nf namespace stays a switch.
+        assert!(!l.iter().any(
+            |x| x.contains(&format!("{BOX_INSIDE}/")) || x.contains(&format!("{BOX_OUTSIDE}/"))
+        ));
+        assert!(!l
+            .iter()
+            .any(|x| x.contains("fs-u-nf") && x.contains("ip_forward=1")));
+        assert!(!l.iter().any(|x| x.starts_with("ip -n fs-u-nf addr add")));
+        for r in ["fs-u-r1", "fs-u-r2"] {
+            assert!(l.contains(&format!(
+                "ip netns exec {r} nft -f {}",
+                lab.ha_dir().join("nft.conf").display()
+            )));
+            for dev in [HA_INSIDE_IF, HA_OUTSIDE_IF, HA_SYNC_IF] {
+                assert!(l.contains(&format!(
+                    "ip netns exec {r} ethtool -K {dev} tx off rx off gro off"
+                )));
+            }
+        }
+    }
+
+    #[test]
+    fn kernel_ha_runs_from_the_state_directory_only() {
+        let (lab, _d) = lab();
+        let files = lab.kernel_ha_files();
+        let state = lab.state_dir().to_string_lossy().into_owned();
+        let text = |name: &str, r: u32| {
+            files
+                .iter()
+                .find(|(p, _, _)| *p == lab.ha_router_dir(r).join(name))
+                .map(|(_, t, _)| t.clone())
+                .unwrap()
+        };
+        for (path, t, _) in &files {
+            assert!(path.starts_with(lab.state_dir()));
+            for system in ["/etc/", "/var/", "/run/conntrackd", "/run/keepalived"] {
+                assert!(!t.contains(system), "{}: {system}", path.display());
+            }
+        }
+        let (c1, c2) = (text("conntrackd.conf", 1), text("conntrackd.conf", 2));
+        for (c, me, peer) in [
+            (&c1, "198.18.0.1", "198.18.0.2"),
+            (&c2, "198.18.0.2", "198.18.0.1"),
+        ] {
+            assert!(c.contains("Mode FTFW"));
+            assert!(c.contains(&format!("IPv4_address {me}\n")));
+            assert!(c.contains(&format!("IPv4_Destination_Address {peer}\n")));
+            assert!(c.contains(&format!("Path {state}/ha/")));
+            assert!(c.contains(&format!("LockFile {state}/ha/")));
+        }
+        assert!(c1.contains("/ha/r1/conntrackd.ctl") && c2.contains("/ha/r2/conntrackd.ctl"));
+        assert!(c1.contains("/ha/r1/conntrackd.lock") && c2.contains("/ha/r2/conntrackd.lock"));
+        let (k1, k2) = (text("keepalived.conf", 1), text("keepalived.conf", 2));
+        assert!(k1.contains("state MASTER") && k1.contains("priority 150"));
+        assert!(k2.contains("state BACKUP") && k2.contains("priority 100"));
+        for k in [&k1, &k2] {
+            assert!(k.contains("10.0.0.1/24 dev fs-ri") && k.contains("198.51.100.1/24 dev fs-ro"));
+            assert!(k.contains("advert_int 0.1"));
+        }
+        assert!(k1.contains(&format!(
+            "notify_master \"{}/ha/notify.sh {}/ha/r1/conntrackd.conf {}/ha/r1/notify.log primary\"",
+            state, state, state
+        )));
+        let notify = &files
+            .iter()
+            .find(|(p, _, _)| p.ends_with("notify.sh"))
+            .unwrap();
+        assert!(notify.2, "executable");
+        for call in ["ctd -c", "ctd -f", "ctd -R", "ctd -B", "ctd -t", "ctd -n"] {
+            assert!(notify.1.contains(call), "{call}");
+        }
+        let nft = &files
+            .iter()
+            .find(|(p, _, _)| p.ends_with("nft.conf"))
+            .unwrap()
+            .1;
+        assert!(nft.contains("snat to 198.51.100.1") && !nft.contains("masquerade"));
+
+        // Each daemon in its router, with its own files.
+        let d = lab.kernel_ha_daemons();
+        let names: Vec<&str> = d.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "conntrackd-r1",
+                "conntrackd-r2",
+                "keepalived-r1",
+                "keepalived-r2"
+            ]
+        );
+        for (daemon, r) in d.iter().zip([1, 2, 1, 2]) {
+            let l = daemon.cmd.line();
+            assert!(l.starts_with(&format!("ip netns exec fs-u-r{r} ")), "{l}");
+            assert!(l.contains(&daemon.marker));
+            assert!(daemon.marker.starts_with(&format!("{state}/ha/r{r}/")));
+        }
+        assert!(d[2]
+            .cmd
+            .line()
+            .contains(&format!("--pid {state}/ha/r1/keepalived.pid")));
+        assert!(d[3]
+            .cmd
+            .line()
+            .contains(&format!("--vrrp_pid {state}/ha/r2/vrrp.pid")));
+    }
+
+    #[test]
+    fn ha_master_is_the_router_with_both_addresses_up() {
+        let (lab, _d) = lab();
+        let brief =
+            |ns: &str, dev: &str, out: &str| ((ns.to_owned(), dev.to_owned()), out.to_owned());
+        let holding = |ns: &str, state: &str| {
+            vec![
+                brief(
+                    ns,
+                    "fs-ri",
+                    &format!("fs-ri@if3 {state} 10.0.0.25x/24 10.0.0.1/24\n"),
+                ),
+                brief(
+                    ns,
+                    "fs-ro",
+                    &format!("fs-ro@if4 {state} 198.51.100.25x/24 198.51.100.1/24\n"),
+                ),
+            ]
+        };
+        let mut fake = Fake::default();
+        assert_eq!(lab.ha_master(&mut fake).unwrap(), None);
+        fake.brief = holding("fs-u-r1", "UP");
+        assert_eq!(
+            lab.ha_master(&mut fake).unwrap(),
+            Some("fs-u-r1".to_owned())
+        );
+        // A crashed primary keeps its addresses on links that are down.
+        fake.brief = holding("fs-u-r1", "DOWN");
+        fake.brief.extend(holding("fs-u-r2", "UP"));
+        assert_eq!(
+            lab.ha_master(&mut fake).unwrap(),
+            Some("fs-u-r2".to_owned())
+        );
+        fake.brief = holding("fs-u-r1", "UP");
+        fake.brief.extend(holding("fs-u-r2", "UP"));
+        assert!(matches!(lab.ha_master(&mut fake), Err(LabError::Ha { .. })));
+        // Half a transition: nobody yet.
+        fake.brief = holding("fs-u-r2", "UP");
+        fake.brief.pop();
+        assert_eq!(lab.ha_master(&mut fake).unwrap(), None);
+    }
+
+    #[test]
+    fn the_primary_crashes_without_a_last_word() {
+        let (lab, _d) = lab();
+        let mut fake = Fake::default();
+        assert!(matches!(
+            lab.kill_ha_primary(&mut fake),
+            Err(LabError::NotUp { .. })
+        ));
+        fake.netns = vec!["fs-u-r1".into(), "fs-u-r2".into()];
+        fake.pids = "11\n12\n".into();
+        lab.kill_ha_primary(&mut fake).unwrap();
+        let l: Vec<String> = lines(&fake.ran)
+            .into_iter()
+            .filter(|l| !l.starts_with("ip netns list") && !l.starts_with("ip netns pids"))
+            .collect();
+        assert_eq!(
+            l,
+            [
+                "kill -STOP 11 12",
+                "ip -n fs-u-r1 link set fs-ri down",
+                "ip -n fs-u-r1 link set fs-ro down",
+                "ip -n fs-u-r1 link set fs-rs down",
+                "kill -KILL 11 12",
+            ]
+        );
+    }
+
+    #[test]
+    fn kernel_ha_needs_the_lab_and_down_removes_the_routers() {
+        let (lab, _d) = lab();
+        let mut fake = Fake::default();
+        assert!(matches!(
+            lab.kernel_ha(&mut fake, true),
+            Err(LabError::NotUp { .. })
+        ));
+        // Off when there is none: nothing but a look.
+        fake.ran.clear();
+        lab.kernel_ha(&mut fake, false).unwrap();
+        assert_eq!(lines(&fake.ran), ["ip netns list"]);
+        fake.listen = true;
+        lab.up(&mut fake).unwrap();
+        fake.netns.extend([
+            "fs-u-r1".to_owned(),
+            "fs-u-r2".to_owned(),
+            "fs-u-r3".to_owned(),
+        ]);
+        fake.pids = "77\n".into();
+        lab.down(&mut fake).unwrap();
+        assert_eq!(
+            fake.netns,
+            vec!["fs-u-r3".to_owned()],
+            "not a router of this lab"
+        );
+        assert!(lines(&fake.ran).contains(&"kill -KILL 77".to_owned()));
+    }
+
+    #[test]
+    fn the_failover_gap_is_the_silence_after_the_crash() {
+        let out = "PING 198.51.100.2 (198.51.100.2) 56(84) bytes of data.\n\
+                   [100.000000] 64 bytes from 198.51.100.2: icmp_seq=1 ttl=63 time=0.1 ms\n\
+                   [100.010000] 64 bytes from 198.51.100.2: icmp_seq=2 ttl=63 time=0.1 ms\n\
+                   [100.020500] 64 bytes from 198.51.100.2: icmp_seq=3 ttl=63 time=0.1 ms\n\
+                   From 10.0.0.2 icmp_seq=4 Destination Host Unreachable\n\
+                   [100.400000] 64 bytes from 198.51.100.2: icmp_seq=40 ttl=63 time=0.1 ms\n\
+                   [100.410000] 64 bytes from 198.51.100.2: icmp_seq=41 ttl=63 time=0.1 ms\n\
+                   \n--- 198.51.100.2 ping statistics ---\n";
+        let t = ping_reply_times(out);
+        assert_eq!(t.len(), 5);
+        let gap = failover_gap(&t, 100.015).unwrap();
+        assert!((gap.as_secs_f64() - 0.385).abs() < 1e-6, "{gap:?}");
+        // A reply in flight at the crash does not end the gap.
+        let gap = failover_gap(&t, 100.020).unwrap();
+        assert!((gap.as_secs_f64() - 0.380).abs() < 1e-6, "{gap:?}");
+        assert_eq!(failover_gap(&t, 99.0), None, "no reply before");
+        assert_eq!(failover_gap(&t, 101.0), None, "none after");
     }
 }

@@ -1,0 +1,639 @@
+//! `flowstate cluster up|down|status|scale|drain|kill`: a root, a controller and NF instances
+//! in the lab's namespaces ([`flowstate_cluster`]), and the roles' own commands, which `up`
+//! and the controller start (`cluster root|instance|controller`, hidden).
+//!
+//! Everything a cluster leaves on the machine lives under the lab's state directory,
+//! `/run/flowstate-lab/{prefix}/cluster/`: each process's pid file and log, the root's and
+//! the instances' counters (`root.json`, `instance-K.json`), the controller's command socket
+//! and, with `store = "managed"`, the store's data.
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use flowstate_chain::config::{BackendKind, Input, Output};
+use flowstate_chain::live::Stop;
+use flowstate_chain::Config;
+use flowstate_cluster::config::{ClusterSection, StoreMode};
+use flowstate_cluster::controller::{self, Command, Launcher, Status};
+use flowstate_lab::Lab;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+/// Options of `flowstate cluster`.
+#[derive(Debug, Args)]
+pub(crate) struct ClusterArgs {
+    #[command(subcommand)]
+    action: Action,
+    /// The lab's prefix (its namespaces `{prefix}nf`, `{prefix}i1`, ...).
+    #[arg(long, global = true, default_value = "fs-")]
+    prefix: String,
+}
+
+#[derive(Debug, Subcommand)]
+enum Action {
+    /// Start what is not running yet: the store (`store = "managed"`), the controller (which
+    /// starts the instances) and the root; wait until every partition has an owner.
+    Up {
+        /// The deployment: `[input]`/`[output]` are the root's ports, `[state]` the shared
+        /// store, `[[chain]]` what the instances run, `[cluster]` the rest.
+        config: PathBuf,
+        /// How long to wait for the cluster to be ready, seconds.
+        #[arg(long, default_value_t = 60)]
+        timeout: u64,
+    },
+    /// Stop every process of the cluster.
+    Down,
+    /// The instances (id, pid, state, partitions, load) and the root's counters.
+    Status {
+        /// As JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run N instances (start new ones, or drain the newest).
+    Scale {
+        /// Instances.
+        n: u32,
+    },
+    /// Move every partition off instance ID, then stop it.
+    Drain {
+        /// The instance.
+        id: u32,
+    },
+    /// Kill instance ID as a crash would (SIGKILL): its partitions fail over.
+    Kill {
+        /// The instance.
+        id: u32,
+    },
+    /// The root (started by `up`).
+    #[command(hide = true)]
+    Root {
+        /// The deployment.
+        config: PathBuf,
+    },
+    /// An instance (started by the controller).
+    #[command(hide = true)]
+    Instance {
+        /// The deployment.
+        config: PathBuf,
+        /// Its id.
+        #[arg(long)]
+        id: u32,
+    },
+    /// The controller (started by `up`).
+    #[command(hide = true)]
+    Controller {
+        /// The deployment.
+        config: PathBuf,
+        /// Forget a stored assignment (a new deployment, no instance running).
+        #[arg(long)]
+        fresh: bool,
+    },
+}
+
+/// Where a cluster keeps its files.
+struct Dir {
+    lab: Lab,
+    path: PathBuf,
+}
+
+impl Dir {
+    fn new(prefix: &str) -> Result<Dir> {
+        let lab = Lab::new(prefix)?;
+        let path = lab.state_dir().join("cluster");
+        Ok(Dir { lab, path })
+    }
+    fn file(&self, name: &str) -> PathBuf {
+        self.path.join(name)
+    }
+    fn socket(&self) -> PathBuf {
+        self.file("control.sock")
+    }
+    fn pid(&self, role: &str) -> Option<u32> {
+        let pid: u32 = std::fs::read_to_string(self.file(&format!("{role}.pid")))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
+        alive(pid).then_some(pid)
+    }
+}
+
+fn alive(pid: u32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    pid > 0
+        && unsafe { libc::kill(pid as libc::pid_t, 0) } == 0
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            s.rsplit(')')
+                .next()
+                .is_some_and(|r| r.trim_start().starts_with('Z'))
+        })
+}
+
+/// SIGKILL, and wait (at most 2 s) until the process is gone: its sockets are free then.
+fn kill_and_wait(pid: u32) {
+    signal(pid, libc::SIGKILL);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while alive(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn signal(pid: u32, sig: libc::c_int) {
+    // SAFETY: sends a signal to a process id read from our own pid files.
+    unsafe {
+        libc::kill(pid as libc::pid_t, sig);
+    }
+}
+
+/// Starts `argv` in namespace `ns` as its own session (it outlives whoever started it), output
+/// to `log`; records its pid as `role`.
+fn spawn(dir: &Dir, ns: &str, role: &str, argv: &[String]) -> Result<Child> {
+    use std::os::unix::process::CommandExt;
+    std::fs::create_dir_all(&dir.path)?;
+    let log = std::fs::File::create(dir.file(&format!("{role}.log")))?;
+    let mut cmd = std::process::Command::new("ip");
+    cmd.args(["netns", "exec", ns])
+        .args(argv)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+        );
+    // SAFETY: setsid is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let child = cmd
+        .spawn()
+        .with_context(|| format!("starting the {role} in namespace {ns}"))?;
+    std::fs::write(dir.file(&format!("{role}.pid")), child.id().to_string())?;
+    Ok(child)
+}
+
+fn exe() -> Result<String> {
+    Ok(std::env::current_exe()
+        .context("finding this binary")?
+        .to_string_lossy()
+        .into_owned())
+}
+
+struct Deployment {
+    config: Config,
+    section: ClusterSection,
+}
+
+fn load(path: &Path) -> Result<Deployment> {
+    let config = Config::load(path)?;
+    let Some(t) = &config.cluster else {
+        bail!(
+            "{}: no [cluster] section: this is not a cluster deployment (see examples/cluster.toml)",
+            path.display()
+        );
+    };
+    let section = ClusterSection::from_table(t)
+        .map_err(|(k, r)| anyhow::anyhow!("{}: {k}: {r}", path.display()))?;
+    if !matches!(config.input, Input::Interface(_))
+        || !matches!(config.output, Output::Interface(_))
+    {
+        bail!(
+            "{}: input, output: the root needs two ports: `[input] interface = ...` and `[output] interface = ...`",
+            path.display()
+        );
+    }
+    if config.state.backend == BackendKind::Local {
+        bail!(
+            "{}: state.backend: the instances share their state: choose store, redis, redis-cluster or cassandra",
+            path.display()
+        );
+    }
+    Ok(Deployment { config, section })
+}
+
+pub(crate) fn run(a: &ClusterArgs) -> Result<()> {
+    let dir = Dir::new(&a.prefix)?;
+    match &a.action {
+        Action::Up { config, timeout } => up(&dir, config, Duration::from_secs(*timeout)),
+        Action::Down => down(&dir),
+        Action::Status { json } => status(&dir, *json),
+        Action::Scale { n } => {
+            let v = controller::request(&dir.socket(), &Command::Scale { n: *n })?;
+            println!("cluster {}: scaling to {n} instances ({v})", a.prefix);
+            Ok(())
+        }
+        Action::Drain { id } => {
+            controller::request(&dir.socket(), &Command::Drain { id: *id })?;
+            println!("cluster {}: draining instance {id}", a.prefix);
+            Ok(())
+        }
+        Action::Kill { id } => {
+            let s = current_status(&dir)?;
+            let Some(i) = s.instances.iter().find(|i| i.id == *id) else {
+                bail!(
+                    "no instance {id}; instances: {:?}",
+                    s.instances.iter().map(|i| i.id).collect::<Vec<_>>()
+                );
+            };
+            let pid = dir.pid(&format!("instance-{id}")).unwrap_or(i.pid);
+            if pid == 0 || !alive(pid) {
+                bail!("instance {id} has no running process");
+            }
+            signal(pid, libc::SIGKILL);
+            println!("cluster {}: killed instance {id} (pid {pid})", a.prefix);
+            Ok(())
+        }
+        Action::Root { config } => role_root(&dir, config),
+        Action::Instance { config, id } => role_instance(&dir, config, *id),
+        Action::Controller { config, fresh } => role_controller(&dir, config, *fresh),
+    }
+}
+
+fn up(dir: &Dir, path: &Path, timeout: Duration) -> Result<()> {
+    let d = load(path)?;
+    let config_arg = std::fs::canonicalize(path)?.to_string_lossy().into_owned();
+    let nf = dir.lab.nf_ns();
+    let present = flowstate_lab::Lab::in_ns(&nf, &["true"]);
+    if !std::process::Command::new(&present[0])
+        .args(&present[1..])
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        bail!(
+            "no lab {}: run `flowstate lab up --instances N` first",
+            dir.lab.prefix()
+        );
+    }
+    if d.section.address != flowstate_lab::ROOT_ADDR {
+        bail!(
+            "{}: cluster.address: the lab's cluster network has the root at {}",
+            path.display(),
+            flowstate_lab::ROOT_ADDR
+        );
+    }
+    std::fs::create_dir_all(&dir.path)?;
+    let exe = exe()?;
+    let instances_running =
+        (1..=flowstate_lab::MAX_INSTANCES).any(|k| dir.pid(&format!("instance-{k}")).is_some());
+    if d.section.store == StoreMode::Managed && dir.pid("store").is_none() {
+        start_store(dir, &d, &exe, path)?;
+    }
+    if dir.pid("controller").is_none() {
+        let mut argv = vec![
+            exe.clone(),
+            "cluster".into(),
+            "controller".into(),
+            config_arg.clone(),
+        ];
+        argv.extend(["--prefix".into(), dir.lab.prefix().into()]);
+        if !instances_running {
+            argv.push("--fresh".into());
+        }
+        spawn(dir, &nf, "controller", &argv)?;
+    }
+    if dir.pid("root").is_none() {
+        let argv = vec![
+            exe,
+            "cluster".into(),
+            "root".into(),
+            config_arg,
+            "--prefix".into(),
+            dir.lab.prefix().into(),
+        ];
+        spawn(dir, &nf, "root", &argv)?;
+    }
+    // Ready: the controller answers, every partition is owned, and the root moves nothing.
+    let deadline = Instant::now() + timeout;
+    loop {
+        let ready = current_status(dir).ok().filter(|s| {
+            let live = s.instances.iter().filter(|i| i.state == "live").count() as u32;
+            let owned: usize = s.instances.iter().map(|i| i.partitions.len()).sum();
+            live >= s.target && owned == s.partitions as usize && s.version > 0
+        });
+        let root = read_json(&dir.file("root.json"));
+        let root_ready = root.as_ref().is_some_and(|r| {
+            r["moving"].as_u64() == Some(0)
+                && r["assignment_version"].as_u64() >= ready.as_ref().map(|s| s.version)
+        });
+        if let (Some(s), true) = (&ready, root_ready) {
+            println!(
+                "cluster {}: up: {} instances, {} partitions, assignment v{}",
+                dir.lab.prefix(),
+                s.instances.iter().filter(|i| i.state == "live").count(),
+                s.partitions,
+                s.version
+            );
+            return Ok(());
+        }
+        for role in ["controller", "root"] {
+            if dir.pid(role).is_none() {
+                bail!(
+                    "the {role} exited: {}",
+                    tail(&dir.file(&format!("{role}.log")))
+                );
+            }
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the cluster was not ready within {} s; controller log: {}; root log: {}",
+                timeout.as_secs(),
+                tail(&dir.file("controller.log")),
+                tail(&dir.file("root.log"))
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().rev().take(5).collect();
+    lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
+}
+
+fn read_json(path: &Path) -> Option<serde_json::Value> {
+    serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
+}
+
+fn start_store(dir: &Dir, d: &Deployment, exe: &str, path: &Path) -> Result<()> {
+    let a = d.section.address;
+    let url = d.config.state.url.clone().unwrap_or_default();
+    let nf = dir.lab.nf_ns();
+    match d.config.state.backend {
+        BackendKind::Store => {
+            let want = format!("{a}:7878");
+            if url.trim_start_matches("tcp://") != want {
+                bail!("{}: state.url: a managed store listens at {want}; set url = \"{want}\"", path.display());
+            }
+            let data = dir.file("store-data");
+            std::fs::create_dir_all(&data)?;
+            let argv = vec![
+                exe.to_owned(),
+                "store".into(),
+                "--listen".into(),
+                want,
+                "--data-dir".into(),
+                data.to_string_lossy().into_owned(),
+            ];
+            spawn(dir, &nf, "store", &argv)?;
+        }
+        BackendKind::Redis => {
+            let want = format!("redis://{a}:6379");
+            if url.trim_end_matches('/') != want {
+                bail!("{}: state.url: a managed Redis listens at {want}; set url = \"{want}\"", path.display());
+            }
+            let argv: Vec<String> = [
+                "redis-server",
+                "--bind",
+                &a.to_string(),
+                "--port",
+                "6379",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--protected-mode",
+                "no",
+                "--dir",
+                &dir.path.to_string_lossy(),
+            ]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+            spawn(dir, &nf, "store", &argv)
+                .context("starting redis-server (scripts/redis installs it)")?;
+        }
+        other => bail!(
+            "{}: cluster.store: \"managed\" starts a store or a Redis; for {other:?} use store = \"external\"",
+            path.display()
+        ),
+    }
+    Ok(())
+}
+
+fn down(dir: &Dir) -> Result<()> {
+    let mut roles = vec!["root".to_owned(), "controller".to_owned()];
+    roles.extend((1..=flowstate_lab::MAX_INSTANCES).map(|k| format!("instance-{k}")));
+    roles.push("store".into());
+    let mut stopped = 0;
+    for role in &roles {
+        let Some(pid) = dir.pid(role) else { continue };
+        signal(pid, libc::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while alive(pid) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if alive(pid) {
+            signal(pid, libc::SIGKILL);
+        }
+        stopped += 1;
+    }
+    if dir.path.exists() {
+        std::fs::remove_dir_all(&dir.path)
+            .with_context(|| format!("removing {}", dir.path.display()))?;
+    }
+    println!(
+        "cluster {}: down ({stopped} processes stopped)",
+        dir.lab.prefix()
+    );
+    Ok(())
+}
+
+fn current_status(dir: &Dir) -> Result<Status> {
+    let v = controller::request(&dir.socket(), &Command::Status)?;
+    Ok(serde_json::from_value(v)?)
+}
+
+fn status(dir: &Dir, json: bool) -> Result<()> {
+    let s = current_status(dir)?;
+    let root = read_json(&dir.file("root.json"));
+    if json {
+        let mut v = serde_json::to_value(&s)?;
+        v["root"] = root.unwrap_or(serde_json::Value::Null);
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!(
+        "cluster {}: assignment v{}, {} partitions, target {} instances",
+        dir.lab.prefix(),
+        s.version,
+        s.partitions,
+        s.target
+    );
+    println!(
+        "{:>3} {:>8} {:<9} {:>5} {:>10} {:>8}  partitions",
+        "id", "pid", "state", "load", "packets", "drops"
+    );
+    for i in &s.instances {
+        println!(
+            "{:>3} {:>8} {:<9} {:>5.2} {:>10} {:>8}  {:?}",
+            i.id, i.pid, i.state, i.load, i.packets, i.drops, i.partitions
+        );
+    }
+    if let Some(r) = root {
+        println!(
+            "root: {} received, {} out, moves {} (p50 {} ms), held {}, lost on move {}, reordered {}",
+            r["received"], r["from_instances"], r["moves_done"], r["move_ms_p50"], r["held"],
+            r["hold_dropped"], r["reordered"]
+        );
+    }
+    Ok(())
+}
+
+fn role_root(dir: &Dir, path: &Path) -> Result<()> {
+    let d = load(path)?;
+    Stop::on_signals().context("catching SIGINT/SIGTERM")?;
+    let (Input::Interface(inside), Output::Interface(outside)) =
+        (&d.config.input, &d.config.output)
+    else {
+        unreachable!("load() checked the ports");
+    };
+    let o = flowstate_cluster::root::RootOptions {
+        section: d.section.clone(),
+        inside: inside.clone(),
+        outside: outside.clone(),
+        inside_prefixes: d.config.runtime.inside.clone(),
+        stats_file: Some(dir.file("root.json")),
+    };
+    let chain = d.config.factories()?;
+    let stats = flowstate_cluster::root::run_root(&o, &chain, Stop::new())?;
+    eprintln!("root stopped: {stats:?}");
+    Ok(())
+}
+
+/// Opens the store, retrying while it starts (a managed store comes up beside the roles).
+fn connector_when_up(config: &Config) -> Result<std::sync::Arc<dyn flowstate_state::Connector>> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let attempt = crate::backends::connector(config)
+            .map_err(anyhow::Error::from)
+            .and_then(|c| c.connect().map(|_| c).map_err(anyhow::Error::from));
+        match attempt {
+            Ok(c) => return Ok(c),
+            Err(e) if Instant::now() > deadline => return Err(e.context("cannot reach the store")),
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}
+
+fn role_instance(dir: &Dir, path: &Path, id: u32) -> Result<()> {
+    let d = load(path)?;
+    if !(1..=flowstate_lab::MAX_INSTANCES).contains(&id) {
+        bail!(
+            "--id: instances are numbered 1 to {}",
+            flowstate_lab::MAX_INSTANCES
+        );
+    }
+    Stop::on_signals().context("catching SIGINT/SIGTERM")?;
+    let connector = connector_when_up(&d.config)?;
+    let o = flowstate_cluster::serve::ServeOptions {
+        section: d.section.clone(),
+        id,
+        address: flowstate_lab::instance_addr(id),
+        flush_interval: d.config.state.flush_interval,
+        retain_ops: d.config.state.retain_ops,
+        stats_file: Some(dir.file(&format!("instance-{id}.json"))),
+    };
+    let chain = d.config.factories()?;
+    flowstate_cluster::serve::run_instance(&o, chain, connector, Stop::new())?;
+    Ok(())
+}
+
+/// Starts instances in their lab namespaces.
+struct NamespaceLauncher<'a> {
+    dir: &'a Dir,
+    exe: String,
+    config: String,
+    children: HashMap<u32, Child>,
+}
+
+impl NamespaceLauncher<'_> {
+    fn pid(&self, id: u32) -> Option<u32> {
+        self.dir.pid(&format!("instance-{id}"))
+    }
+    /// Collects the exit status of children that ended (no zombies).
+    fn reap_exited(&mut self) {
+        self.children
+            .retain(|_, c| !matches!(c.try_wait(), Ok(Some(_))));
+    }
+}
+
+impl Launcher for NamespaceLauncher<'_> {
+    fn start(&mut self, id: u32) -> std::io::Result<u32> {
+        self.reap_exited();
+        if !(1..=flowstate_lab::MAX_INSTANCES).contains(&id) {
+            return Err(std::io::Error::other(format!(
+                "instance {id}: the lab has at most {} instance namespaces",
+                flowstate_lab::MAX_INSTANCES
+            )));
+        }
+        if let Some(pid) = self.pid(id) {
+            kill_and_wait(pid); // a stale process of this id must not act for it
+        }
+        let ns = self.dir.lab.instance_ns(id);
+        let argv = vec![
+            self.exe.clone(),
+            "cluster".into(),
+            "instance".into(),
+            self.config.clone(),
+            "--prefix".into(),
+            self.dir.lab.prefix().into(),
+            "--id".into(),
+            id.to_string(),
+        ];
+        let child = spawn(self.dir, &ns, &format!("instance-{id}"), &argv).map_err(|e| {
+            std::io::Error::other(format!(
+                "{e:#} (is the lab up with --instances {id} or more?)"
+            ))
+        })?;
+        let pid = child.id();
+        self.children.insert(id, child);
+        Ok(pid)
+    }
+
+    fn stop(&mut self, id: u32) {
+        if let Some(pid) = self.pid(id) {
+            signal(pid, libc::SIGTERM);
+        }
+        self.reap_exited();
+    }
+
+    fn reap(&mut self, id: u32) {
+        if let Some(pid) = self.pid(id) {
+            kill_and_wait(pid);
+        }
+        self.reap_exited();
+    }
+}
+
+fn role_controller(dir: &Dir, path: &Path, fresh: bool) -> Result<()> {
+    let d = load(path)?;
+    Stop::on_signals().context("catching SIGINT/SIGTERM")?;
+    let connector = connector_when_up(&d.config)?;
+    let mut store = connector.connect()?;
+    if fresh {
+        let mut replies = Vec::new();
+        store.execute(
+            &[flowstate_state::Op::Delete {
+                key: controller::assignment_key(),
+            }],
+            &mut replies,
+        )?;
+    }
+    let mut launcher = NamespaceLauncher {
+        dir,
+        exe: exe()?,
+        config: std::fs::canonicalize(path)?.to_string_lossy().into_owned(),
+        children: HashMap::new(),
+    };
+    let o = controller::ControllerOptions {
+        section: d.section.clone(),
+        socket: dir.socket(),
+    };
+    controller::run_controller(&o, store, &mut launcher, d.section.instances, Stop::new())?;
+    Ok(())
+}

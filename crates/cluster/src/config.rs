@@ -1,0 +1,250 @@
+//! `[cluster]`: a deployment of a root, a controller and instances, in the same file as the
+//! chain (`[input]`/`[output]` are the root's two ports, `[state]` the shared store,
+//! `[[chain]]` what every instance runs).
+//!
+//! ```toml
+//! [cluster]
+//! partitions = 16          # traffic partitions, 1 to 4096 (a NAT's port range is split among them)
+//! instances = 2            # instances `cluster up` starts
+//! min_instances = 1        # bounds of `cluster scale` and of scaling on load
+//! max_instances = 16
+//! address = "192.0.2.1"    # the root's and the controller's address on the cluster network
+//! heartbeat = "50ms"       # instances report this often
+//! missed = 3               # reports missed before an instance is declared dead
+//! move_timeout = "500ms"   # how long the root waits for an old owner to release
+//! hold = 4096              # packets held per moving partition
+//! auto_scale = false       # scale out/in on load thresholds (mean η of the instances)
+//! scale_out_load = 0.8
+//! scale_in_load = 0.2
+//! store = "managed"        # `cluster up` starts the store at `address` (backend store or redis);
+//!                          # "external": `[state] url` names a running one
+//! ```
+//!
+//! Every key is optional; an unknown key or a bad value is an error naming `cluster.KEY`.
+
+use flowstate_chain::config::parse_duration;
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+/// UDP port of the controller (instances' reports).
+pub const CONTROLLER_PORT: u16 = 7900;
+/// UDP port where the root and every instance take the controller's assignment.
+pub const CONTROL_PORT: u16 = 7901;
+/// Most partitions.
+pub const MAX_PARTITIONS: u32 = 4096;
+
+/// Whether `cluster up` starts the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreMode {
+    /// Started by `cluster up` at the cluster address, stopped by `cluster down`.
+    Managed,
+    /// Already running where `[state] url` says.
+    External,
+}
+
+/// `[cluster]`, validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterSection {
+    /// Traffic partitions.
+    pub partitions: u32,
+    /// Instances `cluster up` starts.
+    pub instances: u32,
+    /// Fewest instances.
+    pub min_instances: u32,
+    /// Most instances.
+    pub max_instances: u32,
+    /// The root's and the controller's address.
+    pub address: Ipv4Addr,
+    /// Report interval.
+    pub heartbeat: Duration,
+    /// Reports missed before an instance is dead.
+    pub missed: u32,
+    /// How long the root waits for a release.
+    pub move_timeout: Duration,
+    /// Packets held per moving partition.
+    pub hold: usize,
+    /// Scale on load.
+    pub auto_scale: bool,
+    /// Mean load above which to scale out.
+    pub scale_out_load: f64,
+    /// Mean load below which to scale in.
+    pub scale_in_load: f64,
+    /// Whether `cluster up` starts the store.
+    pub store: StoreMode,
+}
+
+impl Default for ClusterSection {
+    fn default() -> Self {
+        ClusterSection {
+            partitions: 16,
+            instances: 2,
+            min_instances: 1,
+            max_instances: 16,
+            address: Ipv4Addr::new(192, 0, 2, 1),
+            heartbeat: Duration::from_millis(50),
+            missed: 3,
+            move_timeout: Duration::from_millis(500),
+            hold: 4096,
+            auto_scale: false,
+            scale_out_load: 0.8,
+            scale_in_load: 0.2,
+            store: StoreMode::Managed,
+        }
+    }
+}
+
+impl ClusterSection {
+    /// Reads `[cluster]`; errors are `(key, reason)` with the key as `cluster.KEY`.
+    pub fn from_table(t: &toml::Table) -> Result<ClusterSection, (String, String)> {
+        let mut c = ClusterSection::default();
+        let err = |k: &str, r: String| (format!("cluster.{k}"), r);
+        let int = |k: &str, v: &toml::Value, lo: i64, hi: i64| -> Result<i64, (String, String)> {
+            match v.as_integer() {
+                Some(n) if (lo..=hi).contains(&n) => Ok(n),
+                _ => Err(err(
+                    k,
+                    format!("expected an integer from {lo} to {hi}, got {v}"),
+                )),
+            }
+        };
+        let dur = |k: &str, v: &toml::Value| -> Result<Duration, (String, String)> {
+            let s = v
+                .as_str()
+                .ok_or_else(|| err(k, format!("expected a duration like \"50ms\", got {v}")))?;
+            match parse_duration(s) {
+                Ok(d) if !d.is_zero() => Ok(d),
+                Ok(_) => Err(err(k, "must be more than zero".into())),
+                Err(r) => Err(err(k, r)),
+            }
+        };
+        let load = |k: &str, v: &toml::Value| -> Result<f64, (String, String)> {
+            match v.as_float().or_else(|| v.as_integer().map(|i| i as f64)) {
+                Some(x) if (0.0..=1.0).contains(&x) => Ok(x),
+                _ => Err(err(k, format!("expected a load from 0 to 1, got {v}"))),
+            }
+        };
+        for (k, v) in t {
+            match k.as_str() {
+                "partitions" => c.partitions = int(k, v, 1, i64::from(MAX_PARTITIONS))? as u32,
+                "instances" => c.instances = int(k, v, 1, 1024)? as u32,
+                "min_instances" => c.min_instances = int(k, v, 1, 1024)? as u32,
+                "max_instances" => c.max_instances = int(k, v, 1, 1024)? as u32,
+                "address" => {
+                    c.address = v.as_str().and_then(|s| s.parse().ok()).ok_or_else(|| {
+                        err(k, format!("expected an IPv4 address like \"192.0.2.1\", got {v}"))
+                    })?
+                }
+                "heartbeat" => c.heartbeat = dur(k, v)?,
+                "missed" => c.missed = int(k, v, 1, 1000)? as u32,
+                "move_timeout" => c.move_timeout = dur(k, v)?,
+                "hold" => c.hold = int(k, v, 1, 1 << 20)? as usize,
+                "auto_scale" => {
+                    c.auto_scale = v
+                        .as_bool()
+                        .ok_or_else(|| err(k, format!("expected true or false, got {v}")))?
+                }
+                "scale_out_load" => c.scale_out_load = load(k, v)?,
+                "scale_in_load" => c.scale_in_load = load(k, v)?,
+                "store" => {
+                    c.store = match v.as_str() {
+                        Some("managed") => StoreMode::Managed,
+                        Some("external") => StoreMode::External,
+                        _ => {
+                            return Err(err(k, format!("expected \"managed\" or \"external\", got {v}")))
+                        }
+                    }
+                }
+                _ => {
+                    return Err(err(
+                        k,
+                        "unknown key; expected partitions, instances, min_instances, max_instances, address, heartbeat, missed, move_timeout, hold, auto_scale, scale_out_load, scale_in_load or store".into(),
+                    ))
+                }
+            }
+        }
+        if c.min_instances > c.max_instances {
+            return Err(err(
+                "min_instances",
+                format!(
+                    "{} is above max_instances {}",
+                    c.min_instances, c.max_instances
+                ),
+            ));
+        }
+        if !(c.min_instances..=c.max_instances).contains(&c.instances) {
+            return Err(err(
+                "instances",
+                format!(
+                    "{} is outside min_instances..=max_instances ({}..={})",
+                    c.instances, c.min_instances, c.max_instances
+                ),
+            ));
+        }
+        if c.scale_in_load >= c.scale_out_load {
+            return Err(err(
+                "scale_in_load",
+                format!(
+                    "{} must be below scale_out_load {}",
+                    c.scale_in_load, c.scale_out_load
+                ),
+            ));
+        }
+        Ok(c)
+    }
+
+    /// The controller's settings.
+    pub fn controller(&self) -> flowstate_control::cluster::ClusterConfig {
+        flowstate_control::cluster::ClusterConfig {
+            partitions: self.partitions,
+            interval: self.heartbeat.as_nanos() as u64,
+            missed: self.missed,
+            min_instances: self.min_instances,
+            max_instances: self.max_instances,
+            auto_scale: self.auto_scale,
+            scale_out_load: self.scale_out_load,
+            scale_in_load: self.scale_in_load,
+            ..flowstate_control::cluster::ClusterConfig::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<ClusterSection, (String, String)> {
+        ClusterSection::from_table(&toml::from_str(text).unwrap())
+    }
+
+    #[test]
+    fn defaults_and_keys() {
+        assert_eq!(parse("").unwrap(), ClusterSection::default());
+        let c = parse("partitions = 64\ninstances = 3\nheartbeat = \"20ms\"\nstore = \"external\"\nscale_out_load = 0.9")
+            .unwrap();
+        assert_eq!((c.partitions, c.instances), (64, 3));
+        assert_eq!(c.heartbeat, Duration::from_millis(20));
+        assert_eq!(c.store, StoreMode::External);
+        assert_eq!(c.controller().interval, 20_000_000);
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        for (text, key) in [
+            ("partitions = 0", "cluster.partitions"),
+            ("partitions = 5000", "cluster.partitions"),
+            ("heartbeat = \"soon\"", "cluster.heartbeat"),
+            ("heartbeat = \"0ms\"", "cluster.heartbeat"),
+            ("address = \"::1\"", "cluster.address"),
+            ("store = \"mine\"", "cluster.store"),
+            ("instances = 20", "cluster.instances"),
+            (
+                "min_instances = 3\nmax_instances = 2",
+                "cluster.min_instances",
+            ),
+            ("scale_in_load = 0.9", "cluster.scale_in_load"),
+            ("banana = 1", "cluster.banana"),
+        ] {
+            assert_eq!(parse(text).unwrap_err().0, key, "{text}");
+        }
+    }
+}

@@ -1,0 +1,382 @@
+//! The controller's process: the decision core of [`flowstate_control::cluster`] fed by the
+//! instances' reports and an operator's commands, its assignment kept in the store and sent
+//! to the root and every instance (StatelessNF §4.2, HashMVT §IV).
+//!
+//! * The assignment lives in the store under `cluster@Value@assignment` and is written by
+//!   compare-and-set on the previous one, so a restarted controller resumes it (and changes
+//!   nothing while the same instances report), and a second controller cannot overwrite a
+//!   newer one unnoticed.
+//! * It is sent to the root and to every running instance when it changes and again every
+//!   heartbeat (UDP may lose one).
+//! * Instances are started and stopped through a [`Launcher`], which the binary provides
+//!   (it knows namespaces and command lines).
+//! * Operators talk to it over a UNIX socket, one JSON request per connection:
+//!   `{"cmd":"status"}`, `{"cmd":"scale","n":3}`, `{"cmd":"drain","id":2}`.
+
+use crate::config::{ClusterSection, CONTROLLER_PORT, CONTROL_PORT};
+use crate::{udp_socket, wall_ns, ClusterError};
+use flowstate_chain::live::Stop;
+use flowstate_control::cluster::{Assignment, Controller, Decision, MemberState, Report};
+use flowstate_state::{Backend, Kind, ObjectKey, Op, Reply};
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, BufReader, ErrorKind, Write};
+use std::net::SocketAddrV4;
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Starts and stops instance processes.
+pub trait Launcher {
+    /// Starts instance `id`; its process id.
+    fn start(&mut self, id: u32) -> std::io::Result<u32>;
+    /// Stops instance `id` (drained: SIGTERM), if its process is known.
+    fn stop(&mut self, id: u32);
+    /// Makes sure a failed instance's process is gone (SIGKILL: a hung one must not come
+    /// back and act on partitions it lost).
+    fn reap(&mut self, id: u32);
+}
+
+/// The key of the controller's assignment.
+pub fn assignment_key() -> ObjectKey {
+    ObjectKey::shared("cluster", Kind::Value, "assignment")
+}
+
+/// A command to the controller.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "cmd", rename_all = "lowercase")]
+pub enum Command {
+    /// The instances and the assignment.
+    Status,
+    /// Run `n` instances.
+    Scale {
+        /// Target count.
+        n: u32,
+    },
+    /// Move every partition off instance `id`, then stop it.
+    Drain {
+        /// The instance.
+        id: u32,
+    },
+}
+
+/// One instance in a status answer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct InstanceStatus {
+    /// Its id.
+    pub id: u32,
+    /// Its process (0 before its first report).
+    pub pid: u32,
+    /// starting, live, draining or dead.
+    pub state: String,
+    /// Partitions the assignment gives it.
+    pub partitions: Vec<u32>,
+    /// Its last load η.
+    pub load: f64,
+    /// Packets it processed.
+    pub packets: u64,
+    /// Packets it dropped.
+    pub drops: u64,
+    /// Its data address.
+    pub addr: Option<String>,
+}
+
+/// The answer to [`Command::Status`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Status {
+    /// The assignment's version.
+    pub version: u64,
+    /// Traffic partitions.
+    pub partitions: u32,
+    /// Instances wanted.
+    pub target: u32,
+    /// The instances, by id.
+    pub instances: Vec<InstanceStatus>,
+}
+
+/// What the controller's process needs.
+#[derive(Debug, Clone)]
+pub struct ControllerOptions {
+    /// The cluster.
+    pub section: ClusterSection,
+    /// The command socket.
+    pub socket: PathBuf,
+}
+
+/// Reads the assignment kept in the store.
+fn load(store: &mut dyn Backend) -> Result<Option<(Assignment, Vec<u8>)>, ClusterError> {
+    let mut replies = Vec::new();
+    store
+        .execute(
+            &[Op::Get {
+                key: assignment_key(),
+            }],
+            &mut replies,
+        )
+        .map_err(|e| ClusterError::Store(e.to_string()))?;
+    match replies.pop() {
+        Some(Reply::Value(Some(b))) => match Assignment::decode(&b) {
+            Ok(a) => Ok(Some((a, b))),
+            Err(e) => Err(ClusterError::Store(format!(
+                "the stored assignment does not decode ({e}); clear `cluster@Value@assignment` to start afresh"
+            ))),
+        },
+        Some(Reply::Value(None)) => Ok(None),
+        other => Err(ClusterError::Store(format!("reading the assignment: {other:?}"))),
+    }
+}
+
+/// Runs the controller until `stop`. `initial`: instances to start when the store holds no
+/// assignment yet.
+pub fn run_controller(
+    o: &ControllerOptions,
+    mut store: Box<dyn Backend>,
+    launcher: &mut dyn Launcher,
+    initial: u32,
+    stop: Stop,
+) -> Result<(), ClusterError> {
+    let s = &o.section;
+    let reports = udp_socket(SocketAddrV4::new(s.address, CONTROLLER_PORT))?;
+    let _ = std::fs::remove_file(&o.socket);
+    let commands = UnixListener::bind(&o.socket).map_err(|e| {
+        std::io::Error::new(e.kind(), format!("cannot bind {}: {e}", o.socket.display()))
+    })?;
+    commands.set_nonblocking(true)?;
+    let restored = load(store.as_mut())?;
+    let now = wall_ns();
+    let mut stored = restored.as_ref().map(|(_, b)| b.clone());
+    let mut ctl = Controller::new(s.controller(), restored.map(|(a, _)| a), now);
+    if stored.is_none() {
+        ctl.scale(initial.clamp(s.min_instances, s.max_instances), now)
+            .map_err(|e| ClusterError::Config(e.to_string()))?;
+    } else {
+        tracing::info!(
+            version = ctl.assignment().version,
+            "resumed the stored assignment"
+        );
+    }
+    let root = SocketAddrV4::new(s.address, CONTROL_PORT);
+    let mut buf = vec![0u8; 65536];
+    let mut next_tick = Instant::now();
+    let mut next_send = Instant::now();
+    while !stop.stopped() {
+        flowstate_io::afpacket::wait_readable(
+            &[std::os::fd::AsRawFd::as_raw_fd(&reports)],
+            Duration::from_millis(5),
+        )
+        .map_err(|e| ClusterError::Io(std::io::Error::other(e.to_string())))?;
+        let now = wall_ns();
+        loop {
+            match reports.recv_from(&mut buf) {
+                Ok((n, _)) => match Report::decode(&buf[..n]) {
+                    Ok(r) => ctl.on_report(&r, now),
+                    Err(e) => tracing::debug!("not a report: {e}"),
+                },
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        serve_commands(&commands, &mut ctl, now);
+        if Instant::now() >= next_tick {
+            next_tick = Instant::now() + Duration::from_millis(10);
+            for d in ctl.tick(now) {
+                match d {
+                    Decision::Publish(a) => {
+                        let bytes = a.encode();
+                        persist(store.as_mut(), &mut stored, bytes)?;
+                        tracing::info!(version = a.version, "assignment published");
+                        next_send = Instant::now();
+                    }
+                    Decision::Start { id } => match launcher.start(id) {
+                        Ok(pid) => tracing::info!(id, pid, "instance started"),
+                        Err(e) => tracing::error!(id, "cannot start instance: {e}"),
+                    },
+                    Decision::Stop { id } => {
+                        tracing::info!(id, "instance drained: stopping it");
+                        launcher.stop(id);
+                    }
+                    Decision::Failed { id } => {
+                        tracing::warn!(id, "instance failed: its partitions go to the others");
+                        launcher.reap(id);
+                    }
+                }
+            }
+        }
+        if Instant::now() >= next_send {
+            next_send = Instant::now() + s.heartbeat;
+            let a = ctl.assignment();
+            if a.version > 0 {
+                let bytes = a.encode();
+                let _ = reports.send_to(&bytes, root);
+                for m in a.members.iter().filter(|m| m.live) {
+                    let to = SocketAddrV4::new(*m.addr.ip(), CONTROL_PORT);
+                    let _ = reports.send_to(&bytes, to);
+                }
+            }
+        }
+    }
+    let _ = std::fs::remove_file(&o.socket);
+    Ok(())
+}
+
+/// Writes a new assignment by compare-and-set on the one this controller last saw.
+fn persist(
+    store: &mut dyn Backend,
+    stored: &mut Option<Vec<u8>>,
+    bytes: Vec<u8>,
+) -> Result<(), ClusterError> {
+    let mut replies = Vec::new();
+    let op = Op::CompareAndSet {
+        key: assignment_key(),
+        expected: stored.clone(),
+        new: Some(bytes.clone()),
+    };
+    // A store that is briefly away: retry for a while (the data path goes on meanwhile).
+    let mut last = String::new();
+    for attempt in 0..50 {
+        replies.clear();
+        match store.execute(std::slice::from_ref(&op), &mut replies) {
+            Ok(()) => match replies.pop() {
+                Some(Reply::Bool(true)) => {
+                    *stored = Some(bytes);
+                    return Ok(());
+                }
+                Some(Reply::Bool(false)) => {
+                    return Err(ClusterError::Store(
+                        "the stored assignment changed under this controller: is another controller running?".into(),
+                    ))
+                }
+                other => last = format!("{other:?}"),
+            },
+            Err(e) => last = e.to_string(),
+        }
+        std::thread::sleep(Duration::from_millis(20 * (attempt + 1)));
+    }
+    Err(ClusterError::Store(format!(
+        "cannot write the assignment: {last}"
+    )))
+}
+
+fn status(ctl: &Controller, now: u64) -> Status {
+    let a = ctl.assignment();
+    Status {
+        version: a.version,
+        partitions: a.slots.len() as u32,
+        target: ctl.target(),
+        instances: ctl
+            .status(now)
+            .into_iter()
+            .map(|m| InstanceStatus {
+                id: m.id,
+                pid: m.pid,
+                state: match m.state {
+                    MemberState::Starting => "starting",
+                    MemberState::Live => "live",
+                    MemberState::Draining => "draining",
+                    MemberState::Dead => "dead",
+                }
+                .into(),
+                partitions: a.owned_by(m.id),
+                load: m.load,
+                packets: m.packets,
+                drops: m.drops,
+                addr: m.addr.map(|a| a.to_string()),
+            })
+            .collect(),
+    }
+}
+
+fn serve_commands(listener: &UnixListener, ctl: &mut Controller, now: u64) {
+    for _ in 0..16 {
+        let Ok((stream, _)) = listener.accept() else {
+            return;
+        };
+        let _ = stream.set_nonblocking(false);
+        let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+        let mut line = String::new();
+        let mut reader = BufReader::new(&stream);
+        let answer = match reader.read_line(&mut line) {
+            Ok(_) => match serde_json::from_str::<Command>(line.trim()) {
+                Ok(Command::Status) => {
+                    serde_json::to_value(status(ctl, now)).map_err(|e| e.to_string())
+                }
+                Ok(Command::Scale { n }) => ctl
+                    .scale(n, now)
+                    .map(|()| serde_json::json!({"ok": true, "target": n}))
+                    .map_err(|e| e.to_string()),
+                Ok(Command::Drain { id }) => ctl
+                    .drain(id, now)
+                    .map(|()| serde_json::json!({"ok": true, "draining": id}))
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(format!("bad request: {e}")),
+            },
+            Err(e) => Err(format!("cannot read the request: {e}")),
+        };
+        let v = answer.unwrap_or_else(|e| serde_json::json!({"error": e}));
+        let mut w = &stream;
+        let _ = writeln!(w, "{v}");
+    }
+}
+
+/// Sends `cmd` to the controller listening on `socket`; its JSON answer, or the error it
+/// gave.
+pub fn request(socket: &std::path::Path, cmd: &Command) -> Result<serde_json::Value, ClusterError> {
+    let stream = std::os::unix::net::UnixStream::connect(socket).map_err(|e| {
+        ClusterError::Io(std::io::Error::new(
+            e.kind(),
+            format!(
+                "no controller at {} ({e}): is the cluster up (`flowstate cluster up CONFIG`)?",
+                socket.display()
+            ),
+        ))
+    })?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut w = &stream;
+    writeln!(
+        w,
+        "{}",
+        serde_json::to_string(cmd).map_err(std::io::Error::other)?
+    )?;
+    let mut line = String::new();
+    BufReader::new(&stream).read_line(&mut line)?;
+    let v: serde_json::Value = serde_json::from_str(line.trim())
+        .map_err(|e| ClusterError::Io(std::io::Error::other(format!("bad answer: {e}"))))?;
+    match v.get("error").and_then(|e| e.as_str()) {
+        Some(e) => Err(ClusterError::Config(e.to_string())),
+        None => Ok(v),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_are_json_lines() {
+        assert_eq!(
+            serde_json::to_string(&Command::Status).unwrap(),
+            r#"{"cmd":"status"}"#
+        );
+        assert_eq!(
+            serde_json::from_str::<Command>(r#"{"cmd":"scale","n":3}"#).unwrap(),
+            Command::Scale { n: 3 }
+        );
+        assert!(serde_json::from_str::<Command>(r#"{"cmd":"explode"}"#).is_err());
+    }
+
+    #[test]
+    fn the_assignment_is_kept_by_compare_and_set() {
+        use flowstate_state::local::LocalStore;
+        use flowstate_state::Connector;
+        let store = LocalStore::new();
+        let mut b = store.connect().unwrap();
+        assert!(load(b.as_mut()).unwrap().is_none());
+        let a = Assignment::empty(4);
+        let mut stored = None;
+        persist(b.as_mut(), &mut stored, a.encode()).unwrap();
+        assert_eq!(load(b.as_mut()).unwrap().unwrap().0, a);
+        // Someone else wrote in between: refused, not overwritten.
+        let mut stale = None;
+        let e = persist(b.as_mut(), &mut stale, a.encode()).unwrap_err();
+        assert!(e.to_string().contains("another controller"), "{e}");
+    }
+}

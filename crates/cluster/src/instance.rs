@@ -1,0 +1,580 @@
+//! An NF instance of a cluster: runs the chain (one stage of it) for the traffic partitions
+//! it owns, with every partition's state in the shared store (StatelessNF §3, CHC §4).
+//!
+//! Promises:
+//! * **State is the partition's, not the process's.** Partition `p` of stage `s` keeps its
+//!   objects under `nf@s@p@…` (the key's instance and core parts name the stage and the
+//!   partition), and its NFs are built as worker `p` of `partitions`, so any instance that
+//!   claims `p` finds its NAT pools, sessions, firewall connections and LB choices in the
+//!   store. A NAT's ports are split among partitions ([`flowstate_nf::nat::port_owner`]), so
+//!   the pool moves with the partition: one table, no migration (HashMVT §III-D, §IV-D2).
+//! * **Exactly one owner.** An instance serves a partition only after it took the
+//!   partition's ownership record (`cluster@Value@owner.<stage>.<p>`: instance and epoch) by
+//!   compare-and-set, and only packets stamped with the epoch it claimed. A newer epoch in the
+//!   record or in the controller's assignment ends its ownership at once.
+//! * **Output commit.** [`Instance::commit`] waits until every change the batch made is in the
+//!   store; the caller sends the batch's packets only then. A packet that left the cluster
+//!   never depends on state that a crash could lose, so a survivor that takes the partition
+//!   over continues every connection (StatelessNF's guarantee, at one store round trip per
+//!   batch rather than per packet).
+//! * A pause longer than the failure-detection time (a hung process, a stopped VM) makes the
+//!   instance re-read its ownership records before it touches any partition again.
+
+use crate::meta::{Kind, Meta};
+use crate::ClusterError;
+use flowstate_control::cluster::Assignment;
+use flowstate_nf::{Context, Direction, NetworkFunction, NfFactory, Packet, Verdict, WorkerInfo};
+use flowstate_state::{
+    Backend, Connector, Kind as ObjKind, Nanos, ObjectKey, Op, Partition, Reply, StateConfig,
+};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Settings of an instance.
+#[derive(Debug, Clone)]
+pub struct InstanceConfig {
+    /// This instance's id (1-based).
+    pub id: u32,
+    /// The chain stage it runs.
+    pub stage: u32,
+    /// Traffic partitions of the stage.
+    pub partitions: u32,
+    /// How often a partition's queued changes go to the store between commits (timers).
+    pub flush_interval: Duration,
+    /// Operations of failed flushes kept to send again.
+    pub retain_ops: usize,
+}
+
+/// Counters of an instance.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct InstanceStats {
+    /// Data packets received.
+    pub packets: u64,
+    /// Packets the chain forwarded.
+    pub forwarded: u64,
+    /// Packets an NF dropped.
+    pub dropped: u64,
+    /// Packets that do not parse.
+    pub malformed: u64,
+    /// Packets for a partition (or epoch) this instance does not own: lost to a move.
+    pub misdirected: u64,
+    /// Partitions claimed.
+    pub claims: u64,
+    /// Claims refused (a newer owner in the record).
+    pub refused: u64,
+    /// Partitions released to a new owner.
+    pub releases: u64,
+    /// Partitions dropped because someone else owns them now.
+    pub fenced: u64,
+    /// Commits the store failed (the batch's packets are then dropped).
+    pub commit_errors: u64,
+}
+
+struct Owned {
+    epoch: u32,
+    state: Partition,
+    nfs: Vec<Box<dyn NetworkFunction>>,
+    dirty: bool,
+    /// Since when the assignment gives the partition to another instance: its packets still
+    /// in flight are processed until the root's release, its timers no longer run.
+    leaving: Option<Nanos>,
+}
+
+/// An NF instance. See the module documentation.
+pub struct Instance {
+    config: InstanceConfig,
+    chain: Vec<Arc<dyn NfFactory>>,
+    connector: Arc<dyn Connector>,
+    records: Box<dyn Backend>,
+    owned: Vec<Option<Owned>>,
+    stats: InstanceStats,
+    replies: Vec<Reply>,
+}
+
+impl std::fmt::Debug for Instance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Instance")
+            .field("config", &self.config)
+            .field("owned", &self.owned_partitions())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The key of partition `p`'s ownership record.
+pub fn record_key(stage: u32, p: u32) -> ObjectKey {
+    ObjectKey::shared("cluster", ObjKind::Value, &format!("owner.{stage}.{p}"))
+}
+
+fn record(id: u32, epoch: u32) -> Vec<u8> {
+    let mut b = id.to_be_bytes().to_vec();
+    b.extend_from_slice(&epoch.to_be_bytes());
+    b
+}
+
+fn parse_record(b: &[u8]) -> Option<(u32, u32)> {
+    let b: &[u8; 8] = b.try_into().ok()?;
+    Some((
+        u32::from_be_bytes([b[0], b[1], b[2], b[3]]),
+        u32::from_be_bytes([b[4], b[5], b[6], b[7]]),
+    ))
+}
+
+impl Instance {
+    /// An instance owning nothing yet, on the store `connector` opens.
+    pub fn new(
+        config: InstanceConfig,
+        chain: Vec<Arc<dyn NfFactory>>,
+        connector: Arc<dyn Connector>,
+    ) -> Result<Instance, ClusterError> {
+        if connector.in_process() {
+            return Err(ClusterError::Config(
+                "state.backend: a cluster's instances share their state: choose a store they all reach (store, redis, redis-cluster, cassandra), not \"local\"".into(),
+            ));
+        }
+        let records = connector
+            .connect()
+            .map_err(|e| ClusterError::Store(e.to_string()))?;
+        Ok(Instance {
+            owned: (0..config.partitions).map(|_| None).collect(),
+            config,
+            chain,
+            connector,
+            records,
+            stats: InstanceStats::default(),
+            replies: Vec::new(),
+        })
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> InstanceStats {
+        self.stats
+    }
+
+    /// The partitions served now.
+    pub fn owned_partitions(&self) -> Vec<u32> {
+        (0..self.owned.len() as u32)
+            .filter(|&p| self.owned[p as usize].is_some())
+            .collect()
+    }
+
+    /// Runs a data packet of `meta`'s partition through the chain; whether to send it on.
+    pub fn process(&mut self, meta: &Meta, frame: &mut [u8], now: Nanos) -> bool {
+        self.stats.packets += 1;
+        let Some(Some(o)) = self.owned.get_mut(usize::from(meta.partition)) else {
+            self.stats.misdirected += 1;
+            return false;
+        };
+        if o.epoch != meta.epoch {
+            self.stats.misdirected += 1;
+            return false;
+        }
+        let Ok(d) = flowstate_wire::dissect(frame) else {
+            self.stats.malformed += 1;
+            return false;
+        };
+        let cx = Context {
+            now,
+            clock: meta.clock,
+            worker: u32::from(meta.partition),
+        };
+        let mut pkt = Packet {
+            data: frame,
+            dissection: d,
+            direction: meta.direction,
+        };
+        o.dirty = true;
+        let n = o.nfs.len();
+        for k in 0..n {
+            let i = if meta.direction == Direction::Outbound {
+                k
+            } else {
+                n - 1 - k
+            };
+            if let Verdict::Drop(_) = o.nfs[i].process(&mut pkt, &cx) {
+                self.stats.dropped += 1;
+                return false;
+            }
+        }
+        self.stats.forwarded += 1;
+        true
+    }
+
+    /// Makes every change since the last commit durable (output commit, see the module
+    /// documentation). On an error the caller drops the batch's packets: the senders
+    /// retransmit, and their state is as the store has it.
+    pub fn commit(&mut self, now: Nanos) -> Result<(), ClusterError> {
+        let mut result = Ok(());
+        for o in self.owned.iter_mut().flatten().filter(|o| o.dirty) {
+            o.dirty = false;
+            if let Err(e) = o.state.flush_all(now) {
+                self.stats.commit_errors += 1;
+                result = Err(ClusterError::Store(e.to_string()));
+            }
+        }
+        result
+    }
+
+    /// Runs the NFs' timers and flushes what they changed (every few milliseconds).
+    pub fn tick(&mut self, now: Nanos) {
+        for o in self
+            .owned
+            .iter_mut()
+            .flatten()
+            .filter(|o| o.leaving.is_none())
+        {
+            for nf in &mut o.nfs {
+                nf.on_tick(now);
+            }
+            o.state.maybe_flush(now);
+        }
+    }
+
+    fn read_record(&mut self, p: u32) -> Result<Option<Vec<u8>>, ClusterError> {
+        self.replies.clear();
+        let op = Op::Get {
+            key: record_key(self.config.stage, p),
+        };
+        self.records
+            .execute(std::slice::from_ref(&op), &mut self.replies)
+            .map_err(|e| ClusterError::Store(e.to_string()))?;
+        match self.replies.pop() {
+            Some(Reply::Value(v)) => Ok(v),
+            other => Err(ClusterError::Store(format!(
+                "ownership record of partition {p}: unexpected reply {other:?}"
+            ))),
+        }
+    }
+
+    /// Takes partition `p` at `epoch`: the ownership record by compare-and-set, then the
+    /// partition's state, found in the store. Answers [`Kind::Ready`] or [`Kind::Refused`].
+    pub fn claim(&mut self, p: u32, epoch: u32, now: Nanos) -> Result<Kind, ClusterError> {
+        let Some(slot) = self.owned.get(p as usize) else {
+            return Ok(Kind::Refused);
+        };
+        if slot.as_ref().is_some_and(|o| o.epoch == epoch) {
+            return Ok(Kind::Ready); // a repeated claim
+        }
+        let me = self.config.id;
+        let mut granted = false;
+        for _ in 0..3 {
+            let current = self.read_record(p)?;
+            if let Some((_, e)) = current.as_deref().and_then(parse_record) {
+                if e > epoch {
+                    break;
+                }
+            }
+            self.replies.clear();
+            let op = Op::CompareAndSet {
+                key: record_key(self.config.stage, p),
+                expected: current,
+                new: Some(record(me, epoch)),
+            };
+            self.records
+                .execute(std::slice::from_ref(&op), &mut self.replies)
+                .map_err(|e| ClusterError::Store(e.to_string()))?;
+            if matches!(self.replies.pop(), Some(Reply::Bool(true))) {
+                granted = true;
+                break;
+            }
+        }
+        if !granted {
+            self.stats.refused += 1;
+            self.owned[p as usize] = None;
+            return Ok(Kind::Refused);
+        }
+        let owned = self.build(p, epoch, now)?;
+        self.owned[p as usize] = Some(owned);
+        self.stats.claims += 1;
+        Ok(Kind::Ready)
+    }
+
+    fn build(&self, p: u32, epoch: u32, now: Nanos) -> Result<Owned, ClusterError> {
+        let mut state = Partition::new(
+            self.connector.as_ref(),
+            StateConfig {
+                instance: self.config.stage,
+                core: p,
+                flush_interval: self.config.flush_interval,
+                retain_ops: self.config.retain_ops,
+                ..StateConfig::default()
+            },
+        )
+        .map_err(|e| ClusterError::Store(e.to_string()))?;
+        let worker = WorkerInfo {
+            index: p,
+            count: self.config.partitions,
+            instance: self.config.stage,
+        };
+        let mut nfs = Vec::with_capacity(self.chain.len());
+        for f in &self.chain {
+            let nf = f
+                .build(&mut state.declare(f.name()), worker)
+                .map_err(|e| ClusterError::Build(e.to_string()))?;
+            nfs.push(nf);
+        }
+        // What building wrote (a NAT's first pools) is durable before the first packet.
+        state
+            .flush_all(now)
+            .map_err(|e| ClusterError::Store(e.to_string()))?;
+        Ok(Owned {
+            epoch,
+            state,
+            nfs,
+            dirty: false,
+            leaving: None,
+        })
+    }
+
+    /// Lets partition `p` go (a move): every change is in the store after the last commit;
+    /// this one makes sure, and forgets the partition. Answers [`Kind::Released`].
+    pub fn release(&mut self, p: u32, epoch: u32, now: Nanos) -> Result<Kind, ClusterError> {
+        if let Some(slot) = self.owned.get_mut(p as usize) {
+            if slot.as_ref().is_some_and(|o| o.epoch == epoch) {
+                if let Some(mut o) = slot.take() {
+                    o.state
+                        .flush_all(now)
+                        .map_err(|e| ClusterError::Store(e.to_string()))?;
+                    self.stats.releases += 1;
+                }
+            }
+        }
+        Ok(Kind::Released)
+    }
+
+    /// Applies the controller's assignment at `now`. An assignment that lists this instance
+    /// as dead ends every ownership at once (the others have taken over). A partition given
+    /// to another instance is *leaving*: the root sends its last packets and then a release
+    /// ([`Instance::release`]), so it keeps processing them, but runs no timers (their
+    /// writes would race the new owner); one not released within `grace` is dropped.
+    pub fn apply(&mut self, a: &Assignment, now: Nanos) {
+        let me = self.config.id;
+        let dead = !a.members.iter().any(|m| m.id == me && m.live);
+        for (p, slot) in self.owned.iter_mut().enumerate() {
+            let Some(o) = slot else { continue };
+            if dead {
+                *slot = None;
+                self.stats.fenced += 1;
+                continue;
+            }
+            let mine = a
+                .slots
+                .get(p)
+                .is_some_and(|s| s.owner == Some(me) || s.epoch <= o.epoch);
+            if !mine && o.leaving.is_none() {
+                o.leaving = Some(now);
+            }
+        }
+    }
+
+    /// Drops leaving partitions the root did not release within `grace` (a lost release).
+    pub fn expire_leaving(&mut self, now: Nanos, grace: Nanos) {
+        for slot in &mut self.owned {
+            if slot
+                .as_ref()
+                .and_then(|o| o.leaving)
+                .is_some_and(|t| now.saturating_sub(t) > grace)
+            {
+                *slot = None;
+                self.stats.fenced += 1;
+            }
+        }
+    }
+
+    /// After a pause: drops every partition whose ownership record names another owner or a
+    /// newer epoch (see the module documentation).
+    pub fn revalidate(&mut self) -> Result<(), ClusterError> {
+        for p in self.owned_partitions() {
+            let rec = self.read_record(p)?;
+            let mine = self.owned[p as usize]
+                .as_ref()
+                .map(|o| (self.config.id, o.epoch));
+            if rec.as_deref().and_then(parse_record) != mine {
+                self.owned[p as usize] = None;
+                self.stats.fenced += 1;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether a control frame asks something of an instance.
+pub fn is_request(kind: Kind) -> bool {
+    matches!(kind, Kind::Claim | Kind::Release)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flowstate_control::cluster::{MemberAddr, Slot};
+    use flowstate_state::local::LocalStore;
+
+    /// The local store shared by several instances, as a remote store would be: every
+    /// partition flushes to it instead of owning its objects in its cache.
+    struct Shared(LocalStore);
+    impl Connector for Shared {
+        fn name(&self) -> &'static str {
+            "shared-local"
+        }
+        fn connect(&self) -> Result<Box<dyn Backend>, flowstate_state::BackendError> {
+            self.0.connect()
+        }
+    }
+
+    fn nat_chain() -> Vec<Arc<dyn NfFactory>> {
+        let t: toml::Table =
+            toml::from_str("external = [\"198.51.100.1\"]\nports = \"1024-1087\"").unwrap();
+        vec![flowstate_nf::registry::factory("nat", &t).unwrap()]
+    }
+
+    fn instance(id: u32, store: &Arc<Shared>) -> Instance {
+        let config = InstanceConfig {
+            id,
+            stage: 0,
+            partitions: 4,
+            flush_interval: Duration::from_millis(1),
+            retain_ops: 1000,
+        };
+        Instance::new(config, nat_chain(), Arc::clone(store) as Arc<dyn Connector>).unwrap()
+    }
+
+    fn udp(src_port: u16) -> Vec<u8> {
+        use flowstate_wire::build::*;
+        let spec = FrameSpec {
+            ethernet: EthernetSpec::new([2; 6], [4; 6]),
+            ip: IpSpec::V4(Ipv4Spec::new(
+                "10.0.0.2".parse().unwrap(),
+                "198.51.100.2".parse().unwrap(),
+            )),
+            l4: L4Spec::Udp(UdpSpec {
+                src_port,
+                dst_port: 53,
+            }),
+            payload: Payload::Fill { len: 5, byte: 7 },
+            min_len: ETHERNET_MIN_LEN,
+        };
+        let mut buf = vec![0u8; 128];
+        let n = spec.write(&mut buf).unwrap();
+        buf.truncate(n);
+        buf
+    }
+
+    fn meta(p: u16, epoch: u32) -> Meta {
+        Meta {
+            kind: Kind::Data,
+            stage: 0,
+            partition: p,
+            epoch,
+            direction: Direction::Outbound,
+            clock: 1,
+        }
+    }
+
+    fn translated_port(frame: &[u8]) -> u16 {
+        flowstate_wire::dissect(frame)
+            .unwrap()
+            .flow
+            .unwrap()
+            .src_port
+    }
+
+    #[test]
+    fn a_partition_taken_over_keeps_its_nat_mappings() {
+        let store = Arc::new(Shared(LocalStore::new()));
+        let (mut a, mut b) = (instance(1, &store), instance(2, &store));
+        assert_eq!(a.claim(2, 1, 0).unwrap(), Kind::Ready);
+        let mut f = udp(5000);
+        assert!(a.process(&meta(2, 1), &mut f, 1));
+        a.commit(1).unwrap();
+        let port = translated_port(&f);
+        assert_eq!(flowstate_nf::nat::port_owner(port, 1024, 4), 2);
+        // a dies without releasing (a crash): b takes the partition at the next epoch.
+        assert_eq!(b.claim(2, 2, 10).unwrap(), Kind::Ready);
+        let mut g = udp(5000);
+        assert!(b.process(&meta(2, 2), &mut g, 11));
+        assert_eq!(
+            translated_port(&g),
+            port,
+            "the mapping survived the failover"
+        );
+        // A new flow at b gets a port a never handed out (the pool moved with the partition).
+        let mut h = udp(5001);
+        assert!(b.process(&meta(2, 2), &mut h, 12));
+        assert_ne!(translated_port(&h), port);
+        // a's stale epoch: its record is gone, its packets are refused.
+        a.revalidate().unwrap();
+        assert_eq!(a.owned_partitions(), Vec::<u32>::new());
+        assert!(!a.process(&meta(2, 1), &mut udp(5000), 13));
+        assert_eq!(a.stats().misdirected, 1);
+        // An older epoch cannot take the record back.
+        assert_eq!(a.claim(2, 1, 14).unwrap(), Kind::Refused);
+    }
+
+    #[test]
+    fn release_then_claim_and_assignment_fencing() {
+        let store = Arc::new(Shared(LocalStore::new()));
+        let (mut a, mut b) = (instance(1, &store), instance(2, &store));
+        a.claim(1, 1, 0).unwrap();
+        let mut f = udp(6000);
+        assert!(a.process(&meta(1, 1), &mut f, 1));
+        a.commit(1).unwrap();
+        assert_eq!(a.release(1, 1, 2).unwrap(), Kind::Released);
+        assert!(a.owned_partitions().is_empty());
+        assert_eq!(b.claim(1, 2, 3).unwrap(), Kind::Ready);
+        let mut g = udp(6000);
+        assert!(b.process(&meta(1, 2), &mut g, 4));
+        assert_eq!(translated_port(&g), translated_port(&f));
+        // Wrong epoch on the data path.
+        assert!(!b.process(&meta(1, 1), &mut udp(6000), 5));
+        // The controller gives partition 1 to someone else: b keeps serving what is in
+        // flight until the release, or drops it when none comes in time.
+        let member = |id, live| MemberAddr {
+            id,
+            addr: format!("192.0.2.1{id}:6081").parse().unwrap(),
+            live,
+            draining: false,
+        };
+        let a3 = Assignment {
+            version: 9,
+            slots: (0..4)
+                .map(|_| Slot {
+                    owner: Some(3),
+                    epoch: 3,
+                })
+                .collect(),
+            members: vec![member(2, true), member(3, true)],
+        };
+        b.apply(&a3, 10);
+        assert_eq!(b.owned_partitions(), vec![1]);
+        assert!(b.process(&meta(1, 2), &mut udp(6000), 11));
+        b.expire_leaving(100, 1000);
+        assert_eq!(b.owned_partitions(), vec![1]);
+        b.expire_leaving(1011, 1000);
+        assert!(b.owned_partitions().is_empty());
+        // Declared dead: everything goes at once.
+        assert_eq!(b.claim(0, 4, 20).unwrap(), Kind::Ready);
+        b.apply(
+            &Assignment {
+                version: 10,
+                members: vec![member(2, false)],
+                ..a3
+            },
+            21,
+        );
+        assert!(b.owned_partitions().is_empty());
+        assert_eq!(b.stats().fenced, 2);
+    }
+
+    #[test]
+    fn a_local_store_is_refused() {
+        let c: Arc<dyn Connector> = Arc::new(LocalStore::new());
+        let config = InstanceConfig {
+            id: 1,
+            stage: 0,
+            partitions: 4,
+            flush_interval: Duration::from_millis(1),
+            retain_ops: 1,
+        };
+        let e = Instance::new(config, nat_chain(), c).unwrap_err();
+        assert!(e.to_string().contains("state.backend"), "{e}");
+    }
+}

@@ -1,0 +1,96 @@
+//! flowstate's cluster: NF instances on a shared store, a root that steers each packet to the
+//! instance owning its traffic partition, and the controller's process (StatelessNF §3–§4,
+//! CHC §4–§5, HashMVT §IV).
+//!
+//! ```text
+//!           controller (membership, failover, scale, drain) <---- reports ----+
+//!               | assignment (kept in the store, sent to all)                  |
+//! client -- [root: partition -> owner, clock, hold] ==GENEVE==> instance 1..N: the chain
+//!                  ^                                                 | state of its partitions
+//!                  +<============== output ==========================+--> the shared store
+//! ```
+//!
+//! * [`meta`]: the GENEVE option root and instances exchange frames with.
+//! * [`steer`]: the root's table and its side of the move protocol (sans-IO).
+//! * [`instance`]: an instance's partitions, ownership records, output commit.
+//! * [`root`], [`serve`], [`controller`]: the three roles' processes.
+//! * [`config`]: the `[cluster]` section.
+//!
+//! Promises: state is partitioned by traffic partition, not by process, so any instance can
+//! take any partition over; exactly one instance serves a partition at an epoch (ownership
+//! records by compare-and-set, epochs on every packet); a packet leaves an instance only
+//! after the state it changed is in the store; moves lose and reorder nothing (see
+//! [`steer`]); a failed instance's partitions are claimed by survivors at once.
+
+pub mod config;
+pub mod controller;
+pub mod instance;
+pub mod meta;
+pub mod root;
+pub mod serve;
+pub mod steer;
+
+use std::net::SocketAddrV4;
+use std::path::Path;
+
+/// Why a cluster role cannot go on.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// The configuration does not describe a usable cluster.
+    #[error("{0}")]
+    Config(String),
+    /// The store failed.
+    #[error("store: {0}")]
+    Store(String),
+    /// An NF could not be built.
+    #[error("building the chain: {0}")]
+    Build(String),
+    /// A socket or process failed.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Nanoseconds of the wall clock: the time every role stamps state with, so that a partition's
+/// timers mean the same at its next owner (one host, or hosts kept in step by NTP).
+pub fn wall_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// A non-blocking UDP socket bound to `addr` with 4 MiB buffers (a burst of a partition's
+/// packets must not overflow them).
+pub fn udp_socket(addr: SocketAddrV4) -> Result<std::net::UdpSocket, ClusterError> {
+    use std::os::fd::AsRawFd;
+    let s = std::net::UdpSocket::bind(addr)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot bind {addr}: {e}")))?;
+    s.set_nonblocking(true)?;
+    let size: libc::c_int = 4 << 20;
+    for opt in [libc::SO_RCVBUFFORCE, libc::SO_SNDBUFFORCE] {
+        // SAFETY: a valid socket and a c_int option value of the right size. Without the
+        // privilege for *FORCE the kernel's default stays (not an error).
+        unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                (&size as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            );
+        }
+    }
+    Ok(s)
+}
+
+/// Writes `value` as JSON to `path` through a temporary file and a rename, so a reader never
+/// sees half of it. Failures are logged, not fatal (stats are for operators).
+pub fn write_json<T: serde::Serialize>(path: &Path, value: &T) {
+    let tmp = path.with_extension("tmp");
+    let r = serde_json::to_vec_pretty(value)
+        .map_err(std::io::Error::other)
+        .and_then(|b| std::fs::write(&tmp, b))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = r {
+        tracing::warn!(path = %path.display(), "cannot write stats: {e}");
+    }
+}

@@ -1,0 +1,377 @@
+//! An instance's process: takes frames from the root, runs them through its partitions'
+//! chains ([`crate::instance`]), commits their state, sends the output back; answers the move
+//! protocol; applies the controller's assignments; reports to the controller every heartbeat
+//! (HashMVT §IV-C: load η = busy / total time, Eq. 1).
+
+use crate::config::{ClusterSection, CONTROLLER_PORT, CONTROL_PORT};
+use crate::instance::{Instance, InstanceConfig, InstanceStats};
+use crate::meta::{self, Kind, Meta};
+use crate::{udp_socket, wall_ns, ClusterError};
+use flowstate_chain::live::Stop;
+use flowstate_control::cluster::{Assignment, Report};
+use flowstate_state::Connector;
+use serde::Serialize;
+use std::io::ErrorKind;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Datagrams taken per batch (one commit per batch).
+const BATCH: usize = 64;
+/// Batches taken before the loop looks at its timers again.
+const TURN_BATCHES: usize = 4;
+/// Largest datagram.
+const MAX_DATAGRAM: usize = meta::HEADER_LEN + 2048;
+
+/// What an instance's process needs.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// The cluster.
+    pub section: ClusterSection,
+    /// This instance.
+    pub id: u32,
+    /// Its address on the cluster network.
+    pub address: Ipv4Addr,
+    /// `[state] flush_interval`.
+    pub flush_interval: Duration,
+    /// `[state] retain_ops`.
+    pub retain_ops: usize,
+    /// Where to write its counters (JSON, every 200 ms).
+    pub stats_file: Option<PathBuf>,
+}
+
+/// What the stats file holds.
+#[derive(Debug, Serialize)]
+struct Snapshot {
+    id: u32,
+    pid: u32,
+    partitions: Vec<u32>,
+    load: f64,
+    packets: u64,
+    forwarded: u64,
+    dropped: u64,
+    malformed: u64,
+    misdirected: u64,
+    claims: u64,
+    refused: u64,
+    releases: u64,
+    fenced: u64,
+    commit_errors: u64,
+    assignment_version: u64,
+}
+
+/// Runs an instance until `stop`.
+pub fn run_instance(
+    o: &ServeOptions,
+    chain: Vec<Arc<dyn flowstate_nf::NfFactory>>,
+    connector: Arc<dyn Connector>,
+    stop: Stop,
+) -> Result<InstanceStats, ClusterError> {
+    let s = &o.section;
+    let mut inst = Instance::new(
+        InstanceConfig {
+            id: o.id,
+            stage: 0,
+            partitions: s.partitions,
+            flush_interval: o.flush_interval,
+            retain_ops: o.retain_ops,
+        },
+        chain,
+        connector,
+    )?;
+    let data = udp_socket(SocketAddrV4::new(o.address, meta::PORT))?;
+    let control = udp_socket(SocketAddrV4::new(o.address, CONTROL_PORT))?;
+    let controller = SocketAddrV4::new(s.address, CONTROLLER_PORT);
+    let fds = [data.as_raw_fd(), control.as_raw_fd()];
+    let mut bufs: Vec<(Vec<u8>, usize, SocketAddr, bool)> = (0..BATCH)
+        .map(|_| {
+            (
+                vec![0u8; MAX_DATAGRAM],
+                0,
+                SocketAddr::from(([0, 0, 0, 0], 0)),
+                false,
+            )
+        })
+        .collect();
+    let mut cbuf = vec![0u8; 65536];
+    let mut reply = [0u8; meta::HEADER_LEN];
+    let heartbeat = s.heartbeat;
+    let lease = heartbeat * s.missed;
+    let mut applied = 0u64;
+    let beat = Heartbeat::start(data.try_clone()?, controller, heartbeat)?;
+    let mut busy = Duration::ZERO;
+    let mut window = Instant::now();
+    let mut last_load = 0.0;
+    let mut next_report = Instant::now();
+    let mut next_tick = Instant::now();
+    let mut last_turn = Instant::now();
+    tracing::info!(id = o.id, address = %o.address, "instance up");
+    beat.update(Report {
+        id: o.id,
+        addr: SocketAddrV4::new(o.address, meta::PORT),
+        pid: std::process::id(),
+        seq: 0,
+        load: 0.0,
+        partitions: Vec::new(),
+        packets: 0,
+        drops: 0,
+        entries: 0,
+        assignment_version: 0,
+    });
+    while !stop.stopped() {
+        flowstate_io::afpacket::wait_readable(&fds, Duration::from_millis(5))
+            .map_err(|e| ClusterError::Io(std::io::Error::other(e.to_string())))?;
+        if last_turn.elapsed() > lease {
+            // Paused past failure detection: someone may own our partitions now.
+            if let Err(e) = inst.revalidate() {
+                tracing::warn!("cannot check ownership after a pause: {e}");
+            }
+        }
+        last_turn = Instant::now();
+        let now = wall_ns();
+        loop {
+            match control.recv_from(&mut cbuf) {
+                Ok((n, _)) => {
+                    if let Ok(a) = Assignment::decode(&cbuf[..n]) {
+                        if a.version > applied {
+                            inst.apply(&a, wall_ns());
+                            applied = a.version;
+                        }
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let started = Instant::now();
+        let mut n = 0;
+        let mut work = false;
+        // A few batches per turn, so reports and timers keep their pace under any load.
+        let mut batches = 0;
+        loop {
+            let more = if n < BATCH {
+                let (buf, len, from, _) = &mut bufs[n];
+                match data.recv_from(buf) {
+                    Ok((l, f)) => {
+                        *len = l;
+                        *from = f;
+                        true
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => false,
+                    Err(e) => return Err(e.into()),
+                }
+            } else {
+                false
+            };
+            if !more {
+                // End of a batch: commit, then let its output go.
+                finish(&mut inst, &data, &mut bufs[..n], now);
+                batches += 1;
+                if n < BATCH || batches == TURN_BATCHES {
+                    break;
+                }
+                n = 0;
+                continue;
+            }
+            work = true;
+            let (buf, len, from, fwd) = &mut bufs[n];
+            *fwd = false;
+            let Ok((m, _)) = meta::read(&buf[..*len]) else {
+                continue;
+            };
+            match m.kind {
+                Kind::Data => {
+                    *fwd = inst.process(&m, &mut buf[meta::HEADER_LEN..*len], now);
+                    n += 1;
+                }
+                Kind::Claim | Kind::Release => {
+                    let from = *from;
+                    // What came before the request is answered first (its output, then this).
+                    finish(&mut inst, &data, &mut bufs[..n], now);
+                    n = 0;
+                    let p = u32::from(m.partition);
+                    let answer = if m.kind == Kind::Claim {
+                        inst.claim(p, m.epoch, now)
+                    } else {
+                        inst.release(p, m.epoch, now)
+                    };
+                    match answer {
+                        Ok(kind) => {
+                            let r = Meta { kind, ..m };
+                            if let Some(h) = meta::write(&mut reply, &r) {
+                                let _ = data.send_to(&reply[..h], from);
+                            }
+                        }
+                        // No answer: the root asks again after its move timeout.
+                        Err(e) => tracing::warn!(partition = p, "{:?} failed: {e}", m.kind),
+                    }
+                }
+                _ => {}
+            }
+        }
+        if work {
+            busy += started.elapsed();
+        }
+        if Instant::now() >= next_tick {
+            next_tick += Duration::from_millis(10);
+            inst.tick(now);
+            inst.expire_leaving(now, 2 * s.move_timeout.as_nanos() as u64);
+        }
+        if Instant::now() >= next_report {
+            next_report = Instant::now() + heartbeat;
+            let total = window.elapsed();
+            last_load = (busy.as_secs_f64() / total.as_secs_f64().max(1e-9)).clamp(0.0, 1.0);
+            busy = Duration::ZERO;
+            window = Instant::now();
+            let st = inst.stats();
+            let r = Report {
+                id: o.id,
+                addr: SocketAddrV4::new(o.address, meta::PORT),
+                pid: std::process::id(),
+                seq: 0, // the heartbeat thread numbers what it sends
+                load: last_load,
+                partitions: inst.owned_partitions(),
+                packets: st.packets,
+                drops: st.dropped + st.malformed + st.misdirected,
+                entries: 0,
+                assignment_version: applied,
+            };
+            beat.update(r);
+            if let Some(f) = &o.stats_file {
+                crate::write_json(f, &snapshot(o.id, &inst, last_load, applied));
+            }
+        }
+        beat.alive();
+    }
+    beat.stop();
+    if let Some(f) = &o.stats_file {
+        crate::write_json(f, &snapshot(o.id, &inst, last_load, applied));
+    }
+    Ok(inst.stats())
+}
+
+fn snapshot(id: u32, inst: &Instance, load: f64, applied: u64) -> Snapshot {
+    let st = inst.stats();
+    Snapshot {
+        id,
+        pid: std::process::id(),
+        partitions: inst.owned_partitions(),
+        load,
+        packets: st.packets,
+        forwarded: st.forwarded,
+        dropped: st.dropped,
+        malformed: st.malformed,
+        misdirected: st.misdirected,
+        claims: st.claims,
+        refused: st.refused,
+        releases: st.releases,
+        fenced: st.fenced,
+        commit_errors: st.commit_errors,
+        assignment_version: applied,
+    }
+}
+
+/// Commits a batch and sends its forwarded frames back where they came from (the root).
+fn finish(
+    inst: &mut Instance,
+    data: &std::net::UdpSocket,
+    batch: &mut [(Vec<u8>, usize, SocketAddr, bool)],
+    now: u64,
+) {
+    if batch.is_empty() {
+        return;
+    }
+    if let Err(e) = inst.commit(now) {
+        // Nothing leaves that the store does not hold: the senders retransmit.
+        tracing::warn!("commit failed, {} packets dropped: {e}", batch.len());
+        return;
+    }
+    for (buf, len, from, fwd) in batch.iter_mut() {
+        if *fwd {
+            let _ = data.send_to(&buf[..*len], *from);
+            *fwd = false;
+        }
+    }
+}
+
+/// How long the main loop may go without a turn before the heartbeat stops: a claim that
+/// builds a large partition takes a while, a loop stuck for longer is failed over.
+const STALL_LIMIT: Duration = Duration::from_secs(2);
+
+/// The heartbeat: a thread that sends the main loop's latest report every interval while the
+/// loop keeps turning (HashMVT §IV-C). A crashed or stopped process goes silent at once; one
+/// whose loop is stuck, after [`STALL_LIMIT`].
+struct Heartbeat {
+    report: Arc<std::sync::Mutex<Option<Report>>>,
+    /// When the main loop last turned, ns since `epoch`; `u64::MAX`: stop.
+    turned: Arc<AtomicU64>,
+    epoch: Instant,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Heartbeat {
+    fn start(
+        socket: std::net::UdpSocket,
+        to: SocketAddrV4,
+        every: Duration,
+    ) -> Result<Heartbeat, ClusterError> {
+        let report = Arc::new(std::sync::Mutex::new(None::<Report>));
+        let turned = Arc::new(AtomicU64::new(0));
+        let epoch = Instant::now();
+        let (r, t) = (Arc::clone(&report), Arc::clone(&turned));
+        let thread = std::thread::Builder::new()
+            .name("heartbeat".into())
+            .spawn(move || {
+                let mut seq = 0u64;
+                loop {
+                    std::thread::sleep(every);
+                    let last = t.load(Ordering::Relaxed);
+                    if last == u64::MAX {
+                        return;
+                    }
+                    let stalled = epoch.elapsed().as_nanos() as u64 - last.min(u64::MAX - 1)
+                        > STALL_LIMIT.as_nanos() as u64;
+                    let msg = match r.lock() {
+                        Ok(g) if !stalled => g.as_ref().map(|rep| {
+                            seq += 1;
+                            Report { seq, ..rep.clone() }.encode()
+                        }),
+                        _ => None,
+                    };
+                    if let Some(m) = msg {
+                        let _ = socket.send_to(&m, to);
+                    }
+                }
+            })?;
+        Ok(Heartbeat {
+            report,
+            turned,
+            epoch,
+            thread: Some(thread),
+        })
+    }
+
+    /// The report to send from now on (once per interval).
+    fn update(&self, r: Report) {
+        if let Ok(mut g) = self.report.lock() {
+            *g = Some(r);
+        }
+        self.alive();
+    }
+
+    /// The main loop turned.
+    fn alive(&self) {
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        self.turned.store(now.min(u64::MAX - 1), Ordering::Relaxed);
+    }
+
+    fn stop(mut self) {
+        self.turned.store(u64::MAX, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

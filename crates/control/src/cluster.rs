@@ -1,0 +1,970 @@
+//! The cluster controller's decision core (StatelessNF §4.2, HashMVT §IV-D): instances report
+//! every interval, the controller decides who owns each traffic partition, when an instance is
+//! dead, and which instances to start, drain and stop.
+//!
+//! Promises:
+//! * Sans-IO: reports, commands and the time are passed in; [`Controller::tick`] returns
+//!   [`Decision`]s (publish an [`Assignment`], start, stop, failed), so every rule is tested under
+//!   a virtual clock. The caller persists each published assignment in the store before it sends
+//!   it to the root and the instances.
+//! * Every published assignment gives each partition exactly one owner, an instance that is
+//!   live or draining; none only while no instance is live. An owner change bumps that slot's
+//!   epoch (the fencing token of the ownership record), and every publish has a strictly
+//!   greater version, also across a controller restart ([`Controller::new`] with the stored
+//!   assignment).
+//! * Stability: partitions move only when membership changes (a join, a death, a drain), and
+//!   then the fewest: a joining instance takes partitions one at a time from the largest holder
+//!   until counts differ by at most one; a dead or drained instance's partitions go to the
+//!   instances with the fewest. The same input publishes nothing.
+//! * Failure detection (StatelessNF §4.2, HashMVT §IV-D1): an instance not heard from for
+//!   `missed × interval` is dead; its partitions are reassigned in the same tick (failing over is
+//!   cheap when state lives in the store, so detection can be fast and speculative). An instance
+//!   started but not heard from within `start_timeout` is failed too.
+//! * Scaling (StatelessNF §4.2, HashMVT §IV-D2): the controller drives the number of starting
+//!   and live instances to a target, set by [`Controller::scale`], lowered by
+//!   [`Controller::drain`], or moved one step at a time on load thresholds (η, Eq. 1) when
+//!   `auto_scale` is on. Scale-in drains: an instance is stopped only after it reports it serves
+//!   nothing under the assignment that took its last partition away.
+//! * The [`Assignment`] and [`Report`] wire formats are versioned and binary; decoding checks
+//!   every length and never panics.
+
+use flowstate_mvt::Nanos;
+use std::cmp::Reverse;
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+/// An instance's id, 1-based (instance `k` runs in lab namespace `i{k}`).
+pub type InstanceId = u32;
+
+/// The wire value of "no owner" (ids are 1-based, so no instance has it).
+pub const NO_OWNER: InstanceId = 0;
+
+const ASSIGNMENT_MAGIC: &[u8; 4] = b"FSAS";
+const REPORT_MAGIC: &[u8; 4] = b"FSRP";
+/// The format version of [`Assignment`] and [`Report`] this code writes and reads.
+pub const FORMAT_VERSION: u8 = 1;
+
+/// One traffic partition's owner and ownership epoch (incremented every time the owner changes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slot {
+    /// The instance that owns the partition, `None` while no instance is live.
+    pub owner: Option<InstanceId>,
+    /// The ownership epoch: incremented every time `owner` changes, never decreases.
+    pub epoch: u32,
+}
+
+/// An instance as the assignment publishes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemberAddr {
+    /// The instance.
+    pub id: InstanceId,
+    /// Where it receives traffic (the address of its reports).
+    pub addr: SocketAddrV4,
+    /// Running: live or draining. A dead instance stays listed with `live == false`, so the
+    /// root does not wait for it to hand its old partitions over.
+    pub live: bool,
+    /// Being drained: it owns nothing, or nothing once it hands over, and is stopped once it
+    /// reports so. Persisted, so a restarted controller finishes the drain.
+    pub draining: bool,
+}
+
+/// The controller's published decision: who owns each partition. Persisted in the store by the
+/// caller and sent to the root and every instance.
+///
+/// ```text
+/// magic "FSAS" | format u8 (1) | version u64
+/// | slot count u32 | count × (owner u32 (0 = none), epoch u32)
+/// | member count u32 | count × (id u32, ipv4 [4], port u16, flags u8 (1 live, 2 draining))
+/// ```
+///
+/// All integers big-endian.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assignment {
+    /// Strictly increasing per publish; 0 is the empty assignment nothing was published for.
+    pub version: u64,
+    /// One slot per partition, indexed by partition.
+    pub slots: Vec<Slot>,
+    /// The instances, by id: every owner, and the dead ones.
+    pub members: Vec<MemberAddr>,
+}
+
+/// What an instance reports every heartbeat interval (UDP).
+///
+/// ```text
+/// magic "FSRP" | format u8 (1) | id u32 | ipv4 [4] | port u16 | pid u32 | seq u64
+/// | load f64 (IEEE 754 bits) | packets u64 | drops u64 | entries u64
+/// | assignment_version u64 | partition count u32 | count × u32
+/// ```
+///
+/// All integers big-endian. A load outside 0..=1 (or NaN) does not decode.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    /// The reporting instance.
+    pub id: InstanceId,
+    /// Where it receives traffic.
+    pub addr: SocketAddrV4,
+    /// Its process id.
+    pub pid: u32,
+    /// Increases per report (older or repeated ones are ignored).
+    pub seq: u64,
+    /// η = busy / total time of the last interval (HashMVT Eq. 1), 0..=1.
+    pub load: f64,
+    /// The partitions it serves now.
+    pub partitions: Vec<u32>,
+    /// Packets processed so far.
+    pub packets: u64,
+    /// Packets dropped so far.
+    pub drops: u64,
+    /// State entries it holds.
+    pub entries: u64,
+    /// The newest assignment version it has applied.
+    pub assignment_version: u64,
+}
+
+/// Why bytes are not an [`Assignment`] or a [`Report`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// Too short for what it says it holds.
+    #[error("truncated message")]
+    Truncated,
+    /// Not this kind of message.
+    #[error("bad magic")]
+    Magic,
+    /// A format version this code does not read.
+    #[error("unsupported format version {0}")]
+    Version(u8),
+    /// A field holds a value it cannot have.
+    #[error("invalid {0}")]
+    Invalid(&'static str),
+    /// Bytes after the end.
+    #[error("trailing bytes")]
+    Trailing,
+}
+
+impl Assignment {
+    /// The empty assignment of `partitions` partitions (version 0, no owner).
+    pub fn empty(partitions: u32) -> Assignment {
+        Assignment {
+            version: 0,
+            slots: vec![
+                Slot {
+                    owner: None,
+                    epoch: 0
+                };
+                partitions as usize
+            ],
+            members: Vec::new(),
+        }
+    }
+
+    /// The partitions `id` owns, ascending.
+    pub fn owned_by(&self, id: InstanceId) -> Vec<u32> {
+        (0u32..)
+            .zip(&self.slots)
+            .filter(|(_, s)| s.owner == Some(id))
+            .map(|(p, _)| p)
+            .collect()
+    }
+
+    /// The published address and liveness of `id`.
+    pub fn member(&self, id: InstanceId) -> Option<&MemberAddr> {
+        self.members.iter().find(|m| m.id == id)
+    }
+
+    /// The encoded assignment. An owner or member id of 0 ([`NO_OWNER`]) is not an instance:
+    /// an owner `Some(0)` reads back as none, a member 0 does not decode.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(21 + 8 * self.slots.len() + 11 * self.members.len());
+        out.extend_from_slice(ASSIGNMENT_MAGIC);
+        out.push(FORMAT_VERSION);
+        out.extend_from_slice(&self.version.to_be_bytes());
+        out.extend_from_slice(&(self.slots.len() as u32).to_be_bytes());
+        for s in &self.slots {
+            out.extend_from_slice(&s.owner.unwrap_or(NO_OWNER).to_be_bytes());
+            out.extend_from_slice(&s.epoch.to_be_bytes());
+        }
+        out.extend_from_slice(&(self.members.len() as u32).to_be_bytes());
+        for m in &self.members {
+            out.extend_from_slice(&m.id.to_be_bytes());
+            put_addr(&mut out, m.addr);
+            out.push(u8::from(m.live) | u8::from(m.draining) << 1);
+        }
+        out
+    }
+
+    /// Decodes `b`; never panics.
+    pub fn decode(b: &[u8]) -> Result<Assignment, DecodeError> {
+        let mut r = Reader::open(b, ASSIGNMENT_MAGIC)?;
+        let version = r.u64()?;
+        let n = r.count(8)?;
+        let mut slots = Vec::with_capacity(n);
+        for _ in 0..n {
+            let owner = r.u32()?;
+            slots.push(Slot {
+                owner: (owner != NO_OWNER).then_some(owner),
+                epoch: r.u32()?,
+            });
+        }
+        let n = r.count(11)?;
+        let mut members = Vec::with_capacity(n);
+        for _ in 0..n {
+            let id = r.u32()?;
+            if id == NO_OWNER {
+                return Err(DecodeError::Invalid("member id 0"));
+            }
+            let addr = r.addr()?;
+            let flags = r.u8()?;
+            if flags > 3 {
+                return Err(DecodeError::Invalid("member flags"));
+            }
+            members.push(MemberAddr {
+                id,
+                addr,
+                live: flags & 1 != 0,
+                draining: flags & 2 != 0,
+            });
+        }
+        r.finish()?;
+        Ok(Assignment {
+            version,
+            slots,
+            members,
+        })
+    }
+}
+
+impl Report {
+    /// The encoded report.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(71 + 4 * self.partitions.len());
+        out.extend_from_slice(REPORT_MAGIC);
+        out.push(FORMAT_VERSION);
+        out.extend_from_slice(&self.id.to_be_bytes());
+        put_addr(&mut out, self.addr);
+        out.extend_from_slice(&self.pid.to_be_bytes());
+        for v in [
+            self.seq,
+            self.load.to_bits(),
+            self.packets,
+            self.drops,
+            self.entries,
+            self.assignment_version,
+        ] {
+            out.extend_from_slice(&v.to_be_bytes());
+        }
+        out.extend_from_slice(&(self.partitions.len() as u32).to_be_bytes());
+        for p in &self.partitions {
+            out.extend_from_slice(&p.to_be_bytes());
+        }
+        out
+    }
+
+    /// Decodes `b`; never panics.
+    pub fn decode(b: &[u8]) -> Result<Report, DecodeError> {
+        let mut r = Reader::open(b, REPORT_MAGIC)?;
+        let id = r.u32()?;
+        if id == NO_OWNER {
+            return Err(DecodeError::Invalid("instance id 0"));
+        }
+        let addr = r.addr()?;
+        let pid = r.u32()?;
+        let seq = r.u64()?;
+        let load = f64::from_bits(r.u64()?);
+        if !(0.0..=1.0).contains(&load) {
+            return Err(DecodeError::Invalid("load"));
+        }
+        let (packets, drops, entries, assignment_version) =
+            (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
+        let n = r.count(4)?;
+        let mut partitions = Vec::with_capacity(n);
+        for _ in 0..n {
+            partitions.push(r.u32()?);
+        }
+        r.finish()?;
+        Ok(Report {
+            id,
+            addr,
+            pid,
+            seq,
+            load,
+            partitions,
+            packets,
+            drops,
+            entries,
+            assignment_version,
+        })
+    }
+}
+
+fn put_addr(out: &mut Vec<u8>, a: SocketAddrV4) {
+    out.extend_from_slice(&a.ip().octets());
+    out.extend_from_slice(&a.port().to_be_bytes());
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn open(b: &'a [u8], magic: &[u8; 4]) -> Result<Self, DecodeError> {
+        let mut r = Reader(b);
+        if r.take(4)? != magic {
+            return Err(DecodeError::Magic);
+        }
+        match r.u8()? {
+            FORMAT_VERSION => Ok(r),
+            v => Err(DecodeError::Version(v)),
+        }
+    }
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        if self.0.len() < n {
+            return Err(DecodeError::Truncated);
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Ok(a)
+    }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N)?);
+        Ok(a)
+    }
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.array::<1>()?[0])
+    }
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        Ok(u32::from_be_bytes(self.array()?))
+    }
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        Ok(u64::from_be_bytes(self.array()?))
+    }
+    fn addr(&mut self) -> Result<SocketAddrV4, DecodeError> {
+        let ip = Ipv4Addr::from(self.array::<4>()?);
+        Ok(SocketAddrV4::new(ip, u16::from_be_bytes(self.array()?)))
+    }
+    /// A count of items of at least `size` bytes each: one larger than the rest is a lie (so
+    /// nothing is allocated for it).
+    fn count(&mut self, size: usize) -> Result<usize, DecodeError> {
+        let n = self.u32()? as usize;
+        if n > self.0.len() / size {
+            return Err(DecodeError::Truncated);
+        }
+        Ok(n)
+    }
+    fn finish(self) -> Result<(), DecodeError> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(DecodeError::Trailing)
+        }
+    }
+}
+
+/// Controller settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterConfig {
+    /// Traffic partitions (default 16). A restored assignment's count wins: state is
+    /// partitioned by it, so it cannot change under a running cluster.
+    pub partitions: u32,
+    /// Heartbeat interval, ns (default 50 ms).
+    pub interval: Nanos,
+    /// Intervals without a report before an instance is dead (default 3).
+    pub missed: u32,
+    /// A started instance not heard from by then is failed, ns (default 10 s).
+    pub start_timeout: Nanos,
+    /// Instances at least (default 1; 0 counts as 1).
+    pub min_instances: u32,
+    /// Instances at most (default 16).
+    pub max_instances: u32,
+    /// Scale on load thresholds (default false: scale on command only).
+    pub auto_scale: bool,
+    /// Mean η of the live instances above which the target grows by one (default 0.8).
+    pub scale_out_load: f64,
+    /// Mean η of the live instances below which the target shrinks by one (default 0.2).
+    pub scale_in_load: f64,
+    /// Consecutive intervals above / below a threshold before acting (default 5).
+    pub scale_periods: u32,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            partitions: 16,
+            interval: 50_000_000,
+            missed: 3,
+            start_timeout: 10_000_000_000,
+            min_instances: 1,
+            max_instances: 16,
+            auto_scale: false,
+            scale_out_load: 0.8,
+            scale_in_load: 0.2,
+            scale_periods: 5,
+        }
+    }
+}
+
+/// Where an instance is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemberState {
+    /// Started ([`Decision::Start`]), not heard from yet.
+    Starting,
+    /// Reporting; may own partitions.
+    Live,
+    /// Reporting; its partitions go (or went) to others, then it is stopped.
+    Draining,
+    /// Missed its reports (or never started); its id is free.
+    Dead,
+}
+
+/// One instance as [`Controller::status`] shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemberStatus {
+    /// The instance.
+    pub id: InstanceId,
+    /// Its process id, as last reported (0 before a report).
+    pub pid: u32,
+    /// Where it receives traffic, once known.
+    pub addr: Option<SocketAddrV4>,
+    /// Its state.
+    pub state: MemberState,
+    /// Its last reported load η (0 before a report).
+    pub load: f64,
+    /// The partitions it last reported serving.
+    pub partitions: Vec<u32>,
+    /// Packets it last reported processed.
+    pub packets: u64,
+    /// Packets it last reported dropped.
+    pub drops: u64,
+    /// State entries it last reported holding.
+    pub entries: u64,
+    /// How long ago its last report was accepted; `None` before one.
+    pub last_heard_ns_ago: Option<Nanos>,
+}
+
+/// What the controller decided; [`Controller::tick`] returns them in this order of kinds.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// The instance is declared dead (missed reports, or never started); reported once. Make
+    /// sure its process is gone: its partitions already have new owners, and a
+    /// [`Decision::Start`] of the same id may follow.
+    Failed {
+        /// The instance.
+        id: InstanceId,
+    },
+    /// A new assignment version: persist it, then send it to the root and the instances.
+    Publish(Assignment),
+    /// Stop this instance's process: it was drained and serves nothing any more (or it was
+    /// starting and is no longer wanted). The controller has forgotten it.
+    Stop {
+        /// The instance.
+        id: InstanceId,
+    },
+    /// Start an instance process with this id.
+    Start {
+        /// The instance.
+        id: InstanceId,
+    },
+}
+
+/// Why a command was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ControlError {
+    /// No such instance.
+    #[error("instance {0} is unknown")]
+    Unknown(InstanceId),
+    /// Only a live instance can be drained.
+    #[error("instance {id} is {state:?}: only a live instance can be drained")]
+    NotLive {
+        /// The instance.
+        id: InstanceId,
+        /// Its state.
+        state: MemberState,
+    },
+    /// Below `min_instances`.
+    #[error("cannot scale to {n} instances: the minimum is {min}")]
+    BelowMin {
+        /// The target asked for.
+        n: u32,
+        /// The minimum.
+        min: u32,
+    },
+    /// Above `max_instances`.
+    #[error("cannot scale to {n} instances: the maximum is {max}")]
+    AboveMax {
+        /// The target asked for.
+        n: u32,
+        /// The maximum.
+        max: u32,
+    },
+    /// Draining it would leave no live instance.
+    #[error("instance {0} is the last live instance: draining it would leave none")]
+    LastInstance(InstanceId),
+}
+
+#[derive(Debug, Clone)]
+struct Member {
+    state: MemberState,
+    addr: Option<SocketAddrV4>,
+    /// The last sign of life: a report, the restore, or the start. Deadlines count from it.
+    seen: Nanos,
+    /// When its last report was accepted.
+    heard: Option<Nanos>,
+    report: Option<Report>,
+    /// Draining and owning nothing since this assignment version.
+    drained_at: Option<u64>,
+}
+
+impl Member {
+    fn new(state: MemberState, addr: Option<SocketAddrV4>, now: Nanos) -> Member {
+        Member {
+            state,
+            addr,
+            seen: now,
+            heard: None,
+            report: None,
+            drained_at: None,
+        }
+    }
+
+    fn serving(&self) -> bool {
+        matches!(self.state, MemberState::Live | MemberState::Draining)
+    }
+}
+
+/// The controller: a state machine over reports, commands and time.
+#[derive(Debug, Clone)]
+pub struct Controller {
+    config: ClusterConfig,
+    assignment: Assignment,
+    members: BTreeMap<InstanceId, Member>,
+    target: u32,
+    /// Stopped instances, with the pid of their process when known: its late reports (in
+    /// flight, or sent while it exits) are not a join. Cleared when the id is started again.
+    stopped: BTreeMap<InstanceId, Option<u32>>,
+    /// An instance joined: balance at the next tick.
+    rebalance: bool,
+    above: u32,
+    below: u32,
+    next_scale_check: Nanos,
+}
+
+impl Controller {
+    /// A controller at `now`. `restored`: the assignment found in the store. A restarted
+    /// controller resumes it: its live members are live (draining ones draining) as if just
+    /// heard from, so none is declared dead before `missed × interval` from now; the target is
+    /// the number of live, non-draining members (within the bounds); the next publish
+    /// continues its version; nothing is published until something changes. Without one, the
+    /// target is `min_instances` and the first instance to report gets every partition.
+    pub fn new(config: ClusterConfig, restored: Option<Assignment>, now: Nanos) -> Controller {
+        let mut c = Controller {
+            assignment: Assignment::empty(config.partitions),
+            members: BTreeMap::new(),
+            target: 0,
+            stopped: BTreeMap::new(),
+            rebalance: false,
+            above: 0,
+            below: 0,
+            next_scale_check: now.saturating_add(config.interval),
+            config,
+        };
+        let (min, max) = c.bounds();
+        c.target = min;
+        if let Some(a) = restored {
+            for m in &a.members {
+                let state = match (m.live, m.draining) {
+                    (false, _) => MemberState::Dead,
+                    (true, false) => MemberState::Live,
+                    (true, true) => MemberState::Draining,
+                };
+                c.members
+                    .insert(m.id, Member::new(state, Some(m.addr), now));
+            }
+            c.target = c.count(MemberState::Live).clamp(min, max);
+            c.assignment = a;
+        }
+        c
+    }
+
+    /// Takes an instance's report. A report from an instance that is not live or draining
+    /// (starting, dead, unknown) is a join: it becomes live and gets partitions by rebalancing
+    /// at the next tick (a dead one's old partitions are not given back). One that was not
+    /// started by this controller raises the target to count it (up to `max_instances`).
+    /// Reports not newer (by `seq`) than the last accepted one of a live member are ignored, and
+    /// so are those of a stopped instance's process (the same pid; any pid if it was stopped
+    /// before it reported) until its id is started again.
+    pub fn on_report(&mut self, r: &Report, now: Nanos) {
+        if r.id == NO_OWNER
+            || !self.members.contains_key(&r.id)
+                && self
+                    .stopped
+                    .get(&r.id)
+                    .is_some_and(|pid| pid.is_none_or(|p| p == r.pid))
+        {
+            return;
+        }
+        let prior = self.members.get(&r.id).map(|m| m.state);
+        match self.members.get_mut(&r.id) {
+            Some(m) if m.serving() => {
+                if m.report.as_ref().is_some_and(|l| r.seq <= l.seq) {
+                    return; // UDP reordering or a duplicate
+                }
+                m.addr = Some(r.addr);
+                m.seen = now;
+                m.heard = Some(now);
+                m.report = Some(r.clone());
+            }
+            _ => {
+                let mut m = Member::new(MemberState::Live, Some(r.addr), now);
+                m.heard = Some(now);
+                m.report = Some(r.clone());
+                self.members.insert(r.id, m);
+                self.rebalance = true;
+                if prior != Some(MemberState::Starting) {
+                    let have = self.count(MemberState::Live) + self.count(MemberState::Starting);
+                    self.target = self.target.max(have.min(self.bounds().1));
+                }
+            }
+        }
+    }
+
+    /// Decides at `now`; call it every interval (or more often). Emits, in this order: the
+    /// instances declared dead, the new assignment if it changed, the instances to stop, the
+    /// instances to start.
+    pub fn tick(&mut self, now: Nanos) -> Vec<Decision> {
+        let mut failed = Vec::new();
+        let mut stops = Vec::new();
+        let mut starts = Vec::new();
+
+        // Failure detection (HashMVT §IV-D1): a missed deadline is death, decided at once
+        // (StatelessNF §4.2: failing over is cheap, so detection need not wait long).
+        let deadline = self
+            .config
+            .interval
+            .saturating_mul(u64::from(self.config.missed));
+        for (id, m) in &mut self.members {
+            let limit = match m.state {
+                MemberState::Live | MemberState::Draining => deadline,
+                MemberState::Starting => self.config.start_timeout,
+                MemberState::Dead => continue,
+            };
+            if now.saturating_sub(m.seen) > limit {
+                m.state = MemberState::Dead;
+                m.drained_at = None;
+                failed.push(Decision::Failed { id: *id });
+            }
+        }
+
+        // A drained instance that reports serving nothing under the assignment that took its
+        // last partition away is stopped and forgotten.
+        self.members.retain(|id, m| {
+            let done = m.state == MemberState::Draining
+                && m.drained_at.is_some_and(|v| {
+                    m.report
+                        .as_ref()
+                        .is_some_and(|r| r.partitions.is_empty() && r.assignment_version >= v)
+                });
+            if done {
+                stops.push(Decision::Stop { id: *id });
+                self.stopped.insert(*id, m.report.as_ref().map(|r| r.pid));
+            }
+            !done
+        });
+
+        self.auto_scale(now);
+
+        // Drive starting + live instances to the target (StatelessNF §4.2: launch or kill).
+        let starting = self.count(MemberState::Starting);
+        let live = self.count(MemberState::Live);
+        let have = starting + live;
+        if have < self.target {
+            for _ in have..self.target {
+                let id = self.free_id();
+                let addr = self.members.get(&id).and_then(|m| m.addr);
+                self.members
+                    .insert(id, Member::new(MemberState::Starting, addr, now));
+                self.stopped.remove(&id);
+                starts.push(Decision::Start { id });
+            }
+        } else if have > self.target {
+            // Instances not started yet go first (they serve nothing), then the highest live.
+            let mut excess = have - self.target;
+            let ids: Vec<InstanceId> = self.members.keys().rev().copied().collect();
+            for state in [MemberState::Starting, MemberState::Live] {
+                for id in &ids {
+                    if excess > 0 && self.members.get(id).map(|m| m.state) == Some(state) {
+                        excess -= 1;
+                        if state == MemberState::Starting {
+                            self.members.remove(id);
+                            self.stopped.insert(*id, None);
+                            stops.push(Decision::Stop { id: *id });
+                        } else {
+                            self.start_drain(*id);
+                        }
+                    }
+                }
+            }
+        }
+
+        let mut out = failed;
+        if let Some(a) = self.reassign() {
+            out.push(Decision::Publish(a));
+        }
+        for (id, m) in &mut self.members {
+            if m.state == MemberState::Draining {
+                if self.assignment.slots.iter().any(|s| s.owner == Some(*id)) {
+                    m.drained_at = None;
+                } else if m.drained_at.is_none() {
+                    m.drained_at = Some(self.assignment.version);
+                }
+            }
+        }
+        out.extend(stops);
+        out.extend(starts);
+        out
+    }
+
+    /// Sets the target instance count; [`Controller::tick`] then starts or drains instances.
+    /// Scaling out starts the lowest free ids (no member, or a dead one); scaling in stops
+    /// instances not started yet, then drains the highest-id live ones.
+    pub fn scale(&mut self, n: u32, now: Nanos) -> Result<(), ControlError> {
+        let (min, max) = self.bounds();
+        if n < min {
+            return Err(ControlError::BelowMin { n, min });
+        }
+        if n > max {
+            return Err(ControlError::AboveMax { n, max });
+        }
+        self.target = n;
+        self.reset_streaks(now);
+        Ok(())
+    }
+
+    /// Drains live instance `id`: at the next tick its partitions go to the others (all at
+    /// once, to those with the fewest); once it reports serving none, it is stopped. The target
+    /// goes down by one (not below `min_instances`: then a replacement starts). Draining a
+    /// draining instance does nothing.
+    pub fn drain(&mut self, id: InstanceId, now: Nanos) -> Result<(), ControlError> {
+        let state = self
+            .members
+            .get(&id)
+            .ok_or(ControlError::Unknown(id))?
+            .state;
+        match state {
+            MemberState::Draining => return Ok(()),
+            MemberState::Live => {}
+            state => return Err(ControlError::NotLive { id, state }),
+        }
+        if self.count(MemberState::Live) <= 1 {
+            return Err(ControlError::LastInstance(id));
+        }
+        self.start_drain(id);
+        self.target = self.target.saturating_sub(1).max(self.bounds().0);
+        self.reset_streaks(now);
+        Ok(())
+    }
+
+    /// The instance count the controller drives to (starting and live, not draining).
+    pub fn target(&self) -> u32 {
+        self.target
+    }
+
+    /// The assignment last published (or restored; version 0 before any).
+    pub fn assignment(&self) -> &Assignment {
+        &self.assignment
+    }
+
+    /// Every known instance, by id.
+    pub fn status(&self, now: Nanos) -> Vec<MemberStatus> {
+        self.members
+            .iter()
+            .map(|(id, m)| {
+                let r = m.report.as_ref();
+                MemberStatus {
+                    id: *id,
+                    pid: r.map_or(0, |r| r.pid),
+                    addr: m.addr,
+                    state: m.state,
+                    load: r.map_or(0.0, |r| r.load),
+                    partitions: r.map(|r| r.partitions.clone()).unwrap_or_default(),
+                    packets: r.map_or(0, |r| r.packets),
+                    drops: r.map_or(0, |r| r.drops),
+                    entries: r.map_or(0, |r| r.entries),
+                    last_heard_ns_ago: m.heard.map(|h| now.saturating_sub(h)),
+                }
+            })
+            .collect()
+    }
+
+    /// (min, max) instances, min at least 1.
+    fn bounds(&self) -> (u32, u32) {
+        let min = self.config.min_instances.max(1);
+        (min, self.config.max_instances.max(min))
+    }
+
+    fn count(&self, state: MemberState) -> u32 {
+        self.members.values().filter(|m| m.state == state).count() as u32
+    }
+
+    /// The lowest id with no member or a dead one.
+    fn free_id(&self) -> InstanceId {
+        (1..)
+            .find(|id| {
+                self.members
+                    .get(id)
+                    .is_none_or(|m| m.state == MemberState::Dead)
+            })
+            .unwrap_or(InstanceId::MAX)
+    }
+
+    fn start_drain(&mut self, id: InstanceId) {
+        if let Some(m) = self.members.get_mut(&id) {
+            m.state = MemberState::Draining;
+            m.drained_at = None;
+        }
+    }
+
+    fn reset_streaks(&mut self, now: Nanos) {
+        self.above = 0;
+        self.below = 0;
+        self.next_scale_check = now.saturating_add(self.config.interval);
+    }
+
+    /// Once per interval: the mean η of the live instances (HashMVT §IV-C, Eq. 1) against the
+    /// thresholds (§IV-D2); `scale_periods` in a row move the target by one. Streaks hold at
+    /// zero while instances start or drain (the cluster is still changing).
+    fn auto_scale(&mut self, now: Nanos) {
+        if !self.config.auto_scale || now < self.next_scale_check {
+            return;
+        }
+        let interval = self.config.interval.max(1);
+        self.next_scale_check = if now >= self.next_scale_check.saturating_add(interval) {
+            now.saturating_add(interval)
+        } else {
+            self.next_scale_check.saturating_add(interval)
+        };
+        let changing = self
+            .members
+            .values()
+            .any(|m| matches!(m.state, MemberState::Starting | MemberState::Draining));
+        let loads: Vec<f64> = self
+            .members
+            .values()
+            .filter(|m| m.state == MemberState::Live)
+            .filter_map(|m| m.report.as_ref().map(|r| r.load.clamp(0.0, 1.0)))
+            .collect();
+        if changing || loads.is_empty() {
+            self.above = 0;
+            self.below = 0;
+            return;
+        }
+        let mean = loads.iter().sum::<f64>() / loads.len() as f64;
+        (self.above, self.below) = if mean > self.config.scale_out_load {
+            (self.above + 1, 0)
+        } else if mean < self.config.scale_in_load {
+            (0, self.below + 1)
+        } else {
+            (0, 0)
+        };
+        let (min, max) = self.bounds();
+        let periods = self.config.scale_periods.max(1);
+        if self.above >= periods {
+            self.target = (self.target + 1).min(max);
+            self.above = 0;
+        } else if self.below >= periods {
+            self.target = self.target.saturating_sub(1).max(min);
+            self.below = 0;
+        }
+    }
+
+    /// The owners and members now; published (a new version, changed slots' epochs bumped)
+    /// when they differ from the current assignment.
+    fn reassign(&mut self) -> Option<Assignment> {
+        let ids = |state| -> Vec<InstanceId> {
+            self.members
+                .iter()
+                .filter(|(_, m)| m.state == state)
+                .map(|(id, _)| *id)
+                .collect()
+        };
+        let (live, draining) = (ids(MemberState::Live), ids(MemberState::Draining));
+        // Draining instances keep partitions only while no live one can take them.
+        let pool = if live.is_empty() { &draining } else { &live };
+        let mut count: BTreeMap<InstanceId, usize> = pool.iter().map(|id| (*id, 0)).collect();
+        let mut owners: Vec<Option<InstanceId>> =
+            self.assignment.slots.iter().map(|s| s.owner).collect();
+        let mut orphans = Vec::new();
+        for (p, o) in owners.iter_mut().enumerate() {
+            match o.and_then(|id| count.get_mut(&id)) {
+                Some(n) => *n += 1,
+                None => orphans.push(p),
+            }
+        }
+        // A dead or drained instance's partitions go to those with the fewest (ties: lowest
+        // id), one at a time: round robin from scratch, the even split on failover.
+        for p in orphans {
+            owners[p] = count
+                .iter()
+                .min_by_key(|(id, n)| (**n, **id))
+                .map(|(id, _)| *id);
+            if let Some(id) = owners[p] {
+                *count.entry(id).or_default() += 1;
+            }
+        }
+        // A join: move one partition at a time from the largest holder (ties: lowest id; its
+        // highest partition) to the smallest, until counts differ by at most one. Only then:
+        // partitions never move between running instances for no reason.
+        if std::mem::take(&mut self.rebalance) && !live.is_empty() {
+            loop {
+                let most = count.iter().max_by_key(|(id, n)| (**n, Reverse(**id)));
+                let fewest = count.iter().min_by_key(|(id, n)| (**n, **id));
+                let (Some((&from, &most)), Some((&to, &fewest))) = (most, fewest) else {
+                    break;
+                };
+                if most <= fewest + 1 {
+                    break;
+                }
+                let Some(p) = owners.iter().rposition(|o| *o == Some(from)) else {
+                    break;
+                };
+                owners[p] = Some(to);
+                count.insert(from, most - 1);
+                count.insert(to, fewest + 1);
+            }
+        }
+        let members: Vec<MemberAddr> = self
+            .members
+            .iter()
+            .filter_map(|(id, m)| {
+                Some(MemberAddr {
+                    id: *id,
+                    addr: m.addr?,
+                    live: m.serving(),
+                    draining: m.state == MemberState::Draining,
+                })
+            })
+            .collect();
+        let a = &self.assignment;
+        if members == a.members && owners.iter().zip(&a.slots).all(|(o, s)| *o == s.owner) {
+            return None;
+        }
+        let slots = owners
+            .iter()
+            .zip(&a.slots)
+            .map(|(o, s)| Slot {
+                owner: *o,
+                epoch: if *o == s.owner {
+                    s.epoch
+                } else {
+                    s.epoch.saturating_add(1)
+                },
+            })
+            .collect();
+        self.assignment = Assignment {
+            version: a.version.saturating_add(1),
+            slots,
+            members,
+        };
+        Some(self.assignment.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests;
