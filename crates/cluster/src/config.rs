@@ -18,6 +18,9 @@
 //! scale_in_load = 0.2
 //! store = "managed"        # `cluster up` starts the store at `address` (backend store or redis);
 //!                          # "external": `[state] url` names a running one
+//! moves = "claim"          # a move hands ownership over, the state stays in the store;
+//!                          # "copy": the whole partition's state is copied too (OpenNF-style
+//!                          # baseline, CHC §7.3 R2)
 //! ```
 //!
 //! Every key is optional; an unknown key or a bad value is an error naming `cluster.KEY`.
@@ -71,6 +74,8 @@ pub struct ClusterSection {
     pub scale_in_load: f64,
     /// Whether `cluster up` starts the store.
     pub store: StoreMode,
+    /// Copy a partition's whole state on a move (`moves = "copy"`).
+    pub copy_on_move: bool,
 }
 
 impl Default for ClusterSection {
@@ -89,6 +94,7 @@ impl Default for ClusterSection {
             scale_out_load: 0.8,
             scale_in_load: 0.2,
             store: StoreMode::Managed,
+            copy_on_move: false,
         }
     }
 }
@@ -154,10 +160,17 @@ impl ClusterSection {
                         }
                     }
                 }
+                "moves" => {
+                    c.copy_on_move = match v.as_str() {
+                        Some("claim") => false,
+                        Some("copy") => true,
+                        _ => return Err(err(k, format!("expected \"claim\" or \"copy\", got {v}"))),
+                    }
+                }
                 _ => {
                     return Err(err(
                         k,
-                        "unknown key; expected partitions, instances, min_instances, max_instances, address, heartbeat, missed, move_timeout, hold, auto_scale, scale_out_load, scale_in_load or store".into(),
+                        "unknown key; expected partitions, instances, min_instances, max_instances, address, heartbeat, missed, move_timeout, hold, auto_scale, scale_out_load, scale_in_load, store or moves".into(),
                     ))
                 }
             }
@@ -225,6 +238,7 @@ mod tests {
         assert_eq!(c.heartbeat, Duration::from_millis(20));
         assert_eq!(c.store, StoreMode::External);
         assert_eq!(c.controller().interval, 20_000_000);
+        assert!(parse("moves = \"copy\"").unwrap().copy_on_move);
     }
 
     #[test]
@@ -243,6 +257,7 @@ mod tests {
             ),
             ("scale_in_load = 0.9", "cluster.scale_in_load"),
             ("banana = 1", "cluster.banana"),
+            ("moves = \"teleport\"", "cluster.moves"),
         ] {
             assert_eq!(parse(text).unwrap_err().0, key, "{text}");
         }

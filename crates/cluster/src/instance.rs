@@ -25,7 +25,8 @@ use crate::ClusterError;
 use flowstate_control::cluster::Assignment;
 use flowstate_nf::{Context, Direction, NetworkFunction, NfFactory, Packet, Verdict, WorkerInfo};
 use flowstate_state::{
-    Backend, Connector, Kind as ObjKind, Nanos, ObjectKey, Op, Partition, Reply, StateConfig,
+    Backend, Connector, Kind as ObjKind, Nanos, Object, ObjectKey, Op, Partition, Reply,
+    StateConfig,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,6 +44,9 @@ pub struct InstanceConfig {
     pub flush_interval: Duration,
     /// Operations of failed flushes kept to send again.
     pub retain_ops: usize,
+    /// Copy a partition's whole state on every move (the OpenNF-style baseline of CHC §7.3
+    /// R2) instead of moving its ownership alone.
+    pub copy_on_move: bool,
 }
 
 /// Counters of an instance.
@@ -68,6 +72,8 @@ pub struct InstanceStats {
     pub fenced: u64,
     /// Commits the store failed (the batch's packets are then dropped).
     pub commit_errors: u64,
+    /// Bytes of state copied by moves (`copy_on_move`).
+    pub copied_bytes: u64,
 }
 
 struct Owned {
@@ -245,6 +251,32 @@ impl Instance {
         }
     }
 
+    /// Reads every object of `declared` whole (for a copy); counts the bytes.
+    fn read_objects(
+        &mut self,
+        declared: &[(ObjectKey, ObjKind)],
+    ) -> Result<Vec<(ObjectKey, Object)>, ClusterError> {
+        let ops: Vec<Op> = declared
+            .iter()
+            .map(|(key, kind)| Op::ReadAll {
+                key: key.clone(),
+                kind: *kind,
+            })
+            .collect();
+        self.replies.clear();
+        self.records
+            .execute(&ops, &mut self.replies)
+            .map_err(|e| ClusterError::Store(e.to_string()))?;
+        let mut out = Vec::new();
+        for ((key, _), r) in declared.iter().zip(self.replies.drain(..)) {
+            if let Reply::Object(Some(o)) = r {
+                self.stats.copied_bytes += object_bytes(&o);
+                out.push((key.clone(), o));
+            }
+        }
+        Ok(out)
+    }
+
     /// Takes partition `p` at `epoch`: the ownership record by compare-and-set, then the
     /// partition's state, found in the store. Answers [`Kind::Ready`] or [`Kind::Refused`].
     pub fn claim(&mut self, p: u32, epoch: u32, now: Nanos) -> Result<Kind, ClusterError> {
@@ -283,6 +315,18 @@ impl Instance {
             return Ok(Kind::Refused);
         }
         let owned = self.build(p, epoch, now)?;
+        if self.config.copy_on_move {
+            // Import: the whole state read and written again before the partition is ready.
+            let objects = self.read_objects(owned.state.declared())?;
+            let mut ops = Vec::new();
+            for (key, obj) in objects {
+                import_ops(key, obj, &mut ops);
+            }
+            self.replies.clear();
+            self.records
+                .execute(&ops, &mut self.replies)
+                .map_err(|e| ClusterError::Store(e.to_string()))?;
+        }
         self.owned[p as usize] = Some(owned);
         self.stats.claims += 1;
         Ok(Kind::Ready)
@@ -334,6 +378,10 @@ impl Instance {
                     o.state
                         .flush_all(now)
                         .map_err(|e| ClusterError::Store(e.to_string()))?;
+                    if self.config.copy_on_move {
+                        // Export: the whole state read out for the new owner.
+                        self.read_objects(o.state.declared())?;
+                    }
                     self.stats.releases += 1;
                 }
             }
@@ -397,9 +445,52 @@ impl Instance {
     }
 }
 
-/// Whether a control frame asks something of an instance.
-pub fn is_request(kind: Kind) -> bool {
-    matches!(kind, Kind::Claim | Kind::Release)
+fn object_bytes(o: &Object) -> u64 {
+    let n: usize = match o {
+        Object::Value(v) => v.len(),
+        Object::Counter(_) => 8,
+        Object::List(v) | Object::Set(v) => v.iter().map(Vec::len).sum(),
+        Object::Map(m) => m.iter().map(|(k, v)| k.len() + v.len()).sum(),
+        Object::CounterMap(m) => m.iter().map(|(k, _)| k.len() + 8).sum(),
+    };
+    n as u64
+}
+
+/// The writes that put `obj` into the store under `key` (the import side of a copy).
+fn import_ops(key: ObjectKey, obj: Object, ops: &mut Vec<Op>) {
+    match obj {
+        Object::Value(value) => ops.push(Op::Set { key, value }),
+        Object::Counter(value) => ops.push(Op::SetCounter { key, value }),
+        Object::List(items) => {
+            ops.push(Op::Delete { key: key.clone() });
+            ops.extend(items.into_iter().map(|item| Op::Push {
+                key: key.clone(),
+                item,
+            }));
+        }
+        Object::Set(members) => ops.extend(members.into_iter().map(|member| Op::Insert {
+            key: key.clone(),
+            member,
+        })),
+        Object::Map(fields) => ops.extend(fields.into_iter().map(|(field, value)| Op::MapSet {
+            key: key.clone(),
+            field,
+            value,
+        })),
+        Object::CounterMap(fields) => {
+            for (field, count) in fields {
+                ops.push(Op::MapDelete {
+                    key: key.clone(),
+                    field: field.clone(),
+                });
+                ops.push(Op::MapAdd {
+                    key: key.clone(),
+                    field,
+                    delta: count,
+                });
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -427,12 +518,17 @@ mod tests {
     }
 
     fn instance(id: u32, store: &Arc<Shared>) -> Instance {
+        instance_with(id, store, false)
+    }
+
+    fn instance_with(id: u32, store: &Arc<Shared>, copy_on_move: bool) -> Instance {
         let config = InstanceConfig {
             id,
             stage: 0,
             partitions: 4,
             flush_interval: Duration::from_millis(1),
             retain_ops: 1000,
+            copy_on_move,
         };
         Instance::new(config, nat_chain(), Arc::clone(store) as Arc<dyn Connector>).unwrap()
     }
@@ -565,6 +661,46 @@ mod tests {
     }
 
     #[test]
+    fn a_copy_move_reads_and_writes_the_whole_state_and_keeps_the_mappings() {
+        let store = Arc::new(Shared(LocalStore::new()));
+        let (mut a, mut b) = (
+            instance_with(1, &store, true),
+            instance_with(2, &store, true),
+        );
+        a.claim(3, 1, 0).unwrap();
+        let imported = a.stats().copied_bytes;
+        assert!(
+            imported > 0,
+            "a partition's first claim copies its fresh pools"
+        );
+        let ports: Vec<u16> = (0..10)
+            .map(|i| {
+                let mut f = udp(7000 + i);
+                assert!(a.process(&meta(3, 1), &mut f, 1));
+                translated_port(&f)
+            })
+            .collect();
+        a.commit(1).unwrap();
+        a.release(3, 1, 2).unwrap();
+        let exported = a.stats().copied_bytes - imported;
+        assert!(
+            exported > imported,
+            "the old owner exported pools and sessions"
+        );
+        b.claim(3, 2, 3).unwrap();
+        assert_eq!(
+            b.stats().copied_bytes,
+            exported,
+            "the new owner imported it all"
+        );
+        for (i, port) in ports.into_iter().enumerate() {
+            let mut f = udp(7000 + i as u16);
+            assert!(b.process(&meta(3, 2), &mut f, 4));
+            assert_eq!(translated_port(&f), port);
+        }
+    }
+
+    #[test]
     fn a_local_store_is_refused() {
         let c: Arc<dyn Connector> = Arc::new(LocalStore::new());
         let config = InstanceConfig {
@@ -573,6 +709,7 @@ mod tests {
             partitions: 4,
             flush_interval: Duration::from_millis(1),
             retain_ops: 1,
+            copy_on_move: false,
         };
         let e = Instance::new(config, nat_chain(), c).unwrap_err();
         assert!(e.to_string().contains("state.backend"), "{e}");

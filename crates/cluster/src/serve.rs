@@ -78,6 +78,7 @@ pub fn run_instance(
             partitions: s.partitions,
             flush_interval: o.flush_interval,
             retain_ops: o.retain_ops,
+            copy_on_move: s.copy_on_move,
         },
         chain,
         connector,

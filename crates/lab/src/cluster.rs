@@ -24,6 +24,8 @@ pub const MAX_INSTANCES: u32 = 16;
 pub const CLUSTER_BRIDGE: &str = "fs-cl";
 /// An instance's interface (in its namespace).
 pub const INSTANCE_IF: &str = "fs-i";
+/// The cluster bridge's MAC address (locally administered; 192.0.2.1 in its last bytes).
+pub const CLUSTER_BRIDGE_MAC: &str = "02:00:c0:00:02:01";
 
 /// Instance `k`'s address, 192.0.2.(10+k). Panics unless `k` is in 1..=[`MAX_INSTANCES`].
 pub fn instance_addr(k: u32) -> Ipv4Addr {
@@ -66,6 +68,10 @@ impl Lab {
                 "link",
                 "add",
                 CLUSTER_BRIDGE,
+                // A fixed address: a bridge otherwise takes its ports' lowest MAC, which changes
+                // as instances come and go, and the others' ARP entries for 192.0.2.1 go stale.
+                "address",
+                CLUSTER_BRIDGE_MAC,
                 "type",
                 "bridge",
                 "forward_delay",
@@ -206,15 +212,26 @@ impl Lab {
             .iter()
             .filter_map(|ns| self.instance_index(ns).map(|k| (k, ns.clone())))
             .collect();
-        let del = |ns: &str| Cmd::new(&["ip", "netns", "del", ns]).may_fail();
+        let nf = self.nf_ns();
+        // The nf namespace's end of the veth first: deleting a namespace destroys its links
+        // asynchronously, and an instance made again at once would find `fs-cl{k}` still there.
+        let del = |exec: &mut dyn Exec, k: u64, ns: &str| -> Result<(), LabError> {
+            if let Ok(k) = u32::try_from(k) {
+                exec.run(
+                    &Cmd::new(&["ip", "-n", &nf, "link", "del", &instance_port(k)]).may_fail(),
+                )?;
+            }
+            exec.run(&Cmd::new(&["ip", "netns", "del", ns]).may_fail())?;
+            Ok(())
+        };
         let del_bridge =
             Cmd::new(&["ip", "-n", &self.nf_ns(), "link", "del", CLUSTER_BRIDGE]).may_fail();
         if n == 0 {
             if found.is_empty() {
                 return Ok(false);
             }
-            for (_, ns) in &found {
-                exec.run(&del(ns))?;
+            for (k, ns) in &found {
+                del(exec, *k, ns)?;
             }
             exec.run(&del_bridge)?;
             return Ok(true);
@@ -239,7 +256,7 @@ impl Lab {
         }
         for (k, ns) in &found {
             if !u32::try_from(*k).is_ok_and(|k| keep.contains(&k)) {
-                exec.run(&del(ns))?;
+                del(exec, *k, ns)?;
                 made = true;
             }
         }
@@ -264,7 +281,7 @@ impl Lab {
             .collect();
         format!(
             "cluster     {CLUSTER_NET} on bridge {CLUSTER_BRIDGE} in {}: root, controller, store at {ROOT_ADDR} (not routed to client or server)\n\
-             instances   {} (on {INSTANCE_IF}, port {CLUSTER_BRIDGE}k in {})\n",
+             instances   {} (each on {INSTANCE_IF}; its peer {CLUSTER_BRIDGE}{{k}} in {})\n",
             self.nf_ns(),
             list.join(", "),
             self.nf_ns(),

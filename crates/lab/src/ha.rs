@@ -569,10 +569,18 @@ impl Lab {
             return Ok(());
         }
         self.stop_ha_daemons(exec)?;
+        let n = self.nf_ns();
+        // The nf namespace's ends of the routers' veths first: deleting a namespace destroys
+        // its links asynchronously, and kernel HA made again at once would find them there.
+        for r in &HA_ROUTERS {
+            for out in [false, true] {
+                let port = Lab::router_port(r.index, out);
+                exec.run(&Cmd::new(&["ip", "-n", &n, "link", "del", &port]).may_fail())?;
+            }
+        }
         for ns in &routers {
             exec.run(&Cmd::new(&["ip", "netns", "del", ns]).may_fail())?;
         }
-        let n = self.nf_ns();
         for br in [HA_INSIDE_BRIDGE, HA_OUTSIDE_BRIDGE] {
             exec.run(&Cmd::new(&["ip", "-n", &n, "link", "del", br]).may_fail())?;
         }

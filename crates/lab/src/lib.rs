@@ -61,8 +61,8 @@ mod cluster;
 mod ha;
 
 pub use cluster::{
-    instance_addr, instance_port, CLUSTER_BRIDGE, CLUSTER_NET, INSTANCE_IF, MAX_INSTANCES,
-    ROOT_ADDR,
+    instance_addr, instance_port, CLUSTER_BRIDGE, CLUSTER_BRIDGE_MAC, CLUSTER_NET, INSTANCE_IF,
+    MAX_INSTANCES, ROOT_ADDR,
 };
 pub use ha::{
     failover_gap, ping_reply_times, Daemon, GapProbe, HaRouter, HA_ADVERT_INT_MS, HA_INSIDE_BRIDGE,
@@ -1004,7 +1004,7 @@ mod tests {
                     self.link(y, p);
                     Ok(String::new())
                 }
-                ["ip", "-n", ns, "link", "add", d, "type", "bridge", ..] => {
+                ["ip", "-n", ns, "link", "add", d, rest @ ..] if rest.contains(&"bridge") => {
                     self.link(ns, d);
                     Ok(String::new())
                 }
@@ -1267,7 +1267,8 @@ mod tests {
         assert_prefixed(&lab, &plan);
         let l = lines(&plan);
         for want in [
-            "ip -n fs-u-nf link add fs-cl type bridge forward_delay 0".to_owned(),
+            "ip -n fs-u-nf link add fs-cl address 02:00:c0:00:02:01 type bridge forward_delay 0"
+                .to_owned(),
             "ip -n fs-u-nf addr add 192.0.2.1/24 dev fs-cl".to_owned(),
             "ip netns add fs-u-i2".to_owned(),
             "ip link add fs-i netns fs-u-i2 type veth peer name fs-cl2 netns fs-u-nf".to_owned(),
@@ -1335,7 +1336,15 @@ mod tests {
             .map(Cmd::line)
             .filter(|l| l.contains(" del") || l.contains(" add "))
             .collect();
-        assert_eq!(dels, vec!["ip netns del fs-u-i2", "ip netns del fs-u-i3"]);
+        assert_eq!(
+            dels,
+            vec![
+                "ip -n fs-u-nf link del fs-cl2",
+                "ip netns del fs-u-i2",
+                "ip -n fs-u-nf link del fs-cl3",
+                "ip netns del fs-u-i3"
+            ]
+        );
         assert!(one.status(&mut fake).unwrap().complete);
 
         // Grown to two: only i2 is made.
@@ -1381,7 +1390,7 @@ mod tests {
         assert!(two.up(&mut fake).unwrap());
         let l = lines(&fake.ran[before..]);
         for want in [
-            "ip -n fs-u-nf link add fs-cl type bridge forward_delay 0",
+            "ip -n fs-u-nf link add fs-cl address 02:00:c0:00:02:01 type bridge forward_delay 0",
             "ip netns del fs-u-i1",
             "ip netns del fs-u-i2",
             "ip netns add fs-u-i1",

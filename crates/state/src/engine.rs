@@ -425,6 +425,8 @@ pub struct Partition {
     config: StateConfig,
     link: Rc<Link>,
     objects: Vec<Rc<RefCell<dyn Flushable>>>,
+    /// Every declared object's key and kind, in declaration order.
+    declared: Vec<(ObjectKey, Kind)>,
     last_flush: Cell<Nanos>,
     backend: &'static str,
 }
@@ -475,6 +477,7 @@ impl Partition {
             }),
             config,
             objects: Vec::new(),
+            declared: Vec::new(),
             last_flush: Cell::new(0),
             backend: name,
         })
@@ -493,6 +496,12 @@ impl Partition {
     /// The backend's name.
     pub fn backend(&self) -> &'static str {
         self.backend
+    }
+
+    /// The key and kind of every object declared in this partition (what a whole-state copy
+    /// reads, CHC §7.3's OpenNF-style baseline).
+    pub fn declared(&self) -> &[(ObjectKey, Kind)] {
+        &self.declared
     }
 
     /// Declares the state objects of NF `nf` in this partition.
@@ -567,7 +576,7 @@ impl Declare<'_> {
     }
 
     pub(crate) fn meta(
-        &self,
+        &mut self,
         kind: Kind,
         id: &str,
         scope: Scope,
@@ -599,6 +608,7 @@ impl Declare<'_> {
             strategy
         };
         let lock_owner = u64::from(self.owner.instance) << 32 | u64::from(self.owner.core);
+        self.partition.declared.push((key.clone(), kind));
         Ok(Meta {
             key,
             strategy,
