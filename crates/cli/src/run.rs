@@ -25,6 +25,13 @@ pub(crate) struct RunArgs {
 /// Progress goes to stderr on a terminal only.
 pub(crate) fn run(args: &RunArgs) -> Result<()> {
     let mut config = Config::load(&args.config)?;
+    if config.cluster.is_some() {
+        bail!(
+            "{}: [cluster]: this deployment runs as a cluster: `flowstate cluster up {}` (in a lab with instance namespaces)",
+            args.config.display(),
+            args.config.display()
+        );
+    }
     if let Some(w) = args.workers {
         if !(1..=MAX_WORKERS).contains(&w) {
             bail!("--workers: expected 1 to {MAX_WORKERS}, got {w}");

@@ -36,6 +36,14 @@ impl Cluster {
         let prefix = format!("fc-{name}{}-", std::process::id() % 10_000);
         let lab = Lab::new(&prefix).unwrap().with_instances(4).unwrap();
         lab.up(&mut System::default()).unwrap();
+        // A small receive buffer, so a rate-limited download's bytes cross the cluster while
+        // curl reads them rather than all at once into the client's socket.
+        let rmem = Command::new("ip")
+            .args(["netns", "exec", &lab.client_ns(), "sysctl", "-qw"])
+            .arg("net.ipv4.tcp_rmem=4096 32768 65536")
+            .status()
+            .unwrap();
+        assert!(rmem.success());
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("cluster.toml");
         std::fs::write(
@@ -216,6 +224,18 @@ fn publish(lab: &Lab, name: &str, len: usize) -> Vec<u8> {
     data
 }
 
+/// Every download is still running and has less than three quarters of its `len` bytes: what
+/// happens next happens in the middle of every connection.
+fn still_transferring(downloads: &mut [(Child, PathBuf)], len: usize) {
+    for (i, (child, to)) in downloads.iter_mut().enumerate() {
+        let got = std::fs::metadata(&*to).map_or(0, |m| m.len() as usize);
+        assert!(
+            child.try_wait().unwrap().is_none() && got < len * 3 / 4,
+            "download #{i} is not in the middle ({got} of {len} bytes)"
+        );
+    }
+}
+
 /// Every download completed with exactly `want`.
 fn check_downloads(downloads: Vec<(Child, PathBuf)>, want: &[u8]) {
     let n = downloads.len();
@@ -279,8 +299,9 @@ fn failover(name: &str, state: &str) {
     let lost = s["instances"][0]["partitions"].as_array().unwrap().len() as u64;
     assert!(lost > 0, "{s:#}");
     let (udp, peers) = c.udp_flow(120);
-    let downloads = c.downloads(100, "f1m.bin", "200k");
+    let mut downloads = c.downloads(100, "f1m.bin", "200k");
     std::thread::sleep(Duration::from_millis(1500));
+    still_transferring(&mut downloads, want.len());
     let killed_at = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -352,8 +373,9 @@ fn scaling_out_and_in_moves_partitions_without_loss_and_a_restarted_controller_c
     }
     let mut c = Cluster::up("m", "backend = \"store\"\nurl = \"192.0.2.1:7878\"", 2);
     let want = publish(&c.lab, "f1m.bin", 1_000_000);
-    let downloads = c.downloads(60, "f1m.bin", "150k");
+    let mut downloads = c.downloads(60, "f1m.bin", "150k");
     std::thread::sleep(Duration::from_millis(1000));
+    still_transferring(&mut downloads, want.len());
     let out = c.flowstate(&["cluster", "scale", "3"]);
     assert!(out.status.success(), "{}", text(&out));
     c.wait_for(20, "three instances sharing the partitions", |s| {
