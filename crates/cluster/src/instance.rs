@@ -209,13 +209,21 @@ impl Instance {
     /// documentation). On an error the caller drops the batch's packets: the senders
     /// retransmit, and their state is as the store has it.
     pub fn commit(&mut self, now: Nanos) -> Result<(), ClusterError> {
+        // Every partition's writes go at once (each has its own connection), then the answers.
         let mut result = Ok(());
         for o in self.owned.iter_mut().flatten().filter(|o| o.dirty) {
-            o.dirty = false;
-            if let Err(e) = o.state.flush_all(now) {
-                self.stats.commit_errors += 1;
+            if let Err(e) = o.state.begin_flush_all(now) {
                 result = Err(ClusterError::Store(e.to_string()));
             }
+        }
+        for o in self.owned.iter_mut().flatten().filter(|o| o.dirty) {
+            o.dirty = false;
+            if let Err(e) = o.state.end_flush_all() {
+                result = Err(ClusterError::Store(e.to_string()));
+            }
+        }
+        if result.is_err() {
+            self.stats.commit_errors += 1;
         }
         result
     }

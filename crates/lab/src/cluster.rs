@@ -22,6 +22,9 @@ pub const ROOT_ADDR: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
 pub const MAX_INSTANCES: u32 = 16;
 /// The cluster network's bridge (in the nf namespace).
 pub const CLUSTER_BRIDGE: &str = "fs-cl";
+/// The cluster network's MTU: a root's GENEVE frame is a 1514-byte Ethernet frame plus 50
+/// bytes of headers, which a 1500-byte network would fragment, every full-size packet twice.
+pub const CLUSTER_MTU: &str = "9000";
 /// An instance's interface (in its namespace).
 pub const INSTANCE_IF: &str = "fs-i";
 /// The cluster bridge's MAC address (locally administered; 192.0.2.1 in its last bytes).
@@ -72,6 +75,8 @@ impl Lab {
                 // as instances come and go, and the others' ARP entries for 192.0.2.1 go stale.
                 "address",
                 CLUSTER_BRIDGE_MAC,
+                "mtu",
+                CLUSTER_MTU,
                 "type",
                 "bridge",
                 "forward_delay",
@@ -122,6 +127,8 @@ impl Lab {
                 "link",
                 "add",
                 INSTANCE_IF,
+                "mtu",
+                CLUSTER_MTU,
                 "netns",
                 &i,
                 "type",
@@ -129,6 +136,8 @@ impl Lab {
                 "peer",
                 "name",
                 &port,
+                "mtu",
+                CLUSTER_MTU,
                 "netns",
                 &n,
             ]),

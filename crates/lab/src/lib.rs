@@ -999,7 +999,8 @@ mod tests {
                     Ok(String::new())
                 }
                 ["ip", "netns", "pids", _] => Ok(self.pids.clone()),
-                ["ip", "link", "add", d, "netns", x, "type", "veth", "peer", "name", p, "netns", y] => {
+                ["ip", "link", "add", d, "netns", x, "type", "veth", "peer", "name", p, "netns", y]
+                | ["ip", "link", "add", d, "mtu", _, "netns", x, "type", "veth", "peer", "name", p, "mtu", _, "netns", y] => {
                     self.link(x, d);
                     self.link(y, p);
                     Ok(String::new())
@@ -1267,11 +1268,11 @@ mod tests {
         assert_prefixed(&lab, &plan);
         let l = lines(&plan);
         for want in [
-            "ip -n fs-u-nf link add fs-cl address 02:00:c0:00:02:01 type bridge forward_delay 0"
+            "ip -n fs-u-nf link add fs-cl address 02:00:c0:00:02:01 mtu 9000 type bridge forward_delay 0"
                 .to_owned(),
             "ip -n fs-u-nf addr add 192.0.2.1/24 dev fs-cl".to_owned(),
             "ip netns add fs-u-i2".to_owned(),
-            "ip link add fs-i netns fs-u-i2 type veth peer name fs-cl2 netns fs-u-nf".to_owned(),
+            "ip link add fs-i mtu 9000 netns fs-u-i2 type veth peer name fs-cl2 mtu 9000 netns fs-u-nf".to_owned(),
             "ip -n fs-u-nf link set fs-cl2 master fs-cl".to_owned(),
             "ip -n fs-u-i2 addr add 192.0.2.12/24 dev fs-i".to_owned(),
             "ip -n fs-u-i2 link set lo up".to_owned(),
@@ -1390,7 +1391,7 @@ mod tests {
         assert!(two.up(&mut fake).unwrap());
         let l = lines(&fake.ran[before..]);
         for want in [
-            "ip -n fs-u-nf link add fs-cl address 02:00:c0:00:02:01 type bridge forward_delay 0",
+            "ip -n fs-u-nf link add fs-cl address 02:00:c0:00:02:01 mtu 9000 type bridge forward_delay 0",
             "ip netns del fs-u-i1",
             "ip netns del fs-u-i2",
             "ip netns add fs-u-i1",

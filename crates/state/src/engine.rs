@@ -84,6 +84,14 @@ pub struct LinkStats {
 const RETRY_FIRST: Duration = Duration::from_millis(10);
 const RETRY_MAX: Duration = Duration::from_secs(1);
 
+/// A call handed over whose replies are not read yet.
+struct Pending {
+    /// Replies of backlog ops ahead of the call's own.
+    older: usize,
+    /// The replies already there (an in-process store answers at once).
+    done: Option<Result<Vec<Reply>, StateError>>,
+}
+
 struct Request {
     ops: Vec<Op>,
     reply: Option<Sender<Result<Vec<Reply>, BackendError>>>,
@@ -100,6 +108,9 @@ pub(crate) struct Link {
     /// Changes drained from the caches that the state thread could not take yet (it was
     /// behind): they go before anything newer, a flush's or a call's.
     backlog: RefCell<Vec<Op>>,
+    /// A flush handed over by [`Partition::begin_flush_all`] whose replies are not read yet,
+    /// and, once another call had to read them first, what they said.
+    commit: RefCell<(Option<Pending>, Option<Result<Vec<Reply>, StateError>>)>,
 }
 
 /// How a partition reaches its store.
@@ -123,11 +134,15 @@ impl Link {
 
     /// [`call`](Self::call), where the first `keep` ops are changes drained from a cache: if
     /// the store fails, the state thread keeps them to send again like a failed flush.
-    pub(crate) fn call_keeping(
-        &self,
-        mut ops: Vec<Op>,
-        mut keep: usize,
-    ) -> Result<Vec<Reply>, StateError> {
+    pub(crate) fn call_keeping(&self, ops: Vec<Op>, keep: usize) -> Result<Vec<Reply>, StateError> {
+        self.settle_commit();
+        let pending = self.begin_call(ops, keep)?;
+        self.end_call(pending)
+    }
+
+    /// The first half of [`call_keeping`](Self::call_keeping): hands the call over (after the
+    /// backlog) without waiting for its replies.
+    fn begin_call(&self, mut ops: Vec<Op>, mut keep: usize) -> Result<Pending, StateError> {
         self.stats.sync_calls.fetch_add(1, Ordering::Relaxed);
         // The backlog goes first, so that a read sees every earlier change and a write is not
         // overtaken by an older one; its replies are not the caller's.
@@ -141,38 +156,54 @@ impl Link {
             }
             n
         };
-        let mut replies = self.call_raw(ops, keep)?;
-        replies.drain(..older.min(replies.len()));
-        Ok(replies)
-    }
-
-    fn call_raw(&self, ops: Vec<Op>, keep: usize) -> Result<Vec<Reply>, StateError> {
-        match &self.route {
-            Route::Thread {
-                tx,
-                reply_tx,
-                reply_rx,
-            } => {
+        let done = match &self.route {
+            Route::Thread { tx, reply_tx, .. } => {
                 tx.send(Request {
                     ops,
                     reply: Some(reply_tx.clone()),
                     keep,
                 })
                 .map_err(|_| StateError::Closed)?;
-                Ok(reply_rx.recv().map_err(|_| StateError::Closed)??)
+                None
             }
             Route::Inline(backend) => {
                 let mut replies = Vec::with_capacity(ops.len());
-                if let Err(e) = backend.borrow_mut().execute(&ops, &mut replies) {
-                    // No state thread to retain them: the kept changes wait as the backlog.
-                    let mut ops = ops;
-                    ops.truncate(keep);
-                    *self.backlog.borrow_mut() = ops;
-                    return Err(e.into());
-                }
-                Ok(replies)
+                Some(match backend.borrow_mut().execute(&ops, &mut replies) {
+                    Ok(()) => Ok(replies),
+                    Err(e) => {
+                        // No state thread to retain them: the kept changes wait as the backlog.
+                        let mut ops = ops;
+                        ops.truncate(keep);
+                        *self.backlog.borrow_mut() = ops;
+                        Err(e.into())
+                    }
+                })
             }
+        };
+        Ok(Pending { older, done })
+    }
+
+    /// Reads the replies of a pending commit (they come before any later call's) and keeps
+    /// them for [`Partition::end_flush_all`].
+    fn settle_commit(&self) {
+        let mut c = self.commit.borrow_mut();
+        if let Some(p) = c.0.take() {
+            c.1 = Some(self.end_call(p));
         }
+    }
+
+    /// The second half: waits for the replies of a call begun with
+    /// [`begin_call`](Self::begin_call) (calls end in the order they began).
+    fn end_call(&self, p: Pending) -> Result<Vec<Reply>, StateError> {
+        let mut replies = match (p.done, &self.route) {
+            (Some(done), _) => done?,
+            (None, Route::Thread { reply_rx, .. }) => {
+                reply_rx.recv().map_err(|_| StateError::Closed)??
+            }
+            (None, Route::Inline(_)) => return Err(StateError::Unexpected("no reply")),
+        };
+        replies.drain(..p.older.min(replies.len()));
+        Ok(replies)
     }
 
     /// One op, one reply.
@@ -474,6 +505,7 @@ impl Partition {
                 in_process: connector.in_process(),
                 stats,
                 backlog: RefCell::new(Vec::new()),
+                commit: RefCell::new((None, None)),
             }),
             config,
             objects: Vec::new(),
@@ -544,6 +576,16 @@ impl Partition {
     /// Writes everything to the store, including what only the caches hold, and waits: for a
     /// clean shutdown, or before merging functions read the store.
     pub fn flush_all(&mut self, now: Nanos) -> Result<(), StateError> {
+        self.begin_flush_all(now)?;
+        self.end_flush_all()
+    }
+
+    /// The first half of [`flush_all`](Self::flush_all): hands every change to the store
+    /// without waiting, so that several partitions' writes travel at once (a cluster instance
+    /// commits every partition a batch touched before it lets the batch's packets go).
+    /// [`end_flush_all`](Self::end_flush_all) waits for the store's answer.
+    pub fn begin_flush_all(&mut self, now: Nanos) -> Result<(), StateError> {
+        self.end_flush_all()?;
         let mut ops = Vec::new();
         for o in &self.objects {
             o.borrow_mut().drain(now, true, &mut ops);
@@ -551,7 +593,19 @@ impl Partition {
         if ops.is_empty() && self.link.backlog.borrow().is_empty() {
             return Ok(());
         }
-        let replies = self.link.call_keeping(ops, usize::MAX)?;
+        let pending = self.link.begin_call(ops, usize::MAX)?;
+        self.link.commit.borrow_mut().0 = Some(pending);
+        Ok(())
+    }
+
+    /// Waits for the flush [`begin_flush_all`](Self::begin_flush_all) handed over (nothing to
+    /// wait for: `Ok`).
+    pub fn end_flush_all(&mut self) -> Result<(), StateError> {
+        self.link.settle_commit();
+        let Some(replies) = self.link.commit.borrow_mut().1.take() else {
+            return Ok(());
+        };
+        let replies = replies?;
         match replies.into_iter().find_map(|r| match r {
             Reply::Error(e) => Some(e),
             _ => None,

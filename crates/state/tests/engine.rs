@@ -218,6 +218,47 @@ fn a_new_owner_reads_through_to_the_store() {
 }
 
 #[test]
+fn a_commit_begun_and_ended_later_lands_and_a_call_in_between_sees_it() {
+    let store = LocalStore::new();
+    let remote = Remote(store.clone());
+    let (mut a, mut b) = (part(&remote, 0), part(&remote, 1));
+    let (ma, mb) = (
+        a.declare("fw")
+            .map::<u32, u32>("conn", Scope::PerFlow, Access::ReadWrite)
+            .unwrap(),
+        b.declare("fw")
+            .map::<u32, u32>("conn", Scope::PerFlow, Access::ReadWrite)
+            .unwrap(),
+    );
+    ma.insert_nowait(1, 11);
+    mb.insert_nowait(2, 22);
+    // Both partitions' writes in flight at once, then their answers.
+    a.begin_flush_all(S).unwrap();
+    b.begin_flush_all(S).unwrap();
+    // A call on `a` meanwhile reads the commit's replies first, and after it.
+    let probe = a
+        .declare("fw")
+        .value::<u32>("probe", Scope::PerFlow, Access::ReadWrite)
+        .unwrap();
+    assert_eq!(probe.get().unwrap(), None);
+    a.end_flush_all().unwrap();
+    b.end_flush_all().unwrap();
+    a.end_flush_all().unwrap(); // nothing pending: Ok
+    let mut c = part(&remote, 0);
+    let mc = c
+        .declare("fw")
+        .map::<u32, u32>("conn", Scope::PerFlow, Access::ReadWrite)
+        .unwrap();
+    assert_eq!(mc.get(&1).unwrap(), Some(11));
+    let mut d = part(&remote, 1);
+    let md = d
+        .declare("fw")
+        .map::<u32, u32>("conn", Scope::PerFlow, Access::ReadWrite)
+        .unwrap();
+    assert_eq!(md.get(&2).unwrap(), Some(22));
+}
+
+#[test]
 fn shared_counter_from_many_workers_sums_exactly() {
     let store = LocalStore::new();
     let threads: Vec<_> = (0..4)
