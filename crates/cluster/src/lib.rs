@@ -29,6 +29,7 @@ pub mod meta;
 pub mod root;
 pub mod serve;
 pub mod steer;
+pub mod udp;
 
 use std::net::SocketAddrV4;
 use std::path::Path;

@@ -19,6 +19,7 @@
 use crate::config::{ClusterSection, CONTROL_PORT};
 use crate::meta::{self, Kind, Meta};
 use crate::steer::{Control, Route, Steer, SteerConfig};
+use crate::udp::Datagrams;
 use crate::{udp_socket, wall_ns, ClusterError};
 use flowstate_chain::live::{LiveSink, LiveSource, PortAddr, Shared, Stop};
 use flowstate_chain::owners::Owners;
@@ -28,7 +29,7 @@ use flowstate_io::afpacket::{AfPacket, AfPacketOptions};
 use flowstate_io::PacketBatch;
 use serde::Serialize;
 use std::io::ErrorKind;
-use std::net::{SocketAddr, SocketAddrV4};
+use std::net::SocketAddrV4;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -146,8 +147,10 @@ pub fn run_root(
     let mut batch = PacketBatch::new(64, MAX_FRAME);
     let mut out = PacketBatch::new(64, MAX_FRAME);
     let mut ctl: Vec<Control> = Vec::new();
-    let mut sbuf = vec![0u8; meta::HEADER_LEN + MAX_FRAME];
     let mut rbuf = vec![0u8; 65536];
+    let fd = raw(&data);
+    let mut tx = Datagrams::new(256, meta::HEADER_LEN + MAX_FRAME);
+    let mut rx = Datagrams::new(256, meta::HEADER_LEN + MAX_FRAME);
     let mut last_clock = vec![0u64; s.partitions as usize];
     let mut clock = 0u64;
     let mut next_stats = Instant::now();
@@ -169,7 +172,7 @@ pub fn run_root(
                 Err(e) => return Err(e.into()),
             }
         }
-        send_controls(&data, &mut ctl, &mut sbuf, &mut stats);
+        send_controls(fd, &mut tx, &mut ctl, &mut stats);
         // Packets from the ports to their owners.
         for _ in 0..16 {
             batch.clear();
@@ -195,7 +198,7 @@ pub fn run_root(
                             direction,
                             clock,
                         };
-                        send_data(&data, &mut sbuf, &m, frame, to, &mut stats);
+                        queue(fd, &mut tx, &m, frame, to, &mut stats);
                     }
                     Route::Hold => {
                         steer.hold(p, frame, direction, clock);
@@ -203,20 +206,21 @@ pub fn run_root(
                     Route::NoOwner => steer.count_no_owner(),
                 }
             }
+            flush(fd, &mut tx, &mut stats);
         }
         // Frames from the instances: output, and the move protocol.
-        for _ in 0..1024 {
-            let (n, from) = match data.recv_from(&mut rbuf) {
-                Ok(r) => r,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) => return Err(e.into()),
-            };
-            let Ok((m, payload)) = meta::read(&rbuf[..n]) else {
-                stats.bad_frames += 1;
-                continue;
-            };
-            match m.kind {
-                Kind::Data => {
+        for _ in 0..4 {
+            rx.clear();
+            if rx.recv(fd)? == 0 {
+                break;
+            }
+            for i in 0..rx.len() {
+                let (datagram, from) = rx.get(i);
+                let Ok((m, payload)) = meta::read(datagram) else {
+                    stats.bad_frames += 1;
+                    continue;
+                };
+                if m.kind == Kind::Data {
                     let k = usize::from(m.partition) % last_clock.len();
                     let last = &mut last_clock[k];
                     if m.clock < *last {
@@ -233,40 +237,41 @@ pub fn run_root(
                         buf[..k].copy_from_slice(&payload[..k]);
                         k
                     });
+                    continue;
                 }
-                kind => {
-                    let SocketAddr::V4(from) = from else { continue };
-                    let Some(id) = steer.member_at(from) else {
-                        stats.bad_frames += 1;
-                        continue;
-                    };
-                    // The old owner's output went before its Released: send it out first.
-                    sink_send(&mut sink, &mut out)?;
-                    if let Some((to, epoch, held)) =
-                        steer.on_control(id, kind, m.partition, m.epoch, wall_ns(), &mut ctl)
-                    {
-                        for h in &held {
-                            let hm = Meta {
-                                kind: Kind::Data,
-                                stage: 0,
-                                partition: m.partition,
-                                epoch,
-                                direction: h.direction,
-                                clock: h.clock,
-                            };
-                            send_data(&data, &mut sbuf, &hm, &h.frame, to, &mut stats);
-                        }
-                        steer.recycle(held);
+                let Some(id) = steer.member_at(from) else {
+                    stats.bad_frames += 1;
+                    continue;
+                };
+                // The old owner's output went before its Released: send it out first.
+                sink_send(&mut sink, &mut out)?;
+                if let Some((to, epoch, held)) =
+                    steer.on_control(id, m.kind, m.partition, m.epoch, wall_ns(), &mut ctl)
+                {
+                    for h in &held {
+                        let hm = Meta {
+                            kind: Kind::Data,
+                            stage: 0,
+                            partition: m.partition,
+                            epoch,
+                            direction: h.direction,
+                            clock: h.clock,
+                        };
+                        queue(fd, &mut tx, &hm, &h.frame, to, &mut stats);
                     }
-                    send_controls(&data, &mut ctl, &mut sbuf, &mut stats);
+                    steer.recycle(held);
                 }
+                send_controls(fd, &mut tx, &mut ctl, &mut stats);
+            }
+            if rx.len() < 256 {
+                break;
             }
         }
         sink_send(&mut sink, &mut out)?;
         if Instant::now() >= next_tick {
             next_tick += Duration::from_millis(10);
             steer.tick(now, &mut ctl);
-            send_controls(&data, &mut ctl, &mut sbuf, &mut stats);
+            send_controls(fd, &mut tx, &mut ctl, &mut stats);
         }
         if Instant::now() >= next_stats {
             next_stats += Duration::from_millis(200);
@@ -317,27 +322,44 @@ fn sink_send<P: flowstate_io::Port>(
     Ok(())
 }
 
-fn send_data(
-    sock: &std::net::UdpSocket,
-    buf: &mut [u8],
+/// Queues a frame for an instance (sending the queue first when it is full).
+fn queue(
+    fd: std::os::fd::RawFd,
+    tx: &mut Datagrams,
     m: &Meta,
-    frame: &[u8],
+    payload: &[u8],
     to: SocketAddrV4,
     stats: &mut RootStats,
 ) {
-    let Some(h) = meta::write(buf, m) else { return };
-    let n = (h + frame.len()).min(buf.len());
-    buf[h..n].copy_from_slice(&frame[..n - h]);
-    match sock.send_to(&buf[..n], to) {
-        Ok(_) => stats.to_instances += 1,
-        Err(_) => stats.send_errors += 1,
+    if tx.is_full() {
+        flush(fd, tx, stats);
+    }
+    tx.push_with(to, |buf| {
+        let Some(h) = meta::write(buf, m) else {
+            return 0;
+        };
+        let n = (h + payload.len()).min(buf.len());
+        buf[h..n].copy_from_slice(&payload[..n - h]);
+        n
+    });
+    if m.kind == Kind::Data {
+        stats.to_instances += 1;
     }
 }
 
+/// Sends the queued frames, in order.
+fn flush(fd: std::os::fd::RawFd, tx: &mut Datagrams, stats: &mut RootStats) {
+    let n = tx.len();
+    let sent = tx.send(fd, |_| true).unwrap_or(0);
+    stats.send_errors += (n - sent) as u64;
+    tx.clear();
+}
+
+/// Queues the move protocol's frames behind the data queued before them, and sends.
 fn send_controls(
-    sock: &std::net::UdpSocket,
+    fd: std::os::fd::RawFd,
+    tx: &mut Datagrams,
     ctl: &mut Vec<Control>,
-    buf: &mut [u8],
     stats: &mut RootStats,
 ) {
     for c in ctl.drain(..) {
@@ -349,10 +371,7 @@ fn send_controls(
             direction: flowstate_nf::Direction::Outbound,
             clock: 0,
         };
-        if let Some(n) = meta::write(buf, &m) {
-            if sock.send_to(&buf[..n], c.to).is_err() {
-                stats.send_errors += 1;
-            }
-        }
+        queue(fd, tx, &m, &[], c.to, stats);
     }
+    flush(fd, tx, stats);
 }

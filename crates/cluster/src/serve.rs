@@ -6,13 +6,14 @@
 use crate::config::{ClusterSection, CONTROLLER_PORT, CONTROL_PORT};
 use crate::instance::{Instance, InstanceConfig, InstanceStats};
 use crate::meta::{self, Kind, Meta};
+use crate::udp::Datagrams;
 use crate::{udp_socket, wall_ns, ClusterError};
 use flowstate_chain::live::Stop;
 use flowstate_control::cluster::{Assignment, Report};
 use flowstate_state::Connector;
 use serde::Serialize;
 use std::io::ErrorKind;
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -87,16 +88,9 @@ pub fn run_instance(
     let control = udp_socket(SocketAddrV4::new(o.address, CONTROL_PORT))?;
     let controller = SocketAddrV4::new(s.address, CONTROLLER_PORT);
     let fds = [data.as_raw_fd(), control.as_raw_fd()];
-    let mut bufs: Vec<(Vec<u8>, usize, SocketAddr, bool)> = (0..BATCH)
-        .map(|_| {
-            (
-                vec![0u8; MAX_DATAGRAM],
-                0,
-                SocketAddr::from(([0, 0, 0, 0], 0)),
-                false,
-            )
-        })
-        .collect();
+    let data_fd = data.as_raw_fd();
+    let mut dg = Datagrams::new(BATCH, MAX_DATAGRAM);
+    let mut fwd = [false; BATCH];
     let mut cbuf = vec![0u8; 65536];
     let mut reply = [0u8; meta::HEADER_LEN];
     let heartbeat = s.heartbeat;
@@ -148,69 +142,60 @@ pub fn run_instance(
             }
         }
         let started = Instant::now();
-        let mut n = 0;
         let mut work = false;
         // A few batches per turn, so reports and timers keep their pace under any load.
-        let mut batches = 0;
-        loop {
-            let more = if n < BATCH {
-                let (buf, len, from, _) = &mut bufs[n];
-                match data.recv_from(buf) {
-                    Ok((l, f)) => {
-                        *len = l;
-                        *from = f;
-                        true
-                    }
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => false,
-                    Err(e) => return Err(e.into()),
-                }
-            } else {
-                false
-            };
-            if !more {
-                // End of a batch: commit, then let its output go.
-                finish(&mut inst, &data, &mut bufs[..n], now);
-                batches += 1;
-                if n < BATCH || batches == TURN_BATCHES {
-                    break;
-                }
-                n = 0;
-                continue;
+        for _ in 0..TURN_BATCHES {
+            dg.clear();
+            let got = dg.recv(data_fd)?;
+            if got == 0 {
+                break;
             }
             work = true;
-            let (buf, len, from, fwd) = &mut bufs[n];
-            *fwd = false;
-            let Ok((m, _)) = meta::read(&buf[..*len]) else {
-                continue;
-            };
-            match m.kind {
-                Kind::Data => {
-                    *fwd = inst.process(&m, &mut buf[meta::HEADER_LEN..*len], now);
-                    n += 1;
-                }
-                Kind::Claim | Kind::Release => {
-                    let from = *from;
-                    // What came before the request is answered first (its output, then this).
-                    finish(&mut inst, &data, &mut bufs[..n], now);
-                    n = 0;
-                    let p = u32::from(m.partition);
-                    let answer = if m.kind == Kind::Claim {
-                        inst.claim(p, m.epoch, now)
-                    } else {
-                        inst.release(p, m.epoch, now)
-                    };
-                    match answer {
-                        Ok(kind) => {
-                            let r = Meta { kind, ..m };
-                            if let Some(h) = meta::write(&mut reply, &r) {
-                                let _ = data.send_to(&reply[..h], from);
-                            }
-                        }
-                        // No answer: the root asks again after its move timeout.
-                        Err(e) => tracing::warn!(partition = p, "{:?} failed: {e}", m.kind),
+            // Datagrams from `first` on are not committed and sent yet.
+            let mut first = 0;
+            for i in 0..got {
+                fwd[i] = false;
+                let Ok((m, _)) = meta::read(dg.get(i).0) else {
+                    continue;
+                };
+                match m.kind {
+                    Kind::Data => {
+                        fwd[i] = inst.process(&m, &mut dg.get_mut(i)[meta::HEADER_LEN..], now);
                     }
+                    Kind::Claim | Kind::Release => {
+                        // What came before the request is answered first (its output, then this).
+                        finish(
+                            &mut inst,
+                            data_fd,
+                            &mut dg,
+                            |j| j >= first && j < i && fwd[j],
+                            now,
+                        );
+                        first = i + 1;
+                        let p = u32::from(m.partition);
+                        let answer = if m.kind == Kind::Claim {
+                            inst.claim(p, m.epoch, now)
+                        } else {
+                            inst.release(p, m.epoch, now)
+                        };
+                        match answer {
+                            Ok(kind) => {
+                                let r = Meta { kind, ..m };
+                                if let Some(h) = meta::write(&mut reply, &r) {
+                                    let _ = data.send_to(&reply[..h], dg.get(i).1);
+                                }
+                            }
+                            // No answer: the root asks again after its move timeout.
+                            Err(e) => tracing::warn!(partition = p, "{:?} failed: {e}", m.kind),
+                        }
+                    }
+                    _ => {}
                 }
-                _ => {}
+            }
+            // End of a batch: commit, then let its output go.
+            finish(&mut inst, data_fd, &mut dg, |j| j >= first && fwd[j], now);
+            if got < BATCH {
+                break;
             }
         }
         if work {
@@ -275,26 +260,25 @@ fn snapshot(id: u32, inst: &Instance, load: f64, applied: u64) -> Snapshot {
     }
 }
 
-/// Commits a batch and sends its forwarded frames back where they came from (the root).
+/// Commits a batch and sends the forwarded frames `pick` says yes to back where they came
+/// from (the root).
 fn finish(
     inst: &mut Instance,
-    data: &std::net::UdpSocket,
-    batch: &mut [(Vec<u8>, usize, SocketAddr, bool)],
+    fd: std::os::fd::RawFd,
+    dg: &mut Datagrams,
+    pick: impl FnMut(usize) -> bool,
     now: u64,
 ) {
-    if batch.is_empty() {
+    if dg.is_empty() {
         return;
     }
     if let Err(e) = inst.commit(now) {
         // Nothing leaves that the store does not hold: the senders retransmit.
-        tracing::warn!("commit failed, {} packets dropped: {e}", batch.len());
+        tracing::warn!("commit failed, the batch's packets are dropped: {e}");
         return;
     }
-    for (buf, len, from, fwd) in batch.iter_mut() {
-        if *fwd {
-            let _ = data.send_to(&buf[..*len], *from);
-            *fwd = false;
-        }
+    if let Err(e) = dg.send(fd, pick) {
+        tracing::warn!("cannot send to the root: {e}");
     }
 }
 

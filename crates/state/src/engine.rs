@@ -110,7 +110,14 @@ pub(crate) struct Link {
     backlog: RefCell<Vec<Op>>,
     /// A flush handed over by [`Partition::begin_flush_all`] whose replies are not read yet,
     /// and, once another call had to read them first, what they said.
-    commit: RefCell<(Option<Pending>, Option<Result<Vec<Reply>, StateError>>)>,
+    commit: RefCell<Commit>,
+}
+
+/// See [`Link::commit`].
+#[derive(Default)]
+struct Commit {
+    pending: Option<Pending>,
+    answer: Option<Result<Vec<Reply>, StateError>>,
 }
 
 /// How a partition reaches its store.
@@ -187,8 +194,8 @@ impl Link {
     /// them for [`Partition::end_flush_all`].
     fn settle_commit(&self) {
         let mut c = self.commit.borrow_mut();
-        if let Some(p) = c.0.take() {
-            c.1 = Some(self.end_call(p));
+        if let Some(p) = c.pending.take() {
+            c.answer = Some(self.end_call(p));
         }
     }
 
@@ -505,7 +512,7 @@ impl Partition {
                 in_process: connector.in_process(),
                 stats,
                 backlog: RefCell::new(Vec::new()),
-                commit: RefCell::new((None, None)),
+                commit: RefCell::new(Commit::default()),
             }),
             config,
             objects: Vec::new(),
@@ -594,7 +601,7 @@ impl Partition {
             return Ok(());
         }
         let pending = self.link.begin_call(ops, usize::MAX)?;
-        self.link.commit.borrow_mut().0 = Some(pending);
+        self.link.commit.borrow_mut().pending = Some(pending);
         Ok(())
     }
 
@@ -602,7 +609,7 @@ impl Partition {
     /// wait for: `Ok`).
     pub fn end_flush_all(&mut self) -> Result<(), StateError> {
         self.link.settle_commit();
-        let Some(replies) = self.link.commit.borrow_mut().1.take() else {
+        let Some(replies) = self.link.commit.borrow_mut().answer.take() else {
             return Ok(());
         };
         let replies = replies?;
