@@ -531,13 +531,20 @@ impl CpuMeter {
         }
     }
 
-    /// Cores per group since the start (a group is a role without its instance number).
-    pub(crate) fn cores(&self) -> std::collections::BTreeMap<String, f64> {
+    /// Cores per group since the start (a group is a role without its instance number);
+    /// processes of `now` that were not there at the start count all their CPU time (they
+    /// started meanwhile). Processes that ended meanwhile are not counted.
+    pub(crate) fn cores(&self, now: &[(String, u32)]) -> std::collections::BTreeMap<String, f64> {
         let wall = self.at.elapsed().as_secs_f64().max(1e-9);
         let mut m = std::collections::BTreeMap::new();
+        let group = |g: &str| g.split('-').next().unwrap_or(g).to_owned();
         for (g, p, c0) in &self.start {
-            let group = g.split('-').next().unwrap_or(g).to_owned();
-            *m.entry(group).or_insert(0.0) += (cpu_seconds(*p) - c0).max(0.0) / wall;
+            *m.entry(group(g)).or_insert(0.0) += (cpu_seconds(*p) - c0).max(0.0) / wall;
+        }
+        for (g, p) in now {
+            if !self.start.iter().any(|(_, q, _)| q == p) {
+                *m.entry(group(g)).or_insert(0.0) += cpu_seconds(*p) / wall;
+            }
         }
         m
     }

@@ -4,6 +4,10 @@
 //! Promises: every claim is a ratio between two variants measured in the same run, side by
 //! side; absolute figures are reported but nothing here asserts a timing.
 
+#[cfg(target_os = "linux")]
+mod cluster_lab;
+#[cfg(target_os = "linux")]
+mod failover;
 mod flexstate_counter;
 mod hashing;
 mod hashmvt;
@@ -12,6 +16,8 @@ mod live_nat;
 mod nf_throughput;
 mod remote;
 mod report;
+#[cfg(target_os = "linux")]
+mod scale;
 pub mod store_ops;
 
 pub use report::{Machine, Report};
@@ -80,6 +86,18 @@ pub const BENCHES: &[Bench] = &[
         name: "store-batching",
         about: "per-operation cost through the store driver: single requests vs multi-op frames of 100 (StatelessNF §5.3)",
         run: store_ops::run_batching,
+    },
+    #[cfg(target_os = "linux")]
+    Bench {
+        name: "failover",
+        about: "in the netns lab: 500 verified HTTP downloads and a client-seen failover gap through a 3-instance cluster with one instance killed vs Linux's HA NAT (keepalived + conntrackd) with its primary killed; cluster vs single-box goodput (StatelessNF §7.3 Fig. 8; needs root)",
+        run: failover::run,
+    },
+    #[cfg(target_os = "linux")]
+    Bench {
+        name: "scale",
+        about: "in the netns lab: goodput, broken flows, lost and reordered packets while scaling 1-2-3-2-1 under load vs static clusters; move time with state transfer (moves = copy) vs ownership claim (StatelessNF §7.4 Fig. 9, CHC §7.3 R2; needs root)",
+        run: scale::run,
     },
     Bench {
         name: "hashmvt",

@@ -4,6 +4,9 @@
 //! must complete byte for byte, the server must see only the NAT's address, and a UDP flow must
 //! keep its mapping (needs root and scripts/setup-live; skipped with a message when not root).
 
+mod common;
+
+use common::{content, is_root};
 use flowstate_lab::{Lab, System, BOX_OUTSIDE, CLIENT, SERVER};
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
@@ -11,15 +14,6 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 static SERIAL: Mutex<()> = Mutex::new(());
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .map(|s| {
-            s.lines()
-                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
-        })
-        .unwrap_or(false)
-}
 
 const FLOWSTATE: &str = env!("CARGO_BIN_EXE_flowstate");
 
@@ -203,19 +197,6 @@ fn text(o: &Output) -> String {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     )
-}
-
-/// Deterministic pseudo-random bytes (xorshift).
-fn content(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 fn publish(lab: &Lab, name: &str, len: usize) -> Vec<u8> {

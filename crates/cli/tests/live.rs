@@ -5,6 +5,9 @@
 //! Each test makes its own lab (a unique prefix) and takes it down however it ends; the tests
 //! run one at a time so that the boxes do not compete for the machine's cores.
 
+mod common;
+
+use common::{content, is_root};
 use flowstate_lab::{Lab, System, BOX_OUTSIDE, CLIENT, HTTP_PORT, SERVER, VIP};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -12,15 +15,6 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 static SERIAL: Mutex<()> = Mutex::new(());
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .map(|s| {
-            s.lines()
-                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
-        })
-        .unwrap_or(false)
-}
 
 /// A lab with a flowstate box in it; everything is stopped and removed on drop.
 struct Live {
@@ -140,19 +134,6 @@ impl Drop for Live {
 
 fn path(p: &Path) -> &str {
     p.to_str().unwrap()
-}
-
-/// Deterministic pseudo-random bytes (xorshift), so content errors cannot hide in zeros.
-fn content(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 /// Files of several sizes in both backends' web roots.

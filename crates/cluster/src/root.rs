@@ -18,7 +18,7 @@
 
 use crate::config::{ClusterSection, CONTROL_PORT};
 use crate::meta::{self, Kind, Meta};
-use crate::steer::{Control, Route, Steer, SteerConfig};
+use crate::steer::{Control, Route, Steer, SteerConfig, SteerStats};
 use crate::udp::Datagrams;
 use crate::{udp_socket, wall_ns, ClusterError};
 use flowstate_chain::live::{LiveSink, LiveSource, PortAddr, Shared, Stop};
@@ -52,20 +52,9 @@ pub struct RootStats {
     pub reordered: u64,
     /// Frames from instances that are not ours.
     pub bad_frames: u64,
-    /// Moves started / finished / whose old owner did not release in time.
-    pub moves: u64,
-    /// Finished moves.
-    pub moves_done: u64,
-    /// Moves whose old owner did not answer.
-    pub release_timeouts: u64,
-    /// Packets held during moves.
-    pub held: u64,
-    /// Held packets sent on.
-    pub released: u64,
-    /// Packets lost to a full hold.
-    pub hold_dropped: u64,
-    /// Packets dropped with no owner for their partition.
-    pub no_owner: u64,
+    /// The moves.
+    #[serde(flatten)]
+    pub steer: SteerStats,
     /// Partitions moving now.
     pub moving: u64,
     /// The newest assignment applied.
@@ -294,14 +283,7 @@ fn raw(s: &std::net::UdpSocket) -> std::os::fd::RawFd {
 }
 
 fn fill(stats: &mut RootStats, steer: &Steer) {
-    let s = steer.stats();
-    stats.moves = s.moves;
-    stats.moves_done = s.moves_done;
-    stats.release_timeouts = s.release_timeouts;
-    stats.held = s.held;
-    stats.released = s.released;
-    stats.hold_dropped = s.hold_dropped;
-    stats.no_owner = s.no_owner;
+    stats.steer = steer.stats();
     stats.moving = steer.moving() as u64;
     stats.assignment_version = steer.version();
     let mut times: Vec<u64> = steer.move_times().collect();

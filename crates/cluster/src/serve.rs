@@ -104,18 +104,7 @@ pub fn run_instance(
     let mut next_tick = Instant::now();
     let mut last_turn = Instant::now();
     tracing::info!(id = o.id, address = %o.address, "instance up");
-    beat.update(Report {
-        id: o.id,
-        addr: SocketAddrV4::new(o.address, meta::PORT),
-        pid: std::process::id(),
-        seq: 0,
-        load: 0.0,
-        partitions: Vec::new(),
-        packets: 0,
-        drops: 0,
-        entries: 0,
-        assignment_version: 0,
-    });
+    beat.update(report(o, &inst, 0.0, 0));
     while !stop.stopped() {
         flowstate_io::afpacket::wait_readable(&fds, Duration::from_millis(5))
             .map_err(|e| ClusterError::Io(std::io::Error::other(e.to_string())))?;
@@ -212,19 +201,7 @@ pub fn run_instance(
             last_load = (busy.as_secs_f64() / total.as_secs_f64().max(1e-9)).clamp(0.0, 1.0);
             busy = Duration::ZERO;
             window = Instant::now();
-            let st = inst.stats();
-            let r = Report {
-                id: o.id,
-                addr: SocketAddrV4::new(o.address, meta::PORT),
-                pid: std::process::id(),
-                seq: 0, // the heartbeat thread numbers what it sends
-                load: last_load,
-                partitions: inst.owned_partitions(),
-                packets: st.packets,
-                drops: st.dropped + st.malformed + st.misdirected,
-                entries: 0,
-                assignment_version: applied,
-            };
+            let r = report(o, &inst, last_load, applied);
             beat.update(r);
             if let Some(f) = &o.stats_file {
                 crate::write_json(f, &snapshot(o.id, &inst, last_load, applied));
@@ -237,6 +214,23 @@ pub fn run_instance(
         crate::write_json(f, &snapshot(o.id, &inst, last_load, applied));
     }
     Ok(inst.stats())
+}
+
+/// The report of this instance (the heartbeat thread numbers it).
+fn report(o: &ServeOptions, inst: &Instance, load: f64, applied: u64) -> Report {
+    let st = inst.stats();
+    Report {
+        id: o.id,
+        addr: SocketAddrV4::new(o.address, meta::PORT),
+        pid: std::process::id(),
+        seq: 0,
+        load,
+        partitions: inst.owned_partitions(),
+        packets: st.packets,
+        drops: st.dropped + st.malformed + st.misdirected,
+        entries: 0,
+        assignment_version: applied,
+    }
 }
 
 fn snapshot(id: u32, inst: &Instance, load: f64, applied: u64) -> Snapshot {

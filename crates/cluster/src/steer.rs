@@ -86,7 +86,7 @@ pub struct Control {
 }
 
 /// Counters of the steering table.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct SteerStats {
     /// Moves started (owner changes; a partition's first claim is none).
     pub moves: u64,

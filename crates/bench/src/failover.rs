@@ -1,0 +1,305 @@
+//! `failover`: StatelessNF §7.3 (Fig. 8) in the namespace lab. HTTP downloads through a
+//! stateful firewall and a NAT (the chain of `examples/cluster.toml`) on a cluster of three
+//! instances whose state is in our store (`backend = "store"`, `store = "managed"`); one
+//! instance is killed (`flowstate cluster kill`, SIGKILL) half-way through. Then the same
+//! downloads through Linux's HA NAT (two routers: nftables SNAT, keepalived VRRP every 100 ms,
+//! conntrackd FTFW; [`flowstate_lab::Lab::kernel_ha`]) with its primary crashed half-way
+//! ([`flowstate_lab::Lab::kill_ha_primary`]).
+//!
+//! * **Downloads**: `downloads` in all, `concurrency` at once, each `curl --limit-rate` of a
+//!   file of pseudo-random bytes from the lab's HTTP server, compared byte for byte; a
+//!   download that fails, or moves less than 1 kB/s for 20 s (a connection the box lost), is
+//!   failed (`metrics.failed_downloads`, `metrics.peer_failed_downloads`; StatelessNF's
+//!   paper counts completed downloads). The kill comes when half of them have started.
+//! * **Failover gap** (`metrics.failover_gap_ms`, `metrics.peer_failover_gap_ms`), as a client
+//!   sees it: 16 UDP probe flows, one whose NAT partition is each of the cluster's 16
+//!   partitions (their source ports are chosen with the root's own steering), send a datagram
+//!   every 10 ms to an echo server behind the box; each reply's arrival time is recorded. A
+//!   flow's gap is the time from the kill to the reply that ends its longest silence after the
+//!   kill ([`flowstate_lab::failover_gap`]). On the cluster, the moved flows are those whose
+//!   partition the killed instance owned (the instance with the most partitions is killed);
+//!   through Linux's pair every flow moves. Each side's gap is the **largest** over its moved
+//!   flows (the median is `*_failover_gap_ms_median`). The kill's time is taken just before
+//!   the kill command starts (`flowstate cluster kill`, or the lab's crash of router r1), so
+//!   each gap includes its command's own latency (`metrics.*kill_command_ms`).
+//!   `ratios.failover_gap_vs_conntrackd` = the peer's gap / ours.
+//! * **Goodput before the kill**: iperf3 TCP through the single live box (`flowstate run`
+//!   with the same chain in the box's namespace, state on the local store) with its XDP fast
+//!   path (a live box's default) and without it, then through the cluster with one
+//!   instance: `ratios.cluster_vs_box_goodput` (cluster / box as it runs by default),
+//!   `ratios.cluster_vs_box_slow_path_goodput` (cluster / box without the fast path). The
+//!   cores each of the cluster's processes used meanwhile are `metrics.cluster_cores_*`.
+//!
+//! Needs root, iproute2, curl, iperf3, python3, keepalived and conntrackd
+//! (scripts/setup-live); without them the report carries `params.error`.
+
+use crate::cluster_lab::{
+    cluster_config, live, median, now_secs, owner_of, probe_ports, ratio, root_counter, ClusterLab,
+    CpuMeter, Load, LoadResult, LoadSpec, Probe,
+};
+use crate::{Effort, Report};
+use flowstate_lab::System;
+use std::time::{Duration, Instant};
+
+/// Probe datagrams per flow and second (every 10 ms).
+const PROBE_EVERY: Duration = Duration::from_millis(10);
+/// How long the probe runs after the kill.
+const PROBE_AFTER_KILL: Duration = Duration::from_secs(4);
+
+struct Params {
+    downloads: usize,
+    concurrency: usize,
+    file_bytes: usize,
+    rate: u64,
+    iperf_secs: u32,
+}
+
+pub(crate) fn run(effort: Effort) -> Report {
+    let p = match effort {
+        Effort::Full => Params {
+            downloads: 500,
+            concurrency: 100,
+            file_bytes: 1_000_000,
+            rate: 100_000,
+            iperf_secs: 5,
+        },
+        Effort::Quick => Params {
+            downloads: 60,
+            concurrency: 30,
+            file_bytes: 200_000,
+            rate: 100_000,
+            iperf_secs: 2,
+        },
+    };
+    let mut report = Report::new("failover");
+    report
+        .param("downloads", p.downloads as u64)
+        .param("concurrency", p.concurrency as u64)
+        .param("file_bytes", p.file_bytes as u64)
+        .param("rate_bytes_per_s", p.rate)
+        .param("instances", 3)
+        .param("partitions", u64::from(crate::cluster_lab::PARTITIONS))
+        .param("chain", "firewall -> nat")
+        .param("state", "store (managed)")
+        .param(
+            "probe",
+            "16 UDP flows (one per partition), a datagram every 10 ms each",
+        )
+        .param(
+            "failover_gap",
+            "kill -> reply ending the longest silence, largest over the moved probe flows",
+        )
+        .param(
+            "peer",
+            "Linux HA NAT: nftables SNAT + keepalived (VRRP 100 ms) + conntrackd FTFW",
+        )
+        .param("iperf_secs", p.iperf_secs);
+    if let Some(load) = loadavg() {
+        report.metric("loadavg_1m_start", load);
+    }
+    let started = Instant::now();
+    let result = ClusterLab::up("f", 4).and_then(|lab| measure(&lab, &p, &mut report));
+    report.metric("run_secs", started.elapsed().as_secs_f64());
+    if let Err(e) = result {
+        eprintln!("failover: {e}");
+        report.param("error", e);
+    }
+    report
+}
+
+pub(crate) fn loadavg() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+fn measure(lab: &ClusterLab, p: &Params, report: &mut Report) -> Result<(), String> {
+    let want = lab.publish("failover.bin", p.file_bytes)?;
+    let ports = probe_ports()?;
+    let spec = LoadSpec {
+        file: "failover.bin".into(),
+        want,
+        rate: p.rate,
+        concurrency: p.concurrency,
+        total: Some(p.downloads),
+        stall_secs: 20,
+    };
+
+    // Goodput: the single live box, with and without its fast path, then a one-instance
+    // cluster.
+    eprintln!("failover: goodput through the single box");
+    let mut box_bps = [0.0; 2];
+    for (i, fast) in [true, false].into_iter().enumerate() {
+        let b = lab.box_up(fast)?;
+        let meter = CpuMeter::start(&[("box".to_owned(), b.pid())]);
+        let (bps, retr) = lab.iperf3(p.iperf_secs)?;
+        let name = if fast { "box" } else { "box_slow_path" };
+        report.metric(&format!("{name}_goodput_mbps"), bps / 1e6);
+        report.metric(&format!("{name}_tcp_retransmits"), retr);
+        report.metric(
+            &format!("{name}_cores"),
+            meter.cores(&[]).values().sum::<f64>(),
+        );
+        box_bps[i] = bps;
+        drop(b);
+    }
+    eprintln!("failover: goodput through a one-instance cluster");
+    lab.cluster_up("one", &cluster_config(1, "claim"))?;
+    lab.wait_settled(1, 30)?;
+    let meter = CpuMeter::start(&lab.roles());
+    let (cluster_bps, retr) = lab.iperf3(p.iperf_secs)?;
+    for (group, cores) in meter.cores(&lab.roles()) {
+        report.metric(&format!("cluster_cores_{group}"), cores);
+    }
+    report.metric("cluster_goodput_mbps", cluster_bps / 1e6);
+    report.metric("cluster_tcp_retransmits", retr);
+    report.ratio("cluster_vs_box_goodput", ratio(cluster_bps, box_bps[0]));
+    report.ratio(
+        "cluster_vs_box_slow_path_goodput",
+        ratio(cluster_bps, box_bps[1]),
+    );
+
+    // Failover on three instances.
+    lab.flowstate(&["cluster", "scale", "3"])?;
+    let before = lab.wait_settled(3, 30)?;
+    let victim = live(&before)
+        .into_iter()
+        .max_by_key(|&id| {
+            (0..crate::cluster_lab::PARTITIONS)
+                .filter(|&q| owner_of(&before, q) == Some(id))
+                .count()
+        })
+        .ok_or("no live instance")?;
+    let moved: Vec<bool> = (0..crate::cluster_lab::PARTITIONS)
+        .map(|q| owner_of(&before, q) == Some(victim))
+        .collect();
+    eprintln!(
+        "failover: {} downloads through three instances, instance {victim} killed half-way",
+        p.downloads
+    );
+    let dl_dir = lab.scratch("downloads");
+    std::fs::create_dir_all(&dl_dir).map_err(|e| format!("{}: {e}", dl_dir.display()))?;
+    let probe = Probe::start(&lab.lab, &ports, PROBE_EVERY)?;
+    let load = Load::start(&lab.lab, &dl_dir, spec.clone());
+    wait_half(&load, p.downloads);
+    let pre = lab.status()?;
+    let kill_at = now_secs();
+    let t = Instant::now();
+    lab.flowstate(&["cluster", "kill", &victim.to_string()])?;
+    report.metric("kill_command_ms", t.elapsed().as_secs_f64() * 1e3);
+    std::thread::sleep(PROBE_AFTER_KILL);
+    let replies = probe.finish()?;
+    let result = load.wait();
+    let after = lab.wait_settled(3, 30).or_else(|_| lab.status())?;
+    downloads(report, "", &result, p.downloads);
+    let moved_gaps: Vec<f64> = replies
+        .iter()
+        .zip(&moved)
+        .filter(|(_, m)| **m)
+        .map(|(r, _)| gap_ms(r, kill_at))
+        .collect();
+    let others: Vec<f64> = replies
+        .iter()
+        .zip(&moved)
+        .filter(|(_, m)| !**m)
+        .filter_map(|(r, _)| crate::cluster_lab::longest_gap_after(r, kill_at))
+        .map(|g| g * 1e3)
+        .collect();
+    let gap = moved_gaps.iter().copied().fold(0.0, f64::max);
+    report.metric("failover_gap_ms", gap);
+    report.metric("failover_gap_ms_median", median(&moved_gaps));
+    report.metric("failover_gap_ms_min", min(&moved_gaps));
+    report.metric("probe_flows_moved", moved_gaps.len() as f64);
+    report.metric(
+        "unmoved_probe_flows_max_silence_ms",
+        others.iter().copied().fold(0.0, f64::max),
+    );
+    report.metric("killed_instance", victim as f64);
+    for key in ["hold_dropped", "no_owner", "reordered", "moves_done"] {
+        report.metric(
+            &format!("root_{key}_on_failover"),
+            root_counter(&after, key) - root_counter(&pre, key),
+        );
+    }
+
+    // Linux's HA pair.
+    lab.cluster_down()?;
+    eprintln!(
+        "failover: {} downloads through Linux's HA NAT, primary crashed half-way",
+        p.downloads
+    );
+    let mut exec = System::default();
+    for ns in [lab.lab.client_ns(), lab.lab.server_ns()] {
+        let _ = std::process::Command::new("ip")
+            .args(["-n", &ns, "neigh", "flush", "all"])
+            .status();
+    }
+    lab.lab
+        .kernel_ha(&mut exec, true)
+        .map_err(|e| e.to_string())?;
+    lab.wait_reachable()?;
+    let probe = Probe::start(&lab.lab, &ports, PROBE_EVERY)?;
+    let load = Load::start(&lab.lab, &dl_dir, spec);
+    wait_half(&load, p.downloads);
+    let kill_at = now_secs();
+    let t = Instant::now();
+    lab.lab
+        .kill_ha_primary(&mut exec)
+        .map_err(|e| e.to_string())?;
+    report.metric("peer_kill_command_ms", t.elapsed().as_secs_f64() * 1e3);
+    std::thread::sleep(PROBE_AFTER_KILL);
+    let replies = probe.finish()?;
+    let result = load.wait();
+    downloads(report, "peer_", &result, p.downloads);
+    let gaps: Vec<f64> = replies.iter().map(|r| gap_ms(r, kill_at)).collect();
+    let peer_gap = gaps.iter().copied().fold(0.0, f64::max);
+    report.metric("peer_failover_gap_ms", peer_gap);
+    report.metric("peer_failover_gap_ms_median", median(&gaps));
+    report.metric("peer_failover_gap_ms_min", min(&gaps));
+    report.ratio("failover_gap_vs_conntrackd", ratio(peer_gap, gap));
+    lab.lab
+        .kernel_ha(&mut exec, false)
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+fn min(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        0.0
+    } else {
+        v.iter().copied().fold(f64::INFINITY, f64::min)
+    }
+}
+
+/// A flow's failover gap in ms; a flow never answered after the kill counts the whole probe
+/// time after it (a lower bound).
+fn gap_ms(replies: &[f64], kill_at: f64) -> f64 {
+    flowstate_lab::failover_gap(replies, kill_at)
+        .map(|d| d.as_secs_f64() * 1e3)
+        .unwrap_or(PROBE_AFTER_KILL.as_secs_f64() * 1e3)
+}
+
+/// Waits until half the downloads have started.
+fn wait_half(load: &Load, total: usize) {
+    while load.started() < total.div_ceil(2) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn downloads(report: &mut Report, prefix: &str, r: &LoadResult, total: usize) {
+    let failed = total.saturating_sub(r.ok);
+    report.metric(&format!("{prefix}failed_downloads"), failed as f64);
+    report.metric(&format!("{prefix}completed_downloads"), r.ok as f64);
+    report.metric(&format!("{prefix}downloads_secs"), r.elapsed);
+    report.metric(&format!("{prefix}download_secs_p50"), median(&r.secs));
+    report.metric(
+        &format!("{prefix}download_secs_max"),
+        r.secs.iter().copied().fold(0.0, f64::max),
+    );
+    for (i, f) in r.failed.iter().take(5).enumerate() {
+        report.param(&format!("{prefix}failed_download_{i}"), f.clone());
+    }
+}
