@@ -268,6 +268,25 @@ fn up(dir: &Dir, path: &Path, timeout: Duration) -> Result<()> {
             dir.lab.prefix()
         );
     }
+    let listed = std::process::Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let have = (1..=flowstate_lab::MAX_INSTANCES)
+        .take_while(|&k| {
+            let ns = dir.lab.instance_ns(k);
+            listed.lines().any(|l| l.split_whitespace().next() == Some(ns.as_str()))
+        })
+        .count() as u32;
+    if have < d.section.instances {
+        bail!(
+            "the lab {} has {have} instance namespaces and the deployment starts {}: run `flowstate lab up --instances {}`",
+            dir.lab.prefix(),
+            d.section.instances,
+            d.section.max_instances.min(flowstate_lab::MAX_INSTANCES).max(d.section.instances)
+        );
+    }
     if d.section.address != flowstate_lab::ROOT_ADDR {
         bail!(
             "{}: cluster.address: the lab's cluster network has the root at {}",
