@@ -1,16 +1,16 @@
 //! The harness the cluster benchmarks (`failover`, `scale`) share: a namespace lab with
 //! instance namespaces ([`flowstate_lab`]), a cluster in it driven through this binary's own
 //! `flowstate cluster up|down|status|kill|scale` (the benchmarks run inside the `flowstate`
-//! binary), and the traffic: HTTP downloads by `curl` in the client namespace, each compared
-//! byte for byte with the file served; UDP probe flows answered by an echo server in the server
+//! binary), and the traffic: HTTP downloads by `curl` in the client namespace from a paced
+//! HTTP server in the server namespace, each compared byte for byte; UDP probe flows answered by an echo server in the server
 //! namespace; short UDP flows that fill the NAT's session tables; `iperf3` goodput.
 //!
 //! Threads of this process enter the client or server namespace (`setns`) to run the probe,
-//! the echo server and the flood: no helper process, and reply times to the microsecond.
+//! the echo server, the paced HTTP server and the flood: no helper process, and reply times to the microsecond.
 //! Everything stays inside the lab's namespaces; the lab (and any cluster or kernel HA in it)
 //! is removed when a [`ClusterLab`] is dropped.
 
-use flowstate_lab::{Lab, System, BOX_OUTSIDE, CLIENT, CLIENT_IF, HTTP_PORT, SERVER};
+use flowstate_lab::{Lab, System, BOX_OUTSIDE, CLIENT, CLIENT_IF, SERVER};
 use serde_json::Value;
 use std::net::{IpAddr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
@@ -21,6 +21,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+/// The TCP port of the paced HTTP server (on [`SERVER`], beside the lab's own on 8080).
+pub(crate) const PACED_PORT: u16 = 8081;
 /// The UDP port of the echo server (on [`SERVER`]).
 pub(crate) const ECHO_PORT: u16 = 9999;
 /// Traffic partitions of the benchmarks' clusters.
@@ -192,6 +194,7 @@ impl ClusterLab {
 
     /// `cluster up` of deployment `text` (written to the scratch directory as `name.toml`).
     pub(crate) fn cluster_up(&self, name: &str, text: &str) -> Result<(), String> {
+        self.forget_time_wait();
         let path = self.scratch(&format!("{name}.toml"));
         std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
         self.flowstate(&["cluster", "up", &path.to_string_lossy()])?;
@@ -274,6 +277,22 @@ impl ClusterLab {
             .collect()
     }
 
+    /// Drops the servers' TIME-WAIT sockets (`ss -K` in the server namespace). Each box or
+    /// cluster starts with a fresh NAT, which hands out the same external ports as the one
+    /// before; a SYN on a port whose connection the server still holds in TIME-WAIT is
+    /// answered with an ACK that flowstate's firewall drops (the client never resets it), and
+    /// the connection would wait out the server's 60 s. A new deployment meets servers as a
+    /// new NAT address would.
+    pub(crate) fn forget_time_wait(&self) {
+        let _ = Command::new("ip")
+            .args(["netns", "exec", &self.lab.server_ns()])
+            .args(["ss", "-K", "-t", "state", "time-wait"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+
     /// Waits until the client reaches the server (ping through whatever is the box).
     pub(crate) fn wait_reachable(&self) -> Result<(), String> {
         for _ in 0..40 {
@@ -291,25 +310,16 @@ impl ClusterLab {
         Err(format!("the client does not reach {SERVER}"))
     }
 
-    /// Publishes a file of `len` pseudo-random bytes on the HTTP server; its content.
-    pub(crate) fn publish(&self, name: &str, len: usize) -> Result<Arc<Vec<u8>>, String> {
-        let mut x = (len as u64) | 1;
-        let data: Vec<u8> = (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
-        let path = self.lab.www('a').join(name);
-        std::fs::write(&path, &data).map_err(|e| format!("{}: {e}", path.display()))?;
-        Ok(Arc::new(data))
+    /// Starts an HTTP server on [`SERVER`]:[`PACED_PORT`] (threads in the server namespace)
+    /// that answers every GET with `body`, each response paced at `rate` bytes per second.
+    pub(crate) fn serve_paced(&self, body: Arc<Vec<u8>>, rate: u64) -> Result<Paced, String> {
+        Paced::start(&self.lab, body, rate)
     }
 
     /// Starts the single live box (`flowstate run`) in the nf namespace; waits until the
     /// client reaches the server through it.
     pub(crate) fn box_up(&self, fast_path: bool) -> Result<LiveBox, String> {
+        self.forget_time_wait();
         let path = self.scratch("box.toml");
         std::fs::write(&path, box_config(fast_path))
             .map_err(|e| format!("{}: {e}", path.display()))?;
@@ -392,14 +402,24 @@ impl ClusterLab {
                     let _ = s.send_to(b"flow", server);
                     socks.push(s);
                 }
-                // Their answers (the sessions are made whether or not one comes back).
-                let deadline = Instant::now() + Duration::from_millis(300);
+                // Their answers (the sessions are made whether or not one comes back); a flow
+                // not answered within 100 ms is sent again, twice at most.
+                let start = Instant::now();
                 let mut got = vec![false; socks.len()];
+                let mut resent = 0;
                 let mut buf = [0u8; 64];
-                while Instant::now() < deadline && got.iter().any(|g| !g) {
+                while start.elapsed() < Duration::from_millis(400) && got.iter().any(|g| !g) {
                     for (s, g) in socks.iter().zip(got.iter_mut()) {
                         if !*g && s.recv(&mut buf).is_ok() {
                             *g = true;
+                        }
+                    }
+                    if start.elapsed() > Duration::from_millis(100 * (resent + 1)) && resent < 2 {
+                        resent += 1;
+                        for (s, g) in socks.iter().zip(&got) {
+                            if !*g {
+                                let _ = s.send_to(b"flow", server);
+                            }
                         }
                     }
                     std::thread::sleep(Duration::from_millis(5));
@@ -695,25 +715,142 @@ impl Probe {
     }
 }
 
-/// The longest silence between two replies of a flow that ends after `from` (seconds), or
-/// `None` with fewer than two replies.
-pub(crate) fn longest_gap_after(replies: &[f64], from: f64) -> Option<f64> {
+/// `len` pseudo-random bytes (xorshift), the body the downloads fetch.
+pub(crate) fn content(len: usize) -> Arc<Vec<u8>> {
+    let mut x = (len as u64) | 1;
+    Arc::new(
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect(),
+    )
+}
+
+/// The HTTP server of the downloads ([`ClusterLab::serve_paced`]). The pace is the server's:
+/// curl 7.88's `--limit-rate` does not hold when the data comes faster than it reads (it
+/// drains a full socket buffer at once: 1 MB in 0.7-2 s through Linux's NAT at a limit of
+/// 100 kB/s, 10 s through the cluster), so the same downloads would be a different load on
+/// different boxes; a sender's pace is the same whatever the box.
+pub(crate) struct Paced {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+impl Paced {
+    fn start(lab: &Lab, body: Arc<Vec<u8>>, rate: u64) -> Result<Paced, String> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let st = Arc::clone(&stop);
+        let ns = lab.server_ns();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let listener = enter_ns(&ns).and_then(|()| {
+                let l = std::net::TcpListener::bind(SocketAddrV4::new(SERVER, PACED_PORT))
+                    .map_err(|e| format!("paced server: bind {SERVER}:{PACED_PORT}: {e}"))?;
+                l.set_nonblocking(true).map_err(|e| e.to_string())?;
+                Ok(l)
+            });
+            let listener = match listener {
+                Ok(l) => {
+                    let _ = tx.send(Ok(()));
+                    l
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            };
+            while !st.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((conn, _)) => {
+                        let (body, st) = (Arc::clone(&body), Arc::clone(&st));
+                        std::thread::spawn(move || {
+                            let _ = serve_paced_conn(conn, &body, rate, &st);
+                        });
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        rx.recv()
+            .map_err(|_| "the paced server did not start".to_owned())??;
+        Ok(Paced { stop, thread })
+    }
+}
+
+impl Drop for Paced {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        while !self.thread.is_finished() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+/// One response: the request read up to its blank line, then `body` at `rate` bytes per
+/// second (a chunk every 20 ms, on a schedule from the first byte: a stall is caught up).
+fn serve_paced_conn(
+    mut conn: std::net::TcpStream,
+    body: &[u8],
+    rate: u64,
+    stop: &AtomicBool,
+) -> std::io::Result<()> {
+    use std::io::{Read, Write};
+    conn.set_nonblocking(false)?;
+    conn.set_read_timeout(Some(Duration::from_secs(10)))?;
+    conn.set_write_timeout(Some(Duration::from_secs(60)))?;
+    let mut req = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = conn.read(&mut buf)?;
+        if n == 0 || req.len() > 16384 {
+            return Ok(());
+        }
+        req.extend_from_slice(&buf[..n]);
+    }
+    let head = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(head.as_bytes())?;
+    let tick = Duration::from_millis(20);
+    let chunk = (rate as f64 * tick.as_secs_f64()).max(1.0);
+    let start = Instant::now();
+    let mut sent = 0usize;
+    while sent < body.len() && !stop.load(Ordering::Relaxed) {
+        let due = ((start.elapsed().as_secs_f64() / tick.as_secs_f64()).floor() + 1.0) * chunk;
+        let due = (due as usize).min(body.len());
+        if due > sent {
+            conn.write_all(&body[sent..due])?;
+            sent = due;
+        }
+        let next = start + tick.mul_f64((sent as f64 / chunk).floor());
+        std::thread::sleep(
+            next.saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1)),
+        );
+    }
+    conn.shutdown(std::net::Shutdown::Write)
+}
+
+/// The longest silence between two replies of a flow that ends after `from`: (its length,
+/// when it ended), seconds; `None` with fewer than two replies.
+pub(crate) fn longest_gap_after(replies: &[f64], from: f64) -> Option<(f64, f64)> {
     replies
         .windows(2)
         .filter(|w| w[1] > from)
-        .map(|w| w[1] - w[0])
-        .max_by(f64::total_cmp)
+        .map(|w| (w[1] - w[0], w[1]))
+        .max_by(|a, b| a.0.total_cmp(&b.0))
 }
 
 /// What a download load asks.
 #[derive(Clone)]
 pub(crate) struct LoadSpec {
-    /// The file's name on the HTTP server.
-    pub(crate) file: String,
-    /// What it holds.
+    /// What the paced server sends ([`ClusterLab::serve_paced`]).
     pub(crate) want: Arc<Vec<u8>>,
-    /// curl's `--limit-rate` (bytes per second).
-    pub(crate) rate: u64,
     /// Downloads running at once.
     pub(crate) concurrency: usize,
     /// Downloads in all (`None`: until stopped).
@@ -785,8 +922,7 @@ fn run_load(
     stop: &AtomicBool,
     started: &AtomicUsize,
 ) -> LoadResult {
-    let url = format!("http://{SERVER}:{HTTP_PORT}/{}", spec.file);
-    let rate = spec.rate.to_string();
+    let url = format!("http://{SERVER}:{PACED_PORT}/download");
     let stall = spec.stall_secs.to_string();
     let mut result = LoadResult::default();
     let mut running: Vec<(Child, PathBuf, Instant)> = Vec::new();
@@ -798,7 +934,7 @@ fn run_load(
             let to = dir.join(format!("dl-{n}"));
             let child = Command::new("ip")
                 .args(["netns", "exec", ns])
-                .args(["curl", "-sS", "--limit-rate", &rate])
+                .args(["curl", "-sS"])
                 .args(["--speed-limit", "1000", "--speed-time", &stall])
                 .arg("-o")
                 .arg(&to)

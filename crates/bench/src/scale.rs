@@ -8,8 +8,9 @@
 //!   an echo server behind it (one datagram and its answer each): that many NAT sessions and
 //!   firewall connections spread over the 16 partitions, besides each partition's NAT port
 //!   pool. A move carries them all (claim: they stay in the store; copy: they are copied).
-//! * **Load**: `concurrency` downloads at once, each `curl --limit-rate` of a file of
-//!   pseudo-random bytes, compared byte for byte when it ends; a finished download is
+//! * **Load**: `concurrency` downloads at once, each a `curl` of `file_bytes` pseudo-random
+//!   bytes from an HTTP server in the server namespace that paces every response at
+//!   `rate_bytes_per_s`, compared byte for byte when it ends; a finished download is
 //!   followed by a new one (new connections keep arriving through the moves). A download that
 //!   fails or moves less than 1 kB/s for 10 s is broken (`metrics.broken_flows_on_scale`).
 //! * **Goodput**: bytes the client's interface received per phase (its kernel counter) →
@@ -31,9 +32,10 @@
 //! carries `params.error`.
 
 use crate::cluster_lab::{
-    cluster_config, median, ratio, root_counter, ClusterLab, CpuMeter, Load, LoadSpec,
+    cluster_config, content, median, ratio, root_counter, ClusterLab, CpuMeter, Load, LoadSpec,
 };
 use crate::{Effort, Report};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Instances per phase of the scaling run (StatelessNF Fig. 9 goes 1 → 2 → 1; CHC scales
@@ -116,13 +118,12 @@ pub(crate) fn run(effort: Effort) -> Report {
 }
 
 fn measure(lab: &ClusterLab, p: &Params, report: &mut Report) -> Result<(), String> {
-    let want = lab.publish("scale.bin", p.file_bytes)?;
+    let want = content(p.file_bytes);
+    let _server = lab.serve_paced(Arc::clone(&want), p.rate)?;
     let dir = lab.scratch("downloads");
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let spec = LoadSpec {
-        file: "scale.bin".into(),
         want,
-        rate: p.rate,
         concurrency: p.concurrency,
         total: None,
         stall_secs: 10,
@@ -138,6 +139,10 @@ fn measure(lab: &ClusterLab, p: &Params, report: &mut Report) -> Result<(), Stri
         let r = cluster_run(lab, p, &spec, &[n], "claim", p.phase_secs)?;
         report.metric(&format!("static_goodput_mbps_{n}"), r.goodput[0]);
         report.metric(&format!("static_broken_flows_{n}"), r.broken as f64);
+        report.metric(
+            &format!("static_flows_answered_{n}"),
+            r.flows_answered as f64,
+        );
         statics.push(r.goodput[0]);
     }
 

@@ -276,7 +276,9 @@ fn up(dir: &Dir, path: &Path, timeout: Duration) -> Result<()> {
     let have = (1..=flowstate_lab::MAX_INSTANCES)
         .take_while(|&k| {
             let ns = dir.lab.instance_ns(k);
-            listed.lines().any(|l| l.split_whitespace().next() == Some(ns.as_str()))
+            listed
+                .lines()
+                .any(|l| l.split_whitespace().next() == Some(ns.as_str()))
         })
         .count() as u32;
     if have < d.section.instances {

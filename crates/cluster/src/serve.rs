@@ -61,6 +61,7 @@ struct Snapshot {
     releases: u64,
     fenced: u64,
     commit_errors: u64,
+    copied_bytes: u64,
     assignment_version: u64,
 }
 
@@ -250,6 +251,7 @@ fn snapshot(id: u32, inst: &Instance, load: f64, applied: u64) -> Snapshot {
         releases: st.releases,
         fenced: st.fenced,
         commit_errors: st.commit_errors,
+        copied_bytes: st.copied_bytes,
         assignment_version: applied,
     }
 }
