@@ -277,16 +277,17 @@ impl ClusterLab {
             .collect()
     }
 
-    /// Drops the servers' TIME-WAIT sockets (`ss -K` in the server namespace). Each box or
-    /// cluster starts with a fresh NAT, which hands out the same external ports as the one
-    /// before; a SYN on a port whose connection the server still holds in TIME-WAIT is
+    /// Drops the servers' TCP connections left from the deployment before (`ss -K` of every
+    /// connected socket in the server namespace: TIME-WAIT, LAST-ACK, ...; listeners stay).
+    /// Each box or cluster starts with a fresh NAT, which hands out the same external ports
+    /// as the one before; a SYN on a port whose old connection the server still holds is
     /// answered with an ACK that flowstate's firewall drops (the client never resets it), and
-    /// the connection would wait out the server's 60 s. A new deployment meets servers as a
-    /// new NAT address would.
+    /// the connection would wait out the server's timers (60 s in TIME-WAIT). A new
+    /// deployment meets servers as a new NAT address would.
     pub(crate) fn forget_time_wait(&self) {
         let _ = Command::new("ip")
             .args(["netns", "exec", &self.lab.server_ns()])
-            .args(["ss", "-K", "-t", "state", "time-wait"])
+            .args(["ss", "-K", "-t", "state", "connected"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -251,6 +251,7 @@ fn measure(lab: &ClusterLab, p: &Params, report: &mut Report) -> Result<(), Stri
             .args(["-n", &ns, "neigh", "flush", "all"])
             .status();
     }
+    lab.forget_time_wait();
     lab.lab
         .kernel_ha(&mut exec, true)
         .map_err(|e| e.to_string())?;
