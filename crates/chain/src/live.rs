@@ -543,6 +543,27 @@ impl<P: Port> LiveSink<P> {
         Ok(())
     }
 
+    /// Routes `frame` into its port's out batch (sent by [`LiveSink::flush`] or when the batch
+    /// fills): returns that port and the frame as it will leave (next hop's MAC, TTL − 1), or
+    /// `None` when it was dropped (counted).
+    pub fn forward(&mut self, frame: &[u8]) -> flowstate_io::Result<Option<(usize, &[u8])>> {
+        let Some(p) = self.route(frame)? else {
+            return Ok(None);
+        };
+        let out = &self.out[p];
+        Ok(out
+            .len()
+            .checked_sub(1)
+            .and_then(|last| out.get(last))
+            .map(|(f, _)| (p, f)))
+    }
+
+    /// Sends what is queued on both ports.
+    pub fn flush(&mut self) -> flowstate_io::Result<()> {
+        self.drain(0)?;
+        self.drain(1)
+    }
+
     /// Routes one frame into its port's out batch; returns that port, or `None` when the frame
     /// was dropped.
     fn route(&mut self, frame: &[u8]) -> flowstate_io::Result<Option<usize>> {
@@ -673,13 +694,13 @@ impl<R: Port, T: Port> Source for LiveWorker<R, T> {
 
 impl<R: Port, T: Port> crate::WorkerSink for LiveWorker<R, T> {
     fn forward(&mut self, frame: &[u8], input: Option<usize>) -> flowstate_io::Result<()> {
-        let port = self.sink.route(frame)?;
-        let (Some(l), Some(i), Some(p)) = (&self.fast, input, port) else {
+        let Some((p, sent)) = self.sink.forward(frame)? else {
             return Ok(());
         };
-        let out = &self.sink.out[p];
-        let sent = out.len().checked_sub(1).and_then(|last| out.get(last));
-        let (Some((received, meta)), Some((sent, _))) = (l.received.get(i), sent) else {
+        let (Some(l), Some(i)) = (&self.fast, input) else {
+            return Ok(());
+        };
+        let Some((received, meta)) = l.received.get(i) else {
             return Ok(());
         };
         let Some(&in_if) = l.ifindex.get(usize::from(meta.port)) else {
@@ -695,8 +716,7 @@ impl<R: Port, T: Port> crate::WorkerSink for LiveWorker<R, T> {
     }
 
     fn flush_forwarded(&mut self) -> flowstate_io::Result<()> {
-        self.sink.drain(0)?;
-        self.sink.drain(1)
+        self.sink.flush()
     }
 }
 
@@ -705,8 +725,7 @@ impl<P: Port> Sink for LiveSink<P> {
         for (frame, _) in batch.iter() {
             self.route(frame)?;
         }
-        self.drain(0)?;
-        self.drain(1)
+        self.flush()
     }
 }
 
@@ -797,27 +816,37 @@ const _: () = assert!(
 );
 
 /// A fast path and its program on each port (inside, outside).
-type LoadedFastPath = (Arc<FastPath>, [Arc<XdpProgram>; 2]);
+pub type LoadedFastPath = (Arc<FastPath>, [Arc<XdpProgram>; 2]);
 
 /// The fast path of a box and its program on each port, when it is configured, the chain
 /// allows it and the box runs to completion (the worker that runs the chain is the one that
-/// teaches it). When the kernel refuses it (no BPF, another XDP program on a port), a fast path
-/// asked for with `fast_path = true` is an error; the default one is a warning and the box
-/// runs without.
+/// teaches it).
 fn fast_path(
     runtime: &crate::Runtime,
     inside: &crate::config::LivePort,
     outside: &crate::config::LivePort,
 ) -> Result<Option<LoadedFastPath>, crate::Error> {
-    let Some(c) = inside.fast_path else {
-        return Ok(None);
-    };
     let why_not = if !runtime.fast_path_allowed() {
         Some("an NF of the chain must see every packet")
     } else if runtime.options().workers > 1 {
         Some("several workers (it needs the run-to-completion box)")
     } else {
         None
+    };
+    attach_fast_path(inside, outside, why_not)
+}
+
+/// The fast path configured on `inside` (`[input] fast_path`), attached to both ports, unless
+/// `why_not` says why it cannot be used (logged). When the kernel refuses it (no BPF, another
+/// XDP program on a port), a fast path asked for with `fast_path = true` is an error; the
+/// default one is a warning and the caller runs without.
+pub fn attach_fast_path(
+    inside: &crate::config::LivePort,
+    outside: &crate::config::LivePort,
+    why_not: Option<&str>,
+) -> Result<Option<LoadedFastPath>, crate::Error> {
+    let Some(c) = inside.fast_path else {
+        return Ok(None);
     };
     if let Some(why) = why_not {
         tracing::info!("XDP fast path off: {why}");

@@ -26,24 +26,17 @@ struct Cluster {
 }
 
 impl Cluster {
-    fn up(name: &str, state: &str, instances: u32) -> Cluster {
+    /// `input`: extra keys of `[input]` (the root's fast path).
+    fn up(name: &str, state: &str, instances: u32, input: &str) -> Cluster {
         let prefix = format!("fc-{name}{}-", std::process::id() % 10_000);
         let lab = Lab::new(&prefix).unwrap().with_instances(4).unwrap();
         lab.up(&mut System::default()).unwrap();
-        // A small receive buffer, so a rate-limited download's bytes cross the cluster while
-        // curl reads them rather than all at once into the client's socket.
-        let rmem = Command::new("ip")
-            .args(["netns", "exec", &lab.client_ns(), "sysctl", "-qw"])
-            .arg("net.ipv4.tcp_rmem=4096 32768 65536")
-            .status()
-            .unwrap();
-        assert!(rmem.success());
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("cluster.toml");
         std::fs::write(
             &config,
             format!(
-                "[input]\ninterface = \"fs-in\"\naddress = \"10.0.0.1\"\n\
+                "[input]\ninterface = \"fs-in\"\naddress = \"10.0.0.1\"\n{input}\n\
                  [output]\ninterface = \"fs-out\"\naddress = \"{BOX_OUTSIDE}\"\n\
                  [runtime]\ninside = [\"10.0.0.0/24\"]\n\
                  [state]\n{state}\n\
@@ -100,26 +93,67 @@ impl Cluster {
         c
     }
 
-    /// `n` concurrent downloads of `file` at `rate` each, in the client namespace.
-    fn downloads(&mut self, n: usize, file: &str, rate: &str) -> Vec<(Child, PathBuf)> {
+    /// An HTTP server on the server's port 8081 that sends `body` to every request at `rate`
+    /// bytes per second, logging each peer to the returned file. The server paces: curl's
+    /// `--limit-rate` does not hold when the box forwards at line rate (curl reads whatever
+    /// the socket has, up to 100 reads of 16 kB, before it looks at its limit).
+    fn serve_paced(&mut self, body: &[u8], rate: u32) -> PathBuf {
+        let file = self.dir.path().join("paced.bin");
+        std::fs::write(&file, body).unwrap();
+        let log = self.dir.path().join("paced-peers.log");
+        let server = format!(
+            "import socket,threading,time\n\
+             data=open('{}','rb').read()\n\
+             log=open('{}','a',buffering=1)\n\
+             s=socket.socket()\n\
+             s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n\
+             s.bind(('{SERVER}',8081))\n\
+             s.listen(1024)\n\
+             def serve(c,a):\n\
+             \x20try:\n\
+             \x20\x20c.recv(4096)\n\
+             \x20\x20log.write('%s:%d\\n'%a)\n\
+             \x20\x20c.sendall(b'HTTP/1.1 200 OK\\r\\nContent-Length: %d\\r\\nConnection: close\\r\\n\\r\\n'%len(data))\n\
+             \x20\x20for i in range(0,len(data),16384):\n\
+             \x20\x20\x20c.sendall(data[i:i+16384])\n\
+             \x20\x20\x20time.sleep(16384/{rate})\n\
+             \x20finally:\n\
+             \x20\x20c.close()\n\
+             while True:\n\
+             \x20c,a=s.accept()\n\
+             \x20threading.Thread(target=serve,args=(c,a),daemon=True).start()\n",
+            file.display(),
+            log.display()
+        );
+        let child = self
+            .in_ns(&self.lab.server_ns(), &["python3", "-c", &server])
+            .spawn()
+            .unwrap();
+        self.background.push(child);
+        // Listening before the first download.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self
+            .in_ns(&self.lab.server_ns(), &["ss", "-Hltn", "sport = :8081"])
+            .output()
+            .is_ok_and(|o| !o.stdout.is_empty())
+        {
+            assert!(Instant::now() < deadline, "the paced server did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        log
+    }
+
+    /// `n` concurrent downloads from the paced server ([`Cluster::serve_paced`]), in the
+    /// client namespace.
+    fn downloads(&mut self, n: usize) -> Vec<(Child, PathBuf)> {
         (0..n)
             .map(|i| {
                 let to = self.dir.path().join(format!("dl{i}"));
-                let url = format!("http://{SERVER}:8080/{file}");
+                let url = format!("http://{SERVER}:8081/");
                 let child = self
                     .in_ns(
                         &self.lab.client_ns(),
-                        &[
-                            "curl",
-                            "-sS",
-                            "-m",
-                            "90",
-                            "--limit-rate",
-                            rate,
-                            "-o",
-                            to.to_str().unwrap(),
-                            &url,
-                        ],
+                        &["curl", "-sS", "-m", "90", "-o", to.to_str().unwrap(), &url],
                     )
                     .stdout(Stdio::null())
                     .stderr(Stdio::piped())
@@ -199,12 +233,6 @@ fn text(o: &Output) -> String {
     )
 }
 
-fn publish(lab: &Lab, name: &str, len: usize) -> Vec<u8> {
-    let data = content(len, len as u64);
-    std::fs::write(lab.www('a').join(name), &data).unwrap();
-    data
-}
-
 /// Every download is still running and has less than three quarters of its `len` bytes: what
 /// happens next happens in the middle of every connection.
 fn still_transferring(downloads: &mut [(Child, PathBuf)], len: usize) {
@@ -241,9 +269,9 @@ fn check_downloads(downloads: Vec<(Child, PathBuf)>, want: &[u8]) {
     );
 }
 
-/// The HTTP server saw the NAT's address and never the client's.
-fn server_saw_only_the_nat(lab: &Lab) {
-    let log = std::fs::read_to_string(lab.log("http-a")).unwrap();
+/// The HTTP server (its log of peers) saw the NAT's address and never the client's.
+fn server_saw_only_the_nat(peers: &std::path::Path) {
+    let log = std::fs::read_to_string(peers).unwrap();
     assert!(log.contains(&BOX_OUTSIDE.to_string()), "{log}");
     assert!(
         !log.contains(&CLIENT.to_string()),
@@ -270,17 +298,19 @@ fn owned(s: &serde_json::Value) -> usize {
         .sum()
 }
 
-/// Kill -9 one of three instances under 100 downloads and a UDP flow.
-fn failover(name: &str, state: &str) {
-    let mut c = Cluster::up(name, state, 3);
-    let want = publish(&c.lab, "f1m.bin", 1_000_000);
+/// Kill -9 one of three instances under 100 downloads and a UDP flow, with the root's XDP
+/// fast path (the default) or every packet through the instances.
+fn failover(name: &str, state: &str, fast_path: bool) {
+    let mut c = Cluster::up(name, state, 3, &format!("fast_path = {fast_path}"));
+    let want = content(1_000_000, 7);
+    let http_peers = c.serve_paced(&want, 200_000);
     let s = c.status();
     assert_eq!(live(&s), vec![1, 2, 3], "{s:#}");
     assert_eq!(owned(&s), 16);
     let lost = s["instances"][0]["partitions"].as_array().unwrap().len() as u64;
     assert!(lost > 0, "{s:#}");
     let (udp, peers) = c.udp_flow(120);
-    let mut downloads = c.downloads(100, "f1m.bin", "200k");
+    let mut downloads = c.downloads(100);
     std::thread::sleep(Duration::from_millis(1500));
     still_transferring(&mut downloads, want.len());
     let killed_at = std::time::SystemTime::now()
@@ -290,7 +320,7 @@ fn failover(name: &str, state: &str) {
     let out = c.flowstate(&["cluster", "kill", "1"]);
     assert!(out.status.success(), "{}", text(&out));
     check_downloads(downloads, &want);
-    server_saw_only_the_nat(&c.lab);
+    server_saw_only_the_nat(&http_peers);
     // The UDP flow kept its mapping: one peer at the server, replies after the failover.
     let replies = String::from_utf8(udp.wait_with_output().unwrap().stdout).unwrap();
     let after = replies
@@ -318,6 +348,9 @@ fn failover(name: &str, state: &str) {
     let root = c.root();
     assert_eq!(root["reordered"], 0, "{root:#}");
     assert!(root["moves_done"].as_u64().unwrap() >= lost, "{root:#}");
+    // The fast path carried the downloads (or, off, nothing).
+    let fast = root["fast_path_packets"].as_u64().unwrap();
+    assert_eq!(fast > 10_000, fast_path, "{root:#}");
     eprintln!("after the failover: {s:#}");
     eprintln!(
         "{}",
@@ -332,7 +365,7 @@ fn a_killed_instance_fails_over_without_a_broken_connection_on_our_store() {
         eprintln!("skipped: needs root");
         return;
     }
-    failover("s", "backend = \"store\"\nurl = \"192.0.2.1:7878\"");
+    failover("s", "backend = \"store\"\nurl = \"192.0.2.1:7878\"", true);
 }
 
 #[test]
@@ -342,7 +375,11 @@ fn a_killed_instance_fails_over_without_a_broken_connection_on_redis() {
         eprintln!("skipped: needs root");
         return;
     }
-    failover("r", "backend = \"redis\"\nurl = \"redis://192.0.2.1:6379\"");
+    failover(
+        "r",
+        "backend = \"redis\"\nurl = \"redis://192.0.2.1:6379\"",
+        false,
+    );
 }
 
 #[test]
@@ -352,9 +389,10 @@ fn scaling_out_and_in_moves_partitions_without_loss_and_a_restarted_controller_c
         eprintln!("skipped: needs root");
         return;
     }
-    let mut c = Cluster::up("m", "backend = \"store\"\nurl = \"192.0.2.1:7878\"", 2);
-    let want = publish(&c.lab, "f1m.bin", 1_000_000);
-    let mut downloads = c.downloads(60, "f1m.bin", "150k");
+    let mut c = Cluster::up("m", "backend = \"store\"\nurl = \"192.0.2.1:7878\"", 2, "");
+    let want = content(1_000_000, 9);
+    let peers = c.serve_paced(&want, 150_000);
+    let mut downloads = c.downloads(60);
     std::thread::sleep(Duration::from_millis(1000));
     still_transferring(&mut downloads, want.len());
     let out = c.flowstate(&["cluster", "scale", "3"]);
@@ -375,12 +413,21 @@ fn scaling_out_and_in_moves_partitions_without_loss_and_a_restarted_controller_c
         live(s).len() == 2 && owned(s) == 16 && s["root"]["moving"] == 0
     });
     check_downloads(downloads, &want);
-    server_saw_only_the_nat(&c.lab);
+    server_saw_only_the_nat(&peers);
     let root = c.root();
     assert!(root["moves_done"].as_u64().unwrap() >= 10, "{root:#}");
     for key in ["hold_dropped", "reordered", "release_timeouts", "no_owner"] {
         assert_eq!(root[key], 0, "{key}: {root:#}");
     }
+    // Moving partitions' flows left the root's fast path (and came back to it after).
+    assert!(
+        root["fast_path_moved_out"].as_u64().unwrap() > 0,
+        "{root:#}"
+    );
+    assert!(
+        root["fast_path_packets"].as_u64().unwrap() > 10_000,
+        "{root:#}"
+    );
     for i in c.instance_stats() {
         assert_eq!(i["misdirected"], 0, "{i:#}");
     }

@@ -94,6 +94,7 @@ pub struct Instance {
     records: Box<dyn Backend>,
     owned: Vec<Option<Owned>>,
     stats: InstanceStats,
+    drop_reasons: std::collections::BTreeMap<flowstate_nf::DropReason, u64>,
     replies: Vec<Reply>,
 }
 
@@ -147,6 +148,7 @@ impl Instance {
             connector,
             records,
             stats: InstanceStats::default(),
+            drop_reasons: Default::default(),
             replies: Vec::new(),
         })
     }
@@ -154,6 +156,11 @@ impl Instance {
     /// The counters.
     pub fn stats(&self) -> InstanceStats {
         self.stats
+    }
+
+    /// Packets the NFs dropped, by reason (`"firewall: ..."`, `"nat: ..."`).
+    pub fn drop_reasons(&self) -> &std::collections::BTreeMap<flowstate_nf::DropReason, u64> {
+        &self.drop_reasons
     }
 
     /// The partitions served now.
@@ -196,8 +203,9 @@ impl Instance {
             } else {
                 n - 1 - k
             };
-            if let Verdict::Drop(_) = o.nfs[i].process(&mut pkt, &cx) {
+            if let Verdict::Drop(why) = o.nfs[i].process(&mut pkt, &cx) {
                 self.stats.dropped += 1;
+                *self.drop_reasons.entry(why).or_default() += 1;
                 return false;
             }
         }

@@ -13,6 +13,7 @@
 //! * [`meta`]: the GENEVE option root and instances exchange frames with.
 //! * [`steer`]: the root's table and its side of the move protocol (sans-IO).
 //! * [`instance`]: an instance's partitions, ownership records, output commit.
+//! * [`fast`]: the root's XDP fast path, taught by the instances' output.
 //! * [`root`], [`serve`], [`controller`]: the three roles' processes.
 //! * [`config`]: the `[cluster]` section.
 //!
@@ -24,6 +25,7 @@
 
 pub mod config;
 pub mod controller;
+pub mod fast;
 pub mod instance;
 pub mod meta;
 pub mod root;

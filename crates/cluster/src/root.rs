@@ -17,6 +17,7 @@
 //! * Moves follow [`crate::steer`]; the assignment comes from the controller.
 
 use crate::config::{ClusterSection, CONTROL_PORT};
+use crate::fast::{FastStats, RootFastPath};
 use crate::meta::{self, Kind, Meta};
 use crate::steer::{Control, Route, Steer, SteerConfig, SteerStats};
 use crate::udp::Datagrams;
@@ -63,6 +64,9 @@ pub struct RootStats {
     pub move_ms_p50: f64,
     /// Send errors towards instances.
     pub send_errors: u64,
+    /// The XDP fast path (zero when it is off).
+    #[serde(flatten)]
+    pub fast: FastStats,
 }
 
 /// What the root needs to run.
@@ -113,6 +117,15 @@ pub fn run_root(
     ];
     let shared = Arc::new(Shared::default());
     let mut source = LiveSource::new(rx_ports, addrs, Arc::clone(&shared), stop.clone());
+    // The fast path, when the chain allows it (every NF does) and the kernel takes it.
+    let allowed = chain.iter().all(|f| f.fast_path());
+    let why_not = (!allowed).then_some("an NF of the chain must see every packet");
+    let mut fast = flowstate_chain::live::attach_fast_path(&o.inside, &o.outside, why_not)
+        .map_err(|e| ClusterError::Config(e.to_string()))?
+        .map(|loaded| {
+            let capacity = o.inside.fast_path.map_or(0, |c| c.capacity);
+            RootFastPath::new(loaded, s.partitions, capacity, MAX_FRAME)
+        });
     let mut sink = LiveSink::new(
         tx_ports,
         addrs,
@@ -134,7 +147,6 @@ pub fn run_root(
     );
     let mut stats = RootStats::default();
     let mut batch = PacketBatch::new(64, MAX_FRAME);
-    let mut out = PacketBatch::new(64, MAX_FRAME);
     let mut ctl: Vec<Control> = Vec::new();
     let mut rbuf = vec![0u8; 65536];
     let fd = raw(&data);
@@ -155,6 +167,7 @@ pub fn run_root(
                 Ok((n, _)) => {
                     if let Ok(a) = Assignment::decode(&rbuf[..n]) {
                         steer.apply(&a, now, &mut ctl);
+                        leave_fast_path(&mut fast, &ctl);
                     }
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
@@ -168,7 +181,7 @@ pub fn run_root(
             if source.recv_ready(&mut batch).map_err(io)? == 0 {
                 break;
             }
-            for (frame, _) in batch.iter() {
+            for (frame, fm) in batch.iter() {
                 stats.received += 1;
                 let Ok(d) = flowstate_wire::dissect(frame) else {
                     stats.malformed += 1;
@@ -177,6 +190,9 @@ pub fn run_root(
                 let p = steering.worker(frame, &d) as u32;
                 let direction = steering.direction(&d);
                 clock += 1;
+                if let Some(f) = &mut fast {
+                    f.sent(clock, fm.port, frame);
+                }
                 match steer.route(p) {
                     Route::Send { to, epoch } => {
                         let m = Meta {
@@ -218,14 +234,14 @@ pub fn run_root(
                         *last = m.clock;
                     }
                     stats.from_instances += 1;
-                    if out.is_full() {
-                        sink_send(&mut sink, &mut out)?;
+                    let sent = sink.forward(payload).map_err(io)?;
+                    // Learnt only from the current owner of a steady partition: output of a
+                    // moving partition's old owner would put its flows back on the fast path.
+                    let steady = matches!(steer.route(u32::from(m.partition)),
+                        Route::Send { epoch, .. } if epoch == m.epoch);
+                    if let (Some(f), Some((port, output)), true) = (&mut fast, sent, steady) {
+                        f.returned(m.clock, m.partition, port, output);
                     }
-                    out.push_with(|buf, _| {
-                        let k = payload.len().min(buf.len());
-                        buf[..k].copy_from_slice(&payload[..k]);
-                        k
-                    });
                     continue;
                 }
                 let Some(id) = steer.member_at(from) else {
@@ -233,7 +249,7 @@ pub fn run_root(
                     continue;
                 };
                 // The old owner's output went before its Released: send it out first.
-                sink_send(&mut sink, &mut out)?;
+                sink.flush().map_err(io)?;
                 if let Some((to, epoch, held)) =
                     steer.on_control(id, m.kind, m.partition, m.epoch, wall_ns(), &mut ctl)
                 {
@@ -250,27 +266,29 @@ pub fn run_root(
                     }
                     steer.recycle(held);
                 }
+                leave_fast_path(&mut fast, &ctl);
                 send_controls(fd, &mut tx, &mut ctl, &mut stats);
             }
             if rx.len() < 256 {
                 break;
             }
         }
-        sink_send(&mut sink, &mut out)?;
+        sink.flush().map_err(io)?;
         if Instant::now() >= next_tick {
             next_tick += Duration::from_millis(10);
             steer.tick(now, &mut ctl);
+            leave_fast_path(&mut fast, &ctl);
             send_controls(fd, &mut tx, &mut ctl, &mut stats);
         }
         if Instant::now() >= next_stats {
             next_stats += Duration::from_millis(200);
-            fill(&mut stats, &steer);
+            fill(&mut stats, &steer, fast.as_ref());
             if let Some(f) = &o.stats_file {
                 crate::write_json(f, &stats);
             }
         }
     }
-    fill(&mut stats, &steer);
+    fill(&mut stats, &steer, fast.as_ref());
     if let Some(f) = &o.stats_file {
         crate::write_json(f, &stats);
     }
@@ -282,8 +300,9 @@ fn raw(s: &std::net::UdpSocket) -> std::os::fd::RawFd {
     s.as_raw_fd()
 }
 
-fn fill(stats: &mut RootStats, steer: &Steer) {
+fn fill(stats: &mut RootStats, steer: &Steer, fast: Option<&RootFastPath>) {
     stats.steer = steer.stats();
+    stats.fast = fast.map(RootFastPath::stats).unwrap_or_default();
     stats.moving = steer.moving() as u64;
     stats.assignment_version = steer.version();
     let mut times: Vec<u64> = steer.move_times().collect();
@@ -291,17 +310,13 @@ fn fill(stats: &mut RootStats, steer: &Steer) {
     stats.move_ms_p50 = times.get(times.len() / 2).map_or(0.0, |&t| t as f64 / 1e6);
 }
 
-fn sink_send<P: flowstate_io::Port>(
-    sink: &mut LiveSink<P>,
-    out: &mut PacketBatch,
-) -> Result<(), ClusterError> {
-    use flowstate_io::Sink;
-    if !out.is_empty() {
-        sink.send(out)
-            .map_err(|e| ClusterError::Io(std::io::Error::other(e.to_string())))?;
-        out.clear();
+/// Partitions whose planned move begins (a release in `ctl`) leave the fast path first, so
+/// their packets are held in order with the others ([`crate::fast`]).
+fn leave_fast_path(fast: &mut Option<RootFastPath>, ctl: &[Control]) {
+    let Some(f) = fast else { return };
+    for c in ctl.iter().filter(|c| c.kind == Kind::Release) {
+        f.moving(c.partition);
     }
-    Ok(())
 }
 
 /// Queues a frame for an instance (sending the queue first when it is full).

@@ -62,6 +62,7 @@ struct Snapshot {
     fenced: u64,
     commit_errors: u64,
     copied_bytes: u64,
+    drop_reasons: std::collections::BTreeMap<&'static str, u64>,
     assignment_version: u64,
 }
 
@@ -252,6 +253,7 @@ fn snapshot(id: u32, inst: &Instance, load: f64, applied: u64) -> Snapshot {
         fenced: st.fenced,
         commit_errors: st.commit_errors,
         copied_bytes: st.copied_bytes,
+        drop_reasons: inst.drop_reasons().clone(),
         assignment_version: applied,
     }
 }

@@ -341,26 +341,27 @@ impl FastPath {
     }
 
     /// Teaches the fast path what the slow path did with one packet (see [`lesson`]):
-    /// installs, renews or forgets its flow's entries.
+    /// installs, renews or forgets its flow's entries, and returns the lesson.
     pub fn observe(
         &self,
         in_ifindex: u32,
         input: &[u8],
         out_ifindex: u32,
         output: &[u8],
-    ) -> Result<()> {
+    ) -> Result<Lesson> {
         let (now, refresh) = (monotonic_ns(), self.refresh.as_nanos() as u64);
         let (renew, deadline) = (now.saturating_add(refresh / 2), now.saturating_add(refresh));
-        match lesson(in_ifindex, input, out_ifindex, output, renew, deadline) {
-            Lesson::Install(key, entry) => self.install(&key, &entry),
+        let l = lesson(in_ifindex, input, out_ifindex, output, renew, deadline);
+        match &l {
+            Lesson::Install(key, entry) => self.install(key, entry)?,
             Lesson::Forget(keys) => {
-                for k in &keys {
+                for k in keys {
                     self.forget(k)?;
                 }
-                Ok(())
             }
-            Lesson::Nothing => Ok(()),
+            Lesson::Nothing => {}
         }
+        Ok(l)
     }
 
     /// Installs (or replaces) `key`'s entry.

@@ -677,6 +677,12 @@ fn tcp_step(state: ConnState, seg: Segment, side: Side, closer: Option<Side>) ->
         (_, Rst) => Step::To(Close),
         (SynSent, Syn) => Step::To(if side == Side::Orig { SynSent } else { SynRecv }),
         (SynSent, SynAck) if side == Side::Reply => Step::To(SynRecv),
+        // An ACK from the server to a SYN: a host still in TIME_WAIT for an earlier
+        // connection on this 5-tuple answers so (RFC 793 §3.9, RFC 5961 §4); the client's RST
+        // then ends that TIME_WAIT and its next SYN gets a SYN/ACK. Passed, the state
+        // unchanged: conntrack's sIG for it (nf_conntrack_proto_tcp.c). Dropping it kept the
+        // client from connecting until the server's TIME_WAIT ran out.
+        (SynSent, Ack) if side == Side::Reply => Step::To(SynSent),
         (SynSent, _) => Step::Invalid,
         (SynRecv, Syn | SynAck) => Step::To(SynRecv),
         (SynRecv, Ack) => Step::To(if side == Side::Orig {

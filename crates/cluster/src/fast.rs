@@ -1,0 +1,286 @@
+//! The root's XDP fast path: established flows forwarded by the kernel at the root, the
+//! instances' output as the specification (HyperSFC §III; the live box's
+//! [`flowstate_io::fastpath`], taught here across the cluster hop).
+//!
+//! ```text
+//!  port --XDP: entry? --hit--> rewrite --bpf_redirect--> other port
+//!               | miss, SYN/FIN/RST, renewal
+//!               v
+//!  root: keep the frame by clock ==GENEVE==> owner ==output, same clock==> root: send it out,
+//!        compare it with the kept frame --> install, renew or forget the flow's entry
+//! ```
+//!
+//! The root keeps each TCP/UDP frame it sends to an instance in a ring indexed by the frame's
+//! logical clock; when the instance's output comes back with that clock, the two frames teach
+//! the fast path exactly as the box's worker does ([`FastPath::observe`]: an entry only when it
+//! reproduces the output bit for bit). The instance's output is sent only after the state it
+//! changed is in the store (output commit), so an entry never runs ahead of the store.
+//!
+//! Promises, beyond the box's (bounded staleness, control packets on the slow path):
+//! * **Moves stay order-preserving.** When a partition starts a planned move (the root sends
+//!   its old owner a release), the entries the root learned from the partition's flows are
+//!   removed first: from then on its every packet takes the slow path and is held in order
+//!   with the others, and entries are learned again from the new owner's output.
+//! * **Failover keeps the entries.** A dead owner's decisions were committed before its output
+//!   left, so the flows it served go on through the fast path while its partitions are taken
+//!   over; only their slow-path packets wait for the new owner.
+//! * Bounded: the ring holds [`RING`] frames in flight; the keys tracked per partition are
+//!   bounded by twice the table's capacity, past which every entry is removed at once (and
+//!   counted) rather than the tracking growing without end.
+
+use flowstate_chain::live::LoadedFastPath;
+use flowstate_io::fastpath::{FastPath, FlowKey, Lesson};
+use std::collections::HashSet;
+use std::sync::Arc;
+
+/// Frames in flight the root can learn from (the newest ones; an older frame whose output comes
+/// back after [`RING`] newer frames teaches nothing).
+pub const RING: usize = 4096;
+
+/// Counters of the root's fast path.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct FastStats {
+    /// Packets the XDP program forwarded.
+    pub fast_path_packets: u64,
+    /// Their bytes.
+    pub fast_path_bytes: u64,
+    /// Entries installed or renewed from instances' output.
+    pub fast_path_learned: u64,
+    /// Entries removed because their partition began a move.
+    pub fast_path_moved_out: u64,
+    /// Times every entry was removed because the tracking was full.
+    pub fast_path_resets: u64,
+    /// Table operations the kernel refused (the flow stays on the slow path).
+    pub fast_path_errors: u64,
+}
+
+/// The root's fast path: the kernel's table and programs, the frames in flight, and which
+/// partition each installed key belongs to.
+pub struct RootFastPath {
+    path: Arc<FastPath>,
+    _programs: [Arc<flowstate_io::afxdp::XdpProgram>; 2],
+    ifindex: [u32; 2],
+    ring: Ring,
+    keys: Vec<HashSet<FlowKey>>,
+    tracked: usize,
+    limit: usize,
+    stats: FastStats,
+}
+
+impl std::fmt::Debug for RootFastPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RootFastPath")
+            .field("ifindex", &self.ifindex)
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RootFastPath {
+    /// The fast path `loaded` on the root's ports for `partitions` partitions, tracking at most
+    /// `2 * capacity` keys.
+    pub fn new(loaded: LoadedFastPath, partitions: u32, capacity: u32, max_frame: usize) -> Self {
+        let (path, programs) = loaded;
+        let ifindex = [programs[0].ifindex(), programs[1].ifindex()];
+        RootFastPath {
+            path,
+            _programs: programs,
+            ifindex,
+            ring: Ring::new(RING, max_frame),
+            keys: (0..partitions).map(|_| HashSet::new()).collect(),
+            tracked: 0,
+            limit: 2 * capacity as usize,
+            stats: FastStats::default(),
+        }
+    }
+
+    /// Keeps `frame`, received on `port` and sent to an instance with `clock`, until its output
+    /// comes back.
+    pub fn sent(&mut self, clock: u64, port: u16, frame: &[u8]) {
+        self.ring.keep(clock, port, frame);
+    }
+
+    /// The instance's output for the frame of `clock` in `partition` left by `out_port` as
+    /// `output`: teaches the fast path.
+    pub fn returned(&mut self, clock: u64, partition: u16, out_port: usize, output: &[u8]) {
+        let Some((in_port, input)) = self.ring.get(clock) else {
+            return;
+        };
+        let (Some(&in_if), Some(&out_if)) = (
+            self.ifindex.get(usize::from(in_port)),
+            self.ifindex.get(out_port),
+        ) else {
+            return;
+        };
+        match self.path.observe(in_if, input, out_if, output) {
+            Ok(Lesson::Install(key, _)) => {
+                self.stats.fast_path_learned += 1;
+                let Some(set) = self.keys.get_mut(usize::from(partition)) else {
+                    return;
+                };
+                if set.insert(key) {
+                    self.tracked += 1;
+                    if self.tracked > self.limit {
+                        self.reset();
+                    }
+                }
+            }
+            Ok(Lesson::Forget(keys)) => {
+                if let Some(set) = self.keys.get_mut(usize::from(partition)) {
+                    for k in &keys {
+                        if set.remove(k) {
+                            self.tracked -= 1;
+                        }
+                    }
+                }
+            }
+            Ok(Lesson::Nothing) => {}
+            Err(e) => self.error(&e),
+        }
+    }
+
+    /// Partition `p` begins a planned move: its flows leave the fast path.
+    pub fn moving(&mut self, p: u16) {
+        let Some(set) = self.keys.get_mut(usize::from(p)) else {
+            return;
+        };
+        let keys: Vec<FlowKey> = set.drain().collect();
+        self.tracked -= keys.len();
+        for k in &keys {
+            match self.path.forget(k) {
+                Ok(()) => self.stats.fast_path_moved_out += 1,
+                Err(e) => self.error(&e),
+            }
+        }
+    }
+
+    /// Removes every entry the root taught.
+    fn reset(&mut self) {
+        self.stats.fast_path_resets += 1;
+        tracing::warn!(
+            keys = self.tracked,
+            "the root's fast path tracks more flows than twice its capacity: every entry removed"
+        );
+        for p in 0..self.keys.len() {
+            for k in std::mem::take(&mut self.keys[p]) {
+                if let Err(e) = self.path.forget(&k) {
+                    self.error(&e);
+                }
+            }
+        }
+        self.tracked = 0;
+    }
+
+    fn error(&mut self, e: &flowstate_io::Error) {
+        if self.stats.fast_path_errors == 0 {
+            tracing::warn!(error = %e, "the root's fast path refused a table operation; its flow stays on the slow path");
+        }
+        self.stats.fast_path_errors += 1;
+    }
+
+    /// The counters (the program's read from the kernel).
+    pub fn stats(&self) -> FastStats {
+        let mut s = self.stats;
+        if let Ok(f) = self.path.stats() {
+            s.fast_path_packets = f.packets;
+            s.fast_path_bytes = f.bytes;
+        }
+        s
+    }
+}
+
+/// Frames by logical clock in a ring of fixed slots (no allocation after start).
+struct Ring {
+    clocks: Vec<u64>,
+    ports: Vec<u16>,
+    lens: Vec<usize>,
+    bytes: Vec<u8>,
+    slot: usize,
+}
+
+impl Ring {
+    fn new(slots: usize, slot: usize) -> Ring {
+        Ring {
+            clocks: vec![0; slots],
+            ports: vec![0; slots],
+            lens: vec![0; slots],
+            bytes: vec![0; slots * slot],
+            slot,
+        }
+    }
+
+    /// Keeps `frame` if it is IPv4 TCP or UDP (the only frames the fast path learns from) and
+    /// fits a slot.
+    fn keep(&mut self, clock: u64, port: u16, frame: &[u8]) {
+        let learnable = frame.len() <= self.slot
+            && frame.get(12..14) == Some(&[0x08, 0x00])
+            && matches!(frame.get(14 + 9), Some(6 | 17));
+        if !learnable {
+            return;
+        }
+        let i = (clock % self.clocks.len() as u64) as usize;
+        self.clocks[i] = clock;
+        self.ports[i] = port;
+        self.lens[i] = frame.len();
+        self.bytes[i * self.slot..i * self.slot + frame.len()].copy_from_slice(frame);
+    }
+
+    fn get(&self, clock: u64) -> Option<(u16, &[u8])> {
+        let i = (clock % self.clocks.len() as u64) as usize;
+        (clock != 0 && self.clocks[i] == clock).then(|| {
+            (
+                self.ports[i],
+                &self.bytes[i * self.slot..i * self.slot + self.lens[i]],
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn udp(tag: u8) -> Vec<u8> {
+        let mut f = vec![0u8; 42];
+        f[12..14].copy_from_slice(&[0x08, 0x00]);
+        f[14] = 0x45;
+        f[14 + 9] = 17;
+        f[41] = tag;
+        f
+    }
+
+    #[test]
+    fn the_ring_gives_back_a_frame_by_clock_until_it_is_overwritten() {
+        let mut r = Ring::new(4, 64);
+        r.keep(1, 0, &udp(1));
+        r.keep(2, 1, &udp(2));
+        assert_eq!(r.get(1), Some((0, &udp(1)[..])));
+        assert_eq!(r.get(2), Some((1, &udp(2)[..])));
+        assert_eq!(r.get(3), None, "never kept");
+        r.keep(5, 1, &udp(5)); // the slot of clock 1
+        assert_eq!(r.get(1), None, "overwritten by a newer clock");
+        assert_eq!(r.get(5), Some((1, &udp(5)[..])));
+    }
+
+    #[test]
+    fn the_ring_keeps_only_what_the_fast_path_can_learn_from() {
+        let mut r = Ring::new(4, 64);
+        let mut icmp = udp(1);
+        icmp[14 + 9] = 1;
+        r.keep(1, 0, &icmp);
+        assert_eq!(r.get(1), None, "ICMP");
+        let mut arp = udp(2);
+        arp[12..14].copy_from_slice(&[0x08, 0x06]);
+        r.keep(2, 0, &arp);
+        assert_eq!(r.get(2), None, "not IPv4");
+        let big = {
+            let mut f = udp(3);
+            f.resize(65, 0);
+            f
+        };
+        r.keep(3, 0, &big);
+        assert_eq!(r.get(3), None, "larger than a slot");
+        r.keep(0, 0, &udp(4));
+        assert_eq!(r.get(0), None, "clock 0 is no packet's");
+    }
+}
