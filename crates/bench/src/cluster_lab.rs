@@ -66,10 +66,11 @@ fn in_ns<T: Send>(ns: &str, f: impl FnOnce() -> Result<T, String> + Send) -> Res
 }
 
 /// The deployment file of a cluster of `instances` running [`CHAIN`] on the managed store.
-/// `moves`: `"claim"` or `"copy"`.
-pub(crate) fn cluster_config(instances: u32, moves: &str) -> String {
+/// `moves`: `"claim"` or `"copy"`; `fast_path`: the root's XDP fast path (the default) or
+/// every packet through the instances.
+pub(crate) fn cluster_config(instances: u32, moves: &str, fast_path: bool) -> String {
     format!(
-        "[input]\ninterface = \"{}\"\naddress = \"10.0.0.1\"\n\
+        "[input]\ninterface = \"{}\"\naddress = \"10.0.0.1\"\nfast_path = {fast_path}\n\
          [output]\ninterface = \"{}\"\naddress = \"{BOX_OUTSIDE}\"\n\
          [runtime]\ninside = [\"10.0.0.0/24\"]\n\
          [state]\nbackend = \"store\"\nurl = \"{}:7878\"\n\
@@ -99,7 +100,7 @@ pub(crate) fn box_config(fast_path: bool) -> String {
 /// The cluster partition of a UDP flow from the client's `src_port` to the echo server: the
 /// root's own choice (the chain's owners, else the flow hash).
 pub(crate) fn udp_partition(src_port: u16) -> Result<u32, String> {
-    let config = flowstate_chain::Config::parse(&cluster_config(1, "claim"), "bench.toml")
+    let config = flowstate_chain::Config::parse(&cluster_config(1, "claim", false), "bench.toml")
         .map_err(|e| e.to_string())?;
     let chain = config.factories().map_err(|e| e.to_string())?;
     let key = flowstate_wire::FlowKey::new(

@@ -28,12 +28,18 @@
 //!   failover), Linux's primary as [`flowstate_lab::Lab::kill_ha_primary`] crashes it
 //!   (SIGSTOP of every process in the router's namespace, links down, SIGKILL).
 //!   `ratios.failover_gap_vs_conntrackd` = the peer's gap / ours.
+//! * **Without the root's fast path**: the failover runs with the cluster's defaults, where
+//!   the root's XDP fast path (`flowstate_cluster::fast`) keeps forwarding established flows
+//!   while their partitions are taken over. The same kill is then repeated on a cluster whose
+//!   every packet goes through the instances (`fast_path = false`), with the probe flows
+//!   only: `metrics.slow_path_failover_gap_ms` (largest over the moved flows) and its median.
 //! * **Goodput before the kill**: iperf3 TCP through the single live box (`flowstate run`
-//!   with the same chain in the box's namespace, state on the local store) with its XDP fast
-//!   path (a live box's default) and without it, then through the cluster with one
-//!   instance: `ratios.cluster_vs_box_goodput` (cluster / box as it runs by default),
-//!   `ratios.cluster_vs_box_slow_path_goodput` (cluster / box without the fast path). The
-//!   cores each of the cluster's processes used meanwhile are `metrics.cluster_cores_*`.
+//!   with the same chain in the box's namespace, state on the local store) and through a
+//!   one-instance cluster, each with its XDP fast path (their default) and without it:
+//!   `ratios.cluster_vs_box_goodput` (both as they run by default),
+//!   `ratios.cluster_vs_box_slow_path_goodput` (both without a fast path). The cores each of
+//!   the cluster's processes used meanwhile are `metrics.cluster_cores_*` and
+//!   `metrics.cluster_slow_path_cores_*`.
 //!
 //! Needs root, iproute2, curl, iperf3, python3, keepalived and conntrackd
 //! (scripts/setup-live); without them the report carries `params.error`.
@@ -151,38 +157,37 @@ fn measure(lab: &ClusterLab, p: &Params, report: &mut Report) -> Result<(), Stri
         box_bps[i] = bps;
         drop(b);
     }
-    eprintln!("failover: goodput through a one-instance cluster");
-    lab.cluster_up("one", &cluster_config(1, "claim"))?;
-    lab.wait_settled(1, 30)?;
-    let meter = CpuMeter::start(&lab.roles());
-    let (cluster_bps, retr) = lab.iperf3(p.iperf_secs)?;
-    for (group, cores) in meter.cores(&lab.roles()) {
-        report.metric(&format!("cluster_cores_{group}"), cores);
+    // A one-instance cluster without the root's fast path, then with it (the default, which
+    // then goes on to the failover).
+    let mut cluster_bps = [0.0; 2];
+    for (i, fast) in [false, true].into_iter().enumerate() {
+        let name = if fast { "cluster" } else { "cluster_slow_path" };
+        eprintln!("failover: goodput through a one-instance cluster (fast path {fast})");
+        lab.cluster_up(name, &cluster_config(1, "claim", fast))?;
+        lab.wait_settled(1, 30)?;
+        let meter = CpuMeter::start(&lab.roles());
+        let (bps, retr) = lab.iperf3(p.iperf_secs)?;
+        for (group, cores) in meter.cores(&lab.roles()) {
+            report.metric(&format!("{name}_cores_{group}"), cores);
+        }
+        report.metric(&format!("{name}_goodput_mbps"), bps / 1e6);
+        report.metric(&format!("{name}_tcp_retransmits"), retr);
+        cluster_bps[i] = bps;
+        if !fast {
+            lab.cluster_down()?;
+        }
     }
-    report.metric("cluster_goodput_mbps", cluster_bps / 1e6);
-    report.metric("cluster_tcp_retransmits", retr);
-    report.ratio("cluster_vs_box_goodput", ratio(cluster_bps, box_bps[0]));
+    report.ratio("cluster_vs_box_goodput", ratio(cluster_bps[1], box_bps[0]));
     report.ratio(
         "cluster_vs_box_slow_path_goodput",
-        ratio(cluster_bps, box_bps[1]),
+        ratio(cluster_bps[0], box_bps[1]),
     );
 
     // Failover on three instances.
     lab.flowstate(&["cluster", "scale", "3"])?;
-    let before = lab.wait_settled(3, 30)?;
-    let victim = live(&before)
-        .into_iter()
-        .max_by_key(|&id| {
-            (0..crate::cluster_lab::PARTITIONS)
-                .filter(|&q| owner_of(&before, q) == Some(id))
-                .count()
-        })
-        .ok_or("no live instance")?;
-    let moved: Vec<bool> = (0..crate::cluster_lab::PARTITIONS)
-        .map(|q| owner_of(&before, q) == Some(victim))
-        .collect();
+    lab.wait_settled(3, 30)?;
     eprintln!(
-        "failover: {} downloads through three instances, instance {victim} killed half-way",
+        "failover: {} downloads through three instances, one killed half-way",
         p.downloads
     );
     let dl_dir = lab.scratch("downloads");
@@ -191,17 +196,7 @@ fn measure(lab: &ClusterLab, p: &Params, report: &mut Report) -> Result<(), Stri
     let load = Load::start(&lab.lab, &dl_dir, spec.clone());
     wait_half(&load, p.downloads);
     let pre = lab.status()?;
-    let pid = lab
-        .role_pid(&format!("instance-{victim}"))
-        .ok_or_else(|| format!("instance {victim} has no running process"))?;
-    let kill_at = now_secs();
-    // SAFETY: a signal to the cluster's own instance process (what `cluster kill` sends).
-    if unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) } != 0 {
-        return Err(format!(
-            "killing instance {victim} (pid {pid}): {}",
-            std::io::Error::last_os_error()
-        ));
-    }
+    let (victim, moved, kill_at) = kill_one(lab)?;
     std::thread::sleep(PROBE_AFTER_KILL);
     let replies = probe.finish()?;
     let result = load.wait();
@@ -239,6 +234,30 @@ fn measure(lab: &ClusterLab, p: &Params, report: &mut Report) -> Result<(), Stri
         );
     }
 
+    // The same kill with every packet through the instances: the gap of the slow path alone
+    // (with the fast path, established flows go on through the root while their partitions
+    // are taken over).
+    lab.cluster_down()?;
+    eprintln!("failover: the kill again, without the root's fast path");
+    lab.cluster_up("slow", &cluster_config(3, "claim", false))?;
+    lab.wait_settled(3, 30)?;
+    let probe = Probe::start(&lab.lab, &ports, PROBE_EVERY)?;
+    std::thread::sleep(Duration::from_secs(1));
+    let (_, moved, kill_at) = kill_one(lab)?;
+    std::thread::sleep(PROBE_AFTER_KILL);
+    let slow: Vec<f64> = probe
+        .finish()?
+        .iter()
+        .zip(&moved)
+        .filter(|(_, m)| **m)
+        .map(|(r, _)| gap_ms(r, kill_at))
+        .collect();
+    report.metric(
+        "slow_path_failover_gap_ms",
+        slow.iter().copied().fold(0.0, f64::max),
+    );
+    report.metric("slow_path_failover_gap_ms_median", median(&slow));
+
     // Linux's HA pair.
     lab.cluster_down()?;
     eprintln!(
@@ -274,6 +293,35 @@ fn measure(lab: &ClusterLab, p: &Params, report: &mut Report) -> Result<(), Stri
         .kernel_ha(&mut exec, false)
         .map_err(|e| e.to_string())?;
     Ok(())
+}
+
+/// Kills (SIGKILL) the live instance owning the most partitions, as `flowstate cluster kill`
+/// does: its id, which partitions it owned, and the kill's time (seconds since the epoch).
+fn kill_one(lab: &ClusterLab) -> Result<(u64, Vec<bool>, f64), String> {
+    let before = lab.status()?;
+    let victim = live(&before)
+        .into_iter()
+        .max_by_key(|&id| {
+            (0..crate::cluster_lab::PARTITIONS)
+                .filter(|&q| owner_of(&before, q) == Some(id))
+                .count()
+        })
+        .ok_or("no live instance")?;
+    let moved: Vec<bool> = (0..crate::cluster_lab::PARTITIONS)
+        .map(|q| owner_of(&before, q) == Some(victim))
+        .collect();
+    let pid = lab
+        .role_pid(&format!("instance-{victim}"))
+        .ok_or_else(|| format!("instance {victim} has no running process"))?;
+    let kill_at = now_secs();
+    // SAFETY: a signal to the cluster's own instance process (what `cluster kill` sends).
+    if unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) } != 0 {
+        return Err(format!(
+            "killing instance {victim} (pid {pid}): {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok((victim, moved, kill_at))
 }
 
 /// Crashes kernel HA's primary router r1 as [`flowstate_lab::Lab::kill_ha_primary`] does

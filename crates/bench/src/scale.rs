@@ -218,7 +218,7 @@ fn cluster_run(
 ) -> Result<Run, String> {
     lab.cluster_up(
         &format!("{moves}-{}", sizes.len()),
-        &cluster_config(sizes[0], moves),
+        &cluster_config(sizes[0], moves, true),
     )?;
     let result = loaded_phases(lab, p, spec, sizes, phase_secs);
     let status = lab.status();

@@ -303,6 +303,7 @@ impl Instance {
             return Ok(Kind::Ready); // a repeated claim
         }
         let me = self.config.id;
+        let started = std::time::Instant::now();
         let mut granted = false;
         for _ in 0..3 {
             let current = self.read_record(p)?;
@@ -330,7 +331,9 @@ impl Instance {
             self.owned[p as usize] = None;
             return Ok(Kind::Refused);
         }
+        let recorded = started.elapsed();
         let owned = self.build(p, epoch, now)?;
+        let built = started.elapsed();
         if self.config.copy_on_move {
             // Import: the whole state read and written again before the partition is ready.
             let objects = self.read_objects(owned.state.declared())?;
@@ -345,6 +348,14 @@ impl Instance {
         }
         self.owned[p as usize] = Some(owned);
         self.stats.claims += 1;
+        tracing::debug!(
+            partition = p,
+            epoch,
+            record_us = recorded.as_micros() as u64,
+            build_us = (built - recorded).as_micros() as u64,
+            total_us = started.elapsed().as_micros() as u64,
+            "claimed"
+        );
         Ok(Kind::Ready)
     }
 
