@@ -24,13 +24,16 @@
 //! * **Failover keeps the entries.** A dead owner's decisions were committed before its output
 //!   left, so the flows it served go on through the fast path while its partitions are taken
 //!   over; only their slow-path packets wait for the new owner.
-//! * Bounded: the ring holds [`RING`] frames in flight; the keys tracked per partition are
-//!   bounded by twice the table's capacity, past which every entry is removed at once (and
-//!   counted) rather than the tracking growing without end.
+//! * Bounded: the ring holds [`RING`] frames in flight. The root tracks each installed key
+//!   with its deadline, per partition; a move removes only the entries still in use (one
+//!   past its deadline sends its packets to the slow path anyway), so it costs a system call
+//!   per active flow, not per flow ever seen. At twice the table's capacity the tracking
+//!   forgets entries past their deadline; if that is not enough, every entry is removed at
+//!   once (and counted) rather than the tracking growing without end.
 
 use flowstate_chain::live::LoadedFastPath;
-use flowstate_io::fastpath::{FastPath, FlowKey, Lesson};
-use std::collections::HashSet;
+use flowstate_io::fastpath::{monotonic_ns, FastPath, FlowKey, Lesson};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// Frames in flight the root can learn from (the newest ones; an older frame whose output comes
@@ -61,7 +64,8 @@ pub struct RootFastPath {
     _programs: [Arc<flowstate_io::afxdp::XdpProgram>; 2],
     ifindex: [u32; 2],
     ring: Ring,
-    keys: Vec<HashSet<FlowKey>>,
+    /// Installed keys and their deadlines (CLOCK_MONOTONIC ns), per partition.
+    keys: Vec<HashMap<FlowKey, u64>>,
     tracked: usize,
     limit: usize,
     stats: FastStats,
@@ -87,7 +91,7 @@ impl RootFastPath {
             _programs: programs,
             ifindex,
             ring: Ring::new(RING, max_frame),
-            keys: (0..partitions).map(|_| HashSet::new()).collect(),
+            keys: (0..partitions).map(|_| HashMap::new()).collect(),
             tracked: 0,
             limit: 2 * capacity as usize,
             stats: FastStats::default(),
@@ -113,22 +117,22 @@ impl RootFastPath {
             return;
         };
         match self.path.observe(in_if, input, out_if, output) {
-            Ok(Lesson::Install(key, _)) => {
+            Ok(Lesson::Install(key, entry)) => {
                 self.stats.fast_path_learned += 1;
-                let Some(set) = self.keys.get_mut(usize::from(partition)) else {
+                let Some(keys) = self.keys.get_mut(usize::from(partition)) else {
                     return;
                 };
-                if set.insert(key) {
+                if keys.insert(key, entry.deadline_ns).is_none() {
                     self.tracked += 1;
                     if self.tracked > self.limit {
-                        self.reset();
+                        self.prune();
                     }
                 }
             }
-            Ok(Lesson::Forget(keys)) => {
-                if let Some(set) = self.keys.get_mut(usize::from(partition)) {
-                    for k in &keys {
-                        if set.remove(k) {
+            Ok(Lesson::Forget(forgotten)) => {
+                if let Some(keys) = self.keys.get_mut(usize::from(partition)) {
+                    for k in &forgotten {
+                        if keys.remove(k).is_some() {
                             self.tracked -= 1;
                         }
                     }
@@ -141,12 +145,16 @@ impl RootFastPath {
 
     /// Partition `p` begins a planned move: its flows leave the fast path.
     pub fn moving(&mut self, p: u16) {
-        let Some(set) = self.keys.get_mut(usize::from(p)) else {
+        let Some(keys) = self.keys.get_mut(usize::from(p)) else {
             return;
         };
-        let keys: Vec<FlowKey> = set.drain().collect();
-        self.tracked -= keys.len();
-        for k in &keys {
+        let now = monotonic_ns();
+        let live: Vec<FlowKey> = keys
+            .drain()
+            .filter_map(|(k, deadline)| (deadline > now).then_some(k))
+            .collect();
+        self.tracked = self.keys.iter().map(HashMap::len).sum();
+        for k in &live {
             match self.path.forget(k) {
                 Ok(()) => self.stats.fast_path_moved_out += 1,
                 Err(e) => self.error(&e),
@@ -154,15 +162,23 @@ impl RootFastPath {
         }
     }
 
-    /// Removes every entry the root taught.
-    fn reset(&mut self) {
+    /// The tracking is full: forgets entries past their deadline, else removes every entry.
+    fn prune(&mut self) {
+        let now = monotonic_ns();
+        for keys in &mut self.keys {
+            keys.retain(|_, deadline| *deadline > now);
+        }
+        self.tracked = self.keys.iter().map(HashMap::len).sum();
+        if self.tracked <= self.limit / 2 {
+            return;
+        }
         self.stats.fast_path_resets += 1;
         tracing::warn!(
             keys = self.tracked,
-            "the root's fast path tracks more flows than twice its capacity: every entry removed"
+            "the root's fast path has more live flows than its capacity: every entry removed"
         );
         for p in 0..self.keys.len() {
-            for k in std::mem::take(&mut self.keys[p]) {
+            for (k, _) in std::mem::take(&mut self.keys[p]) {
                 if let Err(e) = self.path.forget(&k) {
                     self.error(&e);
                 }

@@ -402,9 +402,16 @@ impl Instance {
         if let Some(slot) = self.owned.get_mut(p as usize) {
             if slot.as_ref().is_some_and(|o| o.epoch == epoch) {
                 if let Some(mut o) = slot.take() {
+                    let started = std::time::Instant::now();
                     o.state
                         .flush_all(now)
                         .map_err(|e| ClusterError::Store(e.to_string()))?;
+                    tracing::debug!(
+                        partition = p,
+                        epoch,
+                        flush_us = started.elapsed().as_micros() as u64,
+                        "released"
+                    );
                     if self.config.copy_on_move {
                         // Export: the whole state read out for the new owner.
                         self.read_objects(o.state.declared())?;

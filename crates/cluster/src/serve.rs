@@ -194,7 +194,11 @@ pub fn run_instance(
         }
         if Instant::now() >= next_tick {
             next_tick += Duration::from_millis(10);
+            let t = Instant::now();
             inst.tick(now);
+            if t.elapsed() > Duration::from_millis(1) {
+                tracing::debug!(tick_us = t.elapsed().as_micros() as u64, "slow tick");
+            }
             inst.expire_leaving(now, 2 * s.move_timeout.as_nanos() as u64);
         }
         if Instant::now() >= next_report {

@@ -387,6 +387,14 @@ impl Steer {
                         self.move_times.pop_front();
                     }
                     self.move_times.push_back(now.saturating_sub(s.started));
+                    tracing::debug!(
+                        partition,
+                        epoch,
+                        move_us = now.saturating_sub(s.started) / 1000,
+                        claim_us = now.saturating_sub(s.since) / 1000,
+                        held = held.len(),
+                        "moved"
+                    );
                 }
                 let to = self.addr(from)?;
                 Some((to, epoch, held))
