@@ -27,7 +27,10 @@
 //!   the controller, takes 30-110 ms on the loaded machine, which is no part of the
 //!   failover), Linux's primary as [`flowstate_lab::Lab::kill_ha_primary`] crashes it
 //!   (SIGSTOP of every process in the router's namespace, links down, SIGKILL).
-//!   `ratios.failover_gap_vs_conntrackd` = the peer's gap / ours.
+//!   `ratios.failover_gap_vs_conntrackd` = the peer's gap / ours. The gap counts, for a flow
+//!   that never stopped, the time until its longest hiccup after the kill, however short;
+//!   `metrics.failover_outage_ms` (and `peer_`, `slow_path_`) is the longest silence itself,
+//!   the outage a client saw, and `ratios.failover_outage_vs_conntrackd` their ratio.
 //! * **Without the root's fast path**: the failover runs with the cluster's defaults, where
 //!   the root's XDP fast path (`flowstate_cluster::fast`) keeps forwarding established flows
 //!   while their partitions are taken over. The same kill is then repeated on a cluster whose
@@ -217,6 +220,8 @@ fn measure(lab: &ClusterLab, p: &Params, report: &mut Report) -> Result<(), Stri
         .max_by(|a, b| a.0.total_cmp(&b.0))
         .unwrap_or((0.0, kill_at));
     let gap = moved_gaps.iter().copied().fold(0.0, f64::max);
+    let outage = max_outage_ms(&replies, &moved, kill_at);
+    report.metric("failover_outage_ms", outage);
     report.metric("failover_gap_ms", gap);
     report.metric("failover_gap_ms_median", median(&moved_gaps));
     report.metric("failover_gap_ms_min", min(&moved_gaps));
@@ -245,8 +250,12 @@ fn measure(lab: &ClusterLab, p: &Params, report: &mut Report) -> Result<(), Stri
     std::thread::sleep(Duration::from_secs(1));
     let (_, moved, kill_at) = kill_one(lab)?;
     std::thread::sleep(PROBE_AFTER_KILL);
-    let slow: Vec<f64> = probe
-        .finish()?
+    let replies = probe.finish()?;
+    report.metric(
+        "slow_path_failover_outage_ms",
+        max_outage_ms(&replies, &moved, kill_at),
+    );
+    let slow: Vec<f64> = replies
         .iter()
         .zip(&moved)
         .filter(|(_, m)| **m)
@@ -285,6 +294,12 @@ fn measure(lab: &ClusterLab, p: &Params, report: &mut Report) -> Result<(), Stri
     downloads(report, "peer_", &result, p.downloads);
     let gaps: Vec<f64> = replies.iter().map(|r| gap_ms(r, kill_at)).collect();
     let peer_gap = gaps.iter().copied().fold(0.0, f64::max);
+    let peer_outage = max_outage_ms(&replies, &vec![true; replies.len()], kill_at);
+    report.metric("peer_failover_outage_ms", peer_outage);
+    report.ratio(
+        "failover_outage_vs_conntrackd",
+        ratio(peer_outage, outage),
+    );
     report.metric("peer_failover_gap_ms", peer_gap);
     report.metric("peer_failover_gap_ms_median", median(&gaps));
     report.metric("peer_failover_gap_ms_min", min(&gaps));
@@ -379,6 +394,20 @@ fn gap_ms(replies: &[f64], kill_at: f64) -> f64 {
     flowstate_lab::failover_gap(replies, kill_at)
         .map(|d| d.as_secs_f64() * 1e3)
         .unwrap_or(PROBE_AFTER_KILL.as_secs_f64() * 1e3)
+}
+
+/// The longest silence, ms, of the flows `moved` says, among the silences that end after
+/// `kill_at` (the one the kill began included): the outage a client of theirs saw. Unlike
+/// [`gap_ms`] (the kill to the end of that silence) it does not count, for a flow that never
+/// stopped, the time until some short hiccup after the kill.
+fn max_outage_ms(replies: &[Vec<f64>], moved: &[bool], kill_at: f64) -> f64 {
+    replies
+        .iter()
+        .zip(moved)
+        .filter(|(_, m)| **m)
+        .filter_map(|(r, _)| crate::cluster_lab::longest_gap_after(r, kill_at))
+        .map(|(silence, _)| silence * 1e3)
+        .fold(0.0, f64::max)
 }
 
 /// Waits until half the downloads have started.
