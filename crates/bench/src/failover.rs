@@ -296,10 +296,7 @@ fn measure(lab: &ClusterLab, p: &Params, report: &mut Report) -> Result<(), Stri
     let peer_gap = gaps.iter().copied().fold(0.0, f64::max);
     let peer_outage = max_outage_ms(&replies, &vec![true; replies.len()], kill_at);
     report.metric("peer_failover_outage_ms", peer_outage);
-    report.ratio(
-        "failover_outage_vs_conntrackd",
-        ratio(peer_outage, outage),
-    );
+    report.ratio("failover_outage_vs_conntrackd", ratio(peer_outage, outage));
     report.metric("peer_failover_gap_ms", peer_gap);
     report.metric("peer_failover_gap_ms_median", median(&gaps));
     report.metric("peer_failover_gap_ms_min", min(&gaps));

@@ -86,6 +86,9 @@ struct Owned {
     leaving: Option<Nanos>,
 }
 
+/// Connections an instance keeps open for its next claims (see [`Instance::tick`]).
+const SPARE_CONNECTIONS: usize = 8;
+
 /// An NF instance. See the module documentation.
 pub struct Instance {
     config: InstanceConfig,
@@ -94,6 +97,8 @@ pub struct Instance {
     records: Box<dyn Backend>,
     owned: Vec<Option<Owned>>,
     stats: InstanceStats,
+    /// Connections opened ahead of the claims that will use them.
+    spare: Vec<Box<dyn Backend>>,
     drop_reasons: std::collections::BTreeMap<flowstate_nf::DropReason, u64>,
     replies: Vec<Reply>,
 }
@@ -141,7 +146,7 @@ impl Instance {
         let records = connector
             .connect()
             .map_err(|e| ClusterError::Store(e.to_string()))?;
-        Ok(Instance {
+        let mut inst = Instance {
             owned: (0..config.partitions).map(|_| None).collect(),
             config,
             chain,
@@ -150,7 +155,27 @@ impl Instance {
             stats: InstanceStats::default(),
             drop_reasons: Default::default(),
             replies: Vec::new(),
-        })
+            spare: Vec::new(),
+        };
+        while inst.spare.len() < inst.spare_target() {
+            inst.warm()?;
+        }
+        Ok(inst)
+    }
+
+    /// Connections kept ready for claims: enough for a scale-out step's share of partitions.
+    fn spare_target(&self) -> usize {
+        (self.config.partitions as usize).min(SPARE_CONNECTIONS)
+    }
+
+    /// Opens one more ready connection.
+    fn warm(&mut self) -> Result<(), ClusterError> {
+        let c = self
+            .connector
+            .connect()
+            .map_err(|e| ClusterError::Store(e.to_string()))?;
+        self.spare.push(c);
+        Ok(())
     }
 
     /// The counters.
@@ -236,8 +261,14 @@ impl Instance {
         result
     }
 
-    /// Runs the NFs' timers and flushes what they changed (every few milliseconds).
+    /// Runs the NFs' timers and flushes what they changed (every few milliseconds), and opens
+    /// a ready connection if claims used one.
     pub fn tick(&mut self, now: Nanos) {
+        if self.spare.len() < self.spare_target() {
+            if let Err(e) = self.warm() {
+                tracing::warn!("cannot open a connection ahead of claims: {e}");
+            }
+        }
         for o in self
             .owned
             .iter_mut()
@@ -296,44 +327,141 @@ impl Instance {
     /// Takes partition `p` at `epoch`: the ownership record by compare-and-set, then the
     /// partition's state, found in the store. Answers [`Kind::Ready`] or [`Kind::Refused`].
     pub fn claim(&mut self, p: u32, epoch: u32, now: Nanos) -> Result<Kind, ClusterError> {
-        let Some(slot) = self.owned.get(p as usize) else {
-            return Ok(Kind::Refused);
-        };
-        if slot.as_ref().is_some_and(|o| o.epoch == epoch) {
-            return Ok(Kind::Ready); // a repeated claim
-        }
-        let me = self.config.id;
+        let mut answer = Ok(Kind::Refused);
+        self.claim_many(&[(p, epoch)], now, |_, a| answer = a);
+        answer
+    }
+
+    /// Takes several partitions (`(partition, epoch)`; a scale-out's claims arrive together):
+    /// their ownership records read in one round trip and set by compare-and-set in another
+    /// (three rounds for records that changed meanwhile), then each partition built. Calls
+    /// `answer(i, ...)` for claim `i` as [`Instance::claim`] would answer it, as soon as it is
+    /// decided (a partition is ready to serve while the next one is built).
+    pub fn claim_many(
+        &mut self,
+        claims: &[(u32, u32)],
+        now: Nanos,
+        mut answer: impl FnMut(usize, Result<Kind, ClusterError>),
+    ) {
         let started = std::time::Instant::now();
-        let mut granted = false;
+        let me = self.config.id;
+        let mut answers: Vec<Option<Result<Kind, ClusterError>>> = claims
+            .iter()
+            .map(|&(p, epoch)| match self.owned.get(p as usize) {
+                None => Some(Ok(Kind::Refused)),
+                // A repeated claim.
+                Some(Some(o)) if o.epoch == epoch => Some(Ok(Kind::Ready)),
+                Some(_) => None,
+            })
+            .collect();
+        let mut granted = vec![false; claims.len()];
         for _ in 0..3 {
-            let current = self.read_record(p)?;
-            if let Some((_, e)) = current.as_deref().and_then(parse_record) {
-                if e > epoch {
-                    break;
-                }
-            }
-            self.replies.clear();
-            let op = Op::CompareAndSet {
-                key: record_key(self.config.stage, p),
-                expected: current,
-                new: Some(record(me, epoch)),
-            };
-            self.records
-                .execute(std::slice::from_ref(&op), &mut self.replies)
-                .map_err(|e| ClusterError::Store(e.to_string()))?;
-            if matches!(self.replies.pop(), Some(Reply::Bool(true))) {
-                granted = true;
+            let open: Vec<usize> = (0..claims.len())
+                .filter(|&i| answers[i].is_none() && !granted[i])
+                .collect();
+            if open.is_empty() {
                 break;
             }
-        }
-        if !granted {
-            self.stats.refused += 1;
-            self.owned[p as usize] = None;
-            return Ok(Kind::Refused);
+            let reads: Vec<Op> = open
+                .iter()
+                .map(|&i| Op::Get {
+                    key: record_key(self.config.stage, claims[i].0),
+                })
+                .collect();
+            let current = match self.execute_records(&reads) {
+                Ok(r) => r,
+                Err(e) => {
+                    for &i in &open {
+                        answers[i] = Some(Err(ClusterError::Store(e.to_string())));
+                    }
+                    break;
+                }
+            };
+            // A record with a newer epoch: refused; the others are set if unchanged.
+            let mut sets = Vec::new();
+            let mut tried = Vec::new();
+            for (&i, reply) in open.iter().zip(current) {
+                let (p, epoch) = claims[i];
+                let Reply::Value(rec) = reply else {
+                    answers[i] = Some(Err(ClusterError::Store(format!(
+                        "ownership record of partition {p}: unexpected reply {reply:?}"
+                    ))));
+                    continue;
+                };
+                if rec
+                    .as_deref()
+                    .and_then(parse_record)
+                    .is_some_and(|(_, e)| e > epoch)
+                {
+                    self.stats.refused += 1;
+                    self.owned[p as usize] = None;
+                    answers[i] = Some(Ok(Kind::Refused));
+                    continue;
+                }
+                sets.push(Op::CompareAndSet {
+                    key: record_key(self.config.stage, p),
+                    expected: rec,
+                    new: Some(record(me, epoch)),
+                });
+                tried.push(i);
+            }
+            match self.execute_records(&sets) {
+                Ok(r) => {
+                    for (&i, reply) in tried.iter().zip(r) {
+                        granted[i] = matches!(reply, Reply::Bool(true));
+                    }
+                }
+                Err(e) => {
+                    for &i in &tried {
+                        answers[i] = Some(Err(ClusterError::Store(e.to_string())));
+                    }
+                }
+            }
         }
         let recorded = started.elapsed();
+        for (i, &(p, epoch)) in claims.iter().enumerate() {
+            let a = match answers[i].take() {
+                Some(a) => a,
+                None if granted[i] => self.take(p, epoch, now),
+                None => {
+                    self.stats.refused += 1;
+                    self.owned[p as usize] = None;
+                    Ok(Kind::Refused)
+                }
+            };
+            answer(i, a);
+        }
+        tracing::debug!(
+            claims = claims.len(),
+            record_us = recorded.as_micros() as u64,
+            total_us = started.elapsed().as_micros() as u64,
+            "claimed"
+        );
+    }
+
+    /// Runs `ops` on the connection for ownership records; their replies, one per op.
+    fn execute_records(&mut self, ops: &[Op]) -> Result<Vec<Reply>, ClusterError> {
+        let mut replies = std::mem::take(&mut self.replies);
+        replies.clear();
+        if !ops.is_empty() {
+            self.records
+                .execute(ops, &mut replies)
+                .map_err(|e| ClusterError::Store(e.to_string()))?;
+        }
+        if replies.len() != ops.len() {
+            return Err(ClusterError::Store(format!(
+                "{} replies to {} ownership record operations",
+                replies.len(),
+                ops.len()
+            )));
+        }
+        Ok(replies)
+    }
+
+    /// Partition `p`, whose record names this instance at `epoch` now: its state built (and,
+    /// with `copy_on_move`, copied) before it is served.
+    fn take(&mut self, p: u32, epoch: u32, now: Nanos) -> Result<Kind, ClusterError> {
         let owned = self.build(p, epoch, now)?;
-        let built = started.elapsed();
         if self.config.copy_on_move {
             // Import: the whole state read and written again before the partition is ready.
             let objects = self.read_objects(owned.state.declared())?;
@@ -348,19 +476,19 @@ impl Instance {
         }
         self.owned[p as usize] = Some(owned);
         self.stats.claims += 1;
-        tracing::debug!(
-            partition = p,
-            epoch,
-            record_us = recorded.as_micros() as u64,
-            build_us = (built - recorded).as_micros() as u64,
-            total_us = started.elapsed().as_micros() as u64,
-            "claimed"
-        );
         Ok(Kind::Ready)
     }
 
-    fn build(&self, p: u32, epoch: u32, now: Nanos) -> Result<Owned, ClusterError> {
-        let mut state = Partition::new(
+    fn build(&mut self, p: u32, epoch: u32, now: Nanos) -> Result<Owned, ClusterError> {
+        let backend = match self.spare.pop() {
+            Some(b) => b,
+            None => self
+                .connector
+                .connect()
+                .map_err(|e| ClusterError::Store(e.to_string()))?,
+        };
+        let mut state = Partition::with_backend(
+            backend,
             self.connector.as_ref(),
             StateConfig {
                 instance: self.config.stage,
@@ -692,6 +820,41 @@ mod tests {
         );
         assert!(b.owned_partitions().is_empty());
         assert_eq!(b.stats().fenced, 2);
+    }
+
+    #[test]
+    fn claims_taken_together_are_answered_each_as_alone() {
+        let store = Arc::new(Shared(LocalStore::new()));
+        let (mut a, mut b) = (instance(1, &store), instance(2, &store));
+        // Partition 2's record is at epoch 5 already (a newer owner).
+        assert_eq!(a.claim(2, 5, 0).unwrap(), Kind::Ready);
+        a.claim(1, 1, 0).unwrap();
+        let mut f = udp(6000);
+        assert!(a.process(&meta(1, 1), &mut f, 1));
+        a.commit(1).unwrap();
+        a.release(1, 1, 2).unwrap();
+        let mut answers = Vec::new();
+        b.claim_many(&[(0, 3), (1, 3), (2, 3), (9, 3)], 3, |i, r| {
+            answers.push((i, r.unwrap()))
+        });
+        assert_eq!(
+            answers,
+            vec![
+                (0, Kind::Ready),
+                (1, Kind::Ready),
+                (2, Kind::Refused),
+                (3, Kind::Refused)
+            ],
+            "answered in order; a newer epoch and a partition out of range refused"
+        );
+        assert_eq!(b.owned_partitions(), vec![0, 1]);
+        assert_eq!(b.stats().refused, 1);
+        // The partition taken over has its state, and a repeated claim changes nothing.
+        let mut g = udp(6000);
+        assert!(b.process(&meta(1, 3), &mut g, 4));
+        assert_eq!(translated_port(&g), translated_port(&f));
+        assert_eq!(b.claim(1, 3, 5).unwrap(), Kind::Ready);
+        assert_eq!(b.stats().claims, 2);
     }
 
     #[test]

@@ -266,9 +266,10 @@ pub fn run_root(
                     }
                     steer.recycle(held);
                 }
-                leave_fast_path(&mut fast, &ctl);
-                send_controls(fd, &mut tx, &mut ctl, &mut stats);
             }
+            // The claims (and held packets) the batch's answers call for, sent together.
+            leave_fast_path(&mut fast, &ctl);
+            send_controls(fd, &mut tx, &mut ctl, &mut stats);
             if rx.len() < 256 {
                 break;
             }

@@ -144,14 +144,17 @@ pub fn run_instance(
             work = true;
             // Datagrams from `first` on are not committed and sent yet.
             let mut first = 0;
-            for i in 0..got {
+            let mut i = 0;
+            while i < got {
                 fwd[i] = false;
                 let Ok((m, _)) = meta::read(dg.get(i).0) else {
+                    i += 1;
                     continue;
                 };
                 match m.kind {
                     Kind::Data => {
                         fwd[i] = inst.process(&m, &mut dg.get_mut(i)[meta::HEADER_LEN..], now);
+                        i += 1;
                     }
                     Kind::Claim | Kind::Release => {
                         // What came before the request is answered first (its output, then this).
@@ -162,25 +165,44 @@ pub fn run_instance(
                             |j| j >= first && j < i && fwd[j],
                             now,
                         );
-                        first = i + 1;
-                        let p = u32::from(m.partition);
-                        let answer = if m.kind == Kind::Claim {
-                            inst.claim(p, m.epoch, now)
-                        } else {
-                            inst.release(p, m.epoch, now)
-                        };
-                        match answer {
+                        // Claims that came together are taken together (one round trip for
+                        // their ownership records).
+                        let mut end = i + 1;
+                        if m.kind == Kind::Claim {
+                            while end < got && is_claim(dg.get(end).0) {
+                                fwd[end] = false;
+                                end += 1;
+                            }
+                        }
+                        let requests: Vec<Meta> = (i..end)
+                            .filter_map(|j| meta::read(dg.get(j).0).ok().map(|(m, _)| m))
+                            .collect();
+                        let from = dg.get(i).1;
+                        let mut send = |r: &Meta, answer: Result<Kind, ClusterError>| match answer {
                             Ok(kind) => {
-                                let r = Meta { kind, ..m };
-                                if let Some(h) = meta::write(&mut reply, &r) {
-                                    let _ = data.send_to(&reply[..h], dg.get(i).1);
+                                let a = Meta { kind, ..*r };
+                                if let Some(h) = meta::write(&mut reply, &a) {
+                                    let _ = data.send_to(&reply[..h], from);
                                 }
                             }
                             // No answer: the root asks again after its move timeout.
-                            Err(e) => tracing::warn!(partition = p, "{:?} failed: {e}", m.kind),
+                            Err(e) => {
+                                tracing::warn!(partition = r.partition, "{:?} failed: {e}", r.kind)
+                            }
+                        };
+                        if m.kind == Kind::Claim {
+                            let claims: Vec<(u32, u32)> = requests
+                                .iter()
+                                .map(|r| (u32::from(r.partition), r.epoch))
+                                .collect();
+                            inst.claim_many(&claims, now, |k, a| send(&requests[k], a));
+                        } else {
+                            send(&m, inst.release(u32::from(m.partition), m.epoch, now));
                         }
+                        first = end;
+                        i = end;
                     }
-                    _ => {}
+                    _ => i += 1,
                 }
             }
             // End of a batch: commit, then let its output go.
@@ -260,6 +282,11 @@ fn snapshot(id: u32, inst: &Instance, load: f64, applied: u64) -> Snapshot {
         drop_reasons: inst.drop_reasons().clone(),
         assignment_version: applied,
     }
+}
+
+/// Whether `datagram` is a claim.
+fn is_claim(datagram: &[u8]) -> bool {
+    meta::read(datagram).is_ok_and(|(m, _)| m.kind == Kind::Claim)
 }
 
 /// Commits a batch and sends the forwarded frames `pick` says yes to back where they came

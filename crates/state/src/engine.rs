@@ -482,7 +482,16 @@ impl std::fmt::Debug for Partition {
 impl Partition {
     /// A partition for one worker, with its own state thread and store connection.
     pub fn new(connector: &dyn Connector, config: StateConfig) -> Result<Self, StateError> {
-        let backend = connector.connect()?;
+        Partition::with_backend(connector.connect()?, connector, config)
+    }
+
+    /// A partition on `backend`, a connection `connector` opened (ahead of time: a cluster
+    /// instance keeps a few ready, so claiming a partition does not wait for a connection).
+    pub fn with_backend(
+        backend: Box<dyn crate::Backend>,
+        connector: &dyn Connector,
+        config: StateConfig,
+    ) -> Result<Self, StateError> {
         let name = backend.name();
         let stats = Arc::new(LinkStats::default());
         let route = if connector.in_process() {
