@@ -456,3 +456,62 @@ fn scaling_out_and_in_moves_partitions_without_loss_and_a_restarted_controller_c
     };
     assert_eq!(parts(&after), parts(&before));
 }
+
+/// The store is killed (SIGKILL) under downloads and a UDP flow, and `cluster up` starts it
+/// again from its log: meanwhile the instances' commits wait (the driver reconnects for up to
+/// `[state] retry`) and no packet leaves; afterwards every download completes and the UDP flow
+/// keeps its mapping. Every packet goes through the instances (no fast path), so each depends
+/// on a commit.
+#[test]
+fn a_store_killed_and_restarted_under_load_breaks_no_connection() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let state = "backend = \"store\"\nurl = \"192.0.2.1:7878\"";
+    let mut c = Cluster::up("k", state, 2, "fast_path = false");
+    let want = content(1_000_000, 11);
+    let http_peers = c.serve_paced(&want, 200_000);
+    let (udp, peers) = c.udp_flow(160);
+    let mut downloads = c.downloads(30);
+    std::thread::sleep(Duration::from_millis(1000));
+    still_transferring(&mut downloads, want.len());
+    let pid_file = c.lab.state_dir().join("cluster/store.pid");
+    let pid = std::fs::read_to_string(&pid_file).unwrap();
+    assert!(Command::new("kill")
+        .args(["-9", pid.trim()])
+        .status()
+        .unwrap()
+        .success());
+    std::thread::sleep(Duration::from_millis(700));
+    let restarted_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let out = c.flowstate(&["cluster", "up", c.config.to_str().unwrap()]);
+    assert!(out.status.success(), "cluster up again: {}", text(&out));
+    let new_pid = std::fs::read_to_string(&pid_file).unwrap();
+    assert_ne!(new_pid.trim(), pid.trim(), "the store was started again");
+    check_downloads(downloads, &want);
+    server_saw_only_the_nat(&http_peers);
+    let replies = String::from_utf8(udp.wait_with_output().unwrap().stdout).unwrap();
+    let after = replies
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        .filter(|&t| t > restarted_at + 1.0)
+        .count();
+    assert!(
+        after > 20,
+        "UDP replies after the restart: {after}\n{replies}"
+    );
+    let peers = std::fs::read_to_string(peers).unwrap();
+    let distinct: std::collections::BTreeSet<&str> = peers.lines().collect();
+    assert_eq!(
+        distinct.len(),
+        1,
+        "the UDP flow's mapping changed: {distinct:?}"
+    );
+    let s = c.status();
+    assert_eq!(owned(&s), 16, "{s:#}");
+}

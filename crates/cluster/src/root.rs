@@ -15,6 +15,9 @@
 //! * Frames coming back are sent out the port their destination says. Per partition, their
 //!   clocks must rise: a frame older than one already sent is counted as reordered.
 //! * Moves follow [`crate::steer`]; the assignment comes from the controller.
+//! * With `[input] fast_path` (the default, when every NF allows it), established flows are
+//!   forwarded by an XDP program on the ports, taught by the instances' output
+//!   ([`crate::fast`]); what reaches this loop is the rest.
 
 use crate::config::{ClusterSection, CONTROL_PORT};
 use crate::fast::{FastStats, RootFastPath};
