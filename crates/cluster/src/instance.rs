@@ -441,8 +441,7 @@ impl Instance {
 
     /// Runs `ops` on the connection for ownership records; their replies, one per op.
     fn execute_records(&mut self, ops: &[Op]) -> Result<Vec<Reply>, ClusterError> {
-        let mut replies = std::mem::take(&mut self.replies);
-        replies.clear();
+        let mut replies = Vec::with_capacity(ops.len());
         if !ops.is_empty() {
             self.records
                 .execute(ops, &mut replies)
