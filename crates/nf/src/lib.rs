@@ -187,4 +187,5 @@ pub mod firewall;
 pub mod lb;
 pub mod monitor;
 pub mod nat;
+pub mod reassembly;
 pub mod registry;
