@@ -15,14 +15,17 @@
 //! "[N bytes missing in capture file]" marker.
 
 use flowstate_io::pcap::{PcapReader, PcapWriter};
-use flowstate_io::PacketMeta;
-use flowstate_nf::reassembly::{Event, Origin, OverlapPolicy, TableConfig, TcpStreams};
+use flowstate_io::synth::{Profile, SynthConfig, Synthetic};
+use flowstate_io::{PacketBatch, PacketMeta, Source};
+use flowstate_nf::reassembly::{Event, Fed, Origin, OverlapPolicy, TableConfig, TcpStreams};
 use flowstate_nf::{Direction, Packet};
 use flowstate_state::local::LocalStore;
 use flowstate_state::{Partition, StateConfig};
 use flowstate_wire::build::*;
-use flowstate_wire::dissect;
-use std::net::Ipv4Addr;
+use flowstate_wire::dissect::Transport;
+use flowstate_wire::{dissect, FlowKey};
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
 use std::process::Command;
 
@@ -136,46 +139,66 @@ fn write_pcap(path: &Path, frames: &[Vec<u8>]) {
     w.finish().expect("finish");
 }
 
-/// tshark's reassembly of TCP stream 0: (client's bytes, server's bytes).
-fn tshark_follow(path: &Path) -> (Vec<u8>, Vec<u8>) {
-    let out = Command::new("tshark")
-        .arg("-r")
-        .arg(path)
-        .args(["-q", "-z", "follow,tcp,raw,0"])
-        .output()
-        .expect("run tshark");
+/// One `follow,tcp,raw` block: the endpoints (node 0 sent the stream's first packet) and
+/// each node's bytes.
+#[derive(Debug, Default)]
+struct Follow {
+    node0: String,
+    node1: String,
+    client: Vec<u8>,
+    server: Vec<u8>,
+}
+
+/// tshark's reassembly of TCP streams `0..n`.
+fn tshark_follow_all(path: &Path, n: usize) -> Vec<Follow> {
+    let mut cmd = Command::new("tshark");
+    cmd.arg("-r").arg(path).arg("-q");
+    for i in 0..n {
+        cmd.args(["-z", &format!("follow,tcp,raw,{i}")]);
+    }
+    let out = cmd.output().expect("run tshark");
     assert!(
         out.status.success(),
         "tshark failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8(out.stdout).expect("tshark prints text");
-    let (mut client, mut server) = (Vec::new(), Vec::new());
-    let mut in_body = false;
+    let mut blocks = Vec::new();
+    let mut cur: Option<Follow> = None;
     for line in text.lines() {
-        if line.starts_with("Node 1:") {
-            in_body = true;
+        if line.starts_with("Follow:") {
+            cur = Some(Follow::default());
             continue;
         }
-        if !in_body || line.trim().is_empty() {
-            continue;
-        }
+        let Some(f) = cur.as_mut() else { continue };
         if line.starts_with("=====") {
-            break;
-        }
-        // Node 1's (the server's) chunks are indented by a tab.
-        let (to, hex) = match line.strip_prefix('\t') {
-            Some(h) => (&mut server, h),
-            None => (&mut client, line),
-        };
-        let hex = hex.trim();
-        assert!(hex.len() % 2 == 0, "odd hex line {line:?} in\n{text}");
-        for i in (0..hex.len()).step_by(2) {
-            to.push(u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"));
+            blocks.extend(cur.take());
+        } else if let Some(n) = line.strip_prefix("Node 0: ") {
+            f.node0 = n.to_string();
+        } else if let Some(n) = line.strip_prefix("Node 1: ") {
+            f.node1 = n.to_string();
+        } else if line.starts_with("Filter:") || line.trim().is_empty() {
+        } else {
+            // Node 1's chunks are indented by a tab.
+            let (to, hex) = match line.strip_prefix('\t') {
+                Some(h) => (&mut f.server, h),
+                None => (&mut f.client, line),
+            };
+            let hex = hex.trim();
+            assert!(hex.len() % 2 == 0, "odd hex line {line:?}");
+            for i in (0..hex.len()).step_by(2) {
+                to.push(u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"));
+            }
         }
     }
-    assert!(in_body, "unexpected tshark output:\n{text}");
-    (client, server)
+    assert_eq!(blocks.len(), n, "one block per stream:\n{text}");
+    blocks
+}
+
+/// tshark's reassembly of TCP stream 0: (client's bytes, server's bytes).
+fn tshark_follow(path: &Path) -> (Vec<u8>, Vec<u8>) {
+    let f = tshark_follow_all(path, 1).pop().expect("one block");
+    (f.client, f.server)
 }
 
 /// Our reassembly of the capture (read back from the file): (client's bytes, server's bytes).
@@ -392,4 +415,184 @@ fn conflicting_overlaps_agree_with_tshark_under_first() {
     let (c, s) = check("conflicts", &conn, &segs, 32, 19);
     assert_eq!(c, b"GET /indLex.htmlHTTP/1.1\r\nYYYYZZ");
     assert_eq!(s, b"HTTP/1.1 200 OK\r\n\r\n");
+}
+
+/// A connection's client endpoint, the client's bytes and the server's.
+type Streams = ((IpAddr, u16), Vec<u8>, Vec<u8>);
+
+/// Our reassembly of every TCP connection of a capture, by canonical flow key: (client
+/// endpoint, client's bytes, server's bytes).
+fn ours_all(frames: &[Vec<u8>]) -> BTreeMap<FlowKey, Streams> {
+    let mut part = Partition::new(&LocalStore::new(), StateConfig::default()).expect("partition");
+    let cfg = TableConfig {
+        max_islands: u16::MAX,
+        max_buffered: 1 << 20,
+        ..TableConfig::default()
+    };
+    let mut t = TcpStreams::declare(&mut part.declare("ips"), &cfg).expect("declare");
+    let mut all = BTreeMap::new();
+    for f in frames {
+        let mut frame = f.clone();
+        let d = dissect(&frame).expect("dissects");
+        let Some(flow) = d.flow.filter(|_| d.transport == Transport::Tcp) else {
+            continue;
+        };
+        let pkt = Packet {
+            data: &mut frame,
+            dissection: d,
+            direction: Direction::Outbound,
+        };
+        let entry = all
+            .entry(flow.canonical())
+            .or_insert_with(|| ((flow.src, flow.src_port), Vec::new(), Vec::new()));
+        let fed = t.feed(&pkt, 0, |o, e| {
+            if let Event::Data { offset, bytes } = e {
+                let to = if o == Origin::Client {
+                    &mut entry.1
+                } else {
+                    &mut entry.2
+                };
+                assert_eq!(offset, to.len() as u64);
+                to.extend_from_slice(bytes);
+            }
+            assert!(!matches!(e, Event::Gap { .. }), "no gap expected");
+        });
+        if fed == Fed::Tcp(Origin::Client) {
+            entry.0 = (flow.src, flow.src_port);
+        }
+    }
+    assert_eq!(t.engine().counters().gaps, 0);
+    all
+}
+
+/// A generated trace (the `mixed` profile: IMIX sizes, so tiny segments too; IPv4 and IPv6),
+/// each flow's runs of data segments shuffled and some segments sent twice: every connection's
+/// two streams equal tshark's, and equal the unshuffled trace's.
+#[test]
+fn generated_trace_scrambled_agrees_with_tshark() {
+    if !have_tshark() {
+        return;
+    }
+    let cfg = SynthConfig {
+        flows: 30,
+        packets: 3_000,
+        seed: 17,
+        tcp_share: 1.0,
+        ipv6_share: 0.3,
+        ..SynthConfig::new(Profile::Mixed)
+    };
+    let mut src = Synthetic::new(cfg).expect("synth");
+    let mut batch = PacketBatch::new(64, 4096);
+    let mut frames = Vec::new();
+    while src.recv(&mut batch).expect("generate") > 0 {
+        frames.extend(batch.iter().map(|(b, _)| b.to_vec()));
+    }
+    // Runs: consecutive packets of a flow in one direction that carry data. Within a run the
+    // peer has acknowledged none of them, so any order of them is one a receiver may see.
+    let info: Vec<Option<(FlowKey, bool, bool)>> = frames
+        .iter()
+        .map(|f| {
+            let d = dissect(f).ok()?;
+            let flow = d.flow.filter(|_| d.transport == Transport::Tcp)?;
+            let data = d.payload_offset.is_some_and(|p| p < d.l3_end);
+            Some((flow.canonical(), flow.is_canonical(), data))
+        })
+        .collect();
+    let mut runs: BTreeMap<FlowKey, Vec<Vec<usize>>> = BTreeMap::new();
+    for (i, x) in info.iter().enumerate() {
+        let Some((key, side, data)) = *x else {
+            continue;
+        };
+        let flow_runs = runs.entry(key).or_default();
+        let extend = data
+            && flow_runs
+                .last()
+                .and_then(|r| r.last())
+                .is_some_and(|&j| info[j].is_some_and(|(_, s, d)| d && s == side));
+        match (extend, data) {
+            (true, _) => flow_runs.last_mut().expect("a run").push(i),
+            (false, true) => flow_runs.push(vec![i]),
+            // A packet without data ends the run of either side.
+            (false, false) => flow_runs.push(vec![i]),
+        }
+    }
+    let mut rng = Rng(0x5eed);
+    let mut order: Vec<usize> = (0..frames.len()).collect();
+    let mut dups = Vec::new();
+    let mut shuffled = 0;
+    for run in runs.values().flatten().filter(|r| r.len() > 1) {
+        let mut perm = run.clone();
+        for i in (1..perm.len()).rev() {
+            perm.swap(i, rng.below(i + 1));
+        }
+        shuffled += usize::from(perm != *run);
+        for (pos, src) in run.iter().zip(&perm) {
+            order[*pos] = *src;
+        }
+        // Send one segment of the run again after the run.
+        dups.push((*run.last().expect("not empty"), run[rng.below(run.len())]));
+    }
+    assert!(shuffled > 10, "the trace has runs to shuffle");
+    let mut scrambled = Vec::new();
+    for (pos, &src) in order.iter().enumerate() {
+        scrambled.push(frames[src].clone());
+        for (after, again) in &dups {
+            if *after == pos {
+                scrambled.push(frames[*again].clone());
+            }
+        }
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("generated.pcap");
+    write_pcap(&path, &scrambled);
+    let mine = ours_all(&scrambled);
+    let clean = ours_all(&frames);
+    let theirs = tshark_follow_all(&path, mine.len());
+    let mut compared = 0;
+    for f in &theirs {
+        let (ip, port) = f.node0.rsplit_once(':').expect("node 0 is ip:port");
+        let client: (IpAddr, u16) = (unbracket(ip), port.parse().expect("port"));
+        let (ip, port) = f.node1.rsplit_once(':').expect("node 1 is ip:port");
+        let server: (IpAddr, u16) = (unbracket(ip), port.parse().expect("port"));
+        let key = FlowKey::new(client.0, server.0, client.1, server.1, 6).canonical();
+        let (c, cb, sb) = mine.get(&key).expect("tshark's stream is one of ours");
+        assert_eq!(*c, client, "{key:?}: the same client");
+        assert!(
+            (cb, sb) == (&f.client, &f.server),
+            "{key:?}: we and tshark disagree ({} / {} bytes vs {} / {})",
+            cb.len(),
+            sb.len(),
+            f.client.len(),
+            f.server.len()
+        );
+        let (_, ccb, csb) = &clean[&key];
+        assert_eq!(
+            (ccb, csb),
+            (cb, sb),
+            "{key:?}: scrambling changed the streams"
+        );
+        compared += 1;
+    }
+    assert_eq!(compared, mine.len());
+    eprintln!(
+        "{compared} connections, {} runs shuffled, {} segments sent twice, {} bytes",
+        shuffled,
+        dups.len(),
+        mine.values()
+            .map(|(_, c, s)| c.len() + s.len())
+            .sum::<usize>()
+    );
+    assert!(
+        mine.values()
+            .map(|(_, c, s)| c.len() + s.len())
+            .sum::<usize>()
+            > 50_000
+    );
+}
+
+/// An address as tshark prints it in a node line (IPv6 in brackets).
+fn unbracket(ip: &str) -> IpAddr {
+    let bare = ip.trim_start_matches('[').trim_end_matches(']');
+    bare.parse()
+        .unwrap_or_else(|_| panic!("{ip:?} is not an address"))
 }
