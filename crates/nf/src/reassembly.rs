@@ -31,9 +31,11 @@
 //!   data after it (as Suricata does when a gap is forced; its `stream.reassembly` docs). The
 //!   bytes of a gap are counted as given up for memory.
 //! * **FIN and RST.** A FIN ends its direction once every byte before it was reported; data past
-//!   a FIN is dropped. An RST whose sequence number is within the window ends both directions at
-//!   once, discarding what was buffered (counted). A SYN on an ended stream starts a new one at
-//!   offset 0 (a new connection on the same 5-tuple).
+//!   a FIN is dropped. An RST at the sender's next expected sequence number (RFC 5961 §3.2;
+//!   see [`Reassembler::segment`]) ends both directions at once, discarding what was buffered
+//!   (counted); other resets are ignored, so a forged in-window RST does not blind a consumer
+//!   while the endpoints carry on. A SYN on an ended stream starts a new one at offset 0 (a new
+//!   connection on the same 5-tuple); on an open stream a SYN changes nothing.
 //! * **No panics on network input, no allocation on the in-order path.** A segment that lands
 //!   where the stream expects it, with nothing buffered, is reported straight from the packet.
 //!   Only out-of-order data is copied.
@@ -153,7 +155,8 @@ pub struct Counters {
     pub gaps: u64,
     /// Bytes inside gaps: given up for memory.
     pub gap_bytes: u64,
-    /// Segments dropped for lying outside the window (or past a FIN, or after the end).
+    /// Segments dropped for lying outside the window (or past a FIN, or after the end), and
+    /// resets not at the expected sequence number (ignored).
     pub out_of_window: u64,
     /// Segments that overlapped buffered data with different bytes.
     pub conflicting_overlaps: u64,
@@ -340,8 +343,9 @@ impl Reassembler {
     }
 
     /// Handles one segment of `s`'s direction, calling `emit` with what became known, in
-    /// stream order. An RST ends only `s` here; [`Connection::segment`] ends both directions.
-    /// Returns whether the segment was an accepted RST.
+    /// stream order. Returns whether the segment was an accepted RST: one at the next expected
+    /// sequence number, at the end of the data seen so far, or just after the FIN (or any, before
+    /// the stream started). It ends `s` here; [`Connection::segment`] ends both directions.
     pub fn segment(
         &mut self,
         s: &mut Stream,
@@ -363,10 +367,9 @@ impl Reassembler {
                     self.forget(s);
                     s.open_at(isn_next);
                 }
-                // A SYN with a new ISN before any data: the first one was abandoned.
-                Phase::Open if s.offset == 0 && s.islands.is_empty() && s.fin.is_none() => {
-                    s.next_seq = isn_next;
-                }
+                // A retransmitted SYN; with another ISN it is not this stream's (RFC 793 §3.4:
+                // a SYN in the window is an error, not a new start), so its data is judged by
+                // the stream's own sequence numbers.
                 Phase::Open => {}
             }
             isn_next
@@ -418,19 +421,28 @@ impl Reassembler {
     }
 
     fn rst(&mut self, s: &mut Stream, seq: u32, emit: &mut impl FnMut(Event<'_>)) -> bool {
-        if s.phase == Phase::Open {
-            // RFC 793 §3.4: a reset is valid if its sequence number is in the window.
-            let rel = i64::from(seq.wrapping_sub(s.next_seq) as i32);
-            if rel.abs() > i64::from(self.cfg.max_window) {
-                self.counters.out_of_window += 1;
-                return false;
+        // The sequence number of stream offset `at`.
+        let seq_at = |at: u64| s.next_seq.wrapping_add(at.wrapping_sub(s.offset) as u32);
+        let valid = match s.phase {
+            Phase::Unsynced => true, // nothing to check it against
+            Phase::Closed(EndReason::Rst) => return false,
+            // RFC 5961 §3.2: a reset counts only at the next expected sequence number (an
+            // in-window one gets a challenge ACK, not a reset). Also taken: where the data seen
+            // so far ends (the sender's SND.NXT when segments are missing) and after its FIN.
+            Phase::Open | Phase::Closed(EndReason::Fin) => {
+                seq == s.next_seq
+                    || s.islands.last().is_some_and(|i| seq == seq_at(i.end()))
+                    || s.fin.is_some_and(|f| seq == seq_at(f + 1))
             }
-        }
-        if let Phase::Closed(_) = s.phase {
+        };
+        if !valid {
+            self.counters.out_of_window += 1;
             return false;
         }
-        self.reset(s, emit);
-        true
+        if s.phase == Phase::Open || s.phase == Phase::Unsynced {
+            self.reset(s, emit);
+        }
+        true // ends the other direction too
     }
 
     fn discard_islands(&mut self, s: &mut Stream) {
@@ -1383,7 +1395,12 @@ mod tests {
             !h.raw(h.isn.wrapping_add(0x8000_0000), RST, b""),
             "outside the window"
         );
+        assert!(
+            !h.raw(h.isn.wrapping_add(5), RST, b""),
+            "in the window, not exact"
+        );
         assert_eq!(h.seen.end, None);
+        assert_eq!(h.eng.counters().out_of_window, 2);
         assert!(h.raw(h.isn.wrapping_add(3), RST | ACK, b""));
         assert_eq!(h.seen.events.last().unwrap(), "end 2 Rst");
         assert_eq!(h.eng.used(), 0);
@@ -1466,14 +1483,43 @@ mod tests {
     }
 
     #[test]
-    fn syn_data_and_a_new_isn_before_data() {
+    fn syn_data_and_syns_on_an_open_stream() {
         let mut h = H::policy(OverlapPolicy::First);
-        h.raw(5000, SYN, b""); // a new ISN: the first SYN was abandoned
-        h.raw(5001, ACK, b"ok");
+        h.raw(5000, SYN, b""); // another ISN: not this stream's
+        h.raw(5001, ACK, b"forged"); // far ahead of the stream: buffered, not reported
+        h.at(0, b"ok");
         assert_eq!(h.text(), "ok");
         let mut h = H::new(Config::default(), 10);
         h.raw(10, SYN, b"tfo"); // a retransmitted SYN with data (TCP Fast Open)
         assert_eq!(h.text(), "tfo");
+    }
+
+    #[test]
+    fn a_reset_after_the_fin_or_past_a_hole_counts() {
+        let mut h = H::policy(OverlapPolicy::First);
+        h.fin_at(0, b"bye");
+        assert_eq!(h.seen.end, Some(EndReason::Fin));
+        assert!(
+            h.raw(h.isn.wrapping_add(1 + 3 + 1), RST, b""),
+            "after the FIN"
+        );
+        assert_eq!(h.seen.events.last().unwrap(), "end 3 Fin", "ended once");
+        let mut h = H::policy(OverlapPolicy::First);
+        h.at(4, b"late");
+        assert!(
+            h.raw(h.isn.wrapping_add(1 + 8), RST, b""),
+            "at the data's end"
+        );
+        assert_eq!(h.seen.end, Some(EndReason::Rst));
+        let mut eng = Reassembler::new(Config::default(), 1 << 20);
+        let mut s = Stream::default();
+        let rst = Segment {
+            seq: 99,
+            flags: tcp::Flags(RST | ACK),
+            payload: &[],
+        };
+        assert!(eng.segment(&mut s, rst, &mut |_| {}), "unsynced: taken");
+        assert_eq!(s.ended(), Some(EndReason::Rst));
     }
 
     #[test]
