@@ -25,7 +25,9 @@
 //!   policies; see the type). Overlaps whose bytes differ are counted.
 //! * **Bounded memory.** Out-of-order data is buffered up to [`Config::max_buffered`] bytes and
 //!   [`Config::max_islands`] separate ranges per direction, and up to the engine's total budget
-//!   (its *memcap*, passed in by the owner) over all streams. After every call the limits hold.
+//!   (its *memcap*, passed in by the owner) over all streams. After every call the limits hold
+//!   (a connection read from the store, e.g. after a failover, is charged when first used and
+//!   brought within the budget by its next data segment).
 //! * **Gaps are reported, never guessed.** When a limit would be exceeded, the stream skips
 //!   ahead to its lowest buffered range and says so: [`Event::Gap`] `{ offset, len }`, then the
 //!   data after it (as Suricata does when a gap is forced; its `stream.reassembly` docs). The
@@ -663,11 +665,32 @@ pub enum Origin {
 
 /// Both directions of a TCP connection, indexed by whether the sender is the source of the
 /// canonical flow key ([`FlowKey::canonical`]): 0 if it is, 1 if not.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Eq)]
 pub struct Connection {
     /// Index of the client's stream, once known.
     client: Option<u8>,
     streams: [Stream; 2],
+    /// Whether its buffered bytes are charged to this worker's engine. Not stored: a
+    /// connection read from the store (after a failover or move) is charged when it is first
+    /// used here, so the budget counts what this worker holds.
+    charged: bool,
+}
+
+impl Default for Connection {
+    fn default() -> Self {
+        Connection {
+            client: None,
+            streams: Default::default(),
+            charged: true,
+        }
+    }
+}
+
+impl PartialEq for Connection {
+    /// The state, not where it is charged.
+    fn eq(&self, other: &Self) -> bool {
+        self.client == other.client && self.streams == other.streams
+    }
 }
 
 impl Connection {
@@ -693,6 +716,7 @@ impl Connection {
         emit: &mut impl FnMut(Origin, Event<'_>),
     ) -> Origin {
         let side = side.min(1);
+        self.adopt(engine);
         let client = *self.client.get_or_insert_with(|| {
             // A SYN/ACK's sender is the server; any other first segment's is the client.
             let synack = seg.flags.contains(tcp::Flags::SYN) && seg.flags.contains(tcp::Flags::ACK);
@@ -726,8 +750,21 @@ impl Connection {
 
     /// Forgets both directions' buffers (the connection is dropped), returning their memory.
     pub fn forget(&mut self, engine: &mut Reassembler) {
+        self.adopt(engine);
         for s in &mut self.streams {
             engine.forget(s);
+        }
+    }
+
+    /// Charges the buffers of a connection read from the store to `engine` (once).
+    fn adopt(&mut self, engine: &mut Reassembler) {
+        if !self.charged {
+            self.charged = true;
+            engine.used += self
+                .streams
+                .iter()
+                .map(|s| u64::from(s.buffered))
+                .sum::<u64>();
         }
     }
 }
@@ -810,6 +847,7 @@ impl Codec for Connection {
         Ok(Connection {
             client,
             streams: [Stream::decode(input)?, Stream::decode(input)?],
+            charged: false,
         })
     }
 }
@@ -1532,6 +1570,7 @@ mod tests {
         let c = Connection {
             client: Some(1),
             streams: [h.s.clone(), Stream::default()],
+            charged: true,
         };
         let b = c.to_bytes();
         assert_eq!(Connection::from_bytes(&b).unwrap(), c);

@@ -336,12 +336,15 @@ fn state_survives_a_new_worker_on_the_same_store() {
     let flow = dissect(&f).unwrap().flow.unwrap();
     let c = t.connection(&flow).expect("the connection is in the store");
     assert_eq!(c.stream(Origin::Client).unwrap().buffered_bytes(), 4);
+    assert_eq!(t.engine().used(), 0, "nothing charged before it is used");
     assert_eq!(feed(&mut t, &mut f, 3, &mut out), Fed::Tcp(Origin::Client));
+    assert_eq!(t.engine().used(), 4 + 7, "charged to the new worker");
     for mut f in after {
         feed(&mut t, &mut f, 3, &mut out);
     }
     assert_eq!(out[0].data(), b"GET / HTTP/1.1\r\nHost: \r\n\r\n");
     assert_eq!(out[1].data(), b"HTTP 200 OK");
+    assert_eq!(t.engine().used(), 0);
     assert_eq!(out[0].end, Some((26, EndReason::Fin)));
     assert_eq!(out[1].end, Some((11, EndReason::Fin)));
     // Both ended: the entry lives on for the closed timeout, then expires.
