@@ -30,8 +30,9 @@
 //!   brought within the budget by its next data segment).
 //! * **Gaps are reported, never guessed.** When a limit would be exceeded, the stream skips
 //!   ahead to its lowest buffered range and says so: [`Event::Gap`] `{ offset, len }`, then the
-//!   data after it (as Suricata does when a gap is forced; its `stream.reassembly` docs). The
-//!   bytes of a gap are counted as given up for memory.
+//!   data after it; the stream goes on from there. (Suricata likewise hands its parsers a gap,
+//!   never invented bytes.) The bytes of a gap are counted as given up for memory. The lowest
+//!   hole, the one waited for longest, is given up first.
 //! * **FIN and RST.** A FIN ends its direction once every byte before it was reported; data past
 //!   a FIN is dropped. An RST at the sender's next expected sequence number (RFC 5961 §3.2;
 //!   see [`Reassembler::segment`]) ends both directions at once, discarding what was buffered
@@ -266,6 +267,13 @@ impl Stream {
         self.phase != Phase::Unsynced
     }
 
+    /// Whether a SYN with sequence number `seq` is the one this stream started with (its data
+    /// started at `seq + 1`; offsets count from there, modulo 2^32).
+    fn is_own_syn(&self, seq: u32) -> bool {
+        self.phase != Phase::Unsynced
+            && seq.wrapping_add(1) == self.next_seq.wrapping_sub(self.offset as u32)
+    }
+
     fn open_at(&mut self, seq: u32) {
         *self = Stream {
             phase: Phase::Open,
@@ -364,6 +372,8 @@ impl Reassembler {
             let isn_next = seg.seq.wrapping_add(1);
             match s.phase {
                 Phase::Unsynced => s.open_at(isn_next),
+                // The ended stream's own SYN again (a duplicate): nothing to do.
+                Phase::Closed(_) if s.is_own_syn(seg.seq) => {}
                 Phase::Closed(_) => {
                     // A new connection on the same 5-tuple (RFC 793 §3.5, TIME-WAIT reuse).
                     self.forget(s);
@@ -725,6 +735,7 @@ impl Connection {
         if seg.flags.contains(tcp::Flags::SYN)
             && !seg.flags.contains(tcp::Flags::ACK)
             && self.ended()
+            && !self.streams[side].is_own_syn(seg.seq)
         {
             // A new connection on the same 5-tuple: the SYN's sender is its client.
             self.client = Some(side as u8);
@@ -1469,7 +1480,10 @@ mod tests {
         feed(&mut c, 0, 504, RST, b"");
         assert!(c.ended());
         assert_eq!(c.stream(Origin::Client).unwrap().offset(), 3);
-        // A new SYN on the 5-tuple starts over, its sender the client.
+        // The old SYN again changes nothing; a new SYN on the 5-tuple starts over, its sender
+        // the client.
+        feed(&mut c, 1, 100, SYN, b"");
+        assert!(c.ended());
         feed(&mut c, 0, 9000, SYN, b"");
         assert!(!c.ended());
         assert_eq!(c.stream(Origin::Client).unwrap().offset(), 0);
