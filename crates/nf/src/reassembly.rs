@@ -43,6 +43,26 @@
 //!   where the stream expects it, with nothing buffered, is reported straight from the packet.
 //!   Only out-of-order data is copied.
 //!
+//! ```
+//! use flowstate_nf::reassembly::{Config, Event, Reassembler, Segment, Stream};
+//! use flowstate_wire::tcp::Flags;
+//!
+//! let mut engine = Reassembler::new(Config::default(), 64 << 20); // 64 MiB over all streams
+//! let mut client = Stream::default(); // one direction; an NF keeps it in a state map
+//! let mut seen = Vec::new();
+//! let mut emit = |e: Event<'_>| {
+//!     if let Event::Data { offset, bytes } = e {
+//!         seen.push((offset, bytes.to_vec()));
+//!     }
+//! };
+//! let seg = |seq, flags, payload| Segment { seq, flags, payload };
+//! engine.segment(&mut client, seg(u32::MAX, Flags::SYN, b""), &mut emit); // ISN 2^32 - 1
+//! engine.segment(&mut client, seg(6, Flags::ACK, b"TTACK"), &mut emit); // early: buffered
+//! engine.segment(&mut client, seg(0, Flags::ACK, b"EVIL A"), &mut emit); // fills the hole
+//! // A matcher keeps its state from one chunk to the next: "ATTACK" spans the two.
+//! assert_eq!(seen, [(0, b"EVIL A".to_vec()), (6, b"TTACK".to_vec())]);
+//! ```
+//!
 //! Not done here: checks against the receiver's advertised window or ACKs (Suricata uses them to
 //! validate segments and to find gaps sooner), and conflicts with data already reported are not
 //! detected (its bytes are not kept).
@@ -1572,6 +1592,29 @@ mod tests {
         };
         assert!(eng.segment(&mut s, rst, &mut |_| {}), "unsynced: taken");
         assert_eq!(s.ended(), Some(EndReason::Rst));
+    }
+
+    #[test]
+    fn table_config_parses_and_names_bad_keys() {
+        let t: toml::Table = "policy = \"last\"\nmax_buffered = 4096\nmemcap = 1048576"
+            .parse()
+            .unwrap();
+        let c = TableConfig::deserialize(toml::Value::Table(t)).unwrap();
+        assert_eq!(c.policy, OverlapPolicy::Last);
+        assert_eq!(
+            (c.max_buffered, c.memcap, c.max_islands),
+            (4096, 1 << 20, 64)
+        );
+        assert!(c.validate().is_ok());
+        let bad: toml::Table = "policy = \"bsd\"".parse().unwrap();
+        assert!(TableConfig::deserialize(toml::Value::Table(bad)).is_err());
+        let bad: toml::Table = "max_bufered = 1".parse().unwrap();
+        assert!(TableConfig::deserialize(toml::Value::Table(bad)).is_err());
+        let c = TableConfig {
+            timeout: f64::NAN,
+            ..TableConfig::default()
+        };
+        assert_eq!(c.validate().unwrap_err().0, "timeout");
     }
 
     #[test]
