@@ -917,8 +917,12 @@ pub struct TableConfig {
     pub memcap: u64,
     /// Pick up streams seen without their SYN (default true).
     pub midstream: bool,
-    /// Idle timeout of an open connection, seconds (default 600, Suricata's).
+    /// Idle timeout of a connection with both directions started, seconds (default 600,
+    /// Suricata's `flow-timeouts.tcp.established`).
     pub timeout: f64,
+    /// Idle timeout of a connection only one side of which has sent (a SYN without an answer,
+    /// a flood of them), seconds (default 60, Suricata's `flow-timeouts.tcp.new`).
+    pub timeout_new: f64,
     /// Idle timeout of a connection whose both directions ended, seconds (default 60).
     pub timeout_closed: f64,
 }
@@ -934,6 +938,7 @@ impl Default for TableConfig {
             memcap: 64 << 20,
             midstream: c.midstream,
             timeout: 600.0,
+            timeout_new: 60.0,
             timeout_closed: 60.0,
         }
     }
@@ -961,6 +966,7 @@ impl TableConfig {
             }
         };
         secs("timeout", self.timeout)?;
+        secs("timeout_new", self.timeout_new)?;
         secs("timeout_closed", self.timeout_closed)?;
         if self.max_window == 0 || self.max_window > 1 << 30 {
             return Err(("max_window", "expected 1 to 2^30 bytes".into()));
@@ -1004,6 +1010,7 @@ pub struct TcpStreams {
     stats: CounterMap<u8>,
     published: Counters,
     timeout: Duration,
+    timeout_new: Duration,
     timeout_closed: Duration,
 }
 
@@ -1021,6 +1028,7 @@ impl TcpStreams {
             )?,
             published: Counters::default(),
             timeout: seconds(cfg.timeout, 600.0),
+            timeout_new: seconds(cfg.timeout_new, 60.0),
             timeout_closed: seconds(cfg.timeout_closed, 60.0),
         })
     }
@@ -1062,10 +1070,18 @@ impl TcpStreams {
         let seg = Segment::from_tcp(&t);
         let side = usize::from(!flow.is_canonical());
         let key = flow.canonical();
-        let (engine, timeout, closed) = (&mut self.engine, self.timeout, self.timeout_closed);
+        let engine = &mut self.engine;
+        let (open, new, closed) = (self.timeout, self.timeout_new, self.timeout_closed);
         let mut run = |c: &mut Connection| {
             let o = c.segment(engine, side, seg, &mut emit);
-            (if c.ended() { closed } else { timeout }, o)
+            let ttl = if c.ended() {
+                closed
+            } else if c.streams.iter().all(Stream::started) {
+                open
+            } else {
+                new
+            };
+            (ttl, o)
         };
         match self.conns.renew_with(&key, now, &mut run) {
             Ok(Some(o)) => Fed::Tcp(o),

@@ -354,6 +354,28 @@ fn state_survives_a_new_worker_on_the_same_store() {
     assert!(report.contains(&("connections", 0)));
 }
 
+/// A SYN nobody answers lives for the `new` timeout; once both sides sent, for the longer one.
+#[test]
+fn unanswered_syns_expire_sooner() {
+    let mut part = partition(&LocalStore::new());
+    let mut t = TcpStreams::declare(&mut part.declare("ips"), &TableConfig::default()).unwrap();
+    let mut out = [Out::default(), Out::default()];
+    let other = (Ipv4Addr::new(10, 0, 0, 9), 40_001);
+    feed(&mut t, &mut frame(CLIENT, SERVER, 1, SYN, b""), 0, &mut out);
+    feed(
+        &mut t,
+        &mut frame(SERVER, CLIENT, 9, SYN | ACK, b""),
+        0,
+        &mut out,
+    );
+    feed(&mut t, &mut frame(other, SERVER, 1, SYN, b""), 0, &mut out);
+    assert_eq!(t.connections(), 2);
+    t.on_tick(61 * 1_000_000_000);
+    assert_eq!(t.connections(), 1, "the unanswered SYN expired");
+    t.on_tick(601 * 1_000_000_000);
+    assert_eq!(t.connections(), 0);
+}
+
 #[test]
 fn non_tcp_and_malformed_are_told_apart() {
     let mut part = partition(&LocalStore::new());
