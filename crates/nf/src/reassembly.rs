@@ -1048,6 +1048,15 @@ impl TcpStreams {
         self.conns.get(&flow.canonical()).ok().flatten()
     }
 
+    /// Hints that `pkt` will be fed soon: starts loading its connection's entry (see
+    /// [`NetworkFunction::prefetch`](crate::NetworkFunction::prefetch)).
+    #[inline]
+    pub fn prefetch(&self, pkt: &Packet<'_>) {
+        if let (Some(flow), Transport::Tcp) = (pkt.dissection.flow, pkt.dissection.transport) {
+            self.conns.prefetch(&flow.canonical());
+        }
+    }
+
     /// Feeds a packet: if it is a TCP segment, calls `emit` with the events of its direction
     /// (see [`Connection::segment`]) and returns who sent it. `emit` must not use this table.
     pub fn feed(

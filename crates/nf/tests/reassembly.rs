@@ -280,6 +280,7 @@ fn feed(t: &mut TcpStreams, frame: &mut [u8], now: u64, out: &mut [Out; 2]) -> F
         dissection: d,
         direction: Direction::Outbound,
     };
+    t.prefetch(&pkt); // only a hint
     t.feed(&pkt, now, |o, e| {
         out[usize::from(o == Origin::Server)].push(e)
     })
