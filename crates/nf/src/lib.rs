@@ -10,6 +10,9 @@
 //!   on every backend.
 //! * A packet an NF cannot handle is dropped with a reason, counted by the runtime; nothing a
 //!   packet holds can make an NF panic.
+//!
+//! Besides the NFs, [`reassembly`] turns a flow's TCP segments into in-order byte streams for
+//! NFs that inspect payloads, its per-flow state kept through the state API like theirs.
 
 use flowstate_state::{Declare, Nanos, StateError};
 use flowstate_wire::{Dissection, FlowKey};
@@ -187,4 +190,5 @@ pub mod firewall;
 pub mod lb;
 pub mod monitor;
 pub mod nat;
+pub mod reassembly;
 pub mod registry;
