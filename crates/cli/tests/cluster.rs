@@ -515,3 +515,73 @@ fn a_store_killed_and_restarted_under_load_breaks_no_connection() {
     let s = c.status();
     assert_eq!(owned(&s), 16, "{s:#}");
 }
+
+/// An instance that hangs (SIGSTOP) under downloads is failed over like a dead one and
+/// replaced, and the controller makes sure it never comes back (SIGKILL: a woken instance
+/// could otherwise run its old partitions' timers); every download completes and no
+/// partition has two owners.
+#[test]
+fn a_hung_instance_is_failed_over_and_killed() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let state = "backend = \"store\"\nurl = \"192.0.2.1:7878\"";
+    let mut c = Cluster::up("h", state, 3, "fast_path = false");
+    let want = content(1_000_000, 13);
+    let http_peers = c.serve_paced(&want, 200_000);
+    let mut downloads = c.downloads(40);
+    std::thread::sleep(Duration::from_millis(1000));
+    still_transferring(&mut downloads, want.len());
+    let s = c.status();
+    let hung = s["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["id"] == 1)
+        .unwrap();
+    let pid = hung["pid"].as_u64().unwrap() as libc::pid_t;
+    assert!(!hung["partitions"].as_array().unwrap().is_empty(), "{s:#}");
+    // SAFETY: a signal to the cluster's own instance process.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    // Failed over, and a replacement started under the same id.
+    c.wait_for(10, "instance 1 failed over and replaced", |s| {
+        let replaced = s["instances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|i| i["id"] == 1 && i["pid"].as_u64() != Some(pid as u64));
+        replaced && owned(s) == 16 && s["root"]["moving"] == 0
+    });
+    // Killed: gone, or a zombie waiting for its parent (it runs nothing any more).
+    let gone = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |st| {
+            st.rsplit(')')
+                .next()
+                .is_some_and(|r| r.trim_start().starts_with('Z'))
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !gone() {
+        assert!(
+            Instant::now() < deadline,
+            "the hung instance was not killed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    check_downloads(downloads, &want);
+    server_saw_only_the_nat(&http_peers);
+    let root = c.root();
+    assert_eq!(root["reordered"], 0, "{root:#}");
+    let s = c.status();
+    let mut seen = std::collections::BTreeSet::new();
+    for i in s["instances"].as_array().unwrap() {
+        for p in i["partitions"].as_array().unwrap() {
+            assert!(
+                seen.insert(p.as_u64().unwrap()),
+                "partition {p} twice: {s:#}"
+            );
+        }
+    }
+}

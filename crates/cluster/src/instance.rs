@@ -822,6 +822,23 @@ mod tests {
     }
 
     #[test]
+    fn after_a_pause_partitions_claimed_by_others_are_dropped() {
+        let store = Arc::new(Shared(LocalStore::new()));
+        let (mut a, mut b) = (instance(1, &store), instance(2, &store));
+        a.claim(0, 1, 0).unwrap();
+        a.claim(1, 1, 0).unwrap();
+        // While `a` was paused, `b` took partition 1 over (failover: no release).
+        assert_eq!(b.claim(1, 2, 1).unwrap(), Kind::Ready);
+        a.revalidate().unwrap();
+        assert_eq!(a.owned_partitions(), vec![0], "partition 1 is b's now");
+        assert_eq!(a.stats().fenced, 1);
+        assert!(
+            !a.process(&meta(1, 1), &mut udp(6000), 2),
+            "not served any more"
+        );
+    }
+
+    #[test]
     fn claims_taken_together_are_answered_each_as_alone() {
         let store = Arc::new(Shared(LocalStore::new()));
         let (mut a, mut b) = (instance(1, &store), instance(2, &store));
