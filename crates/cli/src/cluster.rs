@@ -486,13 +486,13 @@ fn status(dir: &Dir, json: bool) -> Result<()> {
         s.target
     );
     println!(
-        "{:>3} {:>8} {:<9} {:>5} {:>10} {:>8}  partitions",
-        "id", "pid", "state", "load", "packets", "drops"
+        "{:>3} {:>8} {:<9} {:>5} {:>10} {:>8} {:>8}  partitions",
+        "id", "pid", "state", "load", "packets", "drops", "entries"
     );
     for i in &s.instances {
         println!(
-            "{:>3} {:>8} {:<9} {:>5.2} {:>10} {:>8}  {:?}",
-            i.id, i.pid, i.state, i.load, i.packets, i.drops, i.partitions
+            "{:>3} {:>8} {:<9} {:>5.2} {:>10} {:>8} {:>8}  {:?}",
+            i.id, i.pid, i.state, i.load, i.packets, i.drops, i.entries, i.partitions
         );
     }
     if let Some(r) = root {

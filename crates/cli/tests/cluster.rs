@@ -313,6 +313,14 @@ fn failover(name: &str, state: &str, fast_path: bool) {
     let mut downloads = c.downloads(100);
     std::thread::sleep(Duration::from_millis(1500));
     still_transferring(&mut downloads, want.len());
+    // Each connection is an entry of the firewall and of the NAT at its partition's owner.
+    let entries: u64 = c.status()["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["entries"].as_u64().unwrap())
+        .sum();
+    assert!(entries >= 200, "entries reported: {entries}");
     let killed_at = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()

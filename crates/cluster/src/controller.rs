@@ -76,6 +76,9 @@ pub struct InstanceStatus {
     pub packets: u64,
     /// Packets it dropped.
     pub drops: u64,
+    /// Per-flow table entries (sessions, connections) its partitions hold.
+    #[serde(default)]
+    pub entries: u64,
     /// Its data address.
     pub addr: Option<String>,
 }
@@ -279,6 +282,7 @@ fn status(ctl: &Controller, now: u64) -> Status {
                 load: m.load,
                 packets: m.packets,
                 drops: m.drops,
+                entries: m.entries,
                 addr: m.addr.map(|a| a.to_string()),
             })
             .collect(),

@@ -188,6 +188,16 @@ impl Instance {
         &self.drop_reasons
     }
 
+    /// Per-flow table entries the NFs of its partitions hold now.
+    pub fn entries(&self) -> u64 {
+        self.owned
+            .iter()
+            .flatten()
+            .flat_map(|o| &o.nfs)
+            .map(|nf| nf.entries())
+            .sum()
+    }
+
     /// The partitions served now.
     pub fn owned_partitions(&self) -> Vec<u32> {
         (0..self.owned.len() as u32)

@@ -256,7 +256,7 @@ fn report(o: &ServeOptions, inst: &Instance, load: f64, applied: u64) -> Report 
         partitions: inst.owned_partitions(),
         packets: st.packets,
         drops: st.dropped + st.malformed + st.misdirected,
-        entries: 0,
+        entries: inst.entries(),
         assignment_version: applied,
     }
 }

@@ -1312,6 +1312,10 @@ impl NetworkFunction for Firewall {
         });
     }
 
+    fn entries(&self) -> u64 {
+        self.conns.cached_len() as u64
+    }
+
     fn report(&self) -> Vec<(&'static str, i64)> {
         let mut out = vec![("tracked", self.conns.cached_len() as i64)];
         let (mut allowed, mut denied) = (0, 0);

@@ -1110,6 +1110,10 @@ impl NetworkFunction for LoadBalancer {
         });
     }
 
+    fn entries(&self) -> u64 {
+        self.affinity.cached_len() as u64
+    }
+
     fn report(&self) -> Vec<(&'static str, i64)> {
         let mut out = vec![("flows", self.affinity.cached_len() as i64)];
         for &(b, active, total) in &self.cfg.report {

@@ -95,6 +95,13 @@ pub trait NetworkFunction {
     fn report(&self) -> Vec<(&'static str, i64)> {
         Vec::new()
     }
+
+    /// Entries of its per-flow table this instance holds now (sessions, connections, flows):
+    /// what a cluster instance reports as its load's size (HashMVT §IV-C). Default 0, for NFs
+    /// without one.
+    fn entries(&self) -> u64 {
+        0
+    }
 }
 
 /// Where a worker's NF instance runs.

@@ -180,6 +180,10 @@ impl NetworkFunction for Monitor {
         });
     }
 
+    fn entries(&self) -> u64 {
+        self.flows.cached_len() as u64
+    }
+
     fn report(&self) -> Vec<(&'static str, i64)> {
         vec![
             ("active_flows", self.flows.cached_len() as i64),

@@ -1105,6 +1105,10 @@ impl NetworkFunction for Nat {
         });
     }
 
+    fn entries(&self) -> u64 {
+        self.out.cached_len() as u64
+    }
+
     fn report(&self) -> Vec<(&'static str, i64)> {
         let mut r = vec![
             ("active_mappings", self.eim.cached_len() as i64),

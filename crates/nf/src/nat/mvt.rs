@@ -676,6 +676,10 @@ impl NetworkFunction for MvtNat {
         }
     }
 
+    fn entries(&self) -> u64 {
+        self.sessions as u64
+    }
+
     fn report(&self) -> Vec<(&'static str, i64)> {
         let mut r = vec![
             ("active_mappings", self.mappings as i64),
