@@ -501,6 +501,10 @@ fn status(dir: &Dir, json: bool) -> Result<()> {
             r["received"], r["from_instances"], r["moves_done"], r["move_ms_p50"], r["held"],
             r["hold_dropped"], r["reordered"]
         );
+        println!(
+            "root fast path: {} packets, {} entries learnt, {} moved out",
+            r["fast_path_packets"], r["fast_path_learned"], r["fast_path_moved_out"]
+        );
     }
     Ok(())
 }
