@@ -199,3 +199,4 @@ pub mod monitor;
 pub mod nat;
 pub mod reassembly;
 pub mod registry;
+pub mod rules;
