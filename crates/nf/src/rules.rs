@@ -166,9 +166,10 @@ pub struct Content {
     /// `depth`: the match ends within this many bytes of `offset`.
     pub depth: Option<u32>,
     /// `distance`: the match starts at least this far after the previous content's match
-    /// (may be negative).
+    /// (may be negative); on a rule's first content, after the buffer's start.
     pub distance: Option<i32>,
-    /// `within`: the match ends within this many bytes after the previous content's match.
+    /// `within`: the match ends within this many bytes after the previous content's match (on
+    /// the first content, after the buffer's start).
     pub within: Option<u32>,
     /// `fast_pattern`: the pattern the prefilter should use for the rule.
     pub fast_pattern: bool,
@@ -376,13 +377,14 @@ fn parse_rule(text: &str, vars: &Vars) -> Result<Rule, Refusal> {
         .trim_end()
         .strip_suffix(')')
         .ok_or_else(|| bad("the options do not end with `)`"))?;
-    let header: Vec<&str> = text[..open].split_whitespace().collect();
-    let [action, proto, src, sport, dir, dst, dport] = header[..] else {
+    let header = header_fields(&text[..open])?;
+    let [action, proto, src, sport, dir, dst, dport] = header.as_slice() else {
         return Err(bad(format!(
             "the header has {} fields; expected `action proto src sport -> dst dport`",
             header.len()
         )));
     };
+    let (action, proto, dir) = (action.as_str(), proto.as_str(), dir.as_str());
     let action = match action {
         "alert" => Action::Alert,
         "drop" => Action::Drop,
@@ -425,6 +427,7 @@ fn parse_rule(text: &str, vars: &Vars) -> Result<Rule, Refusal> {
         line: 0,
     };
     let mut sid = None;
+    let mut once = std::collections::HashSet::new();
     for (key, value) in options(body)? {
         let need = |what: &str| {
             value
@@ -432,6 +435,9 @@ fn parse_rule(text: &str, vars: &Vars) -> Result<Rule, Refusal> {
                 .ok_or_else(|| bad(format!("`{key}` needs {what}")))
         };
         match key.as_str() {
+            "msg" | "sid" | "rev" if !once.insert(key.clone()) => {
+                return Err(bad(format!("`{key}` given twice")))
+            }
             "msg" => rule.msg = unquote(&need("a quoted text")?)?,
             "sid" => sid = Some(number::<u32>(&key, &need("a number")?)?),
             "rev" => rule.rev = number(&key, &need("a number")?)?,
@@ -477,38 +483,50 @@ fn parse_rule(text: &str, vars: &Vars) -> Result<Rule, Refusal> {
                     fast_pattern: false,
                 });
             }
-            "nocase" => last_content(&mut rule, &key)?.nocase = true,
-            "fast_pattern" => last_content(&mut rule, &key)?.fast_pattern = true,
-            "offset" => {
-                let n = number(&key, &need("a number")?)?;
-                last_content(&mut rule, &key)?.offset = Some(n);
+            "nocase" => {
+                let c = last_content(&mut rule, &key)?;
+                once_per_content(&key, c.nocase)?;
+                c.nocase = true;
             }
-            "depth" => {
+            "fast_pattern" => {
+                if rule.contents.iter().any(|c| c.fast_pattern) {
+                    return Err(bad("fast_pattern is for one content of a rule"));
+                }
+                last_content(&mut rule, &key)?.fast_pattern = true;
+            }
+            "offset" | "depth" => {
                 let n: u32 = number(&key, &need("a number")?)?;
                 let c = last_content(&mut rule, &key)?;
-                if (n as usize) < c.pattern.len() {
+                let slot = if key == "offset" {
+                    &mut c.offset
+                } else {
+                    &mut c.depth
+                };
+                once_per_content(&key, slot.is_some())?;
+                *slot = Some(n);
+                if c.distance.is_some() || c.within.is_some() {
+                    return Err(bad(MIXED));
+                }
+                if key == "depth" && (n as usize) < c.pattern.len() {
                     return Err(bad("depth is shorter than its content"));
                 }
-                c.depth = Some(n);
             }
             "distance" => {
                 let n = number(&key, &need("a number")?)?;
-                let first = rule.contents.len() < 2;
-                if first {
-                    return Err(bad(
-                        "`distance` is relative to an earlier content; this is the first",
-                    ));
+                let c = last_content(&mut rule, &key)?;
+                once_per_content(&key, c.distance.is_some())?;
+                if c.offset.is_some() || c.depth.is_some() {
+                    return Err(bad(MIXED));
                 }
-                last_content(&mut rule, &key)?.distance = Some(n);
+                c.distance = Some(n);
             }
             "within" => {
                 let n: u32 = number(&key, &need("a number")?)?;
-                if rule.contents.len() < 2 {
-                    return Err(bad(
-                        "`within` is relative to an earlier content; this is the first",
-                    ));
-                }
                 let c = last_content(&mut rule, &key)?;
+                once_per_content(&key, c.within.is_some())?;
+                if c.offset.is_some() || c.depth.is_some() {
+                    return Err(bad(MIXED));
+                }
                 if (n as usize) < c.pattern.len() {
                     return Err(bad("within is shorter than its content"));
                 }
@@ -520,6 +538,44 @@ fn parse_rule(text: &str, vars: &Vars) -> Result<Rule, Refusal> {
     }
     rule.sid = sid.ok_or_else(|| bad("no `sid`"))?;
     Ok(rule)
+}
+
+/// The header's fields, split at whitespace outside `[...]` (lists may hold spaces).
+fn header_fields(h: &str) -> Result<Vec<String>, Refusal> {
+    let (mut fields, mut cur, mut depth) = (Vec::new(), String::new(), 0i32);
+    for c in h.chars() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            _ => {}
+        }
+        if c.is_whitespace() && depth == 0 {
+            if !cur.is_empty() {
+                fields.push(std::mem::take(&mut cur));
+            }
+        } else if !c.is_whitespace() {
+            cur.push(c);
+        }
+    }
+    if !cur.is_empty() {
+        fields.push(cur);
+    }
+    if depth != 0 {
+        return Err(bad("the header's brackets do not balance"));
+    }
+    Ok(fields)
+}
+
+/// A content's position is absolute (`offset`, `depth`) or relative to the previous match
+/// (`distance`, `within`), not both.
+const MIXED: &str = "a content's offset/depth (absolute) and distance/within (relative) do not mix";
+
+/// A content modifier given twice is refused (as Suricata does).
+fn once_per_content(key: &str, already: bool) -> Result<(), Refusal> {
+    if already {
+        return Err(bad(format!("`{key}` given twice for the same content")));
+    }
+    Ok(())
 }
 
 /// The content a modifier `key` applies to: the rule's latest.
@@ -546,7 +602,8 @@ fn options(body: &str) -> Result<Vec<(String, Option<String>)>, Refusal> {
         let mut ended = false;
         while let Some(c) = chars.next() {
             match (c, &mut value) {
-                (';', _) if !quoted => {
+                // An unescaped `;` ends the option, quoted or not (as Suricata reads it).
+                (';', _) => {
                     ended = true;
                     break;
                 }
@@ -569,7 +626,7 @@ fn options(body: &str) -> Result<Vec<(String, Option<String>)>, Refusal> {
         }
         if quoted {
             return Err(bad(format!(
-                "option `{}`: a quote is not closed",
+                "option `{}`: a quote is not closed (a `;` in a text is written `\\;`)",
                 key.trim()
             )));
         }
@@ -700,7 +757,11 @@ fn addr(s: &str, vars: &Vars, depth: usize) -> Result<Addr, Refusal> {
         return addr(v, vars, depth + 1);
     }
     if let Some(rest) = s.strip_prefix('!') {
-        return Ok(Addr::Not(Box::new(addr(rest, vars, depth)?)));
+        let inner = addr(rest, vars, depth)?;
+        if inner == Addr::Any {
+            return Err(bad(format!("{s:?} matches no address")));
+        }
+        return Ok(Addr::Not(Box::new(inner)));
     }
     if s == "any" {
         return Ok(Addr::Any);
@@ -748,7 +809,11 @@ fn port(s: &str, vars: &Vars, depth: usize) -> Result<Port, Refusal> {
         return port(v, vars, depth + 1);
     }
     if let Some(rest) = s.strip_prefix('!') {
-        return Ok(Port::Not(Box::new(port(rest, vars, depth)?)));
+        let inner = port(rest, vars, depth)?;
+        if inner == Port::Any {
+            return Err(bad(format!("{s:?} matches no port")));
+        }
+        return Ok(Port::Not(Box::new(inner)));
     }
     if s == "any" {
         return Ok(Port::Any);
@@ -928,7 +993,10 @@ mod tests {
                 "alert tcp 10.0.0.0/40 any -> any any (sid:1;)",
                 "prefix length",
             ),
-            ("alert tcp [10.0.0.1 any -> any any (sid:1;)", "not closed"),
+            (
+                "alert tcp [10.0.0.1 any -> any any (sid:1;)",
+                "brackets do not balance",
+            ),
             (
                 "alert tcp $NOPE any -> any any (sid:1;)",
                 "$NOPE is not defined",
@@ -951,8 +1019,12 @@ mod tests {
                 "must follow a `content`",
             ),
             (
-                "alert tcp any any -> any any (content:\"a\"; distance:1; sid:1;)",
-                "first",
+                "alert tcp !any any -> any any (sid:1;)",
+                "matches no address",
+            ),
+            (
+                "alert tcp any any -> any any (content:\"a;b\"; sid:1;)",
+                "quote is not closed",
             ),
             (
                 "alert tcp any any -> any any (content:\"abc\"; depth:2; sid:1;)",
