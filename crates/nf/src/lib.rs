@@ -190,5 +190,6 @@ pub mod firewall;
 pub mod lb;
 pub mod monitor;
 pub mod nat;
+pub mod portscan;
 pub mod reassembly;
 pub mod registry;
