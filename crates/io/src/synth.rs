@@ -72,8 +72,11 @@
 //! sequentially (ports 1, 2, ... of the first host, then the next host), the others in a seeded
 //! random order. Each probe is its own flow, answered as a seeded draw decides: 10 % open
 //! (SYN/ACK, then the scanner's RST: 3 packets), 60 % closed (RST/ACK: 2 packets), 30 %
-//! filtered (no answer: 1 packet). Probes are IPv4, go round robin over the scanners, and their
-//! packets are spread evenly over the trace. `flows` and `packets` count the whole trace: the
+//! filtered (no answer: 1 packet). Normal clients fail too: after every fourth probe, a random
+//! normal client tries a random port 1–1024 of a server and gets a RST (from a client port
+//! above 61000), so a detector's false positives are measured against hosts that sometimes
+//! fail. Probes are IPv4, go round robin over the scanners, and their packets are spread
+//! evenly over the trace. `flows` and `packets` count the whole trace: the
 //! probes take their share and the `mixed` traffic the rest (still exactly `flows` flows and
 //! `packets` packets). The ground truth is [`Synthetic::scanners`] or [`scan_truth`]
 //! (without generating), as JSON by [`truth_json`].
@@ -1705,11 +1708,20 @@ enum Outcome {
 /// One probe: scanner `scanner` to `target:port`.
 #[derive(Debug, Clone, Copy)]
 struct Probe {
+    source: u32,
     target: u32,
+    sport: u16,
     port: u16,
+    /// The scanner's index, or [`BENIGN`].
     scanner: u8,
     outcome: Outcome,
 }
+
+/// [`Probe::scanner`] of a normal client's failed attempt.
+const BENIGN: u8 = u8::MAX;
+/// Client ports of normal clients' failed attempts: above the normal flows' ephemeral range.
+const BENIGN_PORT_LO: u16 = 61_000;
+const K_BENIGN: u64 = 0xbe11;
 
 /// The scanners and their probes, mixed into a normal (`mixed`) trace.
 #[derive(Debug)]
@@ -1749,12 +1761,15 @@ impl ScanPart {
             );
         }
         let probe_flows = s * per;
-        if probe_flows >= config.flows {
+        // Normal clients' failed attempts (a closed port: RST), one per 4 probes.
+        let benign = (probe_flows / 4).min(4_500);
+        if probe_flows + benign >= config.flows {
             return opt(
                 "flows",
                 format!(
-                    "profile scan with {s} scanners of {per} probes needs more than {probe_flows} \
-                     flows, got {}",
+                    "profile scan with {s} scanners of {per} probes needs more than {} flows, \
+                     got {}",
+                    probe_flows + benign,
                     config.flows
                 ),
             );
@@ -1775,7 +1790,7 @@ impl ScanPart {
         // Probe outcomes first: they fix the packet count, which the normal part gets the
         // rest of.
         let mut outcomes = Vec::with_capacity(probe_flows as usize);
-        let mut packets = 0;
+        let mut packets = benign * Outcome::Closed as u64;
         for q in 0..probe_flows {
             let o = match hash2(key, K_SCAN_OUTCOME, q) % 100 {
                 0..=9 => Outcome::Open,
@@ -1787,7 +1802,7 @@ impl ScanPart {
         }
         let normal = SynthConfig {
             profile: Profile::Mixed,
-            flows: config.flows - probe_flows,
+            flows: config.flows - probe_flows - benign,
             packets: config.packets.saturating_sub(packets),
             ..config.clone()
         };
@@ -1795,8 +1810,9 @@ impl ScanPart {
             Error::Option { name, reason } => Error::Option {
                 name,
                 reason: format!(
-                    "{reason} (profile scan: {probe_flows} of the flows and {packets} of the \
-                     packets are the scanners')"
+                    "{reason} (profile scan: {} of the flows and {packets} of the packets are \
+                     the scanners' and failed attempts')",
+                    probe_flows + benign
                 ),
             },
             other => other,
@@ -1824,7 +1840,8 @@ impl ScanPart {
         // Inside scanners probe the servers' subnet, outside ones the clients' hosts.
         let server_hosts = servers.usable().min(256);
         let client_hosts = plan.hosts.min(clients.usable());
-        let mut probes = Vec::with_capacity(probe_flows as usize);
+        let mut probes = Vec::with_capacity((probe_flows + benign) as usize);
+        let mut benign_made = 0;
         for (q, outcome) in outcomes.into_iter().enumerate() {
             let q = q as u64;
             let (i, j) = (q % s, q / s);
@@ -1843,11 +1860,26 @@ impl ScanPart {
                 clients.host(h, key ^ K_CLIENT)
             } as u32;
             probes.push(Probe {
+                source: scanners[i as usize].0,
                 target,
+                sport: 40_000 + i as u16,
                 port: port as u16,
                 scanner: i as u8,
                 outcome,
             });
+            if q % 4 == 3 && benign_made < benign {
+                // A normal client tries a closed port of a server.
+                let r = hash2(key, K_BENIGN, benign_made);
+                probes.push(Probe {
+                    source: clients.host((r >> 8) % client_hosts, key ^ K_CLIENT) as u32,
+                    target: servers.host((r >> 40) % server_hosts, key ^ K_SERVER) as u32,
+                    sport: BENIGN_PORT_LO + (benign_made % 4_500) as u16,
+                    port: 1 + (r % SCAN_PORTS) as u16,
+                    scanner: BENIGN,
+                    outcome: Outcome::Closed,
+                });
+                benign_made += 1;
+            }
         }
         Ok((
             normal,
@@ -1878,7 +1910,7 @@ impl ScanPart {
                 unanswered: 0,
             })
             .collect();
-        for p in &self.probes {
+        for p in self.probes.iter().filter(|p| p.scanner != BENIGN) {
             let t = &mut out[usize::from(p.scanner)];
             t.probes += 1;
             match p.outcome {
@@ -1902,8 +1934,11 @@ impl ScanPart {
     fn write(&mut self, buf: &mut [u8], scratch: &mut [u8; 2048]) -> (usize, usize) {
         use tcp_flags::{ACK, RST, SYN};
         let p = self.probes[self.next];
-        let (scanner, inside) = self.scanners[usize::from(p.scanner)];
-        let sport = 40_000 + u16::from(p.scanner);
+        let (scanner, sport) = (p.source, p.sport);
+        let inside = self
+            .scanners
+            .get(usize::from(p.scanner))
+            .is_none_or(|s| s.1);
         let isn = hash2(
             K_SCAN,
             u64::from(scanner),

@@ -46,6 +46,7 @@ fn a_scan_trace_has_exact_counts_and_its_ground_truth() {
     assert_eq!(flows.len() as u64, cfg.flows);
 
     let mut probes: BTreeMap<IpAddr, u64> = BTreeMap::new();
+    let mut benign_failures = 0;
     for pkts in flows.values() {
         let first = &pkts[0];
         let from_scanner = scanners.contains(&first.key.src);
@@ -56,6 +57,17 @@ fn a_scan_trace_has_exact_counts_and_its_ground_truth() {
             first.key
         );
         if !from_scanner {
+            // Normal clients' failed attempts: SYN answered by RST/ACK, from a port >= 61000.
+            let flags: Vec<u8> = pkts
+                .iter()
+                .filter_map(|p| p.tcp.as_ref())
+                .map(|t| t.flags)
+                .collect();
+            if flags == [SYN, RST | ACK] {
+                assert!(first.key.src_port >= 61_000);
+                assert_eq!(first.src_mac, CLIENT_MAC);
+                benign_failures += 1;
+            }
             continue;
         }
         // A probe: SYN, then nothing, RST/ACK, or SYN/ACK and the scanner's RST.
@@ -79,6 +91,7 @@ fn a_scan_trace_has_exact_counts_and_its_ground_truth() {
     for t in &truth {
         assert_eq!(probes.get(&t.addr).copied(), Some(t.probes), "{t:?}");
     }
+    assert_eq!(benign_failures, 100);
 
     let json = truth_json(&cfg, &truth);
     assert!(json.starts_with("{\"profile\":\"scan\""), "{json}");
