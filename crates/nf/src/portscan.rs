@@ -160,15 +160,13 @@ impl Trw {
         self.walk_length(self.success_step, self.ln_eta0, |x, t| x <= t)
     }
 
+    /// Steps of `step` from 0 until `reached(x, target)`; `u32::MAX` past a million.
     fn walk_length(&self, step: f64, target: f64, reached: impl Fn(f64, f64) -> bool) -> u32 {
         let mut x = 0.0;
-        for n in 1..=u32::MAX {
+        for n in 1..=1_000_000 {
             x += step;
             if reached(x, target) {
                 return n;
-            }
-            if n == 1_000_000 {
-                break;
             }
         }
         u32::MAX
@@ -861,14 +859,16 @@ impl NetworkFunction for Portscan {
 
     /// Unanswered attempts whose `attempt_timeout` has passed are failures.
     fn on_tick(&mut self, now: Nanos) {
-        let mut timed_out = Vec::new();
-        self.pending
-            .expire(now, |k, made| timed_out.push((k, made)));
-        for (k, made) in timed_out {
+        let this = &*self;
+        let timeout = this.cfg.attempt_timeout.as_nanos() as u64;
+        this.pending.expire(now, |k, made| {
             // The failure is dated when the attempt timed out, not when the tick ran.
-            let at = made.saturating_add(self.cfg.attempt_timeout.as_nanos() as u64);
-            self.observe(&k, Event::FailTimeout, at.min(now));
-        }
+            this.observe(
+                &k,
+                Event::FailTimeout,
+                made.saturating_add(timeout).min(now),
+            );
+        });
         // Walks and contacts past `source_timeout` are simply forgotten.
         self.sources.expire(now, |_, _| {});
         self.contacted.expire(now, |_, _| {});

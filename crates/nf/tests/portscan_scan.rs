@@ -138,7 +138,7 @@ fn check(o: &Outcome, label: &str) {
     for t in &o.truth {
         let n = o.alerts[&t.addr];
         assert!(
-            n >= 4 && n <= 40,
+            (4..=40).contains(&n),
             "{label}: {} detected after {n} SYNs",
             t.addr
         );
