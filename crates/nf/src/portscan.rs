@@ -853,6 +853,21 @@ impl NetworkFunction for Portscan {
         NF
     }
 
+    /// Prefetches what `process` looks up first: the source's entry when blocking, and the
+    /// attempt a TCP answer would settle.
+    #[inline]
+    fn prefetch(&mut self, pkt: &Packet<'_>) {
+        let Some(flow) = pkt.dissection.flow else {
+            return;
+        };
+        if self.cfg.block {
+            self.sources.prefetch(&flow.src);
+        }
+        if pkt.dissection.transport == Transport::Tcp {
+            self.pending.prefetch(&flow.reversed());
+        }
+    }
+
     fn process(&mut self, pkt: &mut Packet<'_>, cx: &Context) -> Verdict {
         self.process_alert(pkt, cx.now).0
     }

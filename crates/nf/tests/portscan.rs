@@ -117,6 +117,44 @@ fn icmp_unreachable_counts_as_a_failure() {
     assert!(rig.nf.is_scanner(&ip(scanner)));
 }
 
+/// An ICMPv6 destination unreachable (type 1, `code`) from `from` to `to` quoting the IPv6
+/// packet of the frame `quoted` (RFC 4443 §3.1).
+fn icmp6_unreachable(from: &str, to: &str, code: u8, quoted: &[u8]) -> Vec<u8> {
+    use flowstate_wire::checksum;
+    let (s, d): (std::net::Ipv6Addr, std::net::Ipv6Addr) =
+        (from.parse().unwrap(), to.parse().unwrap());
+    let mut msg = vec![1, code, 0, 0, 0, 0, 0, 0];
+    msg.extend_from_slice(&quoted[14..]);
+    let sum = checksum::combine(
+        checksum::pseudo_header_v6(&s.octets(), &d.octets(), 58, msg.len() as u32),
+        checksum::sum(&msg),
+    );
+    let c = checksum::finish(sum);
+    msg[2..4].copy_from_slice(&c.to_be_bytes());
+    let mut f = vec![2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1, 0x86, 0xdd];
+    f.extend_from_slice(&[0x60, 0, 0, 0]);
+    f.extend_from_slice(&(msg.len() as u16).to_be_bytes());
+    f.extend_from_slice(&[58, 64]);
+    f.extend_from_slice(&s.octets());
+    f.extend_from_slice(&d.octets());
+    f.extend_from_slice(&msg);
+    f
+}
+
+#[test]
+fn icmpv6_unreachable_counts_as_a_failure() {
+    let mut rig = portscan("");
+    for (i, port) in (1000..1004u16).enumerate() {
+        let s = tcp("[fd00::9]:40000", &format!("[2001:db8::10]:{port}"), SYN);
+        assert!(rig.passes(&s, OUT));
+        // Port unreachable (code 4) from a router.
+        let e = icmp6_unreachable("2001:db8::fe", "fd00::9", 4, &s);
+        assert!(rig.passes(&e, IN));
+        assert_eq!(rig.report("attempts_failed_icmp"), i as i64 + 1);
+    }
+    assert!(rig.nf.is_scanner(&ip("fd00::9")));
+}
+
 #[test]
 fn icmp_not_about_a_pending_attempt_or_not_to_its_source_is_ignored() {
     let mut rig = portscan("");
