@@ -7,21 +7,23 @@
 //!
 //! Per remote *source* (the host that initiates connection attempts), every **first-contact**
 //! TCP connection attempt — a SYN to a (destination host, port) the source has not tried
-//! before (TRW §4.1: only first contacts are observations) — is a Bernoulli trial whose
-//! outcome the NF reads from the handshake it sees:
+//! before (TRW's first-contact connection requests: only those are observations) — is a
+//! Bernoulli trial whose outcome the NF reads from the handshake it sees:
 //!
 //! * **success**: the SYN is answered by a SYN/ACK;
 //! * **failure**: the SYN is answered by a RST, or by an ICMP destination-unreachable (ICMPv4
 //!   type 3, ICMPv6 type 1) that quotes it and goes to the source, or is not answered within
-//!   `attempt_timeout` (TRW §4.1 counts an attempt that is never established as a failure).
+//!   `attempt_timeout` (TRW counts a request that is never established as a failure; the
+//!   timeout is our choice, the paper's analysis was offline).
 //!
-//! The likelihood ratio Λ of the source (TRW §3, eq. 2) starts at 1 and is multiplied by
+//! The likelihood ratio Λ of the source (TRW §3) starts at 1 and is multiplied by
 //! θ1/θ0 on a success and by (1 − θ1)/(1 − θ0) on a failure (θ0 = Pr[success | benign],
 //! θ1 = Pr[success | scanner]). When Λ ≥ η1 the source is a **scanner**: an alert is raised
 //! (counted, and logged in Suricata's EVE shape, see [`eve_json`]) and, with `block = true`,
 //! every packet *from* it is dropped for `block_time`. When Λ ≤ η0 the source is **benign**:
-//! its walk ends and its state is freed (TRW §3: "stop tracking"); a later first contact starts
-//! a new walk at Λ = 1, so an early benign verdict is not a licence to scan.
+//! its walk ends and its state is freed (TRW §3: the test stops at either threshold); a later
+//! first contact starts a new walk at Λ = 1, so an early benign verdict is not a licence to
+//! scan.
 //!
 //! The thresholds come from the desired detection probability P_D and false-positive
 //! probability P_F as TRW §3 derives them (Wald's bounds): η1 = P_D / P_F and
