@@ -38,7 +38,8 @@
 //!   verdict with the block deadline — cross-flow, scoped by source address, read-write
 //!   (CHC Table 4); expires `source_timeout` after its last change (a scanner's entry not
 //!   before its block ends).
-//! * `pending`: per attempt (the SYN's 5-tuple), the time it was made — per flow, with a TTL of
+//! * `pending`: per attempt (the SYN's 5-tuple), the time it was made and the direction it came
+//!   from — per flow, with a TTL of
 //!   `attempt_timeout`; its expiry callback is the unanswered-attempt failure.
 //! * `contacted`: the (source, destination, port) triples already tried — cross-flow, scoped by
 //!   source; each expires `source_timeout` after it was made, and at most `max_contacts` are
@@ -380,15 +381,21 @@ enum Event {
     Malformed = 9,
     /// State could not be read; the packet passed unobserved.
     StateUnavailable = 10,
+    /// An alert for a source whose attempts came in from outside.
+    ScannerInbound = 11,
+    /// An alert for a source whose attempts went out from inside.
+    ScannerOutbound = 12,
 }
 
 impl Event {
-    const ALL: [Event; 10] = [
+    const ALL: [Event; 12] = [
         Event::Success,
         Event::FailRst,
         Event::FailIcmp,
         Event::FailTimeout,
         Event::Scanner,
+        Event::ScannerInbound,
+        Event::ScannerOutbound,
         Event::Benign,
         Event::Blocked,
         Event::ContactsFull,
@@ -408,6 +415,8 @@ impl Event {
             Event::ContactsFull => "contacts_not_recorded",
             Event::Malformed => "malformed",
             Event::StateUnavailable => "state_unavailable",
+            Event::ScannerInbound => "alerts_scanner_inbound",
+            Event::ScannerOutbound => "alerts_scanner_outbound",
         }
     }
 }
@@ -582,8 +591,8 @@ pub struct Portscan {
     cfg: Arc<Compiled>,
     /// Per source: its walk or its verdict.
     sources: Map<IpAddr, SourceState>,
-    /// Per attempt (the SYN's 5-tuple): when it was made.
-    pending: Map<FlowKey, Nanos>,
+    /// Per attempt (the SYN's 5-tuple): when it was made, and whether it came in from outside.
+    pending: Map<FlowKey, (Nanos, bool)>,
     /// (source, destination, port) tried.
     contacted: Map<(IpAddr, IpAddr, u16), bool>,
     /// Counts by [`Event`] code.
@@ -611,6 +620,8 @@ pub struct Alert {
     pub likelihood: f64,
     /// Whether its packets are now dropped.
     pub blocked: bool,
+    /// Where its attempts came from: `Inbound` for an outside host.
+    pub direction: Direction,
 }
 
 impl Portscan {
@@ -655,7 +666,7 @@ impl Portscan {
     }
 
     /// A SYN from an initiator: record a first contact as a pending attempt.
-    fn syn(&self, flow: &FlowKey, now: Nanos) -> Result<(), Event> {
+    fn syn(&self, flow: &FlowKey, direction: Direction, now: Nanos) -> Result<(), Event> {
         let src = self
             .sources
             .with(&flow.src, |s| s.copied())
@@ -677,7 +688,8 @@ impl Portscan {
         self.contacted.insert_nowait(triple, true);
         self.contacted
             .expire_after(&triple, self.cfg.source_timeout, now);
-        self.pending.insert_nowait(*flow, now);
+        self.pending
+            .insert_nowait(*flow, (now, direction == Direction::Inbound));
         self.pending
             .expire_after(flow, self.cfg.attempt_timeout, now);
         Ok(())
@@ -685,12 +697,18 @@ impl Portscan {
 
     /// An answer (SYN/ACK, RST, ICMP error) to the attempt `attempt` (the SYN's 5-tuple).
     fn answer(&self, attempt: &FlowKey, outcome: Event, now: Nanos) -> Option<Alert> {
-        self.pending.remove_nowait(attempt)?;
-        self.observe(attempt, outcome, now)
+        let (_, inbound) = self.pending.remove_nowait(attempt)?;
+        self.observe(attempt, inbound, outcome, now)
     }
 
     /// One observation of `attempt.src`'s walk.
-    fn observe(&self, attempt: &FlowKey, outcome: Event, now: Nanos) -> Option<Alert> {
+    fn observe(
+        &self,
+        attempt: &FlowKey,
+        inbound: bool,
+        outcome: Event,
+        now: Nanos,
+    ) -> Option<Alert> {
         self.count(outcome);
         let src = attempt.src;
         let success = outcome == Event::Success;
@@ -730,6 +748,11 @@ impl Portscan {
             }
             Decision::Scanner => {
                 self.count(Event::Scanner);
+                self.count(if inbound {
+                    Event::ScannerInbound
+                } else {
+                    Event::ScannerOutbound
+                });
                 self.alerts.add_nowait(1);
                 let until = now.saturating_add(self.cfg.block_time.as_nanos() as u64);
                 self.sources.insert_nowait(
@@ -754,6 +777,11 @@ impl Portscan {
                     failures: next.failures,
                     likelihood: next.ln_lambda.exp(),
                     blocked: self.cfg.block,
+                    direction: if inbound {
+                        Direction::Inbound
+                    } else {
+                        Direction::Outbound
+                    },
                 };
                 tracing::warn!(target: ALERT_TARGET, eve = %eve_json(&alert), "portscan: TRW");
                 Some(alert)
@@ -791,7 +819,7 @@ impl Portscan {
                 );
                 if syn && !ack && !rst {
                     if watch.covers(pkt.direction) {
-                        if let Err(e) = self.syn(&flow, now) {
+                        if let Err(e) = self.syn(&flow, pkt.direction, now) {
                             self.count(e);
                         }
                     }
@@ -878,13 +906,10 @@ impl NetworkFunction for Portscan {
     fn on_tick(&mut self, now: Nanos) {
         let this = &*self;
         let timeout = this.cfg.attempt_timeout.as_nanos() as u64;
-        this.pending.expire(now, |k, made| {
+        this.pending.expire(now, |k, (made, inbound)| {
             // The failure is dated when the attempt timed out, not when the tick ran.
-            this.observe(
-                &k,
-                Event::FailTimeout,
-                made.saturating_add(timeout).min(now),
-            );
+            let at = made.saturating_add(timeout).min(now);
+            this.observe(&k, inbound, Event::FailTimeout, at);
         });
         // Walks and contacts past `source_timeout` are simply forgotten.
         self.sources.expire(now, |_, _| {});
@@ -910,7 +935,8 @@ impl NetworkFunction for Portscan {
 
 /// The alert as one line of JSON in Suricata's EVE shape (`timestamp`, `event_type: "alert"`,
 /// `src_ip`, `dest_ip`, `dest_port`, `proto`, `alert: {action, signature_id, rev, signature,
-/// category, severity}`, and a `portscan` object with the walk). The NF emits it as a
+/// category, severity}`, and a `portscan` object with the walk: `direction` of its attempts,
+/// `attempts`, `failures`, `likelihood`). The NF emits it as a
 /// `tracing` event (target [`ALERT_TARGET`], field `eve`) at WARN level: NFs are sans-IO, so
 /// the line goes wherever the binary's log goes.
 pub fn eve_json(a: &Alert) -> String {
@@ -920,7 +946,8 @@ pub fn eve_json(a: &Alert) -> String {
             "\"dest_ip\":\"{}\",\"dest_port\":{},\"proto\":\"TCP\",",
             "\"alert\":{{\"action\":\"{}\",\"gid\":1,\"signature_id\":{},\"rev\":1,",
             "\"signature\":\"{}\",\"category\":\"Attempted Information Leak\",\"severity\":2}},",
-            "\"portscan\":{{\"attempts\":{},\"failures\":{},\"likelihood\":{:.3}}}}}"
+            "\"portscan\":{{\"direction\":\"{}\",\"attempts\":{},\"failures\":{},",
+            "\"likelihood\":{:.3}}}}}"
         ),
         timestamp(a.time),
         a.src,
@@ -929,6 +956,10 @@ pub fn eve_json(a: &Alert) -> String {
         if a.blocked { "blocked" } else { "allowed" },
         SIGNATURE_ID,
         SIGNATURE,
+        match a.direction {
+            Direction::Inbound => "inbound",
+            Direction::Outbound => "outbound",
+        },
         a.attempts,
         a.failures,
         a.likelihood,

@@ -48,6 +48,8 @@ fn four_rsts_flag_a_scanner_as_the_paper_predicts() {
     assert!(rig.nf.is_scanner(&ip(SCANNER)));
     assert_eq!(rig.report("alerts"), 1);
     assert_eq!(rig.report("alerts_scanner"), 1);
+    assert_eq!(rig.report("alerts_scanner_inbound"), 1);
+    assert_eq!(rig.report("alerts_scanner_outbound"), 0);
     assert_eq!(rig.report("attempts_failed_rst"), 4);
     let s = rig.nf.source(&ip(SCANNER)).unwrap();
     assert_eq!((s.attempts, s.failures), (4, 4));
@@ -324,6 +326,7 @@ fn alerts_are_eve_json() {
     assert_eq!(v["alert"]["signature_id"], portscan::SIGNATURE_ID);
     assert_eq!(v["alert"]["action"], "blocked");
     assert_eq!(v["portscan"]["failures"], 4);
+    assert_eq!(v["portscan"]["direction"], "inbound");
 }
 
 fn config_error(toml_text: &str) -> (&'static str, String) {

@@ -164,6 +164,9 @@ fn every_scanner_is_found_and_no_normal_host() {
         };
         let o = run(cfg, "");
         check(&o, &format!("seed {seed}"));
+        // Two inside scanners (their SYNs go out), two outside ones.
+        assert_eq!(o.report["alerts_scanner_outbound"], 2);
+        assert_eq!(o.report["alerts_scanner_inbound"], 2);
         assert!(o.report["attempts_failed_timeout"] > 0);
         assert_eq!(o.dropped, 0, "nothing is blocked unless asked");
     }
