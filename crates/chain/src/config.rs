@@ -37,11 +37,12 @@
 //! external = ["203.0.113.1"]    # every other key goes to the NF
 //! ```
 //!
-//! `synthetic` takes `profile` (long, short, mixed, uniform; default mixed), `flows`,
+//! `synthetic` takes `profile` (long, short, mixed, uniform, scan; default mixed), `flows`,
 //! `packets` (default: `flows` times the profile's typical flow size), `seed` (default 1),
 //! `ipv6_share`, `tcp_share`, `zipf`, `size` (`"60"`, `"60-1514"`, `"imix"`), `rate`
 //! (packets a second, for timestamps), `concurrency`, the subnets `clients_v4`,
-//! `servers_v4`, `clients_v6`, `servers_v6`, and `per_worker = true` to have each worker
+//! `servers_v4`, `clients_v6`, `servers_v6`, `scanners` and `scan_probes` (profile `scan`), and
+//! `per_worker = true` to have each worker
 //! generate its own share instead of one generator feeding the dispatcher (see
 //! [`flowstate_io::synth`] for their meaning and defaults).
 //!
@@ -386,6 +387,8 @@ struct RawSynthetic {
     servers_v4: Option<String>,
     clients_v6: Option<String>,
     servers_v6: Option<String>,
+    scanners: Option<u64>,
+    scan_probes: Option<u64>,
     per_worker: Option<bool>,
 }
 
@@ -706,7 +709,7 @@ fn synthetic(s: RawSynthetic, file: &Path) -> Result<SyntheticInput, ConfigError
             ConfigError::new(
                 file,
                 key("profile"),
-                format!("unknown profile {p:?}; expected one of long, short, mixed, uniform"),
+                format!("unknown profile {p:?}; expected one of long, short, mixed, uniform, scan"),
             )
         })?,
         None => Profile::Mixed,
@@ -741,6 +744,12 @@ fn synthetic(s: RawSynthetic, file: &Path) -> Result<SyntheticInput, ConfigError
     }
     if let Some(v) = s.concurrency {
         c.concurrency = v;
+    }
+    if let Some(v) = s.scanners {
+        c.scanners = v;
+    }
+    if let Some(v) = s.scan_probes {
+        c.scan_probes = v;
     }
     let subnet_err = |k: &str, v: &str| {
         ConfigError::new(

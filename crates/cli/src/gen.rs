@@ -10,7 +10,8 @@ use std::path::PathBuf;
 /// Options of `flowstate gen`; unset ones take the profile's defaults.
 #[derive(Debug, Args)]
 pub(crate) struct GenArgs {
-    /// Traffic profile: long, short, mixed or uniform.
+    /// Traffic profile: long, short, mixed, uniform or scan (`scan` also writes the ground
+    /// truth, its scanners, to OUTPUT.truth.json).
     #[arg(long, default_value = "mixed")]
     profile: String,
     /// Number of flows (distinct 5-tuples).
@@ -40,6 +41,12 @@ pub(crate) struct GenArgs {
     /// About how many flows are active at once (0 = all from the start).
     #[arg(long)]
     concurrency: Option<u64>,
+    /// Profile scan: number of scanners (default 4).
+    #[arg(long)]
+    scanners: Option<u64>,
+    /// Profile scan: probes per scanner (default: one per 5 flows, shared).
+    #[arg(long)]
+    scan_probes: Option<u64>,
     /// Write nanosecond timestamps (default: microseconds).
     #[arg(long)]
     nanos: bool,
@@ -77,6 +84,12 @@ impl GenArgs {
         if let Some(v) = self.concurrency {
             c.concurrency = v;
         }
+        if let Some(v) = self.scanners {
+            c.scanners = v;
+        }
+        if let Some(v) = self.scan_probes {
+            c.scan_probes = v;
+        }
         c.validate()?;
         Ok(c)
     }
@@ -85,7 +98,12 @@ impl GenArgs {
 /// Generates the trace; returns the number of packets written.
 pub(crate) fn run(args: &GenArgs) -> Result<u64> {
     let config = args.config()?;
-    let mut source = Synthetic::new(config)?;
+    let mut source = Synthetic::new(config.clone())?;
+    if config.profile == Profile::Scan {
+        let path = truth_path(&args.output);
+        let json = flowstate_io::synth::truth_json(&config, &source.scanners());
+        std::fs::write(&path, json).with_context(|| format!("writing {}", path.display()))?;
+    }
     let options = WriterOptions {
         resolution: if args.nanos {
             TsResolution::Nano
@@ -111,4 +129,11 @@ pub(crate) fn run(args: &GenArgs) -> Result<u64> {
         .with_context(|| format!("writing {}", args.output.display()))?;
     bar.finish_and_clear();
     Ok(written)
+}
+
+/// Where `gen --profile scan -o FILE` writes the ground truth: `FILE.truth.json`.
+pub(crate) fn truth_path(output: &std::path::Path) -> PathBuf {
+    let mut p = output.as_os_str().to_owned();
+    p.push(".truth.json");
+    PathBuf::from(p)
 }

@@ -59,6 +59,38 @@ fn gen_writes_exactly_the_packets_and_flows_asked_for() {
 }
 
 #[test]
+fn gen_scan_writes_the_ground_truth_beside_the_capture() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("scan.pcap");
+    let out = flowstate(&[
+        "gen",
+        "--profile",
+        "scan",
+        "--flows",
+        "500",
+        "--packets",
+        "20000",
+        "-o",
+        path.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = inspect_json(&path);
+    assert_eq!(s["packets"], 20_000);
+    assert_eq!(s["flows"], 500);
+    assert_eq!(s["malformed"], 0);
+    let truth = std::fs::read_to_string(dir.path().join("scan.pcap.truth.json")).unwrap();
+    let truth: serde_json::Value = serde_json::from_str(&truth).expect("truth is JSON");
+    assert_eq!(truth["profile"], "scan");
+    let scanners = truth["scanners"].as_array().unwrap();
+    assert_eq!(scanners.len(), 4);
+    assert!(scanners.iter().all(|t| t["probes"] == 25));
+}
+
+#[test]
 fn gen_is_deterministic_per_seed() {
     let dir = tempfile::tempdir().unwrap();
     let run = |name: &str, seed: &str| {

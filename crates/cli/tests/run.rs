@@ -38,7 +38,7 @@ fn nf_report(s: &serde_json::Value, name: &str) -> serde_json::Value {
 
 #[test]
 fn every_example_runs_from_the_repository_root() {
-    for example in ["nat", "nat-mvt", "firewall", "lb", "chain"] {
+    for example in ["nat", "nat-mvt", "firewall", "lb", "chain", "portscan"] {
         let path = format!("examples/{example}.toml");
         let s = run_json(&["run", &path, "--json"]);
         let total_in = s["packets_in"].as_u64().unwrap() + s["reflected"].as_u64().unwrap();
@@ -80,6 +80,37 @@ fn one_and_two_workers_agree() {
             "{nf}.{key}"
         );
     }
+}
+
+/// The portscan example finds its four scanners: exactly once each on one worker; on two,
+/// an outside scanner may be found once per partition its targets fall in (the detector
+/// partitions by the inside address, see `flowstate_nf::portscan`).
+#[test]
+fn portscan_example_reports_the_scanners() {
+    let one = run_json(&["run", "examples/portscan.toml", "--json", "--workers", "1"]);
+    let r = nf_report(&one, "portscan");
+    assert_eq!(r["alerts_scanner"], 4, "{r}");
+    assert!(r["dropped_blocked"].as_i64().unwrap() > 0, "{r}");
+    let two = run_json(&["run", "examples/portscan.toml", "--json", "--workers", "2"]);
+    let r = nf_report(&two, "portscan");
+    // Inside scanners are exact on any number of workers; an outside one is walked per
+    // partition its targets fall in.
+    assert_eq!(r["alerts_scanner_outbound"], 2, "{r}");
+    let n = r["alerts_scanner_inbound"].as_i64().unwrap();
+    assert!((2..=4).contains(&n), "{r}");
+    assert_eq!(r["alerts_scanner"].as_i64().unwrap(), 2 + n);
+    // A bad key is named.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ps.toml");
+    std::fs::write(
+        &path,
+        "[input]\nsynthetic = { profile = \"scan\" }\n[[chain]]\nnf = \"portscan\"\ntheta1 = 0.9\n",
+    )
+    .unwrap();
+    let out = flowstate(&["run", path.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("ps.toml") && err.contains("theta1"), "{err}");
 }
 
 #[test]

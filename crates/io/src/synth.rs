@@ -15,6 +15,7 @@
 //! | `short` | ~100 packets (×0.8–1.2) | 10,000 flows, 1M packets, 1,000 concurrent | StatelessNF §7.2.1 "100,000 TCP flows of 100 packets each" |
 //! | `mixed` | bounded Pareto (α = 1) on 10–1,000 | 17,000 flows, 800k packets, 1,000 concurrent, 80 % TCP | StatelessNF §7.2.1 enterprise trace "17,000 flows that range in size from 10 to 1,000 packets" |
 //! | `uniform` | equal | 50,000 flows, 50,000 packets, 60-byte UDP, all concurrent | FlexState §V-A.2 (random 5-tuples, 64-byte frames, 50K flows), HashMVT §VI-D (64 B) |
+//! | `scan` | `mixed`, plus 1–3-packet SYN probes | as `mixed`; 4 scanners | TRW (Jung et al., IEEE S&P 2004) §2: scanners' first contacts mostly fail |
 //!
 //! The profile gives the *shape* of the per-flow packet counts; `flows` and `packets` fix their
 //! number and mean. Counts are `max(minimum, ⌊λ·wᵢ⌋)` with `λ` found by bisection so that they
@@ -60,6 +61,25 @@
 //! subnet (every host for `uniform`; all 254 of the default /24) on common ports (TCP 443, 80, ...; UDP 53, 443, 123, ...;
 //! random for `uniform`). Frames from clients go from MAC 02:00:00:00:00:01 to
 //! 02:00:00:00:00:02, replies the other way.
+//!
+//! # Scans
+//!
+//! The `scan` profile is a `mixed` trace with [`SynthConfig::scanners`] scanners among its
+//! hosts, each sending [`SynthConfig::scan_probes`] SYN probes to distinct (host, port) pairs
+//! (ports 1–1024), as `nmap -sS` does: scanner 0, 4, ... are inside hosts (unused addresses of
+//! `clients_v4`) scanning the servers' subnet; scanners 1, 5, ... are outside hosts
+//! (192.0.2.10 and up, TEST-NET-1) scanning the clients' hosts; scanners 0, 1, 4, 5, ... scan
+//! sequentially (ports 1, 2, ... of the first host, then the next host), the others in a seeded
+//! random order. Each probe is its own flow, answered as a seeded draw decides: 10 % open
+//! (SYN/ACK, then the scanner's RST: 3 packets), 60 % closed (RST/ACK: 2 packets), 30 %
+//! filtered (no answer: 1 packet). Normal clients fail too: after every fourth probe, a random
+//! normal client tries a random port 1–1024 of a server and gets a RST (from a client port
+//! above 61000), so a detector's false positives are measured against hosts that sometimes
+//! fail. Probes are IPv4, go round robin over the scanners, and their packets are spread
+//! evenly over the trace. `flows` and `packets` count the whole trace: the
+//! probes take their share and the `mixed` traffic the rest (still exactly `flows` flows and
+//! `packets` packets). The ground truth is [`Synthetic::scanners`] or [`scan_truth`]
+//! (without generating), as JSON by [`truth_json`].
 //!
 //! # Interleaving and time
 //!
@@ -110,15 +130,20 @@ pub enum Profile {
     /// N random 5-tuples with equal shares and a fixed packet size, no handshakes: the 64-byte
     /// worst case of FlexState §V-A.2 and HashMVT §VI-D.
     Uniform,
+    /// `mixed` traffic with a few port scanners among it, their SYN probes and the scanned
+    /// hosts' answers (see [Scans](self#scans)); the scanners are the ground truth
+    /// ([`Synthetic::scanners`], [`scan_truth`]).
+    Scan,
 }
 
 impl Profile {
     /// Every profile.
-    pub const ALL: [Profile; 4] = [
+    pub const ALL: [Profile; 5] = [
         Profile::Long,
         Profile::Short,
         Profile::Mixed,
         Profile::Uniform,
+        Profile::Scan,
     ];
 
     /// The profile's name as [`FromStr`] accepts it.
@@ -128,6 +153,7 @@ impl Profile {
             Profile::Short => "short",
             Profile::Mixed => "mixed",
             Profile::Uniform => "uniform",
+            Profile::Scan => "scan",
         }
     }
 
@@ -138,7 +164,7 @@ impl Profile {
             Profile::Long => 10_000,
             Profile::Short => 100,
             // Bounded Pareto, α = 1, on [10, 1000]: mean = 10·1000/990 · ln 100 ≈ 46.5.
-            Profile::Mixed => 47,
+            Profile::Mixed | Profile::Scan => 47,
             Profile::Uniform => 1,
         }
     }
@@ -160,7 +186,7 @@ impl FromStr for Profile {
             .ok_or_else(|| Error::Option {
                 name: "profile",
                 reason: format!(
-                    "unknown profile {s:?}; expected one of long, short, mixed, uniform"
+                    "unknown profile {s:?}; expected one of long, short, mixed, uniform, scan"
                 ),
             })
     }
@@ -378,6 +404,11 @@ pub struct SynthConfig {
     pub clients_v6: Ipv6Net,
     /// IPv6 servers' subnet.
     pub servers_v6: Ipv6Net,
+    /// `scan` only: number of scanners, 1 to 200 (default 4).
+    pub scanners: u64,
+    /// `scan` only: first-contact probes per scanner; 0 (the default) = one per 5 flows of
+    /// the trace shared among the scanners, 1 to 200 each.
+    pub scan_probes: u64,
 }
 
 impl Default for SynthConfig {
@@ -393,7 +424,7 @@ impl SynthConfig {
         let (flows, packets, concurrency) = match profile {
             Profile::Long => (100, 1_000_000, 0),
             Profile::Short => (10_000, 1_000_000, 1_000),
-            Profile::Mixed => (17_000, 800_000, 1_000),
+            Profile::Mixed | Profile::Scan => (17_000, 800_000, 1_000),
             Profile::Uniform => (50_000, 50_000, 0),
         };
         let uniform = profile == Profile::Uniform;
@@ -405,7 +436,7 @@ impl SynthConfig {
             ipv6_share: if uniform { 0.0 } else { 0.1 },
             tcp_share: match profile {
                 Profile::Long | Profile::Short => 1.0,
-                Profile::Mixed => 0.8,
+                Profile::Mixed | Profile::Scan => 0.8,
                 Profile::Uniform => 0.0,
             },
             zipf_s: 0.0,
@@ -421,6 +452,8 @@ impl SynthConfig {
             servers_v4: Ipv4Net::new(Ipv4Addr::new(198, 51, 100, 0), 24),
             clients_v6: Ipv6Net::new(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 0), 8),
             servers_v6: Ipv6Net::new(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0), 32),
+            scanners: 4,
+            scan_probes: 0,
         }
     }
 
@@ -438,6 +471,9 @@ impl SynthConfig {
 
     /// Checks every option; the error names the option and what was expected.
     pub fn validate(&self) -> Result<()> {
+        if self.profile == Profile::Scan {
+            return ScanPart::plan(self).map(|_| ());
+        }
         self.plan().map(|_| ())
     }
 
@@ -980,6 +1016,8 @@ pub struct Synthetic {
     emitted: u64,
     period_ns: f64,
     scratch: Box<[u8; 2048]>,
+    /// `scan`: the probes mixed into this generator's (normal) traffic.
+    scan: Option<Box<ScanPart>>,
 }
 
 impl fmt::Debug for Synthetic {
@@ -998,6 +1036,12 @@ impl Synthetic {
     /// A generator for `config`, after [`SynthConfig::validate`]. Works out every flow's
     /// packet count (O(flows) time and memory); packets are made as they are received.
     pub fn new(config: SynthConfig) -> Result<Self> {
+        if config.profile == Profile::Scan {
+            let (normal, part) = ScanPart::plan(&config)?;
+            let mut s = Synthetic::new(normal)?;
+            s.scan = Some(Box::new(part));
+            return Ok(s);
+        }
         let plan = config.plan()?;
         let key = mix64(config.seed ^ 0x666c_6f77_7374_6174);
         let n = config.flows;
@@ -1023,7 +1067,7 @@ impl Synthetic {
                 Profile::Short => 100.0 * (0.8 + 0.4 * u),
                 // Bounded Pareto with α = 1 on [10, 1000] by inversion:
                 // x = L / (1 − u(1 − L/H)).
-                Profile::Mixed => 10.0 / (1.0 - u * (1.0 - 10.0 / 1000.0)),
+                Profile::Mixed | Profile::Scan => 10.0 / (1.0 - u * (1.0 - 10.0 / 1000.0)),
                 Profile::Uniform => 1.0,
             };
             let w = if skew {
@@ -1093,22 +1137,31 @@ impl Synthetic {
             heap: BinaryHeap::with_capacity(reserve),
             emitted: 0,
             scratch: Box::new([0u8; 2048]),
+            scan: None,
         })
     }
 
     /// The configuration.
     pub fn config(&self) -> &SynthConfig {
-        &self.config
+        match &self.scan {
+            Some(s) => &s.config,
+            None => &self.config,
+        }
     }
 
     /// Packets the whole trace has: [`SynthConfig::packets`].
     pub fn total_packets(&self) -> u64 {
-        self.config.packets
+        self.config().packets
     }
 
     /// Packets generated so far (for a progress bar up to [`total_packets`](Self::total_packets)).
     pub fn progress(&self) -> u64 {
-        self.emitted
+        self.emitted + self.scan.as_ref().map_or(0, |s| s.emitted)
+    }
+
+    /// The scanners of a `scan` trace (the ground truth), empty for other profiles.
+    pub fn scanners(&self) -> Vec<ScannerTruth> {
+        self.scan.as_ref().map_or_else(Vec::new, |s| s.truth())
     }
 
     /// Packets of flow `i` (flows are numbered in the order they start), if it exists.
@@ -1120,10 +1173,11 @@ impl Synthetic {
     /// `meta`; returns the stored length. The trace must not be exhausted.
     fn emit(&mut self, buf: &mut [u8], meta: &mut PacketMeta) -> usize {
         let slot = self.pop_due();
+        let index = self.progress();
         let ts_ns = self
             .config
             .start_ns
-            .saturating_add((self.emitted as f64 * self.period_ns) as u64);
+            .saturating_add((index as f64 * self.period_ns) as u64);
         self.emitted += 1;
         let (len, wire_len) = self.write_packet(slot as usize, ts_ns, buf);
         let state = &mut self.slots[slot as usize];
@@ -1578,9 +1632,422 @@ fn allocate(
     counts
 }
 
+// ---------------------------------------------------------------------------------------------
+// Scans
+
+/// Outside scanners' subnet: 192.0.2.0/24 (TEST-NET-1, RFC 5737), hosts .10 up.
+const OUTSIDE_SCANNERS: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 0);
+/// Ports a scanner probes: 1..=SCAN_PORTS.
+const SCAN_PORTS: u64 = 1024;
+const K_SCAN: u64 = 0x5ca9;
+const K_SCAN_OUTCOME: u64 = 0x5ca0;
+
+/// One scanner of a `scan` trace: the ground truth a detector is checked against.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScannerTruth {
+    /// Its address.
+    pub addr: std::net::IpAddr,
+    /// Whether it is an inside host (in `clients_v4`, scanning the servers' subnet outward);
+    /// otherwise an outside host (192.0.2.0/24) scanning the clients' subnet.
+    pub inside: bool,
+    /// Sequential (hosts in order, ports 1, 2, ... on each) or random (host, port) order.
+    pub sequential: bool,
+    /// First-contact probes it sends.
+    pub probes: u64,
+    /// Probes answered by SYN/ACK (open ports).
+    pub open: u64,
+    /// Probes answered by RST (closed ports).
+    pub closed: u64,
+    /// Probes never answered (filtered).
+    pub unanswered: u64,
+}
+
+/// The ground truth of a `scan` configuration (empty for other profiles), without
+/// generating the trace.
+pub fn scan_truth(config: &SynthConfig) -> Result<Vec<ScannerTruth>> {
+    if config.profile != Profile::Scan {
+        return Ok(Vec::new());
+    }
+    Ok(ScanPart::plan(config)?.1.truth())
+}
+
+/// The ground truth as JSON (what `flowstate gen` writes beside a `scan` capture as
+/// `FILE.truth.json`): `{"profile": "scan", "seed": S, "scanners": [{"addr", "inside",
+/// "sequential", "probes", "open", "closed", "unanswered"}, ...]}`.
+pub fn truth_json(config: &SynthConfig, scanners: &[ScannerTruth]) -> String {
+    let mut out = format!(
+        "{{\"profile\":\"{}\",\"seed\":{},\"flows\":{},\"packets\":{},\"scanners\":[",
+        config.profile, config.seed, config.flows, config.packets
+    );
+    for (i, t) in scanners.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&format!(
+            "{{\"addr\":\"{}\",\"inside\":{},\"sequential\":{},\"probes\":{},\"open\":{},\
+             \"closed\":{},\"unanswered\":{}}}",
+            t.addr, t.inside, t.sequential, t.probes, t.open, t.closed, t.unanswered
+        ));
+    }
+    out.push_str("]}\n");
+    out
+}
+
+/// What a probe's target answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Outcome {
+    /// SYN/ACK, then the scanner's RST (a half-open SYN scan): 3 packets.
+    Open = 3,
+    /// RST/ACK: 2 packets.
+    Closed = 2,
+    /// Nothing: 1 packet.
+    Filtered = 1,
+}
+
+/// One probe: scanner `scanner` to `target:port`.
+#[derive(Debug, Clone, Copy)]
+struct Probe {
+    source: u32,
+    target: u32,
+    sport: u16,
+    port: u16,
+    /// The scanner's index, or [`BENIGN`].
+    scanner: u8,
+    outcome: Outcome,
+}
+
+/// [`Probe::scanner`] of a normal client's failed attempt.
+const BENIGN: u8 = u8::MAX;
+/// Client ports of normal clients' failed attempts: above the normal flows' ephemeral range.
+const BENIGN_PORT_LO: u16 = 61_000;
+const K_BENIGN: u64 = 0xbe11;
+
+/// The scanners and their probes, mixed into a normal (`mixed`) trace.
+#[derive(Debug)]
+struct ScanPart {
+    /// The whole trace's configuration (profile `scan`).
+    config: SynthConfig,
+    /// Scanner addresses (IPv4), and whether each is inside.
+    scanners: Vec<(u32, bool)>,
+    /// Probes in trace order (round robin over the scanners).
+    probes: Vec<Probe>,
+    /// Packets of all probes.
+    packets: u64,
+    /// Probe packets emitted.
+    emitted: u64,
+    /// The probe being sent and how many of its packets went.
+    next: usize,
+    step: u8,
+}
+
+impl ScanPart {
+    /// Splits `config` into the normal traffic's configuration and the scan part.
+    fn plan(config: &SynthConfig) -> Result<(SynthConfig, ScanPart)> {
+        let opt = |name: &'static str, reason: String| Err(Error::Option { name, reason });
+        let s = config.scanners;
+        if !(1..=200).contains(&s) {
+            return opt("scanners", format!("must be 1 to 200, got {s}"));
+        }
+        let per = if config.scan_probes == 0 {
+            (config.flows / 5 / s).clamp(1, 200)
+        } else {
+            config.scan_probes
+        };
+        if !(1..=200).contains(&per) {
+            return opt(
+                "scan_probes",
+                format!("must be 1 to 200 per scanner, got {per}"),
+            );
+        }
+        let probe_flows = s * per;
+        // Normal clients' failed attempts (a closed port: RST), one per 4 probes.
+        let benign = (probe_flows / 4).min(4_500);
+        if probe_flows + benign >= config.flows {
+            return opt(
+                "flows",
+                format!(
+                    "profile scan with {s} scanners of {per} probes needs more than {} flows, \
+                     got {}",
+                    probe_flows + benign,
+                    config.flows
+                ),
+            );
+        }
+        let outside = Net::v4(Ipv4Net::new(OUTSIDE_SCANNERS, 24));
+        for (name, n) in [
+            ("clients_v4", config.clients_v4),
+            ("servers_v4", config.servers_v4),
+        ] {
+            if Net::v4(n).overlaps(&outside) {
+                return opt(
+                    name,
+                    format!("{n} overlaps the outside scanners' 192.0.2.0/24 (profile scan)"),
+                );
+            }
+        }
+        let key = mix64(config.seed ^ 0x666c_6f77_7374_6174);
+        // Probe outcomes first: they fix the packet count, which the normal part gets the
+        // rest of.
+        let mut outcomes = Vec::with_capacity(probe_flows as usize);
+        let mut packets = benign * Outcome::Closed as u64;
+        for q in 0..probe_flows {
+            let o = match hash2(key, K_SCAN_OUTCOME, q) % 100 {
+                0..=9 => Outcome::Open,
+                10..=69 => Outcome::Closed,
+                _ => Outcome::Filtered,
+            };
+            packets += o as u64;
+            outcomes.push(o);
+        }
+        let normal = SynthConfig {
+            profile: Profile::Mixed,
+            flows: config.flows - probe_flows - benign,
+            packets: config.packets.saturating_sub(packets),
+            ..config.clone()
+        };
+        let plan = normal.plan().map_err(|e| match e {
+            Error::Option { name, reason } => Error::Option {
+                name,
+                reason: format!(
+                    "{reason} (profile scan: {} of the flows and {packets} of the packets are \
+                     the scanners' and failed attempts')",
+                    probe_flows + benign
+                ),
+            },
+            other => other,
+        })?;
+        let clients = Net::v4(config.clients_v4);
+        let servers = Net::v4(config.servers_v4);
+        if clients.usable() < plan.hosts.saturating_add(s) {
+            return opt(
+                "clients_v4",
+                format!(
+                    "{} has too few hosts for the clients and {s} inside scanners",
+                    config.clients_v4
+                ),
+            );
+        }
+        let scanners: Vec<(u32, bool)> = (0..s)
+            .map(|i| {
+                if i % 2 == 0 {
+                    (clients.host(plan.hosts + i, key ^ K_CLIENT) as u32, true)
+                } else {
+                    (u32::from(OUTSIDE_SCANNERS) + 10 + i as u32, false)
+                }
+            })
+            .collect();
+        // Inside scanners probe the servers' subnet, outside ones the clients' hosts.
+        let server_hosts = servers.usable().min(256);
+        let client_hosts = plan.hosts.min(clients.usable());
+        let mut probes = Vec::with_capacity((probe_flows + benign) as usize);
+        let mut benign_made = 0;
+        for (q, outcome) in outcomes.into_iter().enumerate() {
+            let q = q as u64;
+            let (i, j) = (q % s, q / s);
+            let (inside, sequential) = (i % 2 == 0, (i / 2) % 2 == 0);
+            let hosts = if inside { server_hosts } else { client_hosts };
+            let space = hosts * SCAN_PORTS;
+            let t = if sequential {
+                j % space
+            } else {
+                permute_index(j % space, space, key ^ K_SCAN ^ i)
+            };
+            let (h, port) = (t / SCAN_PORTS, 1 + t % SCAN_PORTS);
+            let target = if inside {
+                servers.host(h, key ^ K_SERVER)
+            } else {
+                clients.host(h, key ^ K_CLIENT)
+            } as u32;
+            probes.push(Probe {
+                source: scanners[i as usize].0,
+                target,
+                sport: 40_000 + i as u16,
+                port: port as u16,
+                scanner: i as u8,
+                outcome,
+            });
+            if q % 4 == 3 && benign_made < benign {
+                // A normal client tries a closed port of a server.
+                let r = hash2(key, K_BENIGN, benign_made);
+                probes.push(Probe {
+                    source: clients.host((r >> 8) % client_hosts, key ^ K_CLIENT) as u32,
+                    target: servers.host((r >> 40) % server_hosts, key ^ K_SERVER) as u32,
+                    sport: BENIGN_PORT_LO + (benign_made % 4_500) as u16,
+                    port: 1 + (r % SCAN_PORTS) as u16,
+                    scanner: BENIGN,
+                    outcome: Outcome::Closed,
+                });
+                benign_made += 1;
+            }
+        }
+        Ok((
+            normal,
+            ScanPart {
+                config: config.clone(),
+                scanners,
+                probes,
+                packets,
+                emitted: 0,
+                next: 0,
+                step: 0,
+            },
+        ))
+    }
+
+    fn truth(&self) -> Vec<ScannerTruth> {
+        let mut out: Vec<ScannerTruth> = self
+            .scanners
+            .iter()
+            .enumerate()
+            .map(|(i, &(a, inside))| ScannerTruth {
+                addr: Ipv4Addr::from(a).into(),
+                inside,
+                sequential: (i / 2) % 2 == 0,
+                probes: 0,
+                open: 0,
+                closed: 0,
+                unanswered: 0,
+            })
+            .collect();
+        for p in self.probes.iter().filter(|p| p.scanner != BENIGN) {
+            let t = &mut out[usize::from(p.scanner)];
+            t.probes += 1;
+            match p.outcome {
+                Outcome::Open => t.open += 1,
+                Outcome::Closed => t.closed += 1,
+                Outcome::Filtered => t.unanswered += 1,
+            }
+        }
+        out
+    }
+
+    /// Whether the packet at trace position `k` (of `total`) is a probe packet: probe packets
+    /// are spread evenly over the trace.
+    fn due(&self, k: u64, total: u64) -> bool {
+        self.emitted < self.packets
+            && (u128::from(k) + 1) * u128::from(self.packets)
+                > u128::from(self.emitted) * u128::from(total.max(1))
+    }
+
+    /// Writes the next probe packet; returns (stored, wire) lengths.
+    fn write(&mut self, buf: &mut [u8], scratch: &mut [u8; 2048]) -> (usize, usize) {
+        use tcp_flags::{ACK, RST, SYN};
+        let p = self.probes[self.next];
+        let (scanner, sport) = (p.source, p.sport);
+        let inside = self
+            .scanners
+            .get(usize::from(p.scanner))
+            .is_none_or(|s| s.1);
+        let isn = hash2(
+            K_SCAN,
+            u64::from(scanner),
+            u64::from(p.target) << 16 | u64::from(p.port),
+        ) as u32;
+        let step = self.step;
+        // (from the scanner?, flags, seq, ack, MSS option?)
+        let (from_scanner, flags, seq, ack, mss) = match (step, p.outcome) {
+            (0, _) => (true, SYN, isn, 0, true),
+            (1, Outcome::Open) => (false, SYN | ACK, !isn, isn.wrapping_add(1), true),
+            (1, _) => (false, RST | ACK, 0, isn.wrapping_add(1), false),
+            _ => (true, RST, isn.wrapping_add(1), 0, false),
+        };
+        self.step += 1;
+        if self.step >= p.outcome as u8 {
+            self.step = 0;
+            self.next += 1;
+        }
+        self.emitted += 1;
+        let (s, t) = (Ipv4Addr::from(scanner), Ipv4Addr::from(p.target));
+        let (src, dst, sp, dp) = if from_scanner {
+            (s, t, sport, p.port)
+        } else {
+            (t, s, p.port, sport)
+        };
+        let tcp = TcpSpec {
+            src_port: sp,
+            dst_port: dp,
+            seq,
+            ack,
+            flags,
+            window: if from_scanner { 1024 } else { 65_160 },
+            urgent: 0,
+            options: if mss {
+                TcpOptions {
+                    mss: Some(1460),
+                    ..TcpOptions::NONE
+                }
+            } else {
+                TcpOptions::NONE
+            },
+        };
+        // The inside side's frames go from CLIENT_MAC, the outside's from SERVER_MAC.
+        let from_inside = from_scanner == inside;
+        let ethernet = if from_inside {
+            EthernetSpec::new(CLIENT_MAC, SERVER_MAC)
+        } else {
+            EthernetSpec::new(SERVER_MAC, CLIENT_MAC)
+        };
+        let spec = FrameSpec {
+            ethernet,
+            ip: IpSpec::V4(Ipv4Spec {
+                ttl: if from_scanner { 48 } else { 64 },
+                id: (isn >> 16) as u16 ^ u16::from(step),
+                ..Ipv4Spec::new(src, dst)
+            }),
+            l4: L4Spec::Tcp(tcp),
+            payload: Payload::Counter { len: 0, start: 0 },
+            min_len: ETHERNET_MIN_LEN,
+        };
+        let wire = spec.frame_len();
+        if buf.len() >= wire {
+            let n = spec.write(buf).unwrap_or(0);
+            (n, n)
+        } else {
+            let n = spec.write(&mut scratch[..]).unwrap_or(0);
+            let stored = n.min(buf.len());
+            buf[..stored].copy_from_slice(&scratch[..stored]);
+            (stored, n)
+        }
+    }
+}
+
+impl Synthetic {
+    /// `scan`: the next packet of the mixed trace, a probe's or the normal traffic's.
+    fn emit_mixed(&mut self, buf: &mut [u8], meta: &mut PacketMeta) -> usize {
+        let k = self.progress();
+        let total = self.total_packets();
+        let probe = self.scan.as_ref().is_some_and(|s| s.due(k, total))
+            || self.emitted >= self.config.packets;
+        if !probe {
+            return self.emit(buf, meta);
+        }
+        let ts_ns = self
+            .config
+            .start_ns
+            .saturating_add((k as f64 * self.period_ns) as u64);
+        let Some(scan) = self.scan.as_mut() else {
+            return 0;
+        };
+        let (len, wire_len) = scan.write(buf, &mut self.scratch);
+        *meta = PacketMeta {
+            timestamp_ns: ts_ns,
+            wire_len: wire_len as u32,
+            ..PacketMeta::default()
+        };
+        len
+    }
+}
+
 impl Source for Synthetic {
     fn recv(&mut self, batch: &mut PacketBatch) -> Result<usize> {
         batch.clear();
+        if self.scan.is_some() {
+            while self.progress() < self.total_packets() && !batch.is_full() {
+                batch.push_with(|buf, meta| self.emit_mixed(buf, meta));
+            }
+            return Ok(batch.len());
+        }
         while self.emitted < self.config.packets && !batch.is_full() {
             batch.push_with(|buf, meta| self.emit(buf, meta));
         }

@@ -197,6 +197,7 @@ pub mod firewall;
 pub mod lb;
 pub mod monitor;
 pub mod nat;
+pub mod portscan;
 pub mod reassembly;
 pub mod registry;
 pub mod rules;

@@ -12,6 +12,7 @@ const BUILT_IN: &[(&str, Builder)] = &[
     ("lb", crate::lb::factory),
     ("monitor", crate::monitor::factory),
     ("nat", crate::nat::mvt::select_factory),
+    ("portscan", crate::portscan::factory),
 ];
 
 /// Names of the built-in NFs.

@@ -5,6 +5,7 @@
 
 use flowstate_nf::firewall::{self, Firewall};
 use flowstate_nf::lb::{self, LoadBalancer};
+use flowstate_nf::portscan::{self, Portscan};
 use flowstate_nf::{Context, Direction, NetworkFunction, Packet, Verdict, WorkerInfo};
 use flowstate_state::local::LocalStore;
 use flowstate_state::{Backend, BackendError, Connector, Declare, Partition, StateConfig};
@@ -97,6 +98,20 @@ pub(crate) fn lb_on(store: &dyn Connector, config: &str, core: u32) -> Rig<LoadB
     let f = lb::Factory::new(&lb::Config::from_table(&table(config)).expect("parses"))
         .expect("config is valid");
     rig(store, "lb", core, |d, w| f.build_lb(d, w).expect("builds"))
+}
+
+/// A portscan detector on a fresh local store.
+pub(crate) fn portscan(config: &str) -> Rig<Portscan> {
+    portscan_on(&LocalStore::new(), config)
+}
+
+/// A portscan detector on `store`.
+pub(crate) fn portscan_on(store: &dyn Connector, config: &str) -> Rig<Portscan> {
+    let f = portscan::Factory::new(&portscan::Config::from_table(&table(config)).expect("parses"))
+        .expect("config is valid");
+    rig(store, "portscan", 0, |d, w| {
+        f.build_portscan(d, w).expect("builds")
+    })
 }
 
 impl<N: NetworkFunction> Rig<N> {
