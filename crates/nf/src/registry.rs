@@ -12,6 +12,7 @@ const BUILT_IN: &[(&str, Builder)] = &[
     ("lb", crate::lb::factory),
     ("monitor", crate::monitor::factory),
     ("nat", crate::nat::mvt::select_factory),
+    ("trojan", crate::trojan::factory),
 ];
 
 /// Names of the built-in NFs.
