@@ -15,6 +15,11 @@
 //! | `short` | ~100 packets (×0.8–1.2) | 10,000 flows, 1M packets, 1,000 concurrent | StatelessNF §7.2.1 "100,000 TCP flows of 100 packets each" |
 //! | `mixed` | bounded Pareto (α = 1) on 10–1,000 | 17,000 flows, 800k packets, 1,000 concurrent, 80 % TCP | StatelessNF §7.2.1 enterprise trace "17,000 flows that range in size from 10 to 1,000 packets" |
 //! | `uniform` | equal | 50,000 flows, 50,000 packets, 60-byte UDP, all concurrent | FlexState §V-A.2 (random 5-tuples, 64-byte frames, 50K flows), HashMVT §VI-D (64 B) |
+//! | `trojan` | scripted sessions | 50 inside hosts, one in ten infected | CHC §2.1 R4, Fig. 2 (see [`infected`]) |
+//!
+//! `trojan` is a scenario, not a shape: `flows` is its number of inside hosts and its packet
+//! count follows from their sessions (HTTP, SSH, FTP with its data connection, IRC, with real
+//! payloads); [`infected`] is its ground truth. The rest of this page is about the shapes.
 //!
 //! The profile gives the *shape* of the per-flow packet counts; `flows` and `packets` fix their
 //! number and mean. Counts are `max(minimum, ⌊λ·wᵢ⌋)` with `λ` found by bisection so that they
@@ -76,6 +81,8 @@
 //! build), less when millions of flows are active at once and their state leaves the cache.
 
 use crate::{Error, PacketBatch, PacketMeta, Result, Source};
+
+mod trojan;
 use flowstate_wire::build::{
     tcp_flags, EthernetSpec, FrameSpec, IpSpec, Ipv4Spec, Ipv6Spec, L4Spec, Payload, TcpOptions,
     TcpSpec, UdpSpec, ETHERNET_MIN_LEN,
@@ -85,6 +92,7 @@ use std::collections::BinaryHeap;
 use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
+pub use trojan::infected;
 
 /// MAC address of the client side (locally administered).
 pub const CLIENT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
@@ -110,16 +118,24 @@ pub enum Profile {
     /// N random 5-tuples with equal shares and a fixed packet size, no handshakes: the 64-byte
     /// worst case of FlexState §V-A.2 and HashMVT §VI-D.
     Uniform,
+    /// A scenario rather than a shape: CHC's trojan signature (SSH, then an FTP download,
+    /// then IRC; CHC §2.1) on a few inside hosts among normal ones, with real payloads;
+    /// `flows` is the number of hosts (see [`infected`] and the [`trojan`] module).
+    Trojan,
 }
 
 impl Profile {
-    /// Every profile.
+    /// Every flow-shape profile (exactly `flows` flows of `packets` packets); the scenario
+    /// profiles are in [`SCENARIOS`](Self::SCENARIOS).
     pub const ALL: [Profile; 4] = [
         Profile::Long,
         Profile::Short,
         Profile::Mixed,
         Profile::Uniform,
     ];
+
+    /// Scenario profiles: scripted sessions whose size follows from `flows` (see each).
+    pub const SCENARIOS: [Profile; 1] = [Profile::Trojan];
 
     /// The profile's name as [`FromStr`] accepts it.
     pub const fn name(self) -> &'static str {
@@ -128,6 +144,7 @@ impl Profile {
             Profile::Short => "short",
             Profile::Mixed => "mixed",
             Profile::Uniform => "uniform",
+            Profile::Trojan => "trojan",
         }
     }
 
@@ -140,6 +157,7 @@ impl Profile {
             // Bounded Pareto, α = 1, on [10, 1000]: mean = 10·1000/990 · ln 100 ≈ 46.5.
             Profile::Mixed => 47,
             Profile::Uniform => 1,
+            Profile::Trojan => 60,
         }
     }
 }
@@ -156,11 +174,12 @@ impl FromStr for Profile {
     fn from_str(s: &str) -> Result<Self> {
         Profile::ALL
             .into_iter()
+            .chain(Profile::SCENARIOS)
             .find(|p| p.name().eq_ignore_ascii_case(s.trim()))
             .ok_or_else(|| Error::Option {
                 name: "profile",
                 reason: format!(
-                    "unknown profile {s:?}; expected one of long, short, mixed, uniform"
+                    "unknown profile {s:?}; expected one of long, short, mixed, uniform, trojan"
                 ),
             })
     }
@@ -395,6 +414,7 @@ impl SynthConfig {
             Profile::Short => (10_000, 1_000_000, 1_000),
             Profile::Mixed => (17_000, 800_000, 1_000),
             Profile::Uniform => (50_000, 50_000, 0),
+            Profile::Trojan => (50, 3_000, 0),
         };
         let uniform = profile == Profile::Uniform;
         SynthConfig {
@@ -407,6 +427,7 @@ impl SynthConfig {
                 Profile::Long | Profile::Short => 1.0,
                 Profile::Mixed => 0.8,
                 Profile::Uniform => 0.0,
+                Profile::Trojan => 1.0,
             },
             zipf_s: 0.0,
             packet_size: if uniform {
@@ -438,6 +459,9 @@ impl SynthConfig {
 
     /// Checks every option; the error names the option and what was expected.
     pub fn validate(&self) -> Result<()> {
+        if self.profile == Profile::Trojan {
+            return trojan::validate(self);
+        }
         self.plan().map(|_| ())
     }
 
@@ -980,6 +1004,8 @@ pub struct Synthetic {
     emitted: u64,
     period_ns: f64,
     scratch: Box<[u8; 2048]>,
+    /// A scenario profile's frames (time, bytes), sent instead of the flows'.
+    scripted: Vec<trojan::Frame>,
 }
 
 impl fmt::Debug for Synthetic {
@@ -998,6 +1024,23 @@ impl Synthetic {
     /// A generator for `config`, after [`SynthConfig::validate`]. Works out every flow's
     /// packet count (O(flows) time and memory); packets are made as they are received.
     pub fn new(config: SynthConfig) -> Result<Self> {
+        if config.profile == Profile::Trojan {
+            trojan::validate(&config)?;
+            let frames = trojan::frames(&config);
+            // The flow machinery idles; the scripted frames are sent instead.
+            let mut s = Synthetic::new(SynthConfig {
+                profile: Profile::Short,
+                flows: 1,
+                packets: TCP_MIN_PACKETS,
+                ..SynthConfig::new(Profile::Short)
+            })?;
+            s.config = SynthConfig {
+                packets: frames.len() as u64,
+                ..config
+            };
+            s.scripted = frames;
+            return Ok(s);
+        }
         let plan = config.plan()?;
         let key = mix64(config.seed ^ 0x666c_6f77_7374_6174);
         let n = config.flows;
@@ -1024,7 +1067,7 @@ impl Synthetic {
                 // Bounded Pareto with α = 1 on [10, 1000] by inversion:
                 // x = L / (1 − u(1 − L/H)).
                 Profile::Mixed => 10.0 / (1.0 - u * (1.0 - 10.0 / 1000.0)),
-                Profile::Uniform => 1.0,
+                Profile::Uniform | Profile::Trojan => 1.0,
             };
             let w = if skew {
                 let rank = permute_index(i, n, key ^ K_RANK) + 1;
@@ -1093,6 +1136,7 @@ impl Synthetic {
             heap: BinaryHeap::with_capacity(reserve),
             emitted: 0,
             scratch: Box::new([0u8; 2048]),
+            scripted: Vec::new(),
         })
     }
 
@@ -1581,6 +1625,25 @@ fn allocate(
 impl Source for Synthetic {
     fn recv(&mut self, batch: &mut PacketBatch) -> Result<usize> {
         batch.clear();
+        if !self.scripted.is_empty() {
+            while let Some((t, f)) = self.scripted.get(self.emitted as usize) {
+                if batch.is_full() {
+                    break;
+                }
+                batch.push_with(|buf, meta| {
+                    let n = f.len().min(buf.len());
+                    buf[..n].copy_from_slice(&f[..n]);
+                    *meta = PacketMeta {
+                        timestamp_ns: *t,
+                        wire_len: f.len() as u32,
+                        ..PacketMeta::default()
+                    };
+                    n
+                });
+                self.emitted += 1;
+            }
+            return Ok(batch.len());
+        }
         while self.emitted < self.config.packets && !batch.is_full() {
             batch.push_with(|buf, meta| self.emit(buf, meta));
         }

@@ -8,21 +8,23 @@
 //! destination of an inbound one) may be one or more events of that host:
 //!
 //! * **SSH**: a connection opened to an SSH port (a SYN without ACK to one of `ssh_ports`,
-//!   default 22), or a client stream whose first line starts with `SSH-2.0-` or `SSH-1.99-`
-//!   (RFC 4253 §4.2), on any port.
+//!   default 22), or a stream (either direction) whose first line starts with `SSH-2.0-` or
+//!   `SSH-1.99-` (RFC 4253 §4.2), on any port.
 //! * **FTP download**: on a connection to an FTP control port (`ftp_ports`, default 21), a
-//!   client command line `RETR <name>` (RFC 959 §4.1.3) whose name ends in one of
+//!   command line sent to that port, `RETR <name>` (RFC 959 §4.1.3) whose name ends in one of
 //!   `extensions` (default `.html`, `.htm`, `.zip`, `.exe`, case-insensitive). Only the
 //!   control channel is read: the data connection's content (its magic bytes) is not looked
 //!   at, so a qualifying file renamed to another extension is not an event, and a `RETR` of a
 //!   qualifying name counts whether or not the transfer succeeds.
 //! * **IRC**: a connection opened to an IRC port (`irc_ports`, default 6660–6669 and 6697), or
-//!   on any connection that is not FTP a client command line `NICK <nick>`, `JOIN <channel>` or
+//!   on any connection that is not FTP a line (either direction: a server echoes `JOIN`) `NICK <nick>`, `JOIN <channel>` or
 //!   `USER <user> <mode> <unused> :<realname>` (RFC 2812 §3.1, with an optional `:prefix`).
 //!   `USER` needs its four parameters, so FTP's and POP3's `USER name` never match.
 //!
-//! Command lines are read from the client's byte stream as TCP reassembly
-//! ([`crate::reassembly::TcpStreams`]) gives it, in order, so a command split over several
+//! Lines are read from each direction's byte stream as TCP reassembly
+//! ([`crate::reassembly::TcpStreams`]) gives it, in order (each direction on its own, by ports,
+//! not by which end the reassembly guessed is the client: a reordered server packet may come
+//! before the SYN), so a command split over several
 //! segments (or sent out of order) counts once, when its line is complete. Lines end at LF
 //! (a CR before it is dropped); a line longer than 512 bytes (IRC's limit, RFC 2812 §2.3) is
 //! skipped, and so is the line a reassembly gap falls in.
@@ -73,7 +75,7 @@
 //! directions, reach the worker (or cluster partition) that owns its state. Reassembly and the
 //! partial command lines are per flow. No fast path: the detector must see every packet.
 
-use crate::reassembly::{Event, Fed, Origin, TableConfig, TcpStreams};
+use crate::reassembly::{Event, Fed, TableConfig, TcpStreams};
 use crate::{
     BuildError, Context, Direction, NetworkFunction, NfFactory, Packet, Verdict, WorkerInfo,
 };
@@ -504,8 +506,9 @@ impl Line {
     }
 }
 
-/// The events one client command line is: `ftp` says the connection is FTP control.
-fn classify(line: &[u8], first: bool, ftp: bool, extensions: &[String]) -> u8 {
+/// The events one line is: `first` says it starts its stream, `ftp` that the connection is
+/// FTP control, `to_ftp` that the line was sent to the FTP server.
+fn classify(line: &[u8], first: bool, ftp: bool, to_ftp: bool, extensions: &[String]) -> u8 {
     let mut kinds = 0;
     if first && (line.starts_with(b"SSH-2.0-") || line.starts_with(b"SSH-1.99-")) {
         kinds |= Kind::Ssh.bit();
@@ -517,7 +520,7 @@ fn classify(line: &[u8], first: bool, ftp: bool, extensions: &[String]) -> u8 {
         return kinds;
     };
     if ftp {
-        if cmd.eq_ignore_ascii_case(b"RETR") {
+        if to_ftp && cmd.eq_ignore_ascii_case(b"RETR") {
             // The name is the rest of the line (it may hold spaces).
             let name = line.get(4..).map(|n| n.trim_ascii()).unwrap_or_default();
             let qualifies = extensions.iter().any(|e| {
@@ -671,7 +674,7 @@ pub struct Trojan {
     irc_ports: Vec<u16>,
     extensions: Vec<String>,
     streams: TcpStreams,
-    /// Incomplete client command lines, by canonical flow key.
+    /// Incomplete lines, per direction (by the sender's flow key).
     lines: Map<FlowKey, Line>,
     /// Per inside host.
     hosts: Map<IpAddr, HostState>,
@@ -784,18 +787,19 @@ impl NetworkFunction for Trojan {
                 kinds |= Kind::Irc.bit();
             }
         }
-        let ftp = self.ftp_ports.contains(&flow.dst_port);
-        let key = flow.canonical();
+        // Lines are read from both directions, each on its own (keyed by the packet's flow
+        // key, which names its direction): which end is the client is not trusted to the
+        // reassembly's guess, since a reordered server packet may arrive before the SYN.
+        let ftp_conn =
+            self.ftp_ports.contains(&flow.dst_port) || self.ftp_ports.contains(&flow.src_port);
+        let to_ftp = self.ftp_ports.contains(&flow.dst_port);
         let (lines, extensions) = (&self.lines, &self.extensions);
         let mut errors = 0;
         let now = cx.now;
-        let fed = self.streams.feed(pkt, now, |origin, e| {
-            if origin != Origin::Client {
-                return;
-            }
+        let fed = self.streams.feed(pkt, now, |_, e| {
             let mut run = |l: &mut Line| match e {
                 Event::Data { offset, bytes } => l.feed(offset, bytes, |line, first| {
-                    kinds |= classify(line, first, ftp, extensions);
+                    kinds |= classify(line, first, ftp_conn, to_ftp, extensions);
                 }),
                 Event::Gap { offset, len } => {
                     l.buf.clear();
@@ -807,12 +811,12 @@ impl NetworkFunction for Trojan {
                     l.skipping = false;
                 }
             };
-            match lines.with_mut(&key, |l| l.map(|l| (run(l), l.idle()).1)) {
+            match lines.with_mut(&flow, |l| l.map(|l| (run(l), l.idle()).1)) {
                 Ok(Some(true)) => {
-                    lines.remove_nowait(&key);
+                    lines.remove_nowait(&flow);
                 }
                 Ok(Some(false)) => {
-                    lines.expire_after(&key, LINE_TTL, now);
+                    lines.expire_after(&flow, LINE_TTL, now);
                 }
                 Ok(None) => {
                     let mut l = Line::default();
@@ -823,8 +827,8 @@ impl NetworkFunction for Trojan {
                     }
                     run(&mut l);
                     if !l.idle() {
-                        lines.insert_nowait(key, l);
-                        lines.expire_after(&key, LINE_TTL, now);
+                        lines.insert_nowait(flow, l);
+                        lines.expire_after(&flow, LINE_TTL, now);
                     }
                 }
                 Err(_) => errors += 1,
@@ -986,7 +990,7 @@ mod tests {
     #[test]
     fn classify_commands() {
         let ext = Config::default().extensions;
-        let c = |l: &[u8], ftp| classify(l, false, ftp, &ext);
+        let c = |l: &[u8], ftp| classify(l, false, ftp, ftp, &ext);
         assert_eq!(c(b"RETR pub/x.ZIP", true), Kind::Ftp.bit());
         assert_eq!(c(b"retr setup.exe ", true), Kind::Ftp.bit());
         assert_eq!(c(b"RETR index.htm", true), Kind::Ftp.bit());
@@ -1001,8 +1005,19 @@ mod tests {
         assert_eq!(c(b":me JOIN #c", false), Kind::Irc.bit());
         assert_eq!(c(b"NICK bot", true), 0);
         assert_eq!(c(b"GET / HTTP/1.1", false), 0);
-        assert_eq!(classify(b"SSH-2.0-OpenSSH_9.2", true, false, &ext), 1);
-        assert_eq!(classify(b"SSH-2.0-OpenSSH_9.2", false, false, &ext), 0);
+        assert_eq!(
+            classify(b"SSH-2.0-OpenSSH_9.2", true, false, false, &ext),
+            1
+        );
+        assert_eq!(
+            classify(b"SSH-2.0-OpenSSH_9.2", false, false, false, &ext),
+            0
+        );
+        assert_eq!(
+            classify(b"RETR a.zip", false, true, false, &ext),
+            0,
+            "from the server"
+        );
     }
 
     #[test]
