@@ -733,8 +733,8 @@ impl Trojan {
         let window = self.window.as_nanos().min(u128::from(u64::MAX)) as u64;
         let ttl = self.window;
         let now = cx.now;
-        let mut run = |h: &mut HostState| (ttl, h.record(kinds, cx.clock, now, window));
-        match self.hosts.renew_with(&host, now, &mut run) {
+        let run = |h: &mut HostState| (ttl, h.record(kinds, cx.clock, now, window));
+        match self.hosts.renew_with(&host, now, run) {
             Ok(Some(seq)) => seq,
             Ok(None) => {
                 let mut h = HostState::default();
