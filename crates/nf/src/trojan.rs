@@ -17,15 +17,18 @@
 //!   at, so a qualifying file renamed to another extension is not an event, and a `RETR` of a
 //!   qualifying name counts whether or not the transfer succeeds.
 //! * **IRC**: a connection opened to an IRC port (`irc_ports`, default 6660–6669 and 6697), or
-//!   on any connection that is not FTP a line (either direction: a server echoes `JOIN`) `NICK <nick>`, `JOIN <channel>` or
-//!   `USER <user> <mode> <unused> :<realname>` (RFC 2812 §3.1, with an optional `:prefix`).
-//!   `USER` needs its four parameters, so FTP's and POP3's `USER name` never match.
+//!   on any connection that is not FTP a line `NICK <nick>`, `JOIN <channel>` or
+//!   `USER <user> <mode> <unused> :<realname>` (RFC 2812 §3.1, with an optional `:prefix`)
+//!   sent by the likely client (the end with the higher port, as Wireshark guesses) within the
+//!   first 1024 bytes of its stream, where registration and the first joins are: a web page or
+//!   an upload whose lines happen to read `JOIN ...` does not count. `USER` needs its four
+//!   parameters, so FTP's and POP3's `USER name` never match.
 //!
 //! Lines are read from each direction's byte stream as TCP reassembly
-//! ([`crate::reassembly::TcpStreams`]) gives it, in order (each direction on its own, by ports,
-//! not by which end the reassembly guessed is the client: a reordered server packet may come
-//! before the SYN), so a command split over several
-//! segments (or sent out of order) counts once, when its line is complete. Lines end at LF
+//! ([`crate::reassembly::TcpStreams`]) gives it, in order, so a command split over several
+//! segments (or sent out of order) counts once, when its line is complete. Each direction is
+//! read on its own and told apart by ports, not by which end the reassembly guessed is the
+//! client (a reordered server packet may arrive before the SYN). Lines end at LF
 //! (a CR before it is dropped); a line longer than 512 bytes (IRC's limit, RFC 2812 §2.3) is
 //! skipped, and so is the line a reassembly gap falls in.
 //!
@@ -455,8 +458,8 @@ impl Codec for Line {
 
 impl Line {
     /// Takes `bytes` at stream offset `offset`, calling `line` with each complete line
-    /// (without CR LF) and whether it starts the stream.
-    fn feed(&mut self, offset: u64, bytes: &[u8], mut line: impl FnMut(&[u8], bool)) {
+    /// (without CR LF) and the stream offset it starts at.
+    fn feed(&mut self, offset: u64, bytes: &[u8], mut line: impl FnMut(&[u8], u64)) {
         if offset != self.next {
             // Not where this line left off: what came between is unknown.
             self.buf.clear();
@@ -475,7 +478,7 @@ impl Line {
                             &self.buf
                         };
                         let whole = whole.strip_suffix(b"\r").unwrap_or(whole);
-                        line(whole, self.start == 0);
+                        line(whole, self.start);
                     }
                     self.buf.clear();
                     self.skipping = false;
@@ -506,11 +509,25 @@ impl Line {
     }
 }
 
-/// The events one line is: `first` says it starts its stream, `ftp` that the connection is
-/// FTP control, `to_ftp` that the line was sent to the FTP server.
-fn classify(line: &[u8], first: bool, ftp: bool, to_ftp: bool, extensions: &[String]) -> u8 {
+/// What a line's connection and direction are.
+#[derive(Debug, Clone, Copy, Default)]
+struct Where {
+    /// The connection is FTP control.
+    ftp: bool,
+    /// The line was sent to the FTP server.
+    to_ftp: bool,
+    /// The sender is the likely client (its port is the higher one, Wireshark's guess).
+    from_client: bool,
+}
+
+/// Lines that start within this many bytes of their stream may be IRC registration or joins.
+const IRC_HEAD: u64 = 1024;
+
+/// The events one line, starting at stream offset `start`, is.
+fn classify(line: &[u8], start: u64, at: Where, extensions: &[String]) -> u8 {
+    let (ftp, to_ftp) = (at.ftp, at.to_ftp);
     let mut kinds = 0;
-    if first && (line.starts_with(b"SSH-2.0-") || line.starts_with(b"SSH-1.99-")) {
+    if start == 0 && (line.starts_with(b"SSH-2.0-") || line.starts_with(b"SSH-1.99-")) {
         kinds |= Kind::Ssh.bit();
     }
     let mut words = line
@@ -533,6 +550,9 @@ fn classify(line: &[u8], first: bool, ftp: bool, to_ftp: bool, extensions: &[Str
                 kinds |= Kind::Ftp.bit();
             }
         }
+        return kinds;
+    }
+    if !at.from_client || start >= IRC_HEAD {
         return kinds;
     }
     if cmd.first() == Some(&b':') {
@@ -792,14 +812,18 @@ impl NetworkFunction for Trojan {
         // reassembly's guess, since a reordered server packet may arrive before the SYN.
         let ftp_conn =
             self.ftp_ports.contains(&flow.dst_port) || self.ftp_ports.contains(&flow.src_port);
-        let to_ftp = self.ftp_ports.contains(&flow.dst_port);
+        let at = Where {
+            ftp: ftp_conn,
+            to_ftp: self.ftp_ports.contains(&flow.dst_port),
+            from_client: flow.src_port > flow.dst_port,
+        };
         let (lines, extensions) = (&self.lines, &self.extensions);
         let mut errors = 0;
         let now = cx.now;
         let fed = self.streams.feed(pkt, now, |_, e| {
             let mut run = |l: &mut Line| match e {
-                Event::Data { offset, bytes } => l.feed(offset, bytes, |line, first| {
-                    kinds |= classify(line, first, ftp_conn, to_ftp, extensions);
+                Event::Data { offset, bytes } => l.feed(offset, bytes, |line, start| {
+                    kinds |= classify(line, start, at, extensions);
                 }),
                 Event::Gap { offset, len } => {
                     l.buf.clear();
@@ -974,14 +998,11 @@ mod tests {
         l.feed(0, b"USER x\r\nRE", |s, f| got.push((s.to_vec(), f)));
         l.feed(10, b"TR a.zip\r", |s, f| got.push((s.to_vec(), f)));
         l.feed(19, b"\n", |s, f| got.push((s.to_vec(), f)));
-        assert_eq!(
-            got,
-            [(b"USER x".to_vec(), true), (b"RETR a.zip".to_vec(), false)]
-        );
+        assert_eq!(got, [(b"USER x".to_vec(), 0), (b"RETR a.zip".to_vec(), 8)]);
         assert!(l.idle());
         // A jump in offsets skips the line it falls in.
-        l.feed(30, b"RETR b.zip\nRETR c.exe\n", |s, _| {
-            got.push((s.to_vec(), false))
+        l.feed(30, b"RETR b.zip\nRETR c.exe\n", |s, f| {
+            got.push((s.to_vec(), f))
         });
         assert_eq!(got.last().unwrap().0, b"RETR c.exe");
         assert_eq!(got.len(), 3);
@@ -990,7 +1011,18 @@ mod tests {
     #[test]
     fn classify_commands() {
         let ext = Config::default().extensions;
-        let c = |l: &[u8], ftp| classify(l, false, ftp, ftp, &ext);
+        let c = |l: &[u8], ftp| {
+            let at = Where {
+                ftp,
+                to_ftp: ftp,
+                from_client: true,
+            };
+            classify(l, 1, at, &ext)
+        };
+        let client = Where {
+            from_client: true,
+            ..Where::default()
+        };
         assert_eq!(c(b"RETR pub/x.ZIP", true), Kind::Ftp.bit());
         assert_eq!(c(b"retr setup.exe ", true), Kind::Ftp.bit());
         assert_eq!(c(b"RETR index.htm", true), Kind::Ftp.bit());
@@ -1005,19 +1037,27 @@ mod tests {
         assert_eq!(c(b":me JOIN #c", false), Kind::Irc.bit());
         assert_eq!(c(b"NICK bot", true), 0);
         assert_eq!(c(b"GET / HTTP/1.1", false), 0);
+        assert_eq!(classify(b"SSH-2.0-OpenSSH_9.2", 0, client, &ext), 1);
+        assert_eq!(classify(b"SSH-2.0-OpenSSH_9.2", 5, client, &ext), 0);
+        let server = Where::default();
+        assert_eq!(classify(b"SSH-2.0-OpenSSH_9.2", 0, server, &ext), 1);
+        let from_ftp = Where {
+            ftp: true,
+            ..server
+        };
         assert_eq!(
-            classify(b"SSH-2.0-OpenSSH_9.2", true, false, false, &ext),
-            1
-        );
-        assert_eq!(
-            classify(b"SSH-2.0-OpenSSH_9.2", false, false, false, &ext),
-            0
-        );
-        assert_eq!(
-            classify(b"RETR a.zip", false, true, false, &ext),
+            classify(b"RETR a.zip", 9, from_ftp, &ext),
             0,
             "from the server"
         );
+        // IRC lines: from the client side, near the stream's start.
+        assert_eq!(classify(b"JOIN #c", 9, server, &ext), 0, "a server's body");
+        assert_eq!(
+            classify(b"JOIN #c", IRC_HEAD, client, &ext),
+            0,
+            "deep in a stream"
+        );
+        assert_eq!(classify(b"JOIN #c", IRC_HEAD - 1, client, &ext), 4);
     }
 
     #[test]

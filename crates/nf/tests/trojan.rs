@@ -210,17 +210,49 @@ fn payload_events_count_on_any_port() {
         &mut d,
         vec![
             vec![
-                frame(me(1), alt_ssh, 100, SYN, b""),
-                frame(me(1), alt_ssh, 101, PSH | ACK, b"SSH-2.0-OpenSSH_9.6\r\n"),
+                frame(me(40001), alt_ssh, 100, SYN, b""),
+                frame(
+                    me(40001),
+                    alt_ssh,
+                    101,
+                    PSH | ACK,
+                    b"SSH-2.0-OpenSSH_9.6\r\n",
+                ),
             ],
-            retr(2, "a.zip"),
+            retr(40002, "a.zip"),
             vec![
-                frame(me(3), alt_irc, 100, SYN, b""),
-                frame(me(3), alt_irc, 101, PSH | ACK, b"NICK bot\r\n"),
+                frame(me(40003), alt_irc, 100, SYN, b""),
+                frame(me(40003), alt_irc, 101, PSH | ACK, b"NICK bot\r\n"),
             ],
         ],
     );
     assert_eq!(d.alerts(), 1);
+}
+
+#[test]
+fn irc_words_in_a_web_page_are_not_irc() {
+    // A server's response (the lower port sends it) with lines that read like IRC commands.
+    let mut d = Det::new("");
+    run(&mut d, vec![ssh(40001), retr(40002, "a.zip")]);
+    d.feed(frame(me(40003), WEB, 100, SYN, b""), 0);
+    d.feed(frame(WEB, me(40003), 500, SYN | ACK, b""), 0);
+    d.feed(
+        frame(
+            WEB,
+            me(40003),
+            501,
+            PSH | ACK,
+            b"HTTP/1.1 200 OK\r\n\r\nJOIN orders ON x\nNICK y\n",
+        ),
+        0,
+    );
+    assert_eq!(d.alerts(), 0);
+    // A client that sends them deep into a long upload does not count either.
+    let mut body = vec![b'a'; 1100];
+    body.extend_from_slice(b"\nJOIN #c\n");
+    d.feed(frame(me(40004), WEB, 100, SYN, b""), 0);
+    d.feed(frame(me(40004), WEB, 101, PSH | ACK, &body), 0);
+    assert_eq!(d.alerts(), 0);
 }
 
 #[test]
