@@ -82,7 +82,7 @@
 
 use crate::{Error, PacketBatch, PacketMeta, Result, Source};
 
-mod trojan;
+pub mod trojan;
 use flowstate_wire::build::{
     tcp_flags, EthernetSpec, FrameSpec, IpSpec, Ipv4Spec, Ipv6Spec, L4Spec, Payload, TcpOptions,
     TcpSpec, UdpSpec, ETHERNET_MIN_LEN,
