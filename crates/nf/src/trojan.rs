@@ -12,10 +12,17 @@
 //!   `SSH-1.99-` (RFC 4253 §4.2), on any port.
 //! * **FTP download**: on a connection to an FTP control port (`ftp_ports`, default 21), a
 //!   command line sent to that port, `RETR <name>` (RFC 959 §4.1.3) whose name ends in one of
-//!   `extensions` (default `.html`, `.htm`, `.zip`, `.exe`, case-insensitive). Only the
-//!   control channel is read: the data connection's content (its magic bytes) is not looked
-//!   at, so a qualifying file renamed to another extension is not an event, and a `RETR` of a
-//!   qualifying name counts whether or not the transfer succeeds.
+//!   `extensions` (default `.html`, `.htm`, `.zip`, `.exe`, case-insensitive), counted whether
+//!   or not the transfer succeeds; **or** a data connection announced on the control
+//!   connection (`227`/`229` replies, `PORT`/`EPRT` commands; between the inside host and that
+//!   FTP server, within 60 s) whose first segment from the server starts with the magic
+//!   bytes of an EXE (`MZ`), a ZIP (`PK\x03\x04`) or an HTML page (`<html`,
+//!   `<!DOCTYPE html`, case-insensitive), whatever the file's name. The magic bytes must be in
+//!   the first segment of the data stream the NF sees (a sender's first segment is MSS-sized
+//!   in practice; a data connection reordered so that a later segment arrives before its SYN
+//!   and first segment is picked up midstream, and its magic bytes are missed). A
+//!   file whose first bytes arrive before its announcement (reordering) is remembered for
+//!   60 s and counts, at its own clock, when the announcement comes.
 //! * **IRC**: a connection opened to an IRC port (`irc_ports`, default 6660–6669 and 6697), or
 //!   on any connection that is not FTP a line `NICK <nick>`, `JOIN <channel>` or
 //!   `USER <user> <mode> <unused> :<realname>` (RFC 2812 §3.1, with an optional `:prefix`)
@@ -105,6 +112,9 @@ const MAX_RUNS: usize = 8;
 
 /// Idle time after which a partial command line is forgotten.
 const LINE_TTL: Duration = Duration::from_secs(600);
+
+/// How long an announced FTP data connection is waited for.
+const EXPECT_TTL: Duration = Duration::from_secs(60);
 
 // ------------------------------------------------------------------------------------------
 // Configuration
@@ -576,6 +586,54 @@ fn classify(line: &[u8], start: u64, at: Where, extensions: &[String]) -> u8 {
     kinds
 }
 
+/// The data port an FTP line announces: a server's `227 ... (h1,h2,h3,h4,p1,p2)` (RFC 959
+/// §4.2) or `229 ... (|||port|)` (RFC 2428 §3), a client's `PORT h1,h2,h3,h4,p1,p2` (RFC 959
+/// §4.1.2) or `EPRT |1|addr|port|` (RFC 2428 §2).
+fn ftp_data_port(line: &[u8], to_ftp: bool) -> Option<u16> {
+    let text = std::str::from_utf8(line).ok()?;
+    let (cmd, rest) = text.split_once(' ').unwrap_or((text, ""));
+    let six = |s: &str| -> Option<u16> {
+        let nums: Vec<u16> = s
+            .split(',')
+            .map(|n| n.trim().parse::<u16>().ok().filter(|&v| v < 256))
+            .collect::<Option<_>>()?;
+        (nums.len() == 6).then(|| nums[4] << 8 | nums[5])
+    };
+    let port = if to_ftp {
+        if cmd.eq_ignore_ascii_case("PORT") {
+            six(rest)?
+        } else if cmd.eq_ignore_ascii_case("EPRT") {
+            let d = rest.trim().chars().next()?;
+            rest.trim().split(d).nth(3)?.parse().ok()?
+        } else {
+            return None;
+        }
+    } else if cmd == "227" {
+        let open = rest.find('(')?;
+        let close = rest[open..].find(')')? + open;
+        six(&rest[open + 1..close])?
+    } else if cmd == "229" {
+        let open = rest.find('(')?;
+        let close = rest[open..].find(')')? + open;
+        let inner = &rest[open + 1..close];
+        let d = inner.chars().next()?;
+        inner.split(d).nth(3)?.parse().ok()?
+    } else {
+        return None;
+    };
+    (port != 0).then_some(port)
+}
+
+/// Whether a file's first bytes are those of an EXE (`MZ`), a ZIP (`PK\x03\x04`) or an HTML
+/// page (`<html` or `<!DOCTYPE html`, case-insensitive).
+pub fn qualifying_magic(head: &[u8]) -> bool {
+    let starts = |p: &[u8]| head.len() >= p.len() && head[..p.len()].eq_ignore_ascii_case(p);
+    head.starts_with(b"MZ")
+        || head.starts_with(b"PK\x03\x04")
+        || starts(b"<html")
+        || starts(b"<!doctype html")
+}
+
 // ------------------------------------------------------------------------------------------
 // EVE output
 
@@ -698,6 +756,12 @@ pub struct Trojan {
     lines: Map<FlowKey, Line>,
     /// Per inside host.
     hosts: Map<IpAddr, HostState>,
+    /// Announced FTP data connections: (inside host, FTP server, listening port).
+    expected: Map<(IpAddr, IpAddr, u16), bool>,
+    /// Streams from a server to an inside host that began with a qualifying file's magic
+    /// bytes before any announcement of them arrived (reordering): (inside host, server,
+    /// either port) to the clock of their first bytes.
+    unannounced: Map<(IpAddr, IpAddr, u16), u64>,
     alerts: Counter,
     ssh_events: Counter,
     ftp_events: Counter,
@@ -722,6 +786,8 @@ impl Trojan {
             streams: TcpStreams::declare(state, &cfg.reassembly)?,
             lines: state.map("lines", Scope::PerFlow, Access::ReadWrite)?,
             hosts: state.map("hosts", host_scope, Access::ReadWrite)?,
+            expected: state.map("ftp_data", host_scope, Access::ReadWrite)?,
+            unannounced: state.map("ftp_data_early", host_scope, Access::ReadWrite)?,
             alerts: state.counter("alerts", total(), Access::WriteMostly)?,
             ssh_events: state.counter("ssh_events", total(), Access::WriteMostly)?,
             ftp_events: state.counter("ftp_events", total(), Access::WriteMostly)?,
@@ -748,12 +814,24 @@ impl Trojan {
         v
     }
 
-    /// Records `kinds` for `host`; returns the sequence completed, if any.
-    fn record(&mut self, host: IpAddr, kinds: u8, cx: &Context) -> Option<Sequence> {
+    /// Counts and logs an alert.
+    fn alert(&self, flow: &FlowKey, host: IpAddr, seq: &Sequence, cx: &Context) {
+        self.alerts.add_nowait(1);
+        tracing::warn!(
+            target: "flowstate::alert",
+            nf = NF,
+            eve = %eve_alert(cx.now, flow, host, seq),
+            "{SIGNATURE}"
+        );
+    }
+
+    /// Records `kinds` for `host` at logical clock `clock` (0: arrival order); returns the
+    /// sequence completed, if any.
+    fn record(&mut self, host: IpAddr, kinds: u8, clock: u64, cx: &Context) -> Option<Sequence> {
         let window = self.window.as_nanos().min(u128::from(u64::MAX)) as u64;
         let ttl = self.window;
         let now = cx.now;
-        let run = |h: &mut HostState| (ttl, h.record(kinds, cx.clock, now, window));
+        let run = |h: &mut HostState| (ttl, h.record(kinds, clock, now, window));
         match self.hosts.renew_with(&host, now, run) {
             Ok(Some(seq)) => seq,
             Ok(None) => {
@@ -820,10 +898,18 @@ impl NetworkFunction for Trojan {
         let (lines, extensions) = (&self.lines, &self.extensions);
         let mut errors = 0;
         let now = cx.now;
+        let mut announced = None;
+        let mut magic = None;
         let fed = self.streams.feed(pkt, now, |_, e| {
+            if let Event::Data { offset: 0, bytes } = e {
+                magic = Some(qualifying_magic(bytes));
+            }
             let mut run = |l: &mut Line| match e {
                 Event::Data { offset, bytes } => l.feed(offset, bytes, |line, start| {
                     kinds |= classify(line, start, at, extensions);
+                    if ftp_conn {
+                        announced = ftp_data_port(line, at.to_ftp).or(announced);
+                    }
                 }),
                 Event::Gap { offset, len } => {
                     l.buf.clear();
@@ -864,6 +950,63 @@ impl NetworkFunction for Trojan {
             Fed::Unavailable => self.state_errors += 1,
             Fed::NotTcp | Fed::Tcp(_) => {}
         }
+        let host = inside_host(&flow, pkt.direction);
+        let (remote, host_port, remote_port) = if host == flow.src {
+            (flow.dst, flow.src_port, flow.dst_port)
+        } else {
+            (flow.src, flow.dst_port, flow.src_port)
+        };
+        // (Clock, kinds) of an event older than this packet, found by it.
+        let mut earlier = None;
+        if let Some(port) = announced {
+            // The data connection goes between the inside host and this FTP server.
+            let key = (host, remote, port);
+            match self.unannounced.remove_nowait(&key) {
+                // Its file came before the announcement (reordered): the file's clock.
+                Some(clock) => earlier = Some(clock),
+                None => {
+                    self.expected.insert_nowait(key, true);
+                    self.expected.expire_after(&key, EXPECT_TTL, now);
+                }
+            }
+        }
+        if let Some(qualifies) = magic {
+            // A stream's first bytes: on an announced data connection, sent by the server
+            // (a download), they are the file's.
+            if host != flow.src {
+                let mut found = false;
+                for port in [remote_port, host_port] {
+                    let key = (host, remote, port);
+                    match self.expected.contains_key(&key) {
+                        Ok(true) => {
+                            self.expected.remove_nowait(&key);
+                            found = true;
+                            if qualifies {
+                                kinds |= Kind::Ftp.bit();
+                            }
+                            break;
+                        }
+                        Ok(false) => {}
+                        Err(_) => self.state_errors += 1,
+                    }
+                }
+                if qualifies && !found {
+                    // Maybe its announcement is late: remember the file for a while.
+                    let clock = if cx.clock != 0 { cx.clock } else { 0 };
+                    for port in [remote_port, host_port] {
+                        let key = (host, remote, port);
+                        self.unannounced.insert_nowait(key, clock);
+                        self.unannounced.expire_after(&key, EXPECT_TTL, now);
+                    }
+                }
+            }
+        }
+        if let Some(clock) = earlier {
+            self.ftp_events.add_nowait(1);
+            if let Some(seq) = self.record(host, Kind::Ftp.bit(), clock, cx) {
+                self.alert(&flow, host, &seq, cx);
+            }
+        }
         if kinds == 0 {
             return Verdict::Forward;
         }
@@ -876,15 +1019,8 @@ impl NetworkFunction for Trojan {
                 c.add_nowait(1);
             }
         }
-        let host = inside_host(&flow, pkt.direction);
-        if let Some(seq) = self.record(host, kinds, cx) {
-            self.alerts.add_nowait(1);
-            tracing::warn!(
-                target: "flowstate::alert",
-                nf = NF,
-                eve = %eve_alert(cx.now, &flow, host, &seq),
-                "{SIGNATURE}"
-            );
+        if let Some(seq) = self.record(host, kinds, cx.clock, cx) {
+            self.alert(&flow, host, &seq, cx);
         }
         Verdict::Forward
     }
@@ -892,6 +1028,8 @@ impl NetworkFunction for Trojan {
     fn on_tick(&mut self, now: Nanos) {
         self.streams.on_tick(now);
         self.lines.expire(now, |_, _| {});
+        self.expected.expire(now, |_, _| {});
+        self.unannounced.expire(now, |_, _| {});
         self.hosts.expire(now, |_, _| {});
     }
 
@@ -1058,6 +1196,35 @@ mod tests {
             "deep in a stream"
         );
         assert_eq!(classify(b"JOIN #c", IRC_HEAD - 1, client, &ext), 4);
+    }
+
+    #[test]
+    fn ftp_data_ports_and_magic() {
+        assert_eq!(
+            ftp_data_port(b"227 Entering Passive Mode (198,51,100,21,156,64).", false),
+            Some(156 * 256 + 64)
+        );
+        assert_eq!(
+            ftp_data_port(b"229 Entering Extended Passive Mode (|||40123|)", false),
+            Some(40123)
+        );
+        assert_eq!(
+            ftp_data_port(b"PORT 10,0,0,7,200,10", true),
+            Some(200 * 256 + 10)
+        );
+        assert_eq!(ftp_data_port(b"EPRT |1|10.0.0.7|51234|", true), Some(51234));
+        assert_eq!(ftp_data_port(b"PORT 10,0,0,7,200,10", false), None);
+        assert_eq!(ftp_data_port(b"227 (1,2,3,4,5)", false), None);
+        assert_eq!(ftp_data_port(b"227 (1,2,3,4,999,1)", false), None);
+        assert_eq!(ftp_data_port(b"229 (|||x|)", false), None);
+        assert_eq!(ftp_data_port(b"227 )(", false), None);
+        assert!(qualifying_magic(b"MZ\x90\x00"));
+        assert!(qualifying_magic(b"PK\x03\x04\x14"));
+        assert!(qualifying_magic(b"<!DOCTYPE HTML>"));
+        assert!(qualifying_magic(b"<HTML><body>"));
+        assert!(!qualifying_magic(b"PK\x05\x06"));
+        assert!(!qualifying_magic(b"plain text"));
+        assert!(!qualifying_magic(b"M"));
     }
 
     #[test]

@@ -255,6 +255,62 @@ fn irc_words_in_a_web_page_are_not_irc() {
     assert_eq!(d.alerts(), 0);
 }
 
+/// A passive FTP download: `PASV`/`227` on the control connection, then the server's data
+/// connection carries `content`; the file's name is `name`.
+fn pasv_download(port: u16, name: &str, content: &[u8], reply: bool) -> Vec<Vec<u8>> {
+    let data = (FTP.0, 40_100);
+    let mut v = vec![
+        frame(me(port), FTP, 100, SYN, b""),
+        frame(FTP, me(port), 900, SYN | ACK, b""),
+        frame(me(port), FTP, 101, PSH | ACK, b"PASV\r\n"),
+    ];
+    if reply {
+        v.push(frame(
+            FTP,
+            me(port),
+            901,
+            PSH | ACK,
+            b"227 Entering Passive Mode (198,51,100,21,156,164).\r\n",
+        ));
+    }
+    v.extend([
+        frame(me(port + 1), data, 500, SYN, b""),
+        frame(data, me(port + 1), 7000, SYN | ACK, b""),
+        frame(
+            me(port),
+            FTP,
+            107,
+            PSH | ACK,
+            format!("RETR {name}\r\n").as_bytes(),
+        ),
+        frame(data, me(port + 1), 7001, PSH | ACK, content),
+    ]);
+    v
+}
+
+#[test]
+fn the_data_connection_content_counts_whatever_the_name() {
+    for (content, reply, want) in [
+        (&b"MZ\x90\x00\x03 an exe"[..], true, 1),
+        (b"PK\x03\x04 a zip", true, 1),
+        (b"<!doctype html><html></html>", true, 1),
+        (b"plain text", true, 0),
+        // No 227: the data connection was not announced.
+        (b"MZ\x90\x00\x03 an exe", false, 0),
+    ] {
+        let mut d = Det::new("");
+        run(
+            &mut d,
+            vec![
+                ssh(40001),
+                pasv_download(40010, "update.bin", content, reply),
+                irc(40020),
+            ],
+        );
+        assert_eq!(d.alerts(), want, "{content:?}, 227: {reply}");
+    }
+}
+
 #[test]
 fn a_command_split_across_segments_counts() {
     let mut d = Det::new("");
@@ -435,16 +491,23 @@ fn profile_every_infected_host_found_and_no_normal_host_flagged() {
 
 #[test]
 fn profile_out_of_order_with_logical_clocks() {
+    // CHC §5.2: packets reach the detector through three upstream instances (a flow always
+    // through the same one), each first in, first out but with its own, varying delay (up to
+    // 300 packets), so flows overtake each other. Clocks are stamped at the chain's input.
     let (frames, truth) = trace(80, 3);
-    // Clocks in input order, then delivery reordered: each packet delayed by up to 64
-    // positions (a slow upstream instance), as in CHC §7's R4 experiment.
+    let mut last = [0u64; 3];
     let mut delivered: Vec<(u64, u64, Vec<u8>)> = frames
         .into_iter()
         .enumerate()
         .map(|(i, f)| {
-            let mut z = (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            let flow = dissect(&f).ok().and_then(|d| d.flow).expect("flow");
+            let k = (flowstate_wire::hash::crc32c(format!("{:?}", flow.canonical()).as_bytes()) % 3)
+                as usize;
+            let mut z = (i as u64 / 50 + 1 + k as u64 * 1000).wrapping_mul(0x9e37_79b9_7f4a_7c15);
             z ^= z >> 29;
-            (i as u64 + z % 64, i as u64 + 1, f)
+            let at = (i as u64 + z % 300).max(last[k]);
+            last[k] = at;
+            (at, i as u64 + 1, f)
         })
         .collect();
     delivered.sort_by_key(|(at, clock, _)| (*at, *clock));
@@ -452,6 +515,8 @@ fn profile_out_of_order_with_logical_clocks() {
     assert!(moved > 100, "the delivery is reordered ({moved})");
     let found = detect_concrete(delivered.into_iter().map(|(_, c, f)| (c, f)).collect(), 2);
     assert_eq!(found, truth);
+    // (A host's steps are seconds apart, so this jitter alone does not fool arrival order
+    // either; `profile_slow_ftp_path_needs_the_clocks` is the case that does.)
 }
 
 /// Runs `frames` (with their logical clocks) through `workers` detectors, each packet to the

@@ -8,8 +8,9 @@
 //! * An **infected** host opens an SSH connection (banners `SSH-2.0-…` both ways), then
 //!   downloads a file over FTP (control connection to port 21: `220`, `USER`/`331`,
 //!   `PASS`/`230`, `TYPE I`/`200`, `PASV`/`227 Entering Passive Mode (h1,h2,h3,h4,p1,p2)`, the
-//!   data connection to that port, `RETR name.zip|.exe|.html`/`150`, the file with its magic
-//!   bytes (`PK\x03\x04`, `MZ`, `<!DOCTYPE html>`) on the data connection, `226`,
+//!   data connection to that port, `RETR name.zip|.exe|.html|.bin`/`150`, the file with its
+//!   magic bytes (`PK\x03\x04`, `MZ`, `<!DOCTYPE html>`; a `.bin` is an EXE under another
+//!   name) on the data connection, `226`,
 //!   `QUIT`/`221`), then joins IRC on 6667 (`NICK`, `USER`, the server's `001`, `JOIN #chan`
 //!   and its echo). Each step starts after the previous one ended.
 //! * A **normal** host does ordinary web requests (HTTP/1.1 on port 80) and one of: nothing
@@ -390,7 +391,7 @@ fn file(name: &str) -> Vec<u8> {
         let mut z = b"PK\x03\x04\x14\x00\x00\x00\x00\x00".to_vec();
         z.resize(30, 0);
         z
-    } else if name.ends_with(".exe") {
+    } else if name.ends_with(".exe") || name.ends_with(".bin") {
         let mut m = b"MZ\x90\x00\x03\x00\x00\x00\x04\x00\x00\x00\xff\xff".to_vec();
         m.resize(64, 0);
         m
@@ -426,7 +427,9 @@ pub(crate) fn frames(c: &SynthConfig) -> Vec<Frame> {
             servers: &servers,
         };
         let steps: Vec<Step> = if is_infected(c, i) {
-            let file = ["update.zip", "setup.exe", "index.html"][(seed % 3) as usize];
+            // `patch.bin` is an EXE under another name: only its content (the data
+            // connection's magic bytes) says so.
+            let file = ["update.zip", "setup.exe", "index.html", "patch.bin"][(seed % 4) as usize];
             vec![Step::Web, Step::Ssh, Step::Ftp(file), Step::Irc, Step::Web]
         } else {
             match h.next() % 10 {
