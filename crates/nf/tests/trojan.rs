@@ -312,6 +312,44 @@ fn the_data_connection_content_counts_whatever_the_name() {
 }
 
 #[test]
+fn a_file_ahead_of_its_announcement_counts_at_its_own_clock() {
+    // The data connection (clocks 6-7) overtakes the control connection's 227 (clock 5), as
+    // through a faster upstream path; the IRC comes at 10.
+    let frames = pasv_download(40010, "update.bin", b"MZ\x90\x00\x03 an exe", true);
+    let (control, data) = frames.split_at(4);
+    let mut d = Det::new("");
+    for f in ssh(40001) {
+        d.feed(f, 1);
+    }
+    for (k, f) in data.iter().enumerate() {
+        d.feed(f.clone(), 6 + k as u64);
+    }
+    for (k, f) in control.iter().enumerate() {
+        d.feed(f.clone(), 2 + k as u64);
+    }
+    assert_eq!(d.alerts(), 0);
+    for f in irc(40020) {
+        d.feed(f, 10);
+    }
+    assert_eq!(d.alerts(), 1);
+    // With the IRC before the file, in clock order, nothing.
+    let mut d = Det::new("");
+    for f in ssh(40001) {
+        d.feed(f, 1);
+    }
+    for f in irc(40020) {
+        d.feed(f, 5);
+    }
+    for (k, f) in data.iter().enumerate() {
+        d.feed(f.clone(), 6 + k as u64);
+    }
+    for (k, f) in control.iter().enumerate() {
+        d.feed(f.clone(), 2 + k as u64);
+    }
+    assert_eq!(d.alerts(), 0);
+}
+
+#[test]
 fn a_command_split_across_segments_counts() {
     let mut d = Det::new("");
     run(&mut d, vec![ssh(1)]);
