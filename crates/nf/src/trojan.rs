@@ -991,11 +991,11 @@ impl NetworkFunction for Trojan {
                     }
                 }
                 if qualifies && !found {
-                    // Maybe its announcement is late: remember the file for a while.
-                    let clock = if cx.clock != 0 { cx.clock } else { 0 };
+                    // Maybe its announcement is late: remember the file's clock for a while
+                    // (0 without clocks: it then counts when the announcement arrives).
                     for port in [remote_port, host_port] {
                         let key = (host, remote, port);
-                        self.unannounced.insert_nowait(key, clock);
+                        self.unannounced.insert_nowait(key, cx.clock);
                         self.unannounced.expire_after(&key, EXPECT_TTL, now);
                     }
                 }
