@@ -10,8 +10,10 @@ use std::path::PathBuf;
 /// Options of `flowstate gen`; unset ones take the profile's defaults.
 #[derive(Debug, Args)]
 pub(crate) struct GenArgs {
-    /// Traffic profile: long, short, mixed, uniform or scan (`scan` also writes the ground
-    /// truth, its scanners, to OUTPUT.truth.json).
+    /// Traffic profile: long, short, mixed, uniform, scan (also writes the ground truth, its
+    /// scanners, to OUTPUT.truth.json) or trojan (CHC's trojan signature among normal hosts;
+    /// `--flows` is then the number of inside hosts, and the infected ones are written to
+    /// OUTPUT.truth, one address a line).
     #[arg(long, default_value = "mixed")]
     profile: String,
     /// Number of flows (distinct 5-tuples).
@@ -95,6 +97,14 @@ impl GenArgs {
     }
 }
 
+/// Where `gen --profile trojan -o FILE` writes its ground truth: `FILE.truth`, one infected
+/// host a line.
+pub(crate) fn infected_path(output: &std::path::Path) -> PathBuf {
+    let mut p = output.as_os_str().to_owned();
+    p.push(".truth");
+    PathBuf::from(p)
+}
+
 /// Generates the trace; returns the number of packets written.
 pub(crate) fn run(args: &GenArgs) -> Result<u64> {
     let config = args.config()?;
@@ -128,6 +138,16 @@ pub(crate) fn run(args: &GenArgs) -> Result<u64> {
     sink.finish()
         .with_context(|| format!("writing {}", args.output.display()))?;
     bar.finish_and_clear();
+    let config = source.config();
+    if config.profile == Profile::Trojan {
+        let path = infected_path(&args.output);
+        let mut text =
+            String::from("# infected hosts: flowstate gen --profile trojan ground truth\n");
+        for h in flowstate_io::synth::infected(config) {
+            text.push_str(&format!("{h}\n"));
+        }
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
     Ok(written)
 }
 

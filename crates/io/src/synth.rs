@@ -16,6 +16,11 @@
 //! | `mixed` | bounded Pareto (α = 1) on 10–1,000 | 17,000 flows, 800k packets, 1,000 concurrent, 80 % TCP | StatelessNF §7.2.1 enterprise trace "17,000 flows that range in size from 10 to 1,000 packets" |
 //! | `uniform` | equal | 50,000 flows, 50,000 packets, 60-byte UDP, all concurrent | FlexState §V-A.2 (random 5-tuples, 64-byte frames, 50K flows), HashMVT §VI-D (64 B) |
 //! | `scan` | `mixed`, plus 1–3-packet SYN probes | as `mixed`; 4 scanners | TRW (Jung et al., IEEE S&P 2004) §2: scanners' first contacts mostly fail |
+//! | `trojan` | scripted sessions | 50 inside hosts, one in ten infected | CHC §2.1 R4, Fig. 2 (see [`infected`]) |
+//!
+//! `trojan` is a scenario, not a shape: `flows` is its number of inside hosts and its packet
+//! count follows from their sessions (HTTP, SSH, FTP with its data connection, IRC, with real
+//! payloads); [`infected`] is its ground truth. The rest of this page is about the shapes.
 //!
 //! The profile gives the *shape* of the per-flow packet counts; `flows` and `packets` fix their
 //! number and mean. Counts are `max(minimum, ⌊λ·wᵢ⌋)` with `λ` found by bisection so that they
@@ -96,6 +101,8 @@
 //! build), less when millions of flows are active at once and their state leaves the cache.
 
 use crate::{Error, PacketBatch, PacketMeta, Result, Source};
+
+pub mod trojan;
 use flowstate_wire::build::{
     tcp_flags, EthernetSpec, FrameSpec, IpSpec, Ipv4Spec, Ipv6Spec, L4Spec, Payload, TcpOptions,
     TcpSpec, UdpSpec, ETHERNET_MIN_LEN,
@@ -105,6 +112,7 @@ use std::collections::BinaryHeap;
 use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
+pub use trojan::infected;
 
 /// MAC address of the client side (locally administered).
 pub const CLIENT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
@@ -134,10 +142,15 @@ pub enum Profile {
     /// hosts' answers (see [Scans](self#scans)); the scanners are the ground truth
     /// ([`Synthetic::scanners`], [`scan_truth`]).
     Scan,
+    /// A scenario rather than a shape: CHC's trojan signature (SSH, then an FTP download,
+    /// then IRC; CHC §2.1) on a few inside hosts among normal ones, with real payloads;
+    /// `flows` is the number of hosts (see [`infected`] and the [`trojan`] module).
+    Trojan,
 }
 
 impl Profile {
-    /// Every profile.
+    /// Every flow-shape profile (exactly `flows` flows of `packets` packets); the scenario
+    /// profiles are in [`SCENARIOS`](Self::SCENARIOS).
     pub const ALL: [Profile; 5] = [
         Profile::Long,
         Profile::Short,
@@ -145,6 +158,9 @@ impl Profile {
         Profile::Uniform,
         Profile::Scan,
     ];
+
+    /// Scenario profiles: scripted sessions whose size follows from `flows` (see each).
+    pub const SCENARIOS: [Profile; 1] = [Profile::Trojan];
 
     /// The profile's name as [`FromStr`] accepts it.
     pub const fn name(self) -> &'static str {
@@ -154,6 +170,7 @@ impl Profile {
             Profile::Mixed => "mixed",
             Profile::Uniform => "uniform",
             Profile::Scan => "scan",
+            Profile::Trojan => "trojan",
         }
     }
 
@@ -166,6 +183,7 @@ impl Profile {
             // Bounded Pareto, α = 1, on [10, 1000]: mean = 10·1000/990 · ln 100 ≈ 46.5.
             Profile::Mixed | Profile::Scan => 47,
             Profile::Uniform => 1,
+            Profile::Trojan => 60,
         }
     }
 }
@@ -182,11 +200,12 @@ impl FromStr for Profile {
     fn from_str(s: &str) -> Result<Self> {
         Profile::ALL
             .into_iter()
+            .chain(Profile::SCENARIOS)
             .find(|p| p.name().eq_ignore_ascii_case(s.trim()))
             .ok_or_else(|| Error::Option {
                 name: "profile",
                 reason: format!(
-                    "unknown profile {s:?}; expected one of long, short, mixed, uniform, scan"
+                    "unknown profile {s:?}; expected one of long, short, mixed, uniform, scan, trojan"
                 ),
             })
     }
@@ -426,6 +445,7 @@ impl SynthConfig {
             Profile::Short => (10_000, 1_000_000, 1_000),
             Profile::Mixed | Profile::Scan => (17_000, 800_000, 1_000),
             Profile::Uniform => (50_000, 50_000, 0),
+            Profile::Trojan => (50, 3_000, 0),
         };
         let uniform = profile == Profile::Uniform;
         SynthConfig {
@@ -438,6 +458,7 @@ impl SynthConfig {
                 Profile::Long | Profile::Short => 1.0,
                 Profile::Mixed | Profile::Scan => 0.8,
                 Profile::Uniform => 0.0,
+                Profile::Trojan => 1.0,
             },
             zipf_s: 0.0,
             packet_size: if uniform {
@@ -473,6 +494,9 @@ impl SynthConfig {
     pub fn validate(&self) -> Result<()> {
         if self.profile == Profile::Scan {
             return ScanPart::plan(self).map(|_| ());
+        }
+        if self.profile == Profile::Trojan {
+            return trojan::validate(self);
         }
         self.plan().map(|_| ())
     }
@@ -1018,6 +1042,8 @@ pub struct Synthetic {
     scratch: Box<[u8; 2048]>,
     /// `scan`: the probes mixed into this generator's (normal) traffic.
     scan: Option<Box<ScanPart>>,
+    /// A scenario profile's frames (time, bytes), sent instead of the flows'.
+    scripted: Vec<trojan::Frame>,
 }
 
 impl fmt::Debug for Synthetic {
@@ -1040,6 +1066,23 @@ impl Synthetic {
             let (normal, part) = ScanPart::plan(&config)?;
             let mut s = Synthetic::new(normal)?;
             s.scan = Some(Box::new(part));
+            return Ok(s);
+        }
+        if config.profile == Profile::Trojan {
+            trojan::validate(&config)?;
+            let frames = trojan::frames(&config);
+            // The flow machinery idles; the scripted frames are sent instead.
+            let mut s = Synthetic::new(SynthConfig {
+                profile: Profile::Short,
+                flows: 1,
+                packets: TCP_MIN_PACKETS,
+                ..SynthConfig::new(Profile::Short)
+            })?;
+            s.config = SynthConfig {
+                packets: frames.len() as u64,
+                ..config
+            };
+            s.scripted = frames;
             return Ok(s);
         }
         let plan = config.plan()?;
@@ -1068,7 +1111,7 @@ impl Synthetic {
                 // Bounded Pareto with α = 1 on [10, 1000] by inversion:
                 // x = L / (1 − u(1 − L/H)).
                 Profile::Mixed | Profile::Scan => 10.0 / (1.0 - u * (1.0 - 10.0 / 1000.0)),
-                Profile::Uniform => 1.0,
+                Profile::Uniform | Profile::Trojan => 1.0,
             };
             let w = if skew {
                 let rank = permute_index(i, n, key ^ K_RANK) + 1;
@@ -1138,6 +1181,7 @@ impl Synthetic {
             emitted: 0,
             scratch: Box::new([0u8; 2048]),
             scan: None,
+            scripted: Vec::new(),
         })
     }
 
@@ -2045,6 +2089,25 @@ impl Source for Synthetic {
         if self.scan.is_some() {
             while self.progress() < self.total_packets() && !batch.is_full() {
                 batch.push_with(|buf, meta| self.emit_mixed(buf, meta));
+            }
+            return Ok(batch.len());
+        }
+        if !self.scripted.is_empty() {
+            while let Some((t, f)) = self.scripted.get(self.emitted as usize) {
+                if batch.is_full() {
+                    break;
+                }
+                batch.push_with(|buf, meta| {
+                    let n = f.len().min(buf.len());
+                    buf[..n].copy_from_slice(&f[..n]);
+                    *meta = PacketMeta {
+                        timestamp_ns: *t,
+                        wire_len: f.len() as u32,
+                        ..PacketMeta::default()
+                    };
+                    n
+                });
+                self.emitted += 1;
             }
             return Ok(batch.len());
         }

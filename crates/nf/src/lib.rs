@@ -11,6 +11,8 @@
 //! * A packet an NF cannot handle is dropped with a reason, counted by the runtime; nothing a
 //!   packet holds can make an NF panic.
 //!
+//! Detectors: [`trojan`] (CHC's trojan detector, §2.1 R4).
+//!
 //! Besides the NFs, [`reassembly`] turns a flow's TCP segments into in-order byte streams for
 //! NFs that inspect payloads, its per-flow state kept through the state API like theirs.
 
@@ -201,3 +203,4 @@ pub mod portscan;
 pub mod reassembly;
 pub mod registry;
 pub mod rules;
+pub mod trojan;

@@ -13,6 +13,7 @@ const BUILT_IN: &[(&str, Builder)] = &[
     ("monitor", crate::monitor::factory),
     ("nat", crate::nat::mvt::select_factory),
     ("portscan", crate::portscan::factory),
+    ("trojan", crate::trojan::factory),
 ];
 
 /// Names of the built-in NFs.
