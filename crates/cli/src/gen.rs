@@ -13,7 +13,7 @@ pub(crate) struct GenArgs {
     /// Traffic profile: long, short, mixed, uniform, scan (also writes the ground truth, its
     /// scanners, to OUTPUT.truth.json) or trojan (CHC's trojan signature among normal hosts;
     /// `--flows` is then the number of inside hosts, and the infected ones are written to
-    /// OUTPUT.truth, one address a line).
+    /// OUTPUT.truth.json).
     #[arg(long, default_value = "mixed")]
     profile: String,
     /// Number of flows (distinct 5-tuples).
@@ -97,14 +97,6 @@ impl GenArgs {
     }
 }
 
-/// Where `gen --profile trojan -o FILE` writes its ground truth: `FILE.truth`, one infected
-/// host a line.
-pub(crate) fn infected_path(output: &std::path::Path) -> PathBuf {
-    let mut p = output.as_os_str().to_owned();
-    p.push(".truth");
-    PathBuf::from(p)
-}
-
 /// Generates the trace; returns the number of packets written.
 pub(crate) fn run(args: &GenArgs) -> Result<u64> {
     let config = args.config()?;
@@ -140,18 +132,24 @@ pub(crate) fn run(args: &GenArgs) -> Result<u64> {
     bar.finish_and_clear();
     let config = source.config();
     if config.profile == Profile::Trojan {
-        let path = infected_path(&args.output);
-        let mut text =
-            String::from("# infected hosts: flowstate gen --profile trojan ground truth\n");
-        for h in flowstate_io::synth::infected(config) {
-            text.push_str(&format!("{h}\n"));
-        }
-        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        let path = truth_path(&args.output);
+        let hosts: Vec<String> = flowstate_io::synth::infected(config)
+            .iter()
+            .map(|h| format!("\"{h}\""))
+            .collect();
+        let json = format!(
+            "{{\"profile\":\"trojan\",\"seed\":{},\"flows\":{},\"infected\":[{}]}}\n",
+            config.seed,
+            config.flows,
+            hosts.join(",")
+        );
+        std::fs::write(&path, json).with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(written)
 }
 
-/// Where `gen --profile scan -o FILE` writes the ground truth: `FILE.truth.json`.
+/// Where `gen --profile scan|trojan -o FILE` writes the ground truth (the scanners, the
+/// infected hosts): `FILE.truth.json`.
 pub(crate) fn truth_path(output: &std::path::Path) -> PathBuf {
     let mut p = output.as_os_str().to_owned();
     p.push(".truth.json");

@@ -32,11 +32,14 @@ fn the_example_alerts_on_the_ground_truth() {
         "{}",
         String::from_utf8_lossy(&gen.stderr)
     );
-    let truth: Vec<String> = std::fs::read_to_string(dir.path().join("t.pcap.truth"))
-        .expect("gen writes the ground truth beside the capture")
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .map(str::to_owned)
+    let text = std::fs::read_to_string(dir.path().join("t.pcap.truth.json"))
+        .expect("gen writes the ground truth beside the capture");
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let truth: Vec<String> = json["infected"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h.as_str().unwrap().to_owned())
         .collect();
     assert_eq!(truth.len(), 5);
 
