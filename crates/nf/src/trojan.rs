@@ -103,6 +103,8 @@ const NF: &str = "trojan";
 
 /// The alert's signature.
 pub const SIGNATURE: &str = "trojan: ssh, ftp download, irc";
+/// The `alert.signature_id` of a trojan alert (portscan's is 9000001).
+pub const SIGNATURE_ID: u32 = 9_000_002;
 
 /// Longest command line kept while it is incomplete (IRC's limit, RFC 2812 §2.3).
 const MAX_LINE: usize = 512;
@@ -671,7 +673,7 @@ pub fn eve_alert(now: Nanos, flow: &FlowKey, host: IpAddr, seq: &Sequence) -> St
         concat!(
             "{{\"timestamp\":\"{}\",\"event_type\":\"alert\",\"src_ip\":\"{}\",",
             "\"src_port\":{},\"dest_ip\":\"{}\",\"dest_port\":{},\"proto\":\"{}\",",
-            "\"alert\":{{\"action\":\"allowed\",\"gid\":1,\"signature_id\":0,\"rev\":0,",
+            "\"alert\":{{\"action\":\"allowed\",\"gid\":1,\"signature_id\":{},\"rev\":1,",
             "\"signature\":\"{}\",\"category\":\"A Network Trojan was detected\",",
             "\"severity\":1}},",
             "\"trojan\":{{\"host\":\"{}\",\"ssh_clock\":{},\"ftp_clock\":{},\"irc_clock\":{}}}}}"
@@ -682,6 +684,7 @@ pub fn eve_alert(now: Nanos, flow: &FlowKey, host: IpAddr, seq: &Sequence) -> St
         flow.dst,
         flow.dst_port,
         proto,
+        SIGNATURE_ID,
         SIGNATURE,
         host,
         seq.ssh,
