@@ -8,7 +8,7 @@
 mod common;
 
 use common::{content, is_root};
-use flowstate_lab::{Lab, System, BOX_OUTSIDE, CLIENT, HTTP_PORT, SERVER, VIP};
+use flowstate_lab::{Lab, System, BOX_OUTSIDE, CLIENT, CLIENT_IF, HTTP_PORT, SERVER, VIP};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Mutex;
@@ -575,4 +575,127 @@ fn bench_live_nat_reports_the_ratios() {
     let netns = Command::new("ip").args(["netns", "list"]).output().unwrap();
     let netns = String::from_utf8_lossy(&netns.stdout);
     assert!(!netns.contains(&format!("fs-bench{pid}-")), "{netns}");
+}
+
+/// The portscan detector on a live box: a real scanner (nmap, a SYN scan from a second address
+/// of the client's namespace) is detected and blocked while a download from the client's own
+/// address goes on and completes byte for byte; afterwards the scanner reaches nothing and the
+/// client everything.
+#[test]
+fn a_real_scanner_is_detected_and_blocked_while_downloads_go_on() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    if Command::new("nmap").arg("--version").output().is_err() {
+        eprintln!("skipped: no nmap (scripts/setup-live installs it)");
+        return;
+    }
+    let mut live = Live::up("p");
+    let files = publish(&live.lab);
+    let scanner = "10.0.0.3";
+    let add = live.client(&[
+        "ip",
+        "addr",
+        "add",
+        &format!("{scanner}/24"),
+        "dev",
+        CLIENT_IF,
+    ]);
+    assert!(
+        add.status.success(),
+        "{}",
+        String::from_utf8_lossy(&add.stderr)
+    );
+    live.start_box(
+        &config(
+            "[[chain]]\nnf = \"portscan\"\nblock = true\nblock_time = 600.0\nwatch = \"outbound\"\n",
+        ),
+        SERVER,
+    );
+    // A slow download from the client's own address, meanwhile.
+    let (name, want) = &files[2];
+    let to = live.dir.path().join("during-scan");
+    let download = Command::new("ip")
+        .args(["netns", "exec", &live.lab.client_ns()])
+        .args([
+            "curl",
+            "-sSf",
+            "-m",
+            "60",
+            "--limit-rate",
+            "500k",
+            "-o",
+            path(&to),
+        ])
+        .arg(format!("http://{SERVER}:{HTTP_PORT}/{name}"))
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let scan = live.client(&[
+        "nmap",
+        "-sS",
+        "-Pn",
+        "-n",
+        "-e",
+        CLIENT_IF,
+        "-S",
+        scanner,
+        "-p",
+        "1-300",
+        "--max-retries",
+        "0",
+        "-T4",
+        &SERVER.to_string(),
+    ]);
+    assert!(
+        scan.status.success(),
+        "nmap: {}",
+        String::from_utf8_lossy(&scan.stderr)
+    );
+    let out = download.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "the download during the scan: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read(&to).unwrap(), *want, "the download's bytes");
+    // The scanner is blocked, the client is not.
+    let blocked = live.client(&[
+        "curl",
+        "-s",
+        "-m",
+        "3",
+        "--interface",
+        scanner,
+        "-o",
+        "/dev/null",
+        &format!("http://{SERVER}:{HTTP_PORT}/{}", files[0].0),
+    ]);
+    assert!(
+        !blocked.status.success(),
+        "the scanner still reaches the server"
+    );
+    assert_eq!(
+        live.download(&format!("http://{SERVER}:{HTTP_PORT}/{}", files[0].0)),
+        files[0].1
+    );
+    let summary = live.stop_box();
+    eprintln!(
+        "portscan: {} alerts, {} packets of the scanner dropped",
+        report(&summary, "portscan", "alerts_scanner_outbound"),
+        report(&summary, "portscan", "dropped_blocked")
+    );
+    assert_eq!(
+        report(&summary, "portscan", "alerts_scanner_outbound"),
+        1,
+        "{summary:#}"
+    );
+    assert!(
+        report(&summary, "portscan", "dropped_blocked") > 0,
+        "{summary:#}"
+    );
 }
