@@ -2,6 +2,7 @@
 
 mod backends;
 mod cluster;
+mod eve;
 mod gen;
 mod inspect;
 mod lab;
@@ -89,14 +90,39 @@ struct BenchArgs {
 }
 
 fn main() {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .init();
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
     let cli = Cli::parse();
+    // Log lines on stderr as RUST_LOG says (warnings by default); alerts to the EVE file.
+    let eve = match &cli.command {
+        Command::Run(a) => match a.eve.as_deref().map(eve::EveFile::open) {
+            Some(Ok(f)) => Some(f),
+            Some(Err(e)) => {
+                let path = a.eve.as_deref().unwrap_or(std::path::Path::new(""));
+                eprintln!("flowstate: error: --eve {}: {e}", path.display());
+                std::process::exit(1);
+            }
+            None => None,
+        },
+        _ => None,
+    };
+    let eve = eve.map(|f| {
+        f.with_filter(tracing_subscriber::filter::filter_fn(|m| {
+            m.target() == flowstate_nf::ALERT_TARGET
+        }))
+    });
+    tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_filter(
+                    tracing_subscriber::EnvFilter::try_from_default_env()
+                        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                ),
+        )
+        .with(eve)
+        .init();
     let result = match cli.command {
         Command::Demo(a) => demo(a),
         Command::Run(a) => run::run(&a),

@@ -19,6 +19,10 @@ pub(crate) struct RunArgs {
     /// Number of workers, overriding `[runtime] workers`.
     #[arg(long)]
     pub(crate) workers: Option<usize>,
+    /// Append the NFs' alerts (portscan, trojan) to this file as EVE JSON lines, as
+    /// Suricata's `eve.json`.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) eve: Option<PathBuf>,
 }
 
 /// Runs the configuration and prints the summary on stdout (text, or JSON with `--json`).

@@ -1,5 +1,6 @@
-//! The trojan detector end to end: `examples/trojan.toml` runs as it is and alerts on exactly
-//! the infected hosts that `gen --profile trojan` lists in its ground-truth side file.
+//! The trojan detector end to end: `examples/trojan.toml` runs as it is and alerts (in the
+//! `--eve` file) on exactly the infected hosts that `gen --profile trojan` lists in its
+//! ground-truth side file.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -43,8 +44,10 @@ fn the_example_alerts_on_the_ground_truth() {
         .collect();
     assert_eq!(truth.len(), 5);
 
+    let eve = dir.path().join("eve.json");
     let run = Command::new(env!("CARGO_BIN_EXE_flowstate"))
-        .args(["run", "examples/trojan.toml", "--json"])
+        .args(["run", "examples/trojan.toml", "--json", "--eve"])
+        .arg(&eve)
         .current_dir(root())
         .output()
         .unwrap();
@@ -58,13 +61,19 @@ fn the_example_alerts_on_the_ground_truth() {
         .find(|n| n["name"] == "trojan")
         .unwrap();
     assert_eq!(nf["report"]["alerts"], 5, "{s}");
-    // The alerts on stderr name exactly the infected hosts.
-    let mut hosts: Vec<String> = stderr
+    // The EVE file has one alert a line, naming exactly the infected hosts.
+    let mut hosts: Vec<String> = std::fs::read_to_string(&eve)
+        .expect("--eve writes the alerts")
         .lines()
-        .filter(|l| l.contains("\"event_type\":\"alert\""))
-        .filter_map(|l| l.split("\"host\":\"").nth(1))
-        .filter_map(|r| r.split('"').next())
-        .map(str::to_owned)
+        .map(|l| {
+            let a: serde_json::Value = serde_json::from_str(l).unwrap();
+            assert_eq!(a["event_type"], "alert", "{l}");
+            assert_eq!(
+                a["alert"]["signature"], "trojan: ssh, ftp download, irc",
+                "{l}"
+            );
+            a["trojan"]["host"].as_str().unwrap().to_owned()
+        })
         .collect();
     hosts.sort();
     let mut want = truth.clone();

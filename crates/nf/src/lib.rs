@@ -64,6 +64,11 @@ pub struct Context {
 /// Why a packet was dropped; counted per NF by the runtime.
 pub type DropReason = &'static str;
 
+/// The `tracing` target of the events NFs raise for alerts (portscan, trojan): each carries one
+/// line of Suricata's EVE JSON in its field `eve`. NFs are sans-IO; `flowstate run --eve FILE`
+/// writes those lines to a file.
+pub const ALERT_TARGET: &str = "flowstate::alert";
+
 /// What to do with a packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {

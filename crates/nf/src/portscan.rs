@@ -80,8 +80,6 @@ const NF: &str = "portscan";
 pub const SIGNATURE: &str = "portscan: TRW";
 /// The `alert.signature_id` of a TRW alert.
 pub const SIGNATURE_ID: u32 = 9_000_001;
-/// The `tracing` target of alert events (each carries the EVE JSON line in its `eve` field).
-pub const ALERT_TARGET: &str = "flowstate::alert";
 
 // ------------------------------------------------------------------------------------------
 // The walk
@@ -783,7 +781,7 @@ impl Portscan {
                         Direction::Outbound
                     },
                 };
-                tracing::warn!(target: ALERT_TARGET, eve = %eve_json(&alert), "portscan: TRW");
+                tracing::warn!(target: crate::ALERT_TARGET, eve = %eve_json(&alert), "portscan: TRW");
                 Some(alert)
             }
         }
@@ -937,7 +935,7 @@ impl NetworkFunction for Portscan {
 /// `src_ip`, `dest_ip`, `dest_port`, `proto`, `alert: {action, signature_id, rev, signature,
 /// category, severity}`, and a `portscan` object with the walk: `direction` of its attempts,
 /// `attempts`, `failures`, `likelihood`). The NF emits it as a
-/// `tracing` event (target [`ALERT_TARGET`], field `eve`) at WARN level: NFs are sans-IO, so
+/// `tracing` event (target [`crate::ALERT_TARGET`], field `eve`) at WARN level: NFs are sans-IO, so
 /// the line goes wherever the binary's log goes.
 pub fn eve_json(a: &Alert) -> String {
     format!(

@@ -821,7 +821,7 @@ impl Trojan {
     fn alert(&self, flow: &FlowKey, host: IpAddr, seq: &Sequence, cx: &Context) {
         self.alerts.add_nowait(1);
         tracing::warn!(
-            target: "flowstate::alert",
+            target: crate::ALERT_TARGET,
             nf = NF,
             eve = %eve_alert(cx.now, flow, host, seq),
             "{SIGNATURE}"
