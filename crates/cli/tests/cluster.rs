@@ -269,6 +269,29 @@ fn check_downloads(downloads: Vec<(Child, PathBuf)>, want: &[u8]) {
     );
 }
 
+/// The UDP flow of [`Cluster::udp_flow`] kept its NAT mapping through what happened at
+/// `since` (seconds since the epoch): replies went on after it, and the server saw one peer,
+/// the NAT's address.
+fn udp_kept_its_mapping(udp: Child, peers: &std::path::Path, since: f64) {
+    let replies = String::from_utf8(udp.wait_with_output().unwrap().stdout).unwrap();
+    let after = replies
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        .filter(|&t| t > since + 1.0)
+        .count();
+    assert!(after > 20, "UDP replies after it: {after}\n{replies}");
+    let peers = std::fs::read_to_string(peers).unwrap();
+    let distinct: std::collections::BTreeSet<&str> = peers.lines().collect();
+    assert_eq!(
+        distinct.len(),
+        1,
+        "the UDP flow's mapping changed: {distinct:?}"
+    );
+    assert!(distinct
+        .iter()
+        .all(|p| p.starts_with(&format!("{BOX_OUTSIDE}:"))));
+}
+
 /// The HTTP server (its log of peers) saw the NAT's address and never the client's.
 fn server_saw_only_the_nat(peers: &std::path::Path) {
     let log = std::fs::read_to_string(peers).unwrap();
@@ -329,27 +352,7 @@ fn failover(name: &str, state: &str, fast_path: bool) {
     assert!(out.status.success(), "{}", text(&out));
     check_downloads(downloads, &want);
     server_saw_only_the_nat(&http_peers);
-    // The UDP flow kept its mapping: one peer at the server, replies after the failover.
-    let replies = String::from_utf8(udp.wait_with_output().unwrap().stdout).unwrap();
-    let after = replies
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
-        .filter(|&t| t > killed_at + 1.0)
-        .count();
-    assert!(
-        after > 20,
-        "UDP replies after the failover: {after}\n{replies}"
-    );
-    let peers = std::fs::read_to_string(peers).unwrap();
-    let distinct: std::collections::BTreeSet<&str> = peers.lines().collect();
-    assert_eq!(
-        distinct.len(),
-        1,
-        "the UDP flow's mapping changed: {distinct:?}"
-    );
-    assert!(distinct
-        .iter()
-        .all(|p| p.starts_with(&format!("{BOX_OUTSIDE}:"))));
+    udp_kept_its_mapping(udp, &peers, killed_at);
     // Instance 1's partitions went to the survivors; a replacement was started for it.
     let s = c.status();
     assert_eq!(owned(&s), 16, "{s:#}");
@@ -503,23 +506,7 @@ fn a_store_killed_and_restarted_under_load_breaks_no_connection() {
     assert_ne!(new_pid.trim(), pid.trim(), "the store was started again");
     check_downloads(downloads, &want);
     server_saw_only_the_nat(&http_peers);
-    let replies = String::from_utf8(udp.wait_with_output().unwrap().stdout).unwrap();
-    let after = replies
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
-        .filter(|&t| t > restarted_at + 1.0)
-        .count();
-    assert!(
-        after > 20,
-        "UDP replies after the restart: {after}\n{replies}"
-    );
-    let peers = std::fs::read_to_string(peers).unwrap();
-    let distinct: std::collections::BTreeSet<&str> = peers.lines().collect();
-    assert_eq!(
-        distinct.len(),
-        1,
-        "the UDP flow's mapping changed: {distinct:?}"
-    );
+    udp_kept_its_mapping(udp, &peers, restarted_at);
     let s = c.status();
     assert_eq!(owned(&s), 16, "{s:#}");
 }
