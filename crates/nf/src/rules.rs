@@ -235,6 +235,79 @@ impl Rule {
         p && (forward(&src, sport, &dst, dport)
             || (self.bidirectional && forward(&dst, dport, &src, sport)))
     }
+
+    /// Whether the contents match `buf` (a packet's payload, or a stream's bytes from its
+    /// start), as Suricata's content inspection decides: contents in order, each searched in
+    /// its window — absolute (`offset`, `depth`), or relative to the end of the previous
+    /// content's match (`distance`, `within` counted from `distance`; on a first content, from
+    /// the buffer's start) — going back to a later occurrence of an earlier content when a
+    /// later one fails. A negated content holds when its pattern is nowhere in its window, and
+    /// leaves the position where it was. A rule without contents matches. At most
+    /// [`MATCH_BUDGET`] occurrences are tried (Suricata's `inspection-recursion-limit`); past
+    /// that the rule does not match.
+    pub fn payload_matches(&self, buf: &[u8]) -> bool {
+        let mut budget = MATCH_BUDGET;
+        contents_match(&self.contents, buf, 0, &mut budget)
+    }
+}
+
+/// Occurrences [`Rule::payload_matches`] tries at most.
+pub const MATCH_BUDGET: u32 = 3000;
+
+/// The start positions content `c` may match at, after a previous match ending at `prev_end`:
+/// `start..=last` (empty when `start > last`).
+fn window(c: &Content, len: usize, prev_end: usize) -> (usize, usize) {
+    let n = c.pattern.len();
+    let (lo, hi) = if c.distance.is_some() || c.within.is_some() {
+        let base = prev_end as i64 + i64::from(c.distance.unwrap_or(0));
+        let hi = c.within.map_or(len as i64, |w| base + i64::from(w));
+        (base.max(0), hi)
+    } else {
+        let lo = i64::from(c.offset.unwrap_or(0));
+        (lo, c.depth.map_or(len as i64, |d| lo + i64::from(d)))
+    };
+    let hi = hi.min(len as i64);
+    let last = hi - n as i64;
+    if last < lo {
+        return (1, 0);
+    }
+    (lo as usize, last as usize)
+}
+
+fn occurs_at(c: &Content, buf: &[u8], at: usize) -> bool {
+    let hay = &buf[at..at + c.pattern.len()];
+    if c.nocase {
+        hay.eq_ignore_ascii_case(&c.pattern)
+    } else {
+        hay == c.pattern.as_slice()
+    }
+}
+
+fn contents_match(contents: &[Content], buf: &[u8], prev_end: usize, budget: &mut u32) -> bool {
+    let Some((c, rest)) = contents.split_first() else {
+        return true;
+    };
+    let (lo, last) = window(c, buf.len(), prev_end);
+    if c.negated {
+        let found = (lo..=last).any(|p| lo <= last && occurs_at(c, buf, p));
+        return !found && contents_match(rest, buf, prev_end, budget);
+    }
+    if lo > last {
+        return false;
+    }
+    for p in lo..=last {
+        if !occurs_at(c, buf, p) {
+            continue;
+        }
+        if *budget == 0 {
+            return false;
+        }
+        *budget -= 1;
+        if contents_match(rest, buf, p + c.pattern.len(), budget) {
+            return true;
+        }
+    }
+    false
 }
 
 /// Address and port variables (`$HOME_NET`, `$HTTP_PORTS`, ...), as `suricata.yaml`'s `vars`.
@@ -1060,7 +1133,134 @@ mod tests {
         assert!(e.reason.contains("too deep"), "{e}");
     }
 
+    #[test]
+    fn contents_match_as_suricata_inspects_them() {
+        let m = |opts: &str, buf: &[u8]| {
+            one(&format!("alert udp any any -> any any ({opts} sid:1;)")).payload_matches(buf)
+        };
+        assert!(m("", b"anything"), "no content");
+        assert!(m("content:\"GET\";", b"xx GET /"));
+        assert!(!m("content:\"GET\";", b"xx get /"));
+        assert!(m("content:\"GET\"; nocase;", b"xx get /"));
+        assert!(m("content:\"GET\"; depth:3;", b"GET /"));
+        assert!(!m("content:\"GET\"; depth:3;", b" GET /"), "past depth");
+        assert!(m("content:\"GET\"; offset:1; depth:3;", b" GET /"));
+        assert!(!m("content:\"GET\"; offset:2;", b" GET /"), "before offset");
+        // Relative: the second within 4 bytes after the first's end, after a distance.
+        assert!(m(
+            "content:\"a\"; content:\"b\"; distance:0; within:3;",
+            b"a..b"
+        ));
+        assert!(!m(
+            "content:\"a\"; content:\"b\"; distance:0; within:3;",
+            b"a...b"
+        ));
+        assert!(m(
+            "content:\"a\"; content:\"b\"; distance:2; within:2;",
+            b"a..b"
+        ));
+        assert!(
+            !m("content:\"a\"; content:\"b\"; distance:2;", b"ab"),
+            "too close"
+        );
+        assert!(
+            m(
+                "content:\"ab\"; content:\"a\"; distance:-2; within:1;",
+                b"ab"
+            ),
+            "back"
+        );
+        // Going back to a later occurrence of the first content.
+        assert!(m("content:\"a\"; content:\"b\"; within:1;", b"a.ab"));
+        // Relative on a first content: from the buffer's start.
+        assert!(m("content:\"b\"; within:2;", b"ab"));
+        assert!(!m("content:\"b\"; within:2;", b"aab"));
+        // Negated: nowhere in its window; the position stays.
+        assert!(m(
+            "content:\"a\"; content:!\"x\"; distance:0; within:2;",
+            b"a.bx"
+        ));
+        assert!(!m(
+            "content:\"a\"; content:!\"x\"; distance:0; within:2;",
+            b"a.x"
+        ));
+        assert!(m("content:!\"evil\";", b"good"));
+        assert!(!m("content:!\"evil\";", b"so evil"));
+        assert!(m(
+            "content:\"|00 01|\"; content:\"|ff|\"; distance:1;",
+            b"\x00\x01?\xff"
+        ));
+    }
+
+    /// Suricata's semantics written as a predicate over one position per content (a negated
+    /// content has none), tried for every assignment: the oracle of the backtracking search.
+    fn brute(contents: &[Content], buf: &[u8], prev_end: usize) -> bool {
+        let Some((c, rest)) = contents.split_first() else {
+            return true;
+        };
+        let fits = |p: usize| {
+            let end = p + c.pattern.len();
+            if end > buf.len() || !occurs_at(c, buf, p) {
+                return false;
+            }
+            if c.distance.is_some() || c.within.is_some() {
+                let base = prev_end as i64 + i64::from(c.distance.unwrap_or(0));
+                p as i64 >= base.max(0)
+                    && c.within.is_none_or(|w| end as i64 <= base + i64::from(w))
+            } else {
+                let off = c.offset.unwrap_or(0) as usize;
+                p >= off && c.depth.is_none_or(|d| end <= off + d as usize)
+            }
+        };
+        if c.negated {
+            return !(0..=buf.len()).any(fits) && brute(rest, buf, prev_end);
+        }
+        (0..=buf.len()).any(|p| fits(p) && brute(rest, buf, p + c.pattern.len()))
+    }
+
+    fn content_strategy() -> impl Strategy<Value = Content> {
+        (
+            proptest::collection::vec(prop_oneof![Just(b'a'), Just(b'b'), Just(b'A')], 1..3),
+            any::<bool>(),
+            any::<bool>(),
+            proptest::option::of(0u32..4),
+            proptest::option::of(1u32..6),
+            proptest::option::of(-2i32..4),
+            proptest::option::of(1u32..6),
+            any::<bool>(),
+        )
+            .prop_map(
+                |(pattern, negated, nocase, offset, depth, distance, within, rel)| {
+                    let n = pattern.len() as u32;
+                    let (offset, depth, distance, within) = if rel {
+                        (None, None, distance, within.map(|w| w.max(n)))
+                    } else {
+                        (offset, depth.map(|d| d.max(n)), None, None)
+                    };
+                    Content {
+                        pattern,
+                        negated,
+                        nocase,
+                        offset,
+                        depth,
+                        distance,
+                        within,
+                        fast_pattern: false,
+                    }
+                },
+            )
+    }
+
     proptest! {
+        #[test]
+        fn the_search_agrees_with_the_brute_force_oracle(
+            contents in proptest::collection::vec(content_strategy(), 0..4),
+            buf in proptest::collection::vec(prop_oneof![Just(b'a'), Just(b'b'), Just(b'A'), Just(b'.')], 0..12),
+        ) {
+            let mut budget = MATCH_BUDGET;
+            prop_assert_eq!(contents_match(&contents, &buf, 0, &mut budget), brute(&contents, &buf, 0));
+        }
+
         #[test]
         fn no_input_makes_the_parser_panic(text in "\\PC{0,200}") {
             let _ = parse("f.rules", &text, &Options::default());

@@ -1,10 +1,14 @@
-//! The rule parser against **Suricata** itself (`suricata -T`, installed by
-//! scripts/setup-live from bookworm-backports): on a corpus of rules within our subset, well
-//! formed and not, the rules Suricata refuses are exactly the ones we refuse. Skipped with a
-//! message when `suricata` is missing.
+//! The rules against **Suricata** itself (installed by scripts/setup-live from
+//! bookworm-backports): the rules it refuses are the ones we refuse (`suricata -T`), and on
+//! packets it reads from a capture (`suricata -r`) its alerts are the rules whose contents we
+//! match. Skipped with a message when `suricata` is missing.
 
+use flowstate_io::pcap::PcapWriter;
+use flowstate_io::PacketMeta;
 use flowstate_nf::rules::{parse, Options};
+use flowstate_wire::build::*;
 use std::collections::BTreeSet;
+use std::net::Ipv4Addr;
 use std::process::Command;
 
 /// One rule a line. Every keyword here is in our subset; Suricata's verdict is the oracle.
@@ -61,11 +65,9 @@ const CORPUS: &[&str] = &[
 
 #[test]
 fn the_rules_suricata_refuses_are_the_ones_we_refuse() {
-    let Ok(v) = Command::new("suricata").arg("-V").output() else {
-        eprintln!("skipped: no suricata (scripts/setup-live installs it)");
+    if !have_suricata() {
         return;
-    };
-    assert!(v.status.success());
+    }
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("corpus.rules");
     std::fs::write(&file, CORPUS.join("\n") + "\n").unwrap();
@@ -102,5 +104,235 @@ fn the_rules_suricata_refuses_are_the_ones_we_refuse() {
         "\nwe refuse but suricata takes: {:#?}\nsuricata refuses but we take: {:#?}",
         show(&ours.difference(&theirs).copied().collect()),
         show(&theirs.difference(&ours).copied().collect())
+    );
+}
+
+fn have_suricata() -> bool {
+    let ok = Command::new("suricata")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("skipped: no suricata (scripts/setup-live installs it)");
+    }
+    ok
+}
+
+/// A UDP packet from the client to port `port` of the server carrying `payload`.
+fn udp(port: u16, payload: &[u8]) -> Vec<u8> {
+    let spec = FrameSpec {
+        ethernet: EthernetSpec::new([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]),
+        ip: IpSpec::V4(Ipv4Spec::new(
+            Ipv4Addr::new(10, 0, 0, 2),
+            Ipv4Addr::new(198, 51, 100, 2),
+        )),
+        l4: L4Spec::Udp(UdpSpec {
+            src_port: 40000,
+            dst_port: port,
+        }),
+        payload: Payload::Bytes(payload),
+        min_len: ETHERNET_MIN_LEN,
+    };
+    let mut buf = vec![0u8; 2048];
+    let n = spec.write(&mut buf).expect("frame fits");
+    buf.truncate(n);
+    buf
+}
+
+/// Payload tests: rule options, and a payload they are tried on.
+fn content_cases() -> Vec<(String, Vec<u8>)> {
+    let mut cases: Vec<(String, Vec<u8>)> = [
+        ("content:\"GET\";", &b"xx GET /"[..]),
+        ("content:\"GET\";", b"xx get /"),
+        ("content:\"GET\"; nocase;", b"xx get /"),
+        ("content:\"GET\"; depth:3;", b"GET /"),
+        ("content:\"GET\"; depth:3;", b" GET /"),
+        ("content:\"GET\"; offset:1; depth:3;", b" GET /"),
+        ("content:\"GET\"; offset:2;", b" GET /"),
+        (
+            "content:\"a\"; content:\"b\"; distance:0; within:3;",
+            b"a..b",
+        ),
+        (
+            "content:\"a\"; content:\"b\"; distance:0; within:3;",
+            b"a...b",
+        ),
+        (
+            "content:\"a\"; content:\"b\"; distance:2; within:2;",
+            b"a..b",
+        ),
+        ("content:\"a\"; content:\"b\"; distance:2;", b"ab"),
+        (
+            "content:\"ab\"; content:\"a\"; distance:-2; within:1;",
+            b"ab",
+        ),
+        ("content:\"a\"; content:\"b\"; within:1;", b"a.ab"),
+        ("content:\"b\"; within:2;", b"ab"),
+        ("content:\"b\"; within:2;", b"aab"),
+        (
+            "content:\"a\"; content:!\"x\"; distance:0; within:2;",
+            b"a.bx",
+        ),
+        (
+            "content:\"a\"; content:!\"x\"; distance:0; within:2;",
+            b"a.x",
+        ),
+        ("content:\"ok\"; content:!\"evil\";", b"ok good"),
+        ("content:\"ok\"; content:!\"evil\";", b"ok so evil"),
+        (
+            "content:\"|00 01|\"; content:\"|ff|\"; distance:1;",
+            b"\x00\x01?\xff",
+        ),
+    ]
+    .iter()
+    .map(|(o, p)| (o.to_string(), p.to_vec()))
+    .collect();
+    // Random rules of up to three contents over a small alphabet, each on a random payload.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    for _ in 0..300 {
+        let mut opts = String::new();
+        let contents = 1 + next(3);
+        for k in 0..contents {
+            let len = 1 + next(2) as usize;
+            let pat: String = (0..len)
+                .map(|_| ['a', 'b', 'A'][next(3) as usize])
+                .collect();
+            let negated = k > 0 && next(4) == 0;
+            opts.push_str(&format!(
+                "content:{}\"{pat}\"; ",
+                if negated { "!" } else { "" }
+            ));
+            if next(3) == 0 {
+                opts.push_str("nocase; ");
+            }
+            match next(4) {
+                0 => opts.push_str(&format!(
+                    "offset:{}; depth:{}; ",
+                    next(3),
+                    len as u64 + next(4)
+                )),
+                1 if k > 0 => opts.push_str(&format!("distance:{}; ", next(4) as i64 - 1)),
+                2 if k > 0 => opts.push_str(&format!(
+                    "distance:{}; within:{}; ",
+                    next(3),
+                    len as u64 + next(3)
+                )),
+                _ => {}
+            }
+        }
+        let plen = next(10) as usize;
+        let payload: Vec<u8> = (0..plen).map(|_| b"abA."[next(4) as usize]).collect();
+        cases.push((opts, payload));
+    }
+    cases
+}
+
+#[test]
+fn on_packets_suricata_alerts_on_the_rules_whose_contents_we_match() {
+    if !have_suricata() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cases = content_cases();
+    // Rule i (sid i + 1) looks only at port 10000 + i, where its one packet goes.
+    let rules: Vec<String> = cases
+        .iter()
+        .enumerate()
+        .map(|(i, (opts, _))| {
+            format!(
+                "alert udp any any -> any {} ({opts}sid:{};)",
+                10000 + i,
+                i + 1
+            )
+        })
+        .collect();
+    let rules_file = dir.path().join("payload.rules");
+    std::fs::write(&rules_file, rules.join("\n") + "\n").unwrap();
+    let pcap = dir.path().join("payload.pcap");
+    let mut w = PcapWriter::create(&pcap).unwrap();
+    for (i, (_, payload)) in cases.iter().enumerate() {
+        let f = udp(10000 + i as u16, payload);
+        let meta = PacketMeta {
+            timestamp_ns: 1_700_000_000_000_000_000 + i as u64 * 1_000_000,
+            wire_len: f.len() as u32,
+            port: 0,
+            user: 0,
+        };
+        w.write_packet(&f, &meta).unwrap();
+    }
+    w.finish().unwrap();
+    let out = Command::new("suricata")
+        .args([
+            "-c",
+            "/etc/suricata/suricata.yaml",
+            "--runmode",
+            "single",
+            "-k",
+            "none",
+            "-r",
+        ])
+        .arg(&pcap)
+        .arg("-S")
+        .arg(&rules_file)
+        .arg("-l")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "suricata: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let eve = std::fs::read_to_string(dir.path().join("eve.json")).unwrap();
+    let theirs: BTreeSet<usize> = eve
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["event_type"] == "alert")
+        .map(|e| e["alert"]["signature_id"].as_u64().unwrap() as usize)
+        .collect();
+    let set = parse(
+        "payload.rules",
+        &(rules.join("\n") + "\n"),
+        &Options::default(),
+    )
+    .unwrap();
+    assert_eq!(set.rules.len(), cases.len(), "every generated rule is ours");
+    let ours: BTreeSet<usize> = set
+        .rules
+        .iter()
+        .zip(&cases)
+        .filter(|(r, (_, payload))| r.payload_matches(payload))
+        .map(|(r, _)| r.sid as usize)
+        .collect();
+    assert!(!ours.is_empty() && ours.len() < cases.len(), "{ours:?}");
+    eprintln!(
+        "{} rules on their packets: {} match here, {} alert in suricata",
+        cases.len(),
+        ours.len(),
+        theirs.len()
+    );
+    let show = |sids: BTreeSet<usize>| -> Vec<String> {
+        sids.iter()
+            .map(|&s| {
+                format!(
+                    "{} on {:?}",
+                    rules[s - 1],
+                    String::from_utf8_lossy(&cases[s - 1].1)
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        ours,
+        theirs,
+        "\nwe match, suricata does not: {:#?}\nsuricata matches, we do not: {:#?}",
+        show(ours.difference(&theirs).copied().collect()),
+        show(theirs.difference(&ours).copied().collect())
     );
 }
