@@ -627,9 +627,12 @@ fn ftp_data_port(line: &[u8], to_ftp: bool) -> Option<u16> {
 }
 
 /// Whether a file's first bytes are those of an EXE (`MZ`), a ZIP (`PK\x03\x04`) or an HTML
-/// page (`<html` or `<!DOCTYPE html`, case-insensitive).
+/// page (`<html` or `<!DOCTYPE html`, case-insensitive, after an optional UTF-8 byte-order
+/// mark and leading whitespace, as browsers read one).
 pub fn qualifying_magic(head: &[u8]) -> bool {
-    let starts = |p: &[u8]| head.len() >= p.len() && head[..p.len()].eq_ignore_ascii_case(p);
+    let text = head.strip_prefix(b"\xef\xbb\xbf").unwrap_or(head);
+    let text = &text[text.iter().take_while(|b| b.is_ascii_whitespace()).count()..];
+    let starts = |p: &[u8]| text.len() >= p.len() && text[..p.len()].eq_ignore_ascii_case(p);
     head.starts_with(b"MZ")
         || head.starts_with(b"PK\x03\x04")
         || starts(b"<html")
@@ -1228,6 +1231,15 @@ mod tests {
         assert!(!qualifying_magic(b"PK\x05\x06"));
         assert!(!qualifying_magic(b"plain text"));
         assert!(!qualifying_magic(b"M"));
+        assert!(
+            qualifying_magic(b"\xef\xbb\xbf<!doctype html>"),
+            "a BOM first"
+        );
+        assert!(qualifying_magic(b"\r\n  <html>"), "whitespace first");
+        assert!(
+            !qualifying_magic(b"  MZ"),
+            "an EXE starts at its first byte"
+        );
     }
 
     #[test]
