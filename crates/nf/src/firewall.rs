@@ -179,11 +179,7 @@ impl Default for Config {
 }
 
 fn config_err(key: &'static str, reason: impl Into<String>) -> BuildError {
-    BuildError::Config {
-        nf: NF,
-        key,
-        reason: reason.into(),
-    }
+    BuildError::config(NF, key, reason)
 }
 
 impl Config {
@@ -200,13 +196,11 @@ impl Config {
 
 /// Finds which key of `table` does not deserialize, for an error that names it.
 fn locate_error(table: &toml::Table) -> Option<BuildError> {
-    fn check<T: for<'de> Deserialize<'de>>(
+    fn check<T: serde::de::DeserializeOwned>(
         key: &'static str,
         v: &toml::Value,
     ) -> Option<BuildError> {
-        T::deserialize(v.clone())
-            .err()
-            .map(|e| config_err(key, e.message()))
+        crate::check_key::<T>(NF, key, v).err()
     }
     for (k, v) in table {
         let err = match k.as_str() {

@@ -239,11 +239,7 @@ pub struct Config {
 }
 
 fn config_err(key: &'static str, reason: impl Into<String>) -> BuildError {
-    BuildError::Config {
-        nf: NF,
-        key,
-        reason: reason.into(),
-    }
+    BuildError::config(NF, key, reason)
 }
 
 impl Config {

@@ -140,6 +140,29 @@ pub enum BuildError {
     State(#[from] StateError),
 }
 
+impl BuildError {
+    /// NF `nf`'s configuration key `key` is wrong: `reason`.
+    pub fn config(nf: &'static str, key: &'static str, reason: impl Into<String>) -> Self {
+        BuildError::Config {
+            nf,
+            key,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Checks that `v`, the value of key `key` in NF `nf`'s `[[chain]]` table, reads as a `T`: an
+/// error that names the key (one of the whole table does not say which key it comes from).
+pub(crate) fn check_key<T: serde::de::DeserializeOwned>(
+    nf: &'static str,
+    key: &'static str,
+    v: &toml::Value,
+) -> Result<(), BuildError> {
+    T::deserialize(v.clone())
+        .map(|_| ())
+        .map_err(|e| BuildError::config(nf, key, e.message()))
+}
+
 /// Builds one NF instance per worker (the runtime calls it inside each worker's thread).
 pub trait NfFactory: Send + Sync {
     /// The NF's name.

@@ -264,11 +264,7 @@ fn probe<T: DeserializeOwned>(v: &toml::Value) -> Result<(), String> {
 }
 
 fn config_error(key: &'static str, reason: impl Into<String>) -> BuildError {
-    BuildError::Config {
-        nf: NF,
-        key,
-        reason: reason.into(),
-    }
+    BuildError::config(NF, key, reason)
 }
 
 impl Config {

@@ -61,6 +61,7 @@
 //!
 //! `fast_path()` is `false`: the detector must see every SYN, SYN/ACK and RST.
 
+use crate::check_key;
 use crate::{
     BuildError, Context, Direction, NetworkFunction, NfFactory, Packet, Verdict, WorkerInfo,
 };
@@ -225,36 +226,26 @@ const KEYS: &str = "theta0, theta1, detection_probability, false_positive_probab
                     attempt_timeout, source_timeout, watch, block, block_time, max_contacts";
 
 fn config_err(key: &'static str, reason: impl Into<String>) -> BuildError {
-    BuildError::Config {
-        nf: NF,
-        key,
-        reason: reason.into(),
-    }
+    BuildError::config(NF, key, reason)
 }
 
 impl Config {
     /// Parses a `[[chain]]` table (without `nf`); errors name the key.
     pub fn from_table(table: &toml::Table) -> Result<Config, BuildError> {
-        fn check<T: for<'de> Deserialize<'de>>(
-            key: &'static str,
-            v: &toml::Value,
-        ) -> Result<(), BuildError> {
-            T::deserialize(v.clone())
-                .map(|_| ())
-                .map_err(|e| config_err(key, e.message()))
-        }
         for (k, v) in table {
             match k.as_str() {
-                "theta0" => check::<f64>("theta0", v)?,
-                "theta1" => check::<f64>("theta1", v)?,
-                "detection_probability" => check::<f64>("detection_probability", v)?,
-                "false_positive_probability" => check::<f64>("false_positive_probability", v)?,
-                "attempt_timeout" => check::<f64>("attempt_timeout", v)?,
-                "source_timeout" => check::<f64>("source_timeout", v)?,
-                "watch" => check::<String>("watch", v)?,
-                "block" => check::<bool>("block", v)?,
-                "block_time" => check::<f64>("block_time", v)?,
-                "max_contacts" => check::<i64>("max_contacts", v)?,
+                "theta0" => check_key::<f64>(NF, "theta0", v)?,
+                "theta1" => check_key::<f64>(NF, "theta1", v)?,
+                "detection_probability" => check_key::<f64>(NF, "detection_probability", v)?,
+                "false_positive_probability" => {
+                    check_key::<f64>(NF, "false_positive_probability", v)?
+                }
+                "attempt_timeout" => check_key::<f64>(NF, "attempt_timeout", v)?,
+                "source_timeout" => check_key::<f64>(NF, "source_timeout", v)?,
+                "watch" => check_key::<String>(NF, "watch", v)?,
+                "block" => check_key::<bool>(NF, "block", v)?,
+                "block_time" => check_key::<f64>(NF, "block_time", v)?,
+                "max_contacts" => check_key::<i64>(NF, "max_contacts", v)?,
                 other => {
                     return Err(config_err(
                         "(unknown key)",

@@ -85,6 +85,7 @@
 //! directions, reach the worker (or cluster partition) that owns its state. Reassembly and the
 //! partial command lines are per flow. No fast path: the detector must see every packet.
 
+use crate::check_key;
 use crate::reassembly::{Event, Fed, TableConfig, TcpStreams};
 use crate::{
     BuildError, Context, Direction, NetworkFunction, NfFactory, Packet, Verdict, WorkerInfo,
@@ -155,32 +156,20 @@ impl Default for Config {
 }
 
 fn config_err(key: &'static str, reason: impl Into<String>) -> BuildError {
-    BuildError::Config {
-        nf: NF,
-        key,
-        reason: reason.into(),
-    }
+    BuildError::config(NF, key, reason)
 }
 
 impl Config {
     /// Parses a `[[chain]]` table (without `nf`); errors name the key.
     pub fn from_table(table: &toml::Table) -> Result<Config, BuildError> {
-        fn check<T: for<'de> Deserialize<'de>>(
-            key: &'static str,
-            v: &toml::Value,
-        ) -> Result<(), BuildError> {
-            T::deserialize(v.clone())
-                .map(|_| ())
-                .map_err(|e| config_err(key, e.message()))
-        }
         for (k, v) in table {
             match k.as_str() {
-                "window" => check::<f64>("window", v)?,
-                "ssh_ports" => check::<Vec<u16>>("ssh_ports", v)?,
-                "ftp_ports" => check::<Vec<u16>>("ftp_ports", v)?,
-                "irc_ports" => check::<Vec<u16>>("irc_ports", v)?,
-                "extensions" => check::<Vec<String>>("extensions", v)?,
-                "reassembly" => check::<TableConfig>("reassembly", v)?,
+                "window" => check_key::<f64>(NF, "window", v)?,
+                "ssh_ports" => check_key::<Vec<u16>>(NF, "ssh_ports", v)?,
+                "ftp_ports" => check_key::<Vec<u16>>(NF, "ftp_ports", v)?,
+                "irc_ports" => check_key::<Vec<u16>>(NF, "irc_ports", v)?,
+                "extensions" => check_key::<Vec<String>>(NF, "extensions", v)?,
+                "reassembly" => check_key::<TableConfig>(NF, "reassembly", v)?,
                 other => {
                     return Err(config_err(
                         "(unknown key)",
