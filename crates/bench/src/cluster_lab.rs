@@ -245,7 +245,7 @@ impl ClusterLab {
                 live(s).len() == n
                     && owned(s) == PARTITIONS as usize
                     && s["root"]["moving"] == 0
-                    && s["root"]["assignment_version"] == s["version"]
+                    && s["root"]["assignment_versions"][0] == s["stages"][0]["version"]
             },
         )
     }

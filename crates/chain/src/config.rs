@@ -35,6 +35,9 @@
 //! [[chain]]                     # the NFs in order, from the inside to the outside
 //! nf = "nat"                    # a name the NF registry knows
 //! external = ["203.0.113.1"]    # every other key goes to the NF
+//! # stage = 0                   # a cluster's stage (flowstate-cluster): 0 for the first
+//!                               # entries, then each entry the same as the one before or
+//!                               # one more; one process runs every stage as one chain
 //! ```
 //!
 //! `synthetic` takes `profile` (long, short, mixed, uniform, scan; default mixed), `flows`,
@@ -336,6 +339,9 @@ impl Default for StateSection {
 pub struct ChainEntry {
     /// The NF's name in the registry.
     pub nf: String,
+    /// The cluster stage it runs in (`stage`, default 0): stages are numbered from 0 in
+    /// chain order, without gaps.
+    pub stage: u32,
     /// Every other key of the table: the NF's own options.
     pub options: toml::Table,
 }
@@ -632,11 +638,23 @@ impl Config {
             .into_iter()
             .enumerate()
             .map(|(i, mut table)| {
+                let stage = match table.remove("stage") {
+                    None => 0,
+                    Some(toml::Value::Integer(n)) if (0..=255).contains(&n) => n as u32,
+                    Some(other) => {
+                        return Err(err(
+                            &format!("chain[{i}].stage"),
+                            format!("expected a stage number from 0 to 255, got {other}"),
+                        ))
+                    }
+                };
                 let key = format!("chain[{i}].nf");
                 match table.remove("nf") {
-                    Some(toml::Value::String(nf)) if !nf.is_empty() => {
-                        Ok(ChainEntry { nf, options: table })
-                    }
+                    Some(toml::Value::String(nf)) if !nf.is_empty() => Ok(ChainEntry {
+                        nf,
+                        stage,
+                        options: table,
+                    }),
                     Some(other) => Err(err(
                         &key,
                         format!("expected an NF name, got {}", other.type_str()),
@@ -653,6 +671,20 @@ impl Config {
                 }
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let mut last = 0;
+        for (i, e) in chain.iter().enumerate() {
+            let want = if i == 0 { 0..=0 } else { last..=last + 1 };
+            if !want.contains(&e.stage) {
+                return Err(err(
+                    &format!("chain[{i}].stage"),
+                    format!(
+                        "stage {} after stage {last}: stages are numbered from 0 in chain order, each entry the same as the one before or one more",
+                        e.stage
+                    ),
+                ));
+            }
+            last = e.stage;
+        }
 
         Ok(Config {
             file: file.to_owned(),
@@ -695,6 +727,20 @@ impl Config {
                 })
             })
             .collect()
+    }
+
+    /// The cluster stages (1 when no entry names one).
+    pub fn stages(&self) -> u32 {
+        self.chain.last().map_or(1, |e| e.stage + 1)
+    }
+
+    /// The factories of each stage, in stage order (see [`Config::factories`]).
+    pub fn stage_factories(&self) -> Result<Vec<Vec<Arc<dyn NfFactory>>>, ConfigError> {
+        let mut stages = vec![Vec::new(); self.stages() as usize];
+        for (e, f) in self.chain.iter().zip(self.factories()?) {
+            stages[e.stage as usize].push(f);
+        }
+        Ok(stages)
     }
 }
 

@@ -164,6 +164,14 @@ impl Steering {
     /// The worker that takes `frame`, dissected as `d`.
     #[inline]
     pub fn worker(&self, frame: &[u8], d: &Dissection) -> usize {
+        self.worker_from(frame, d, self.direction(d))
+    }
+
+    /// The worker that takes `frame`, dissected as `d`, which entered the box from
+    /// `direction` (a later stage of a cluster sees a packet an earlier stage rewrote: its
+    /// addresses no longer say where it came from).
+    #[inline]
+    pub fn worker_from(&self, frame: &[u8], d: &Dissection, direction: Direction) -> usize {
         if self.workers == 1 {
             return 0;
         }
@@ -172,15 +180,14 @@ impl Steering {
             key.src_port = 0;
             key.dst_port = 0;
         } else if let Some(inner) = quoted_flow(frame, d) {
-            let dir = self.direction(d);
-            if let Some(w) = self.owners.partition(&key, Some(&inner), dir, self.workers) {
+            if let Some(w) = self
+                .owners
+                .partition(&key, Some(&inner), direction, self.workers)
+            {
                 return w as usize;
             }
             key = inner;
-        } else if let Some(w) = self
-            .owners
-            .partition(&key, None, self.direction(d), self.workers)
-        {
+        } else if let Some(w) = self.owners.partition(&key, None, direction, self.workers) {
             return w as usize;
         }
         self.worker_of_flow(&key)

@@ -254,6 +254,43 @@ fn syntax_errors_give_the_line() {
 }
 
 #[test]
+fn stages_are_numbered_in_chain_order() {
+    let c = parse(INPUT).unwrap();
+    assert_eq!(c.stages(), 1);
+    let c = parse(&format!(
+        "{INPUT}[[chain]]\nnf = \"firewall\"\n[[chain]]\nnf = \"counter\"\n[[chain]]\nnf = \"nat\"\nstage = 1\nexternal = [\"203.0.113.1\"]\n"
+    ))
+    .unwrap();
+    assert_eq!(c.stages(), 2);
+    assert_eq!(
+        c.chain.iter().map(|e| e.stage).collect::<Vec<_>>(),
+        [0, 0, 1]
+    );
+    // `stage` is the runtime's key, not the NF's.
+    assert!(!c.chain[2].options.contains_key("stage"));
+    let stages = c.stage_factories().unwrap();
+    let names = |k: usize| stages[k].iter().map(|f| f.name()).collect::<Vec<_>>();
+    assert_eq!(
+        (names(0), names(1)),
+        (vec!["firewall", "counter"], vec!["nat"])
+    );
+    for (chain, key) in [
+        ("nf = \"counter\"\nstage = 1", "chain[0].stage"),
+        (
+            "nf = \"counter\"\n[[chain]]\nnf = \"counter\"\nstage = 2",
+            "chain[1].stage",
+        ),
+        (
+            "nf = \"counter\"\nstage = 0\n[[chain]]\nnf = \"counter\"\nstage = -1",
+            "chain[1].stage",
+        ),
+        ("nf = \"counter\"\nstage = \"one\"", "chain[0].stage"),
+    ] {
+        fails(&format!("{INPUT}[[chain]]\n{chain}\n"), key, "stage");
+    }
+}
+
+#[test]
 fn unknown_nf_and_bad_nf_options_name_the_entry() {
     let c = parse(&format!(
         "{INPUT}[[chain]]\nnf = \"counter\"\n[[chain]]\nnf = \"teleporter\"\n"

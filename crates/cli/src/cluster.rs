@@ -50,10 +50,13 @@ enum Action {
         #[arg(long)]
         json: bool,
     },
-    /// Run N instances (start new ones, or drain the newest).
+    /// Run N instances in a stage (start new ones, or drain the newest).
     Scale {
         /// Instances.
         n: u32,
+        /// The chain stage whose pool to scale.
+        #[arg(long, default_value_t = 0)]
+        stage: u32,
     },
     /// Move every partition off instance ID, then stop it.
     Drain {
@@ -79,6 +82,9 @@ enum Action {
         /// Its id.
         #[arg(long)]
         id: u32,
+        /// The chain stage it runs.
+        #[arg(long, default_value_t = 0)]
+        stage: u32,
     },
     /// The controller (started by `up`).
     #[command(hide = true)]
@@ -198,6 +204,14 @@ fn load(path: &Path) -> Result<Deployment> {
     };
     let section = ClusterSection::from_table(t)
         .map_err(|(k, r)| anyhow::anyhow!("{}: {k}: {r}", path.display()))?;
+    if section.stages.len() > config.stages() as usize {
+        bail!(
+            "{}: cluster.stage: {} [[cluster.stage]] tables for a chain of {} stage(s) (`[[chain]] stage = k`)",
+            path.display(),
+            section.stages.len(),
+            config.stages()
+        );
+    }
     if !matches!(config.input, Input::Interface(_))
         || !matches!(config.output, Output::Interface(_))
     {
@@ -221,9 +235,18 @@ pub(crate) fn run(a: &ClusterArgs) -> Result<()> {
         Action::Up { config, timeout } => up(&dir, config, Duration::from_secs(*timeout)),
         Action::Down => down(&dir),
         Action::Status { json } => status(&dir, *json),
-        Action::Scale { n } => {
-            let v = controller::request(&dir.socket(), &Command::Scale { n: *n })?;
-            println!("cluster {}: scaling to {n} instances ({v})", a.prefix);
+        Action::Scale { n, stage } => {
+            let v = controller::request(
+                &dir.socket(),
+                &Command::Scale {
+                    n: *n,
+                    stage: *stage,
+                },
+            )?;
+            println!(
+                "cluster {}: scaling stage {stage} to {n} instances ({v})",
+                a.prefix
+            );
             Ok(())
         }
         Action::Drain { id } => {
@@ -248,7 +271,7 @@ pub(crate) fn run(a: &ClusterArgs) -> Result<()> {
             Ok(())
         }
         Action::Root { config } => role_root(&dir, config),
-        Action::Instance { config, id } => role_instance(&dir, config, *id),
+        Action::Instance { config, id, stage } => role_instance(&dir, config, *id, *stage),
         Action::Controller { config, fresh } => role_controller(&dir, config, *fresh),
     }
 }
@@ -281,12 +304,15 @@ fn up(dir: &Dir, path: &Path, timeout: Duration) -> Result<()> {
                 .any(|l| l.split_whitespace().next() == Some(ns.as_str()))
         })
         .count() as u32;
-    if have < d.section.instances {
+    let pools = (0..d.config.stages()).map(|k| d.section.stage(k));
+    let (starts, most) = pools.fold((0, 0), |(a, b), st| {
+        (a + st.instances, b + st.max_instances)
+    });
+    if have < starts {
         bail!(
-            "the lab {} has {have} instance namespaces and the deployment starts {}: run `flowstate lab up --instances {}`",
+            "the lab {} has {have} instance namespaces and the deployment starts {starts}: run `flowstate lab up --instances {}`",
             dir.lab.prefix(),
-            d.section.instances,
-            d.section.max_instances.min(flowstate_lab::MAX_INSTANCES).max(d.section.instances)
+            most.min(flowstate_lab::MAX_INSTANCES).max(starts)
         );
     }
     if d.section.address != flowstate_lab::ROOT_ADDR {
@@ -330,24 +356,33 @@ fn up(dir: &Dir, path: &Path, timeout: Duration) -> Result<()> {
     // Ready: the controller answers, every partition is owned, and the root moves nothing.
     let deadline = Instant::now() + timeout;
     loop {
-        let ready = current_status(dir).ok().filter(|s| {
-            let live = s.instances.iter().filter(|i| i.state == "live").count() as u32;
-            let owned: usize = s.instances.iter().map(|i| i.partitions.len()).sum();
-            live >= s.target && owned == s.partitions as usize && s.version > 0
-        });
+        let ready = current_status(dir).ok().filter(Status::ready);
         let root = read_json(&dir.file("root.json"));
-        let root_ready = root.as_ref().is_some_and(|r| {
-            r["moving"].as_u64() == Some(0)
-                && r["assignment_version"].as_u64() >= ready.as_ref().map(|s| s.version)
-        });
-        if let (Some(s), true) = (&ready, root_ready) {
-            println!(
-                "cluster {}: up: {} instances, {} partitions, assignment v{}",
-                dir.lab.prefix(),
-                s.instances.iter().filter(|i| i.state == "live").count(),
-                s.partitions,
-                s.version
-            );
+        let root_ready = |s: &Status| {
+            root.as_ref().is_some_and(|r| {
+                r["moving"].as_u64() == Some(0)
+                    && s.stages.iter().all(|st| {
+                        r["assignment_versions"][st.stage as usize].as_u64() >= Some(st.version)
+                    })
+            })
+        };
+        if let Some(s) = ready.as_ref().filter(|s| root_ready(s)) {
+            let stages: Vec<String> = s
+                .stages
+                .iter()
+                .map(|st| {
+                    let live = s
+                        .instances
+                        .iter()
+                        .filter(|i| i.stage == st.stage && i.state == "live")
+                        .count();
+                    format!(
+                        "stage {}: {live} instances, {} partitions, assignment v{}",
+                        st.stage, st.partitions, st.version
+                    )
+                })
+                .collect();
+            println!("cluster {}: up: {}", dir.lab.prefix(), stages.join("; "));
             return Ok(());
         }
         for role in ["controller", "root"] {
@@ -478,21 +513,24 @@ fn status(dir: &Dir, json: bool) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
+    for st in &s.stages {
+        println!(
+            "cluster {} stage {}: assignment v{}, {} partitions, target {} instances",
+            dir.lab.prefix(),
+            st.stage,
+            st.version,
+            st.partitions,
+            st.target
+        );
+    }
     println!(
-        "cluster {}: assignment v{}, {} partitions, target {} instances",
-        dir.lab.prefix(),
-        s.version,
-        s.partitions,
-        s.target
-    );
-    println!(
-        "{:>3} {:>8} {:<9} {:>5} {:>10} {:>8} {:>8}  partitions",
-        "id", "pid", "state", "load", "packets", "drops", "entries"
+        "{:>3} {:>5} {:>8} {:<9} {:>5} {:>10} {:>8} {:>8}  partitions",
+        "id", "stage", "pid", "state", "load", "packets", "drops", "entries"
     );
     for i in &s.instances {
         println!(
-            "{:>3} {:>8} {:<9} {:>5.2} {:>10} {:>8} {:>8}  {:?}",
-            i.id, i.pid, i.state, i.load, i.packets, i.drops, i.entries, i.partitions
+            "{:>3} {:>5} {:>8} {:<9} {:>5.2} {:>10} {:>8} {:>8}  {:?}",
+            i.id, i.stage, i.pid, i.state, i.load, i.packets, i.drops, i.entries, i.partitions
         );
     }
     if let Some(r) = root {
@@ -524,8 +562,8 @@ fn role_root(dir: &Dir, path: &Path) -> Result<()> {
         inside_prefixes: d.config.runtime.inside.clone(),
         stats_file: Some(dir.file("root.json")),
     };
-    let chain = d.config.factories()?;
-    let stats = flowstate_cluster::root::run_root(&o, &chain, Stop::new())?;
+    let stages = d.config.stage_factories()?;
+    let stats = flowstate_cluster::root::run_root(&o, &stages, Stop::new())?;
     eprintln!("root stopped: {stats:?}");
     Ok(())
 }
@@ -545,7 +583,7 @@ fn connector_when_up(config: &Config) -> Result<std::sync::Arc<dyn flowstate_sta
     }
 }
 
-fn role_instance(dir: &Dir, path: &Path, id: u32) -> Result<()> {
+fn role_instance(dir: &Dir, path: &Path, id: u32, stage: u32) -> Result<()> {
     let d = load(path)?;
     if !(1..=flowstate_lab::MAX_INSTANCES).contains(&id) {
         bail!(
@@ -553,17 +591,23 @@ fn role_instance(dir: &Dir, path: &Path, id: u32) -> Result<()> {
             flowstate_lab::MAX_INSTANCES
         );
     }
+    let Some(chain) = d.config.stage_factories()?.into_iter().nth(stage as usize) else {
+        bail!(
+            "--stage: the chain has {} stage(s), numbered from 0",
+            d.config.stages()
+        );
+    };
     Stop::on_signals().context("catching SIGINT/SIGTERM")?;
     let connector = connector_when_up(&d.config)?;
     let o = flowstate_cluster::serve::ServeOptions {
         section: d.section.clone(),
         id,
+        stage,
         address: flowstate_lab::instance_addr(id),
         flush_interval: d.config.state.flush_interval,
         retain_ops: d.config.state.retain_ops,
         stats_file: Some(dir.file(&format!("instance-{id}.json"))),
     };
-    let chain = d.config.factories()?;
     flowstate_cluster::serve::run_instance(&o, chain, connector, Stop::new())?;
     Ok(())
 }
@@ -588,7 +632,7 @@ impl NamespaceLauncher<'_> {
 }
 
 impl Launcher for NamespaceLauncher<'_> {
-    fn start(&mut self, id: u32) -> std::io::Result<u32> {
+    fn start(&mut self, stage: u32, id: u32) -> std::io::Result<u32> {
         self.reap_exited();
         if !(1..=flowstate_lab::MAX_INSTANCES).contains(&id) {
             return Err(std::io::Error::other(format!(
@@ -609,6 +653,8 @@ impl Launcher for NamespaceLauncher<'_> {
             self.dir.lab.prefix().into(),
             "--id".into(),
             id.to_string(),
+            "--stage".into(),
+            stage.to_string(),
         ];
         let child = spawn(self.dir, &ns, &format!("instance-{id}"), &argv).map_err(|e| {
             std::io::Error::other(format!(
@@ -642,12 +688,12 @@ fn role_controller(dir: &Dir, path: &Path, fresh: bool) -> Result<()> {
     let mut store = connector.connect()?;
     if fresh {
         let mut replies = Vec::new();
-        store.execute(
-            &[flowstate_state::Op::Delete {
-                key: controller::assignment_key(),
-            }],
-            &mut replies,
-        )?;
+        let ops: Vec<_> = (0..d.config.stages())
+            .map(|k| flowstate_state::Op::Delete {
+                key: controller::assignment_key(k),
+            })
+            .collect();
+        store.execute(&ops, &mut replies)?;
     }
     let mut launcher = NamespaceLauncher {
         dir,
@@ -659,6 +705,6 @@ fn role_controller(dir: &Dir, path: &Path, fresh: bool) -> Result<()> {
         section: d.section.clone(),
         socket: dir.socket(),
     };
-    controller::run_controller(&o, store, &mut launcher, d.section.instances, Stop::new())?;
+    controller::run_controller(&o, store, &mut launcher, d.config.stages(), Stop::new())?;
     Ok(())
 }

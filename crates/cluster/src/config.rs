@@ -21,9 +21,21 @@
 //! moves = "claim"          # a move hands ownership over, the state stays in the store;
 //!                          # "copy": the whole partition's state is copied too (OpenNF-style
 //!                          # baseline, CHC §7.3 R2)
+//!
+//! [[cluster.stage]]        # optional, one per chain stage in order (`[[chain]] stage = k`):
+//! partitions = 8           # that stage's own partitioning and pool of instances; a key
+//! instances = 1            # left out takes the value above
+//! min_instances = 1
+//! max_instances = 4
 //! ```
 //!
-//! Every key is optional; an unknown key or a bad value is an error naming `cluster.KEY`.
+//! Every key is optional; an unknown key or a bad value is an error naming `cluster.KEY`
+//! (`cluster.stage[k].KEY` in a stage's table).
+//!
+//! **Stages** (CHC §4.1): a chain may be cut into stages, each run by its own pool of
+//! instances and partitioned by its own NFs' scopes. The instances of all stages share one id
+//! space (their lab namespaces); the root steers a packet to stage 0's owner, each stage's
+//! output to the next stage's owner, and the last stage's out of its port.
 
 use flowstate_chain::config::parse_duration;
 use std::net::Ipv4Addr;
@@ -45,9 +57,9 @@ pub enum StoreMode {
     External,
 }
 
-/// `[cluster]`, validated.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ClusterSection {
+/// One stage's partitioning and pool of instances.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StageSection {
     /// Traffic partitions.
     pub partitions: u32,
     /// Instances `cluster up` starts.
@@ -56,6 +68,21 @@ pub struct ClusterSection {
     pub min_instances: u32,
     /// Most instances.
     pub max_instances: u32,
+}
+
+/// `[cluster]`, validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterSection {
+    /// Traffic partitions (of every stage without its own).
+    pub partitions: u32,
+    /// Instances `cluster up` starts (per stage, unless a stage says otherwise).
+    pub instances: u32,
+    /// Fewest instances (per stage).
+    pub min_instances: u32,
+    /// Most instances (per stage).
+    pub max_instances: u32,
+    /// `[[cluster.stage]]`: the stages that have tables of their own, in stage order.
+    pub stages: Vec<StageSection>,
     /// The root's and the controller's address.
     pub address: Ipv4Addr,
     /// Report interval.
@@ -95,6 +122,7 @@ impl Default for ClusterSection {
             scale_in_load: 0.2,
             store: StoreMode::Managed,
             copy_on_move: false,
+            stages: Vec::new(),
         }
     }
 }
@@ -129,8 +157,10 @@ impl ClusterSection {
                 _ => Err(err(k, format!("expected a load from 0 to 1, got {v}"))),
             }
         };
+        let mut stage_tables = None;
         for (k, v) in t {
             match k.as_str() {
+                "stage" => stage_tables = Some(v),
                 "partitions" => c.partitions = int(k, v, 1, i64::from(MAX_PARTITIONS))? as u32,
                 "instances" => c.instances = int(k, v, 1, 1024)? as u32,
                 "min_instances" => c.min_instances = int(k, v, 1, 1024)? as u32,
@@ -170,28 +200,64 @@ impl ClusterSection {
                 _ => {
                     return Err(err(
                         k,
-                        "unknown key; expected partitions, instances, min_instances, max_instances, address, heartbeat, missed, move_timeout, hold, auto_scale, scale_out_load, scale_in_load, store or moves".into(),
+                        "unknown key; expected partitions, instances, min_instances, max_instances, address, heartbeat, missed, move_timeout, hold, auto_scale, scale_out_load, scale_in_load, store, moves or stage".into(),
                     ))
                 }
             }
         }
-        if c.min_instances > c.max_instances {
-            return Err(err(
-                "min_instances",
-                format!(
-                    "{} is above max_instances {}",
-                    c.min_instances, c.max_instances
-                ),
-            ));
-        }
-        if !(c.min_instances..=c.max_instances).contains(&c.instances) {
-            return Err(err(
-                "instances",
-                format!(
-                    "{} is outside min_instances..=max_instances ({}..={})",
-                    c.instances, c.min_instances, c.max_instances
-                ),
-            ));
+        let defaults = StageSection {
+            partitions: c.partitions,
+            instances: c.instances,
+            min_instances: c.min_instances,
+            max_instances: c.max_instances,
+        };
+        check_pool(&defaults).map_err(|(k, r)| err(k, r))?;
+        if let Some(v) = stage_tables {
+            let tables = v.as_array().ok_or_else(|| {
+                err(
+                    "stage",
+                    format!("expected [[cluster.stage]] tables, got {v}"),
+                )
+            })?;
+            for (i, t) in tables.iter().enumerate() {
+                let key = |k: &str| format!("cluster.stage[{i}].{k}");
+                let t = t.as_table().ok_or_else(|| {
+                    (
+                        format!("cluster.stage[{i}]"),
+                        format!("expected a table, got {t}"),
+                    )
+                })?;
+                let mut st = defaults;
+                for (k, v) in t {
+                    let (lo, hi) = match k.as_str() {
+                        "partitions" => (1, i64::from(MAX_PARTITIONS)),
+                        "instances" | "min_instances" | "max_instances" => (1, 1024),
+                        _ => {
+                            return Err((
+                                key(k),
+                                "unknown key; expected partitions, instances, min_instances or max_instances".into(),
+                            ))
+                        }
+                    };
+                    let n = match v.as_integer() {
+                        Some(n) if (lo..=hi).contains(&n) => n as u32,
+                        _ => {
+                            return Err((
+                                key(k),
+                                format!("expected an integer from {lo} to {hi}, got {v}"),
+                            ))
+                        }
+                    };
+                    match k.as_str() {
+                        "partitions" => st.partitions = n,
+                        "instances" => st.instances = n,
+                        "min_instances" => st.min_instances = n,
+                        _ => st.max_instances = n,
+                    }
+                }
+                check_pool(&st).map_err(|(k, r)| (key(k), r))?;
+                c.stages.push(st);
+            }
         }
         if c.scale_in_load >= c.scale_out_load {
             return Err(err(
@@ -205,20 +271,59 @@ impl ClusterSection {
         Ok(c)
     }
 
-    /// The controller's settings.
-    pub fn controller(&self) -> flowstate_control::cluster::ClusterConfig {
+    /// Stage `k`'s partitioning and pool: its `[[cluster.stage]]` table, else the values of
+    /// `[cluster]`.
+    pub fn stage(&self, k: u32) -> StageSection {
+        self.stages
+            .get(k as usize)
+            .copied()
+            .unwrap_or(StageSection {
+                partitions: self.partitions,
+                instances: self.instances,
+                min_instances: self.min_instances,
+                max_instances: self.max_instances,
+            })
+    }
+
+    /// The settings of stage `stage`'s controller core.
+    pub fn controller(&self, stage: u32) -> flowstate_control::cluster::ClusterConfig {
+        let st = self.stage(stage);
         flowstate_control::cluster::ClusterConfig {
-            partitions: self.partitions,
+            stage,
+            partitions: st.partitions,
             interval: self.heartbeat.as_nanos() as u64,
             missed: self.missed,
-            min_instances: self.min_instances,
-            max_instances: self.max_instances,
+            min_instances: st.min_instances,
+            max_instances: st.max_instances,
             auto_scale: self.auto_scale,
             scale_out_load: self.scale_out_load,
             scale_in_load: self.scale_in_load,
             ..flowstate_control::cluster::ClusterConfig::default()
         }
     }
+}
+
+/// A pool's bounds hold together; errors are `(key, reason)`.
+fn check_pool(st: &StageSection) -> Result<(), (&'static str, String)> {
+    if st.min_instances > st.max_instances {
+        return Err((
+            "min_instances",
+            format!(
+                "{} is above max_instances {}",
+                st.min_instances, st.max_instances
+            ),
+        ));
+    }
+    if !(st.min_instances..=st.max_instances).contains(&st.instances) {
+        return Err((
+            "instances",
+            format!(
+                "{} is outside min_instances..=max_instances ({}..={})",
+                st.instances, st.min_instances, st.max_instances
+            ),
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -237,8 +342,34 @@ mod tests {
         assert_eq!((c.partitions, c.instances), (64, 3));
         assert_eq!(c.heartbeat, Duration::from_millis(20));
         assert_eq!(c.store, StoreMode::External);
-        assert_eq!(c.controller().interval, 20_000_000);
+        assert_eq!(c.controller(0).interval, 20_000_000);
         assert!(parse("moves = \"copy\"").unwrap().copy_on_move);
+    }
+
+    #[test]
+    fn stages_take_their_own_tables_or_the_defaults() {
+        let c = parse("partitions = 32\ninstances = 2\n[[stage]]\n[[stage]]\npartitions = 8\ninstances = 1\nmax_instances = 3\n")
+            .unwrap();
+        assert_eq!(c.stage(0), c.stage(5));
+        assert_eq!((c.stage(0).partitions, c.stage(0).instances), (32, 2));
+        let s1 = c.stage(1);
+        assert_eq!((s1.partitions, s1.instances, s1.max_instances), (8, 1, 3));
+        let ctl = c.controller(1);
+        assert_eq!((ctl.stage, ctl.partitions, ctl.max_instances), (1, 8, 3));
+        for (text, key) in [
+            ("[[stage]]\npartitions = 0", "cluster.stage[0].partitions"),
+            (
+                "[[stage]]\n[[stage]]\ncolour = 1",
+                "cluster.stage[1].colour",
+            ),
+            (
+                "[[stage]]\ninstances = 5\nmax_instances = 4",
+                "cluster.stage[0].instances",
+            ),
+            ("stage = 3", "cluster.stage"),
+        ] {
+            assert_eq!(parse(text).unwrap_err().0, key, "{text}");
+        }
     }
 
     #[test]

@@ -2,16 +2,18 @@
 //! instances' reports and an operator's commands, its assignment kept in the store and sent
 //! to the root and every instance (StatelessNF §4.2, HashMVT §IV).
 //!
-//! * The assignment lives in the store under `cluster@Value@assignment` and is written by
-//!   compare-and-set on the previous one, so a restarted controller resumes it (and changes
-//!   nothing while the same instances report), and a second controller cannot overwrite a
-//!   newer one unnoticed.
-//! * It is sent to the root and to every running instance when it changes and again every
-//!   heartbeat (UDP may lose one).
+//! * Each chain stage has its own decision core, pool of instances and assignment; the pools
+//!   share one id space (a core never starts an id another one knows).
+//! * A stage's assignment lives in the store under `cluster@Value@assignment.<stage>` and is
+//!   written by compare-and-set on the previous one, so a restarted controller resumes it (and
+//!   changes nothing while the same instances report), and a second controller cannot
+//!   overwrite a newer one unnoticed.
+//! * It is sent to the root and to the stage's running instances when it changes and again
+//!   every heartbeat (UDP may lose one).
 //! * Instances are started and stopped through a [`Launcher`], which the binary provides
 //!   (it knows namespaces and command lines).
 //! * Operators talk to it over a UNIX socket, one JSON request per connection:
-//!   `{"cmd":"status"}`, `{"cmd":"scale","n":3}`, `{"cmd":"drain","id":2}`.
+//!   `{"cmd":"status"}`, `{"cmd":"scale","n":3,"stage":0}`, `{"cmd":"drain","id":2}`.
 
 use crate::config::{ClusterSection, CONTROLLER_PORT, CONTROL_PORT};
 use crate::{udp_socket, wall_ns, ClusterError};
@@ -27,8 +29,8 @@ use std::time::{Duration, Instant};
 
 /// Starts and stops instance processes.
 pub trait Launcher {
-    /// Starts instance `id`; its process id.
-    fn start(&mut self, id: u32) -> std::io::Result<u32>;
+    /// Starts instance `id` of stage `stage`; its process id.
+    fn start(&mut self, stage: u32, id: u32) -> std::io::Result<u32>;
     /// Stops instance `id` (drained: SIGTERM), if its process is known.
     fn stop(&mut self, id: u32);
     /// Makes sure a failed instance's process is gone (SIGKILL: a hung one must not come
@@ -36,9 +38,9 @@ pub trait Launcher {
     fn reap(&mut self, id: u32);
 }
 
-/// The key of the controller's assignment.
-pub fn assignment_key() -> ObjectKey {
-    ObjectKey::shared("cluster", Kind::Value, "assignment")
+/// The key of stage `stage`'s assignment.
+pub fn assignment_key(stage: u32) -> ObjectKey {
+    ObjectKey::shared("cluster", Kind::Value, &format!("assignment.{stage}"))
 }
 
 /// A command to the controller.
@@ -47,10 +49,13 @@ pub fn assignment_key() -> ObjectKey {
 pub enum Command {
     /// The instances and the assignment.
     Status,
-    /// Run `n` instances.
+    /// Run `n` instances in a stage.
     Scale {
         /// Target count.
         n: u32,
+        /// The stage (default 0).
+        #[serde(default)]
+        stage: u32,
     },
     /// Move every partition off instance `id`, then stop it.
     Drain {
@@ -64,6 +69,9 @@ pub enum Command {
 pub struct InstanceStatus {
     /// Its id.
     pub id: u32,
+    /// The stage it runs.
+    #[serde(default)]
+    pub stage: u32,
     /// Its process (0 before its first report).
     pub pid: u32,
     /// starting, live, draining or dead.
@@ -83,17 +91,39 @@ pub struct InstanceStatus {
     pub addr: Option<String>,
 }
 
-/// The answer to [`Command::Status`].
+/// One stage in a status answer.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Status {
-    /// The assignment's version.
+pub struct StageStatus {
+    /// The stage.
+    pub stage: u32,
+    /// Its assignment's version.
     pub version: u64,
-    /// Traffic partitions.
+    /// Its traffic partitions.
     pub partitions: u32,
     /// Instances wanted.
     pub target: u32,
-    /// The instances, by id.
+}
+
+/// The answer to [`Command::Status`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Status {
+    /// The stages, in order.
+    pub stages: Vec<StageStatus>,
+    /// The instances of every stage, by stage and id.
     pub instances: Vec<InstanceStatus>,
+}
+
+impl Status {
+    /// Whether every stage runs its target of live instances, every partition has an owner
+    /// and an assignment was published.
+    pub fn ready(&self) -> bool {
+        self.stages.iter().all(|st| {
+            let of = || self.instances.iter().filter(|i| i.stage == st.stage);
+            let live = of().filter(|i| i.state == "live").count() as u32;
+            let owned: usize = of().map(|i| i.partitions.len()).sum();
+            live >= st.target && owned == st.partitions as usize && st.version > 0
+        })
+    }
 }
 
 /// What the controller's process needs.
@@ -105,13 +135,16 @@ pub struct ControllerOptions {
     pub socket: PathBuf,
 }
 
-/// Reads the assignment kept in the store.
-fn load(store: &mut dyn Backend) -> Result<Option<(Assignment, Vec<u8>)>, ClusterError> {
+/// Reads stage `stage`'s assignment kept in the store.
+fn load(
+    store: &mut dyn Backend,
+    stage: u32,
+) -> Result<Option<(Assignment, Vec<u8>)>, ClusterError> {
     let mut replies = Vec::new();
     store
         .execute(
             &[Op::Get {
-                key: assignment_key(),
+                key: assignment_key(stage),
             }],
             &mut replies,
         )
@@ -120,7 +153,7 @@ fn load(store: &mut dyn Backend) -> Result<Option<(Assignment, Vec<u8>)>, Cluste
         Some(Reply::Value(Some(b))) => match Assignment::decode(&b) {
             Ok(a) => Ok(Some((a, b))),
             Err(e) => Err(ClusterError::Store(format!(
-                "the stored assignment does not decode ({e}); clear `cluster@Value@assignment` to start afresh"
+                "the stored assignment of stage {stage} does not decode ({e}); clear `cluster@Value@assignment.{stage}` to start afresh"
             ))),
         },
         Some(Reply::Value(None)) => Ok(None),
@@ -128,13 +161,20 @@ fn load(store: &mut dyn Backend) -> Result<Option<(Assignment, Vec<u8>)>, Cluste
     }
 }
 
-/// Runs the controller until `stop`. `initial`: instances to start when the store holds no
-/// assignment yet.
+/// One stage's decision core and what the store holds of it.
+struct Stage {
+    ctl: Controller,
+    /// The assignment as last written (the compare-and-set's expected value).
+    stored: Option<Vec<u8>>,
+}
+
+/// Runs the controller of `stages` chain stages until `stop`. A stage whose store holds no
+/// assignment yet starts its `[[cluster.stage]]` (or `[cluster]`) `instances`.
 pub fn run_controller(
     o: &ControllerOptions,
     mut store: Box<dyn Backend>,
     launcher: &mut dyn Launcher,
-    initial: u32,
+    stages: u32,
     stop: Stop,
 ) -> Result<(), ClusterError> {
     let s = &o.section;
@@ -144,18 +184,24 @@ pub fn run_controller(
         std::io::Error::new(e.kind(), format!("cannot bind {}: {e}", o.socket.display()))
     })?;
     commands.set_nonblocking(true)?;
-    let restored = load(store.as_mut())?;
     let now = wall_ns();
-    let mut stored = restored.as_ref().map(|(_, b)| b.clone());
-    let mut ctl = Controller::new(s.controller(), restored.map(|(a, _)| a), now);
-    if stored.is_none() {
-        ctl.scale(initial.clamp(s.min_instances, s.max_instances), now)
-            .map_err(|e| ClusterError::Config(e.to_string()))?;
-    } else {
-        tracing::info!(
-            version = ctl.assignment().version,
-            "resumed the stored assignment"
-        );
+    let mut cores = Vec::new();
+    for k in 0..stages {
+        let restored = load(store.as_mut(), k)?;
+        let stored = restored.as_ref().map(|(_, b)| b.clone());
+        let mut ctl = Controller::new(s.controller(k), restored.map(|(a, _)| a), now);
+        if stored.is_none() {
+            let st = s.stage(k);
+            ctl.scale(st.instances, now)
+                .map_err(|e| ClusterError::Config(format!("stage {k}: {e}")))?;
+        } else {
+            tracing::info!(
+                stage = k,
+                version = ctl.assignment().version,
+                "resumed the stored assignment"
+            );
+        }
+        cores.push(Stage { ctl, stored });
     }
     let root = SocketAddrV4::new(s.address, CONTROL_PORT);
     let mut buf = vec![0u8; 65536];
@@ -171,48 +217,66 @@ pub fn run_controller(
         loop {
             match reports.recv_from(&mut buf) {
                 Ok((n, _)) => match Report::decode(&buf[..n]) {
-                    Ok(r) => ctl.on_report(&r, now),
+                    Ok(r) => match cores.get_mut(r.stage as usize) {
+                        Some(c) => c.ctl.on_report(&r, now),
+                        None => tracing::debug!(stage = r.stage, "a report of no stage of ours"),
+                    },
                     Err(e) => tracing::debug!("not a report: {e}"),
                 },
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) => return Err(e.into()),
             }
         }
-        serve_commands(&commands, &mut ctl, now);
+        serve_commands(&commands, &mut cores, now);
         if Instant::now() >= next_tick {
             next_tick = Instant::now() + Duration::from_millis(10);
-            for d in ctl.tick(now) {
-                match d {
-                    Decision::Publish(a) => {
-                        let bytes = a.encode();
-                        persist(store.as_mut(), &mut stored, bytes)?;
-                        tracing::info!(version = a.version, "assignment published");
-                        next_send = Instant::now();
-                    }
-                    Decision::Start { id } => match launcher.start(id) {
-                        Ok(pid) => tracing::info!(id, pid, "instance started"),
-                        Err(e) => tracing::error!(id, "cannot start instance: {e}"),
-                    },
-                    Decision::Stop { id } => {
-                        tracing::info!(id, "instance drained: stopping it");
-                        launcher.stop(id);
-                    }
-                    Decision::Failed { id } => {
-                        tracing::warn!(id, "instance failed: its partitions go to the others");
-                        launcher.reap(id);
+            for k in 0..cores.len() {
+                // The ids the other stages know are not this stage's to start.
+                let taken: Vec<u32> = (0..cores.len())
+                    .filter(|&j| j != k)
+                    .flat_map(|j| cores[j].ctl.ids().collect::<Vec<_>>())
+                    .collect();
+                let core = &mut cores[k];
+                core.ctl.set_taken(taken);
+                let stage = k as u32;
+                for d in core.ctl.tick(now) {
+                    match d {
+                        Decision::Publish(a) => {
+                            persist(store.as_mut(), stage, &mut core.stored, a.encode())?;
+                            tracing::info!(stage, version = a.version, "assignment published");
+                            next_send = Instant::now();
+                        }
+                        Decision::Start { id } => match launcher.start(stage, id) {
+                            Ok(pid) => tracing::info!(stage, id, pid, "instance started"),
+                            Err(e) => tracing::error!(stage, id, "cannot start instance: {e}"),
+                        },
+                        Decision::Stop { id } => {
+                            tracing::info!(stage, id, "instance drained: stopping it");
+                            launcher.stop(id);
+                        }
+                        Decision::Failed { id } => {
+                            tracing::warn!(
+                                stage,
+                                id,
+                                "instance failed: its partitions go to the others"
+                            );
+                            launcher.reap(id);
+                        }
                     }
                 }
             }
         }
         if Instant::now() >= next_send {
             next_send = Instant::now() + s.heartbeat;
-            let a = ctl.assignment();
-            if a.version > 0 {
-                let bytes = a.encode();
-                let _ = reports.send_to(&bytes, root);
-                for m in a.members.iter().filter(|m| m.live) {
-                    let to = SocketAddrV4::new(*m.addr.ip(), CONTROL_PORT);
-                    let _ = reports.send_to(&bytes, to);
+            for core in &cores {
+                let a = core.ctl.assignment();
+                if a.version > 0 {
+                    let bytes = a.encode();
+                    let _ = reports.send_to(&bytes, root);
+                    for m in a.members.iter().filter(|m| m.live) {
+                        let to = SocketAddrV4::new(*m.addr.ip(), CONTROL_PORT);
+                        let _ = reports.send_to(&bytes, to);
+                    }
                 }
             }
         }
@@ -221,15 +285,17 @@ pub fn run_controller(
     Ok(())
 }
 
-/// Writes a new assignment by compare-and-set on the one this controller last saw.
+/// Writes stage `stage`'s new assignment by compare-and-set on the one this controller last
+/// saw.
 fn persist(
     store: &mut dyn Backend,
+    stage: u32,
     stored: &mut Option<Vec<u8>>,
     bytes: Vec<u8>,
 ) -> Result<(), ClusterError> {
     let mut replies = Vec::new();
     let op = Op::CompareAndSet {
-        key: assignment_key(),
+        key: assignment_key(stage),
         expected: stored.clone(),
         new: Some(bytes.clone()),
     };
@@ -259,17 +325,24 @@ fn persist(
     )))
 }
 
-fn status(ctl: &Controller, now: u64) -> Status {
-    let a = ctl.assignment();
-    Status {
-        version: a.version,
-        partitions: a.slots.len() as u32,
-        target: ctl.target(),
-        instances: ctl
-            .status(now)
-            .into_iter()
-            .map(|m| InstanceStatus {
+fn status(cores: &[Stage], now: u64) -> Status {
+    let mut out = Status {
+        stages: Vec::new(),
+        instances: Vec::new(),
+    };
+    for (stage, core) in (0u32..).zip(cores) {
+        let ctl = &core.ctl;
+        let a = ctl.assignment();
+        out.stages.push(StageStatus {
+            stage,
+            version: a.version,
+            partitions: a.slots.len() as u32,
+            target: ctl.target(),
+        });
+        out.instances.extend(ctl.status(now).into_iter().map(|m| {
+            InstanceStatus {
                 id: m.id,
+                stage,
                 pid: m.pid,
                 state: match m.state {
                     MemberState::Starting => "starting",
@@ -284,12 +357,13 @@ fn status(ctl: &Controller, now: u64) -> Status {
                 drops: m.drops,
                 entries: m.entries,
                 addr: m.addr.map(|a| a.to_string()),
-            })
-            .collect(),
+            }
+        }));
     }
+    out
 }
 
-fn serve_commands(listener: &UnixListener, ctl: &mut Controller, now: u64) {
+fn serve_commands(listener: &UnixListener, cores: &mut [Stage], now: u64) {
     for _ in 0..16 {
         let Ok((stream, _)) = listener.accept() else {
             return;
@@ -298,19 +372,33 @@ fn serve_commands(listener: &UnixListener, ctl: &mut Controller, now: u64) {
         let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
         let mut line = String::new();
         let mut reader = BufReader::new(&stream);
+        let stages = cores.len();
         let answer = match reader.read_line(&mut line) {
             Ok(_) => match serde_json::from_str::<Command>(line.trim()) {
                 Ok(Command::Status) => {
-                    serde_json::to_value(status(ctl, now)).map_err(|e| e.to_string())
+                    serde_json::to_value(status(cores, now)).map_err(|e| e.to_string())
                 }
-                Ok(Command::Scale { n }) => ctl
-                    .scale(n, now)
-                    .map(|()| serde_json::json!({"ok": true, "target": n}))
-                    .map_err(|e| e.to_string()),
-                Ok(Command::Drain { id }) => ctl
-                    .drain(id, now)
-                    .map(|()| serde_json::json!({"ok": true, "draining": id}))
-                    .map_err(|e| e.to_string()),
+                Ok(Command::Scale { n, stage }) => match cores.get_mut(stage as usize) {
+                    Some(c) => c
+                        .ctl
+                        .scale(n, now)
+                        .map(|()| serde_json::json!({"ok": true, "stage": stage, "target": n}))
+                        .map_err(|e| format!("stage {stage}: {e}")),
+                    None => Err(format!(
+                        "no stage {stage}: the chain has {stages} (0 to {})",
+                        stages - 1
+                    )),
+                },
+                Ok(Command::Drain { id }) => {
+                    match cores.iter_mut().find(|c| c.ctl.ids().any(|i| i == id)) {
+                        Some(c) => c
+                            .ctl
+                            .drain(id, now)
+                            .map(|()| serde_json::json!({"ok": true, "draining": id}))
+                            .map_err(|e| e.to_string()),
+                        None => Err(format!("instance {id} is unknown")),
+                    }
+                }
                 Err(e) => Err(format!("bad request: {e}")),
             },
             Err(e) => Err(format!("cannot read the request: {e}")),
@@ -362,7 +450,11 @@ mod tests {
         );
         assert_eq!(
             serde_json::from_str::<Command>(r#"{"cmd":"scale","n":3}"#).unwrap(),
-            Command::Scale { n: 3 }
+            Command::Scale { n: 3, stage: 0 }
+        );
+        assert_eq!(
+            serde_json::from_str::<Command>(r#"{"cmd":"scale","n":3,"stage":1}"#).unwrap(),
+            Command::Scale { n: 3, stage: 1 }
         );
         assert!(serde_json::from_str::<Command>(r#"{"cmd":"explode"}"#).is_err());
     }
@@ -373,14 +465,16 @@ mod tests {
         use flowstate_state::Connector;
         let store = LocalStore::new();
         let mut b = store.connect().unwrap();
-        assert!(load(b.as_mut()).unwrap().is_none());
-        let a = Assignment::empty(4);
+        assert!(load(b.as_mut(), 1).unwrap().is_none());
+        let a = Assignment::empty(1, 4);
         let mut stored = None;
-        persist(b.as_mut(), &mut stored, a.encode()).unwrap();
-        assert_eq!(load(b.as_mut()).unwrap().unwrap().0, a);
+        persist(b.as_mut(), 1, &mut stored, a.encode()).unwrap();
+        assert_eq!(load(b.as_mut(), 1).unwrap().unwrap().0, a);
+        // Each stage has its own.
+        assert!(load(b.as_mut(), 0).unwrap().is_none());
         // Someone else wrote in between: refused, not overwritten.
         let mut stale = None;
-        let e = persist(b.as_mut(), &mut stale, a.encode()).unwrap_err();
+        let e = persist(b.as_mut(), 1, &mut stale, a.encode()).unwrap_err();
         assert!(e.to_string().contains("another controller"), "{e}");
     }
 }

@@ -20,7 +20,10 @@
 //! * **Moves stay order-preserving.** When a partition starts a planned move (the root sends
 //!   its old owner a release), the entries the root learned from the partition's flows are
 //!   removed first: from then on its every packet takes the slow path and is held in order
-//!   with the others, and entries are learned again from the new owner's output.
+//!   with the others, and entries are learned again from the new owner's output. A chain cut
+//!   into stages has a partition in every stage: the root records the (stage, partition,
+//!   epoch) each frame was sent to, learns only when every one of them is still steady at
+//!   that epoch, and files the entry under each, so a move in any stage takes it out.
 //! * **Failover keeps the entries.** A dead owner's decisions were committed before its output
 //!   left, so the flows it served go on through the fast path while its partitions are taken
 //!   over; only their slow-path packets wait for the new owner.
@@ -39,6 +42,8 @@ use std::sync::Arc;
 /// Frames in flight the root can learn from (the newest ones; an older frame whose output comes
 /// back after [`RING`] newer frames teaches nothing).
 pub const RING: usize = 4096;
+/// Stages a frame's route through the chain is recorded for (a longer chain is not learned).
+pub const MAX_STAGES: usize = 8;
 
 /// Counters of the root's fast path.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -58,13 +63,14 @@ pub struct FastStats {
 }
 
 /// The root's fast path: the kernel's table and programs, the frames in flight, and which
-/// partition each installed key belongs to.
+/// partitions each installed key belongs to. Partitions are numbered across the stages
+/// (`slot`: stage `k`'s partition `p` is the partitions of stages before `k`, plus `p`).
 pub struct RootFastPath {
     path: Arc<FastPath>,
     _programs: [Arc<flowstate_io::afxdp::XdpProgram>; 2],
     ifindex: [u32; 2],
     ring: Ring,
-    /// Installed keys and their deadlines (CLOCK_MONOTONIC ns), per partition.
+    /// Installed keys and their deadlines (CLOCK_MONOTONIC ns), per slot.
     keys: Vec<HashMap<FlowKey, u64>>,
     tracked: usize,
     limit: usize,
@@ -81,9 +87,9 @@ impl std::fmt::Debug for RootFastPath {
 }
 
 impl RootFastPath {
-    /// The fast path `loaded` on the root's ports for `partitions` partitions, tracking at most
-    /// `2 * capacity` keys.
-    pub fn new(loaded: LoadedFastPath, partitions: u32, capacity: u32, max_frame: usize) -> Self {
+    /// The fast path `loaded` on the root's ports for `slots` partitions (of every stage),
+    /// tracking at most `2 * capacity` keys.
+    pub fn new(loaded: LoadedFastPath, slots: u32, capacity: u32, max_frame: usize) -> Self {
         let (path, programs) = loaded;
         let ifindex = [programs[0].ifindex(), programs[1].ifindex()];
         RootFastPath {
@@ -91,7 +97,7 @@ impl RootFastPath {
             _programs: programs,
             ifindex,
             ring: Ring::new(RING, max_frame),
-            keys: (0..partitions).map(|_| HashMap::new()).collect(),
+            keys: (0..slots).map(|_| HashMap::new()).collect(),
             tracked: 0,
             limit: 2 * capacity as usize,
             stats: FastStats::default(),
@@ -104,12 +110,31 @@ impl RootFastPath {
         self.ring.keep(clock, port, frame);
     }
 
-    /// The instance's output for the frame of `clock` in `partition` left by `out_port` as
-    /// `output`: teaches the fast path.
-    pub fn returned(&mut self, clock: u64, partition: u16, out_port: usize, output: &[u8]) {
-        let Some((in_port, input)) = self.ring.get(clock) else {
+    /// The frame of `clock` was sent to the owner of `slot` at `epoch`.
+    pub fn routed(&mut self, clock: u64, slot: u32, epoch: u32) {
+        self.ring.route(clock, slot, epoch);
+    }
+
+    /// The chain's output for the frame of `clock` left by `out_port` as `output`: teaches
+    /// the fast path, if `steady` says yes to every (slot, epoch) the frame was sent to.
+    pub fn returned(
+        &mut self,
+        clock: u64,
+        out_port: usize,
+        output: &[u8],
+        steady: impl Fn(u32, u32) -> bool,
+    ) {
+        let Some((in_port, input, route)) = self.ring.get(clock) else {
             return;
         };
+        if route.is_empty() || !route.iter().all(|&(slot, epoch)| steady(slot, epoch)) {
+            return;
+        }
+        let mut slots = [0u32; MAX_STAGES];
+        for (s, (slot, _)) in slots.iter_mut().zip(route) {
+            *s = *slot;
+        }
+        let slots = &slots[..route.len()];
         let (Some(&in_if), Some(&out_if)) = (
             self.ifindex.get(usize::from(in_port)),
             self.ifindex.get(out_port),
@@ -119,21 +144,25 @@ impl RootFastPath {
         match self.path.observe(in_if, input, out_if, output) {
             Ok(Lesson::Install(key, entry)) => {
                 self.stats.fast_path_learned += 1;
-                let Some(keys) = self.keys.get_mut(usize::from(partition)) else {
-                    return;
-                };
-                if keys.insert(key, entry.deadline_ns).is_none() {
-                    self.tracked += 1;
-                    if self.tracked > self.limit {
-                        self.prune();
+                for &slot in slots {
+                    let Some(keys) = self.keys.get_mut(slot as usize) else {
+                        continue;
+                    };
+                    if keys.insert(key, entry.deadline_ns).is_none() {
+                        self.tracked += 1;
                     }
+                }
+                if self.tracked > self.limit {
+                    self.prune();
                 }
             }
             Ok(Lesson::Forget(forgotten)) => {
-                if let Some(keys) = self.keys.get_mut(usize::from(partition)) {
-                    for k in &forgotten {
-                        if keys.remove(k).is_some() {
-                            self.tracked -= 1;
+                for &slot in slots {
+                    if let Some(keys) = self.keys.get_mut(slot as usize) {
+                        for k in &forgotten {
+                            if keys.remove(k).is_some() {
+                                self.tracked -= 1;
+                            }
                         }
                     }
                 }
@@ -143,9 +172,9 @@ impl RootFastPath {
         }
     }
 
-    /// Partition `p` begins a planned move: its flows leave the fast path.
-    pub fn moving(&mut self, p: u16) {
-        let Some(keys) = self.keys.get_mut(usize::from(p)) else {
+    /// The partition of `slot` begins a planned move: its flows leave the fast path.
+    pub fn moving(&mut self, slot: u32) {
+        let Some(keys) = self.keys.get_mut(slot as usize) else {
             return;
         };
         let now = monotonic_ns();
@@ -205,6 +234,10 @@ impl RootFastPath {
     }
 }
 
+/// A kept frame: the port it came in by, its bytes, the (slot, epoch) of each stage it was
+/// sent to.
+type Kept<'a> = (u16, &'a [u8], &'a [(u32, u32)]);
+
 /// Frames by logical clock in a ring of fixed slots (no allocation after start).
 struct Ring {
     clocks: Vec<u64>,
@@ -212,6 +245,9 @@ struct Ring {
     lens: Vec<usize>,
     bytes: Vec<u8>,
     slot: usize,
+    /// Per frame, the (slot, epoch) of each stage it was sent to.
+    routes: Vec<[(u32, u32); MAX_STAGES]>,
+    hops: Vec<u8>,
 }
 
 impl Ring {
@@ -222,6 +258,8 @@ impl Ring {
             lens: vec![0; slots],
             bytes: vec![0; slots * slot],
             slot,
+            routes: vec![[(0, 0); MAX_STAGES]; slots],
+            hops: vec![0; slots],
         }
     }
 
@@ -238,15 +276,33 @@ impl Ring {
         self.clocks[i] = clock;
         self.ports[i] = port;
         self.lens[i] = frame.len();
+        self.hops[i] = 0;
         self.bytes[i * self.slot..i * self.slot + frame.len()].copy_from_slice(frame);
     }
 
-    fn get(&self, clock: u64) -> Option<(u16, &[u8])> {
+    /// The frame of `clock` (if kept) was sent to `slot` at `epoch`. A route longer than
+    /// [`MAX_STAGES`] is marked unlearnable.
+    fn route(&mut self, clock: u64, slot: u32, epoch: u32) {
+        let i = (clock % self.clocks.len() as u64) as usize;
+        if clock == 0 || self.clocks[i] != clock {
+            return;
+        }
+        match self.routes[i].get_mut(usize::from(self.hops[i])) {
+            Some(r) => {
+                *r = (slot, epoch);
+                self.hops[i] += 1;
+            }
+            None => self.clocks[i] = 0,
+        }
+    }
+
+    fn get(&self, clock: u64) -> Option<Kept<'_>> {
         let i = (clock % self.clocks.len() as u64) as usize;
         (clock != 0 && self.clocks[i] == clock).then(|| {
             (
                 self.ports[i],
                 &self.bytes[i * self.slot..i * self.slot + self.lens[i]],
+                &self.routes[i][..usize::from(self.hops[i])],
             )
         })
     }
@@ -270,12 +326,29 @@ mod tests {
         let mut r = Ring::new(4, 64);
         r.keep(1, 0, &udp(1));
         r.keep(2, 1, &udp(2));
-        assert_eq!(r.get(1), Some((0, &udp(1)[..])));
-        assert_eq!(r.get(2), Some((1, &udp(2)[..])));
+        r.route(1, 3, 7);
+        r.route(1, 20, 1);
+        r.route(3, 5, 5); // never kept: nothing recorded
+        assert_eq!(r.get(1), Some((0, &udp(1)[..], &[(3, 7), (20, 1)][..])));
+        assert_eq!(r.get(2), Some((1, &udp(2)[..], &[][..])));
         assert_eq!(r.get(3), None, "never kept");
         r.keep(5, 1, &udp(5)); // the slot of clock 1
         assert_eq!(r.get(1), None, "overwritten by a newer clock");
-        assert_eq!(r.get(5), Some((1, &udp(5)[..])));
+        assert_eq!(
+            r.get(5),
+            Some((1, &udp(5)[..], &[][..])),
+            "a new frame, no route"
+        );
+        for s in 0..MAX_STAGES as u32 {
+            r.route(5, s, 0);
+        }
+        assert_eq!(r.get(5).unwrap().2.len(), MAX_STAGES);
+        r.route(5, 99, 0);
+        assert_eq!(
+            r.get(5),
+            None,
+            "a route longer than recorded is not learned"
+        );
     }
 
     #[test]

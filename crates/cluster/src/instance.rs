@@ -208,6 +208,10 @@ impl Instance {
     /// Runs a data packet of `meta`'s partition through the chain; whether to send it on.
     pub fn process(&mut self, meta: &Meta, frame: &mut [u8], now: Nanos) -> bool {
         self.stats.packets += 1;
+        if meta.stage != self.config.stage {
+            self.stats.misdirected += 1;
+            return false;
+        }
         let Some(Some(o)) = self.owned.get_mut(usize::from(meta.partition)) else {
             self.stats.misdirected += 1;
             return false;
@@ -767,6 +771,14 @@ mod tests {
         let mut h = udp(5001);
         assert!(b.process(&meta(2, 2), &mut h, 12));
         assert_ne!(translated_port(&h), port);
+        // A frame for another stage's partition 2 is not b's, whatever its epoch.
+        let misdirected = b.stats().misdirected;
+        let other_stage = Meta {
+            stage: 1,
+            ..meta(2, 2)
+        };
+        assert!(!b.process(&other_stage, &mut udp(5002), 12));
+        assert_eq!(b.stats().misdirected, misdirected + 1);
         // a's stale epoch: its record is gone, its packets are refused.
         a.revalidate().unwrap();
         assert_eq!(a.owned_partitions(), Vec::<u32>::new());
@@ -802,6 +814,7 @@ mod tests {
         };
         let a3 = Assignment {
             version: 9,
+            stage: 0,
             slots: (0..4)
                 .map(|_| Slot {
                     owner: Some(3),

@@ -12,9 +12,15 @@
 //!   ([`flowstate_chain::owners`]) over the symmetric flow hash; it goes to the partition's
 //!   owner in a GENEVE frame ([`crate::meta`]) stamped with partition, epoch, direction and a
 //!   logical clock (the root numbers packets in arrival order).
-//! * Frames coming back are sent out the port their destination says. Per partition, their
-//!   clocks must rise: a frame older than one already sent is counted as reordered.
-//! * Moves follow [`crate::steer`]; the assignment comes from the controller.
+//! * Frames coming back are sent out the port their destination says (or on to the next
+//!   stage). Frames that went through the same partitions must come back in the order of
+//!   their clocks: one older than one already back is counted as reordered ([`OrderCheck`]).
+//! * A chain cut into stages (CHC §4.1) is steered stage by stage: a packet from the inside
+//!   goes to stage 0's owner, its output to stage 1's owner, and so on, the last stage's out
+//!   of the port; a packet from the outside runs the stages in reverse, as the NFs of one
+//!   instance do. Each stage partitions by its own NFs, on the frame as the stage before
+//!   left it, with the packet's direction and clock kept from the ingress.
+//! * Moves follow [`crate::steer`], per stage; the assignments come from the controller.
 //! * With `[input] fast_path` (the default, when every NF allows it), established flows are
 //!   forwarded by an XDP program on the ports, taught by the instances' output
 //!   ([`crate::fast`]); what reaches this loop is the rest.
@@ -31,6 +37,7 @@ use flowstate_chain::steer::Steering;
 use flowstate_control::cluster::Assignment;
 use flowstate_io::afpacket::{AfPacket, AfPacketOptions};
 use flowstate_io::PacketBatch;
+use flowstate_nf::Direction;
 use serde::Serialize;
 use std::io::ErrorKind;
 use std::net::SocketAddrV4;
@@ -46,23 +53,27 @@ const MAX_FRAME: usize = 2048;
 pub struct RootStats {
     /// IPv4 frames taken from the ports.
     pub received: u64,
-    /// Frames sent to instances (held ones included once sent).
+    /// Frames sent to instances (held ones included once sent; a frame once per stage).
     pub to_instances: u64,
-    /// Frames that came back and were sent out.
+    /// Frames that came back from the instances (from every stage).
     pub from_instances: u64,
-    /// Frames that do not parse.
+    /// Frames sent out a port after the chain's last stage.
+    pub sent_out: u64,
+    /// Frames that do not parse (from the ports, or between stages).
     pub malformed: u64,
     /// Frames back from instances older than one already sent for their partition.
     pub reordered: u64,
+    /// Frames whose order was checked ([`OrderCheck`]).
+    pub order_checked: u64,
     /// Frames from instances that are not ours.
     pub bad_frames: u64,
-    /// The moves.
+    /// The moves (of every stage).
     #[serde(flatten)]
     pub steer: SteerStats,
     /// Partitions moving now.
     pub moving: u64,
-    /// The newest assignment applied.
-    pub assignment_version: u64,
+    /// The newest assignment applied, per stage.
+    pub assignment_versions: Vec<u64>,
     /// Median duration of the finished moves, ms.
     pub move_ms_p50: f64,
     /// Send errors towards instances.
@@ -87,13 +98,207 @@ pub struct RootOptions {
     pub stats_file: Option<PathBuf>,
 }
 
-/// Runs the root until `stop`.
+/// One stage as the root steers it.
+struct Stage {
+    /// Partition of a frame (by the stage's NFs).
+    steering: Steering,
+    /// Owners and moves.
+    steer: Steer,
+    /// The move protocol's frames to send.
+    ctl: Vec<Control>,
+    /// The fast path's number of this stage's partition 0.
+    offset: u32,
+    /// Its place in the chain.
+    index: u32,
+}
+
+/// The stage a packet from `direction` enters first, of `n`.
+fn first_stage(direction: Direction, n: usize) -> usize {
+    match direction {
+        Direction::Outbound => 0,
+        Direction::Inbound => n - 1,
+    }
+}
+
+/// The stage after `k` for a packet from `direction`, of `n`; `None` after the last.
+fn next_stage(k: usize, direction: Direction, n: usize) -> Option<usize> {
+    match direction {
+        Direction::Outbound => (k + 1 < n).then_some(k + 1),
+        Direction::Inbound => k.checked_sub(1),
+    }
+}
+
+/// The order check: frames that went through the same partitions, stage by stage, come back
+/// in the order of their clocks. (Frames of one partition that came from different
+/// partitions of the stage before are processed in parallel upstream: their clocks
+/// interleave, and a flow's packets always share their partitions.)
+///
+/// The root notes, per clock, the partition each frame was last sent to, and keys the check
+/// by (this hop's partition, the one before). Both tables are fixed: the hop of a frame
+/// older than [`ORDER_RING`] frames is forgotten and its frame not checked; the last clocks
+/// are a direct-mapped table of [`ORDER_KEYS`] keys where a new key replaces an old one (a
+/// check lost, never a false alarm).
+struct OrderCheck {
+    /// Per clock (mod the ring): (clock, partition sent to, the one before).
+    hops: Vec<(u64, u32, u32)>,
+    /// (key, newest clock back).
+    last: Vec<(u64, u64)>,
+}
+
+/// Frames whose hops the order check remembers.
+const ORDER_RING: usize = 8192;
+/// Paths the order check tracks at once.
+const ORDER_KEYS: usize = 1 << 16;
+/// No partition: the frame came from a port.
+const FROM_PORT: u32 = u32::MAX;
+
+impl OrderCheck {
+    fn new() -> OrderCheck {
+        OrderCheck {
+            hops: vec![(0, FROM_PORT, FROM_PORT); ORDER_RING],
+            last: vec![(u64::MAX, 0); ORDER_KEYS],
+        }
+    }
+
+    /// The frame of `clock` goes to `slot` (a stage's partition, numbered across stages);
+    /// `first`: from a port.
+    fn sent(&mut self, clock: u64, slot: u32, first: bool) {
+        let h = &mut self.hops[(clock % ORDER_RING as u64) as usize];
+        let before = if first {
+            FROM_PORT
+        } else if h.0 == clock {
+            h.1
+        } else {
+            return; // its earlier hop is forgotten: unchecked from now on
+        };
+        *h = (clock, slot, before);
+    }
+
+    /// The frame of `clock` came back from `slot`: `Some(in order)`, or `None` when it
+    /// cannot be checked.
+    fn back(&mut self, clock: u64, slot: u32) -> Option<bool> {
+        let h = self.hops[(clock % ORDER_RING as u64) as usize];
+        if h.0 != clock || h.1 != slot {
+            return None;
+        }
+        let key = u64::from(slot) << 32 | u64::from(h.2);
+        let mixed = key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 48;
+        let e = &mut self.last[mixed as usize % ORDER_KEYS];
+        if e.0 != key {
+            *e = (key, clock);
+            return Some(true);
+        }
+        let in_order = clock > e.1;
+        e.1 = e.1.max(clock);
+        Some(in_order)
+    }
+}
+
+/// The root's sending side: what goes to the instances.
+struct Out {
+    fd: std::os::fd::RawFd,
+    tx: Datagrams,
+    stats: RootStats,
+    fast: Option<RootFastPath>,
+    order: OrderCheck,
+}
+
+impl Out {
+    /// Sends (or holds, while it moves) `frame`, dissected as `d`, to its partition's owner in
+    /// `stage`; `first`: the frame comes from a port.
+    fn steer_into(
+        &mut self,
+        stage: &mut Stage,
+        frame: &[u8],
+        d: &flowstate_wire::Dissection,
+        direction: Direction,
+        clock: u64,
+        first: bool,
+    ) {
+        let p = stage.steering.worker_from(frame, d, direction) as u32;
+        self.order.sent(clock, stage.offset + p, first);
+        match stage.steer.route(p) {
+            Route::Send { to, epoch } => {
+                if let Some(f) = &mut self.fast {
+                    f.routed(clock, stage.offset + p, epoch);
+                }
+                let m = Meta {
+                    kind: Kind::Data,
+                    stage: stage.index,
+                    partition: p as u16,
+                    epoch,
+                    direction,
+                    clock,
+                };
+                self.queue(&m, frame, to);
+            }
+            Route::Hold => {
+                stage.steer.hold(p, frame, direction, clock);
+            }
+            Route::NoOwner => stage.steer.count_no_owner(),
+        }
+    }
+
+    /// Queues a frame for an instance (sending the queue first when it is full).
+    fn queue(&mut self, m: &Meta, payload: &[u8], to: SocketAddrV4) {
+        if self.tx.is_full() {
+            self.flush();
+        }
+        self.tx.push_with(to, |buf| {
+            let Some(h) = meta::write(buf, m) else {
+                return 0;
+            };
+            let n = (h + payload.len()).min(buf.len());
+            buf[h..n].copy_from_slice(&payload[..n - h]);
+            n
+        });
+        if m.kind == Kind::Data {
+            self.stats.to_instances += 1;
+        }
+    }
+
+    /// Sends the queued frames, in order.
+    fn flush(&mut self) {
+        let n = self.tx.len();
+        let sent = self.tx.send(self.fd, |_| true).unwrap_or(0);
+        self.stats.send_errors += (n - sent) as u64;
+        self.tx.clear();
+    }
+
+    /// Queues every stage's move-protocol frames behind the data queued before them, and
+    /// sends. Partitions whose planned move begins (a release) leave the fast path first, so
+    /// their packets are held in order with the others ([`crate::fast`]).
+    fn controls(&mut self, stages: &mut [Stage]) {
+        for (k, st) in stages.iter_mut().enumerate() {
+            for c in st.ctl.drain(..) {
+                if let (Some(f), Kind::Release) = (&mut self.fast, c.kind) {
+                    f.moving(st.offset + u32::from(c.partition));
+                }
+                let m = Meta {
+                    kind: c.kind,
+                    stage: k as u32,
+                    partition: c.partition,
+                    epoch: c.epoch,
+                    direction: Direction::Outbound,
+                    clock: 0,
+                };
+                self.queue(&m, &[], c.to);
+            }
+        }
+        self.flush();
+    }
+}
+
+/// Runs the root of a chain cut into `stages` (each stage's NFs) until `stop`.
 pub fn run_root(
     o: &RootOptions,
-    chain: &[Arc<dyn flowstate_nf::NfFactory>],
+    stages: &[Vec<Arc<dyn flowstate_nf::NfFactory>>],
     stop: Stop,
 ) -> Result<RootStats, ClusterError> {
     let s = &o.section;
+    if stages.is_empty() {
+        return Err(ClusterError::Config("the chain has no stage".into()));
+    }
     let tx = AfPacketOptions {
         receive: false,
         qdisc_bypass: true,
@@ -120,14 +325,44 @@ pub fn run_root(
     ];
     let shared = Arc::new(Shared::default());
     let mut source = LiveSource::new(rx_ports, addrs, Arc::clone(&shared), stop.clone());
+    let mut offset = 0;
+    let mut path: Vec<Stage> = (0u32..)
+        .zip(stages)
+        .map(|(k, chain)| {
+            let partitions = s.stage(k).partitions;
+            let st = Stage {
+                steering: Steering::new(o.inside_prefixes.clone(), partitions as usize)
+                    .with_owners(Owners::new(chain)),
+                steer: Steer::new(
+                    partitions,
+                    SteerConfig {
+                        move_timeout: s.move_timeout.as_nanos() as u64,
+                        hold: s.hold,
+                    },
+                ),
+                ctl: Vec::new(),
+                offset,
+                index: k,
+            };
+            offset += partitions;
+            st
+        })
+        .collect();
+    let n = path.len();
     // The fast path, when the chain allows it (every NF does) and the kernel takes it.
-    let allowed = chain.iter().all(|f| f.fast_path());
-    let why_not = (!allowed).then_some("an NF of the chain must see every packet");
-    let mut fast = flowstate_chain::live::attach_fast_path(&o.inside, &o.outside, why_not)
+    let allowed = stages.iter().flatten().all(|f| f.fast_path());
+    let why_not = if !allowed {
+        Some("an NF of the chain must see every packet")
+    } else if n > crate::fast::MAX_STAGES {
+        Some("the chain has more stages than the root's fast path records")
+    } else {
+        None
+    };
+    let fast = flowstate_chain::live::attach_fast_path(&o.inside, &o.outside, why_not)
         .map_err(|e| ClusterError::Config(e.to_string()))?
         .map(|loaded| {
             let capacity = o.inside.fast_path.map_or(0, |c| c.capacity);
-            RootFastPath::new(loaded, s.partitions, capacity, MAX_FRAME)
+            RootFastPath::new(loaded, offset, capacity, MAX_FRAME)
         });
     let mut sink = LiveSink::new(
         tx_ports,
@@ -139,140 +374,152 @@ pub fn run_root(
     );
     let data = udp_socket(SocketAddrV4::new(s.address, meta::PORT))?;
     let control = udp_socket(SocketAddrV4::new(s.address, CONTROL_PORT))?;
-    let steering = Steering::new(o.inside_prefixes.clone(), s.partitions as usize)
-        .with_owners(Owners::new(chain));
-    let mut steer = Steer::new(
-        s.partitions,
-        SteerConfig {
-            move_timeout: s.move_timeout.as_nanos() as u64,
-            hold: s.hold,
-        },
-    );
-    let mut stats = RootStats::default();
+    let mut out = Out {
+        fd: raw(&data),
+        tx: Datagrams::new(256, meta::HEADER_LEN + MAX_FRAME),
+        stats: RootStats::default(),
+        fast,
+        order: OrderCheck::new(),
+    };
     let mut batch = PacketBatch::new(64, MAX_FRAME);
-    let mut ctl: Vec<Control> = Vec::new();
     let mut rbuf = vec![0u8; 65536];
-    let fd = raw(&data);
-    let mut tx = Datagrams::new(256, meta::HEADER_LEN + MAX_FRAME);
     let mut rx = Datagrams::new(256, meta::HEADER_LEN + MAX_FRAME);
-    let mut last_clock = vec![0u64; s.partitions as usize];
     let mut clock = 0u64;
     let mut next_stats = Instant::now();
     let mut next_tick = Instant::now();
     let fds: Vec<_> = source.fds().chain([raw(&data), raw(&control)]).collect();
-    tracing::info!(partitions = s.partitions, address = %s.address, "root up");
+    tracing::info!(stages = n, partitions = offset, address = %s.address, "root up");
     while !stop.stopped() {
         flowstate_io::afpacket::wait_readable(&fds, Duration::from_millis(5)).map_err(io)?;
         let now = wall_ns();
-        // The controller's assignment.
+        // The controller's assignments.
         loop {
             match control.recv_from(&mut rbuf) {
-                Ok((n, _)) => {
-                    if let Ok(a) = Assignment::decode(&rbuf[..n]) {
-                        steer.apply(&a, now, &mut ctl);
-                        leave_fast_path(&mut fast, &ctl);
+                Ok((len, _)) => {
+                    if let Ok(a) = Assignment::decode(&rbuf[..len]) {
+                        if let Some(st) = path.get_mut(a.stage as usize) {
+                            st.steer.apply(&a, now, &mut st.ctl);
+                        }
                     }
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) => return Err(e.into()),
             }
         }
-        send_controls(fd, &mut tx, &mut ctl, &mut stats);
-        // Packets from the ports to their owners.
+        out.controls(&mut path);
+        // Packets from the ports to their owners in the first stage.
         for _ in 0..16 {
             batch.clear();
             if source.recv_ready(&mut batch).map_err(io)? == 0 {
                 break;
             }
             for (frame, fm) in batch.iter() {
-                stats.received += 1;
+                out.stats.received += 1;
                 let Ok(d) = flowstate_wire::dissect(frame) else {
-                    stats.malformed += 1;
+                    out.stats.malformed += 1;
                     continue;
                 };
-                let p = steering.worker(frame, &d) as u32;
-                let direction = steering.direction(&d);
+                let direction = path[0].steering.direction(&d);
                 clock += 1;
-                if let Some(f) = &mut fast {
+                if let Some(f) = &mut out.fast {
                     f.sent(clock, fm.port, frame);
                 }
-                match steer.route(p) {
-                    Route::Send { to, epoch } => {
-                        let m = Meta {
-                            kind: Kind::Data,
-                            stage: 0,
-                            partition: p as u16,
-                            epoch,
-                            direction,
-                            clock,
-                        };
-                        queue(fd, &mut tx, &m, frame, to, &mut stats);
-                    }
-                    Route::Hold => {
-                        steer.hold(p, frame, direction, clock);
-                    }
-                    Route::NoOwner => steer.count_no_owner(),
-                }
+                let k = first_stage(direction, n);
+                out.steer_into(&mut path[k], frame, &d, direction, clock, true);
             }
-            flush(fd, &mut tx, &mut stats);
+            out.flush();
         }
-        // Frames from the instances: output, and the move protocol.
+        // Frames from the instances: output (to the next stage, or out), and the moves.
         for _ in 0..4 {
             rx.clear();
-            if rx.recv(fd)? == 0 {
+            if rx.recv(out.fd)? == 0 {
                 break;
             }
             for i in 0..rx.len() {
                 let (datagram, from) = rx.get(i);
                 let Ok((m, payload)) = meta::read(datagram) else {
-                    stats.bad_frames += 1;
+                    out.stats.bad_frames += 1;
+                    continue;
+                };
+                let k = m.stage as usize;
+                let Some(st) = path.get_mut(k) else {
+                    out.stats.bad_frames += 1;
                     continue;
                 };
                 if m.kind == Kind::Data {
-                    let k = usize::from(m.partition) % last_clock.len();
-                    let last = &mut last_clock[k];
-                    if m.clock < *last {
-                        stats.reordered += 1;
-                    } else {
-                        *last = m.clock;
+                    out.stats.from_instances += 1;
+                    match out.order.back(m.clock, st.offset + u32::from(m.partition)) {
+                        Some(true) => out.stats.order_checked += 1,
+                        Some(false) => {
+                            out.stats.order_checked += 1;
+                            out.stats.reordered += 1;
+                        }
+                        None => {}
                     }
-                    stats.from_instances += 1;
+                    if let Some(j) = next_stage(k, m.direction, n) {
+                        match flowstate_wire::dissect(payload) {
+                            Ok(d) => out.steer_into(
+                                &mut path[j],
+                                payload,
+                                &d,
+                                m.direction,
+                                m.clock,
+                                false,
+                            ),
+                            Err(_) => out.stats.malformed += 1,
+                        }
+                        continue;
+                    }
+                    out.stats.sent_out += 1;
                     let sent = sink.forward(payload).map_err(io)?;
-                    // Learnt only from the current owner of a steady partition: output of a
-                    // moving partition's old owner would put its flows back on the fast path.
-                    let steady = matches!(steer.route(u32::from(m.partition)),
-                        Route::Send { epoch, .. } if epoch == m.epoch);
-                    if let (Some(f), Some((port, output)), true) = (&mut fast, sent, steady) {
-                        f.returned(m.clock, m.partition, port, output);
+                    if let (Some(f), Some((port, output))) = (&mut out.fast, sent) {
+                        // Learnt only if every stage's partition is still where the frame
+                        // went: output of a moving partition's old owner would put its flows
+                        // back on the fast path.
+                        let steady = |slot: u32, epoch: u32| {
+                            path.iter()
+                                .rev()
+                                .find(|st| st.offset <= slot)
+                                .is_some_and(|st| {
+                                    matches!(st.steer.route(slot - st.offset),
+                                    Route::Send { epoch: e, .. } if e == epoch)
+                                })
+                        };
+                        f.returned(m.clock, port, output, steady);
                     }
                     continue;
                 }
-                let Some(id) = steer.member_at(from) else {
-                    stats.bad_frames += 1;
+                let Some(id) = st.steer.member_at(from) else {
+                    out.stats.bad_frames += 1;
                     continue;
                 };
                 // The old owner's output went before its Released: send it out first.
                 sink.flush().map_err(io)?;
                 if let Some((to, epoch, held)) =
-                    steer.on_control(id, m.kind, m.partition, m.epoch, wall_ns(), &mut ctl)
+                    st.steer
+                        .on_control(id, m.kind, m.partition, m.epoch, wall_ns(), &mut st.ctl)
                 {
                     for h in &held {
+                        // (The order check noted the partition when the frame was held.)
+                        if let Some(f) = &mut out.fast {
+                            f.routed(h.clock, st.offset + u32::from(m.partition), epoch);
+                        }
                         let hm = Meta {
                             kind: Kind::Data,
-                            stage: 0,
+                            stage: m.stage,
                             partition: m.partition,
                             epoch,
                             direction: h.direction,
                             clock: h.clock,
                         };
-                        queue(fd, &mut tx, &hm, &h.frame, to, &mut stats);
+                        out.queue(&hm, &h.frame, to);
                     }
-                    steer.recycle(held);
+                    st.steer.recycle(held);
                 }
             }
-            // The claims (and held packets) the batch's answers call for, sent together.
-            leave_fast_path(&mut fast, &ctl);
-            send_controls(fd, &mut tx, &mut ctl, &mut stats);
+            // Frames for the next stages, and the claims (and held packets) the batch's
+            // answers call for, sent together.
+            out.controls(&mut path);
             if rx.len() < 256 {
                 break;
             }
@@ -280,23 +527,24 @@ pub fn run_root(
         sink.flush().map_err(io)?;
         if Instant::now() >= next_tick {
             next_tick += Duration::from_millis(10);
-            steer.tick(now, &mut ctl);
-            leave_fast_path(&mut fast, &ctl);
-            send_controls(fd, &mut tx, &mut ctl, &mut stats);
+            for st in &mut path {
+                st.steer.tick(now, &mut st.ctl);
+            }
+            out.controls(&mut path);
         }
         if Instant::now() >= next_stats {
             next_stats += Duration::from_millis(200);
-            fill(&mut stats, &steer, fast.as_ref());
+            fill(&mut out, &path);
             if let Some(f) = &o.stats_file {
-                crate::write_json(f, &stats);
+                crate::write_json(f, &out.stats);
             }
         }
     }
-    fill(&mut stats, &steer, fast.as_ref());
+    fill(&mut out, &path);
     if let Some(f) = &o.stats_file {
-        crate::write_json(f, &stats);
+        crate::write_json(f, &out.stats);
     }
-    Ok(stats)
+    Ok(out.stats)
 }
 
 fn raw(s: &std::net::UdpSocket) -> std::os::fd::RawFd {
@@ -304,75 +552,67 @@ fn raw(s: &std::net::UdpSocket) -> std::os::fd::RawFd {
     s.as_raw_fd()
 }
 
-fn fill(stats: &mut RootStats, steer: &Steer, fast: Option<&RootFastPath>) {
-    stats.steer = steer.stats();
-    stats.fast = fast.map(RootFastPath::stats).unwrap_or_default();
-    stats.moving = steer.moving() as u64;
-    stats.assignment_version = steer.version();
-    let mut times: Vec<u64> = steer.move_times().collect();
+fn fill(out: &mut Out, path: &[Stage]) {
+    let stats = &mut out.stats;
+    stats.steer = SteerStats::default();
+    for st in path {
+        stats.steer += st.steer.stats();
+    }
+    stats.fast = out
+        .fast
+        .as_ref()
+        .map(RootFastPath::stats)
+        .unwrap_or_default();
+    stats.moving = path.iter().map(|st| st.steer.moving() as u64).sum();
+    stats.assignment_versions = path.iter().map(|st| st.steer.version()).collect();
+    let mut times: Vec<u64> = path.iter().flat_map(|st| st.steer.move_times()).collect();
     times.sort_unstable();
     stats.move_ms_p50 = times.get(times.len() / 2).map_or(0.0, |&t| t as f64 / 1e6);
 }
 
-/// Partitions whose planned move begins (a release in `ctl`) leave the fast path first, so
-/// their packets are held in order with the others ([`crate::fast`]).
-fn leave_fast_path(fast: &mut Option<RootFastPath>, ctl: &[Control]) {
-    let Some(f) = fast else { return };
-    for c in ctl.iter().filter(|c| c.kind == Kind::Release) {
-        f.moving(c.partition);
-    }
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// Queues a frame for an instance (sending the queue first when it is full).
-fn queue(
-    fd: std::os::fd::RawFd,
-    tx: &mut Datagrams,
-    m: &Meta,
-    payload: &[u8],
-    to: SocketAddrV4,
-    stats: &mut RootStats,
-) {
-    if tx.is_full() {
-        flush(fd, tx, stats);
-    }
-    tx.push_with(to, |buf| {
-        let Some(h) = meta::write(buf, m) else {
-            return 0;
+    #[test]
+    fn outbound_runs_the_stages_in_order_and_inbound_in_reverse() {
+        let walk = |d: Direction, n: usize| {
+            let mut k = Some(first_stage(d, n));
+            let mut seen = Vec::new();
+            while let Some(s) = k {
+                seen.push(s);
+                k = next_stage(s, d, n);
+            }
+            seen
         };
-        let n = (h + payload.len()).min(buf.len());
-        buf[h..n].copy_from_slice(&payload[..n - h]);
-        n
-    });
-    if m.kind == Kind::Data {
-        stats.to_instances += 1;
+        assert_eq!(walk(Direction::Outbound, 3), [0, 1, 2]);
+        assert_eq!(walk(Direction::Inbound, 3), [2, 1, 0]);
+        assert_eq!(walk(Direction::Inbound, 1), [0]);
     }
-}
 
-/// Sends the queued frames, in order.
-fn flush(fd: std::os::fd::RawFd, tx: &mut Datagrams, stats: &mut RootStats) {
-    let n = tx.len();
-    let sent = tx.send(fd, |_| true).unwrap_or(0);
-    stats.send_errors += (n - sent) as u64;
-    tx.clear();
-}
-
-/// Queues the move protocol's frames behind the data queued before them, and sends.
-fn send_controls(
-    fd: std::os::fd::RawFd,
-    tx: &mut Datagrams,
-    ctl: &mut Vec<Control>,
-    stats: &mut RootStats,
-) {
-    for c in ctl.drain(..) {
-        let m = Meta {
-            kind: c.kind,
-            stage: 0,
-            partition: c.partition,
-            epoch: c.epoch,
-            direction: flowstate_nf::Direction::Outbound,
-            clock: 0,
-        };
-        queue(fd, tx, &m, &[], c.to, stats);
+    #[test]
+    fn the_order_check_compares_frames_of_the_same_path_only() {
+        let mut o = OrderCheck::new();
+        // Clocks 1 and 2 from the port to partition 5, then 2 comes back first: reordered.
+        o.sent(1, 5, true);
+        o.sent(2, 5, true);
+        assert_eq!(o.back(2, 5), Some(true));
+        assert_eq!(o.back(1, 5), Some(false));
+        // Clock 3 via partition 7 and clock 4 via partition 8 both go on to partition 20:
+        // they came from different partitions, so their order at 20 is free.
+        o.sent(3, 7, true);
+        o.sent(4, 8, true);
+        assert_eq!(o.back(4, 8), Some(true));
+        o.sent(4, 20, false);
+        assert_eq!(o.back(3, 7), Some(true));
+        o.sent(3, 20, false);
+        assert_eq!(o.back(4, 20), Some(true));
+        assert_eq!(o.back(3, 20), Some(true));
+        // A frame back from a partition it was not sent to, or forgotten, is not checked.
+        assert_eq!(o.back(3, 21), None);
+        o.sent(3 + ORDER_RING as u64, 1, true);
+        assert_eq!(o.back(3, 20), None);
+        o.sent(3, 30, false);
+        assert_eq!(o.back(3, 30), None, "its earlier hop is forgotten");
     }
-    flush(fd, tx, stats);
 }

@@ -34,6 +34,8 @@ pub struct ServeOptions {
     pub section: ClusterSection,
     /// This instance.
     pub id: u32,
+    /// The chain stage it runs (its NFs are that stage's).
+    pub stage: u32,
     /// Its address on the cluster network.
     pub address: Ipv4Addr,
     /// `[state] flush_interval`.
@@ -48,6 +50,7 @@ pub struct ServeOptions {
 #[derive(Debug, Serialize)]
 struct Snapshot {
     id: u32,
+    stage: u32,
     pid: u32,
     partitions: Vec<u32>,
     load: f64,
@@ -77,8 +80,8 @@ pub fn run_instance(
     let mut inst = Instance::new(
         InstanceConfig {
             id: o.id,
-            stage: 0,
-            partitions: s.partitions,
+            stage: o.stage,
+            partitions: s.stage(o.stage).partitions,
             flush_interval: o.flush_interval,
             retain_ops: o.retain_ops,
             copy_on_move: s.copy_on_move,
@@ -105,7 +108,7 @@ pub fn run_instance(
     let mut next_report = Instant::now();
     let mut next_tick = Instant::now();
     let mut last_turn = Instant::now();
-    tracing::info!(id = o.id, address = %o.address, "instance up");
+    tracing::info!(id = o.id, stage = o.stage, address = %o.address, "instance up");
     beat.update(report(o, &inst, 0.0, 0));
     while !stop.stopped() {
         flowstate_io::afpacket::wait_readable(&fds, Duration::from_millis(5))
@@ -122,7 +125,7 @@ pub fn run_instance(
             match control.recv_from(&mut cbuf) {
                 Ok((n, _)) => {
                     if let Ok(a) = Assignment::decode(&cbuf[..n]) {
-                        if a.version > applied {
+                        if a.stage == o.stage && a.version > applied {
                             inst.apply(&a, wall_ns());
                             applied = a.version;
                         }
@@ -232,14 +235,14 @@ pub fn run_instance(
             let r = report(o, &inst, last_load, applied);
             beat.update(r);
             if let Some(f) = &o.stats_file {
-                crate::write_json(f, &snapshot(o.id, &inst, last_load, applied));
+                crate::write_json(f, &snapshot(o, &inst, last_load, applied));
             }
         }
         beat.alive();
     }
     beat.stop();
     if let Some(f) = &o.stats_file {
-        crate::write_json(f, &snapshot(o.id, &inst, last_load, applied));
+        crate::write_json(f, &snapshot(o, &inst, last_load, applied));
     }
     Ok(inst.stats())
 }
@@ -248,6 +251,7 @@ pub fn run_instance(
 fn report(o: &ServeOptions, inst: &Instance, load: f64, applied: u64) -> Report {
     let st = inst.stats();
     Report {
+        stage: o.stage,
         id: o.id,
         addr: SocketAddrV4::new(o.address, meta::PORT),
         pid: std::process::id(),
@@ -261,10 +265,11 @@ fn report(o: &ServeOptions, inst: &Instance, load: f64, applied: u64) -> Report 
     }
 }
 
-fn snapshot(id: u32, inst: &Instance, load: f64, applied: u64) -> Snapshot {
+fn snapshot(o: &ServeOptions, inst: &Instance, load: f64, applied: u64) -> Snapshot {
     let st = inst.stats();
     Snapshot {
-        id,
+        id: o.id,
+        stage: o.stage,
         pid: std::process::id(),
         partitions: inst.owned_partitions(),
         load,

@@ -104,6 +104,18 @@ pub struct SteerStats {
     pub no_owner: u64,
 }
 
+impl std::ops::AddAssign for SteerStats {
+    fn add_assign(&mut self, o: SteerStats) {
+        self.moves += o.moves;
+        self.moves_done += o.moves_done;
+        self.release_timeouts += o.release_timeouts;
+        self.held += o.held;
+        self.released += o.released;
+        self.hold_dropped += o.hold_dropped;
+        self.no_owner += o.no_owner;
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     Steady,
@@ -466,6 +478,7 @@ mod tests {
         }));
         Assignment {
             version,
+            stage: 0,
             slots: owners
                 .iter()
                 .map(|&(o, e)| ASlot {

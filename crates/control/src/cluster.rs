@@ -30,7 +30,7 @@
 
 use flowstate_mvt::Nanos;
 use std::cmp::Reverse;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 /// An instance's id, 1-based (instance `k` runs in lab namespace `i{k}`).
@@ -42,7 +42,7 @@ pub const NO_OWNER: InstanceId = 0;
 const ASSIGNMENT_MAGIC: &[u8; 4] = b"FSAS";
 const REPORT_MAGIC: &[u8; 4] = b"FSRP";
 /// The format version of [`Assignment`] and [`Report`] this code writes and reads.
-pub const FORMAT_VERSION: u8 = 1;
+pub const FORMAT_VERSION: u8 = 2;
 
 /// One traffic partition's owner and ownership epoch (incremented every time the owner changes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,7 +72,7 @@ pub struct MemberAddr {
 /// caller and sent to the root and every instance.
 ///
 /// ```text
-/// magic "FSAS" | format u8 (1) | version u64
+/// magic "FSAS" | format u8 (2) | version u64 | stage u32
 /// | slot count u32 | count × (owner u32 (0 = none), epoch u32)
 /// | member count u32 | count × (id u32, ipv4 [4], port u16, flags u8 (1 live, 2 draining))
 /// ```
@@ -82,6 +82,9 @@ pub struct MemberAddr {
 pub struct Assignment {
     /// Strictly increasing per publish; 0 is the empty assignment nothing was published for.
     pub version: u64,
+    /// The chain stage whose partitions these are (each stage has its own pool of instances
+    /// and its own controller core).
+    pub stage: u32,
     /// One slot per partition, indexed by partition.
     pub slots: Vec<Slot>,
     /// The instances, by id: every owner, and the dead ones.
@@ -91,7 +94,7 @@ pub struct Assignment {
 /// What an instance reports every heartbeat interval (UDP).
 ///
 /// ```text
-/// magic "FSRP" | format u8 (1) | id u32 | ipv4 [4] | port u16 | pid u32 | seq u64
+/// magic "FSRP" | format u8 (2) | stage u32 | id u32 | ipv4 [4] | port u16 | pid u32 | seq u64
 /// | load f64 (IEEE 754 bits) | packets u64 | drops u64 | entries u64
 /// | assignment_version u64 | partition count u32 | count × u32
 /// ```
@@ -99,6 +102,8 @@ pub struct Assignment {
 /// All integers big-endian. A load outside 0..=1 (or NaN) does not decode.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Report {
+    /// The stage the instance runs.
+    pub stage: u32,
     /// The reporting instance.
     pub id: InstanceId,
     /// Where it receives traffic.
@@ -142,10 +147,11 @@ pub enum DecodeError {
 }
 
 impl Assignment {
-    /// The empty assignment of `partitions` partitions (version 0, no owner).
-    pub fn empty(partitions: u32) -> Assignment {
+    /// The empty assignment of stage `stage`'s `partitions` partitions (version 0, no owner).
+    pub fn empty(stage: u32, partitions: u32) -> Assignment {
         Assignment {
             version: 0,
+            stage,
             slots: vec![
                 Slot {
                     owner: None,
@@ -178,6 +184,7 @@ impl Assignment {
         out.extend_from_slice(ASSIGNMENT_MAGIC);
         out.push(FORMAT_VERSION);
         out.extend_from_slice(&self.version.to_be_bytes());
+        out.extend_from_slice(&self.stage.to_be_bytes());
         out.extend_from_slice(&(self.slots.len() as u32).to_be_bytes());
         for s in &self.slots {
             out.extend_from_slice(&s.owner.unwrap_or(NO_OWNER).to_be_bytes());
@@ -196,6 +203,7 @@ impl Assignment {
     pub fn decode(b: &[u8]) -> Result<Assignment, DecodeError> {
         let mut r = Reader::open(b, ASSIGNMENT_MAGIC)?;
         let version = r.u64()?;
+        let stage = r.u32()?;
         let n = r.count(8)?;
         let mut slots = Vec::with_capacity(n);
         for _ in 0..n {
@@ -227,6 +235,7 @@ impl Assignment {
         r.finish()?;
         Ok(Assignment {
             version,
+            stage,
             slots,
             members,
         })
@@ -239,6 +248,7 @@ impl Report {
         let mut out = Vec::with_capacity(71 + 4 * self.partitions.len());
         out.extend_from_slice(REPORT_MAGIC);
         out.push(FORMAT_VERSION);
+        out.extend_from_slice(&self.stage.to_be_bytes());
         out.extend_from_slice(&self.id.to_be_bytes());
         put_addr(&mut out, self.addr);
         out.extend_from_slice(&self.pid.to_be_bytes());
@@ -262,6 +272,7 @@ impl Report {
     /// Decodes `b`; never panics.
     pub fn decode(b: &[u8]) -> Result<Report, DecodeError> {
         let mut r = Reader::open(b, REPORT_MAGIC)?;
+        let stage = r.u32()?;
         let id = r.u32()?;
         if id == NO_OWNER {
             return Err(DecodeError::Invalid("instance id 0"));
@@ -282,6 +293,7 @@ impl Report {
         }
         r.finish()?;
         Ok(Report {
+            stage,
             id,
             addr,
             pid,
@@ -361,6 +373,8 @@ impl<'a> Reader<'a> {
 /// Controller settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ClusterConfig {
+    /// The chain stage this controller core assigns (default 0).
+    pub stage: u32,
     /// Traffic partitions (default 16). A restored assignment's count wins: state is
     /// partitioned by it, so it cannot change under a running cluster.
     pub partitions: u32,
@@ -387,6 +401,7 @@ pub struct ClusterConfig {
 impl Default for ClusterConfig {
     fn default() -> Self {
         ClusterConfig {
+            stage: 0,
             partitions: 16,
             interval: 50_000_000,
             missed: 3,
@@ -544,6 +559,8 @@ pub struct Controller {
     above: u32,
     below: u32,
     next_scale_check: Nanos,
+    /// Ids other pools (the chain's other stages) use: never started here.
+    taken: BTreeSet<InstanceId>,
 }
 
 impl Controller {
@@ -555,7 +572,8 @@ impl Controller {
     /// target is `min_instances` and the first instance to report gets every partition.
     pub fn new(config: ClusterConfig, restored: Option<Assignment>, now: Nanos) -> Controller {
         let mut c = Controller {
-            assignment: Assignment::empty(config.partitions),
+            assignment: Assignment::empty(config.stage, config.partitions),
+            taken: BTreeSet::new(),
             members: BTreeMap::new(),
             target: 0,
             stopped: BTreeMap::new(),
@@ -766,6 +784,18 @@ impl Controller {
         self.target
     }
 
+    /// The ids this controller knows (any state): what the other stages' pools must not take.
+    pub fn ids(&self) -> impl Iterator<Item = InstanceId> + '_ {
+        self.members.keys().copied()
+    }
+
+    /// The ids other pools use (instances of the chain's other stages share one id space,
+    /// which names their namespaces and addresses): [`Controller::tick`] starts none of them.
+    pub fn set_taken(&mut self, ids: impl IntoIterator<Item = InstanceId>) {
+        self.taken.clear();
+        self.taken.extend(ids);
+    }
+
     /// The assignment last published (or restored; version 0 before any).
     pub fn assignment(&self) -> &Assignment {
         &self.assignment
@@ -807,9 +837,11 @@ impl Controller {
     fn free_id(&self) -> InstanceId {
         (1..)
             .find(|id| {
-                self.members
-                    .get(id)
-                    .is_none_or(|m| m.state == MemberState::Dead)
+                !self.taken.contains(id)
+                    && self
+                        .members
+                        .get(id)
+                        .is_none_or(|m| m.state == MemberState::Dead)
             })
             .unwrap_or(InstanceId::MAX)
     }
@@ -959,6 +991,7 @@ impl Controller {
             .collect();
         self.assignment = Assignment {
             version: a.version.saturating_add(1),
+            stage: a.stage,
             slots,
             members,
         };

@@ -66,6 +66,7 @@ impl Sim {
         *seq += 1;
         let a = self.c.assignment();
         Report {
+            stage: 0,
             id,
             addr: addr(id),
             pid: 1000 + id,
@@ -113,6 +114,7 @@ impl Sim {
 fn assignment_round_trips_and_rejects_garbage() {
     let a = Assignment {
         version: 7,
+        stage: 1,
         slots: vec![
             Slot {
                 owner: Some(2),
@@ -153,8 +155,8 @@ fn assignment_round_trips_and_rejects_garbage() {
         assert!(Assignment::decode(&b[..cut]).is_err(), "cut at {cut}");
     }
     let mut v = b.clone();
-    v[4] = 2;
-    assert_eq!(Assignment::decode(&v), Err(DecodeError::Version(2)));
+    v[4] = 1;
+    assert_eq!(Assignment::decode(&v), Err(DecodeError::Version(1)));
     let mut long = b.clone();
     long.push(0);
     assert_eq!(Assignment::decode(&long), Err(DecodeError::Trailing));
@@ -763,6 +765,7 @@ proptest! {
                     }
                     let a = c.assignment();
                     let r = Report {
+                        stage: 0,
                         id,
                         addr: addr(id),
                         pid: id,
@@ -886,6 +889,7 @@ proptest! {
     ) {
         let a = Assignment {
             version,
+            stage: version as u32,
             slots: slots
                 .into_iter()
                 .map(|(o, epoch)| Slot { owner: (o != 0).then_some(o), epoch })
@@ -903,6 +907,7 @@ proptest! {
         let (id, pid, seq, load, partitions, [packets, drops, entries, assignment_version]) =
             report;
         let r = Report {
+            stage: seq as u32,
             id,
             addr: addr(id),
             pid,
@@ -927,4 +932,39 @@ proptest! {
             let _ = Report::decode(&b);
         }
     }
+}
+
+#[test]
+fn stages_share_one_id_space_and_never_start_each_others_ids() {
+    // Stage 0 runs 1 and 2; stage 1's core must start 3 and 4, and a replacement of stage 0's
+    // dead instance 1 takes 1 again, never one of stage 1's.
+    let s0 = Sim::cluster(2);
+    let mut s1 = Controller::new(
+        ClusterConfig {
+            stage: 1,
+            ..ClusterConfig::default()
+        },
+        None,
+        0,
+    );
+    s1.set_taken(s0.c.ids());
+    s1.scale(2, 0).unwrap();
+    assert_eq!(
+        s1.tick(0),
+        vec![Decision::Start { id: 3 }, Decision::Start { id: 4 }]
+    );
+    assert_eq!(s1.assignment().stage, 1);
+    let mut s0 = s0;
+    s0.c.set_taken(s1.ids());
+    // Instance 1 dies: its replacement is 1 again (its own dead id), not 3.
+    s0.now += DEADLINE + I;
+    s0.send(2);
+    let d = s0.c.tick(s0.now);
+    assert!(d.contains(&Decision::Failed { id: 1 }), "{d:?}");
+    assert!(d.contains(&Decision::Start { id: 1 }), "{d:?}");
+    // Scaling stage 0 out skips the other stage's ids.
+    s0.c.scale(3, s0.now).unwrap();
+    let d = s0.c.tick(s0.now);
+    assert!(d.contains(&Decision::Start { id: 5 }), "{d:?}");
+    assert!(published(&d).iter().all(|a| a.stage == 0));
 }
