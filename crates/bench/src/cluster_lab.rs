@@ -82,6 +82,16 @@ pub(crate) fn cluster_config(instances: u32, moves: &str, fast_path: bool) -> St
     )
 }
 
+/// [`cluster_config`] with the firewall and the NAT as two stages, `per_stage` instances each
+/// (`examples/cluster-stages.toml`, both stages with [`PARTITIONS`]).
+pub(crate) fn staged_config(per_stage: u32, fast_path: bool) -> String {
+    cluster_config(per_stage, "claim", fast_path).replacen(
+        "[[chain]]\nnf = \"nat\"",
+        "[[chain]]\nstage = 1\nnf = \"nat\"",
+        1,
+    )
+}
+
 /// The configuration of the single live box running [`CHAIN`] (`flowstate run`), state on the
 /// local store; `fast_path`: the XDP fast path (a live box's default) or every packet through
 /// the chain.
@@ -235,17 +245,31 @@ impl ClusterLab {
         }
     }
 
-    /// Waits until `n` instances are live, own every partition between them and nothing
-    /// moves.
+    /// Waits until `n` instances (of every stage) are live, own every partition of their
+    /// stage between them, the root applied every stage's assignment and nothing moves.
     pub(crate) fn wait_settled(&self, n: usize, secs: u64) -> Result<Value, String> {
         self.wait_for(
             secs,
             &format!("{n} live instances owning every partition"),
             |s| {
+                let stages = s["stages"].as_array().map_or(&[][..], Vec::as_slice);
                 live(s).len() == n
-                    && owned(s) == PARTITIONS as usize
+                    && !stages.is_empty()
                     && s["root"]["moving"] == 0
-                    && s["root"]["assignment_versions"][0] == s["stages"][0]["version"]
+                    && stages.iter().all(|st| {
+                        let k = &st["stage"];
+                        let owned: usize = s["instances"]
+                            .as_array()
+                            .map_or(&[][..], Vec::as_slice)
+                            .iter()
+                            .filter(|i| &i["stage"] == k)
+                            .map(|i| i["partitions"].as_array().map_or(0, Vec::len))
+                            .sum();
+                        Some(owned as u64) == st["partitions"].as_u64()
+                            && k.as_u64().is_some_and(|k| {
+                                s["root"]["assignment_versions"][k as usize] == st["version"]
+                            })
+                    })
             },
         )
     }
@@ -455,18 +479,6 @@ pub(crate) fn live(s: &Value) -> Vec<u64> {
                 .collect()
         })
         .unwrap_or_default()
-}
-
-/// Partitions the status's assignment gives to an instance.
-pub(crate) fn owned(s: &Value) -> usize {
-    s["instances"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|i| i["partitions"].as_array().map_or(0, Vec::len))
-                .sum()
-        })
-        .unwrap_or(0)
 }
 
 /// The instance a status gives partition `p` to.

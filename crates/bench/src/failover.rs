@@ -42,14 +42,17 @@
 //!   `ratios.cluster_vs_box_goodput` (both as they run by default),
 //!   `ratios.cluster_vs_box_slow_path_goodput` (both without a fast path). The cores each of
 //!   the cluster's processes used meanwhile are `metrics.cluster_cores_*` and
-//!   `metrics.cluster_slow_path_cores_*`.
+//!   `metrics.cluster_slow_path_cores_*`. The same chain cut into two stages (firewall, then
+//!   NAT: `examples/cluster-stages.toml`), one instance each, without the fast path:
+//!   `ratios.two_stages_vs_one_slow_path_goodput` against the one-instance cluster (every
+//!   packet takes one more hop through the root and one more instance).
 //!
 //! Needs root, iproute2, curl, iperf3, python3, keepalived and conntrackd
 //! (scripts/setup-live); without them the report carries `params.error`.
 
 use crate::cluster_lab::{
     cluster_config, content, live, median, now_secs, owner_of, probe_ports, ratio, root_counter,
-    ClusterLab, CpuMeter, Load, LoadResult, LoadSpec, Probe,
+    staged_config, ClusterLab, CpuMeter, Load, LoadResult, LoadSpec, Probe,
 };
 use crate::{Effort, Report};
 use flowstate_lab::System;
@@ -176,11 +179,17 @@ fn measure(lab: &ClusterLab, p: &Params, report: &mut Report) -> Result<(), Stri
         report.metric(&format!("{name}_goodput_mbps"), bps / 1e6);
         report.metric(&format!("{name}_tcp_retransmits"), retr);
         cluster_bps[i] = bps;
-        if !fast {
-            lab.cluster_down()?;
-        }
+        lab.cluster_down()?;
     }
     report.ratio("cluster_vs_box_goodput", ratio(cluster_bps[1], box_bps[0]));
+    let staged_bps = staged_goodput(lab, p, report);
+    // The one-stage cluster goes on to the failover: bring it back.
+    lab.cluster_up("cluster", &cluster_config(1, "claim", true))?;
+    lab.wait_settled(1, 30)?;
+    report.ratio(
+        "two_stages_vs_one_slow_path_goodput",
+        ratio(staged_bps?, cluster_bps[0]),
+    );
     report.ratio(
         "cluster_vs_box_slow_path_goodput",
         ratio(cluster_bps[0], box_bps[1]),
@@ -375,6 +384,22 @@ fn crash_primary(lab: &flowstate_lab::Lab) -> Result<f64, String> {
     }
     signal(libc::SIGKILL);
     Ok(at)
+}
+
+/// Goodput through the chain cut into two stages, one slow-path instance each.
+fn staged_goodput(lab: &ClusterLab, p: &Params, report: &mut Report) -> Result<f64, String> {
+    eprintln!("failover: goodput through two stages, one instance each (no fast path)");
+    lab.cluster_up("staged", &staged_config(1, false))?;
+    lab.wait_settled(2, 30)?;
+    let meter = CpuMeter::start(&lab.roles());
+    let (bps, retr) = lab.iperf3(p.iperf_secs)?;
+    for (group, cores) in meter.cores(&lab.roles()) {
+        report.metric(&format!("staged_slow_path_cores_{group}"), cores);
+    }
+    report.metric("staged_slow_path_goodput_mbps", bps / 1e6);
+    report.metric("staged_slow_path_tcp_retransmits", retr);
+    lab.cluster_down()?;
+    Ok(bps)
 }
 
 fn min(v: &[f64]) -> f64 {

@@ -12,6 +12,8 @@ mod flexstate_counter;
 mod hashing;
 mod hashmvt;
 #[cfg(target_os = "linux")]
+mod ips;
+#[cfg(target_os = "linux")]
 mod live_nat;
 mod nf_throughput;
 mod remote;
@@ -98,6 +100,12 @@ pub const BENCHES: &[Bench] = &[
         name: "scale",
         about: "in the netns lab: goodput, broken flows, lost and reordered packets while scaling 1-2-3-2-1 under load vs static clusters; move time with state transfer (moves = copy) vs ownership claim (StatelessNF §7.4 Fig. 9, CHC §7.3 R2; needs root)",
         run: scale::run,
+    },
+    #[cfg(target_os = "linux")]
+    Bench {
+        name: "ips",
+        about: "the IPS vs Suricata (--runmode single) on a mixed trace with 100, 1k and 10k content rules: packets per CPU second, alerts (StatelessNF §7.2.3; needs suricata)",
+        run: ips::run,
     },
     Bench {
         name: "hashmvt",

@@ -11,7 +11,8 @@
 //! * A packet an NF cannot handle is dropped with a reason, counted by the runtime; nothing a
 //!   packet holds can make an NF panic.
 //!
-//! Detectors: [`trojan`] (CHC's trojan detector, §2.1 R4).
+//! Detectors: [`ips`] (signature rules on packets and reassembled streams, StatelessNF §3),
+//! [`portscan`] (TRW), [`trojan`] (CHC's trojan detector, §2.1 R4).
 //!
 //! Besides the NFs, [`reassembly`] turns a flow's TCP segments into in-order byte streams for
 //! NFs that inspect payloads, its per-flow state kept through the state API like theirs.
@@ -224,6 +225,7 @@ pub fn endpoint_partition(addr: std::net::IpAddr, port: u16, proto: u8, partitio
 
 pub mod counter;
 pub mod firewall;
+pub mod ips;
 pub mod lb;
 pub mod monitor;
 pub mod nat;

@@ -9,6 +9,7 @@ type Builder = fn(&toml::Table) -> Result<Arc<dyn NfFactory>, BuildError>;
 const BUILT_IN: &[(&str, Builder)] = &[
     ("counter", crate::counter::factory),
     ("firewall", crate::firewall::factory),
+    ("ips", crate::ips::factory),
     ("lb", crate::lb::factory),
     ("monitor", crate::monitor::factory),
     ("nat", crate::nat::mvt::select_factory),

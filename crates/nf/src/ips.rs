@@ -1,0 +1,907 @@
+//! The IPS (StatelessNF §3, Algorithm 2; issue #17): signature rules in a subset of Suricata's
+//! language ([`crate::rules`]) matched against each packet's payload and against each TCP
+//! direction's reassembled byte stream ([`crate::reassembly`]), with alerts in Suricata's EVE
+//! shape and `drop` rules that block their flow.
+//!
+//! ```toml
+//! [[chain]]
+//! nf = "ips"
+//! rules = ["examples/ips.rules"]     # .rules files, read once at start
+//! skip_unsupported = false           # true: rules with an unsupported keyword are skipped
+//! vars = { HOME_NET = "[10.0.0.0/8]" }   # $VARS over suricata.yaml's defaults
+//! depth = 1048576                    # stream bytes inspected per direction (Suricata's
+//!                                    # stream.reassembly.depth)
+//! memcap = 268435456                 # stream bytes one worker buffers over all flows
+//! udp_timeout = 300                  # idle seconds before a UDP (or other) flow is forgotten
+//! reassembly = { policy = "first" }  # TCP reassembly (crate::reassembly::TableConfig)
+//! ```
+//!
+//! # Matching
+//!
+//! * **Prefilter** (Suricata's MPM): each rule's fast pattern — its `fast_pattern` content, else
+//!   its longest content that is not negated — goes into one Aho-Corasick automaton (the
+//!   `aho-corasick` crate, case-insensitive, overlapping matches). A rule is checked only when
+//!   its fast pattern occurs in the bytes at hand; rules without one are checked on every
+//!   packet of their protocol.
+//! * **Buffers**: a rule matches a packet when its header, its `flow` conditions and its
+//!   contents ([`Rule::payload_matches`]) hold for the packet's payload **or**, for TCP, for
+//!   the sender's stream as reassembled so far (from its first byte, up to `depth`), as
+//!   Suricata inspects both a packet and its stream. Offsets in a stream count from the
+//!   stream's first byte. New stream bytes are searched together with the
+//!   longest-pattern-minus-one bytes before them, so a pattern split across segments, or sent
+//!   out of order, is found once the bytes between are in order; overlapping segments count as
+//!   the reassembly's policy says (`first` by default). A stream stops being inspected at
+//!   `depth`, at a gap, or when the worker's `memcap` is used (each counted); packets still are.
+//! * **Flow**: `to_server` is a packet from the side that opened the connection (the SYN's
+//!   sender; for UDP, the first packet's); `established` holds once both sides have sent.
+//! * **Once per flow**: a rule alerts at most once per flow (Suricata alerts on every matching
+//!   packet; `threshold` rules are how its operators get this). Alerts are counted per sid
+//!   (the state object `alerts_by_sid`) and in [`NetworkFunction::report`].
+//! * **Drop**: a matching `drop` rule drops the packet and every later packet of the flow, in
+//!   both directions (Suricata's IPS mode drops the flow).
+//!
+//! Alerts are one EVE JSON line each (`timestamp`, `flow_id`, `event_type: "alert"`, `src_ip`,
+//! `src_port`, `dest_ip`, `dest_port`, `proto`, `direction`, `alert.{action, gid,
+//! signature_id, rev, signature, category, severity}`), emitted as `tracing` events on
+//! [`crate::ALERT_TARGET`] (`flowstate run --eve FILE` writes them).
+//!
+//! # State
+//!
+//! Per flow (the canonical flow key), through the state API: who opened it, which sides have
+//! sent, whether it is blocked, the sids that alerted, and each TCP direction's inspection
+//! buffer; plus the reassembly's own per-flow state. So a flow moved to another instance keeps
+//! its partial matches, its alerts-once and its block. On an external store the buffers are
+//! written with the flow's other state: `depth` is what each flush may carry per direction.
+
+use crate::check_key;
+use crate::reassembly::{Event, Fed, Origin, TableConfig, TcpStreams};
+use crate::rules::{Action, Options, Rule, RuleSet, Vars};
+use crate::{BuildError, Context, NetworkFunction, NfFactory, Packet, Verdict, WorkerInfo};
+use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
+use flowstate_state::{Access, Codec, CodecError, Counter, CounterMap, Declare, Map, Nanos, Scope};
+use flowstate_wire::dissect::Transport;
+use flowstate_wire::FlowKey;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+const NF: &str = "ips";
+
+/// Most sids remembered as alerted per flow; later matches of other rules still alert, and
+/// are not remembered (so they may alert again).
+const MAX_FIRED: usize = 64;
+
+// ------------------------------------------------------------------------------------------
+// Configuration
+
+/// `[[chain]] nf = "ips"` options.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Rule files, in order (required).
+    pub rules: Vec<PathBuf>,
+    /// Skip (and count) rules with an unsupported keyword instead of refusing the file.
+    pub skip_unsupported: bool,
+    /// Address and port variables, over `suricata.yaml`'s defaults.
+    pub vars: BTreeMap<String, String>,
+    /// Stream bytes inspected per direction (default 1 MiB, Suricata's default depth).
+    pub depth: u32,
+    /// Stream bytes one worker buffers over all its flows (default 256 MiB).
+    pub memcap: u64,
+    /// Idle seconds after which a UDP or other non-TCP flow is forgotten (default 300,
+    /// Suricata's `flow-timeouts.udp.established`); TCP flows follow `reassembly.timeout*`.
+    pub udp_timeout: f64,
+    /// TCP reassembly.
+    pub reassembly: TableConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            rules: Vec::new(),
+            skip_unsupported: false,
+            vars: BTreeMap::new(),
+            depth: 1 << 20,
+            memcap: 256 << 20,
+            udp_timeout: 300.0,
+            reassembly: TableConfig::default(),
+        }
+    }
+}
+
+fn config_err(key: &'static str, reason: impl Into<String>) -> BuildError {
+    BuildError::config(NF, key, reason)
+}
+
+impl Config {
+    /// Parses a `[[chain]]` table (without `nf`); errors name the key.
+    pub fn from_table(table: &toml::Table) -> Result<Config, BuildError> {
+        for (k, v) in table {
+            match k.as_str() {
+                "rules" => check_key::<Vec<PathBuf>>(NF, "rules", v)?,
+                "skip_unsupported" => check_key::<bool>(NF, "skip_unsupported", v)?,
+                "vars" => check_key::<BTreeMap<String, String>>(NF, "vars", v)?,
+                "depth" => check_key::<u32>(NF, "depth", v)?,
+                "memcap" => check_key::<u64>(NF, "memcap", v)?,
+                "udp_timeout" => check_key::<f64>(NF, "udp_timeout", v)?,
+                "reassembly" => check_key::<TableConfig>(NF, "reassembly", v)?,
+                other => {
+                    return Err(config_err(
+                        "(unknown key)",
+                        format!(
+                            "unknown key `{other}`; expected one of rules, skip_unsupported, \
+                             vars, depth, memcap, udp_timeout, reassembly"
+                        ),
+                    ))
+                }
+            }
+        }
+        let c = Config::deserialize(toml::Value::Table(table.clone()))
+            .map_err(|e| config_err("(table)", e.message()))?;
+        if c.rules.is_empty() {
+            return Err(config_err(
+                "rules",
+                "missing: name one or more .rules files, like rules = [\"examples/ips.rules\"]",
+            ));
+        }
+        if !(c.udp_timeout.is_finite() && c.udp_timeout > 0.0 && c.udp_timeout < 1e9) {
+            return Err(config_err(
+                "udp_timeout",
+                format!("{} is not a positive number of seconds", c.udp_timeout),
+            ));
+        }
+        c.reassembly
+            .validate()
+            .map_err(|(k, r)| config_err("reassembly", format!("{k}: {r}")))?;
+        Ok(c)
+    }
+
+    /// Reads and parses the rule files.
+    pub fn load_rules(&self) -> Result<RuleSet, BuildError> {
+        let mut vars = Vars::default();
+        for (k, v) in &self.vars {
+            vars.set(k, v);
+        }
+        let o = Options {
+            vars,
+            skip_unsupported: self.skip_unsupported,
+        };
+        let mut all = RuleSet::default();
+        for path in &self.rules {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| config_err("rules", format!("cannot read {}: {e}", path.display())))?;
+            let set = crate::rules::parse(&path.to_string_lossy(), &text, &o)
+                .map_err(|e| config_err("rules", e.to_string()))?;
+            all.rules.extend(set.rules);
+            all.skipped.extend(set.skipped);
+        }
+        let mut sids: Vec<u32> = all.rules.iter().map(|r| r.sid).collect();
+        sids.sort_unstable();
+        if let Some(w) = sids.windows(2).find(|w| w[0] == w[1]) {
+            return Err(config_err(
+                "rules",
+                format!("sid {} is used by more than one rule", w[0]),
+            ));
+        }
+        Ok(all)
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// The rule engine (shared by every worker)
+
+/// The rules and their prefilter, built once.
+#[derive(Debug)]
+pub struct Engine {
+    rules: Vec<Rule>,
+    /// Rules skipped for an unsupported keyword.
+    skipped: usize,
+    /// The fast patterns (deduplicated, case-folded), `None` without any.
+    prefilter: Option<AhoCorasick>,
+    /// For each fast pattern, the rules that have it.
+    by_pattern: Vec<Vec<u32>>,
+    /// Rules without a fast pattern: checked on every packet.
+    always: Vec<u32>,
+    /// Longest fast pattern.
+    longest: usize,
+}
+
+/// A rule's fast pattern: its `fast_pattern` content, else its longest content that is not
+/// negated.
+fn fast_pattern(r: &Rule) -> Option<&[u8]> {
+    let positive = r.contents.iter().filter(|c| !c.negated);
+    positive
+        .clone()
+        .find(|c| c.fast_pattern)
+        .or_else(|| positive.max_by_key(|c| c.pattern.len()))
+        .map(|c| c.pattern.as_slice())
+        .filter(|p| !p.is_empty())
+}
+
+impl Engine {
+    /// The engine of `set`'s rules.
+    pub fn new(set: RuleSet) -> Result<Engine, String> {
+        let mut patterns: Vec<Vec<u8>> = Vec::new();
+        let mut index: std::collections::HashMap<Vec<u8>, usize> = Default::default();
+        let mut by_pattern: Vec<Vec<u32>> = Vec::new();
+        let mut always = Vec::new();
+        for (i, r) in set.rules.iter().enumerate() {
+            match fast_pattern(r) {
+                Some(p) => {
+                    let p = p.to_ascii_lowercase();
+                    let k = *index.entry(p.clone()).or_insert_with(|| {
+                        patterns.push(p);
+                        by_pattern.push(Vec::new());
+                        patterns.len() - 1
+                    });
+                    by_pattern[k].push(i as u32);
+                }
+                None => always.push(i as u32),
+            }
+        }
+        let longest = patterns.iter().map(Vec::len).max().unwrap_or(0);
+        let prefilter = if patterns.is_empty() {
+            None
+        } else {
+            Some(
+                AhoCorasickBuilder::new()
+                    .ascii_case_insensitive(true)
+                    .match_kind(MatchKind::Standard)
+                    .build(&patterns)
+                    .map_err(|e| format!("building the prefilter: {e}"))?,
+            )
+        };
+        Ok(Engine {
+            rules: set.rules,
+            skipped: set.skipped.len(),
+            prefilter,
+            by_pattern,
+            always,
+            longest,
+        })
+    }
+
+    /// The rules.
+    pub fn rules(&self) -> &[Rule] {
+        &self.rules
+    }
+
+    /// Adds to `c` every rule whose fast pattern occurs in `hay`.
+    fn prefilter(&self, hay: &[u8], c: &mut Candidates) {
+        let Some(ac) = &self.prefilter else { return };
+        for m in ac.find_overlapping_iter(hay) {
+            for &r in &self.by_pattern[m.pattern().as_usize()] {
+                c.add(r);
+            }
+        }
+    }
+}
+
+/// The rules to check for one packet, each once (no allocation once grown).
+#[derive(Debug, Default)]
+struct Candidates {
+    /// Per rule, the packet number it was last added for.
+    stamp: Vec<u32>,
+    now: u32,
+    list: Vec<u32>,
+}
+
+impl Candidates {
+    fn new(rules: usize) -> Candidates {
+        Candidates {
+            stamp: vec![0; rules],
+            now: 0,
+            list: Vec::new(),
+        }
+    }
+
+    fn clear(&mut self) {
+        self.list.clear();
+        self.now = self.now.wrapping_add(1);
+        if self.now == 0 {
+            self.stamp.fill(0);
+            self.now = 1;
+        }
+    }
+
+    fn add(&mut self, r: u32) {
+        let s = &mut self.stamp[r as usize];
+        if *s != self.now {
+            *s = self.now;
+            self.list.push(r);
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Per-flow state
+
+/// What the IPS keeps per flow (canonical key).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct FlowState {
+    /// The side (0: the canonical source) that opened the flow.
+    client: u8,
+    /// Sides that have sent (bit 0, bit 1).
+    seen: u8,
+    /// A `drop` rule matched: every packet is dropped.
+    blocked: bool,
+    /// Per stream (client's, server's): no longer inspected (depth, gap, memcap).
+    closed: [bool; 2],
+    /// When the entry's time to live was last renewed.
+    renewed: Nanos,
+    /// Sids that alerted on this flow.
+    fired: Vec<u32>,
+    /// The client's and the server's stream from its first byte, up to `depth`.
+    streams: [Vec<u8>; 2],
+}
+
+impl FlowState {
+    /// Whether `sid` alerted on this flow.
+    pub fn fired(&self, sid: u32) -> bool {
+        self.fired.contains(&sid)
+    }
+
+    /// Whether the flow is blocked.
+    pub fn blocked(&self) -> bool {
+        self.blocked
+    }
+}
+
+impl Codec for FlowState {
+    fn encode(&self, out: &mut Vec<u8>) {
+        let flags =
+            u8::from(self.blocked) | u8::from(self.closed[0]) << 1 | u8::from(self.closed[1]) << 2;
+        (self.client, self.seen, flags, self.renewed).encode(out);
+        (self.fired.len() as u8).encode(out);
+        for s in &self.fired {
+            s.encode(out);
+        }
+        self.streams[0].encode(out);
+        self.streams[1].encode(out);
+    }
+
+    fn decode(input: &mut &[u8]) -> Result<Self, CodecError> {
+        let (client, seen, flags, renewed) = <(u8, u8, u8, u64)>::decode(input)?;
+        if client > 1 || seen > 3 || flags > 7 {
+            return Err(CodecError::Invalid("ips flow"));
+        }
+        let n = u8::decode(input)?;
+        if usize::from(n) > MAX_FIRED {
+            return Err(CodecError::Invalid("ips fired sids"));
+        }
+        let fired = (0..n)
+            .map(|_| u32::decode(input))
+            .collect::<Result<_, _>>()?;
+        Ok(FlowState {
+            client,
+            seen,
+            blocked: flags & 1 != 0,
+            closed: [flags & 2 != 0, flags & 4 != 0],
+            renewed,
+            fired,
+            streams: [Vec::<u8>::decode(input)?, Vec::<u8>::decode(input)?],
+        })
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// EVE
+
+/// Suricata's `flow_id` for a flow: the same for both directions, 51 bits (JSON-safe).
+pub fn flow_id(flow: &FlowKey) -> u64 {
+    let c = flow.canonical();
+    let mut b = Vec::with_capacity(37);
+    c.encode(&mut b);
+    let hi = flowstate_wire::hash::crc32c(&b);
+    let lo = flowstate_wire::hash::crc32c_append(hi ^ 0x5bd1_e995, &b);
+    (u64::from(hi) << 32 | u64::from(lo)) & ((1 << 51) - 1)
+}
+
+/// The EVE alert line of `rule` matching a packet of `flow` (the packet's direction) at `now`.
+pub fn eve_alert(now: Nanos, flow: &FlowKey, to_server: bool, rule: &Rule) -> String {
+    let proto = match flow.proto {
+        6 => "TCP".to_string(),
+        17 => "UDP".to_string(),
+        1 => "ICMP".to_string(),
+        p => p.to_string(),
+    };
+    let text = |s: &str| serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into());
+    format!(
+        concat!(
+            "{{\"timestamp\":\"{}\",\"flow_id\":{},\"event_type\":\"alert\",",
+            "\"src_ip\":\"{}\",\"src_port\":{},\"dest_ip\":\"{}\",\"dest_port\":{},",
+            "\"proto\":\"{}\",\"direction\":\"{}\",",
+            "\"alert\":{{\"action\":\"{}\",\"gid\":1,\"signature_id\":{},\"rev\":{},",
+            "\"signature\":{},\"category\":{},\"severity\":{}}}}}"
+        ),
+        crate::trojan::eve_timestamp(now),
+        flow_id(flow),
+        flow.src,
+        flow.src_port,
+        flow.dst,
+        flow.dst_port,
+        proto,
+        if to_server { "to_server" } else { "to_client" },
+        if rule.action == Action::Drop {
+            "blocked"
+        } else {
+            "allowed"
+        },
+        rule.sid,
+        rule.rev,
+        text(&rule.msg),
+        text(rule.classtype.as_deref().unwrap_or("")),
+        rule.priority.unwrap_or(3),
+    )
+}
+
+// ------------------------------------------------------------------------------------------
+// Factory
+
+/// Builds IPS instances; the rules are read and compiled once, shared by every worker.
+#[derive(Debug, Clone)]
+pub struct Factory {
+    config: Config,
+    engine: Arc<Engine>,
+}
+
+impl Factory {
+    /// The factory of `config`, reading its rule files.
+    pub fn new(config: Config) -> Result<Factory, BuildError> {
+        let set = config.load_rules()?;
+        for e in &set.skipped {
+            tracing::warn!("ips: rule skipped: {e}");
+        }
+        let engine = Engine::new(set).map_err(|e| config_err("rules", e))?;
+        tracing::info!(
+            rules = engine.rules.len(),
+            skipped = engine.skipped,
+            fast_patterns = engine.by_pattern.len(),
+            "ips: rules loaded"
+        );
+        Ok(Factory {
+            config,
+            engine: Arc::new(engine),
+        })
+    }
+
+    /// The compiled rules.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// One worker's IPS, its state declared through `state`.
+    pub fn build_ips(&self, state: &mut Declare<'_>) -> Result<Ips, BuildError> {
+        Ips::declare(&self.config, Arc::clone(&self.engine), state)
+    }
+}
+
+/// The factory for a `[[chain]]` table.
+pub fn factory(table: &toml::Table) -> Result<Arc<dyn NfFactory>, BuildError> {
+    Ok(Arc::new(Factory::new(Config::from_table(table)?)?))
+}
+
+impl NfFactory for Factory {
+    fn name(&self) -> &'static str {
+        NF
+    }
+
+    fn build(
+        &self,
+        state: &mut Declare<'_>,
+        _worker: WorkerInfo,
+    ) -> Result<Box<dyn NetworkFunction>, BuildError> {
+        Ok(Box::new(self.build_ips(state)?))
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// The NF
+
+/// How a packet ended a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum StreamEnd {
+    /// It did not.
+    #[default]
+    No,
+    /// A reassembly gap: bytes are missing, the stream is no longer inspected.
+    Gap,
+    /// FIN or RST: no more bytes will come; its buffer is freed.
+    End,
+}
+
+/// Counters of one worker.
+#[derive(Debug, Clone, Copy, Default)]
+struct Stats {
+    alerts: u64,
+    dropped: u64,
+    checked: u64,
+    depth_reached: u64,
+    gaps: u64,
+    memcap_reached: u64,
+    unavailable: u64,
+    malformed: u64,
+}
+
+/// One worker's IPS.
+pub struct Ips {
+    engine: Arc<Engine>,
+    streams: TcpStreams,
+    flows: Map<FlowKey, FlowState>,
+    by_sid: CounterMap<u32>,
+    alerts: Counter,
+    depth: usize,
+    memcap: u64,
+    /// Stream bytes this worker buffered.
+    used: u64,
+    tcp_timeout: Duration,
+    udp_timeout: Duration,
+    cands: Candidates,
+    /// The reassembled bytes of the packet at hand, by stream (scratch, reused).
+    fresh: [Vec<u8>; 2],
+    /// What else the packet at hand did to each stream.
+    ends: [StreamEnd; 2],
+    stats: Stats,
+}
+
+impl Ips {
+    /// Declares the state of one worker's IPS.
+    pub fn declare(
+        cfg: &Config,
+        engine: Arc<Engine>,
+        state: &mut Declare<'_>,
+    ) -> Result<Ips, BuildError> {
+        let rules = engine.rules.len();
+        Ok(Ips {
+            streams: TcpStreams::declare(state, &cfg.reassembly)?,
+            flows: state.map("flows", Scope::PerFlow, Access::ReadWrite)?,
+            by_sid: state.counter_map(
+                "alerts_by_sid",
+                Scope::CrossFlow(&[]),
+                Access::WriteMostly,
+            )?,
+            alerts: state.counter("alerts", Scope::CrossFlow(&[]), Access::WriteMostly)?,
+            depth: cfg.depth as usize,
+            memcap: cfg.memcap,
+            used: 0,
+            tcp_timeout: Duration::from_secs_f64(cfg.reassembly.timeout),
+            udp_timeout: Duration::from_secs_f64(cfg.udp_timeout),
+            cands: Candidates::new(rules),
+            fresh: [Vec::new(), Vec::new()],
+            ends: [StreamEnd::No; 2],
+            stats: Stats::default(),
+            engine,
+        })
+    }
+
+    /// A copy of the IPS's state of the flow `flow` belongs to.
+    pub fn flow(&self, flow: &FlowKey) -> Option<FlowState> {
+        self.flows.get(&flow.canonical()).ok().flatten()
+    }
+}
+
+/// Whether `rule`'s header and flow conditions hold for a packet of `flow`.
+fn header_and_flow(rule: &Rule, flow: &FlowKey, to_server: bool, established: bool) -> bool {
+    let f = &rule.flow;
+    let flow_ok = f.stateless
+        || ((!f.to_server || to_server)
+            && (!f.to_client || !to_server)
+            && (!f.established || established)
+            && (!f.not_established || !established));
+    flow_ok && rule.header_matches(flow.proto, flow.src, flow.src_port, flow.dst, flow.dst_port)
+}
+
+impl NetworkFunction for Ips {
+    fn name(&self) -> &str {
+        NF
+    }
+
+    fn prefetch(&mut self, pkt: &Packet<'_>) {
+        self.streams.prefetch(pkt);
+        if let Some(flow) = pkt.dissection.flow {
+            self.flows.prefetch(&flow.canonical());
+        }
+    }
+
+    fn process(&mut self, pkt: &mut Packet<'_>, cx: &Context) -> Verdict {
+        let d = pkt.dissection;
+        let Some(flow) = d.flow else {
+            return Verdict::Forward;
+        };
+        let key = flow.canonical();
+        let side = u8::from(!flow.is_canonical());
+        let tcp = d.transport == Transport::Tcp;
+        // TCP: reassemble first; the packet's in-order bytes land in `fresh`.
+        let mut origin = None;
+        if tcp {
+            for (f, e) in self.fresh.iter_mut().zip(&mut self.ends) {
+                f.clear();
+                *e = StreamEnd::No;
+            }
+            let (fresh, ends) = (&mut self.fresh, &mut self.ends);
+            let fed = self.streams.feed(pkt, cx.now, |o, e| {
+                let s = usize::from(o == Origin::Server);
+                match e {
+                    Event::Data { bytes, .. } => fresh[s].extend_from_slice(bytes),
+                    Event::Gap { .. } => ends[s] = StreamEnd::Gap,
+                    Event::End { .. } => ends[s] = StreamEnd::End,
+                }
+            });
+            match fed {
+                Fed::Tcp(o) => origin = Some(o),
+                Fed::Malformed => self.stats.malformed += 1,
+                Fed::Unavailable => self.stats.unavailable += 1,
+                Fed::NotTcp => {}
+            }
+        }
+        let payload = d
+            .payload_offset
+            .and_then(|o| pkt.data.get(o..d.l3_end))
+            .unwrap_or(&[]);
+        let now = cx.now;
+        let ttl = if tcp {
+            self.tcp_timeout
+        } else {
+            self.udp_timeout
+        };
+        let fresh_entry = match self.flows.with(&key, |f| f.is_none()) {
+            Ok(v) => v,
+            Err(_) => {
+                self.stats.unavailable += 1;
+                return Verdict::Forward;
+            }
+        };
+        if fresh_entry {
+            let f = FlowState {
+                client: side,
+                renewed: now,
+                ..FlowState::default()
+            };
+            self.flows.insert_nowait(key, f);
+            self.flows.expire_after(&key, ttl, now);
+        }
+        let Ips {
+            engine,
+            flows,
+            by_sid,
+            alerts,
+            depth,
+            memcap,
+            used,
+            cands,
+            fresh,
+            ends,
+            stats,
+            ..
+        } = self;
+        let outcome = flows.with_mut(&key, |f| {
+            let f = f?;
+            let renew = now.saturating_sub(f.renewed) > ttl.as_nanos() as u64 / 4;
+            if renew {
+                f.renewed = now;
+            }
+            if f.blocked {
+                return Some((Verdict::Drop("ips: blocked flow"), renew));
+            }
+            f.seen |= 1 << side;
+            let established = f.seen == 3;
+            let to_server = match origin {
+                Some(o) => o == Origin::Client,
+                None => side == f.client,
+            };
+            cands.clear();
+            // The stream's new bytes (with the tail before them), appended to its buffer.
+            let mut scanned_payload = false;
+            let mut stream_of_packet = None;
+            if tcp {
+                for s in 0..2 {
+                    let new = &fresh[s];
+                    let before = f.streams[s].len();
+                    if !f.closed[s] && !new.is_empty() {
+                        let room = depth.saturating_sub(before).min(new.len());
+                        let allowed = if *used + room as u64 > *memcap {
+                            stats.memcap_reached += 1;
+                            0
+                        } else {
+                            room
+                        };
+                        f.streams[s].extend_from_slice(&new[..allowed]);
+                        *used += allowed as u64;
+                        if allowed < new.len() {
+                            f.closed[s] = true;
+                            if allowed == room {
+                                stats.depth_reached += 1;
+                            }
+                        }
+                        let from = before.saturating_sub(engine.longest.saturating_sub(1));
+                        engine.prefilter(&f.streams[s][from..], cands);
+                        // The packet's payload went into the stream whole, in order: its
+                        // fast patterns were just found there.
+                        scanned_payload |= new.as_slice() == payload && allowed == new.len();
+                    }
+                    if ends[s] == StreamEnd::Gap && !f.closed[s] {
+                        stats.gaps += 1;
+                    }
+                    if ends[s] != StreamEnd::No {
+                        f.closed[s] = true;
+                    }
+                }
+                stream_of_packet = origin.map(|o| usize::from(o == Origin::Server));
+            }
+            if !scanned_payload && !payload.is_empty() {
+                engine.prefilter(payload, cands);
+            }
+            for &r in &engine.always {
+                cands.add(r);
+            }
+            let stream = stream_of_packet.map(|s| f.streams[s].as_slice());
+            let mut verdict = Verdict::Forward;
+            for &r in &cands.list {
+                let rule = &engine.rules[r as usize];
+                stats.checked += 1;
+                if f.fired.contains(&rule.sid)
+                    || !header_and_flow(rule, &flow, to_server, established)
+                {
+                    continue;
+                }
+                let hit = rule.payload_matches(payload)
+                    || stream.is_some_and(|s| !s.is_empty() && rule.payload_matches(s));
+                if !hit {
+                    continue;
+                }
+                if f.fired.len() < MAX_FIRED {
+                    f.fired.push(rule.sid);
+                }
+                stats.alerts += 1;
+                alerts.add_nowait(1);
+                by_sid.add_to_nowait(&rule.sid, 1);
+                tracing::warn!(
+                    target: crate::ALERT_TARGET,
+                    eve = %eve_alert(now, &flow, to_server, rule),
+                    "ips: {}",
+                    rule.msg
+                );
+                if rule.action == Action::Drop {
+                    f.blocked = true;
+                    verdict = Verdict::Drop("ips: drop rule");
+                }
+            }
+            // An ended stream's bytes are of no more use.
+            for s in 0..2 {
+                if ends[s] == StreamEnd::End && !f.streams[s].is_empty() {
+                    *used = used.saturating_sub(f.streams[s].len() as u64);
+                    f.streams[s] = Vec::new();
+                }
+            }
+            Some((verdict, renew))
+        });
+        let (verdict, renew) = match outcome {
+            Ok(Some(v)) => v,
+            Ok(None) | Err(_) => {
+                stats.unavailable += 1;
+                return Verdict::Forward;
+            }
+        };
+        if renew {
+            flows.expire_after(&key, ttl, now);
+        }
+        if matches!(verdict, Verdict::Drop(_)) {
+            stats.dropped += 1;
+        }
+        verdict
+    }
+
+    fn on_tick(&mut self, now: Nanos) {
+        self.streams.on_tick(now);
+        let used = &mut self.used;
+        self.flows.expire(now, |_, f| {
+            let bytes = f.streams.iter().map(|s| s.len() as u64).sum::<u64>();
+            *used = used.saturating_sub(bytes);
+        });
+    }
+
+    fn report(&self) -> Vec<(&'static str, i64)> {
+        let s = &self.stats;
+        let mut out = vec![
+            ("alerts", s.alerts as i64),
+            ("blocked_packets", s.dropped as i64),
+            ("rules_checked", s.checked as i64),
+            ("stream_depth_reached", s.depth_reached as i64),
+            ("stream_gaps", s.gaps as i64),
+            ("stream_memcap_reached", s.memcap_reached as i64),
+            ("stream_bytes_buffered", self.used as i64),
+            ("state_unavailable", s.unavailable as i64),
+            ("malformed_tcp", s.malformed as i64),
+        ];
+        out.extend(self.streams.report());
+        out
+    }
+
+    fn entries(&self) -> u64 {
+        self.flows.cached_len() as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn engine(text: &str) -> Engine {
+        Engine::new(crate::rules::parse("t.rules", text, &Options::default()).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn fast_patterns_are_the_marked_or_longest_positive_content() {
+        let e = engine(concat!(
+            "alert tcp any any -> any any (content:\"ab\"; content:\"abcdef\"; sid:1;)\n",
+            "alert tcp any any -> any any (content:\"ab\"; fast_pattern; content:\"abcdef\"; sid:2;)\n",
+            "alert tcp any any -> any any (content:!\"zzzzzz\"; sid:3;)\n",
+            "alert tcp any any -> any any (msg:\"header only\"; sid:4;)\n",
+            "alert tcp any any -> any any (content:\"ABCDEF\"; nocase; sid:5;)\n",
+        ));
+        assert_eq!(e.always, [2, 3]);
+        assert_eq!(e.longest, 6);
+        let mut c = Candidates::new(e.rules.len());
+        c.clear();
+        e.prefilter(b"xxabcdefxx", &mut c);
+        let mut got = c.list.clone();
+        got.sort_unstable();
+        assert_eq!(got, [0, 1, 4], "one automaton pattern for rules 1 and 5");
+        c.clear();
+        e.prefilter(b"xxabxx", &mut c);
+        assert_eq!(c.list, [1]);
+    }
+
+    #[test]
+    fn flow_state_round_trips_and_refuses_garbage() {
+        let f = FlowState {
+            client: 1,
+            seen: 3,
+            blocked: true,
+            closed: [false, true],
+            renewed: 77,
+            fired: vec![1, 2_000_000],
+            streams: [b"GET /".to_vec(), Vec::new()],
+        };
+        let mut b = Vec::new();
+        f.encode(&mut b);
+        assert_eq!(FlowState::decode(&mut b.as_slice()).unwrap(), f);
+        for cut in 0..b.len() {
+            assert!(FlowState::decode(&mut &b[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut bad = b.clone();
+        bad[0] = 2;
+        assert!(FlowState::decode(&mut bad.as_slice()).is_err());
+    }
+
+    #[test]
+    fn eve_lines_are_json_with_escaped_text() {
+        let e = engine(
+            "drop udp any any -> any 53 (msg:\"a \\\"quoted\\\" \\\\ msg\"; classtype:trojan-activity; priority:1; sid:7; rev:3;)\n",
+        );
+        let flow = FlowKey::new(
+            "10.0.0.2".parse().unwrap(),
+            "192.0.2.9".parse().unwrap(),
+            5353,
+            53,
+            17,
+        );
+        let line = eve_alert(1_700_000_000_000_000_000, &flow, true, &e.rules[0]);
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["alert"]["signature"], "a \"quoted\" \\ msg");
+        assert_eq!(v["alert"]["action"], "blocked");
+        assert_eq!(
+            (
+                v["alert"]["signature_id"].as_u64(),
+                v["alert"]["rev"].as_u64()
+            ),
+            (Some(7), Some(3))
+        );
+        assert_eq!(v["alert"]["severity"], 1);
+        assert_eq!(v["proto"], "UDP");
+        assert_eq!(v["flow_id"], flow_id(&flow.reversed()));
+        assert!(v["flow_id"].as_u64().unwrap() < 1 << 51);
+    }
+}
