@@ -21,7 +21,8 @@
 //!   per CPU second / Suricata's.
 //!
 //! Needs `suricata` (scripts/setup-live installs it); without it the report carries
-//! `params.error`.
+//! `params.error`. With `FLOWSTATE_BENCH_KEEP` set, the traces, rules and both tools' output
+//! stay where `params.kept` says.
 
 use crate::{Effort, Report};
 use flowstate_io::pcap::PcapWriter;
@@ -37,7 +38,11 @@ pub(crate) fn run(effort: Effort) -> Report {
     if let Err(e) = measure(effort, &dir, &mut report) {
         report.param("error", e);
     }
-    let _ = std::fs::remove_dir_all(&dir);
+    if std::env::var_os("FLOWSTATE_BENCH_KEEP").is_some() {
+        report.param("kept", dir.to_string_lossy().into_owned());
+    } else {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     report
 }
 
@@ -265,9 +270,13 @@ impl Tool {
                 c
             }
         };
+        // The log to a file: a pipe nobody reads would stop the tool once full (alerts are
+        // logged too).
+        let log = out.join("stderr.log");
+        let log_file = std::fs::File::create(&log).map_err(|e| e.to_string())?;
         let child = cmd
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
+            .stderr(log_file)
             .spawn()
             .map_err(|e| format!("{self:?}: {e}"))?;
         let pid = child.id() as libc::pid_t;
@@ -277,11 +286,7 @@ impl Tool {
         // SAFETY: waits for the child spawned above (not waited for elsewhere).
         let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
         if r != pid || !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
-            let mut err = String::new();
-            if let Some(mut e) = child.stderr {
-                use std::io::Read;
-                let _ = e.read_to_string(&mut err);
-            }
+            let err = std::fs::read_to_string(&log).unwrap_or_default();
             return Err(format!(
                 "{self:?} on {}: status {status}: {}",
                 pcap.display(),
@@ -307,8 +312,8 @@ fn read_eve(path: &Path) -> (usize, BTreeSet<(u64, String)>) {
         .filter(|v| v["event_type"] == "alert")
     {
         n += 1;
-        let a = format!("{}:{}", v["src_ip"], v["src_port"]);
-        let b = format!("{}:{}", v["dest_ip"], v["dest_port"]);
+        let a = endpoint(&v["src_ip"], &v["src_port"]);
+        let b = endpoint(&v["dest_ip"], &v["dest_port"]);
         let (x, y) = if a < b { (a, b) } else { (b, a) };
         pairs.insert((
             v["alert"]["signature_id"].as_u64().unwrap_or(0),
@@ -316,6 +321,16 @@ fn read_eve(path: &Path) -> (usize, BTreeSet<(u64, String)>) {
         ));
     }
     (n, pairs)
+}
+
+/// An EVE endpoint as one text whatever the tool's address format (Suricata writes IPv6
+/// addresses uncompressed, `2001:0db8:...`; we write RFC 5952's form).
+fn endpoint(ip: &serde_json::Value, port: &serde_json::Value) -> String {
+    let ip = ip.as_str().unwrap_or_default();
+    let ip = ip
+        .parse::<std::net::IpAddr>()
+        .map_or_else(|_| ip.to_owned(), |a| a.to_string());
+    format!("[{ip}]:{port}")
 }
 
 #[cfg(test)]

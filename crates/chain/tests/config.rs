@@ -326,8 +326,19 @@ fn examples_parse() {
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "toml") {
-            let c = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+            let mut c = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
             assert!(!c.chain.is_empty(), "{}", path.display());
+            // Paths in an example are relative to the repository's root, where it is run.
+            for e in &mut c.chain {
+                if let Some(toml::Value::Array(files)) = e.options.get_mut("rules") {
+                    for f in files.iter_mut() {
+                        if let Some(rel) = f.as_str() {
+                            *f =
+                                toml::Value::String(dir.join("..").join(rel).display().to_string());
+                        }
+                    }
+                }
+            }
             // Once its NFs are registered, an example must build too.
             let known: Vec<_> = flowstate_nf::registry::names().collect();
             if c.chain.iter().all(|e| known.contains(&e.nf.as_str())) {

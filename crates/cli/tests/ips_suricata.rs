@@ -303,8 +303,8 @@ fn alerts(eve: &Path) -> BTreeSet<(u64, String)> {
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter(|e| e["event_type"] == "alert")
         .map(|e| {
-            let a = format!("{}:{}", e["src_ip"], e["src_port"]);
-            let b = format!("{}:{}", e["dest_ip"], e["dest_port"]);
+            let a = endpoint(&e["src_ip"], &e["src_port"]);
+            let b = endpoint(&e["dest_ip"], &e["dest_port"]);
             let (x, y) = if a < b { (a, b) } else { (b, a) };
             let flow = format!("{} {x} {y}", e["proto"]);
             (e["alert"]["signature_id"].as_u64().unwrap(), flow)
@@ -402,4 +402,14 @@ fn the_ips_and_suricata_alert_on_the_same_rules_and_flows() {
         ours.difference(&theirs).collect::<Vec<_>>(),
         theirs.difference(&ours).collect::<Vec<_>>()
     );
+}
+
+/// An EVE endpoint as one text whatever the tool's address format (Suricata writes IPv6
+/// addresses uncompressed, `2001:0db8:...`; we write RFC 5952's form).
+fn endpoint(ip: &serde_json::Value, port: &serde_json::Value) -> String {
+    let ip = ip.as_str().unwrap_or_default();
+    let ip = ip
+        .parse::<std::net::IpAddr>()
+        .map_or_else(|_| ip.to_owned(), |a| a.to_string());
+    format!("[{ip}]:{port}")
 }

@@ -38,7 +38,7 @@ fn nf_report(s: &serde_json::Value, name: &str) -> serde_json::Value {
 
 #[test]
 fn every_example_runs_from_the_repository_root() {
-    for example in ["nat", "nat-mvt", "firewall", "lb", "chain", "portscan"] {
+    for example in ["nat", "nat-mvt", "firewall", "lb", "chain", "portscan", "ips"] {
         let path = format!("examples/{example}.toml");
         let s = run_json(&["run", &path, "--json"]);
         let total_in = s["packets_in"].as_u64().unwrap() + s["reflected"].as_u64().unwrap();
@@ -51,6 +51,22 @@ fn every_example_runs_from_the_repository_root() {
         assert!(text.status.success());
         assert!(String::from_utf8_lossy(&text.stdout).contains("packets out"));
     }
+}
+
+/// `examples/ips.toml`: its rules find what the `trojan` trace's hosts do, each rule once per
+/// flow, the same with one worker and two.
+#[test]
+fn the_ips_example_alerts_on_the_trojan_trace() {
+    let mut counts = Vec::new();
+    for workers in ["1", "2"] {
+        let s = run_json(&["run", "examples/ips.toml", "--json", "--workers", workers]);
+        let r = nf_report(&s, "ips");
+        counts.push(r["alerts"].as_u64().unwrap());
+        assert_eq!(r["blocked_packets"], 0, "no traversal in the trace: {r}");
+    }
+    assert_eq!(counts[0], counts[1]);
+    // SSH banners, IRC registrations, FTP downloads of executables, HTTP by curl.
+    assert!(counts[0] >= 50, "{counts:?}");
 }
 
 #[test]

@@ -769,10 +769,10 @@ impl NetworkFunction for Ips {
                 }
             }
             // An ended stream's bytes are of no more use.
-            for s in 0..2 {
-                if ends[s] == StreamEnd::End && !f.streams[s].is_empty() {
-                    *used = used.saturating_sub(f.streams[s].len() as u64);
-                    f.streams[s] = Vec::new();
+            for (stream, end) in f.streams.iter_mut().zip(ends.iter()) {
+                if *end == StreamEnd::End && !stream.is_empty() {
+                    *used = used.saturating_sub(stream.len() as u64);
+                    *stream = Vec::new();
                 }
             }
             Some((verdict, renew))
