@@ -38,7 +38,9 @@ fn nf_report(s: &serde_json::Value, name: &str) -> serde_json::Value {
 
 #[test]
 fn every_example_runs_from_the_repository_root() {
-    for example in ["nat", "nat-mvt", "firewall", "lb", "chain", "portscan", "ips"] {
+    for example in [
+        "nat", "nat-mvt", "firewall", "lb", "chain", "portscan", "ips",
+    ] {
         let path = format!("examples/{example}.toml");
         let s = run_json(&["run", &path, "--json"]);
         let total_in = s["packets_in"].as_u64().unwrap() + s["reflected"].as_u64().unwrap();

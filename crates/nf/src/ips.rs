@@ -35,8 +35,10 @@
 //! * **Flow**: `to_server` is a packet from the side that opened the connection (the SYN's
 //!   sender; for UDP, the first packet's); `established` holds once both sides have sent.
 //! * **Once per flow**: a rule alerts at most once per flow (Suricata alerts on every matching
-//!   packet; `threshold` rules are how its operators get this). Alerts are counted per sid
-//!   (the state object `alerts_by_sid`) and in [`NetworkFunction::report`].
+//!   packet, at most 15 a packet; `threshold` rules are how its operators get once per flow),
+//!   and at most 255 rules alert per flow (further matches are counted as
+//!   `alerts_suppressed`). Alerts are counted per sid (the state object `alerts_by_sid`) and
+//!   in [`NetworkFunction::report`].
 //! * **Drop**: a matching `drop` rule drops the packet and every later packet of the flow, in
 //!   both directions (Suricata's IPS mode drops the flow).
 //!
@@ -69,9 +71,9 @@ use std::time::Duration;
 
 const NF: &str = "ips";
 
-/// Most sids remembered as alerted per flow; later matches of other rules still alert, and
-/// are not remembered (so they may alert again).
-const MAX_FIRED: usize = 64;
+/// Most rules that alert per flow; matches of further rules are counted
+/// (`alerts_suppressed`), not alerted (their `drop` still drops).
+const MAX_FIRED: usize = 255;
 
 // ------------------------------------------------------------------------------------------
 // Configuration
@@ -516,6 +518,7 @@ enum StreamEnd {
 #[derive(Debug, Clone, Copy, Default)]
 struct Stats {
     alerts: u64,
+    suppressed: u64,
     dropped: u64,
     checked: u64,
     depth_reached: u64,
@@ -646,22 +649,6 @@ impl NetworkFunction for Ips {
         } else {
             self.udp_timeout
         };
-        let fresh_entry = match self.flows.with(&key, |f| f.is_none()) {
-            Ok(v) => v,
-            Err(_) => {
-                self.stats.unavailable += 1;
-                return Verdict::Forward;
-            }
-        };
-        if fresh_entry {
-            let f = FlowState {
-                client: side,
-                renewed: now,
-                ..FlowState::default()
-            };
-            self.flows.insert_nowait(key, f);
-            self.flows.expire_after(&key, ttl, now);
-        }
         let Ips {
             engine,
             flows,
@@ -676,14 +663,13 @@ impl NetworkFunction for Ips {
             stats,
             ..
         } = self;
-        let outcome = flows.with_mut(&key, |f| {
-            let f = f?;
+        let mut inspect = |f: &mut FlowState| {
             let renew = now.saturating_sub(f.renewed) > ttl.as_nanos() as u64 / 4;
             if renew {
                 f.renewed = now;
             }
             if f.blocked {
-                return Some((Verdict::Drop("ips: blocked flow"), renew));
+                return (Verdict::Drop("ips: blocked flow"), renew);
             }
             f.seen |= 1 << side;
             let established = f.seen == 3;
@@ -751,9 +737,15 @@ impl NetworkFunction for Ips {
                 if !hit {
                     continue;
                 }
-                if f.fired.len() < MAX_FIRED {
-                    f.fired.push(rule.sid);
+                if rule.action == Action::Drop {
+                    f.blocked = true;
+                    verdict = Verdict::Drop("ips: drop rule");
                 }
+                if f.fired.len() >= MAX_FIRED {
+                    stats.suppressed += 1;
+                    continue;
+                }
+                f.fired.push(rule.sid);
                 stats.alerts += 1;
                 alerts.add_nowait(1);
                 by_sid.add_to_nowait(&rule.sid, 1);
@@ -763,10 +755,6 @@ impl NetworkFunction for Ips {
                     "ips: {}",
                     rule.msg
                 );
-                if rule.action == Action::Drop {
-                    f.blocked = true;
-                    verdict = Verdict::Drop("ips: drop rule");
-                }
             }
             // An ended stream's bytes are of no more use.
             for (stream, end) in f.streams.iter_mut().zip(ends.iter()) {
@@ -775,20 +763,32 @@ impl NetworkFunction for Ips {
                     *stream = Vec::new();
                 }
             }
-            Some((verdict, renew))
-        });
+            (verdict, renew)
+        };
+        // One lookup for a known flow; a new one is inserted first.
+        let mut outcome = flows.with_mut(&key, |f| f.map(&mut inspect));
+        if let Ok(None) = outcome {
+            let f = FlowState {
+                client: side,
+                renewed: now,
+                ..FlowState::default()
+            };
+            flows.insert_nowait(key, f);
+            flows.expire_after(&key, ttl, now);
+            outcome = flows.with_mut(&key, |f| f.map(&mut inspect));
+        }
         let (verdict, renew) = match outcome {
             Ok(Some(v)) => v,
             Ok(None) | Err(_) => {
-                stats.unavailable += 1;
+                self.stats.unavailable += 1;
                 return Verdict::Forward;
             }
         };
         if renew {
-            flows.expire_after(&key, ttl, now);
+            self.flows.expire_after(&key, ttl, now);
         }
         if matches!(verdict, Verdict::Drop(_)) {
-            stats.dropped += 1;
+            self.stats.dropped += 1;
         }
         verdict
     }
@@ -806,6 +806,7 @@ impl NetworkFunction for Ips {
         let s = &self.stats;
         let mut out = vec![
             ("alerts", s.alerts as i64),
+            ("alerts_suppressed", s.suppressed as i64),
             ("blocked_packets", s.dropped as i64),
             ("rules_checked", s.checked as i64),
             ("stream_depth_reached", s.depth_reached as i64),
