@@ -59,7 +59,7 @@ use crate::check_key;
 use crate::reassembly::{Event, Fed, Origin, TableConfig, TcpStreams};
 use crate::rules::{Action, Options, Rule, RuleSet, Vars};
 use crate::{BuildError, Context, NetworkFunction, NfFactory, Packet, Verdict, WorkerInfo};
-use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
+use aho_corasick::{AhoCorasick, AhoCorasickBuilder, AhoCorasickKind, MatchKind};
 use flowstate_state::{Access, Codec, CodecError, Counter, CounterMap, Declare, Map, Nanos, Scope};
 use flowstate_wire::dissect::Transport;
 use flowstate_wire::FlowKey;
@@ -251,6 +251,7 @@ impl Engine {
                 AhoCorasickBuilder::new()
                     .ascii_case_insensitive(true)
                     .match_kind(MatchKind::Standard)
+                    .kind(Some(AhoCorasickKind::DFA))
                     .build(&patterns)
                     .map_err(|e| format!("building the prefilter: {e}"))?,
             )

@@ -24,8 +24,9 @@
 use crate::backend::{Backend, BackendError, Bytes, Connector, Object, Op, OpError, Reply};
 use crate::key::{Kind, ObjectKey};
 use core::fmt;
+use std::cmp::Reverse;
 use std::collections::hash_map::RandomState;
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, VecDeque};
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -150,6 +151,47 @@ struct MapObj {
     fields: BTreeMap<Bytes, Bytes>,
     /// Ends of the time to live of some fields.
     deadlines: HashMap<Bytes, Duration>,
+    /// The same deadlines by time, earliest first, so that finding the expired fields costs
+    /// nothing while none is: an entry whose field has another deadline now (or none) is
+    /// stale and skipped when it comes up.
+    expiry: BinaryHeap<Reverse<(Duration, Bytes)>>,
+}
+
+impl MapObj {
+    /// Field `f` expires at `at`.
+    fn set_deadline(&mut self, f: &Bytes, at: Duration) {
+        self.deadlines.insert(f.clone(), at);
+        self.expiry.push(Reverse((at, f.clone())));
+        if self.expiry.len() > 2 * self.deadlines.len() + 64 {
+            // Mostly stale (renewed fields): rebuild from the deadlines.
+            self.expiry = self
+                .deadlines
+                .iter()
+                .map(|(f, d)| Reverse((*d, f.clone())))
+                .collect();
+        }
+    }
+
+    /// Drops the fields whose time is up at `now`.
+    fn prune(&mut self, now: Duration) {
+        while let Some(Reverse((at, _))) = self.expiry.peek() {
+            if *at > now {
+                break;
+            }
+            let Some(Reverse((at, f))) = self.expiry.pop() else {
+                break;
+            };
+            if self.deadlines.get(&f) == Some(&at) {
+                self.deadlines.remove(&f);
+                self.fields.remove(&f);
+            }
+        }
+    }
+
+    /// Whether no field has expired at `now` (cheap, may say no when one only seems to have).
+    fn none_expired(&self, now: Duration) -> bool {
+        self.expiry.peek().is_none_or(|Reverse((at, _))| *at > now)
+    }
 }
 
 /// An operation would create an object in a full store.
@@ -222,16 +264,10 @@ impl Entry {
         if self.deadline.is_some_and(|d| d <= now) {
             return true;
         }
-        if let Obj::Map(MapObj { fields, deadlines }) = &mut self.obj {
-            if !deadlines.is_empty() {
-                deadlines.retain(|f, d| {
-                    let alive = *d > now;
-                    if !alive {
-                        fields.remove(f);
-                    }
-                    alive
-                });
-                return fields.is_empty();
+        if let Obj::Map(m) = &mut self.obj {
+            if !m.deadlines.is_empty() {
+                m.prune(now);
+                return m.fields.is_empty();
             }
         }
         false
@@ -243,10 +279,15 @@ impl Entry {
             return false;
         }
         match &self.obj {
-            Obj::Map(m) if !m.deadlines.is_empty() => m
-                .fields
-                .keys()
-                .any(|f| m.deadlines.get(f).is_none_or(|d| *d > now)),
+            Obj::Map(m) if !m.deadlines.is_empty() => {
+                if m.none_expired(now) {
+                    !m.fields.is_empty()
+                } else {
+                    m.fields
+                        .keys()
+                        .any(|f| m.deadlines.get(f).is_none_or(|d| *d > now))
+                }
+            }
             _ => true,
         }
     }
@@ -586,7 +627,7 @@ impl Inner {
                     Obj::Map(m) => {
                         let has = m.fields.contains_key(field);
                         if has {
-                            m.deadlines.insert(field.clone(), now.saturating_add(*ttl));
+                            m.set_deadline(field, now.saturating_add(*ttl));
                         }
                         Reply::Bool(has)
                     }
@@ -1118,6 +1159,65 @@ mod tests {
             }
             _ => panic!("not a map"),
         }
+    }
+
+    /// Map fields with times to live, renewed, overwritten and deleted at random, against a
+    /// naive model: the fields visible at each step are the model's (the expiry heap's stale
+    /// entries never drop a live field, and expired ones always go).
+    #[test]
+    fn map_field_expiry_matches_a_naive_model() {
+        let (s, clock) = store();
+        let m = key(Kind::Map, "ttl");
+        let mut model: BTreeMap<u32, Option<u64>> = BTreeMap::new(); // field -> deadline (ms)
+        let mut now = 0u64;
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        for step in 0..3_000 {
+            let f = next(200) as u32;
+            let name = f.to_string();
+            match next(4) {
+                0 => {
+                    run(&s, vec![m.map_set(&name, "v")]);
+                    model.insert(f, None);
+                }
+                1 | 2 if model.contains_key(&f) => {
+                    let ttl = 1 + next(50);
+                    run(&s, vec![m.expire_field(&name, MS * ttl as u32)]);
+                    model.insert(f, Some(now + ttl));
+                }
+                3 => {
+                    run(&s, vec![m.map_delete(&name)]);
+                    model.remove(&f);
+                }
+                _ => {}
+            }
+            if step % 7 == 0 {
+                let by = next(5);
+                clock.advance(MS * by as u32);
+                now += by;
+                model.retain(|_, d| d.is_none_or(|d| d > now));
+            }
+            let got = run(&s, vec![m.map_get(&name)]);
+            let want = model.contains_key(&f);
+            assert_eq!(
+                matches!(got[0], Reply::Value(Some(_))),
+                want,
+                "step {step} field {f}"
+            );
+        }
+        let got = run(
+            &s,
+            vec![Op::Len {
+                key: m.clone(),
+                kind: Kind::Map,
+            }],
+        );
+        assert_eq!(got[0], Reply::Len(model.len() as u64));
     }
 
     #[test]
