@@ -102,7 +102,9 @@
 
 use crate::{Error, PacketBatch, PacketMeta, Result, Source};
 
+mod app;
 pub mod trojan;
+use app::Proto;
 use flowstate_wire::build::{
     tcp_flags, EthernetSpec, FrameSpec, IpSpec, Ipv4Spec, Ipv6Spec, L4Spec, Payload, TcpOptions,
     TcpSpec, UdpSpec, ETHERNET_MIN_LEN,
@@ -952,6 +954,8 @@ const K_SERVER: u64 = 0x5e4e;
 const K_CLIENT6: u64 = 0xc116;
 const K_SERVER6: u64 = 0x5e46;
 const K_PORT: u64 = 0x9047;
+const K_SIZES: u64 = 0x512e;
+const K_APP: u64 = 0xa990;
 
 /// Virtual ticks a flow lasts (before its ±25 % jitter).
 const FLOW_TICKS: u64 = 1 << 40;
@@ -985,6 +989,17 @@ struct FlowState {
     burst: u64,
     /// Server segments the client has not acknowledged yet.
     unacked: u8,
+    /// Data lengths of TCP segments: a stream of its own, so that a response's segment
+    /// lengths can be drawn ahead (a clone) when its request is made.
+    sizes: SplitMix64,
+    /// The exchange (client message and server response) in progress.
+    msg: u32,
+    /// Length of the server's response in progress, and how much of it was sent.
+    resp_len: u32,
+    resp_off: u32,
+    /// Bytes the response needs beyond its segments' drawn lengths: the first segment
+    /// carries them.
+    extra: u32,
 }
 
 /// When a slot's next packet is due: kept apart from [`FlowState`] so that walking a calendar
@@ -1040,6 +1055,8 @@ pub struct Synthetic {
     emitted: u64,
     period_ns: f64,
     scratch: Box<[u8; 2048]>,
+    /// A packet's application payload, written here first.
+    app_buf: Box<[u8; 2048]>,
     /// `scan`: the probes mixed into this generator's (normal) traffic.
     scan: Option<Box<ScanPart>>,
     /// A scenario profile's frames (time, bytes), sent instead of the flows'.
@@ -1180,6 +1197,7 @@ impl Synthetic {
             heap: BinaryHeap::with_capacity(reserve),
             emitted: 0,
             scratch: Box::new([0u8; 2048]),
+            app_buf: Box::new([0u8; 2048]),
             scan: None,
             scripted: Vec::new(),
         })
@@ -1323,6 +1341,11 @@ impl Synthetic {
             phase: Phase::Request,
             burst: 0,
             unacked: 0,
+            sizes: SplitMix64(hash2(self.key, K_SIZES, u64::from(flow))),
+            msg: 0,
+            resp_len: 0,
+            resp_off: 0,
+            extra: 0,
         };
         let t = state.time_of(0);
         let due = Due {
@@ -1388,6 +1411,8 @@ impl Synthetic {
         let st = &mut self.slots[slot];
         let k = st.sent;
         let per_flow = hash2(self.key, K_FLOW ^ 1, u64::from(flow));
+        let app_seed = hash2(self.key, K_APP, u64::from(flow));
+        let app_buf = &mut *self.app_buf;
 
         // (from client?, transport, payload)
         let (from_client, l4, payload) = if profile == Profile::Uniform {
@@ -1426,7 +1451,8 @@ impl Synthetic {
                 (from_client, L4Spec::Udp(udp), payload)
             }
         } else if kind & KIND_TCP != 0 {
-            tcp_segment(st, &ep, sizes, ts_ns)
+            let proto = Proto::of(true, ep.server_port);
+            tcp_segment(st, &ep, sizes, ts_ns, proto, app_seed, app_buf)
         } else {
             let from_client = k % 2 == 0;
             let hdr = header_len(ep.v6, false, 0);
@@ -1436,9 +1462,20 @@ impl Synthetic {
                 src_port: sp,
                 dst_port: dp,
             };
-            let payload = Payload::Counter {
-                len,
-                start: (per_flow as u8).wrapping_add(k as u8),
+            let proto = Proto::of(false, ep.server_port);
+            let payload = if proto == Proto::Counter {
+                Payload::Counter {
+                    len,
+                    start: (per_flow as u8).wrapping_add(k as u8),
+                }
+            } else {
+                let client = app::Client {
+                    v6: ep.v6,
+                    addr: ep.client,
+                    port: ep.client_port,
+                };
+                let n = app::udp_write(proto, k, len, app_seed, client, &mut app_buf[..]);
+                Payload::Bytes(&app_buf[..n])
             };
             (from_client, L4Spec::Udp(udp), payload)
         };
@@ -1514,6 +1551,9 @@ fn tcp_segment<'a>(
     ep: &Endpoints,
     sizes: SizeDist,
     ts_ns: u64,
+    proto: Proto,
+    seed: u64,
+    out: &'a mut [u8; 2048],
 ) -> (bool, L4Spec, Payload<'a>) {
     use tcp_flags::{ACK, FIN, PSH, SYN};
     let k = st.sent;
@@ -1537,26 +1577,55 @@ fn tcp_segment<'a>(
             _ => (true, ACK, 0, false),
         }
     } else if st.phase == Phase::Request {
-        let len = sizes.sample(&mut st.rng).saturating_sub(data_hdr).max(1);
+        let drawn = sizes.sample(&mut st.sizes).saturating_sub(data_hdr).max(1);
+        let msg = u64::from(st.msg);
+        let len = app::client_len(proto, msg, drawn, seed);
+        app::client_write(proto, msg, len, seed, &mut out[..]);
         // Data packets left after this request, of which about two thirds can be server
-        // segments (the client acknowledges every second one).
+        // segments (the client acknowledges every second one): b segments and ⌊(b − 1)/2⌋
+        // ACKs fit, so every response is whole.
         let left = c - 4 - k - 1;
         if left > 0 {
             st.burst = 1 + st.rng.below((2 * left / 3).max(1));
             st.phase = Phase::Response;
             st.unacked = 0;
+            if proto != Proto::Counter {
+                // The response's length is known now: its segments' lengths, drawn ahead.
+                let min = app::segment_min(proto, msg);
+                let mut ahead = st.sizes.clone();
+                let drawn: usize = (0..st.burst)
+                    .map(|_| sizes.sample(&mut ahead).saturating_sub(data_hdr).max(min))
+                    .sum();
+                let total = app::server_len(proto, msg, drawn, seed);
+                st.resp_len = total as u32;
+                st.resp_off = 0;
+                st.extra = (total - drawn) as u32;
+            }
+        } else {
+            st.msg += 1;
         }
         (true, PSH | ACK, len, false)
     } else if st.unacked >= 2 {
         st.unacked = 0;
         (true, ACK, 0, false)
     } else {
-        let len = sizes.sample(&mut st.rng).saturating_sub(data_hdr).max(1);
+        let min = app::segment_min(proto, u64::from(st.msg));
+        let drawn = sizes
+            .sample(&mut st.sizes)
+            .saturating_sub(data_hdr)
+            .max(min);
+        let len = drawn + std::mem::take(&mut st.extra) as usize;
+        if proto != Proto::Counter {
+            let (msg, total, off) = (u64::from(st.msg), st.resp_len as usize, st.resp_off);
+            app::server_write(proto, msg, total, seed, off as usize, &mut out[..len]);
+            st.resp_off += len as u32;
+        }
         st.burst -= 1;
         st.unacked += 1;
         let last = st.burst == 0;
         if last {
             st.phase = Phase::Request;
+            st.msg += 1;
         }
         (false, if last { PSH | ACK } else { ACK }, len, false)
     };
@@ -1603,10 +1672,16 @@ fn tcp_segment<'a>(
         urgent: 0,
         options,
     };
-    // The first payload byte is at sequence number `seq`: byte s of the stream is s mod 256.
-    let payload = Payload::Counter {
-        len,
-        start: seq as u8,
+    // Counter: the first payload byte is at sequence number `seq`, byte s of the stream is
+    // s mod 256.
+    let payload = if proto == Proto::Counter {
+        Payload::Counter {
+            len,
+            start: seq as u8,
+        }
+    } else {
+        let out: &'a [u8] = out;
+        Payload::Bytes(&out[..len])
     };
     (from_client, L4Spec::Tcp(tcp), payload)
 }
