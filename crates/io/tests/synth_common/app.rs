@@ -23,10 +23,12 @@ fn head_end(s: &[u8], from: usize) -> usize {
 }
 
 /// Counts of what the streams of a TCP flow held, by protocol.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct TcpCounts {
     pub http_requests: usize,
     pub http_responses: usize,
+    /// Content-Length of every response, in order.
+    pub http_bodies: Vec<usize>,
     pub client_hellos: usize,
     pub server_hellos: usize,
 }
@@ -63,6 +65,7 @@ pub fn check_tcp_streams(port: u16, client: &[u8], server: &[u8]) -> TcpCounts {
                     .expect("a number");
                 assert!(end + len <= server.len(), "the body is whole");
                 n.http_responses += 1;
+                n.http_bodies.push(len);
                 at = end + len;
             }
             assert!(
