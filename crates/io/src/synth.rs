@@ -37,11 +37,33 @@
 //!   ACK. Every segment carries timestamps (RFC 7323 §3.2) and acknowledges everything the peer
 //!   sent, so sequence and acknowledgment numbers are exact. ISNs and timestamp clocks are random
 //!   per side. A flow has at least 7 packets; with `n` packets, `n − 7` are data or ACKs in the
-//!   exchange phase. A payload byte at stream sequence number `s` is `s mod 256`.
+//!   exchange phase. Exchange `i` is the client's message `i` (its request segment) and the
+//!   server's message `i` (its burst); the burst's segment lengths are drawn when the request
+//!   is made (from a per-flow stream of their own), so the response's length is known before
+//!   its first byte, and every burst ends before the teardown, so responses are whole.
 //! * **UDP**: request from the client, response from the server, alternating; at least 2.
 //!   When `packets` is too small for every TCP flow to have 7 packets, TCP flows (highest index
 //!   first) become UDP flows until the minimums fit, so [`SynthConfig::min_packets`] is 2 per
 //!   flow.
+//!
+//! What the data is depends on the server port (tshark dissects all of it without a malformed
+//! packet or an error; `synth_tshark.rs` checks):
+//!
+//! | port | payload |
+//! |---|---|
+//! | TCP 80, 8080 | HTTP/1.1 (RFC 9112): each request `GET /path HTTP/1.1` with Host, User-Agent, Accept, Connection (padded to its length by a `Cookie` header, or a query of a few bytes); each response `HTTP/1.1 200 OK` whose `Content-Length` is exactly the text body that follows across its burst |
+//! | TCP 443, 993 | TLS 1.3 (RFC 8446): the client's first message a ClientHello record (SNI `www.hostN.example.com`, x25519 key share, a padding extension (RFC 7685) to its length), the server's first a ServerHello and ChangeCipherSpec record; then application_data records (type 23, 0x0303, random-looking ciphertext, up to 2¹⁴ bytes, spanning segments) that tile every later message |
+//! | TCP 22 | SSH (RFC 4253): banners, KEXINIT, ECDH init/reply (RFC 5656) and NEWKEYS as binary packets (IGNORE packets fill the first two messages; NEWKEYS ends the second), then random-looking encrypted bytes |
+//! | TCP 25 | SMTP (RFC 5321): EHLO, then MAIL FROM, RCPT TO, DATA, the message (RFC 5322 headers, text lines, `.`), over and over; the server's greeting and EHLO reply, `250`/`354` replies, padded with continuation lines (`250-...`) |
+//! | UDP 53 | DNS (RFC 1035): a query with RD for `www.hostN.example.com`, A or AAAA, and its answer (same ID, QR, the question, 1–4 records); an OPT record (RFC 6891) with the Padding option (RFC 7830) fills to the drawn length |
+//! | UDP 123 | NTPv4 (RFC 5905): 48-byte client (mode 3) and server (mode 4) packets; the server's origin timestamp is the client's transmit timestamp |
+//! | UDP 3478 | STUN (RFC 8489): Binding request and success response (magic cookie, transaction ID, XOR-MAPPED-ADDRESS of the client, SOFTWARE), padded by a PADDING attribute (RFC 5780) |
+//! | UDP 514 | syslog (RFC 5424) lines, both ways |
+//! | UDP 443 | QUIC short-header packets (RFC 9000 §17.3: fixed bit, an 8-byte connection ID, protected payload); tshark shows them as data, since a short header names no version |
+//! | TCP 3306, 5432 (and `uniform`) | counter bytes: at TCP stream sequence number `s`, `s mod 256` (tshark does not dissect them as MySQL or PostgreSQL, so nothing is malformed) |
+//!
+//! Each message is a function of the flow's seed, its index and its length; a server message
+//! is written a segment at a time from its offset, so neither needs a buffer of its own.
 //! * **uniform**: one 5-tuple per flow, each packet in a random direction, no handshake (UDP, or
 //!   TCP PSH/ACK segments without options when `tcp_share > 0`); a flow may have 1 packet.
 //!
@@ -51,6 +73,21 @@
 //! headers (with IMIX, the small class gives TCP data segments of 1 byte: TCP headers with
 //! timestamps already take 66 bytes). Handshake, ACK and FIN segments are as long as their
 //! headers, padded to 60 bytes as a NIC pads them.
+//!
+//! Application data follows the drawn sizes except where a message cannot be that short (or,
+//! for a few protocols, that long):
+//! * a TCP request shorter than its message's shortest form is that long (an HTTP request
+//!   ~150 bytes, a ClientHello ~200, SSH's banner and KEXINIT ~250, an application_data
+//!   record 22, an SSH encrypted packet 36); a response whose burst drew fewer bytes than its
+//!   shortest form (an HTTP head, the ServerHello, an SMTP reply) gets the difference in its
+//!   first segment;
+//! * SMTP commands (EHLO, MAIL, RCPT, DATA) are as long as the command;
+//! * SSH segments after the key exchange are at least 36 bytes (tshark takes each for one
+//!   encrypted packet and fails on shorter ones);
+//! * a DNS message is at least its question (and answers), and falls short of a longer drawn
+//!   size by up to 10 bytes when the gap is too small for an OPT record (or up to 3 for the
+//!   Padding option); an NTP packet is always 48 bytes; a STUN message is rounded down to a
+//!   multiple of 4; a syslog line or QUIC packet is at least its header.
 //!
 //! # Addresses
 //!
@@ -95,7 +132,7 @@
 //! broken by flow index), taken from a calendar queue in O(1) amortised time. Packet `k` of the
 //! trace is stamped `start_ns + k·10⁹/rate_pps`.
 //!
-//! Memory is O(flows) for the per-flow counts (9 bytes a flow), about 100 bytes per active flow
+//! Memory is O(flows) for the per-flow counts (9 bytes a flow), about 120 bytes per active flow
 //! and a calendar of at most 4 MiB; generating a packet writes straight into the batch buffer
 //! and does not allocate. Throughput is a few million packets a second on one core (release
 //! build), less when millions of flows are active at once and their state leaves the cache.
@@ -969,7 +1006,7 @@ enum Phase {
     Response,
 }
 
-/// State of an active flow (80 bytes).
+/// State of an active flow (104 bytes).
 #[derive(Debug, Clone)]
 struct FlowState {
     flow: u32,
@@ -2261,6 +2298,11 @@ mod tests {
         }
         let c = allocate(&weights, &kinds, &min_of, 1_000_000, 1);
         assert!(c[3] > 4 * c[0] && c[3] < 6 * c[0], "{c:?}");
+    }
+
+    #[test]
+    fn flow_state_stays_small() {
+        assert_eq!(std::mem::size_of::<FlowState>(), 104);
     }
 
     #[test]
