@@ -53,7 +53,7 @@
 //! |---|---|
 //! | TCP 80, 8080 | HTTP/1.1 (RFC 9112): each request `GET /path HTTP/1.1` with Host, User-Agent, Accept, Connection (padded to its length by a `Cookie` header, or a query of a few bytes); each response `HTTP/1.1 200 OK` whose `Content-Length` is exactly the text body that follows across its burst |
 //! | TCP 443, 993 | TLS 1.3 (RFC 8446): the client's first message a ClientHello record (SNI `www.hostN.example.com`, x25519 key share, a padding extension (RFC 7685) to its length), the server's first a ServerHello and ChangeCipherSpec record; then application_data records (type 23, 0x0303, random-looking ciphertext, up to 2¹⁴ bytes, spanning segments) that tile every later message |
-//! | TCP 22 | SSH (RFC 4253): banners, KEXINIT, ECDH init/reply (RFC 5656) and NEWKEYS as binary packets (IGNORE packets fill the first two messages; NEWKEYS ends the second), then random-looking encrypted bytes |
+//! | TCP 22 | SSH (RFC 4253): banners, KEXINIT, ECDH init/reply (RFC 5656; an Ed25519 host key and signature, RFC 8709) and NEWKEYS as binary packets (IGNORE packets fill the first two messages; NEWKEYS ends the second), then random-looking encrypted bytes (tshark 4.0 warns "Decoded 19 bytes, but packet length is 83 bytes" on the host signature: its dissector decodes only `ssh-rsa` and `ssh-dss` signatures; a warning, not an error) |
 //! | TCP 25 | SMTP (RFC 5321): EHLO, then MAIL FROM, RCPT TO, DATA, the message (RFC 5322 headers, text lines, `.`), over and over; the server's greeting and EHLO reply, `250`/`354` replies, padded with continuation lines (`250-...`) |
 //! | UDP 53 | DNS (RFC 1035): a query with RD for `www.hostN.example.com`, A or AAAA, and its answer (same ID, QR, the question, 1–4 records); an OPT record (RFC 6891) with the Padding option (RFC 7830) fills to the drawn length |
 //! | UDP 123 | NTPv4 (RFC 5905): 48-byte client (mode 3) and server (mode 4) packets; the server's origin timestamp is the client's transmit timestamp |
@@ -77,10 +77,11 @@
 //! Application data follows the drawn sizes except where a message cannot be that short (or,
 //! for a few protocols, that long):
 //! * a TCP request shorter than its message's shortest form is that long (an HTTP request
-//!   ~150 bytes, a ClientHello ~200, SSH's banner and KEXINIT ~250, an application_data
-//!   record 22, an SSH encrypted packet 36); a response whose burst drew fewer bytes than its
-//!   shortest form (an HTTP head, the ServerHello, an SMTP reply) gets the difference in its
-//!   first segment;
+//!   ~135 bytes, a ClientHello ~195, SSH's banner and KEXINIT ~405, the ECDH init and NEWKEYS
+//!   64, an application_data record 22, an SSH encrypted packet 36); a response whose burst
+//!   drew fewer bytes than its shortest form (an HTTP head ~140, the ServerHello with
+//!   ChangeCipherSpec and a record ~155, SSH's banner and KEXINIT ~425 or its key exchange
+//!   ~200, an SMTP reply) gets the difference in its first segment;
 //! * SMTP commands (EHLO, MAIL, RCPT, DATA) are as long as the command;
 //! * SSH segments after the key exchange are at least 36 bytes (tshark takes each for one
 //!   encrypted packet and fails on shorter ones);

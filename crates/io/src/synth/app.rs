@@ -157,7 +157,7 @@ pub(crate) fn client_len(p: Proto, idx: u64, drawn: usize, seed: u64) -> usize {
 }
 
 fn client_min(p: Proto, idx: u64, seed: u64) -> usize {
-    let mut scratch = [0u8; 512];
+    let mut scratch = [0u8; 1024];
     match (p, idx) {
         (Proto::Http, _) => http_request(idx, 0, seed, &mut scratch),
         (Proto::Tls, 0) => client_hello(0, seed, &mut scratch),
@@ -197,7 +197,7 @@ pub(crate) fn client_write(p: Proto, idx: u64, len: usize, seed: u64, out: &mut 
 
 /// Length of the server's message `idx` when its segments drew `drawn` payload bytes.
 pub(crate) fn server_len(p: Proto, idx: u64, drawn: usize, seed: u64) -> usize {
-    drawn.max(server_head(p, idx, 0, seed, &mut [0; 512]).1)
+    drawn.max(server_head(p, idx, 0, seed, &mut [0; 1024]).1)
 }
 
 /// Writes bytes `off..off + out.len()` of the server's message `idx` of length `len`.
@@ -208,7 +208,7 @@ pub(crate) fn server_write(p: Proto, idx: u64, len: usize, seed: u64, off: usize
     if p == Proto::Smtp {
         return smtp_write(idx, len, off, out);
     }
-    let mut head = [0u8; 512];
+    let mut head = [0u8; 1024];
     let (hl, _) = server_head(p, idx, len, seed, &mut head);
     let mut at = 0;
     if off < hl {
@@ -503,7 +503,7 @@ fn name_list(c: &mut Cur<'_>, s: &str) {
 
 /// The head of message 0 or 1 of a side, its padding `extra` bytes longer: the banner and
 /// KEXINIT (§7.1), or the ECDH key exchange (RFC 5656 §4: ECDH_INIT, or ECDH_REPLY with an
-/// ECDSA host key and signature). Returns its length.
+/// Ed25519 host key and signature, RFC 8709). Returns its length.
 fn ssh_head(server: bool, idx: u64, extra: usize, seed: u64, out: &mut [u8]) -> usize {
     let mut c = Cur::new(out);
     let string = |c: &mut Cur<'_>, n: usize, s: u64| {
@@ -520,7 +520,7 @@ fn ssh_head(server: bool, idx: u64, extra: usize, seed: u64, out: &mut [u8]) -> 
             c.u8(20);
             c.noise(16, seed ^ u64::from(server));
             name_list(c, "curve25519-sha256,ecdh-sha2-nistp256");
-            name_list(c, "ecdsa-sha2-nistp256,ssh-ed25519");
+            name_list(c, "ssh-ed25519,rsa-sha2-512");
             for _ in 0..2 {
                 name_list(c, "chacha20-poly1305@openssh.com,aes128-gcm@openssh.com");
             }
@@ -540,23 +540,14 @@ fn ssh_head(server: bool, idx: u64, extra: usize, seed: u64, out: &mut [u8]) -> 
     } else if server {
         let reply = |c: &mut Cur<'_>| {
             c.u8(31);
-            c.u32(4 + 19 + 4 + 8 + 4 + 65);
-            name_list(c, "ecdsa-sha2-nistp256");
-            name_list(c, "nistp256");
-            c.u32(65);
-            c.u8(4);
-            c.noise(64, seed ^ 0x4057);
+            // K_S: an Ed25519 host key (RFC 8709 §4), Q_S, the signature (§6).
+            c.u32(4 + 11 + 4 + 32);
+            name_list(c, "ssh-ed25519");
+            string(c, 32, seed ^ 0x4057);
             string(c, 32, seed ^ 0x5e4);
-            c.u32(4 + 19 + 4 + 72);
-            name_list(c, "ecdsa-sha2-nistp256");
-            c.u32(72);
-            for part in [0x7u64, 0x5] {
-                c.u32(32);
-                let at = c.n;
-                c.noise(32, seed ^ part);
-                c.b[at] &= 0x7f;
-                c.b[at] |= 0x10;
-            }
+            c.u32(4 + 11 + 4 + 64);
+            name_list(c, "ssh-ed25519");
+            string(c, 64, seed ^ 0x516);
         };
         ssh_packet(&mut c, reply, 6 + extra, seed ^ 0x31);
     } else {
@@ -951,5 +942,70 @@ fn syslog(k: u64, target: usize, seed: u64, out: &mut [u8]) -> usize {
         write(out, target - min)
     } else {
         min
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shortest messages the module documentation quotes.
+    #[test]
+    fn shortest_messages() {
+        let seed = 12_345;
+        let c = |p, i| client_len(p, i, 1, seed);
+        let s = |p, i| server_len(p, i, 1, seed);
+        let got = [
+            c(Proto::Http, 0),
+            s(Proto::Http, 0),
+            c(Proto::Tls, 0),
+            s(Proto::Tls, 0),
+            c(Proto::Tls, 1),
+            c(Proto::Ssh, 0),
+            s(Proto::Ssh, 0),
+            c(Proto::Ssh, 1),
+            s(Proto::Ssh, 1),
+            c(Proto::Ssh, 2),
+        ];
+        println!("{got:?}");
+        let want = [
+            (120, 150),
+            (130, 160),
+            (180, 210),
+            (150, 170),
+            (22, 22),
+            (400, 430),
+            (420, 450),
+            (60, 70),
+            (180, 220),
+            (36, 36),
+        ];
+        for (g, (lo, hi)) in got.iter().zip(want) {
+            assert!((lo..=hi).contains(g), "{got:?}");
+        }
+    }
+
+    /// A server message written in pieces is the message written whole.
+    #[test]
+    fn server_messages_do_not_depend_on_their_segmentation() {
+        for p in [Proto::Http, Proto::Tls, Proto::Ssh, Proto::Smtp] {
+            for idx in 0..6 {
+                for len in [1, 100, 700, 5_000, 40_000] {
+                    let len = server_len(p, idx, len, 7);
+                    let mut whole = vec![0u8; len];
+                    server_write(p, idx, len, 7, 0, &mut whole);
+                    let mut pieces = vec![0u8; len];
+                    let mut off = 0;
+                    let mut step = 1;
+                    while off < len {
+                        let n = step.min(len - off);
+                        server_write(p, idx, len, 7, off, &mut pieces[off..off + n]);
+                        off += n;
+                        step = step * 7 % 1_500 + 1;
+                    }
+                    assert_eq!(whole, pieces, "{p:?} message {idx} of {len}");
+                }
+            }
+        }
     }
 }
