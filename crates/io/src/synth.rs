@@ -53,7 +53,7 @@
 //! |---|---|
 //! | TCP 80, 8080 | HTTP/1.1 (RFC 9112): each request `GET /path HTTP/1.1` with Host, User-Agent, Accept, Connection (padded to its length by a `Cookie` header, or a query of a few bytes); each response `HTTP/1.1 200 OK` whose `Content-Length` is exactly the text body that follows across its burst |
 //! | TCP 443, 993 | TLS 1.3 (RFC 8446): the client's first message a ClientHello record (SNI `www.hostN.example.com`, x25519 key share, a padding extension (RFC 7685) to its length), the server's first a ServerHello and ChangeCipherSpec record; then application_data records (type 23, 0x0303, random-looking ciphertext, up to 2¹⁴ bytes, spanning segments) that tile every later message |
-//! | TCP 22 | SSH (RFC 4253): banners, KEXINIT, ECDH init/reply (RFC 5656; an Ed25519 host key and signature, RFC 8709) and NEWKEYS as binary packets (IGNORE packets fill the first two messages; NEWKEYS ends the second), then random-looking encrypted bytes (tshark 4.0 warns "Decoded 19 bytes, but packet length is 83 bytes" on the host signature: its dissector decodes only `ssh-rsa` and `ssh-dss` signatures; a warning, not an error) |
+//! | TCP 22 | SSH (RFC 4253): banners, KEXINIT, ECDH init/reply (RFC 5656; an Ed25519 host key and signature, RFC 8709), then SSH_MSG_IGNORE packets (§11.2) of random bytes, up to 1 KiB each, filling every message: binary packets with exact packet_length/padding_length framing throughout. There is no NEWKEYS, so the session never turns encrypted: tshark 4.0, after NEWKEYS, "decrypts" with keys it does not have and now and then reads a length from the garbage and reports a malformed packet (a few in a million packets) (tshark 4.0 warns "Decoded 19 bytes, but packet length is 83 bytes" on the host signature: its dissector decodes only `ssh-rsa` and `ssh-dss` signatures; a warning, not an error) |
 //! | TCP 25 | SMTP (RFC 5321): EHLO, then MAIL FROM, RCPT TO, DATA, the message (RFC 5322 headers, text lines, `.`), over and over; the server's greeting and EHLO reply, `250`/`354` replies, padded with continuation lines (`250-...`) |
 //! | UDP 53 | DNS (RFC 1035): a query with RD for `www.hostN.example.com`, A or AAAA, and its answer (same ID, QR, the question, 1–4 records); an OPT record (RFC 6891) with the Padding option (RFC 7830) fills to the drawn length |
 //! | UDP 123 | NTPv4 (RFC 5905): 48-byte client (mode 3) and server (mode 4) packets; the server's origin timestamp is the client's transmit timestamp |
@@ -77,14 +77,12 @@
 //! Application data follows the drawn sizes except where a message cannot be that short (or,
 //! for a few protocols, that long):
 //! * a TCP request shorter than its message's shortest form is that long (an HTTP request
-//!   ~135 bytes, a ClientHello ~195, SSH's banner and KEXINIT ~405, the ECDH init and NEWKEYS
-//!   64, an application_data record 22, an SSH encrypted packet 36); a response whose burst
+//!   ~135 bytes, a ClientHello ~195, SSH's banner and KEXINIT ~405, the ECDH init
+//!   ~50, an application_data record 22, an SSH IGNORE packet 14); a response whose burst
 //!   drew fewer bytes than its shortest form (an HTTP head ~140, the ServerHello with
 //!   ChangeCipherSpec and a record ~155, SSH's banner and KEXINIT ~425 or its key exchange
-//!   ~200, an SMTP reply) gets the difference in its first segment;
+//!   ~190, an SMTP reply) gets the difference in its first segment;
 //! * SMTP commands (EHLO, MAIL, RCPT, DATA) are as long as the command;
-//! * SSH segments after the key exchange are at least 36 bytes (tshark takes each for one
-//!   encrypted packet and fails on shorter ones);
 //! * a DNS message is at least its question (and answers), and falls short of a longer drawn
 //!   size by up to 10 bytes when the gap is too small for an OPT record (or up to 3 for the
 //!   Padding option); an NTP packet is always 48 bytes; a STUN message is rounded down to a
@@ -1629,10 +1627,9 @@ fn tcp_segment<'a>(
             st.unacked = 0;
             if proto != Proto::Counter {
                 // The response's length is known now: its segments' lengths, drawn ahead.
-                let min = app::segment_min(proto, msg);
                 let mut ahead = st.sizes.clone();
                 let drawn: usize = (0..st.burst)
-                    .map(|_| sizes.sample(&mut ahead).saturating_sub(data_hdr).max(min))
+                    .map(|_| sizes.sample(&mut ahead).saturating_sub(data_hdr).max(1))
                     .sum();
                 let total = app::server_len(proto, msg, drawn, seed);
                 st.resp_len = total as u32;
@@ -1647,11 +1644,7 @@ fn tcp_segment<'a>(
         st.unacked = 0;
         (true, ACK, 0, false)
     } else {
-        let min = app::segment_min(proto, u64::from(st.msg));
-        let drawn = sizes
-            .sample(&mut st.sizes)
-            .saturating_sub(data_hdr)
-            .max(min);
+        let drawn = sizes.sample(&mut st.sizes).saturating_sub(data_hdr).max(1);
         let len = drawn + std::mem::take(&mut st.extra) as usize;
         if proto != Proto::Counter {
             let (msg, total, off) = (u64::from(st.msg), st.resp_len as usize, st.resp_off);
