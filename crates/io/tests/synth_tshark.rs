@@ -1,5 +1,5 @@
-//! tshark dissects the application data of generated traces (issue #17) without a malformed
-//! packet or an error, and finds the DNS queries and answers, HTTP requests and responses
+//! tshark dissects the application data of generated traces (issue #17: `mixed`, `scan`,
+//! `short`, `long`) without a malformed packet or an error, and finds the DNS queries and answers, HTTP requests and responses
 //! (with their Content-Length) and TLS hellos that an independent parse of the same trace
 //! counts (`synth_common::app`).
 //!
@@ -166,6 +166,7 @@ fn tshark_dissects_application_data_without_errors() {
     let dir = tempfile::tempdir().expect("tempdir");
     for (profile, flows, packets) in [
         (Profile::Mixed, 2_000, 94_000),
+        (Profile::Scan, 1_000, 47_000),
         (Profile::Short, 200, 20_000),
         (Profile::Long, 4, 40_000),
     ] {
@@ -174,7 +175,11 @@ fn tshark_dissects_application_data_without_errors() {
             packets,
             seed: 17,
             ipv6_share: 0.2,
-            tcp_share: if profile == Profile::Mixed { 0.8 } else { 1.0 },
+            tcp_share: if matches!(profile, Profile::Mixed | Profile::Scan) {
+                0.8
+            } else {
+                1.0
+            },
             ..SynthConfig::new(profile)
         };
         let trace = generate(&cfg);
@@ -202,7 +207,7 @@ fn tshark_dissects_application_data_without_errors() {
             want.http_responses > 0 && want.client_hellos > 0,
             "{profile}: {want:?}"
         );
-        if profile == Profile::Mixed {
+        if matches!(profile, Profile::Mixed | Profile::Scan) {
             assert!(want.dns_answers > 0, "{want:?}");
         }
         // Equal counts, and every response's Content-Length as our parse of the stream found.
