@@ -958,6 +958,25 @@ mod tests {
         }
     }
 
+    /// Every response length from the shortest up has a head whose Content-Length is what
+    /// follows it.
+    #[test]
+    fn content_length_fits_every_response_length() {
+        let mut head = [0u8; 1024];
+        let (_, min) = http_response_head(0, &mut head);
+        for len in min..200_000 {
+            let (n, _) = http_response_head(len, &mut head);
+            let text = std::str::from_utf8(&head[..n]).unwrap();
+            let cl: usize = text
+                .lines()
+                .find_map(|l| l.strip_prefix("Content-Length: "))
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert_eq!(n + cl, len, "{text}");
+        }
+    }
+
     /// A server message written in pieces is the message written whole.
     #[test]
     fn server_messages_do_not_depend_on_their_segmentation() {
