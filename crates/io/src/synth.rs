@@ -45,6 +45,8 @@
 //!   When `packets` is too small for every TCP flow to have 7 packets, TCP flows (highest index
 //!   first) become UDP flows until the minimums fit, so [`SynthConfig::min_packets`] is 2 per
 //!   flow.
+//! * **uniform**: one 5-tuple per flow, each packet in a random direction, no handshake (UDP, or
+//!   TCP PSH/ACK segments without options when `tcp_share > 0`); a flow may have 1 packet.
 //!
 //! What the data is depends on the server port (tshark dissects all of it without a malformed
 //! packet or an error; `synth_tshark.rs` checks):
@@ -53,7 +55,7 @@
 //! |---|---|
 //! | TCP 80, 8080 | HTTP/1.1 (RFC 9112): each request `GET /path HTTP/1.1` with Host, User-Agent, Accept, Connection (padded to its length by a `Cookie` header, or a query of a few bytes); each response `HTTP/1.1 200 OK` whose `Content-Length` is exactly the text body that follows across its burst |
 //! | TCP 443, 993 | TLS 1.3 (RFC 8446): the client's first message a ClientHello record (SNI `www.hostN.example.com`, x25519 key share, a padding extension (RFC 7685) to its length), the server's first a ServerHello and ChangeCipherSpec record; then application_data records (type 23, 0x0303, random-looking ciphertext, up to 2¹⁴ bytes, spanning segments) that tile every later message |
-//! | TCP 22 | SSH (RFC 4253): banners, KEXINIT, ECDH init/reply (RFC 5656; an Ed25519 host key and signature, RFC 8709), then SSH_MSG_IGNORE packets (§11.2) of random bytes, up to 1 KiB each, filling every message: binary packets with exact packet_length/padding_length framing throughout. There is no NEWKEYS, so the session never turns encrypted: tshark 4.0, after NEWKEYS, "decrypts" with keys it does not have and now and then reads a length from the garbage and reports a malformed packet (a few in a million packets) (tshark 4.0 warns "Decoded 19 bytes, but packet length is 83 bytes" on the host signature: its dissector decodes only `ssh-rsa` and `ssh-dss` signatures; a warning, not an error) |
+//! | TCP 22 | SSH (RFC 4253): banners, KEXINIT, ECDH init/reply (RFC 5656; an Ed25519 host key and signature, RFC 8709), then SSH_MSG_IGNORE packets (§11.2) of random bytes, up to 1 KiB each, filling every message: binary packets with exact packet_length/padding_length framing to the end. There is no NEWKEYS, so nothing turns encrypted: after NEWKEYS tshark 4.0 "decrypts" with keys it does not have and, a few times in a million packets, reads a length from the garbage and reports a malformed packet. tshark warns (not an error) "Decoded 19 bytes, but packet length is 83 bytes" on each host signature: it decodes only `ssh-rsa` and `ssh-dss` signatures |
 //! | TCP 25 | SMTP (RFC 5321): EHLO, then MAIL FROM, RCPT TO, DATA, the message (RFC 5322 headers, text lines, `.`), over and over; the server's greeting and EHLO reply, `250`/`354` replies, padded with continuation lines (`250-...`) |
 //! | UDP 53 | DNS (RFC 1035): a query with RD for `www.hostN.example.com`, A or AAAA, and its answer (same ID, QR, the question, 1–4 records); an OPT record (RFC 6891) with the Padding option (RFC 7830) fills to the drawn length |
 //! | UDP 123 | NTPv4 (RFC 5905): 48-byte client (mode 3) and server (mode 4) packets; the server's origin timestamp is the client's transmit timestamp |
@@ -64,8 +66,6 @@
 //!
 //! Each message is a function of the flow's seed, its index and its length; a server message
 //! is written a segment at a time from its offset, so neither needs a buffer of its own.
-//! * **uniform**: one 5-tuple per flow, each packet in a random direction, no handshake (UDP, or
-//!   TCP PSH/ACK segments without options when `tcp_share > 0`); a flow may have 1 packet.
 //!
 //! Packet sizes from [`SizeDist`] are Ethernet frame lengths as stored (no FCS; 60 = the
 //! 64-byte minimum frame on the wire), 60 to 1514. They apply to packets that carry data; a
@@ -87,6 +87,10 @@
 //!   size by up to 10 bytes when the gap is too small for an OPT record (or up to 3 for the
 //!   Padding option); an NTP packet is always 48 bytes; a STUN message is rounded down to a
 //!   multiple of 4; a syslog line or QUIC packet is at least its header.
+//!
+//! With IMIX, whose small class leaves TCP 1 byte and UDP 18, about a quarter of a `mixed`
+//! trace's data frames are not of their class's size: mostly longer (DNS messages, small TCP
+//! requests and records), NTP always 48 bytes; counter-byte flows keep their drawn sizes.
 //!
 //! # Addresses
 //!
