@@ -201,6 +201,8 @@ fn check_udp_flow(flow: &[Pkt]) -> usize {
 
 #[test]
 fn whole_tcp_and_udp_flows() {
+    // Flows whose bytes were checked as counter bytes (MySQL and PostgreSQL ports).
+    let mut counter = 0;
     for (profile, n, m) in [
         (Profile::Short, 300, 30_000),
         (Profile::Mixed, 300, 14_000),
@@ -220,6 +222,8 @@ fn whole_tcp_and_udp_flows() {
                     http += c.http_responses;
                     tls += c.client_hellos;
                     tcp += 1;
+                    let port = flow[0].key.dst_port;
+                    counter += usize::from(!carries_application_data(true, port));
                 } else {
                     dns += check_udp_flow(flow);
                 }
@@ -236,6 +240,7 @@ fn whole_tcp_and_udp_flows() {
             );
         }
     }
+    assert!(counter > 0, "some flows carry counter bytes");
 }
 
 #[test]
