@@ -37,7 +37,10 @@
 //!   ACK. Every segment carries timestamps (RFC 7323 §3.2) and acknowledges everything the peer
 //!   sent, so sequence and acknowledgment numbers are exact. ISNs and timestamp clocks are random
 //!   per side. A flow has at least 7 packets; with `n` packets, `n − 7` are data or ACKs in the
-//!   exchange phase. A payload byte at stream sequence number `s` is `s mod 256`.
+//!   exchange phase. Exchange `i` is the client's message `i` (its request segment) and the
+//!   server's message `i` (its burst); the burst's segment lengths are drawn when the request
+//!   is made (from a per-flow stream of their own), so the response's length is known before
+//!   its first byte, and every burst ends before the teardown, so responses are whole.
 //! * **UDP**: request from the client, response from the server, alternating; at least 2.
 //!   When `packets` is too small for every TCP flow to have 7 packets, TCP flows (highest index
 //!   first) become UDP flows until the minimums fit, so [`SynthConfig::min_packets`] is 2 per
@@ -45,12 +48,49 @@
 //! * **uniform**: one 5-tuple per flow, each packet in a random direction, no handshake (UDP, or
 //!   TCP PSH/ACK segments without options when `tcp_share > 0`); a flow may have 1 packet.
 //!
+//! What the data is depends on the server port (tshark dissects all of it without a malformed
+//! packet or an error; `synth_tshark.rs` checks):
+//!
+//! | port | payload |
+//! |---|---|
+//! | TCP 80, 8080 | HTTP/1.1 (RFC 9112): each request `GET /path HTTP/1.1` with Host, User-Agent, Accept, Connection (padded to its length by a `Cookie` header, or a query of a few bytes); each response `HTTP/1.1 200 OK` whose `Content-Length` is exactly the text body that follows across its burst |
+//! | TCP 443, 993 | TLS 1.3 (RFC 8446): the client's first message a ClientHello record (SNI `www.hostN.example.com`, x25519 key share, a padding extension (RFC 7685) to its length), the server's first a ServerHello and ChangeCipherSpec record; then application_data records (type 23, 0x0303, random-looking ciphertext, up to 2¹⁴ bytes, spanning segments) that tile every later message |
+//! | TCP 22 | SSH (RFC 4253): banners, KEXINIT, ECDH init/reply (RFC 5656; an Ed25519 host key and signature, RFC 8709), then SSH_MSG_IGNORE packets (§11.2) of random bytes, up to 1 KiB each, filling every message: binary packets with exact packet_length/padding_length framing to the end. There is no NEWKEYS, so nothing turns encrypted: after NEWKEYS tshark 4.0 "decrypts" with keys it does not have and, a few times in a million packets, reads a length from the garbage and reports a malformed packet. tshark warns (not an error) "Decoded 19 bytes, but packet length is 83 bytes" on each host signature: it decodes only `ssh-rsa` and `ssh-dss` signatures |
+//! | TCP 25 | SMTP (RFC 5321): EHLO, then MAIL FROM, RCPT TO, DATA, the message (RFC 5322 headers, text lines, `.`), over and over; the server's greeting and EHLO reply, `250`/`354` replies, padded with continuation lines (`250-...`) |
+//! | UDP 53 | DNS (RFC 1035): a query with RD for `www.hostN.example.com`, A or AAAA, and its answer (same ID, QR, the question, 1–4 records); an OPT record (RFC 6891) with the Padding option (RFC 7830) fills to the drawn length |
+//! | UDP 123 | NTPv4 (RFC 5905): 48-byte client (mode 3) and server (mode 4) packets; the server's origin timestamp is the client's transmit timestamp |
+//! | UDP 3478 | STUN (RFC 8489): Binding request and success response (magic cookie, transaction ID, XOR-MAPPED-ADDRESS of the client, SOFTWARE), padded by a PADDING attribute (RFC 5780) |
+//! | UDP 514 | syslog (RFC 5424) lines, both ways |
+//! | UDP 443 | QUIC short-header packets (RFC 9000 §17.3: fixed bit, an 8-byte connection ID, protected payload); tshark shows them as data, since a short header names no version |
+//! | TCP 3306, 5432 (and `uniform`) | counter bytes: at TCP stream sequence number `s`, `s mod 256` (tshark does not dissect them as MySQL or PostgreSQL, so nothing is malformed) |
+//!
+//! Each message is a function of the flow's seed, its index and its length; a server message
+//! is written a segment at a time from its offset, so neither needs a buffer of its own.
+//!
 //! Packet sizes from [`SizeDist`] are Ethernet frame lengths as stored (no FCS; 60 = the
 //! 64-byte minimum frame on the wire), 60 to 1514. They apply to packets that carry data; a
 //! data packet carries at least one byte, so its frame may exceed the drawn size by its
 //! headers (with IMIX, the small class gives TCP data segments of 1 byte: TCP headers with
 //! timestamps already take 66 bytes). Handshake, ACK and FIN segments are as long as their
 //! headers, padded to 60 bytes as a NIC pads them.
+//!
+//! Application data follows the drawn sizes except where a message cannot be that short (or,
+//! for a few protocols, that long):
+//! * a TCP request shorter than its message's shortest form is that long (an HTTP request
+//!   ~135 bytes, a ClientHello ~195, SSH's banner and KEXINIT ~405, the ECDH init
+//!   ~50, an application_data record 22, an SSH IGNORE packet 14); a response whose burst
+//!   drew fewer bytes than its shortest form (an HTTP head ~140, the ServerHello with
+//!   ChangeCipherSpec and a record ~155, SSH's banner and KEXINIT ~425 or its key exchange
+//!   ~190, an SMTP reply) gets the difference in its first segment;
+//! * SMTP commands (EHLO, MAIL, RCPT, DATA) are as long as the command;
+//! * a DNS message is at least its question (and answers), and falls short of a longer drawn
+//!   size by up to 10 bytes when the gap is too small for an OPT record (or up to 3 for the
+//!   Padding option); an NTP packet is always 48 bytes; a STUN message is rounded down to a
+//!   multiple of 4; a syslog line or QUIC packet is at least its header.
+//!
+//! With IMIX, whose small class leaves TCP 1 byte and UDP 18, about a quarter of a `mixed`
+//! trace's data frames are not of their class's size: mostly longer (DNS messages, small TCP
+//! requests and records), NTP always 48 bytes; counter-byte flows keep their drawn sizes.
 //!
 //! # Addresses
 //!
@@ -95,14 +135,16 @@
 //! broken by flow index), taken from a calendar queue in O(1) amortised time. Packet `k` of the
 //! trace is stamped `start_ns + k·10⁹/rate_pps`.
 //!
-//! Memory is O(flows) for the per-flow counts (9 bytes a flow), about 100 bytes per active flow
+//! Memory is O(flows) for the per-flow counts (9 bytes a flow), about 120 bytes per active flow
 //! and a calendar of at most 4 MiB; generating a packet writes straight into the batch buffer
 //! and does not allocate. Throughput is a few million packets a second on one core (release
 //! build), less when millions of flows are active at once and their state leaves the cache.
 
 use crate::{Error, PacketBatch, PacketMeta, Result, Source};
 
+mod app;
 pub mod trojan;
+use app::Proto;
 use flowstate_wire::build::{
     tcp_flags, EthernetSpec, FrameSpec, IpSpec, Ipv4Spec, Ipv6Spec, L4Spec, Payload, TcpOptions,
     TcpSpec, UdpSpec, ETHERNET_MIN_LEN,
@@ -952,6 +994,8 @@ const K_SERVER: u64 = 0x5e4e;
 const K_CLIENT6: u64 = 0xc116;
 const K_SERVER6: u64 = 0x5e46;
 const K_PORT: u64 = 0x9047;
+const K_SIZES: u64 = 0x512e;
+const K_APP: u64 = 0xa990;
 
 /// Virtual ticks a flow lasts (before its ±25 % jitter).
 const FLOW_TICKS: u64 = 1 << 40;
@@ -965,7 +1009,7 @@ enum Phase {
     Response,
 }
 
-/// State of an active flow (80 bytes).
+/// State of an active flow (104 bytes).
 #[derive(Debug, Clone)]
 struct FlowState {
     flow: u32,
@@ -985,6 +1029,17 @@ struct FlowState {
     burst: u64,
     /// Server segments the client has not acknowledged yet.
     unacked: u8,
+    /// Data lengths of TCP segments: a stream of its own, so that a response's segment
+    /// lengths can be drawn ahead (a clone) when its request is made.
+    sizes: SplitMix64,
+    /// The exchange (client message and server response) in progress.
+    msg: u32,
+    /// Length of the server's response in progress, and how much of it was sent.
+    resp_len: u32,
+    resp_off: u32,
+    /// Bytes the response needs beyond its segments' drawn lengths: the first segment
+    /// carries them.
+    extra: u32,
 }
 
 /// When a slot's next packet is due: kept apart from [`FlowState`] so that walking a calendar
@@ -1040,6 +1095,8 @@ pub struct Synthetic {
     emitted: u64,
     period_ns: f64,
     scratch: Box<[u8; 2048]>,
+    /// A packet's application payload, written here first.
+    app_buf: Box<[u8; 2048]>,
     /// `scan`: the probes mixed into this generator's (normal) traffic.
     scan: Option<Box<ScanPart>>,
     /// A scenario profile's frames (time, bytes), sent instead of the flows'.
@@ -1180,6 +1237,7 @@ impl Synthetic {
             heap: BinaryHeap::with_capacity(reserve),
             emitted: 0,
             scratch: Box::new([0u8; 2048]),
+            app_buf: Box::new([0u8; 2048]),
             scan: None,
             scripted: Vec::new(),
         })
@@ -1323,6 +1381,11 @@ impl Synthetic {
             phase: Phase::Request,
             burst: 0,
             unacked: 0,
+            sizes: SplitMix64(hash2(self.key, K_SIZES, u64::from(flow))),
+            msg: 0,
+            resp_len: 0,
+            resp_off: 0,
+            extra: 0,
         };
         let t = state.time_of(0);
         let due = Due {
@@ -1388,6 +1451,8 @@ impl Synthetic {
         let st = &mut self.slots[slot];
         let k = st.sent;
         let per_flow = hash2(self.key, K_FLOW ^ 1, u64::from(flow));
+        let app_seed = hash2(self.key, K_APP, u64::from(flow));
+        let app_buf = &mut *self.app_buf;
 
         // (from client?, transport, payload)
         let (from_client, l4, payload) = if profile == Profile::Uniform {
@@ -1426,7 +1491,8 @@ impl Synthetic {
                 (from_client, L4Spec::Udp(udp), payload)
             }
         } else if kind & KIND_TCP != 0 {
-            tcp_segment(st, &ep, sizes, ts_ns)
+            let proto = Proto::of(true, ep.server_port);
+            tcp_segment(st, &ep, sizes, ts_ns, proto, app_seed, app_buf)
         } else {
             let from_client = k % 2 == 0;
             let hdr = header_len(ep.v6, false, 0);
@@ -1436,9 +1502,20 @@ impl Synthetic {
                 src_port: sp,
                 dst_port: dp,
             };
-            let payload = Payload::Counter {
-                len,
-                start: (per_flow as u8).wrapping_add(k as u8),
+            let proto = Proto::of(false, ep.server_port);
+            let payload = if proto == Proto::Counter {
+                Payload::Counter {
+                    len,
+                    start: (per_flow as u8).wrapping_add(k as u8),
+                }
+            } else {
+                let client = app::Client {
+                    v6: ep.v6,
+                    addr: ep.client,
+                    port: ep.client_port,
+                };
+                let n = app::udp_write(proto, k, len, app_seed, client, &mut app_buf[..]);
+                Payload::Bytes(&app_buf[..n])
             };
             (from_client, L4Spec::Udp(udp), payload)
         };
@@ -1514,6 +1591,9 @@ fn tcp_segment<'a>(
     ep: &Endpoints,
     sizes: SizeDist,
     ts_ns: u64,
+    proto: Proto,
+    seed: u64,
+    out: &'a mut [u8; 2048],
 ) -> (bool, L4Spec, Payload<'a>) {
     use tcp_flags::{ACK, FIN, PSH, SYN};
     let k = st.sent;
@@ -1537,26 +1617,50 @@ fn tcp_segment<'a>(
             _ => (true, ACK, 0, false),
         }
     } else if st.phase == Phase::Request {
-        let len = sizes.sample(&mut st.rng).saturating_sub(data_hdr).max(1);
+        let drawn = sizes.sample(&mut st.sizes).saturating_sub(data_hdr).max(1);
+        let msg = u64::from(st.msg);
+        let len = app::client_len(proto, msg, drawn, seed);
+        app::client_write(proto, msg, len, seed, &mut out[..]);
         // Data packets left after this request, of which about two thirds can be server
-        // segments (the client acknowledges every second one).
+        // segments (the client acknowledges every second one): b segments and ⌊(b − 1)/2⌋
+        // ACKs fit, so every response is whole.
         let left = c - 4 - k - 1;
         if left > 0 {
             st.burst = 1 + st.rng.below((2 * left / 3).max(1));
             st.phase = Phase::Response;
             st.unacked = 0;
+            if proto != Proto::Counter {
+                // The response's length is known now: its segments' lengths, drawn ahead.
+                let mut ahead = st.sizes.clone();
+                let drawn: usize = (0..st.burst)
+                    .map(|_| sizes.sample(&mut ahead).saturating_sub(data_hdr).max(1))
+                    .sum();
+                let total = app::server_len(proto, msg, drawn, seed);
+                st.resp_len = total as u32;
+                st.resp_off = 0;
+                st.extra = (total - drawn) as u32;
+            }
+        } else {
+            st.msg += 1;
         }
         (true, PSH | ACK, len, false)
     } else if st.unacked >= 2 {
         st.unacked = 0;
         (true, ACK, 0, false)
     } else {
-        let len = sizes.sample(&mut st.rng).saturating_sub(data_hdr).max(1);
+        let drawn = sizes.sample(&mut st.sizes).saturating_sub(data_hdr).max(1);
+        let len = drawn + std::mem::take(&mut st.extra) as usize;
+        if proto != Proto::Counter {
+            let (msg, total, off) = (u64::from(st.msg), st.resp_len as usize, st.resp_off);
+            app::server_write(proto, msg, total, seed, off as usize, &mut out[..len]);
+            st.resp_off += len as u32;
+        }
         st.burst -= 1;
         st.unacked += 1;
         let last = st.burst == 0;
         if last {
             st.phase = Phase::Request;
+            st.msg += 1;
         }
         (false, if last { PSH | ACK } else { ACK }, len, false)
     };
@@ -1603,10 +1707,16 @@ fn tcp_segment<'a>(
         urgent: 0,
         options,
     };
-    // The first payload byte is at sequence number `seq`: byte s of the stream is s mod 256.
-    let payload = Payload::Counter {
-        len,
-        start: seq as u8,
+    // Counter: the first payload byte is at sequence number `seq`, byte s of the stream is
+    // s mod 256.
+    let payload = if proto == Proto::Counter {
+        Payload::Counter {
+            len,
+            start: seq as u8,
+        }
+    } else {
+        let out: &'a [u8] = out;
+        Payload::Bytes(&out[..len])
     };
     (from_client, L4Spec::Tcp(tcp), payload)
 }
@@ -2186,6 +2296,11 @@ mod tests {
         }
         let c = allocate(&weights, &kinds, &min_of, 1_000_000, 1);
         assert!(c[3] > 4 * c[0] && c[3] < 6 * c[0], "{c:?}");
+    }
+
+    #[test]
+    fn flow_state_stays_small() {
+        assert_eq!(std::mem::size_of::<FlowState>(), 104);
     }
 
     #[test]

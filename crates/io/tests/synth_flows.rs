@@ -6,7 +6,16 @@ use flowstate_io::synth::{Profile, SizeDist, SynthConfig, Synthetic, CLIENT_MAC}
 use flowstate_wire::build::tcp_flags::{ACK, FIN, PSH, RST, SYN};
 use flowstate_wire::FlowKey;
 use std::collections::BTreeMap;
-use synth_common::{generate, parse, Pkt};
+use synth_common::{app, generate, parse, Pkt};
+
+/// Whether flows to `port` carry application data (the rest carry counter bytes).
+fn carries_application_data(tcp: bool, port: u16) -> bool {
+    if tcp {
+        [80, 8080, 443, 993, 22, 25].contains(&port)
+    } else {
+        true
+    }
+}
 
 /// Packets per canonical flow key, in trace order.
 fn flows(cfg: &SynthConfig) -> BTreeMap<FlowKey, Vec<Pkt>> {
@@ -99,7 +108,7 @@ fn profile_shapes() {
 
 /// Every TCP flow: handshake with options, exact sequence/acknowledgment numbers, timestamps
 /// echoed, payload bytes that follow the sequence numbers, and the FIN/ACK teardown.
-fn check_tcp_flow(flow: &[Pkt]) {
+fn check_tcp_flow(flow: &[Pkt]) -> app::TcpCounts {
     let n = flow.len();
     assert!(n >= 7, "TCP flow of {n} packets");
     let client = flow[0].key;
@@ -128,6 +137,7 @@ fn check_tcp_flow(flow: &[Pkt]) {
     let mut nxt = [t(0).seq, t(1).seq];
     let mut last_ts = [0u32; 2];
     let mut data = [0usize; 2];
+    let mut streams = [Vec::new(), Vec::new()];
     for (i, p) in flow.iter().enumerate() {
         let s = side(p);
         let tcp = p.tcp.as_ref().unwrap();
@@ -146,13 +156,16 @@ fn check_tcp_flow(flow: &[Pkt]) {
             assert_eq!(ecr, last_ts[1 - s], "packet {i}: TSecr echoes the peer");
         }
         last_ts[s] = val;
-        for (j, b) in p.payload.iter().enumerate() {
-            assert_eq!(
-                *b,
-                tcp.seq.wrapping_add(j as u32) as u8,
-                "payload byte = seq mod 256"
-            );
+        if !carries_application_data(true, flow[0].key.dst_port) {
+            for (j, b) in p.payload.iter().enumerate() {
+                assert_eq!(
+                    *b,
+                    tcp.seq.wrapping_add(j as u32) as u8,
+                    "payload byte = seq mod 256"
+                );
+            }
         }
+        streams[s].extend_from_slice(&p.payload);
         if !p.payload.is_empty() {
             assert_eq!(tcp.flags & (SYN | FIN), 0);
             data[s] += 1;
@@ -163,9 +176,10 @@ fn check_tcp_flow(flow: &[Pkt]) {
     if n >= 9 {
         assert!(data[0] >= 1 && data[1] >= 1, "data both ways: {data:?}");
     }
+    app::check_tcp_streams(client.dst_port, &streams[0], &streams[1])
 }
 
-fn check_udp_flow(flow: &[Pkt]) {
+fn check_udp_flow(flow: &[Pkt]) -> usize {
     assert!(flow.len() >= 2);
     let client = flow[0].key;
     for (i, p) in flow.iter().enumerate() {
@@ -177,10 +191,18 @@ fn check_udp_flow(flow: &[Pkt]) {
         assert_eq!(p.key, expect, "requests and responses alternate");
         assert!(!p.payload.is_empty());
     }
+    let mut dns = 0;
+    for pair in flow.chunks(2) {
+        let answer = pair.get(1).map(|p| p.payload.as_slice());
+        dns += app::check_udp_exchange(&client, &pair[0].payload, answer).dns_answers;
+    }
+    dns
 }
 
 #[test]
 fn whole_tcp_and_udp_flows() {
+    // Flows whose bytes were checked as counter bytes (MySQL and PostgreSQL ports).
+    let mut counter = 0;
     for (profile, n, m) in [
         (Profile::Short, 300, 30_000),
         (Profile::Mixed, 300, 14_000),
@@ -193,17 +215,32 @@ fn whole_tcp_and_udp_flows() {
             cfg.tcp_share = 0.7;
             let map = flows(&cfg);
             let mut tcp = 0;
+            let (mut http, mut tls, mut dns) = (0, 0, 0);
             for flow in map.values() {
                 if flow[0].tcp.is_some() {
-                    check_tcp_flow(flow);
+                    let c = check_tcp_flow(flow);
+                    http += c.http_responses;
+                    tls += c.client_hellos;
                     tcp += 1;
+                    let port = flow[0].key.dst_port;
+                    counter += usize::from(!carries_application_data(true, port));
                 } else {
-                    check_udp_flow(flow);
+                    dns += check_udp_flow(flow);
                 }
             }
             assert!(tcp > 0);
+            // The application checks ran on real content.
+            assert!(
+                http > 0 && tls > 0,
+                "{profile}: {http} HTTP responses, {tls} TLS"
+            );
+            assert!(
+                dns > 0 || profile == Profile::Long,
+                "{profile}: {dns} DNS answers"
+            );
         }
     }
+    assert!(counter > 0, "some flows carry counter bytes");
 }
 
 #[test]

@@ -4,6 +4,8 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+pub mod app;
+
 use flowstate_io::synth::{SynthConfig, Synthetic};
 use flowstate_io::{PacketBatch, PacketMeta, Source};
 use flowstate_wire::checksum::{combine, finish, pseudo_header_v4, pseudo_header_v6, sum};
