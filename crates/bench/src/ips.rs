@@ -2,11 +2,14 @@
 //! (StatelessNF §7.2.3 compares its IPS with Snort).
 //!
 //! * **Traffic**: a `mixed` synthetic trace (`flowstate_io::synth`: 80 % TCP, flow sizes
-//!   bounded-Pareto on 10–1,000 packets) written to a pcap.
+//!   bounded-Pareto on 10–1,000 packets, application payloads on well-known ports) written to
+//!   a pcap.
 //! * **Rules**: 100, 1,000 and 10,000 generated content rules (`gen_rules`, seeded): most
 //!   with one random 8-byte content (they never match), some with two contents and
 //!   `flow:to_server,established`, some UDP rules on port 53 with hex contents, and one in a
-//!   hundred with a content that the trace's payloads hold, so alerts are raised and checked.
+//!   hundred with contents the trace's payloads hold (an HTTP request line, a response
+//!   status, a TLS ClientHello's server name, SSH banners, DNS names, SMTP commands, counter
+//!   bytes), so alerts are raised and compared.
 //! * **Both tools single-threaded as deployed**: `flowstate run` with one worker and the
 //!   IPS alone, EVE to a file (`--eve`); `suricata --runmode single -k none -r` with Debian's
 //!   `/etc/suricata/suricata.yaml` (which also parses and logs application protocols: what
@@ -153,18 +156,31 @@ pub(crate) fn gen_rules(n: usize) -> String {
     let mut out = String::new();
     for sid in 1..=n {
         let line = match sid % 100 {
-            // In the trace: a synthetic stream's byte s is s mod 256, so every stream longer
-            // than 256 bytes holds each run of consecutive byte values.
+            // Rules the trace's application payloads match (`flowstate_io::synth`: HTTP on
+            // 80/8080, TLS on 443, SSH on 22, SMTP on 25, DNS on 53, counter bytes on 3306/5432).
             0 => {
-                let k = (sid / 100 * 37) % 250;
-                format!(
-                    "alert tcp any any -> any any (msg:\"run {k}\"; content:\"|{:02x} {:02x} {:02x} {:02x} {:02x}|\"; sid:{sid};)",
-                    k,
-                    k + 1,
-                    k + 2,
-                    k + 3,
-                    k + 4
-                )
+                let body = match (sid / 100) % 7 {
+                    0 => "flow:to_server,established; content:\"GET \"; depth:4; content:\"HTTP/1.1|0d 0a|\"; distance:0;".to_owned(),
+                    1 => "flow:to_client,established; content:\"200 OK\"; offset:9; depth:6;".to_owned(),
+                    2 => "flow:to_server; content:\"|16 03|\"; depth:2; content:\"example.com\"; distance:0;".to_owned(),
+                    3 => "content:\"SSH-2.0-OpenSSH\"; depth:15;".to_owned(),
+                    4 => "content:\"|07|example|03|com|00|\"; nocase;".to_owned(),
+                    5 => "flow:to_server,established; content:\"mail from|3a|\"; nocase;".to_owned(),
+                    _ => {
+                        // Counter bytes: a stream's byte s is s mod 256.
+                        let k = (sid / 100 * 37) % 250;
+                        format!(
+                            "content:\"|{:02x} {:02x} {:02x} {:02x} {:02x}|\";",
+                            k,
+                            k + 1,
+                            k + 2,
+                            k + 3,
+                            k + 4
+                        )
+                    }
+                };
+                let proto = if (sid / 100) % 7 == 4 { "udp" } else { "tcp" };
+                format!("alert {proto} any any -> any any (msg:\"app {sid}\"; {body} sid:{sid};)")
             }
             1..=5 => format!(
                 "alert tcp any any -> any any (msg:\"pair {sid}\"; flow:to_server,established; content:\"{}\"; content:\"{}\"; distance:0; within:64; sid:{sid};)",
