@@ -107,6 +107,9 @@ fn main() {
         },
         _ => None,
     };
+    let eve_handle = eve.clone();
+    // With an EVE file the alerts go there only, not to stderr too.
+    let to_file = eve.is_some();
     let eve = eve.map(|f| {
         f.with_filter(tracing_subscriber::filter::filter_fn(|m| {
             m.target() == flowstate_nf::ALERT_TARGET
@@ -119,7 +122,10 @@ fn main() {
                 .with_filter(
                     tracing_subscriber::EnvFilter::try_from_default_env()
                         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-                ),
+                )
+                .with_filter(tracing_subscriber::filter::filter_fn(move |m| {
+                    !(to_file && m.target() == flowstate_nf::ALERT_TARGET)
+                })),
         )
         .with(eve)
         .init();
@@ -133,6 +139,9 @@ fn main() {
         Command::Store(a) => store::run(&a),
         Command::Cluster(a) => cluster::run(&a),
     };
+    if let Some(e) = &eve_handle {
+        e.flush();
+    }
     if let Err(e) = result {
         eprintln!("flowstate: error: {}", error_chain(&e));
         std::process::exit(1);
