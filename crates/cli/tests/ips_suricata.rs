@@ -18,6 +18,7 @@ const SYN: u8 = 0x02;
 const ACK: u8 = 0x10;
 const PSH: u8 = 0x08;
 const FIN: u8 = 0x01;
+const RST: u8 = 0x04;
 
 const SERVER: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 80);
 
@@ -32,6 +33,8 @@ alert udp any any -> any 53 (msg:"dns example"; content:"|07|example|03|com"; no
 drop tcp any any -> any 80 (msg:"passwd"; flow:to_server,established; content:"/etc/passwd"; metadata:created_at 2026_11_25; reference:url,example.com; sid:1009; rev:1;)
 alert tcp 10.0.0.0/8 [1024:65535] <> $EXTERNAL_NET ![22,23] (msg:"bidirectional header"; flow:established; content:"|de ad be ef|"; sid:1010; rev:1;)
 alert ip any any -> any any (msg:"any ip"; content:"xyzzy"; sid:1011; rev:1;)
+alert tcp any any -> any 81 (msg:"established, no content"; flow:established; sid:1012; rev:1;)
+alert tcp any any -> any 81 (msg:"not established"; flow:not_established; sid:1013; rev:1;)
 "#;
 
 /// One TCP connection being written: frames with correct acknowledgments, so that Suricata
@@ -84,10 +87,12 @@ fn frame(src: (Ipv4Addr, u16), dst: (Ipv4Addr, u16), l4: L4Spec, data: &[u8]) ->
 }
 
 impl Conn {
-    fn new(client_port: u16, out: &mut Vec<Vec<u8>>) -> Conn {
+    /// A connection from the client's `client_port` to the server's `server_port`, its
+    /// handshake written.
+    fn new(client_port: u16, server_port: u16, out: &mut Vec<Vec<u8>>) -> Conn {
         let c = Conn {
             client: (Ipv4Addr::new(10, 0, 0, 7), client_port),
-            server: (SERVER, 80),
+            server: (SERVER, server_port),
             isn: [1_000 + u32::from(client_port), 900_000],
             got: [Vec::new(), Vec::new()],
         };
@@ -226,7 +231,7 @@ fn capture() -> Vec<Vec<u8>> {
     // Every request, several times, each cut and shuffled differently.
     for _ in 0..6 {
         for r in requests {
-            let mut c = Conn::new(next_port(), &mut out);
+            let mut c = Conn::new(next_port(), 80, &mut out);
             scrambled(&mut c, r, &mut rng, &mut out);
             c.send(
                 1,
@@ -238,7 +243,7 @@ fn capture() -> Vec<Vec<u8>> {
         }
     }
     // One byte a segment.
-    let mut c = Conn::new(next_port(), &mut out);
+    let mut c = Conn::new(next_port(), 80, &mut out);
     for (i, b) in b"GET /x?cmd.exe HTTP/1.0\r\n\r\n".iter().enumerate() {
         c.send(0, i as u32, &[*b], &mut out);
     }
@@ -246,13 +251,13 @@ fn capture() -> Vec<Vec<u8>> {
     // Overlap with conflicting data: BENIGN ahead of its hole, an ATTACK copy over it, then
     // the hole. The stream has the first copy (as both engines keep it); the packet carrying
     // the second is inspected too.
-    let mut c = Conn::new(next_port(), &mut out);
+    let mut c = Conn::new(next_port(), 80, &mut out);
     c.send(0, 4, b"BENIGN\r\n", &mut out);
     c.send(0, 4, b"ATTACK\r\n", &mut out);
     c.send(0, 0, b"GET ", &mut out);
     c.close(&mut out);
     // A response that is not "200 OK" where the rule looks.
-    let mut c = Conn::new(next_port(), &mut out);
+    let mut c = Conn::new(next_port(), 80, &mut out);
     c.send(0, 0, b"GET / HTTP/1.0\r\n\r\n", &mut out);
     c.send(
         1,
@@ -261,6 +266,15 @@ fn capture() -> Vec<Vec<u8>> {
         &mut out,
     );
     c.close(&mut out);
+    // Port 81: a handshake that completes, and one answered by SYN/ACK and then reset
+    // (established for neither tool).
+    let mut c = Conn::new(next_port(), 81, &mut out);
+    c.close(&mut out);
+    let half = (Ipv4Addr::new(10, 0, 0, 8), next_port());
+    let srv = (SERVER, 81);
+    out.push(tcp_frame(half, srv, 77, 0, SYN, b""));
+    out.push(tcp_frame(srv, half, 500, 78, SYN | ACK, b""));
+    out.push(tcp_frame(half, srv, 78, 0, RST, b""));
     // UDP: a DNS-like query in mixed case, and an unrelated datagram carrying xyzzy.
     let client = (Ipv4Addr::new(10, 0, 0, 9), 5353);
     out.push(frame(

@@ -33,7 +33,10 @@
 //!   the reassembly's policy says (`first` by default). A stream stops being inspected at
 //!   `depth`, at a gap, or when the worker's `memcap` is used (each counted); packets still are.
 //! * **Flow**: `to_server` is a packet from the side that opened the connection (the SYN's
-//!   sender; for UDP, the first packet's); `established` holds once both sides have sent.
+//!   sender; for UDP, the first packet's). `established`, as Suricata's: for TCP from the
+//!   packet in which a side that has sent answers the other side (the handshake's ACK), so
+//!   a SYN and its SYN/ACK alone are not established; for UDP from the first packet of the
+//!   second side.
 //! * **Once per flow**: a rule alerts at most once per flow (Suricata alerts on every matching
 //!   packet, at most 15 a packet; `threshold` rules are how its operators get once per flow),
 //!   and at most 255 rules alert per flow (further matches are counted as
@@ -70,6 +73,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 const NF: &str = "ips";
+
+/// The bit of [`FlowState::seen`] for an established flow.
+const ESTABLISHED: u8 = 4;
 
 /// Most rules that alert per flow; matches of further rules are counted
 /// (`alerts_suppressed`), not alerted (their `drop` still drops).
@@ -326,7 +332,7 @@ impl Candidates {
 pub struct FlowState {
     /// The side (0: the canonical source) that opened the flow.
     client: u8,
-    /// Sides that have sent (bit 0, bit 1).
+    /// Sides that have sent (bit 0, bit 1), and [`ESTABLISHED`].
     seen: u8,
     /// A `drop` rule matched: every packet is dropped.
     blocked: bool,
@@ -367,7 +373,7 @@ impl Codec for FlowState {
 
     fn decode(input: &mut &[u8]) -> Result<Self, CodecError> {
         let (client, seen, flags, renewed) = <(u8, u8, u8, u64)>::decode(input)?;
-        if client > 1 || seen > 3 || flags > 7 {
+        if client > 1 || seen > 7 || flags > 7 {
             return Err(CodecError::Invalid("ips flow"));
         }
         let n = u8::decode(input)?;
@@ -640,6 +646,11 @@ impl NetworkFunction for Ips {
                 Fed::NotTcp => {}
             }
         }
+        // ACK without SYN or RST (RFC 9293 §3.1: flags are byte 13 of the TCP header).
+        let handshake_ack = d
+            .l4_offset
+            .and_then(|o| pkt.data.get(o + 13))
+            .is_some_and(|f| f & 0x16 == 0x10);
         let payload = d
             .payload_offset
             .and_then(|o| pkt.data.get(o..d.l3_end))
@@ -672,8 +683,15 @@ impl NetworkFunction for Ips {
             if f.blocked {
                 return (Verdict::Drop("ips: blocked flow"), renew);
             }
+            let before = f.seen;
             f.seen |= 1 << side;
-            let established = f.seen == 3;
+            // TCP: a side that sent before acknowledges the other side, without SYN or RST
+            // (the handshake's ACK), as Suricata's `established`; UDP: both sides have sent.
+            let answered = before & (1 << (1 - side)) != 0;
+            if (!tcp || before & (1 << side) != 0 && handshake_ack) && answered {
+                f.seen |= ESTABLISHED;
+            }
+            let established = f.seen & ESTABLISHED != 0;
             let to_server = match origin {
                 Some(o) => o == Origin::Client,
                 None => side == f.client,
