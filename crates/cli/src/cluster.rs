@@ -358,9 +358,12 @@ fn up(dir: &Dir, path: &Path, timeout: Duration) -> Result<()> {
     loop {
         let ready = current_status(dir).ok().filter(Status::ready);
         let root = read_json(&dir.file("root.json"));
+        // The counters of the root running now (a killed root's file stays behind).
+        let root_pid = dir.pid("root");
         let root_ready = |s: &Status| {
             root.as_ref().is_some_and(|r| {
-                r["moving"].as_u64() == Some(0)
+                root_pid.is_some_and(|p| r["pid"].as_u64() == Some(u64::from(p)))
+                    && r["moving"].as_u64() == Some(0)
                     && s.stages.iter().all(|st| {
                         r["assignment_versions"][st.stage as usize].as_u64() >= Some(st.version)
                     })
@@ -555,12 +558,17 @@ fn role_root(dir: &Dir, path: &Path) -> Result<()> {
     else {
         unreachable!("load() checked the ports");
     };
+    // A new epoch: this root's clocks continue above every earlier root's.
+    let mut store = connector_when_up(&d.config)?.connect()?;
+    let epoch = flowstate_cluster::root::take_epoch(store.as_mut())?;
+    drop(store);
     let o = flowstate_cluster::root::RootOptions {
         section: d.section.clone(),
         inside: inside.clone(),
         outside: outside.clone(),
         inside_prefixes: d.config.runtime.inside.clone(),
         stats_file: Some(dir.file("root.json")),
+        epoch,
     };
     let stages = d.config.stage_factories()?;
     let stats = flowstate_cluster::root::run_root(&o, &stages, Stop::new())?;

@@ -472,6 +472,41 @@ fn scaling_out_and_in_moves_partitions_without_loss_and_a_restarted_controller_c
             .collect()
     };
     assert_eq!(parts(&after), parts(&before));
+
+    // Kill the root and start it again: a new epoch, its clocks above the old root's, and
+    // traffic flows through it.
+    let old = c.root();
+    let pid = std::fs::read_to_string(c.lab.state_dir().join("cluster/root.pid")).unwrap();
+    assert!(Command::new("kill")
+        .args(["-9", pid.trim()])
+        .status()
+        .unwrap()
+        .success());
+    // Gone (SIGKILL takes a moment): `cluster up` starts what is not running.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())).is_ok_and(|st| {
+        !st.rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z')
+    }) {
+        assert!(Instant::now() < deadline, "the root outlived SIGKILL");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let out = c.flowstate(&["cluster", "up", c.config.to_str().unwrap()]);
+    assert!(out.status.success(), "cluster up again: {}", text(&out));
+    check_downloads(c.downloads(2), &want);
+    let new = c.root();
+    assert_eq!(
+        new["root_epoch"].as_u64(),
+        old["root_epoch"].as_u64().map(|e| e + 1),
+        "{old:#}\n{new:#}"
+    );
+    assert!(
+        new["clock"].as_u64().unwrap() > old["clock"].as_u64().unwrap(),
+        "{old:#}\n{new:#}"
+    );
 }
 
 /// The store is killed (SIGKILL) under downloads and a UDP flow, and `cluster up` starts it

@@ -11,7 +11,11 @@
 //! * Each IPv4 packet's traffic partition comes from the chain's NFs
 //!   ([`flowstate_chain::owners`]) over the symmetric flow hash; it goes to the partition's
 //!   owner in a GENEVE frame ([`crate::meta`]) stamped with partition, epoch, direction and a
-//!   logical clock (the root numbers packets in arrival order).
+//!   logical clock. The root numbers packets in arrival order, above [`first_clock`] of its
+//!   own epoch: each root that starts takes the next epoch from a counter in the store
+//!   ([`take_epoch`]; CHC §5: the root's id in the clock's high bits), so a restarted root's
+//!   clocks continue above every clock before it and an NF that orders by clock (the trojan
+//!   detector) is not misled.
 //! * Frames coming back are sent out the port their destination says (or on to the next
 //!   stage). Frames that went through the same partitions must come back in the order of
 //!   their clocks: one older than one already back is counted as reordered ([`OrderCheck`]).
@@ -38,6 +42,7 @@ use flowstate_control::cluster::Assignment;
 use flowstate_io::afpacket::{AfPacket, AfPacketOptions};
 use flowstate_io::PacketBatch;
 use flowstate_nf::Direction;
+use flowstate_state::{Backend, Kind as ObjKind, ObjectKey, Op, Reply};
 use serde::Serialize;
 use std::io::ErrorKind;
 use std::net::SocketAddrV4;
@@ -48,9 +53,50 @@ use std::time::{Duration, Instant};
 /// Largest frame the root carries.
 const MAX_FRAME: usize = 2048;
 
+/// Bits of a logical clock below the root's epoch: 2^48 packets per root (325 days at
+/// 10 Mpps), 2^16 roots.
+pub const CLOCK_BITS: u32 = 48;
+
+/// The store's counter of root epochs.
+pub fn root_epoch_key() -> ObjectKey {
+    ObjectKey::shared("cluster", ObjKind::Counter, "root_epoch")
+}
+
+/// Takes a new root epoch: one more than any root took before on this store.
+pub fn take_epoch(store: &mut dyn Backend) -> Result<u64, ClusterError> {
+    let mut replies = Vec::new();
+    store
+        .execute(
+            &[Op::Add {
+                key: root_epoch_key(),
+                delta: 1,
+            }],
+            &mut replies,
+        )
+        .map_err(|e| ClusterError::Store(format!("taking the root's epoch: {e}")))?;
+    match replies.pop() {
+        Some(Reply::Int(n)) if (1..1 << (64 - CLOCK_BITS)).contains(&n) => Ok(n as u64),
+        Some(Reply::Int(n)) => Err(ClusterError::Store(format!(
+            "the root epoch counter is at {n}, beyond the {} a clock holds: delete \
+             `cluster@Counter@root_epoch` (the clocks of roots before are then reused)",
+            (1u64 << (64 - CLOCK_BITS)) - 1
+        ))),
+        other => Err(ClusterError::Store(format!(
+            "taking the root's epoch: {other:?}"
+        ))),
+    }
+}
+
+/// The clock before the first packet of a root of `epoch`.
+pub fn first_clock(epoch: u64) -> u64 {
+    epoch << CLOCK_BITS
+}
+
 /// The root's counters, written to its stats file every 200 ms.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct RootStats {
+    /// The root's process (a file from a root that is gone says so).
+    pub pid: u32,
     /// IPv4 frames taken from the ports.
     pub received: u64,
     /// Frames sent to instances (held ones included once sent; a frame once per stage).
@@ -74,6 +120,10 @@ pub struct RootStats {
     pub moving: u64,
     /// The newest assignment applied, per stage.
     pub assignment_versions: Vec<u64>,
+    /// This root's epoch ([`take_epoch`]).
+    pub root_epoch: u64,
+    /// The last logical clock it gave a packet.
+    pub clock: u64,
     /// Median duration of the finished moves, ms.
     pub move_ms_p50: f64,
     /// Send errors towards instances.
@@ -96,6 +146,8 @@ pub struct RootOptions {
     pub inside_prefixes: Vec<flowstate_chain::steer::IpPrefix>,
     /// Where to write the stats (JSON, replaced atomically).
     pub stats_file: Option<PathBuf>,
+    /// This root's epoch ([`take_epoch`]): its clocks start at [`first_clock`] of it.
+    pub epoch: u64,
 }
 
 /// One stage as the root steers it.
@@ -384,7 +436,9 @@ pub fn run_root(
     let mut batch = PacketBatch::new(64, MAX_FRAME);
     let mut rbuf = vec![0u8; 65536];
     let mut rx = Datagrams::new(256, meta::HEADER_LEN + MAX_FRAME);
-    let mut clock = 0u64;
+    let mut clock = first_clock(o.epoch);
+    out.stats.root_epoch = o.epoch;
+    out.stats.pid = std::process::id();
     let mut next_stats = Instant::now();
     let mut next_tick = Instant::now();
     let fds: Vec<_> = source.fds().chain([raw(&data), raw(&control)]).collect();
@@ -534,12 +588,14 @@ pub fn run_root(
         }
         if Instant::now() >= next_stats {
             next_stats += Duration::from_millis(200);
+            out.stats.clock = clock;
             fill(&mut out, &path);
             if let Some(f) = &o.stats_file {
                 crate::write_json(f, &out.stats);
             }
         }
     }
+    out.stats.clock = clock;
     fill(&mut out, &path);
     if let Some(f) = &o.stats_file {
         crate::write_json(f, &out.stats);
@@ -588,6 +644,31 @@ mod tests {
         assert_eq!(walk(Direction::Outbound, 3), [0, 1, 2]);
         assert_eq!(walk(Direction::Inbound, 3), [2, 1, 0]);
         assert_eq!(walk(Direction::Inbound, 1), [0]);
+    }
+
+    #[test]
+    fn each_root_takes_a_new_epoch_and_its_clocks_start_above_the_last_root_s() {
+        use flowstate_state::Connector;
+        let store = flowstate_state::local::LocalStore::new();
+        let mut b = store.connect().unwrap();
+        let (e1, e2) = (
+            take_epoch(b.as_mut()).unwrap(),
+            take_epoch(b.as_mut()).unwrap(),
+        );
+        assert_eq!((e1, e2), (1, 2));
+        // Every clock the first root can give lies below the second root's first.
+        assert_eq!(first_clock(e2) - first_clock(e1), 1 << CLOCK_BITS);
+        let mut replies = Vec::new();
+        b.execute(
+            &[Op::Add {
+                key: root_epoch_key(),
+                delta: (1 << 16) - 3,
+            }],
+            &mut replies,
+        )
+        .unwrap();
+        let e = take_epoch(b.as_mut()).unwrap_err();
+        assert!(e.to_string().contains("root_epoch"), "{e}");
     }
 
     #[test]
