@@ -43,23 +43,15 @@ impl EveFile {
             .spawn(move || loop {
                 std::thread::sleep(FLUSH_EVERY);
                 let Some(sink) = weak.upgrade() else { return };
-                if let Ok(mut s) = sink.lock() {
-                    if s.dirty {
-                        s.dirty = false;
-                        if s.w.flush().is_err() {
-                            eprintln!("flowstate: the EVE file could not be written");
-                        }
-                    }
-                };
+                EveFile(sink).flush();
             })?;
         Ok(eve)
     }
 
-    /// Writes out every buffered line.
+    /// Writes out the lines buffered since the last flush.
     pub(crate) fn flush(&self) {
         if let Ok(mut s) = self.0.lock() {
-            s.dirty = false;
-            if s.w.flush().is_err() {
+            if std::mem::take(&mut s.dirty) && s.w.flush().is_err() {
                 eprintln!("flowstate: the EVE file could not be written");
             }
         }

@@ -234,7 +234,7 @@ pub fn run_controller(
                 // The ids the other stages know are not this stage's to start.
                 let taken: Vec<u32> = (0..cores.len())
                     .filter(|&j| j != k)
-                    .flat_map(|j| cores[j].ctl.ids().collect::<Vec<_>>())
+                    .flat_map(|j| cores[j].ctl.ids())
                     .collect();
                 let core = &mut cores[k];
                 core.ctl.set_taken(taken);

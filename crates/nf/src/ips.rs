@@ -65,7 +65,7 @@ use crate::{BuildError, Context, NetworkFunction, NfFactory, Packet, Verdict, Wo
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, AhoCorasickKind, MatchKind};
 use flowstate_state::{Access, Codec, CodecError, Counter, CounterMap, Declare, Map, Nanos, Scope};
 use flowstate_wire::dissect::Transport;
-use flowstate_wire::FlowKey;
+use flowstate_wire::{tcp, FlowKey};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -410,12 +410,7 @@ pub fn flow_id(flow: &FlowKey) -> u64 {
 
 /// The EVE alert line of `rule` matching a packet of `flow` (the packet's direction) at `now`.
 pub fn eve_alert(now: Nanos, flow: &FlowKey, to_server: bool, rule: &Rule) -> String {
-    let proto = match flow.proto {
-        6 => "TCP".to_string(),
-        17 => "UDP".to_string(),
-        1 => "ICMP".to_string(),
-        p => p.to_string(),
-    };
+    let proto = crate::eve::proto(flow.proto);
     let text = |s: &str| serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into());
     format!(
         concat!(
@@ -425,7 +420,7 @@ pub fn eve_alert(now: Nanos, flow: &FlowKey, to_server: bool, rule: &Rule) -> St
             "\"alert\":{{\"action\":\"{}\",\"gid\":1,\"signature_id\":{},\"rev\":{},",
             "\"signature\":{},\"category\":{},\"severity\":{}}}}}"
         ),
-        crate::trojan::eve_timestamp(now),
+        crate::eve::timestamp(now),
         flow_id(flow),
         flow.src,
         flow.src_port,
@@ -646,11 +641,17 @@ impl NetworkFunction for Ips {
                 Fed::NotTcp => {}
             }
         }
-        // ACK without SYN or RST (RFC 9293 §3.1: flags are byte 13 of the TCP header).
-        let handshake_ack = d
-            .l4_offset
-            .and_then(|o| pkt.data.get(o + 13))
-            .is_some_and(|f| f & 0x16 == 0x10);
+        // An ACK without SYN or RST: what completes a handshake.
+        let handshake_ack = tcp
+            && d.l4_offset
+                .and_then(|o| pkt.data.get(o..d.l3_end))
+                .and_then(|b| tcp::Packet::new_checked(b).ok())
+                .is_some_and(|t| {
+                    let f = t.flags();
+                    f.contains(tcp::Flags::ACK)
+                        && !f.contains(tcp::Flags::SYN)
+                        && !f.contains(tcp::Flags::RST)
+                });
         let payload = d
             .payload_offset
             .and_then(|o| pkt.data.get(o..d.l3_end))

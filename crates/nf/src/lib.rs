@@ -224,6 +224,7 @@ pub fn endpoint_partition(addr: std::net::IpAddr, port: u16, proto: u8, partitio
 }
 
 pub mod counter;
+pub mod eve;
 pub mod firewall;
 pub mod ips;
 pub mod lb;

@@ -938,7 +938,7 @@ pub fn eve_json(a: &Alert) -> String {
             "\"portscan\":{{\"direction\":\"{}\",\"attempts\":{},\"failures\":{},",
             "\"likelihood\":{:.3}}}}}"
         ),
-        timestamp(a.time),
+        crate::eve::timestamp(a.time),
         a.src,
         a.dst,
         a.dst_port,
@@ -952,31 +952,6 @@ pub fn eve_json(a: &Alert) -> String {
         a.attempts,
         a.failures,
         a.likelihood,
-    )
-}
-
-/// Suricata's timestamp format, `2024-01-31T12:34:56.123456+0000`, for `ns` since the epoch
-/// (UTC).
-fn timestamp(ns: Nanos) -> String {
-    let secs = ns / 1_000_000_000;
-    let micros = (ns % 1_000_000_000) / 1_000;
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    // Days to civil date (H. Hinnant, "chrono-Compatible Low-Level Date Algorithms").
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{micros:06}+0000",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
     )
 }
 
@@ -1054,14 +1029,6 @@ mod tests {
         };
         assert!(SourceState::from_bytes(&bad.to_bytes()).is_err());
         assert!(SourceState::from_bytes(&[1, 2, 3]).is_err());
-    }
-
-    #[test]
-    fn suricata_timestamps() {
-        assert_eq!(timestamp(0), "1970-01-01T00:00:00.000000+0000");
-        // 2024-02-29T12:34:56.789012Z
-        let ns = 1_709_210_096_789_012_345;
-        assert_eq!(timestamp(ns), "2024-02-29T12:34:56.789012+0000");
     }
 
     #[test]

@@ -631,36 +631,9 @@ pub fn qualifying_magic(head: &[u8]) -> bool {
 // ------------------------------------------------------------------------------------------
 // EVE output
 
-/// `ns` since the Unix epoch as Suricata's EVE timestamp (`2024-01-02T03:04:05.678901+0000`).
-pub fn eve_timestamp(ns: Nanos) -> String {
-    let secs = ns / 1_000_000_000;
-    let micros = (ns % 1_000_000_000) / 1_000;
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Days to a civil date (H. Hinnant, "chrono-Compatible Low-Level Date Algorithms").
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{micros:06}+0000",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
 /// The EVE alert line for `seq` of `host`, completed by a packet of `flow` at `now`.
 pub fn eve_alert(now: Nanos, flow: &FlowKey, host: IpAddr, seq: &Sequence) -> String {
-    let proto = match flow.proto {
-        6 => "TCP".to_string(),
-        17 => "UDP".to_string(),
-        p => p.to_string(),
-    };
+    let proto = crate::eve::proto(flow.proto);
     format!(
         concat!(
             "{{\"timestamp\":\"{}\",\"event_type\":\"alert\",\"src_ip\":\"{}\",",
@@ -670,7 +643,7 @@ pub fn eve_alert(now: Nanos, flow: &FlowKey, host: IpAddr, seq: &Sequence) -> St
             "\"severity\":1}},",
             "\"trojan\":{{\"host\":\"{}\",\"ssh_clock\":{},\"ftp_clock\":{},\"irc_clock\":{}}}}}"
         ),
-        eve_timestamp(now),
+        crate::eve::timestamp(now),
         flow.src,
         flow.src_port,
         flow.dst,
@@ -1228,15 +1201,6 @@ mod tests {
         assert!(
             !qualifying_magic(b"  MZ"),
             "an EXE starts at its first byte"
-        );
-    }
-
-    #[test]
-    fn timestamps() {
-        assert_eq!(eve_timestamp(0), "1970-01-01T00:00:00.000000+0000");
-        assert_eq!(
-            eve_timestamp(1_709_251_199_123_456_789),
-            "2024-02-29T23:59:59.123456+0000"
         );
     }
 }
