@@ -13,6 +13,8 @@
 //! missed = 3               # reports missed before an instance is declared dead
 //! move_timeout = "500ms"   # how long the root waits for an old owner to release
 //! hold = 4096              # packets held per moving partition
+//! log_packets = 65536      # the root's packet log: in-flight packets kept for replay after a
+//!                          # failure (CHC §5.4); 0 turns replay and duplicate suppression off
 //! auto_scale = false       # scale out/in on load thresholds (mean η of the instances)
 //! scale_out_load = 0.8
 //! scale_in_load = 0.2
@@ -93,6 +95,8 @@ pub struct ClusterSection {
     pub move_timeout: Duration,
     /// Packets held per moving partition.
     pub hold: usize,
+    /// Packets the root's log keeps for replay ([`crate::log`]); 0: no log.
+    pub log_packets: usize,
     /// Scale on load.
     pub auto_scale: bool,
     /// Mean load above which to scale out.
@@ -117,6 +121,7 @@ impl Default for ClusterSection {
             missed: 3,
             move_timeout: Duration::from_millis(500),
             hold: 4096,
+            log_packets: 65536,
             auto_scale: false,
             scale_out_load: 0.8,
             scale_in_load: 0.2,
@@ -174,6 +179,7 @@ impl ClusterSection {
                 "missed" => c.missed = int(k, v, 1, 1000)? as u32,
                 "move_timeout" => c.move_timeout = dur(k, v)?,
                 "hold" => c.hold = int(k, v, 1, 1 << 20)? as usize,
+                "log_packets" => c.log_packets = int(k, v, 0, 1 << 24)? as usize,
                 "auto_scale" => {
                     c.auto_scale = v
                         .as_bool()
@@ -200,7 +206,7 @@ impl ClusterSection {
                 _ => {
                     return Err(err(
                         k,
-                        "unknown key; expected partitions, instances, min_instances, max_instances, address, heartbeat, missed, move_timeout, hold, auto_scale, scale_out_load, scale_in_load, store, moves or stage".into(),
+                        "unknown key; expected partitions, instances, min_instances, max_instances, address, heartbeat, missed, move_timeout, hold, log_packets, auto_scale, scale_out_load, scale_in_load, store, moves or stage".into(),
                     ))
                 }
             }

@@ -17,6 +17,17 @@
 //!   never depends on state that a crash could lose, so a survivor that takes the partition
 //!   over continues every connection (StatelessNF's guarantee, at one store round trip per
 //!   batch rather than per packet).
+//! * **Replay without double counting** (CHC §5.4). The root logs every packet until the
+//!   chain is done with it ([`crate::log`]) and replays to a partition's new owner what a
+//!   failed owner left unfinished. Each commit also writes the clocks of the partition's
+//!   packets it covers (`cluster@<stage>@<p>@Value@committed`, the last write of the commit):
+//!   a new owner reads it at its claim and does not process again a replayed packet whose
+//!   state changes are already in the store (its owner failed between the commit and sending
+//!   the output; the output is lost as on a network, counted in `replay_committed`). On a
+//!   store that applies a commit whole (our own: one batch frame) no replayed packet counts
+//!   twice; on Redis a failure in the middle of a commit's writes can apply part of it.
+//!   Packets an NF drops are reported to the root after their commit ([`Kind::Done`]), so it
+//!   stops logging them.
 //! * A pause longer than the failure-detection time (a hung process, a stopped VM) makes the
 //!   instance re-read its ownership records before it touches any partition again.
 
@@ -25,8 +36,8 @@ use crate::ClusterError;
 use flowstate_control::cluster::Assignment;
 use flowstate_nf::{Context, Direction, NetworkFunction, NfFactory, Packet, Verdict, WorkerInfo};
 use flowstate_state::{
-    Backend, Connector, Kind as ObjKind, Nanos, Object, ObjectKey, Op, Partition, Reply,
-    StateConfig,
+    Access, Backend, Connector, Kind as ObjKind, Nanos, Object, ObjectKey, Op, Partition, Reply,
+    Scope, StateConfig, Value,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -74,6 +85,11 @@ pub struct InstanceStats {
     pub commit_errors: u64,
     /// Bytes of state copied by moves (`copy_on_move`).
     pub copied_bytes: u64,
+    /// Packets the root replayed to this instance (their first owner failed).
+    pub replayed: u64,
+    /// Replayed packets whose state changes the failed owner had committed: not processed
+    /// again (their output was lost with it).
+    pub replay_committed: u64,
 }
 
 struct Owned {
@@ -84,6 +100,11 @@ struct Owned {
     /// Since when the assignment gives the partition to another instance: its packets still
     /// in flight are processed until the root's release, its timers no longer run.
     leaving: Option<Nanos>,
+    /// The clocks of the packets the next commit covers, and where the commit records them.
+    batch: Vec<u64>,
+    committed: Value<Vec<u8>>,
+    /// The clocks the previous owner's last commit covered (read at the claim).
+    skip: Vec<u64>,
 }
 
 /// Connections an instance keeps open for its next claims (see [`Instance::tick`]).
@@ -101,6 +122,9 @@ pub struct Instance {
     spare: Vec<Box<dyn Backend>>,
     drop_reasons: std::collections::BTreeMap<flowstate_nf::DropReason, u64>,
     replies: Vec<Reply>,
+    /// Clocks of the packets the chain is done with without an output, to report to the
+    /// root after the commit ([`Instance::take_done`]).
+    done: Vec<u64>,
 }
 
 impl std::fmt::Debug for Instance {
@@ -156,6 +180,7 @@ impl Instance {
             drop_reasons: Default::default(),
             replies: Vec::new(),
             spare: Vec::new(),
+            done: Vec::new(),
         };
         while inst.spare.len() < inst.spare_target() {
             inst.warm()?;
@@ -220,8 +245,17 @@ impl Instance {
             self.stats.misdirected += 1;
             return false;
         }
+        if meta.replay {
+            self.stats.replayed += 1;
+            if o.skip.contains(&meta.clock) {
+                self.stats.replay_committed += 1;
+                self.done.push(meta.clock);
+                return false;
+            }
+        }
         let Ok(d) = flowstate_wire::dissect(frame) else {
             self.stats.malformed += 1;
+            self.done.push(meta.clock);
             return false;
         };
         let cx = Context {
@@ -235,6 +269,7 @@ impl Instance {
             direction: meta.direction,
         };
         o.dirty = true;
+        o.batch.push(meta.clock);
         let n = o.nfs.len();
         for k in 0..n {
             let i = if meta.direction == Direction::Outbound {
@@ -245,6 +280,7 @@ impl Instance {
             if let Verdict::Drop(why) = o.nfs[i].process(&mut pkt, &cx) {
                 self.stats.dropped += 1;
                 *self.drop_reasons.entry(why).or_default() += 1;
+                self.done.push(meta.clock);
                 return false;
             }
         }
@@ -259,6 +295,9 @@ impl Instance {
         // Every partition's writes go at once (each has its own connection), then the answers.
         let mut result = Ok(());
         for o in self.owned.iter_mut().flatten().filter(|o| o.dirty) {
+            // Declared last, so written last: in the store only with everything before it.
+            o.committed.set_nowait(encode_clocks(&o.batch));
+            o.batch.clear();
             if let Err(e) = o.state.begin_flush_all(now) {
                 result = Err(ClusterError::Store(e.to_string()));
             }
@@ -271,8 +310,16 @@ impl Instance {
         }
         if result.is_err() {
             self.stats.commit_errors += 1;
+            // Not durable: the root keeps them logged.
+            self.done.clear();
         }
         result
+    }
+
+    /// The clocks of the packets the chain is done with without an output since the last
+    /// call, to send to the root after a successful commit ([`Kind::Done`]).
+    pub fn take_done(&mut self) -> impl Iterator<Item = u64> + '_ {
+        self.done.drain(..)
     }
 
     /// Runs the NFs' timers and flushes what they changed (every few milliseconds), and opens
@@ -524,16 +571,29 @@ impl Instance {
                 .map_err(|e| ClusterError::Build(e.to_string()))?;
             nfs.push(nf);
         }
+        // After the NFs' objects: written last in every commit.
+        let committed = state
+            .declare("cluster")
+            .value::<Vec<u8>>("committed", Scope::PerFlow, Access::ReadWrite)
+            .map_err(|e| ClusterError::Store(e.to_string()))?;
         // What building wrote (a NAT's first pools) is durable before the first packet.
         state
             .flush_all(now)
             .map_err(|e| ClusterError::Store(e.to_string()))?;
+        let skip = committed
+            .get()
+            .map_err(|e| ClusterError::Store(e.to_string()))?
+            .map(|b| decode_clocks(&b))
+            .unwrap_or_default();
         Ok(Owned {
             epoch,
             state,
             nfs,
             dirty: false,
             leaving: None,
+            batch: Vec::new(),
+            committed,
+            skip,
         })
     }
 
@@ -618,6 +678,17 @@ impl Instance {
         }
         Ok(())
     }
+}
+
+/// The clocks of a commit record: 8 bytes each, big-endian.
+fn encode_clocks(clocks: &[u64]) -> Vec<u8> {
+    clocks.iter().flat_map(|c| c.to_be_bytes()).collect()
+}
+
+fn decode_clocks(b: &[u8]) -> Vec<u64> {
+    b.chunks_exact(8)
+        .map(|c| u64::from_be_bytes(c.try_into().unwrap_or_default()))
+        .collect()
 }
 
 fn object_bytes(o: &Object) -> u64 {
@@ -730,14 +801,80 @@ mod tests {
     }
 
     fn meta(p: u16, epoch: u32) -> Meta {
+        data(p, epoch, 1, false)
+    }
+
+    fn data(p: u16, epoch: u32, clock: u64, replay: bool) -> Meta {
         Meta {
             kind: Kind::Data,
             stage: 0,
             partition: p,
             epoch,
             direction: Direction::Outbound,
-            clock: 1,
+            clock,
+            replay,
         }
+    }
+
+    #[test]
+    fn a_replayed_packet_whose_changes_were_committed_is_not_counted_twice() {
+        let store = Arc::new(Shared(LocalStore::new()));
+        let config = |id| InstanceConfig {
+            id,
+            stage: 0,
+            partitions: 4,
+            flush_interval: Duration::from_millis(1),
+            retain_ops: 1000,
+            copy_on_move: false,
+        };
+        let mut chain =
+            vec![flowstate_nf::registry::factory("counter", &toml::Table::new()).unwrap()];
+        chain.extend(nat_chain());
+        let connector = Arc::clone(&store) as Arc<dyn Connector>;
+        let mut a = Instance::new(config(1), chain.clone(), Arc::clone(&connector)).unwrap();
+        let mut b = Instance::new(config(2), chain, connector).unwrap();
+        a.claim(2, 1, 0).unwrap();
+        // Clocks 1 and 2: committed, output sent. 3 and 4: committed, then `a` fails before
+        // their output leaves. 5: processed, never committed.
+        for c in 1..=4 {
+            assert!(a.process(&data(2, 1, c, false), &mut udp(5000), c));
+            if c % 2 == 0 {
+                a.commit(c).unwrap();
+            }
+        }
+        let mut f = udp(5000);
+        assert!(a.process(&data(2, 1, 5, false), &mut f, 5));
+        let port = translated_port(&f);
+        drop(a);
+        // The root replays 3, 4 and 5 to the new owner, then sends 6.
+        assert_eq!(b.claim(2, 2, 10).unwrap(), Kind::Ready);
+        let mut out = Vec::new();
+        for (c, replay) in [(3, true), (4, true), (5, true), (6, false)] {
+            let mut g = udp(5000);
+            if b.process(&data(2, 2, c, replay), &mut g, 10 + c) {
+                out.push((c, translated_port(&g)));
+            }
+        }
+        b.commit(20).unwrap();
+        assert_eq!(
+            out,
+            vec![(5, port), (6, port)],
+            "5 and 6 processed, 3 and 4 not again"
+        );
+        assert_eq!(b.take_done().collect::<Vec<_>>(), vec![3, 4]);
+        let st = b.stats();
+        assert_eq!((st.replayed, st.replay_committed), (3, 2));
+        // Six packets, each counted once.
+        let mut conn = store.connect().unwrap();
+        let mut replies = Vec::new();
+        conn.execute(
+            &[Op::GetCounter {
+                key: ObjectKey::shared("counter", ObjKind::Counter, "packets"),
+            }],
+            &mut replies,
+        )
+        .unwrap();
+        assert_eq!(replies, vec![Reply::Int(6)]);
     }
 
     fn translated_port(frame: &[u8]) -> u16 {

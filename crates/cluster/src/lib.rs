@@ -14,6 +14,7 @@
 //! * [`steer`]: the root's table and its side of the move protocol (sans-IO).
 //! * [`instance`]: an instance's partitions, ownership records, output commit.
 //! * [`fast`]: the root's XDP fast path, taught by the instances' output.
+//! * [`log`]: the root's packet log: replay after a failure, duplicate suppression.
 //! * [`root`], [`serve`], [`controller`]: the three roles' processes.
 //! * [`config`]: the `[cluster]` section.
 //!
@@ -21,12 +22,16 @@
 //! take any partition over; exactly one instance serves a partition at an epoch (ownership
 //! records by compare-and-set, epochs on every packet); a packet leaves an instance only
 //! after the state it changed is in the store; moves lose and reorder nothing (see
-//! [`steer`]); a failed instance's partitions are claimed by survivors at once.
+//! [`steer`]); a failed instance's partitions are claimed by survivors at once, and the root
+//! replays to them from its packet log what the failed one left unfinished ([`log`]), which
+//! the survivors process once: a packet whose changes were committed is not processed again
+//! ([`instance`]).
 
 pub mod config;
 pub mod controller;
 pub mod fast;
 pub mod instance;
+pub mod log;
 pub mod meta;
 pub mod root;
 pub mod serve;

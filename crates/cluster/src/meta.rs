@@ -1,13 +1,14 @@
 //! The metadata a root and its instances attach to every frame: one GENEVE option (RFC 8926
 //! §3.5) of flowstate's class, in a GENEVE header whose VNI is the chain stage. Data frames
-//! carry the packet's Ethernet frame as payload; control frames (the move protocol, CHC §5.1)
-//! set the O bit and carry none.
+//! carry the packet's Ethernet frame as payload; control frames (the move protocol, CHC §5.1,
+//! and the delete requests of the packet log, CHC §5) set the O bit; only [`Kind::Done`] carries
+//! a payload: the clocks it is about, 8 bytes each, big-endian.
 //!
 //! ```text
 //!  option data (16 bytes)
 //!  0       1       2               4                               8
 //! +-------+-------+---------------+-------------------------------+
-//! | kind  | flags |   partition   |             epoch             |
+//! | kind  | flags |   partition   |             epoch             |   flags: 1 inbound, 2 replay
 //! +-------+-------+---------------+-------------------------------+
 //! |                   logical clock (CHC §5)                      |
 //! +---------------------------------------------------------------+
@@ -47,6 +48,10 @@ pub enum Kind {
     Ready = 4,
     /// Instance → root: the claim was refused (the ownership record has a newer epoch).
     Refused = 5,
+    /// Instance → root: the chain is done with these packets (the payload's clocks) without
+    /// an output: an NF dropped them, and what they changed is in the store. The root's delete
+    /// request of CHC §5, for packets whose output cannot serve as one.
+    Done = 6,
 }
 
 impl Kind {
@@ -58,12 +63,14 @@ impl Kind {
             3 => Kind::Claim,
             4 => Kind::Ready,
             5 => Kind::Refused,
+            6 => Kind::Done,
             _ => return None,
         })
     }
 }
 
 const FLAG_INBOUND: u8 = 1;
+const FLAG_REPLAY: u8 = 2;
 
 /// The metadata of one frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,6 +87,9 @@ pub struct Meta {
     pub direction: Direction,
     /// The packet's logical clock (CHC §5): the root numbers packets in arrival order.
     pub clock: u64,
+    /// A packet the root sends again from its log (CHC §5.4): its first owner failed before
+    /// the chain was done with it.
+    pub replay: bool,
 }
 
 /// Why a datagram is not a frame of ours.
@@ -105,7 +115,7 @@ pub fn write(buf: &mut [u8], meta: &Meta) -> Option<usize> {
         FLAG_INBOUND
     } else {
         0
-    };
+    } | if meta.replay { FLAG_REPLAY } else { 0 };
     data[2..4].copy_from_slice(&meta.partition.to_be_bytes());
     data[4..8].copy_from_slice(&meta.epoch.to_be_bytes());
     data[8..16].copy_from_slice(&meta.clock.to_be_bytes());
@@ -142,6 +152,7 @@ pub fn read(datagram: &[u8]) -> Result<(Meta, &[u8]), MetaError> {
             Direction::Outbound
         },
         clock: u64::from_be_bytes([d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15]]),
+        replay: d[1] & FLAG_REPLAY != 0,
     };
     let g = g.into_inner();
     Ok((meta, &g[HEADER_LEN.min(g.len())..]))
@@ -153,15 +164,15 @@ mod tests {
     use proptest::prelude::*;
 
     fn kind() -> impl Strategy<Value = Kind> {
-        (0u8..6).prop_map(|k| Kind::from_u8(k).unwrap())
+        (0u8..7).prop_map(|k| Kind::from_u8(k).unwrap())
     }
 
     proptest! {
         #[test]
         fn roundtrip(kind in kind(), stage in 0u32..1 << 24, partition: u16, epoch: u32,
-                     inbound: bool, clock: u64, payload in proptest::collection::vec(any::<u8>(), 0..100)) {
+                     inbound: bool, clock: u64, replay: bool, payload in proptest::collection::vec(any::<u8>(), 0..100)) {
             let meta = Meta {
-                kind, stage, partition, epoch, clock,
+                kind, stage, partition, epoch, clock, replay,
                 direction: if inbound { Direction::Inbound } else { Direction::Outbound },
             };
             let mut buf = vec![0u8; HEADER_LEN + payload.len()];
@@ -202,6 +213,7 @@ mod tests {
                     epoch: 0,
                     clock: 0,
                     direction: Direction::Outbound,
+                    replay: false,
                 }
             ),
             None

@@ -24,6 +24,11 @@
 //!   of the port; a packet from the outside runs the stages in reverse, as the NFs of one
 //!   instance do. Each stage partitions by its own NFs, on the frame as the stage before
 //!   left it, with the packet's direction and clock kept from the ingress.
+//! * Every packet from a port is kept in the packet log ([`crate::log`]) until its output
+//!   leaves the last stage or an instance reports it dropped ([`Kind::Done`]): when a
+//!   partition's new owner is ready, what its failed owner left unfinished is replayed to it
+//!   first (CHC §5.4), and an output for a packet that already left its stage is dropped
+//!   (CHC §5.3), so none enters a stage or leaves the chain twice.
 //! * Moves follow [`crate::steer`], per stage; the assignments come from the controller.
 //! * With `[input] fast_path` (the default, when every NF allows it), established flows are
 //!   forwarded by an XDP program on the ports, taught by the instances' output
@@ -31,6 +36,7 @@
 
 use crate::config::{ClusterSection, CONTROL_PORT};
 use crate::fast::{FastStats, RootFastPath};
+use crate::log::{LogStats, Output, PacketLog, HELD};
 use crate::meta::{self, Kind, Meta};
 use crate::steer::{Control, Route, Steer, SteerConfig, SteerStats};
 use crate::udp::Datagrams;
@@ -131,6 +137,9 @@ pub struct RootStats {
     /// The XDP fast path (zero when it is off).
     #[serde(flatten)]
     pub fast: FastStats,
+    /// The packet log: replays and duplicates suppressed.
+    #[serde(flatten)]
+    pub log: LogStats,
 }
 
 /// What the root needs to run.
@@ -253,6 +262,7 @@ struct Out {
     stats: RootStats,
     fast: Option<RootFastPath>,
     order: OrderCheck,
+    log: PacketLog,
 }
 
 impl Out {
@@ -268,12 +278,14 @@ impl Out {
         first: bool,
     ) {
         let p = stage.steering.worker_from(frame, d, direction) as u32;
-        self.order.sent(clock, stage.offset + p, first);
+        let slot = stage.offset + p;
+        self.order.sent(clock, slot, first);
         match stage.steer.route(p) {
             Route::Send { to, epoch } => {
                 if let Some(f) = &mut self.fast {
-                    f.routed(clock, stage.offset + p, epoch);
+                    f.routed(clock, slot, epoch);
                 }
+                self.log.sent(clock, stage.index, slot, epoch, frame);
                 let m = Meta {
                     kind: Kind::Data,
                     stage: stage.index,
@@ -281,40 +293,87 @@ impl Out {
                     epoch,
                     direction,
                     clock,
+                    replay: false,
                 };
                 self.queue(&m, frame, to);
             }
             Route::Hold => {
-                stage.steer.hold(p, frame, direction, clock);
+                if stage.steer.hold(p, frame, direction, clock) {
+                    self.log.sent(clock, stage.index, slot, HELD, frame);
+                } else {
+                    self.log.abandon(clock);
+                }
             }
-            Route::NoOwner => stage.steer.count_no_owner(),
+            Route::NoOwner => {
+                stage.steer.count_no_owner();
+                self.log.abandon(clock);
+            }
         }
     }
 
     /// Queues a frame for an instance (sending the queue first when it is full).
     fn queue(&mut self, m: &Meta, payload: &[u8], to: SocketAddrV4) {
-        if self.tx.is_full() {
-            self.flush();
-        }
-        self.tx.push_with(to, |buf| {
-            let Some(h) = meta::write(buf, m) else {
-                return 0;
-            };
-            let n = (h + payload.len()).min(buf.len());
-            buf[h..n].copy_from_slice(&payload[..n - h]);
-            n
-        });
-        if m.kind == Kind::Data {
-            self.stats.to_instances += 1;
-        }
+        push(&mut self.tx, self.fd, &mut self.stats, m, payload, to);
     }
 
     /// Sends the queued frames, in order.
     fn flush(&mut self) {
-        let n = self.tx.len();
-        let sent = self.tx.send(self.fd, |_| true).unwrap_or(0);
-        self.stats.send_errors += (n - sent) as u64;
-        self.tx.clear();
+        flush(&mut self.tx, self.fd, &mut self.stats);
+    }
+
+    /// Sends `stage`'s partition `p`, now steady at `epoch` with the owner at `to`, what its
+    /// earlier owners left unfinished (the log's replay, CHC §5.4), then the packets held
+    /// while it moved.
+    fn resume(
+        &mut self,
+        stage: &mut Stage,
+        p: u16,
+        to: SocketAddrV4,
+        epoch: u32,
+        held: std::collections::VecDeque<crate::steer::Held>,
+    ) {
+        let slot = stage.offset + u32::from(p);
+        let Out {
+            fd,
+            tx,
+            stats,
+            fast,
+            log,
+            ..
+        } = self;
+        log.replay(stage.index, slot, epoch, |clock, direction, frame| {
+            if let Some(f) = fast.as_mut() {
+                f.routed(clock, slot, epoch);
+            }
+            let m = Meta {
+                kind: Kind::Data,
+                stage: stage.index,
+                partition: p,
+                epoch,
+                direction,
+                clock,
+                replay: true,
+            };
+            push(tx, *fd, stats, &m, frame, to);
+        });
+        for h in &held {
+            // (The order check noted the partition when the frame was held.)
+            if let Some(f) = &mut self.fast {
+                f.routed(h.clock, slot, epoch);
+            }
+            self.log.released(h.clock, epoch);
+            let m = Meta {
+                kind: Kind::Data,
+                stage: stage.index,
+                partition: p,
+                epoch,
+                direction: h.direction,
+                clock: h.clock,
+                replay: false,
+            };
+            self.queue(&m, &h.frame, to);
+        }
+        stage.steer.recycle(held);
     }
 
     /// Queues every stage's move-protocol frames behind the data queued before them, and
@@ -333,12 +392,46 @@ impl Out {
                     epoch: c.epoch,
                     direction: Direction::Outbound,
                     clock: 0,
+                    replay: false,
                 };
                 self.queue(&m, &[], c.to);
             }
         }
         self.flush();
     }
+}
+
+/// Queues a frame for an instance on `tx` (sending the queue first when it is full).
+fn push(
+    tx: &mut Datagrams,
+    fd: std::os::fd::RawFd,
+    stats: &mut RootStats,
+    m: &Meta,
+    payload: &[u8],
+    to: SocketAddrV4,
+) {
+    if tx.is_full() {
+        flush(tx, fd, stats);
+    }
+    tx.push_with(to, |buf| {
+        let Some(h) = meta::write(buf, m) else {
+            return 0;
+        };
+        let n = (h + payload.len()).min(buf.len());
+        buf[h..n].copy_from_slice(&payload[..n - h]);
+        n
+    });
+    if m.kind == Kind::Data {
+        stats.to_instances += 1;
+    }
+}
+
+/// Sends the frames queued on `tx`, in order.
+fn flush(tx: &mut Datagrams, fd: std::os::fd::RawFd, stats: &mut RootStats) {
+    let n = tx.len();
+    let sent = tx.send(fd, |_| true).unwrap_or(0);
+    stats.send_errors += (n - sent) as u64;
+    tx.clear();
 }
 
 /// Runs the root of a chain cut into `stages` (each stage's NFs) until `stop`.
@@ -432,6 +525,7 @@ pub fn run_root(
         stats: RootStats::default(),
         fast,
         order: OrderCheck::new(),
+        log: PacketLog::new(s.log_packets),
     };
     let mut batch = PacketBatch::new(64, MAX_FRAME);
     let mut rbuf = vec![0u8; 65536];
@@ -475,6 +569,7 @@ pub fn run_root(
                 };
                 let direction = path[0].steering.direction(&d);
                 clock += 1;
+                out.log.log(clock, direction);
                 if let Some(f) = &mut out.fast {
                     f.sent(clock, fm.port, frame);
                 }
@@ -500,8 +595,19 @@ pub fn run_root(
                     out.stats.bad_frames += 1;
                     continue;
                 };
+                if m.kind == Kind::Done {
+                    // Delete requests: an NF dropped these packets, their state is stored.
+                    for c in payload.chunks_exact(8) {
+                        let clock = u64::from_be_bytes(c.try_into().unwrap_or_default());
+                        out.log.delete(clock, m.stage);
+                    }
+                    continue;
+                }
                 if m.kind == Kind::Data {
                     out.stats.from_instances += 1;
+                    if out.log.output(m.clock, m.stage) == Output::Duplicate {
+                        continue;
+                    }
                     match out.order.back(m.clock, st.offset + u32::from(m.partition)) {
                         Some(true) => out.stats.order_checked += 1,
                         Some(false) => {
@@ -525,6 +631,7 @@ pub fn run_root(
                         continue;
                     }
                     out.stats.sent_out += 1;
+                    out.log.finish(m.clock);
                     let sent = sink.forward(payload).map_err(io)?;
                     if let (Some(f), Some((port, output))) = (&mut out.fast, sent) {
                         // Learnt only if every stage's partition is still where the frame
@@ -553,22 +660,7 @@ pub fn run_root(
                     st.steer
                         .on_control(id, m.kind, m.partition, m.epoch, wall_ns(), &mut st.ctl)
                 {
-                    for h in &held {
-                        // (The order check noted the partition when the frame was held.)
-                        if let Some(f) = &mut out.fast {
-                            f.routed(h.clock, st.offset + u32::from(m.partition), epoch);
-                        }
-                        let hm = Meta {
-                            kind: Kind::Data,
-                            stage: m.stage,
-                            partition: m.partition,
-                            epoch,
-                            direction: h.direction,
-                            clock: h.clock,
-                        };
-                        out.queue(&hm, &h.frame, to);
-                    }
-                    st.steer.recycle(held);
+                    out.resume(st, m.partition, to, epoch, held);
                 }
             }
             // Frames for the next stages, and the claims (and held packets) the batch's
@@ -619,6 +711,7 @@ fn fill(out: &mut Out, path: &[Stage]) {
         .as_ref()
         .map(RootFastPath::stats)
         .unwrap_or_default();
+    stats.log = out.log.stats();
     stats.moving = path.iter().map(|st| st.steer.moving() as u64).sum();
     stats.assignment_versions = path.iter().map(|st| st.steer.version()).collect();
     let mut times: Vec<u64> = path.iter().flat_map(|st| st.steer.move_times()).collect();

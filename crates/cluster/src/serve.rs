@@ -65,6 +65,8 @@ struct Snapshot {
     fenced: u64,
     commit_errors: u64,
     copied_bytes: u64,
+    replayed: u64,
+    replay_committed: u64,
     drop_reasons: std::collections::BTreeMap<&'static str, u64>,
     assignment_version: u64,
 }
@@ -92,6 +94,11 @@ pub fn run_instance(
     let data = udp_socket(SocketAddrV4::new(o.address, meta::PORT))?;
     let control = udp_socket(SocketAddrV4::new(o.address, CONTROL_PORT))?;
     let controller = SocketAddrV4::new(s.address, CONTROLLER_PORT);
+    let root = Root {
+        socket: &data,
+        addr: SocketAddrV4::new(s.address, meta::PORT),
+        stage: o.stage,
+    };
     let fds = [data.as_raw_fd(), control.as_raw_fd()];
     let data_fd = data.as_raw_fd();
     let mut dg = Datagrams::new(BATCH, MAX_DATAGRAM);
@@ -163,7 +170,7 @@ pub fn run_instance(
                         // What came before the request is answered first (its output, then this).
                         finish(
                             &mut inst,
-                            data_fd,
+                            &root,
                             &mut dg,
                             |j| j >= first && j < i && fwd[j],
                             now,
@@ -209,7 +216,7 @@ pub fn run_instance(
                 }
             }
             // End of a batch: commit, then let its output go.
-            finish(&mut inst, data_fd, &mut dg, |j| j >= first && fwd[j], now);
+            finish(&mut inst, &root, &mut dg, |j| j >= first && fwd[j], now);
             if got < BATCH {
                 break;
             }
@@ -284,6 +291,8 @@ fn snapshot(o: &ServeOptions, inst: &Instance, load: f64, applied: u64) -> Snaps
         fenced: st.fenced,
         commit_errors: st.commit_errors,
         copied_bytes: st.copied_bytes,
+        replayed: st.replayed,
+        replay_committed: st.replay_committed,
         drop_reasons: inst.drop_reasons().clone(),
         assignment_version: applied,
     }
@@ -294,11 +303,18 @@ fn is_claim(datagram: &[u8]) -> bool {
     meta::read(datagram).is_ok_and(|(m, _)| m.kind == Kind::Claim)
 }
 
+/// Where the root takes this instance's frames.
+struct Root<'a> {
+    socket: &'a std::net::UdpSocket,
+    addr: SocketAddrV4,
+    stage: u32,
+}
+
 /// Commits a batch and sends the forwarded frames `pick` says yes to back where they came
-/// from (the root).
+/// from (the root), then the delete requests of the packets the chain is done with.
 fn finish(
     inst: &mut Instance,
-    fd: std::os::fd::RawFd,
+    root: &Root<'_>,
     dg: &mut Datagrams,
     pick: impl FnMut(usize) -> bool,
     now: u64,
@@ -311,8 +327,34 @@ fn finish(
         tracing::warn!("commit failed, the batch's packets are dropped: {e}");
         return;
     }
-    if let Err(e) = dg.send(fd, pick) {
+    if let Err(e) = dg.send(root.socket.as_raw_fd(), pick) {
         tracing::warn!("cannot send to the root: {e}");
+    }
+    let m = Meta {
+        kind: Kind::Done,
+        stage: root.stage,
+        partition: 0,
+        epoch: 0,
+        direction: flowstate_nf::Direction::Outbound,
+        clock: 0,
+        replay: false,
+    };
+    let mut buf = [0u8; MAX_DATAGRAM];
+    let Some(h) = meta::write(&mut buf, &m) else {
+        return;
+    };
+    let mut n = h;
+    let mut done = inst.take_done().peekable();
+    while done.peek().is_some() {
+        while n + 8 <= buf.len() {
+            let Some(c) = done.next() else { break };
+            buf[n..n + 8].copy_from_slice(&c.to_be_bytes());
+            n += 8;
+        }
+        if let Err(e) = root.socket.send_to(&buf[..n], root.addr) {
+            tracing::warn!("cannot send delete requests to the root: {e}");
+        }
+        n = h;
     }
 }
 

@@ -46,6 +46,7 @@ fn tshark_dissects_our_geneve_frames() {
         epoch: 3,
         direction: Direction::Outbound,
         clock: 42,
+        replay: true,
     };
     let mut g = vec![0u8; meta::HEADER_LEN + inner.len()];
     meta::write(&mut g, &m).unwrap();

@@ -1,0 +1,413 @@
+//! The root's packet log (CHC §5 "logical clocks, logging"; §5.3, §5.4), sans-IO.
+//!
+//! Every packet the root takes from a port is logged under its logical clock, with the frame
+//! as the stage it is at receives it and where it was sent (stage, partition, epoch), until
+//! the chain is done with it: its output left the last stage (the root sends it out), or an
+//! instance's delete request ([`crate::meta::Kind::Done`]) says an NF dropped it after its
+//! state changes were committed. So, at any time, the log holds exactly the packets some
+//! instance is still working on, and:
+//!
+//! * **Replay.** When a partition gets a new owner because the old one failed (or lost
+//!   packets to a move), the root sends the new owner the logged packets that were sent to an
+//!   earlier owner and never finished, in clock order, before any newer packet
+//!   ([`PacketLog::replay`]).
+//! * **Duplicate suppression.** Each packet's output is taken once per stage: an output from
+//!   a stage the packet has already left (a replayed packet's first owner was only slow, a
+//!   straggler's clone) is a duplicate and is dropped ([`PacketLog::output`]), so no packet
+//!   enters a stage or leaves the chain twice.
+//!
+//! Memory is fixed: the log is a ring of `capacity` entries indexed by clock (the root's
+//! clocks are consecutive), each keeping its frame buffer for the next packet. A packet still
+//! in the chain when its entry is needed again, `capacity` packets later, is **evicted**:
+//! counted, its output still accepted, but it can no longer be replayed. `capacity` must
+//! therefore cover the packets that arrive while a failure is detected (rate × heartbeat ×
+//! missed): 65,536 covers 200 kpps for a 300 ms detection.
+
+use flowstate_nf::Direction;
+use serde::Serialize;
+
+/// The epoch of a logged packet the steering table holds (not sent yet).
+pub const HELD: u32 = u32::MAX;
+
+/// One logged packet.
+#[derive(Debug)]
+struct Entry {
+    /// Its clock; 0: never used.
+    clock: u64,
+    /// The clock of the packet this entry last evicted (its output is still passed on).
+    evicted: u64,
+    /// Still in the chain.
+    live: bool,
+    /// The stage it was sent to last, and that stage's partition, numbered across stages.
+    stage: u32,
+    slot: u32,
+    /// The epoch it was sent with, [`HELD`] while held.
+    epoch: u32,
+    direction: Direction,
+    /// Its frame as that stage receives it.
+    frame: Vec<u8>,
+}
+
+/// Counters of the log.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct LogStats {
+    /// Packets logged.
+    pub log_packets: u64,
+    /// Packets finished by their output leaving the chain.
+    pub log_finished: u64,
+    /// Packets finished by a delete request (an NF dropped them).
+    pub log_deleted: u64,
+    /// Packets the root gave up on (dropped at the root: no owner, a full hold).
+    pub log_abandoned: u64,
+    /// Packets still in the chain when their entry was needed: no replay for them.
+    pub log_evicted: u64,
+    /// Packets in the chain now.
+    pub log_live: u64,
+    /// Packets sent again to a partition's new owner.
+    pub replayed: u64,
+    /// Outputs and delete requests for a packet that had already left their stage: dropped.
+    pub duplicates_suppressed: u64,
+    /// Outputs for a clock the log no longer holds (evicted, or the log is off): passed on.
+    pub unlogged_outputs: u64,
+}
+
+/// What to do with an output of a stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Output {
+    /// The packet's first output from this stage: pass it on.
+    Fresh,
+    /// The packet has left this stage already: drop it.
+    Duplicate,
+    /// The log does not know the clock: pass it on (no duplicate check was possible).
+    Unlogged,
+}
+
+/// The packet log. See the module documentation.
+#[derive(Debug)]
+pub struct PacketLog {
+    entries: Vec<Entry>,
+    mask: u64,
+    /// The oldest clock that may still be live (the replay scan starts there).
+    tail: u64,
+    /// The newest clock logged.
+    head: u64,
+    /// The first clock logged (an older one is another root's).
+    first: u64,
+    stats: LogStats,
+}
+
+impl PacketLog {
+    /// A log of `capacity` packets (rounded up to a power of two); 0: no log (no replay, no
+    /// duplicate suppression).
+    pub fn new(capacity: usize) -> PacketLog {
+        let n = if capacity == 0 {
+            0
+        } else {
+            capacity.next_power_of_two()
+        };
+        PacketLog {
+            entries: (0..n)
+                .map(|_| Entry {
+                    clock: 0,
+                    evicted: 0,
+                    live: false,
+                    stage: 0,
+                    slot: 0,
+                    epoch: HELD,
+                    direction: Direction::Outbound,
+                    frame: Vec::new(),
+                })
+                .collect(),
+            mask: (n as u64).wrapping_sub(1),
+            tail: 0,
+            head: 0,
+            first: 0,
+            stats: LogStats::default(),
+        }
+    }
+
+    /// Whether packets are logged.
+    pub fn enabled(&self) -> bool {
+        !self.entries.is_empty()
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> LogStats {
+        self.stats
+    }
+
+    fn at(&mut self, clock: u64) -> Option<&mut Entry> {
+        let i = (clock & self.mask) as usize;
+        self.entries.get_mut(i).filter(|e| e.clock == clock)
+    }
+
+    /// Logs the packet of `clock` (the root's next clock) from a port, entering the chain from
+    /// `direction`. Evicts the packet `capacity` clocks older if it is still live.
+    pub fn log(&mut self, clock: u64, direction: Direction) {
+        let i = (clock & self.mask) as usize;
+        let Some(e) = self.entries.get_mut(i) else {
+            return;
+        };
+        if e.live {
+            self.stats.log_evicted += 1;
+            self.stats.log_live -= 1;
+            e.evicted = e.clock;
+        }
+        e.clock = clock;
+        e.live = true;
+        e.direction = direction;
+        e.epoch = HELD;
+        self.stats.log_packets += 1;
+        self.stats.log_live += 1;
+        if self.first == 0 {
+            (self.first, self.tail) = (clock, clock);
+        }
+        self.head = clock;
+    }
+
+    /// The packet of `clock`, `frame` as it is now, goes to `slot` (a partition of `stage`)
+    /// with `epoch` ([`HELD`]: held until the partition's move ends).
+    pub fn sent(&mut self, clock: u64, stage: u32, slot: u32, epoch: u32, frame: &[u8]) {
+        if let Some(e) = self.at(clock).filter(|e| e.live) {
+            e.stage = stage;
+            e.slot = slot;
+            e.epoch = epoch;
+            e.frame.clear();
+            e.frame.extend_from_slice(frame);
+        }
+    }
+
+    /// A held packet of `clock` was sent with `epoch`.
+    pub fn released(&mut self, clock: u64, epoch: u32) {
+        if let Some(e) = self.at(clock).filter(|e| e.live) {
+            e.epoch = epoch;
+        }
+    }
+
+    /// An output of `stage` for the packet of `clock`. [`Output::Fresh`] moves the packet on:
+    /// the caller sends it to the next stage ([`PacketLog::sent`]) or out of the chain
+    /// ([`PacketLog::finish`]).
+    pub fn output(&mut self, clock: u64, stage: u32) -> Output {
+        let first = self.first;
+        let v = match self.entries.get((clock & self.mask) as usize) {
+            Some(e) if e.clock == clock => {
+                if e.live && e.stage == stage && e.epoch != HELD {
+                    Output::Fresh
+                } else {
+                    Output::Duplicate
+                }
+            }
+            // Its entry went to a newer packet: the packet finished (this output is a
+            // duplicate) unless that newer packet evicted it.
+            Some(e) if clock >= first && e.clock > clock && e.evicted != clock => Output::Duplicate,
+            // Evicted, never logged (another root's clock), or no log.
+            _ => Output::Unlogged,
+        };
+        match v {
+            Output::Duplicate => self.stats.duplicates_suppressed += 1,
+            Output::Unlogged => self.stats.unlogged_outputs += 1,
+            Output::Fresh => {}
+        }
+        v
+    }
+
+    /// The packet of `clock` left the chain (its output was sent out).
+    pub fn finish(&mut self, clock: u64) {
+        if self.end(clock) {
+            self.stats.log_finished += 1;
+        }
+    }
+
+    /// The root dropped the packet of `clock` (no owner, a full hold).
+    pub fn abandon(&mut self, clock: u64) {
+        if self.end(clock) {
+            self.stats.log_abandoned += 1;
+        }
+    }
+
+    /// A delete request of `stage` for the packet of `clock`: an NF dropped it. Whether it
+    /// was live at that stage (anything else is a duplicate, counted).
+    pub fn delete(&mut self, clock: u64, stage: u32) -> bool {
+        let fresh = self
+            .at(clock)
+            .is_some_and(|e| e.live && e.stage == stage && e.epoch != HELD);
+        if fresh {
+            self.end(clock);
+            self.stats.log_deleted += 1;
+        } else {
+            self.stats.duplicates_suppressed += 1;
+        }
+        fresh
+    }
+
+    fn end(&mut self, clock: u64) -> bool {
+        match self.at(clock) {
+            Some(e) if e.live => {
+                e.live = false;
+                self.stats.log_live -= 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Calls `send(clock, direction, frame)`, in clock order, for every live packet at `slot`
+    /// of `stage` that went to an owner before `epoch`'s (not the held ones: the steering
+    /// table sends those), and notes them sent with `epoch`.
+    pub fn replay(
+        &mut self,
+        stage: u32,
+        slot: u32,
+        epoch: u32,
+        mut send: impl FnMut(u64, Direction, &[u8]),
+    ) {
+        if !self.enabled() || self.head == 0 {
+            return;
+        }
+        self.advance();
+        let oldest = self.tail.max(self.head.saturating_sub(self.mask));
+        for clock in oldest..=self.head {
+            let i = (clock & self.mask) as usize;
+            let e = &mut self.entries[i];
+            if e.clock == clock
+                && e.live
+                && e.stage == stage
+                && e.slot == slot
+                && e.epoch != HELD
+                && e.epoch != epoch
+            {
+                e.epoch = epoch;
+                self.stats.replayed += 1;
+                send(clock, e.direction, &e.frame);
+            }
+        }
+    }
+
+    /// Moves the tail past the finished packets.
+    fn advance(&mut self) {
+        let oldest = self.head.saturating_sub(self.mask);
+        self.tail = self.tail.max(oldest);
+        while self.tail < self.head {
+            let i = (self.tail & self.mask) as usize;
+            let e = &self.entries[i];
+            if e.clock == self.tail && e.live {
+                break;
+            }
+            self.tail += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const IN: Direction = Direction::Outbound;
+
+    fn replayed(log: &mut PacketLog, stage: u32, slot: u32, epoch: u32) -> Vec<(u64, Vec<u8>)> {
+        let mut out = Vec::new();
+        log.replay(stage, slot, epoch, |c, _, f| out.push((c, f.to_vec())));
+        out
+    }
+
+    #[test]
+    fn a_packet_lives_until_its_output_leaves_the_last_stage() {
+        let mut log = PacketLog::new(8);
+        log.log(1, IN);
+        log.sent(1, 0, 3, 1, b"a");
+        assert_eq!(log.output(1, 0), Output::Fresh);
+        log.sent(1, 1, 9, 1, b"a'");
+        // Stage 0 sends its output again (a clone): a duplicate.
+        assert_eq!(log.output(1, 0), Output::Duplicate);
+        assert_eq!(log.output(1, 1), Output::Fresh);
+        log.finish(1);
+        assert_eq!(log.output(1, 1), Output::Duplicate);
+        let s = log.stats();
+        assert_eq!(
+            (
+                s.log_packets,
+                s.log_finished,
+                s.log_live,
+                s.duplicates_suppressed
+            ),
+            (1, 1, 0, 2)
+        );
+    }
+
+    #[test]
+    fn replay_sends_what_an_earlier_owner_left_in_clock_order_and_once() {
+        let mut log = PacketLog::new(16);
+        for c in 1..=6 {
+            log.log(c, IN);
+            // Odd clocks to partition 2, even ones to partition 3, all at epoch 1.
+            log.sent(c, 0, 2 + (c as u32 + 1) % 2, 1, &[c as u8]);
+        }
+        // 1 and 3 came back; 5 was dropped by an NF (a delete request).
+        for c in [1, 3] {
+            assert_eq!(log.output(c, 0), Output::Fresh);
+            log.finish(c);
+        }
+        assert!(log.delete(5, 0));
+        assert!(!log.delete(5, 0), "a second delete request is a duplicate");
+        // Clock 7 is held for partition 2 while it moves.
+        log.log(7, IN);
+        log.sent(7, 0, 2, HELD, &[7]);
+        // Partition 2's new owner (epoch 2): nothing left to replay there.
+        assert_eq!(replayed(&mut log, 0, 2, 2), vec![]);
+        // Partition 3's: 2, 4 and 6 in order, once; not the held 7, not another stage's.
+        assert_eq!(
+            replayed(&mut log, 0, 3, 2),
+            vec![(2, vec![2]), (4, vec![4]), (6, vec![6])]
+        );
+        assert_eq!(replayed(&mut log, 0, 3, 2), vec![]);
+        assert_eq!(replayed(&mut log, 1, 3, 3), vec![]);
+        // The first owner's late output and the new owner's both arrive: one goes on.
+        assert_eq!(log.output(4, 0), Output::Fresh);
+        log.finish(4);
+        assert_eq!(log.output(4, 0), Output::Duplicate);
+        log.released(7, 2);
+        assert_eq!(log.output(7, 0), Output::Fresh);
+        assert_eq!(log.stats().replayed, 3);
+    }
+
+    #[test]
+    fn a_full_log_evicts_the_oldest_live_packet_and_counts_it() {
+        let mut log = PacketLog::new(4);
+        for c in 1..=4 {
+            log.log(c, IN);
+            log.sent(c, 0, 0, 1, &[c as u8]);
+        }
+        log.log(5, IN); // takes clock 1's entry
+        log.sent(5, 0, 0, 1, &[5]);
+        assert_eq!(log.stats().log_evicted, 1);
+        assert_eq!(log.stats().log_live, 4);
+        // Clock 1's output is passed on unchecked; clock 2's, once it finished and its entry
+        // went to clock 6, is a duplicate.
+        assert_eq!(log.output(1, 0), Output::Unlogged);
+        assert_eq!(log.output(2, 0), Output::Fresh);
+        log.finish(2);
+        log.log(6, IN);
+        assert_eq!(log.output(2, 0), Output::Duplicate);
+        assert_eq!(log.stats().unlogged_outputs, 1);
+        // Clocks of an earlier root are not this log's.
+        let mut log = PacketLog::new(4);
+        log.log(100, IN);
+        assert_eq!(log.output(3, 0), Output::Unlogged);
+        assert_eq!(
+            replayed(&mut log, 0, 0, 2),
+            vec![],
+            "a packet never sent is not replayed"
+        );
+    }
+
+    #[test]
+    fn without_a_log_everything_passes() {
+        let mut log = PacketLog::new(0);
+        log.log(1, IN);
+        log.sent(1, 0, 0, 1, b"x");
+        assert_eq!(log.output(1, 0), Output::Unlogged);
+        log.finish(1);
+        assert!(!log.delete(1, 0));
+        assert_eq!(replayed(&mut log, 0, 0, 2), vec![]);
+    }
+}
