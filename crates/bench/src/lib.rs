@@ -4,6 +4,7 @@
 //! Promises: every claim is a ratio between two variants measured in the same run, side by
 //! side; absolute figures are reported but nothing here asserts a timing.
 
+mod chc;
 #[cfg(target_os = "linux")]
 mod cluster_lab;
 #[cfg(target_os = "linux")]
@@ -106,6 +107,11 @@ pub const BENCHES: &[Bench] = &[
         name: "ips",
         about: "the IPS vs Suricata (--runmode single) on a mixed trace with 100, 1k and 10k content rules: packets per CPU second, alerts (StatelessNF §7.2.3; needs suricata)",
         run: ips::run,
+    },
+    Bench {
+        name: "chc",
+        about: "CHC's correctness experiments: trojans found with and without logical clocks behind slow scrubbers (W1-W3, §7.3 R4), offloaded updates vs lock-read-modify-write on shared state (§7.1), store recovery from checkpoint and log at 30/75/150 ms checkpoints (§5.4 Fig. 14)",
+        run: chc::run,
     },
     Bench {
         name: "hashmvt",

@@ -53,9 +53,9 @@ pub(crate) struct StoreArgs {
     /// Most objects the store holds.
     #[arg(long)]
     max_objects: Option<usize>,
-    /// Seconds between checkpoints.
-    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
-    checkpoint_secs: u64,
+    /// Time between checkpoints ("60s", "150ms"; at least 1ms).
+    #[arg(long, default_value = "60s", value_parser = checkpoint_interval)]
+    checkpoint_interval: Duration,
     /// fdatasync every log write (survive machine crashes, not only process crashes).
     #[arg(long)]
     sync: bool,
@@ -122,7 +122,7 @@ fn serve(a: &StoreArgs) -> Result<()> {
         max_output: a.max_output,
         cpus: a.cpus.clone(),
         max_objects: a.max_objects,
-        checkpoint_interval: Duration::from_secs(a.checkpoint_secs),
+        checkpoint_interval: a.checkpoint_interval,
         sync: a.sync,
         ..Config::default()
     };
@@ -163,4 +163,13 @@ fn stats(q: &StatsArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A checkpoint interval: a duration of at least 1 ms.
+fn checkpoint_interval(s: &str) -> Result<Duration, String> {
+    let d = flowstate_chain::config::parse_duration(s)?;
+    if d < Duration::from_millis(1) {
+        return Err(format!("at least 1ms, got {s:?}"));
+    }
+    Ok(d)
 }

@@ -187,7 +187,8 @@ fn limits_below_their_floor_are_refused_naming_the_option() {
         ("--max-output", "100"),
         ("--max-frame", "10"),
         ("--max-inflight", "0"),
-        ("--checkpoint-secs", "0"),
+        ("--checkpoint-interval", "0s"),
+        ("--checkpoint-interval", "1 fortnight"),
     ] {
         // A data directory that cannot be made: if the value were taken, the store would
         // fail to start (exit 1) rather than serve forever.

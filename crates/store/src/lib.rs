@@ -190,6 +190,8 @@ pub(crate) struct Shared {
     pub(crate) shards: Vec<ShardHandle>,
     pub(crate) metrics: Arc<Metrics>,
     recovered_records: u64,
+    /// Time the recovery from the data directory took, µs.
+    recovery_us: u64,
 }
 
 impl Shared {
@@ -219,7 +221,7 @@ pub(crate) fn now() -> Duration {
 /// `connections_total`, `objects`, `memory_bytes` (resident set), `wal_lag_bytes` (log bytes a
 /// restart would replay), `checkpoints`, `errors` (error frames sent), `duplicates`
 /// (retransmitted batches not applied again), `notifications`, `shards`, `uptime_ms`,
-/// `recovered_records`.
+/// `recovered_records`, `recovery_us` (the time reading the data directory took at start).
 pub(crate) fn stats(shared: &Shared) -> Vec<(String, u64)> {
     let m = &shared.metrics;
     let mut v = Vec::with_capacity(64);
@@ -264,6 +266,7 @@ pub(crate) fn stats(shared: &Shared) -> Vec<(String, u64)> {
         u64::try_from(m.started.elapsed().as_millis()).unwrap_or(u64::MAX),
     ));
     v.push(("recovered_records".into(), shared.recovered_records));
+    v.push(("recovery_us".into(), shared.recovery_us));
     v
 }
 
@@ -326,6 +329,7 @@ impl Server {
         let per_shard = config.max_objects.map(|m| m.div_ceil(shards).max(1));
         let mut states = Vec::with_capacity(shards);
         let mut recovered_records = 0;
+        let recovering = Instant::now();
         for i in 0..shards {
             let mut objects = shard::Objects {
                 max_objects: per_shard,
@@ -371,6 +375,7 @@ impl Server {
             shards: handles,
             metrics,
             recovered_records,
+            recovery_us: recovering.elapsed().as_micros() as u64,
         });
         let mut workers = Vec::with_capacity(shards);
         for (i, ((objects, wal), (poll, rx))) in states.into_iter().zip(loops).enumerate() {
