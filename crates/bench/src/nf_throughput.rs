@@ -22,7 +22,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-const FRAME: usize = 60;
+pub(crate) const FRAME: usize = 60;
 const BATCH: usize = 32;
 
 /// The chains measured, by name, and their `[[chain]]` tables.
@@ -148,7 +148,7 @@ pub(crate) fn flow_keys(n: usize) -> Vec<FlowKey> {
         .collect()
 }
 
-fn frame(key: &FlowKey) -> [u8; FRAME] {
+pub(crate) fn frame(key: &FlowKey) -> [u8; FRAME] {
     let (IpAddr::V4(src), IpAddr::V4(dst)) = (key.src, key.dst) else {
         unreachable!("IPv4 keys")
     };
