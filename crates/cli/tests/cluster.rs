@@ -842,11 +842,22 @@ fn stream_received(log: &std::path::Path, count: u32) -> (Vec<u32>, Vec<Vec<u16>
     (times, ports)
 }
 
-/// CHC §7.3 R6, an NF instance killed (-9) under a numbered UDP stream of 32 flows through
-/// counter → firewall → NAT, every packet through the instances. Returns (datagrams lost,
-/// datagrams counted by the counter NF, the root's counters, the survivors' replayed
-/// packets whose changes were committed before the kill). The counter counts the warm-up.
-fn killed_under_a_stream(name: &str, log_packets: u32) -> (u32, i64, serde_json::Value, u64) {
+/// What a numbered stream through a disturbed cluster came to.
+struct StreamRun {
+    /// Datagrams the server never received.
+    lost: u32,
+    /// The counter NF's count (the warm-up included).
+    counted: i64,
+    /// The root's counters.
+    root: serde_json::Value,
+    /// Replayed packets whose changes were committed before their first owner failed.
+    committed: u64,
+}
+
+/// CHC §7.3 R2/R6: a numbered UDP stream of 12,000 datagrams on 32 flows through counter →
+/// firewall → NAT, every packet through the instances (3, on 16 partitions), `disturb`ed a
+/// second in. No datagram may arrive twice and every flow must keep its NAT port.
+fn under_a_stream(name: &str, log_packets: u32, disturb: impl FnOnce(&Cluster)) -> StreamRun {
     let config = format!(
         "[input]\ninterface = \"fs-in\"\naddress = \"10.0.0.1\"\nfast_path = false\n\
          [output]\ninterface = \"fs-out\"\naddress = \"{BOX_OUTSIDE}\"\n\
@@ -861,10 +872,9 @@ fn killed_under_a_stream(name: &str, log_packets: u32) -> (u32, i64, serde_json:
     let (count, rate) = (12_000, 4_000);
     let (mut sender, log) = c.numbered_stream(count, rate);
     std::thread::sleep(Duration::from_millis(1000));
-    let out = c.flowstate(&["cluster", "kill", "1"]);
-    assert!(out.status.success(), "{}", text(&out));
+    disturb(&c);
     assert!(sender.wait().unwrap().success());
-    c.wait_for(20, "every partition owned again", |s| {
+    c.wait_for(20, "every partition owned and steady", |s| {
         owned(s) == 16 && s["root"]["moving"] == 0
     });
     std::thread::sleep(Duration::from_millis(1000));
@@ -875,16 +885,22 @@ fn killed_under_a_stream(name: &str, log_packets: u32) -> (u32, i64, serde_json:
         assert_eq!(p.len(), 1, "flow {flow} came from the NAT ports {p:?}");
     }
     let missing: Vec<usize> = (0..times.len()).filter(|&i| times[i] == 0).collect();
-    eprintln!("missing: {missing:?}");
-    let lost = missing.len() as u32;
-    let committed: u64 = c
-        .instance_stats()
-        .iter()
-        .filter(|i| i["id"] != 1)
-        .map(|i| i["replay_committed"].as_u64().unwrap_or(0))
-        .sum();
-    let counted = c.store_counter("counter", "packets");
-    (lost, counted, c.root(), committed)
+    eprintln!("{name}: missing {missing:?}");
+    StreamRun {
+        lost: missing.len() as u32,
+        committed: c
+            .instance_stats()
+            .iter()
+            .map(|i| i["replay_committed"].as_u64().unwrap_or(0))
+            .sum(),
+        counted: c.store_counter("counter", "packets"),
+        root: c.root(),
+    }
+}
+
+fn kill_instance_1(c: &Cluster) {
+    let out = c.flowstate(&["cluster", "kill", "1"]);
+    assert!(out.status.success(), "{}", text(&out));
 }
 
 #[test]
@@ -895,18 +911,55 @@ fn a_killed_instance_loses_no_packet_and_counts_none_twice() {
         return;
     }
     // With the root's packet log: what the dead instance left unfinished is replayed.
-    let (lost, counted, root, committed) = killed_under_a_stream("l", 65_536);
-    eprintln!("with the log: lost {lost}, counted {counted}, committed replays {committed}, root {root:#}");
+    let r = under_a_stream("l", 65_536, kill_instance_1);
+    let root = &r.root;
+    eprintln!(
+        "with the log: lost {}, counted {}, committed replays {}, root {root:#}",
+        r.lost, r.counted, r.committed
+    );
     assert!(root["replayed"].as_u64().unwrap() > 0, "{root:#}");
     for key in ["log_evicted", "log_abandoned", "unlogged_outputs"] {
         assert_eq!(root[key], 0, "{key}: {root:#}");
     }
     // Only a packet whose output died with the instance after its commit is missing, and
     // the counter NF's state is that of one undisturbed instance: every datagram once.
-    assert_eq!(u64::from(lost), committed, "{root:#}");
-    assert_eq!(counted, 12_001, "{root:#}");
+    assert_eq!(u64::from(r.lost), r.committed, "{root:#}");
+    assert_eq!(r.counted, 12_001, "{root:#}");
     // Without it the same kill loses what was in flight to the dead instance.
-    let (lost, counted, root, _) = killed_under_a_stream("n", 0);
-    eprintln!("without the log: lost {lost}, counted {counted}");
-    assert!(lost > 0, "{root:#}");
+    let r = under_a_stream("n", 0, kill_instance_1);
+    eprintln!("without the log: lost {}, counted {}", r.lost, r.counted);
+    assert!(r.lost > 0, "{:#}", r.root);
+}
+
+/// CHC §7.3 R2: partitions move twice (scale out to 4, back in to 3) under the stream: no
+/// datagram lost or duplicated, none counted twice, nothing replayed (a planned move hands
+/// every packet over).
+#[test]
+fn moves_under_a_stream_lose_and_repeat_nothing() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let r = under_a_stream("v", 65_536, |c| {
+        for n in ["4", "3"] {
+            let out = c.flowstate(&["cluster", "scale", n]);
+            assert!(out.status.success(), "{}", text(&out));
+            c.wait_for(20, "the scale done", |s| {
+                live(s).len() == n.parse::<usize>().unwrap() && s["root"]["moving"] == 0
+            });
+        }
+    });
+    let root = &r.root;
+    assert!(root["moves_done"].as_u64().unwrap() >= 4, "{root:#}");
+    assert_eq!((r.lost, r.counted), (0, 12_001), "{root:#}");
+    for key in [
+        "replayed",
+        "log_evicted",
+        "log_abandoned",
+        "hold_dropped",
+        "reordered",
+    ] {
+        assert_eq!(root[key], 0, "{key}: {root:#}");
+    }
 }
