@@ -9,6 +9,18 @@
 //!   `ratios.na_vs_t_overhead_us`, the median µs `na` adds to `t` (CHC: +0.54 µs for its
 //!   NAT). CHC's `eo` (no cache, every access a round trip) has no counterpart: the engine
 //!   always caches a partition's own state.
+//! * **R6 in the lab** (needs root; skipped with `params.lab` saying so otherwise): a
+//!   3-instance cluster (firewall → NAT, 16 partitions, every packet through the instances)
+//!   carries a numbered one-way UDP stream of 32 flows at 4,000 datagrams a second, and one
+//!   instance is killed (`kill -9`) a second in, with the root's packet log (`with`) and
+//!   without it (`log_packets = 0`): `metrics.nf_lost_{with,without}_log`,
+//!   `nf_duplicates_{with,without}_log` (datagrams the server got twice), `nf_replayed`, and
+//!   `metrics.nf_recovery_ms`, how much longer than the median the worst-hit datagram took
+//!   to arrive (failure detection, the survivors' claims, the replay; CHC Fig. 13). Then the
+//!   root is killed under a second stream and `cluster up` starts a new one:
+//!   `metrics.root_recovery_ms` is the new root's time from its start to every partition's
+//!   owner ready (its `ready_ms`), `root_gap_ms` the longest silence at the server and
+//!   `root_lost` the datagrams that arrived while no root ran (nothing buffers them).
 //! * **R4, chain-wide ordering** (§7.3, W1–W3): the trojan trace (`gen --profile trojan`,
 //!   110 inside hosts, 11 infected) goes through per-protocol scrubbers upstream of the trojan
 //!   detector (SSH, FTP and IRC connections each through their own), with a host's three
@@ -58,6 +70,8 @@ pub(crate) fn run(effort: Effort) -> Report {
     trojans(&mut report);
     offload_vs_lock(&mut report, effort);
     store_recovery(&mut report, effort);
+    #[cfg(target_os = "linux")]
+    lab::run(&mut report, effort);
     report
 }
 
@@ -727,4 +741,110 @@ fn store_recovery(report: &mut Report, effort: Effort) {
     }
     report.metric("store_recovery_complete", f64::from(u8::from(all_complete)));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The R6 experiments in the namespace lab.
+#[cfg(target_os = "linux")]
+mod lab {
+    use crate::cluster_lab::{cluster_config, root_counter, ClusterLab, Stream, Streamed};
+    use crate::{Effort, Report};
+    use std::time::Duration;
+
+    pub(super) fn run(report: &mut Report, effort: Effort) {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            report.param("lab", "skipped: needs root");
+            return;
+        }
+        let (rate, secs) = match effort {
+            Effort::Full => (4_000, 4),
+            Effort::Quick => (2_000, 2),
+        };
+        report
+            .param("lab_stream_rate", rate)
+            .param("lab_stream_secs", secs);
+        for (tag, log) in [("with", 65_536), ("without", 0)] {
+            if let Err(e) = once(report, tag, log, rate, secs) {
+                report.param(&format!("lab_error_{tag}_log"), e);
+            }
+        }
+    }
+
+    /// A stream of `secs` at `rate` with `during` done a second in.
+    fn stream(
+        c: &ClusterLab,
+        rate: u32,
+        secs: u32,
+        during: impl FnOnce() -> Result<(), String>,
+    ) -> Result<Streamed, String> {
+        let s = Stream::start(&c.lab, rate * secs, rate, 32)?;
+        std::thread::sleep(Duration::from_secs(1));
+        let done = during();
+        let got = s.finish(Duration::from_secs(1))?;
+        done.map(|()| got)
+    }
+
+    fn once(report: &mut Report, tag: &str, log: u32, rate: u32, secs: u32) -> Result<(), String> {
+        let c = ClusterLab::up("chc", 4)?;
+        let config = cluster_config(3, "claim", false).replacen(
+            "[cluster]\n",
+            &format!("[cluster]\nlog_packets = {log}\n"),
+            1,
+        );
+        c.cluster_up("chc", &config)?;
+        c.wait_settled(3, 30)?;
+        let nf = stream(&c, rate, secs, || {
+            c.flowstate(&["cluster", "kill", "1"]).map(drop)
+        })?;
+        let status = c.wait_settled(3, 30)?;
+        report.metric(&format!("nf_lost_{tag}_log"), f64::from(nf.lost));
+        report.param(
+            &format!("nf_missing_{tag}_log"),
+            format!("{:?}", nf.missing),
+        );
+        report.metric(
+            &format!("nf_duplicates_{tag}_log"),
+            f64::from(nf.duplicates),
+        );
+        if log == 0 {
+            return Ok(());
+        }
+        report.metric("nf_replayed", root_counter(&status, "replayed"));
+        // Replayed packets whose output died with the instance after their commit.
+        let committed: u64 = (1..=4)
+            .filter_map(|k| c.instance_file(k))
+            .map(|i| i["replay_committed"].as_u64().unwrap_or(0))
+            .sum();
+        report.metric("nf_replay_committed", committed as f64);
+        report.metric("nf_recovery_ms", nf.delay_ms_max - nf.delay_ms_p50);
+        report.metric("nf_delay_ms_p50", nf.delay_ms_p50);
+        // The root killed and started again.
+        let path = c.scratch("chc.toml");
+        let root = stream(&c, rate, secs, || {
+            let pid = c.role_pid("root").ok_or("no root runs")?;
+            // SAFETY: kill(2) on a pid of our cluster.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            // Dead (gone, or a zombie) before `cluster up` looks, or it sees the root running.
+            for _ in 0..200 {
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"));
+                if stat.map_or(true, |s| {
+                    s.rsplit(')')
+                        .next()
+                        .is_some_and(|r| r.trim_start().starts_with('Z'))
+                }) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            c.flowstate(&["cluster", "up", &path.to_string_lossy()])
+                .map(drop)
+        })?;
+        let status = c.wait_settled(3, 30)?;
+        report.metric("root_recovery_ms", root_counter(&status, "ready_ms"));
+        report.metric("root_gap_ms", root.longest_gap_ms);
+        report.metric("root_lost", f64::from(root.lost));
+        report.param("root_missing", format!("{:?}", root.missing));
+        report.metric("root_duplicates", f64::from(root.duplicates));
+        Ok(())
+    }
 }

@@ -729,6 +729,160 @@ impl Probe {
     }
 }
 
+/// The UDP port a [`Stream`]'s receiver listens on (on [`SERVER`]).
+const STREAM_PORT: u16 = 9998;
+/// First client source port of a [`Stream`]'s flows.
+const STREAM_PORT_BASE: u16 = 42000;
+
+/// A one-way numbered UDP stream from the client to the server: `count` datagrams at `rate`
+/// a second on `flows` source ports, each carrying its number and send time; the receiver
+/// notes when each arrived (CHC §7.3's packet-for-packet comparison: an undisturbed chain
+/// delivers each exactly once). A `warm-up` datagram goes first, 300 ms ahead (the root
+/// resolves the server's address on it). Sender and receiver are threads of this process in
+/// the client and server namespaces.
+pub(crate) struct Stream {
+    count: u32,
+    sender: JoinHandle<Result<f64, String>>,
+    receiver: JoinHandle<Result<Vec<Arrival>, String>>,
+    stop: Arc<AtomicBool>,
+}
+
+/// A datagram of a [`Stream`] received: its number, when it was sent and when it arrived
+/// (seconds since the epoch).
+type Arrival = (u32, f64, f64);
+
+/// What a [`Stream`] came to.
+#[derive(Debug, Default)]
+pub(crate) struct Streamed {
+    /// Datagrams never received.
+    pub(crate) lost: u32,
+    /// The first few of them.
+    pub(crate) missing: Vec<u32>,
+    /// Receptions beyond the first of a datagram.
+    pub(crate) duplicates: u32,
+    /// One-way delay of the received datagrams, ms: median and maximum.
+    pub(crate) delay_ms_p50: f64,
+    pub(crate) delay_ms_max: f64,
+    /// The longest time without any datagram arriving while the stream was sent (until the
+    /// last one sent had its median delay to arrive), ms.
+    pub(crate) longest_gap_ms: f64,
+}
+
+impl Stream {
+    pub(crate) fn start(lab: &Lab, count: u32, rate: u32, flows: u16) -> Result<Stream, String> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let server_ns = lab.server_ns();
+        let st = Arc::clone(&stop);
+        let receiver = std::thread::spawn(move || -> Result<Vec<Arrival>, String> {
+            let bound = enter_ns(&server_ns).and_then(|()| {
+                let s = UdpSocket::bind(SocketAddrV4::new(SERVER, STREAM_PORT))
+                    .map_err(|e| format!("stream: bind {SERVER}:{STREAM_PORT}: {e}"))?;
+                s.set_read_timeout(Some(Duration::from_millis(50)))
+                    .map_err(|e| e.to_string())?;
+                Ok(s)
+            });
+            let _ = ready_tx.send(bound.as_ref().map(drop).map_err(Clone::clone));
+            let s = bound?;
+            let mut got = Vec::new();
+            let mut buf = [0u8; 64];
+            while !st.load(Ordering::Relaxed) {
+                let Ok(n) = s.recv(&mut buf) else { continue };
+                if n == 12 {
+                    let seq = u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]);
+                    let mut t = [0u8; 8];
+                    t.copy_from_slice(&buf[4..12]);
+                    got.push((seq, f64::from_be_bytes(t), now_secs()));
+                }
+            }
+            Ok(got)
+        });
+        ready_rx
+            .recv()
+            .map_err(|_| "the stream's receiver did not start".to_owned())??;
+        let client_ns = lab.client_ns();
+        let sender = std::thread::spawn(move || -> Result<f64, String> {
+            enter_ns(&client_ns)?;
+            let socks = (0..flows)
+                .map(|k| {
+                    let s = UdpSocket::bind(SocketAddrV4::new(CLIENT, STREAM_PORT_BASE + k))
+                        .map_err(|e| format!("stream: bind: {e}"))?;
+                    s.connect(SocketAddrV4::new(SERVER, STREAM_PORT))
+                        .map_err(|e| e.to_string())?;
+                    Ok(s)
+                })
+                .collect::<Result<Vec<_>, String>>()?;
+            let _ = socks[0].send(b"warm-up");
+            std::thread::sleep(Duration::from_millis(300));
+            let start = Instant::now();
+            let mut msg = [0u8; 12];
+            for seq in 0..count {
+                let due = start + Duration::from_secs_f64(f64::from(seq) / f64::from(rate));
+                if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                    std::thread::sleep(wait);
+                }
+                msg[..4].copy_from_slice(&seq.to_be_bytes());
+                msg[4..].copy_from_slice(&now_secs().to_be_bytes());
+                let _ = socks[seq as usize % socks.len()].send(&msg);
+            }
+            Ok(now_secs())
+        });
+        Ok(Stream {
+            count,
+            sender,
+            receiver,
+            stop,
+        })
+    }
+
+    /// Waits for the sender, gives the last datagrams `linger` to arrive, and counts.
+    pub(crate) fn finish(self, linger: Duration) -> Result<Streamed, String> {
+        let sent = self
+            .sender
+            .join()
+            .unwrap_or_else(|_| Err("the stream's sender panicked".into()));
+        std::thread::sleep(linger);
+        self.stop.store(true, Ordering::Relaxed);
+        let got = self
+            .receiver
+            .join()
+            .unwrap_or_else(|_| Err("the stream's receiver panicked".into()))?;
+        let ended = sent?;
+        let mut times = vec![0u32; self.count as usize];
+        let mut delays = Vec::with_capacity(got.len());
+        let mut arrivals = Vec::with_capacity(got.len());
+        for &(seq, sent, recv) in &got {
+            if let Some(t) = times.get_mut(seq as usize) {
+                *t += 1;
+                if *t == 1 {
+                    delays.push((recv - sent) * 1e3);
+                    arrivals.push(recv);
+                }
+            }
+        }
+        delays.sort_by(f64::total_cmp);
+        let p50 = median(&delays);
+        arrivals.sort_by(f64::total_cmp);
+        if arrivals.last().is_some_and(|&t| t < ended + p50 / 1e3) {
+            arrivals.push(ended + p50 / 1e3);
+        }
+        let missing: Vec<u32> = (0..self.count)
+            .filter(|&i| times[i as usize] == 0)
+            .collect();
+        Ok(Streamed {
+            lost: missing.len() as u32,
+            missing: missing.into_iter().take(20).collect(),
+            duplicates: times.iter().map(|&t| t.saturating_sub(1)).sum(),
+            delay_ms_p50: p50,
+            delay_ms_max: delays.last().copied().unwrap_or(0.0),
+            longest_gap_ms: arrivals
+                .windows(2)
+                .map(|w| (w[1] - w[0]) * 1e3)
+                .fold(0.0, f64::max),
+        })
+    }
+}
+
 /// `len` pseudo-random bytes (xorshift), the body the downloads fetch.
 pub(crate) fn content(len: usize) -> Arc<Vec<u8>> {
     let mut x = (len as u64) | 1;

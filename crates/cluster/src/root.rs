@@ -130,6 +130,9 @@ pub struct RootStats {
     pub root_epoch: u64,
     /// The last logical clock it gave a packet.
     pub clock: u64,
+    /// From its start until it had every stage's assignment and every partition's owner
+    /// ready, ms (its recovery, when it replaced a failed root: CHC §5.4); 0 until then.
+    pub ready_ms: f64,
     /// Median duration of the finished moves, ms.
     pub move_ms_p50: f64,
     /// Send errors towards instances.
@@ -440,6 +443,7 @@ pub fn run_root(
     stages: &[Vec<Arc<dyn flowstate_nf::NfFactory>>],
     stop: Stop,
 ) -> Result<RootStats, ClusterError> {
+    let started = Instant::now();
     let s = &o.section;
     if stages.is_empty() {
         return Err(ClusterError::Config("the chain has no stage".into()));
@@ -671,6 +675,14 @@ pub fn run_root(
             }
         }
         sink.flush().map_err(io)?;
+        if out.stats.ready_ms == 0.0
+            && path
+                .iter()
+                .all(|st| st.steer.version() > 0 && st.steer.moving() == 0)
+        {
+            out.stats.ready_ms = (started.elapsed().as_secs_f64() * 1e3).max(1e-3);
+            tracing::info!(ready_ms = out.stats.ready_ms, "root ready");
+        }
         if Instant::now() >= next_tick {
             next_tick += Duration::from_millis(10);
             for st in &mut path {

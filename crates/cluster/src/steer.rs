@@ -322,12 +322,17 @@ impl Steer {
         }
     }
 
-    /// Where a packet of partition `p` goes now.
+    /// Where a packet of partition `p` goes now. Before the first assignment (a root that
+    /// just started, or replaced a failed one: CHC §5.4) packets are held until their
+    /// partition's owner is known and ready.
     #[inline]
     pub fn route(&self, p: u32) -> Route {
         let Some(s) = self.slots.get(p as usize) else {
             return Route::NoOwner;
         };
+        if self.version == 0 {
+            return Route::Hold;
+        }
         match (s.phase, s.owner) {
             (Phase::Steady, Some(o)) => match self.addr(o) {
                 Some(to) => Route::Send { to, epoch: s.epoch },
@@ -496,14 +501,17 @@ mod tests {
     fn first_assignment_claims_then_steady() {
         let mut st = Steer::new(2, SteerConfig::default());
         let mut out = Vec::new();
-        assert_eq!(st.route(0), Route::NoOwner);
+        // Before any assignment (a root that just started), packets wait for one.
+        assert_eq!(st.route(0), Route::Hold);
+        assert!(st.hold(0, b"early", Direction::Outbound, 1));
         st.apply(&assignment(1, &[(1, 1), (2, 1)], &[1, 2], &[]), 0, &mut out);
         assert_eq!(out.len(), 2);
         assert!(out.iter().all(|c| c.kind == Kind::Claim && c.epoch == 1));
         assert_eq!(st.route(0), Route::Hold);
-        assert!(st.hold(0, b"first", Direction::Outbound, 1));
+        assert!(st.hold(0, b"first", Direction::Outbound, 2));
         let (to, epoch, held) = st.on_control(1, Kind::Ready, 0, 1, MS, &mut out).unwrap();
-        assert_eq!((to, epoch, held.len()), (addr(1), 1, 1));
+        assert_eq!((to, epoch, held.len()), (addr(1), 1, 2));
+        assert_eq!(held[0].frame, b"early");
         assert_eq!(
             st.route(0),
             Route::Send {
