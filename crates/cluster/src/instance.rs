@@ -13,7 +13,9 @@
 //!   compare-and-set, and only packets stamped with the epoch it claimed. A newer epoch in the
 //!   record or in the controller's assignment ends its ownership at once.
 //! * **Output commit.** [`Instance::commit`] waits until every change the batch made is in the
-//!   store; the caller sends the batch's packets only then. A packet that left the cluster
+//!   store; the batch's packets leave the cluster only then (sent to the root after the
+//!   commit, or, with the root's packet log, before it and passed on by the root when the
+//!   commit's notice comes, see below). A packet that left the cluster
 //!   never depends on state that a crash could lose, so a survivor that takes the partition
 //!   over continues every connection (StatelessNF's guarantee, at one store round trip per
 //!   batch rather than per packet).
@@ -22,16 +24,18 @@
 //!   failed owner left unfinished. Each commit also writes the clocks of the partition's
 //!   packets it covers (`cluster@<stage>@<p>@Value@committed`, the last write of the commit):
 //!   a new owner reads it at its claim and does not process again a replayed packet whose
-//!   state changes are already in the store (its owner failed between the commit and sending
-//!   the output; the output is lost as on a network, counted in `replay_committed`). On a
+//!   state changes are already in the store (counted in `replay_committed`). On a
 //!   store that applies a commit whole (our own: one batch frame) no replayed packet counts
 //!   twice; on Redis a failure in the middle of a commit's writes can apply part of it.
-//!   Packets an NF drops are reported to the root after their commit ([`Kind::Done`]), so it
-//!   stops logging them.
+//!   An instance sends a batch's outputs to the root before it commits, and, once the commit
+//!   is acknowledged, notices of the packets it finished ([`Instance::notices`]): the root
+//!   passes the outputs on only then ([`crate::log`]). When an owner fails after its commit
+//!   and before its notice, its successor sends the notice for the replayed packets it finds
+//!   committed, and their outputs, kept at the root, go on: nothing is lost.
 //! * A pause longer than the failure-detection time (a hung process, a stopped VM) makes the
 //!   instance re-read its ownership records before it touches any partition again.
 
-use crate::meta::{Kind, Meta};
+use crate::meta::{Kind, Meta, Notice};
 use crate::ClusterError;
 use flowstate_control::cluster::Assignment;
 use flowstate_nf::{Context, Direction, NetworkFunction, NfFactory, Packet, Verdict, WorkerInfo};
@@ -122,9 +126,10 @@ pub struct Instance {
     spare: Vec<Box<dyn Backend>>,
     drop_reasons: std::collections::BTreeMap<flowstate_nf::DropReason, u64>,
     replies: Vec<Reply>,
-    /// Clocks of the packets the chain is done with without an output, to report to the
-    /// root after the commit ([`Instance::take_done`]).
-    done: Vec<u64>,
+    /// The packets (clock, epoch) the next commit finishes: those the chain dropped, and
+    /// those whose outputs went to the root ahead of the commit (see [`Instance::commit`]).
+    done: Vec<Notice>,
+    released: Vec<Notice>,
 }
 
 impl std::fmt::Debug for Instance {
@@ -181,6 +186,7 @@ impl Instance {
             replies: Vec::new(),
             spare: Vec::new(),
             done: Vec::new(),
+            released: Vec::new(),
         };
         while inst.spare.len() < inst.spare_target() {
             inst.warm()?;
@@ -248,14 +254,15 @@ impl Instance {
         if meta.replay {
             self.stats.replayed += 1;
             if o.skip.contains(&meta.clock) {
+                // Its output (if any) is at the root already: the notice releases it.
                 self.stats.replay_committed += 1;
-                self.done.push(meta.clock);
+                self.released.push((meta.clock, meta.epoch));
                 return false;
             }
         }
         let Ok(d) = flowstate_wire::dissect(frame) else {
             self.stats.malformed += 1;
-            self.done.push(meta.clock);
+            self.done.push((meta.clock, meta.epoch));
             return false;
         };
         let cx = Context {
@@ -280,17 +287,20 @@ impl Instance {
             if let Verdict::Drop(why) = o.nfs[i].process(&mut pkt, &cx) {
                 self.stats.dropped += 1;
                 *self.drop_reasons.entry(why).or_default() += 1;
-                self.done.push(meta.clock);
+                self.done.push((meta.clock, meta.epoch));
                 return false;
             }
         }
         self.stats.forwarded += 1;
+        self.released.push((meta.clock, meta.epoch));
         true
     }
 
     /// Makes every change since the last commit durable (output commit, see the module
-    /// documentation). On an error the caller drops the batch's packets: the senders
-    /// retransmit, and their state is as the store has it.
+    /// documentation). The caller may send the batch's outputs to the root before: the root
+    /// keeps them until the notices of [`Instance::notices`], sent after a successful
+    /// commit. On an error the notices are dropped: the root keeps the packets logged (a
+    /// next owner processes them again), and their state is as the store has it.
     pub fn commit(&mut self, now: Nanos) -> Result<(), ClusterError> {
         // Every partition's writes go at once (each has its own connection), then the answers.
         let mut result = Ok(());
@@ -312,14 +322,22 @@ impl Instance {
             self.stats.commit_errors += 1;
             // Not durable: the root keeps them logged.
             self.done.clear();
+            self.released.clear();
         }
         result
     }
 
-    /// The clocks of the packets the chain is done with without an output since the last
-    /// call, to send to the root after a successful commit ([`Kind::Done`]).
-    pub fn take_done(&mut self) -> impl Iterator<Item = u64> + '_ {
-        self.done.drain(..)
+    /// What the last commit finished, for the root: the packets whose outputs it may send
+    /// on ([`Kind::Committed`]) and those the chain dropped ([`Kind::Done`]), as (clock,
+    /// epoch), until [`Instance::clear_notices`].
+    pub fn notices(&self) -> (&[Notice], &[Notice]) {
+        (&self.released, &self.done)
+    }
+
+    /// Forgets the notices sent.
+    pub fn clear_notices(&mut self) {
+        self.released.clear();
+        self.done.clear();
     }
 
     /// Runs the NFs' timers and flushes what they changed (every few milliseconds), and opens
@@ -861,7 +879,9 @@ mod tests {
             vec![(5, port), (6, port)],
             "5 and 6 processed, 3 and 4 not again"
         );
-        assert_eq!(b.take_done().collect::<Vec<_>>(), vec![3, 4]);
+        // 3 and 4's outputs, sent by `a` before its commit, are released by b's notice.
+        let released: &[Notice] = &[(3, 2), (4, 2), (5, 2), (6, 2)];
+        assert_eq!(b.notices(), (released, &[][..]));
         let st = b.stats();
         assert_eq!((st.replayed, st.replay_committed), (3, 2));
         // Six packets, each counted once.

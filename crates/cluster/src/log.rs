@@ -7,14 +7,21 @@
 //! state changes were committed. So, at any time, the log holds exactly the packets some
 //! instance is still working on, and:
 //!
+//! * **Output commit at the root.** An instance sends a batch's outputs before it commits
+//!   the batch's state, and the batch's clocks ([`crate::meta::Kind::Committed`]) once the
+//!   store acknowledged it; the root keeps each output in the packet's entry until then
+//!   ([`PacketLog::output`], [`PacketLog::committed`]). An instance that fails between its
+//!   commit and its notice leaves its outputs here: the partition's next owner finds the
+//!   batch's clocks in the store and sends the notice in its place, so no output is lost
+//!   and no packet's state changes are made twice.
 //! * **Replay.** When a partition gets a new owner because the old one failed (or lost
 //!   packets to a move), the root sends the new owner the logged packets that were sent to an
 //!   earlier owner and never finished, in clock order, before any newer packet
 //!   ([`PacketLog::replay`]).
-//! * **Duplicate suppression.** Each packet's output is taken once per stage: an output from
-//!   a stage the packet has already left (a replayed packet's first owner was only slow, a
-//!   straggler's clone) is a duplicate and is dropped ([`PacketLog::output`]), so no packet
-//!   enters a stage or leaves the chain twice.
+//! * **Duplicate suppression.** Each packet's output is taken once per stage, from the owner
+//!   (epoch) the packet was last sent to: an output from a stage the packet has already left,
+//!   or from an earlier owner (a replayed packet's first owner was only slow, a straggler) is
+//!   dropped, so no packet enters a stage or leaves the chain twice.
 //!
 //! Memory is fixed: the log is a ring of `capacity` entries indexed by clock (the root's
 //! clocks are consecutive), each keeping its frame buffer for the next packet. A packet still
@@ -46,6 +53,9 @@ struct Entry {
     direction: Direction,
     /// Its frame as that stage receives it.
     frame: Vec<u8>,
+    /// That stage's output, kept until its commit ([`PacketLog::committed`]).
+    output: Vec<u8>,
+    has_output: bool,
 }
 
 /// Counters of the log.
@@ -69,17 +79,29 @@ pub struct LogStats {
     pub duplicates_suppressed: u64,
     /// Outputs for a clock the log no longer holds (evicted, or the log is off): passed on.
     pub unlogged_outputs: u64,
+    /// Commit notices for a packet whose output never reached the root (lost on the way):
+    /// the packet is given up.
+    pub outputs_missing: u64,
 }
 
 /// What to do with an output of a stage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Output {
-    /// The packet's first output from this stage: pass it on.
-    Fresh,
-    /// The packet has left this stage already: drop it.
+    /// Kept in the packet's entry until the stage's commit notice.
+    Kept,
+    /// The packet has left this stage already, or went to another owner since: drop it.
     Duplicate,
-    /// The log does not know the clock: pass it on (no duplicate check was possible).
+    /// The log does not know the clock: pass it on now (no duplicate check was possible).
     Unlogged,
+}
+
+/// A packet whose output a commit notice releases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Released {
+    /// Where it entered the chain.
+    pub direction: Direction,
+    /// The stage's partition it was at (numbered across stages).
+    pub slot: u32,
 }
 
 /// The packet log. See the module documentation.
@@ -116,6 +138,8 @@ impl PacketLog {
                     epoch: HELD,
                     direction: Direction::Outbound,
                     frame: Vec::new(),
+                    output: Vec::new(),
+                    has_output: false,
                 })
                 .collect(),
             mask: (n as u64).wrapping_sub(1),
@@ -157,6 +181,7 @@ impl PacketLog {
         e.live = true;
         e.direction = direction;
         e.epoch = HELD;
+        e.has_output = false;
         self.stats.log_packets += 1;
         self.stats.log_live += 1;
         if self.first == 0 {
@@ -172,6 +197,7 @@ impl PacketLog {
             e.stage = stage;
             e.slot = slot;
             e.epoch = epoch;
+            e.has_output = false;
             e.frame.clear();
             e.frame.extend_from_slice(frame);
         }
@@ -184,15 +210,18 @@ impl PacketLog {
         }
     }
 
-    /// An output of `stage` for the packet of `clock`. [`Output::Fresh`] moves the packet on:
-    /// the caller sends it to the next stage ([`PacketLog::sent`]) or out of the chain
-    /// ([`PacketLog::finish`]).
-    pub fn output(&mut self, clock: u64, stage: u32) -> Output {
+    /// The output `payload` of `stage`'s owner at `epoch` for the packet of `clock`: kept
+    /// until the stage's commit notice ([`Output::Kept`]; a later output of the same owner
+    /// replaces it), dropped, or to pass on now.
+    pub fn output(&mut self, clock: u64, stage: u32, epoch: u32, payload: &[u8]) -> Output {
         let first = self.first;
-        let v = match self.entries.get((clock & self.mask) as usize) {
+        let v = match self.entries.get_mut((clock & self.mask) as usize) {
             Some(e) if e.clock == clock => {
-                if e.live && e.stage == stage && e.epoch != HELD {
-                    Output::Fresh
+                if e.live && e.stage == stage && e.epoch == epoch {
+                    e.output.clear();
+                    e.output.extend_from_slice(payload);
+                    e.has_output = true;
+                    Output::Kept
                 } else {
                     Output::Duplicate
                 }
@@ -206,9 +235,39 @@ impl PacketLog {
         match v {
             Output::Duplicate => self.stats.duplicates_suppressed += 1,
             Output::Unlogged => self.stats.unlogged_outputs += 1,
-            Output::Fresh => {}
+            Output::Kept => {}
         }
         v
+    }
+
+    /// `stage`'s owner at `epoch` committed the packet of `clock`: its kept output moves into
+    /// `output` (whose old buffer the entry keeps) for the caller to send to the next stage
+    /// ([`PacketLog::sent`]) or out of the chain ([`PacketLog::finish`]). `None`: nothing to
+    /// send (a notice for a packet that moved on, or another owner's; or one whose output
+    /// never came, which is given up and counted).
+    pub fn committed(
+        &mut self,
+        clock: u64,
+        stage: u32,
+        epoch: u32,
+        output: &mut Vec<u8>,
+    ) -> Option<Released> {
+        let e = self.at(clock)?;
+        if !e.live || e.stage != stage || e.epoch != epoch {
+            return None;
+        }
+        if !e.has_output {
+            e.live = false;
+            self.stats.log_live -= 1;
+            self.stats.outputs_missing += 1;
+            return None;
+        }
+        e.has_output = false;
+        std::mem::swap(&mut e.output, output);
+        Some(Released {
+            direction: e.direction,
+            slot: e.slot,
+        })
     }
 
     /// The packet of `clock` left the chain (its output was sent out).
@@ -225,12 +284,13 @@ impl PacketLog {
         }
     }
 
-    /// A delete request of `stage` for the packet of `clock`: an NF dropped it. Whether it
-    /// was live at that stage (anything else is a duplicate, counted).
-    pub fn delete(&mut self, clock: u64, stage: u32) -> bool {
+    /// A delete request of `stage`'s owner at `epoch` for the packet of `clock`: an NF
+    /// dropped it. Whether it was live at that stage and sent to that owner (anything else is
+    /// a duplicate, counted).
+    pub fn delete(&mut self, clock: u64, stage: u32, epoch: u32) -> bool {
         let fresh = self
             .at(clock)
-            .is_some_and(|e| e.live && e.stage == stage && e.epoch != HELD);
+            .is_some_and(|e| e.live && e.stage == stage && e.epoch == epoch);
         if fresh {
             self.end(clock);
             self.stats.log_deleted += 1;
@@ -310,18 +370,37 @@ mod tests {
         out
     }
 
+    /// The output of `stage`'s owner at `epoch`, kept and released by its commit notice.
+    fn through(log: &mut PacketLog, clock: u64, stage: u32, epoch: u32, out: &[u8]) -> Vec<u8> {
+        assert_eq!(log.output(clock, stage, epoch, out), Output::Kept);
+        let mut buf = Vec::new();
+        log.committed(clock, stage, epoch, &mut buf).unwrap();
+        buf
+    }
+
     #[test]
     fn a_packet_lives_until_its_output_leaves_the_last_stage() {
         let mut log = PacketLog::new(8);
         log.log(1, IN);
         log.sent(1, 0, 3, 1, b"a");
-        assert_eq!(log.output(1, 0), Output::Fresh);
-        log.sent(1, 1, 9, 1, b"a'");
+        // Kept until the commit notice; a notice from another owner releases nothing.
+        assert_eq!(log.output(1, 0, 1, b"a'"), Output::Kept);
+        let mut buf = Vec::new();
+        assert_eq!(log.committed(1, 0, 2, &mut buf), None);
+        assert_eq!(
+            log.committed(1, 0, 1, &mut buf),
+            Some(Released {
+                direction: IN,
+                slot: 3
+            })
+        );
+        assert_eq!(buf, b"a'");
+        log.sent(1, 1, 9, 1, &buf);
         // Stage 0 sends its output again (a clone): a duplicate.
-        assert_eq!(log.output(1, 0), Output::Duplicate);
-        assert_eq!(log.output(1, 1), Output::Fresh);
+        assert_eq!(log.output(1, 0, 1, b"a'"), Output::Duplicate);
+        assert_eq!(through(&mut log, 1, 1, 1, b"a''"), b"a''");
         log.finish(1);
-        assert_eq!(log.output(1, 1), Output::Duplicate);
+        assert_eq!(log.output(1, 1, 1, b"a''"), Output::Duplicate);
         let s = log.stats();
         assert_eq!(
             (
@@ -335,6 +414,40 @@ mod tests {
     }
 
     #[test]
+    fn outputs_left_by_a_failed_owner_are_released_by_its_successor_s_notice() {
+        let mut log = PacketLog::new(8);
+        for c in [1, 2] {
+            log.log(c, IN);
+            log.sent(c, 0, 5, 1, &[c as u8]);
+            // Owner 1 sent both outputs, then failed before its commit notice.
+            assert_eq!(log.output(c, 0, 1, &[c as u8, 0xaa]), Output::Kept);
+        }
+        // Both are replayed to the successor (epoch 2), which finds 1 committed in the store
+        // and processes 2 again.
+        assert_eq!(replayed(&mut log, 0, 5, 2).len(), 2);
+        assert_eq!(
+            log.output(2, 0, 1, &[2, 0xaa]),
+            Output::Duplicate,
+            "the old owner's"
+        );
+        assert_eq!(log.output(2, 0, 2, &[2, 0xbb]), Output::Kept);
+        let mut buf = Vec::new();
+        assert!(log.committed(1, 0, 2, &mut buf).is_some());
+        assert_eq!(
+            buf,
+            [1, 0xaa],
+            "the failed owner's output of a committed packet"
+        );
+        assert!(log.committed(2, 0, 2, &mut buf).is_some());
+        assert_eq!(buf, [2, 0xbb]);
+        // A notice for a packet whose output never came gives it up.
+        log.log(3, IN);
+        log.sent(3, 0, 5, 2, &[3]);
+        assert!(log.committed(3, 0, 2, &mut buf).is_none());
+        assert_eq!((log.stats().outputs_missing, log.stats().log_live), (1, 2));
+    }
+
+    #[test]
     fn replay_sends_what_an_earlier_owner_left_in_clock_order_and_once() {
         let mut log = PacketLog::new(16);
         for c in 1..=6 {
@@ -344,11 +457,15 @@ mod tests {
         }
         // 1 and 3 came back; 5 was dropped by an NF (a delete request).
         for c in [1, 3] {
-            assert_eq!(log.output(c, 0), Output::Fresh);
+            through(&mut log, c, 0, 1, b"out");
             log.finish(c);
         }
-        assert!(log.delete(5, 0));
-        assert!(!log.delete(5, 0), "a second delete request is a duplicate");
+        assert!(!log.delete(5, 0, 2), "another owner's");
+        assert!(log.delete(5, 0, 1));
+        assert!(
+            !log.delete(5, 0, 1),
+            "a second delete request is a duplicate"
+        );
         // Clock 7 is held for partition 2 while it moves.
         log.log(7, IN);
         log.sent(7, 0, 2, HELD, &[7]);
@@ -361,12 +478,18 @@ mod tests {
         );
         assert_eq!(replayed(&mut log, 0, 3, 2), vec![]);
         assert_eq!(replayed(&mut log, 1, 3, 3), vec![]);
-        // The first owner's late output and the new owner's both arrive: one goes on.
-        assert_eq!(log.output(4, 0), Output::Fresh);
+        // The first owner's late output is not taken; the new owner's is.
+        assert_eq!(log.output(4, 0, 1, b"old"), Output::Duplicate);
+        through(&mut log, 4, 0, 2, b"new");
         log.finish(4);
-        assert_eq!(log.output(4, 0), Output::Duplicate);
+        assert_eq!(log.output(4, 0, 2, b"new"), Output::Duplicate);
+        assert_eq!(
+            log.output(7, 0, 2, b"7"),
+            Output::Duplicate,
+            "held, not sent yet"
+        );
         log.released(7, 2);
-        assert_eq!(log.output(7, 0), Output::Fresh);
+        through(&mut log, 7, 0, 2, b"7");
         assert_eq!(log.stats().replayed, 3);
     }
 
@@ -383,16 +506,16 @@ mod tests {
         assert_eq!(log.stats().log_live, 4);
         // Clock 1's output is passed on unchecked; clock 2's, once it finished and its entry
         // went to clock 6, is a duplicate.
-        assert_eq!(log.output(1, 0), Output::Unlogged);
-        assert_eq!(log.output(2, 0), Output::Fresh);
+        assert_eq!(log.output(1, 0, 1, b"1"), Output::Unlogged);
+        through(&mut log, 2, 0, 1, b"2");
         log.finish(2);
         log.log(6, IN);
-        assert_eq!(log.output(2, 0), Output::Duplicate);
+        assert_eq!(log.output(2, 0, 1, b"2"), Output::Duplicate);
         assert_eq!(log.stats().unlogged_outputs, 1);
         // Clocks of an earlier root are not this log's.
         let mut log = PacketLog::new(4);
         log.log(100, IN);
-        assert_eq!(log.output(3, 0), Output::Unlogged);
+        assert_eq!(log.output(3, 0, 1, b"3"), Output::Unlogged);
         assert_eq!(
             replayed(&mut log, 0, 0, 2),
             vec![],
@@ -405,9 +528,10 @@ mod tests {
         let mut log = PacketLog::new(0);
         log.log(1, IN);
         log.sent(1, 0, 0, 1, b"x");
-        assert_eq!(log.output(1, 0), Output::Unlogged);
+        assert_eq!(log.output(1, 0, 1, b"y"), Output::Unlogged);
+        assert_eq!(log.committed(1, 0, 1, &mut Vec::new()), None);
         log.finish(1);
-        assert!(!log.delete(1, 0));
+        assert!(!log.delete(1, 0, 1));
         assert_eq!(replayed(&mut log, 0, 0, 2), vec![]);
     }
 }

@@ -1,8 +1,9 @@
 //! The metadata a root and its instances attach to every frame: one GENEVE option (RFC 8926
 //! §3.5) of flowstate's class, in a GENEVE header whose VNI is the chain stage. Data frames
 //! carry the packet's Ethernet frame as payload; control frames (the move protocol, CHC §5.1,
-//! and the delete requests of the packet log, CHC §5) set the O bit; only [`Kind::Done`] carries
-//! a payload: the clocks it is about, 8 bytes each, big-endian.
+//! and the packet log's notices, CHC §5) set the O bit; only the notices ([`Kind::Done`],
+//! [`Kind::Committed`]) carry a payload: the packets they are about, 12 bytes each, the clock
+//! (8) and the epoch it was processed at (4), big-endian.
 //!
 //! ```text
 //!  option data (16 bytes)
@@ -52,6 +53,9 @@ pub enum Kind {
     /// an output: an NF dropped them, and what they changed is in the store. The root's delete
     /// request of CHC §5, for packets whose output cannot serve as one.
     Done = 6,
+    /// Instance → root: the state changes of these packets (the payload's) are in the store:
+    /// send on the outputs it sent for them before its commit ([`crate::log`]).
+    Committed = 7,
 }
 
 impl Kind {
@@ -64,6 +68,7 @@ impl Kind {
             4 => Kind::Ready,
             5 => Kind::Refused,
             6 => Kind::Done,
+            7 => Kind::Committed,
             _ => return None,
         })
     }
@@ -158,13 +163,39 @@ pub fn read(datagram: &[u8]) -> Result<(Meta, &[u8]), MetaError> {
     Ok((meta, &g[HEADER_LEN.min(g.len())..]))
 }
 
+/// A packet a notice is about: its clock and the epoch it was processed at.
+pub type Notice = (u64, u32);
+
+/// Bytes of one packet in a notice's payload.
+pub const NOTICE_ENTRY: usize = 12;
+
+/// Writes a notice entry for the packet of `clock` processed at `epoch`.
+pub fn write_notice(buf: &mut [u8], clock: u64, epoch: u32) -> Option<()> {
+    let b = buf.get_mut(..NOTICE_ENTRY)?;
+    b[..8].copy_from_slice(&clock.to_be_bytes());
+    b[8..].copy_from_slice(&epoch.to_be_bytes());
+    Some(())
+}
+
+/// The (clock, epoch) entries of a notice's payload (a trailing partial entry is ignored).
+pub fn read_notice(payload: &[u8]) -> impl Iterator<Item = Notice> + '_ {
+    payload.chunks_exact(NOTICE_ENTRY).map(|e| {
+        let mut c = [0u8; 8];
+        c.copy_from_slice(&e[..8]);
+        (
+            u64::from_be_bytes(c),
+            u32::from_be_bytes([e[8], e[9], e[10], e[11]]),
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
 
     fn kind() -> impl Strategy<Value = Kind> {
-        (0u8..7).prop_map(|k| Kind::from_u8(k).unwrap())
+        (0u8..8).prop_map(|k| Kind::from_u8(k).unwrap())
     }
 
     proptest! {
@@ -181,6 +212,15 @@ mod tests {
             let (m, p) = read(&buf).unwrap();
             prop_assert_eq!(m, meta);
             prop_assert_eq!(p, &payload[..]);
+        }
+
+        #[test]
+        fn notices_roundtrip(entries in proptest::collection::vec((any::<u64>(), any::<u32>()), 0..20)) {
+            let mut buf = vec![0u8; entries.len() * NOTICE_ENTRY + 5];
+            for (k, &(c, e)) in entries.iter().enumerate() {
+                prop_assert!(write_notice(&mut buf[k * NOTICE_ENTRY..], c, e).is_some());
+            }
+            prop_assert_eq!(read_notice(&buf).collect::<Vec<_>>(), entries);
         }
 
         #[test]

@@ -36,7 +36,7 @@
 
 use crate::config::{ClusterSection, CONTROL_PORT};
 use crate::fast::{FastStats, RootFastPath};
-use crate::log::{LogStats, Output, PacketLog, HELD};
+use crate::log::{LogStats, Output, PacketLog, Released, HELD};
 use crate::meta::{self, Kind, Meta};
 use crate::steer::{Control, Route, Steer, SteerConfig, SteerStats};
 use crate::udp::Datagrams;
@@ -534,6 +534,8 @@ pub fn run_root(
     let mut batch = PacketBatch::new(64, MAX_FRAME);
     let mut rbuf = vec![0u8; 65536];
     let mut rx = Datagrams::new(256, meta::HEADER_LEN + MAX_FRAME);
+    // An output the packet log released, on its way on.
+    let mut kept = Vec::with_capacity(MAX_FRAME);
     let mut clock = first_clock(o.epoch);
     out.stats.root_epoch = o.epoch;
     out.stats.pid = std::process::id();
@@ -599,60 +601,45 @@ pub fn run_root(
                     out.stats.bad_frames += 1;
                     continue;
                 };
-                if m.kind == Kind::Done {
-                    // Delete requests: an NF dropped these packets, their state is stored.
-                    for c in payload.chunks_exact(8) {
-                        let clock = u64::from_be_bytes(c.try_into().unwrap_or_default());
-                        out.log.delete(clock, m.stage);
-                    }
-                    continue;
-                }
-                if m.kind == Kind::Data {
-                    out.stats.from_instances += 1;
-                    if out.log.output(m.clock, m.stage) == Output::Duplicate {
-                        continue;
-                    }
-                    match out.order.back(m.clock, st.offset + u32::from(m.partition)) {
-                        Some(true) => out.stats.order_checked += 1,
-                        Some(false) => {
-                            out.stats.order_checked += 1;
-                            out.stats.reordered += 1;
-                        }
-                        None => {}
-                    }
-                    if let Some(j) = next_stage(k, m.direction, n) {
-                        match flowstate_wire::dissect(payload) {
-                            Ok(d) => out.steer_into(
-                                &mut path[j],
-                                payload,
-                                &d,
-                                m.direction,
-                                m.clock,
-                                false,
-                            ),
-                            Err(_) => out.stats.malformed += 1,
+                match m.kind {
+                    Kind::Done => {
+                        // Delete requests: an NF dropped these packets, their state is stored.
+                        for (clock, epoch) in meta::read_notice(payload) {
+                            out.log.delete(clock, m.stage, epoch);
                         }
                         continue;
                     }
-                    out.stats.sent_out += 1;
-                    out.log.finish(m.clock);
-                    let sent = sink.forward(payload).map_err(io)?;
-                    if let (Some(f), Some((port, output))) = (&mut out.fast, sent) {
-                        // Learnt only if every stage's partition is still where the frame
-                        // went: output of a moving partition's old owner would put its flows
-                        // back on the fast path.
-                        let steady = |slot: u32, epoch: u32| {
-                            path.iter()
-                                .rev()
-                                .find(|st| st.offset <= slot)
-                                .is_some_and(|st| {
-                                    matches!(st.steer.route(slot - st.offset),
-                                    Route::Send { epoch: e, .. } if e == epoch)
-                                })
-                        };
-                        f.returned(m.clock, port, output, steady);
+                    Kind::Committed => {
+                        // The outputs these packets' commit held back go on.
+                        for (clock, epoch) in meta::read_notice(payload) {
+                            if let Some(r) = out.log.committed(clock, m.stage, epoch, &mut kept) {
+                                let hop = Hop {
+                                    stage: k,
+                                    clock,
+                                    released: r,
+                                };
+                                deliver(&mut out, &mut path, &mut sink, hop, &kept).map_err(io)?;
+                            }
+                        }
+                        continue;
                     }
-                    continue;
+                    Kind::Data => {
+                        out.stats.from_instances += 1;
+                        if out.log.output(m.clock, m.stage, m.epoch, payload) == Output::Unlogged {
+                            let released = Released {
+                                direction: m.direction,
+                                slot: st.offset + u32::from(m.partition),
+                            };
+                            let hop = Hop {
+                                stage: k,
+                                clock: m.clock,
+                                released,
+                            };
+                            deliver(&mut out, &mut path, &mut sink, hop, payload).map_err(io)?;
+                        }
+                        continue;
+                    }
+                    _ => {}
                 }
                 let Some(id) = st.steer.member_at(from) else {
                     out.stats.bad_frames += 1;
@@ -705,6 +692,64 @@ pub fn run_root(
         crate::write_json(f, &out.stats);
     }
     Ok(out.stats)
+}
+
+/// Where an output comes from.
+struct Hop {
+    /// The stage whose output it is.
+    stage: usize,
+    /// Its packet's clock.
+    clock: u64,
+    /// Its packet's direction and the stage's partition.
+    released: Released,
+}
+
+/// Passes on a stage's output `payload`: to the next stage's owner, or out of the chain.
+fn deliver<P: flowstate_io::Port>(
+    out: &mut Out,
+    path: &mut [Stage],
+    sink: &mut LiveSink<P>,
+    hop: Hop,
+    payload: &[u8],
+) -> flowstate_io::Result<()> {
+    let Hop {
+        stage: k,
+        clock,
+        released: Released { direction, slot },
+    } = hop;
+    match out.order.back(clock, slot) {
+        Some(true) => out.stats.order_checked += 1,
+        Some(false) => {
+            out.stats.order_checked += 1;
+            out.stats.reordered += 1;
+        }
+        None => {}
+    }
+    if let Some(j) = next_stage(k, direction, path.len()) {
+        match flowstate_wire::dissect(payload) {
+            Ok(d) => out.steer_into(&mut path[j], payload, &d, direction, clock, false),
+            Err(_) => out.stats.malformed += 1,
+        }
+        return Ok(());
+    }
+    out.stats.sent_out += 1;
+    out.log.finish(clock);
+    let sent = sink.forward(payload)?;
+    if let (Some(f), Some((port, output))) = (&mut out.fast, sent) {
+        // Learnt only if every stage's partition is still where the frame went: output of a
+        // moving partition's old owner would put its flows back on the fast path.
+        let steady = |slot: u32, epoch: u32| {
+            path.iter()
+                .rev()
+                .find(|st| st.offset <= slot)
+                .is_some_and(|st| {
+                    matches!(st.steer.route(slot - st.offset),
+                    Route::Send { epoch: e, .. } if e == epoch)
+                })
+        };
+        f.returned(clock, port, output, steady);
+    }
+    Ok(())
 }
 
 fn raw(s: &std::net::UdpSocket) -> std::os::fd::RawFd {

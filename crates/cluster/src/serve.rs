@@ -98,6 +98,7 @@ pub fn run_instance(
         socket: &data,
         addr: SocketAddrV4::new(s.address, meta::PORT),
         stage: o.stage,
+        logs: s.log_packets > 0,
     };
     let fds = [data.as_raw_fd(), control.as_raw_fd()];
     let data_fd = data.as_raw_fd();
@@ -308,10 +309,44 @@ struct Root<'a> {
     socket: &'a std::net::UdpSocket,
     addr: SocketAddrV4,
     stage: u32,
+    /// Whether the root logs packets (`[cluster] log_packets`): it then takes outputs ahead
+    /// of their commit and waits for the commit's notice.
+    logs: bool,
+}
+
+impl Root<'_> {
+    /// Sends a notice of `kind` about `packets` (as many frames as they take).
+    fn notify(&self, kind: Kind, packets: &[meta::Notice]) {
+        let m = Meta {
+            kind,
+            stage: self.stage,
+            partition: 0,
+            epoch: 0,
+            direction: flowstate_nf::Direction::Outbound,
+            clock: 0,
+            replay: false,
+        };
+        let mut buf = [0u8; MAX_DATAGRAM];
+        let Some(h) = meta::write(&mut buf, &m) else {
+            return;
+        };
+        for chunk in packets.chunks((buf.len() - h) / meta::NOTICE_ENTRY) {
+            let mut n = h;
+            for &(clock, epoch) in chunk {
+                if meta::write_notice(&mut buf[n..], clock, epoch).is_some() {
+                    n += meta::NOTICE_ENTRY;
+                }
+            }
+            if let Err(e) = self.socket.send_to(&buf[..n], self.addr) {
+                tracing::warn!("cannot send {kind:?} notices to the root: {e}");
+            }
+        }
+    }
 }
 
 /// Commits a batch and sends the forwarded frames `pick` says yes to back where they came
-/// from (the root), then the delete requests of the packets the chain is done with.
+/// from (the root): after the commit, or, when the root logs packets, before it, followed by
+/// the commit's notices once it is acknowledged (see [`crate::log`]).
 fn finish(
     inst: &mut Instance,
     root: &Root<'_>,
@@ -322,40 +357,31 @@ fn finish(
     if dg.is_empty() {
         return;
     }
+    let send = |dg: &mut Datagrams, pick| {
+        if let Err(e) = dg.send(root.socket.as_raw_fd(), pick) {
+            tracing::warn!("cannot send to the root: {e}");
+        }
+    };
+    let mut pick = Some(pick);
+    if root.logs {
+        if let Some(p) = pick.take() {
+            send(dg, p);
+        }
+    }
     if let Err(e) = inst.commit(now) {
         // Nothing leaves that the store does not hold: the senders retransmit.
-        tracing::warn!("commit failed, the batch's packets are dropped: {e}");
+        tracing::warn!("commit failed, the batch's packets do not leave the cluster: {e}");
         return;
     }
-    if let Err(e) = dg.send(root.socket.as_raw_fd(), pick) {
-        tracing::warn!("cannot send to the root: {e}");
+    if let Some(p) = pick {
+        send(dg, p);
     }
-    let m = Meta {
-        kind: Kind::Done,
-        stage: root.stage,
-        partition: 0,
-        epoch: 0,
-        direction: flowstate_nf::Direction::Outbound,
-        clock: 0,
-        replay: false,
-    };
-    let mut buf = [0u8; MAX_DATAGRAM];
-    let Some(h) = meta::write(&mut buf, &m) else {
-        return;
-    };
-    let mut n = h;
-    let mut done = inst.take_done().peekable();
-    while done.peek().is_some() {
-        while n + 8 <= buf.len() {
-            let Some(c) = done.next() else { break };
-            buf[n..n + 8].copy_from_slice(&c.to_be_bytes());
-            n += 8;
-        }
-        if let Err(e) = root.socket.send_to(&buf[..n], root.addr) {
-            tracing::warn!("cannot send delete requests to the root: {e}");
-        }
-        n = h;
+    let (released, done) = inst.notices();
+    if root.logs {
+        root.notify(Kind::Committed, released);
+        root.notify(Kind::Done, done);
     }
+    inst.clear_notices();
 }
 
 /// How long the main loop may go without a turn before the heartbeat stops: a claim that
