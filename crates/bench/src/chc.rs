@@ -77,6 +77,31 @@ pub(crate) fn run(effort: Effort) -> Report {
     report
 }
 
+/// Our store, in this process on a free loopback port, and a connector to it; `None` (the
+/// reason in `params.<part>_error`) when it does not start.
+fn loopback_store(
+    report: &mut Report,
+    part: &str,
+) -> Option<(
+    flowstate_store::Server,
+    flowstate_driver_store::StoreConnector,
+)> {
+    let started = flowstate_store::Server::start(flowstate_store::Config {
+        listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        ..flowstate_store::Config::default()
+    });
+    match started {
+        Ok(server) => {
+            let c = flowstate_driver_store::StoreConnector::new(server.local_addr().to_string());
+            Some((server, c))
+        }
+        Err(e) => {
+            report.param(&format!("{part}_error"), e.to_string());
+            None
+        }
+    }
+}
+
 // ------------------------------------------------------------------------------------------
 // §7.1, Fig. 8: what externalized state adds per packet
 
@@ -160,17 +185,9 @@ fn overheads(report: &mut Report, effort: Effort) {
         Effort::Full => (1_000, 1_000_000, 20_000),
         Effort::Quick => (1_000, 20_000, 2_000),
     };
-    let server = match flowstate_store::Server::start(flowstate_store::Config {
-        listen: "127.0.0.1:0".parse().expect("an address"),
-        ..flowstate_store::Config::default()
-    }) {
-        Ok(s) => s,
-        Err(e) => {
-            report.param("overhead_error", e.to_string());
-            return;
-        }
+    let Some((server, store)) = loopback_store(report, "overhead") else {
+        return;
     };
-    let store = flowstate_driver_store::StoreConnector::new(server.local_addr().to_string());
     report
         .param("overhead_flows", flows as u64)
         .param("overhead_packets", packets as u64)
@@ -469,17 +486,9 @@ fn offload_vs_lock(report: &mut Report, effort: Effort) {
         Effort::Full => 20_000,
         Effort::Quick => 500,
     };
-    let server = match flowstate_store::Server::start(flowstate_store::Config {
-        listen: "127.0.0.1:0".parse().expect("an address"),
-        ..flowstate_store::Config::default()
-    }) {
-        Ok(s) => s,
-        Err(e) => {
-            report.param("offload_error", e.to_string());
-            return;
-        }
+    let Some((server, connector)) = loopback_store(report, "offload") else {
+        return;
     };
-    let connector = flowstate_driver_store::StoreConnector::new(server.local_addr().to_string());
     report
         .param("offload_workers", 2)
         .param("offload_packets_per_worker", packets as u64);
@@ -808,6 +817,26 @@ mod lab {
         })?;
         let status = c.wait_settled(3, 30)?;
         report.metric(&format!("nf_lost_{tag}_log"), f64::from(nf.lost));
+        // Where a lost datagram could have gone, for the record.
+        for key in [
+            "outputs_missing",
+            "hold_dropped",
+            "no_owner",
+            "log_abandoned",
+            "log_evicted",
+            "send_errors",
+            "unlogged_outputs",
+        ] {
+            report.metric(
+                &format!("nf_root_{key}_{tag}_log"),
+                root_counter(&status, key),
+            );
+        }
+        let misdirected: u64 = (1..=4)
+            .filter_map(|k| c.instance_file(k))
+            .map(|i| i["misdirected"].as_u64().unwrap_or(0))
+            .sum();
+        report.metric(&format!("nf_misdirected_{tag}_log"), misdirected as f64);
         report.param(
             &format!("nf_missing_{tag}_log"),
             format!("{:?}", nf.missing),

@@ -509,6 +509,23 @@ fn scaling_out_and_in_moves_partitions_without_loss_and_a_restarted_controller_c
     );
 }
 
+/// The managed store's pid.
+fn store_pid(c: &Cluster) -> String {
+    let f = c.lab.state_dir().join("cluster/store.pid");
+    std::fs::read_to_string(f).unwrap().trim().to_owned()
+}
+
+/// Kills (-9) the managed store; its pid.
+fn kill_store(c: &Cluster) -> String {
+    let pid = store_pid(c);
+    assert!(Command::new("kill")
+        .args(["-9", &pid])
+        .status()
+        .unwrap()
+        .success());
+    pid
+}
+
 /// The store is killed (SIGKILL) under downloads and a UDP flow, and `cluster up` starts it
 /// again from its log: meanwhile the instances' commits wait (the driver reconnects for up to
 /// `[state] retry`) and no packet leaves; afterwards every download completes and the UDP flow
@@ -529,13 +546,7 @@ fn a_store_killed_and_restarted_under_load_breaks_no_connection() {
     let mut downloads = c.downloads(30);
     std::thread::sleep(Duration::from_millis(1000));
     still_transferring(&mut downloads, want.len());
-    let pid_file = c.lab.state_dir().join("cluster/store.pid");
-    let pid = std::fs::read_to_string(&pid_file).unwrap();
-    assert!(Command::new("kill")
-        .args(["-9", pid.trim()])
-        .status()
-        .unwrap()
-        .success());
+    let pid = kill_store(&c);
     std::thread::sleep(Duration::from_millis(700));
     let restarted_at = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -543,8 +554,7 @@ fn a_store_killed_and_restarted_under_load_breaks_no_connection() {
         .as_secs_f64();
     let out = c.flowstate(&["cluster", "up", c.config.to_str().unwrap()]);
     assert!(out.status.success(), "cluster up again: {}", text(&out));
-    let new_pid = std::fs::read_to_string(&pid_file).unwrap();
-    assert_ne!(new_pid.trim(), pid.trim(), "the store was started again");
+    assert_ne!(store_pid(&c), pid, "the store was started again");
     check_downloads(downloads, &want);
     server_saw_only_the_nat(&http_peers);
     udp_kept_its_mapping(udp, &peers, restarted_at);
@@ -962,6 +972,30 @@ fn moves_under_a_stream_lose_and_repeat_nothing() {
         "hold_dropped",
         "reordered",
     ] {
+        assert_eq!(root[key], 0, "{key}: {root:#}");
+    }
+}
+
+/// CHC §7.3 R6, the store killed (-9) under the stream and started again by `cluster up` from
+/// its checkpoint and log: the instances' commits wait for it (their outputs wait at the
+/// root), so no datagram is lost or repeated and none is counted twice.
+#[test]
+fn a_killed_store_loses_no_packet_and_counts_none_twice() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let r = under_a_stream("d", 65_536, |c| {
+        let pid = kill_store(c);
+        std::thread::sleep(Duration::from_millis(500));
+        let out = c.flowstate(&["cluster", "up", c.config.to_str().unwrap()]);
+        assert!(out.status.success(), "cluster up again: {}", text(&out));
+        assert_ne!(store_pid(c), pid, "the store was started again");
+    });
+    let root = &r.root;
+    assert_eq!((r.lost, r.counted), (0, 12_001), "{root:#}");
+    for key in ["log_evicted", "outputs_missing", "reordered"] {
         assert_eq!(root[key], 0, "{key}: {root:#}");
     }
 }
