@@ -856,6 +856,8 @@ fn stream_received(log: &std::path::Path, count: u32) -> (Vec<u32>, Vec<Vec<u16>
 struct StreamRun {
     /// Datagrams the server never received.
     lost: u32,
+    /// Their numbers.
+    missing: Vec<usize>,
     /// The counter NF's count (the warm-up included).
     counted: i64,
     /// The root's counters.
@@ -898,6 +900,7 @@ fn under_a_stream(name: &str, log_packets: u32, disturb: impl FnOnce(&Cluster)) 
     eprintln!("{name}: missing {missing:?}");
     StreamRun {
         lost: missing.len() as u32,
+        missing,
         committed: c
             .instance_stats()
             .iter()
@@ -998,4 +1001,56 @@ fn a_killed_store_loses_no_packet_and_counts_none_twice() {
     for key in ["log_evicted", "outputs_missing", "reordered"] {
         assert_eq!(root[key], 0, "{key}: {root:#}");
     }
+}
+
+/// CHC §7.3 R6, the root killed (-9) under the stream and started again by `cluster up`: the
+/// datagrams that reach the box while no root runs are lost, as on any box that is down, and
+/// nothing else: the loss is one stretch of well under a second, nothing arrives twice,
+/// every flow keeps its NAT port, and the instances counted every datagram they saw once.
+#[test]
+fn a_killed_root_loses_only_what_came_while_none_ran() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let r = under_a_stream("o", 65_536, |c| {
+        let pid = c.root()["pid"].as_u64().unwrap();
+        assert!(Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status()
+            .unwrap()
+            .success());
+        // Gone before `cluster up` looks.
+        let stat = format!("/proc/{pid}/stat");
+        for _ in 0..200 {
+            let zombie = std::fs::read_to_string(&stat).map_or(true, |s| {
+                s.rsplit(')')
+                    .next()
+                    .is_some_and(|r| r.trim_start().starts_with('Z'))
+            });
+            if zombie {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let out = c.flowstate(&["cluster", "up", c.config.to_str().unwrap()]);
+        assert!(out.status.success(), "cluster up again: {}", text(&out));
+        assert_ne!(c.root()["pid"].as_u64().unwrap(), pid, "a new root");
+    });
+    let root = &r.root;
+    let (first, last) = (r.missing[0], *r.missing.last().unwrap());
+    eprintln!("lost {} datagrams, {first}..={last}", r.lost);
+    assert!(r.lost > 0, "the root was down: {root:#}");
+    assert!(
+        last - first < 4_000,
+        "one stretch under a second: {:?}",
+        r.missing
+    );
+    // What the instances counted: every delivered datagram, plus at most those whose output
+    // went to the dead root.
+    assert!(r.counted >= 12_001 - i64::from(r.lost), "{}", r.counted);
+    assert!(r.counted <= 12_001, "{}", r.counted);
+    assert!(root["ready_ms"].as_f64().unwrap() > 0.0, "{root:#}");
+    assert_eq!(root["root_epoch"], 2, "{root:#}");
 }
