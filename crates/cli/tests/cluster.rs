@@ -864,18 +864,21 @@ struct StreamRun {
     root: serde_json::Value,
     /// Replayed packets whose changes were committed before their first owner failed.
     committed: u64,
+    /// What the controller logged.
+    controller_log: String,
 }
 
 /// CHC §7.3 R2/R6: a numbered UDP stream of 12,000 datagrams on 32 flows through counter →
 /// firewall → NAT, every packet through the instances (3, on 16 partitions), `disturb`ed a
 /// second in. No datagram may arrive twice and every flow must keep its NAT port.
-fn under_a_stream(name: &str, log_packets: u32, disturb: impl FnOnce(&Cluster)) -> StreamRun {
+/// `cluster`: extra keys of `[cluster]`.
+fn under_a_stream(name: &str, cluster: &str, disturb: impl FnOnce(&Cluster)) -> StreamRun {
     let config = format!(
         "[input]\ninterface = \"fs-in\"\naddress = \"10.0.0.1\"\nfast_path = false\n\
          [output]\ninterface = \"fs-out\"\naddress = \"{BOX_OUTSIDE}\"\n\
          [runtime]\ninside = [\"10.0.0.0/24\"]\n\
          [state]\nbackend = \"store\"\nurl = \"192.0.2.1:7878\"\n\
-         [cluster]\npartitions = 16\ninstances = 3\nstore = \"managed\"\nlog_packets = {log_packets}\n\
+         [cluster]\npartitions = 16\ninstances = 3\nstore = \"managed\"\n{cluster}\n\
          [[chain]]\nnf = \"counter\"\n\
          [[chain]]\nnf = \"firewall\"\ndefault_outbound = \"allow\"\ndefault_inbound = \"deny\"\n\
          [[chain]]\nnf = \"nat\"\nexternal = [\"{BOX_OUTSIDE}\"]\nports = \"20000-59999\"\n"
@@ -908,6 +911,8 @@ fn under_a_stream(name: &str, log_packets: u32, disturb: impl FnOnce(&Cluster)) 
             .sum(),
         counted: c.store_counter("counter", "packets"),
         root: c.root(),
+        controller_log: std::fs::read_to_string(c.lab.state_dir().join("cluster/controller.log"))
+            .unwrap_or_default(),
     }
 }
 
@@ -924,7 +929,7 @@ fn a_killed_instance_loses_no_packet_and_counts_none_twice() {
         return;
     }
     // With the root's packet log: what the dead instance left unfinished is replayed.
-    let r = under_a_stream("l", 65_536, kill_instance_1);
+    let r = under_a_stream("l", "", kill_instance_1);
     let root = &r.root;
     eprintln!(
         "with the log: lost {}, counted {}, committed replays {}, root {root:#}",
@@ -941,7 +946,7 @@ fn a_killed_instance_loses_no_packet_and_counts_none_twice() {
     assert_eq!(r.counted, 12_001, "{root:#}");
     assert_eq!(root["outputs_missing"], 0, "{root:#}");
     // Without it the same kill loses what was in flight to the dead instance.
-    let r = under_a_stream("n", 0, kill_instance_1);
+    let r = under_a_stream("n", "log_packets = 0", kill_instance_1);
     eprintln!("without the log: lost {}, counted {}", r.lost, r.counted);
     assert!(r.lost > 0, "{:#}", r.root);
 }
@@ -956,7 +961,7 @@ fn moves_under_a_stream_lose_and_repeat_nothing() {
         eprintln!("skipped: needs root");
         return;
     }
-    let r = under_a_stream("v", 65_536, |c| {
+    let r = under_a_stream("v", "", |c| {
         for n in ["4", "3"] {
             let out = c.flowstate(&["cluster", "scale", n]);
             assert!(out.status.success(), "{}", text(&out));
@@ -989,7 +994,7 @@ fn a_killed_store_loses_no_packet_and_counts_none_twice() {
         eprintln!("skipped: needs root");
         return;
     }
-    let r = under_a_stream("d", 65_536, |c| {
+    let r = under_a_stream("d", "", |c| {
         let pid = kill_store(c);
         std::thread::sleep(Duration::from_millis(500));
         let out = c.flowstate(&["cluster", "up", c.config.to_str().unwrap()]);
@@ -1014,7 +1019,7 @@ fn a_killed_root_loses_only_what_came_while_none_ran() {
         eprintln!("skipped: needs root");
         return;
     }
-    let r = under_a_stream("o", 65_536, |c| {
+    let r = under_a_stream("o", "", |c| {
         let pid = c.root()["pid"].as_u64().unwrap();
         assert!(Command::new("kill")
             .args(["-9", &pid.to_string()])
@@ -1053,4 +1058,47 @@ fn a_killed_root_loses_only_what_came_while_none_ran() {
     assert!(r.counted <= 12_001, "{}", r.counted);
     assert!(root["ready_ms"].as_f64().unwrap() > 0.0, "{root:#}");
     assert_eq!(root["root_epoch"], 2, "{root:#}");
+}
+
+/// CHC §7.3 R5, a straggler: instance 2 runs 20 ms in every 120 (SIGSTOP/SIGCONT), alive to
+/// the failure detector (5 missed reports) but its packets wait up to 100 ms. The root reports
+/// the waits, the controller fails it over as a straggler (`straggler = "40ms"`), the root
+/// replays what it left and drops its late outputs: nothing lost, nothing twice, every
+/// datagram counted once.
+#[test]
+fn a_straggler_is_failed_over_and_nothing_is_lost_or_repeated() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let r = under_a_stream("g", "missed = 5\nstraggler = \"40ms\"", |c| {
+        let s = c.status();
+        let pid = s["instances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["id"] == 2)
+            .and_then(|i| i["pid"].as_i64())
+            .unwrap() as libc::pid_t;
+        let deadline = Instant::now() + Duration::from_secs(4);
+        // SAFETY: signals to a process of our cluster; it is left running or gone.
+        while Instant::now() < deadline && unsafe { libc::kill(pid, 0) } == 0 {
+            unsafe { libc::kill(pid, libc::SIGSTOP) };
+            std::thread::sleep(Duration::from_millis(100));
+            unsafe { libc::kill(pid, libc::SIGCONT) };
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+    });
+    let root = &r.root;
+    let log = &r.controller_log;
+    assert!(
+        log.contains("straggler"),
+        "the controller did not call it a straggler: {log}"
+    );
+    assert_eq!((r.lost, r.counted), (0, 12_001), "{root:#}");
+    for key in ["log_evicted", "outputs_missing"] {
+        assert_eq!(root[key], 0, "{key}: {root:#}");
+    }
 }

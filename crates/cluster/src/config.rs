@@ -15,6 +15,8 @@
 //! hold = 4096              # packets held per moving partition
 //! log_packets = 65536      # the root's packet log: in-flight packets kept for replay after a
 //!                          # failure (CHC §5.4); 0 turns replay and duplicate suppression off
+//! straggler = "250ms"      # an instance whose packets wait this long at it (in `missed` root
+//!                          # reports in a row, while another keeps up) is failed over; "0s": never
 //! auto_scale = false       # scale out/in on load thresholds (mean η of the instances)
 //! scale_out_load = 0.8
 //! scale_in_load = 0.2
@@ -97,6 +99,9 @@ pub struct ClusterSection {
     pub hold: usize,
     /// Packets the root's log keeps for replay ([`crate::log`]); 0: no log.
     pub log_packets: usize,
+    /// How long an instance's packets may wait at it before the controller fails it over as
+    /// a straggler (CHC §5.3); zero: never.
+    pub straggler: Duration,
     /// Scale on load.
     pub auto_scale: bool,
     /// Mean load above which to scale out.
@@ -122,6 +127,7 @@ impl Default for ClusterSection {
             move_timeout: Duration::from_millis(500),
             hold: 4096,
             log_packets: 65536,
+            straggler: Duration::from_millis(250),
             auto_scale: false,
             scale_out_load: 0.8,
             scale_in_load: 0.2,
@@ -180,6 +186,13 @@ impl ClusterSection {
                 "move_timeout" => c.move_timeout = dur(k, v)?,
                 "hold" => c.hold = int(k, v, 1, 1 << 20)? as usize,
                 "log_packets" => c.log_packets = int(k, v, 0, 1 << 24)? as usize,
+                "straggler" => {
+                    c.straggler = v
+                        .as_str()
+                        .ok_or_else(|| format!("expected a duration like \"250ms\" (\"0s\": never), got {v}"))
+                        .and_then(parse_duration)
+                        .map_err(|r| err(k, r))?
+                }
                 "auto_scale" => {
                     c.auto_scale = v
                         .as_bool()
@@ -206,7 +219,7 @@ impl ClusterSection {
                 _ => {
                     return Err(err(
                         k,
-                        "unknown key; expected partitions, instances, min_instances, max_instances, address, heartbeat, missed, move_timeout, hold, log_packets, auto_scale, scale_out_load, scale_in_load, store, moves or stage".into(),
+                        "unknown key; expected partitions, instances, min_instances, max_instances, address, heartbeat, missed, move_timeout, hold, log_packets, straggler, auto_scale, scale_out_load, scale_in_load, store, moves or stage".into(),
                     ))
                 }
             }
@@ -304,6 +317,7 @@ impl ClusterSection {
             auto_scale: self.auto_scale,
             scale_out_load: self.scale_out_load,
             scale_in_load: self.scale_in_load,
+            straggler: self.straggler.as_nanos() as u64,
             ..flowstate_control::cluster::ClusterConfig::default()
         }
     }

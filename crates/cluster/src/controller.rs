@@ -18,7 +18,7 @@
 use crate::config::{ClusterSection, CONTROLLER_PORT, CONTROL_PORT};
 use crate::{udp_socket, wall_ns, ClusterError};
 use flowstate_chain::live::Stop;
-use flowstate_control::cluster::{Assignment, Controller, Decision, MemberState, Report};
+use flowstate_control::cluster::{Assignment, Controller, Decision, Lag, MemberState, Report};
 use flowstate_state::{Backend, Kind, ObjectKey, Op, Reply};
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, ErrorKind, Write};
@@ -221,7 +221,15 @@ pub fn run_controller(
                         Some(c) => c.ctl.on_report(&r, now),
                         None => tracing::debug!(stage = r.stage, "a report of no stage of ours"),
                     },
-                    Err(e) => tracing::debug!("not a report: {e}"),
+                    // The root's measure of how long packets wait at each instance.
+                    Err(_) => match Lag::decode(&buf[..n]) {
+                        Ok(l) => {
+                            if let Some(c) = cores.get_mut(l.stage as usize) {
+                                c.ctl.on_lag(&l);
+                            }
+                        }
+                        Err(e) => tracing::debug!("neither a report nor a lag report: {e}"),
+                    },
                 },
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) => return Err(e.into()),
@@ -259,6 +267,16 @@ pub fn run_controller(
                                 stage,
                                 id,
                                 "instance failed: its partitions go to the others"
+                            );
+                            launcher.reap(id);
+                        }
+                        Decision::Straggler { id, lag_ns } => {
+                            tracing::warn!(
+                                stage,
+                                id,
+                                lag_ms = lag_ns as f64 / 1e6,
+                                "instance is a straggler (its packets wait too long): failed \
+                                 over, its unfinished packets replayed to the others"
                             );
                             launcher.reap(id);
                         }

@@ -50,6 +50,8 @@ struct Entry {
     slot: u32,
     /// The epoch it was sent with, [`HELD`] while held.
     epoch: u32,
+    /// When it was sent there, ns.
+    sent_ns: u64,
     direction: Direction,
     /// Its frame as that stage receives it.
     frame: Vec<u8>,
@@ -115,13 +117,18 @@ pub struct PacketLog {
     head: u64,
     /// The first clock logged (an older one is another root's).
     first: u64,
+    /// The time now, ns ([`PacketLog::set_now`]).
+    now: u64,
+    /// Per partition (numbered across stages): the longest a packet waited for its stage's
+    /// answer since the last [`PacketLog::waits`].
+    waited: Vec<u64>,
     stats: LogStats,
 }
 
 impl PacketLog {
-    /// A log of `capacity` packets (rounded up to a power of two); 0: no log (no replay, no
-    /// duplicate suppression).
-    pub fn new(capacity: usize) -> PacketLog {
+    /// A log of `capacity` packets (rounded up to a power of two) sent to `slots` partitions
+    /// (of every stage); 0: no log (no replay, no duplicate suppression).
+    pub fn new(capacity: usize, slots: u32) -> PacketLog {
         let n = if capacity == 0 {
             0
         } else {
@@ -136,6 +143,7 @@ impl PacketLog {
                     stage: 0,
                     slot: 0,
                     epoch: HELD,
+                    sent_ns: 0,
                     direction: Direction::Outbound,
                     frame: Vec::new(),
                     output: Vec::new(),
@@ -146,6 +154,8 @@ impl PacketLog {
             tail: 0,
             head: 0,
             first: 0,
+            now: 0,
+            waited: vec![0; slots as usize],
             stats: LogStats::default(),
         }
     }
@@ -158,6 +168,38 @@ impl PacketLog {
     /// The counters.
     pub fn stats(&self) -> LogStats {
         self.stats
+    }
+
+    /// Sets the time now, ns: when the packets sent from now on leave, and answers come.
+    pub fn set_now(&mut self, now: u64) {
+        self.now = now;
+    }
+
+    /// Notes that the packet in `e` got its stage's answer now.
+    fn answered(waited: &mut [u64], now: u64, e: &Entry) {
+        if let Some(w) = waited.get_mut(e.slot as usize) {
+            *w = (*w).max(now.saturating_sub(e.sent_ns));
+        }
+    }
+
+    /// Calls `f(slot, ns)` for every partition with the longest any of its packets waited
+    /// for its stage's answer since the last call, or has been waiting so far (CHC §5.3: the
+    /// root's view of stragglers), and starts a new interval.
+    pub fn waits(&mut self, mut f: impl FnMut(u32, u64)) {
+        if self.enabled() && self.head != 0 {
+            self.advance();
+            let oldest = self.tail.max(self.head.saturating_sub(self.mask));
+            for clock in oldest..=self.head {
+                let e = &self.entries[(clock & self.mask) as usize];
+                if e.clock == clock && e.live && e.epoch != HELD {
+                    Self::answered(&mut self.waited, self.now, e);
+                }
+            }
+        }
+        for (slot, w) in self.waited.iter_mut().enumerate() {
+            f(slot as u32, *w);
+            *w = 0;
+        }
     }
 
     fn at(&mut self, clock: u64) -> Option<&mut Entry> {
@@ -193,10 +235,12 @@ impl PacketLog {
     /// The packet of `clock`, `frame` as it is now, goes to `slot` (a partition of `stage`)
     /// with `epoch` ([`HELD`]: held until the partition's move ends).
     pub fn sent(&mut self, clock: u64, stage: u32, slot: u32, epoch: u32, frame: &[u8]) {
+        let now = self.now;
         if let Some(e) = self.at(clock).filter(|e| e.live) {
             e.stage = stage;
             e.slot = slot;
             e.epoch = epoch;
+            e.sent_ns = now;
             e.has_output = false;
             e.frame.clear();
             e.frame.extend_from_slice(frame);
@@ -205,8 +249,10 @@ impl PacketLog {
 
     /// A held packet of `clock` was sent with `epoch`.
     pub fn released(&mut self, clock: u64, epoch: u32) {
+        let now = self.now;
         if let Some(e) = self.at(clock).filter(|e| e.live) {
             e.epoch = epoch;
+            e.sent_ns = now;
         }
     }
 
@@ -252,10 +298,12 @@ impl PacketLog {
         epoch: u32,
         output: &mut Vec<u8>,
     ) -> Option<Released> {
-        let e = self.at(clock)?;
+        let i = (clock & self.mask) as usize;
+        let e = self.entries.get_mut(i).filter(|e| e.clock == clock)?;
         if !e.live || e.stage != stage || e.epoch != epoch {
             return None;
         }
+        Self::answered(&mut self.waited, self.now, e);
         if !e.has_output {
             e.live = false;
             self.stats.log_live -= 1;
@@ -288,9 +336,14 @@ impl PacketLog {
     /// dropped it. Whether it was live at that stage and sent to that owner (anything else is
     /// a duplicate, counted).
     pub fn delete(&mut self, clock: u64, stage: u32, epoch: u32) -> bool {
-        let fresh = self
-            .at(clock)
-            .is_some_and(|e| e.live && e.stage == stage && e.epoch == epoch);
+        let (waited, now) = (&mut self.waited, self.now);
+        let i = (clock & self.mask) as usize;
+        let fresh = self.entries.get(i).is_some_and(|e| {
+            e.clock == clock && e.live && e.stage == stage && e.epoch == epoch && {
+                Self::answered(waited, now, e);
+                true
+            }
+        });
         if fresh {
             self.end(clock);
             self.stats.log_deleted += 1;
@@ -337,6 +390,7 @@ impl PacketLog {
                 && e.epoch != epoch
             {
                 e.epoch = epoch;
+                e.sent_ns = self.now;
                 self.stats.replayed += 1;
                 send(clock, e.direction, &e.frame);
             }
@@ -380,7 +434,7 @@ mod tests {
 
     #[test]
     fn a_packet_lives_until_its_output_leaves_the_last_stage() {
-        let mut log = PacketLog::new(8);
+        let mut log = PacketLog::new(8, 8);
         log.log(1, IN);
         log.sent(1, 0, 3, 1, b"a");
         // Kept until the commit notice; a notice from another owner releases nothing.
@@ -415,7 +469,7 @@ mod tests {
 
     #[test]
     fn outputs_left_by_a_failed_owner_are_released_by_its_successor_s_notice() {
-        let mut log = PacketLog::new(8);
+        let mut log = PacketLog::new(8, 8);
         for c in [1, 2] {
             log.log(c, IN);
             log.sent(c, 0, 5, 1, &[c as u8]);
@@ -449,7 +503,7 @@ mod tests {
 
     #[test]
     fn replay_sends_what_an_earlier_owner_left_in_clock_order_and_once() {
-        let mut log = PacketLog::new(16);
+        let mut log = PacketLog::new(16, 8);
         for c in 1..=6 {
             log.log(c, IN);
             // Odd clocks to partition 2, even ones to partition 3, all at epoch 1.
@@ -495,7 +549,7 @@ mod tests {
 
     #[test]
     fn a_full_log_evicts_the_oldest_live_packet_and_counts_it() {
-        let mut log = PacketLog::new(4);
+        let mut log = PacketLog::new(4, 8);
         for c in 1..=4 {
             log.log(c, IN);
             log.sent(c, 0, 0, 1, &[c as u8]);
@@ -513,7 +567,7 @@ mod tests {
         assert_eq!(log.output(2, 0, 1, b"2"), Output::Duplicate);
         assert_eq!(log.stats().unlogged_outputs, 1);
         // Clocks of an earlier root are not this log's.
-        let mut log = PacketLog::new(4);
+        let mut log = PacketLog::new(4, 8);
         log.log(100, IN);
         assert_eq!(log.output(3, 0, 1, b"3"), Output::Unlogged);
         assert_eq!(
@@ -524,8 +578,29 @@ mod tests {
     }
 
     #[test]
+    fn waits_are_the_longest_answer_or_the_oldest_unanswered_packet() {
+        let mut log = PacketLog::new(8, 3);
+        log.set_now(100);
+        for c in 1..=3 {
+            log.log(c, IN);
+            log.sent(c, 0, c as u32 - 1, 1, b"x");
+        }
+        log.set_now(130);
+        through(&mut log, 1, 0, 1, b"y"); // answered after 30, and sent out
+        log.finish(1);
+        assert!(log.delete(2, 0, 1)); // after 30 too
+        log.set_now(400); // 3 still waiting since 100
+        let mut w = Vec::new();
+        log.waits(|slot, ns| w.push((slot, ns)));
+        assert_eq!(w, [(0, 30), (1, 30), (2, 300)]);
+        w.clear();
+        log.waits(|slot, ns| w.push((slot, ns)));
+        assert_eq!(w, [(0, 0), (1, 0), (2, 300)], "a new interval");
+    }
+
+    #[test]
     fn without_a_log_everything_passes() {
-        let mut log = PacketLog::new(0);
+        let mut log = PacketLog::new(0, 8);
         log.log(1, IN);
         log.sent(1, 0, 0, 1, b"x");
         assert_eq!(log.output(1, 0, 1, b"y"), Output::Unlogged);

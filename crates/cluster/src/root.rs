@@ -34,7 +34,7 @@
 //!   forwarded by an XDP program on the ports, taught by the instances' output
 //!   ([`crate::fast`]); what reaches this loop is the rest.
 
-use crate::config::{ClusterSection, CONTROL_PORT};
+use crate::config::{ClusterSection, CONTROLLER_PORT, CONTROL_PORT};
 use crate::fast::{FastStats, RootFastPath};
 use crate::log::{LogStats, Output, PacketLog, Released, HELD};
 use crate::meta::{self, Kind, Meta};
@@ -44,7 +44,7 @@ use crate::{udp_socket, wall_ns, ClusterError};
 use flowstate_chain::live::{LiveSink, LiveSource, PortAddr, Shared, Stop};
 use flowstate_chain::owners::Owners;
 use flowstate_chain::steer::Steering;
-use flowstate_control::cluster::Assignment;
+use flowstate_control::cluster::{Assignment, Lag};
 use flowstate_io::afpacket::{AfPacket, AfPacketOptions};
 use flowstate_io::PacketBatch;
 use flowstate_nf::Direction;
@@ -529,7 +529,7 @@ pub fn run_root(
         stats: RootStats::default(),
         fast,
         order: OrderCheck::new(),
-        log: PacketLog::new(s.log_packets),
+        log: PacketLog::new(s.log_packets, offset),
     };
     let mut batch = PacketBatch::new(64, MAX_FRAME);
     let mut rbuf = vec![0u8; 65536];
@@ -541,11 +541,14 @@ pub fn run_root(
     out.stats.pid = std::process::id();
     let mut next_stats = Instant::now();
     let mut next_tick = Instant::now();
+    let mut next_lag = Instant::now();
+    let controller = SocketAddrV4::new(s.address, CONTROLLER_PORT);
     let fds: Vec<_> = source.fds().chain([raw(&data), raw(&control)]).collect();
     tracing::info!(stages = n, partitions = offset, address = %s.address, "root up");
     while !stop.stopped() {
         flowstate_io::afpacket::wait_readable(&fds, Duration::from_millis(5)).map_err(io)?;
         let now = wall_ns();
+        out.log.set_now(now);
         // The controller's assignments.
         loop {
             match control.recv_from(&mut rbuf) {
@@ -677,6 +680,14 @@ pub fn run_root(
             }
             out.controls(&mut path);
         }
+        if Instant::now() >= next_lag {
+            // How long each instance's packets wait, for the controller's straggler rule.
+            next_lag = Instant::now() + s.heartbeat;
+            out.log.set_now(wall_ns());
+            for lag in lags(&mut out.log, &path) {
+                let _ = control.send_to(&lag.encode(), controller);
+            }
+        }
         if Instant::now() >= next_stats {
             next_stats += Duration::from_millis(200);
             out.stats.clock = clock;
@@ -692,6 +703,32 @@ pub fn run_root(
         crate::write_json(f, &out.stats);
     }
     Ok(out.stats)
+}
+
+/// Each stage's [`Lag`] report: per owner, the longest wait of a packet at any of its
+/// partitions ([`PacketLog::waits`]).
+fn lags(log: &mut PacketLog, path: &[Stage]) -> Vec<Lag> {
+    let mut out: Vec<Lag> = path
+        .iter()
+        .map(|st| Lag {
+            stage: st.index,
+            lags: Vec::new(),
+        })
+        .collect();
+    log.waits(|slot, ns| {
+        let Some(st) = path.iter().rev().find(|st| st.offset <= slot) else {
+            return;
+        };
+        let Some((id, _)) = st.steer.owner(slot - st.offset) else {
+            return;
+        };
+        let lags = &mut out[st.index as usize].lags;
+        match lags.iter_mut().find(|(i, _)| *i == id) {
+            Some(l) => l.1 = l.1.max(ns),
+            None => lags.push((id, ns)),
+        }
+    });
+    out
 }
 
 /// Where an output comes from.

@@ -20,6 +20,11 @@
 //!   `missed × interval` is dead; its partitions are reassigned in the same tick (failing over is
 //!   cheap when state lives in the store, so detection can be fast and speculative). An instance
 //!   started but not heard from within `start_timeout` is failed too.
+//! * Stragglers (CHC §5.3): the root measures how long each instance's packets wait
+//!   ([`Lag`]); an instance whose packets waited `straggler` or longer in `missed` consecutive
+//!   root reports, while another live instance of its stage kept up, is failed over like a
+//!   dead one ([`Decision::Straggler`]): its partitions go to the others, the root replays
+//!   what it had not finished, and its late outputs are dropped by epoch.
 //! * Scaling (StatelessNF §4.2, HashMVT §IV-D2): the controller drives the number of starting
 //!   and live instances to a target, set by [`Controller::scale`], lowered by
 //!   [`Controller::drain`], or moved one step at a time on load thresholds (η, Eq. 1) when
@@ -41,6 +46,7 @@ pub const NO_OWNER: InstanceId = 0;
 
 const ASSIGNMENT_MAGIC: &[u8; 4] = b"FSAS";
 const REPORT_MAGIC: &[u8; 4] = b"FSRP";
+const LAG_MAGIC: &[u8; 4] = b"FSLG";
 /// The format version of [`Assignment`] and [`Report`] this code writes and reads.
 pub const FORMAT_VERSION: u8 = 2;
 
@@ -396,6 +402,9 @@ pub struct ClusterConfig {
     pub scale_in_load: f64,
     /// Consecutive intervals above / below a threshold before acting (default 5).
     pub scale_periods: u32,
+    /// How long an instance's packets may wait before it is a straggler, ns (default 250 ms;
+    /// 0: never).
+    pub straggler: Nanos,
 }
 
 impl Default for ClusterConfig {
@@ -412,6 +421,7 @@ impl Default for ClusterConfig {
             scale_out_load: 0.8,
             scale_in_load: 0.2,
             scale_periods: 5,
+            straggler: 250_000_000,
         }
     }
 }
@@ -477,6 +487,55 @@ pub enum Decision {
         /// The instance.
         id: InstanceId,
     },
+    /// The instance is a straggler (CHC §5.3): alive, but its packets waited `lag_ns` at
+    /// the last root report. It is failed over as [`Decision::Failed`] is (make sure its
+    /// process is gone); reported once, in the same place.
+    Straggler {
+        /// The instance.
+        id: InstanceId,
+        /// How long its oldest packet had waited, ns.
+        lag_ns: Nanos,
+    },
+}
+
+/// The root's measure of how long each instance's packets wait (CHC §5.3): per instance of a
+/// stage, the longest time a packet sent to it waited for its answer in the last interval,
+/// or has been waiting so far.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lag {
+    /// The stage.
+    pub stage: u32,
+    /// (instance, longest wait in ns).
+    pub lags: Vec<(InstanceId, Nanos)>,
+}
+
+impl Lag {
+    /// The encoded report.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(13 + 12 * self.lags.len());
+        out.extend_from_slice(LAG_MAGIC);
+        out.push(FORMAT_VERSION);
+        out.extend_from_slice(&self.stage.to_be_bytes());
+        out.extend_from_slice(&(self.lags.len() as u32).to_be_bytes());
+        for (id, ns) in &self.lags {
+            out.extend_from_slice(&id.to_be_bytes());
+            out.extend_from_slice(&ns.to_be_bytes());
+        }
+        out
+    }
+
+    /// Decodes `b`; never panics.
+    pub fn decode(b: &[u8]) -> Result<Lag, DecodeError> {
+        let mut r = Reader::open(b, LAG_MAGIC)?;
+        let stage = r.u32()?;
+        let n = r.count(12)?;
+        let mut lags = Vec::with_capacity(n);
+        for _ in 0..n {
+            lags.push((r.u32()?, r.u64()?));
+        }
+        r.finish()?;
+        Ok(Lag { stage, lags })
+    }
 }
 
 /// Why a command was refused.
@@ -525,6 +584,10 @@ struct Member {
     report: Option<Report>,
     /// Draining and owning nothing since this assignment version.
     drained_at: Option<u64>,
+    /// Consecutive root reports in which its packets waited `straggler` or longer, and the
+    /// last wait reported.
+    slow: u32,
+    lag: Nanos,
 }
 
 impl Member {
@@ -536,6 +599,8 @@ impl Member {
             heard: None,
             report: None,
             drained_at: None,
+            slow: 0,
+            lag: 0,
         }
     }
 
@@ -643,6 +708,25 @@ impl Controller {
         }
     }
 
+    /// Takes the root's [`Lag`] report of this controller's stage.
+    pub fn on_lag(&mut self, lag: &Lag) {
+        let threshold = self.config.straggler;
+        for &(id, ns) in &lag.lags {
+            if let Some(m) = self
+                .members
+                .get_mut(&id)
+                .filter(|m| m.state == MemberState::Live)
+            {
+                m.lag = ns;
+                m.slow = if threshold > 0 && ns >= threshold {
+                    m.slow.saturating_add(1)
+                } else {
+                    0
+                };
+            }
+        }
+    }
+
     /// Decides at `now`; call it every interval (or more often). Emits, in this order: the
     /// instances declared dead, the new assignment if it changed, the instances to stop, the
     /// instances to start.
@@ -667,6 +751,24 @@ impl Controller {
                 m.state = MemberState::Dead;
                 m.drained_at = None;
                 failed.push(Decision::Failed { id: *id });
+            }
+        }
+        // Stragglers (CHC §5.3): slow for `missed` root reports while another live instance
+        // keeps up (a stage that is slow as a whole needs more instances, not fewer).
+        let keeps_up = self
+            .members
+            .values()
+            .any(|m| m.state == MemberState::Live && m.slow == 0);
+        if keeps_up {
+            for (id, m) in &mut self.members {
+                if m.state == MemberState::Live && m.slow >= self.config.missed.max(1) {
+                    m.state = MemberState::Dead;
+                    m.slow = 0;
+                    failed.push(Decision::Straggler {
+                        id: *id,
+                        lag_ns: m.lag,
+                    });
+                }
             }
         }
 

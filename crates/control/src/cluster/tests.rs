@@ -111,6 +111,66 @@ impl Sim {
 }
 
 #[test]
+fn a_straggler_is_failed_over_when_another_instance_keeps_up() {
+    let mut s = Sim::cluster(3);
+    let before = s.c.assignment().clone();
+    let lag = |ns: &[(InstanceId, Nanos)]| Lag {
+        stage: 0,
+        lags: ns.to_vec(),
+    };
+    // Instance 2's packets wait 300 ms in two root reports, then a fast one: nothing yet.
+    for waits in [300, 300, 1, 300, 300] {
+        s.c.on_lag(&lag(&[(1, MS), (2, waits * MS), (3, MS)]));
+        assert!(s.step(&[1, 2, 3]).is_empty());
+    }
+    // The third slow report in a row: failed over (its partitions to 1 and 3), replaced.
+    s.c.on_lag(&lag(&[(1, MS), (2, 300 * MS), (3, MS)]));
+    let d = s.step(&[1, 2, 3]);
+    assert_eq!(
+        d[0],
+        Decision::Straggler {
+            id: 2,
+            lag_ns: 300 * MS
+        }
+    );
+    assert_eq!(d.last(), Some(&Decision::Start { id: 2 }));
+    let a = published(&d)[0];
+    assert_eq!(counts(a).get(&2), None);
+    for (old, new) in before.slots.iter().zip(&a.slots) {
+        assert_eq!(old.owner == Some(2), new.epoch == old.epoch + 1);
+    }
+    // A stage that is slow as a whole loses nobody (it needs more instances, not fewer).
+    let mut s = Sim::cluster(2);
+    for _ in 0..5 {
+        s.c.on_lag(&lag(&[(1, 400 * MS), (2, 400 * MS)]));
+        assert!(s.step(&[1, 2]).is_empty());
+    }
+    // Off: never.
+    let mut s = Sim::cluster(2);
+    s.c.config.straggler = 0;
+    for _ in 0..5 {
+        s.c.on_lag(&lag(&[(1, MS), (2, 10_000 * MS)]));
+        assert!(s.step(&[1, 2]).is_empty());
+    }
+}
+
+proptest! {
+    #[test]
+    fn lag_reports_round_trip_and_garbage_never_panics(
+        stage: u32,
+        lags in prop::collection::vec((1u32.., any::<u64>()), 0..20),
+        junk in prop::collection::vec(any::<u8>(), 0..64),
+    ) {
+        let l = Lag { stage, lags };
+        prop_assert_eq!(Lag::decode(&l.encode()), Ok(l.clone()));
+        let mut cut = l.encode();
+        cut.pop();
+        prop_assert!(Lag::decode(&cut).is_err());
+        let _ = Lag::decode(&junk);
+    }
+}
+
+#[test]
 fn assignment_round_trips_and_rejects_garbage() {
     let a = Assignment {
         version: 7,
@@ -794,7 +854,7 @@ proptest! {
                     let a = c.assignment().clone();
                     // Decisions come in kind order: Failed, Publish, Stop, Start.
                     let rank = |d: &Decision| match d {
-                        Decision::Failed { .. } => 0,
+                        Decision::Failed { .. } | Decision::Straggler { .. } => 0,
                         Decision::Publish(_) => 1,
                         Decision::Stop { .. } => 2,
                         Decision::Start { .. } => 3,
@@ -839,7 +899,7 @@ proptest! {
                     prop_assert!((1..=5).contains(&c.target()));
                     for x in &d {
                         match x {
-                            Decision::Failed { id } => {
+                            Decision::Failed { id } | Decision::Straggler { id, .. } => {
                                 prop_assert!(matches!(before.get(id),
                                     Some(MemberState::Starting | MemberState::Live
                                         | MemberState::Draining)));
