@@ -45,7 +45,10 @@
 //!   `metrics.cluster_slow_path_cores_*`. The same chain cut into two stages (firewall, then
 //!   NAT: `examples/cluster-stages.toml`), one instance each, without the fast path:
 //!   `ratios.two_stages_vs_one_slow_path_goodput` against the one-instance cluster (every
-//!   packet takes one more hop through the root and one more instance).
+//!   packet takes one more hop through the root and one more instance). What the root's
+//!   packet log (CHC §5: a copy of every packet and of every output it holds until the
+//!   commit's notice) costs: `ratios.slow_path_goodput_log_vs_no_log`, the one-instance
+//!   cluster without the fast path against the same with `log_packets = 0`.
 //!
 //! Needs root, iproute2, curl, iperf3, python3, keepalived and conntrackd
 //! (scripts/setup-live); without them the report carries `params.error`.
@@ -163,13 +166,22 @@ fn measure(lab: &ClusterLab, p: &Params, report: &mut Report) -> Result<(), Stri
         box_bps[i] = bps;
         drop(b);
     }
-    // A one-instance cluster without the root's fast path, then with it (the default, which
-    // then goes on to the failover).
-    let mut cluster_bps = [0.0; 2];
-    for (i, fast) in [false, true].into_iter().enumerate() {
-        let name = if fast { "cluster" } else { "cluster_slow_path" };
-        eprintln!("failover: goodput through a one-instance cluster (fast path {fast})");
-        lab.cluster_up(name, &cluster_config(1, "claim", fast))?;
+    // A one-instance cluster without the root's fast path and without its packet log, then
+    // without the fast path, then with it (the default, which then goes on to the failover).
+    let mut cluster_bps = [0.0; 3];
+    let variants = [
+        ("cluster_slow_path_no_log", false, "log_packets = 0\n"),
+        ("cluster_slow_path", false, ""),
+        ("cluster", true, ""),
+    ];
+    for (i, (name, fast, log)) in variants.into_iter().enumerate() {
+        eprintln!("failover: goodput through a one-instance cluster ({name})");
+        let config = cluster_config(1, "claim", fast).replacen(
+            "[cluster]\n",
+            &format!("[cluster]\n{log}"),
+            1,
+        );
+        lab.cluster_up(name, &config)?;
         lab.wait_settled(1, 30)?;
         let meter = CpuMeter::start(&lab.roles());
         let (bps, retr) = lab.iperf3(p.iperf_secs)?;
@@ -181,18 +193,22 @@ fn measure(lab: &ClusterLab, p: &Params, report: &mut Report) -> Result<(), Stri
         cluster_bps[i] = bps;
         lab.cluster_down()?;
     }
-    report.ratio("cluster_vs_box_goodput", ratio(cluster_bps[1], box_bps[0]));
+    report.ratio("cluster_vs_box_goodput", ratio(cluster_bps[2], box_bps[0]));
+    report.ratio(
+        "slow_path_goodput_log_vs_no_log",
+        ratio(cluster_bps[1], cluster_bps[0]),
+    );
     let staged_bps = staged_goodput(lab, p, report);
     // The one-stage cluster goes on to the failover: bring it back.
     lab.cluster_up("cluster", &cluster_config(1, "claim", true))?;
     lab.wait_settled(1, 30)?;
     report.ratio(
         "two_stages_vs_one_slow_path_goodput",
-        ratio(staged_bps?, cluster_bps[0]),
+        ratio(staged_bps?, cluster_bps[1]),
     );
     report.ratio(
         "cluster_vs_box_slow_path_goodput",
-        ratio(cluster_bps[0], box_bps[1]),
+        ratio(cluster_bps[1], box_bps[1]),
     );
 
     // Failover on three instances.
