@@ -23,6 +23,12 @@
 //!   `metrics.root_recovery_ms` is the new root's time from its start to every partition's
 //!   owner ready (its `ready_ms`), `root_gap_ms` the longest silence at the server and
 //!   `root_lost` the datagrams that arrived while no root ran (nothing buffers them).
+//!   **R5, a straggler**: instance 1 of a cluster with `straggler = "40ms"` and 5 missed
+//!   reports runs 20 ms in every 120 under the stream: `metrics.straggler_detected` (the
+//!   controller failed it over as a straggler), `straggler_lost`, `straggler_replayed`,
+//!   `duplicate_outputs_with_suppression` (datagrams the server got twice) and
+//!   `duplicate_outputs_without_suppression` (the straggler's late outputs and notices the
+//!   root dropped: what would have gone downstream without it; CHC Table 5).
 //! * **R4, chain-wide ordering** (§7.3, W1–W3): the trojan trace (`gen --profile trojan`,
 //!   110 inside hosts, 11 infected) goes through per-protocol scrubbers upstream of the trojan
 //!   detector (SSH, FTP and IRC connections each through their own), with a host's three
@@ -787,6 +793,54 @@ mod lab {
                 report.param(&format!("lab_error_{tag}_log"), e);
             }
         }
+        if let Err(e) = straggler(report, rate, secs) {
+            report.param("lab_error_straggler", e);
+        }
+    }
+
+    /// R5: instance 1 runs 20 ms in every 120 (SIGSTOP/SIGCONT) under the stream, alive to
+    /// the failure detector (5 missed reports), a straggler to the root (`straggler =
+    /// "40ms"`). The duplicates its late outputs would have caused are what the root dropped.
+    fn straggler(report: &mut Report, rate: u32, secs: u32) -> Result<(), String> {
+        let c = ClusterLab::up("chs", 4)?;
+        let config = cluster_config(3, "claim", false).replacen(
+            "[cluster]\n",
+            "[cluster]\nmissed = 5\nstraggler = \"40ms\"\n",
+            1,
+        );
+        c.cluster_up("chs", &config)?;
+        c.wait_settled(3, 30)?;
+        let pid = c.role_pid("instance-1").ok_or("instance 1 does not run")? as libc::pid_t;
+        let got = stream(&c, rate, secs, || {
+            let until = std::time::Instant::now() + Duration::from_secs(u64::from(secs));
+            // SAFETY: signals to a process of our cluster; it is left running or gone.
+            while std::time::Instant::now() < until && unsafe { libc::kill(pid, 0) } == 0 {
+                unsafe { libc::kill(pid, libc::SIGSTOP) };
+                std::thread::sleep(Duration::from_millis(100));
+                unsafe { libc::kill(pid, libc::SIGCONT) };
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            unsafe { libc::kill(pid, libc::SIGCONT) };
+            Ok(())
+        })?;
+        let status = c.wait_settled(3, 30)?;
+        let log = std::fs::read_to_string(c.lab.state_dir().join("cluster/controller.log"))
+            .unwrap_or_default();
+        report.metric(
+            "straggler_detected",
+            f64::from(u8::from(log.contains("straggler"))),
+        );
+        report.metric("straggler_lost", f64::from(got.lost));
+        report.metric(
+            "duplicate_outputs_with_suppression",
+            f64::from(got.duplicates),
+        );
+        report.metric(
+            "duplicate_outputs_without_suppression",
+            root_counter(&status, "duplicates_suppressed"),
+        );
+        report.metric("straggler_replayed", root_counter(&status, "replayed"));
+        Ok(())
     }
 
     /// A stream of `secs` at `rate` with `during` done a second in.

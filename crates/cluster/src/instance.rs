@@ -92,7 +92,8 @@ pub struct InstanceStats {
     /// Packets the root replayed to this instance (their first owner failed).
     pub replayed: u64,
     /// Replayed packets whose state changes the failed owner had committed: not processed
-    /// again (their output was lost with it).
+    /// again (their outputs, sent to the root before that commit, go on with this
+    /// instance's notice).
     pub replay_committed: u64,
 }
 
@@ -307,29 +308,32 @@ impl Instance {
         for o in self.owned.iter_mut().flatten().filter(|o| o.dirty) {
             // Declared last, so written last: in the store only with everything before it.
             o.committed.set_nowait(encode_clocks(&o.batch));
-            o.batch.clear();
             if let Err(e) = o.state.begin_flush_all(now) {
                 result = Err(ClusterError::Store(e.to_string()));
             }
         }
         for o in self.owned.iter_mut().flatten().filter(|o| o.dirty) {
-            o.dirty = false;
-            if let Err(e) = o.state.end_flush_all() {
-                result = Err(ClusterError::Store(e.to_string()));
+            match o.state.end_flush_all() {
+                Ok(()) if result.is_ok() => {
+                    o.dirty = false;
+                    o.batch.clear();
+                }
+                Ok(()) => {}
+                Err(e) => result = Err(ClusterError::Store(e.to_string())),
             }
         }
         if result.is_err() {
+            // Not durable yet. The engine sends the failed writes again ahead of the next
+            // ones, so the next commit covers this batch too: its partitions stay dirty, their
+            // clocks stay in the record, and its notices wait for that commit.
             self.stats.commit_errors += 1;
-            // Not durable: the root keeps them logged.
-            self.done.clear();
-            self.released.clear();
         }
         result
     }
 
-    /// What the last commit finished, for the root: the packets whose outputs it may send
+    /// What the commits so far finished, for the root: the packets whose outputs it may send
     /// on ([`Kind::Committed`]) and those the chain dropped ([`Kind::Done`]), as (clock,
-    /// epoch), until [`Instance::clear_notices`].
+    /// epoch), until [`Instance::clear_notices`]; valid after a successful commit.
     pub fn notices(&self) -> (&[Notice], &[Notice]) {
         (&self.released, &self.done)
     }

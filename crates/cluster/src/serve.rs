@@ -362,24 +362,26 @@ fn finish(
             tracing::warn!("cannot send to the root: {e}");
         }
     };
-    let mut pick = Some(pick);
-    if root.logs {
-        if let Some(p) = pick.take() {
-            send(dg, p);
+    // Nothing leaves the cluster that the store does not hold: on a failed commit the root
+    // keeps the outputs until a later commit's notices (without a log, they are dropped and
+    // the senders retransmit).
+    let commit = |inst: &mut Instance| match inst.commit(now) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!("commit failed, the batch's packets do not leave the cluster: {e}");
+            false
         }
-    }
-    if let Err(e) = inst.commit(now) {
-        // Nothing leaves that the store does not hold: the senders retransmit.
-        tracing::warn!("commit failed, the batch's packets do not leave the cluster: {e}");
-        return;
-    }
-    if let Some(p) = pick {
-        send(dg, p);
-    }
-    let (released, done) = inst.notices();
+    };
     if root.logs {
+        send(dg, pick);
+        if !commit(inst) {
+            return; // the notices wait for the next commit, which covers this batch too
+        }
+        let (released, done) = inst.notices();
         root.notify(Kind::Committed, released);
         root.notify(Kind::Done, done);
+    } else if commit(inst) {
+        send(dg, pick);
     }
     inst.clear_notices();
 }
