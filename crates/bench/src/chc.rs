@@ -880,6 +880,8 @@ mod lab {
             "log_evicted",
             "send_errors",
             "unlogged_outputs",
+            "unresolved",
+            "send_dropped",
         ] {
             report.metric(
                 &format!("nf_root_{key}_{tag}_log"),

@@ -137,6 +137,11 @@ pub struct RootStats {
     pub move_ms_p50: f64,
     /// Send errors towards instances.
     pub send_errors: u64,
+    /// Frames out of a port dropped because the next hop's MAC was not known yet (it is asked
+    /// for; a restarted root learns it on the first packet).
+    pub unresolved: u64,
+    /// Frames a port refused to send.
+    pub send_dropped: u64,
     /// The XDP fast path (zero when it is off).
     #[serde(flatten)]
     pub fast: FastStats,
@@ -517,7 +522,7 @@ pub fn run_root(
         tx_ports,
         addrs,
         o.inside_prefixes.clone(),
-        shared,
+        Arc::clone(&shared),
         64,
         MAX_FRAME,
     );
@@ -691,14 +696,14 @@ pub fn run_root(
         if Instant::now() >= next_stats {
             next_stats += Duration::from_millis(200);
             out.stats.clock = clock;
-            fill(&mut out, &path);
+            fill(&mut out, &path, &shared);
             if let Some(f) = &o.stats_file {
                 crate::write_json(f, &out.stats);
             }
         }
     }
     out.stats.clock = clock;
-    fill(&mut out, &path);
+    fill(&mut out, &path, &shared);
     if let Some(f) = &o.stats_file {
         crate::write_json(f, &out.stats);
     }
@@ -794,8 +799,13 @@ fn raw(s: &std::net::UdpSocket) -> std::os::fd::RawFd {
     s.as_raw_fd()
 }
 
-fn fill(out: &mut Out, path: &[Stage]) {
+fn fill(out: &mut Out, path: &[Stage], shared: &Shared) {
     let stats = &mut out.stats;
+    let ports = &shared.stats;
+    stats.unresolved = ports.unresolved.load(std::sync::atomic::Ordering::Relaxed);
+    stats.send_dropped = ports
+        .send_dropped
+        .load(std::sync::atomic::Ordering::Relaxed);
     stats.steer = SteerStats::default();
     for st in path {
         stats.steer += st.steer.stats();
