@@ -2,14 +2,15 @@
 //!
 //! * **Per-packet overhead of externalized state** (§7.1, Fig. 8): the NAT on 1,000
 //!   established UDP flows, each packet timed alone: `t` traditional (its state in the
-//!   process: the embedded store, whose cache is the only copy), `c` externalized to our store
-//!   over loopback, cached, every packet's changes sent and acknowledged before the next (one
-//!   round trip a packet), and `na` the same without waiting: changes flushed every 1 ms in
-//!   the background (flowstate's default). `metrics.overhead_us_p50_{t,c,na}` and
+//!   process: the embedded store, whose cache is the only copy); `eo` externalized to our
+//!   store over loopback with no cache (`StateConfig::uncached`: every read a round trip, the
+//!   packet's changes sent without waiting); `c` cached, every packet's changes sent and
+//!   acknowledged before the next (one round trip a packet); and `na` cached without waiting:
+//!   changes flushed every 1 ms in the background (flowstate's default).
+//!   `metrics.overhead_us_p50_{t,eo,c,na}` and
 //!   `ratios.na_vs_t_overhead_us`, the median µs `na` adds to `t` (CHC: +0.54 µs for its
 //!   NAT); `overhead_us_mean_{t,na}` include `na`'s background flushes, which the median
-//!   hides. CHC's `eo` (no cache, every access a round trip) has no counterpart: the engine
-//!   always caches a partition's own state.
+//!   hides.
 //! * **R6 in the lab** (needs root; skipped with `params.lab` saying so otherwise): a
 //!   3-instance cluster (firewall → NAT, 16 partitions, every packet through the instances)
 //!   carries a numbered one-way UDP stream of 32 flows at 4,000 datagrams a second, and one
@@ -111,17 +112,19 @@ fn loopback_store(
 // ------------------------------------------------------------------------------------------
 // §7.1, Fig. 8: what externalized state adds per packet
 
-/// How a model waits for the store.
+/// How a model uses the store.
 #[derive(Clone, Copy, PartialEq)]
-enum Wait {
-    /// Every packet's changes acknowledged before the next packet.
+enum Model {
+    /// No cache: every read a round trip, every packet's changes sent without waiting (`eo`).
+    Uncached,
+    /// Cached; every packet's changes acknowledged before the next packet (`c`).
     Each,
-    /// Flushed every 1 ms without waiting.
+    /// Cached; changes flushed every 1 ms without waiting (`t` on the embedded store, `na`).
     Never,
 }
 
 /// Per-packet NAT times (ns) over `flows` established flows, `packets` packets.
-fn nat_times(connector: &dyn Connector, wait: Wait, flows: usize, packets: usize) -> Vec<u64> {
+fn nat_times(connector: &dyn Connector, model: Model, flows: usize, packets: usize) -> Vec<u64> {
     use crate::nf_throughput::{chains, flow_keys, frame};
     let table = chains()
         .into_iter()
@@ -134,7 +137,11 @@ fn nat_times(connector: &dyn Connector, wait: Wait, flows: usize, packets: usize
     let Ok(factory) = flowstate_nf::registry::factory("nat", &table) else {
         return Vec::new();
     };
-    let Ok(mut part) = Partition::new(connector, StateConfig::default()) else {
+    let config = StateConfig {
+        uncached: model == Model::Uncached,
+        ..StateConfig::default()
+    };
+    let Ok(mut part) = Partition::new(connector, config) else {
         return Vec::new();
     };
     let worker = flowstate_nf::WorkerInfo {
@@ -165,11 +172,12 @@ fn nat_times(connector: &dyn Connector, wait: Wait, flows: usize, packets: usize
             };
             nf.process(&mut p, &cx);
         }
-        match wait {
-            Wait::Each => {
+        match model {
+            Model::Uncached => part.flush(now),
+            Model::Each => {
                 let _ = part.flush_all(now);
             }
-            Wait::Never => part.maybe_flush(now),
+            Model::Never => part.maybe_flush(now),
         }
         if let Some(times) = times {
             times.push(t.elapsed().as_nanos() as u64);
@@ -207,10 +215,12 @@ fn overheads(report: &mut Report, effort: Effort) {
             mean / 1e3,
         )
     };
-    let (t, t_mean) = stats(nat_times(&LocalStore::new(), Wait::Never, flows, packets));
-    let (c, _) = stats(nat_times(&store, Wait::Each, flows, acked));
-    let (na, na_mean) = stats(nat_times(&store, Wait::Never, flows, packets));
+    let (t, t_mean) = stats(nat_times(&LocalStore::new(), Model::Never, flows, packets));
+    let (eo, _) = stats(nat_times(&store, Model::Uncached, flows, acked));
+    let (c, _) = stats(nat_times(&store, Model::Each, flows, acked));
+    let (na, na_mean) = stats(nat_times(&store, Model::Never, flows, packets));
     report.metric("overhead_us_p50_t", t);
+    report.metric("overhead_us_p50_eo", eo);
     report.metric("overhead_us_p50_c", c);
     report.metric("overhead_us_p50_na", na);
     // The mean carries what the median hides: `na`'s flush every 1 ms, amortized.

@@ -552,6 +552,7 @@ impl Runtime {
                     exclusive: count == 1,
                     queue_depth: o.queue_depth,
                     retain_ops: o.retain_ops,
+                    uncached: false,
                 },
             )
             .map_err(|error| RunError::State {

@@ -46,6 +46,10 @@ pub struct StateConfig {
     /// again (default a million, about 100 MB of small operations); beyond, the oldest are
     /// given up and counted in [`LinkStats::lost_ops`].
     pub retain_ops: usize,
+    /// No caching at all: every object offloaded, every read a round trip to the store
+    /// (CHC §7.1's model #1, "externalized operations"). A baseline for experiments; off by
+    /// default.
+    pub uncached: bool,
 }
 
 impl Default for StateConfig {
@@ -57,6 +61,7 @@ impl Default for StateConfig {
             exclusive: false,
             queue_depth: 64,
             retain_ops: 1_000_000,
+            uncached: false,
         }
     }
 }
@@ -660,7 +665,12 @@ impl Declare<'_> {
         if nf.is_empty() || nf.contains(|c: char| c == '@' || c.is_whitespace()) {
             return Err(StateError::BadId(nf.to_string()));
         }
-        let strategy = Strategy::choose(scope, access);
+        let uncached = self.partition.config.uncached;
+        let strategy = if uncached {
+            Strategy::Offload
+        } else {
+            Strategy::choose(scope, access)
+        };
         let key = if scope.is_partitioned() {
             ObjectKey::partitioned(&self.owner, kind, id)
         } else {
@@ -668,6 +678,7 @@ impl Declare<'_> {
         };
         let link = Rc::clone(&self.partition.link);
         let authoritative = link.in_process
+            && !uncached
             && (scope.is_partitioned()
                 || (strategy == Strategy::CacheExclusive && self.partition.config.exclusive));
         // Never uncached for an exclusive read-write shared object on a remote store: CHC

@@ -546,3 +546,52 @@ fn while_the_state_thread_is_behind_changes_coalesce_and_no_older_write_overtake
     let ops = wire.ops.load(Ordering::SeqCst);
     assert!(ops <= 8, "{ops} operations reached the store");
 }
+
+#[test]
+fn uncached_partitions_read_through_to_the_store_on_every_access() {
+    let store = Remote(LocalStore::new());
+    let mut p = Partition::new(
+        &store,
+        StateConfig {
+            uncached: true,
+            ..StateConfig::default()
+        },
+    )
+    .unwrap();
+    let mut d = p.declare("nat");
+    let m = d
+        .map::<u32, u32>("flows", Scope::PerFlow, Access::ReadMostly)
+        .unwrap();
+    assert_eq!(
+        m.strategy(),
+        Strategy::Offload,
+        "not the cache its scope would choose"
+    );
+    m.insert_nowait(1, 100);
+    p.flush(0);
+    let calls = |p: &Partition| p.stats().sync_calls.load(Ordering::Relaxed);
+    let before = calls(&p);
+    for t in 1..=3 {
+        assert_eq!(m.get(&1).unwrap(), Some(100));
+        p.flush(t * S);
+    }
+    assert_eq!(
+        calls(&p) - before,
+        3,
+        "one round trip per read after each flush"
+    );
+    // The cached default reads the same field from its cache.
+    let mut q = part(&store, 1);
+    let mut d = q.declare("nat");
+    let cached = d
+        .map::<u32, u32>("flows", Scope::PerFlow, Access::ReadMostly)
+        .unwrap();
+    cached.insert_nowait(1, 100);
+    q.flush(0);
+    let before = calls(&q);
+    for t in 1..=3 {
+        assert_eq!(cached.get(&1).unwrap(), Some(100));
+        q.flush(t * S);
+    }
+    assert_eq!(calls(&q), before);
+}
