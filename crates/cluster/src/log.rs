@@ -120,8 +120,8 @@ pub struct PacketLog {
     /// The time now, ns ([`PacketLog::set_now`]).
     now: u64,
     /// Per partition (numbered across stages): the longest a packet waited for its stage's
-    /// answer since the last [`PacketLog::waits`].
-    waited: Vec<u64>,
+    /// answer since the last [`PacketLog::waits`], and the newest clock answered.
+    waited: Vec<(u64, u64)>,
     stats: LogStats,
 }
 
@@ -155,7 +155,7 @@ impl PacketLog {
             head: 0,
             first: 0,
             now: 0,
-            waited: vec![0; slots as usize],
+            waited: vec![(0, 0); slots as usize],
             stats: LogStats::default(),
         }
     }
@@ -176,15 +176,19 @@ impl PacketLog {
     }
 
     /// Notes that the packet in `e` got its stage's answer now.
-    fn answered(waited: &mut [u64], now: u64, e: &Entry) {
-        if let Some(w) = waited.get_mut(e.slot as usize) {
+    fn answered(waited: &mut [(u64, u64)], now: u64, e: &Entry) {
+        if let Some((w, newest)) = waited.get_mut(e.slot as usize) {
             *w = (*w).max(now.saturating_sub(e.sent_ns));
+            *newest = (*newest).max(e.clock);
         }
     }
 
     /// Calls `f(slot, ns)` for every partition with the longest any of its packets waited
     /// for its stage's answer since the last call, or has been waiting so far (CHC §5.3: the
-    /// root's view of stragglers), and starts a new interval.
+    /// root's view of stragglers), and starts a new interval. A packet still unanswered after
+    /// a newer one of its partition was answered is not waiting but lost on the way (an
+    /// instance answers a partition's packets in order): it does not count, so one lost
+    /// datagram never makes its instance a straggler.
     pub fn waits(&mut self, mut f: impl FnMut(u32, u64)) {
         if self.enabled() && self.head != 0 {
             self.advance();
@@ -192,11 +196,15 @@ impl PacketLog {
             for clock in oldest..=self.head {
                 let e = &self.entries[(clock & self.mask) as usize];
                 if e.clock == clock && e.live && e.epoch != HELD {
-                    Self::answered(&mut self.waited, self.now, e);
+                    if let Some((w, newest)) = self.waited.get_mut(e.slot as usize) {
+                        if e.clock > *newest {
+                            *w = (*w).max(self.now.saturating_sub(e.sent_ns));
+                        }
+                    }
                 }
             }
         }
-        for (slot, w) in self.waited.iter_mut().enumerate() {
+        for (slot, (w, _)) in self.waited.iter_mut().enumerate() {
             f(slot as u32, *w);
             *w = 0;
         }
@@ -596,6 +604,13 @@ mod tests {
         w.clear();
         log.waits(|slot, ns| w.push((slot, ns)));
         assert_eq!(w, [(0, 0), (1, 0), (2, 300)], "a new interval");
+        // Clock 4 to partition 2 is answered: 3 was lost on the way, not waiting.
+        log.log(4, IN);
+        log.sent(4, 0, 2, 1, b"x");
+        assert!(log.delete(4, 0, 1));
+        w.clear();
+        log.waits(|slot, ns| w.push((slot, ns)));
+        assert_eq!(w, [(0, 0), (1, 0), (2, 0)]);
     }
 
     #[test]
