@@ -241,6 +241,10 @@ impl<S: Source> Source for Counting<'_, S> {
         }
         Ok(n)
     }
+
+    fn idle_now(&mut self) -> Option<u64> {
+        self.inner.as_mut().and_then(Source::idle_now)
+    }
 }
 
 impl<S: WorkerSink> WorkerSink for Counting<'_, S> {

@@ -351,6 +351,8 @@ pub struct LiveSource<P: Port> {
     arp_out: [PacketBatch; 2],
     /// How long one wait for packets lasts before the stop flag is looked at again.
     pub poll: Duration,
+    /// The last `recv` found nothing within [`IDLE_TICK`] (and the box is not stopping).
+    idle: bool,
 }
 
 impl<P: Port> std::fmt::Debug for LiveSource<P> {
@@ -373,6 +375,7 @@ impl<P: Port> LiveSource<P> {
             stop,
             arp_out: [PacketBatch::new(16, 64), PacketBatch::new(16, 64)],
             poll: Duration::from_millis(50),
+            idle: false,
         }
     }
 
@@ -451,13 +454,26 @@ impl<P: Port> LiveSource<P> {
     }
 }
 
-impl<P: Port> Source for LiveSource<P> {
-    /// Blocks until at least one packet is there (returns what is ready, up to a batch) or
-    /// the box is stopped (returns 0).
-    fn recv(&mut self, batch: &mut PacketBatch) -> flowstate_io::Result<usize> {
+impl<P: Port> LiveSource<P> {
+    /// What is ready within `within` (up to a batch): 0 when nothing came by then, or the
+    /// box is stopped.
+    pub fn recv_within(
+        &mut self,
+        batch: &mut PacketBatch,
+        within: Duration,
+    ) -> flowstate_io::Result<usize> {
+        let deadline = Instant::now() + within;
+        self.recv_until(batch, Some(deadline))
+    }
+
+    fn recv_until(
+        &mut self,
+        batch: &mut PacketBatch,
+        deadline: Option<Instant>,
+    ) -> flowstate_io::Result<usize> {
         batch.clear();
         loop {
-            if self.stop.stopped() {
+            if self.stop.stopped() || deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(0);
             }
             self.receive(batch)?;
@@ -472,12 +488,33 @@ impl<P: Port> Source for LiveSource<P> {
                     n += 1;
                 }
             }
+            let wait = deadline.map_or(self.poll, |d| {
+                self.poll.min(d.saturating_duration_since(Instant::now()))
+            });
             if n == 0 {
-                std::thread::sleep(self.poll.min(Duration::from_millis(1)));
+                std::thread::sleep(wait.min(Duration::from_millis(1)));
             } else {
-                flowstate_io::afpacket::wait_readable(&raw[..n], self.poll)?;
+                flowstate_io::afpacket::wait_readable(&raw[..n], wait)?;
             }
         }
+    }
+}
+
+impl<P: Port> Source for LiveSource<P> {
+    /// What is ready (up to a batch) within [`IDLE_TICK`]; 0 when nothing came by then (the
+    /// box is idle: [`Source::idle_now`] says so) or the box is stopped (the end).
+    fn recv(&mut self, batch: &mut PacketBatch) -> flowstate_io::Result<usize> {
+        let n = self.recv_within(batch, IDLE_TICK)?;
+        self.idle = n == 0 && !self.stop.stopped();
+        Ok(n)
+    }
+
+    fn idle_now(&mut self) -> Option<u64> {
+        std::mem::take(&mut self.idle).then(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+        })
     }
 }
 
@@ -634,6 +671,10 @@ pub struct LiveWorker<R: Port, T: Port> {
     fast: Option<Learner>,
 }
 
+/// How long a live box waits for packets before it lets the NFs' timers run anyway
+/// ([`Source::idle_now`]).
+pub const IDLE_TICK: Duration = Duration::from_millis(100);
+
 /// What the fast path learns from: each packet as it came in, before the chain changed it, and
 /// as it went out.
 struct Learner {
@@ -680,6 +721,7 @@ impl<R: Port, T: Port> LiveWorker<R, T> {
 }
 
 impl<R: Port, T: Port> Source for LiveWorker<R, T> {
+    /// As [`LiveSource`]'s.
     fn recv(&mut self, batch: &mut PacketBatch) -> flowstate_io::Result<usize> {
         let n = self.source.recv(batch)?;
         if let Some(l) = &mut self.fast {
@@ -689,6 +731,10 @@ impl<R: Port, T: Port> Source for LiveWorker<R, T> {
             }
         }
         Ok(n)
+    }
+
+    fn idle_now(&mut self) -> Option<u64> {
+        self.source.idle_now()
     }
 }
 

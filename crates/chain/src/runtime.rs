@@ -208,6 +208,10 @@ impl<S: Source> Source for NoOutput<S> {
     fn recv(&mut self, batch: &mut PacketBatch) -> flowstate_io::Result<usize> {
         self.0.recv(batch)
     }
+
+    fn idle_now(&mut self) -> Option<u64> {
+        self.0.idle_now()
+    }
 }
 
 impl<S> WorkerSink for NoOutput<S> {
@@ -609,7 +613,10 @@ impl Runtime {
         loop {
             let mut work = match &feed {
                 Feed::Queue(rx) => match rx.recv() {
-                    Ok(b) => b,
+                    Ok(b) => {
+                        w.now = w.now.max(b.idle_now);
+                        b
+                    }
                     Err(_) => break,
                 },
                 Feed::Generate(pool) => {
@@ -628,11 +635,16 @@ impl Runtime {
                             error,
                         })?;
                     if got == 0 {
-                        break;
+                        // Idle (a live port): an empty batch, so the NFs' timers run while no
+                        // packet comes and a box frees its NAT ports and connections on time.
+                        let Some(now) = source.idle_now() else { break };
+                        w.now = w.now.max(now);
+                        b
+                    } else {
+                        w.counts.packets_in += got as u64;
+                        b.classify(steering, o.outbound_only, &mut w.counts);
+                        b
                     }
-                    w.counts.packets_in += got as u64;
-                    b.classify(steering, o.outbound_only, &mut w.counts);
-                    b
                 }
             };
             if abort.load(Ordering::Relaxed) {
@@ -763,6 +775,9 @@ struct Slot {
 struct WorkBatch {
     /// The worker whose pool it belongs to.
     home: usize,
+    /// The time now for an empty batch sent because the input was idle (the NFs' timers
+    /// run to it); 0 otherwise.
+    idle_now: u64,
     packets: PacketBatch,
     slots: Vec<Slot>,
     replies: PacketBatch,
@@ -772,6 +787,7 @@ impl WorkBatch {
     fn new(home: usize, batch: usize, max_frame: usize, reflect: bool) -> Self {
         WorkBatch {
             home,
+            idle_now: 0,
             packets: PacketBatch::new(batch, max_frame),
             slots: Vec::with_capacity(batch),
             replies: if reflect {
@@ -783,6 +799,7 @@ impl WorkBatch {
     }
 
     fn reset(&mut self) {
+        self.idle_now = 0;
         self.packets.clear();
         self.slots.clear();
         self.replies.clear();
@@ -1138,7 +1155,23 @@ fn dispatch(
         }
         let got = source.recv(&mut input).map_err(RunError::Input)?;
         if got == 0 {
-            break;
+            let Some(now) = source.idle_now() else { break };
+            // Idle (a live port): an empty batch to every worker, so its NFs' timers run.
+            for (w, tx) in in_txs.iter().enumerate() {
+                let mut b = match pending[w].take() {
+                    Some(b) => b,
+                    None => {
+                        let Some(mut b) = recv_or_abort(&free[w], abort) else {
+                            return Err(RunError::Stopped);
+                        };
+                        b.reset();
+                        b
+                    }
+                };
+                b.idle_now = now;
+                tx.send(b).map_err(|_| RunError::Stopped)?;
+            }
+            continue;
         }
         counts.packets_in += got as u64;
         for (data, meta) in input.iter() {

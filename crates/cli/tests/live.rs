@@ -699,3 +699,40 @@ fn a_real_scanner_is_detected_and_blocked_while_downloads_go_on() {
         "{summary:#}"
     );
 }
+
+/// A live box keeps time while no packet comes: its NAT's sessions expire on schedule when
+/// the box is idle, not at the next packet (a NAT that frees ports only under traffic runs out
+/// of them after a burst). With one worker (run to completion) and two (a dispatcher).
+#[test]
+fn an_idle_box_expires_its_nat_sessions_on_schedule() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    for workers in [1, 2] {
+        let mut live = Live::up(&format!("idle{workers}"));
+        let chain = format!(
+            "[[chain]]\nnf = \"nat\"\nexternal = [\"{BOX_OUTSIDE}\"]\nports = \"20000-59999\"\nudp = 1\nicmp = 1\n"
+        );
+        let config = config(&chain).replace("workers = 2", &format!("workers = {workers}"));
+        // The start's pings make ICMP sessions; one UDP datagram makes a UDP session.
+        live.start_box(&config, SERVER);
+        let send = format!(
+            "import socket\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\ns.sendto(b'x',('{SERVER}',9))\n"
+        );
+        assert!(live.client(&["python3", "-c", &send]).status.success());
+        // Then nothing for 3 s: three times the timeouts.
+        std::thread::sleep(Duration::from_secs(3));
+        let summary = live.stop_box();
+        assert!(
+            report(&summary, "nat", "expired_sessions") >= 2,
+            "{workers} workers: the ICMP and UDP sessions expired while the box was idle: {summary}"
+        );
+        assert_eq!(
+            report(&summary, "nat", "active_sessions"),
+            0,
+            "{workers} workers: {summary}"
+        );
+    }
+}

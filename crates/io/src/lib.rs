@@ -75,8 +75,16 @@ pub type Result<T> = std::result::Result<T, Error>;
 /// Something that produces packets: a capture file, a traffic generator, an interface.
 pub trait Source {
     /// Clears `batch` and fills it with up to `batch.capacity()` packets. Returns how many were
-    /// received; `Ok(0)` means the source is exhausted (a live source may instead block).
+    /// received; `Ok(0)` means the source is exhausted, unless [`Source::idle_now`] says it
+    /// was only idle.
     fn recv(&mut self, batch: &mut PacketBatch) -> Result<usize>;
+
+    /// After a `recv` that returned 0: the time now (ns, on the packets' clock) if the source
+    /// was only idle for a while (a live port with no traffic), so that timers can run;
+    /// `None` (the default): the source is exhausted.
+    fn idle_now(&mut self) -> Option<u64> {
+        None
+    }
 }
 
 /// Something that consumes packets: a capture file, an interface, a counter.
