@@ -190,16 +190,12 @@ impl PacketLog {
     /// instance answers a partition's packets in order): it does not count, so one lost
     /// datagram never makes its instance a straggler.
     pub fn waits(&mut self, mut f: impl FnMut(u32, u64)) {
-        if self.enabled() && self.head != 0 {
-            self.advance();
-            let oldest = self.tail.max(self.head.saturating_sub(self.mask));
-            for clock in oldest..=self.head {
-                let e = &self.entries[(clock & self.mask) as usize];
-                if e.clock == clock && e.live && e.epoch != HELD {
-                    if let Some((w, newest)) = self.waited.get_mut(e.slot as usize) {
-                        if e.clock > *newest {
-                            *w = (*w).max(self.now.saturating_sub(e.sent_ns));
-                        }
+        for clock in self.live_window() {
+            let e = &self.entries[(clock & self.mask) as usize];
+            if e.clock == clock && e.live && e.epoch != HELD {
+                if let Some((w, newest)) = self.waited.get_mut(e.slot as usize) {
+                    if e.clock > *newest {
+                        *w = (*w).max(self.now.saturating_sub(e.sent_ns));
                     }
                 }
             }
@@ -382,12 +378,7 @@ impl PacketLog {
         epoch: u32,
         mut send: impl FnMut(u64, Direction, &[u8]),
     ) {
-        if !self.enabled() || self.head == 0 {
-            return;
-        }
-        self.advance();
-        let oldest = self.tail.max(self.head.saturating_sub(self.mask));
-        for clock in oldest..=self.head {
+        for clock in self.live_window() {
             let i = (clock & self.mask) as usize;
             let e = &mut self.entries[i];
             if e.clock == clock
@@ -405,18 +396,21 @@ impl PacketLog {
         }
     }
 
-    /// Moves the tail past the finished packets.
-    fn advance(&mut self) {
-        let oldest = self.head.saturating_sub(self.mask);
-        self.tail = self.tail.max(oldest);
+    /// The clocks that may still be live: from the oldest live one (the tail, moved past
+    /// the finished packets first) to the newest logged; empty without a log.
+    fn live_window(&mut self) -> std::ops::Range<u64> {
+        if !self.enabled() || self.head == 0 {
+            return 0..0;
+        }
+        self.tail = self.tail.max(self.head.saturating_sub(self.mask));
         while self.tail < self.head {
-            let i = (self.tail & self.mask) as usize;
-            let e = &self.entries[i];
+            let e = &self.entries[(self.tail & self.mask) as usize];
             if e.clock == self.tail && e.live {
                 break;
             }
             self.tail += 1;
         }
+        self.tail..self.head + 1
     }
 }
 
