@@ -936,17 +936,7 @@ mod lab {
             // SAFETY: kill(2) on a pid of our cluster.
             unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
             // Dead (gone, or a zombie) before `cluster up` looks, or it sees the root running.
-            for _ in 0..200 {
-                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"));
-                if stat.map_or(true, |s| {
-                    s.rsplit(')')
-                        .next()
-                        .is_some_and(|r| r.trim_start().starts_with('Z'))
-                }) {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
+            flowstate_lab::wait_stopped(pid, Duration::from_secs(2));
             c.flowstate(&["cluster", "up", &path.to_string_lossy()])
                 .map(drop)
         })?;

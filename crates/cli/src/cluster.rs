@@ -121,28 +121,14 @@ impl Dir {
             .trim()
             .parse()
             .ok()?;
-        alive(pid).then_some(pid)
+        flowstate_lab::running(pid).then_some(pid)
     }
-}
-
-fn alive(pid: u32) -> bool {
-    // SAFETY: signal 0 only checks that the process exists.
-    pid > 0
-        && unsafe { libc::kill(pid as libc::pid_t, 0) } == 0
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-            s.rsplit(')')
-                .next()
-                .is_some_and(|r| r.trim_start().starts_with('Z'))
-        })
 }
 
 /// SIGKILL, and wait (at most 2 s) until the process is gone: its sockets are free then.
 fn kill_and_wait(pid: u32) {
     signal(pid, libc::SIGKILL);
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while alive(pid) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    flowstate_lab::wait_stopped(pid, Duration::from_secs(2));
 }
 
 fn signal(pid: u32, sig: libc::c_int) {
@@ -263,7 +249,7 @@ pub(crate) fn run(a: &ClusterArgs) -> Result<()> {
                 );
             };
             let pid = dir.pid(&format!("instance-{id}")).unwrap_or(i.pid);
-            if pid == 0 || !alive(pid) {
+            if !flowstate_lab::running(pid) {
                 bail!("instance {id} has no running process");
             }
             signal(pid, libc::SIGKILL);
@@ -482,11 +468,7 @@ fn down(dir: &Dir) -> Result<()> {
     for role in &roles {
         let Some(pid) = dir.pid(role) else { continue };
         signal(pid, libc::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(3);
-        while alive(pid) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        if alive(pid) {
+        if !flowstate_lab::wait_stopped(pid, Duration::from_secs(3)) {
             signal(pid, libc::SIGKILL);
         }
         stopped += 1;

@@ -483,17 +483,10 @@ fn scaling_out_and_in_moves_partitions_without_loss_and_a_restarted_controller_c
         .unwrap()
         .success());
     // Gone (SIGKILL takes a moment): `cluster up` starts what is not running.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())).is_ok_and(|st| {
-        !st.rsplit(')')
-            .next()
-            .unwrap_or("")
-            .trim_start()
-            .starts_with('Z')
-    }) {
-        assert!(Instant::now() < deadline, "the root outlived SIGKILL");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    assert!(
+        flowstate_lab::wait_stopped(pid.trim().parse().unwrap(), Duration::from_secs(5)),
+        "the root outlived SIGKILL"
+    );
     let out = c.flowstate(&["cluster", "up", c.config.to_str().unwrap()]);
     assert!(out.status.success(), "cluster up again: {}", text(&out));
     check_downloads(c.downloads(2), &want);
@@ -601,21 +594,10 @@ fn a_hung_instance_is_failed_over_and_killed() {
         replaced && owned(s) == 16 && s["root"]["moving"] == 0
     });
     // Killed: gone, or a zombie waiting for its parent (it runs nothing any more).
-    let gone = || {
-        std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |st| {
-            st.rsplit(')')
-                .next()
-                .is_some_and(|r| r.trim_start().starts_with('Z'))
-        })
-    };
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !gone() {
-        assert!(
-            Instant::now() < deadline,
-            "the hung instance was not killed"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    assert!(
+        flowstate_lab::wait_stopped(pid as u32, Duration::from_secs(5)),
+        "the hung instance was not killed"
+    );
     check_downloads(downloads, &want);
     server_saw_only_the_nat(&http_peers);
     let root = c.root();
@@ -1027,18 +1009,10 @@ fn a_killed_root_loses_only_what_came_while_none_ran() {
             .unwrap()
             .success());
         // Gone before `cluster up` looks.
-        let stat = format!("/proc/{pid}/stat");
-        for _ in 0..200 {
-            let zombie = std::fs::read_to_string(&stat).map_or(true, |s| {
-                s.rsplit(')')
-                    .next()
-                    .is_some_and(|r| r.trim_start().starts_with('Z'))
-            });
-            if zombie {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        assert!(
+            flowstate_lab::wait_stopped(pid as u32, Duration::from_secs(5)),
+            "the root outlived SIGKILL"
+        );
         let out = c.flowstate(&["cluster", "up", c.config.to_str().unwrap()]);
         assert!(out.status.success(), "cluster up again: {}", text(&out));
         assert_ne!(c.root()["pid"].as_u64().unwrap(), pid, "a new root");

@@ -955,9 +955,48 @@ impl Lab {
     }
 }
 
+/// Whether process `pid` runs: it exists and is not a zombie (a killed process its parent
+/// has not reaped yet runs nothing, though its pid still answers).
+pub fn running(pid: u32) -> bool {
+    pid > 0
+        && std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            !stat
+                .rsplit(')')
+                .next()
+                .is_some_and(|rest| rest.trim_start().starts_with('Z'))
+        })
+}
+
+/// Waits, at most `limit`, until process `pid` no longer [`running`]; whether it stopped.
+pub fn wait_stopped(pid: u32, limit: std::time::Duration) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    while running(pid) {
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn this_process_runs_and_a_reaped_child_does_not() {
+        assert!(running(std::process::id()));
+        assert!(!running(0));
+        let mut child = Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        assert!(!running(pid));
+        assert!(wait_stopped(pid, std::time::Duration::ZERO));
+        // A zombie (exited, not reaped) does not run either.
+        let mut zombie = Command::new("true").spawn().unwrap();
+        assert!(wait_stopped(zombie.id(), std::time::Duration::from_secs(5)));
+        zombie.wait().unwrap();
+    }
     use std::collections::HashSet;
 
     /// Records commands; `ip netns list` answers with `netns`; links made with `ip link add`
