@@ -1,0 +1,337 @@
+//! The fast path's caches of table entries, bounded in entries, evicting by frequency
+//! (HyperSFC §III-C).
+//!
+//! * [`ExactCache`]: entries hit on the slow path are installed as they are.
+//! * [`LpmCache`]: installing a prefix installs every longer prefix of the full table under it
+//!   (its dependents), and evicting a prefix evicts every cached shorter prefix that covers it,
+//!   so the cache never answers with a shorter prefix than the full table would. Invariant:
+//!   a cached prefix has all of its full-table descendants cached.
+//!
+//! Eviction samples [`SAMPLE`] entries and evicts the one the count-min sketch ranks least
+//! used (Redis's approximated LFU, here with HyperSFC's sketch): constant work per eviction,
+//! no per-entry counters. Nothing is allocated by lookups.
+
+use crate::headers::Rule;
+use crate::sketch::CountMin;
+use std::collections::HashMap;
+
+/// Entries sampled per eviction.
+pub const SAMPLE: usize = 8;
+
+/// Counters of one cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Lookups that found an entry.
+    pub hits: u64,
+    /// Lookups that found none.
+    pub misses: u64,
+    /// Entries installed.
+    pub installed: u64,
+    /// Entries evicted to make room (for an LPM cache, with their dependency groups).
+    pub evicted: u64,
+    /// Installs refused because their dependency group is larger than the whole cache.
+    pub uncacheable: u64,
+}
+
+/// A slab of entries with sampled-LFU eviction, shared by both caches.
+#[derive(Debug)]
+struct Slab {
+    capacity: usize,
+    index: HashMap<u128, u32>,
+    entries: Vec<(u128, Rule)>,
+    sketch: CountMin,
+    rng: u64,
+}
+
+impl Slab {
+    fn new(capacity: usize) -> Slab {
+        Slab {
+            capacity,
+            index: HashMap::with_capacity(capacity),
+            entries: Vec::with_capacity(capacity),
+            sketch: CountMin::new(capacity.max(64) * 2, (capacity as u64).max(64) * 8),
+            rng: 0x2545_f491_4f6c_dd1d,
+        }
+    }
+
+    fn get(&self, key: u128) -> Option<&Rule> {
+        self.index.get(&key).map(|&i| &self.entries[i as usize].1)
+    }
+
+    fn insert(&mut self, key: u128, rule: Rule) {
+        if let Some(&i) = self.index.get(&key) {
+            self.entries[i as usize].1 = rule;
+            return;
+        }
+        self.index.insert(key, self.entries.len() as u32);
+        self.entries.push((key, rule));
+    }
+
+    fn remove(&mut self, key: u128) -> bool {
+        let Some(i) = self.index.remove(&key) else {
+            return false;
+        };
+        self.entries.swap_remove(i as usize);
+        if let Some(&(moved, _)) = self.entries.get(i as usize) {
+            self.index.insert(moved, i);
+        }
+        true
+    }
+
+    /// The least used of a few sampled entries.
+    fn victim(&mut self) -> Option<u128> {
+        if self.entries.is_empty() {
+            return None;
+        }
+        let mut best: Option<(u16, u128)> = None;
+        for _ in 0..SAMPLE.min(self.entries.len()) {
+            // xorshift64
+            self.rng ^= self.rng << 13;
+            self.rng ^= self.rng >> 7;
+            self.rng ^= self.rng << 17;
+            let key = self.entries[(self.rng % self.entries.len() as u64) as usize].0;
+            let f = self.sketch.estimate(key);
+            if best.is_none_or(|(bf, _)| f < bf) {
+                best = Some((f, key));
+            }
+        }
+        best.map(|(_, k)| k)
+    }
+}
+
+/// An exact-match cache.
+#[derive(Debug)]
+pub struct ExactCache {
+    slab: Slab,
+    stats: CacheStats,
+}
+
+impl ExactCache {
+    /// An empty cache of at most `capacity` entries.
+    pub fn new(capacity: usize) -> ExactCache {
+        ExactCache {
+            slab: Slab::new(capacity),
+            stats: CacheStats::default(),
+        }
+    }
+
+    /// The entry for `key`, counting the use.
+    pub fn lookup(&mut self, key: u128) -> Option<Rule> {
+        self.slab.sketch.touch(key);
+        let r = self.slab.get(key).copied();
+        match r {
+            Some(_) => self.stats.hits += 1,
+            None => self.stats.misses += 1,
+        }
+        r
+    }
+
+    /// Installs an entry, evicting the least used of a sample when full.
+    pub fn install(&mut self, key: u128, rule: Rule) {
+        if self.slab.capacity == 0 {
+            self.stats.uncacheable += 1;
+            return;
+        }
+        if self.slab.get(key).is_none() && self.slab.entries.len() >= self.slab.capacity {
+            if let Some(v) = self.slab.victim() {
+                self.slab.remove(v);
+                self.stats.evicted += 1;
+            }
+        }
+        self.slab.insert(key, rule);
+        self.stats.installed += 1;
+    }
+
+    /// Entries held.
+    pub fn len(&self) -> usize {
+        self.slab.entries.len()
+    }
+
+    /// Whether the cache is empty.
+    pub fn is_empty(&self) -> bool {
+        self.slab.entries.is_empty()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> CacheStats {
+        self.stats
+    }
+}
+
+/// An IPv4 prefix: address (host bits zero) and length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Prefix {
+    /// The address, host bits zero.
+    pub addr: u32,
+    /// The length, 0..=32.
+    pub len: u8,
+}
+
+impl Prefix {
+    /// The prefix of length `len` containing `addr`.
+    pub fn of(addr: u32, len: u8) -> Prefix {
+        Prefix {
+            addr: addr & mask(len),
+            len,
+        }
+    }
+
+    /// Whether `addr` is in the prefix.
+    pub fn contains(&self, addr: u32) -> bool {
+        addr & mask(self.len) == self.addr
+    }
+
+    /// Whether `other` is this prefix or lies inside it.
+    pub fn covers(&self, other: &Prefix) -> bool {
+        other.len >= self.len && self.contains(other.addr)
+    }
+
+    /// The last address of the prefix.
+    pub fn last(&self) -> u32 {
+        self.addr | !mask(self.len)
+    }
+
+    /// The prefix as a table key.
+    pub fn key(&self) -> u128 {
+        u128::from(self.addr) << 8 | u128::from(self.len)
+    }
+}
+
+impl std::fmt::Display for Prefix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", std::net::Ipv4Addr::from(self.addr), self.len)
+    }
+}
+
+/// The network mask of a prefix length.
+pub fn mask(len: u8) -> u32 {
+    if len == 0 {
+        0
+    } else {
+        u32::MAX << (32 - u32::from(len.min(32)))
+    }
+}
+
+/// A longest-prefix-match cache with dependency-aware install and eviction.
+#[derive(Debug)]
+pub struct LpmCache {
+    slab: Slab,
+    /// How many cached prefixes have each length (bit `l` of `lengths` set iff nonzero).
+    per_length: [u32; 33],
+    lengths: u64,
+    stats: CacheStats,
+}
+
+impl LpmCache {
+    /// An empty cache of at most `capacity` prefixes.
+    pub fn new(capacity: usize) -> LpmCache {
+        LpmCache {
+            slab: Slab::new(capacity),
+            per_length: [0; 33],
+            lengths: 0,
+            stats: CacheStats::default(),
+        }
+    }
+
+    /// The longest cached prefix containing `addr`, with its rule. Counts the use of the
+    /// prefix found (or of the address, on a miss).
+    pub fn lookup(&mut self, addr: u32) -> Option<(Prefix, Rule)> {
+        let mut lengths = self.lengths;
+        while lengths != 0 {
+            let len = 63 - lengths.leading_zeros() as u8;
+            lengths &= !(1 << len);
+            let p = Prefix::of(addr, len);
+            if let Some(r) = self.slab.get(p.key()).copied() {
+                self.slab.sketch.touch(p.key());
+                self.stats.hits += 1;
+                return Some((p, r));
+            }
+        }
+        self.stats.misses += 1;
+        None
+    }
+
+    /// Whether `p` is cached.
+    pub fn contains(&self, p: Prefix) -> bool {
+        self.slab.get(p.key()).is_some()
+    }
+
+    fn remove(&mut self, p: Prefix) -> bool {
+        if !self.slab.remove(p.key()) {
+            return false;
+        }
+        let l = usize::from(p.len);
+        self.per_length[l] -= 1;
+        if self.per_length[l] == 0 {
+            self.lengths &= !(1 << l);
+        }
+        true
+    }
+
+    /// Evicts `p` with every cached prefix covering it (they depend on it: without `p` they
+    /// would answer for `p`'s addresses). Returns how many were evicted.
+    fn evict_group(&mut self, p: Prefix) -> usize {
+        let mut n = usize::from(self.remove(p));
+        let mut lengths = self.lengths & ((1u64 << p.len) - 1);
+        while lengths != 0 {
+            let len = lengths.trailing_zeros() as u8;
+            lengths &= lengths - 1;
+            n += usize::from(self.remove(Prefix::of(p.addr, len)));
+        }
+        n
+    }
+
+    /// Installs `group`: a prefix the slow path hit followed by all its full-table descendants.
+    /// A group larger than the cache is refused (counted in `uncacheable`); otherwise the least
+    /// used prefixes are evicted, each with its covering prefixes, until the group fits.
+    pub fn install(&mut self, group: &[(Prefix, Rule)]) {
+        if group.len() > self.slab.capacity {
+            self.stats.uncacheable += 1;
+            return;
+        }
+        loop {
+            let new = group.iter().filter(|(p, _)| !self.contains(*p)).count();
+            if self.slab.entries.len() + new <= self.slab.capacity {
+                break;
+            }
+            let Some(v) = self.slab.victim() else { break };
+            let victim = Prefix {
+                addr: (v >> 8) as u32,
+                len: v as u8,
+            };
+            self.stats.evicted += self.evict_group(victim) as u64;
+        }
+        for (p, r) in group {
+            if !self.contains(*p) {
+                let l = usize::from(p.len);
+                self.per_length[l] += 1;
+                self.lengths |= 1 << l;
+            }
+            self.slab.insert(p.key(), *r);
+            self.stats.installed += 1;
+        }
+    }
+
+    /// Prefixes held.
+    pub fn len(&self) -> usize {
+        self.slab.entries.len()
+    }
+
+    /// Whether the cache is empty.
+    pub fn is_empty(&self) -> bool {
+        self.slab.entries.is_empty()
+    }
+
+    /// Every cached prefix.
+    pub fn prefixes(&self) -> impl Iterator<Item = Prefix> + '_ {
+        self.slab.entries.iter().map(|(k, _)| Prefix {
+            addr: (k >> 8) as u32,
+            len: *k as u8,
+        })
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> CacheStats {
+        self.stats
+    }
+}

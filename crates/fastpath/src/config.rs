@@ -1,0 +1,558 @@
+//! The pipeline from TOML: a `[fastpath]` section and its `[[fastpath.table]]`s.
+//!
+//! ```toml
+//! [fastpath]
+//! mode = "lazy"                 # "busy" | "lazy" | "lazy-p"
+//! threads = 4                   # slow-path threads searching in parallel (lazy-p)
+//!
+//! [[fastpath.table]]
+//! name = "acl"
+//! kind = "exact"                # or "lpm"
+//! key = ["proto", "dst_port"]   # src_ip dst_ip src_port dst_port proto mark egress
+//! cache = 1024                  # fast-path entries (0: every lookup to the slow path)
+//! writes = ["mark"]             # fields its rules may write
+//! branches = ["web", "route"]   # next table per rule's branch ("end" ends the pipeline)
+//! bloom = { bits = 4096 }       # 2D Bloom branch selector (filters, weight, bits, hashes)
+//! default = { branch = "route" } # an absent key: { set = {..}, drop = .., branch = .. }
+//! rules = [ { key = "6,80", set = { mark = 1 }, branch = "web" } ]
+//!
+//! [[fastpath.table]]
+//! name = "route"
+//! kind = "lpm"
+//! key = ["dst_ip"]
+//! prefixes = "routes.tsv"       # "a.b.c.d/len<TAB>label" per line, egress by label
+//! next_hops = 4                 # egress = 1 + hash(label) % next_hops
+//! ```
+//!
+//! A balancing table (`balance = ["10.0.0.1:80", ...]`) admits new flows on the slow path.
+//! Relative paths are relative to the configuration file. Every error names its key.
+
+use crate::bloom::BloomParams;
+use crate::cache::{mask, Prefix};
+use crate::fast::Mode;
+use crate::headers::{Field, Fields, Rule};
+use crate::table::{Kind, Next, OnMiss, Pipeline, Table};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::path::{Path, PathBuf};
+
+/// A bad `[fastpath]` section.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{}: {key}: {reason}", file.display())]
+pub struct ConfigError {
+    /// The file.
+    pub file: PathBuf,
+    /// The key, dotted (`fastpath.table[2].rules[5].key`).
+    pub key: String,
+    /// What is wrong.
+    pub reason: String,
+}
+
+/// A pipeline ready to load: its tables, their rules, and how misses are submitted.
+#[derive(Clone, Debug)]
+pub struct FastpathConfig {
+    /// The tables.
+    pub pipeline: Pipeline,
+    /// Per table, its rules (an LPM rule's key is [`Prefix::key`]).
+    pub rules: Vec<Vec<(u128, Rule)>>,
+    /// The submit mode.
+    pub mode: Mode,
+    /// Slow-path threads (lazy-p searches this many tables at once).
+    pub threads: usize,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Section {
+    #[serde(default)]
+    mode: Option<String>,
+    #[serde(default)]
+    threads: Option<usize>,
+    #[serde(default)]
+    table: Vec<TableToml>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TableToml {
+    name: String,
+    kind: String,
+    key: Vec<String>,
+    #[serde(default = "default_cache")]
+    cache: usize,
+    #[serde(default)]
+    writes: Vec<String>,
+    #[serde(default)]
+    branches: Vec<String>,
+    #[serde(default)]
+    bloom: Option<BloomToml>,
+    #[serde(default)]
+    default: Option<RuleToml>,
+    #[serde(default)]
+    rules: Vec<RuleToml>,
+    #[serde(default)]
+    prefixes: Option<String>,
+    #[serde(default)]
+    next_hops: Option<u16>,
+    #[serde(default)]
+    balance: Vec<String>,
+}
+
+fn default_cache() -> usize {
+    1024
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BloomToml {
+    filters: Option<u8>,
+    weight: Option<u8>,
+    bits: Option<usize>,
+    hashes: Option<u8>,
+    fp: Option<f64>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RuleToml {
+    #[serde(default)]
+    key: Option<toml::Value>,
+    #[serde(default)]
+    set: BTreeMap<String, toml::Value>,
+    #[serde(default)]
+    drop: bool,
+    #[serde(default)]
+    branch: Option<String>,
+}
+
+/// Most rules a configuration may hold per table (a limit on memory, not on the design).
+pub const MAX_RULES: usize = 4_000_000;
+
+impl FastpathConfig {
+    /// Reads the `[fastpath]` section of the TOML file `file`.
+    pub fn from_file(file: &Path) -> Result<FastpathConfig, ConfigError> {
+        let text = std::fs::read_to_string(file).map_err(|e| ConfigError {
+            file: file.to_owned(),
+            key: String::new(),
+            reason: format!("cannot read: {e}"),
+        })?;
+        let value: toml::Table = toml::from_str(&text).map_err(|e| ConfigError {
+            file: file.to_owned(),
+            key: String::new(),
+            reason: format!("not TOML: {}", e.message()),
+        })?;
+        let Some(section) = value.get("fastpath") else {
+            return Err(ConfigError {
+                file: file.to_owned(),
+                key: "fastpath".into(),
+                reason: "missing: a [fastpath] section with [[fastpath.table]]s".into(),
+            });
+        };
+        let base = file.parent().unwrap_or(Path::new("."));
+        FastpathConfig::from_value(section.clone(), base).map_err(|(key, reason)| ConfigError {
+            file: file.to_owned(),
+            key,
+            reason,
+        })
+    }
+
+    /// Builds the pipeline from the `[fastpath]` value; relative paths are taken from `base`.
+    /// The error is the dotted key and the reason.
+    pub fn from_value(v: toml::Value, base: &Path) -> Result<FastpathConfig, (String, String)> {
+        let s: Section = v
+            .try_into()
+            .map_err(|e: toml::de::Error| ("fastpath".to_owned(), e.message().to_owned()))?;
+        let mode = match s.mode.as_deref() {
+            None => Mode::Lazy,
+            Some(m) => Mode::parse(m).ok_or_else(|| {
+                (
+                    "fastpath.mode".to_owned(),
+                    format!("{m:?}: expected \"busy\", \"lazy\" or \"lazy-p\""),
+                )
+            })?,
+        };
+        let threads = s.threads.unwrap_or(4);
+        if threads == 0 || threads > 64 {
+            return Err((
+                "fastpath.threads".into(),
+                format!("{threads}: expected 1..=64"),
+            ));
+        }
+        if s.table.is_empty() {
+            return Err(("fastpath.table".into(), "no table".into()));
+        }
+        let names: Vec<&str> = s.table.iter().map(|t| t.name.as_str()).collect();
+        let mut pipeline = Pipeline::default();
+        let mut rules = Vec::new();
+        for (i, t) in s.table.iter().enumerate() {
+            let at = |k: &str| format!("fastpath.table[{i}].{k}");
+            let kind = match t.kind.as_str() {
+                "exact" => Kind::Exact,
+                "lpm" => Kind::Lpm,
+                k => return Err((at("kind"), format!("{k:?}: expected \"exact\" or \"lpm\""))),
+            };
+            let key = field_list(&t.key).map_err(|r| (at("key"), r))?;
+            let mut writes = fields(&t.writes).map_err(|r| (at("writes"), r))?;
+            let branches = t
+                .branches
+                .iter()
+                .map(|b| match b.as_str() {
+                    "end" => Ok(Next::End),
+                    name => names
+                        .iter()
+                        .position(|n| *n == name)
+                        .map(Next::Table)
+                        .ok_or_else(|| (at("branches"), format!("{name:?}: no such table"))),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let branch_of = |b: &Option<String>, key: String| -> Result<u8, (String, String)> {
+                match b {
+                    None => Ok(0),
+                    Some(name) => t
+                        .branches
+                        .iter()
+                        .position(|x| x == name)
+                        .map(|p| p as u8)
+                        .ok_or_else(|| (key, format!("{name:?} is not in this table's branches"))),
+                }
+            };
+            let rule_of =
+                |r: &RuleToml, k: &dyn Fn(&str) -> String| -> Result<Rule, (String, String)> {
+                    if r.set.len() > Rule::MAX_WRITES {
+                        return Err((k("set"), format!("at most {} fields", Rule::MAX_WRITES)));
+                    }
+                    let mut rule = Rule {
+                        drop: r.drop,
+                        branch: branch_of(&r.branch, k("branch"))?,
+                        ..Rule::default()
+                    };
+                    for (slot, (name, v)) in rule.writes.iter_mut().zip(&r.set) {
+                        let f = Field::parse(name)
+                            .ok_or_else(|| (k("set"), format!("{name:?}: no such field")))?;
+                        let v = value(f, v).map_err(|e| (k(&format!("set.{name}")), e))?;
+                        *slot = Some((f, v));
+                    }
+                    Ok(rule)
+                };
+            let default = match &t.default {
+                Some(r) => {
+                    if r.key.is_some() {
+                        return Err((at("default.key"), "a default has no key".into()));
+                    }
+                    rule_of(r, &|k| at(&format!("default.{k}")))?
+                }
+                None => Rule::default(),
+            };
+            writes = writes.union(default.written());
+            let mut table_rules = Vec::with_capacity(t.rules.len());
+            for (j, r) in t.rules.iter().enumerate() {
+                let k = |x: &str| at(&format!("rules[{j}].{x}"));
+                let rule = rule_of(r, &k)?;
+                let Some(kv) = &r.key else {
+                    return Err((k("key"), "missing".into()));
+                };
+                let key = match kind {
+                    Kind::Exact => exact_key(&key, kv),
+                    Kind::Lpm => kv
+                        .as_str()
+                        .ok_or("expected a prefix \"a.b.c.d/len\"".to_owned())
+                        .and_then(prefix)
+                        .map(|p| p.key()),
+                }
+                .map_err(|e| (k("key"), e))?;
+                if !rule.written().union(writes).eq(&writes) {
+                    return Err((
+                        k("set"),
+                        "writes a field not in the table's `writes`".into(),
+                    ));
+                }
+                table_rules.push((key, rule));
+            }
+            if let Some(path) = &t.prefixes {
+                if kind != Kind::Lpm {
+                    return Err((at("prefixes"), "only an lpm table reads prefixes".into()));
+                }
+                let hops = t.next_hops.unwrap_or(1).max(1);
+                writes = writes.with(Field::Egress);
+                let file = base.join(path);
+                let text = std::fs::read_to_string(&file)
+                    .map_err(|e| (at("prefixes"), format!("{}: {e}", file.display())))?;
+                for (n, line) in text.lines().enumerate() {
+                    let line = line.trim();
+                    if line.is_empty() || line.starts_with('#') {
+                        continue;
+                    }
+                    let (p, label) = line.split_once(char::is_whitespace).unwrap_or((line, ""));
+                    let p = prefix(p).map_err(|e| {
+                        (at("prefixes"), format!("{}:{}: {e}", file.display(), n + 1))
+                    })?;
+                    let hop = 1 + (label_hash(label.trim()) % u64::from(hops)) as u32;
+                    table_rules.push((p.key(), Rule::set(Field::Egress, hop)));
+                }
+            } else if t.next_hops.is_some() {
+                return Err((at("next_hops"), "needs `prefixes`".into()));
+            }
+            if table_rules.len() > MAX_RULES {
+                return Err((at("rules"), format!("more than {MAX_RULES} rules")));
+            }
+            let on_miss = if t.balance.is_empty() {
+                OnMiss::Default
+            } else {
+                if kind != Kind::Exact {
+                    return Err((at("balance"), "only an exact table balances".into()));
+                }
+                writes = writes.with(Field::DstIp).with(Field::DstPort);
+                let backends = t
+                    .balance
+                    .iter()
+                    .map(|b| {
+                        b.parse::<SocketAddrV4>()
+                            .map(|a| (u32::from(*a.ip()), a.port()))
+                            .map_err(|_| {
+                                (at("balance"), format!("{b:?}: expected \"a.b.c.d:port\""))
+                            })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                OnMiss::Balance { backends }
+            };
+            let bloom = match &t.bloom {
+                None => None,
+                Some(b) => {
+                    let auto = BloomParams::sized(
+                        branches.len(),
+                        table_rules.len().max(1),
+                        b.fp.unwrap_or(0.01),
+                    );
+                    Some(BloomParams {
+                        filters: b.filters.unwrap_or(auto.filters),
+                        weight: b.weight.unwrap_or(auto.weight),
+                        bits: b.bits.unwrap_or(auto.bits),
+                        hashes: b.hashes.unwrap_or(auto.hashes),
+                    })
+                }
+            };
+            pipeline.tables.push(Table {
+                name: t.name.clone(),
+                kind,
+                key,
+                cache: t.cache,
+                default,
+                branches,
+                bloom,
+                on_miss,
+                writes,
+            });
+            rules.push(table_rules);
+        }
+        pipeline.check().map_err(|e| {
+            let i = names.iter().position(|n| *n == e.table).unwrap_or(0);
+            (format!("fastpath.table[{i}]"), e.reason)
+        })?;
+        Ok(FastpathConfig {
+            pipeline,
+            rules,
+            mode,
+            threads,
+        })
+    }
+}
+
+fn field_list(names: &[String]) -> Result<Vec<Field>, String> {
+    names
+        .iter()
+        .map(|n| Field::parse(n).ok_or_else(|| format!("{n:?}: no such field")))
+        .collect()
+}
+
+fn fields(names: &[String]) -> Result<Fields, String> {
+    Ok(field_list(names)?
+        .into_iter()
+        .fold(Fields::default(), Fields::with))
+}
+
+fn value(f: Field, v: &toml::Value) -> Result<u32, String> {
+    let n = match v {
+        toml::Value::Integer(i) if *i >= 0 => *i as u64,
+        toml::Value::String(s) => {
+            u64::from(u32::from(s.parse::<Ipv4Addr>().map_err(|_| {
+                format!("{s:?}: expected a number or an IPv4 address")
+            })?))
+        }
+        other => return Err(format!("expected a number or an address, got {other}")),
+    };
+    if !f.fits(n) {
+        return Err(format!("{n} does not fit the {}-bit field {f}", f.bits()));
+    }
+    Ok(n as u32)
+}
+
+/// An exact key: one value per key field, as an array or a comma-separated string.
+fn exact_key(key: &[Field], v: &toml::Value) -> Result<u128, String> {
+    let parts: Vec<toml::Value> = match v {
+        toml::Value::Array(a) => a.clone(),
+        toml::Value::String(s) => s
+            .split(',')
+            .map(|p| {
+                let p = p.trim();
+                p.parse::<i64>()
+                    .map(toml::Value::Integer)
+                    .unwrap_or_else(|_| toml::Value::String(p.to_owned()))
+            })
+            .collect(),
+        toml::Value::Integer(_) => vec![v.clone()],
+        other => {
+            return Err(format!(
+                "expected values for {} fields, got {other}",
+                key.len()
+            ))
+        }
+    };
+    if parts.len() != key.len() {
+        return Err(format!(
+            "{} values for a key of {} fields",
+            parts.len(),
+            key.len()
+        ));
+    }
+    let mut k = 0u128;
+    for (f, p) in key.iter().zip(&parts) {
+        k = k << f.bits() | u128::from(value(*f, p)?);
+    }
+    Ok(k)
+}
+
+/// A prefix `a.b.c.d/len` with its host bits zero.
+fn prefix(s: &str) -> Result<Prefix, String> {
+    let (a, l) = s.split_once('/').unwrap_or((s, "32"));
+    let a: Ipv4Addr = a
+        .parse()
+        .map_err(|_| format!("{s:?}: expected a prefix \"a.b.c.d/len\""))?;
+    let len: u8 = l
+        .parse()
+        .ok()
+        .filter(|l| *l <= 32)
+        .ok_or_else(|| format!("{s:?}: length must be 0..=32"))?;
+    let addr = u32::from(a);
+    if addr & !mask(len) != 0 {
+        return Err(format!("{s:?}: host bits set"));
+    }
+    Ok(Prefix { addr, len })
+}
+
+/// A stable hash of a route's label (FNV-1a), choosing its next hop.
+fn label_hash(label: &str) -> u64 {
+    label.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<FastpathConfig, (String, String)> {
+        let v: toml::Table = toml::from_str(text).unwrap();
+        FastpathConfig::from_value(v["fastpath"].clone(), Path::new("."))
+    }
+
+    #[test]
+    fn a_pipeline_with_branches_rules_and_a_balancer() {
+        let c = parse(
+            r#"
+            [fastpath]
+            mode = "busy"
+            [[fastpath.table]]
+            name = "acl"
+            kind = "exact"
+            key = ["proto", "dst_port"]
+            writes = ["mark"]
+            branches = ["lb", "end"]
+            bloom = { bits = 1024 }
+            default = { branch = "end", drop = true }
+            rules = [ { key = "6,80", set = { mark = 1 }, branch = "lb" }, { key = [17, 53], branch = "end" } ]
+            [[fastpath.table]]
+            name = "route"
+            kind = "lpm"
+            key = ["dst_ip"]
+            writes = ["egress"]
+            rules = [ { key = "10.0.0.0/8", set = { egress = 2 } } ]
+            [[fastpath.table]]
+            name = "lb"
+            kind = "exact"
+            key = ["src_ip", "dst_ip", "src_port", "dst_port", "proto"]
+            balance = ["10.1.0.1:8080", "10.1.0.2:8080"]
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.mode, Mode::Busy);
+        let p = &c.pipeline;
+        assert_eq!(p.tables[0].branches, vec![Next::Table(2), Next::End]);
+        assert_eq!(c.rules[0][0], (6u128 << 16 | 80, Rule::set(Field::Mark, 1)));
+        assert_eq!(c.rules[0][1].1.branch, 1);
+        assert!(p.tables[0].default.drop);
+        assert_eq!(
+            c.rules[1][0].0,
+            Prefix {
+                addr: 0x0a00_0000,
+                len: 8
+            }
+            .key()
+        );
+        assert!(
+            matches!(&p.tables[2].on_miss, OnMiss::Balance { backends } if backends.len() == 2)
+        );
+        assert!(p.tables[0].bloom.is_some());
+    }
+
+    #[test]
+    fn errors_name_their_key() {
+        let base =
+            "[fastpath]\n[[fastpath.table]]\nname = \"a\"\nkind = \"exact\"\nkey = [\"proto\"]\n";
+        let cases = [
+            ("kind = \"trie\"", "fastpath.table[1].kind"),
+            ("key = [\"ttl\"]", "fastpath.table[1].key"),
+            (
+                "rules = [ { key = \"1,2\" } ]",
+                "fastpath.table[1].rules[0].key",
+            ),
+            (
+                "rules = [ { key = \"300\" } ]",
+                "fastpath.table[1].rules[0].key",
+            ),
+            (
+                "rules = [ { key = \"6\", set = { mark = 1 } } ]",
+                "fastpath.table[1].rules[0].set",
+            ),
+            ("branches = [\"nowhere\"]", "fastpath.table[1].branches"),
+            ("branches = [\"a\"]", "fastpath.table[1]"),
+            ("balance = [\"10.0.0.1\"]", "fastpath.table[1].balance"),
+            ("colour = 1", "fastpath"),
+        ];
+        for (extra, key) in cases {
+            let kind = if extra.starts_with("kind") {
+                ""
+            } else {
+                "kind = \"exact\"\n"
+            };
+            let key_line = if extra.starts_with("key") {
+                ""
+            } else {
+                "key = [\"proto\"]\n"
+            };
+            let text = format!("{base}[[fastpath.table]]\nname = \"b\"\n{kind}{key_line}{extra}\n");
+            let (k, reason) = parse(&text)
+                .err()
+                .unwrap_or_else(|| panic!("{extra} accepted"));
+            assert_eq!(k, key, "{extra}: {reason}");
+        }
+        let lpm = "[fastpath]\n[[fastpath.table]]\nname = \"r\"\nkind = \"lpm\"\nkey = [\"dst_ip\"]\nwrites = [\"egress\"]\nrules = [ { key = \"10.0.0.1/8\", set = { egress = 1 } } ]\n";
+        let (k, reason) = parse(lpm).err().unwrap();
+        assert_eq!(k, "fastpath.table[0].rules[0].key");
+        assert!(reason.contains("host bits"), "{reason}");
+        assert_eq!(
+            parse("[fastpath]\nmode = \"eager\"\n").err().unwrap().0,
+            "fastpath.mode"
+        );
+    }
+}

@@ -1,0 +1,11 @@
+//! The hashes the fast path's structures use: a 64-bit mix (SplitMix64's finalizer) of the key
+//! and a per-use seed, cheap enough for a switch stage or an XDP program.
+
+/// Mixes `key` with `seed` into 64 well-spread bits.
+#[inline]
+pub(crate) fn mix(key: u128, seed: u64) -> u64 {
+    let mut x = (key as u64) ^ ((key >> 64) as u64).rotate_left(29) ^ seed;
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}

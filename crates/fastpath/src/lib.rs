@@ -1,0 +1,32 @@
+//! HyperSFC's model of a fast path (`hypersfc.txt`): a pipeline of NF tables, each cached in a
+//! bounded fast path in front of a slow path that holds the full table, kept through the state
+//! API so any store can hold it.
+//!
+//! * [`table`]: the pipeline, its tables (exact and longest-prefix match), their keys,
+//!   defaults and branches.
+//! * [`cache`]: the fast path's caches, dependency-aware for LPM, evicting by a count-min
+//!   sketch of frequencies (§III-C).
+//! * [`bloom`]: 2D Bloom filters with fixed-weight codes selecting the next table (§IV-A).
+//! * [`fast`]: one pass of a packet, busy submit (§III-A), table bypass (§III-B), lazy submit
+//!   (§IV).
+//! * [`full`]: the full tables and the slow path's searches; the reference pipeline.
+//! * [`sim`]: fast and slow path in one thread on a virtual clock.
+//! * [`threaded`]: fast and slow path on their own threads, lazy-p's parallel searches.
+//! * [`config`]: the pipeline from TOML (`[[fastpath.table]]`).
+
+pub mod bloom;
+pub mod cache;
+pub mod config;
+pub mod fast;
+pub mod full;
+mod hash;
+pub mod headers;
+pub mod sim;
+pub mod sketch;
+pub mod table;
+pub mod threaded;
+
+pub use fast::{FastPath, Mode, Packet, Step};
+pub use full::{FullTables, Outcome};
+pub use headers::{Field, Fields, Headers, Rule};
+pub use table::{Kind, Next, OnMiss, Pipeline, Table};

@@ -1,0 +1,1 @@
+//! Fast and slow path on their own threads.
