@@ -86,7 +86,7 @@ pub(crate) fn run(effort: Effort) -> Report {
 
 /// Our store, in this process on a free loopback port, and a connector to it; `None` (the
 /// reason in `params.<part>_error`) when it does not start.
-fn loopback_store(
+pub(crate) fn loopback_store(
     report: &mut Report,
     part: &str,
 ) -> Option<(

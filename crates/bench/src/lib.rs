@@ -12,6 +12,7 @@ mod failover;
 mod flexstate_counter;
 mod hashing;
 mod hashmvt;
+mod hypersfc;
 #[cfg(target_os = "linux")]
 mod ips;
 #[cfg(target_os = "linux")]
@@ -107,6 +108,11 @@ pub const BENCHES: &[Bench] = &[
         name: "ips",
         about: "the IPS vs Suricata (--runmode single) on a mixed trace with 100, 1k and 10k content rules: packets per CPU second, alerts (StatelessNF §7.2.3; needs suricata)",
         run: ips::run,
+    },
+    Bench {
+        name: "hypersfc",
+        about: "HyperSFC's fast path (§V Figs. 7-14): latency by number of tables for base/busy/lazy/lazy-p, fast-slow bytes busy vs lazy, latency vs Bloom false positives, Bloom memory by branches, an LB's completion time vs share cached, slow-path CPU vs the LB in software",
+        run: hypersfc::run,
     },
     Bench {
         name: "chc",

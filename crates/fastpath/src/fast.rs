@@ -384,7 +384,10 @@ impl FastPath {
                         }
                         unknown = unknown.union(table.writes);
                         match bloom {
-                            None if table.branches.is_empty() => t += 1,
+                            // One way on: the next table does not depend on the entry.
+                            None if table.branches.len() <= 1 => {
+                                t = self.pipeline.next(t, &Rule::default())
+                            }
                             Some(Select::Branch(b)) => {
                                 self.stats.bloom_guesses += 1;
                                 t = self.pipeline.next(t, &Rule::default().to_branch(b));

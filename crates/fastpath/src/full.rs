@@ -96,6 +96,9 @@ pub enum SlowError {
         /// The store's error.
         source: StateError,
     },
+    /// The slow path's thread is gone.
+    #[error("the slow path stopped")]
+    Stopped,
     /// A rule does not fit its table.
     #[error("table {table:?}: {reason}")]
     Rule {

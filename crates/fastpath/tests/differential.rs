@@ -307,3 +307,41 @@ fn lazy_submit_circulates_once_where_busy_circulates_per_table() {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 6, ..ProptestConfig::default() })]
+
+    /// The same on real threads, with packets of many flows in flight at once (a flow's
+    /// entries may be installed, or evicted, while its packets circulate).
+    #[test]
+    fn threads_give_the_full_tables_verdict_too(
+        r in rules_strategy(),
+        caches in prop::collection::vec(0usize..6, 7),
+        packets in prop::collection::vec(packet_strategy(), 1..400),
+        window in 1usize..16,
+    ) {
+        use flowstate_fastpath::threaded::{self, Offer};
+        use std::sync::Arc;
+        for mode in [Mode::Busy, Mode::Lazy, Mode::LazyParallel] {
+            let store = Arc::new(LocalStore::new());
+            let p = pipeline(&caches, 64);
+            let loaded = full::load(&*store, &p, &rules(&r)).unwrap();
+            let mut oracle = FullTables::open(&*store, &p, loaded.prefixes.clone()).unwrap();
+            let want: Vec<_> = packets.iter().map(|h| oracle.reference(*h).unwrap()).collect();
+            let input: Vec<(Headers, u16)> = packets.iter().map(|h| (*h, 64)).collect();
+            let report = threaded::run(
+                FastPath::new(&p, mode, loaded.blooms),
+                &p,
+                &loaded.prefixes,
+                store,
+                3,
+                &input,
+                Offer { window, rate_pps: None },
+            )
+            .unwrap();
+            prop_assert_eq!(&report.outcomes, &want, "{:?}", mode);
+            let circulations: u64 = report.circulations.iter().map(|c| u64::from(*c)).sum();
+            prop_assert_eq!(circulations, report.fast.submits);
+        }
+    }
+}
