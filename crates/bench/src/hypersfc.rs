@@ -91,7 +91,7 @@ fn run_mode(
     let mut fast = FastPath::new(p, mode, loaded.blooms.clone());
     preinstall(&mut fast);
     threaded::run(
-        fast,
+        &mut fast,
         p,
         &loaded.prefixes,
         Arc::clone(connector),
@@ -171,7 +171,7 @@ fn latency_by_tables(report: &mut Report, connector: &Arc<dyn Connector>, sfx: &
         let everything = |f: &mut FastPath| {
             for (t, table_rules) in rules.iter().enumerate().take(n) {
                 for (k, r) in table_rules {
-                    f.install(t, &Found::Hit(*r, vec![(*k, *r)]));
+                    f.install(t, &Found::entry(*k, *r));
                 }
             }
         };
@@ -410,7 +410,7 @@ fn load_balancer(report: &mut Report, connector: &Arc<dyn Connector>, sfx: &str,
         let cached = flows * (100 - pct) / 100;
         let pre = |f: &mut FastPath| {
             for (k, r) in rules.iter().take(cached) {
-                f.install(0, &Found::Hit(*r, vec![(*k, *r)]));
+                f.install(0, &Found::entry(*k, *r));
             }
         };
         let offer = Offer {

@@ -127,6 +127,9 @@ pub struct Config {
     /// `[cluster]`: the deployment of many instances, read by `flowstate-cluster` (`None`:
     /// one process).
     pub cluster: Option<toml::Table>,
+    /// `[fastpath]`: HyperSFC's table pipeline, run instead of `[[chain]]`
+    /// ([`crate::pipeline`]).
+    pub fastpath: Option<flowstate_fastpath::config::FastpathConfig>,
 }
 
 /// `[input]`.
@@ -359,6 +362,7 @@ struct RawConfig {
     state: Option<RawState>,
     chain: Option<Vec<toml::Table>>,
     cluster: Option<toml::Table>,
+    fastpath: Option<toml::Value>,
 }
 
 #[derive(Deserialize)]
@@ -686,6 +690,24 @@ impl Config {
             last = e.stage;
         }
 
+        // [fastpath]
+        let fastpath = match raw.fastpath {
+            None => None,
+            Some(v) => {
+                if !chain.is_empty() {
+                    return Err(err(
+                        "fastpath",
+                        "give [[chain]] NFs or a [fastpath] table pipeline, not both".into(),
+                    ));
+                }
+                let base = Path::new(".");
+                Some(
+                    flowstate_fastpath::config::FastpathConfig::from_value(v, base)
+                        .map_err(|(key, reason)| err(&key, reason))?,
+                )
+            }
+        };
+
         Ok(Config {
             file: file.to_owned(),
             input,
@@ -695,6 +717,7 @@ impl Config {
             state,
             chain,
             cluster: raw.cluster,
+            fastpath,
         })
     }
 
@@ -1142,6 +1165,28 @@ mod tests {
         for bad in ["", "ms", "1", "1 parsec", "-1ms", "1e3ms", "1..2ms"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_fastpath_pipeline_stands_instead_of_nfs() {
+        let table =
+            "[fastpath]\n[[fastpath.table]]\nname = \"t\"\nkind = \"exact\"\nkey = [\"proto\"]\n";
+        let input = "[input]\nsynthetic = { profile = \"mixed\", flows = 10 }\n";
+        let c = Config::parse(&format!("{input}{table}"), "f.toml").unwrap();
+        assert_eq!(c.fastpath.as_ref().unwrap().pipeline.tables.len(), 1);
+        let e = Config::parse(
+            &format!("{input}[[chain]]\nnf = \"nat\"\n{table}"),
+            "f.toml",
+        )
+        .unwrap_err();
+        assert_eq!(e.key, "fastpath");
+        let e = Config::parse(&format!("{input}{table}cache = -1\n"), "f.toml").unwrap_err();
+        assert_eq!(e.key, "fastpath.table[0]", "{e}");
+        let e = Config::parse(&format!("{input}{table}kind2 = 1\n"), "f.toml").unwrap_err();
+        assert!(
+            e.key == "fastpath.table[0]" && e.reason.contains("kind2"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -67,6 +67,7 @@ pub mod config;
 #[cfg(target_os = "linux")]
 pub mod live;
 pub mod owners;
+pub mod pipeline;
 pub mod reflect;
 pub mod runtime;
 pub mod steer;
@@ -97,6 +98,9 @@ pub enum Error {
     /// The run failed.
     #[error("{0}")]
     Run(RunError),
+    /// A `[fastpath]` pipeline's slow path failed.
+    #[error("{0}")]
+    Fastpath(flowstate_fastpath::full::SlowError),
 }
 
 impl From<ConfigError> for Error {
@@ -155,23 +159,7 @@ pub fn run_config(
         PerWorker(SynthConfig),
     }
     let opened = match &config.input {
-        config::Input::Pcap(path) => {
-            let reader = PcapReader::open(path)?;
-            if reader.linktype() != LINKTYPE_ETHERNET {
-                return Err(ConfigError {
-                    file: config.file.clone(),
-                    line: None,
-                    key: "input.pcap".into(),
-                    reason: format!(
-                        "{}: link type {} is not Ethernet (1); only Ethernet captures are supported",
-                        path.display(),
-                        reader.linktype()
-                    ),
-                }
-                .into());
-            }
-            Opened::Reader(reader)
-        }
+        config::Input::Pcap(path) => Opened::Reader(open_pcap(config, path)?),
         config::Input::Synthetic(s) if s.per_worker => Opened::PerWorker(s.config.clone()),
         config::Input::Synthetic(s) => {
             Opened::Generator(Box::new(Synthetic::new(s.config.clone())?))
@@ -202,6 +190,25 @@ pub fn run_config(
         w.finish()?;
     }
     Ok(summary)
+}
+
+/// The input capture, which must be Ethernet.
+fn open_pcap(config: &Config, path: &std::path::Path) -> Result<PcapReader, Error> {
+    let reader = PcapReader::open(path)?;
+    if reader.linktype() != LINKTYPE_ETHERNET {
+        return Err(ConfigError {
+            file: config.file.clone(),
+            line: None,
+            key: "input.pcap".into(),
+            reason: format!(
+                "{}: link type {} is not Ethernet (1); only Ethernet captures are supported",
+                path.display(),
+                reader.linktype()
+            ),
+        }
+        .into());
+    }
+    Ok(reader)
 }
 
 /// A live port on one side only (the configuration check prevents it), or not on Linux.

@@ -49,6 +49,17 @@ pub(crate) fn run(args: &RunArgs) -> Result<()> {
     let bar = crate::progress(total, "run");
     let progress = |n: u64| bar.inc(n);
     let connector = crate::backends::connector(&config)?;
+    if config.fastpath.is_some() {
+        let summary = flowstate_chain::pipeline::run_pipeline(&config, connector, Some(&progress));
+        bar.finish_and_clear();
+        let summary = summary?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&summary)?);
+        } else {
+            print!("{summary}");
+        }
+        return Ok(());
+    }
     let summary = run_config(&config, connector, Some(&progress));
     bar.finish_and_clear();
     let summary = summary?;

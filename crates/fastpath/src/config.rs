@@ -25,7 +25,8 @@
 //! ```
 //!
 //! A balancing table (`balance = ["10.0.0.1:80", ...]`) admits new flows on the slow path.
-//! Relative paths are relative to the configuration file. Every error names its key.
+//! Relative paths are relative to the current directory, as in the rest of flowstate's
+//! configuration. Every error names its key.
 
 use crate::bloom::BloomParams;
 use crate::cache::{mask, Prefix};
@@ -149,20 +150,38 @@ impl FastpathConfig {
                 reason: "missing: a [fastpath] section with [[fastpath.table]]s".into(),
             });
         };
-        let base = file.parent().unwrap_or(Path::new("."));
-        FastpathConfig::from_value(section.clone(), base).map_err(|(key, reason)| ConfigError {
-            file: file.to_owned(),
-            key,
-            reason,
+        FastpathConfig::from_value(section.clone(), Path::new(".")).map_err(|(key, reason)| {
+            ConfigError {
+                file: file.to_owned(),
+                key,
+                reason,
+            }
         })
     }
 
     /// Builds the pipeline from the `[fastpath]` value; relative paths are taken from `base`.
     /// The error is the dotted key and the reason.
     pub fn from_value(v: toml::Value, base: &Path) -> Result<FastpathConfig, (String, String)> {
-        let s: Section = v
+        // Each table on its own, so that an error names the table it is in.
+        let mut v = v;
+        let tables = match v.as_table_mut().and_then(|t| t.remove("table")) {
+            None => Vec::new(),
+            Some(toml::Value::Array(a)) => a,
+            Some(other) => {
+                return Err((
+                    "fastpath.table".into(),
+                    format!("expected [[fastpath.table]]s, got {}", other.type_str()),
+                ))
+            }
+        };
+        let mut s: Section = v
             .try_into()
             .map_err(|e: toml::de::Error| ("fastpath".to_owned(), e.message().to_owned()))?;
+        for (i, t) in tables.into_iter().enumerate() {
+            s.table.push(t.try_into().map_err(|e: toml::de::Error| {
+                (format!("fastpath.table[{i}]"), e.message().to_owned())
+            })?);
+        }
         let mode = match s.mode.as_deref() {
             None => Mode::Lazy,
             Some(m) => Mode::parse(m).ok_or_else(|| {
@@ -527,7 +546,7 @@ mod tests {
             ("branches = [\"nowhere\"]", "fastpath.table[1].branches"),
             ("branches = [\"a\"]", "fastpath.table[1]"),
             ("balance = [\"10.0.0.1\"]", "fastpath.table[1].balance"),
-            ("colour = 1", "fastpath"),
+            ("colour = 1", "fastpath.table[1]"),
         ];
         for (extra, key) in cases {
             let kind = if extra.starts_with("kind") {

@@ -294,9 +294,7 @@ impl FastPath {
     /// Installs what a slow-path search found into table `t`'s cache (HyperSFC: "the matched
     /// rules will be installed to the data plane").
     pub fn install(&mut self, t: usize, found: &Found) {
-        let Found::Hit(_, entries) = found else {
-            return;
-        };
+        let entries = &found.install;
         match &mut self.caches[t] {
             Cache::Exact(c) => {
                 for (k, r) in entries {

@@ -12,7 +12,7 @@
 use crate::bloom::Bloom2d;
 use crate::cache::{mask, Prefix};
 use crate::headers::{Headers, Rule};
-use crate::table::{Kind, OnMiss, Pipeline};
+use crate::table::{Kind, Pipeline};
 use flowstate_state::{Access, Connector, Map, Partition, Scope, StateConfig, StateError};
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
@@ -48,6 +48,23 @@ impl PrefixIndex {
             }
         }
         None
+    }
+
+    /// The shortest prefix containing `addr` that holds no prefix of the index, when no prefix
+    /// contains `addr` (a negative cache entry: every address in it has no match).
+    pub fn widest_empty(&self, addr: u32) -> Option<Prefix> {
+        if self.lpm(addr).is_some() {
+            return None;
+        }
+        // No prefix contains `addr`, so a prefix of the index inside the range of
+        // `Prefix::of(addr, len)` lies inside that prefix (a coarser one would contain `addr`).
+        (0..=32).map(|len| Prefix::of(addr, len)).find(|q| {
+            let last = Prefix {
+                addr: q.last(),
+                len: 32,
+            };
+            self.sorted.range(*q..=last).next().is_none()
+        })
     }
 
     /// The prefixes strictly inside `p` (its dependents, HyperSFC §III-C).
@@ -177,14 +194,34 @@ pub fn load(
     })
 }
 
-/// What a full-table search found.
+/// What a full-table search found, and what to install in the fast path.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Found {
-    /// The entry, and what to install in the fast path: the entry itself (exact), or the
-    /// prefix with its dependents (LPM).
-    Hit(Rule, Vec<(u128, Rule)>),
-    /// No entry: the table's default applies.
-    Absent,
+pub struct Found {
+    /// The entry's rule (`None`: no entry, the table's default applies).
+    pub rule: Option<Rule>,
+    /// Cache entries: the entry itself (exact) or the prefix with its dependents (LPM); for
+    /// an absent key, a negative entry with the table's default: the key itself (exact) or
+    /// the widest prefix around the address that holds no prefix of the table (LPM), so a
+    /// flow whose key no table entry matches circulates once, not on every packet.
+    pub install: Vec<(u128, Rule)>,
+}
+
+impl Found {
+    /// A hit on the exact entry `key`.
+    pub fn entry(key: u128, rule: Rule) -> Found {
+        Found {
+            rule: Some(rule),
+            install: vec![(key, rule)],
+        }
+    }
+
+    /// What the packet carries back.
+    pub fn answer(&self) -> crate::fast::Answer {
+        match self.rule {
+            Some(r) => crate::fast::Answer::Hit(r),
+            None => crate::fast::Answer::Absent,
+        }
+    }
 }
 
 /// One slow-path thread's handles on the full tables.
@@ -266,35 +303,53 @@ impl FullTables {
         let table = &pipeline.tables[t];
         match table.kind {
             Kind::Exact => match self.get(t, key)? {
-                Some(r) => Ok(Found::Hit(r, vec![(key, r)])),
+                Some(r) => Ok(Found::entry(key, r)),
                 None => match table.balance(key) {
-                    Some(r) if matches!(table.on_miss, OnMiss::Balance { .. }) => {
+                    Some(r) => {
                         self.maps[t]
                             .insert(key, r)
                             .map_err(|source| SlowError::State {
                                 table: table.name.clone(),
                                 source,
                             })?;
-                        Ok(Found::Hit(r, vec![(key, r)]))
+                        Ok(Found::entry(key, r))
                     }
-                    _ => Ok(Found::Absent),
+                    None => Ok(Found {
+                        rule: None,
+                        install: vec![(key, table.default)],
+                    }),
                 },
             },
             Kind::Lpm => {
-                let Some(p) = self.lpm(t, key as u32) else {
-                    return Ok(Found::Absent);
+                let index = self.prefixes[t].clone().expect("an lpm table has an index");
+                let addr = key as u32;
+                let absent = |index: &PrefixIndex| Found {
+                    rule: None,
+                    install: index
+                        .widest_empty(addr)
+                        .map(|q| (q.key(), table.default))
+                        .into_iter()
+                        .collect(),
+                };
+                let Some(p) = index.lpm(addr) else {
+                    return Ok(absent(&index));
                 };
                 let Some(rule) = self.get(t, p.key())? else {
-                    return Ok(Found::Absent);
+                    return Ok(Found {
+                        rule: None,
+                        install: Vec::new(),
+                    });
                 };
-                let mut group = vec![(p.key(), rule)];
-                let index = self.prefixes[t].clone().expect("an lpm table has an index");
+                let mut install = vec![(p.key(), rule)];
                 for d in index.descendants(p) {
                     if let Some(r) = self.get(t, d.key())? {
-                        group.push((d.key(), r));
+                        install.push((d.key(), r));
                     }
                 }
-                Ok(Found::Hit(rule, group))
+                Ok(Found {
+                    rule: Some(rule),
+                    install,
+                })
             }
         }
     }

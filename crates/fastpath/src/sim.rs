@@ -19,10 +19,7 @@ pub fn serve(
         }
         let t = usize::from(s.table);
         let found = tables.search(t, s.key)?;
-        s.answer = match &found {
-            Found::Hit(r, _) => Answer::Hit(*r),
-            Found::Absent => Answer::Absent,
-        };
+        s.answer = found.answer();
         install(t, &found);
         answered += 1;
     }

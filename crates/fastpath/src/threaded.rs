@@ -89,7 +89,7 @@ type JobAnswer = (usize, Result<Found, SlowError>);
 /// Runs `packets` (headers and wire length) through `fast` with a slow path of `threads`
 /// search threads (lazy-p; one otherwise) on the full tables in the store `connector` names.
 pub fn run(
-    mut fast: FastPath,
+    fast: &mut FastPath,
     pipeline: &Pipeline,
     prefixes: &[Option<Arc<PrefixIndex>>],
     connector: Arc<dyn Connector>,
@@ -172,10 +172,7 @@ pub fn run(
                             let s = &mut p.searches_mut()[i];
                             match found {
                                 Ok(f) => {
-                                    s.answer = match &f {
-                                        Found::Hit(r, _) => Answer::Hit(*r),
-                                        Found::Absent => Answer::Absent,
-                                    };
+                                    s.answer = f.answer();
                                     let _ = to_fast.send(ToFast::Install(usize::from(s.table), f));
                                 }
                                 Err(e) => failed = Some(e),
@@ -196,15 +193,7 @@ pub fn run(
         };
         drop(to_fast);
         // The fast path, on this thread.
-        let fast_result = drive(
-            &mut fast,
-            packets,
-            offer,
-            &to_slow,
-            &fast_rx,
-            &mut report,
-            start,
-        );
+        let fast_result = drive(fast, packets, offer, &to_slow, &fast_rx, &mut report, start);
         drop(to_slow);
         let (mut cpu, searches) = slow.join().expect("the slow path does not panic")?;
         for t in search_threads {

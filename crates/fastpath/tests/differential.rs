@@ -330,7 +330,7 @@ proptest! {
             let want: Vec<_> = packets.iter().map(|h| oracle.reference(*h).unwrap()).collect();
             let input: Vec<(Headers, u16)> = packets.iter().map(|h| (*h, 64)).collect();
             let report = threaded::run(
-                FastPath::new(&p, mode, loaded.blooms),
+                &mut FastPath::new(&p, mode, loaded.blooms),
                 &p,
                 &loaded.prefixes,
                 store,
