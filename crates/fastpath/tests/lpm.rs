@@ -1,6 +1,6 @@
 //! Dependency-aware LPM caching (HyperSFC §III-C) over the real prefix set: the cache never
-//! answers with a shorter prefix than the full table, and eviction keeps every cached
-//! prefix's longer dependents with it.
+//! answers with a shorter prefix than the full table (nor with a negative entry for an address
+//! the table matches), and eviction keeps every cached prefix's longer dependents with it.
 
 use flowstate_fastpath::cache::{LpmCache, Prefix};
 use flowstate_fastpath::full::PrefixIndex;
@@ -83,16 +83,24 @@ proptest! {
             };
             let truth = index.lpm(addr);
             match cache.lookup(addr) {
+                Some((p, rule)) if rule.drop => {
+                    // A negative entry: no prefix of the table may contain the address.
+                    hits += 1;
+                    prop_assert_eq!(truth, None, "negative {} cached for {:#x}", p, addr);
+                }
                 Some((p, rule)) => {
                     hits += 1;
                     prop_assert_eq!(Some(p), truth, "cache answered {} for {:#x}", p, addr);
                     prop_assert_eq!(rule.branch, p.len);
                 }
-                None => {
-                    if let Some(p) = truth {
-                        cache.install(&group(index, p));
+                None => match truth {
+                    Some(p) => cache.install(&group(index, p)),
+                    None => {
+                        let q = index.widest_empty(addr).expect("an unmatched address has one");
+                        prop_assert!(q.contains(addr) && index.descendants(q).next().is_none());
+                        cache.install(&[(q, Rule::dropping())]);
                     }
-                }
+                },
             }
             prop_assert!(cache.len() <= capacity);
         }
