@@ -103,7 +103,7 @@ pub const ANSWER_ENTRY_BYTES: u64 = 1 + 1 + 12;
 pub const HEADER_BYTES: u64 = 2;
 
 /// A packet in the fast path, with its circulation header.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Packet {
     /// The caller's id.
     pub id: u64,
@@ -115,8 +115,8 @@ pub struct Packet {
     pub born_ns: u64,
     /// The table to resume at.
     resume: u8,
-    searches: [Search; MAX_SEARCHES],
-    n: u8,
+    /// The circulation header's (table, key) stack: empty, and unallocated, until a miss.
+    searches: Vec<Search>,
     /// Times sent to the slow path.
     pub circulations: u8,
 }
@@ -130,24 +130,19 @@ impl Packet {
             headers,
             born_ns,
             resume: 0,
-            searches: [Search {
-                table: 0,
-                key: 0,
-                answer: Answer::Absent,
-            }; MAX_SEARCHES],
-            n: 0,
+            searches: Vec::new(),
             circulations: 0,
         }
     }
 
     /// The searches carried.
     pub fn searches(&self) -> &[Search] {
-        &self.searches[..usize::from(self.n)]
+        &self.searches
     }
 
     /// The searches carried, to answer.
     pub fn searches_mut(&mut self) -> &mut [Search] {
-        &mut self.searches[..usize::from(self.n)]
+        &mut self.searches
     }
 
     /// The searches the slow path still has to do.
@@ -325,14 +320,7 @@ impl FastPath {
     pub fn pass(&mut self, p: &mut Packet) -> Step {
         self.stats.passes += 1;
         // Keep the answers of earlier circulations; what is pending is searched again.
-        let mut kept = 0;
-        for i in 0..usize::from(p.n) {
-            if p.searches[i].answer != Answer::Pending {
-                p.searches[kept] = p.searches[i];
-                kept += 1;
-            }
-        }
-        p.n = kept as u8;
+        p.searches.retain(|s| s.answer != Answer::Pending);
         let lazy = self.mode.lazy();
         let mut t = usize::from(p.resume);
         let mut h = p.headers;
@@ -364,18 +352,17 @@ impl FastPath {
                         table.default
                     } else {
                         // A miss: on the packet's stack.
-                        if usize::from(p.n) == MAX_SEARCHES {
+                        if p.searches.len() == MAX_SEARCHES {
                             if first_miss.is_some() {
                                 break;
                             }
-                            p.n = 0; // forget old answers rather than lose the miss
+                            p.searches.clear(); // forget old answers rather than lose the miss
                         }
-                        p.searches[usize::from(p.n)] = Search {
+                        p.searches.push(Search {
                             table: t as u8,
                             key,
                             answer: Answer::Pending,
-                        };
-                        p.n += 1;
+                        });
                         first_miss.get_or_insert((t, h));
                         if !lazy {
                             break; // busy submit, egress bypass
