@@ -33,7 +33,7 @@ fn main() {
     match &clang {
         Some(c) => println!("cargo:rerun-if-changed={}", c.display()),
         // Directories are watched by their contents' times: installing clang changes one.
-        None => watch_path_dirs(),
+        None => watch_clang_dirs(),
     }
     match &headers {
         Some(h) => println!("cargo:rerun-if-changed={}", h.display()),
@@ -120,9 +120,17 @@ fn find_clang() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// Watches the absolute directories of `PATH`, where clang would appear.
-fn watch_path_dirs() {
-    for d in env::split_paths(&env::var_os("PATH").unwrap_or_default()) {
+/// Watches the directories clang would appear in: `FLOWSTATE_CLANG`'s, if it is a path,
+/// else the absolute directories of `PATH`.
+fn watch_clang_dirs() {
+    let wanted = env::var_os("FLOWSTATE_CLANG").unwrap_or_default();
+    let wanted = Path::new(&wanted);
+    let dirs: Vec<PathBuf> = if wanted.components().count() > 1 {
+        wanted.parent().map(Path::to_owned).into_iter().collect()
+    } else {
+        env::split_paths(&env::var_os("PATH").unwrap_or_default()).collect()
+    };
+    for d in dirs {
         if d.is_absolute() && d.is_dir() {
             println!("cargo:rerun-if-changed={}", d.display());
         }
