@@ -883,9 +883,9 @@ fn fast_path(
 }
 
 /// The fast path configured on `inside` (`[input] fast_path`), attached to both ports, unless
-/// `why_not` says why it cannot be used (logged). When the kernel refuses it (no BPF, another
-/// XDP program on a port), a fast path asked for with `fast_path = true` is an error; the
-/// default one is a warning and the caller runs without.
+/// `why_not` says why it cannot be used (logged). When it cannot be had (no BPF, another
+/// XDP program on a port, a build without XDP programs), a fast path asked for with
+/// `fast_path = true` is an error; the default one is a warning and the caller runs without.
 pub fn attach_fast_path(
     inside: &crate::config::LivePort,
     outside: &crate::config::LivePort,
@@ -912,7 +912,7 @@ pub fn attach_fast_path(
             Ok(Some(loaded))
         }
         Err(e) if !c.required => {
-            tracing::warn!(error = %e, "XDP fast path off: the kernel refused it");
+            tracing::warn!(error = %e, "XDP fast path off: it could not be loaded or attached");
             Ok(None)
         }
         Err(e) => Err(e.into()),

@@ -1,12 +1,13 @@
 //! AF_XDP ports: an XDP socket per interface queue, its UMEM allocated once and its frames
-//! reused, with the few instructions of XDP program that redirect the queue's frames to it.
+//! reused, with the XDP program that redirects the queue's frames to it.
 //!
-//! Why raw system calls: `xsk-rs` needs libxdp/libbpf (C libraries and their headers from the
-//! distribution, plus bindgen at build time) and `aya` needs a BPF toolchain for its programs.
-//! The redirect program AF_XDP needs is five instructions (`bpf_redirect_map(&xsks,
-//! ctx->rx_queue_index, XDP_PASS)`), so it is assembled here and loaded with `bpf(2)`; the
-//! socket, its UMEM and its four rings are set up with `setsockopt`/`mmap` as
-//! `Documentation/networking/af_xdp.rst` describes. Nothing beyond `libc` is needed.
+//! The redirect program is C (`crates/io/bpf/redirect.bpf.c`: `bpf_redirect_map(&xsks,
+//! ctx->rx_queue_index, XDP_PASS)`), compiled by the build script and loaded with [`aya`],
+//! which parses the object, creates its map, relocates, verifies and attaches it; the
+//! fast-path program ([`crate::fastpath`]) is loaded the same way. The socket, its UMEM and its
+//! four rings are set up with `setsockopt`/`mmap` as `Documentation/networking/af_xdp.rst`
+//! describes. A build made without clang has no XDP programs: attaching one is an error that
+//! says so.
 //!
 //! Promises:
 //! * [`XdpProgram::attach`] attaches the redirect program through a BPF link in generic (SKB)
@@ -22,13 +23,18 @@
 //! Limits: copy mode only (generic XDP has no zero copy); one queue per socket.
 
 use crate::afpacket::interface_info;
+use crate::bpf;
 use crate::fastpath::FastPath;
 use crate::{Error, PacketBatch, PacketMeta, Port, Result};
+use aya::maps::{MapData, XskMap};
+use aya::programs::xdp::XdpLink;
+use aya::programs::{ProgramError, XdpFlags};
+use aya::Ebpf;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 const AF_XDP: libc::c_int = 44;
 const SOL_XDP: libc::c_int = 283;
@@ -46,20 +52,16 @@ const XDP_COPY: u16 = 1 << 1;
 const XDP_USE_NEED_WAKEUP: u16 = 1 << 3;
 const XDP_RING_NEED_WAKEUP: u32 = 1;
 
-const BPF_MAP_CREATE: libc::c_long = 0;
-const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
-const BPF_PROG_LOAD: libc::c_long = 5;
-const BPF_LINK_CREATE: libc::c_long = 28;
-const BPF_MAP_TYPE_XSKMAP: u32 = 17;
-const BPF_PROG_TYPE_XDP: u32 = 6;
-const BPF_XDP: u32 = 37;
-const XDP_FLAGS_SKB_MODE: u32 = 1 << 1;
-
 /// The frame size of the UMEM.
 pub const FRAME_SIZE: u32 = 2048;
 
 pub(crate) fn dev_err(device: &str, what: &str, e: io::Error) -> Error {
-    let hint = match e.raw_os_error() {
+    device_error(device, what, e.raw_os_error(), e)
+}
+
+/// A device error whose system error number is `code` (with a hint of what may be missing).
+pub(crate) fn device_error(device: &str, what: &str, code: Option<i32>, e: io::Error) -> Error {
+    let hint = match code {
         Some(libc::EPERM) | Some(libc::EACCES) => {
             " (needs CAP_NET_ADMIN, CAP_BPF and CAP_NET_RAW: run as root)"
         }
@@ -80,53 +82,37 @@ pub(crate) fn dev_err(device: &str, what: &str, e: io::Error) -> Error {
     }
 }
 
-/// `bpf(cmd, attr, size)`.
-pub(crate) fn bpf(cmd: libc::c_long, attr: &mut [u64; 16]) -> io::Result<RawFd> {
-    // SAFETY: attr is a 128-byte, zero-padded bpf_attr for `cmd`.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            attr.as_mut_ptr(),
-            std::mem::size_of::<[u64; 16]>(),
-        )
-    };
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r as RawFd)
-    }
-}
-
-pub(crate) fn put_u32(attr: &mut [u64; 16], offset: usize, v: u32) {
-    // SAFETY: offset + 4 <= 128 at every call site; attr is plain memory.
-    unsafe {
-        let p = attr.as_mut_ptr().cast::<u8>().add(offset).cast::<u32>();
-        p.write_unaligned(v);
-    }
-}
-
-pub(crate) fn put_u64(attr: &mut [u64; 16], offset: usize, v: u64) {
-    // SAFETY: as above.
-    unsafe {
-        let p = attr.as_mut_ptr().cast::<u8>().add(offset).cast::<u64>();
-        p.write_unaligned(v);
-    }
-}
-
-pub(crate) fn owned(fd: RawFd) -> OwnedFd {
+fn owned(fd: RawFd) -> OwnedFd {
     // SAFETY: `fd` was just returned by the kernel and is owned by nobody else.
     unsafe { OwnedFd::from_raw_fd(fd) }
 }
 
-/// The redirect program on one interface, with its map of sockets per queue.
+/// The slots of an XSKMAP that belong to one port: its queue `q`'s socket goes in slot
+/// `first + q`, for `q < count`.
+#[derive(Clone)]
+pub(crate) struct Sockets {
+    pub(crate) map: Arc<Mutex<XskMap<MapData>>>,
+    pub(crate) first: u32,
+    pub(crate) count: u32,
+}
+
+impl std::fmt::Debug for Sockets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sockets")
+            .field("first", &self.first)
+            .field("count", &self.count)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An XDP program attached to one interface (the redirect program, or a fast path's), and
+/// where the sockets of the interface's queues go.
 #[derive(Debug)]
 pub struct XdpProgram {
     ifname: String,
     ifindex: u32,
-    map: OwnedFd,
-    _prog: OwnedFd,
-    _link: OwnedFd,
+    sockets: Sockets,
+    _link: XdpLink,
 }
 
 impl XdpProgram {
@@ -144,35 +130,37 @@ impl XdpProgram {
         fast_path: Option<&FastPath>,
     ) -> Result<Arc<XdpProgram>> {
         let (ifindex, _) = interface_info(ifname)?;
-        let err = |what: &str| {
-            let what = what.to_owned();
-            move |e| dev_err(ifname, &what, e)
+        let ifindex = ifindex as u32;
+        let queues = queues.max(1);
+        let (link, sockets) = match fast_path {
+            None => {
+                let mut ebpf = bpf::load_xdp(
+                    bpf::REDIRECT,
+                    "redirect",
+                    &[("xsks", queues)],
+                    ifname,
+                    "loading the XDP redirect program",
+                )?;
+                let map = ebpf
+                    .take_map("xsks")
+                    .ok_or_else(|| io::Error::other("the object has no map `xsks`"))
+                    .map_err(|e| dev_err(ifname, "loading the XDP redirect program", e))?;
+                let map = XskMap::try_from(map)
+                    .map_err(|e| bpf::aya_err(ifname, "loading the XDP redirect program", &e))?;
+                let link = attach_link(&mut ebpf, "redirect", ifname, ifindex)?;
+                let sockets = Sockets {
+                    map: Arc::new(Mutex::new(map)),
+                    first: 0,
+                    count: queues,
+                };
+                (link, sockets)
+            }
+            Some(f) => f.attach(ifname, ifindex, queues)?,
         };
-        let mut a = [0u64; 16];
-        put_u32(&mut a, 0, BPF_MAP_TYPE_XSKMAP);
-        put_u32(&mut a, 4, 4);
-        put_u32(&mut a, 8, 4);
-        put_u32(&mut a, 12, queues.max(1));
-        let map = owned(bpf(BPF_MAP_CREATE, &mut a).map_err(err("creating the XSKMAP"))?);
-        let prog = match fast_path {
-            None => load_xdp(&redirect_program(map.as_raw_fd()))
-                .map_err(err("loading the XDP redirect program"))?,
-            Some(f) => load_xdp(&f.program(map.as_raw_fd()))
-                .map_err(err("loading the XDP fast-path program"))?,
-        };
-        let mut a = [0u64; 16];
-        put_u32(&mut a, 0, prog.as_raw_fd() as u32);
-        put_u32(&mut a, 4, ifindex as u32);
-        put_u32(&mut a, 8, BPF_XDP);
-        put_u32(&mut a, 12, XDP_FLAGS_SKB_MODE);
-        let link = owned(
-            bpf(BPF_LINK_CREATE, &mut a).map_err(err("attaching the XDP program (BPF link)"))?,
-        );
         Ok(Arc::new(XdpProgram {
             ifname: ifname.to_owned(),
-            ifindex: ifindex as u32,
-            map,
-            _prog: prog,
+            ifindex,
+            sockets,
             _link: link,
         }))
     }
@@ -184,80 +172,40 @@ impl XdpProgram {
 
     /// Sends the frames of `queue` to socket `fd`.
     fn register(&self, queue: u32, fd: RawFd) -> Result<()> {
-        let key = queue;
-        let value = fd as u32;
-        let mut a = [0u64; 16];
-        put_u32(&mut a, 0, self.map.as_raw_fd() as u32);
-        put_u64(&mut a, 8, &key as *const u32 as u64);
-        put_u64(&mut a, 16, &value as *const u32 as u64);
-        bpf(BPF_MAP_UPDATE_ELEM, &mut a)
-            .map(drop)
-            .map_err(|e| dev_err(&self.ifname, "registering the socket in the XSKMAP", e))
+        let what = "registering the socket in the XSKMAP";
+        let s = &self.sockets;
+        if queue >= s.count {
+            let e = io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "queue {queue}: the program was attached for {} queue(s)",
+                    s.count
+                ),
+            );
+            return Err(dev_err(&self.ifname, what, e));
+        }
+        s.map
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .set(s.first + queue, fd, 0)
+            .map_err(|e| bpf::aya_err(&self.ifname, what, &e))
     }
 }
 
-/// `bpf_redirect_map(&xsks, ctx->rx_queue_index, XDP_PASS)`.
-fn redirect_program(xsks: RawFd) -> Vec<u64> {
-    // r2 = ctx->rx_queue_index; r1 = &xsks; r3 = XDP_PASS; call bpf_redirect_map; exit
-    vec![
-        insn(0x61, 2, 1, 16, 0),
-        insn(0x18, 1, 1, 0, xsks as u32),
-        0,
-        insn(0xb7, 3, 0, 0, 2),
-        insn(0x85, 0, 0, 0, 51),
-        insn(0x95, 0, 0, 0, 0),
-    ]
-}
-
-/// Loads an XDP program; a refusal by the verifier carries the verifier's log.
-pub(crate) fn load_xdp(insns: &[u64]) -> io::Result<OwnedFd> {
-    let license = c"GPL";
-    let load = |log: &mut [u8]| {
-        let mut a = [0u64; 16];
-        put_u32(&mut a, 0, BPF_PROG_TYPE_XDP);
-        put_u32(&mut a, 4, insns.len() as u32);
-        put_u64(&mut a, 8, insns.as_ptr() as u64);
-        put_u64(&mut a, 16, license.as_ptr() as u64);
-        if !log.is_empty() {
-            put_u32(&mut a, 24, 1);
-            put_u32(&mut a, 28, log.len() as u32);
-            put_u64(&mut a, 32, log.as_mut_ptr() as u64);
-        }
-        put_u32(&mut a, 68, BPF_XDP);
-        bpf(BPF_PROG_LOAD, &mut a).map(owned)
-    };
-    load(&mut []).or_else(|e| {
-        if e.raw_os_error() != Some(libc::EACCES) && e.raw_os_error() != Some(libc::EINVAL) {
-            return Err(e);
-        }
-        let mut log = vec![0u8; 1 << 20];
-        match load(&mut log) {
-            Ok(fd) => Ok(fd),
-            Err(e2) => {
-                let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
-                let text = String::from_utf8_lossy(&log[..end]);
-                let tail: Vec<&str> = text.lines().rev().take(12).collect();
-                let tail: Vec<&str> = tail.into_iter().rev().collect();
-                if tail.is_empty() {
-                    Err(e2)
-                } else {
-                    Err(io::Error::new(
-                        e2.kind(),
-                        format!("{e2}; the verifier said: {}", tail.join(" | ")),
-                    ))
-                }
-            }
-        }
-    })
-}
-
-/// One BPF instruction: opcode, registers, offset, immediate.
-pub(crate) const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: u32) -> u64 {
-    // Little-endian layout of struct bpf_insn: code, dst:4|src:4, off, imm.
-    (code as u64)
-        | (((dst & 0xf) | ((src & 0xf) << 4)) as u64) << 8
-        | ((off as u16) as u64) << 16
-        | (imm as u64) << 32
+/// Attaches the XDP program `name` of `ebpf` to `ifindex` in generic (SKB) mode through a BPF
+/// link, which detaches it when dropped.
+pub(crate) fn attach_link(
+    ebpf: &mut Ebpf,
+    name: &str,
+    ifname: &str,
+    ifindex: u32,
+) -> Result<XdpLink> {
+    let err = |e: ProgramError| bpf::aya_err(ifname, "attaching the XDP program (BPF link)", &e);
+    let program = bpf::xdp(ebpf, name).map_err(err)?;
+    let id = program
+        .attach_to_if_index(ifindex, XdpFlags::SKB_MODE)
+        .map_err(err)?;
+    program.take_link(id).map_err(err)
 }
 
 /// Settings of an [`AfXdp`] socket.
@@ -721,23 +669,4 @@ fn timestamp() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::insn;
-
-    #[test]
-    fn instructions_encode_like_the_kernel_expects() {
-        // r2 = *(u32 *)(r1 + 16): code 0x61, regs dst 2 | src 1 << 4, off 16.
-        assert_eq!(
-            insn(0x61, 2, 1, 16, 0).to_le_bytes(),
-            [0x61, 0x12, 16, 0, 0, 0, 0, 0]
-        );
-        // call 51
-        assert_eq!(
-            insn(0x85, 0, 0, 0, 51).to_le_bytes(),
-            [0x85, 0, 0, 0, 51, 0, 0, 0]
-        );
-    }
 }

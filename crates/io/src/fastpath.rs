@@ -38,6 +38,13 @@
 //! * The table is an LRU hash of `capacity` entries: a full table forgets its least recently
 //!   used flows, which then take the slow path again. Nothing is allocated per packet.
 //!
+//! The program is C, `crates/io/bpf/flowcache.bpf.c` (its tables' layout in `flowcache.h`,
+//! mirrored here by [`FlowKey`] and the entry's `#[repr(C)]` form), compiled by the build
+//! script and loaded with [`aya`]. A [`FastPath`] loads it once, with its tables, and
+//! [`crate::afxdp::XdpProgram::attach_with`] attaches that one program to each port through
+//! its own BPF link; the program's slow path is one XSKMAP for every port, each port's queues
+//! in their own slots (up to [`MAX_SOCKETS`] in all), found by the ingress interface.
+//!
 //! Limits: IPv4 only; the program's checksum arithmetic is RFC 1624's incremental update with
 //! the per-entry sum precomputed in user space (RFC 1071 §2(B): one's-complement sums work on
 //! 16-bit words in either byte order, so the program adds words as it loads them). An entry
@@ -46,18 +53,16 @@
 //! slow path renews an entry, and an entry's contents change only when the chain's decision
 //! for the flow did.
 
-use crate::afxdp::{bpf, dev_err, insn, owned, put_u32, put_u64};
+use crate::afxdp::{attach_link, dev_err, Sockets};
+use crate::bpf;
 use crate::{Error, Result};
+use aya::maps::{HashMap, MapData, MapError, PerCpuArray, XskMap};
+use aya::programs::xdp::XdpLink;
+use aya::Ebpf;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
-
-const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
-const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
-const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
-const BPF_MAP_CREATE: libc::c_long = 0;
-const BPF_MAP_TYPE_PERCPU_ARRAY: u32 = 6;
-const BPF_MAP_TYPE_LRU_HASH: u32 = 9;
 
 const ETH: usize = 14;
 const IP: usize = ETH;
@@ -68,51 +73,64 @@ const TCP_RST: u8 = 0x04;
 const PROTO_TCP: u8 = 6;
 const PROTO_UDP: u8 = 17;
 
-/// Bytes of a flow key: ingress ifindex, source, destination, ports, protocol (u32 each).
-pub const KEY_SIZE: usize = 20;
-/// Bytes of an entry (see [`Entry`]).
-pub const ENTRY_SIZE: usize = 56;
-
-// Entry layout, shared by `Entry::encode` and the program.
-const E_DEADLINE: i16 = 0; // u64, CLOCK_MONOTONIC ns
-const E_RENEW: i16 = 8; // u64, CLOCK_MONOTONIC ns
-const E_MACS: i16 = 16; // destination MAC, source MAC (12 bytes)
-const E_ADDRS: i16 = 28; // source, destination (8 bytes, as on the wire)
-const E_PORTS: i16 = 36; // source port, destination port (4 bytes, as on the wire)
-const E_IFINDEX: i16 = 40; // u32, the port to send from
-const E_IP_SUM: i16 = 44; // u32, one's-complement sum to add to the IPv4 header checksum
-const E_L4_SUM: i16 = 48; // u32, the same for the TCP or UDP checksum
+/// Bytes of a flow key (see [`FlowKey`]).
+pub const KEY_SIZE: usize = std::mem::size_of::<FlowKey>();
+/// Bytes of an entry as the program reads it (`struct flow_entry`).
+pub const ENTRY_SIZE: usize = std::mem::size_of::<FlowEntry>();
+/// Sockets (ports × queues) the program of one fast path can send its slow path to.
+pub const MAX_SOCKETS: u32 = 64;
 
 /// Largest `capacity`.
 pub const MAX_CAPACITY: u32 = 1 << 24;
 /// Longest `refresh`.
 pub const MAX_REFRESH: Duration = Duration::from_secs(60);
 
-/// A flow direction as the program sees it on a port: the lookup key.
+/// A flow direction as the program sees it on a port: the lookup key, `struct flow_key` of
+/// `crates/io/bpf/flowcache.h` (addresses and ports as on the wire).
+#[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct FlowKey(pub [u8; KEY_SIZE]);
+pub struct FlowKey {
+    /// The port the packet came in by.
+    pub ifindex: u32,
+    /// IPv4 source address.
+    pub saddr: [u8; 4],
+    /// IPv4 destination address.
+    pub daddr: [u8; 4],
+    /// TCP or UDP source port.
+    pub sport: [u8; 2],
+    /// TCP or UDP destination port.
+    pub dport: [u8; 2],
+    /// The IP protocol (TCP or UDP).
+    pub proto: u32,
+}
+
+// SAFETY: plain integers and byte arrays, no padding (20 bytes: see the layout test).
+unsafe impl aya::Pod for FlowKey {}
 
 impl FlowKey {
     /// The key of the IPv4 TCP/UDP packet in `frame` received on `ifindex`.
     fn of(ifindex: u32, frame: &[u8]) -> Option<FlowKey> {
-        let mut k = [0u8; KEY_SIZE];
-        k[0..4].copy_from_slice(&ifindex.to_ne_bytes());
-        k[4..16].copy_from_slice(frame.get(IP + 12..L4 + 4)?);
-        k[16..20].copy_from_slice(&u32::from(*frame.get(IP + 9)?).to_ne_bytes());
-        Some(FlowKey(k))
+        Some(FlowKey {
+            ifindex,
+            saddr: bytes(frame, IP + 12)?,
+            daddr: bytes(frame, IP + 16)?,
+            sport: bytes(frame, L4)?,
+            dport: bytes(frame, L4 + 2)?,
+            proto: u32::from(*frame.get(IP + 9)?),
+        })
     }
 
     /// The key of the reverse direction of the packet in `frame` sent from `ifindex`: its
     /// addresses and ports swapped, received on the port it left by.
     fn reverse_of(ifindex: u32, frame: &[u8]) -> Option<FlowKey> {
-        let FlowKey(mut k) = FlowKey::of(ifindex, frame)?;
-        let (s, d) = ([k[4], k[5], k[6], k[7]], [k[8], k[9], k[10], k[11]]);
-        k[4..8].copy_from_slice(&d);
-        k[8..12].copy_from_slice(&s);
-        let (sp, dp) = ([k[12], k[13]], [k[14], k[15]]);
-        k[12..14].copy_from_slice(&dp);
-        k[14..16].copy_from_slice(&sp);
-        Some(FlowKey(k))
+        let k = FlowKey::of(ifindex, frame)?;
+        Some(FlowKey {
+            saddr: k.daddr,
+            daddr: k.saddr,
+            sport: k.dport,
+            dport: k.sport,
+            ..k
+        })
     }
 }
 
@@ -138,21 +156,91 @@ pub struct Entry {
     pub l4_sum: u16,
 }
 
-impl Entry {
-    fn encode(&self) -> [u8; ENTRY_SIZE] {
-        let mut v = [0u8; ENTRY_SIZE];
-        let at = |o: i16| o as usize;
-        v[at(E_DEADLINE)..at(E_DEADLINE) + 8].copy_from_slice(&self.deadline_ns.to_ne_bytes());
-        v[at(E_RENEW)..at(E_RENEW) + 8].copy_from_slice(&self.renew_ns.to_ne_bytes());
-        v[at(E_MACS)..at(E_MACS) + 12].copy_from_slice(&self.macs);
-        v[at(E_ADDRS)..at(E_ADDRS) + 8].copy_from_slice(&self.addrs);
-        v[at(E_PORTS)..at(E_PORTS) + 4].copy_from_slice(&self.ports);
-        v[at(E_IFINDEX)..at(E_IFINDEX) + 4].copy_from_slice(&self.out_ifindex.to_ne_bytes());
-        v[at(E_IP_SUM)..at(E_IP_SUM) + 4].copy_from_slice(&u32::from(self.ip_sum).to_ne_bytes());
-        v[at(E_L4_SUM)..at(E_L4_SUM) + 4].copy_from_slice(&u32::from(self.l4_sum).to_ne_bytes());
-        v
+/// An entry as the program reads it: `struct flow_entry` of `crates/io/bpf/flowcache.h`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct FlowEntry {
+    deadline_ns: u64,
+    renew_ns: u64,
+    dmac: [u8; 6],
+    smac: [u8; 6],
+    saddr: [u8; 4],
+    daddr: [u8; 4],
+    sport: [u8; 2],
+    dport: [u8; 2],
+    out_ifindex: u32,
+    ip_sum: u32,
+    l4_sum: u32,
+    _pad: u32,
+}
+
+// SAFETY: plain integers and byte arrays, no implicit padding (56 bytes: see the layout test).
+unsafe impl aya::Pod for FlowEntry {}
+
+impl From<&Entry> for FlowEntry {
+    fn from(e: &Entry) -> FlowEntry {
+        let [dmac @ .., _, _, _, _, _, _] = e.macs;
+        let [_, _, _, _, _, _, smac @ ..] = e.macs;
+        FlowEntry {
+            deadline_ns: e.deadline_ns,
+            renew_ns: e.renew_ns,
+            dmac,
+            smac,
+            saddr: [e.addrs[0], e.addrs[1], e.addrs[2], e.addrs[3]],
+            daddr: [e.addrs[4], e.addrs[5], e.addrs[6], e.addrs[7]],
+            sport: [e.ports[0], e.ports[1]],
+            dport: [e.ports[2], e.ports[3]],
+            out_ifindex: e.out_ifindex,
+            ip_sum: u32::from(e.ip_sum),
+            l4_sum: u32::from(e.l4_sum),
+            _pad: 0,
+        }
     }
 }
+
+impl From<&FlowEntry> for Entry {
+    fn from(f: &FlowEntry) -> Entry {
+        let mut e = Entry {
+            deadline_ns: f.deadline_ns,
+            renew_ns: f.renew_ns,
+            macs: [0; 12],
+            addrs: [0; 8],
+            ports: [0; 4],
+            out_ifindex: f.out_ifindex,
+            ip_sum: f.ip_sum as u16,
+            l4_sum: f.l4_sum as u16,
+        };
+        e.macs[..6].copy_from_slice(&f.dmac);
+        e.macs[6..].copy_from_slice(&f.smac);
+        e.addrs[..4].copy_from_slice(&f.saddr);
+        e.addrs[4..].copy_from_slice(&f.daddr);
+        e.ports[..2].copy_from_slice(&f.sport);
+        e.ports[2..].copy_from_slice(&f.dport);
+        e
+    }
+}
+
+/// The counters of the program, per CPU: `struct flow_stats`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct FlowStats {
+    packets: u64,
+    bytes: u64,
+}
+
+// SAFETY: two u64, no padding.
+unsafe impl aya::Pod for FlowStats {}
+
+/// Where a port's sockets are in the program's XSKMAP: `struct port_sockets`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct PortSockets {
+    first: u32,
+    count: u32,
+}
+
+// SAFETY: two u32, no padding.
+unsafe impl aya::Pod for PortSockets {}
 
 /// What one forwarded packet teaches the fast path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,6 +252,11 @@ pub enum Lesson {
     /// Nothing: not a packet the program handles, or the slow path did more than the program
     /// can repeat.
     Nothing,
+}
+
+/// The `N` bytes of `b` at `at`.
+fn bytes<const N: usize>(b: &[u8], at: usize) -> Option<[u8; N]> {
+    b.get(at..at + N)?.try_into().ok()
 }
 
 /// The 16-bit word at `at` as a native load reads it (RFC 1071 §2(B)).
@@ -288,19 +381,42 @@ pub struct FastPathStats {
     pub bytes: u64,
 }
 
-/// The fast path's tables: the flow entries and the counters, shared by the programs of the
-/// box's ports.
-#[derive(Debug)]
+/// The fast path: its program (`crates/io/bpf/flowcache.bpf.c`), loaded once and attached to
+/// each of the box's ports, and its tables (the flow entries, the counters, the ports' sockets).
 pub struct FastPath {
-    flows: OwnedFd,
-    stats: OwnedFd,
+    ebpf: Mutex<Ebpf>,
+    flows: Mutex<HashMap<MapData, FlowKey, FlowEntry>>,
+    stats: PerCpuArray<MapData, FlowStats>,
+    /// The ports attached, and the next free slot of `xsks`.
+    ports: Mutex<(HashMap<MapData, u32, PortSockets>, u32)>,
+    xsks: Arc<Mutex<XskMap<MapData>>>,
     refresh: Duration,
-    cpus: usize,
+}
+
+impl std::fmt::Debug for FastPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FastPath")
+            .field("refresh", &self.refresh)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A map of the fast path's object, typed.
+fn take_map<M: TryFrom<aya::maps::Map, Error = MapError>>(
+    ebpf: &mut Ebpf,
+    name: &str,
+) -> Result<M> {
+    let what = "loading the XDP fast-path program";
+    let map = ebpf
+        .take_map(name)
+        .ok_or_else(|| io::Error::other(format!("the object has no map `{name}`")))
+        .map_err(|e| dev_err("fast path", what, e))?;
+    M::try_from(map).map_err(|e| bpf::aya_err("fast path", what, &e))
 }
 
 impl FastPath {
     /// Tables for `capacity` flow directions whose entries live `refresh` past the slow
-    /// path's last packet of the flow.
+    /// path's last packet of the flow, and the program that reads them.
     pub fn new(capacity: u32, refresh: Duration) -> Result<FastPath> {
         if capacity == 0 || capacity > MAX_CAPACITY {
             return Err(Error::Option {
@@ -314,30 +430,67 @@ impl FastPath {
                 reason: format!("{refresh:?} is not in (0, {MAX_REFRESH:?}]"),
             });
         }
-        let create = |kind, key: usize, value: usize, entries: u32, what: &str| {
-            let mut a = [0u64; 16];
-            put_u32(&mut a, 0, kind);
-            put_u32(&mut a, 4, key as u32);
-            put_u32(&mut a, 8, value as u32);
-            put_u32(&mut a, 12, entries);
-            bpf(BPF_MAP_CREATE, &mut a)
-                .map(owned)
-                .map_err(|e| dev_err("fast path", what, e))
-        };
-        let flows = create(
-            BPF_MAP_TYPE_LRU_HASH,
-            KEY_SIZE,
-            ENTRY_SIZE,
-            capacity,
-            "creating the flow table",
+        let mut ebpf = bpf::load_xdp(
+            bpf::FLOWCACHE,
+            "flowcache",
+            &[
+                ("flows", capacity),
+                ("ports", MAX_SOCKETS),
+                ("xsks", MAX_SOCKETS),
+            ],
+            "fast path",
+            "loading the XDP fast-path program",
         )?;
-        let stats = create(BPF_MAP_TYPE_PERCPU_ARRAY, 4, 16, 1, "creating the counters")?;
         Ok(FastPath {
-            flows,
-            stats,
+            flows: Mutex::new(take_map(&mut ebpf, "flows")?),
+            stats: take_map(&mut ebpf, "stats")?,
+            ports: Mutex::new((take_map(&mut ebpf, "ports")?, 0)),
+            xsks: Arc::new(Mutex::new(take_map(&mut ebpf, "xsks")?)),
+            ebpf: Mutex::new(ebpf),
             refresh,
-            cpus: possible_cpus(),
         })
+    }
+
+    /// Attaches the program to `ifname` (`ifindex`), with `queues` slots for its sockets.
+    pub(crate) fn attach(
+        &self,
+        ifname: &str,
+        ifindex: u32,
+        queues: u32,
+    ) -> Result<(XdpLink, Sockets)> {
+        let mut ports = lock(&self.ports);
+        let first = ports.1;
+        if queues > MAX_SOCKETS - first {
+            return Err(Error::Option {
+                name: "queues",
+                reason: format!(
+                    "the fast path has room for {MAX_SOCKETS} sockets, {first} are taken"
+                ),
+            });
+        }
+        let slots = PortSockets {
+            first,
+            count: queues,
+        };
+        ports
+            .0
+            .insert(ifindex, slots, 0)
+            .map_err(|e| bpf::aya_err(ifname, "registering the port with the fast path", &e))?;
+        let link = attach_link(&mut lock(&self.ebpf), "flowcache", ifname, ifindex);
+        let link = match link {
+            Ok(link) => link,
+            Err(e) => {
+                let _ = ports.0.remove(&ifindex);
+                return Err(e);
+            }
+        };
+        ports.1 += queues;
+        let sockets = Sockets {
+            map: Arc::clone(&self.xsks),
+            first,
+            count: queues,
+        };
+        Ok((link, sockets))
     }
 
     /// Teaches the fast path what the slow path did with one packet (see [`lesson`]):
@@ -366,64 +519,65 @@ impl FastPath {
 
     /// Installs (or replaces) `key`'s entry.
     pub fn install(&self, key: &FlowKey, entry: &Entry) -> Result<()> {
-        let value = entry.encode();
-        let mut a = [0u64; 16];
-        put_u32(&mut a, 0, self.flows.as_raw_fd() as u32);
-        put_u64(&mut a, 8, key.0.as_ptr() as u64);
-        put_u64(&mut a, 16, value.as_ptr() as u64);
-        bpf(BPF_MAP_UPDATE_ELEM, &mut a)
-            .map(drop)
-            .map_err(|e| dev_err("fast path", "installing a flow entry", e))
+        lock(&self.flows)
+            .insert(key, FlowEntry::from(entry), 0)
+            .map_err(|e| bpf::aya_err("fast path", "installing a flow entry", &e))
     }
 
     /// Removes `key`'s entry, if there is one.
     pub fn forget(&self, key: &FlowKey) -> Result<()> {
-        let mut a = [0u64; 16];
-        put_u32(&mut a, 0, self.flows.as_raw_fd() as u32);
-        put_u64(&mut a, 8, key.0.as_ptr() as u64);
-        match bpf(BPF_MAP_DELETE_ELEM, &mut a) {
-            Err(e) if e.raw_os_error() != Some(libc::ENOENT) => {
-                Err(dev_err("fast path", "removing a flow entry", e))
+        match lock(&self.flows).remove(key) {
+            Err(e) if os_error(&e) != Some(libc::ENOENT) => {
+                Err(bpf::aya_err("fast path", "removing a flow entry", &e))
             }
             _ => Ok(()),
         }
     }
 
     /// The entry of `key`, if there is one.
-    pub fn entry(&self, key: &FlowKey) -> Result<Option<[u8; ENTRY_SIZE]>> {
-        let mut value = [0u8; ENTRY_SIZE];
-        let mut a = [0u64; 16];
-        put_u32(&mut a, 0, self.flows.as_raw_fd() as u32);
-        put_u64(&mut a, 8, key.0.as_ptr() as u64);
-        put_u64(&mut a, 16, value.as_mut_ptr() as u64);
-        match bpf(BPF_MAP_LOOKUP_ELEM, &mut a) {
-            Ok(_) => Ok(Some(value)),
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
-            Err(e) => Err(dev_err("fast path", "reading a flow entry", e)),
+    pub fn entry(&self, key: &FlowKey) -> Result<Option<Entry>> {
+        match lock(&self.flows).get(key, 0) {
+            Ok(e) => Ok(Some(Entry::from(&e))),
+            Err(MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(bpf::aya_err("fast path", "reading a flow entry", &e)),
         }
     }
 
-    /// What the programs forwarded so far, over every CPU.
+    /// What the program forwarded so far, over every CPU.
     pub fn stats(&self) -> Result<FastPathStats> {
-        let mut values = vec![0u64; 2 * self.cpus];
-        let key = 0u32;
-        let mut a = [0u64; 16];
-        put_u32(&mut a, 0, self.stats.as_raw_fd() as u32);
-        put_u64(&mut a, 8, &key as *const u32 as u64);
-        put_u64(&mut a, 16, values.as_mut_ptr() as u64);
-        bpf(BPF_MAP_LOOKUP_ELEM, &mut a)
-            .map_err(|e| dev_err("fast path", "reading the counters", e))?;
+        let values = self
+            .stats
+            .get(&0, 0)
+            .map_err(|e| bpf::aya_err("fast path", "reading the counters", &e))?;
         Ok(values
-            .chunks(2)
+            .iter()
             .fold(FastPathStats::default(), |s, c| FastPathStats {
-                packets: s.packets + c[0],
-                bytes: s.bytes + c[1],
+                packets: s.packets + c.packets,
+                bytes: s.bytes + c.bytes,
             }))
     }
 
-    /// The program for a port whose slow path is the XDP sockets in `xsks`.
-    pub(crate) fn program(&self, xsks: RawFd) -> Vec<u64> {
-        program(self.flows.as_raw_fd(), self.stats.as_raw_fd(), xsks)
+    /// Runs the program once on `frame` as if received on `ingress_ifindex` (see
+    /// [`test_run`]).
+    pub fn test_run(&self, ingress_ifindex: u32, frame: &[u8]) -> io::Result<(u32, Vec<u8>)> {
+        let mut ebpf = lock(&self.ebpf);
+        let program = bpf::xdp(&mut ebpf, "flowcache").map_err(io::Error::other)?;
+        let fd = program.fd().map_err(io::Error::other)?;
+        test_run(fd.as_fd().as_raw_fd(), ingress_ifindex, frame)
+    }
+}
+
+/// `m`'s value, even if a thread panicked holding it (every update is a single system call).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The system's error number in a map operation's error.
+fn os_error(e: &MapError) -> Option<i32> {
+    match e {
+        MapError::SyscallError(s) => s.io_error.raw_os_error(),
+        MapError::IoError(e) => e.raw_os_error(),
+        _ => None,
     }
 }
 
@@ -438,298 +592,11 @@ pub fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// The number of possible CPUs (per-CPU map values come one per possible CPU).
-fn possible_cpus() -> usize {
-    // "0-3" or "0,2-5": the highest number plus one.
-    std::fs::read_to_string("/sys/devices/system/cpu/possible")
-        .ok()
-        .and_then(|s| {
-            s.trim()
-                .split([',', '-'])
-                .filter_map(|n| n.parse::<usize>().ok())
-                .max()
-        })
-        .map_or(1, |m| m + 1)
-}
-
-// ---------------------------------------------------------------------------------------------
-// The program, assembled here (see `crate::afxdp` for why no BPF toolchain).
-
-const R0: u8 = 0;
-const R1: u8 = 1;
-const R2: u8 = 2;
-const R3: u8 = 3;
-const R4: u8 = 4;
-const R6: u8 = 6;
-const R7: u8 = 7;
-const R8: u8 = 8;
-const R9: u8 = 9;
-const R10: u8 = 10;
-
-const LDXW: u8 = 0x61;
-const LDXH: u8 = 0x69;
-const LDXB: u8 = 0x71;
-const LDXDW: u8 = 0x79;
-const STXW: u8 = 0x63;
-const STXH: u8 = 0x6b;
-const STXB: u8 = 0x73;
-const STXDW: u8 = 0x7b;
-const STW: u8 = 0x62;
-const ADD_K: u8 = 0x07;
-const ADD_X: u8 = 0x0f;
-const SUB_K: u8 = 0x17;
-const AND_K: u8 = 0x57;
-const RSH_K: u8 = 0x77;
-const XOR_K: u8 = 0xa7;
-const MOV_K: u8 = 0xb7;
-const MOV_X: u8 = 0xbf;
-const TO_BE: u8 = 0xdc;
-const JA: u8 = 0x05;
-const JEQ_K: u8 = 0x15;
-const JNE_K: u8 = 0x55;
-const JLE_K: u8 = 0xb5;
-const JGT_X: u8 = 0x2d;
-const JGE_X: u8 = 0x3d;
-const CALL: u8 = 0x85;
-const EXIT: u8 = 0x95;
-
-const MAP_LOOKUP: u32 = 1;
-const KTIME_GET_NS: u32 = 5;
-const REDIRECT: u32 = 23;
-const REDIRECT_MAP: u32 = 51;
-const XDP_PASS: u32 = 2;
-
-/// A program under construction, with forward jumps to labels patched at the end.
-#[derive(Default)]
-struct Asm {
-    insns: Vec<u64>,
-    jumps: Vec<(usize, usize)>,
-    labels: Vec<Option<usize>>,
-}
-
-impl Asm {
-    fn op(&mut self, code: u8, dst: u8, src: u8, off: i16, imm: i32) {
-        self.insns.push(insn(code, dst, src, off, imm as u32));
-    }
-
-    fn label(&mut self) -> usize {
-        self.labels.push(None);
-        self.labels.len() - 1
-    }
-
-    fn here(&mut self, l: usize) {
-        self.labels[l] = Some(self.insns.len());
-    }
-
-    fn jump(&mut self, code: u8, dst: u8, src: u8, imm: i32, to: usize) {
-        self.jumps.push((self.insns.len(), to));
-        self.op(code, dst, src, 0, imm);
-    }
-
-    /// `dst = map fd` (a 16-byte load the kernel turns into the map's address).
-    fn load_map(&mut self, dst: u8, fd: RawFd) {
-        self.insns.push(insn(0x18, dst, 1, 0, fd as u32));
-        self.insns.push(0);
-    }
-
-    /// `dst = ~(~dst + sum)` on 16 bits, clobbering `R3`: RFC 1624 eqn. 3.
-    fn csum_add(&mut self, dst: u8, sum: u8) {
-        self.op(XOR_K, dst, 0, 0, 0xffff);
-        self.op(ADD_X, dst, sum, 0, 0);
-        self.op(MOV_X, R3, dst, 0, 0);
-        self.op(RSH_K, R3, 0, 0, 16);
-        self.op(AND_K, dst, 0, 0, 0xffff);
-        self.op(ADD_X, dst, R3, 0, 0);
-        self.op(XOR_K, dst, 0, 0, 0xffff);
-    }
-
-    fn finish(mut self) -> Vec<u64> {
-        for &(at, l) in &self.jumps {
-            let target = self.labels[l].expect("every label is placed");
-            let off = (target as i64 - at as i64 - 1) as i16;
-            self.insns[at] = (self.insns[at] & !(0xffff << 16)) | (u64::from(off as u16) << 16);
-        }
-        self.insns
-    }
-}
-
-/// The fast-path program: see the module documentation. Registers: R6 the context, R7 the
-/// frame's start, R8 its end, R9 the protocol and then the entry.
-fn program(flows: RawFd, stats: RawFd, xsks: RawFd) -> Vec<u64> {
-    let raw16 = |b: [u8; 2]| i32::from(u16::from_ne_bytes(b));
-    let mut a = Asm::default();
-    let (punt, renew, key, udp, l4, store, rewrite, redirect) = (
-        a.label(),
-        a.label(),
-        a.label(),
-        a.label(),
-        a.label(),
-        a.label(),
-        a.label(),
-        a.label(),
-    );
-    a.op(MOV_X, R6, R1, 0, 0);
-    a.op(LDXW, R7, R6, 0, 0); // xdp_md.data
-    a.op(LDXW, R8, R6, 4, 0); // xdp_md.data_end
-    a.op(MOV_X, R2, R7, 0, 0);
-    a.op(ADD_K, R2, 0, 0, (L4 + 8) as i32);
-    a.jump(JGT_X, R2, R8, 0, punt);
-    a.op(LDXH, R2, R7, 12, 0);
-    a.jump(JNE_K, R2, 0, raw16([0x08, 0x00]), punt); // IPv4
-    a.op(LDXB, R2, R7, IP as i16, 0);
-    a.jump(JNE_K, R2, 0, 0x45, punt); // version 4, no options
-    a.op(LDXH, R2, R7, (IP + 6) as i16, 0);
-    a.op(AND_K, R2, 0, 0, raw16([0x3f, 0xff]));
-    a.jump(JNE_K, R2, 0, 0, punt); // not a fragment
-    a.op(LDXB, R2, R7, (IP + 8) as i16, 0);
-    a.jump(JLE_K, R2, 0, 1, punt); // TTL left to decrement
-    a.op(LDXB, R9, R7, (IP + 9) as i16, 0);
-    a.jump(JEQ_K, R9, 0, i32::from(PROTO_UDP), key);
-    a.jump(JNE_K, R9, 0, i32::from(PROTO_TCP), punt);
-    a.op(MOV_X, R2, R7, 0, 0);
-    a.op(ADD_K, R2, 0, 0, (L4 + 20) as i32);
-    a.jump(JGT_X, R2, R8, 0, punt);
-    a.op(LDXB, R2, R7, (L4 + 13) as i16, 0);
-    a.op(AND_K, R2, 0, 0, i32::from(TCP_FIN | TCP_SYN | TCP_RST));
-    a.jump(JNE_K, R2, 0, 0, punt);
-
-    // The key on the stack at R10-24: ifindex, addresses, ports, protocol.
-    a.here(key);
-    a.op(LDXW, R2, R6, 12, 0); // xdp_md.ingress_ifindex
-    a.op(STXW, R10, R2, -24, 0);
-    for (i, at) in [IP + 12, IP + 16, L4].into_iter().enumerate() {
-        a.op(LDXW, R2, R7, at as i16, 0);
-        a.op(STXW, R10, R2, -20 + 4 * i as i16, 0);
-    }
-    a.op(STXW, R10, R9, -8, 0);
-    a.load_map(R1, flows);
-    a.op(MOV_X, R2, R10, 0, 0);
-    a.op(ADD_K, R2, 0, 0, -24);
-    a.op(CALL, 0, 0, 0, MAP_LOOKUP as i32);
-    a.jump(JEQ_K, R0, 0, 0, punt);
-    a.op(MOV_X, R9, R0, 0, 0);
-    a.op(CALL, 0, 0, 0, KTIME_GET_NS as i32);
-    a.op(LDXDW, R1, R9, E_DEADLINE, 0);
-    a.jump(JGE_X, R0, R1, 0, punt); // stale: the slow path renews it
-    a.op(LDXDW, R1, R9, E_RENEW, 0);
-    a.jump(JGE_X, R0, R1, 0, renew); // due: one packet to the slow path
-
-    // Bounds for the transport checksum (checked again: nothing is written before this).
-    a.op(LDXW, R2, R10, -8, 0);
-    a.jump(JEQ_K, R2, 0, i32::from(PROTO_UDP), udp);
-    a.op(MOV_X, R3, R7, 0, 0);
-    a.op(ADD_K, R3, 0, 0, (L4 + 20) as i32);
-    a.jump(JGT_X, R3, R8, 0, punt);
-    a.op(MOV_X, R4, R7, 0, 0);
-    a.op(ADD_K, R4, 0, 0, (L4 + 16) as i32);
-    a.jump(JA, 0, 0, 0, l4);
-    a.here(udp);
-    a.op(MOV_X, R3, R7, 0, 0);
-    a.op(ADD_K, R3, 0, 0, (L4 + 8) as i32);
-    a.jump(JGT_X, R3, R8, 0, punt);
-    a.op(MOV_X, R4, R7, 0, 0);
-    a.op(ADD_K, R4, 0, 0, (L4 + 6) as i32);
-    a.op(LDXH, R2, R4, 0, 0);
-    a.jump(JEQ_K, R2, 0, 0, rewrite); // no UDP checksum: none to update
-    a.here(l4);
-    a.op(LDXH, R2, R4, 0, 0);
-    a.op(LDXW, R1, R9, E_L4_SUM, 0);
-    a.csum_add(R2, R1);
-    a.op(LDXW, R3, R10, -8, 0);
-    a.jump(JNE_K, R3, 0, i32::from(PROTO_UDP), store);
-    a.jump(JNE_K, R2, 0, 0, store);
-    a.op(MOV_K, R2, 0, 0, 0xffff); // RFC 768: a computed 0 is sent as all ones
-    a.here(store);
-    a.op(STXH, R4, R2, 0, 0);
-
-    // Ethernet addresses, IPv4 addresses, ports, TTL, header checksum.
-    a.here(rewrite);
-    for (from, to) in [
-        (E_MACS, 0),
-        (E_MACS + 4, 4),
-        (E_MACS + 8, 8),
-        (E_ADDRS, (IP + 12) as i16),
-        (E_ADDRS + 4, (IP + 16) as i16),
-        (E_PORTS, L4 as i16),
-    ] {
-        a.op(LDXW, R2, R9, from, 0);
-        a.op(STXW, R7, R2, to, 0);
-    }
-    a.op(LDXB, R2, R7, (IP + 8) as i16, 0);
-    a.op(SUB_K, R2, 0, 0, 1);
-    a.op(STXB, R7, R2, (IP + 8) as i16, 0);
-    a.op(LDXH, R2, R7, (IP + 10) as i16, 0);
-    a.op(LDXW, R1, R9, E_IP_SUM, 0);
-    a.csum_add(R2, R1);
-    a.op(STXH, R7, R2, (IP + 10) as i16, 0);
-
-    // Counters: packets, and bytes (the IPv4 total length plus the Ethernet header).
-    a.op(LDXH, R2, R7, (IP + 2) as i16, 0);
-    a.op(TO_BE, R2, 0, 0, 16);
-    a.op(ADD_K, R2, 0, 0, ETH as i32);
-    a.op(STXDW, R10, R2, -32, 0);
-    a.op(STW, R10, 0, -36, 0);
-    a.load_map(R1, stats);
-    a.op(MOV_X, R2, R10, 0, 0);
-    a.op(ADD_K, R2, 0, 0, -36);
-    a.op(CALL, 0, 0, 0, MAP_LOOKUP as i32);
-    a.jump(JEQ_K, R0, 0, 0, redirect);
-    a.op(LDXDW, R2, R0, 0, 0);
-    a.op(ADD_K, R2, 0, 0, 1);
-    a.op(STXDW, R0, R2, 0, 0);
-    a.op(LDXDW, R2, R0, 8, 0);
-    a.op(LDXDW, R3, R10, -32, 0);
-    a.op(ADD_X, R2, R3, 0, 0);
-    a.op(STXDW, R0, R2, 8, 0);
-    a.here(redirect);
-    a.op(LDXW, R1, R9, E_IFINDEX, 0);
-    a.op(MOV_K, R2, 0, 0, 0);
-    a.op(CALL, 0, 0, 0, REDIRECT as i32);
-    a.op(EXIT, 0, 0, 0, 0);
-
-    // Renewal: no other packet is sent for it until the deadline (a race between CPUs sends
-    // two, which is harmless); this one goes to the slow path, whose output renews the entry.
-    a.here(renew);
-    a.op(LDXDW, R1, R9, E_DEADLINE, 0);
-    a.op(STXDW, R9, R1, E_RENEW, 0);
-
-    // The slow path: the port's XDP socket for this queue, else the kernel stack.
-    a.here(punt);
-    a.op(LDXW, R2, R6, 16, 0); // xdp_md.rx_queue_index
-    a.load_map(R1, xsks);
-    a.op(MOV_K, R3, 0, 0, XDP_PASS as i32);
-    a.op(CALL, 0, 0, 0, REDIRECT_MAP as i32);
-    a.op(EXIT, 0, 0, 0, 0);
-    a.finish()
-}
-
-/// Runs `prog` once on `frame` with `BPF_PROG_TEST_RUN` (the kernel's own interpreter or JIT,
-/// no interface needed): returns the XDP action and the frame as the program left it.
+/// Runs the XDP program `prog` once on `frame` with `BPF_PROG_TEST_RUN` (the kernel's own
+/// interpreter or JIT, no interface needed): returns the XDP action and the frame as the
+/// program left it.
 pub fn test_run(prog: RawFd, ingress_ifindex: u32, frame: &[u8]) -> io::Result<(u32, Vec<u8>)> {
-    const BPF_PROG_TEST_RUN: libc::c_long = 10;
-    let mut out = vec![0u8; frame.len() + 256];
-    // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index, egress_ifindex
-    let ctx: [u32; 6] = [0, frame.len() as u32, 0, ingress_ifindex, 0, 0];
-    let mut a = [0u64; 16];
-    put_u32(&mut a, 0, prog as u32);
-    put_u32(&mut a, 8, frame.len() as u32);
-    put_u32(&mut a, 12, out.len() as u32);
-    put_u64(&mut a, 16, frame.as_ptr() as u64);
-    put_u64(&mut a, 24, out.as_mut_ptr() as u64);
-    put_u32(&mut a, 32, 1);
-    put_u32(&mut a, 40, std::mem::size_of_val(&ctx) as u32);
-    put_u64(&mut a, 48, ctx.as_ptr() as u64);
-    bpf(BPF_PROG_TEST_RUN, &mut a)?;
-    // SAFETY: reading back retval and data_size_out from the attr the kernel filled.
-    let (retval, size) = unsafe {
-        let p = a.as_ptr().cast::<u8>();
-        (
-            p.add(4).cast::<u32>().read_unaligned(),
-            p.add(12).cast::<u32>().read_unaligned(),
-        )
-    };
-    out.truncate(size as usize);
-    Ok((retval, out))
+    bpf::test_run(prog, ingress_ifindex, frame)
 }
 
 #[cfg(test)]
@@ -841,9 +708,9 @@ mod tests {
             let h = outbound(Some(flags));
             let (input, output) = (frame(&h), frame(&translated(&h)));
             let reverse = FlowKey::reverse_of(4, &output).unwrap();
-            assert_eq!(&reverse.0[4..8], &[198, 51, 100, 2]);
-            assert_eq!(&reverse.0[8..12], &[198, 51, 100, 1]);
-            assert_eq!(&reverse.0[12..16], &[0, 80, 4, 0]);
+            assert_eq!(reverse.saddr, [198, 51, 100, 2]);
+            assert_eq!(reverse.daddr, [198, 51, 100, 1]);
+            assert_eq!((reverse.sport, reverse.dport), ([0, 80], [4, 0]));
             assert_eq!(
                 lesson(3, &input, 4, &output, 50, 99),
                 Lesson::Forget([FlowKey::of(3, &input).unwrap(), reverse])
@@ -910,23 +777,113 @@ mod tests {
         assert_eq!(lesson(3, &icmp, 4, &icmp, 1, 1), Lesson::Nothing);
     }
 
+    /// The Rust mirrors of `crates/io/bpf/flowcache.h` have its layout: every size and
+    /// offset here is one the header's `_Static_assert`s fix (and the C build checks). The
+    /// sizes are checked again against the object's map definitions when its maps are opened
+    /// (`FastPath::new`, run by the kernel tests below).
+    #[test]
+    fn layout_matches_the_program() {
+        use std::mem::{offset_of, size_of};
+        let layout = [
+            ("sizeof(struct flow_key)", size_of::<FlowKey>()),
+            (
+                "offsetof(struct flow_key, saddr)",
+                offset_of!(FlowKey, saddr),
+            ),
+            (
+                "offsetof(struct flow_key, daddr)",
+                offset_of!(FlowKey, daddr),
+            ),
+            (
+                "offsetof(struct flow_key, sport)",
+                offset_of!(FlowKey, sport),
+            ),
+            (
+                "offsetof(struct flow_key, dport)",
+                offset_of!(FlowKey, dport),
+            ),
+            (
+                "offsetof(struct flow_key, proto)",
+                offset_of!(FlowKey, proto),
+            ),
+            ("sizeof(struct flow_entry)", size_of::<FlowEntry>()),
+            (
+                "offsetof(struct flow_entry, renew_ns)",
+                offset_of!(FlowEntry, renew_ns),
+            ),
+            (
+                "offsetof(struct flow_entry, dmac)",
+                offset_of!(FlowEntry, dmac),
+            ),
+            (
+                "offsetof(struct flow_entry, smac)",
+                offset_of!(FlowEntry, smac),
+            ),
+            (
+                "offsetof(struct flow_entry, saddr)",
+                offset_of!(FlowEntry, saddr),
+            ),
+            (
+                "offsetof(struct flow_entry, daddr)",
+                offset_of!(FlowEntry, daddr),
+            ),
+            (
+                "offsetof(struct flow_entry, sport)",
+                offset_of!(FlowEntry, sport),
+            ),
+            (
+                "offsetof(struct flow_entry, dport)",
+                offset_of!(FlowEntry, dport),
+            ),
+            (
+                "offsetof(struct flow_entry, out_ifindex)",
+                offset_of!(FlowEntry, out_ifindex),
+            ),
+            (
+                "offsetof(struct flow_entry, ip_sum)",
+                offset_of!(FlowEntry, ip_sum),
+            ),
+            (
+                "offsetof(struct flow_entry, l4_sum)",
+                offset_of!(FlowEntry, l4_sum),
+            ),
+            ("sizeof(struct flow_stats)", size_of::<FlowStats>()),
+            ("sizeof(struct port_sockets)", size_of::<PortSockets>()),
+        ];
+        let header = include_str!("../bpf/flowcache.h");
+        for (what, rust) in layout {
+            let asserted = format!("{what} == {rust},");
+            assert!(
+                header.contains(&asserted),
+                "flowcache.h does not assert `{asserted}`"
+            );
+        }
+        assert_eq!((KEY_SIZE, ENTRY_SIZE), (20, 56));
+        // An entry survives the trip through the program's layout.
+        let e = Entry {
+            deadline_ns: 1,
+            renew_ns: 2,
+            macs: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12],
+            addrs: [13, 14, 15, 16, 17, 18, 19, 20],
+            ports: [21, 22, 23, 24],
+            out_ifindex: 25,
+            ip_sum: 0xfffe,
+            l4_sum: 27,
+        };
+        let f = FlowEntry::from(&e);
+        assert_eq!(
+            (f.dmac[0], f.smac[0], f.daddr[0], f.dport[0]),
+            (1, 7, 17, 23)
+        );
+        assert_eq!(Entry::from(&f), e);
+    }
+
     fn is_root() -> bool {
         // SAFETY: geteuid has no preconditions.
         unsafe { libc::geteuid() == 0 }
     }
 
-    /// The program of a fast path, with an empty XSKMAP behind it (a punt is `XDP_PASS`).
-    fn loaded(fast: &FastPath) -> (OwnedFd, OwnedFd) {
-        let mut a = [0u64; 16];
-        put_u32(&mut a, 0, 17); // BPF_MAP_TYPE_XSKMAP
-        put_u32(&mut a, 4, 4);
-        put_u32(&mut a, 8, 4);
-        put_u32(&mut a, 12, 1);
-        let xsks = owned(bpf(BPF_MAP_CREATE, &mut a).expect("XSKMAP"));
-        let prog = crate::afxdp::load_xdp(&fast.program(xsks.as_raw_fd())).expect("verified");
-        (prog, xsks)
-    }
-
+    const XDP_PASS: u32 = 2;
     const XDP_REDIRECT: u32 = 4;
     const LO: u32 = 1;
 
@@ -937,16 +894,15 @@ mod tests {
             return;
         }
         let fast = FastPath::new(64, Duration::from_secs(5)).unwrap();
-        let (prog, _xsks) = loaded(&fast);
         let h = outbound(Some(0x18));
         let (input, output) = (frame(&h), frame(&translated(&h)));
         // Unknown flow: the slow path gets it, untouched.
         assert_eq!(
-            test_run(prog.as_raw_fd(), LO, &input).unwrap(),
+            fast.test_run(LO, &input).unwrap(),
             (XDP_PASS, input.clone())
         );
         fast.observe(LO, &input, 7, &output).unwrap();
-        let (action, got) = test_run(prog.as_raw_fd(), LO, &input).unwrap();
+        let (action, got) = fast.test_run(LO, &input).unwrap();
         assert_eq!(action, XDP_REDIRECT);
         assert_eq!(got, output);
         assert_eq!(
@@ -958,7 +914,7 @@ mod tests {
         );
         // A SYN of the same flow is not the program's; a FIN the slow path forwards forgets it.
         let syn = frame(&outbound(Some(TCP_SYN)));
-        assert_eq!(test_run(prog.as_raw_fd(), LO, &syn).unwrap().0, XDP_PASS);
+        assert_eq!(fast.test_run(LO, &syn).unwrap().0, XDP_PASS);
         let fin = frame(&outbound(Some(TCP_FIN | 0x10)));
         fast.observe(
             LO,
@@ -968,7 +924,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(fast.entry(&FlowKey::of(LO, &input).unwrap()).unwrap(), None);
-        assert_eq!(test_run(prog.as_raw_fd(), LO, &input).unwrap().0, XDP_PASS);
+        assert_eq!(fast.test_run(LO, &input).unwrap().0, XDP_PASS);
     }
 
     #[test]
@@ -978,15 +934,11 @@ mod tests {
             return;
         }
         let fast = FastPath::new(64, Duration::from_millis(1)).unwrap();
-        let (prog, _xsks) = loaded(&fast);
         let h = outbound(None);
         let (input, output) = (frame(&h), frame(&translated(&h)));
         fast.observe(LO, &input, 7, &output).unwrap();
         std::thread::sleep(Duration::from_millis(5));
-        assert_eq!(
-            test_run(prog.as_raw_fd(), LO, &input).unwrap(),
-            (XDP_PASS, input)
-        );
+        assert_eq!(fast.test_run(LO, &input).unwrap(), (XDP_PASS, input));
     }
 
     #[test]
@@ -996,7 +948,6 @@ mod tests {
             return;
         }
         let fast = FastPath::new(64, Duration::from_secs(5)).unwrap();
-        let (prog, _xsks) = loaded(&fast);
         let h = outbound(None);
         let (input, output) = (frame(&h), frame(&translated(&h)));
         let now = monotonic_ns();
@@ -1005,7 +956,7 @@ mod tests {
             panic!("expected an entry");
         };
         fast.install(&key, &entry).unwrap();
-        let run = || test_run(prog.as_raw_fd(), LO, &input).unwrap().0;
+        let run = || fast.test_run(LO, &input).unwrap().0;
         assert_eq!(run(), XDP_PASS, "the renewing packet takes the slow path");
         assert_eq!(run(), XDP_REDIRECT, "the next ones keep the fast path");
         assert_eq!(run(), XDP_REDIRECT);
@@ -1065,9 +1016,8 @@ mod tests {
             };
             if is_root() {
                 let fast = FastPath::new(4, Duration::from_secs(5)).unwrap();
-                let (prog, _xsks) = loaded(&fast);
-                fast.install(&key, &entry).unwrap();
-                let (action, got) = test_run(prog.as_raw_fd(), LO, &input).unwrap();
+                        fast.install(&key, &entry).unwrap();
+                let (action, got) = fast.test_run(LO, &input).unwrap();
                 prop_assert_eq!(action, XDP_REDIRECT);
                 prop_assert_eq!(got, output);
             }

@@ -18,6 +18,8 @@ pub mod afpacket;
 pub mod afxdp;
 pub mod batch;
 #[cfg(target_os = "linux")]
+mod bpf;
+#[cfg(target_os = "linux")]
 pub mod fastpath;
 pub mod pcap;
 pub mod synth;
