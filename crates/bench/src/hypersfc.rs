@@ -115,6 +115,7 @@ pub(crate) fn run(effort: Effort) -> Report {
     let local: Arc<dyn Connector> = Arc::new(flowstate_state::local::LocalStore::new());
     on_one_core(|| latency_by_tables(&mut report, &local, "", quick));
     on_one_core(|| bloom_false_positives(&mut report, &local, quick));
+    on_one_core(|| fast_path_rate(&mut report, &local, quick));
     bloom_memory(&mut report);
     load_balancer(&mut report, &local, "", quick);
     if let Some((server, store)) = crate::chc::loopback_store(&mut report, "store") {
@@ -266,6 +267,74 @@ fn latency_by_tables(report: &mut Report, connector: &Arc<dyn Connector>, sfx: &
         &format!("lazy_vs_busy_completion_4_tables{sfx}"),
         m(&format!("completion_ms_lazy_4_tables{sfx}"))
             / m(&format!("completion_ms_busy_4_tables{sfx}")),
+    );
+}
+
+/// What a pass through ten tables costs when every entry is cached (the fast path's own
+/// rate, one thread), against the same pipeline searched in the full tables (the embedded
+/// store, through the state API) for every packet.
+fn fast_path_rate(report: &mut Report, connector: &Arc<dyn Connector>, quick: bool) {
+    let (keys, packets) = if quick {
+        (1_000, 200_000)
+    } else {
+        (10_000, 2_000_000)
+    };
+    let tables: Vec<Table> = (0..10)
+        .map(|i| {
+            exact(
+                &format!("rate{i}"),
+                &[Field::SrcIp, Field::SrcPort],
+                mark(),
+                keys,
+            )
+        })
+        .collect();
+    let rules: Vec<Vec<(u128, Rule)>> = tables
+        .iter()
+        .enumerate()
+        .map(|(t, table)| {
+            (0..keys)
+                .map(|i| (flow_key(table, i), Rule::set(Field::Mark, t as u32 + 1)))
+                .collect()
+        })
+        .collect();
+    let p = Pipeline { tables };
+    let Ok(loaded) = full::load(&**connector, &p, &rules) else {
+        return;
+    };
+    let mut fast = FastPath::new(&p, Mode::Lazy, Vec::new());
+    for (t, table_rules) in rules.iter().enumerate() {
+        for (k, r) in table_rules {
+            fast.install(t, &Found::entry(*k, *r));
+        }
+    }
+    let trace: Vec<Headers> = (0..keys).map(headers).collect();
+    let start = Instant::now();
+    let mut marks = 0u64;
+    for i in 0..packets {
+        let mut pkt = Packet::new(i as u64, trace[i % keys], 64, 0);
+        if fast.pass(&mut pkt) == (Step::Done { dropped: false }) {
+            marks += u64::from(pkt.headers.mark);
+        }
+    }
+    let fast_s = start.elapsed().as_secs_f64();
+    let Ok(mut slow) = FullTables::open(&**connector, &p, loaded.prefixes) else {
+        return;
+    };
+    let software = packets / 20;
+    let start = Instant::now();
+    for i in 0..software {
+        if let Ok(o) = slow.reference(trace[i % keys]) {
+            marks += u64::from(o.headers.mark);
+        }
+    }
+    let slow_s = start.elapsed().as_secs_f64();
+    std::hint::black_box(marks);
+    report.metric("fast_path_mpps_10_tables", packets as f64 / fast_s / 1e6);
+    report.metric("full_tables_mpps_10_tables", software as f64 / slow_s / 1e6);
+    report.ratio(
+        "fast_path_vs_full_tables_rate_10_tables",
+        (packets as f64 / fast_s) / (software as f64 / slow_s),
     );
 }
 

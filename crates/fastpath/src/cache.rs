@@ -11,6 +11,7 @@
 //! used (Redis's approximated LFU, here with HyperSFC's sketch): constant work per eviction,
 //! no per-entry counters. Nothing is allocated by lookups.
 
+use crate::hash::SeededKeys;
 use crate::headers::Rule;
 use crate::sketch::CountMin;
 use std::collections::HashMap;
@@ -37,7 +38,7 @@ pub struct CacheStats {
 #[derive(Debug)]
 struct Slab {
     capacity: usize,
-    index: HashMap<u128, u32>,
+    index: HashMap<u128, u32, SeededKeys>,
     entries: Vec<(u128, Rule)>,
     sketch: CountMin,
     rng: u64,
@@ -47,7 +48,7 @@ impl Slab {
     fn new(capacity: usize) -> Slab {
         Slab {
             capacity,
-            index: HashMap::with_capacity(capacity),
+            index: HashMap::with_capacity_and_hasher(capacity, SeededKeys::random()),
             entries: Vec::with_capacity(capacity),
             sketch: CountMin::new(capacity.max(64) * 2, (capacity as u64).max(64) * 8),
             rng: 0x2545_f491_4f6c_dd1d,
