@@ -700,9 +700,8 @@ impl Config {
                         "give [[chain]] NFs or a [fastpath] table pipeline, not both".into(),
                     ));
                 }
-                let base = Path::new(".");
                 Some(
-                    flowstate_fastpath::config::FastpathConfig::from_value(v, base)
+                    flowstate_fastpath::config::FastpathConfig::from_value(v)
                         .map_err(|(key, reason)| err(&key, reason))?,
                 )
             }

@@ -106,6 +106,10 @@ pub fn run_pipeline(
         ConfigError::new(&config.file, "fastpath", "missing: no [fastpath] section")
     })?;
     let pipeline = &fp.pipeline;
+    // The rules' files before the output: a missing one must not truncate an output file.
+    let rules = fp
+        .load_rules()
+        .map_err(|(key, reason)| ConfigError::new(&config.file, key, reason))?;
     let mut source: Box<dyn Source> = match &config.input {
         Input::Pcap(path) => Box::new(crate::open_pcap(config, path)?),
         Input::Synthetic(s) => Box::new(Synthetic::new(s.config.clone())?),
@@ -123,7 +127,7 @@ pub fn run_pipeline(
         Output::Discard => None,
         Output::Interface(_) => return Err(crate::live_mismatch(config, "output")),
     };
-    let loaded = full::load(&*connector, pipeline, &fp.rules).map_err(Error::Fastpath)?;
+    let loaded = full::load(&*connector, pipeline, &rules).map_err(Error::Fastpath)?;
     let mut fast = FastPath::new(pipeline, fp.mode, loaded.blooms.clone());
     let mut summary = PipelineSummary {
         mode: fp.mode.name().into(),

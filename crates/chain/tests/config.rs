@@ -327,6 +327,19 @@ fn examples_parse() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "toml") {
             let mut c = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+            if let Some(fp) = &mut c.fastpath {
+                // A table pipeline instead of NFs; its prefix files load where they exist
+                // (the real prefix set is beside the repository, not in it).
+                for f in fp.prefix_files.iter_mut().flatten() {
+                    f.path = dir.join("..").join(&f.path);
+                }
+                if fp.prefix_files.iter().flatten().all(|f| f.path.exists()) {
+                    let rules = fp.load_rules().unwrap_or_else(|e| panic!("{e:?}"));
+                    assert!(rules.iter().map(Vec::len).sum::<usize>() > 0);
+                }
+                n += 1;
+                continue;
+            }
             assert!(!c.chain.is_empty(), "{}", path.display());
             // Paths in an example are relative to the repository's root, where it is run.
             for e in &mut c.chain {

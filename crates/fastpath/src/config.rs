@@ -50,17 +50,64 @@ pub struct ConfigError {
     pub reason: String,
 }
 
+/// One table's rules: key (an LPM rule's is [`Prefix::key`]) and rule.
+pub type TableRules = Vec<(u128, Rule)>;
+
 /// A pipeline ready to load: its tables, their rules, and how misses are submitted.
 #[derive(Clone, Debug)]
 pub struct FastpathConfig {
     /// The tables.
     pub pipeline: Pipeline,
-    /// Per table, its rules (an LPM rule's key is [`Prefix::key`]).
-    pub rules: Vec<Vec<(u128, Rule)>>,
+    /// Per table, its inline rules (an LPM rule's key is [`Prefix::key`]); see
+    /// [`FastpathConfig::load_rules`] for all of them.
+    pub rules: Vec<TableRules>,
+    /// Per table, the file of prefixes it reads (`prefixes = "FILE"`), read at start.
+    pub prefix_files: Vec<Option<PrefixFile>>,
     /// The submit mode.
     pub mode: Mode,
     /// Slow-path threads (lazy-p searches this many tables at once).
     pub threads: usize,
+}
+
+/// An LPM table's prefixes from a file: `a.b.c.d/len<TAB>label` per line, the next hop (the
+/// egress port, 1..=`next_hops`) chosen by a hash of the label.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PrefixFile {
+    /// The file, relative to the current directory.
+    pub path: PathBuf,
+    /// Next hops to spread the labels over.
+    pub next_hops: u16,
+}
+
+impl FastpathConfig {
+    /// Every table's rules: the inline ones, then those its prefix file holds. The error is
+    /// the dotted key and the reason (the file, and the line that is wrong).
+    pub fn load_rules(&self) -> Result<Vec<TableRules>, (String, String)> {
+        let mut all = self.rules.clone();
+        for (i, file) in self.prefix_files.iter().enumerate() {
+            let Some(PrefixFile { path, next_hops }) = file else {
+                continue;
+            };
+            let key = format!("fastpath.table[{i}].prefixes");
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| (key.clone(), format!("{}: {e}", path.display())))?;
+            for (n, line) in text.lines().enumerate() {
+                let line = line.trim();
+                if line.is_empty() || line.starts_with('#') {
+                    continue;
+                }
+                let (p, label) = line.split_once(char::is_whitespace).unwrap_or((line, ""));
+                let p = prefix(p)
+                    .map_err(|e| (key.clone(), format!("{}:{}: {e}", path.display(), n + 1)))?;
+                let hop = 1 + (label_hash(label.trim()) % u64::from(*next_hops)) as u32;
+                all[i].push((p.key(), Rule::set(Field::Egress, hop)));
+            }
+            if all[i].len() > MAX_RULES {
+                return Err((key, format!("more than {MAX_RULES} rules")));
+            }
+        }
+        Ok(all)
+    }
 }
 
 #[derive(Deserialize)]
@@ -150,18 +197,16 @@ impl FastpathConfig {
                 reason: "missing: a [fastpath] section with [[fastpath.table]]s".into(),
             });
         };
-        FastpathConfig::from_value(section.clone(), Path::new(".")).map_err(|(key, reason)| {
-            ConfigError {
-                file: file.to_owned(),
-                key,
-                reason,
-            }
+        FastpathConfig::from_value(section.clone()).map_err(|(key, reason)| ConfigError {
+            file: file.to_owned(),
+            key,
+            reason,
         })
     }
 
-    /// Builds the pipeline from the `[fastpath]` value; relative paths are taken from `base`.
-    /// The error is the dotted key and the reason.
-    pub fn from_value(v: toml::Value, base: &Path) -> Result<FastpathConfig, (String, String)> {
+    /// Builds the pipeline from the `[fastpath]` value (files it names are read by
+    /// [`load_rules`](Self::load_rules)). The error is the dotted key and the reason.
+    pub fn from_value(v: toml::Value) -> Result<FastpathConfig, (String, String)> {
         // Each table on its own, so that an error names the table it is in.
         let mut v = v;
         let tables = match v.as_table_mut().and_then(|t| t.remove("table")) {
@@ -204,6 +249,7 @@ impl FastpathConfig {
         let names: Vec<&str> = s.table.iter().map(|t| t.name.as_str()).collect();
         let mut pipeline = Pipeline::default();
         let mut rules = Vec::new();
+        let mut prefix_files = Vec::new();
         for (i, t) in s.table.iter().enumerate() {
             let at = |k: &str| format!("fastpath.table[{i}].{k}");
             let kind = match t.kind.as_str() {
@@ -288,30 +334,22 @@ impl FastpathConfig {
                 }
                 table_rules.push((key, rule));
             }
-            if let Some(path) = &t.prefixes {
-                if kind != Kind::Lpm {
-                    return Err((at("prefixes"), "only an lpm table reads prefixes".into()));
-                }
-                let hops = t.next_hops.unwrap_or(1).max(1);
-                writes = writes.with(Field::Egress);
-                let file = base.join(path);
-                let text = std::fs::read_to_string(&file)
-                    .map_err(|e| (at("prefixes"), format!("{}: {e}", file.display())))?;
-                for (n, line) in text.lines().enumerate() {
-                    let line = line.trim();
-                    if line.is_empty() || line.starts_with('#') {
-                        continue;
+            let prefix_file = match &t.prefixes {
+                Some(path) => {
+                    if kind != Kind::Lpm {
+                        return Err((at("prefixes"), "only an lpm table reads prefixes".into()));
                     }
-                    let (p, label) = line.split_once(char::is_whitespace).unwrap_or((line, ""));
-                    let p = prefix(p).map_err(|e| {
-                        (at("prefixes"), format!("{}:{}: {e}", file.display(), n + 1))
-                    })?;
-                    let hop = 1 + (label_hash(label.trim()) % u64::from(hops)) as u32;
-                    table_rules.push((p.key(), Rule::set(Field::Egress, hop)));
+                    writes = writes.with(Field::Egress);
+                    Some(PrefixFile {
+                        path: PathBuf::from(path),
+                        next_hops: t.next_hops.unwrap_or(1).max(1),
+                    })
                 }
-            } else if t.next_hops.is_some() {
-                return Err((at("next_hops"), "needs `prefixes`".into()));
-            }
+                None if t.next_hops.is_some() => {
+                    return Err((at("next_hops"), "needs `prefixes`".into()))
+                }
+                None => None,
+            };
             if table_rules.len() > MAX_RULES {
                 return Err((at("rules"), format!("more than {MAX_RULES} rules")));
             }
@@ -363,6 +401,7 @@ impl FastpathConfig {
                 writes,
             });
             rules.push(table_rules);
+            prefix_files.push(prefix_file);
         }
         pipeline.check().map_err(|e| {
             let i = names.iter().position(|n| *n == e.table).unwrap_or(0);
@@ -371,6 +410,7 @@ impl FastpathConfig {
         Ok(FastpathConfig {
             pipeline,
             rules,
+            prefix_files,
             mode,
             threads,
         })
@@ -472,7 +512,7 @@ mod tests {
 
     fn parse(text: &str) -> Result<FastpathConfig, (String, String)> {
         let v: toml::Table = toml::from_str(text).unwrap();
-        FastpathConfig::from_value(v["fastpath"].clone(), Path::new("."))
+        FastpathConfig::from_value(v["fastpath"].clone())
     }
 
     #[test]
