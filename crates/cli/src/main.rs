@@ -94,6 +94,20 @@ fn main() {
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::Layer;
     let cli = Cli::parse();
+    // Commands that print and exit end quietly when their reader goes away (`... | head`), as
+    // Unix tools do, instead of panicking on the failed write: SIGPIPE's default action. The
+    // long-running roles (store, cluster, lab) keep Rust's default of ignoring it.
+    let prints = match &cli.command {
+        Command::Demo(_) | Command::Gen(_) | Command::Inspect(_) | Command::Run(_) => true,
+        Command::Bench(b) => b.list,
+        _ => false,
+    };
+    if prints {
+        // SAFETY: setting a signal's disposition to its default before any thread starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     // Log lines on stderr as RUST_LOG says (warnings by default); alerts to the EVE file.
     let eve = match &cli.command {
         Command::Run(a) => match a.eve.as_deref().map(eve::EveFile::open) {

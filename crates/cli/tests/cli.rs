@@ -263,3 +263,53 @@ fn demo_runs_the_chain_with_state_at_work() {
     let (lo, hi) = (spread.iter().min().unwrap(), spread.iter().max().unwrap());
     assert!(hi - lo <= 2, "least-loaded spreads evenly: {spread:?}");
 }
+
+/// A reader that goes away (`flowstate ... | head`) ends a printing command quietly: no panic
+/// on the failed write (issue #20: `inspect --json | head` and `bench --list | head` panicked).
+#[test]
+fn a_closed_pipe_ends_printing_commands_quietly() {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let pcap = dir.path().join("t.pcap");
+    let out = flowstate(&[
+        "gen",
+        "--profile",
+        "mixed",
+        "--flows",
+        "20",
+        "--packets",
+        "500",
+        "-o",
+        pcap.to_str().unwrap(),
+    ]);
+    assert!(out.status.success());
+    for args in [
+        vec!["bench", "--list"],
+        vec!["inspect", pcap.to_str().unwrap(), "--json"],
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_flowstate"))
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The reader is gone before the first write.
+        drop(child.stdout.take());
+        let mut stderr = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut stderr)
+            .unwrap();
+        let status = child.wait().unwrap();
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert_eq!(
+            status.signal(),
+            Some(libc::SIGPIPE),
+            "{args:?}: {status:?} {stderr}"
+        );
+    }
+}
