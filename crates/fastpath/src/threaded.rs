@@ -13,8 +13,9 @@
 //!
 //! The link between the two is a pair of channels: a circulation costs two thread hand-offs
 //! and the searches, as it costs two link traversals and the agent's searches in HyperSFC.
-//! The slow path sends a search's entries to install before it returns the packet, so a
-//! flow's next packet finds them. Threads block while they wait (polling threads would take
+//! The slow path returns a packet with the entries its searches found, which the fast path
+//! installs before it passes the packet on, so a flow's next packet finds them (one hand-off
+//! per circulation). Threads block while they wait (polling threads would take
 //! the cores the others need on a small machine), so their CPU time is the work they did; a
 //! hand-off then costs a wake-up, a few to tens of microseconds.
 
@@ -65,8 +66,9 @@ pub struct RunReport {
 }
 
 enum ToFast {
-    Install(usize, Found),
-    Return(Box<Packet>, usize),
+    /// A packet back from the slow path, with the entries to install first and how many
+    /// searches were answered.
+    Return(Box<Packet>, Vec<(usize, Found)>, usize),
     Failed(SlowError),
 }
 
@@ -141,9 +143,10 @@ pub fn run(
                 let mut tables = FullTables::open(&*connector, pipeline, prefixes.to_vec())?;
                 let mut searches = 0u64;
                 for mut p in slow_rx {
+                    let mut installs = Vec::new();
                     let answered = if job_txs.is_empty() || p.pending().count() < 2 {
                         let r = serve(&mut tables, &mut p, |t, f| {
-                            let _ = to_fast.send(ToFast::Install(t, f.clone()));
+                            installs.push((t, f.clone()));
                         });
                         match r {
                             Ok(n) => n,
@@ -153,27 +156,41 @@ pub fn run(
                             }
                         }
                     } else {
+                        // Every (workers + 1)-th search is the dispatcher's own, done
+                        // while the search threads do the others.
+                        let pending: Vec<(usize, usize, u128)> = p
+                            .searches()
+                            .iter()
+                            .enumerate()
+                            .filter(|(_, s)| s.answer == Answer::Pending)
+                            .map(|(i, s)| (i, usize::from(s.table), s.key))
+                            .collect();
+                        let share = job_txs.len() + 1;
                         let mut sent = 0;
-                        for (i, s) in p.searches().iter().enumerate() {
-                            if s.answer == Answer::Pending {
-                                let _ = job_txs[sent % job_txs.len()].send((
-                                    i,
-                                    usize::from(s.table),
-                                    s.key,
-                                ));
+                        for (n, job) in pending.iter().enumerate() {
+                            if n % share != 0 {
+                                let _ = job_txs[sent % job_txs.len()].send(*job);
                                 sent += 1;
                             }
                         }
-                        let mut failed = None;
+                        let mut results: Vec<JobAnswer> = pending
+                            .iter()
+                            .step_by(share)
+                            .map(|&(i, t, key)| (i, tables.search(t, key)))
+                            .collect();
                         for _ in 0..sent {
-                            let Ok((i, found)) = answer_rx.recv() else {
-                                break;
-                            };
+                            match answer_rx.recv() {
+                                Ok(a) => results.push(a),
+                                Err(_) => break,
+                            }
+                        }
+                        let mut failed = None;
+                        for (i, found) in results {
                             let s = &mut p.searches_mut()[i];
                             match found {
                                 Ok(f) => {
                                     s.answer = f.answer();
-                                    let _ = to_fast.send(ToFast::Install(usize::from(s.table), f));
+                                    installs.push((usize::from(s.table), f));
                                 }
                                 Err(e) => failed = Some(e),
                             }
@@ -182,10 +199,10 @@ pub fn run(
                             let _ = to_fast.send(ToFast::Failed(e));
                             break;
                         }
-                        sent
+                        pending.len()
                     };
                     searches += answered as u64;
-                    let _ = to_fast.send(ToFast::Return(p, answered));
+                    let _ = to_fast.send(ToFast::Return(p, installs, answered));
                 }
                 drop(job_txs);
                 Ok((thread_cpu(), searches))
@@ -275,9 +292,11 @@ fn drive(
         };
         while let Some(m) = msg {
             match m {
-                ToFast::Install(t, found) => fast.install(t, &found),
                 ToFast::Failed(e) => return Err(e),
-                ToFast::Return(mut p, answered) => {
+                ToFast::Return(mut p, installs, answered) => {
+                    for (t, found) in &installs {
+                        fast.install(*t, found);
+                    }
                     report.bytes_down += p.return_bytes(answered);
                     match fast.pass(&mut p) {
                         Step::Done { dropped } => {
