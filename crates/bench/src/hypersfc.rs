@@ -24,7 +24,7 @@ use flowstate_fastpath::bloom::{Bloom2d, BloomParams};
 use flowstate_fastpath::full::{self, Found, FullTables, Loaded};
 use flowstate_fastpath::threaded::{self, thread_cpu, Offer, RunReport};
 use flowstate_fastpath::{
-    FastPath, Field, Fields, Headers, Kind, Mode, Next, OnMiss, Packet, Pipeline, Rule, Step, Table,
+    FastPath, Field, Headers, Kind, Mode, Next, OnMiss, Packet, Pipeline, Rule, Step, Table,
 };
 use flowstate_state::Connector;
 use std::sync::{mpsc, Arc};
@@ -35,23 +35,11 @@ const SEARCH_THREADS: usize = 4;
 /// What a run puts in the fast path's caches before the first packet.
 type Preinstall<'a> = dyn Fn(&mut FastPath) + 'a;
 
-fn exact(name: &str, key: &[Field], writes: Fields, cache: usize) -> Table {
-    Table {
-        name: name.into(),
-        kind: Kind::Exact,
-        key: key.to_vec(),
-        cache,
-        default: Rule::default(),
-        branches: Vec::new(),
-        bloom: None,
-        on_miss: OnMiss::Default,
-        writes,
-    }
+fn exact(name: &str, key: &[Field], writes: &[Field], cache: usize) -> Table {
+    Table::new(name, Kind::Exact, key, writes, cache)
 }
 
-fn mark() -> Fields {
-    Fields::default().with(Field::Mark)
-}
+const MARK: &[Field] = &[Field::Mark];
 
 /// Packet `i`'s headers: a key of its own in every table.
 fn headers(i: usize) -> Headers {
@@ -160,7 +148,7 @@ fn latency_by_tables(report: &mut Report, connector: &Arc<dyn Connector>, sfx: &
             exact(
                 &format!("lat{i}{sfx}"),
                 &[Field::SrcIp, Field::SrcPort],
-                mark(),
+                MARK,
                 1024,
             )
         })
@@ -284,7 +272,7 @@ fn fast_path_rate(report: &mut Report, connector: &Arc<dyn Connector>, quick: bo
             exact(
                 &format!("rate{i}"),
                 &[Field::SrcIp, Field::SrcPort],
-                mark(),
+                MARK,
                 keys,
             )
         })
@@ -343,13 +331,13 @@ fn fast_path_rate(report: &mut Report, connector: &Arc<dyn Connector>, quick: bo
 fn bloom_false_positives(report: &mut Report, connector: &Arc<dyn Connector>, quick: bool) {
     let packets = if quick { 100 } else { 1_000 };
     let key = [Field::SrcIp, Field::SrcPort];
-    let mut branch = exact("fp_branch", &key, mark(), 1024);
+    let mut branch = exact("fp_branch", &key, MARK, 1024);
     branch.branches = vec![Next::Table(1), Next::Table(2)];
-    let mut a = exact("fp_a", &key, mark(), 1024);
+    let mut a = exact("fp_a", &key, MARK, 1024);
     a.branches = vec![Next::Table(3)];
-    let b = exact("fp_b", &key, mark(), 1024);
+    let b = exact("fp_b", &key, MARK, 1024);
     let rest: Vec<Table> = (0..3)
-        .map(|i| exact(&format!("fp_t{i}"), &key, mark(), 1024))
+        .map(|i| exact(&format!("fp_t{i}"), &key, MARK, 1024))
         .collect();
     let mut tables = vec![branch, a, b];
     tables.extend(rest);
@@ -457,7 +445,7 @@ fn lb_pipeline(flows: usize) -> Pipeline {
             Field::DstPort,
             Field::Proto,
         ],
-        Fields::default().with(Field::DstIp).with(Field::DstPort),
+        &[Field::DstIp, Field::DstPort],
         flows,
     );
     lb.on_miss = OnMiss::Balance {
@@ -611,4 +599,42 @@ fn software_lb(
         let cpu = worker.join().ok()??;
         Some((cpu, wall, latency))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The keys are a contract other tools read: a quick run reports each of them.
+    #[test]
+    fn a_quick_run_reports_the_contract_names() {
+        let r = run(Effort::Quick);
+        for k in [
+            "lazy_vs_busy_latency_10_tables",
+            "lazyp_vs_busy_latency_10_tables",
+            "lazy_vs_busy_bytes_4_tables",
+            "software_vs_fastpath_cpu",
+        ] {
+            let v = r.ratios.get(k).copied().unwrap_or(f64::NAN);
+            assert!(
+                v.is_finite() && v > 0.0,
+                "ratios.{k} = {v} in {}",
+                r.to_json()
+            );
+        }
+        for k in [
+            "slow_path_cpu_pct",
+            "software_lb_cpu_pct",
+            "latency_us_busy_10_tables",
+        ] {
+            assert!(
+                r.metrics.get(k).is_some_and(|v| v.is_finite()),
+                "metrics.{k}"
+            );
+        }
+        // Deterministic parts: one circulation per missing table in busy mode, one in lazy.
+        assert_eq!(r.metrics["circulations_per_packet_busy_10_tables"], 10.0);
+        assert_eq!(r.metrics["circulations_per_packet_lazy_10_tables"], 1.0);
+        assert!(!r.params.contains_key("latency_error"), "{}", r.to_json());
+    }
 }

@@ -52,19 +52,17 @@ pub(crate) fn run(args: &RunArgs) -> Result<()> {
     if config.fastpath.is_some() {
         let summary = flowstate_chain::pipeline::run_pipeline(&config, connector, Some(&progress));
         bar.finish_and_clear();
-        let summary = summary?;
-        if args.json {
-            println!("{}", serde_json::to_string_pretty(&summary)?);
-        } else {
-            print!("{summary}");
-        }
-        return Ok(());
+        return print_summary(&summary?, args.json);
     }
     let summary = run_config(&config, connector, Some(&progress));
     bar.finish_and_clear();
-    let summary = summary?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&summary)?);
+    print_summary(&summary?, args.json)
+}
+
+/// Prints a run's summary: text, or one JSON object with `--json`.
+fn print_summary(summary: &(impl serde::Serialize + std::fmt::Display), json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(summary)?);
     } else {
         print!("{summary}");
     }

@@ -66,6 +66,22 @@ pub struct Table {
 }
 
 impl Table {
+    /// A table with no default action, no branches and no Bloom selector, whose rules may
+    /// write `writes`.
+    pub fn new(name: &str, kind: Kind, key: &[Field], writes: &[Field], cache: usize) -> Table {
+        Table {
+            name: name.into(),
+            kind,
+            key: key.to_vec(),
+            cache,
+            default: Rule::default(),
+            branches: Vec::new(),
+            bloom: None,
+            on_miss: OnMiss::Default,
+            writes: writes.iter().fold(Fields::default(), |s, f| s.with(*f)),
+        }
+    }
+
     /// The fields the key reads.
     pub fn reads(&self) -> Fields {
         self.key.iter().fold(Fields::default(), |s, f| s.with(*f))

@@ -12,20 +12,6 @@ use flowstate_fastpath::{
 use flowstate_state::local::LocalStore;
 use proptest::prelude::*;
 
-fn table(name: &str, kind: Kind, key: &[Field], writes: &[Field], cache: usize) -> Table {
-    Table {
-        name: name.into(),
-        kind,
-        key: key.to_vec(),
-        cache,
-        default: Rule::default(),
-        branches: Vec::new(),
-        bloom: None,
-        on_miss: OnMiss::Default,
-        writes: writes.iter().fold(Fields::default(), |s, f| s.with(*f)),
-    }
-}
-
 const NET: u32 = 0x0a00_0000; // 10.0.0.0/24 holds every destination
 
 /// Seven tables: a branching ACL with a Bloom selector, two LPM route tables on the branches,
@@ -33,7 +19,7 @@ const NET: u32 = 0x0a00_0000; // 10.0.0.0/24 holds every destination
 /// balancer that admits new flows, and a table keyed on the balanced destination.
 fn pipeline(caches: &[usize], bloom_bits: usize) -> Pipeline {
     use Field::*;
-    let mut acl = table("acl", Kind::Exact, &[Proto, DstPort], &[Mark], caches[0]);
+    let mut acl = Table::new("acl", Kind::Exact, &[Proto, DstPort], &[Mark], caches[0]);
     acl.branches = vec![Next::Table(1), Next::Table(2)];
     acl.default = Rule::default().to_branch(1);
     acl.bloom = Some(BloomParams {
@@ -42,13 +28,13 @@ fn pipeline(caches: &[usize], bloom_bits: usize) -> Pipeline {
         bits: bloom_bits,
         hashes: 2,
     });
-    let mut web = table("web", Kind::Lpm, &[DstIp], &[Egress], caches[1]);
+    let mut web = Table::new("web", Kind::Lpm, &[DstIp], &[Egress], caches[1]);
     web.default = Rule::dropping();
     web.branches = vec![Next::Table(3)];
-    let route = table("route", Kind::Lpm, &[DstIp], &[Egress], caches[2]);
-    let tag = table("tag", Kind::Exact, &[SrcIp], &[Mark], caches[3]);
-    let by_mark = table("by_mark", Kind::Exact, &[Mark], &[Egress], caches[4]);
-    let mut lb = table(
+    let route = Table::new("route", Kind::Lpm, &[DstIp], &[Egress], caches[2]);
+    let tag = Table::new("tag", Kind::Exact, &[SrcIp], &[Mark], caches[3]);
+    let by_mark = Table::new("by_mark", Kind::Exact, &[Mark], &[Egress], caches[4]);
+    let mut lb = Table::new(
         "lb",
         Kind::Exact,
         &[SrcIp, DstIp, SrcPort, DstPort, Proto],
@@ -58,7 +44,7 @@ fn pipeline(caches: &[usize], bloom_bits: usize) -> Pipeline {
     lb.on_miss = OnMiss::Balance {
         backends: vec![(NET | 200, 8080), (NET | 201, 8080), (NET | 202, 9090)],
     };
-    let post = table("post", Kind::Exact, &[DstIp], &[Egress], caches[6]);
+    let post = Table::new("post", Kind::Exact, &[DstIp], &[Egress], caches[6]);
     let p = Pipeline {
         tables: vec![acl, web, route, tag, by_mark, lb, post],
     };
@@ -257,7 +243,7 @@ fn lazy_submit_circulates_once_where_busy_circulates_per_table() {
     for n in [1usize, 4, 10] {
         let tables: Vec<Table> = (0..n)
             .map(|i| {
-                let mut t = table(&format!("t{i}"), Kind::Exact, &[Field::SrcPort], &[], 1024);
+                let mut t = Table::new(&format!("t{i}"), Kind::Exact, &[Field::SrcPort], &[], 1024);
                 t.writes = Fields::default().with(Field::Mark);
                 t
             })
