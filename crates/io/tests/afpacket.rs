@@ -40,6 +40,23 @@ impl Ns {
         for dev in ["fsa", "fsb"] {
             ip(&["-n", &ns.0, "link", "set", dev, "up"]);
         }
+        // `link set up` returns before the kernel's link watch has activated the pair
+        // (operstate, the transmit queue): frames sent in that window, with the qdisc
+        // bypassed, can be lost. Wait until both ends say UP.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        for dev in ["fsa", "fsb"] {
+            loop {
+                let out = Command::new("ip")
+                    .args(["-n", &ns.0, "-o", "link", "show", "dev", dev])
+                    .output()
+                    .unwrap();
+                if String::from_utf8_lossy(&out.stdout).contains("state UP") {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "{dev} in {} never came up", ns.0);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
         ns
     }
 
