@@ -139,11 +139,6 @@ impl Bloom2d {
         })
     }
 
-    /// The parameters.
-    pub fn params(&self) -> BloomParams {
-        self.p
-    }
-
     /// Bytes of filter memory (what a switch or a BPF array would hold).
     pub fn memory_bytes(&self) -> usize {
         self.words.len() * 8

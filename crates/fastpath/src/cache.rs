@@ -196,6 +196,15 @@ impl Prefix {
     pub fn key(&self) -> u128 {
         u128::from(self.addr) << 8 | u128::from(self.len)
     }
+
+    /// The prefix a table key stands for (the inverse of [`key`](Self::key); a key that
+    /// is no prefix's gives a prefix whose length exceeds 32 or whose host bits are set).
+    pub fn from_key(key: u128) -> Prefix {
+        Prefix {
+            addr: (key >> 8) as u32,
+            len: key as u8,
+        }
+    }
 }
 
 impl std::fmt::Display for Prefix {
@@ -296,11 +305,7 @@ impl LpmCache {
                 break;
             }
             let Some(v) = self.slab.victim() else { break };
-            let victim = Prefix {
-                addr: (v >> 8) as u32,
-                len: v as u8,
-            };
-            self.stats.evicted += self.evict_group(victim) as u64;
+            self.stats.evicted += self.evict_group(Prefix::from_key(v)) as u64;
         }
         for (p, r) in group {
             if !self.contains(*p) {
@@ -325,10 +330,7 @@ impl LpmCache {
 
     /// Every cached prefix.
     pub fn prefixes(&self) -> impl Iterator<Item = Prefix> + '_ {
-        self.slab.entries.iter().map(|(k, _)| Prefix {
-            addr: (k >> 8) as u32,
-            len: *k as u8,
-        })
+        self.slab.entries.iter().map(|(k, _)| Prefix::from_key(*k))
     }
 
     /// Counters.

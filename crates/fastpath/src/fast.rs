@@ -273,19 +273,6 @@ impl FastPath {
             .collect()
     }
 
-    /// The prefixes an LPM table's cache holds (empty for an exact table).
-    pub fn cached_prefixes(&self, t: usize) -> Vec<Prefix> {
-        match &self.caches[t] {
-            Cache::Lpm(c) => c.prefixes().collect(),
-            Cache::Exact(_) => Vec::new(),
-        }
-    }
-
-    /// Bytes of Bloom filters.
-    pub fn bloom_bytes(&self) -> usize {
-        self.blooms.iter().flatten().map(|b| b.memory_bytes()).sum()
-    }
-
     /// Installs what a slow-path search found into table `t`'s cache (HyperSFC: "the matched
     /// rules will be installed to the data plane").
     pub fn install(&mut self, t: usize, found: &Found) {
@@ -299,15 +286,7 @@ impl FastPath {
             Cache::Lpm(c) => {
                 let group: Vec<(Prefix, Rule)> = entries
                     .iter()
-                    .map(|(k, r)| {
-                        (
-                            Prefix {
-                                addr: (k >> 8) as u32,
-                                len: *k as u8,
-                            },
-                            *r,
-                        )
-                    })
+                    .map(|(k, r)| (Prefix::from_key(*k), *r))
                     .collect();
                 c.install(&group);
             }

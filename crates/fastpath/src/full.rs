@@ -150,7 +150,7 @@ pub fn load(
         let empty = Vec::new();
         let table_rules = rules.get(t).unwrap_or(&empty);
         for (key, rule) in table_rules {
-            if !rule.written().union(table.writes).eq(&table.writes) {
+            if !table.writes.contains(rule.written()) {
                 return Err(err(format!(
                     "a rule writes a field outside the table's `writes`: {rule:?}"
                 )));
@@ -162,10 +162,7 @@ pub fn load(
                 )));
             }
             if let Some(index) = &mut index {
-                let p = Prefix {
-                    addr: (key >> 8) as u32,
-                    len: *key as u8,
-                };
+                let p = Prefix::from_key(*key);
                 if p.len > 32 || p.addr & !mask(p.len) != 0 || key >> 40 != 0 {
                     return Err(err(format!("{p}: not a prefix (host bits set?)")));
                 }

@@ -53,6 +53,11 @@ impl Fields {
         self.0 & other.0 != 0
     }
 
+    /// Whether every field of `other` is in this set.
+    pub fn contains(self, other: Fields) -> bool {
+        other.0 & !self.0 == 0
+    }
+
     /// Adds `f`.
     pub fn with(self, f: Field) -> Fields {
         Fields(self.0 | 1 << f as u8)

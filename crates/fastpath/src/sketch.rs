@@ -53,11 +53,6 @@ impl CountMin {
             .min()
             .unwrap_or(0)
     }
-
-    /// Bytes of counters.
-    pub fn memory_bytes(&self) -> usize {
-        self.counters.len() * 2
-    }
 }
 
 #[cfg(test)]

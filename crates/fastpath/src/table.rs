@@ -188,7 +188,7 @@ impl Pipeline {
             if usize::from(t.default.branch) >= t.branches.len().max(1) {
                 return Err(err(t, "the default rule's branch does not exist".into()));
             }
-            if !t.default.written().union(t.writes).eq(&t.writes) {
+            if !t.writes.contains(t.default.written()) {
                 return Err(err(
                     t,
                     "the default rule writes a field outside `writes`".into(),
@@ -198,8 +198,9 @@ impl Pipeline {
                 if backends.is_empty() {
                     return Err(err(t, "a balancing table needs backends".into()));
                 }
-                if !t.writes.overlaps(Fields::default().with(Field::DstIp))
-                    || !t.writes.overlaps(Fields::default().with(Field::DstPort))
+                if !t
+                    .writes
+                    .contains(Fields::default().with(Field::DstIp).with(Field::DstPort))
                 {
                     return Err(err(
                         t,
@@ -222,10 +223,5 @@ impl Pipeline {
             Some(Next::Table(j)) => *j,
             Some(Next::End) | None => usize::MAX,
         }
-    }
-
-    /// The table index of `name`.
-    pub fn index(&self, name: &str) -> Option<usize> {
-        self.tables.iter().position(|t| t.name == name)
     }
 }
