@@ -21,6 +21,7 @@
 
 use crate::{Effort, Report};
 use flowstate_fastpath::bloom::{Bloom2d, BloomParams};
+use flowstate_fastpath::config::TableRules;
 use flowstate_fastpath::full::{self, Found, FullTables, Loaded};
 use flowstate_fastpath::threaded::{self, thread_cpu, Offer, RunReport};
 use flowstate_fastpath::{
@@ -40,6 +41,42 @@ fn exact(name: &str, key: &[Field], writes: &[Field], cache: usize) -> Table {
 }
 
 const MARK: &[Field] = &[Field::Mark];
+
+/// `n` exact tables on (source address, port), named `prefix` and their index, each holding
+/// the keys of packets `0..keys`, and their rules.
+fn marking_tables(
+    prefix: &str,
+    n: usize,
+    keys: usize,
+    cache: usize,
+) -> (Vec<Table>, Vec<TableRules>) {
+    let tables: Vec<Table> = (0..n)
+        .map(|i| {
+            exact(
+                &format!("{prefix}{i}"),
+                &[Field::SrcIp, Field::SrcPort],
+                MARK,
+                cache,
+            )
+        })
+        .collect();
+    let rules = marking_rules(&tables, keys);
+    (tables, rules)
+}
+
+/// For each of `tables`, an entry for the keys of packets `0..keys` that marks the packet
+/// with the table's number (from 1).
+fn marking_rules(tables: &[Table], keys: usize) -> Vec<TableRules> {
+    tables
+        .iter()
+        .enumerate()
+        .map(|(t, table)| {
+            (0..keys)
+                .map(|i| (flow_key(table, i), Rule::set(Field::Mark, t as u32 + 1)))
+                .collect()
+        })
+        .collect()
+}
 
 /// Packet `i`'s headers: a key of its own in every table.
 fn headers(i: usize) -> Headers {
@@ -143,25 +180,7 @@ fn latency_by_tables(report: &mut Report, connector: &Arc<dyn Connector>, sfx: &
         &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
     };
     report.param("latency_packets", packets as u64);
-    let tables: Vec<Table> = (0..10)
-        .map(|i| {
-            exact(
-                &format!("lat{i}{sfx}"),
-                &[Field::SrcIp, Field::SrcPort],
-                MARK,
-                1024,
-            )
-        })
-        .collect();
-    let rules: Vec<Vec<(u128, Rule)>> = tables
-        .iter()
-        .enumerate()
-        .map(|(t, table)| {
-            (0..packets)
-                .map(|i| (flow_key(table, i), Rule::set(Field::Mark, t as u32 + 1)))
-                .collect()
-        })
-        .collect();
+    let (tables, rules) = marking_tables(&format!("lat{sfx}_"), 10, packets, 1024);
     let all = Pipeline {
         tables: tables.clone(),
     };
@@ -267,25 +286,7 @@ fn fast_path_rate(report: &mut Report, connector: &Arc<dyn Connector>, quick: bo
     } else {
         (10_000, 2_000_000)
     };
-    let tables: Vec<Table> = (0..10)
-        .map(|i| {
-            exact(
-                &format!("rate{i}"),
-                &[Field::SrcIp, Field::SrcPort],
-                MARK,
-                keys,
-            )
-        })
-        .collect();
-    let rules: Vec<Vec<(u128, Rule)>> = tables
-        .iter()
-        .enumerate()
-        .map(|(t, table)| {
-            (0..keys)
-                .map(|i| (flow_key(table, i), Rule::set(Field::Mark, t as u32 + 1)))
-                .collect()
-        })
-        .collect();
+    let (tables, rules) = marking_tables("rate", 10, keys, keys);
     let p = Pipeline { tables };
     let Ok(loaded) = full::load(&**connector, &p, &rules) else {
         return;
@@ -341,25 +342,10 @@ fn bloom_false_positives(report: &mut Report, connector: &Arc<dyn Connector>, qu
         .collect();
     let mut tables = vec![branch, a, b];
     tables.extend(rest);
-    let rules: Vec<Vec<(u128, Rule)>> = tables
-        .iter()
-        .enumerate()
-        .map(|(t, table)| {
-            (0..packets)
-                .map(|i| {
-                    let r = Rule::set(Field::Mark, t as u32);
-                    (
-                        flow_key(table, i),
-                        if t == 0 {
-                            r.to_branch((i % 2) as u8)
-                        } else {
-                            r
-                        },
-                    )
-                })
-                .collect()
-        })
-        .collect();
+    let mut rules = marking_rules(&tables, packets);
+    for (i, (_, r)) in rules[0].iter_mut().enumerate() {
+        r.branch = (i % 2) as u8;
+    }
     let input: Vec<(Headers, u16)> = (0..packets).map(|i| (headers(i), 64)).collect();
     let closed = Offer {
         window: 1,

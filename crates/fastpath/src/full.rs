@@ -131,7 +131,7 @@ pub enum SlowError {
 pub fn load(
     connector: &dyn Connector,
     pipeline: &Pipeline,
-    rules: &[Vec<(u128, Rule)>],
+    rules: &[crate::config::TableRules],
 ) -> Result<Loaded, SlowError> {
     let mut tables = FullTables::open(connector, pipeline, Vec::new())?;
     let mut prefixes = Vec::new();
