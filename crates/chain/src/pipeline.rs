@@ -19,7 +19,7 @@ use flowstate_io::synth::Synthetic;
 use flowstate_io::{PacketBatch, PacketMeta, Sink, Source};
 use flowstate_state::Connector;
 use flowstate_wire::dissect::Transport;
-use flowstate_wire::{ipv4, tcp, udp};
+use flowstate_wire::{ipv4, tcp, udp, Dissection};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -138,7 +138,8 @@ pub fn run_pipeline(
     let mut batch = PacketBatch::new(CHUNK, 2048);
     let mut out = PacketBatch::new(CHUNK, 2048);
     let mut packets: Vec<(Headers, u16)> = Vec::with_capacity(CHUNK);
-    let mut index: Vec<usize> = Vec::with_capacity(CHUNK);
+    // Per matched packet: its place in the batch and where its layers are.
+    let mut index: Vec<(usize, Dissection)> = Vec::with_capacity(CHUNK);
     let start = Instant::now();
     loop {
         if source.recv(&mut batch)? == 0 {
@@ -148,9 +149,9 @@ pub fn run_pipeline(
         packets.clear();
         index.clear();
         for (i, (frame, _)) in batch.iter().enumerate() {
-            if let Some(h) = headers_of(frame) {
+            if let Some((h, d)) = headers_of(frame) {
                 packets.push((h, frame.len().min(usize::from(u16::MAX)) as u16));
-                index.push(i);
+                index.push((i, d));
             }
         }
         let report = threaded::run(
@@ -175,11 +176,11 @@ pub fn run_pipeline(
             let Some((frame, _)) = batch.get_mut(i) else {
                 continue;
             };
-            if index.get(next) != Some(&i) {
+            let Some(&(_, d)) = index.get(next).filter(|(at, _)| *at == i) else {
                 summary.unmatched += 1;
                 out.push(frame, PacketMeta::default());
                 continue;
-            }
+            };
             let o = report.outcomes[next];
             let (before, _) = packets[next];
             summary.circulations += u64::from(report.circulations[next]);
@@ -189,7 +190,7 @@ pub fn run_pipeline(
                 summary.dropped += 1;
                 continue;
             }
-            rewrite(frame, &before, &o.headers);
+            rewrite(frame, &d, &before, &o.headers);
             *summary.egress.entry(o.headers.egress).or_default() += 1;
             out.push(frame, PacketMeta::default());
         }
@@ -240,8 +241,9 @@ pub fn run_pipeline(
     Ok(summary)
 }
 
-/// The headers of an IPv4 TCP or UDP frame (a first fragment or an unfragmented packet).
-fn headers_of(frame: &[u8]) -> Option<Headers> {
+/// The headers of an IPv4 TCP or UDP frame (a first fragment or an unfragmented packet), and
+/// where its layers are.
+fn headers_of(frame: &[u8]) -> Option<(Headers, Dissection)> {
     let d = flowstate_wire::dissect(frame).ok()?;
     if !matches!(d.transport, Transport::Tcp | Transport::Udp) {
         return None;
@@ -250,7 +252,7 @@ fn headers_of(frame: &[u8]) -> Option<Headers> {
     let (IpAddr::V4(src), IpAddr::V4(dst)) = (f.src, f.dst) else {
         return None;
     };
-    Some(Headers {
+    let h = Headers {
         src_ip: u32::from(src),
         dst_ip: u32::from(dst),
         src_port: f.src_port,
@@ -258,13 +260,14 @@ fn headers_of(frame: &[u8]) -> Option<Headers> {
         proto: f.proto,
         mark: 0,
         egress: 0,
-    })
+    };
+    Some((h, d))
 }
 
 /// Writes the address and port changes from `before` to `after` into `frame`, updating the
 /// IPv4 header checksum and the TCP/UDP checksum incrementally (RFC 1624; a UDP checksum of
-/// 0, "none", stays 0).
-fn rewrite(frame: &mut [u8], before: &Headers, after: &Headers) {
+/// 0, "none", stays 0). `d` is the frame's dissection.
+fn rewrite(frame: &mut [u8], d: &Dissection, before: &Headers, after: &Headers) {
     let changed = before.src_ip != after.src_ip
         || before.dst_ip != after.dst_ip
         || before.src_port != after.src_port
@@ -272,9 +275,6 @@ fn rewrite(frame: &mut [u8], before: &Headers, after: &Headers) {
     if !changed {
         return;
     }
-    let Ok(d) = flowstate_wire::dissect(frame) else {
-        return;
-    };
     let (Some(l4), l3, end) = (d.l4_offset, d.l3_offset, d.l3_end) else {
         return;
     };
