@@ -548,7 +548,7 @@ fn software_lb(
             for mut pkt in cpu_rx {
                 while fast.pass(&mut pkt) == Step::Submit {
                     flowstate_fastpath::sim::serve(&mut tables, &mut pkt, |t, f| {
-                        fast.install(t, f)
+                        fast.install(t, &f)
                     })
                     .ok()?;
                 }

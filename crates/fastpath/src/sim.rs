@@ -10,7 +10,7 @@ use crate::Mode;
 pub fn serve(
     tables: &mut FullTables,
     p: &mut Packet,
-    mut install: impl FnMut(usize, &Found),
+    mut install: impl FnMut(usize, Found),
 ) -> Result<usize, SlowError> {
     let mut answered = 0;
     for s in p.searches_mut() {
@@ -20,7 +20,7 @@ pub fn serve(
         let t = usize::from(s.table);
         let found = tables.search(t, s.key)?;
         s.answer = found.answer();
-        install(t, &found);
+        install(t, found);
         answered += 1;
     }
     Ok(answered)
@@ -87,7 +87,7 @@ impl Sim {
                 Step::Submit => {
                     let up = p.submit_bytes();
                     let fast = &mut self.fast;
-                    let n = serve(&mut self.slow, &mut p, |t, f| fast.install(t, f))? as u64;
+                    let n = serve(&mut self.slow, &mut p, |t, f| fast.install(t, &f))? as u64;
                     let down = p.return_bytes(n as usize);
                     bytes += up + down;
                     let searches = match self.fast.mode() {

@@ -145,9 +145,7 @@ pub fn run(
                 for mut p in slow_rx {
                     let mut installs = Vec::new();
                     let answered = if job_txs.is_empty() || p.pending().count() < 2 {
-                        let r = serve(&mut tables, &mut p, |t, f| {
-                            installs.push((t, f.clone()));
-                        });
+                        let r = serve(&mut tables, &mut p, |t, f| installs.push((t, f)));
                         match r {
                             Ok(n) => n,
                             Err(e) => {
