@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The programs, by source file name (`bpf/NAME.bpf.c` becomes `OUT_DIR/NAME.bpf.o`).
-const PROGRAMS: [&str; 2] = ["redirect", "flowcache"];
+const PROGRAMS: [&str; 3] = ["redirect", "flowcache", "pipeline"];
 
 /// Where libbpf-dev puts its headers.
 const INCLUDE_DIRS: [&str; 2] = ["/usr/include", "/usr/local/include"];

@@ -139,6 +139,27 @@ impl Bloom2d {
         })
     }
 
+    /// The parameters.
+    pub fn params(&self) -> BloomParams {
+        self.p
+    }
+
+    /// The seed of the hashes.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// The filters' bits: filter `f`'s bit `b` is bit `(f * bits + b) % 64` of word
+    /// `(f * bits + b) / 64`.
+    pub fn words(&self) -> &[u64] {
+        &self.words
+    }
+
+    /// Each branch's code: bit `f` set iff the branch's keys are in filter `f`.
+    pub fn codes(&self) -> &[u32] {
+        &self.codes
+    }
+
     /// Bytes of filter memory (what a switch or a BPF array would hold).
     pub fn memory_bytes(&self) -> usize {
         self.words.len() * 8

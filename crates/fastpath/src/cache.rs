@@ -10,6 +10,11 @@
 //! Eviction samples [`SAMPLE`] entries and evicts the one the count-min sketch ranks least
 //! used (Redis's approximated LFU, here with HyperSFC's sketch): constant work per eviction,
 //! no per-entry counters. Nothing is allocated by lookups.
+//!
+//! A cache can be the master copy of a cache held elsewhere (the XDP program's maps): made
+//! with a shared sketch ([`ExactCache::mirrored`], [`LpmCache::mirrored`]), it ranks evictions
+//! by the uses counted there and records every change ([`Change`]) in an order that keeps the
+//! copy's answers right at every step.
 
 use crate::hash::SeededKeys;
 use crate::headers::Rule;
@@ -34,6 +39,24 @@ pub struct CacheStats {
     pub uncacheable: u64,
 }
 
+/// A change to a cache's entries, for a copy of the cache kept elsewhere.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// The entry for the key is now this rule.
+    Put(u128, Rule),
+    /// The key's entry is gone.
+    Remove(u128),
+}
+
+/// The sketch a cache of `capacity` entries ranks by: counters per row, and the uses after
+/// which its counts are halved.
+pub fn sketch_size(capacity: usize) -> (usize, u64) {
+    (
+        CountMin::row_width(capacity.max(64) * 2),
+        (capacity as u64).max(64) * 8,
+    )
+}
+
 /// A slab of entries with sampled-LFU eviction, shared by both caches.
 #[derive(Debug)]
 struct Slab {
@@ -42,16 +65,30 @@ struct Slab {
     entries: Vec<(u128, Rule)>,
     sketch: CountMin,
     rng: u64,
+    /// Changes not yet taken, when the cache is mirrored.
+    changes: Option<Vec<Change>>,
 }
 
 impl Slab {
-    fn new(capacity: usize) -> Slab {
+    fn new(capacity: usize, sketch: Option<CountMin>) -> Slab {
+        let mirrored = sketch.is_some();
+        let sketch = sketch.unwrap_or_else(|| {
+            let (width, halve_every) = sketch_size(capacity);
+            CountMin::new(width, halve_every)
+        });
         Slab {
             capacity,
             index: HashMap::with_capacity_and_hasher(capacity, SeededKeys::random()),
             entries: Vec::with_capacity(capacity),
-            sketch: CountMin::new(capacity.max(64) * 2, (capacity as u64).max(64) * 8),
+            sketch,
             rng: 0x2545_f491_4f6c_dd1d,
+            changes: mirrored.then(Vec::new),
+        }
+    }
+
+    fn record(&mut self, c: Change) {
+        if let Some(changes) = &mut self.changes {
+            changes.push(c);
         }
     }
 
@@ -60,6 +97,7 @@ impl Slab {
     }
 
     fn insert(&mut self, key: u128, rule: Rule) {
+        self.record(Change::Put(key, rule));
         if let Some(&i) = self.index.get(&key) {
             self.entries[i as usize].1 = rule;
             return;
@@ -72,6 +110,7 @@ impl Slab {
         let Some(i) = self.index.remove(&key) else {
             return false;
         };
+        self.record(Change::Remove(key));
         self.entries.swap_remove(i as usize);
         if let Some(&(moved, _)) = self.entries.get(i as usize) {
             self.index.insert(moved, i);
@@ -111,9 +150,32 @@ impl ExactCache {
     /// An empty cache of at most `capacity` entries.
     pub fn new(capacity: usize) -> ExactCache {
         ExactCache {
-            slab: Slab::new(capacity),
+            slab: Slab::new(capacity, None),
             stats: CacheStats::default(),
         }
+    }
+
+    /// An empty cache that is the master copy of one held elsewhere: it ranks evictions by
+    /// `sketch` (where the copy counts its uses) and records its changes.
+    pub fn mirrored(capacity: usize, sketch: CountMin) -> ExactCache {
+        ExactCache {
+            slab: Slab::new(capacity, Some(sketch)),
+            stats: CacheStats::default(),
+        }
+    }
+
+    /// The changes since the last call, in order (none unless [`mirrored`](Self::mirrored)).
+    pub fn take_changes(&mut self) -> Vec<Change> {
+        self.slab
+            .changes
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    /// The sketch evictions rank by.
+    pub fn sketch_mut(&mut self) -> &mut CountMin {
+        &mut self.slab.sketch
     }
 
     /// The entry for `key`, counting the use.
@@ -235,12 +297,38 @@ pub struct LpmCache {
 impl LpmCache {
     /// An empty cache of at most `capacity` prefixes.
     pub fn new(capacity: usize) -> LpmCache {
+        Self::with_slab(Slab::new(capacity, None))
+    }
+
+    /// An empty cache that is the master copy of one held elsewhere: it ranks evictions by
+    /// `sketch` (where the copy counts its uses) and records its changes, in an order that
+    /// keeps the invariant at every step: a prefix is put after its dependents and removed
+    /// before them.
+    pub fn mirrored(capacity: usize, sketch: CountMin) -> LpmCache {
+        Self::with_slab(Slab::new(capacity, Some(sketch)))
+    }
+
+    fn with_slab(slab: Slab) -> LpmCache {
         LpmCache {
-            slab: Slab::new(capacity),
+            slab,
             per_length: [0; 33],
             lengths: 0,
             stats: CacheStats::default(),
         }
+    }
+
+    /// The changes since the last call, in order (none unless [`mirrored`](Self::mirrored)).
+    pub fn take_changes(&mut self) -> Vec<Change> {
+        self.slab
+            .changes
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    /// The sketch evictions rank by.
+    pub fn sketch_mut(&mut self) -> &mut CountMin {
+        &mut self.slab.sketch
     }
 
     /// The longest cached prefix containing `addr`, with its rule. Counts the use of the
@@ -279,21 +367,23 @@ impl LpmCache {
     }
 
     /// Evicts `p` with every cached prefix covering it (they depend on it: without `p` they
-    /// would answer for `p`'s addresses). Returns how many were evicted.
+    /// would answer for `p`'s addresses), the shortest first, `p` last. Returns how many were
+    /// evicted.
     fn evict_group(&mut self, p: Prefix) -> usize {
-        let mut n = usize::from(self.remove(p));
+        let mut n = 0;
         let mut lengths = self.lengths & ((1u64 << p.len) - 1);
         while lengths != 0 {
             let len = lengths.trailing_zeros() as u8;
             lengths &= lengths - 1;
             n += usize::from(self.remove(Prefix::of(p.addr, len)));
         }
-        n
+        n + usize::from(self.remove(p))
     }
 
     /// Installs `group`: a prefix the slow path hit followed by all its full-table descendants.
     /// A group larger than the cache is refused (counted in `uncacheable`); otherwise the least
-    /// used prefixes are evicted, each with its covering prefixes, until the group fits.
+    /// used prefixes are evicted, each with its covering prefixes, until the group fits. The
+    /// group goes in longest prefix first.
     pub fn install(&mut self, group: &[(Prefix, Rule)]) {
         if group.len() > self.slab.capacity {
             self.stats.uncacheable += 1;
@@ -307,7 +397,9 @@ impl LpmCache {
             let Some(v) = self.slab.victim() else { break };
             self.stats.evicted += self.evict_group(Prefix::from_key(v)) as u64;
         }
-        for (p, r) in group {
+        let mut group = group.to_vec();
+        group.sort_by_key(|(p, _)| std::cmp::Reverse(p.len));
+        for (p, r) in &group {
             if !self.contains(*p) {
                 let l = usize::from(p.len);
                 self.per_length[l] += 1;

@@ -13,6 +13,8 @@
 //! * [`sim`]: fast and slow path in one thread on a virtual clock.
 //! * [`threaded`]: fast and slow path on their own threads, lazy-p's parallel searches.
 //! * [`config`]: the pipeline from TOML (`[[fastpath.table]]`).
+//! * [`xdp`]: the fast path in XDP (`crates/io/bpf/pipeline.bpf.c`): caches in BPF maps,
+//!   misses to the slow path over AF_XDP, answers back through a recirculation port.
 
 pub mod bloom;
 pub mod cache;
@@ -25,6 +27,8 @@ pub mod sim;
 pub mod sketch;
 pub mod table;
 pub mod threaded;
+#[cfg(target_os = "linux")]
+pub mod xdp;
 
 pub use fast::{FastPath, Mode, Packet, Step};
 pub use full::{FullTables, Outcome};

@@ -19,6 +19,9 @@ pub(crate) const REDIRECT: &[u8] =
 /// `bpf/flowcache.bpf.c`: the fast path.
 pub(crate) const FLOWCACHE: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/flowcache.bpf.o"));
+/// `bpf/pipeline.bpf.c`: HyperSFC's table pipeline (loaded by `flowstate-fastpath`).
+pub const PIPELINE: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/pipeline.bpf.o"));
 
 /// What a build without the programs says when one is loaded.
 pub(crate) const NO_PROGRAMS: &str = "this build has no XDP programs: clang and libbpf-dev were \
@@ -26,7 +29,7 @@ pub(crate) const NO_PROGRAMS: &str = "this build has no XDP programs: clang and 
 
 /// Loads `object` (one of the constants above) with its maps sized by `max_entries`, and
 /// verifies its XDP program `program`. Failures are errors of `device` while doing `what`.
-pub(crate) fn load_xdp(
+pub fn load_xdp(
     object: &[u8],
     program: &str,
     max_entries: &[(&'static str, u32)],
@@ -51,11 +54,24 @@ pub(crate) fn load_xdp(
     Ok(ebpf)
 }
 
-/// The XDP program `name` of `ebpf`.
-pub(crate) fn xdp<'a>(
-    ebpf: &'a mut Ebpf,
+/// The map `name` of `ebpf`, taken out of it as an `M`. Failures are errors of `device` while
+/// doing `what`.
+pub fn take_map<M: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
+    ebpf: &mut Ebpf,
     name: &str,
-) -> std::result::Result<&'a mut Xdp, ProgramError> {
+    device: &str,
+    what: &str,
+) -> Result<M> {
+    let map = ebpf.take_map(name).ok_or_else(|| Error::Device {
+        device: device.to_owned(),
+        what: what.into(),
+        source: io::Error::other(format!("the object has no map `{name}`")),
+    })?;
+    M::try_from(map).map_err(|e| aya_err(device, what, &e))
+}
+
+/// The XDP program `name` of `ebpf`.
+pub fn xdp<'a>(ebpf: &'a mut Ebpf, name: &str) -> std::result::Result<&'a mut Xdp, ProgramError> {
     ebpf.program_mut(name)
         .ok_or(ProgramError::InvalidName {
             name: name.to_owned(),
@@ -65,8 +81,9 @@ pub(crate) fn xdp<'a>(
 
 /// An error of aya's as this crate's: the system's error number kept (so that the hints of
 /// [`device_error`] apply), aya's explanation with it, and of a verifier's refusal the log's end.
-pub(crate) fn aya_err(device: &str, what: &str, e: &(dyn std::error::Error + 'static)) -> Error {
+pub fn aya_err(device: &str, what: &str, e: &(dyn std::error::Error + 'static)) -> Error {
     let mut code = None;
+    let mut verifier = false;
     let mut text = Vec::new();
     let mut at = Some(e);
     while let Some(err) = at {
@@ -77,6 +94,7 @@ pub(crate) fn aya_err(device: &str, what: &str, e: &(dyn std::error::Error + 'st
         {
             code = io_error.raw_os_error();
             let log = verifier_log.to_string();
+            verifier = !log.trim().is_empty();
             let lines: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty()).collect();
             let tail = &lines[lines.len().saturating_sub(12)..];
             text.push(format!(
@@ -99,7 +117,8 @@ pub(crate) fn aya_err(device: &str, what: &str, e: &(dyn std::error::Error + 'st
         Some(c) => io::Error::new(io::Error::from_raw_os_error(c).kind(), text),
         None => io::Error::other(text),
     };
-    device_error(device, what, code, source)
+    // A program the verifier refused is no missing privilege: no hint for its error number.
+    device_error(device, what, code.filter(|_| !verifier), source)
 }
 
 /// `struct xdp_md` as `BPF_PROG_TEST_RUN` takes it for the context (linux/bpf.h).
@@ -141,11 +160,7 @@ const BPF_PROG_TEST_RUN: libc::c_long = 10;
 /// Runs the XDP program `prog` once on `frame` received on `ingress_ifindex` (queue 0) with
 /// `BPF_PROG_TEST_RUN` (the kernel's own interpreter or JIT, no interface needed): returns the
 /// XDP action and the frame as the program left it.
-pub(crate) fn test_run(
-    prog: RawFd,
-    ingress_ifindex: u32,
-    frame: &[u8],
-) -> io::Result<(u32, Vec<u8>)> {
+pub fn test_run(prog: RawFd, ingress_ifindex: u32, frame: &[u8]) -> io::Result<(u32, Vec<u8>)> {
     let mut out = vec![0u8; frame.len() + 256];
     let ctx = XdpMd {
         data_end: frame.len() as u32,
@@ -206,6 +221,7 @@ mod tests {
     fn a_build_says_whether_it_has_the_programs() {
         // Every object is there, or none (the build script writes empty ones without clang).
         assert_eq!(REDIRECT.is_empty(), FLOWCACHE.is_empty());
+        assert_eq!(REDIRECT.is_empty(), PIPELINE.is_empty());
         if REDIRECT.is_empty() {
             let e = load_xdp(REDIRECT, "redirect", &[], "lo", "loading").unwrap_err();
             assert!(e.to_string().contains(NO_PROGRAMS), "{e}");

@@ -53,7 +53,7 @@
 //! slow path renews an entry, and an entry's contents change only when the chain's decision
 //! for the flow did.
 
-use crate::afxdp::{attach_link, dev_err, Sockets};
+use crate::afxdp::{attach_link, Sockets};
 use crate::bpf;
 use crate::{Error, Result};
 use aya::maps::{HashMap, MapData, MapError, PerCpuArray, XskMap};
@@ -401,19 +401,6 @@ impl std::fmt::Debug for FastPath {
     }
 }
 
-/// A map of the fast path's object, typed.
-fn take_map<M: TryFrom<aya::maps::Map, Error = MapError>>(
-    ebpf: &mut Ebpf,
-    name: &str,
-) -> Result<M> {
-    let what = "loading the XDP fast-path program";
-    let map = ebpf
-        .take_map(name)
-        .ok_or_else(|| io::Error::other(format!("the object has no map `{name}`")))
-        .map_err(|e| dev_err("fast path", what, e))?;
-    M::try_from(map).map_err(|e| bpf::aya_err("fast path", what, &e))
-}
-
 impl FastPath {
     /// Tables for `capacity` flow directions whose entries live `refresh` past the slow
     /// path's last packet of the flow, and the program that reads them.
@@ -441,11 +428,17 @@ impl FastPath {
             "fast path",
             "loading the XDP fast-path program",
         )?;
+        let what = "loading the XDP fast-path program";
         Ok(FastPath {
-            flows: Mutex::new(take_map(&mut ebpf, "flows")?),
-            stats: take_map(&mut ebpf, "stats")?,
-            ports: Mutex::new((take_map(&mut ebpf, "ports")?, 0)),
-            xsks: Arc::new(Mutex::new(take_map(&mut ebpf, "xsks")?)),
+            flows: Mutex::new(bpf::take_map(&mut ebpf, "flows", "fast path", what)?),
+            stats: bpf::take_map(&mut ebpf, "stats", "fast path", what)?,
+            ports: Mutex::new((bpf::take_map(&mut ebpf, "ports", "fast path", what)?, 0)),
+            xsks: Arc::new(Mutex::new(bpf::take_map(
+                &mut ebpf,
+                "xsks",
+                "fast path",
+                what,
+            )?)),
             ebpf: Mutex::new(ebpf),
             refresh,
         })

@@ -18,7 +18,7 @@ pub mod afpacket;
 pub mod afxdp;
 pub mod batch;
 #[cfg(target_os = "linux")]
-mod bpf;
+pub mod bpf;
 #[cfg(target_os = "linux")]
 pub mod fastpath;
 pub mod pcap;
