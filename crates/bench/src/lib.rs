@@ -1,6 +1,9 @@
 //! flowstate's experiments: each reproduces a measurement from one of the papers and reports
 //! it as JSON `{"name", "params", "metrics", "ratios", "machine"}` (DESIGN.md "Benchmarks").
 //!
+//! `html` turns a directory of those JSON files into one page with plots (`flowstate report`),
+//! drawing beside each bench the numbers its paper reports (`paper`).
+//!
 //! Promises: every claim is a ratio between two variants measured in the same run, side by
 //! side; absolute figures are reported but nothing here asserts a timing.
 
@@ -12,12 +15,14 @@ mod failover;
 mod flexstate_counter;
 mod hashing;
 mod hashmvt;
+pub mod html;
 mod hypersfc;
 #[cfg(target_os = "linux")]
 mod ips;
 #[cfg(target_os = "linux")]
 mod live_nat;
 mod nf_throughput;
+pub mod paper;
 mod remote;
 mod report;
 #[cfg(target_os = "linux")]

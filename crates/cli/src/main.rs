@@ -6,6 +6,7 @@ mod eve;
 mod gen;
 mod inspect;
 mod lab;
+mod report;
 mod run;
 mod store;
 
@@ -35,6 +36,9 @@ enum Command {
     Inspect(InspectArgs),
     /// Run an experiment and report its numbers (`--list` shows them all).
     Bench(BenchArgs),
+    /// One HTML page with plots from a directory of bench JSON files, beside the papers'
+    /// numbers.
+    Report(report::ReportArgs),
     /// A network-namespace lab with a client, the box and servers: up, down, status.
     Lab(lab::LabArgs),
     /// Run the state store server (the `store` backend), or ask a running one for its
@@ -149,6 +153,7 @@ fn main() {
         Command::Gen(a) => gen::run(&a).map(|_| ()),
         Command::Inspect(a) => inspect_cmd(&a),
         Command::Bench(a) => bench(&a),
+        Command::Report(a) => report::run(&a),
         Command::Lab(a) => lab::run(&a),
         Command::Store(a) => store::run(&a),
         Command::Cluster(a) => cluster::run(&a),
