@@ -66,6 +66,8 @@
 pub mod config;
 #[cfg(target_os = "linux")]
 pub mod live;
+#[cfg(target_os = "linux")]
+pub mod live_pipeline;
 pub mod owners;
 pub mod pipeline;
 pub mod reflect;
@@ -212,7 +214,7 @@ fn open_pcap(config: &Config, path: &std::path::Path) -> Result<PcapReader, Erro
 }
 
 /// A live port on one side only (the configuration check prevents it), or not on Linux.
-fn live_mismatch(config: &Config, section: &str) -> Error {
+pub(crate) fn live_mismatch(config: &Config, section: &str) -> Error {
     ConfigError {
         file: config.file.clone(),
         line: None,

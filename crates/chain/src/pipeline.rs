@@ -94,6 +94,26 @@ pub struct PipelineSummary {
     pub dependency_stops: u64,
     /// Wall-clock time, seconds (loading the full tables excluded).
     pub seconds: f64,
+    /// On a live box (the XDP fast path), what the offline run has no use for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub live: Option<LiveCounters>,
+}
+
+/// A live box's counters of the way between its XDP program and its slow path.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct LiveCounters {
+    /// Frames the slow path answered and sent back through the recirculation port.
+    pub answered: u64,
+    /// Of those, the packets' first circulations.
+    pub first_circulations: u64,
+    /// Frames from the program's sockets without a valid circulation header (dropped).
+    pub malformed: u64,
+    /// Frames on the recirculation port without a valid circulation header (dropped).
+    pub forged: u64,
+    /// Misses dropped for want of headroom for the circulation header.
+    pub no_room: u64,
+    /// Misses dropped for want of a slow-path socket on their port and queue.
+    pub no_socket: u64,
 }
 
 /// Runs `config`'s `[fastpath]` pipeline over its input.
@@ -113,14 +133,7 @@ pub fn run_pipeline(
     let mut source: Box<dyn Source> = match &config.input {
         Input::Pcap(path) => Box::new(crate::open_pcap(config, path)?),
         Input::Synthetic(s) => Box::new(Synthetic::new(s.config.clone())?),
-        Input::Interface(_) => {
-            return Err(ConfigError::new(
-                &config.file,
-                "input.interface",
-                "a [fastpath] pipeline runs offline (pcap or synthetic input)",
-            )
-            .into())
-        }
+        Input::Interface(_) => return Err(crate::live_mismatch(config, "input")),
     };
     let mut writer = match &config.output {
         Output::Pcap(path) => Some(PcapWriter::create_with(path, WriterOptions::nanos())?),
@@ -329,15 +342,22 @@ impl fmt::Display for PipelineSummary {
             "  fast path only {}  circulations {}  searches {}  fast<->slow bytes {}",
             self.fast_path_only, self.circulations, self.searches, self.link_bytes
         )?;
+        match &self.live {
+            None => write!(
+                f,
+                "  latency p50 {:.1} us  p99 {:.1} us ",
+                self.latency_p50_us, self.latency_p99_us
+            )?,
+            Some(l) => write!(
+                f,
+                "  answered {}  malformed {}  forged {}  no headroom {}  no socket {} ",
+                l.answered, l.malformed, l.forged, l.no_room, l.no_socket
+            )?,
+        }
         writeln!(
             f,
-            "  latency p50 {:.1} us  p99 {:.1} us  bloom: guesses {} absent {} false positives {}  dependency stops {}",
-            self.latency_p50_us,
-            self.latency_p99_us,
-            self.bloom_guesses,
-            self.bloom_absent,
-            self.bloom_unsure,
-            self.dependency_stops
+            " bloom: guesses {} absent {} false positives {}  dependency stops {}",
+            self.bloom_guesses, self.bloom_absent, self.bloom_unsure, self.dependency_stops
         )?;
         writeln!(
             f,

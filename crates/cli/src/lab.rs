@@ -27,6 +27,11 @@ pub(crate) struct LabArgs {
     /// namespace becomes a switch. `up` without it switches it off; `down` removes it.
     #[arg(long, conflicts_with = "kernel_nat")]
     kernel_ha: bool,
+    /// `up` only: Linux routes in the box (its ports get their addresses, IPv4 forwarding is
+    /// on), for a `[fastpath]` table pipeline, which runs in XDP in front of the kernel's
+    /// routing (`examples/live-hypersfc.toml`). `up` without it switches it off.
+    #[arg(long, conflicts_with_all = ["kernel_nat", "kernel_ha"])]
+    kernel_router: bool,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -49,7 +54,11 @@ pub(crate) fn run(a: &LabArgs) -> Result<()> {
                 lab.kernel_ha(&mut exec, true)?;
             } else {
                 lab.kernel_ha(&mut exec, false)?;
-                lab.kernel_nat(&mut exec, a.kernel_nat)?;
+                if a.kernel_router {
+                    lab.kernel_router(&mut exec, true)?;
+                } else {
+                    lab.kernel_nat(&mut exec, a.kernel_nat)?;
+                }
             }
             println!(
                 "lab {}: {}",

@@ -3,7 +3,7 @@
 
 use anyhow::{bail, Result};
 use clap::Args;
-use flowstate_chain::config::{Input, MAX_WORKERS};
+use flowstate_chain::config::{Input, Output, MAX_WORKERS};
 use flowstate_chain::{run_config, Config};
 use std::path::PathBuf;
 
@@ -50,6 +50,24 @@ pub(crate) fn run(args: &RunArgs) -> Result<()> {
     let progress = |n: u64| bar.inc(n);
     let connector = crate::backends::connector(&config)?;
     if config.fastpath.is_some() {
+        #[cfg(target_os = "linux")]
+        if let (Input::Interface(inside), Output::Interface(outside)) =
+            (&config.input, &config.output)
+        {
+            use flowstate_chain::live::Stop;
+            if let Err(e) = Stop::on_signals() {
+                tracing::warn!("cannot catch SIGINT/SIGTERM: {e}");
+            }
+            let summary = flowstate_chain::live_pipeline::run_pipeline_live(
+                &config,
+                connector,
+                inside,
+                outside,
+                Stop::new(),
+            );
+            bar.finish_and_clear();
+            return print_summary(&summary?, args.json);
+        }
         let summary = flowstate_chain::pipeline::run_pipeline(&config, connector, Some(&progress));
         bar.finish_and_clear();
         return print_summary(&summary?, args.json);

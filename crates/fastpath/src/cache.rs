@@ -97,11 +97,14 @@ impl Slab {
     }
 
     fn insert(&mut self, key: u128, rule: Rule) {
-        self.record(Change::Put(key, rule));
         if let Some(&i) = self.index.get(&key) {
-            self.entries[i as usize].1 = rule;
+            if self.entries[i as usize].1 != rule {
+                self.record(Change::Put(key, rule));
+                self.entries[i as usize].1 = rule;
+            }
             return;
         }
+        self.record(Change::Put(key, rule));
         self.index.insert(key, self.entries.len() as u32);
         self.entries.push((key, rule));
     }

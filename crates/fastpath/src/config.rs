@@ -4,6 +4,7 @@
 //! [fastpath]
 //! mode = "lazy"                 # "busy" | "lazy" | "lazy-p"
 //! threads = 4                   # slow-path threads searching in parallel (lazy-p)
+//! recirculation = "fs-rc"       # live box: the veth pair made for answers (and "fs-rc-tx")
 //!
 //! [[fastpath.table]]
 //! name = "acl"
@@ -67,7 +68,14 @@ pub struct FastpathConfig {
     pub mode: Mode,
     /// Slow-path threads (lazy-p searches this many tables at once).
     pub threads: usize,
+    /// On a live box, the name of the veth pair made for the slow path's answers: the
+    /// program reads circulation headers on this end, the slow path sends from its peer,
+    /// named with `-tx` appended.
+    pub recirculation: String,
 }
+
+/// The recirculation port's name by default.
+pub const RECIRCULATION: &str = "fs-rc";
 
 /// An LPM table's prefixes from a file: `a.b.c.d/len<TAB>label` per line, the next hop (the
 /// egress port, 1..=`next_hops`) chosen by a hash of the label.
@@ -117,6 +125,8 @@ struct Section {
     mode: Option<String>,
     #[serde(default)]
     threads: Option<usize>,
+    #[serde(default)]
+    recirculation: Option<String>,
     #[serde(default)]
     table: Vec<TableToml>,
 }
@@ -241,6 +251,19 @@ impl FastpathConfig {
             return Err((
                 "fastpath.threads".into(),
                 format!("{threads}: expected 1..=64"),
+            ));
+        }
+        let recirculation = s.recirculation.unwrap_or_else(|| RECIRCULATION.into());
+        // An interface name, with room for "-tx" (IFNAMSIZ: 15 bytes and a NUL).
+        if recirculation.is_empty()
+            || recirculation.len() > 12
+            || !recirculation
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return Err((
+                "fastpath.recirculation".into(),
+                format!("{recirculation:?}: expected an interface name of 1 to 12 letters, digits, '-' or '_'"),
             ));
         }
         if s.table.is_empty() {
@@ -413,6 +436,7 @@ impl FastpathConfig {
             prefix_files,
             mode,
             threads,
+            recirculation,
         })
     }
 }
@@ -613,5 +637,15 @@ mod tests {
             parse("[fastpath]\nmode = \"eager\"\n").err().unwrap().0,
             "fastpath.mode"
         );
+        for bad in ["\"\"", "\"a-very-long-name\"", "\"fs rc\""] {
+            let text = format!("[fastpath]\nrecirculation = {bad}\n{}", &base[11..]);
+            assert_eq!(
+                parse(&text).err().unwrap().0,
+                "fastpath.recirculation",
+                "{bad}"
+            );
+        }
+        let text = format!("[fastpath]\nrecirculation = \"rc0\"\n{}", &base[11..]);
+        assert_eq!(parse(&text).unwrap().recirculation, "rc0");
     }
 }

@@ -41,13 +41,14 @@ use crate::headers::{Field, Headers, Rule};
 use crate::sketch::{CountMin, SharedCounters, ROWS};
 use crate::table::{Kind, Next, Pipeline};
 use aya::maps::lpm_trie::{Key, LpmTrie};
-use aya::maps::{Array, HashMap, MapData, MapError, PerCpuArray};
+use aya::maps::{Array, HashMap, MapData, MapError, PerCpuArray, XskMap};
 use aya::Ebpf;
+use flowstate_io::afxdp::XdpProgram;
 use flowstate_io::bpf;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::AtomicU16;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Searches a circulation header carries (`FP_MAX_CARRIED`).
 pub const MAX_CARRIED: usize = 5;
@@ -183,8 +184,6 @@ struct FpConfig {
 struct FpPort {
     first: u32,
     count: u32,
-    out_ifindex: u32,
-    _pad: u32,
 }
 
 /// `struct fp_search`: one (table, key) of a circulation header, with its answer.
@@ -438,6 +437,7 @@ pub struct XdpFastPath {
     counters: PerCpuArray<MapData, u64>,
     table_stats: PerCpuArray<MapData, FpTableStats>,
     last: PerCpuArray<MapData, FpVerdict>,
+    xsks: Arc<Mutex<XskMap<MapData>>>,
     sockets_used: u32,
 }
 
@@ -566,6 +566,7 @@ impl XdpFastPath {
             counters: bpf::take_map(&mut ebpf, "counters", dev, WHAT)?,
             table_stats: bpf::take_map(&mut ebpf, "table_stats", dev, WHAT)?,
             last: bpf::take_map(&mut ebpf, "last", dev, WHAT)?,
+            xsks: Arc::new(Mutex::new(bpf::take_map(&mut ebpf, "xsks", dev, WHAT)?)),
             ebpf,
             sockets_used: 0,
         })
@@ -641,15 +642,25 @@ impl XdpFastPath {
         &self.pipeline
     }
 
-    /// Serves the port `ifindex`: frames from it run the pipeline, with `queues` slow-path
-    /// sockets (one per receive queue), and those that choose no egress port leave by
-    /// `out_ifindex`. Returns the first socket slot of the port.
-    pub fn serve_port(
-        &mut self,
-        ifindex: u32,
-        out_ifindex: u32,
-        queues: u32,
-    ) -> Result<u32, XdpError> {
+    /// Attaches the program to `ifname` (generic mode) and serves the port, with `queues`
+    /// slow-path sockets: open them with [`AfXdp::open`](flowstate_io::afxdp::AfXdp::open) on
+    /// the program returned, which stays attached while it lives.
+    pub fn attach(&mut self, ifname: &str, queues: u32) -> Result<Arc<XdpProgram>, XdpError> {
+        let queues = queues.max(1);
+        self.room_for(queues)?;
+        let program = XdpProgram::attach_loaded(
+            &mut self.ebpf,
+            "pipeline",
+            ifname,
+            Arc::clone(&self.xsks),
+            self.sockets_used,
+            queues,
+        )?;
+        self.serve_port(program.ifindex(), queues)?;
+        Ok(program)
+    }
+
+    fn room_for(&self, queues: u32) -> Result<(), XdpError> {
         let first = self.sockets_used;
         if queues > MAX_PORTS - first {
             return Err(XdpError::Io(flowstate_io::Error::Option {
@@ -659,11 +670,18 @@ impl XdpFastPath {
                 ),
             }));
         }
+        Ok(())
+    }
+
+    /// Serves the port `ifindex` (the program attached to it by the caller, or a test run's
+    /// ingress): frames from it run the pipeline, their misses going to the sockets of its
+    /// `queues` slots in `xsks`. Returns the port's first slot.
+    pub fn serve_port(&mut self, ifindex: u32, queues: u32) -> Result<u32, XdpError> {
+        self.room_for(queues)?;
+        let first = self.sockets_used;
         let port = FpPort {
             first,
             count: queues,
-            out_ifindex,
-            _pad: 0,
         };
         self.ports
             .insert(ifindex, port, 0)
@@ -949,7 +967,7 @@ mod tests {
         assert_eq!(offset_of!(FpTable, next), 60);
         assert_eq!(offset_of!(FpTable, codes), 76);
         assert_eq!(size_of::<FpConfig>(), 16);
-        assert_eq!(size_of::<FpPort>(), 16);
+        assert_eq!(size_of::<FpPort>(), 8);
         assert_eq!(size_of::<FpSearch>(), 32);
         assert_eq!(offset_of!(FpSearch, key), 16);
         assert_eq!(size_of::<FpCirc>(), 16);

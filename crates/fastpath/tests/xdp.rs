@@ -22,7 +22,11 @@ use common::{packet_strategy, pipeline, rules, rules_strategy, Rules, NET};
 /// recirculation port: `BPF_PROG_TEST_RUN` needs an existing interface).
 const LO: u32 = 1;
 const XDP_DROP: u32 = 1;
+const XDP_PASS: u32 = 2;
 const XDP_REDIRECT: u32 = 4;
+/// The egress port mapped to an interface (LO): its packets are redirected there; the others
+/// go on to the kernel's routing.
+const MAPPED_EGRESS: u16 = 10;
 
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
@@ -114,7 +118,14 @@ fn run(
         };
         return Ok(match action {
             XDP_DROP => (outcome, None, circulations),
-            XDP_REDIRECT => (outcome, Some(out), circulations),
+            XDP_PASS | XDP_REDIRECT => {
+                prop_assert_eq!(
+                    action == XDP_REDIRECT,
+                    outcome.headers.egress == MAPPED_EGRESS,
+                    "redirected iff its egress port has an interface"
+                );
+                (outcome, Some(out), circulations)
+            }
             other => return Err(TestCaseError::fail(format!("XDP action {other}"))),
         });
     }
@@ -133,7 +144,8 @@ fn check(
     let mut slow = FullTables::open(&store, &p, loaded.prefixes.clone()).unwrap();
     let mut oracle = FullTables::open(&store, &p, loaded.prefixes.clone()).unwrap();
     let mut xdp = XdpFastPath::new(&p, mode, &loaded.blooms).unwrap();
-    xdp.serve_port(LO, LO, 1).unwrap();
+    xdp.serve_port(LO, 1).unwrap();
+    xdp.set_egress(MAPPED_EGRESS, LO).unwrap();
     for (i, h) in packets.iter().enumerate() {
         let want = oracle.reference(*h).unwrap();
         let (got, out, _) = run(&mut xdp, &mut slow, h, i as u16 + 1)?;
@@ -178,7 +190,7 @@ fn circulation_headers_are_trusted_only_on_the_recirculation_port() {
     let loaded = full::load(&store, &p, &vec![Vec::new(); 7]).unwrap();
     let mut slow = FullTables::open(&store, &p, loaded.prefixes.clone()).unwrap();
     let mut xdp = XdpFastPath::new(&p, Mode::Lazy, &loaded.blooms).unwrap();
-    xdp.serve_port(LO, LO, 1).unwrap();
+    xdp.serve_port(LO, 1).unwrap();
     let h = Headers {
         src_ip: 0x0a01_0001,
         dst_ip: NET | 9,
@@ -192,9 +204,9 @@ fn circulation_headers_are_trusted_only_on_the_recirculation_port() {
     let mut answered = Vec::new();
     xdp.serve(&mut slow, &submitted, &mut answered).unwrap();
 
-    // The answered frame on an ordinary port: not IPv4, so forwarded unchanged, never read.
+    // The answered frame on an ordinary port: not IPv4, so passed on unchanged, never read.
     let (action, out) = xdp.test_run(LO, &answered).unwrap();
-    assert_eq!((action, &out), (XDP_REDIRECT, &answered));
+    assert_eq!((action, &out), (XDP_PASS, &answered));
     assert_eq!(xdp.counters().unwrap().unmatched, 1);
 
     // On the recirculation port: a damaged header, a plain frame, and a pending search.

@@ -5,7 +5,7 @@
  * the 2D Bloom filters in the array `blooms`, the caches' use counts in the count-min sketch
  * `sketch` (memory-mapped by user space, whose eviction ranks by it: HyperSFC §III-C).
  *
- *  frame on a port --> IPv4 TCP/UDP? --no--> out unchanged (the port's `out_ifindex`)
+ *  frame on a port --> IPv4 TCP/UDP? --no--> on to the kernel, unchanged (XDP_PASS)
  *                          | yes
  *                          v
  *  frame on the recirculation port --> strip the circulation header (answers, resume point)
@@ -17,8 +17,9 @@
  *          on a missed table; a branching table's miss follows its Bloom filters' branch
  *          (§IV-A), a detected false positive ends the pass
  *                          |
- *       no miss: rewrite addresses and ports (incremental checksums), drop or redirect to the
- *                egress port (`egress`, else the port's `out_ifindex`)
+ *       no miss: rewrite addresses and ports (incremental checksums), then drop, or redirect
+ *                to the egress port's interface (`egress`), or, with no interface for it, on
+ *                to the kernel, which routes the packet (XDP_PASS)
  *       a miss:  the headers at the first miss written back, the circulation header pushed
  *                in front (table bypass §III-B: where to resume; the searches), and the frame
  *                sent to the slow path's XDP socket of its port and queue
@@ -601,8 +602,7 @@ int pipeline(struct xdp_md *ctx)
 		c->hdr.magic = FP_MAGIC;
 		c->hdr.ifindex = ifindex;
 	}
-	struct fp_port *in = bpf_map_lookup_elem(&ports, &c->hdr.ifindex);
-	if (!in) {
+	if (!bpf_map_lookup_elem(&ports, &c->hdr.ifindex)) {
 		count(FP_FORGED); /* a header naming a port that is not ours */
 		return XDP_DROP;
 	}
@@ -616,7 +616,7 @@ int pipeline(struct xdp_md *ctx)
 			return XDP_DROP;
 		}
 		count(FP_UNMATCHED);
-		return bpf_redirect(in->out_ifindex, 0);
+		return XDP_PASS;
 	}
 
 	struct pass p = {
@@ -676,7 +676,7 @@ int pipeline(struct xdp_md *ctx)
 	write_headers(&l, &p.h);
 	__u32 port = p.h.v[FP_EGRESS], *out = bpf_map_lookup_elem(&egress, &port);
 	count(FP_FORWARDED);
-	return bpf_redirect(out ? *out : in->out_ifindex, 0);
+	return out ? bpf_redirect(*out, 0) : XDP_PASS;
 }
 
 char LICENSE[] SEC("license") = "GPL";

@@ -96,12 +96,10 @@ struct fp_config {
 };
 
 /* A port the program serves (hash `ports`, by ifindex): its XDP sockets in `xsks` (queue q at
- * first + q, q < count) and where a packet that came in by it goes when no egress is chosen. */
+ * first + q, q < count). */
 struct fp_port {
 	__u32 first;
 	__u32 count;
-	__u32 out_ifindex;
-	__u32 _pad;
 };
 
 /* One (table, key) of a circulation header: a search to do, or its answer. */
@@ -158,7 +156,7 @@ enum fp_counter {
 	FP_DROP_STOPS,
 	FP_DROPPED,       /* dropped by a table */
 	FP_FORWARDED,
-	FP_UNMATCHED,     /* not IPv4 TCP/UDP (or a later fragment): forwarded unchanged */
+	FP_UNMATCHED,     /* not IPv4 TCP/UDP (or a later fragment): passed on unchanged */
 	FP_FORGED,        /* a frame on the recirculation port without a valid header: dropped */
 	FP_NO_ROOM,       /* no headroom for the circulation header: dropped */
 	FP_NO_SOCKET,     /* a miss with no slow-path socket for the port and queue: dropped */
@@ -194,7 +192,7 @@ _Static_assert(__builtin_offsetof(struct fp_table, dflt) == 48, "fp_table.dflt")
 _Static_assert(__builtin_offsetof(struct fp_table, next) == 60, "fp_table.next");
 _Static_assert(__builtin_offsetof(struct fp_table, codes) == 76, "fp_table.codes");
 _Static_assert(sizeof(struct fp_config) == 16, "fp_config");
-_Static_assert(sizeof(struct fp_port) == 16, "fp_port");
+_Static_assert(sizeof(struct fp_port) == 8, "fp_port");
 _Static_assert(sizeof(struct fp_search) == 32, "fp_search");
 _Static_assert(__builtin_offsetof(struct fp_search, key) == 16, "fp_search.key");
 _Static_assert(sizeof(struct fp_circ) == 16, "fp_circ");

@@ -165,6 +165,32 @@ impl XdpProgram {
         }))
     }
 
+    /// Attaches the XDP program `name` of the already loaded `ebpf` to `ifname` in generic
+    /// mode, the interface's queue `q` going to the socket in slot `first + q` of `xsks`
+    /// (`q < queues`): for programs other than this crate's, such as a table pipeline's.
+    pub fn attach_loaded(
+        ebpf: &mut Ebpf,
+        name: &str,
+        ifname: &str,
+        xsks: Arc<Mutex<XskMap<MapData>>>,
+        first: u32,
+        queues: u32,
+    ) -> Result<Arc<XdpProgram>> {
+        let (ifindex, _) = interface_info(ifname)?;
+        let ifindex = ifindex as u32;
+        let link = attach_link(ebpf, name, ifname, ifindex)?;
+        Ok(Arc::new(XdpProgram {
+            ifname: ifname.to_owned(),
+            ifindex,
+            sockets: Sockets {
+                map: xsks,
+                first,
+                count: queues.max(1),
+            },
+            _link: link,
+        }))
+    }
+
     /// The interface's index.
     pub fn ifindex(&self) -> u32 {
         self.ifindex

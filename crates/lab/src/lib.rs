@@ -648,19 +648,19 @@ impl Lab {
             || self.router_index(ns).is_some()
     }
 
-    /// The commands that make (`on`) or remove Linux's own NAT in the nf namespace: the
-    /// box's addresses on its ports, IPv4 forwarding, and an nftables masquerade on the
-    /// outside port. Used as the benchmark's peer; flowstate must not run meanwhile.
-    pub fn kernel_nat_plan(&self, on: bool) -> Vec<Cmd> {
+    /// The commands that make (`on`) or remove Linux's own router in the nf namespace: the
+    /// box's addresses on its ports and IPv4 forwarding. Under a [`kernel_nat_plan`]
+    /// (Self::kernel_nat_plan), and under flowstate's XDP table pipeline, which filters and
+    /// rewrites in front of the kernel's routing.
+    pub fn kernel_router_plan(&self, on: bool) -> Vec<Cmd> {
         let n = self.nf_ns();
-        let inside = format!("{BOX_INSIDE}/24");
-        let outside = format!("{BOX_OUTSIDE}/24");
+        let forwarding = |v: &str| Cmd {
+            argv: Lab::in_ns(&n, &["sysctl", "-qw", &format!("net.ipv4.ip_forward={v}")]),
+            may_fail: !on,
+        };
         if on {
-            let nft = |args: &[&str]| Cmd {
-                argv: Lab::in_ns(&n, &[&["nft"][..], args].concat()),
-                may_fail: false,
-            };
-            let oif = format!("\"{NF_OUTSIDE_IF}\"");
+            let inside = format!("{BOX_INSIDE}/24");
+            let outside = format!("{BOX_OUTSIDE}/24");
             vec![
                 Cmd::new(&["ip", "-n", &n, "addr", "add", &inside, "dev", NF_INSIDE_IF]),
                 Cmd::new(&[
@@ -673,10 +673,32 @@ impl Lab {
                     "dev",
                     NF_OUTSIDE_IF,
                 ]),
-                Cmd {
-                    argv: Lab::in_ns(&n, &["sysctl", "-qw", "net.ipv4.ip_forward=1"]),
-                    may_fail: false,
-                },
+                forwarding("1"),
+            ]
+        } else {
+            vec![
+                forwarding("0"),
+                Cmd::new(&["ip", "-n", &n, "addr", "flush", "dev", NF_INSIDE_IF]).may_fail(),
+                Cmd::new(&["ip", "-n", &n, "addr", "flush", "dev", NF_OUTSIDE_IF]).may_fail(),
+                // The client and server cached the box's MAC from flowstate's ARP answers:
+                // the same MACs, so nothing to flush there.
+            ]
+        }
+    }
+
+    /// The commands that make (`on`) or remove Linux's own NAT in the nf namespace: its
+    /// router ([`kernel_router_plan`](Self::kernel_router_plan)) and an nftables masquerade
+    /// on the outside port. Used as the benchmark's peer; flowstate must not run meanwhile.
+    pub fn kernel_nat_plan(&self, on: bool) -> Vec<Cmd> {
+        let n = self.nf_ns();
+        if on {
+            let nft = |args: &[&str]| Cmd {
+                argv: Lab::in_ns(&n, &[&["nft"][..], args].concat()),
+                may_fail: false,
+            };
+            let oif = format!("\"{NF_OUTSIDE_IF}\"");
+            let mut plan = self.kernel_router_plan(true);
+            plan.extend([
                 nft(&["add", "table", "ip", KERNEL_NAT_TABLE]),
                 nft(&[
                     "add",
@@ -696,22 +718,15 @@ impl Lab {
                     &oif,
                     "masquerade",
                 ]),
-            ]
+            ]);
+            plan
         } else {
-            vec![
-                Cmd {
-                    argv: Lab::in_ns(&n, &["nft", "delete", "table", "ip", KERNEL_NAT_TABLE]),
-                    may_fail: true,
-                },
-                Cmd {
-                    argv: Lab::in_ns(&n, &["sysctl", "-qw", "net.ipv4.ip_forward=0"]),
-                    may_fail: true,
-                },
-                Cmd::new(&["ip", "-n", &n, "addr", "flush", "dev", NF_INSIDE_IF]).may_fail(),
-                Cmd::new(&["ip", "-n", &n, "addr", "flush", "dev", NF_OUTSIDE_IF]).may_fail(),
-                // The client and server cached the box's MAC from flowstate's ARP answers:
-                // the same MACs, so nothing to flush there.
-            ]
+            let mut plan = vec![Cmd {
+                argv: Lab::in_ns(&n, &["nft", "delete", "table", "ip", KERNEL_NAT_TABLE]),
+                may_fail: true,
+            }];
+            plan.extend(self.kernel_router_plan(false));
+            plan
         }
     }
 
@@ -931,6 +946,18 @@ impl Lab {
         }
         for cmd in self.kernel_nat_plan(on) {
             exec.run(&cmd)?;
+        }
+        Ok(())
+    }
+
+    /// Switches Linux's own router in the nf namespace on or off
+    /// ([`Lab::kernel_router_plan`]), after switching its NAT off.
+    pub fn kernel_router(&self, exec: &mut dyn Exec, on: bool) -> Result<(), LabError> {
+        self.kernel_nat(exec, false)?;
+        if on {
+            for cmd in self.kernel_router_plan(on) {
+                exec.run(&cmd)?;
+            }
         }
         Ok(())
     }
@@ -1236,6 +1263,9 @@ mod tests {
         }
         let on: Vec<String> = lab.kernel_nat_plan(true).iter().map(Cmd::line).collect();
         assert!(on.iter().any(|l| l.contains("masquerade")));
+        let router: Vec<String> = lab.kernel_router_plan(true).iter().map(Cmd::line).collect();
+        assert!(router.iter().any(|l| l.ends_with("net.ipv4.ip_forward=1")));
+        assert!(!router.iter().any(|l| l.contains("nft")));
     }
 
     fn lines(plan: &[Cmd]) -> Vec<String> {
