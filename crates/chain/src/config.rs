@@ -130,6 +130,31 @@ pub struct Config {
     /// `[fastpath]`: HyperSFC's table pipeline, run instead of `[[chain]]`
     /// ([`crate::pipeline`]).
     pub fastpath: Option<flowstate_fastpath::config::FastpathConfig>,
+    /// `[telemetry]`: where a long-running process serves its metrics.
+    pub telemetry: TelemetrySection,
+}
+
+/// `[telemetry]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TelemetrySection {
+    /// `listen`: the address of the metrics and JSON API listener (`None`: no listener).
+    /// `"HOST:PORT"` as given, or a bare port (`"9464"`), which means loopback.
+    pub listen: Option<std::net::SocketAddr>,
+}
+
+/// A listener address: `HOST:PORT`, or a bare port (`9464`, `:9464`) meaning loopback.
+pub fn parse_listen(s: &str) -> Result<std::net::SocketAddr, String> {
+    let t = s.trim();
+    if let Ok(a) = t.parse::<std::net::SocketAddr>() {
+        return Ok(a);
+    }
+    let port = t.strip_prefix(':').unwrap_or(t);
+    let port = port.strip_prefix("localhost:").unwrap_or(port);
+    port.parse::<u16>()
+        .map(|p| std::net::SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), p))
+        .map_err(|_| {
+            format!("expected an address and port (\"127.0.0.1:9464\") or a port (9464), got {s:?}")
+        })
 }
 
 /// `[input]`.
@@ -363,6 +388,13 @@ struct RawConfig {
     chain: Option<Vec<toml::Table>>,
     cluster: Option<toml::Table>,
     fastpath: Option<toml::Value>,
+    telemetry: Option<RawTelemetry>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTelemetry {
+    listen: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -707,6 +739,14 @@ impl Config {
             }
         };
 
+        // [telemetry]
+        let mut telemetry = TelemetrySection::default();
+        if let Some(t) = raw.telemetry {
+            if let Some(l) = t.listen {
+                telemetry.listen = Some(parse_listen(&l).map_err(|r| err("telemetry.listen", r))?);
+            }
+        }
+
         Ok(Config {
             file: file.to_owned(),
             input,
@@ -717,6 +757,7 @@ impl Config {
             chain,
             cluster: raw.cluster,
             fastpath,
+            telemetry,
         })
     }
 
@@ -1186,6 +1227,32 @@ mod tests {
             e.key == "fastpath.table[0]" && e.reason.contains("kind2"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn telemetry_listen_is_an_address_or_a_loopback_port() {
+        let input = "[input]\nsynthetic = { profile = \"mixed\", flows = 10 }\n";
+        let c = Config::parse(input, "f.toml").unwrap();
+        assert_eq!(c.telemetry.listen, None);
+        let c = Config::parse(
+            &format!("{input}[telemetry]\nlisten = \"9464\"\n"),
+            "f.toml",
+        )
+        .unwrap();
+        assert_eq!(c.telemetry.listen, Some("127.0.0.1:9464".parse().unwrap()));
+        let c = Config::parse(
+            &format!("{input}[telemetry]\nlisten = \"0.0.0.0:9100\"\n"),
+            "f.toml",
+        )
+        .unwrap();
+        assert_eq!(c.telemetry.listen, Some("0.0.0.0:9100".parse().unwrap()));
+        for bad in ["\"nowhere\"", "\"1.2.3.4\"", "9464"] {
+            let e = Config::parse(&format!("{input}[telemetry]\nlisten = {bad}\n"), "f.toml")
+                .unwrap_err();
+            assert_eq!(e.key, "telemetry.listen", "{bad}: {e}");
+        }
+        let e = Config::parse(&format!("{input}[telemetry]\nport = 1\n"), "f.toml").unwrap_err();
+        assert!(e.to_string().contains("port"), "{e}");
     }
 
     #[test]

@@ -68,6 +68,7 @@ pub mod config;
 pub mod live;
 #[cfg(target_os = "linux")]
 pub mod live_pipeline;
+pub mod observe;
 pub mod owners;
 pub mod pipeline;
 pub mod reflect;
@@ -134,8 +135,22 @@ pub fn run_config(
     connector: std::sync::Arc<dyn Connector>,
     progress: Option<Progress<'_>>,
 ) -> Result<Summary, Error> {
+    run_config_observed(config, connector, progress, None)
+}
+
+/// [`run_config`], publishing the run's counters to `observer` as it goes
+/// ([`observe`]): what `flowstate run --metrics` exports.
+pub fn run_config_observed(
+    config: &Config,
+    connector: std::sync::Arc<dyn Connector>,
+    progress: Option<Progress<'_>>,
+    observer: Option<std::sync::Arc<observe::Observer>>,
+) -> Result<Summary, Error> {
     let factories: Vec<std::sync::Arc<dyn NfFactory>> = config.factories()?;
-    let runtime = Runtime::new(RuntimeOptions::from_config(config), factories, connector);
+    let mut runtime = Runtime::new(RuntimeOptions::from_config(config), factories, connector);
+    if let Some(o) = observer {
+        runtime = runtime.with_observer(o);
+    }
 
     #[cfg(target_os = "linux")]
     if let (config::Input::Interface(inside), config::Output::Interface(outside)) =

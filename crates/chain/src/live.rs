@@ -164,6 +164,11 @@ pub struct BoxStats {
     pub fast_path_bytes: AtomicU64,
     /// Fast-path entries that could not be written (the flows stayed on the slow path).
     pub fast_path_errors: AtomicU64,
+    /// IPv4 frames for the box received, per port (inside, outside); added once per batch.
+    pub rx_packets: [AtomicU64; 2],
+    /// Frames the devices took to send, per port (forwarded packets and the box's ARP
+    /// requests); added once per batch.
+    pub tx_packets: [AtomicU64; 2],
 }
 
 impl BoxStats {
@@ -180,6 +185,10 @@ impl BoxStats {
             ("fast_path_packets", l(&self.fast_path_packets)),
             ("fast_path_bytes", l(&self.fast_path_bytes)),
             ("fast_path_errors", l(&self.fast_path_errors)),
+            ("inside_rx_packets", l(&self.rx_packets[0])),
+            ("outside_rx_packets", l(&self.rx_packets[1])),
+            ("inside_tx_packets", l(&self.tx_packets[0])),
+            ("outside_tx_packets", l(&self.tx_packets[1])),
         ]
     }
 }
@@ -424,7 +433,10 @@ impl<P: Port> LiveSource<P> {
                 stats.not_for_us.fetch_add(1, Ordering::Relaxed);
                 false
             };
-            self.ports[p].recv_ready(batch, p as u16, &mut keep)?;
+            let got = self.ports[p].recv_ready(batch, p as u16, &mut keep)?;
+            if got > 0 {
+                self.shared.stats.rx_packets[p].fetch_add(got as u64, Ordering::Relaxed);
+            }
             if !self.arp_out[p].is_empty() {
                 let (ports, arp_out) = (&mut self.ports, &mut self.arp_out);
                 {
@@ -570,6 +582,7 @@ impl<P: Port> LiveSink<P> {
             let mut frames = self.out[p].iter().map(|(d, _)| d);
             self.ports[p].send(&mut frames)?
         };
+        self.shared.stats.tx_packets[p].fetch_add(sent as u64, Ordering::Relaxed);
         if sent < n {
             self.shared
                 .stats
@@ -944,6 +957,12 @@ fn run_ports<R: Port, T: Port>(
         2 * config.runtime.batch,
         config.runtime.max_frame,
     );
+    if let Some(o) = runtime.observer() {
+        o.set_live(
+            Arc::clone(&shared),
+            fast.as_ref().map(|(f, _)| Arc::clone(f)),
+        );
+    }
     let rtc = runtime.options().workers <= 1;
     tracing::info!(
         inside = %inside.interface,

@@ -32,9 +32,11 @@
 //! run-to-completion mode (the kernel's sending work runs in the worker's calls); otherwise
 //! pinning would make workers and those threads fight over cores, and the OS places them.
 
+use crate::observe::{BatchTimes, Observer, Published, RunView, PUBLISH_EVERY};
 use crate::reflect::reflect;
 use crate::steer::{IpPrefix, Steering};
 use crate::summary::{NfSummary, Summary, WorkerSummary};
+use arc_swap::ArcSwapOption;
 use flowstate_io::{PacketBatch, Sink, Source};
 use flowstate_nf::{
     BuildError, Context, Direction, NetworkFunction, NfFactory, Packet, Verdict, WorkerInfo,
@@ -175,6 +177,7 @@ pub struct Runtime {
     options: RuntimeOptions,
     chain: Vec<Arc<dyn NfFactory>>,
     connector: Arc<dyn Connector>,
+    observer: Option<Arc<Observer>>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -254,7 +257,19 @@ impl Runtime {
             options,
             chain,
             connector,
+            observer: None,
         }
+    }
+
+    /// Publishes the workers' counters to `observer` while running ([`crate::observe`]).
+    pub fn with_observer(mut self, observer: Arc<Observer>) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
+    /// The observer, if one was given.
+    pub fn observer(&self) -> Option<&Arc<Observer>> {
+        self.observer.as_ref()
     }
 
     /// The settings.
@@ -341,6 +356,19 @@ impl Runtime {
         // hosts' processes, and the scheduler must stay free to move it off a busy core.
         let pin = !own_output && pin_workers(n, dispatching, sink.is_some(), cores.len());
         let cores = &cores;
+        let view = self.observer.as_ref().map(|obs| {
+            let view = Arc::new(RunView {
+                start: Instant::now(),
+                workers: n,
+                backend: self.connector.name().to_owned(),
+                chain: self.chain.iter().map(|f| f.name().to_owned()).collect(),
+                slots: (0..n).map(|_| ArcSwapOption::empty()).collect(),
+                dispatched: ArcSwapOption::empty(),
+            });
+            obs.begin(Arc::clone(&view));
+            view
+        });
+        let view = view.as_deref();
         tracing::info!(
             workers = n,
             batch,
@@ -430,8 +458,10 @@ impl Runtime {
                         if let Some(nice) = o.nice {
                             set_nice(nice, w);
                         }
+                        let slot = view.and_then(|v| v.slots.get(w));
                         let r = self.worker(
                             w, n, ready, go_rx, feed, recycle, make, own_output, steering, abort,
+                            slot,
                         );
                         if matches!(&r, Err(e) if !matches!(e, RunError::Stopped)) {
                             abort.store(true, Ordering::SeqCst);
@@ -480,6 +510,7 @@ impl Runtime {
                     abort,
                     o,
                     &mut dispatched,
+                    view.map(|v| &v.dispatched),
                 );
                 if let Err(e) = r {
                     abort.store(true, Ordering::SeqCst);
@@ -517,6 +548,9 @@ impl Runtime {
                 let first = errors.iter().position(|e| !matches!(e, RunError::Stopped));
                 return Err(errors.swap_remove(first.unwrap_or(0)));
             }
+            if let Some(v) = view {
+                v.dispatched.store(Some(Arc::new(dispatched.clone())));
+            }
             Ok(self.summarize(dispatched, reports, wall))
         })
     }
@@ -535,6 +569,7 @@ impl Runtime {
         own_output: bool,
         steering: &Steering,
         abort: &AtomicBool,
+        publish: Option<&ArcSwapOption<Published>>,
     ) -> Result<WorkerReport, RunError>
     where
         S: Source + WorkerSink,
@@ -610,6 +645,11 @@ impl Runtime {
             out: 0,
             busy: Duration::ZERO,
         };
+        let mut batches = BatchTimes {
+            worker: index,
+            ..BatchTimes::default()
+        };
+        let mut next_publish = Instant::now();
         loop {
             let mut work = match &feed {
                 Feed::Queue(rx) => match rx.recv() {
@@ -652,7 +692,19 @@ impl Runtime {
             }
             let t0 = Instant::now();
             w.process(&mut work);
-            w.busy += t0.elapsed();
+            let t1 = Instant::now();
+            let took = t1.saturating_duration_since(t0);
+            w.busy += took;
+            if let Some(slot) = publish {
+                batches.record(took);
+                if t1 >= next_publish {
+                    next_publish = t1 + PUBLISH_EVERY;
+                    slot.store(Some(Arc::new(Published {
+                        report: w.report_now(),
+                        batches: batches.clone(),
+                    })));
+                }
+            }
             if own_output {
                 if let Some(out) = source.as_mut() {
                     forward_batch(&work, out).map_err(RunError::Output)?;
@@ -681,79 +733,104 @@ impl Runtime {
             busy_s = w.busy.as_secs_f64(),
             "worker done"
         );
+        if let Some(slot) = publish {
+            slot.store(Some(Arc::new(Published {
+                report: w.report_now(),
+                batches,
+            })));
+        }
         Ok(w.report())
     }
 
     fn summarize(&self, dispatched: Counts, reports: Vec<WorkerReport>, wall: Duration) -> Summary {
-        let mut s = Summary {
-            workers: self.options.workers.max(1),
-            backend: self.connector.name().to_owned(),
-            wall_s: wall.as_secs_f64(),
-            ..Summary::default()
-        };
-        let mut counts = dispatched;
-        s.nfs = self
-            .chain
-            .iter()
-            .map(|f| NfSummary {
-                name: f.name().to_owned(),
-                ..NfSummary::default()
-            })
-            .collect();
-        for r in reports {
-            counts.merge(&r.counts);
-            s.reflected += r.reflected;
-            s.packets_out += r.out;
-            for (i, c) in r.counters.iter().enumerate() {
-                let Some(nf) = s.nfs.get_mut(i) else { continue };
-                nf.packets_in += c.packets_in;
-                nf.forwarded += c.forwarded;
-                for &(reason, k) in &c.dropped {
-                    *nf.dropped.entry(reason.to_owned()).or_default() += k;
-                }
-            }
-            for (i, rep) in r.reports.iter().enumerate() {
-                let Some(nf) = s.nfs.get_mut(i) else { continue };
-                for &(k, v) in rep {
-                    *nf.report.entry(k.to_owned()).or_default() += v;
-                }
-            }
-            s.per_worker.push(WorkerSummary {
-                index: r.index,
-                packets: r.packets,
-                reflected: r.reflected,
-                packets_out: r.out,
-                busy_s: r.busy.as_secs_f64(),
-                state_flushes: r.state_flushes,
-                state_errors: r.state_errors,
-                state_lost_ops: r.state_lost_ops,
-            });
-        }
-        for nf in &s.nfs {
-            for (reason, k) in &nf.dropped {
-                // NFs name themselves in their reasons ("nat: no mapping"); others get a prefix.
-                let key = match reason.strip_prefix(nf.name.as_str()) {
-                    Some(rest) if rest.starts_with(": ") => reason.to_string(),
-                    _ => format!("{}: {reason}", nf.name),
-                };
-                *s.dropped.entry(key).or_default() += k;
-            }
-        }
-        s.packets_in = counts.packets_in;
-        s.skipped = counts.skipped;
-        s.malformed = counts
-            .malformed
-            .iter()
-            .map(|(e, k)| (e.to_string(), *k))
-            .collect::<BTreeMap<_, _>>();
-        s.dropped_total = s.nf_dropped() + s.malformed_total();
-        s.mpps = if s.wall_s > 0.0 {
-            s.packets_in as f64 / s.wall_s / 1e6
-        } else {
-            0.0
-        };
-        s
+        let chain: Vec<String> = self.chain.iter().map(|f| f.name().to_owned()).collect();
+        summarize(
+            self.options.workers.max(1),
+            self.connector.name(),
+            &chain,
+            dispatched,
+            reports,
+            wall,
+        )
     }
+}
+
+/// The summary of the workers' `reports` and the dispatcher's counts.
+pub(crate) fn summarize(
+    workers: usize,
+    backend: &str,
+    chain: &[String],
+    dispatched: Counts,
+    reports: Vec<WorkerReport>,
+    wall: Duration,
+) -> Summary {
+    let mut s = Summary {
+        workers,
+        backend: backend.to_owned(),
+        wall_s: wall.as_secs_f64(),
+        ..Summary::default()
+    };
+    let mut counts = dispatched;
+    s.nfs = chain
+        .iter()
+        .map(|name| NfSummary {
+            name: name.clone(),
+            ..NfSummary::default()
+        })
+        .collect();
+    for r in reports {
+        counts.merge(&r.counts);
+        s.reflected += r.reflected;
+        s.packets_out += r.out;
+        for (i, c) in r.counters.iter().enumerate() {
+            let Some(nf) = s.nfs.get_mut(i) else { continue };
+            nf.packets_in += c.packets_in;
+            nf.forwarded += c.forwarded;
+            for &(reason, k) in &c.dropped {
+                *nf.dropped.entry(reason.to_owned()).or_default() += k;
+            }
+        }
+        for (i, rep) in r.reports.iter().enumerate() {
+            let Some(nf) = s.nfs.get_mut(i) else { continue };
+            for &(k, v) in rep {
+                *nf.report.entry(k.to_owned()).or_default() += v;
+            }
+        }
+        s.per_worker.push(WorkerSummary {
+            index: r.index,
+            packets: r.packets,
+            reflected: r.reflected,
+            packets_out: r.out,
+            busy_s: r.busy.as_secs_f64(),
+            state_flushes: r.state_flushes,
+            state_errors: r.state_errors,
+            state_lost_ops: r.state_lost_ops,
+        });
+    }
+    for nf in &s.nfs {
+        for (reason, k) in &nf.dropped {
+            // NFs name themselves in their reasons ("nat: no mapping"); others get a prefix.
+            let key = match reason.strip_prefix(nf.name.as_str()) {
+                Some(rest) if rest.starts_with(": ") => reason.to_string(),
+                _ => format!("{}: {reason}", nf.name),
+            };
+            *s.dropped.entry(key).or_default() += k;
+        }
+    }
+    s.packets_in = counts.packets_in;
+    s.skipped = counts.skipped;
+    s.malformed = counts
+        .malformed
+        .iter()
+        .map(|(e, k)| (e.to_string(), *k))
+        .collect::<BTreeMap<_, _>>();
+    s.dropped_total = s.nf_dropped() + s.malformed_total();
+    s.mpps = if s.wall_s > 0.0 {
+        s.packets_in as f64 / s.wall_s / 1e6
+    } else {
+        0.0
+    };
+    s
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -923,8 +1000,8 @@ fn recv_or_abort<T>(rx: &Receiver<T>, abort: &AtomicBool) -> Option<T> {
 // Counting
 
 /// Input-side counts (the dispatcher's, or a generating worker's).
-#[derive(Debug, Default)]
-struct Counts {
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Counts {
     packets_in: u64,
     skipped: u64,
     /// Malformed packets by error; few distinct errors, so a short list.
@@ -969,8 +1046,9 @@ impl NfCounters {
     }
 }
 
-/// What a worker hands back at the end.
-struct WorkerReport {
+/// What a worker hands back at the end (and publishes while running).
+#[derive(Debug, Clone)]
+pub(crate) struct WorkerReport {
     index: usize,
     counts: Counts,
     packets: u64,
@@ -1117,6 +1195,11 @@ impl Worker {
     }
 
     fn report(self) -> WorkerReport {
+        self.report_now()
+    }
+
+    /// The counters as they are now.
+    fn report_now(&self) -> WorkerReport {
         let stats = self.partition.stats();
         WorkerReport {
             index: self.index,
@@ -1125,8 +1208,8 @@ impl Worker {
             out: self.out,
             busy: self.busy,
             reports: self.nfs.iter().map(|nf| nf.report()).collect(),
-            counters: self.counters,
-            counts: self.counts,
+            counters: self.counters.clone(),
+            counts: self.counts.clone(),
             state_flushes: stats.flushes.load(Ordering::Relaxed),
             state_errors: stats.errors.load(Ordering::Relaxed),
             state_lost_ops: stats.lost_ops.load(Ordering::Relaxed),
@@ -1138,6 +1221,7 @@ impl Worker {
 // Dispatcher and output
 
 /// Reads the source, dissects, classifies and steers each packet into its worker's batch.
+#[allow(clippy::too_many_arguments)]
 fn dispatch(
     source: &mut dyn Source,
     steering: &Steering,
@@ -1146,14 +1230,23 @@ fn dispatch(
     abort: &AtomicBool,
     o: &RuntimeOptions,
     counts: &mut Counts,
+    publish: Option<&ArcSwapOption<Counts>>,
 ) -> Result<(), RunError> {
     let mut input = PacketBatch::new(o.batch.max(1), o.max_frame);
+    let mut next_publish = Instant::now();
     let mut pending: Vec<Option<WorkBatch>> = (0..in_txs.len()).map(|_| None).collect();
     loop {
         if abort.load(Ordering::Relaxed) {
             return Err(RunError::Stopped);
         }
         let got = source.recv(&mut input).map_err(RunError::Input)?;
+        if let Some(slot) = publish {
+            let now = Instant::now();
+            if now >= next_publish {
+                next_publish = now + PUBLISH_EVERY;
+                slot.store(Some(Arc::new(counts.clone())));
+            }
+        }
         if got == 0 {
             let Some(now) = source.idle_now() else { break };
             // Idle (a live port): an empty batch to every worker, so its NFs' timers run.

@@ -9,6 +9,7 @@ mod lab;
 mod report;
 mod run;
 mod store;
+mod telemetry;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};

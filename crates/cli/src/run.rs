@@ -4,7 +4,7 @@
 use anyhow::{bail, Result};
 use clap::Args;
 use flowstate_chain::config::{Input, Output, MAX_WORKERS};
-use flowstate_chain::{run_config, Config};
+use flowstate_chain::{run_config_observed, Config};
 use std::path::PathBuf;
 
 /// Options of `flowstate run`.
@@ -23,6 +23,12 @@ pub(crate) struct RunArgs {
     /// Suricata's `eve.json`.
     #[arg(long, value_name = "FILE")]
     pub(crate) eve: Option<PathBuf>,
+    /// Serve Prometheus metrics (`/metrics`) and the run's summary so far
+    /// (`/api/v1/summary`) on this address while running, overriding `[telemetry] listen`:
+    /// `HOST:PORT`, or a port alone for loopback (`--metrics 9464`). Example:
+    /// `flowstate run box.toml --metrics 127.0.0.1:9464`, then `curl -s 127.0.0.1:9464/metrics`.
+    #[arg(long, value_name = "ADDR", value_parser = flowstate_telemetry::parse_listen)]
+    pub(crate) metrics: Option<std::net::SocketAddr>,
 }
 
 /// Runs the configuration and prints the summary on stdout (text, or JSON with `--json`).
@@ -49,7 +55,14 @@ pub(crate) fn run(args: &RunArgs) -> Result<()> {
     let bar = crate::progress(total, "run");
     let progress = |n: u64| bar.inc(n);
     let connector = crate::backends::connector(&config)?;
+    let listen = args.metrics.or(config.telemetry.listen);
     if config.fastpath.is_some() {
+        if let Some(a) = listen {
+            tracing::warn!(
+                addr = %a,
+                "metrics are not exported for a [fastpath] table pipeline yet; no listener"
+            );
+        }
         #[cfg(target_os = "linux")]
         if let (Input::Interface(inside), Output::Interface(outside)) =
             (&config.input, &config.output)
@@ -72,7 +85,23 @@ pub(crate) fn run(args: &RunArgs) -> Result<()> {
         bar.finish_and_clear();
         return print_summary(&summary?, args.json);
     }
-    let summary = run_config(&config, connector, Some(&progress));
+    let (observer, server) = match listen {
+        Some(addr) => {
+            let observer = flowstate_chain::observe::Observer::new();
+            let provider = std::sync::Arc::new(crate::telemetry::ChainProvider(
+                std::sync::Arc::clone(&observer),
+            ));
+            (
+                Some(observer),
+                Some(crate::telemetry::serve(addr, provider)?),
+            )
+        }
+        None => (None, None),
+    };
+    let summary = run_config_observed(&config, connector, Some(&progress), observer);
+    if let Some(s) = server {
+        s.stop();
+    }
     bar.finish_and_clear();
     print_summary(&summary?, args.json)
 }

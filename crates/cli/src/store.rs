@@ -59,6 +59,11 @@ pub(crate) struct StoreArgs {
     /// fdatasync every log write (survive machine crashes, not only process crashes).
     #[arg(long)]
     sync: bool,
+    /// Serve Prometheus metrics (`/metrics`: operations by type, connections, objects, WAL
+    /// lag) and `/api/v1/stats` on this address: `HOST:PORT`, or a port alone for loopback.
+    /// Example: `flowstate store --metrics 127.0.0.1:9465`.
+    #[arg(long, value_name = "ADDR", value_parser = flowstate_telemetry::parse_listen)]
+    metrics: Option<SocketAddr>,
 }
 
 /// Requests to a running store.
@@ -127,6 +132,13 @@ fn serve(a: &StoreArgs) -> Result<()> {
         ..Config::default()
     };
     let server = Server::start(config).context("flowstate store")?;
+    let telemetry = match a.metrics {
+        Some(addr) => Some(crate::telemetry::serve(
+            addr,
+            std::sync::Arc::new(crate::telemetry::StoreProvider(server.counters())),
+        )?),
+        None => None,
+    };
     let mut out = std::io::stdout().lock();
     writeln!(out, "flowstate store: listening on {}", server.local_addr())?;
     out.flush()?;
@@ -134,6 +146,9 @@ fn serve(a: &StoreArgs) -> Result<()> {
     let stop = Stop::new();
     while !stop.stopped() {
         std::thread::sleep(Duration::from_millis(50));
+    }
+    if let Some(t) = telemetry {
+        t.stop();
     }
     server.stop();
     eprintln!("flowstate store: stopped");

@@ -278,6 +278,75 @@ fn resident_bytes() -> u64 {
         .map_or(0, |pages| pages * 4096)
 }
 
+/// A handle on a running store's counters ([`Server::counters`]).
+#[derive(Clone)]
+pub struct CountersHandle {
+    metrics: Arc<Metrics>,
+    shards: usize,
+}
+
+impl std::fmt::Debug for CountersHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CountersHandle").finish_non_exhaustive()
+    }
+}
+
+/// The store's counters at one moment ([`CountersHandle::read`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Counters {
+    /// Operations applied since the start, by type (every name of `OP_NAMES`).
+    pub ops: Vec<(&'static str, u64)>,
+    /// Open connections.
+    pub connections: u64,
+    /// Connections accepted since the start.
+    pub connections_total: u64,
+    /// Objects held.
+    pub objects: u64,
+    /// Log bytes a restart would replay.
+    pub wal_lag_bytes: u64,
+    /// Checkpoints written.
+    pub checkpoints: u64,
+    /// Error frames sent.
+    pub errors: u64,
+    /// Retransmitted batches not applied again.
+    pub duplicates: u64,
+    /// Notifications (callbacks) sent.
+    pub notifications: u64,
+    /// Shard threads.
+    pub shards: u64,
+    /// Resident memory, bytes.
+    pub memory_bytes: u64,
+    /// Seconds since the start.
+    pub uptime_s: f64,
+}
+
+impl CountersHandle {
+    /// The counters now.
+    pub fn read(&self) -> Counters {
+        let m = &self.metrics;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let sum = |a: &[AtomicU64]| a.iter().map(l).sum::<u64>();
+        Counters {
+            ops: OP_NAMES
+                .iter()
+                .zip(&m.ops)
+                .map(|(n, c)| (*n, l(c)))
+                .collect(),
+            connections: m.connections.load(Ordering::Relaxed) as u64,
+            connections_total: l(&m.connections_total),
+            objects: sum(&m.objects),
+            wal_lag_bytes: sum(&m.wal_bytes),
+            checkpoints: l(&m.checkpoints),
+            errors: l(&m.errors),
+            duplicates: l(&m.duplicates),
+            notifications: l(&m.notifications),
+            shards: self.shards as u64,
+            memory_bytes: resident_bytes(),
+            uptime_s: m.started.elapsed().as_secs_f64(),
+        }
+    }
+}
+
 /// A running store.
 pub struct Server {
     addr: SocketAddr,
@@ -422,6 +491,15 @@ impl Server {
     /// The statistics a `Stats` request answers.
     pub fn stats(&self) -> Vec<(String, u64)> {
         stats(&self.shared)
+    }
+
+    /// A handle on the server's counters for an exporter: it reads the counters the threads
+    /// keep (atomics) and nothing else, and stays usable after the server stopped.
+    pub fn counters(&self) -> CountersHandle {
+        CountersHandle {
+            metrics: Arc::clone(&self.shared.metrics),
+            shards: self.shared.shards.len(),
+        }
     }
 
     /// Serves until the process ends.

@@ -1,0 +1,380 @@
+//! `--metrics ADDR`: wires a role's published counters to `flowstate-telemetry`'s listener.
+//!
+//! The chain's runtime publishes its workers' counters to an [`Observer`] (no lock on the data
+//! path); the store keeps atomics. The providers here read those and name them the
+//! Prometheus way: `flowstate_<what>_<unit>`, counters ending in `_total`, labels for what
+//! varies (`nf`, `reason`, `port`, `direction`, `worker`, `op`).
+
+use anyhow::{Context, Result};
+use flowstate_chain::observe::{Observer, BATCH_BUCKETS};
+use flowstate_chain::Summary;
+use flowstate_telemetry::{Histogram, Metrics, Provider, Server};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// Starts the listener and says where it is on stderr.
+pub(crate) fn serve(addr: SocketAddr, provider: Arc<dyn Provider>) -> Result<Server> {
+    let server = Server::start(addr, provider)
+        .with_context(|| format!("--metrics {addr}: cannot listen"))?;
+    eprintln!(
+        "flowstate: metrics on http://{}/metrics",
+        server.local_addr()
+    );
+    Ok(server)
+}
+
+/// A chain run (a live box, or any `flowstate run`) seen through its observer.
+pub(crate) struct ChainProvider(pub(crate) Arc<Observer>);
+
+impl Provider for ChainProvider {
+    fn metrics(&self, m: &mut Metrics) {
+        m.gauge("up", "1 while the process serves its metrics.", &[], 1);
+        let Some(s) = self.0.summary() else {
+            return;
+        };
+        chain_metrics(&s, m);
+        for t in self.0.batch_times() {
+            let w = t.worker.to_string();
+            m.histogram(
+                "batch_duration_seconds",
+                "Time a worker took to run one batch through the chain (the data path's latency per batch).",
+                &[("worker", &w)],
+                Histogram::from_log2(&t.buckets[..BATCH_BUCKETS], 1e-6, t.sum_s),
+            );
+        }
+    }
+
+    fn api(&self, name: &str) -> Option<String> {
+        match name {
+            "summary" => {
+                let s = self.0.summary().unwrap_or_default();
+                serde_json::to_string_pretty(&s).ok()
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The metrics of a run's summary.
+pub(crate) fn chain_metrics(s: &Summary, m: &mut Metrics) {
+    let backend = s.backend.as_str();
+    let workers = s.workers.to_string();
+    m.gauge(
+        "run_info",
+        "The run's settings as labels; the value is 1.",
+        &[("backend", backend), ("workers", &workers)],
+        1,
+    );
+    m.counter_f64(
+        "run_seconds",
+        "Time since the workers started.",
+        &[],
+        s.wall_s,
+    );
+    m.counter(
+        "input_packets",
+        "Packets read from the input (malformed ones included).",
+        &[],
+        s.packets_in,
+    );
+    m.counter(
+        "output_packets",
+        "Packets the chain forwarded to the output (reflected replies included).",
+        &[],
+        s.packets_out,
+    );
+    m.counter(
+        "reflected_packets",
+        "Replies the reflect stage built and sent through the chain.",
+        &[],
+        s.reflected,
+    );
+    m.counter(
+        "skipped_packets",
+        "Inbound input packets skipped by [input] outbound_only.",
+        &[],
+        s.skipped,
+    );
+    for (reason, n) in &s.malformed {
+        m.counter(
+            "malformed_packets",
+            "Packets dropped before the chain because they could not be parsed, by reason.",
+            &[("reason", reason)],
+            *n,
+        );
+    }
+    for nf in &s.nfs {
+        let name = nf.name.as_str();
+        m.counter(
+            "nf_packets",
+            "Packets an NF processed.",
+            &[("nf", name)],
+            nf.packets_in,
+        );
+        m.counter(
+            "nf_forwarded_packets",
+            "Packets an NF forwarded.",
+            &[("nf", name)],
+            nf.forwarded,
+        );
+        for (reason, n) in &nf.dropped {
+            let reason = reason
+                .strip_prefix(name)
+                .and_then(|r| r.strip_prefix(": "))
+                .unwrap_or(reason);
+            m.counter(
+                "drops",
+                "Packets an NF dropped, by reason.",
+                &[("nf", name), ("reason", reason)],
+                *n,
+            );
+        }
+        for (key, v) in &nf.report {
+            // An NF's own report: its tables' fill (sessions, connections, flows, pool ports
+            // free) and its counters, summed over workers. NFs do not declare which entries
+            // are counters, so all are gauges (-1: the NF could not read it from its state).
+            m.gauge(
+                &format!("nf_{key}"),
+                "An NF's own report entry, summed over workers (see the NF's documentation).",
+                &[("nf", name)],
+                *v,
+            );
+        }
+    }
+    for w in &s.per_worker {
+        let i = w.index.to_string();
+        let l: &[(&str, &str)] = &[("worker", &i)];
+        m.counter(
+            "worker_packets",
+            "Input packets a worker processed.",
+            l,
+            w.packets,
+        );
+        m.counter(
+            "worker_output_packets",
+            "Packets a worker forwarded.",
+            l,
+            w.packets_out,
+        );
+        m.counter_f64(
+            "worker_busy_seconds",
+            "Time a worker spent processing batches.",
+            l,
+            w.busy_s,
+        );
+        m.counter(
+            "state_flushes",
+            "Flush batches a worker's state partition handed to the store.",
+            l,
+            w.state_flushes,
+        );
+        m.counter(
+            "state_flush_errors",
+            "Store calls of a worker's state partition that failed (failed flushes are sent again).",
+            l,
+            w.state_errors,
+        );
+        m.counter(
+            "state_lost_ops",
+            "State operations given up after more failed flushes than [state] retain_ops.",
+            l,
+            w.state_lost_ops,
+        );
+    }
+    for (key, v) in &s.live_box {
+        live_box_metric(key, *v, m);
+    }
+}
+
+/// One of a live box's own counters.
+fn live_box_metric(key: &str, v: u64, m: &mut Metrics) {
+    for port in ["inside", "outside"] {
+        for direction in ["rx", "tx"] {
+            if key == format!("{port}_{direction}_packets") {
+                m.counter(
+                    "packets",
+                    "Frames a live box's port received (IPv4 for the box) or sent.",
+                    &[("port", port), ("direction", direction)],
+                    v,
+                );
+                return;
+            }
+        }
+    }
+    match key {
+        "fast_path_packets" => m.counter(
+            "fast_path_packets",
+            "Packets the XDP fast path forwarded without the chain.",
+            &[],
+            v,
+        ),
+        "fast_path_bytes" => m.counter(
+            "fast_path_bytes",
+            "Bytes the XDP fast path forwarded without the chain.",
+            &[],
+            v,
+        ),
+        "fast_path_errors" => m.counter(
+            "fast_path_errors",
+            "Fast-path entries that could not be written.",
+            &[],
+            v,
+        ),
+        _ => m.counter(
+            &format!("box_{key}"),
+            "A live box's own counter (ARP, neighbours, frames not for the box, send drops).",
+            &[],
+            v,
+        ),
+    }
+}
+
+/// `flowstate store` seen through its counters.
+pub(crate) struct StoreProvider(pub(crate) flowstate_store::CountersHandle);
+
+impl Provider for StoreProvider {
+    fn metrics(&self, m: &mut Metrics) {
+        m.gauge("up", "1 while the process serves its metrics.", &[], 1);
+        let c = self.0.read();
+        for (op, n) in &c.ops {
+            m.counter(
+                "store_operations",
+                "Operations the store applied, by type.",
+                &[("op", op)],
+                *n,
+            );
+        }
+        m.gauge(
+            "store_connections",
+            "Open client connections.",
+            &[],
+            c.connections as i64,
+        );
+        m.counter(
+            "store_connections_accepted",
+            "Client connections accepted since the start.",
+            &[],
+            c.connections_total,
+        );
+        m.gauge(
+            "store_objects",
+            "Objects the store holds.",
+            &[],
+            c.objects as i64,
+        );
+        m.gauge(
+            "store_wal_lag_bytes",
+            "Write-ahead log bytes a restart would replay.",
+            &[],
+            c.wal_lag_bytes as i64,
+        );
+        m.counter(
+            "store_checkpoints",
+            "Checkpoints written.",
+            &[],
+            c.checkpoints,
+        );
+        m.counter(
+            "store_errors",
+            "Error frames sent to clients.",
+            &[],
+            c.errors,
+        );
+        m.counter(
+            "store_duplicates",
+            "Retransmitted batches recognised and not applied again.",
+            &[],
+            c.duplicates,
+        );
+        m.counter(
+            "store_notifications",
+            "Notifications (callbacks) sent to clients.",
+            &[],
+            c.notifications,
+        );
+        m.gauge("store_shards", "Shard threads.", &[], c.shards as i64);
+        m.gauge(
+            "process_resident_memory_bytes",
+            "Resident memory of the process.",
+            &[],
+            c.memory_bytes as i64,
+        );
+        m.counter_f64(
+            "uptime_seconds",
+            "Seconds since the start.",
+            &[],
+            c.uptime_s,
+        );
+    }
+
+    fn api(&self, name: &str) -> Option<String> {
+        if name != "summary" && name != "stats" {
+            return None;
+        }
+        let c = self.0.read();
+        let ops: serde_json::Map<String, serde_json::Value> = c
+            .ops
+            .iter()
+            .map(|(n, v)| ((*n).to_owned(), (*v).into()))
+            .collect();
+        let v = serde_json::json!({
+            "ops": ops,
+            "connections": c.connections,
+            "connections_total": c.connections_total,
+            "objects": c.objects,
+            "wal_lag_bytes": c.wal_lag_bytes,
+            "checkpoints": c.checkpoints,
+            "errors": c.errors,
+            "duplicates": c.duplicates,
+            "notifications": c.notifications,
+            "shards": c.shards,
+            "memory_bytes": c.memory_bytes,
+            "uptime_s": c.uptime_s,
+        });
+        serde_json::to_string_pretty(&v).ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_summary_becomes_labelled_metrics() {
+        let s: Summary = Summary {
+            packets_in: 10,
+            packets_out: 8,
+            dropped_total: 2,
+            dropped: [("firewall: not allowed".to_owned(), 2)].into(),
+            workers: 1,
+            backend: "local".into(),
+            nfs: vec![flowstate_chain::NfSummary {
+                name: "firewall".into(),
+                packets_in: 10,
+                forwarded: 8,
+                dropped: [("firewall: not allowed".to_owned(), 2)].into(),
+                report: [("connections".to_owned(), 3)].into(),
+            }],
+            live_box: [
+                ("inside_rx_packets".to_owned(), 6),
+                ("arp_answered".to_owned(), 1),
+            ]
+            .into(),
+            ..Summary::default()
+        };
+        let mut m = Metrics::new();
+        chain_metrics(&s, &mut m);
+        let t = m.encode();
+        for line in [
+            "flowstate_input_packets_total 10\n",
+            "flowstate_output_packets_total 8\n",
+            "flowstate_nf_packets_total{nf=\"firewall\"} 10\n",
+            "flowstate_drops_total{nf=\"firewall\",reason=\"not allowed\"} 2\n",
+            "flowstate_nf_connections{nf=\"firewall\"} 3\n",
+            "flowstate_packets_total{port=\"inside\",direction=\"rx\"} 6\n",
+            "flowstate_box_arp_answered_total 1\n",
+        ] {
+            assert!(t.contains(line), "{line} in\n{t}");
+        }
+    }
+}
