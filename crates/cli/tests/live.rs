@@ -41,12 +41,18 @@ impl Live {
     /// Starts `flowstate run` with `config` in the box's namespace and waits until the client
     /// reaches `probe` through it.
     fn start_box(&mut self, config: &str, probe: std::net::Ipv4Addr) {
+        self.start_box_with(config, probe, &[]);
+    }
+
+    /// [`Live::start_box`] with more arguments for `flowstate run`.
+    fn start_box_with(&mut self, config: &str, probe: std::net::Ipv4Addr, args: &[&str]) {
         let path = self.dir.path().join("box.toml");
         std::fs::write(&path, config).unwrap();
         let child = Command::new("ip")
             .args(["netns", "exec", &self.lab.nf_ns()])
             .arg(env!("CARGO_BIN_EXE_flowstate"))
             .args(["run", "--json"])
+            .args(args)
             .arg(&path)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -813,4 +819,167 @@ fn a_table_pipeline_in_xdp_filters_and_rewrites_real_tcp() {
     // The recirculation pair went with the box.
     let o = live.run_in(&live.lab.nf_ns(), &["ip", "link", "show", "fs-rc"]);
     assert!(!o.status.success(), "fs-rc left behind");
+}
+
+/// The samples of an OpenMetrics/Prometheus text page: `name{labels}` → value.
+fn parse_exposition(page: &str) -> std::collections::BTreeMap<String, f64> {
+    page.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            Some((series.to_owned(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+#[test]
+fn a_live_nat_box_is_scraped_mid_run_and_agrees_with_its_summary() {
+    if !is_root() {
+        eprintln!("skipped: live tests need root");
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut live = Live::up("m");
+    let files = publish(&live.lab);
+    let metrics = "127.0.0.1:9464";
+    live.start_box_with(&config(&nat_chain()), SERVER, &["--metrics", metrics]);
+    let nf_ns = live.lab.nf_ns();
+    let scrape = |what: &str| -> String {
+        let o = live.run_in(
+            &nf_ns,
+            &[
+                "curl",
+                "-sSf",
+                "-m",
+                "5",
+                &format!("http://{metrics}{what}"),
+            ],
+        );
+        assert!(
+            o.status.success(),
+            "curl {what}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8(o.stdout).unwrap()
+    };
+
+    // A slow download (rate-limited) runs while the box is scraped.
+    let (name, data) = files.last().unwrap();
+    let to = live.dir.path().join("slow");
+    let download = Command::new("ip")
+        .args(["netns", "exec", &live.lab.client_ns()])
+        .args(["curl", "-sSf", "-m", "60", "--limit-rate", "400k", "-o"])
+        .arg(&to)
+        .arg(format!("http://{SERVER}:{HTTP_PORT}/{name}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let nat_in = "flowstate_nf_packets_total{nf=\"nat\"}";
+    let inside_rx = "flowstate_packets_total{port=\"inside\",direction=\"rx\"}";
+    let mut first = None;
+    for _ in 0..100 {
+        let page = scrape("/metrics");
+        assert!(page.ends_with("# EOF\n"), "{page}");
+        let m = parse_exposition(&page);
+        if m.get(nat_in).copied().unwrap_or(0.0) > 0.0 {
+            first = Some(m);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let first = first.expect("the NAT's packets show in /metrics while the download runs");
+    let mid_summary: serde_json::Value =
+        serde_json::from_str(&scrape("/api/v1/summary")).expect("/api/v1/summary is JSON");
+    assert!(
+        mid_summary["packets_in"].as_u64().is_some(),
+        "{mid_summary}"
+    );
+    assert_eq!(scrape("/healthz"), "ok\n");
+
+    let out = download.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "download: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        std::fs::read(&to).unwrap() == *data,
+        "the download is whole"
+    );
+    let second = parse_exposition(&scrape("/metrics"));
+    for series in [nat_in, "flowstate_input_packets_total", inside_rx] {
+        assert!(
+            second[series] >= first[series],
+            "{series}: counters only grow ({} then {})",
+            first[series],
+            second[series]
+        );
+    }
+    let s = live.stop_box();
+
+    // Everything scraped was counted, and at most what the final summary counts.
+    let nf = |name: &str| {
+        s["nfs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["name"] == name)
+            .unwrap_or_else(|| panic!("{name} in {s}"))
+            .clone()
+    };
+    let checks = [
+        (
+            "flowstate_input_packets_total".to_owned(),
+            s["packets_in"].as_u64(),
+        ),
+        (
+            "flowstate_output_packets_total".to_owned(),
+            s["packets_out"].as_u64(),
+        ),
+        (nat_in.to_owned(), nf("nat")["packets_in"].as_u64()),
+        (
+            "flowstate_nf_packets_total{nf=\"firewall\"}".to_owned(),
+            nf("firewall")["packets_in"].as_u64(),
+        ),
+        (
+            "flowstate_nf_forwarded_packets_total{nf=\"nat\"}".to_owned(),
+            nf("nat")["forwarded"].as_u64(),
+        ),
+        (
+            inside_rx.to_owned(),
+            s["live_box"]["inside_rx_packets"].as_u64(),
+        ),
+        (
+            "flowstate_packets_total{port=\"outside\",direction=\"tx\"}".to_owned(),
+            s["live_box"]["outside_tx_packets"].as_u64(),
+        ),
+        (
+            "flowstate_nf_translations{nf=\"nat\"}".to_owned(),
+            nf("nat")["report"]["translations"]
+                .as_i64()
+                .map(|v| v as u64),
+        ),
+    ];
+    for (series, last) in checks {
+        let last = last.unwrap_or_else(|| panic!("{series}: in the summary {s}")) as f64;
+        for (when, m) in [("mid-run", &first), ("after the download", &second)] {
+            let v = *m
+                .get(&series)
+                .unwrap_or_else(|| panic!("{series} scraped {when}: {m:?}"));
+            assert!(v > 0.0, "{series} {when}: {v}");
+            assert!(v <= last, "{series} {when}: {v} > final {last}");
+        }
+    }
+    assert!(
+        mid_summary["packets_in"].as_u64() <= s["packets_in"].as_u64(),
+        "{mid_summary}"
+    );
+    assert!(
+        first.contains_key("flowstate_state_flushes_total{worker=\"0\"}"),
+        "{first:?}"
+    );
+    assert!(first
+        .keys()
+        .any(|k| k.starts_with("flowstate_batch_duration_seconds_bucket")));
 }

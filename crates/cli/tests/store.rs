@@ -414,3 +414,80 @@ fn stats_show_the_work_and_sigterm_stops_cleanly() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(&dead), "{err}");
 }
+
+/// A port that was free a moment ago on loopback.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `curl -s` of a URL; its body.
+fn curl(url: &str) -> String {
+    let out = Command::new("curl")
+        .args(["-sSf", "-m", "5", url])
+        .output()
+        .expect("curl runs");
+    assert!(
+        out.status.success(),
+        "curl {url}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// `flowstate store --metrics`: after a NAT run on the store, `/metrics` (scraped with curl)
+/// shows the operations by type, the objects and the connections, never more than the
+/// store's own statistics read after it, and `/api/v1/stats` is JSON.
+#[test]
+fn store_metrics_show_operations_by_type() {
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let server = StoreProcess::start(&["--metrics", &metrics]);
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(root().join("examples/nat-store.toml"))
+        .unwrap()
+        .replace("127.0.0.1:7878", &server.addr);
+    let cfg = dir.path().join("nat.toml");
+    std::fs::write(&cfg, text).unwrap();
+    assert!(run(&cfg)["packets_out"].as_u64().unwrap() > 0);
+
+    let page = curl(&format!("http://{metrics}/metrics"));
+    assert!(page.ends_with("# EOF\n"), "{page}");
+    let mut ops = std::collections::BTreeMap::new();
+    let mut values = std::collections::BTreeMap::new();
+    for line in page.lines().filter(|l| !l.starts_with('#')) {
+        let (series, v) = line.rsplit_once(' ').unwrap();
+        let v: f64 = v.parse().unwrap();
+        if let Some(op) = series
+            .strip_prefix("flowstate_store_operations_total{op=\"")
+            .and_then(|r| r.strip_suffix("\"}"))
+        {
+            ops.insert(op.to_owned(), v as u64);
+        }
+        values.insert(series.to_owned(), v);
+    }
+    let s = stats_json(&server.addr);
+    assert!(ops.values().sum::<u64>() > 0, "{page}");
+    for (op, n) in &ops {
+        let total = s[format!("ops_{op}")]
+            .as_u64()
+            .unwrap_or_else(|| panic!("ops_{op} in {s}"));
+        assert!(
+            *n <= total,
+            "{op}: scraped {n} > {total} in the stats after"
+        );
+    }
+    assert!(values["flowstate_store_objects"] > 0.0, "{page}");
+    assert_eq!(
+        values["flowstate_store_objects"] as u64,
+        s["objects"].as_u64().unwrap()
+    );
+    assert!(values["flowstate_store_connections_accepted_total"] >= 1.0);
+    assert_eq!(values["flowstate_up"], 1.0);
+    let api: serde_json::Value =
+        serde_json::from_str(&curl(&format!("http://{metrics}/api/v1/stats"))).unwrap();
+    assert!(api["ops"].as_object().unwrap().len() == ops.len(), "{api}");
+    assert_eq!(curl(&format!("http://{metrics}/healthz")), "ok\n");
+}
