@@ -21,6 +21,7 @@ mod hypersfc;
 mod ips;
 #[cfg(target_os = "linux")]
 mod live_nat;
+mod metrics_overhead;
 mod nf_throughput;
 pub mod paper;
 mod remote;

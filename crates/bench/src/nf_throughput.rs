@@ -7,6 +7,9 @@
 //! Traffic: UDP flows from clients in 10.0.0.0/8 to the load balancer's VIP, 64-byte frames;
 //! every flow is established by one warm-up pass before timing, so the timed passes measure
 //! the steady state (lookups and rewrites, no state creation).
+//!
+//! `ratios.metrics_on_vs_off`: the chain runtime with metrics exported and scraped every
+//! 100 ms against without, in the same run ([`crate::metrics_overhead`]).
 
 use crate::{Effort, Report};
 use flowstate_nf::{registry, Context, Direction, NetworkFunction, Packet, Verdict, WorkerInfo};
@@ -128,6 +131,12 @@ pub(crate) fn run(effort: Effort) -> Report {
         false,
     );
     alias(&mut report, "nat_2w_vs_1w_1m_flows", "nat_2w_vs_1w", true);
+    // Metrics exported and scraped against not, on the chain runtime (issue #20).
+    let (packets, runs) = match effort {
+        Effort::Full => (3_000_000, 5),
+        Effort::Quick => (50_000, 1),
+    };
+    crate::metrics_overhead::measure(&mut report, packets, runs);
     report
 }
 
