@@ -195,6 +195,20 @@ fn accept_loop(listener: TcpListener, provider: Arc<dyn Provider>, stop: Arc<Ato
                 continue;
             }
         };
+        // Most requests (a scraper's, curl's) arrive with the connection: read and answer
+        // them on this thread, which saves a thread per scrape. A head not complete within
+        // INLINE_WAIT goes on on a thread of its own, so a slow peer delays others that long
+        // at most.
+        let mut buf = Vec::with_capacity(1024);
+        match read_head(&mut conn, &mut buf, Instant::now() + INLINE_WAIT) {
+            Head::Gone => continue,
+            Head::Done(parsed) => {
+                let _ = conn.set_write_timeout(Some(INLINE_WAIT * 10));
+                answer(conn, parsed, &*provider);
+                continue;
+            }
+            Head::Pending => {}
+        }
         let _ = conn.set_write_timeout(Some(WRITE_TIMEOUT));
         if active.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
             active.fetch_sub(1, Ordering::SeqCst);
@@ -207,7 +221,7 @@ fn accept_loop(listener: TcpListener, provider: Arc<dyn Provider>, stop: Arc<Ato
         let spawned = std::thread::Builder::new()
             .name("flowstate-telemetry-conn".into())
             .spawn(move || {
-                serve(conn, &*provider);
+                serve(conn, buf, &*provider);
                 count.fetch_sub(1, Ordering::SeqCst);
             });
         if spawned.is_err() {
@@ -216,25 +230,62 @@ fn accept_loop(listener: TcpListener, provider: Arc<dyn Provider>, stop: Arc<Ato
     }
 }
 
-/// Reads one request head (bounded in size and time) and answers it.
-fn serve(mut conn: TcpStream, provider: &dyn Provider) {
-    let deadline = Instant::now() + READ_TIMEOUT;
-    let mut buf = Vec::with_capacity(1024);
+/// How long the accepting thread waits for a request head itself.
+const INLINE_WAIT: Duration = Duration::from_millis(50);
+
+/// Where reading a request head got to.
+enum Head {
+    /// Parsed, or refused.
+    Done(Result<http::Request, http::ParseError>),
+    /// Not complete by the deadline.
+    Pending,
+    /// The peer closed or the connection failed: nothing to answer.
+    Gone,
+}
+
+/// Reads into `buf` until the head is complete or `deadline` passes.
+fn read_head(conn: &mut TcpStream, buf: &mut Vec<u8>, deadline: Instant) -> Head {
     let mut chunk = [0u8; 1024];
-    let parsed = loop {
-        match http::parse(&buf) {
+    loop {
+        match http::parse(buf) {
             Err(http::ParseError::Incomplete) => {}
-            other => break other,
+            other => return Head::Done(other),
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() || conn.set_read_timeout(Some(left)).is_err() {
-            return;
+            return Head::Pending;
         }
         match conn.read(&mut chunk) {
-            Ok(0) | Err(_) => return,
+            Ok(0) => return Head::Gone,
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Head::Pending
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return Head::Gone,
         }
-    };
+    }
+}
+
+/// Reads the rest of a request head (bounded in size and time) and answers it.
+fn serve(mut conn: TcpStream, mut buf: Vec<u8>, provider: &dyn Provider) {
+    match read_head(&mut conn, &mut buf, Instant::now() + READ_TIMEOUT) {
+        Head::Done(parsed) => answer(conn, parsed, provider),
+        Head::Pending | Head::Gone => {}
+    }
+}
+
+/// Writes the answer to a request head and closes.
+fn answer(
+    mut conn: TcpStream,
+    parsed: Result<http::Request, http::ParseError>,
+    provider: &dyn Provider,
+) {
     let (response, head_only) = match parsed {
         Ok(req) => {
             let head = req.method == "HEAD";
@@ -346,6 +397,22 @@ mod tests {
         // A peer that closes without a word is no harm to the next one.
         drop(TcpStream::connect(a).unwrap());
         assert!(get(a, b"GET /healthz HTTP/1.1\r\n\r\n").ends_with("ok\n"));
+        server.stop();
+    }
+
+    #[test]
+    fn a_slow_peer_is_served_on_its_own_thread_and_others_meanwhile() {
+        let server = Server::start("127.0.0.1:0".parse().unwrap(), Arc::new(Fixed)).unwrap();
+        let a = server.local_addr();
+        let mut slow = TcpStream::connect(a).unwrap();
+        slow.write_all(b"GET /heal").unwrap();
+        // Past the accepting thread's own wait: the slow request moves to a thread.
+        std::thread::sleep(INLINE_WAIT * 3);
+        assert!(get(a, b"GET /healthz HTTP/1.1\r\n\r\n").ends_with("ok\n"));
+        slow.write_all(b"thz HTTP/1.1\r\n\r\n").unwrap();
+        let mut s = String::new();
+        slow.read_to_string(&mut s).unwrap();
+        assert!(s.starts_with("HTTP/1.1 200") && s.ends_with("ok\n"), "{s}");
         server.stop();
     }
 
