@@ -35,7 +35,7 @@
 
 use crate::bloom::Bloom2d;
 use crate::cache::{sketch_size, CacheStats, Change, ExactCache, LpmCache, Prefix};
-use crate::fast::Mode;
+use crate::fast::{FastStats, Mode};
 use crate::full::{Found, FullTables, SlowError};
 use crate::headers::{Field, Headers, Rule};
 use crate::sketch::{CountMin, SharedCounters, ROWS};
@@ -290,27 +290,13 @@ fn lpm_key(table: usize, p: Prefix) -> Key<LpmData> {
 /// The program's counters (`enum fp_counter`), summed over the CPUs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct XdpCounters {
-    /// Passes through the pipeline.
-    pub passes: u64,
-    /// Packets finished.
-    pub done: u64,
-    /// Circulations to the slow path.
-    pub submits: u64,
-    /// Lazy passes ended by a key depending on a missed table.
-    pub dependency_stops: u64,
-    /// Detected Bloom false positives.
-    pub bloom_unsure: u64,
-    /// Branches taken from the Bloom filters.
-    pub bloom_guesses: u64,
-    /// Misses the Bloom filters settled as absent.
-    pub bloom_absent: u64,
-    /// Lazy passes ended by a drop after a miss.
-    pub drop_stops: u64,
+    /// What the in-process fast path counts too (passes, submits, Bloom selections, ...).
+    pub fast: FastStats,
     /// Packets a table dropped.
     pub dropped: u64,
     /// Packets forwarded.
     pub forwarded: u64,
-    /// Frames the tables cannot match, forwarded unchanged.
+    /// Frames the tables cannot match, passed on unchanged.
     pub unmatched: u64,
     /// Frames on the recirculation port without a valid circulation header, dropped.
     pub forged: u64,
@@ -323,16 +309,19 @@ pub struct XdpCounters {
 impl XdpCounters {
     const COUNT: u32 = 14;
 
+    /// From the array in `enum fp_counter`'s order.
     fn from_array(c: &[u64; Self::COUNT as usize]) -> XdpCounters {
         XdpCounters {
-            passes: c[0],
-            done: c[1],
-            submits: c[2],
-            dependency_stops: c[3],
-            bloom_unsure: c[4],
-            bloom_guesses: c[5],
-            bloom_absent: c[6],
-            drop_stops: c[7],
+            fast: FastStats {
+                passes: c[0],
+                done: c[1],
+                submits: c[2],
+                dependency_stops: c[3],
+                bloom_unsure: c[4],
+                bloom_guesses: c[5],
+                bloom_absent: c[6],
+                drop_stops: c[7],
+            },
             dropped: c[8],
             forwarded: c[9],
             unmatched: c[10],
