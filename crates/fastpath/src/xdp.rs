@@ -959,24 +959,75 @@ mod tests {
 
     #[test]
     fn layouts_match_the_program() {
-        // crates/io/bpf/pipeline.h's _Static_asserts.
-        assert_eq!(size_of::<FpRule>(), 12);
-        assert_eq!(size_of::<FpTable>(), 152);
-        assert_eq!(offset_of!(FpTable, key_bits), 140);
-        assert_eq!(offset_of!(FpTable, bloom_mask), 16);
-        assert_eq!(offset_of!(FpTable, bloom_seed), 40);
-        assert_eq!(offset_of!(FpTable, dflt), 48);
-        assert_eq!(offset_of!(FpTable, next), 60);
-        assert_eq!(offset_of!(FpTable, codes), 76);
-        assert_eq!(size_of::<FpConfig>(), 16);
-        assert_eq!(size_of::<FpPort>(), 8);
-        assert_eq!(size_of::<FpSearch>(), 32);
-        assert_eq!(offset_of!(FpSearch, key), 16);
-        assert_eq!(size_of::<FpCirc>(), 16);
-        assert_eq!(size_of::<Key<LpmData>>(), 12);
-        assert_eq!(size_of::<FpLpmValue>(), 20);
-        assert_eq!(size_of::<FpExactKey>(), 24);
-        assert_eq!(size_of::<FpVerdict>(), 40);
+        // Each is one of crates/io/bpf/pipeline.h's _Static_asserts, with the Rust figure.
+        let layout = [
+            ("sizeof(struct fp_rule)", size_of::<FpRule>()),
+            ("sizeof(struct fp_table)", size_of::<FpTable>()),
+            (
+                "__builtin_offsetof(struct fp_table, bloom_mask)",
+                offset_of!(FpTable, bloom_mask),
+            ),
+            (
+                "__builtin_offsetof(struct fp_table, bloom_seed)",
+                offset_of!(FpTable, bloom_seed),
+            ),
+            (
+                "__builtin_offsetof(struct fp_table, dflt)",
+                offset_of!(FpTable, dflt),
+            ),
+            (
+                "__builtin_offsetof(struct fp_table, next)",
+                offset_of!(FpTable, next),
+            ),
+            (
+                "__builtin_offsetof(struct fp_table, codes)",
+                offset_of!(FpTable, codes),
+            ),
+            (
+                "__builtin_offsetof(struct fp_table, key_bits)",
+                offset_of!(FpTable, key_bits),
+            ),
+            ("sizeof(struct fp_config)", size_of::<FpConfig>()),
+            ("sizeof(struct fp_port)", size_of::<FpPort>()),
+            ("sizeof(struct fp_search)", size_of::<FpSearch>()),
+            (
+                "__builtin_offsetof(struct fp_search, key)",
+                offset_of!(FpSearch, key),
+            ),
+            ("sizeof(struct fp_circ)", size_of::<FpCirc>()),
+            ("sizeof(struct fp_lpm_key)", size_of::<Key<LpmData>>()),
+            ("sizeof(struct fp_lpm_value)", size_of::<FpLpmValue>()),
+            ("sizeof(struct fp_exact_key)", size_of::<FpExactKey>()),
+            ("sizeof(struct fp_verdict)", size_of::<FpVerdict>()),
+        ];
+        let header = include_str!("../../io/bpf/pipeline.h");
+        for (what, rust) in layout {
+            let asserted = format!("_Static_assert({what} == {rust},");
+            assert!(
+                header.contains(&asserted),
+                "pipeline.h does not assert `{asserted}`"
+            );
+        }
+        let defines = |name: &str, value: String| {
+            header.lines().any(|l| {
+                let w: Vec<&str> = l.split_whitespace().take(3).collect();
+                w == ["#define", name, value.as_str()]
+            })
+        };
+        for (name, value) in [
+            ("FP_MAX_CARRIED", MAX_CARRIED),
+            ("FP_MAX_BRANCHES", MAX_BRANCHES),
+            ("FP_MAX_KEY", MAX_KEY),
+            ("FP_MAX_TABLES", crate::table::MAX_TABLES),
+            ("FP_SKETCH_ROWS", ROWS),
+            ("FP_END", usize::from(END)),
+        ] {
+            assert!(
+                defines(name, value.to_string()),
+                "pipeline.h: {name} is not {value}"
+            );
+        }
+        assert!(defines("FP_MAGIC", format!("{MAGIC:#x}")));
         const { assert!(CIRC_BYTES + MAX_CARRIED * SEARCH_BYTES <= 256 - 64) };
     }
 

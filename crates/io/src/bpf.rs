@@ -16,8 +16,8 @@ use std::os::fd::RawFd;
 /// `bpf/redirect.bpf.c`: every frame to the XDP socket of its queue.
 pub(crate) const REDIRECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/redirect.bpf.o"));
-/// `bpf/flowcache.bpf.c`: the fast path.
-pub(crate) const FLOWCACHE: &[u8] =
+/// `bpf/flowcache.bpf.c`: the whole-chain flow cache (loaded by `flowstate-fastpath`).
+pub const FLOWCACHE: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/flowcache.bpf.o"));
 /// `bpf/pipeline.bpf.c`: HyperSFC's table pipeline (loaded by `flowstate-fastpath`).
 pub const PIPELINE: &[u8] =
