@@ -22,8 +22,8 @@
 //!   ([`ExactCache`], [`LpmCache`]: dependency-aware LPM installs, sampled-LFU eviction) and
 //!   applies its changes to the maps in an order that keeps the trie's answers right at every
 //!   step (an LPM prefix is put after its dependents and removed before them). Evictions rank
-//!   by the count-min sketch the program counts its lookups into, which user space reads in
-//!   place (a memory-mapped BPF array).
+//!   by the count-min sketch the program counts its lookups into (one in eight, sampled at
+//!   random), which user space reads in place (a memory-mapped BPF array).
 //! * **Circulation headers are trusted only on the recirculation port**: the program reads a
 //!   header only from frames arriving there, and drops and counts (`forged`) a frame there
 //!   without a valid one. A frame from any other port is a packet, whatever its bytes.
@@ -54,6 +54,8 @@ use std::sync::{Arc, Mutex};
 pub const MAX_CARRIED: usize = 5;
 /// Branches of a table the program follows (`FP_MAX_BRANCHES`).
 pub const MAX_BRANCHES: usize = 16;
+/// The program counts one lookup in this many in the sketch (`FP_SKETCH_SAMPLE`).
+const SKETCH_SAMPLE: u64 = 8;
 /// Fields in a key (`FP_MAX_KEY`).
 const MAX_KEY: usize = 8;
 /// The first word of a circulation header (`FP_MAGIC`).
@@ -705,14 +707,15 @@ impl XdpFastPath {
         let stats = self.table_stats(t)?;
         let changes = match &mut self.caches[t] {
             Cache::Exact(c) => {
-                c.sketch_mut().seen_elsewhere(stats.hits + stats.misses);
+                c.sketch_mut()
+                    .seen_elsewhere((stats.hits + stats.misses) / SKETCH_SAMPLE);
                 for (k, r) in &found.install {
                     c.install(*k, *r);
                 }
                 c.take_changes()
             }
             Cache::Lpm(c) => {
-                c.sketch_mut().seen_elsewhere(stats.hits);
+                c.sketch_mut().seen_elsewhere(stats.hits / SKETCH_SAMPLE);
                 let group: Vec<(Prefix, Rule)> = found
                     .install
                     .iter()
@@ -1020,6 +1023,7 @@ mod tests {
             ("FP_MAX_KEY", MAX_KEY),
             ("FP_MAX_TABLES", crate::table::MAX_TABLES),
             ("FP_SKETCH_ROWS", ROWS),
+            ("FP_SKETCH_SAMPLE", SKETCH_SAMPLE as usize),
             ("FP_END", usize::from(END)),
         ] {
             assert!(
