@@ -11,6 +11,9 @@
 //! * Fig. 13: an L4 load balancer's completion time against the share of its entries cached.
 //! * Fig. 14: CPU of the slow path against the same LB run entirely in software (every packet
 //!   through a CPU thread), same packets at the same rate.
+//! * The fast path's own rate, ten cached tables: in-process, and the XDP program
+//!   (`xdp_vs_inprocess_rate_10_tables`, the kernel's time per packet by `BPF_PROG_TEST_RUN`;
+//!   needs root).
 //!
 //! What differs from the paper's setting: the "switch" is a thread, so a circulation costs two
 //! thread hand-offs (on one core for the latency figures, see [`on_one_core`]), not a BMv2
@@ -319,12 +322,91 @@ fn fast_path_rate(report: &mut Report, connector: &Arc<dyn Connector>, quick: bo
     }
     let slow_s = start.elapsed().as_secs_f64();
     std::hint::black_box(marks);
+    #[cfg(target_os = "linux")]
+    xdp_rate(report, &p, &rules, &trace, &mut fast, quick);
     report.metric("fast_path_mpps_10_tables", packets as f64 / fast_s / 1e6);
     report.metric("full_tables_mpps_10_tables", software as f64 / slow_s / 1e6);
     report.ratio(
         "fast_path_vs_full_tables_rate_10_tables",
         (packets as f64 / fast_s) / (software as f64 / slow_s),
     );
+}
+
+/// The same ten tables, every entry cached, in the XDP realization: the kernel's time per
+/// packet (`BPF_PROG_TEST_RUN` repeated on one frame, for each of a sample of the flows: the
+/// program alone, without a NIC's or veth's receive path) against the in-process fast path
+/// `fast` on the same packets the same way (each repeated, so both run from warm caches).
+/// Needs root (loading the program); without it the keys are absent.
+#[cfg(target_os = "linux")]
+fn xdp_rate(
+    report: &mut Report,
+    p: &Pipeline,
+    rules: &[TableRules],
+    trace: &[Headers],
+    fast: &mut FastPath,
+    quick: bool,
+) {
+    use flowstate_fastpath::xdp::XdpFastPath;
+    const LO: u32 = 1;
+    const XDP_PASS: u32 = 2;
+    let mut xdp = match XdpFastPath::new(p, Mode::Lazy, &[]) {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("hypersfc: the XDP section is skipped: {e}");
+            return;
+        }
+    };
+    if xdp.serve_port(LO, 1).is_err() {
+        return;
+    }
+    for (t, table_rules) in rules.iter().enumerate() {
+        for (k, r) in table_rules {
+            if xdp.install(t, &Found::entry(*k, *r)).is_err() {
+                return;
+            }
+        }
+    }
+    let (flows, repeat) = if quick { (16, 2_000) } else { (256, 20_000) };
+    let step = (trace.len() / flows).max(1);
+    let sample: Vec<&Headers> = trace.iter().step_by(step).take(flows).collect();
+    let mut xdp_ns = 0.0;
+    for h in &sample {
+        match xdp.test_run_repeated(LO, &tcp_frame(h), repeat) {
+            Ok((XDP_PASS, _, t)) => xdp_ns += f64::from(t),
+            _ => return,
+        }
+    }
+    let xdp_ns = xdp_ns / sample.len().max(1) as f64;
+    let start = Instant::now();
+    let mut marks = 0u64;
+    for h in &sample {
+        for _ in 0..repeat {
+            let mut pkt = Packet::new(0, **h, 64, 0);
+            fast.pass(&mut pkt);
+            marks += u64::from(pkt.headers.mark);
+        }
+    }
+    std::hint::black_box(marks);
+    let inprocess_ns = start.elapsed().as_nanos() as f64 / (sample.len() * repeat as usize) as f64;
+    if xdp_ns > 0.0 {
+        report.metric("xdp_ns_per_packet_10_tables", xdp_ns);
+        report.metric("inprocess_ns_per_packet_10_tables", inprocess_ns);
+        report.ratio("xdp_vs_inprocess_rate_10_tables", inprocess_ns / xdp_ns);
+    }
+}
+
+/// An Ethernet + IPv4 + TCP frame (ACK, no payload) of `h`; its checksums are not needed by
+/// the tables.
+#[cfg(target_os = "linux")]
+fn tcp_frame(h: &Headers) -> Vec<u8> {
+    let mut f = vec![2, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 2, 0x08, 0x00];
+    f.extend_from_slice(&[0x45, 0, 0, 40, 0, 1, 0x40, 0, 64, h.proto, 0, 0]);
+    f.extend_from_slice(&h.src_ip.to_be_bytes());
+    f.extend_from_slice(&h.dst_ip.to_be_bytes());
+    f.extend_from_slice(&h.src_port.to_be_bytes());
+    f.extend_from_slice(&h.dst_port.to_be_bytes());
+    f.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 0, 0x50, 0x10, 0xff, 0xff, 0, 0, 0, 0]);
+    f
 }
 
 /// Fig. 10: a branching table with a Bloom selector, then four tables; every table misses.

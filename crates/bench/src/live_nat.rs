@@ -22,7 +22,7 @@
 //! `metrics.loadavg_1m_start` is the machine's load when the run began.
 //!
 //! Both flowstate boxes run as a live box does by default: with the XDP fast path
-//! (`flowstate_io::fastpath`) in front of the chain, so established flows are rewritten and
+//! (`flowstate_fastpath::flowcache`) in front of the chain, so established flows are rewritten and
 //! redirected by the kernel in the XDP hook, and only new flows, control packets and one
 //! packet per flow and half refresh interval reach the AF_PACKET or AF_XDP socket and the
 //! chain.

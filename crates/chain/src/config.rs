@@ -184,7 +184,7 @@ pub struct LivePort {
 }
 
 /// `[input] fast_path`, `fast_path_refresh`, `fast_path_capacity`: the XDP fast path of a live
-/// box, with either driver (`flowstate_io::fastpath`). It is used when every NF of the chain
+/// box, with either driver (`flowstate_fastpath::flowcache`). It is used when every NF of the chain
 /// allows it and the box runs one worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FastPathConfig {
@@ -202,10 +202,10 @@ pub struct FastPathConfig {
 pub const DEFAULT_FAST_PATH_REFRESH: Duration = Duration::from_secs(1);
 /// Default `[input] fast_path_capacity`.
 pub const DEFAULT_FAST_PATH_CAPACITY: u32 = 1 << 16;
-/// Longest `[input] fast_path_refresh` (`flowstate_io::fastpath::MAX_REFRESH`; that module is
+/// Longest `[input] fast_path_refresh` (`flowstate_fastpath::flowcache::MAX_REFRESH`; that module is
 /// Linux-only, this file is not).
 pub const MAX_FAST_PATH_REFRESH: Duration = Duration::from_secs(60);
-/// Largest `[input] fast_path_capacity` (`flowstate_io::fastpath::MAX_CAPACITY`).
+/// Largest `[input] fast_path_capacity` (`flowstate_fastpath::flowcache::MAX_CAPACITY`).
 pub const MAX_FAST_PATH_CAPACITY: u32 = 1 << 24;
 
 /// `[input] driver`: the I/O behind a live box's ports.

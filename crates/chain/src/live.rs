@@ -46,7 +46,7 @@
 //! * An XDP socket belongs to one queue and the receiving and sending threads of the
 //!   several-worker mode would have to share it under a lock, hence AF_PACKET for sending;
 //!   [`flowstate_io::afxdp::AfXdp`] sends too, for single-threaded users.
-//! * **The XDP fast path** (`[input] fast_path`, on by default; [`flowstate_io::fastpath`]):
+//! * **The XDP fast path** (`[input] fast_path`, on by default; [`flowstate_fastpath::flowcache`]):
 //!   with one worker and a chain whose every NF allows it, an XDP program on both ports
 //!   forwards established flows itself. The worker teaches it: it keeps a copy of each
 //!   received frame and, for each frame the chain forwarded, hands both frames to
@@ -67,8 +67,8 @@
 //! allocation after start.
 
 use crate::steer::IpPrefix;
+use flowstate_fastpath::flowcache::FastPath;
 use flowstate_io::afxdp::XdpProgram;
-use flowstate_io::fastpath::FastPath;
 use flowstate_io::{PacketBatch, Port, Sink, Source};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -870,8 +870,8 @@ pub fn run(
 // The configuration's limits (checked where the file is read) are the fast path's own.
 const _: () = assert!(
     crate::config::MAX_FAST_PATH_REFRESH.as_nanos()
-        == flowstate_io::fastpath::MAX_REFRESH.as_nanos()
-        && crate::config::MAX_FAST_PATH_CAPACITY == flowstate_io::fastpath::MAX_CAPACITY
+        == flowstate_fastpath::flowcache::MAX_REFRESH.as_nanos()
+        && crate::config::MAX_FAST_PATH_CAPACITY == flowstate_fastpath::flowcache::MAX_CAPACITY
 );
 
 /// A fast path and its program on each port (inside, outside).
@@ -914,8 +914,8 @@ pub fn attach_fast_path(
     let load = || -> Result<_, flowstate_io::Error> {
         let f = Arc::new(FastPath::new(c.capacity, c.refresh)?);
         let programs = [
-            XdpProgram::attach_with(&inside.interface, 1, Some(&f))?,
-            XdpProgram::attach_with(&outside.interface, 1, Some(&f))?,
+            f.attach(&inside.interface, 1)?,
+            f.attach(&outside.interface, 1)?,
         ];
         Ok((f, programs))
     };

@@ -30,7 +30,7 @@
 use crate::config::{Config, LivePort};
 use crate::live::Stop;
 use crate::pipeline::{PipelineSummary, TableSummary};
-use crate::{ConfigError, Error};
+use crate::Error;
 use flowstate_fastpath::full::{self, FullTables};
 use flowstate_fastpath::xdp::{XdpError, XdpFastPath, CIRC_BYTES, SEARCH_BYTES};
 use flowstate_io::afpacket::{interface_info, AfPacket, AfPacketOptions};
@@ -132,13 +132,8 @@ pub fn run_pipeline_live(
     outside: &LivePort,
     stop: Stop,
 ) -> Result<PipelineSummary, Error> {
-    let fp = config.fastpath.as_ref().ok_or_else(|| {
-        ConfigError::new(&config.file, "fastpath", "missing: no [fastpath] section")
-    })?;
+    let (fp, rules) = crate::pipeline::section(config)?;
     let pipeline = &fp.pipeline;
-    let rules = fp
-        .load_rules()
-        .map_err(|(key, reason)| ConfigError::new(&config.file, key, reason))?;
     let loaded = full::load(&*connector, pipeline, &rules).map_err(Error::Fastpath)?;
     let mut xdp = XdpFastPath::new(pipeline, fp.mode, &loaded.blooms).map_err(xdp_err)?;
     let rc = Recirculation::create(&fp.recirculation)?;
@@ -238,16 +233,13 @@ pub fn run_pipeline_live(
     summary.seconds = start.elapsed().as_secs_f64();
 
     let c = xdp.counters().map_err(xdp_err)?;
-    summary.packets_in = (c.passes + c.unmatched).saturating_sub(live.answered);
+    summary.packets_in = (c.fast.passes + c.unmatched).saturating_sub(live.answered);
     summary.packets_out = c.forwarded + c.unmatched;
     summary.dropped = c.dropped;
     summary.unmatched = c.unmatched;
-    summary.circulations = c.submits;
-    summary.fast_path_only = c.done.saturating_sub(live.first_circulations);
-    summary.bloom_guesses = c.bloom_guesses;
-    summary.bloom_absent = c.bloom_absent;
-    summary.bloom_unsure = c.bloom_unsure;
-    summary.dependency_stops = c.dependency_stops;
+    summary.circulations = c.fast.submits;
+    summary.fast_path_only = c.fast.done.saturating_sub(live.first_circulations);
+    summary.fast_stats(&c.fast);
     live.forged = c.forged;
     live.no_room = c.no_room;
     live.no_socket = c.no_socket;

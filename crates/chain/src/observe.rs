@@ -88,7 +88,7 @@ pub struct Observer {
 #[cfg(target_os = "linux")]
 struct LiveParts {
     shared: Arc<crate::live::Shared>,
-    fast: Option<Arc<flowstate_io::fastpath::FastPath>>,
+    fast: Option<Arc<flowstate_fastpath::flowcache::FastPath>>,
 }
 
 impl std::fmt::Debug for Observer {
@@ -115,7 +115,7 @@ impl Observer {
     pub(crate) fn set_live(
         &self,
         shared: Arc<crate::live::Shared>,
-        fast: Option<Arc<flowstate_io::fastpath::FastPath>>,
+        fast: Option<Arc<flowstate_fastpath::flowcache::FastPath>>,
     ) {
         self.live.store(Some(Arc::new(LiveParts { shared, fast })));
     }

@@ -10,6 +10,7 @@
 
 use crate::config::{Config, Input, Output};
 use crate::{ConfigError, Error};
+use flowstate_fastpath::config::{FastpathConfig, TableRules};
 use flowstate_fastpath::fast::FastStats;
 use flowstate_fastpath::full;
 use flowstate_fastpath::threaded::{self, Offer};
@@ -99,6 +100,16 @@ pub struct PipelineSummary {
     pub live: Option<LiveCounters>,
 }
 
+impl PipelineSummary {
+    /// Takes the fast path's Bloom and lazy-pass counters.
+    pub(crate) fn fast_stats(&mut self, s: &FastStats) {
+        self.bloom_guesses = s.bloom_guesses;
+        self.bloom_absent = s.bloom_absent;
+        self.bloom_unsure = s.bloom_unsure;
+        self.dependency_stops = s.dependency_stops;
+    }
+}
+
 /// A live box's counters of the way between its XDP program and its slow path.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct LiveCounters {
@@ -116,20 +127,26 @@ pub struct LiveCounters {
     pub no_socket: u64,
 }
 
+/// `config`'s `[fastpath]` section and every table's rules (its prefix files read).
+pub(crate) fn section(config: &Config) -> Result<(&FastpathConfig, Vec<TableRules>), Error> {
+    let fp = config.fastpath.as_ref().ok_or_else(|| {
+        ConfigError::new(&config.file, "fastpath", "missing: no [fastpath] section")
+    })?;
+    let rules = fp
+        .load_rules()
+        .map_err(|(key, reason)| ConfigError::new(&config.file, key, reason))?;
+    Ok((fp, rules))
+}
+
 /// Runs `config`'s `[fastpath]` pipeline over its input.
 pub fn run_pipeline(
     config: &Config,
     connector: Arc<dyn Connector>,
     progress: Option<crate::Progress<'_>>,
 ) -> Result<PipelineSummary, Error> {
-    let fp = config.fastpath.as_ref().ok_or_else(|| {
-        ConfigError::new(&config.file, "fastpath", "missing: no [fastpath] section")
-    })?;
-    let pipeline = &fp.pipeline;
     // The rules' files before the output: a missing one must not truncate an output file.
-    let rules = fp
-        .load_rules()
-        .map_err(|(key, reason)| ConfigError::new(&config.file, key, reason))?;
+    let (fp, rules) = section(config)?;
+    let pipeline = &fp.pipeline;
     let mut source: Box<dyn Source> = match &config.input {
         Input::Pcap(path) => Box::new(crate::open_pcap(config, path)?),
         Input::Synthetic(s) => Box::new(Synthetic::new(s.config.clone())?),
@@ -227,17 +244,7 @@ pub fn run_pipeline(
     };
     summary.latency_p50_us = pct(50);
     summary.latency_p99_us = pct(99);
-    let FastStats {
-        bloom_guesses,
-        bloom_absent,
-        bloom_unsure,
-        dependency_stops,
-        ..
-    } = fast.stats();
-    summary.bloom_guesses = bloom_guesses;
-    summary.bloom_absent = bloom_absent;
-    summary.bloom_unsure = bloom_unsure;
-    summary.dependency_stops = dependency_stops;
+    summary.fast_stats(&fast.stats());
     let cached = fast.cached();
     for (t, s) in fast.cache_stats().into_iter().enumerate() {
         summary.tables.push(TableSummary {

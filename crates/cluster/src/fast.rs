@@ -1,6 +1,6 @@
 //! The root's XDP fast path: established flows forwarded by the kernel at the root, the
 //! instances' output as the specification (HyperSFC §III; the live box's
-//! [`flowstate_io::fastpath`], taught here across the cluster hop).
+//! [`flowstate_fastpath::flowcache`], taught here across the cluster hop).
 //!
 //! ```text
 //!  port --XDP: entry? --hit--> rewrite --bpf_redirect--> other port
@@ -35,7 +35,7 @@
 //!   once (and counted) rather than the tracking growing without end.
 
 use flowstate_chain::live::LoadedFastPath;
-use flowstate_io::fastpath::{monotonic_ns, FastPath, FlowKey, Lesson};
+use flowstate_fastpath::flowcache::{monotonic_ns, FastPath, FlowKey, Lesson};
 use std::collections::HashMap;
 use std::sync::Arc;
 

@@ -13,6 +13,8 @@
 //! * [`sim`]: fast and slow path in one thread on a virtual clock.
 //! * [`threaded`]: fast and slow path on their own threads, lazy-p's parallel searches.
 //! * [`config`]: the pipeline from TOML (`[[fastpath.table]]`).
+//! * [`flowcache`]: the live box's XDP cache of whole-chain outcomes per flow, in front of
+//!   its chain of NFs.
 //! * [`xdp`]: the fast path in XDP (`crates/io/bpf/pipeline.bpf.c`): caches in BPF maps,
 //!   misses to the slow path over AF_XDP, answers back through a recirculation port.
 
@@ -20,6 +22,8 @@ pub mod bloom;
 pub mod cache;
 pub mod config;
 pub mod fast;
+#[cfg(target_os = "linux")]
+pub mod flowcache;
 pub mod full;
 mod hash;
 pub mod headers;

@@ -22,8 +22,8 @@
 //!   ([`ExactCache`], [`LpmCache`]: dependency-aware LPM installs, sampled-LFU eviction) and
 //!   applies its changes to the maps in an order that keeps the trie's answers right at every
 //!   step (an LPM prefix is put after its dependents and removed before them). Evictions rank
-//!   by the count-min sketch the program counts its lookups into, which user space reads in
-//!   place (a memory-mapped BPF array).
+//!   by the count-min sketch the program counts its lookups into (one in eight, sampled at
+//!   random), which user space reads in place (a memory-mapped BPF array).
 //! * **Circulation headers are trusted only on the recirculation port**: the program reads a
 //!   header only from frames arriving there, and drops and counts (`forged`) a frame there
 //!   without a valid one. A frame from any other port is a packet, whatever its bytes.
@@ -35,7 +35,7 @@
 
 use crate::bloom::Bloom2d;
 use crate::cache::{sketch_size, CacheStats, Change, ExactCache, LpmCache, Prefix};
-use crate::fast::Mode;
+use crate::fast::{FastStats, Mode};
 use crate::full::{Found, FullTables, SlowError};
 use crate::headers::{Field, Headers, Rule};
 use crate::sketch::{CountMin, SharedCounters, ROWS};
@@ -54,6 +54,8 @@ use std::sync::{Arc, Mutex};
 pub const MAX_CARRIED: usize = 5;
 /// Branches of a table the program follows (`FP_MAX_BRANCHES`).
 pub const MAX_BRANCHES: usize = 16;
+/// The program counts one lookup in this many in the sketch (`FP_SKETCH_SAMPLE`).
+const SKETCH_SAMPLE: u64 = 8;
 /// Fields in a key (`FP_MAX_KEY`).
 const MAX_KEY: usize = 8;
 /// The first word of a circulation header (`FP_MAGIC`).
@@ -290,27 +292,13 @@ fn lpm_key(table: usize, p: Prefix) -> Key<LpmData> {
 /// The program's counters (`enum fp_counter`), summed over the CPUs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct XdpCounters {
-    /// Passes through the pipeline.
-    pub passes: u64,
-    /// Packets finished.
-    pub done: u64,
-    /// Circulations to the slow path.
-    pub submits: u64,
-    /// Lazy passes ended by a key depending on a missed table.
-    pub dependency_stops: u64,
-    /// Detected Bloom false positives.
-    pub bloom_unsure: u64,
-    /// Branches taken from the Bloom filters.
-    pub bloom_guesses: u64,
-    /// Misses the Bloom filters settled as absent.
-    pub bloom_absent: u64,
-    /// Lazy passes ended by a drop after a miss.
-    pub drop_stops: u64,
+    /// What the in-process fast path counts too (passes, submits, Bloom selections, ...).
+    pub fast: FastStats,
     /// Packets a table dropped.
     pub dropped: u64,
     /// Packets forwarded.
     pub forwarded: u64,
-    /// Frames the tables cannot match, forwarded unchanged.
+    /// Frames the tables cannot match, passed on unchanged.
     pub unmatched: u64,
     /// Frames on the recirculation port without a valid circulation header, dropped.
     pub forged: u64,
@@ -323,16 +311,19 @@ pub struct XdpCounters {
 impl XdpCounters {
     const COUNT: u32 = 14;
 
+    /// From the array in `enum fp_counter`'s order.
     fn from_array(c: &[u64; Self::COUNT as usize]) -> XdpCounters {
         XdpCounters {
-            passes: c[0],
-            done: c[1],
-            submits: c[2],
-            dependency_stops: c[3],
-            bloom_unsure: c[4],
-            bloom_guesses: c[5],
-            bloom_absent: c[6],
-            drop_stops: c[7],
+            fast: FastStats {
+                passes: c[0],
+                done: c[1],
+                submits: c[2],
+                dependency_stops: c[3],
+                bloom_unsure: c[4],
+                bloom_guesses: c[5],
+                bloom_absent: c[6],
+                drop_stops: c[7],
+            },
             dropped: c[8],
             forwarded: c[9],
             unmatched: c[10],
@@ -716,14 +707,15 @@ impl XdpFastPath {
         let stats = self.table_stats(t)?;
         let changes = match &mut self.caches[t] {
             Cache::Exact(c) => {
-                c.sketch_mut().seen_elsewhere(stats.hits + stats.misses);
+                c.sketch_mut()
+                    .seen_elsewhere((stats.hits + stats.misses) / SKETCH_SAMPLE);
                 for (k, r) in &found.install {
                     c.install(*k, *r);
                 }
                 c.take_changes()
             }
             Cache::Lpm(c) => {
-                c.sketch_mut().seen_elsewhere(stats.hits);
+                c.sketch_mut().seen_elsewhere(stats.hits / SKETCH_SAMPLE);
                 let group: Vec<(Prefix, Rule)> = found
                     .install
                     .iter()
@@ -887,9 +879,22 @@ impl XdpFastPath {
     /// Runs the program once on `frame` as if received on `ingress_ifindex`, queue 0
     /// (`BPF_PROG_TEST_RUN`): the XDP action and the frame as the program left it.
     pub fn test_run(&mut self, ingress_ifindex: u32, frame: &[u8]) -> io::Result<(u32, Vec<u8>)> {
+        self.test_run_repeated(ingress_ifindex, frame, 1)
+            .map(|(action, out, _)| (action, out))
+    }
+
+    /// As [`test_run`](Self::test_run), `repeat` times on the same buffer; also the kernel's
+    /// average time per run in nanoseconds (for a frame the tables do not rewrite, every run
+    /// is the same pass).
+    pub fn test_run_repeated(
+        &mut self,
+        ingress_ifindex: u32,
+        frame: &[u8],
+        repeat: u32,
+    ) -> io::Result<(u32, Vec<u8>, u32)> {
         let program = bpf::xdp(&mut self.ebpf, "pipeline").map_err(io::Error::other)?;
         let fd = program.fd().map_err(io::Error::other)?;
-        bpf::test_run(fd.as_fd().as_raw_fd(), ingress_ifindex, frame)
+        bpf::test_run_repeated(fd.as_fd().as_raw_fd(), ingress_ifindex, frame, repeat)
     }
 }
 
@@ -957,24 +962,76 @@ mod tests {
 
     #[test]
     fn layouts_match_the_program() {
-        // crates/io/bpf/pipeline.h's _Static_asserts.
-        assert_eq!(size_of::<FpRule>(), 12);
-        assert_eq!(size_of::<FpTable>(), 152);
-        assert_eq!(offset_of!(FpTable, key_bits), 140);
-        assert_eq!(offset_of!(FpTable, bloom_mask), 16);
-        assert_eq!(offset_of!(FpTable, bloom_seed), 40);
-        assert_eq!(offset_of!(FpTable, dflt), 48);
-        assert_eq!(offset_of!(FpTable, next), 60);
-        assert_eq!(offset_of!(FpTable, codes), 76);
-        assert_eq!(size_of::<FpConfig>(), 16);
-        assert_eq!(size_of::<FpPort>(), 8);
-        assert_eq!(size_of::<FpSearch>(), 32);
-        assert_eq!(offset_of!(FpSearch, key), 16);
-        assert_eq!(size_of::<FpCirc>(), 16);
-        assert_eq!(size_of::<Key<LpmData>>(), 12);
-        assert_eq!(size_of::<FpLpmValue>(), 20);
-        assert_eq!(size_of::<FpExactKey>(), 24);
-        assert_eq!(size_of::<FpVerdict>(), 40);
+        // Each is one of crates/io/bpf/pipeline.h's _Static_asserts, with the Rust figure.
+        let layout = [
+            ("sizeof(struct fp_rule)", size_of::<FpRule>()),
+            ("sizeof(struct fp_table)", size_of::<FpTable>()),
+            (
+                "__builtin_offsetof(struct fp_table, bloom_mask)",
+                offset_of!(FpTable, bloom_mask),
+            ),
+            (
+                "__builtin_offsetof(struct fp_table, bloom_seed)",
+                offset_of!(FpTable, bloom_seed),
+            ),
+            (
+                "__builtin_offsetof(struct fp_table, dflt)",
+                offset_of!(FpTable, dflt),
+            ),
+            (
+                "__builtin_offsetof(struct fp_table, next)",
+                offset_of!(FpTable, next),
+            ),
+            (
+                "__builtin_offsetof(struct fp_table, codes)",
+                offset_of!(FpTable, codes),
+            ),
+            (
+                "__builtin_offsetof(struct fp_table, key_bits)",
+                offset_of!(FpTable, key_bits),
+            ),
+            ("sizeof(struct fp_config)", size_of::<FpConfig>()),
+            ("sizeof(struct fp_port)", size_of::<FpPort>()),
+            ("sizeof(struct fp_search)", size_of::<FpSearch>()),
+            (
+                "__builtin_offsetof(struct fp_search, key)",
+                offset_of!(FpSearch, key),
+            ),
+            ("sizeof(struct fp_circ)", size_of::<FpCirc>()),
+            ("sizeof(struct fp_lpm_key)", size_of::<Key<LpmData>>()),
+            ("sizeof(struct fp_lpm_value)", size_of::<FpLpmValue>()),
+            ("sizeof(struct fp_exact_key)", size_of::<FpExactKey>()),
+            ("sizeof(struct fp_verdict)", size_of::<FpVerdict>()),
+        ];
+        let header = include_str!("../../io/bpf/pipeline.h");
+        for (what, rust) in layout {
+            let asserted = format!("_Static_assert({what} == {rust},");
+            assert!(
+                header.contains(&asserted),
+                "pipeline.h does not assert `{asserted}`"
+            );
+        }
+        let defines = |name: &str, value: String| {
+            header.lines().any(|l| {
+                let w: Vec<&str> = l.split_whitespace().take(3).collect();
+                w == ["#define", name, value.as_str()]
+            })
+        };
+        for (name, value) in [
+            ("FP_MAX_CARRIED", MAX_CARRIED),
+            ("FP_MAX_BRANCHES", MAX_BRANCHES),
+            ("FP_MAX_KEY", MAX_KEY),
+            ("FP_MAX_TABLES", crate::table::MAX_TABLES),
+            ("FP_SKETCH_ROWS", ROWS),
+            ("FP_SKETCH_SAMPLE", SKETCH_SAMPLE as usize),
+            ("FP_END", usize::from(END)),
+        ] {
+            assert!(
+                defines(name, value.to_string()),
+                "pipeline.h: {name} is not {value}"
+            );
+        }
+        assert!(defines("FP_MAGIC", format!("{MAGIC:#x}")));
         const { assert!(CIRC_BYTES + MAX_CARRIED * SEARCH_BYTES <= 256 - 64) };
     }
 

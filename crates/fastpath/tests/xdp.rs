@@ -173,7 +173,7 @@ fn check(
         "{:?}",
         c
     );
-    prop_assert_eq!(c.done, packets.len() as u64);
+    prop_assert_eq!(c.fast.done, packets.len() as u64);
     Ok(())
 }
 

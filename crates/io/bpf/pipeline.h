@@ -86,6 +86,7 @@ struct fp_table {
 };
 
 #define FP_SKETCH_ROWS 4
+#define FP_SKETCH_SAMPLE 8 /* the sketch counts one lookup in this many, chosen at random */
 
 /* The pipeline (array `config`, key 0). */
 struct fp_config {

@@ -24,7 +24,6 @@
 
 use crate::afpacket::interface_info;
 use crate::bpf;
-use crate::fastpath::FastPath;
 use crate::{Error, PacketBatch, PacketMeta, Port, Result};
 use aya::maps::{MapData, XskMap};
 use aya::programs::xdp::XdpLink;
@@ -119,50 +118,18 @@ impl XdpProgram {
     /// Loads the redirect program with room for `queues` sockets and attaches it to
     /// `ifname` in generic mode.
     pub fn attach(ifname: &str, queues: u32) -> Result<Arc<XdpProgram>> {
-        XdpProgram::attach_with(ifname, queues, None)
-    }
-
-    /// As [`XdpProgram::attach`], with `fast_path` in front of the sockets: its flows'
-    /// packets are forwarded by the program itself (see [`crate::fastpath`]).
-    pub fn attach_with(
-        ifname: &str,
-        queues: u32,
-        fast_path: Option<&FastPath>,
-    ) -> Result<Arc<XdpProgram>> {
-        let (ifindex, _) = interface_info(ifname)?;
-        let ifindex = ifindex as u32;
         let queues = queues.max(1);
-        let (link, sockets) = match fast_path {
-            None => {
-                let mut ebpf = bpf::load_xdp(
-                    bpf::REDIRECT,
-                    "redirect",
-                    &[("xsks", queues)],
-                    ifname,
-                    "loading the XDP redirect program",
-                )?;
-                let map = ebpf
-                    .take_map("xsks")
-                    .ok_or_else(|| io::Error::other("the object has no map `xsks`"))
-                    .map_err(|e| dev_err(ifname, "loading the XDP redirect program", e))?;
-                let map = XskMap::try_from(map)
-                    .map_err(|e| bpf::aya_err(ifname, "loading the XDP redirect program", &e))?;
-                let link = attach_link(&mut ebpf, "redirect", ifname, ifindex)?;
-                let sockets = Sockets {
-                    map: Arc::new(Mutex::new(map)),
-                    first: 0,
-                    count: queues,
-                };
-                (link, sockets)
-            }
-            Some(f) => f.attach(ifname, ifindex, queues)?,
-        };
-        Ok(Arc::new(XdpProgram {
-            ifname: ifname.to_owned(),
-            ifindex,
-            sockets,
-            _link: link,
-        }))
+        let what = "loading the XDP redirect program";
+        let mut ebpf = bpf::load_xdp(bpf::REDIRECT, "redirect", &[("xsks", queues)], ifname, what)?;
+        let xsks: XskMap<MapData> = bpf::take_map(&mut ebpf, "xsks", ifname, what)?;
+        XdpProgram::attach_loaded(
+            &mut ebpf,
+            "redirect",
+            ifname,
+            Arc::new(Mutex::new(xsks)),
+            0,
+            queues,
+        )
     }
 
     /// Attaches the XDP program `name` of the already loaded `ebpf` to `ifname` in generic

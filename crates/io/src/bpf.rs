@@ -16,8 +16,8 @@ use std::os::fd::RawFd;
 /// `bpf/redirect.bpf.c`: every frame to the XDP socket of its queue.
 pub(crate) const REDIRECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/redirect.bpf.o"));
-/// `bpf/flowcache.bpf.c`: the fast path.
-pub(crate) const FLOWCACHE: &[u8] =
+/// `bpf/flowcache.bpf.c`: the whole-chain flow cache (loaded by `flowstate-fastpath`).
+pub const FLOWCACHE: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/flowcache.bpf.o"));
 /// `bpf/pipeline.bpf.c`: HyperSFC's table pipeline (loaded by `flowstate-fastpath`).
 pub const PIPELINE: &[u8] =
@@ -161,6 +161,18 @@ const BPF_PROG_TEST_RUN: libc::c_long = 10;
 /// `BPF_PROG_TEST_RUN` (the kernel's own interpreter or JIT, no interface needed): returns the
 /// XDP action and the frame as the program left it.
 pub fn test_run(prog: RawFd, ingress_ifindex: u32, frame: &[u8]) -> io::Result<(u32, Vec<u8>)> {
+    test_run_repeated(prog, ingress_ifindex, frame, 1).map(|(action, out, _)| (action, out))
+}
+
+/// As [`test_run`], `repeat` times in the kernel on the same buffer (a program that rewrites
+/// the frame sees its own output from the second run on); also returns the kernel's average
+/// time per run, in nanoseconds.
+pub fn test_run_repeated(
+    prog: RawFd,
+    ingress_ifindex: u32,
+    frame: &[u8],
+    repeat: u32,
+) -> io::Result<(u32, Vec<u8>, u32)> {
     let mut out = vec![0u8; frame.len() + 256];
     let ctx = XdpMd {
         data_end: frame.len() as u32,
@@ -173,7 +185,7 @@ pub fn test_run(prog: RawFd, ingress_ifindex: u32, frame: &[u8]) -> io::Result<(
         data_size_out: out.len() as u32,
         data_in: frame.as_ptr() as u64,
         data_out: out.as_mut_ptr() as u64,
-        repeat: 1,
+        repeat: repeat.max(1),
         ctx_size_in: std::mem::size_of::<XdpMd>() as u32,
         ctx_in: &ctx as *const XdpMd as u64,
         ..TestRunAttr::default()
@@ -192,7 +204,7 @@ pub fn test_run(prog: RawFd, ingress_ifindex: u32, frame: &[u8]) -> io::Result<(
         return Err(io::Error::last_os_error());
     }
     out.truncate(attr.data_size_out as usize);
-    Ok((attr.retval, out))
+    Ok((attr.retval, out, attr.duration))
 }
 
 #[cfg(test)]

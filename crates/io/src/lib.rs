@@ -19,8 +19,6 @@ pub mod afxdp;
 pub mod batch;
 #[cfg(target_os = "linux")]
 pub mod bpf;
-#[cfg(target_os = "linux")]
-pub mod fastpath;
 pub mod pcap;
 pub mod synth;
 

@@ -177,7 +177,7 @@ pub trait NfFactory: Send + Sync {
     ) -> Result<Box<dyn NetworkFunction>, BuildError>;
 
     /// Whether a live box's fast path may forward a flow's packets past this NF (see
-    /// `flowstate_io::fastpath`). An NF says yes only when, once it forwarded a packet of a
+    /// `flowstate_fastpath::flowcache`). An NF says yes only when, once it forwarded a packet of a
     /// flow, it would forward every later packet of that flow and direction that has no SYN,
     /// FIN or RST with the same header changes (addresses, ports), leaving its payload alone,
     /// and the only state such a packet changes is the flow's idle timer, renewed by the slow

@@ -40,10 +40,18 @@
 //!
 //! The program is C, `crates/io/bpf/flowcache.bpf.c` (its tables' layout in `flowcache.h`,
 //! mirrored here by [`FlowKey`] and the entry's `#[repr(C)]` form), compiled by the build
-//! script and loaded with [`aya`]. A [`FastPath`] loads it once, with its tables, and
-//! [`crate::afxdp::XdpProgram::attach_with`] attaches that one program to each port through
-//! its own BPF link; the program's slow path is one XSKMAP for every port, each port's queues
-//! in their own slots (up to [`MAX_SOCKETS`] in all), found by the ingress interface.
+//! script of `flowstate-io` and loaded with [`aya`], as the table pipeline's program
+//! ([`crate::xdp`]) is: a [`FastPath`] loads it once, with its tables, and
+//! [`FastPath::attach`] attaches that one program to each port through its own BPF link
+//! ([`XdpProgram::attach_loaded`]); the program's slow path is one XSKMAP for every port, each
+//! port's queues in their own slots (up to [`MAX_SOCKETS`] in all), found by the ingress
+//! interface.
+//!
+//! It is not a table of the pipeline ([`crate::table`]) on purpose: its entries are learned
+//! from whatever the chain's NFs did to a flow (MAC addresses, both addresses and ports, TTL,
+//! the output port, a renewal deadline), not written as rules, and its table is the kernel's
+//! LRU hash rather than a cache mirrored from user space. The two share the loader, the
+//! sockets and the kernel-run tests.
 //!
 //! Limits: IPv4 only; the program's checksum arithmetic is RFC 1624's incremental update with
 //! the per-entry sum precomputed in user space (RFC 1071 §2(B): one's-complement sums work on
@@ -53,12 +61,11 @@
 //! slow path renews an entry, and an entry's contents change only when the chain's decision
 //! for the flow did.
 
-use crate::afxdp::{attach_link, Sockets};
-use crate::bpf;
-use crate::{Error, Result};
 use aya::maps::{HashMap, MapData, MapError, PerCpuArray, XskMap};
-use aya::programs::xdp::XdpLink;
 use aya::Ebpf;
+use flowstate_io::afxdp::XdpProgram;
+use flowstate_io::bpf;
+use flowstate_io::{Error, Result};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -444,13 +451,12 @@ impl FastPath {
         })
     }
 
-    /// Attaches the program to `ifname` (`ifindex`), with `queues` slots for its sockets.
-    pub(crate) fn attach(
-        &self,
-        ifname: &str,
-        ifindex: u32,
-        queues: u32,
-    ) -> Result<(XdpLink, Sockets)> {
+    /// Attaches the program to `ifname` (generic mode) with `queues` slots for the sockets
+    /// of its slow path: open them with [`AfXdp::open`](flowstate_io::afxdp::AfXdp::open) on
+    /// the program returned, which stays attached while it lives. A port the program has no
+    /// socket for passes its frames on to the kernel (and its AF_PACKET taps).
+    pub fn attach(&self, ifname: &str, queues: u32) -> Result<Arc<XdpProgram>> {
+        let queues = queues.max(1);
         let mut ports = lock(&self.ports);
         let first = ports.1;
         if queues > MAX_SOCKETS - first {
@@ -461,29 +467,24 @@ impl FastPath {
                 ),
             });
         }
+        let program = XdpProgram::attach_loaded(
+            &mut lock(&self.ebpf),
+            "flowcache",
+            ifname,
+            Arc::clone(&self.xsks),
+            first,
+            queues,
+        )?;
         let slots = PortSockets {
             first,
             count: queues,
         };
         ports
             .0
-            .insert(ifindex, slots, 0)
+            .insert(program.ifindex(), slots, 0)
             .map_err(|e| bpf::aya_err(ifname, "registering the port with the fast path", &e))?;
-        let link = attach_link(&mut lock(&self.ebpf), "flowcache", ifname, ifindex);
-        let link = match link {
-            Ok(link) => link,
-            Err(e) => {
-                let _ = ports.0.remove(&ifindex);
-                return Err(e);
-            }
-        };
         ports.1 += queues;
-        let sockets = Sockets {
-            map: Arc::clone(&self.xsks),
-            first,
-            count: queues,
-        };
-        Ok((link, sockets))
+        Ok(program)
     }
 
     /// Teaches the fast path what the slow path did with one packet (see [`lesson`]):
@@ -843,7 +844,7 @@ mod tests {
             ("sizeof(struct flow_stats)", size_of::<FlowStats>()),
             ("sizeof(struct port_sockets)", size_of::<PortSockets>()),
         ];
-        let header = include_str!("../bpf/flowcache.h");
+        let header = include_str!("../../io/bpf/flowcache.h");
         for (what, rust) in layout {
             let asserted = format!("{what} == {rust},");
             assert!(
