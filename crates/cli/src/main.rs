@@ -20,8 +20,27 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, Parser)]
 #[command(name = "flowstate", version, about, long_about = None)]
 struct Cli {
+    /// More log lines on stderr: -v info, -vv debug, -vvv trace (warnings and errors by
+    /// default). `RUST_LOG`, when set, decides instead (e.g. `RUST_LOG=flowstate_chain=debug`).
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    /// Only errors on stderr.
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    quiet: bool,
+    /// How log lines look: `text`, or `json` (one object per line, for log collectors).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -113,7 +132,8 @@ fn main() {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         }
     }
-    // Log lines on stderr as RUST_LOG says (warnings by default); alerts to the EVE file.
+    // Log lines on stderr as RUST_LOG says, else as -v/-q say (warnings by default); alerts
+    // to the EVE file.
     let eve = match &cli.command {
         Command::Run(a) => match a.eve.as_deref().map(eve::EveFile::open) {
             Some(Ok(f)) => Some(f),
@@ -134,18 +154,25 @@ fn main() {
             m.target() == flowstate_nf::ALERT_TARGET
         }))
     });
+    let level = match (cli.quiet, cli.verbose) {
+        (true, _) => "error",
+        (false, 0) => "warn",
+        (false, 1) => "info",
+        (false, 2) => "debug",
+        (false, _) => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let not_eve = tracing_subscriber::filter::filter_fn(move |m| {
+        !(to_file && m.target() == flowstate_nf::ALERT_TARGET)
+    });
+    let stderr = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let stderr = match cli.log_format {
+        LogFormat::Text => stderr.boxed(),
+        LogFormat::Json => stderr.json().boxed(),
+    };
     tracing_subscriber::registry()
-        .with(
-            tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stderr)
-                .with_filter(
-                    tracing_subscriber::EnvFilter::try_from_default_env()
-                        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-                )
-                .with_filter(tracing_subscriber::filter::filter_fn(move |m| {
-                    !(to_file && m.target() == flowstate_nf::ALERT_TARGET)
-                })),
-        )
+        .with(stderr.with_filter(filter).with_filter(not_eve))
         .with(eve)
         .init();
     let result = match cli.command {

@@ -360,3 +360,40 @@ fn the_hypersfc_example_gives_one_output_in_every_submit_mode() {
         "{to_backends} packets to the LB's backends"
     );
 }
+
+/// `-v` adds the runtime's start line to stderr, `--log-format json` makes every line a JSON
+/// object, `-q` leaves only errors; without them (and without RUST_LOG) the run logs nothing.
+#[test]
+fn log_flags_choose_what_stderr_shows() {
+    let stderr = |flags: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_flowstate"))
+            .args(flags)
+            .args(["run", "examples/nat.toml"])
+            .current_dir(root())
+            .env_remove("RUST_LOG")
+            .output()
+            .expect("run flowstate");
+        assert!(out.status.success(), "{flags:?}");
+        String::from_utf8(out.stderr).expect("stderr is UTF-8")
+    };
+    assert!(!stderr(&[]).contains("run starting"));
+    assert!(!stderr(&["-q"]).contains("run starting"));
+    assert!(stderr(&["-v"]).contains("run starting"));
+    let json = stderr(&["-v", "--log-format", "json"]);
+    let lines: Vec<serde_json::Value> = json
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let start = lines
+        .iter()
+        .find(|l| l["fields"]["message"] == "run starting")
+        .unwrap_or_else(|| panic!("no start line in {json}"));
+    assert_eq!(start["level"], "INFO");
+    assert_eq!(start["fields"]["backend"], "local");
+    let both = Command::new(env!("CARGO_BIN_EXE_flowstate"))
+        .args(["-q", "-v", "run", "examples/nat.toml"])
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert!(!both.status.success(), "-q and -v contradict each other");
+}
