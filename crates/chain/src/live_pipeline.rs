@@ -135,7 +135,19 @@ pub fn run_pipeline_live(
     let (fp, rules) = crate::pipeline::section(config)?;
     let pipeline = &fp.pipeline;
     let loaded = full::load(&*connector, pipeline, &rules).map_err(Error::Fastpath)?;
-    let mut xdp = XdpFastPath::new(pipeline, fp.mode, &loaded.blooms).map_err(xdp_err)?;
+    let mut xdp = XdpFastPath::new(pipeline, fp.mode, &loaded.blooms).map_err(|e| match e {
+        // What the program cannot do is the configuration's error, named by its key.
+        XdpError::Unsupported { table, reason } => {
+            let i = pipeline.tables.iter().position(|t| t.name == table);
+            crate::ConfigError::new(
+                &config.file,
+                format!("fastpath.table[{}]", i.unwrap_or(0)),
+                format!("{reason} in the XDP fast path of a live box"),
+            )
+            .into()
+        }
+        e => xdp_err(e),
+    })?;
     let rc = Recirculation::create(&fp.recirculation)?;
     let (_, rx_mac) = interface_info(&rc.rx)?;
     let mut sockets = Vec::new();

@@ -1036,6 +1036,22 @@ mod tests {
     }
 
     #[test]
+    fn what_the_program_cannot_do_names_the_table() {
+        // Checked before anything is loaded: no root needed.
+        let mut wide = crate::Table::new("wide", Kind::Exact, &[Field::Proto], &[], 4);
+        wide.branches = vec![Next::End; MAX_BRANCHES + 1];
+        let p = Pipeline { tables: vec![wide] };
+        match XdpFastPath::new(&p, Mode::Lazy, &[]) {
+            Err(XdpError::Unsupported { table, reason }) => {
+                assert_eq!(table, "wide");
+                assert!(reason.contains("16 branches"), "{reason}");
+            }
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("17 branches accepted"),
+        }
+    }
+
+    #[test]
     fn rules_cross_to_the_program_and_back() {
         let r = Rule {
             writes: [Some((Field::DstIp, 7)), Some((Field::Egress, 3))],
