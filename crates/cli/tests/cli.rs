@@ -269,6 +269,7 @@ fn demo_runs_the_chain_with_state_at_work() {
 #[test]
 fn a_closed_pipe_ends_printing_commands_quietly() {
     use std::io::Read;
+    use std::os::fd::{FromRawFd, OwnedFd};
     use std::os::unix::process::ExitStatusExt;
     use std::process::Stdio;
     let dir = tempfile::tempdir().unwrap();
@@ -289,14 +290,22 @@ fn a_closed_pipe_ends_printing_commands_quietly() {
         vec!["bench", "--list"],
         vec!["inspect", pcap.to_str().unwrap(), "--json"],
     ] {
+        // A pipe whose reader is gone before the child starts, so that its first write fails
+        // (with `Stdio::piped()` the child could write into the pipe's buffer before the
+        // reader was dropped, and end well).
+        let mut fds = [0; 2];
+        // SAFETY: pipe writes two new descriptors into `fds`.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: both descriptors were just made and are owned by nothing else.
+        let (reader, writer) =
+            unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        drop(reader);
         let mut child = Command::new(env!("CARGO_BIN_EXE_flowstate"))
             .args(&args)
-            .stdout(Stdio::piped())
+            .stdout(Stdio::from(writer))
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        // The reader is gone before the first write.
-        drop(child.stdout.take());
         let mut stderr = String::new();
         child
             .stderr
