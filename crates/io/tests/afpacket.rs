@@ -38,6 +38,10 @@ impl Ns {
             "-n", &ns.0, "link", "add", "fsa", "type", "veth", "peer", "name", "fsb",
         ]);
         for dev in ["fsa", "fsb"] {
+            // No IPv6 on the pair: a link coming up sends neighbour discovery and MLD frames
+            // of its own, which took slots of the small rings the tests count on.
+            let off = format!("net.ipv6.conf.{dev}.disable_ipv6=1");
+            ip(&["netns", "exec", &ns.0, "sysctl", "-qw", &off]);
             ip(&["-n", &ns.0, "link", "set", dev, "up"]);
         }
         // `link set up` returns before the kernel's link watch has activated the pair
