@@ -86,6 +86,13 @@ impl Slab {
         }
     }
 
+    fn take_changes(&mut self) -> Vec<Change> {
+        self.changes
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
     fn record(&mut self, c: Change) {
         if let Some(changes) = &mut self.changes {
             changes.push(c);
@@ -169,11 +176,7 @@ impl ExactCache {
 
     /// The changes since the last call, in order (none unless [`mirrored`](Self::mirrored)).
     pub fn take_changes(&mut self) -> Vec<Change> {
-        self.slab
-            .changes
-            .as_mut()
-            .map(std::mem::take)
-            .unwrap_or_default()
+        self.slab.take_changes()
     }
 
     /// The sketch evictions rank by.
@@ -322,11 +325,7 @@ impl LpmCache {
 
     /// The changes since the last call, in order (none unless [`mirrored`](Self::mirrored)).
     pub fn take_changes(&mut self) -> Vec<Change> {
-        self.slab
-            .changes
-            .as_mut()
-            .map(std::mem::take)
-            .unwrap_or_default()
+        self.slab.take_changes()
     }
 
     /// The sketch evictions rank by.
