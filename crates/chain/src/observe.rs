@@ -22,7 +22,9 @@
 
 use crate::summary::Summary;
 use arc_swap::ArcSwapOption;
-use std::sync::Arc;
+use flowstate_nf::listing::{merge_summed, Row, TableInfo};
+use flowstate_nf::NetworkFunction;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// How often a worker publishes its counters.
@@ -74,6 +76,91 @@ pub(crate) struct RunView {
     pub(crate) chain: Vec<String>,
     pub(crate) slots: Vec<ArcSwapOption<Published>>,
     pub(crate) dispatched: ArcSwapOption<crate::runtime::Counts>,
+    /// Each NF's tables, in chain order.
+    pub(crate) tables: Vec<&'static [TableInfo]>,
+    /// The table request the workers answer at their next publish.
+    pub(crate) query: ArcSwapOption<TableQuery>,
+}
+
+impl RunView {
+    /// Called by worker `worker` at each publish: answers the pending table request once.
+    pub(crate) fn answer(
+        &self,
+        worker: usize,
+        nfs: &[Box<dyn NetworkFunction>],
+        now: u64,
+        last: &mut u64,
+    ) {
+        let guard = self.query.load();
+        let Some(q) = guard.as_deref() else { return };
+        if q.id == *last {
+            return;
+        }
+        *last = q.id;
+        let mut rows = Vec::new();
+        if let Some(nf) = nfs.get(q.nf) {
+            nf.list(q.table.name, now, &mut rows);
+        }
+        let mut a = q.answers.lock().unwrap_or_else(|p| p.into_inner());
+        a.rows.append(&mut rows);
+        a.workers.push(worker);
+        q.done.notify_all();
+    }
+}
+
+/// A request for one NF table: each worker appends its rows between batches.
+pub(crate) struct TableQuery {
+    id: u64,
+    nf: usize,
+    table: TableInfo,
+    answers: Mutex<Answers>,
+    done: Condvar,
+}
+
+#[derive(Default)]
+struct Answers {
+    rows: Vec<Row>,
+    workers: Vec<usize>,
+}
+
+/// One NF table of a running box ([`Observer::table`]).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TableRows {
+    /// The NF.
+    pub nf: String,
+    /// The table.
+    pub table: &'static str,
+    /// What one row is.
+    pub about: &'static str,
+    /// Column names.
+    pub columns: &'static [&'static str],
+    /// Every worker's rows (summed per key where the table says so).
+    pub rows: Vec<Row>,
+    /// Workers of the run.
+    pub workers: usize,
+    /// Workers whose rows are included (fewer than `workers`: some did not answer in time).
+    pub answered: usize,
+}
+
+/// Why [`Observer::table`] has no rows to give.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TableError {
+    /// No run has started.
+    #[error("no run has started")]
+    NotRunning,
+    /// The chain has no such NF.
+    #[error("the chain has no NF {0:?}")]
+    NoNf(String),
+    /// The NF has no such table.
+    #[error("{nf} has no table {table:?} (it has: {known})")]
+    NoTable {
+        /// The NF.
+        nf: String,
+        /// The table asked for.
+        table: String,
+        /// The tables it has.
+        known: String,
+    },
 }
 
 /// The live view of a box: hand it to [`crate::Runtime::with_observer`] (or
@@ -81,6 +168,7 @@ pub(crate) struct RunView {
 #[derive(Default)]
 pub struct Observer {
     run: ArcSwapOption<RunView>,
+    querying: Mutex<()>,
     #[cfg(target_os = "linux")]
     live: ArcSwapOption<LiveParts>,
 }
@@ -163,6 +251,79 @@ impl Observer {
         Some(s)
     }
 
+    /// The NFs of the running chain and their tables (empty before the run started).
+    pub fn tables(&self) -> Vec<(String, &'static [TableInfo])> {
+        let Some(run) = self.run.load_full() else {
+            return Vec::new();
+        };
+        run.chain
+            .iter()
+            .cloned()
+            .zip(run.tables.iter().copied())
+            .collect()
+    }
+
+    /// Table `table` of NF `nf` as the workers hold it now: each worker lists its entries
+    /// between two batches (within [`PUBLISH_EVERY`] when busy, one idle tick when idle);
+    /// waits at most `wait` for all of them. Requests are served one at a time.
+    pub fn table(&self, nf: &str, table: &str, wait: Duration) -> Result<TableRows, TableError> {
+        let run = self.run.load_full().ok_or(TableError::NotRunning)?;
+        let i = run
+            .chain
+            .iter()
+            .position(|n| n == nf)
+            .ok_or_else(|| TableError::NoNf(nf.to_owned()))?;
+        let info = *run.tables[i]
+            .iter()
+            .find(|t| t.name == table)
+            .ok_or_else(|| TableError::NoTable {
+                nf: nf.to_owned(),
+                table: table.to_owned(),
+                known: run.tables[i]
+                    .iter()
+                    .map(|t| t.name)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })?;
+        let _one_at_a_time = self.querying.lock().unwrap_or_else(|p| p.into_inner());
+        let id = run.query.load().as_ref().map_or(0, |q| q.id) + 1;
+        let q = Arc::new(TableQuery {
+            id,
+            nf: i,
+            table: info,
+            answers: Mutex::default(),
+            done: Condvar::new(),
+        });
+        run.query.store(Some(Arc::clone(&q)));
+        let until = Instant::now() + wait;
+        let mut a = q.answers.lock().unwrap_or_else(|p| p.into_inner());
+        while a.workers.len() < run.workers {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            a = q
+                .done
+                .wait_timeout(a, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        let rows = std::mem::take(&mut a.rows);
+        Ok(TableRows {
+            nf: nf.to_owned(),
+            table: info.name,
+            about: info.about,
+            columns: info.columns,
+            rows: if info.summed {
+                merge_summed(rows)
+            } else {
+                rows
+            },
+            workers: run.workers,
+            answered: a.workers.len(),
+        })
+    }
+
     /// Each worker's batch-time histogram so far.
     pub fn batch_times(&self) -> Vec<BatchTimes> {
         let Some(run) = self.run.load_full() else {
@@ -217,6 +378,112 @@ mod tests {
             assert_eq!(times.len(), workers);
             let batches: u64 = times.iter().flat_map(|t| t.buckets.iter()).sum();
             assert!(batches > 0);
+        }
+    }
+
+    /// A trace, then idle ticks until `stop` is raised: a box whose tables can be asked for.
+    struct ThenIdle {
+        trace: flowstate_io::synth::Synthetic,
+        done: bool,
+        last: u64,
+        stop: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl flowstate_io::Source for ThenIdle {
+        fn recv(&mut self, batch: &mut flowstate_io::PacketBatch) -> flowstate_io::Result<usize> {
+            if !self.done {
+                let n = self.trace.recv(batch)?;
+                self.done = n == 0;
+                for (_, meta) in batch.iter() {
+                    self.last = self.last.max(meta.timestamp_ns);
+                }
+                return Ok(n);
+            }
+            batch.clear();
+            std::thread::sleep(Duration::from_millis(5));
+            Ok(0)
+        }
+
+        fn idle_now(&mut self) -> Option<u64> {
+            // Time stands still: nothing expires while the test asks.
+            (!self.stop.load(std::sync::atomic::Ordering::SeqCst)).then_some(self.last)
+        }
+    }
+
+    #[test]
+    fn a_running_box_lists_every_workers_entries() {
+        use crate::{Runtime, RuntimeOptions};
+        use flowstate_io::synth::{Profile, SynthConfig, Synthetic};
+        use flowstate_state::local::LocalStore;
+        let chain = vec![
+            flowstate_nf::registry::factory("firewall", &toml::Table::new()).unwrap(),
+            flowstate_nf::registry::factory("counter", &toml::Table::new()).unwrap(),
+        ];
+        for workers in [1, 2] {
+            let observer = Observer::new();
+            assert_eq!(
+                observer
+                    .table("firewall", "connections", Duration::ZERO)
+                    .err(),
+                Some(TableError::NotRunning)
+            );
+            let options = RuntimeOptions {
+                workers,
+                inside: vec!["10.0.0.0/8".parse().unwrap()],
+                ..RuntimeOptions::default()
+            };
+            let runtime = Runtime::new(options, chain.clone(), Arc::new(LocalStore::new()))
+                .with_observer(Arc::clone(&observer));
+            let mut trace = SynthConfig::new(Profile::Mixed);
+            trace.flows = 50;
+            trace.packets = 2_000;
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let mut source = ThenIdle {
+                trace: Synthetic::new(trace).unwrap(),
+                done: false,
+                last: 0,
+                stop: Arc::clone(&stop),
+            };
+            /// Ends the run however the test ends (a failed assertion included).
+            struct StopOnDrop(Arc<std::sync::atomic::AtomicBool>);
+            impl Drop for StopOnDrop {
+                fn drop(&mut self) {
+                    self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+            }
+            std::thread::scope(|s| {
+                let run = s.spawn(|| runtime.run(&mut source, None));
+                let _stop = StopOnDrop(Arc::clone(&stop));
+                // Once every packet went through, the listing holds what the report counts.
+                let until = Instant::now() + Duration::from_secs(20);
+                let tracked = loop {
+                    let summary = observer.summary();
+                    if let Some(sum) = summary.as_ref().filter(|s| s.packets_in == 2_000) {
+                        break sum.nfs[0].report["tracked"];
+                    }
+                    assert!(Instant::now() < until, "{summary:?}");
+                    std::thread::sleep(Duration::from_millis(20));
+                };
+                let t = observer
+                    .table("firewall", "connections", Duration::from_secs(10))
+                    .unwrap();
+                assert_eq!((t.workers, t.answered), (workers, workers));
+                assert_eq!(t.rows.len() as i64, tracked, "{workers} workers");
+                assert!(tracked > 0);
+                assert_eq!(t.columns.len(), t.rows[0].len());
+                assert!(matches!(
+                    observer.table("firewall", "nope", Duration::ZERO),
+                    Err(TableError::NoTable { .. })
+                ));
+                assert_eq!(
+                    observer.table("nat", "sessions", Duration::ZERO).err(),
+                    Some(TableError::NoNf("nat".into()))
+                );
+                let json = serde_json::to_value(&t).unwrap();
+                assert_eq!(json["rows"].as_array().unwrap().len() as i64, tracked);
+                stop.store(true, std::sync::atomic::Ordering::SeqCst);
+                run.join().unwrap().unwrap();
+            });
         }
     }
 

@@ -364,6 +364,8 @@ impl Runtime {
                 chain: self.chain.iter().map(|f| f.name().to_owned()).collect(),
                 slots: (0..n).map(|_| ArcSwapOption::empty()).collect(),
                 dispatched: ArcSwapOption::empty(),
+                tables: self.chain.iter().map(|f| f.tables()).collect(),
+                query: ArcSwapOption::empty(),
             });
             obs.begin(Arc::clone(&view));
             view
@@ -458,10 +460,9 @@ impl Runtime {
                         if let Some(nice) = o.nice {
                             set_nice(nice, w);
                         }
-                        let slot = view.and_then(|v| v.slots.get(w));
                         let r = self.worker(
                             w, n, ready, go_rx, feed, recycle, make, own_output, steering, abort,
-                            slot,
+                            view,
                         );
                         if matches!(&r, Err(e) if !matches!(e, RunError::Stopped)) {
                             abort.store(true, Ordering::SeqCst);
@@ -569,7 +570,7 @@ impl Runtime {
         own_output: bool,
         steering: &Steering,
         abort: &AtomicBool,
-        publish: Option<&ArcSwapOption<Published>>,
+        view: Option<&RunView>,
     ) -> Result<WorkerReport, RunError>
     where
         S: Source + WorkerSink,
@@ -649,7 +650,9 @@ impl Runtime {
             worker: index,
             ..BatchTimes::default()
         };
+        let publish = view.and_then(|v| Some((v, v.slots.get(index)?)));
         let mut next_publish = Instant::now();
+        let mut last_query = 0;
         loop {
             let mut work = match &feed {
                 Feed::Queue(rx) => match rx.recv() {
@@ -695,7 +698,7 @@ impl Runtime {
             let t1 = Instant::now();
             let took = t1.saturating_duration_since(t0);
             w.busy += took;
-            if let Some(slot) = publish {
+            if let Some((view, slot)) = publish {
                 batches.record(took);
                 if t1 >= next_publish {
                     next_publish = t1 + PUBLISH_EVERY;
@@ -703,6 +706,7 @@ impl Runtime {
                         report: w.report_now(),
                         batches: batches.clone(),
                     })));
+                    view.answer(index, &w.nfs, w.now, &mut last_query);
                 }
             }
             if own_output {
@@ -733,7 +737,7 @@ impl Runtime {
             busy_s = w.busy.as_secs_f64(),
             "worker done"
         );
-        if let Some(slot) = publish {
+        if let Some((_, slot)) = publish {
             slot.store(Some(Arc::new(Published {
                 report: w.report_now(),
                 batches,

@@ -8,6 +8,7 @@ mod inspect;
 mod lab;
 mod report;
 mod run;
+mod state;
 mod store;
 mod telemetry;
 
@@ -67,6 +68,9 @@ enum Command {
     /// Many instances on a shared store, a root that steers, a controller: failover and
     /// scale out/in without a broken connection (in the lab's namespaces).
     Cluster(cluster::ClusterArgs),
+    /// Look at NF state: `state list` prints the NAT's sessions, the firewall's connections,
+    /// the LB's flows, from a running box or a store.
+    State(state::StateArgs),
 }
 
 #[derive(Debug, Args)]
@@ -122,7 +126,11 @@ fn main() {
     // Unix tools do, instead of panicking on the failed write: SIGPIPE's default action. The
     // long-running roles (store, cluster, lab) keep Rust's default of ignoring it.
     let prints = match &cli.command {
-        Command::Demo(_) | Command::Gen(_) | Command::Inspect(_) | Command::Run(_) => true,
+        Command::Demo(_)
+        | Command::Gen(_)
+        | Command::Inspect(_)
+        | Command::Run(_)
+        | Command::State(_) => true,
         Command::Bench(b) => b.list,
         _ => false,
     };
@@ -185,6 +193,7 @@ fn main() {
         Command::Lab(a) => lab::run(&a),
         Command::Store(a) => store::run(&a),
         Command::Cluster(a) => cluster::run(&a),
+        Command::State(a) => state::run(&a),
     };
     if let Some(e) = &eve_handle {
         e.flush();

@@ -44,16 +44,39 @@ impl Provider for ChainProvider {
         }
     }
 
+    /// `summary`; `tables` (the chain's NFs and their tables); `tables/NF/TABLE` (the rows
+    /// every worker holds now, or `{"error": ...}` for an NF or table the chain lacks).
     fn api(&self, name: &str) -> Option<String> {
-        match name {
-            "summary" => {
-                let s = self.0.summary().unwrap_or_default();
-                serde_json::to_string_pretty(&s).ok()
-            }
-            _ => None,
+        if name == "summary" {
+            let s = self.0.summary().unwrap_or_default();
+            return serde_json::to_string_pretty(&s).ok();
         }
+        if name == "tables" {
+            let chain: Vec<_> = self
+                .0
+                .tables()
+                .into_iter()
+                .map(|(nf, tables)| {
+                    let tables: Vec<_> = tables
+                        .iter()
+                        .map(|t| serde_json::json!({"name": t.name, "about": t.about, "columns": t.columns}))
+                        .collect();
+                    serde_json::json!({"nf": nf, "tables": tables})
+                })
+                .collect();
+            return serde_json::to_string_pretty(&chain).ok();
+        }
+        let (nf, table) = name.strip_prefix("tables/")?.split_once('/')?;
+        let doc = match self.0.table(nf, table, TABLE_WAIT) {
+            Ok(t) => serde_json::to_value(&t).ok()?,
+            Err(e) => serde_json::json!({ "error": e.to_string() }),
+        };
+        serde_json::to_string_pretty(&doc).ok()
     }
 }
+
+/// How long `/api/v1/tables/NF/TABLE` waits for every worker's rows.
+pub(crate) const TABLE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The metrics of a run's summary.
 pub(crate) fn chain_metrics(s: &Summary, m: &mut Metrics) {

@@ -22,10 +22,13 @@
 //! * Every packet renews its entry's timer with its state's timeout (Linux's defaults,
 //!   configurable); [`NetworkFunction::on_tick`] expires entries.
 
+use crate::listing::{Cell, Row, StoreReader, TableInfo};
 use crate::{
     BuildError, Context, Direction, NetworkFunction, NfFactory, Packet, Verdict, WorkerInfo,
 };
-use flowstate_state::{Access, Codec, CodecError, Counter, CounterMap, Declare, Map, Nanos, Scope};
+use flowstate_state::{
+    Access, Codec, CodecError, Counter, CounterMap, Declare, Map, Nanos, Scope, StateError,
+};
 use flowstate_wire::dissect::{Fragment, Transport};
 use flowstate_wire::flow::proto;
 use flowstate_wire::{icmp, tcp, FlowKey};
@@ -922,6 +925,51 @@ impl NfFactory for Factory {
     fn fast_path(&self) -> bool {
         true
     }
+
+    fn tables(&self) -> &'static [TableInfo] {
+        &[TableInfo {
+            name: "connections",
+            about: "a tracked connection, as conntrack -L shows it: the opener's endpoint, the \
+                    endpoint it opened to, its state, the side it came from, time left",
+            columns: &["proto", "src", "dst", "state", "from", "timeout"],
+            summed: false,
+        }]
+    }
+
+    fn stored_rows(
+        &self,
+        table: &str,
+        store: &mut StoreReader<'_>,
+        out: &mut Vec<Row>,
+    ) -> Result<bool, StateError> {
+        if table != "connections" {
+            return Ok(false);
+        }
+        for (k, c) in store.map::<FlowKey, Conn>("conns")? {
+            out.push(connection_row(&k, &c, Cell::None));
+        }
+        Ok(true)
+    }
+}
+
+/// A connection as `flowstate state list firewall.connections` shows it.
+fn connection_row(k: &FlowKey, c: &Conn, left: Cell) -> Row {
+    let (src, dst) = if c.opener_is_canonical_src {
+        ((k.src, k.src_port), (k.dst, k.dst_port))
+    } else {
+        ((k.dst, k.dst_port), (k.src, k.src_port))
+    };
+    vec![
+        Cell::Proto(k.proto),
+        Cell::endpoint(src.0, src.1),
+        Cell::endpoint(dst.0, dst.1),
+        Cell::Text(c.state.name()),
+        Cell::Text(match c.opened_from {
+            Direction::Outbound => "inside",
+            Direction::Inbound => "outside",
+        }),
+        left,
+    ]
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1308,6 +1356,14 @@ impl NetworkFunction for Firewall {
 
     fn entries(&self) -> u64 {
         self.conns.cached_len() as u64
+    }
+
+    fn list(&self, table: &str, now: Nanos, out: &mut Vec<Row>) {
+        if table == "connections" {
+            self.conns.for_each_timed(|k, c, deadline| {
+                out.push(connection_row(k, c, Cell::timeout(deadline, now)));
+            });
+        }
     }
 
     fn report(&self) -> Vec<(&'static str, i64)> {

@@ -20,11 +20,14 @@
 //! * Packets neither for a VIP service nor from one of its backends pass untouched. The
 //!   direction a packet came from does not matter.
 
+use crate::listing::{Cell, Row, StoreReader, TableInfo};
 use crate::nat::{be16, checksum_update};
 use crate::{
     BuildError, Context, Direction, NetworkFunction, NfFactory, Packet, Verdict, WorkerInfo,
 };
-use flowstate_state::{Access, Codec, CodecError, Counter, CounterMap, Declare, Map, Nanos, Scope};
+use flowstate_state::{
+    Access, Codec, CodecError, Counter, CounterMap, Declare, Map, Nanos, Scope, StateError,
+};
 use flowstate_wire::dissect::{Dissection, Fragment, Transport};
 use flowstate_wire::flow::{proto, FLOW_KEY_MAX_BYTES};
 use flowstate_wire::{ipv4, ipv6, tcp, udp, FlowKey};
@@ -534,6 +537,43 @@ impl NfFactory for Factory {
         true
     }
 
+    fn tables(&self) -> &'static [TableInfo] {
+        TABLES
+    }
+
+    fn stored_rows(
+        &self,
+        table: &str,
+        store: &mut StoreReader<'_>,
+        out: &mut Vec<Row>,
+    ) -> Result<bool, StateError> {
+        match table {
+            "flows" => {
+                for (k, a) in store.map::<FlowKey, Affinity>("affinity")? {
+                    out.push(self.0.flow_row(&k, &a, Cell::None));
+                }
+            }
+            "backends" => {
+                let sums = |entries: Vec<(BackendAddr, i64)>| {
+                    let mut m: HashMap<BackendAddr, i64> = HashMap::new();
+                    for (b, n) in entries {
+                        *m.entry(b).or_default() += n;
+                    }
+                    m
+                };
+                let active = sums(store.counter_map("active")?);
+                let conns = sums(store.counter_map("connections")?);
+                let bytes = sums(store.counter_map("bytes")?);
+                for &(b, ..) in &self.0.report {
+                    let n = |m: &HashMap<BackendAddr, i64>| m.get(&b).copied().unwrap_or(0);
+                    out.push(backend_row(b, n(&active), n(&conns), n(&bytes)));
+                }
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
     /// A connection's state (affinity, per-backend counts) is the client endpoint's: client →
     /// VIP and backend → client both go to the partition of the client endpoint.
     fn partition(
@@ -562,6 +602,53 @@ impl NfFactory for Factory {
             client.0, client.1, flow.proto, partitions,
         ))
     }
+}
+
+/// The LB's tables.
+const TABLES: &[TableInfo] = &[
+    TableInfo {
+        name: "flows",
+        about: "a client's connection to a VIP and the backend it goes to, open or closed \
+                (ended, kept until its short timeout), time left",
+        columns: &["proto", "client", "vip", "backend", "state", "timeout"],
+        summed: false,
+    },
+    TableInfo {
+        name: "backends",
+        about: "a configured backend: connections open now, connections assigned so far, \
+                bytes both ways",
+        columns: &["backend", "active", "connections", "bytes"],
+        summed: true,
+    },
+];
+
+impl Compiled {
+    /// A flow as `flowstate state list lb.flows` shows it.
+    fn flow_row(&self, k: &FlowKey, a: &Affinity, left: Cell) -> Row {
+        let backend = self
+            .services
+            .get(&(k.dst, k.dst_port, k.proto))
+            .and_then(|&vi| self.vips[vi].backends.get(usize::from(a.backend)))
+            .map_or(Cell::None, |b| Cell::endpoint(b.addr, b.port));
+        vec![
+            Cell::Proto(k.proto),
+            Cell::endpoint(k.src, k.src_port),
+            Cell::endpoint(k.dst, k.dst_port),
+            backend,
+            Cell::Text(if a.closed() { "closed" } else { "open" }),
+            left,
+        ]
+    }
+}
+
+/// A backend as `flowstate state list lb.backends` shows it.
+fn backend_row(b: BackendAddr, active: i64, connections: i64, bytes: i64) -> Row {
+    vec![
+        Cell::endpoint(b.0, b.1),
+        Cell::Int(active),
+        Cell::Int(connections),
+        Cell::Int(bytes),
+    ]
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1108,6 +1195,20 @@ impl NetworkFunction for LoadBalancer {
 
     fn entries(&self) -> u64 {
         self.affinity.cached_len() as u64
+    }
+
+    fn list(&self, table: &str, now: Nanos, out: &mut Vec<Row>) {
+        match table {
+            "flows" => self.affinity.for_each_timed(|k, a, deadline| {
+                out.push(self.cfg.flow_row(k, a, Cell::timeout(deadline, now)));
+            }),
+            "backends" => {
+                for s in self.backend_stats() {
+                    out.push(backend_row(s.backend, s.active, s.connections, s.bytes));
+                }
+            }
+            _ => {}
+        }
     }
 
     fn report(&self) -> Vec<(&'static str, i64)> {

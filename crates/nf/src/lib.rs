@@ -110,6 +110,13 @@ pub trait NetworkFunction {
     fn entries(&self) -> u64 {
         0
     }
+
+    /// Appends this instance's entries of table `table` (one of its factory's
+    /// [`NfFactory::tables`]) to `out`, with the time each has left at `now`. Called between
+    /// batches, never on the per-packet path. Default: no tables.
+    fn list(&self, table: &str, now: Nanos, out: &mut Vec<listing::Row>) {
+        let _ = (table, now, out);
+    }
 }
 
 /// Where a worker's NF instance runs.
@@ -176,6 +183,25 @@ pub trait NfFactory: Send + Sync {
         worker: WorkerInfo,
     ) -> Result<Box<dyn NetworkFunction>, BuildError>;
 
+    /// The tables an operator can list (`flowstate state list NF.TABLE`), the main one first.
+    /// Default: none.
+    fn tables(&self) -> &'static [listing::TableInfo] {
+        &[]
+    }
+
+    /// Appends the entries of table `table` kept in a store to `out`, read through `store`
+    /// and decoded with the NF's codecs (rows without a timeout: stores do not hand out
+    /// deadlines). `Ok(false)`: the table is not kept in a store (a worker-private table).
+    fn stored_rows(
+        &self,
+        table: &str,
+        store: &mut listing::StoreReader<'_>,
+        out: &mut Vec<listing::Row>,
+    ) -> Result<bool, StateError> {
+        let _ = (table, store, out);
+        Ok(false)
+    }
+
     /// Whether a live box's fast path may forward a flow's packets past this NF (see
     /// `flowstate_fastpath::flowcache`). An NF says yes only when, once it forwarded a packet of a
     /// flow, it would forward every later packet of that flow and direction that has no SYN,
@@ -228,6 +254,7 @@ pub mod eve;
 pub mod firewall;
 pub mod ips;
 pub mod lb;
+pub mod listing;
 pub mod monitor;
 pub mod nat;
 pub mod portscan;

@@ -101,11 +101,13 @@
 //! the same configuration (a restarted worker on a persistent store keeps its sessions and its
 //! pools); pools from a different configuration are an error rather than a silent mix.
 
+use crate::listing::{Cell, Row, StoreReader, TableInfo};
 use crate::{
     BuildError, Context, Direction, NetworkFunction, NfFactory, Packet, Verdict, WorkerInfo,
 };
 use flowstate_state::{
-    Access, Codec, CodecError, Counter, CounterMap, Declare, Field, List, Map, Nanos, Scope, Value,
+    Access, Codec, CodecError, Counter, CounterMap, Declare, Field, List, Map, Nanos, Scope,
+    StateError, Value,
 };
 use flowstate_wire::dissect::{Fragment, Network, Transport};
 use flowstate_wire::flow::proto;
@@ -566,6 +568,96 @@ impl NfFactory for Factory {
         partitions: u32,
     ) -> Option<u32> {
         self.0.partition(flow, quoted, direction, partitions)
+    }
+
+    fn tables(&self) -> &'static [TableInfo] {
+        TABLES
+    }
+
+    fn stored_rows(
+        &self,
+        table: &str,
+        store: &mut StoreReader<'_>,
+        out: &mut Vec<Row>,
+    ) -> Result<bool, StateError> {
+        match table {
+            "sessions" => {
+                for (k, s) in store.map::<FlowKey, OutSession>("out")? {
+                    out.push(session_row(&k, s.ext_ip, s.ext_port, s.tcp, Cell::None));
+                }
+            }
+            "mappings" => {
+                for (e, m) in store.map::<Endpoint, Mapping>("eim")? {
+                    out.push(mapping_row(e, &m));
+                }
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+}
+
+/// The NAT's tables (both NAT tables list the same).
+pub(crate) const TABLES: &[TableInfo] = &[
+    TableInfo {
+        name: "sessions",
+        about: "a translated flow: inside endpoint, remote endpoint, the external endpoint it \
+                goes out as, TCP state, time left",
+        columns: &["proto", "inside", "remote", "external", "state", "timeout"],
+        summed: false,
+    },
+    TableInfo {
+        name: "mappings",
+        about: "an endpoint-independent mapping (RFC 4787 REQ-1): inside endpoint, external \
+                endpoint, sessions using it",
+        columns: &["proto", "inside", "external", "sessions"],
+        summed: false,
+    },
+];
+
+/// A session as `flowstate state list nat.sessions` shows it.
+pub(crate) fn session_row(
+    k: &FlowKey,
+    ext_ip: Ipv4Addr,
+    ext_port: u16,
+    tcp: u8,
+    left: Cell,
+) -> Row {
+    vec![
+        Cell::Proto(k.proto),
+        Cell::endpoint(k.src, k.src_port),
+        Cell::endpoint(k.dst, k.dst_port),
+        Cell::endpoint(ext_ip, ext_port),
+        Cell::Text(session_state(k.proto, tcp)),
+        left,
+    ]
+}
+
+/// A mapping as `flowstate state list nat.mappings` shows it.
+pub(crate) fn mapping_row((ip, port, p): Endpoint, m: &Mapping) -> Row {
+    vec![
+        Cell::Proto(p),
+        Cell::endpoint(ip, port),
+        Cell::endpoint(m.ext_ip, m.ext_port),
+        Cell::Int(i64::from(m.sessions)),
+    ]
+}
+
+/// A session's state in words: TCP from its state bits (RFC 5382's established versus
+/// transitory), `active` for the others.
+fn session_state(p: u8, tcp: u8) -> &'static str {
+    if p != proto::TCP {
+        "active"
+    } else if tcp & TCP_RST != 0 {
+        "reset"
+    } else if tcp & (TCP_OUT_FIN | TCP_IN_FIN) == TCP_OUT_FIN | TCP_IN_FIN {
+        "closing"
+    } else if tcp & (TCP_OUT_FIN | TCP_IN_FIN) != 0 {
+        "half-closed"
+    } else if tcp_established(tcp) {
+        "established"
+    } else {
+        "opening"
     }
 }
 
@@ -1103,6 +1195,17 @@ impl NetworkFunction for Nat {
 
     fn entries(&self) -> u64 {
         self.out.cached_len() as u64
+    }
+
+    fn list(&self, table: &str, now: Nanos, out: &mut Vec<Row>) {
+        match table {
+            "sessions" => self.out.for_each_timed(|k, s, deadline| {
+                let left = Cell::timeout(deadline, now);
+                out.push(session_row(k, s.ext_ip, s.ext_port, s.tcp, left));
+            }),
+            "mappings" => self.eim.for_each(|e, m| out.push(mapping_row(*e, m))),
+            _ => {}
+        }
     }
 
     fn report(&self) -> Vec<(&'static str, i64)> {

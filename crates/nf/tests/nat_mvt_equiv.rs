@@ -4,7 +4,7 @@
 
 mod nat_support;
 
-use flowstate_nf::{registry, Direction, Verdict, WorkerInfo};
+use flowstate_nf::{registry, Direction, NetworkFunction, Verdict, WorkerInfo};
 use flowstate_state::local::LocalStore;
 use flowstate_state::{Partition, StateConfig};
 use flowstate_wire::build::tcp_flags;
@@ -318,6 +318,30 @@ impl Run {
         a.sort();
         b.sort();
         prop_assert_eq!(a, b);
+        // `flowstate state list`: the same sessions and mappings, with the same time left.
+        for table in ["sessions", "mappings"] {
+            let rows = |nf: &dyn NetworkFunction, now: u64| {
+                let mut rows = Vec::new();
+                nf.list(table, now, &mut rows);
+                let mut text: Vec<String> = rows.iter().map(|r| format!("{r:?}")).collect();
+                text.sort();
+                text
+            };
+            let listed = rows(&*self.rig.nat, self.rig.now);
+            prop_assert_eq!(&listed, &rows(&*self.mvt.nat, self.mvt.now), "{}", table);
+            let key = if table == "sessions" {
+                "active_sessions"
+            } else {
+                "active_mappings"
+            };
+            let reported = self.rig.nat.report().into_iter().find(|(k, _)| *k == key);
+            prop_assert_eq!(
+                Some(listed.len() as i64),
+                reported.map(|r| r.1),
+                "{}",
+                table
+            );
+        }
         Ok(())
     }
 }

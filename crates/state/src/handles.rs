@@ -933,6 +933,14 @@ impl<K: Codec + Hash + Ord + Clone + 'static, V: Codec + 'static> Map<K, V> {
             f(k, &s.value);
         }
     }
+
+    /// As [`Map::for_each`], with each entry's deadline ([`Map::deadline`]). `f` must not use
+    /// this map.
+    pub fn for_each_timed(&self, mut f: impl FnMut(&K, &V, Option<Nanos>)) {
+        for (k, s) in self.inner().cache.iter() {
+            f(k, &s.value, (s.deadline != 0).then_some(s.deadline));
+        }
+    }
 }
 
 impl<K: Codec + Hash + Ord + Clone, V: Codec> MapObj<K, V> {

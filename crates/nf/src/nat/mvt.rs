@@ -48,6 +48,7 @@ use super::{
     FRAGMENT, ICMP_ERROR, IPV6, MALFORMED, NF, NOT_EXTERNAL, NO_MAPPING, POOL_EXHAUSTED,
     STATE_ERROR, UNSUPPORTED,
 };
+use crate::listing::{Cell, Row, TableInfo};
 use crate::{
     BuildError, Context, Direction, NetworkFunction, NfFactory, Packet, Verdict, WorkerInfo,
 };
@@ -58,7 +59,7 @@ use flowstate_wire::flow::FLOW_KEY_MAX_BYTES;
 use flowstate_wire::icmp::v4::types as icmp_type;
 use flowstate_wire::{hash, icmp, ipv4, FlowKey};
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BTreeMap, BinaryHeap};
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
@@ -109,6 +110,11 @@ impl NfFactory for Factory {
         partitions: u32,
     ) -> Option<u32> {
         self.0.partition(flow, quoted, direction, partitions)
+    }
+
+    /// The default NAT's tables; the MVT is worker-private, so only a running box lists them.
+    fn tables(&self) -> &'static [TableInfo] {
+        super::TABLES
     }
 }
 
@@ -678,6 +684,47 @@ impl NetworkFunction for MvtNat {
 
     fn entries(&self) -> u64 {
         self.sessions as u64
+    }
+
+    /// Sessions are found through their timers (each live session has exactly one node whose
+    /// deadline its entry's `aux` holds); mappings are the sessions grouped by inside endpoint.
+    fn list(&self, table: &str, now: Nanos, out: &mut Vec<Row>) {
+        let sessions = self.timers.iter().filter_map(|Reverse((at, key, id))| {
+            let e = self.table.entry(*id).filter(|e| e.aux == *at)?;
+            match e.value {
+                NatValue::Out {
+                    ext_ip,
+                    ext_port,
+                    tcp,
+                    ..
+                } => Some((key, ext_ip, ext_port, tcp, e.deadline())),
+                _ => None,
+            }
+        });
+        match table {
+            "sessions" => {
+                for (k, ip, port, tcp, deadline) in sessions {
+                    let left = Cell::timeout(Some(deadline), now);
+                    out.push(super::session_row(k, ip, port, tcp, left));
+                }
+            }
+            "mappings" => {
+                let mut by_inside: BTreeMap<super::Endpoint, super::Mapping> = BTreeMap::new();
+                for (k, ext_ip, ext_port, ..) in sessions {
+                    let IpAddr::V4(ip) = k.src else { continue };
+                    by_inside
+                        .entry((ip, k.src_port, k.proto))
+                        .or_insert(super::Mapping {
+                            ext_ip,
+                            ext_port,
+                            sessions: 0,
+                        })
+                        .sessions += 1;
+                }
+                out.extend(by_inside.iter().map(|(e, m)| super::mapping_row(*e, m)));
+            }
+            _ => {}
+        }
     }
 
     fn report(&self) -> Vec<(&'static str, i64)> {
