@@ -10,6 +10,7 @@ mod report;
 mod run;
 mod store;
 mod telemetry;
+mod top;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -67,6 +68,9 @@ enum Command {
     /// Many instances on a shared store, a root that steers, a controller: failover and
     /// scale out/in without a broken connection (in the lab's namespaces).
     Cluster(cluster::ClusterArgs),
+    /// A live view of a running box or store in the terminal: packet rates per NF, drops by
+    /// reason, table fill, state flushes and errors, read from its `--metrics` listener.
+    Top(top::TopArgs),
 }
 
 #[derive(Debug, Args)]
@@ -124,6 +128,7 @@ fn main() {
     let prints = match &cli.command {
         Command::Demo(_) | Command::Gen(_) | Command::Inspect(_) | Command::Run(_) => true,
         Command::Bench(b) => b.list,
+        Command::Top(t) => t.once,
         _ => false,
     };
     if prints {
@@ -185,6 +190,7 @@ fn main() {
         Command::Lab(a) => lab::run(&a),
         Command::Store(a) => store::run(&a),
         Command::Cluster(a) => cluster::run(&a),
+        Command::Top(a) => top::run(&a),
     };
     if let Some(e) = &eve_handle {
         e.flush();
