@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{attr, chromium, elements, headless, pane_command, png_pixels, Tmux};
+use common::{attr, chromium, elements, headless, pane_command, png_pixels, rows, si, Tmux};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -639,9 +639,8 @@ fn top_shows_the_store_operations_in_tmux() {
         &pane_command(&[env!("CARGO_BIN_EXE_flowstate"), "top", &metrics]),
     );
     // NAT runs on the store while top reads it, until a rate shows (at most ten runs).
-    let rate_of = |screen: &str, op: &str| -> Option<f64> {
-        common::si(rows(screen).find(|r| r[0] == op)?.get(1)?)
-    };
+    let rate_of =
+        |screen: &str, op: &str| -> Option<f64> { si(rows(screen).find(|r| r[0] == op)?.get(1)?) };
     let mut seen = None;
     for _ in 0..10 {
         let mut nat = Command::new(env!("CARGO_BIN_EXE_flowstate"))
@@ -705,17 +704,4 @@ fn top_shows_the_store_operations_in_tmux() {
         !screen.contains("Operations by type"),
         "the view is gone: {screen}"
     );
-}
-
-/// The rows of the tables on a terminal screen: each line's cells, borders left out.
-fn rows(screen: &str) -> impl Iterator<Item = Vec<String>> + '_ {
-    screen
-        .lines()
-        .map(|l| {
-            l.replace(['│', '┌', '┐', '└', '┘', '─'], " ")
-                .split_whitespace()
-                .map(str::to_owned)
-                .collect::<Vec<_>>()
-        })
-        .filter(|cells| !cells.is_empty())
 }

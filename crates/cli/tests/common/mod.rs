@@ -244,3 +244,16 @@ pub(crate) fn si(s: &str) -> Option<f64> {
     };
     n.parse::<f64>().ok().map(|v| v * scale)
 }
+
+/// The rows of the tables on a terminal screen: each line's cells, borders left out.
+pub(crate) fn rows(screen: &str) -> impl Iterator<Item = Vec<String>> + '_ {
+    screen
+        .lines()
+        .map(|l| {
+            l.replace(['│', '┌', '┐', '└', '┘', '─'], " ")
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .filter(|cells| !cells.is_empty())
+}
