@@ -1,5 +1,5 @@
-//! flowstate's telemetry: Prometheus metrics and a small JSON API, served over HTTP on one
-//! listener by every long-running process (a live box, `flowstate store`).
+//! flowstate's telemetry: Prometheus metrics, a small JSON API and a dashboard page, served
+//! over HTTP on one listener by every long-running process (a live box, `flowstate store`).
 //!
 //! ```text
 //!  role (data path: plain per-worker counters, no lock)
