@@ -217,6 +217,23 @@ impl Drop for Tmux {
         let _ = Command::new("tmux")
             .args(["-L", &self.socket, "kill-server"])
             .output();
+        // A killed server leaves its socket file behind (tmux(1): TMUX_TMPDIR, else /tmp,
+        // then tmux-UID/NAME).
+        let uid = std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("Uid:"))
+                    .and_then(|l| l.split_whitespace().nth(1).map(str::to_owned))
+            });
+        if let Some(uid) = uid {
+            let dir = std::env::var_os("TMUX_TMPDIR").unwrap_or_else(|| "/tmp".into());
+            let _ = std::fs::remove_file(
+                Path::new(&dir)
+                    .join(format!("tmux-{uid}"))
+                    .join(&self.socket),
+            );
+        }
     }
 }
 
