@@ -11,6 +11,7 @@ mod run;
 mod state;
 mod store;
 mod telemetry;
+mod top;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -71,6 +72,9 @@ enum Command {
     /// Look at NF state: `state list` prints the NAT's sessions, the firewall's connections,
     /// the LB's flows, from a running box or a store.
     State(state::StateArgs),
+    /// A live view of a running box or store in the terminal: packet rates per NF, drops by
+    /// reason, table fill, state flushes and errors, read from its `--metrics` listener.
+    Top(top::TopArgs),
 }
 
 #[derive(Debug, Args)]
@@ -132,6 +136,7 @@ fn main() {
         | Command::Run(_)
         | Command::State(_) => true,
         Command::Bench(b) => b.list,
+        Command::Top(t) => t.once,
         _ => false,
     };
     if prints {
@@ -194,6 +199,7 @@ fn main() {
         Command::Store(a) => store::run(&a),
         Command::Cluster(a) => cluster::run(&a),
         Command::State(a) => state::run(&a),
+        Command::Top(a) => top::run(&a),
     };
     if let Some(e) = &eve_handle {
         e.flush();

@@ -8,7 +8,7 @@
 use anyhow::{Context, Result};
 use flowstate_chain::observe::{Observer, BATCH_BUCKETS};
 use flowstate_chain::Summary;
-use flowstate_telemetry::{Histogram, Metrics, Provider, Server};
+use flowstate_telemetry::{Histogram, Info, Metrics, Provider, Server};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -16,10 +16,8 @@ use std::sync::Arc;
 pub(crate) fn serve(addr: SocketAddr, provider: Arc<dyn Provider>) -> Result<Server> {
     let server = Server::start(addr, provider)
         .with_context(|| format!("--metrics {addr}: cannot listen"))?;
-    eprintln!(
-        "flowstate: metrics on http://{}/metrics",
-        server.local_addr()
-    );
+    let at = server.local_addr();
+    eprintln!("flowstate: metrics on http://{at}/metrics, dashboard on http://{at}/");
     Ok(server)
 }
 
@@ -41,6 +39,13 @@ impl Provider for ChainProvider {
                 &[("worker", &w)],
                 Histogram::from_log2(&t.buckets[..BATCH_BUCKETS], 1e-6, t.sum_s),
             );
+        }
+    }
+
+    fn info(&self) -> Info {
+        Info {
+            role: "chain".into(),
+            document: "summary".into(),
         }
     }
 
@@ -328,6 +333,13 @@ impl Provider for StoreProvider {
             &[],
             c.uptime_s,
         );
+    }
+
+    fn info(&self) -> Info {
+        Info {
+            role: "store".into(),
+            document: "stats".into(),
+        }
     }
 
     fn api(&self, name: &str) -> Option<String> {

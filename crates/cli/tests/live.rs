@@ -7,7 +7,9 @@
 
 mod common;
 
-use common::{content, is_root};
+use common::{
+    attr, chromium, content, elements, headless, is_root, pane_command, png_pixels, rows, si, Tmux,
+};
 use flowstate_lab::{Lab, System, BOX_OUTSIDE, CLIENT, CLIENT_IF, HTTP_PORT, SERVER, VIP};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -113,6 +115,42 @@ impl Live {
 
     fn server(&self, argv: &[&str]) -> Output {
         self.run_in(&self.lab.server_ns(), argv)
+    }
+
+    /// `curl` of `http://ADDR/PATH` in the box's namespace (where its telemetry listens); the
+    /// body.
+    fn get(&self, addr: &str, path: &str) -> String {
+        let o = self.run_in(
+            &self.lab.nf_ns(),
+            &["curl", "-sSf", "-m", "5", &format!("http://{addr}{path}")],
+        );
+        assert!(
+            o.status.success(),
+            "curl {path}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8(o.stdout).unwrap()
+    }
+
+    /// The box's summary so far, from its telemetry listener at `addr`.
+    fn summary_at(&self, addr: &str) -> serde_json::Value {
+        serde_json::from_str(&self.get(addr, "/api/v1/summary")).expect("/api/v1/summary is JSON")
+    }
+
+    /// Starts a download of `name` from the server at `rate` (curl's `--limit-rate`) in the
+    /// client namespace: the child and where the file goes.
+    fn slow_download(&self, name: &str, rate: &str) -> (Child, PathBuf) {
+        let to = self.dir.path().join(format!("slow-{name}"));
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.lab.client_ns()])
+            .args(["curl", "-sSf", "-m", "60", "--limit-rate", rate, "-o"])
+            .arg(&to)
+            .arg(format!("http://{SERVER}:{HTTP_PORT}/{name}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        (child, to)
     }
 
     /// Downloads `url` in the client namespace into a file; its bytes.
@@ -843,38 +881,11 @@ fn a_live_nat_box_is_scraped_mid_run_and_agrees_with_its_summary() {
     let files = publish(&live.lab);
     let metrics = "127.0.0.1:9464";
     live.start_box_with(&config(&nat_chain()), SERVER, &["--metrics", metrics]);
-    let nf_ns = live.lab.nf_ns();
-    let scrape = |what: &str| -> String {
-        let o = live.run_in(
-            &nf_ns,
-            &[
-                "curl",
-                "-sSf",
-                "-m",
-                "5",
-                &format!("http://{metrics}{what}"),
-            ],
-        );
-        assert!(
-            o.status.success(),
-            "curl {what}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        String::from_utf8(o.stdout).unwrap()
-    };
+    let scrape = |what: &str| live.get(metrics, what);
 
     // A slow download (rate-limited) runs while the box is scraped.
     let (name, data) = files.last().unwrap();
-    let to = live.dir.path().join("slow");
-    let download = Command::new("ip")
-        .args(["netns", "exec", &live.lab.client_ns()])
-        .args(["curl", "-sSf", "-m", "60", "--limit-rate", "400k", "-o"])
-        .arg(&to)
-        .arg(format!("http://{SERVER}:{HTTP_PORT}/{name}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let (download, to) = live.slow_download(name, "400k");
     let nat_in = "flowstate_nf_packets_total{nf=\"nat\"}";
     let inside_rx = "flowstate_packets_total{port=\"inside\",direction=\"rx\"}";
     let mut first = None;
@@ -982,4 +993,266 @@ fn a_live_nat_box_is_scraped_mid_run_and_agrees_with_its_summary() {
     assert!(first
         .keys()
         .any(|k| k.starts_with("flowstate_batch_duration_seconds_bucket")));
+}
+
+/// An NF's entry in a summary.
+fn nf_of<'a>(summary: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    summary["nfs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == name)
+        .unwrap_or_else(|| panic!("{name} in {summary}"))
+}
+
+/// Starts a NAT box with `--metrics` and a slow download through it, and waits until the NAT
+/// has seen packets of it: the lab, the listener's address, the download and its file.
+fn box_with_a_slow_download(name: &str) -> (Live, &'static str, Child, PathBuf, Vec<u8>) {
+    let mut live = Live::up(name);
+    let files = publish(&live.lab);
+    let metrics = "127.0.0.1:9464";
+    live.start_box_with(&config(&nat_chain()), SERVER, &["--metrics", metrics]);
+    // 3 MB at 300 KB/s: some ten seconds of traffic.
+    let (name, data) = files.last().unwrap().clone();
+    let (download, to) = live.slow_download(&name, "300k");
+    let mut flowing = false;
+    for _ in 0..100 {
+        if nf_of(&live.summary_at(metrics), "nat")["packets_in"].as_u64() > Some(0) {
+            flowing = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(flowing, "the download's packets reach the NAT");
+    (live, metrics, download, to, data)
+}
+
+/// The dashboard at `/` of a live NAT box carrying a download, as headless Chromium (in the
+/// box's namespace) renders it after its script polled a few times: lines of the packet
+/// rates with traffic in them, one line per NF, the NFs' report entries, the workers, the
+/// ports, and the input packet count between the box's own counts read before and after the
+/// page; the screenshot is a drawn page, not a blank one.
+#[test]
+fn the_dashboard_draws_a_live_box_in_headless_chromium() {
+    if !is_root() {
+        eprintln!("skipped: live tests need root");
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(browser) = chromium() else { return };
+    let (mut live, metrics, download, to, data) = box_with_a_slow_download("d");
+    let ns = live.lab.nf_ns();
+    let prefix = ["ip", "netns", "exec", ns.as_str()];
+    let url = format!("http://{metrics}/");
+    let profile = live.dir.path().join("profile");
+
+    let before = live.summary_at(metrics);
+    let out = headless(
+        &prefix,
+        browser,
+        &profile,
+        &["--virtual-time-budget=6000", "--dump-dom"],
+        &url,
+    );
+    let after = live.summary_at(metrics);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dom = String::from_utf8(out.stdout).unwrap();
+    let polls: u32 = dom
+        .split("data-polls=\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("the page polled: {dom}"));
+    assert!(polls >= 3, "{polls} polls");
+    assert!(dom.contains("data-state=\"connected\""), "{dom}");
+    assert!(dom.contains("<span id=\"role\">chain</span>"), "{dom}");
+
+    // A number the page shows lies between the box's counts read before and after it.
+    let shown = |el: &str| -> u64 {
+        let v = elements(el, "div", "class", "value");
+        attr(v[0], "data-value").unwrap().parse().unwrap()
+    };
+    let kpi = elements(&dom, "div", "data-key", "packets_in");
+    let packets_in = shown(kpi[0]);
+    let (lo, hi) = (
+        before["packets_in"].as_u64().unwrap(),
+        after["packets_in"].as_u64().unwrap(),
+    );
+    assert!(
+        (lo..=hi).contains(&packets_in),
+        "packets in: {packets_in} shown, {lo} before, {hi} after"
+    );
+
+    // The lines: each chart's series, with points, and traffic in the packet rates.
+    let chart = |id: &str| -> &str {
+        let c = elements(&dom, "figure", "data-chart", id);
+        let c = c.first().unwrap_or_else(|| panic!("chart {id}: {dom}"));
+        &c[..c.find("</figure>").unwrap()]
+    };
+    let line = |chart: &str, series: &str| -> (usize, f64) {
+        let p = elements(chart, "path", "data-series", series);
+        let p = p
+            .first()
+            .unwrap_or_else(|| panic!("a line {series} in {chart}"));
+        let points: usize = attr(p, "data-points").unwrap().parse().unwrap();
+        let d = attr(p, "d").unwrap();
+        assert_eq!(d.matches(['M', 'L']).count(), points, "{series}: {d}");
+        let max = attr(p, "data-max").unwrap().parse().unwrap_or(0.0);
+        (points, max)
+    };
+    for series in ["in", "out", "dropped"] {
+        assert!(line(chart("packets"), series).0 >= 2, "{series}");
+    }
+    assert!(line(chart("packets"), "in").1 > 0.0, "packets came in");
+    for nf in ["firewall", "nat"] {
+        let (points, max) = line(chart("nfs"), nf);
+        assert!(
+            points >= 2 && max > 0.0,
+            "{nf}: {points} points, {max} at most"
+        );
+        assert!(line(chart("forwarded"), nf).0 >= 2, "{nf}");
+    }
+    assert!(line(chart("state"), "flush errors").0 >= 2);
+    for w in ["worker 0", "worker 1"] {
+        assert!(line(chart("busy"), w).0 >= 2, "{w}");
+    }
+    assert!(line(chart("ports"), "inside_rx").1 > 0.0);
+    assert!(chart("drops").contains("<svg"));
+    // The NAT's report: its translations, between the counts before and after.
+    let card = chart("report/nat/translations");
+    let translations = shown(card);
+    let (lo, hi) = (
+        report(&before, "nat", "translations") as u64,
+        report(&after, "nat", "translations") as u64,
+    );
+    assert!(
+        lo > 0 && (lo..=hi).contains(&translations),
+        "translations: {translations} shown, {lo} before, {hi} after"
+    );
+
+    let shot = live.dir.path().join("shot.png");
+    let out = headless(
+        &prefix,
+        browser,
+        &profile,
+        &[
+            "--virtual-time-budget=6000",
+            &format!("--screenshot={}", shot.display()),
+            "--window-size=1400,1000",
+        ],
+        &url,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (w, h, pixels) = png_pixels(&shot);
+    assert_eq!((w, h), (1400, 1000));
+    let colours: std::collections::HashSet<_> = pixels.iter().collect();
+    let blue = pixels.iter().filter(|p| **p == (52, 101, 164)).count();
+    let orange = pixels.iter().filter(|p| **p == (230, 140, 30)).count();
+    eprintln!(
+        "screenshot: {} colours, {blue} blue and {orange} orange pixels",
+        colours.len()
+    );
+    assert!(
+        colours.len() > 20,
+        "a blank page: {} colours",
+        colours.len()
+    );
+    assert!(
+        blue > 200 && orange > 200,
+        "lines drawn: {blue} blue, {orange} orange"
+    );
+
+    let out = download.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "download: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(std::fs::read(&to).unwrap() == data, "the download is whole");
+    live.stop_box();
+}
+
+/// `flowstate top` on a live NAT box, in a tmux pane in the box's namespace: while a download
+/// runs, the NFs with a rate that is not zero and counts no greater than the box's; once the
+/// box is idle, the box's own counts and no rate; `q` ends it with the terminal back in its
+/// ordinary mode.
+#[test]
+fn top_shows_a_live_box_in_tmux() {
+    if !is_root() {
+        eprintln!("skipped: live tests need root");
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(tmux) = Tmux::new("top-live") else {
+        return;
+    };
+    let (mut live, metrics, download, to, data) = box_with_a_slow_download("t");
+    let ns = live.lab.nf_ns();
+    tmux.start(
+        "top",
+        120,
+        40,
+        &pane_command(&[
+            "ip",
+            "netns",
+            "exec",
+            &ns,
+            env!("CARGO_BIN_EXE_flowstate"),
+            "top",
+            metrics,
+        ]),
+    );
+    // The NFs table's row of an NF: in/s, fwd/s, drop/s, in, dropped.
+    let nf_row = |screen: &str, nf: &str| -> Option<Vec<String>> {
+        rows(screen).find(|r| r[0] == nf && r.len() >= 6 && si(&r[1]).is_some())
+    };
+    let (ok, screen) = tmux.wait_for("top", Duration::from_secs(20), |s| {
+        nf_row(s, "firewall").is_some() && nf_row(s, "nat").is_some_and(|r| si(&r[1]) > Some(0.0))
+    });
+    assert!(ok, "a NAT rate while the download runs: {screen}");
+    let after = live.summary_at(metrics);
+    for nf in ["firewall", "nat"] {
+        let shown: u64 = nf_row(&screen, nf).unwrap()[4].parse().unwrap();
+        let last = nf_of(&after, nf)["packets_in"].as_u64().unwrap();
+        assert!(
+            shown > 0 && shown <= last,
+            "{nf}: {shown} shown, {last} after: {screen}"
+        );
+    }
+    assert!(screen.contains("connected"), "{screen}");
+    assert!(screen.contains("NF reports"), "{screen}");
+
+    let out = download.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "download: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(std::fs::read(&to).unwrap() == data, "the download is whole");
+    // Idle: the pane comes to show the box's own count and no rate.
+    let (ok, screen) = tmux.wait_for("top", Duration::from_secs(20), |s| {
+        let box_count = nf_of(&live.summary_at(metrics), "nat")["packets_in"].as_u64();
+        nf_row(s, "nat").is_some_and(|r| r[1] == "0.0" && r[4].parse().ok() == box_count)
+    });
+    assert!(ok, "the NAT's count once idle: {screen}");
+
+    tmux.run(&["send-keys", "-t", "top", "q"]);
+    let (ok, screen) = tmux.wait_for("top", Duration::from_secs(10), |s| {
+        s.lines().any(|l| l.starts_with("tty "))
+    });
+    assert!(ok, "top ends on q: {screen}");
+    assert!(screen.contains("exited 0"), "{screen}");
+    assert!(
+        screen.contains("tty icanon echo"),
+        "the terminal is restored: {screen}"
+    );
+    live.stop_box();
 }

@@ -2,10 +2,12 @@
 //! (`crates/bench/testdata`, written by real `flowstate bench NAME --quick` runs) as a browser
 //! renders it — headless Chromium's DOM and a screenshot — and the command's errors.
 
+mod common;
+
+use common::{chromium, headless, png_pixels};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
 
 fn flowstate(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_flowstate"))
@@ -16,65 +18,6 @@ fn flowstate(args: &[&str]) -> Output {
 
 fn samples() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/testdata")
-}
-
-/// Chromium renders the page: missing it is a failure in CI and a skip elsewhere.
-fn chromium() -> Option<&'static str> {
-    let found = ["chromium", "chromium-browser"].into_iter().find(|c| {
-        Command::new(c)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    });
-    if found.is_none() && std::env::var_os("CI").is_none() {
-        eprintln!("SKIPPED: chromium not found (scripts/setup installs it)");
-        return None;
-    }
-    assert!(
-        found.is_some(),
-        "chromium is required in CI (scripts/setup installs it)"
-    );
-    found
-}
-
-/// Runs headless Chromium on `page` with `args`; a hung browser is killed after two minutes
-/// (a guard, not a timing assertion). Its output goes through files beside the profile, so a
-/// large `--dump-dom` never waits on a full pipe.
-fn headless(browser: &str, profile: &Path, args: &[&str], page: &Path) -> Output {
-    std::fs::create_dir_all(profile).unwrap();
-    let (out_path, err_path) = (profile.join("stdout"), profile.join("stderr"));
-    let mut child = Command::new(browser)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            "--no-first-run",
-            "--hide-scrollbars",
-        ])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .args(args)
-        .arg(format!("file://{}", page.display()))
-        .stdout(Stdio::from(std::fs::File::create(&out_path).unwrap()))
-        .stderr(Stdio::from(std::fs::File::create(&err_path).unwrap()))
-        .spawn()
-        .expect("start chromium");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait chromium") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("chromium did not finish within two minutes");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    Output {
-        status,
-        stdout: std::fs::read(&out_path).unwrap(),
-        stderr: std::fs::read(&err_path).unwrap(),
-    }
 }
 
 /// The committed samples by bench name: each key's values over the bench's files.
@@ -138,7 +81,8 @@ fn report_of_the_samples_renders_in_headless_chromium() {
     let profile = dir.path().join("profile");
 
     // The DOM as Chromium parsed it.
-    let dom = headless(browser, &profile, &["--dump-dom"], &page);
+    let url = format!("file://{}", page.display());
+    let dom = headless(&[], browser, &profile, &["--dump-dom"], &url);
     assert!(
         dom.status.success(),
         "{}",
@@ -183,33 +127,25 @@ fn report_of_the_samples_renders_in_headless_chromium() {
     // The page as Chromium draws it: the viewport holds the heading and the first plots.
     let shot = dir.path().join("shot.png");
     let out = headless(
+        &[],
         browser,
         &profile,
         &[
             &format!("--screenshot={}", shot.display()),
             "--window-size=1400,2000",
         ],
-        &page,
+        &url,
     );
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let decoder = png::Decoder::new(std::io::BufReader::new(
-        std::fs::File::open(&shot).expect("screenshot written"),
-    ));
-    let mut reader = decoder.read_info().expect("a PNG");
-    let mut buf = vec![0; reader.output_buffer_size().expect("buffer size")];
-    let info = reader.next_frame(&mut buf).expect("PNG frame");
-    assert_eq!((info.width, info.height), (1400, 2000));
-    let channels = info.color_type.samples();
-    assert!(channels >= 3, "{:?}", info.color_type);
-    let pixels = &buf[..info.buffer_size()];
+    let (width, height, pixels) = png_pixels(&shot);
+    assert_eq!((width, height), (1400, 2000));
     let mut colours = std::collections::HashSet::new();
     let (mut measured, mut paper) = (0usize, 0usize);
-    for p in pixels.chunks_exact(channels) {
-        let rgb = (p[0], p[1], p[2]);
+    for rgb in pixels {
         colours.insert(rgb);
         if rgb == (52, 101, 164) {
             measured += 1;

@@ -1,9 +1,13 @@
 //! `flowstate store` and the `store` backend end to end: the server binary, `flowstate run`
 //! with `backend = "store"`, and the same packets out as with the embedded store.
 
+mod common;
+
+use common::{attr, chromium, elements, headless, pane_command, png_pixels, rows, si, Tmux};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -490,4 +494,214 @@ fn store_metrics_show_operations_by_type() {
         serde_json::from_str(&curl(&format!("http://{metrics}/api/v1/stats"))).unwrap();
     assert!(api["ops"].as_object().unwrap().len() == ops.len(), "{api}");
     assert_eq!(curl(&format!("http://{metrics}/healthz")), "ok\n");
+}
+
+/// A store with `--metrics` that a NAT run has used: the store, its metrics address and the
+/// NAT configuration on it.
+fn used_store() -> (StoreProcess, String, tempfile::TempDir, PathBuf) {
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let server = StoreProcess::start(&["--metrics", &metrics]);
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(root().join("examples/nat-store.toml"))
+        .unwrap()
+        .replace("127.0.0.1:7878", &server.addr);
+    let cfg = dir.path().join("nat.toml");
+    std::fs::write(&cfg, text).unwrap();
+    assert!(run(&cfg)["packets_out"].as_u64().unwrap() > 0);
+    (server, metrics, dir, cfg)
+}
+
+/// The dashboard at `/` of `flowstate store --metrics`, as headless Chromium renders it after
+/// its script polled a few times: a line per operation type the store applied, and the
+/// numbers of `/api/v1/stats` (the store is idle, so they are exact); the screenshot is a
+/// drawn page, not a blank one.
+#[test]
+fn the_dashboard_shows_the_store_in_headless_chromium() {
+    let Some(browser) = chromium() else { return };
+    let (_server, metrics, dir, _) = used_store();
+    let stats: serde_json::Value =
+        serde_json::from_str(&curl(&format!("http://{metrics}/api/v1/stats"))).unwrap();
+    let applied: Vec<(&String, u64)> = stats["ops"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(op, n)| (op, n.as_u64().unwrap()))
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    assert!(!applied.is_empty(), "{stats}");
+
+    let url = format!("http://{metrics}/");
+    let profile = dir.path().join("profile");
+    let out = headless(
+        &[],
+        browser,
+        &profile,
+        &["--virtual-time-budget=6000", "--dump-dom"],
+        &url,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dom = String::from_utf8(out.stdout).unwrap();
+    let polls: u32 = dom
+        .split("data-polls=\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("the page polled: {dom}"));
+    assert!(polls >= 3, "{polls} polls");
+    assert!(dom.contains("data-state=\"connected\""), "{dom}");
+    assert!(dom.contains("<span id=\"role\">store</span>"), "{dom}");
+    let chart = elements(&dom, "figure", "data-chart", "ops");
+    assert_eq!(chart.len(), 1, "one chart of operations");
+    let chart = &chart[0][..chart[0].find("</figure>").unwrap()];
+    for (op, n) in &applied {
+        let path = elements(chart, "path", "data-series", op);
+        let path = path
+            .first()
+            .unwrap_or_else(|| panic!("a line for {op}: {chart}"));
+        let points: usize = attr(path, "data-points").unwrap().parse().unwrap();
+        assert!(points >= 2, "{op}: {points} points");
+        let d = attr(path, "d").unwrap();
+        assert_eq!(d.matches(['M', 'L']).count(), points, "{op}: {d}");
+        let row = elements(&dom, "tr", "data-key", &format!("ops.{op}"));
+        let cell = &row.first().unwrap_or_else(|| panic!("ops.{op} listed"))[..];
+        let td = &cell[cell.find("<td").unwrap()..];
+        assert_eq!(
+            attr(td, "data-value"),
+            Some(n.to_string().as_str()),
+            "ops.{op}"
+        );
+    }
+    assert!(
+        elements(chart, "path", "data-series", "claim").is_empty(),
+        "operations never applied have no line"
+    );
+    let kpi = elements(&dom, "div", "data-key", "objects");
+    let value = elements(kpi[0], "div", "class", "value");
+    assert_eq!(
+        attr(value[0], "data-value"),
+        Some(stats["objects"].to_string().as_str()),
+        "the objects the store holds"
+    );
+
+    let shot = dir.path().join("shot.png");
+    let out = headless(
+        &[],
+        browser,
+        &profile,
+        &[
+            "--virtual-time-budget=6000",
+            &format!("--screenshot={}", shot.display()),
+            "--window-size=1200,900",
+        ],
+        &url,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (w, h, pixels) = png_pixels(&shot);
+    assert_eq!((w, h), (1200, 900));
+    let colours: std::collections::HashSet<_> = pixels.iter().collect();
+    // The header's dark band and the first series' blue line.
+    let band = pixels.iter().filter(|p| **p == (38, 50, 56)).count();
+    let blue = pixels.iter().filter(|p| **p == (52, 101, 164)).count();
+    eprintln!(
+        "screenshot: {} colours, {band} header pixels, {blue} blue",
+        colours.len()
+    );
+    assert!(
+        colours.len() > 20,
+        "a blank page: {} colours",
+        colours.len()
+    );
+    assert!(band > 1200 * 20, "the header is drawn: {band}");
+    assert!(blue > 100, "a line is drawn: {blue}");
+}
+
+/// `flowstate top` on a store, in a tmux pane: the operations by type with a rate while NAT
+/// runs use the store, the store's own totals once it is idle, and `q` ends it with the
+/// terminal back in its ordinary mode.
+#[test]
+fn top_shows_the_store_operations_in_tmux() {
+    let Some(tmux) = Tmux::new("top-store") else {
+        return;
+    };
+    let (_server, metrics, _dir, cfg) = used_store();
+    tmux.start(
+        "top",
+        100,
+        40,
+        &pane_command(&[env!("CARGO_BIN_EXE_flowstate"), "top", &metrics]),
+    );
+    // NAT runs on the store while top reads it, until a rate shows (at most ten runs).
+    let rate_of =
+        |screen: &str, op: &str| -> Option<f64> { si(rows(screen).find(|r| r[0] == op)?.get(1)?) };
+    let mut seen = None;
+    for _ in 0..10 {
+        let mut nat = Command::new(env!("CARGO_BIN_EXE_flowstate"))
+            .args(["run", cfg.to_str().unwrap()])
+            .current_dir(root())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        while nat.try_wait().unwrap().is_none() && seen.is_none() {
+            let screen = tmux.capture("top");
+            if rate_of(&screen, "all").is_some_and(|r| r > 0.0) {
+                seen = Some(screen);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert!(nat.wait().unwrap().success());
+        if seen.is_some() {
+            break;
+        }
+    }
+    let seen = seen.unwrap_or_else(|| {
+        panic!(
+            "a rate of operations while NAT runs: {}",
+            tmux.capture("top")
+        )
+    });
+    assert!(seen.contains("connected"), "{seen}");
+    assert!(seen.contains("Operations by type"), "{seen}");
+
+    // Idle: the pane comes to show the store's own totals.
+    let stats = stats_json(&_server.addr);
+    let (ok, screen) = tmux.wait_for("top", Duration::from_secs(20), |screen| {
+        ["push", "map_set", "all"].iter().all(|op| {
+            let total = if *op == "all" {
+                stats
+                    .as_object()
+                    .unwrap()
+                    .iter()
+                    .filter(|(k, _)| k.starts_with("ops_") && !k.starts_with("ops_per_sec"))
+                    .map(|(_, v)| v.as_u64().unwrap())
+                    .sum::<u64>()
+            } else {
+                stats[format!("ops_{op}")].as_u64().unwrap()
+            };
+            rows(screen).any(|r| r[0] == *op && r.get(2) == Some(&total.to_string()))
+        })
+    });
+    assert!(ok, "the totals of `store stats` {stats}: {screen}");
+
+    tmux.run(&["send-keys", "-t", "top", "q"]);
+    let (ok, screen) = tmux.wait_for("top", Duration::from_secs(10), |s| {
+        s.lines().any(|l| l.starts_with("tty "))
+    });
+    assert!(ok, "top ends on q: {screen}");
+    assert!(screen.contains("exited 0"), "{screen}");
+    assert!(
+        screen.contains("tty icanon echo"),
+        "the terminal is restored: {screen}"
+    );
+    assert!(
+        !screen.contains("Operations by type"),
+        "the view is gone: {screen}"
+    );
 }

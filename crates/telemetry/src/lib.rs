@@ -1,5 +1,5 @@
-//! flowstate's telemetry: Prometheus metrics and a small JSON API, served over HTTP on one
-//! listener by every long-running process (a live box, `flowstate store`).
+//! flowstate's telemetry: Prometheus metrics, a small JSON API and a dashboard page, served
+//! over HTTP on one listener by every long-running process (a live box, `flowstate store`).
 //!
 //! ```text
 //!  role (data path: plain per-worker counters, no lock)
@@ -17,8 +17,13 @@
 //!   counters ending in `_total` ([`Metrics`]).
 //! * `GET /api/v1/NAME`: a JSON document the provider answers ([`Provider::api`]); a live box
 //!   answers `summary` (its run summary so far), the store `stats`.
+//! * `GET /api/v1/info`: what the process is and which document holds its numbers
+//!   (`{"role":"chain","document":"summary"}`, from [`Provider::info`]), so a client knows what
+//!   to poll.
+//! * `GET /`: the dashboard, one self-contained HTML page ([`DASHBOARD`]) that polls the
+//!   document every second and draws live charts.
+//! * `GET /endpoints`: the list of endpoints, as plain text.
 //! * `GET /healthz`: `ok`.
-//! * `GET /`: the list of endpoints.
 //!
 //! Promises:
 //! * The listener is loopback unless an address is given explicitly
@@ -54,6 +59,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod client;
 pub mod http;
 pub mod metrics;
 
@@ -83,14 +89,93 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The content type of `/metrics`.
 pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
+/// The dashboard served at `/`: one HTML page with its CSS and JavaScript inline and no
+/// external asset (it works offline). It reads `api/v1/info`, then polls the document named
+/// there every second and draws, as inline SVG, what it finds in it:
+/// * a run's summary (an object with an `nfs` array): packets in, out and dropped per second,
+///   each NF's packets in, forwarded and dropped (by reason) per second, each NF's `report`
+///   entries (any name → number) as they are, the workers' state flushes, flush errors and
+///   busy share, and a live box's port counters (`live_box.*_packets`);
+/// * the store's statistics (an object with an `ops` object): operations per second by type,
+///   and its gauges;
+/// * any document: a table of its numbers (top-level, and one level into objects).
+///
+/// Rates are a counter's change between two readings divided by the time between them on the
+/// process's own clock (`wall_s`, or `uptime_s`, when the document has one); a counter that
+/// goes back (the process restarted) leaves a gap. When a poll fails the page says
+/// "disconnected, retrying" and keeps polling.
+pub const DASHBOARD: &str = include_str!("dashboard.html");
+
+/// The plain-text list of endpoints (`/endpoints`).
+fn endpoints(info: &Info) -> String {
+    format!(
+        "flowstate telemetry ({role})\n  /                   dashboard (HTML)\n  /metrics            Prometheus/OpenMetrics exposition\n  /api/v1/{doc:<11} this process's numbers as JSON\n  /api/v1/info        what this process is, as JSON\n  /healthz            liveness\n  /endpoints          this list\n",
+        role = info.role,
+        doc = info.document,
+    )
+}
+
+/// What a process is, as `/api/v1/info` tells a client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Info {
+    /// What the process is: `chain` (a run of the chain, a live box), `store`, ...
+    pub role: String,
+    /// The `/api/v1/NAME` document that holds its numbers (`summary`, `stats`): lowercase
+    /// letters, digits and `_`.
+    pub document: String,
+}
+
+impl Info {
+    /// The JSON object `/api/v1/info` answers.
+    pub fn to_json(&self) -> String {
+        format!(
+            "{{\"role\":{},\"document\":{}}}",
+            json_string(&self.role),
+            json_string(&self.document)
+        )
+    }
+}
+
+impl Default for Info {
+    /// A process of no particular role whose numbers are in `summary`.
+    fn default() -> Self {
+        Info {
+            role: "process".into(),
+            document: "summary".into(),
+        }
+    }
+}
+
+/// `s` as a JSON string literal (RFC 8259 §7).
+fn json_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
 /// What a role exposes. Called from the server's threads, once per request: it reads the
 /// role's published counters and must not wait for its data path.
 pub trait Provider: Send + Sync + 'static {
     /// Adds this scrape's metrics to `m`.
     fn metrics(&self, m: &mut Metrics);
 
-    /// The JSON document `/api/v1/NAME` answers (`None`: 404).
+    /// The JSON document `/api/v1/NAME` answers (`None`: 404). `/api/v1/info` is the
+    /// server's own ([`Provider::info`]): `api` is not asked for it.
     fn api(&self, name: &str) -> Option<String>;
+
+    /// What the process is and which [`Provider::api`] document holds its numbers.
+    fn info(&self) -> Info {
+        Info::default()
+    }
 }
 
 /// An address for the listener: `HOST:PORT` as given (an explicit non-loopback address is
@@ -136,7 +221,7 @@ impl Server {
         let thread = std::thread::Builder::new()
             .name("flowstate-telemetry".into())
             .spawn(move || accept_loop(listener, provider, flag))?;
-        tracing::info!(%addr, "telemetry: /metrics, /api/v1/..., /healthz");
+        tracing::info!(%addr, "telemetry: / (dashboard), /metrics, /api/v1/..., /healthz");
         Ok(Server {
             addr,
             stop,
@@ -321,10 +406,11 @@ pub fn respond(req: &http::Request, provider: &dyn Provider) -> http::Response {
             Response::ok(OPENMETRICS, m.encode())
         }),
         "/healthz" => Response::ok("text/plain; charset=utf-8", "ok\n"),
-        "/" => Response::ok(
-            "text/plain; charset=utf-8",
-            "flowstate telemetry\n  /metrics         Prometheus/OpenMetrics exposition\n  /api/v1/summary  this process's numbers as JSON\n  /healthz         liveness\n",
-        ),
+        "/" => Response::ok("text/html; charset=utf-8", DASHBOARD),
+        "/endpoints" => {
+            guarded(&|| Response::ok("text/plain; charset=utf-8", endpoints(&provider.info())))
+        }
+        "/api/v1/info" => guarded(&|| Response::ok("application/json", provider.info().to_json())),
         _ => match path.strip_prefix("/api/v1/") {
             Some(name) if !name.is_empty() => guarded(&|| match provider.api(name) {
                 Some(json) => Response::ok("application/json", json),
@@ -375,6 +461,21 @@ mod tests {
         let s = get(a, b"GET /api/v1/summary HTTP/1.1\r\n\r\n");
         assert!(s.ends_with("\r\n\r\n{\"a\":1}"), "{s}");
         assert!(get(a, b"GET /healthz HTTP/1.0\r\n\r\n").ends_with("ok\n"));
+        let page = get(a, b"GET / HTTP/1.1\r\n\r\n");
+        assert!(
+            page.contains("Content-Type: text/html; charset=utf-8\r\n"),
+            "{page}"
+        );
+        assert!(page.ends_with(DASHBOARD));
+        let list = get(a, b"GET /endpoints HTTP/1.1\r\n\r\n");
+        for e in ["/metrics", "/api/v1/summary", "/api/v1/info", "/healthz"] {
+            assert!(list.contains(&format!("  {e} ")), "{e} in {list}");
+        }
+        let info = get(a, b"GET /api/v1/info HTTP/1.1\r\n\r\n");
+        assert!(
+            info.ends_with("\r\n\r\n{\"role\":\"process\",\"document\":\"summary\"}"),
+            "{info}"
+        );
         assert!(get(a, b"GET /api/v1/nope HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));
         assert!(get(a, b"GET /nope HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));
         let p = get(a, b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n");
@@ -414,6 +515,29 @@ mod tests {
         slow.read_to_string(&mut s).unwrap();
         assert!(s.starts_with("HTTP/1.1 200") && s.ends_with("ok\n"), "{s}");
         server.stop();
+    }
+
+    #[test]
+    fn the_dashboard_loads_nothing_from_elsewhere() {
+        // Works offline: no script, style sheet, font or image from another place, and every
+        // request it makes is relative to the listener.
+        for outside in ["src=", "<link", "@import", "url(", "://"] {
+            assert!(!DASHBOARD.contains(outside), "{outside} in the dashboard");
+        }
+        assert!(DASHBOARD.contains("fetch(path"));
+        assert!(DASHBOARD.contains("\"api/v1/info\""));
+    }
+
+    #[test]
+    fn info_is_json_whatever_the_names() {
+        let i = Info {
+            role: "a \"quoted\\ role\n".into(),
+            document: "stats".into(),
+        };
+        assert_eq!(
+            i.to_json(),
+            r#"{"role":"a \"quoted\\ role\u000a","document":"stats"}"#
+        );
     }
 
     #[test]

@@ -1,4 +1,10 @@
-//! What the lab tests (`live.rs`, `cluster.rs`) share.
+//! What the integration tests share (the lab tests, `live.rs` and `cluster.rs`; the browser and
+//! terminal tests, `report.rs`, `live.rs` and `store.rs`). Each test binary uses a part of it.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 /// Whether the tests run as root (the lab needs it).
 pub(crate) fn is_root() -> bool {
@@ -21,4 +27,250 @@ pub(crate) fn content(len: usize, seed: u64) -> Vec<u8> {
             x as u8
         })
         .collect()
+}
+
+/// A tool the test needs (`chromium`, `tmux`): missing it is a failure in CI and a skip
+/// elsewhere (`None`). The first of `names` that runs with `version_arg` is taken.
+pub(crate) fn tool(names: &[&'static str], version_arg: &str) -> Option<&'static str> {
+    let found = names.iter().copied().find(|c| {
+        Command::new(c)
+            .arg(version_arg)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    if found.is_none() && std::env::var_os("CI").is_none() {
+        eprintln!(
+            "SKIPPED: {} not found (scripts/setup installs it)",
+            names[0]
+        );
+        return None;
+    }
+    assert!(
+        found.is_some(),
+        "{} is required in CI (scripts/setup installs it)",
+        names[0]
+    );
+    found
+}
+
+/// Chromium renders pages: missing it is a failure in CI and a skip elsewhere.
+pub(crate) fn chromium() -> Option<&'static str> {
+    tool(&["chromium", "chromium-browser"], "--version")
+}
+
+/// Runs headless Chromium on `url` with `args`, behind `prefix` (e.g. `ip netns exec NS`, or
+/// nothing); a hung browser is killed after two minutes (a guard, not a timing assertion).
+/// Its output goes through files beside the profile, so a large `--dump-dom` never waits on a
+/// full pipe.
+pub(crate) fn headless(
+    prefix: &[&str],
+    browser: &str,
+    profile: &Path,
+    args: &[&str],
+    url: &str,
+) -> Output {
+    std::fs::create_dir_all(profile).unwrap();
+    let (out_path, err_path) = (profile.join("stdout"), profile.join("stderr"));
+    let mut argv: Vec<String> = prefix.iter().map(|s| s.to_string()).collect();
+    argv.push(browser.to_owned());
+    let mut child = Command::new(&argv[0])
+        .args(&argv[1..])
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--hide-scrollbars",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .arg(url)
+        .stdout(Stdio::from(std::fs::File::create(&out_path).unwrap()))
+        .stderr(Stdio::from(std::fs::File::create(&err_path).unwrap()))
+        .spawn()
+        .expect("start chromium");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait chromium") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("chromium did not finish within two minutes");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    Output {
+        status,
+        stdout: std::fs::read(&out_path).unwrap(),
+        stderr: std::fs::read(&err_path).unwrap(),
+    }
+}
+
+/// A PNG's pixels as RGB triples, and its size.
+pub(crate) fn png_pixels(path: &Path) -> (u32, u32, Vec<(u8, u8, u8)>) {
+    let decoder = png::Decoder::new(std::io::BufReader::new(
+        std::fs::File::open(path).expect("screenshot written"),
+    ));
+    let mut reader = decoder.read_info().expect("a PNG");
+    let mut buf = vec![0; reader.output_buffer_size().expect("buffer size")];
+    let info = reader.next_frame(&mut buf).expect("PNG frame");
+    let channels = info.color_type.samples();
+    assert!(channels >= 3, "{:?}", info.color_type);
+    let pixels = buf[..info.buffer_size()]
+        .chunks_exact(channels)
+        .map(|p| (p[0], p[1], p[2]))
+        .collect();
+    (info.width, info.height, pixels)
+}
+
+/// The elements of `html` that open with `<tag` and carry `attr="value"`: each from its `<`
+/// to the end of the document (the caller cuts where it needs).
+pub(crate) fn elements<'a>(html: &'a str, tag: &str, attr: &str, value: &str) -> Vec<&'a str> {
+    let open = format!("<{tag}");
+    let want = format!("{attr}=\"{value}\"");
+    html.match_indices(&open)
+        .map(|(i, _)| &html[i..])
+        .filter(|e| e[..e.find('>').unwrap_or(e.len())].contains(&want))
+        .collect()
+}
+
+/// The value of `attr` in the first tag of `element`.
+pub(crate) fn attr<'a>(element: &'a str, attr: &str) -> Option<&'a str> {
+    let tag = &element[..element.find('>')?];
+    let key = format!(" {attr}=\"");
+    let start = tag.find(&key)? + key.len();
+    Some(&tag[start..start + tag[start..].find('"')?])
+}
+
+/// A tmux server of the test's own (`tmux -L NAME`, no configuration file), killed on drop.
+pub(crate) struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    /// A server named after `name` and the test process; `None` (skipped) without tmux.
+    pub(crate) fn new(name: &str) -> Option<Tmux> {
+        tool(&["tmux"], "-V")?;
+        Some(Tmux {
+            socket: format!("flowstate-{name}-{}", std::process::id()),
+        })
+    }
+
+    /// Runs `tmux ARGS` on this server; its stdout.
+    pub(crate) fn run(&self, args: &[&str]) -> String {
+        let out = Command::new("tmux")
+            .args(["-L", &self.socket, "-f", "/dev/null"])
+            .args(args)
+            .output()
+            .expect("run tmux");
+        assert!(
+            out.status.success(),
+            "tmux {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Starts `command` (a shell command line) in a detached session `name` of `w`×`h`.
+    pub(crate) fn start(&self, name: &str, w: u16, h: u16, command: &str) {
+        self.run(&[
+            "new-session",
+            "-d",
+            "-s",
+            name,
+            "-x",
+            &w.to_string(),
+            "-y",
+            &h.to_string(),
+            command,
+        ]);
+    }
+
+    /// What the pane of session `name` shows now.
+    pub(crate) fn capture(&self, name: &str) -> String {
+        self.run(&["capture-pane", "-p", "-t", name])
+    }
+
+    /// Waits (at most `limit`, a guard) until the pane shows something `ok` accepts; the last
+    /// screen either way.
+    pub(crate) fn wait_for(
+        &self,
+        name: &str,
+        limit: Duration,
+        ok: impl Fn(&str) -> bool,
+    ) -> (bool, String) {
+        let deadline = Instant::now() + limit;
+        loop {
+            let screen = self.capture(name);
+            if ok(&screen) || Instant::now() > deadline {
+                return (ok(&screen), screen);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux")
+            .args(["-L", &self.socket, "kill-server"])
+            .output();
+        // A killed server leaves its socket file behind (tmux(1): TMUX_TMPDIR, else /tmp,
+        // then tmux-UID/NAME).
+        let uid = std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("Uid:"))
+                    .and_then(|l| l.split_whitespace().nth(1).map(str::to_owned))
+            });
+        if let Some(uid) = uid {
+            let dir = std::env::var_os("TMUX_TMPDIR").unwrap_or_else(|| "/tmp".into());
+            let _ = std::fs::remove_file(
+                Path::new(&dir)
+                    .join(format!("tmux-{uid}"))
+                    .join(&self.socket),
+            );
+        }
+    }
+}
+
+/// The shell command line that runs `argv` in a tmux pane, then says how it ended and whether
+/// the terminal is back in its ordinary mode (`stty` shows `icanon` and `echo`, not `-icanon`
+/// `-echo` as raw mode does), and stays so the pane can be read.
+pub(crate) fn pane_command(argv: &[&str]) -> String {
+    let quoted: Vec<String> = argv
+        .iter()
+        .map(|a| format!("'{}'", a.replace('\'', "'\\''")))
+        .collect();
+    format!(
+        "{}; echo \"exited $?\"; echo \"tty $(stty -a | tr ' ;' '\\n\\n' | grep -x -e icanon -e -icanon -e echo -e -echo | tr '\\n' ' ')\"; sleep 600",
+        quoted.join(" ")
+    )
+}
+
+/// A number as `flowstate top` shows rates: `12.5`, `1234`, `45.6k`, `1.23M`, `2.00G`.
+pub(crate) fn si(s: &str) -> Option<f64> {
+    let (n, scale) = match s.as_bytes().last()? {
+        b'k' => (&s[..s.len() - 1], 1e3),
+        b'M' => (&s[..s.len() - 1], 1e6),
+        b'G' => (&s[..s.len() - 1], 1e9),
+        _ => (s, 1.0),
+    };
+    n.parse::<f64>().ok().map(|v| v * scale)
+}
+
+/// The rows of the tables on a terminal screen: each line's cells, borders left out.
+pub(crate) fn rows(screen: &str) -> impl Iterator<Item = Vec<String>> + '_ {
+    screen
+        .lines()
+        .map(|l| {
+            l.replace(['│', '┌', '┐', '└', '┘', '─'], " ")
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .filter(|cells| !cells.is_empty())
 }
