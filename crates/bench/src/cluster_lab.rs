@@ -124,7 +124,7 @@ pub(crate) fn udp_partition(src_port: u16) -> Result<u32, String> {
     Ok(owners
         .partition(&key, None, flowstate_nf::Direction::Outbound, PARTITIONS)
         .unwrap_or_else(|| {
-            flowstate_chain::Steering::new(config.runtime.inside.clone(), PARTITIONS as usize)
+            flowstate_chain::Steering::new(config.runtime.inside_prefixes(), PARTITIONS as usize)
                 .worker_of_flow(&key) as u32
         }))
 }

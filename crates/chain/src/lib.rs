@@ -76,7 +76,7 @@ pub mod runtime;
 pub mod steer;
 pub mod summary;
 
-pub use config::{Config, ConfigError};
+pub use config::{Config, ConfigError, ConfigErrors};
 pub use runtime::{RunError, Runtime, RuntimeOptions, WorkerSink};
 pub use steer::{IpPrefix, Steering};
 pub use summary::{NfSummary, Summary, WorkerSummary};
@@ -94,7 +94,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 pub enum Error {
     /// The configuration is wrong.
     #[error("{0}")]
-    Config(ConfigError),
+    Config(ConfigErrors),
     /// An input or output file cannot be opened or finished.
     #[error("{0}")]
     Io(flowstate_io::Error),
@@ -108,6 +108,12 @@ pub enum Error {
 
 impl From<ConfigError> for Error {
     fn from(e: ConfigError) -> Self {
+        Error::Config(e.into())
+    }
+}
+
+impl From<ConfigErrors> for Error {
+    fn from(e: ConfigErrors) -> Self {
         Error::Config(e)
     }
 }

@@ -952,7 +952,7 @@ fn run_ports<R: Port, T: Port>(
     let sink = LiveSink::new(
         tx_ports,
         addrs,
-        config.runtime.inside.clone(),
+        config.runtime.inside_prefixes(),
         Arc::clone(&shared),
         2 * config.runtime.batch,
         config.runtime.max_frame,

@@ -19,16 +19,17 @@ use std::fmt;
 use std::net::IpAddr;
 use std::str::FromStr;
 
-/// An IPv4 or IPv6 prefix, `addr/len` (host bits are ignored).
+/// An IPv4 or IPv6 prefix, `addr/len`: the data path's form of the configuration's
+/// [`flowstate_config::IpNet`] (a mask match).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct IpPrefix {
     addr: IpAddr,
     len: u8,
 }
 
-/// Why a prefix does not parse.
+/// Why a prefix does not parse (what [`flowstate_config::parse_prefix`] says).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("expected an IP prefix like \"10.0.0.0/8\" or \"fd00::/8\", got {0:?}")]
+#[error("{0}")]
 pub struct PrefixError(pub String);
 
 impl IpPrefix {
@@ -83,26 +84,18 @@ fn mask128(len: u8) -> u128 {
 impl FromStr for IpPrefix {
     type Err = PrefixError;
 
-    /// `10.0.0.0/8`, `fd00::/8`, or a bare address (a host prefix).
+    /// `10.0.0.0/8`, `fd00::/8`, or a bare address (a host prefix); host bits set are an
+    /// error ([`flowstate_config::parse_prefix`]).
     fn from_str(s: &str) -> Result<Self, PrefixError> {
-        let bad = || PrefixError(s.to_owned());
-        let t = s.trim();
-        let (a, l) = match t.split_once('/') {
-            Some((a, l)) => (a, Some(l)),
-            None => (t, None),
-        };
-        let addr: IpAddr = a.trim().parse().map_err(|_| bad())?;
-        let max = if addr.is_ipv4() { 32 } else { 128 };
-        let len = match l {
-            Some(l) => l
-                .trim()
-                .parse::<u8>()
-                .ok()
-                .filter(|&l| l <= max)
-                .ok_or_else(bad)?,
-            None => max,
-        };
-        Ok(IpPrefix::new(addr, len))
+        flowstate_config::parse_prefix(s)
+            .map(IpPrefix::from)
+            .map_err(PrefixError)
+    }
+}
+
+impl From<flowstate_config::IpNet> for IpPrefix {
+    fn from(n: flowstate_config::IpNet) -> Self {
+        IpPrefix::new(n.network(), n.prefix_len())
     }
 }
 
@@ -228,7 +221,11 @@ mod tests {
         let v6: IpPrefix = "fd00::/8".parse().unwrap();
         assert!(v6.contains("fdab::1".parse().unwrap()));
         assert_eq!(
-            "10.1.2.3/8".parse::<IpPrefix>().unwrap().to_string(),
+            "10.1.2.3/8".parse::<IpPrefix>().unwrap_err().to_string(),
+            "10.1.2.3/8: host bits set; did you mean 10.0.0.0/8?"
+        );
+        assert_eq!(
+            IpPrefix::new("10.1.2.3".parse().unwrap(), 8).to_string(),
             "10.0.0.0/8"
         );
         for bad in [

@@ -5,16 +5,43 @@
 //! [`StateSection::options`](flowstate_chain::config::StateSection) and names the key that is
 //! wrong in a [`SettingError`]; this module adds the file.
 
-use flowstate_chain::config::BackendKind;
+use flowstate_chain::config::{BackendKind, StateSection};
 use flowstate_chain::{Config, ConfigError};
+use flowstate_driver_cassandra::CassandraConfig;
+use flowstate_driver_redis::{RedisClusterConnector, RedisConnector};
+use flowstate_driver_store::StoreConnector;
 use flowstate_state::{Connector, SettingError};
+use std::path::Path;
 use std::sync::Arc;
 
-/// The connector of the store `config`'s `[state]` names.
+/// The store `[state]` names, its settings checked, not connected to.
+pub(crate) enum Backend {
+    /// The embedded store.
+    Local,
+    /// flowstate's store.
+    Store(StoreConnector),
+    /// One Redis server.
+    Redis(RedisConnector),
+    /// A Redis Cluster.
+    RedisCluster(RedisClusterConnector),
+    /// Cassandra (its driver connects when it is built).
+    Cassandra(CassandraConfig),
+}
+
+/// The connector of the store `config`'s `[state]` names; a store that does not answer at
+/// start-up is an error naming `url` (or `nodes`).
 pub(crate) fn connector(config: &Config) -> Result<Arc<dyn Connector>, ConfigError> {
-    let state = &config.state;
-    let setting =
-        |e: SettingError| ConfigError::new(&config.file, format!("state.{}", e.key), e.reason);
+    connect(
+        &config.file,
+        &config.state,
+        settings(&config.file, &config.state)?,
+    )
+}
+
+/// Checks `[state]`'s settings for its backend (`url`, the driver's own keys) without
+/// connecting to anything.
+pub(crate) fn settings(file: &Path, state: &StateSection) -> Result<Backend, ConfigError> {
+    let setting = |e: SettingError| ConfigError::new(file, format!("state.{}", e.key), e.reason);
     match state.backend {
         BackendKind::Local => {
             if let Some(key) = state.options.keys().next() {
@@ -23,7 +50,7 @@ pub(crate) fn connector(config: &Config) -> Result<Arc<dyn Connector>, ConfigErr
                     "unknown key; backend \"local\" takes only backend, url, flush_interval and nf_instance",
                 )));
             }
-            Ok(Arc::new(flowstate_state::local::LocalStore::new()))
+            Ok(Backend::Local)
         }
         BackendKind::Store => {
             let mut options = Vec::with_capacity(state.options.len());
@@ -40,42 +67,83 @@ pub(crate) fn connector(config: &Config) -> Result<Arc<dyn Connector>, ConfigErr
                 };
                 options.push((key.as_str(), text));
             }
-            let c = flowstate_driver_store::StoreConnector::from_config(
+            StoreConnector::from_config(
                 state.url.as_deref(),
                 options.iter().map(|(k, v)| (*k, v.as_str())),
             )
-            .map_err(setting)?;
-            Ok(Arc::new(c))
+            .map(Backend::Store)
+            .map_err(setting)
         }
         BackendKind::Cassandra => {
-            use flowstate_driver_cassandra::{CassandraConfig, CassandraConnector};
-            let settings = CassandraConfig::from_settings(state.url.as_deref(), &state.options)
-                .map_err(setting)?;
-            let key = if state.url.is_some() || !state.options.contains_key("nodes") {
-                "state.url"
-            } else {
-                "state.nodes"
-            };
-            let connector = CassandraConnector::new(settings).map_err(|e| {
-                ConfigError::new(
-                    &config.file,
-                    key,
-                    format!("{e} (is Cassandra running? scripts/cassandra start runs one)"),
-                )
-            })?;
-            Ok(Arc::new(connector))
+            CassandraConfig::from_settings(state.url.as_deref(), &state.options)
+                .map(Backend::Cassandra)
+                .map_err(setting)
         }
-        BackendKind::Redis | BackendKind::RedisCluster => redis(config),
+        BackendKind::Redis | BackendKind::RedisCluster => redis(state).map_err(setting),
     }
 }
 
-/// `backend = "redis"` / `"redis-cluster"` (flowstate-driver-redis); a store that does not
-/// answer at start-up is an error naming `url` (or `nodes`).
-fn redis(config: &Config) -> Result<Arc<dyn Connector>, ConfigError> {
-    use flowstate_driver_redis::{RedisClusterConnector, RedisConnector, Setting};
-    let state = &config.state;
-    let setting =
-        |e: SettingError| ConfigError::new(&config.file, format!("state.{}", e.key), e.reason);
+/// Connects to the store `backend` (checked by [`settings`]) at start-up.
+pub(crate) fn connect(
+    file: &Path,
+    state: &StateSection,
+    backend: Backend,
+) -> Result<Arc<dyn Connector>, ConfigError> {
+    let url_key = |nodes: bool| {
+        if state.url.is_some() || !nodes {
+            "state.url"
+        } else {
+            "state.nodes"
+        }
+    };
+    let answers = |c: Arc<dyn Connector>, key: &str| match c.connect() {
+        Ok(_) => Ok(c),
+        Err(e) => Err(ConfigError::new(
+            file,
+            key,
+            format!("the store does not answer at start-up: {e}"),
+        )),
+    };
+    match backend {
+        Backend::Local => Ok(Arc::new(flowstate_state::local::LocalStore::new())),
+        Backend::Store(c) => Ok(Arc::new(c)),
+        Backend::Cassandra(settings) => {
+            let key = url_key(state.options.contains_key("nodes"));
+            let connector =
+                flowstate_driver_cassandra::CassandraConnector::new(settings).map_err(|e| {
+                    ConfigError::new(
+                        file,
+                        key,
+                        format!("{e} (is Cassandra running? scripts/cassandra start runs one)"),
+                    )
+                })?;
+            Ok(Arc::new(connector))
+        }
+        Backend::Redis(c) => answers(Arc::new(c), "state.url"),
+        Backend::RedisCluster(c) => answers(Arc::new(c), url_key(true)),
+    }
+}
+
+impl Backend {
+    /// What it is, for `flowstate check`: the backend and where it is.
+    pub(crate) fn describe(&self, state: &StateSection) -> String {
+        let name = state.backend.name();
+        match (self, &state.url) {
+            (Backend::Local, _) => name.to_owned(),
+            (Backend::Store(c), _) => format!("{name} at {}", c.settings().addr),
+            (Backend::Cassandra(c), _) => format!("{name} at {}", c.nodes.join(", ")),
+            (_, Some(url)) => format!("{name} at {url}"),
+            (_, None) => match state.options.get("nodes") {
+                Some(n) => format!("{name} at {n}"),
+                None => format!("{name} (default address)"),
+            },
+        }
+    }
+}
+
+/// `backend = "redis"` / `"redis-cluster"` (flowstate-driver-redis).
+fn redis(state: &StateSection) -> Result<Backend, SettingError> {
+    use flowstate_driver_redis::Setting;
     let mut lists = Vec::new();
     for (key, value) in &state.options {
         if let Some(items) = value.as_array() {
@@ -86,10 +154,10 @@ fn redis(config: &Config) -> Result<Arc<dyn Connector>, ConfigError> {
             match strings {
                 Some(l) => lists.push((key.as_str(), l)),
                 None => {
-                    return Err(setting(SettingError::new(
+                    return Err(SettingError::new(
                         key.as_str(),
                         "expected a list of strings",
-                    )))
+                    ))
                 }
             }
         }
@@ -106,27 +174,16 @@ fn redis(config: &Config) -> Result<Arc<dyn Connector>, ConfigError> {
         (key.as_str(), v)
     });
     let url = state.url.as_deref();
-    let (connector, key): (Arc<dyn Connector>, &str) = if state.backend == BackendKind::Redis {
-        let c = RedisConnector::from_settings(url, options).map_err(setting)?;
-        (Arc::new(c), "url")
+    if state.backend == BackendKind::Redis {
+        RedisConnector::from_settings(url, options).map(Backend::Redis)
     } else {
-        let c = RedisClusterConnector::from_settings(url, options).map_err(setting)?;
-        let key = if url.is_some() { "url" } else { "nodes" };
-        (Arc::new(c), key)
-    };
-    if let Err(e) = connector.connect() {
-        return Err(setting(SettingError::new(
-            key,
-            format!("the store does not answer at start-up: {e}"),
-        )));
+        RedisClusterConnector::from_settings(url, options).map(Backend::RedisCluster)
     }
-    Ok(connector)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::Path;
 
     const INPUT: &str = "[input]\nsynthetic = { flows = 10 }\n";
 

@@ -181,38 +181,17 @@ struct Deployment {
 }
 
 fn load(path: &Path) -> Result<Deployment> {
-    let config = Config::load(path)?;
-    let Some(t) = &config.cluster else {
+    let loaded = crate::check::load(path)?;
+    let Some(section) = loaded.cluster else {
         bail!(
             "{}: no [cluster] section: this is not a cluster deployment (see examples/cluster.toml)",
             path.display()
         );
     };
-    let section = ClusterSection::from_table(t)
-        .map_err(|(k, r)| anyhow::anyhow!("{}: {k}: {r}", path.display()))?;
-    if section.stages.len() > config.stages() as usize {
-        bail!(
-            "{}: cluster.stage: {} [[cluster.stage]] tables for a chain of {} stage(s) (`[[chain]] stage = k`)",
-            path.display(),
-            section.stages.len(),
-            config.stages()
-        );
-    }
-    if !matches!(config.input, Input::Interface(_))
-        || !matches!(config.output, Output::Interface(_))
-    {
-        bail!(
-            "{}: input, output: the root needs two ports: `[input] interface = ...` and `[output] interface = ...`",
-            path.display()
-        );
-    }
-    if config.state.backend == BackendKind::Local {
-        bail!(
-            "{}: state.backend: the instances share their state: choose store, redis, redis-cluster or cassandra",
-            path.display()
-        );
-    }
-    Ok(Deployment { config, section })
+    Ok(Deployment {
+        config: loaded.config,
+        section,
+    })
 }
 
 pub(crate) fn run(a: &ClusterArgs) -> Result<()> {
@@ -548,7 +527,7 @@ fn role_root(dir: &Dir, path: &Path) -> Result<()> {
         section: d.section.clone(),
         inside: inside.clone(),
         outside: outside.clone(),
-        inside_prefixes: d.config.runtime.inside.clone(),
+        inside_prefixes: d.config.runtime.inside_prefixes(),
         stats_file: Some(dir.file("root.json")),
         epoch,
     };

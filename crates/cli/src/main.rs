@@ -1,6 +1,7 @@
 //! `flowstate`: the one binary. See `flowstate --help`.
 
 mod backends;
+mod check;
 mod cluster;
 mod eve;
 mod gen;
@@ -52,6 +53,9 @@ enum Command {
     Demo(DemoArgs),
     /// Run a chain of NFs as a configuration file describes.
     Run(run::RunArgs),
+    /// Every error of configuration files, at once, without starting anything (exit status 1
+    /// when there is one); else what each file would run.
+    Check(check::CheckArgs),
     /// Generate deterministic synthetic traffic as a pcap file.
     Gen(gen::GenArgs),
     /// Show what a capture (pcap or pcapng) holds: protocols, flows, malformed packets.
@@ -134,7 +138,8 @@ fn main() {
         | Command::Gen(_)
         | Command::Inspect(_)
         | Command::Run(_)
-        | Command::State(_) => true,
+        | Command::State(_)
+        | Command::Check(_) => true,
         Command::Bench(b) => b.list,
         Command::Top(t) => t.once,
         _ => false,
@@ -191,6 +196,11 @@ fn main() {
     let result = match cli.command {
         Command::Demo(a) => demo(a),
         Command::Run(a) => run::run(&a),
+        Command::Check(a) => match check::run(&a) {
+            Ok(true) => Ok(()),
+            Ok(false) => std::process::exit(1),
+            Err(e) => Err(e),
+        },
         Command::Gen(a) => gen::run(&a).map(|_| ()),
         Command::Inspect(a) => inspect_cmd(&a),
         Command::Bench(a) => bench(&a),

@@ -4,7 +4,7 @@
 use anyhow::{bail, Result};
 use clap::Args;
 use flowstate_chain::config::{Input, Output, MAX_WORKERS};
-use flowstate_chain::{run_config_observed, Config};
+use flowstate_chain::run_config_observed;
 use std::path::PathBuf;
 
 /// Options of `flowstate run`.
@@ -34,7 +34,8 @@ pub(crate) struct RunArgs {
 /// Runs the configuration and prints the summary on stdout (text, or JSON with `--json`).
 /// Progress goes to stderr on a terminal only.
 pub(crate) fn run(args: &RunArgs) -> Result<()> {
-    let mut config = Config::load(&args.config)?;
+    let loaded = crate::check::load(&args.config)?;
+    let mut config = loaded.config;
     if config.cluster.is_some() {
         bail!(
             "{}: [cluster]: this deployment runs as a cluster: `flowstate cluster up {}` (in a lab with instance namespaces)",
@@ -54,7 +55,7 @@ pub(crate) fn run(args: &RunArgs) -> Result<()> {
     };
     let bar = crate::progress(total, "run");
     let progress = |n: u64| bar.inc(n);
-    let connector = crate::backends::connector(&config)?;
+    let connector = crate::backends::connect(&config.file, &config.state, loaded.backend)?;
     let listen = args.metrics.or(config.telemetry.listen);
     if config.fastpath.is_some() {
         if let Some(a) = listen {

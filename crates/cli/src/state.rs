@@ -14,8 +14,8 @@ use flowstate_chain::config::BackendKind;
 use flowstate_chain::Config;
 use flowstate_nf::listing::{merge_summed, StoreReader};
 use serde_json::{json, Value};
-use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::io::Write;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -340,29 +340,14 @@ fn print_table(out: &mut impl Write, t: &Value) -> std::io::Result<()> {
 }
 
 /// `GET path` from a telemetry listener: the body of a `200` answer.
-pub(crate) fn get(addr: SocketAddr, path: &str) -> Result<String> {
-    let fail = |e: std::io::Error| anyhow::anyhow!("http://{addr}{path}: {e}");
-    let mut c = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).map_err(|e| {
-        anyhow::anyhow!("cannot reach {addr}: {e} (is the box running with --metrics {addr}?)")
-    })?;
+fn get(addr: SocketAddr, path: &str) -> Result<String> {
     // The box's workers have `TABLE_WAIT` to answer.
-    let limit = Some(crate::telemetry::TABLE_WAIT + Duration::from_secs(5));
-    c.set_read_timeout(limit).map_err(fail)?;
-    c.set_write_timeout(limit).map_err(fail)?;
-    write!(
-        c,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .map_err(fail)?;
-    let mut answer = Vec::new();
-    c.take(256 << 20).read_to_end(&mut answer).map_err(fail)?;
-    let answer = String::from_utf8_lossy(&answer);
-    let (head, body) = answer
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| anyhow::anyhow!("http://{addr}{path}: not an HTTP answer"))?;
-    let status = head.split(' ').nth(1).unwrap_or("?");
-    if status != "200" {
-        bail!("http://{addr}{path}: {status}: {}", body.trim());
+    let wait = crate::telemetry::TABLE_WAIT + Duration::from_secs(5);
+    let r = flowstate_telemetry::client::get(addr, path, wait).map_err(|e| {
+        anyhow::anyhow!("http://{addr}{path}: {e} (is the box running with --metrics {addr}?)")
+    })?;
+    if r.status != 200 {
+        bail!("http://{addr}{path}: {}: {}", r.status, r.text().trim());
     }
-    Ok(body.to_owned())
+    Ok(r.text())
 }

@@ -182,7 +182,7 @@ fn stats(q: &StatsArgs) -> Result<()> {
 
 /// A checkpoint interval: a duration of at least 1 ms.
 fn checkpoint_interval(s: &str) -> Result<Duration, String> {
-    let d = flowstate_chain::config::parse_duration(s)?;
+    let d = flowstate_config::parse_duration(s)?;
     if d < Duration::from_millis(1) {
         return Err(format!("at least 1ms, got {s:?}"));
     }

@@ -42,7 +42,7 @@ pub(crate) struct TopArgs {
 }
 
 fn interval(s: &str) -> Result<Duration, String> {
-    let d = flowstate_chain::config::parse_duration(s)?;
+    let d = flowstate_config::parse_duration(s)?;
     if d < Duration::from_millis(100) || d > Duration::from_secs(3600) {
         return Err(format!("expected 100ms to 1h, got {s:?}"));
     }

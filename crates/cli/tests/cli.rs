@@ -322,3 +322,151 @@ fn a_closed_pipe_ends_printing_commands_quietly() {
         );
     }
 }
+
+/// The repository's root, where the examples are run from (their paths are relative to it).
+fn repo_root() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// `flowstate ARGS` run from the repository's root.
+fn flowstate_at_root(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_flowstate"))
+        .args(args)
+        .current_dir(repo_root())
+        .output()
+        .expect("run flowstate")
+}
+
+#[test]
+fn check_passes_every_example_and_says_what_it_would_run() {
+    let mut examples: Vec<String> = std::fs::read_dir(repo_root().join("examples"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .map(|p| format!("examples/{}", p.file_name().unwrap().to_string_lossy()))
+        .collect();
+    examples.sort();
+    assert!(examples.len() >= 20, "{examples:?}");
+    let mut args = vec!["check"];
+    args.extend(examples.iter().map(String::as_str));
+    let out = flowstate_at_root(&args);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for e in &examples {
+        assert!(stdout.contains(&format!("{e}: ok")), "{e}: {stdout}");
+        // The header names the file and the command that runs it.
+        let text = std::fs::read_to_string(repo_root().join(e)).unwrap();
+        let first = text.lines().next().unwrap_or_default();
+        assert!(
+            first.starts_with(&format!("# {e} — run: ")) && first.ends_with(e.as_str()),
+            "{e}: {first}"
+        );
+    }
+    let out = flowstate_at_root(&[
+        "check",
+        "--json",
+        "examples/nat.toml",
+        "examples/cluster.toml",
+    ]);
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v[0]["ok"], true);
+    assert_eq!(v[0]["summary"]["chain"], "nat");
+    assert_eq!(v[0]["summary"]["state"], "local, flush every 1ms");
+    assert_eq!(
+        v[0]["summary"]["workers"],
+        "2, reflect (the outside hosts answer)"
+    );
+    assert_eq!(v[1]["summary"]["chain"], "firewall -> nat");
+    assert!(v[1]["summary"]["cluster"]
+        .as_str()
+        .unwrap()
+        .starts_with("16 partitions, 2 instances"));
+}
+
+#[test]
+fn check_reports_every_error_of_a_file_with_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(
+        &path,
+        r#"[input]
+synthetic = { profile = "mixed", flows = 100, clients_v4 = "10.0.0.1/8" }
+
+[runtime]
+workers = 0
+
+[state]
+backend = "store"
+timeout = 500
+
+[[chain]]
+nf = "nat"
+external = ["203.0.113.1"]
+udp = 300
+
+[cluster]
+heartbeat = 50
+"#,
+    )
+    .unwrap();
+    let file = path.to_str().unwrap();
+    let out = flowstate(&["check", file]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            format!("{file}:2: input.synthetic.clients_v4: 10.0.0.1/8: host bits set; did you mean 10.0.0.0/8?"),
+            format!("{file}:5: runtime.workers: expected 1 to 1024, got 0"),
+            format!("{file}:9: state.timeout: write a duration with its unit, e.g. \"500ms\""),
+            format!("{file}:14: chain[0].nat.udp: write a duration with its unit, e.g. \"300s\""),
+            format!("{file}:17: cluster.heartbeat: write a duration with its unit, e.g. \"50s\""),
+            format!("{file}: 5 errors"),
+        ],
+        "{err}"
+    );
+
+    // The same as JSON, and `run` refuses the file with the same errors.
+    let out = flowstate(&["check", "--json", file]);
+    assert_eq!(out.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v[0]["ok"], false);
+    let keys: Vec<&str> = v[0]["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "input.synthetic.clients_v4",
+            "runtime.workers",
+            "state.timeout",
+            "chain[0].nat.udp",
+            "cluster.heartbeat"
+        ]
+    );
+    assert_eq!(v[0]["errors"][3]["line"], 14);
+    let out = flowstate(&["run", file]);
+    assert_eq!(out.status.code(), Some(1));
+    let run_err = String::from_utf8_lossy(&out.stderr);
+    assert!(run_err.contains(lines[3]), "{run_err}");
+    assert!(run_err.contains(lines[0]), "{run_err}");
+
+    // A syntax error is the one error; a missing file is an error too.
+    std::fs::write(&path, "[input]\nsynthetic = {\n").unwrap();
+    let out = flowstate(&["check", file]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.ends_with(&format!("{file}: 1 error\n")), "{err}");
+    let out = flowstate(&["check", "examples/nowhere.toml"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read"));
+}

@@ -654,7 +654,7 @@ fn a_real_scanner_is_detected_and_blocked_while_downloads_go_on() {
     );
     live.start_box(
         &config(
-            "[[chain]]\nnf = \"portscan\"\nblock = true\nblock_time = 600.0\nwatch = \"outbound\"\n",
+            "[[chain]]\nnf = \"portscan\"\nblock = true\nblock_time = \"10m\"\nwatch = \"outbound\"\n",
         ),
         SERVER,
     );
@@ -757,7 +757,7 @@ fn an_idle_box_expires_its_nat_sessions_on_schedule() {
     for workers in [1, 2] {
         let mut live = Live::up(&format!("idle{workers}"));
         let chain = format!(
-            "[[chain]]\nnf = \"nat\"\nexternal = [\"{BOX_OUTSIDE}\"]\nports = \"20000-59999\"\nudp = 1\nicmp = 1\n"
+            "[[chain]]\nnf = \"nat\"\nexternal = [\"{BOX_OUTSIDE}\"]\nports = \"20000-59999\"\nudp = \"1s\"\nicmp = \"1s\"\n"
         );
         let config = config(&chain).replace("workers = 2", &format!("workers = {workers}"));
         // The start's pings make ICMP sessions; one UDP datagram makes a UDP session.

@@ -41,7 +41,6 @@
 //! space (their lab namespaces); the root steers a packet to stage 0's owner, each stage's
 //! output to the next stage's owner, and the last stage's out of its port.
 
-use flowstate_chain::config::parse_duration;
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
@@ -139,9 +138,11 @@ impl Default for ClusterSection {
 }
 
 impl ClusterSection {
-    /// Reads `[cluster]`; errors are `(key, reason)` with the key as `cluster.KEY`.
-    pub fn from_table(t: &toml::Table) -> Result<ClusterSection, (String, String)> {
+    /// Reads `[cluster]`; every error is reported, as `(key, reason)` with the key as
+    /// `cluster.KEY` (`cluster.stage[k].KEY` in a stage's table).
+    pub fn from_table(t: &toml::Table) -> Result<ClusterSection, Vec<(String, String)>> {
         let mut c = ClusterSection::default();
+        let mut errors: Vec<(String, String)> = Vec::new();
         let err = |k: &str, r: String| (format!("cluster.{k}"), r);
         let int = |k: &str, v: &toml::Value, lo: i64, hi: i64| -> Result<i64, (String, String)> {
             match v.as_integer() {
@@ -153,10 +154,7 @@ impl ClusterSection {
             }
         };
         let dur = |k: &str, v: &toml::Value| -> Result<Duration, (String, String)> {
-            let s = v
-                .as_str()
-                .ok_or_else(|| err(k, format!("expected a duration like \"50ms\", got {v}")))?;
-            match parse_duration(s) {
+            match flowstate_config::duration_value(v) {
                 Ok(d) if !d.is_zero() => Ok(d),
                 Ok(_) => Err(err(k, "must be more than zero".into())),
                 Err(r) => Err(err(k, r)),
@@ -170,58 +168,65 @@ impl ClusterSection {
         };
         let mut stage_tables = None;
         for (k, v) in t {
-            match k.as_str() {
-                "stage" => stage_tables = Some(v),
-                "partitions" => c.partitions = int(k, v, 1, i64::from(MAX_PARTITIONS))? as u32,
-                "instances" => c.instances = int(k, v, 1, 1024)? as u32,
-                "min_instances" => c.min_instances = int(k, v, 1, 1024)? as u32,
-                "max_instances" => c.max_instances = int(k, v, 1, 1024)? as u32,
-                "address" => {
-                    c.address = v.as_str().and_then(|s| s.parse().ok()).ok_or_else(|| {
+            let done: Result<(), (String, String)> = match k.as_str() {
+                "stage" => {
+                    stage_tables = Some(v);
+                    Ok(())
+                }
+                "partitions" => int(k, v, 1, i64::from(MAX_PARTITIONS)).map(|n| c.partitions = n as u32),
+                "instances" => int(k, v, 1, 1024).map(|n| c.instances = n as u32),
+                "min_instances" => int(k, v, 1, 1024).map(|n| c.min_instances = n as u32),
+                "max_instances" => int(k, v, 1, 1024).map(|n| c.max_instances = n as u32),
+                "address" => v
+                    .as_str()
+                    .and_then(|s| s.parse().ok())
+                    .map(|a| c.address = a)
+                    .ok_or_else(|| {
                         err(k, format!("expected an IPv4 address like \"192.0.2.1\", got {v}"))
-                    })?
-                }
-                "heartbeat" => c.heartbeat = dur(k, v)?,
-                "missed" => c.missed = int(k, v, 1, 1000)? as u32,
-                "move_timeout" => c.move_timeout = dur(k, v)?,
-                "hold" => c.hold = int(k, v, 1, 1 << 20)? as usize,
-                "log_packets" => c.log_packets = int(k, v, 0, 1 << 24)? as usize,
-                "straggler" => {
-                    c.straggler = v
-                        .as_str()
-                        .ok_or_else(|| format!("expected a duration like \"250ms\" (\"0s\": never), got {v}"))
-                        .and_then(parse_duration)
-                        .map_err(|r| err(k, r))?
-                }
-                "auto_scale" => {
-                    c.auto_scale = v
-                        .as_bool()
-                        .ok_or_else(|| err(k, format!("expected true or false, got {v}")))?
-                }
-                "scale_out_load" => c.scale_out_load = load(k, v)?,
-                "scale_in_load" => c.scale_in_load = load(k, v)?,
-                "store" => {
-                    c.store = match v.as_str() {
-                        Some("managed") => StoreMode::Managed,
-                        Some("external") => StoreMode::External,
-                        _ => {
-                            return Err(err(k, format!("expected \"managed\" or \"external\", got {v}")))
-                        }
+                    }),
+                "heartbeat" => dur(k, v).map(|d| c.heartbeat = d),
+                "missed" => int(k, v, 1, 1000).map(|n| c.missed = n as u32),
+                "move_timeout" => dur(k, v).map(|d| c.move_timeout = d),
+                "hold" => int(k, v, 1, 1 << 20).map(|n| c.hold = n as usize),
+                "log_packets" => int(k, v, 0, 1 << 24).map(|n| c.log_packets = n as usize),
+                "straggler" => flowstate_config::duration_value(v)
+                    .map(|d| c.straggler = d)
+                    .map_err(|r| err(k, format!("{r} (\"0s\": never)"))),
+                "auto_scale" => v
+                    .as_bool()
+                    .map(|b| c.auto_scale = b)
+                    .ok_or_else(|| err(k, format!("expected true or false, got {v}"))),
+                "scale_out_load" => load(k, v).map(|x| c.scale_out_load = x),
+                "scale_in_load" => load(k, v).map(|x| c.scale_in_load = x),
+                "store" => match v.as_str() {
+                    Some("managed") => {
+                        c.store = StoreMode::Managed;
+                        Ok(())
                     }
-                }
-                "moves" => {
-                    c.copy_on_move = match v.as_str() {
-                        Some("claim") => false,
-                        Some("copy") => true,
-                        _ => return Err(err(k, format!("expected \"claim\" or \"copy\", got {v}"))),
+                    Some("external") => {
+                        c.store = StoreMode::External;
+                        Ok(())
                     }
-                }
-                _ => {
-                    return Err(err(
-                        k,
-                        "unknown key; expected partitions, instances, min_instances, max_instances, address, heartbeat, missed, move_timeout, hold, log_packets, straggler, auto_scale, scale_out_load, scale_in_load, store, moves or stage".into(),
-                    ))
-                }
+                    _ => Err(err(k, format!("expected \"managed\" or \"external\", got {v}"))),
+                },
+                "moves" => match v.as_str() {
+                    Some("claim") => {
+                        c.copy_on_move = false;
+                        Ok(())
+                    }
+                    Some("copy") => {
+                        c.copy_on_move = true;
+                        Ok(())
+                    }
+                    _ => Err(err(k, format!("expected \"claim\" or \"copy\", got {v}"))),
+                },
+                _ => Err(err(
+                    k,
+                    "unknown key; expected partitions, instances, min_instances, max_instances, address, heartbeat, missed, move_timeout, hold, log_packets, straggler, auto_scale, scale_out_load, scale_in_load, store, moves or stage".into(),
+                )),
+            };
+            if let Err(e) = done {
+                errors.push(e);
             }
         }
         let defaults = StageSection {
@@ -230,56 +235,26 @@ impl ClusterSection {
             min_instances: c.min_instances,
             max_instances: c.max_instances,
         };
-        check_pool(&defaults).map_err(|(k, r)| err(k, r))?;
-        if let Some(v) = stage_tables {
-            let tables = v.as_array().ok_or_else(|| {
-                err(
-                    "stage",
-                    format!("expected [[cluster.stage]] tables, got {v}"),
-                )
-            })?;
-            for (i, t) in tables.iter().enumerate() {
-                let key = |k: &str| format!("cluster.stage[{i}].{k}");
-                let t = t.as_table().ok_or_else(|| {
-                    (
-                        format!("cluster.stage[{i}]"),
-                        format!("expected a table, got {t}"),
-                    )
-                })?;
-                let mut st = defaults;
-                for (k, v) in t {
-                    let (lo, hi) = match k.as_str() {
-                        "partitions" => (1, i64::from(MAX_PARTITIONS)),
-                        "instances" | "min_instances" | "max_instances" => (1, 1024),
-                        _ => {
-                            return Err((
-                                key(k),
-                                "unknown key; expected partitions, instances, min_instances or max_instances".into(),
-                            ))
-                        }
-                    };
-                    let n = match v.as_integer() {
-                        Some(n) if (lo..=hi).contains(&n) => n as u32,
-                        _ => {
-                            return Err((
-                                key(k),
-                                format!("expected an integer from {lo} to {hi}, got {v}"),
-                            ))
-                        }
-                    };
-                    match k.as_str() {
-                        "partitions" => st.partitions = n,
-                        "instances" => st.instances = n,
-                        "min_instances" => st.min_instances = n,
-                        _ => st.max_instances = n,
+        if let Err((k, r)) = check_pool(&defaults) {
+            errors.push(err(k, r));
+        }
+        match stage_tables.map(|v| (v, v.as_array())) {
+            None => {}
+            Some((v, None)) => errors.push(err(
+                "stage",
+                format!("expected [[cluster.stage]] tables, got {v}"),
+            )),
+            Some((_, Some(tables))) => {
+                for (i, t) in tables.iter().enumerate() {
+                    match stage(i, t, defaults) {
+                        Ok(st) => c.stages.push(st),
+                        Err(e) => errors.extend(e),
                     }
                 }
-                check_pool(&st).map_err(|(k, r)| (key(k), r))?;
-                c.stages.push(st);
             }
         }
         if c.scale_in_load >= c.scale_out_load {
-            return Err(err(
+            errors.push(err(
                 "scale_in_load",
                 format!(
                     "{} must be below scale_out_load {}",
@@ -287,7 +262,11 @@ impl ClusterSection {
                 ),
             ));
         }
-        Ok(c)
+        if errors.is_empty() {
+            Ok(c)
+        } else {
+            Err(errors)
+        }
     }
 
     /// Stage `k`'s partitioning and pool: its `[[cluster.stage]]` table, else the values of
@@ -323,6 +302,63 @@ impl ClusterSection {
     }
 }
 
+/// `[[cluster.stage]]` number `i`, over the values of `[cluster]`; every error.
+fn stage(
+    i: usize,
+    t: &toml::Value,
+    defaults: StageSection,
+) -> Result<StageSection, Vec<(String, String)>> {
+    let key = |k: &str| format!("cluster.stage[{i}].{k}");
+    let Some(t) = t.as_table() else {
+        return Err(vec![(
+            format!("cluster.stage[{i}]"),
+            format!("expected a table, got {t}"),
+        )]);
+    };
+    let mut st = defaults;
+    let mut errors = Vec::new();
+    for (k, v) in t {
+        let (lo, hi) = match k.as_str() {
+            "partitions" => (1, i64::from(MAX_PARTITIONS)),
+            "instances" | "min_instances" | "max_instances" => (1, 1024),
+            _ => {
+                errors.push((
+                    key(k),
+                    "unknown key; expected partitions, instances, min_instances or max_instances"
+                        .into(),
+                ));
+                continue;
+            }
+        };
+        let n = match v.as_integer() {
+            Some(n) if (lo..=hi).contains(&n) => n as u32,
+            _ => {
+                errors.push((
+                    key(k),
+                    format!("expected an integer from {lo} to {hi}, got {v}"),
+                ));
+                continue;
+            }
+        };
+        match k.as_str() {
+            "partitions" => st.partitions = n,
+            "instances" => st.instances = n,
+            "min_instances" => st.min_instances = n,
+            _ => st.max_instances = n,
+        }
+    }
+    if errors.is_empty() {
+        if let Err((k, r)) = check_pool(&st) {
+            errors.push((key(k), r));
+        }
+    }
+    if errors.is_empty() {
+        Ok(st)
+    } else {
+        Err(errors)
+    }
+}
+
 /// A pool's bounds hold together; errors are `(key, reason)`.
 fn check_pool(st: &StageSection) -> Result<(), (&'static str, String)> {
     if st.min_instances > st.max_instances {
@@ -351,7 +387,7 @@ mod tests {
     use super::*;
 
     fn parse(text: &str) -> Result<ClusterSection, (String, String)> {
-        ClusterSection::from_table(&toml::from_str(text).unwrap())
+        ClusterSection::from_table(&toml::from_str(text).unwrap()).map_err(|e| e[0].clone())
     }
 
     #[test]
@@ -409,8 +445,41 @@ mod tests {
             ("scale_in_load = 0.9", "cluster.scale_in_load"),
             ("banana = 1", "cluster.banana"),
             ("moves = \"teleport\"", "cluster.moves"),
+            ("heartbeat = 50", "cluster.heartbeat"),
+            ("straggler = 250", "cluster.straggler"),
         ] {
             assert_eq!(parse(text).unwrap_err().0, key, "{text}");
         }
+        let (_, reason) = parse("move_timeout = 1").unwrap_err();
+        assert!(reason.contains("\"1s\""), "{reason}");
+    }
+
+    #[test]
+    fn every_error_is_reported() {
+        let t = toml::from_str(
+            "partitions = 0\nheartbeat = 50\nbanana = 1\n[[stage]]\ncolour = 1\n[[stage]]\npartitions = -1\n",
+        )
+        .unwrap();
+        let errors = ClusterSection::from_table(&t).unwrap_err();
+        let mut keys: Vec<&str> = errors.iter().map(|(k, _)| k.as_str()).collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            [
+                "cluster.banana",
+                "cluster.heartbeat",
+                "cluster.partitions",
+                "cluster.stage[0].colour",
+                "cluster.stage[1].partitions"
+            ]
+        );
+        assert_eq!(
+            parse("straggler = \"0s\"").unwrap().straggler,
+            Duration::ZERO
+        );
+        assert_eq!(
+            parse("move_timeout = \"1m30s\"").unwrap().move_timeout,
+            Duration::from_secs(90)
+        );
     }
 }

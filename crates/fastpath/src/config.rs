@@ -30,7 +30,7 @@
 //! configuration. Every error names its key.
 
 use crate::bloom::BloomParams;
-use crate::cache::{mask, Prefix};
+use crate::cache::Prefix;
 use crate::fast::Mode;
 use crate::headers::{Field, Fields, Rule};
 use crate::table::{Kind, Next, OnMiss, Pipeline, Table};
@@ -207,48 +207,62 @@ impl FastpathConfig {
                 reason: "missing: a [fastpath] section with [[fastpath.table]]s".into(),
             });
         };
-        FastpathConfig::from_value(section.clone()).map_err(|(key, reason)| ConfigError {
-            file: file.to_owned(),
-            key,
-            reason,
+        FastpathConfig::from_value(section.clone()).map_err(|mut e| {
+            let (key, reason) = e.remove(0);
+            ConfigError {
+                file: file.to_owned(),
+                key,
+                reason,
+            }
         })
     }
 
     /// Builds the pipeline from the `[fastpath]` value (files it names are read by
-    /// [`load_rules`](Self::load_rules)). The error is the dotted key and the reason.
-    pub fn from_value(v: toml::Value) -> Result<FastpathConfig, (String, String)> {
+    /// [`load_rules`](Self::load_rules)). Each error is the dotted key and the reason; every
+    /// table's first is reported.
+    pub fn from_value(v: toml::Value) -> Result<FastpathConfig, Vec<(String, String)>> {
         // Each table on its own, so that an error names the table it is in.
         let mut v = v;
         let tables = match v.as_table_mut().and_then(|t| t.remove("table")) {
             None => Vec::new(),
             Some(toml::Value::Array(a)) => a,
             Some(other) => {
-                return Err((
+                return Err(vec![(
                     "fastpath.table".into(),
                     format!("expected [[fastpath.table]]s, got {}", other.type_str()),
-                ))
+                )])
             }
         };
-        let mut s: Section = v
-            .try_into()
-            .map_err(|e: toml::de::Error| ("fastpath".to_owned(), e.message().to_owned()))?;
+        let mut errors = Vec::new();
+        let mut s: Section = match v.try_into() {
+            Ok(s) => s,
+            Err(e) => {
+                let e: toml::de::Error = e;
+                return Err(vec![("fastpath".to_owned(), e.message().to_owned())]);
+            }
+        };
         for (i, t) in tables.into_iter().enumerate() {
-            s.table.push(t.try_into().map_err(|e: toml::de::Error| {
-                (format!("fastpath.table[{i}]"), e.message().to_owned())
-            })?);
+            match t.try_into() {
+                Ok(t) => s.table.push(t),
+                Err(e) => {
+                    let e: toml::de::Error = e;
+                    errors.push((format!("fastpath.table[{i}]"), e.message().to_owned()));
+                }
+            }
         }
         let mode = match s.mode.as_deref() {
             None => Mode::Lazy,
-            Some(m) => Mode::parse(m).ok_or_else(|| {
-                (
+            Some(m) => Mode::parse(m).unwrap_or_else(|| {
+                errors.push((
                     "fastpath.mode".to_owned(),
                     format!("{m:?}: expected \"busy\", \"lazy\" or \"lazy-p\""),
-                )
-            })?,
+                ));
+                Mode::Lazy
+            }),
         };
         let threads = s.threads.unwrap_or(4);
         if threads == 0 || threads > 64 {
-            return Err((
+            errors.push((
                 "fastpath.threads".into(),
                 format!("{threads}: expected 1..=64"),
             ));
@@ -261,174 +275,38 @@ impl FastpathConfig {
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
         {
-            return Err((
+            errors.push((
                 "fastpath.recirculation".into(),
                 format!("{recirculation:?}: expected an interface name of 1 to 12 letters, digits, '-' or '_'"),
             ));
         }
-        if s.table.is_empty() {
-            return Err(("fastpath.table".into(), "no table".into()));
+        if s.table.is_empty() && errors.is_empty() {
+            errors.push(("fastpath.table".into(), "no table".into()));
+        }
+        if !errors.is_empty() {
+            // A table that did not read would make the others' branches look wrong.
+            return Err(errors);
         }
         let names: Vec<&str> = s.table.iter().map(|t| t.name.as_str()).collect();
         let mut pipeline = Pipeline::default();
         let mut rules = Vec::new();
         let mut prefix_files = Vec::new();
         for (i, t) in s.table.iter().enumerate() {
-            let at = |k: &str| format!("fastpath.table[{i}].{k}");
-            let kind = match t.kind.as_str() {
-                "exact" => Kind::Exact,
-                "lpm" => Kind::Lpm,
-                k => return Err((at("kind"), format!("{k:?}: expected \"exact\" or \"lpm\""))),
-            };
-            let key = field_list(&t.key).map_err(|r| (at("key"), r))?;
-            let mut writes = fields(&t.writes).map_err(|r| (at("writes"), r))?;
-            let branches = t
-                .branches
-                .iter()
-                .map(|b| match b.as_str() {
-                    "end" => Ok(Next::End),
-                    name => names
-                        .iter()
-                        .position(|n| *n == name)
-                        .map(Next::Table)
-                        .ok_or_else(|| (at("branches"), format!("{name:?}: no such table"))),
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            let branch_of = |b: &Option<String>, key: String| -> Result<u8, (String, String)> {
-                match b {
-                    None => Ok(0),
-                    Some(name) => t
-                        .branches
-                        .iter()
-                        .position(|x| x == name)
-                        .map(|p| p as u8)
-                        .ok_or_else(|| (key, format!("{name:?} is not in this table's branches"))),
+            match table(i, t, &names) {
+                Ok((table, table_rules, prefix_file)) => {
+                    pipeline.tables.push(table);
+                    rules.push(table_rules);
+                    prefix_files.push(prefix_file);
                 }
-            };
-            let rule_of =
-                |r: &RuleToml, k: &dyn Fn(&str) -> String| -> Result<Rule, (String, String)> {
-                    if r.set.len() > Rule::MAX_WRITES {
-                        return Err((k("set"), format!("at most {} fields", Rule::MAX_WRITES)));
-                    }
-                    let mut rule = Rule {
-                        drop: r.drop,
-                        branch: branch_of(&r.branch, k("branch"))?,
-                        ..Rule::default()
-                    };
-                    for (slot, (name, v)) in rule.writes.iter_mut().zip(&r.set) {
-                        let f = Field::parse(name)
-                            .ok_or_else(|| (k("set"), format!("{name:?}: no such field")))?;
-                        let v = value(f, v).map_err(|e| (k(&format!("set.{name}")), e))?;
-                        *slot = Some((f, v));
-                    }
-                    Ok(rule)
-                };
-            let default = match &t.default {
-                Some(r) => {
-                    if r.key.is_some() {
-                        return Err((at("default.key"), "a default has no key".into()));
-                    }
-                    rule_of(r, &|k| at(&format!("default.{k}")))?
-                }
-                None => Rule::default(),
-            };
-            writes = writes.union(default.written());
-            let mut table_rules = Vec::with_capacity(t.rules.len());
-            for (j, r) in t.rules.iter().enumerate() {
-                let k = |x: &str| at(&format!("rules[{j}].{x}"));
-                let rule = rule_of(r, &k)?;
-                let Some(kv) = &r.key else {
-                    return Err((k("key"), "missing".into()));
-                };
-                let key = match kind {
-                    Kind::Exact => exact_key(&key, kv),
-                    Kind::Lpm => kv
-                        .as_str()
-                        .ok_or("expected a prefix \"a.b.c.d/len\"".to_owned())
-                        .and_then(prefix)
-                        .map(|p| p.key()),
-                }
-                .map_err(|e| (k("key"), e))?;
-                if !writes.contains(rule.written()) {
-                    return Err((
-                        k("set"),
-                        "writes a field not in the table's `writes`".into(),
-                    ));
-                }
-                table_rules.push((key, rule));
+                Err(e) => errors.push(e),
             }
-            let prefix_file = match &t.prefixes {
-                Some(path) => {
-                    if kind != Kind::Lpm {
-                        return Err((at("prefixes"), "only an lpm table reads prefixes".into()));
-                    }
-                    writes = writes.with(Field::Egress);
-                    Some(PrefixFile {
-                        path: PathBuf::from(path),
-                        next_hops: t.next_hops.unwrap_or(1).max(1),
-                    })
-                }
-                None if t.next_hops.is_some() => {
-                    return Err((at("next_hops"), "needs `prefixes`".into()))
-                }
-                None => None,
-            };
-            if table_rules.len() > MAX_RULES {
-                return Err((at("rules"), format!("more than {MAX_RULES} rules")));
-            }
-            let on_miss = if t.balance.is_empty() {
-                OnMiss::Default
-            } else {
-                if kind != Kind::Exact {
-                    return Err((at("balance"), "only an exact table balances".into()));
-                }
-                writes = writes.with(Field::DstIp).with(Field::DstPort);
-                let backends = t
-                    .balance
-                    .iter()
-                    .map(|b| {
-                        b.parse::<SocketAddrV4>()
-                            .map(|a| (u32::from(*a.ip()), a.port()))
-                            .map_err(|_| {
-                                (at("balance"), format!("{b:?}: expected \"a.b.c.d:port\""))
-                            })
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
-                OnMiss::Balance { backends }
-            };
-            let bloom = match &t.bloom {
-                None => None,
-                Some(b) => {
-                    let auto = BloomParams::sized(
-                        branches.len(),
-                        table_rules.len().max(1),
-                        b.fp.unwrap_or(0.01),
-                    );
-                    Some(BloomParams {
-                        filters: b.filters.unwrap_or(auto.filters),
-                        weight: b.weight.unwrap_or(auto.weight),
-                        bits: b.bits.unwrap_or(auto.bits),
-                        hashes: b.hashes.unwrap_or(auto.hashes),
-                    })
-                }
-            };
-            pipeline.tables.push(Table {
-                name: t.name.clone(),
-                kind,
-                key,
-                cache: t.cache,
-                default,
-                branches,
-                bloom,
-                on_miss,
-                writes,
-            });
-            rules.push(table_rules);
-            prefix_files.push(prefix_file);
+        }
+        if !errors.is_empty() {
+            return Err(errors);
         }
         pipeline.check().map_err(|e| {
             let i = names.iter().position(|n| *n == e.table).unwrap_or(0);
-            (format!("fastpath.table[{i}]"), e.reason)
+            vec![(format!("fastpath.table[{i}]"), e.reason)]
         })?;
         Ok(FastpathConfig {
             pipeline,
@@ -439,6 +317,164 @@ impl FastpathConfig {
             recirculation,
         })
     }
+}
+
+/// Table `i` of the pipeline whose tables are `names`: the table, its inline rules, its file
+/// of prefixes. The error is the dotted key and the reason.
+#[allow(clippy::type_complexity)]
+fn table(
+    i: usize,
+    t: &TableToml,
+    names: &[&str],
+) -> Result<(Table, TableRules, Option<PrefixFile>), (String, String)> {
+    let at = |k: &str| format!("fastpath.table[{i}].{k}");
+    let kind = match t.kind.as_str() {
+        "exact" => Kind::Exact,
+        "lpm" => Kind::Lpm,
+        k => return Err((at("kind"), format!("{k:?}: expected \"exact\" or \"lpm\""))),
+    };
+    let key = field_list(&t.key).map_err(|r| (at("key"), r))?;
+    let mut writes = fields(&t.writes).map_err(|r| (at("writes"), r))?;
+    let branches = t
+        .branches
+        .iter()
+        .map(|b| match b.as_str() {
+            "end" => Ok(Next::End),
+            name => names
+                .iter()
+                .position(|n| *n == name)
+                .map(Next::Table)
+                .ok_or_else(|| (at("branches"), format!("{name:?}: no such table"))),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let branch_of = |b: &Option<String>, key: String| -> Result<u8, (String, String)> {
+        match b {
+            None => Ok(0),
+            Some(name) => t
+                .branches
+                .iter()
+                .position(|x| x == name)
+                .map(|p| p as u8)
+                .ok_or_else(|| (key, format!("{name:?} is not in this table's branches"))),
+        }
+    };
+    let rule_of = |r: &RuleToml, k: &dyn Fn(&str) -> String| -> Result<Rule, (String, String)> {
+        if r.set.len() > Rule::MAX_WRITES {
+            return Err((k("set"), format!("at most {} fields", Rule::MAX_WRITES)));
+        }
+        let mut rule = Rule {
+            drop: r.drop,
+            branch: branch_of(&r.branch, k("branch"))?,
+            ..Rule::default()
+        };
+        for (slot, (name, v)) in rule.writes.iter_mut().zip(&r.set) {
+            let f =
+                Field::parse(name).ok_or_else(|| (k("set"), format!("{name:?}: no such field")))?;
+            let v = value(f, v).map_err(|e| (k(&format!("set.{name}")), e))?;
+            *slot = Some((f, v));
+        }
+        Ok(rule)
+    };
+    let default = match &t.default {
+        Some(r) => {
+            if r.key.is_some() {
+                return Err((at("default.key"), "a default has no key".into()));
+            }
+            rule_of(r, &|k| at(&format!("default.{k}")))?
+        }
+        None => Rule::default(),
+    };
+    writes = writes.union(default.written());
+    let mut table_rules = Vec::with_capacity(t.rules.len());
+    for (j, r) in t.rules.iter().enumerate() {
+        let k = |x: &str| at(&format!("rules[{j}].{x}"));
+        let rule = rule_of(r, &k)?;
+        let Some(kv) = &r.key else {
+            return Err((k("key"), "missing".into()));
+        };
+        let key = match kind {
+            Kind::Exact => exact_key(&key, kv),
+            Kind::Lpm => kv
+                .as_str()
+                .ok_or("expected a prefix \"a.b.c.d/len\"".to_owned())
+                .and_then(prefix)
+                .map(|p| p.key()),
+        }
+        .map_err(|e| (k("key"), e))?;
+        if !writes.contains(rule.written()) {
+            return Err((
+                k("set"),
+                "writes a field not in the table's `writes`".into(),
+            ));
+        }
+        table_rules.push((key, rule));
+    }
+    let prefix_file = match &t.prefixes {
+        Some(path) => {
+            if kind != Kind::Lpm {
+                return Err((at("prefixes"), "only an lpm table reads prefixes".into()));
+            }
+            writes = writes.with(Field::Egress);
+            Some(PrefixFile {
+                path: PathBuf::from(path),
+                next_hops: t.next_hops.unwrap_or(1).max(1),
+            })
+        }
+        None if t.next_hops.is_some() => return Err((at("next_hops"), "needs `prefixes`".into())),
+        None => None,
+    };
+    if table_rules.len() > MAX_RULES {
+        return Err((at("rules"), format!("more than {MAX_RULES} rules")));
+    }
+    let on_miss = if t.balance.is_empty() {
+        OnMiss::Default
+    } else {
+        if kind != Kind::Exact {
+            return Err((at("balance"), "only an exact table balances".into()));
+        }
+        writes = writes.with(Field::DstIp).with(Field::DstPort);
+        let backends = t
+            .balance
+            .iter()
+            .map(|b| {
+                b.parse::<SocketAddrV4>()
+                    .map(|a| (u32::from(*a.ip()), a.port()))
+                    .map_err(|_| (at("balance"), format!("{b:?}: expected \"a.b.c.d:port\"")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        OnMiss::Balance { backends }
+    };
+    let bloom = match &t.bloom {
+        None => None,
+        Some(b) => {
+            let auto = BloomParams::sized(
+                branches.len(),
+                table_rules.len().max(1),
+                b.fp.unwrap_or(0.01),
+            );
+            Some(BloomParams {
+                filters: b.filters.unwrap_or(auto.filters),
+                weight: b.weight.unwrap_or(auto.weight),
+                bits: b.bits.unwrap_or(auto.bits),
+                hashes: b.hashes.unwrap_or(auto.hashes),
+            })
+        }
+    };
+    Ok((
+        Table {
+            name: t.name.clone(),
+            kind,
+            key,
+            cache: t.cache,
+            default,
+            branches,
+            bloom,
+            on_miss,
+            writes,
+        },
+        table_rules,
+        prefix_file,
+    ))
 }
 
 fn field_list(names: &[String]) -> Result<Vec<Field>, String> {
@@ -505,22 +541,13 @@ fn exact_key(key: &[Field], v: &toml::Value) -> Result<u128, String> {
     Ok(k)
 }
 
-/// A prefix `a.b.c.d/len` with its host bits zero.
+/// A prefix `a.b.c.d/len` with its host bits zero ([`flowstate_config::parse_prefix_v4`]).
 fn prefix(s: &str) -> Result<Prefix, String> {
-    let (a, l) = s.split_once('/').unwrap_or((s, "32"));
-    let a: Ipv4Addr = a
-        .parse()
-        .map_err(|_| format!("{s:?}: expected a prefix \"a.b.c.d/len\""))?;
-    let len: u8 = l
-        .parse()
-        .ok()
-        .filter(|l| *l <= 32)
-        .ok_or_else(|| format!("{s:?}: length must be 0..=32"))?;
-    let addr = u32::from(a);
-    if addr & !mask(len) != 0 {
-        return Err(format!("{s:?}: host bits set"));
-    }
-    Ok(Prefix { addr, len })
+    let n = flowstate_config::parse_prefix_v4(s)?;
+    Ok(Prefix {
+        addr: u32::from(n.network()),
+        len: n.prefix_len(),
+    })
 }
 
 /// A stable hash of a route's label (FNV-1a), choosing its next hop.
@@ -536,7 +563,7 @@ mod tests {
 
     fn parse(text: &str) -> Result<FastpathConfig, (String, String)> {
         let v: toml::Table = toml::from_str(text).unwrap();
-        FastpathConfig::from_value(v["fastpath"].clone())
+        FastpathConfig::from_value(v["fastpath"].clone()).map_err(|mut e| e.remove(0))
     }
 
     #[test]
@@ -632,7 +659,10 @@ mod tests {
         let lpm = "[fastpath]\n[[fastpath.table]]\nname = \"r\"\nkind = \"lpm\"\nkey = [\"dst_ip\"]\nwrites = [\"egress\"]\nrules = [ { key = \"10.0.0.1/8\", set = { egress = 1 } } ]\n";
         let (k, reason) = parse(lpm).err().unwrap();
         assert_eq!(k, "fastpath.table[0].rules[0].key");
-        assert!(reason.contains("host bits"), "{reason}");
+        assert_eq!(
+            reason,
+            "10.0.0.1/8: host bits set; did you mean 10.0.0.0/8?"
+        );
         assert_eq!(
             parse("[fastpath]\nmode = \"eager\"\n").err().unwrap().0,
             "fastpath.mode"
@@ -647,5 +677,28 @@ mod tests {
         }
         let text = format!("[fastpath]\nrecirculation = \"rc0\"\n{}", &base[11..]);
         assert_eq!(parse(&text).unwrap().recirculation, "rc0");
+    }
+
+    #[test]
+    fn every_table_reports_its_error() {
+        let text = "[fastpath]\nmode = \"eager\"\nthreads = 0\n[[fastpath.table]]\nname = \"a\"\nkind = \"exact\"\nkey = [\"proto\"]\n";
+        let v: toml::Table = toml::from_str(text).unwrap();
+        let keys: Vec<String> = FastpathConfig::from_value(v["fastpath"].clone())
+            .unwrap_err()
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(keys, ["fastpath.mode", "fastpath.threads"]);
+        let text = "[fastpath]\n[[fastpath.table]]\nname = \"a\"\nkind = \"trie\"\nkey = [\"proto\"]\n[[fastpath.table]]\nname = \"b\"\nkind = \"lpm\"\nkey = [\"dst_ip\"]\nrules = [ { key = \"10.0.0.1/8\" } ]\n";
+        let v: toml::Table = toml::from_str(text).unwrap();
+        let keys: Vec<String> = FastpathConfig::from_value(v["fastpath"].clone())
+            .unwrap_err()
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(
+            keys,
+            ["fastpath.table[0].kind", "fastpath.table[1].rules[0].key"]
+        );
     }
 }

@@ -39,13 +39,7 @@ pub struct Factory(pub Config);
 
 /// The factory for a `[[chain]]` table.
 pub fn factory(table: &toml::Table) -> Result<Arc<dyn NfFactory>, BuildError> {
-    let config =
-        Config::deserialize(toml::Value::Table(table.clone())).map_err(|e| BuildError::Config {
-            nf: "counter",
-            key: "mode",
-            reason: e.message().to_owned(),
-        })?;
-    Ok(Arc::new(Factory(config)))
+    Ok(Arc::new(Factory(crate::read_config("counter", table)?)))
 }
 
 impl NfFactory for Factory {

@@ -81,12 +81,13 @@ pub struct RuleConfig {
     /// `any` (default), `tcp`, `udp`, `icmp` (ICMP and ICMPv6), `icmpv6`, or a number.
     #[serde(default)]
     pub proto: Option<ProtoConfig>,
-    /// Source prefix (`"10.0.0.0/8"`, `"2001:db8::/32"`, or an address); any if absent.
-    #[serde(default)]
-    pub src: Option<String>,
+    /// Source prefix (`"10.0.0.0/8"`, `"2001:db8::/32"`, or an address; no host bits set);
+    /// any if absent.
+    #[serde(default, deserialize_with = "flowstate_config::deserialize_opt_prefix")]
+    pub src: Option<flowstate_config::IpNet>,
     /// Destination prefix; any if absent.
-    #[serde(default)]
-    pub dst: Option<String>,
+    #[serde(default, deserialize_with = "flowstate_config::deserialize_opt_prefix")]
+    pub dst: Option<flowstate_config::IpNet>,
     /// Destination port range (TCP and UDP only); any if absent.
     #[serde(default)]
     pub dport: Option<PortsConfig>,
@@ -95,51 +96,63 @@ pub struct RuleConfig {
     pub direction: Option<String>,
 }
 
-/// Idle timeouts per state, in seconds (Linux conntrack's defaults).
+/// Idle timeouts per state, durations (Linux conntrack's defaults).
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Timeouts {
-    /// TCP SYN_SENT (120).
-    pub syn_sent: f64,
-    /// TCP SYN_RECV (60).
-    pub syn_recv: f64,
-    /// TCP ESTABLISHED (432000, five days).
-    pub established: f64,
-    /// TCP FIN_WAIT (120).
-    pub fin_wait: f64,
-    /// TCP CLOSE_WAIT (60).
-    pub close_wait: f64,
-    /// TCP LAST_ACK (30).
-    pub last_ack: f64,
-    /// TCP TIME_WAIT (120).
-    pub time_wait: f64,
-    /// TCP CLOSE (10).
-    pub close: f64,
-    /// UDP before the other side answered (30).
-    pub udp_unreplied: f64,
-    /// UDP once answered (120).
-    pub udp_replied: f64,
-    /// ICMP echo (30).
-    pub icmp: f64,
-    /// Other protocols (600).
-    pub generic: f64,
+    /// TCP SYN_SENT (2m).
+    #[serde(deserialize_with = "flowstate_config::deserialize_duration")]
+    pub syn_sent: Duration,
+    /// TCP SYN_RECV (60s).
+    #[serde(deserialize_with = "flowstate_config::deserialize_duration")]
+    pub syn_recv: Duration,
+    /// TCP ESTABLISHED (5d).
+    #[serde(deserialize_with = "flowstate_config::deserialize_duration")]
+    pub established: Duration,
+    /// TCP FIN_WAIT (2m).
+    #[serde(deserialize_with = "flowstate_config::deserialize_duration")]
+    pub fin_wait: Duration,
+    /// TCP CLOSE_WAIT (60s).
+    #[serde(deserialize_with = "flowstate_config::deserialize_duration")]
+    pub close_wait: Duration,
+    /// TCP LAST_ACK (30s).
+    #[serde(deserialize_with = "flowstate_config::deserialize_duration")]
+    pub last_ack: Duration,
+    /// TCP TIME_WAIT (2m).
+    #[serde(deserialize_with = "flowstate_config::deserialize_duration")]
+    pub time_wait: Duration,
+    /// TCP CLOSE (10s).
+    #[serde(deserialize_with = "flowstate_config::deserialize_duration")]
+    pub close: Duration,
+    /// UDP before the other side answered (30s).
+    #[serde(deserialize_with = "flowstate_config::deserialize_duration")]
+    pub udp_unreplied: Duration,
+    /// UDP once answered (2m).
+    #[serde(deserialize_with = "flowstate_config::deserialize_duration")]
+    pub udp_replied: Duration,
+    /// ICMP echo (30s).
+    #[serde(deserialize_with = "flowstate_config::deserialize_duration")]
+    pub icmp: Duration,
+    /// Other protocols (10m).
+    #[serde(deserialize_with = "flowstate_config::deserialize_duration")]
+    pub generic: Duration,
 }
 
 impl Default for Timeouts {
     fn default() -> Self {
         Timeouts {
-            syn_sent: 120.0,
-            syn_recv: 60.0,
-            established: 432_000.0,
-            fin_wait: 120.0,
-            close_wait: 60.0,
-            last_ack: 30.0,
-            time_wait: 120.0,
-            close: 10.0,
-            udp_unreplied: 30.0,
-            udp_replied: 120.0,
-            icmp: 30.0,
-            generic: 600.0,
+            syn_sent: Duration::from_secs(120),
+            syn_recv: Duration::from_secs(60),
+            established: Duration::from_secs(432000),
+            fin_wait: Duration::from_secs(120),
+            close_wait: Duration::from_secs(60),
+            last_ack: Duration::from_secs(30),
+            time_wait: Duration::from_secs(120),
+            close: Duration::from_secs(10),
+            udp_unreplied: Duration::from_secs(30),
+            udp_replied: Duration::from_secs(120),
+            icmp: Duration::from_secs(30),
+            generic: Duration::from_secs(600),
         }
     }
 }
@@ -181,55 +194,16 @@ impl Default for Config {
     }
 }
 
-fn config_err(key: &'static str, reason: impl Into<String>) -> BuildError {
+fn config_err(key: impl Into<String>, reason: impl Into<String>) -> BuildError {
     BuildError::config(NF, key, reason)
 }
 
 impl Config {
-    /// Parses a `[[chain]]` table (without `nf`); errors name the key.
+    /// Parses a `[[chain]]` table (without `nf`); every key that is wrong is reported, by
+    /// its dotted name (`rules[2].src`, `timeouts.udp_replied`).
     pub fn from_table(table: &toml::Table) -> Result<Config, BuildError> {
-        match Config::deserialize(toml::Value::Table(table.clone())) {
-            Ok(c) => Ok(c),
-            Err(e) => {
-                Err(locate_error(table).unwrap_or_else(|| config_err("(table)", e.message())))
-            }
-        }
+        crate::read_config(NF, table)
     }
-}
-
-/// Finds which key of `table` does not deserialize, for an error that names it.
-fn locate_error(table: &toml::Table) -> Option<BuildError> {
-    fn check<T: serde::de::DeserializeOwned>(
-        key: &'static str,
-        v: &toml::Value,
-    ) -> Option<BuildError> {
-        crate::check_key::<T>(NF, key, v).err()
-    }
-    for (k, v) in table {
-        let err = match k.as_str() {
-            "rules" => match v.as_array() {
-                Some(rules) => rules.iter().enumerate().find_map(|(i, r)| {
-                    RuleConfig::deserialize(r.clone())
-                        .err()
-                        .map(|e| config_err("rules", format!("rule {}: {}", i + 1, e.message())))
-                }),
-                None => Some(config_err("rules", "expected an array of rule tables")),
-            },
-            "default_outbound" => check::<Action>("default_outbound", v),
-            "default_inbound" => check::<Action>("default_inbound", v),
-            "timeouts" => check::<Timeouts>("timeouts", v),
-            other => Some(config_err(
-                "(unknown key)",
-                format!(
-                    "unknown key `{other}`; expected one of rules, default_outbound, default_inbound, timeouts"
-                ),
-            )),
-        };
-        if err.is_some() {
-            return err;
-        }
-    }
-    None
 }
 
 /// An address prefix (CIDR).
@@ -240,39 +214,10 @@ pub struct Prefix {
 }
 
 impl Prefix {
-    /// Parses `"ADDR/LEN"` or a bare address (a host prefix). Host bits must be zero.
+    /// Parses `"ADDR/LEN"` or a bare address (a host prefix). Host bits must be zero
+    /// ([`flowstate_config::parse_prefix`]).
     pub fn parse(s: &str) -> Result<Prefix, String> {
-        let (a, l) = match s.split_once('/') {
-            Some((a, l)) => (a, Some(l)),
-            None => (s, None),
-        };
-        let addr: IpAddr = a
-            .trim()
-            .parse()
-            .map_err(|_| format!("{s:?} is not an IPv4 or IPv6 prefix"))?;
-        let max = if addr.is_ipv4() { 32 } else { 128 };
-        let len = match l {
-            None => max,
-            Some(l) => match l.trim().parse::<u8>() {
-                Ok(n) if n <= max => n,
-                _ => return Err(format!("{s:?}: prefix length must be 0 to {max}")),
-            },
-        };
-        let p = Prefix { addr, len };
-        if p.network() != addr {
-            return Err(format!(
-                "{s:?} has host bits set; did you mean {}/{len}?",
-                p.network()
-            ));
-        }
-        Ok(p)
-    }
-
-    fn network(&self) -> IpAddr {
-        match self.addr {
-            IpAddr::V4(a) => IpAddr::V4((u32::from(a) & mask32(self.len)).into()),
-            IpAddr::V6(a) => IpAddr::V6((u128::from(a) & mask128(self.len)).into()),
-        }
+        flowstate_config::parse_prefix(s).map(Prefix::from)
     }
 
     /// Whether `ip` lies in the prefix (never across address families).
@@ -292,6 +237,15 @@ fn mask32(len: u8) -> u32 {
 
 fn mask128(len: u8) -> u128 {
     u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0)
+}
+
+impl From<flowstate_config::IpNet> for Prefix {
+    fn from(n: flowstate_config::IpNet) -> Self {
+        Prefix {
+            addr: n.network(),
+            len: n.prefix_len(),
+        }
+    }
 }
 
 /// Which protocols a rule matches.
@@ -353,12 +307,12 @@ fn parse_ports(p: &PortsConfig) -> Result<(u16, u16), String> {
 
 impl Rule {
     fn compile(r: &RuleConfig, i: usize) -> Result<Rule, BuildError> {
-        let at = |key: &'static str, e: String| config_err(key, format!("rule {}: {e}", i + 1));
+        let at = |key: &str, e: String| config_err(format!("rules[{i}].{key}"), e);
         let proto = match &r.proto {
             None => ProtoMatch::Any,
             Some(ProtoConfig::Number(n)) => match u8::try_from(*n) {
                 Ok(n) => ProtoMatch::Number(n),
-                Err(_) => return Err(at("rules.proto", format!("protocol {n} is not 0 to 255"))),
+                Err(_) => return Err(at("proto", format!("protocol {n} is not 0 to 255"))),
             },
             Some(ProtoConfig::Name(s)) => match s.to_ascii_lowercase().as_str() {
                 "any" => ProtoMatch::Any,
@@ -368,7 +322,7 @@ impl Rule {
                 "icmpv6" => ProtoMatch::Number(proto::ICMPV6),
                 _ => {
                     return Err(at(
-                        "rules.proto",
+                        "proto",
                         format!(
                         "unknown protocol {s:?}; expected any, tcp, udp, icmp, icmpv6 or a number"
                     ),
@@ -376,24 +330,14 @@ impl Rule {
                 }
             },
         };
-        let src = r
-            .src
-            .as_deref()
-            .map(Prefix::parse)
-            .transpose()
-            .map_err(|e| at("rules.src", e))?;
-        let dst = r
-            .dst
-            .as_deref()
-            .map(Prefix::parse)
-            .transpose()
-            .map_err(|e| at("rules.dst", e))?;
+        let src = r.src.map(Prefix::from);
+        let dst = r.dst.map(Prefix::from);
         let dport = r
             .dport
             .as_ref()
             .map(parse_ports)
             .transpose()
-            .map_err(|e| at("rules.dport", e))?;
+            .map_err(|e| at("dport", e))?;
         if dport.is_some()
             && !matches!(
                 proto,
@@ -401,14 +345,14 @@ impl Rule {
             )
         {
             return Err(at(
-                "rules.dport",
+                "dport",
                 "a port range needs proto tcp, udp or any".into(),
             ));
         }
         if let (Some(s), Some(d)) = (src, dst) {
             if s.addr.is_ipv4() != d.addr.is_ipv4() {
                 return Err(at(
-                    "rules.dst",
+                    "dst",
                     "src and dst are of different address families".into(),
                 ));
             }
@@ -424,7 +368,7 @@ impl Rule {
             Some("outbound") => Some(Direction::Outbound),
             Some(other) => {
                 return Err(at(
-                    "rules.direction",
+                    "direction",
                     format!("{other:?}: expected inbound, outbound or any"),
                 ))
             }
@@ -451,17 +395,6 @@ impl Rule {
                 None => true,
                 Some((lo, hi)) => dport.is_some_and(|p| (lo..=hi).contains(&p)),
             }
-    }
-}
-
-fn seconds(key: &'static str, s: f64) -> Result<Duration, BuildError> {
-    if s.is_finite() && s > 0.0 && s < 1e12 {
-        Ok(Duration::from_secs_f64(s))
-    } else {
-        Err(config_err(
-            key,
-            format!("{s} is not a positive number of seconds"),
-        ))
     }
 }
 
@@ -851,27 +784,34 @@ enum Timeout {
 impl Factory {
     /// Compiles `config`; errors name the key.
     pub fn new(config: &Config) -> Result<Factory, BuildError> {
-        let rules = config
-            .rules
-            .iter()
-            .enumerate()
-            .map(|(i, r)| Rule::compile(r, i))
-            .collect::<Result<_, _>>()?;
+        let mut errors = Vec::new();
+        let mut rules = Vec::with_capacity(config.rules.len());
+        for (i, r) in config.rules.iter().enumerate() {
+            match Rule::compile(r, i) {
+                Ok(r) => rules.push(r),
+                Err(e) => errors.push(e),
+            }
+        }
         let t = &config.timeouts;
         let timeouts = [
-            seconds("timeouts.syn_sent", t.syn_sent)?,
-            seconds("timeouts.syn_recv", t.syn_recv)?,
-            seconds("timeouts.established", t.established)?,
-            seconds("timeouts.fin_wait", t.fin_wait)?,
-            seconds("timeouts.close_wait", t.close_wait)?,
-            seconds("timeouts.last_ack", t.last_ack)?,
-            seconds("timeouts.time_wait", t.time_wait)?,
-            seconds("timeouts.close", t.close)?,
-            seconds("timeouts.udp_unreplied", t.udp_unreplied)?,
-            seconds("timeouts.udp_replied", t.udp_replied)?,
-            seconds("timeouts.icmp", t.icmp)?,
-            seconds("timeouts.generic", t.generic)?,
-        ];
+            ("syn_sent", t.syn_sent),
+            ("syn_recv", t.syn_recv),
+            ("established", t.established),
+            ("fin_wait", t.fin_wait),
+            ("close_wait", t.close_wait),
+            ("last_ack", t.last_ack),
+            ("time_wait", t.time_wait),
+            ("close", t.close),
+            ("udp_unreplied", t.udp_unreplied),
+            ("udp_replied", t.udp_replied),
+            ("icmp", t.icmp),
+            ("generic", t.generic),
+        ]
+        .map(|(key, d)| {
+            crate::positive(NF, &format!("timeouts.{key}"), d, &mut errors);
+            d
+        });
+        BuildError::all(errors)?;
         Ok(Factory(Arc::new(Compiled {
             rules,
             default_outbound: config.default_outbound,

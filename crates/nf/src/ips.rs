@@ -12,7 +12,7 @@
 //! depth = 1048576                    # stream bytes inspected per direction (Suricata's
 //!                                    # stream.reassembly.depth)
 //! memcap = 268435456                 # stream bytes one worker buffers over all flows
-//! udp_timeout = 300                  # idle seconds before a UDP (or other) flow is forgotten
+//! udp_timeout = "5m"                 # idle time before a UDP (or other) flow is forgotten
 //! reassembly = { policy = "first" }  # TCP reassembly (crate::reassembly::TableConfig)
 //! ```
 //!
@@ -58,7 +58,6 @@
 //! its partial matches, its alerts-once and its block. On an external store the buffers are
 //! written with the flow's other state: `depth` is what each flush may carry per direction.
 
-use crate::check_key;
 use crate::reassembly::{Event, Fed, Origin, TableConfig, TcpStreams};
 use crate::rules::{Action, Options, Rule, RuleSet, Vars};
 use crate::{BuildError, Context, NetworkFunction, NfFactory, Packet, Verdict, WorkerInfo};
@@ -98,9 +97,10 @@ pub struct Config {
     pub depth: u32,
     /// Stream bytes one worker buffers over all its flows (default 256 MiB).
     pub memcap: u64,
-    /// Idle seconds after which a UDP or other non-TCP flow is forgotten (default 300,
+    /// Idle time after which a UDP or other non-TCP flow is forgotten (default 5m,
     /// Suricata's `flow-timeouts.udp.established`); TCP flows follow `reassembly.timeout*`.
-    pub udp_timeout: f64,
+    #[serde(deserialize_with = "flowstate_config::deserialize_duration")]
+    pub udp_timeout: Duration,
     /// TCP reassembly.
     pub reassembly: TableConfig,
 }
@@ -113,56 +113,33 @@ impl Default for Config {
             vars: BTreeMap::new(),
             depth: 1 << 20,
             memcap: 256 << 20,
-            udp_timeout: 300.0,
+            udp_timeout: Duration::from_secs(300),
             reassembly: TableConfig::default(),
         }
     }
 }
 
-fn config_err(key: &'static str, reason: impl Into<String>) -> BuildError {
+fn config_err(key: impl Into<String>, reason: impl Into<String>) -> BuildError {
     BuildError::config(NF, key, reason)
 }
 
 impl Config {
-    /// Parses a `[[chain]]` table (without `nf`); errors name the key.
+    /// Parses a `[[chain]]` table (without `nf`); every key that is wrong is reported, by
+    /// name.
     pub fn from_table(table: &toml::Table) -> Result<Config, BuildError> {
-        for (k, v) in table {
-            match k.as_str() {
-                "rules" => check_key::<Vec<PathBuf>>(NF, "rules", v)?,
-                "skip_unsupported" => check_key::<bool>(NF, "skip_unsupported", v)?,
-                "vars" => check_key::<BTreeMap<String, String>>(NF, "vars", v)?,
-                "depth" => check_key::<u32>(NF, "depth", v)?,
-                "memcap" => check_key::<u64>(NF, "memcap", v)?,
-                "udp_timeout" => check_key::<f64>(NF, "udp_timeout", v)?,
-                "reassembly" => check_key::<TableConfig>(NF, "reassembly", v)?,
-                other => {
-                    return Err(config_err(
-                        "(unknown key)",
-                        format!(
-                            "unknown key `{other}`; expected one of rules, skip_unsupported, \
-                             vars, depth, memcap, udp_timeout, reassembly"
-                        ),
-                    ))
-                }
-            }
-        }
-        let c = Config::deserialize(toml::Value::Table(table.clone()))
-            .map_err(|e| config_err("(table)", e.message()))?;
+        let c: Config = crate::read_config(NF, table)?;
+        let mut errors = Vec::new();
         if c.rules.is_empty() {
-            return Err(config_err(
+            errors.push(config_err(
                 "rules",
                 "missing: name one or more .rules files, like rules = [\"examples/ips.rules\"]",
             ));
         }
-        if !(c.udp_timeout.is_finite() && c.udp_timeout > 0.0 && c.udp_timeout < 1e9) {
-            return Err(config_err(
-                "udp_timeout",
-                format!("{} is not a positive number of seconds", c.udp_timeout),
-            ));
+        crate::positive(NF, "udp_timeout", c.udp_timeout, &mut errors);
+        if let Err((k, r)) = c.reassembly.validate() {
+            errors.push(config_err(format!("reassembly.{k}"), r));
         }
-        c.reassembly
-            .validate()
-            .map_err(|(k, r)| config_err("reassembly", format!("{k}: {r}")))?;
+        BuildError::all(errors)?;
         Ok(c)
     }
 
@@ -571,8 +548,8 @@ impl Ips {
             depth: cfg.depth as usize,
             memcap: cfg.memcap,
             used: 0,
-            tcp_timeout: Duration::from_secs_f64(cfg.reassembly.timeout),
-            udp_timeout: Duration::from_secs_f64(cfg.udp_timeout),
+            tcp_timeout: cfg.reassembly.timeout,
+            udp_timeout: cfg.udp_timeout,
             cands: Candidates::new(rules),
             fresh: [Vec::new(), Vec::new()],
             ends: [StreamEnd::No; 2],

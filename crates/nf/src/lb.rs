@@ -208,24 +208,27 @@ pub struct VipConfig {
     pub table_size: Option<i64>,
 }
 
-/// Idle timeouts of a flow's backend choice, in seconds (IPVS's defaults).
+/// Idle timeouts of a flow's backend choice, durations (IPVS's defaults).
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Timeouts {
-    /// A TCP connection (900).
-    pub tcp: f64,
-    /// A TCP connection after a FIN or a RST (120).
-    pub tcp_fin: f64,
-    /// A UDP flow (300).
-    pub udp: f64,
+    /// A TCP connection (15m).
+    #[serde(deserialize_with = "flowstate_config::deserialize_duration")]
+    pub tcp: Duration,
+    /// A TCP connection after a FIN or a RST (2m).
+    #[serde(deserialize_with = "flowstate_config::deserialize_duration")]
+    pub tcp_fin: Duration,
+    /// A UDP flow (5m).
+    #[serde(deserialize_with = "flowstate_config::deserialize_duration")]
+    pub udp: Duration,
 }
 
 impl Default for Timeouts {
     fn default() -> Self {
         Timeouts {
-            tcp: 900.0,
-            tcp_fin: 120.0,
-            udp: 300.0,
+            tcp: Duration::from_secs(900),
+            tcp_fin: Duration::from_secs(120),
+            udp: Duration::from_secs(300),
         }
     }
 }
@@ -241,45 +244,16 @@ pub struct Config {
     pub timeouts: Timeouts,
 }
 
-fn config_err(key: &'static str, reason: impl Into<String>) -> BuildError {
+fn config_err(key: impl Into<String>, reason: impl Into<String>) -> BuildError {
     BuildError::config(NF, key, reason)
 }
 
 impl Config {
-    /// Parses a `[[chain]]` table (without `nf`); errors name the key.
+    /// Parses a `[[chain]]` table (without `nf`); every key that is wrong is reported, by
+    /// its dotted name (`vips[1].port`, `timeouts.udp`).
     pub fn from_table(table: &toml::Table) -> Result<Config, BuildError> {
-        match Config::deserialize(toml::Value::Table(table.clone())) {
-            Ok(c) => Ok(c),
-            Err(e) => Err(locate_error(table).unwrap_or_else(|| config_err("vips", e.message()))),
-        }
+        crate::read_config(NF, table)
     }
-}
-
-/// Finds which key of `table` does not deserialize, for an error that names it.
-fn locate_error(table: &toml::Table) -> Option<BuildError> {
-    for (k, v) in table {
-        let err = match k.as_str() {
-            "vips" => match v.as_array() {
-                Some(vips) => vips.iter().enumerate().find_map(|(i, r)| {
-                    VipConfig::deserialize(r.clone())
-                        .err()
-                        .map(|e| config_err("vips", format!("vip {}: {}", i + 1, e.message())))
-                }),
-                None => Some(config_err("vips", "expected an array of VIP tables")),
-            },
-            "timeouts" => Timeouts::deserialize(v.clone())
-                .err()
-                .map(|e| config_err("timeouts", e.message())),
-            other => Some(config_err(
-                "(unknown key)",
-                format!("unknown key `{other}`; expected one of vips, timeouts"),
-            )),
-        };
-        if err.is_some() {
-            return err;
-        }
-    }
-    None
 }
 
 /// A backend server: address and port.
@@ -333,17 +307,6 @@ struct Compiled {
     udp: Duration,
 }
 
-fn seconds(key: &'static str, s: f64) -> Result<Duration, BuildError> {
-    if s.is_finite() && s > 0.0 && s < 1e12 {
-        Ok(Duration::from_secs_f64(s))
-    } else {
-        Err(config_err(
-            key,
-            format!("{s} is not a positive number of seconds"),
-        ))
-    }
-}
-
 fn parse_backend(s: &str, vip: IpAddr, port: u16) -> Result<Backend, String> {
     let (addr, port) = if let Ok(sa) = s.trim().parse::<SocketAddr>() {
         (sa.ip(), sa.port())
@@ -362,36 +325,36 @@ fn parse_backend(s: &str, vip: IpAddr, port: u16) -> Result<Backend, String> {
 }
 
 fn compile_vip(v: &VipConfig, i: usize) -> Result<Vip, BuildError> {
-    let at = |key: &'static str, e: String| config_err(key, format!("vip {}: {e}", i + 1));
+    let at = |key: &str, e: String| config_err(format!("vips[{i}].{key}"), e);
     let addr: IpAddr = v
         .vip
         .trim()
         .parse()
-        .map_err(|_| at("vips.vip", format!("{:?} is not an address", v.vip)))?;
+        .map_err(|_| at("vip", format!("{:?} is not an address", v.vip)))?;
     let port = u16::try_from(v.port)
         .ok()
         .filter(|&p| p != 0)
-        .ok_or_else(|| at("vips.port", format!("{} is not a port 1 to 65535", v.port)))?;
+        .ok_or_else(|| at("port", format!("{} is not a port 1 to 65535", v.port)))?;
     let proto = match v.proto.as_deref().map(str::to_ascii_lowercase).as_deref() {
         None | Some("tcp") => proto::TCP,
         Some("udp") => proto::UDP,
-        Some(other) => return Err(at("vips.proto", format!("{other:?}: expected tcp or udp"))),
+        Some(other) => return Err(at("proto", format!("{other:?}: expected tcp or udp"))),
     };
     if v.backends.is_empty() {
-        return Err(at("vips.backends", "no backends".into()));
+        return Err(at("backends", "no backends".into()));
     }
     if v.backends.len() >= usize::from(u16::MAX) {
         return Err(at(
-            "vips.backends",
+            "backends",
             format!("{} backends; at most 65534", v.backends.len()),
         ));
     }
     let mut backends: Vec<Backend> = Vec::with_capacity(v.backends.len());
     for b in &v.backends {
-        let b = parse_backend(b, addr, port).map_err(|e| at("vips.backends", e))?;
+        let b = parse_backend(b, addr, port).map_err(|e| at("backends", e))?;
         if backends.iter().any(|o| o.key() == b.key()) {
             return Err(at(
-                "vips.backends",
+                "backends",
                 format!("{} is listed twice", SocketAddr::from(b.key())),
             ));
         }
@@ -401,21 +364,22 @@ fn compile_vip(v: &VipConfig, i: usize) -> Result<Vip, BuildError> {
         (Method::LeastLoaded, None) => None,
         (Method::LeastLoaded, Some(_)) => {
             return Err(at(
-                "vips.table_size",
+                "table_size",
                 "only method = \"maglev\" has a table".into(),
             ))
         }
         (Method::Maglev, size) => {
             let size = match size {
                 None => MaglevTable::DEFAULT_SIZE,
-                Some(s) => usize::try_from(s)
-                    .map_err(|_| at("vips.table_size", format!("{s} is negative")))?,
+                Some(s) => {
+                    usize::try_from(s).map_err(|_| at("table_size", format!("{s} is negative")))?
+                }
             };
             let names: Vec<String> = backends
                 .iter()
                 .map(|b| SocketAddr::from(b.key()).to_string())
                 .collect();
-            Some(MaglevTable::new(&names, size).map_err(|e| at("vips.table_size", e))?)
+            Some(MaglevTable::new(&names, size).map_err(|e| at("table_size", e))?)
         }
     };
     Ok(Vip {
@@ -436,9 +400,22 @@ pub struct Factory(Arc<Compiled>);
 impl Factory {
     /// Compiles `config`, building each Maglev table once; errors name the key.
     pub fn new(config: &Config) -> Result<Factory, BuildError> {
+        let mut errors = Vec::new();
         if config.vips.is_empty() {
-            return Err(config_err("vips", "no VIPs"));
+            errors.push(config_err("vips", "no VIPs"));
         }
+        let t = &config.timeouts;
+        for (key, d) in [("tcp", t.tcp), ("tcp_fin", t.tcp_fin), ("udp", t.udp)] {
+            crate::positive(NF, &format!("timeouts.{key}"), d, &mut errors);
+        }
+        let mut vips = Vec::with_capacity(config.vips.len());
+        for (i, v) in config.vips.iter().enumerate() {
+            match compile_vip(v, i) {
+                Ok(v) => vips.push(v),
+                Err(e) => errors.push(e),
+            }
+        }
+        BuildError::all(errors)?;
         let mut c = Compiled {
             vips: Vec::new(),
             services: HashMap::default(),
@@ -446,19 +423,18 @@ impl Factory {
             vip_hosts: HashSet::default(),
             backend_hosts: HashSet::default(),
             report: Vec::new(),
-            tcp: seconds("timeouts.tcp", config.timeouts.tcp)?,
-            tcp_fin: seconds("timeouts.tcp_fin", config.timeouts.tcp_fin)?,
-            udp: seconds("timeouts.udp", config.timeouts.udp)?,
+            tcp: t.tcp,
+            tcp_fin: t.tcp_fin,
+            udp: t.udp,
         };
-        for (i, v) in config.vips.iter().enumerate() {
-            let vip = compile_vip(v, i)?;
+        for (i, vip) in vips.into_iter().enumerate() {
             if c.services
                 .insert((vip.addr, vip.port, vip.proto), i)
                 .is_some()
             {
                 return Err(config_err(
-                    "vips",
-                    format!("vip {}: the service is defined twice", i + 1),
+                    format!("vips[{i}]"),
+                    "the service is defined twice",
                 ));
             }
             c.vip_hosts.insert((vip.addr, vip.proto));

@@ -138,11 +138,14 @@ pub enum BuildError {
     Config {
         /// The NF.
         nf: &'static str,
-        /// The configuration key.
-        key: &'static str,
+        /// The configuration key, dotted (`udp`, `timeouts.udp_replied`, `rules[2].src`).
+        key: String,
         /// What was expected.
         reason: String,
     },
+    /// Several configuration values are wrong (each a [`BuildError::Config`]).
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Configs(Vec<BuildError>),
     /// Declaring state failed.
     #[error(transparent)]
     State(#[from] StateError),
@@ -150,25 +153,65 @@ pub enum BuildError {
 
 impl BuildError {
     /// NF `nf`'s configuration key `key` is wrong: `reason`.
-    pub fn config(nf: &'static str, key: &'static str, reason: impl Into<String>) -> Self {
+    pub fn config(nf: &'static str, key: impl Into<String>, reason: impl Into<String>) -> Self {
         BuildError::Config {
             nf,
-            key,
+            key: key.into(),
             reason: reason.into(),
+        }
+    }
+
+    /// `Ok` when `errors` is empty, else the error, or all of them.
+    pub fn all(mut errors: Vec<BuildError>) -> Result<(), BuildError> {
+        match errors.len() {
+            0 => Ok(()),
+            1 => Err(errors.remove(0)),
+            _ => Err(BuildError::Configs(errors)),
+        }
+    }
+
+    /// Every configuration error in it as `(key, reason)`; another error has an empty key.
+    pub fn config_errors(&self) -> Vec<(String, String)> {
+        match self {
+            BuildError::Config { key, reason, .. } => vec![(key.clone(), reason.clone())],
+            BuildError::Configs(all) => all.iter().flat_map(BuildError::config_errors).collect(),
+            other => vec![(String::new(), other.to_string())],
         }
     }
 }
 
-/// Checks that `v`, the value of key `key` in NF `nf`'s `[[chain]]` table, reads as a `T`: an
-/// error that names the key (one of the whole table does not say which key it comes from).
-pub(crate) fn check_key<T: serde::de::DeserializeOwned>(
+/// Reads NF `nf`'s `[[chain]]` table as its configuration type `T`, reporting every key that
+/// does not read (unknown, of the wrong type, a bad duration or prefix), each by its dotted
+/// key ([`flowstate_config::deserialize_all`]).
+pub(crate) fn read_config<T: serde::de::DeserializeOwned>(
     nf: &'static str,
-    key: &'static str,
-    v: &toml::Value,
-) -> Result<(), BuildError> {
-    T::deserialize(v.clone())
-        .map(|_| ())
-        .map_err(|e| BuildError::config(nf, key, e.message()))
+    table: &toml::Table,
+) -> Result<T, BuildError> {
+    flowstate_config::deserialize_all(table).map_err(|problems| {
+        let errors = problems
+            .into_iter()
+            .map(|p| BuildError::config(nf, p.key, p.reason))
+            .collect();
+        BuildError::all(errors)
+            .err()
+            .unwrap_or(BuildError::Configs(Vec::new()))
+    })
+}
+
+/// A duration that must be above zero: the error names `key`.
+pub(crate) fn positive(
+    nf: &'static str,
+    key: &str,
+    d: std::time::Duration,
+    errors: &mut Vec<BuildError>,
+) {
+    if d.is_zero() {
+        errors.push(BuildError::config(
+            nf,
+            key,
+            "expected a duration above zero, like \"30s\"",
+        ));
+    }
 }
 
 /// Builds one NF instance per worker (the runtime calls it inside each worker's thread).

@@ -12,13 +12,16 @@ use std::time::Duration;
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
-    /// Seconds without a packet after which a flow counts as finished (default 60).
-    #[serde(default = "default_idle")]
-    pub idle_timeout: f64,
+    /// Time without a packet after which a flow counts as finished (default 60s).
+    #[serde(
+        default = "default_idle",
+        deserialize_with = "flowstate_config::deserialize_duration"
+    )]
+    pub idle_timeout: Duration,
 }
 
-fn default_idle() -> f64 {
-    60.0
+fn default_idle() -> Duration {
+    Duration::from_secs(60)
 }
 
 impl Default for Config {
@@ -63,18 +66,13 @@ pub struct Factory(pub Config);
 
 /// The factory for a `[[chain]]` table.
 pub fn factory(table: &toml::Table) -> Result<Arc<dyn NfFactory>, BuildError> {
-    let config =
-        Config::deserialize(toml::Value::Table(table.clone())).map_err(|e| BuildError::Config {
-            nf: "monitor",
-            key: "idle_timeout",
-            reason: e.message().to_owned(),
-        })?;
-    if !(config.idle_timeout.is_finite() && config.idle_timeout > 0.0) {
-        return Err(BuildError::Config {
-            nf: "monitor",
-            key: "idle_timeout",
-            reason: "must be a positive number of seconds".into(),
-        });
+    let config: Config = crate::read_config("monitor", table)?;
+    if config.idle_timeout.is_zero() {
+        return Err(BuildError::config(
+            "monitor",
+            "idle_timeout",
+            "expected a duration above zero, like \"60s\"",
+        ));
     }
     Ok(Arc::new(Factory(config)))
 }
@@ -90,7 +88,7 @@ impl NfFactory for Factory {
         _worker: WorkerInfo,
     ) -> Result<Box<dyn NetworkFunction>, BuildError> {
         Ok(Box::new(Monitor {
-            idle: Duration::from_secs_f64(self.0.idle_timeout),
+            idle: self.0.idle_timeout,
             flows: state.map("flows", Scope::PerFlow, Access::ReadWrite)?,
             finished: state.counter(
                 "finished_flows",

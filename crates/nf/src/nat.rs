@@ -6,10 +6,10 @@
 //! nf = "nat"
 //! external = ["203.0.113.1", "203.0.113.2"]   # required: the NAT's public IPv4 addresses
 //! ports = "1024-65535"                        # external ports (and ICMP identifiers) to hand out
-//! tcp_established = 7440                      # seconds (RFC 5382 REQ-5: at least 2 h 4 min)
-//! tcp_transitory = 240                        # seconds (RFC 5382: 4 min)
-//! udp = 300                                   # seconds (RFC 4787 REQ-5: at least 2 min)
-//! icmp = 60                                   # seconds (RFC 5508 REQ-1)
+//! tcp_established = "2h4m"                    # RFC 5382 REQ-5: at least 2 h 4 min
+//! tcp_transitory = "4m"                       # RFC 5382: 4 min
+//! udp = "5m"                                  # RFC 4787 REQ-5: at least 2 min
+//! icmp = "60s"                                # RFC 5508 REQ-1
 //! ipv6 = "forward"                            # or "drop"; NAT44 leaves IPv6 alone
 //! ```
 //!
@@ -113,7 +113,6 @@ use flowstate_wire::dissect::{Fragment, Network, Transport};
 use flowstate_wire::flow::proto;
 use flowstate_wire::icmp::v4::types as icmp_type;
 use flowstate_wire::{checksum, hash, icmp, ipv4, tcp, udp, FlowKey};
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer};
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
@@ -208,7 +207,7 @@ pub enum Ipv6Policy {
     Drop,
 }
 
-/// `[[chain]] nf = "nat"` options. Timeouts are in seconds.
+/// `[[chain]] nf = "nat"` options. Timeouts are durations (`"300s"`, `"2h4m"`).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
@@ -217,34 +216,46 @@ pub struct Config {
     /// External ports, and ICMP echo identifiers, to hand out (default `1024-65535`).
     #[serde(default)]
     pub ports: PortRange,
-    /// Idle timeout of an established TCP session (default 7440, RFC 5382 REQ-5).
-    #[serde(default = "default_tcp_established")]
-    pub tcp_established: u64,
-    /// Idle timeout of a TCP session being opened or closed (default 240, RFC 5382).
-    #[serde(default = "default_tcp_transitory")]
-    pub tcp_transitory: u64,
-    /// Idle timeout of a UDP session (default 300, RFC 4787 REQ-5).
-    #[serde(default = "default_udp")]
-    pub udp: u64,
-    /// Idle timeout of an ICMP echo session (default 60, RFC 5508 REQ-1).
-    #[serde(default = "default_icmp")]
-    pub icmp: u64,
+    /// Idle timeout of an established TCP session (default 2h4m, RFC 5382 REQ-5).
+    #[serde(
+        default = "default_tcp_established",
+        deserialize_with = "flowstate_config::deserialize_duration"
+    )]
+    pub tcp_established: Duration,
+    /// Idle timeout of a TCP session being opened or closed (default 4m, RFC 5382).
+    #[serde(
+        default = "default_tcp_transitory",
+        deserialize_with = "flowstate_config::deserialize_duration"
+    )]
+    pub tcp_transitory: Duration,
+    /// Idle timeout of a UDP session (default 5m, RFC 4787 REQ-5).
+    #[serde(
+        default = "default_udp",
+        deserialize_with = "flowstate_config::deserialize_duration"
+    )]
+    pub udp: Duration,
+    /// Idle timeout of an ICMP echo session (default 60s, RFC 5508 REQ-1).
+    #[serde(
+        default = "default_icmp",
+        deserialize_with = "flowstate_config::deserialize_duration"
+    )]
+    pub icmp: Duration,
     /// What to do with IPv6 (default `forward`).
     #[serde(default)]
     pub ipv6: Ipv6Policy,
 }
 
-fn default_tcp_established() -> u64 {
-    7440
+fn default_tcp_established() -> Duration {
+    Duration::from_secs(7440)
 }
-fn default_tcp_transitory() -> u64 {
-    240
+fn default_tcp_transitory() -> Duration {
+    Duration::from_secs(240)
 }
-fn default_udp() -> u64 {
-    300
+fn default_udp() -> Duration {
+    Duration::from_secs(300)
 }
-fn default_icmp() -> u64 {
-    60
+fn default_icmp() -> Duration {
+    Duration::from_secs(60)
 }
 
 /// The configuration keys, in the order the documentation gives them.
@@ -258,14 +269,11 @@ pub const CONFIG_KEYS: &[&str] = &[
     "ipv6",
 ];
 
-/// Whether `v` deserializes as a `T`; the error message if not.
-fn probe<T: DeserializeOwned>(v: &toml::Value) -> Result<(), String> {
-    T::deserialize(v.clone())
-        .map(drop)
-        .map_err(|e| e.message().to_owned())
+fn config_error(key: &'static str, reason: impl Into<String>) -> BuildError {
+    BuildError::config(NF, key, reason)
 }
 
-fn config_error(key: &'static str, reason: impl Into<String>) -> BuildError {
+fn config_error_at(key: String, reason: String) -> BuildError {
     BuildError::config(NF, key, reason)
 }
 
@@ -283,71 +291,61 @@ impl Config {
         }
     }
 
-    /// Parses a `[[chain]]` table (without `nf`). An error names the offending key.
+    /// Parses a `[[chain]]` table (without `nf`). Every key that is wrong is reported, by
+    /// name.
     pub fn from_table(table: &toml::Table) -> Result<Self, BuildError> {
-        // Each key is checked on its own first, so that an error can name it (errors of a
-        // whole-table deserialization do not say which key they come from).
-        for (k, v) in table {
-            let Some(&key) = CONFIG_KEYS.iter().find(|c| **c == k.as_str()) else {
-                return Err(config_error(
-                    "[[chain]]",
-                    format!(
-                        "unknown key `{k}`; expected one of: {}",
-                        CONFIG_KEYS.join(", ")
-                    ),
-                ));
-            };
-            let checked = match key {
-                "external" => probe::<Vec<Ipv4Addr>>(v)
-                    .map_err(|e| format!("{e}; expected a list of IPv4 addresses")),
-                "ports" => probe::<PortRange>(v),
-                "ipv6" => probe::<Ipv6Policy>(v),
-                _ => probe::<u64>(v).map_err(|e| format!("{e}; expected whole seconds")),
-            };
-            checked.map_err(|reason| config_error(key, reason))?;
-        }
-        if !table.contains_key("external") {
-            return Err(config_error(
+        let config: Config = crate::read_config(NF, table).map_err(|e| {
+            if table.contains_key("external") {
+                return e;
+            }
+            // Said the way a user fixes it.
+            let mut errors: Vec<BuildError> = e
+                .config_errors()
+                .into_iter()
+                .filter(|(k, _)| k != "external")
+                .map(|(k, r)| config_error_at(k, r))
+                .collect();
+            errors.push(config_error(
                 "external",
                 "missing; expected the external IPv4 addresses, e.g. external = [\"203.0.113.1\"]",
             ));
-        }
-        let config = Config::deserialize(toml::Value::Table(table.clone()))
-            .map_err(|e| config_error("[[chain]]", e.message()))?;
+            BuildError::all(errors)
+                .err()
+                .unwrap_or(BuildError::Configs(Vec::new()))
+        })?;
         config.validate()?;
         Ok(config)
     }
 
-    /// Checks values that parse but make no sense.
+    /// Checks values that parse but make no sense; every one is reported.
     pub fn validate(&self) -> Result<(), BuildError> {
+        let mut errors = Vec::new();
         if self.external.is_empty() {
-            return Err(config_error(
+            errors.push(config_error(
                 "external",
                 "expected at least one IPv4 address",
             ));
         }
         for (i, a) in self.external.iter().enumerate() {
             if self.external[..i].contains(a) {
-                return Err(config_error("external", format!("{a} is listed twice")));
+                errors.push(config_error("external", format!("{a} is listed twice")));
             }
         }
         if self.ports.is_empty() || self.ports.lo == 0 {
-            return Err(config_error(
+            errors.push(config_error(
                 "ports",
                 format!("empty or invalid range {}", self.ports),
             ));
         }
-        for (key, v) in [
+        for (key, d) in [
             ("tcp_established", self.tcp_established),
             ("tcp_transitory", self.tcp_transitory),
             ("udp", self.udp),
             ("icmp", self.icmp),
         ] {
-            if v == 0 {
-                return Err(config_error(key, "expected a positive number of seconds"));
-            }
+            crate::positive(NF, key, d, &mut errors);
         }
-        Ok(())
+        BuildError::all(errors)
     }
 }
 
@@ -779,10 +777,10 @@ impl Nat {
         }
         let nat = Nat {
             ports: config.ports,
-            tcp_established: Duration::from_secs(config.tcp_established),
-            tcp_transitory: Duration::from_secs(config.tcp_transitory),
-            udp: Duration::from_secs(config.udp),
-            icmp: Duration::from_secs(config.icmp),
+            tcp_established: config.tcp_established,
+            tcp_transitory: config.tcp_transitory,
+            udp: config.udp,
+            icmp: config.icmp,
             ipv6: config.ipv6,
             out: state.map("out", Scope::PerFlow, Access::ReadMostly)?,
             inb: state.map("in", Scope::PerFlow, Access::ReadMostly)?,

@@ -61,7 +61,6 @@
 //!
 //! `fast_path()` is `false`: the detector must see every SYN, SYN/ACK and RST.
 
-use crate::check_key;
 use crate::{
     BuildError, Context, Direction, NetworkFunction, NfFactory, Packet, Verdict, WorkerInfo,
 };
@@ -190,17 +189,20 @@ pub struct Config {
     pub detection_probability: f64,
     /// P_F: desired false-positive probability (TRW §3: 0.01).
     pub false_positive_probability: f64,
-    /// Seconds after which an unanswered attempt counts as a failure (3).
-    pub attempt_timeout: f64,
-    /// Seconds a source's walk, and each of its recorded first contacts, lives after its last
-    /// change (600).
-    pub source_timeout: f64,
+    /// Time after which an unanswered attempt counts as a failure (3s).
+    #[serde(deserialize_with = "flowstate_config::deserialize_duration")]
+    pub attempt_timeout: Duration,
+    /// How long a source's walk, and each of its recorded first contacts, lives after its
+    /// last change (10m).
+    #[serde(deserialize_with = "flowstate_config::deserialize_duration")]
+    pub source_timeout: Duration,
     /// `inbound`, `outbound` or `both` (default): whose attempts are watched.
     pub watch: String,
     /// Drop the packets of a detected scanner (default false: alert only).
     pub block: bool,
-    /// Seconds a scanner stays blocked (3600).
-    pub block_time: f64,
+    /// How long a scanner stays blocked (1h).
+    #[serde(deserialize_with = "flowstate_config::deserialize_duration")]
+    pub block_time: Duration,
     /// Most recorded first contacts per worker (1,000,000).
     pub max_contacts: i64,
 }
@@ -212,50 +214,25 @@ impl Default for Config {
             theta1: 0.2,
             detection_probability: 0.99,
             false_positive_probability: 0.01,
-            attempt_timeout: 3.0,
-            source_timeout: 600.0,
+            attempt_timeout: Duration::from_secs(3),
+            source_timeout: Duration::from_secs(600),
             watch: "both".into(),
             block: false,
-            block_time: 3600.0,
+            block_time: Duration::from_secs(3600),
             max_contacts: 1_000_000,
         }
     }
 }
-
-const KEYS: &str = "theta0, theta1, detection_probability, false_positive_probability, \
-                    attempt_timeout, source_timeout, watch, block, block_time, max_contacts";
 
 fn config_err(key: &'static str, reason: impl Into<String>) -> BuildError {
     BuildError::config(NF, key, reason)
 }
 
 impl Config {
-    /// Parses a `[[chain]]` table (without `nf`); errors name the key.
+    /// Parses a `[[chain]]` table (without `nf`); every key that is wrong is reported, by
+    /// name.
     pub fn from_table(table: &toml::Table) -> Result<Config, BuildError> {
-        for (k, v) in table {
-            match k.as_str() {
-                "theta0" => check_key::<f64>(NF, "theta0", v)?,
-                "theta1" => check_key::<f64>(NF, "theta1", v)?,
-                "detection_probability" => check_key::<f64>(NF, "detection_probability", v)?,
-                "false_positive_probability" => {
-                    check_key::<f64>(NF, "false_positive_probability", v)?
-                }
-                "attempt_timeout" => check_key::<f64>(NF, "attempt_timeout", v)?,
-                "source_timeout" => check_key::<f64>(NF, "source_timeout", v)?,
-                "watch" => check_key::<String>(NF, "watch", v)?,
-                "block" => check_key::<bool>(NF, "block", v)?,
-                "block_time" => check_key::<f64>(NF, "block_time", v)?,
-                "max_contacts" => check_key::<i64>(NF, "max_contacts", v)?,
-                other => {
-                    return Err(config_err(
-                        "(unknown key)",
-                        format!("unknown key `{other}`; expected one of {KEYS}"),
-                    ))
-                }
-            }
-        }
-        Config::deserialize(toml::Value::Table(table.clone()))
-            .map_err(|e| config_err("(table)", e.message()))
+        crate::read_config(NF, table)
     }
 }
 
@@ -281,15 +258,10 @@ impl Watch {
     }
 }
 
-fn seconds(key: &'static str, s: f64) -> Result<Duration, BuildError> {
-    if s.is_finite() && s > 0.0 && s < 1e12 {
-        Ok(Duration::from_secs_f64(s))
-    } else {
-        Err(config_err(
-            key,
-            format!("{s} is not a positive number of seconds"),
-        ))
-    }
+fn positive(key: &'static str, d: Duration) -> Result<Duration, BuildError> {
+    let mut errors = Vec::new();
+    crate::positive(NF, key, d, &mut errors);
+    BuildError::all(errors).map(|()| d)
 }
 
 fn open_unit(key: &'static str, v: f64) -> Result<f64, BuildError> {
@@ -475,11 +447,11 @@ impl Factory {
             })?;
         Ok(Factory(Arc::new(Compiled {
             trw: Trw::new(theta0, theta1, pd, pf),
-            attempt_timeout: seconds("attempt_timeout", config.attempt_timeout)?,
-            source_timeout: seconds("source_timeout", config.source_timeout)?,
+            attempt_timeout: positive("attempt_timeout", config.attempt_timeout)?,
+            source_timeout: positive("source_timeout", config.source_timeout)?,
             watch,
             block: config.block,
-            block_time: seconds("block_time", config.block_time)?,
+            block_time: positive("block_time", config.block_time)?,
             max_contacts,
         })))
     }

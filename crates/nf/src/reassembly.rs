@@ -917,14 +917,17 @@ pub struct TableConfig {
     pub memcap: u64,
     /// Pick up streams seen without their SYN (default true).
     pub midstream: bool,
-    /// Idle timeout of a connection with both directions started, seconds (default 600,
-    /// Suricata's `flow-timeouts.tcp.established`).
-    pub timeout: f64,
+    /// Idle timeout of a connection with both directions started (default 10m, Suricata's
+    /// `flow-timeouts.tcp.established`).
+    #[serde(deserialize_with = "flowstate_config::deserialize_duration")]
+    pub timeout: Duration,
     /// Idle timeout of a connection only one side of which has sent (a SYN without an answer,
-    /// a flood of them), seconds (default 60, Suricata's `flow-timeouts.tcp.new`).
-    pub timeout_new: f64,
-    /// Idle timeout of a connection whose both directions ended, seconds (default 60).
-    pub timeout_closed: f64,
+    /// a flood of them) (default 60s, Suricata's `flow-timeouts.tcp.new`).
+    #[serde(deserialize_with = "flowstate_config::deserialize_duration")]
+    pub timeout_new: Duration,
+    /// Idle timeout of a connection whose both directions ended (default 60s).
+    #[serde(deserialize_with = "flowstate_config::deserialize_duration")]
+    pub timeout_closed: Duration,
 }
 
 impl Default for TableConfig {
@@ -937,9 +940,9 @@ impl Default for TableConfig {
             max_window: c.max_window,
             memcap: 64 << 20,
             midstream: c.midstream,
-            timeout: 600.0,
-            timeout_new: 60.0,
-            timeout_closed: 60.0,
+            timeout: Duration::from_secs(600),
+            timeout_new: Duration::from_secs(60),
+            timeout_closed: Duration::from_secs(60),
         }
     }
 }
@@ -958,16 +961,15 @@ impl TableConfig {
 
     /// Checks the values; the error names the key.
     pub fn validate(&self) -> Result<(), (&'static str, String)> {
-        let secs = |k: &'static str, s: f64| {
-            if s.is_finite() && s > 0.0 && s < 1e9 {
-                Ok(())
-            } else {
-                Err((k, format!("{s} is not a positive number of seconds")))
+        for (k, d) in [
+            ("timeout", self.timeout),
+            ("timeout_new", self.timeout_new),
+            ("timeout_closed", self.timeout_closed),
+        ] {
+            if d.is_zero() {
+                return Err((k, "expected a duration above zero, like \"60s\"".into()));
             }
-        };
-        secs("timeout", self.timeout)?;
-        secs("timeout_new", self.timeout_new)?;
-        secs("timeout_closed", self.timeout_closed)?;
+        }
         if self.max_window == 0 || self.max_window > 1 << 30 {
             return Err(("max_window", "expected 1 to 2^30 bytes".into()));
         }
@@ -976,15 +978,6 @@ impl TableConfig {
         }
         Ok(())
     }
-}
-
-/// `s` seconds if that is a usable timeout (see [`TableConfig::validate`]), else `default`.
-fn seconds(s: f64, default: f64) -> Duration {
-    Duration::from_secs_f64(if s.is_finite() && s > 0.0 && s < 1e9 {
-        s
-    } else {
-        default
-    })
 }
 
 /// What [`TcpStreams::feed`] made of a packet.
@@ -1027,9 +1020,9 @@ impl TcpStreams {
                 Access::WriteMostly,
             )?,
             published: Counters::default(),
-            timeout: seconds(cfg.timeout, 600.0),
-            timeout_new: seconds(cfg.timeout_new, 60.0),
-            timeout_closed: seconds(cfg.timeout_closed, 60.0),
+            timeout: cfg.timeout,
+            timeout_new: cfg.timeout_new,
+            timeout_closed: cfg.timeout_closed,
         })
     }
 
@@ -1669,10 +1662,13 @@ mod tests {
         let bad: toml::Table = "max_bufered = 1".parse().unwrap();
         assert!(TableConfig::deserialize(toml::Value::Table(bad)).is_err());
         let c = TableConfig {
-            timeout: f64::NAN,
+            timeout: Duration::ZERO,
             ..TableConfig::default()
         };
         assert_eq!(c.validate().unwrap_err().0, "timeout");
+        let bad: toml::Table = "timeout_new = 60".parse().unwrap();
+        let e = TableConfig::deserialize(toml::Value::Table(bad)).unwrap_err();
+        assert!(e.message().contains("\"60s\""), "{e}");
     }
 
     #[test]

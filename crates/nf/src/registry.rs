@@ -26,13 +26,13 @@ pub fn names() -> impl Iterator<Item = &'static str> {
 pub fn factory(name: &str, table: &toml::Table) -> Result<Arc<dyn NfFactory>, BuildError> {
     match BUILT_IN.iter().find(|(n, _)| *n == name) {
         Some((_, build)) => build(table),
-        None => Err(BuildError::Config {
-            nf: "chain",
-            key: "nf",
-            reason: format!(
+        None => Err(BuildError::config(
+            "chain",
+            "nf",
+            format!(
                 "unknown NF {name:?}; known: {}",
                 names().collect::<Vec<_>>().join(", ")
             ),
-        }),
+        )),
     }
 }

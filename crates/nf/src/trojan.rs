@@ -85,7 +85,6 @@
 //! directions, reach the worker (or cluster partition) that owns its state. Reassembly and the
 //! partial command lines are per flow. No fast path: the detector must see every packet.
 
-use crate::check_key;
 use crate::reassembly::{Event, Fed, TableConfig, TcpStreams};
 use crate::{
     BuildError, Context, Direction, NetworkFunction, NfFactory, Packet, Verdict, WorkerInfo,
@@ -126,9 +125,10 @@ const EXPECT_TTL: Duration = Duration::from_secs(60);
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
-    /// Seconds within which the three events must fall; a host's older events are forgotten
-    /// (default 3600).
-    pub window: f64,
+    /// Time within which the three events must fall; a host's older events are forgotten
+    /// (default 1h).
+    #[serde(deserialize_with = "flowstate_config::deserialize_duration")]
+    pub window: Duration,
     /// Ports whose connections are SSH (default `[22]`).
     pub ssh_ports: Vec<u16>,
     /// FTP control ports (default `[21]`).
@@ -145,7 +145,7 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            window: 3600.0,
+            window: Duration::from_secs(3600),
             ssh_ports: vec![22],
             ftp_ports: vec![21],
             irc_ports: (6660..=6669).chain([6697]).collect(),
@@ -155,44 +155,25 @@ impl Default for Config {
     }
 }
 
-fn config_err(key: &'static str, reason: impl Into<String>) -> BuildError {
+fn config_err(key: impl Into<String>, reason: impl Into<String>) -> BuildError {
     BuildError::config(NF, key, reason)
 }
 
 impl Config {
-    /// Parses a `[[chain]]` table (without `nf`); errors name the key.
+    /// Parses a `[[chain]]` table (without `nf`); every key that is wrong is reported, by
+    /// name.
     pub fn from_table(table: &toml::Table) -> Result<Config, BuildError> {
-        for (k, v) in table {
-            match k.as_str() {
-                "window" => check_key::<f64>(NF, "window", v)?,
-                "ssh_ports" => check_key::<Vec<u16>>(NF, "ssh_ports", v)?,
-                "ftp_ports" => check_key::<Vec<u16>>(NF, "ftp_ports", v)?,
-                "irc_ports" => check_key::<Vec<u16>>(NF, "irc_ports", v)?,
-                "extensions" => check_key::<Vec<String>>(NF, "extensions", v)?,
-                "reassembly" => check_key::<TableConfig>(NF, "reassembly", v)?,
-                other => {
-                    return Err(config_err(
-                        "(unknown key)",
-                        format!(
-                            "unknown key `{other}`; expected one of window, ssh_ports, \
-                             ftp_ports, irc_ports, extensions, reassembly"
-                        ),
-                    ))
-                }
-            }
-        }
-        let c = Config::deserialize(toml::Value::Table(table.clone()))
-            .map_err(|e| config_err("(table)", e.message()))?;
+        let c: Config = crate::read_config(NF, table)?;
         c.validate()?;
         Ok(c)
     }
 
     /// Checks the values; the error names the key.
     pub fn validate(&self) -> Result<(), BuildError> {
-        if !(self.window.is_finite() && self.window > 0.0 && self.window < 1e9) {
+        if self.window.is_zero() {
             return Err(config_err(
                 "window",
-                format!("{} is not a positive number of seconds", self.window),
+                "expected a duration above zero, like \"1h\"",
             ));
         }
         if self
@@ -207,7 +188,7 @@ impl Config {
         }
         self.reassembly
             .validate()
-            .map_err(|(k, r)| config_err("reassembly", format!("{k}: {r}")))
+            .map_err(|(k, r)| config_err(format!("reassembly.{k}"), r))
     }
 }
 
@@ -746,7 +727,7 @@ impl Trojan {
         let host_scope = Scope::CrossFlow(&[Field::SrcIp]);
         let total = || Scope::CrossFlow(&[]);
         Ok(Trojan {
-            window: Duration::from_secs_f64(cfg.window.clamp(1e-9, 1e9)),
+            window: cfg.window,
             ssh_ports: cfg.ssh_ports.clone(),
             ftp_ports: cfg.ftp_ports.clone(),
             irc_ports: cfg.irc_ports.clone(),

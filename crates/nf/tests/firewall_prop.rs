@@ -14,7 +14,7 @@ rules = [
     { action = "deny", proto = "udp", dport = 9 },
     { action = "allow", proto = "icmp", src = "2001:db8::/126", direction = "inbound" },
 ]
-timeouts = { established = 30, udp_replied = 20 }
+timeouts = { established = "30s", udp_replied = "20s" }
 "#;
 
 fn dir(inbound: bool) -> Direction {

@@ -249,7 +249,7 @@ fn a_server_in_time_wait_is_reset_by_the_client_and_the_connection_opens() {
 
 #[test]
 fn timeouts_expire_entries_and_late_packets_from_outside_are_dropped() {
-    let mut rig = firewall("timeouts = { established = 50, syn_sent = 5 }");
+    let mut rig = firewall("timeouts = { established = \"50s\", syn_sent = \"5s\" }");
     handshake(&mut rig);
     // Every packet renews the timer.
     rig.advance(40);

@@ -49,7 +49,7 @@ fn unreplied_udp_expires_after_30_seconds() {
     assert_eq!(udp_state(&rig), None);
     assert!(!rig.passes(&udp(DNS, CLIENT), IN));
     // Configurable.
-    let mut rig = firewall("timeouts = { udp_unreplied = 100 }");
+    let mut rig = firewall("timeouts = { udp_unreplied = \"100s\" }");
     assert!(rig.passes(&udp(CLIENT, DNS), OUT));
     rig.advance(99);
     assert!(rig.passes(&udp(DNS, CLIENT), IN));

@@ -346,8 +346,14 @@ fn configuration_and_rule_errors_name_what_is_wrong() {
     let t = |s: &str| s.parse::<toml::Table>().unwrap();
     assert!(err(&t("")).starts_with("rules: missing"));
     assert!(err(&t("rules = [\"/nonexistent/x.rules\"]")).contains("/nonexistent/x.rules"));
-    assert!(err(&t("rules = [\"a\"]\ncolour = 1")).contains("unknown key `colour`"));
+    assert!(err(&t("rules = [\"a\"]\ncolour = 1")).starts_with("colour: unknown field `colour`"));
     assert!(err(&t("rules = [\"a\"]\nudp_timeout = -1")).starts_with("udp_timeout"));
+    assert_eq!(
+        err(&t("rules = [\"a\"]\nudp_timeout = 300")),
+        "udp_timeout: write a duration with its unit, e.g. \"300s\""
+    );
+    assert!(err(&t("rules = [\"a\"]\nudp_timeout = \"0s\""))
+        .starts_with("udp_timeout: expected a duration above zero"));
     let (_d, table) = config(
         "alert tcp any any -> any any (sid:1;)\nalert tcp any any -> any any (content:\"x\"; pcre:\"/x/\"; sid:2;)\n",
         "",

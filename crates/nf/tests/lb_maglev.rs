@@ -150,7 +150,7 @@ fn maglev_vip_spreads_flows_evenly_and_deterministically() {
     assert_eq!(active, flows as i64);
 }
 
-fn config_error(text: &str) -> (&'static str, String) {
+fn config_error(text: &str) -> (String, String) {
     let r = lb::Config::from_table(&table(text)).and_then(|c| lb::Factory::new(&c));
     match r {
         Err(BuildError::Config { nf, key, reason }) => {
@@ -168,29 +168,30 @@ fn configuration_errors_name_the_key() {
     let cases = [
         ("".to_string(), "vips", "vips"),
         ("vips = []".to_string(), "vips", "no VIPs"),
-        ("vips = [{ vip = \"203.0.113.10\", port = 80 }]".to_string(), "vips", "backends"),
-        ("weights = 1\nvips = []".to_string(), "(unknown key)", "weights"),
-        (vip(r#"backends = ["10.1.0.1"], colour = 1"#), "vips", "colour"),
-        (vip(r#"backends = []"#), "vips.backends", "no backends"),
-        (vip(r#"backends = ["10.1.0.1", "10.1.0.1:80"]"#), "vips.backends", "twice"),
-        (vip(r#"backends = ["10.1.0.300"]"#), "vips.backends", "10.1.0.300"),
-        (vip(r#"backends = ["2001:db8::1"]"#), "vips.backends", "family"),
-        (vip(r#"backends = ["10.1.0.1:0"]"#), "vips.backends", "port 0"),
-        (vip(r#"backends = ["10.1.0.1"], proto = "sctp""#), "vips.proto", "sctp"),
-        (vip(r#"backends = ["10.1.0.1"], method = "random""#), "vips", "random"),
-        (vip(r#"backends = ["10.1.0.1"], table_size = 7"#), "vips.table_size", "maglev"),
-        (vip(r#"backends = ["10.1.0.1"], method = "maglev", table_size = 100"#), "vips.table_size", "prime"),
-        (vip(r#"backends = ["10.1.0.1", "10.1.0.2", "10.1.0.3"], method = "maglev", table_size = 2"#), "vips.table_size", "below"),
-        (r#"vips = [{ vip = "nowhere", port = 80, backends = ["10.1.0.1"] }]"#.to_string(), "vips.vip", "nowhere"),
-        (r#"vips = [{ vip = "203.0.113.10", port = 0, backends = ["10.1.0.1"] }]"#.to_string(), "vips.port", "port"),
-        (r#"vips = [{ vip = "203.0.113.10", port = 65536, backends = ["10.1.0.1"] }]"#.to_string(), "vips.port", "65536"),
+        ("vips = [{ vip = \"203.0.113.10\", port = 80 }]".to_string(), "vips[0].backends", "backends"),
+        ("weights = 1\nvips = []".to_string(), "weights", "weights"),
+        (vip(r#"backends = ["10.1.0.1"], colour = 1"#), "vips[0].colour", "colour"),
+        (vip(r#"backends = []"#), "vips[0].backends", "no backends"),
+        (vip(r#"backends = ["10.1.0.1", "10.1.0.1:80"]"#), "vips[0].backends", "twice"),
+        (vip(r#"backends = ["10.1.0.300"]"#), "vips[0].backends", "10.1.0.300"),
+        (vip(r#"backends = ["2001:db8::1"]"#), "vips[0].backends", "family"),
+        (vip(r#"backends = ["10.1.0.1:0"]"#), "vips[0].backends", "port 0"),
+        (vip(r#"backends = ["10.1.0.1"], proto = "sctp""#), "vips[0].proto", "sctp"),
+        (vip(r#"backends = ["10.1.0.1"], method = "random""#), "vips[0].method", "random"),
+        (vip(r#"backends = ["10.1.0.1"], table_size = 7"#), "vips[0].table_size", "maglev"),
+        (vip(r#"backends = ["10.1.0.1"], method = "maglev", table_size = 100"#), "vips[0].table_size", "prime"),
+        (vip(r#"backends = ["10.1.0.1", "10.1.0.2", "10.1.0.3"], method = "maglev", table_size = 2"#), "vips[0].table_size", "below"),
+        (r#"vips = [{ vip = "nowhere", port = 80, backends = ["10.1.0.1"] }]"#.to_string(), "vips[0].vip", "nowhere"),
+        (r#"vips = [{ vip = "203.0.113.10", port = 0, backends = ["10.1.0.1"] }]"#.to_string(), "vips[0].port", "port"),
+        (r#"vips = [{ vip = "203.0.113.10", port = 65536, backends = ["10.1.0.1"] }]"#.to_string(), "vips[0].port", "65536"),
         (
             r#"vips = [{ vip = "203.0.113.10", port = 80, backends = ["10.1.0.1"] }, { vip = "203.0.113.10", port = 80, backends = ["10.1.0.2"] }]"#.to_string(),
-            "vips",
+            "vips[1]",
             "twice",
         ),
-        (vip(r#"backends = ["10.1.0.1"]"#) + "\ntimeouts = { tcp = 0 }", "timeouts.tcp", "positive"),
-        (vip(r#"backends = ["10.1.0.1"]"#) + "\ntimeouts = { sctp = 1 }", "timeouts", "sctp"),
+        (vip(r#"backends = ["10.1.0.1"]"#) + "\ntimeouts = { tcp = \"0s\" }", "timeouts.tcp", "above zero"),
+        (vip(r#"backends = ["10.1.0.1"]"#) + "\ntimeouts = { tcp = 900 }", "timeouts.tcp", "\"900s\""),
+        (vip(r#"backends = ["10.1.0.1"]"#) + "\ntimeouts = { sctp = \"1s\" }", "timeouts.sctp", "sctp"),
     ];
     for (text, key, needle) in cases {
         let (k, reason) = config_error(&text);
@@ -206,6 +207,6 @@ fn configuration_errors_name_the_key() {
         { vip = "203.0.113.10", port = 80, proto = "udp", backends = ["10.1.0.1"] },
         { vip = "203.0.113.10", port = 81, backends = ["10.1.0.1"], method = "maglev", table_size = 251 },
     ]
-    timeouts = { tcp = 60, tcp_fin = 5, udp = 10.5 }"#;
+    timeouts = { tcp = "60s", tcp_fin = "5s", udp = "10.5s" }"#;
     assert!(lb::factory(&table(ok)).is_ok());
 }

@@ -14,7 +14,7 @@ vips = [
     { vip = "10.0.0.2", port = 80, proto = "udp", backends = ["10.0.1.1:80", "10.0.1.3"], method = "maglev", table_size = 251 },
     { vip = "2001:db8::1", port = 80, backends = ["[2001:db8::11]:80", "[2001:db8::12]:81"], method = "maglev" },
 ]
-timeouts = { tcp = 30, tcp_fin = 5, udp = 10 }
+timeouts = { tcp = "30s", tcp_fin = "5s", udp = "10s" }
 "#;
 
 fn dir(inbound: bool) -> Direction {

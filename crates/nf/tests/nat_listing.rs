@@ -14,7 +14,7 @@ use std::time::Duration;
 
 const CONFIG: &str = r#"external = ["203.0.113.1"]
 ports = "2000-2099"
-udp = 30"#;
+udp = "30s""#;
 
 #[test]
 fn a_nat_lists_its_sessions_and_a_store_holds_the_same() {

@@ -15,10 +15,10 @@ use std::net::{IpAddr, Ipv4Addr};
 
 const CONFIG: &str = r#"external = ["203.0.113.1", "203.0.113.2"]
 ports = "1024-1030"
-tcp_established = 50
-tcp_transitory = 10
-udp = 20
-icmp = 5"#;
+tcp_established = "50s"
+tcp_transitory = "10s"
+udp = "20s"
+icmp = "5s""#;
 
 const INSIDE: [Ipv4Addr; 3] = [
     Ipv4Addr::new(10, 0, 0, 1),

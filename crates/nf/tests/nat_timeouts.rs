@@ -102,7 +102,7 @@ fn nat_a_session_kept_alive_by_outbound_packets_alone_still_answers() {
 
 #[test]
 fn nat_icmp_echo_session_uses_the_icmp_timeout() {
-    let mut rig = Rig::new("external = [\"203.0.113.1\"]\nicmp = 30");
+    let mut rig = Rig::new("external = [\"203.0.113.1\"]\nicmp = \"30s\"");
     let mut req = echo(IN1, SRV1, 77, false);
     rig.send(&mut req, Outbound);
     let id = flow(&req).src_port;
@@ -311,6 +311,6 @@ fn nat_a_store_backed_worker_keeps_sessions_and_pools_across_a_restart() {
     };
     assert!(matches!(
         factory.build(&mut d, worker),
-        Err(flowstate_nf::BuildError::Config { key: "ports", .. })
+        Err(flowstate_nf::BuildError::Config { key, .. }) if key == "ports"
     ));
 }

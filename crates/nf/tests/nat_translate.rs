@@ -9,6 +9,7 @@ use flowstate_wire::build::tcp_flags::*;
 use flowstate_wire::{dissect, dissect::verify_checksums};
 use nat_support::*;
 use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
 
 const CONFIG: &str = r#"external = ["203.0.113.1"]"#;
 
@@ -342,7 +343,7 @@ fn nat_two_external_addresses_pair_each_inside_host_with_one() {
     assert_eq!(back, udp((SRV1, 53), (IN1, 9)));
 }
 
-fn config_error(toml_text: &str) -> (&'static str, String) {
+fn config_error(toml_text: &str) -> (String, String) {
     match nat::factory(&table(toml_text)) {
         Err(BuildError::Config { nf, key, reason }) => {
             assert_eq!(nf, "nat");
@@ -359,7 +360,13 @@ fn nat_configuration_defaults_and_errors_name_the_key() {
     assert_eq!(c, Config::new(vec![EXT]));
     assert_eq!(
         (c.tcp_established, c.tcp_transitory, c.udp, c.icmp, c.ipv6),
-        (7440, 240, 300, 60, Ipv6Policy::Forward)
+        (
+            Duration::from_secs(7440),
+            Duration::from_secs(240),
+            Duration::from_secs(300),
+            Duration::from_secs(60),
+            Ipv6Policy::Forward
+        )
     );
     assert_eq!(
         c.ports,
@@ -371,26 +378,33 @@ fn nat_configuration_defaults_and_errors_name_the_key() {
     let full = Config::from_table(&table(
         r#"external = ["203.0.113.1", "203.0.113.9"]
 ports = "2000-2999"
-tcp_established = 100
-tcp_transitory = 10
-udp = 20
-icmp = 5
+tcp_established = "100s"
+tcp_transitory = "10s"
+udp = "20s"
+icmp = "5s"
 ipv6 = "drop""#,
     ))
     .unwrap();
     assert_eq!(full.ports, PortRange { lo: 2000, hi: 2999 });
     assert_eq!(
         (full.tcp_established, full.icmp, full.ipv6),
-        (100, 5, Ipv6Policy::Drop)
+        (
+            Duration::from_secs(100),
+            Duration::from_secs(5),
+            Ipv6Policy::Drop
+        )
     );
 
     assert_eq!(config_error("").0, "external");
     assert_eq!(config_error("external = []").0, "external");
     assert_eq!(
         config_error(r#"external = ["203.0.113.300"]"#).0,
-        "external"
+        "external[0]"
     );
-    assert_eq!(config_error(r#"external = ["2001:db8::1"]"#).0, "external");
+    assert_eq!(
+        config_error(r#"external = ["2001:db8::1"]"#).0,
+        "external[0]"
+    );
     assert_eq!(
         config_error(r#"external = ["203.0.113.1", "203.0.113.1"]"#).0,
         "external"
@@ -407,23 +421,49 @@ ports = "5-1""#,
         "ports"
     );
     assert_eq!(
-        config_error("external = [\"203.0.113.1\"]\nudp = 0").0,
+        config_error("external = [\"203.0.113.1\"]\nudp = \"0s\"").0,
         "udp"
+    );
+    // A bare number is refused with the string it probably meant.
+    assert_eq!(
+        config_error("external = [\"203.0.113.1\"]\nudp = 300"),
+        (
+            "udp".to_owned(),
+            "write a duration with its unit, e.g. \"300s\"".to_owned()
+        )
     );
     assert_eq!(
         config_error("external = [\"203.0.113.1\"]\nicmp = -1").0,
         "icmp"
     );
     assert_eq!(
-        config_error("external = [\"203.0.113.1\"]\ntcp_established = \"2h\"").0,
+        config_error("external = [\"203.0.113.1\"]\ntcp_established = \"2 fortnights\"").0,
         "tcp_established"
     );
     assert_eq!(
         config_error("external = [\"203.0.113.1\"]\nipv6 = \"translate\"").0,
         "ipv6"
     );
-    let (_, reason) = config_error("external = [\"203.0.113.1\"]\ntimeout = 3");
+    let (key, reason) = config_error("external = [\"203.0.113.1\"]\ntimeout = 3");
+    assert_eq!(key, "timeout");
     assert!(reason.contains("`timeout`"), "{reason}");
+    assert_eq!(
+        Config::from_table(&table(
+            "external = [\"203.0.113.1\"]\ntcp_established = \"2h4m\""
+        ))
+        .unwrap()
+        .tcp_established,
+        Duration::from_secs(7440)
+    );
+    // Every key that is wrong, not only the first.
+    match nat::factory(&table("udp = 5\nicmp = \"soon\"\ncolour = 1")) {
+        Err(e) => {
+            let mut keys: Vec<String> = e.config_errors().into_iter().map(|(k, _)| k).collect();
+            keys.sort();
+            assert_eq!(keys, ["colour", "external", "icmp", "udp"]);
+        }
+        Ok(_) => panic!("accepted"),
+    }
 }
 
 #[test]
@@ -442,7 +482,7 @@ fn nat_too_many_workers_for_the_ports_is_a_build_error() {
         instance: 0,
     };
     match factory.build(&mut d, worker) {
-        Err(BuildError::Config { key: "ports", .. }) => {}
+        Err(BuildError::Config { key, .. }) if key == "ports" => {}
         Err(e) => panic!("unexpected error {e}"),
         Ok(_) => panic!("built with an empty chunk"),
     }

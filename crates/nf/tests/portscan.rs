@@ -186,7 +186,7 @@ fn icmp_not_about_a_pending_attempt_or_not_to_its_source_is_ignored() {
 
 #[test]
 fn unanswered_attempts_fail_at_the_timeout() {
-    let mut rig = portscan("attempt_timeout = 3.0");
+    let mut rig = portscan("attempt_timeout = \"3s\"");
     for port in 1..=4 {
         assert!(rig.passes(&syn(SCANNER, 40000, INSIDE, port), IN));
     }
@@ -229,7 +229,7 @@ fn only_first_contacts_are_observations() {
 
 #[test]
 fn a_blocked_scanner_is_dropped_until_the_block_ends() {
-    let mut rig = portscan("block = true\nblock_time = 60.0");
+    let mut rig = portscan("block = true\nblock_time = \"60s\"");
     for port in 1..=4 {
         attempt(&mut rig, SCANNER, INSIDE, port, RST | ACK);
     }
@@ -329,7 +329,7 @@ fn alerts_are_eve_json() {
     assert_eq!(v["portscan"]["direction"], "inbound");
 }
 
-fn config_error(toml_text: &str) -> (&'static str, String) {
+fn config_error(toml_text: &str) -> (String, String) {
     let r = Config::from_table(&table(toml_text)).and_then(|c| Factory::new(&c));
     match r {
         Err(BuildError::Config { nf, key, reason }) => {
@@ -357,15 +357,16 @@ fn configuration_errors_name_the_key() {
             "detection_probability = 0.2\nfalse_positive_probability = 0.3",
             "false_positive_probability",
         ),
-        ("attempt_timeout = 0", "attempt_timeout"),
+        ("attempt_timeout = \"0s\"", "attempt_timeout"),
+        ("attempt_timeout = 3", "attempt_timeout"),
         ("attempt_timeout = -3.0", "attempt_timeout"),
         ("source_timeout = inf", "source_timeout"),
         ("watch = \"sideways\"", "watch"),
         ("watch = 3", "watch"),
         ("block = \"yes\"", "block"),
-        ("block_time = 0.0", "block_time"),
+        ("block_time = \"0ms\"", "block_time"),
         ("max_contacts = 0", "max_contacts"),
-        ("thresh = 3", "(unknown key)"),
+        ("thresh = 3", "thresh"),
     ] {
         let (k, reason) = config_error(text);
         assert_eq!(k, key, "{text}: {reason}");

@@ -69,7 +69,7 @@ impl NfFactory for Probe {
         if self.fail_on_worker == Some(worker.index) {
             return Err(BuildError::Config {
                 nf: "probe",
-                key: "fail_on_worker",
+                key: "fail_on_worker".into(),
                 reason: "asked to fail".into(),
             });
         }

@@ -234,27 +234,16 @@ fn parse_url(key: &str, url: &str) -> Result<redis::ConnectionInfo, SettingError
 }
 
 fn timeout(v: Setting<'_>) -> Result<Duration, SettingError> {
-    let bad = || {
-        SettingError::new(
-            "timeout",
-            "expected a duration like \"500ms\" or \"2s\" (more than zero)",
-        )
-    };
-    let Setting::Str(s) = v else {
-        return Err(bad());
-    };
-    let s = s.trim();
-    let (num, unit) = s
-        .find(|c: char| !c.is_ascii_digit())
-        .map_or((s, ""), |i| s.split_at(i));
-    let n: u64 = num.parse().map_err(|_| bad())?;
-    let d = match unit {
-        "ms" => Duration::from_millis(n),
-        "s" => Duration::from_secs(n),
-        _ => return Err(bad()),
-    };
+    let d = match v {
+        Setting::Str(s) => flowstate_config::parse_duration(s),
+        _ => Err(flowstate_config::unit_needed(2)),
+    }
+    .map_err(|r| SettingError::new("timeout", r))?;
     if d.is_zero() {
-        return Err(bad());
+        return Err(SettingError::new(
+            "timeout",
+            "expected a duration above zero, like \"500ms\" or \"2s\"",
+        ));
     }
     Ok(d)
 }
@@ -866,6 +855,18 @@ mod tests {
         assert_eq!(e.key, "timeout");
         let c = RedisConnector::from_settings(None, [("timeout", Setting::Str("250ms"))]).unwrap();
         assert_eq!(c.timeout, Duration::from_millis(250));
+        let c = RedisConnector::from_settings(None, [("timeout", Setting::Str("1.5s"))]).unwrap();
+        assert_eq!(c.timeout, Duration::from_millis(1500));
+        for bad in [
+            Setting::Str("2"),
+            Setting::Other("integer"),
+            Setting::Str("0s"),
+        ] {
+            let e = RedisConnector::from_settings(None, [("timeout", bad)]).unwrap_err();
+            assert_eq!(e.key, "timeout");
+        }
+        let e = RedisConnector::from_settings(None, [("timeout", Setting::Str("2"))]).unwrap_err();
+        assert!(e.reason.contains("\"2s\""), "{}", e.reason);
         let nodes = vec!["redis://127.0.0.1:7001".to_owned(), "bad".to_owned()];
         let e = RedisClusterConnector::from_settings(None, [("nodes", Setting::List(&nodes))])
             .unwrap_err();

@@ -94,7 +94,8 @@ impl StoreConnector {
 
     /// Builds a connector from `[state]`: its `url` (default `127.0.0.1:7878`; a
     /// `store://` or `tcp://` prefix is accepted) and the driver's own keys, given as text:
-    /// `token`, `timeout` and `retry` (durations like `500ms`, `5s`), `max_batch`.
+    /// `token`, `timeout` and `retry` (durations with their unit, like `"500ms"`, `"5s"`),
+    /// `max_batch`.
     pub fn from_config<'a>(
         url: Option<&str>,
         options: impl IntoIterator<Item = (&'a str, &'a str)>,
@@ -174,21 +175,13 @@ impl StoreConnector {
     }
 }
 
-/// `500ms`, `5s`, `2m`, or a bare number of milliseconds.
+/// A duration with its unit (`500ms`, `5s`, `2m`: [`flowstate_config::parse_duration`]).
+/// A bare number, which meant milliseconds here before, is refused with the string it meant.
 fn duration(s: &str) -> Result<Duration, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (n, unit) = t.split_at(split);
-    let n: u64 = n
-        .parse()
-        .map_err(|_| format!("expected a duration like 500ms or 5s, got {s:?}"))?;
-    Ok(match unit.trim() {
-        "" | "ms" => Duration::from_millis(n),
-        "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n.saturating_mul(60)),
-        "us" => Duration::from_micros(n),
-        _ => return Err(format!("expected a duration like 500ms or 5s, got {s:?}")),
-    })
+    if flowstate_config::is_bare_number(s) {
+        return Err(flowstate_config::unit_needed_in(s.trim(), "ms"));
+    }
+    flowstate_config::parse_duration(s)
 }
 
 /// A client id unique enough across processes and connections: time, pid and a counter.
@@ -1212,6 +1205,19 @@ mod tests {
                 .settings()
                 .retry_for,
             Duration::from_millis(250)
+        );
+        assert_eq!(
+            StoreConnector::from_config(None, [("timeout", "1m30s")])
+                .unwrap()
+                .settings()
+                .timeout,
+            Duration::from_secs(90)
+        );
+        // A bare number meant milliseconds: the message says so.
+        let e = StoreConnector::from_config(None, [("timeout", "500")]).unwrap_err();
+        assert_eq!(
+            (e.key.as_str(), e.reason.as_str()),
+            ("timeout", "write a duration with its unit, e.g. \"500ms\"")
         );
     }
 

@@ -255,10 +255,10 @@ impl MvtNat {
         let part = Scope::CrossFlow(&[]);
         Ok(MvtNat {
             ports: config.ports,
-            tcp_established: Duration::from_secs(config.tcp_established),
-            tcp_transitory: Duration::from_secs(config.tcp_transitory),
-            udp: Duration::from_secs(config.udp),
-            icmp: Duration::from_secs(config.icmp),
+            tcp_established: config.tcp_established,
+            tcp_transitory: config.tcp_transitory,
+            udp: config.udp,
+            icmp: config.icmp,
             ipv6: config.ipv6,
             external: config.external.clone(),
             free: table.len(),
