@@ -1256,3 +1256,124 @@ fn top_shows_a_live_box_in_tmux() {
     );
     live.stop_box();
 }
+
+/// `flowstate state list` against a running box (2 workers) carrying a download: the NAT's
+/// session and mapping and the firewall's connection of the download, checked against the
+/// kernel's own sockets (`ss` at the client gives the inside endpoint, at the server the
+/// external one the NAT chose), with filters, `--json` and the text table.
+#[test]
+fn state_list_shows_the_sessions_of_a_running_download() {
+    if !is_root() {
+        eprintln!("skipped: live tests need root");
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (live, metrics, download, ..) = box_with_a_slow_download("sl");
+    let flowstate = env!("CARGO_BIN_EXE_flowstate");
+    let list = |args: &[&str]| -> Output {
+        let mut argv = vec![flowstate, "state", "list", metrics];
+        argv.extend_from_slice(args);
+        live.run_in(&live.lab.nf_ns(), &argv)
+    };
+    let json = |args: &[&str]| -> serde_json::Value {
+        let mut argv = args.to_vec();
+        argv.push("--json");
+        let o = list(&argv);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    // The kernel's view of the download's connection at each end (`ss`'s filter leaves the
+    // one connection): local and peer address.
+    let socket = |o: Output| -> (String, String) {
+        let text = String::from_utf8(o.stdout).unwrap();
+        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "the download's one socket: {text}");
+        let f: Vec<&str> = lines[0].split_whitespace().collect();
+        (f[f.len() - 2].to_owned(), f[f.len() - 1].to_owned())
+    };
+    let port = format!("= :{HTTP_PORT}");
+    let (client_local, client_peer) =
+        socket(live.client(&["ss", "-Htn", "state", "established", "dport", &port]));
+    assert_eq!(client_peer, format!("{SERVER}:{HTTP_PORT}"));
+    let (_, server_peer) =
+        socket(live.server(&["ss", "-Htn", "state", "established", "sport", &port]));
+
+    let sessions = json(&[
+        "nat.sessions",
+        "--proto",
+        "tcp",
+        "--port",
+        &HTTP_PORT.to_string(),
+    ]);
+    let t = &sessions[0];
+    assert_eq!(
+        t["columns"],
+        serde_json::json!(["proto", "inside", "remote", "external", "state", "timeout"])
+    );
+    assert_eq!(
+        (t["workers"].as_u64(), t["answered"].as_u64()),
+        (Some(2), Some(2)),
+        "{t}"
+    );
+    let rows = t["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "one download, one session: {t}");
+    let r = &rows[0];
+    assert_eq!(
+        r[1],
+        client_local.as_str(),
+        "inside endpoint = the client's socket: {t}"
+    );
+    assert_eq!(r[2], client_peer.as_str());
+    assert_eq!(
+        r[3],
+        server_peer.as_str(),
+        "external endpoint = what the server sees: {t}"
+    );
+    assert_eq!(r[4], "established");
+    let left = r[5].as_f64().unwrap();
+    assert!(
+        left > 7000.0 && left <= 7440.0,
+        "RFC 5382's 2 h 4 min, renewed: {t}"
+    );
+
+    let mappings = json(&["nat.mappings", "--addr", &CLIENT.to_string()]);
+    let m = mappings[0]["rows"].as_array().unwrap();
+    assert!(
+        m.iter()
+            .any(|r| r[1] == client_local.as_str() && r[2] == server_peer.as_str()),
+        "{mappings}"
+    );
+
+    let conns = json(&["firewall", "--port", &HTTP_PORT.to_string()]);
+    let c = conns[0]["rows"].as_array().unwrap();
+    assert_eq!(conns[0]["table"], "connections");
+    assert!(
+        c.iter().any(|r| r[1] == client_local.as_str()
+            && r[2] == client_peer.as_str()
+            && r[3] == "ESTABLISHED"
+            && r[4] == "inside"),
+        "{conns}"
+    );
+
+    // A filter nothing matches, the text table, and errors that say what exists.
+    let none = json(&["nat.sessions", "--addr", "192.0.2.99"]);
+    assert_eq!(none[0]["rows"].as_array().unwrap().len(), 0);
+    let text = list(&["nat"]);
+    assert!(text.status.success());
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(
+        text.contains("# nat.sessions: ") && text.contains("# nat.mappings: "),
+        "{text}"
+    );
+    assert!(
+        text.contains("PROTO") && text.contains(&client_local),
+        "{text}"
+    );
+    let bad = list(&["nat.nope"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("sessions, mappings"));
+    let bad = list(&["lb"]);
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("firewall, nat"));
+
+    let _ = download.wait_with_output();
+}

@@ -5,7 +5,7 @@
 mod nat_support;
 
 use flowstate_nf::listing::{Cell, StoreReader};
-use flowstate_nf::{nat, Direction, NfFactory, Verdict};
+use flowstate_nf::{nat, Direction, Verdict};
 use flowstate_state::local::LocalStore;
 use flowstate_state::Connector;
 use flowstate_wire::build::tcp_flags;
