@@ -57,6 +57,10 @@ struct ListArgs {
     /// With --config: the store's URL instead of the file's.
     #[arg(long, requires = "config")]
     url: Option<String>,
+    /// With --config: the NF instance whose state to read instead of the file's
+    /// `[state] nf_instance`.
+    #[arg(long, requires = "config")]
+    instance: Option<u32>,
     /// Only rows with this address in an endpoint or address column.
     #[arg(long)]
     addr: Option<IpAddr>,
@@ -181,6 +185,9 @@ fn from_store(a: &ListArgs, nf: &str, table: Option<&str>) -> Result<Vec<Value>>
     if let Some(u) = &a.url {
         config.state.url = Some(u.clone());
     }
+    if let Some(i) = a.instance {
+        config.state.nf_instance = i;
+    }
     let factories = config.factories()?;
     let Some(factory) = factories.iter().find(|f| f.name() == nf) else {
         let have: Vec<&str> = factories.iter().map(|f| f.name()).collect();
@@ -207,7 +214,7 @@ fn from_store(a: &ListArgs, nf: &str, table: Option<&str>) -> Result<Vec<Value>>
     let mut out = Vec::new();
     for info in infos {
         let mut rows = Vec::new();
-        let mut reader = StoreReader::new(&mut *backend, nf);
+        let mut reader = StoreReader::new(&mut *backend, nf).instance(config.state.nf_instance);
         let kept = factory
             .stored_rows(info.name, &mut reader, &mut rows)
             .with_context(|| format!("reading {nf}.{} from the store", info.name))?;

@@ -36,6 +36,16 @@ fn instance() -> u32 {
 
 /// Runs `example` with its output to a pcap; returns the file's bytes.
 fn run(dir: &Path, example: &str, workers: u32, tag: &str) -> Vec<u8> {
+    run_summary(dir, example, workers, tag).0
+}
+
+/// As [`run`], with the run's JSON summary and the configuration it ran.
+fn run_summary(
+    dir: &Path,
+    example: &str,
+    workers: u32,
+    tag: &str,
+) -> (Vec<u8>, serde_json::Value, PathBuf) {
     let text =
         std::fs::read_to_string(root().join(format!("examples/{example}.toml"))).expect("example");
     let out = dir.join(format!("{example}-{workers}-{tag}.pcap"));
@@ -81,7 +91,7 @@ fn run(dir: &Path, example: &str, workers: u32, tag: &str) -> Vec<u8> {
         // The state really went to the store.
         assert!(workers_sum("state_flushes") > 0, "{example}: {s}");
     }
-    std::fs::read(&out).expect("output pcap")
+    (std::fs::read(&out).expect("output pcap"), s, path)
 }
 
 /// The packet records of a classic pcap (header and bytes each), sorted: what several
@@ -135,4 +145,56 @@ fn nat_writes_the_same_packets_on_local_and_redis_cluster() {
         return;
     }
     same_output("nat", "nat-redis-cluster");
+}
+
+/// `flowstate state list --config` reads a NAT's sessions and mappings from Redis after a run,
+/// decoded with the NAT's codecs: as many as the NAT reported active at its end, each once,
+/// all on the NAT's external address; the run's own instance only.
+#[test]
+fn state_list_reads_the_nat_sessions_a_run_left_in_redis() {
+    if !server_up("127.0.0.1:6379", "redis-server", "scripts/redis start") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_, summary, config) = run_summary(dir.path(), "nat-redis", 2, "list");
+    let nat = &summary["nfs"][0];
+    assert_eq!(nat["name"], "nat");
+    let list = |table: &str| -> serde_json::Value {
+        let o = Command::new(env!("CARGO_BIN_EXE_flowstate"))
+            .args(["state", "list", "--config"])
+            .arg(&config)
+            .args([table, "--json"])
+            .current_dir(root())
+            .output()
+            .expect("run flowstate");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&o.stdout).expect("JSON")
+    };
+    let sessions = list("nat.sessions");
+    let rows = sessions[0]["rows"].as_array().expect("rows");
+    assert_eq!(sessions[0]["source"], "redis");
+    assert_eq!(
+        rows.len() as i64,
+        nat["report"]["active_sessions"].as_i64().unwrap(),
+        "{summary}"
+    );
+    assert!(
+        rows.len() > 100,
+        "a real run leaves sessions: {}",
+        rows.len()
+    );
+    let mut inside = std::collections::HashSet::new();
+    for r in rows {
+        assert!(r[3].as_str().unwrap().starts_with("203.0.113.1:"), "{r}");
+        assert!(r[5].is_null(), "a store does not say the time left: {r}");
+        assert!(
+            inside.insert((r[0].to_string(), r[1].to_string(), r[2].to_string())),
+            "{r}"
+        );
+    }
+    let mappings = list("nat.mappings");
+    assert_eq!(
+        mappings[0]["rows"].as_array().unwrap().len() as i64,
+        nat["report"]["active_mappings"].as_i64().unwrap()
+    );
 }

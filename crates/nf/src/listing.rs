@@ -131,6 +131,7 @@ pub fn merge_summed(rows: Vec<Row>) -> Vec<Row> {
 pub struct StoreReader<'a> {
     backend: &'a mut dyn Backend,
     nf: &'a str,
+    instance: Option<u32>,
 }
 
 impl std::fmt::Debug for StoreReader<'_> {
@@ -140,14 +141,31 @@ impl std::fmt::Debug for StoreReader<'_> {
 }
 
 impl<'a> StoreReader<'a> {
-    /// A reader of NF `nf`'s objects in `backend`.
+    /// A reader of NF `nf`'s objects in `backend`, of every instance.
     pub fn new(backend: &'a mut dyn Backend, nf: &'a str) -> Self {
-        StoreReader { backend, nf }
+        StoreReader {
+            backend,
+            nf,
+            instance: None,
+        }
+    }
+
+    /// Reads only the partitions of NF instance `instance` (`[state] nf_instance`; shared
+    /// objects are every instance's).
+    pub fn instance(mut self, instance: u32) -> Self {
+        self.instance = Some(instance);
+        self
     }
 
     /// Every partition of object `id` (of `kind`), as the store holds it.
     fn objects(&mut self, kind: Kind, id: &str) -> Result<Vec<Object>, StateError> {
-        let keys = self.backend.partitions(self.nf, kind, id)?;
+        let mut keys = self.backend.partitions(self.nf, kind, id)?;
+        if let Some(i) = self.instance {
+            keys.retain(|k| {
+                k.parse()
+                    .is_some_and(|p| p.partition.is_none_or(|(instance, _)| instance == i))
+            });
+        }
         let ops: Vec<Op> = keys
             .iter()
             .map(|key: &ObjectKey| Op::ReadAll {
