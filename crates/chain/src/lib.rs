@@ -79,7 +79,7 @@ pub mod summary;
 pub use config::{Config, ConfigError, ConfigErrors};
 pub use runtime::{RunError, Runtime, RuntimeOptions, WorkerSink};
 pub use steer::{IpPrefix, Steering};
-pub use summary::{NfSummary, Summary, WorkerSummary};
+pub use summary::{LabelledSummary, NfSummary, Summary, WorkerSummary};
 
 use flowstate_io::pcap::{PcapReader, PcapWriter, WriterOptions, LINKTYPE_ETHERNET};
 use flowstate_io::synth::{Ipv4Net, Ipv6Net, SynthConfig, Synthetic};

@@ -35,7 +35,7 @@
 use crate::observe::{BatchTimes, Observer, Published, RunView, PUBLISH_EVERY};
 use crate::reflect::reflect;
 use crate::steer::{IpPrefix, Steering};
-use crate::summary::{NfSummary, Summary, WorkerSummary};
+use crate::summary::{LabelledSummary, NfSummary, Summary, WorkerSummary};
 use arc_swap::ArcSwapOption;
 use flowstate_io::{PacketBatch, Sink, Source};
 use flowstate_nf::{
@@ -799,6 +799,25 @@ pub(crate) fn summarize(
             for &(k, v) in rep {
                 *nf.report.entry(k.to_owned()).or_default() += v;
             }
+            if let Some(g) = r.gauges.get(i) {
+                nf.gauges = g.iter().map(|&g| g.to_owned()).collect();
+            }
+            for l in r.labelled.get(i).into_iter().flatten() {
+                match nf
+                    .labelled
+                    .iter_mut()
+                    .find(|e| e.name == l.name && e.value == l.value)
+                {
+                    Some(e) => e.count += l.count,
+                    None => nf.labelled.push(LabelledSummary {
+                        name: l.name.to_owned(),
+                        label: l.label.to_owned(),
+                        value: l.value.clone(),
+                        count: l.count,
+                        gauge: l.gauge,
+                    }),
+                }
+            }
         }
         s.per_worker.push(WorkerSummary {
             index: r.index,
@@ -1061,6 +1080,8 @@ pub(crate) struct WorkerReport {
     busy: Duration,
     counters: Vec<NfCounters>,
     reports: Vec<Vec<(&'static str, i64)>>,
+    gauges: Vec<&'static [&'static str]>,
+    labelled: Vec<Vec<flowstate_nf::Labelled>>,
     state_flushes: u64,
     state_errors: u64,
     state_lost_ops: u64,
@@ -1212,6 +1233,8 @@ impl Worker {
             out: self.out,
             busy: self.busy,
             reports: self.nfs.iter().map(|nf| nf.report()).collect(),
+            gauges: self.nfs.iter().map(|nf| nf.gauges()).collect(),
+            labelled: self.nfs.iter().map(|nf| nf.report_labelled()).collect(),
             counters: self.counters.clone(),
             counts: self.counts.clone(),
             state_flushes: stats.flushes.load(Ordering::Relaxed),

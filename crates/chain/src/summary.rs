@@ -78,8 +78,37 @@ pub struct NfSummary {
     pub forwarded: u64,
     /// Packets it dropped, by reason.
     pub dropped: BTreeMap<String, u64>,
-    /// Its `report()`, summed over workers.
+    /// Its `report()`, summed over workers: counters, and the gauges `gauges` names.
     pub report: BTreeMap<String, i64>,
+    /// The entries of `report` that are gauges (levels: table fill, free ports), the others
+    /// being counters (totals since the start).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub gauges: Vec<String>,
+    /// Entries that vary by a label (the LB's per backend), summed over workers.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub labelled: Vec<LabelledSummary>,
+}
+
+/// One labelled report entry: `name{label="value"} count`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct LabelledSummary {
+    /// The entry (`backend_connections`).
+    pub name: String,
+    /// The label's name (`backend`).
+    pub label: String,
+    /// The label's value (`192.0.2.11:443`).
+    pub value: String,
+    /// The number, summed over workers.
+    pub count: i64,
+    /// Whether it is a gauge.
+    pub gauge: bool,
+}
+
+impl NfSummary {
+    /// Whether report entry `name` is a gauge.
+    pub fn is_gauge(&self, name: &str) -> bool {
+        self.gauges.iter().any(|g| g == name)
+    }
 }
 
 impl Summary {
@@ -99,17 +128,37 @@ impl Summary {
     }
 }
 
+/// The text summary: every number with what it counts. Zero report entries are left out of
+/// the text (the JSON has them all).
 impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "packets in       {:>12}", self.packets_in)?;
-        if self.reflected > 0 {
-            writeln!(f, "reflected        {:>12}", self.reflected)?;
-        }
+        let line = |f: &mut fmt::Formatter<'_>, name: &str, n: u64, what: &str| {
+            writeln!(f, "{name:<18} {n:>12}  {what}")
+        };
+        line(f, "packets in", self.packets_in, "read from the input")?;
         if self.skipped > 0 {
-            writeln!(f, "skipped inbound  {:>12}", self.skipped)?;
+            line(
+                f,
+                "  skipped inbound",
+                self.skipped,
+                "of them outside-to-inside, left out ([input] outbound_only)",
+            )?;
         }
-        writeln!(f, "packets out      {:>12}", self.packets_out)?;
-        writeln!(f, "dropped          {:>12}", self.dropped_total)?;
+        if self.reflected > 0 {
+            line(
+                f,
+                "reflected",
+                self.reflected,
+                "answers the reflect stage sent back through the chain, as the outside hosts",
+            )?;
+        }
+        line(
+            f,
+            "packets out",
+            self.packets_out,
+            "forwarded by the whole chain",
+        )?;
+        line(f, "dropped", self.dropped_total, "by an NF, or malformed")?;
         let width = self
             .dropped
             .keys()
@@ -117,7 +166,7 @@ impl fmt::Display for Summary {
             .chain(self.malformed.keys().map(|k| k.chars().count() + 10))
             .max()
             .unwrap_or(0)
-            .max(14);
+            .max(16);
         for (reason, n) in &self.dropped {
             writeln!(f, "  {reason:<width$} {n:>12}")?;
         }
@@ -127,8 +176,8 @@ impl fmt::Display for Summary {
         }
         writeln!(
             f,
-            "time             {:>12.3} s   {:.3} Mpps   {} worker(s), state: {}",
-            self.wall_s, self.mpps, self.workers, self.backend
+            "{:<18} {:>12.3}  s of processing, {:.3} Mpps (packets in per second), {} worker(s), state: {}",
+            "time", self.wall_s, self.mpps, self.workers, self.backend
         )?;
         for (name, n) in &self.live_box {
             writeln!(f, "  box {name:<20} {n:>12}")?;
@@ -143,17 +192,73 @@ impl fmt::Display for Summary {
         for nf in &self.nfs {
             writeln!(
                 f,
-                "nf {:<13} {:>12} in  {:>12} forwarded  {:>10} dropped",
+                "nf {:<15} {:>12} in  {:>12} forwarded  {:>10} dropped",
                 nf.name,
                 nf.packets_in,
                 nf.forwarded,
                 nf.dropped.values().sum::<u64>()
             )?;
-            // Zero counters are left out of the text (the JSON has them all).
-            for (k, v) in nf.report.iter().filter(|(_, v)| **v != 0) {
-                writeln!(f, "  {k:<28} {v:>12}")?;
+            let entries = |gauge: bool| {
+                nf.report
+                    .iter()
+                    .filter(move |(k, v)| **v != 0 && nf.is_gauge(k) == gauge)
+            };
+            for (title, gauge) in [("now", true), ("total", false)] {
+                for (i, (k, v)) in entries(gauge).enumerate() {
+                    let title = if i == 0 { title } else { "" };
+                    writeln!(f, "  {title:<6} {k:<28} {v:>12}")?;
+                }
             }
+            write_labelled(f, &nf.labelled)?;
         }
         Ok(())
     }
+}
+
+/// Labelled entries as a table per label: a row per label value, a column per entry (its
+/// name without the label's prefix: `backend_active` under `backend` is `active`).
+fn write_labelled(f: &mut fmt::Formatter<'_>, entries: &[LabelledSummary]) -> fmt::Result {
+    let mut labels: Vec<&str> = entries.iter().map(|e| e.label.as_str()).collect();
+    labels.dedup();
+    for label in labels {
+        let of_label = || entries.iter().filter(move |e| e.label == label);
+        let mut columns: Vec<&str> = Vec::new();
+        let mut rows: Vec<&str> = Vec::new();
+        for e in of_label() {
+            if !columns.contains(&e.name.as_str()) {
+                columns.push(&e.name);
+            }
+            if !rows.contains(&e.value.as_str()) {
+                rows.push(&e.value);
+            }
+        }
+        let short = |c: &str| {
+            c.strip_prefix(label)
+                .and_then(|c| c.strip_prefix('_'))
+                .unwrap_or(c)
+                .to_owned()
+        };
+        let width = rows
+            .iter()
+            .map(|r| r.len())
+            .max()
+            .unwrap_or(0)
+            .max(label.len());
+        write!(f, "  {label:<width$}")?;
+        for c in &columns {
+            write!(f, " {:>12}", short(c))?;
+        }
+        writeln!(f)?;
+        for r in rows {
+            write!(f, "  {r:<width$}")?;
+            for c in &columns {
+                let n = of_label()
+                    .find(|e| e.name == *c && e.value == r)
+                    .map_or(0, |e| e.count);
+                write!(f, " {n:>12}")?;
+            }
+            writeln!(f)?;
+        }
+    }
+    Ok(())
 }

@@ -432,11 +432,58 @@ fn examples_parse() {
                 continue;
             }
             assert!(!c.chain.is_empty(), "{}", path.display());
-            assert!(c.factories().is_ok());
+            every_nf_reports_what_it_declares(&c);
             n += 1;
         }
     }
     assert!(n >= 4, "examples/{{nat,firewall,lb,chain}}.toml");
+}
+
+/// Each NF of `c`, built for a worker: the gauges it names are entries of its report, report
+/// and labelled names are metric-safe (`snake_case`) and distinct, and its tables have
+/// columns.
+fn every_nf_reports_what_it_declares(c: &Config) {
+    let store = flowstate_state::local::LocalStore::new();
+    let mut part =
+        flowstate_state::Partition::new(&store, flowstate_state::StateConfig::default()).unwrap();
+    let snake = |n: &str| {
+        !n.is_empty()
+            && n.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    };
+    for f in c.factories().unwrap() {
+        let worker = flowstate_nf::WorkerInfo {
+            index: 0,
+            count: 1,
+            instance: 0,
+        };
+        let nf = f.build(&mut part.declare(f.name()), worker).unwrap();
+        let report: Vec<&str> = nf.report().iter().map(|(k, _)| *k).collect();
+        for g in nf.gauges() {
+            assert!(
+                report.contains(g),
+                "{}: gauge {g} not in {report:?}",
+                f.name()
+            );
+        }
+        let labelled: Vec<&str> = nf.report_labelled().iter().map(|l| l.name).collect();
+        for name in report.iter().chain(&labelled) {
+            assert!(snake(name), "{}: {name:?}", f.name());
+        }
+        let mut all = report.clone();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), report.len(), "{}: {report:?}", f.name());
+        assert!(labelled.iter().all(|l| !report.contains(l)), "{}", f.name());
+        for t in f.tables() {
+            assert!(
+                !t.columns.is_empty() && snake(t.name),
+                "{}.{}",
+                f.name(),
+                t.name
+            );
+        }
+    }
 }
 
 fn local() -> std::sync::Arc<dyn flowstate_state::Connector> {

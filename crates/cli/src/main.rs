@@ -86,7 +86,8 @@ struct DemoArgs {
     /// Number of flows.
     #[arg(long, default_value_t = 20_000)]
     flows: u64,
-    /// Number of packets the clients send (the outside hosts' answers come on top).
+    /// Packets of the synthetic trace, both directions (its outside-to-inside half is
+    /// skipped: the reflect stage answers the clients' packets instead).
     #[arg(long, default_value_t = 1_000_000)]
     packets: u64,
     /// Workers (default: all cores).
@@ -277,8 +278,11 @@ fn demo(a: DemoArgs) -> Result<()> {
     }
     if !a.json {
         eprintln!(
-            "flowstate demo: {} packets of {} client flows through firewall -> NAT -> load balancer, \
-             {} workers, state on the embedded store; the outside hosts answer",
+            "flowstate demo: a synthetic trace of {} packets in {} flows through firewall -> NAT -> \
+             load balancer, {} workers, state on the embedded store.\n\
+             The trace's outside-to-inside packets are addressed to the clients' inside addresses, \
+             which a NAT never receives: they are skipped, and the reflect stage answers each \
+             packet that leaves the chain as its outside host would, back through the chain.",
             a.packets, a.flows, config.runtime.workers
         );
     }
@@ -290,6 +294,14 @@ fn demo(a: DemoArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
         print!("{summary}");
+        if let Some(lb) = summary.nfs.iter().find(|n| n.name == "lb") {
+            println!(
+                "(lb: its {} flows are the connections addressed to one of its VIPs; the rest of \
+                 the traffic passes it untouched. \"now\" entries are levels at the end, \"total\" \
+                 entries counts since the start.)",
+                lb.report.get("flows").copied().unwrap_or(0)
+            );
+        }
     }
     Ok(())
 }

@@ -83,6 +83,9 @@ impl Provider for ChainProvider {
 /// How long `/api/v1/tables/NF/TABLE` waits for every worker's rows.
 pub(crate) const TABLE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
+const NF_GAUGE: &str = "A level an NF reports (table fill, free ports), summed over workers.";
+const NF_COUNTER: &str = "A total an NF counts, summed over workers.";
+
 /// The metrics of a run's summary.
 pub(crate) fn chain_metrics(s: &Summary, m: &mut Metrics) {
     let backend = s.backend.as_str();
@@ -157,16 +160,24 @@ pub(crate) fn chain_metrics(s: &Summary, m: &mut Metrics) {
                 *n,
             );
         }
+        // An NF's own report, summed over workers: the gauges it names (its tables' fill,
+        // free pool ports) and counters (-1: the NF could not read it from its state).
         for (key, v) in &nf.report {
-            // An NF's own report: its tables' fill (sessions, connections, flows, pool ports
-            // free) and its counters, summed over workers. NFs do not declare which entries
-            // are counters, so all are gauges (-1: the NF could not read it from its state).
-            m.gauge(
-                &format!("nf_{key}"),
-                "An NF's own report entry, summed over workers (see the NF's documentation).",
-                &[("nf", name)],
-                *v,
-            );
+            let metric = format!("nf_{key}");
+            if nf.is_gauge(key) {
+                m.gauge(&metric, NF_GAUGE, &[("nf", name)], *v);
+            } else {
+                m.counter(&metric, NF_COUNTER, &[("nf", name)], (*v).max(0) as u64);
+            }
+        }
+        for l in &nf.labelled {
+            let metric = format!("nf_{}", l.name);
+            let labels: &[(&str, &str)] = &[("nf", name), (&l.label, &l.value)];
+            if l.gauge {
+                m.gauge(&metric, NF_GAUGE, labels, l.count);
+            } else {
+                m.counter(&metric, NF_COUNTER, labels, l.count.max(0) as u64);
+            }
         }
     }
     for w in &s.per_worker {
@@ -388,7 +399,15 @@ mod tests {
                 packets_in: 10,
                 forwarded: 8,
                 dropped: [("firewall: not allowed".to_owned(), 2)].into(),
-                report: [("connections".to_owned(), 3)].into(),
+                report: [("tracked".to_owned(), 3), ("conns_opened".to_owned(), 5)].into(),
+                gauges: vec!["tracked".into()],
+                labelled: vec![flowstate_chain::LabelledSummary {
+                    name: "backend_active".into(),
+                    label: "backend".into(),
+                    value: "10.0.0.1:80".into(),
+                    count: 2,
+                    gauge: true,
+                }],
             }],
             live_box: [
                 ("inside_rx_packets".to_owned(), 6),
@@ -405,7 +424,11 @@ mod tests {
             "flowstate_output_packets_total 8\n",
             "flowstate_nf_packets_total{nf=\"firewall\"} 10\n",
             "flowstate_drops_total{nf=\"firewall\",reason=\"not allowed\"} 2\n",
-            "flowstate_nf_connections{nf=\"firewall\"} 3\n",
+            "flowstate_nf_tracked{nf=\"firewall\"} 3\n",
+            "# TYPE flowstate_nf_tracked gauge\n",
+            "flowstate_nf_conns_opened_total{nf=\"firewall\"} 5\n",
+            "# TYPE flowstate_nf_conns_opened counter\n",
+            "flowstate_nf_backend_active{nf=\"firewall\",backend=\"10.0.0.1:80\"} 2\n",
             "flowstate_packets_total{port=\"inside\",direction=\"rx\"} 6\n",
             "flowstate_box_arp_answered_total 1\n",
         ] {

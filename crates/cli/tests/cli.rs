@@ -251,10 +251,17 @@ fn demo_runs_the_chain_with_state_at_work() {
         s["reflected"],
         "every answer is translated back"
     );
-    let lb = nf("lb")["report"].clone();
+    let lb = nf("lb")["labelled"].as_array().unwrap().clone();
     let spread: Vec<u64> = ["192.0.2.11:443", "192.0.2.12:443", "192.0.2.13:443"]
         .iter()
-        .map(|b| lb[format!("{b} connections")].as_u64().unwrap())
+        .map(|b| {
+            let e = lb
+                .iter()
+                .find(|e| e["name"] == "backend_connections" && e["value"] == *b)
+                .unwrap_or_else(|| panic!("{b} in {lb:?}"));
+            assert_eq!(e["label"], "backend");
+            e["count"].as_u64().unwrap()
+        })
         .collect();
     assert!(
         spread.iter().all(|&n| n > 0),

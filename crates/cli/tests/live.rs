@@ -966,12 +966,22 @@ fn a_live_nat_box_is_scraped_mid_run_and_agrees_with_its_summary() {
             s["live_box"]["outside_tx_packets"].as_u64(),
         ),
         (
-            "flowstate_nf_translations{nf=\"nat\"}".to_owned(),
+            "flowstate_nf_translations_total{nf=\"nat\"}".to_owned(),
             nf("nat")["report"]["translations"]
                 .as_i64()
                 .map(|v| v as u64),
         ),
     ];
+    // A gauge: the NAT's sessions now (never more than it ever translated).
+    let sessions = "flowstate_nf_active_sessions{nf=\"nat\"}";
+    assert!(
+        second.get(sessions).is_some_and(|&v| v >= 1.0),
+        "{second:?}"
+    );
+    assert_eq!(
+        nf("nat")["gauges"],
+        serde_json::json!(["active_mappings", "active_sessions", "pool_free"])
+    );
     for (series, last) in checks {
         let last = last.unwrap_or_else(|| panic!("{series}: in the summary {s}")) as f64;
         for (when, m) in [("mid-run", &first), ("after the download", &second)] {

@@ -1331,6 +1331,22 @@ impl NetworkFunction for Firewall {
         out.push(("conns_expired", self.expired.get().unwrap_or(-1)));
         out
     }
+
+    fn gauges(&self) -> &'static [&'static str] {
+        &[
+            "tracked",
+            "conns_syn_sent",
+            "conns_syn_recv",
+            "conns_established",
+            "conns_fin_wait",
+            "conns_close_wait",
+            "conns_last_ack",
+            "conns_time_wait",
+            "conns_close",
+            "conns_unreplied",
+            "conns_replied",
+        ]
+    }
 }
 
 #[cfg(test)]

@@ -817,6 +817,10 @@ impl NetworkFunction for Ips {
         out
     }
 
+    fn gauges(&self) -> &'static [&'static str] {
+        &["stream_bytes_buffered", "buffered_bytes", "connections"]
+    }
+
     fn entries(&self) -> u64 {
         self.flows.cached_len() as u64
     }

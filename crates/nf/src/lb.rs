@@ -23,7 +23,8 @@
 use crate::listing::{Cell, Row, StoreReader, TableInfo};
 use crate::nat::{be16, checksum_update};
 use crate::{
-    BuildError, Context, Direction, NetworkFunction, NfFactory, Packet, Verdict, WorkerInfo,
+    BuildError, Context, Direction, Labelled, NetworkFunction, NfFactory, Packet, Verdict,
+    WorkerInfo,
 };
 use flowstate_state::{
     Access, Codec, CodecError, Counter, CounterMap, Declare, Map, Nanos, Scope, StateError,
@@ -300,8 +301,8 @@ struct Compiled {
     /// Addresses (with protocols) of VIPs and backends: fragments to or from them are dropped.
     vip_hosts: HashSet<(IpAddr, u8), FastHash>,
     backend_hosts: HashSet<(IpAddr, u8), FastHash>,
-    /// Distinct backends with their report names (active, connections).
-    report: Vec<(BackendAddr, &'static str, &'static str)>,
+    /// Distinct backends, in configuration order.
+    report: Vec<BackendAddr>,
     tcp: Duration,
     tcp_fin: Duration,
     udp: Duration,
@@ -444,14 +445,8 @@ impl Factory {
                     .or_default()
                     .push((i, bi as u16));
                 c.backend_hosts.insert((b.addr, vip.proto));
-                if !c.report.iter().any(|r| r.0 == b.key()) {
-                    // Report names are built once per configuration and live as long as the
-                    // process (report() hands out `&'static str`).
-                    let name = SocketAddr::from(b.key());
-                    let active: &'static str = Box::leak(format!("{name} active").into_boxed_str());
-                    let total: &'static str =
-                        Box::leak(format!("{name} connections").into_boxed_str());
-                    c.report.push((b.key(), active, total));
+                if !c.report.contains(&b.key()) {
+                    c.report.push(b.key());
                 }
             }
             c.vips.push(vip);
@@ -540,7 +535,7 @@ impl NfFactory for Factory {
                 let active = sums(store.counter_map("active")?);
                 let conns = sums(store.counter_map("connections")?);
                 let bytes = sums(store.counter_map("bytes")?);
-                for &(b, ..) in &self.0.report {
+                for &b in &self.0.report {
                     let n = |m: &HashMap<BackendAddr, i64>| m.get(&b).copied().unwrap_or(0);
                     out.push(backend_row(b, n(&active), n(&conns), n(&bytes)));
                 }
@@ -742,7 +737,7 @@ impl LoadBalancer {
         self.cfg
             .report
             .iter()
-            .map(|&(b, _, _)| BackendStats {
+            .map(|&b| BackendStats {
                 backend: b,
                 active: self.active.get(&b).unwrap_or(-1),
                 connections: self.connections.get(&b).unwrap_or(-1),
@@ -1188,15 +1183,38 @@ impl NetworkFunction for LoadBalancer {
     }
 
     fn report(&self) -> Vec<(&'static str, i64)> {
-        let mut out = vec![("flows", self.affinity.cached_len() as i64)];
-        for &(b, active, total) in &self.cfg.report {
-            out.push((active, self.active.get(&b).unwrap_or(-1)));
-            out.push((total, self.connections.get(&b).unwrap_or(-1)));
+        vec![
+            ("flows", self.affinity.cached_len() as i64),
+            (
+                "untracked_replies",
+                self.untracked_replies.get().unwrap_or(-1),
+            ),
+        ]
+    }
+
+    fn gauges(&self) -> &'static [&'static str] {
+        &["flows"]
+    }
+
+    /// Per backend: `backend_active` (gauge), `backend_connections`, `backend_bytes`.
+    fn report_labelled(&self) -> Vec<Labelled> {
+        let mut out = Vec::with_capacity(3 * self.cfg.report.len());
+        for s in self.backend_stats() {
+            let value = SocketAddr::from(s.backend).to_string();
+            for (name, count, gauge) in [
+                ("backend_active", s.active, true),
+                ("backend_connections", s.connections, false),
+                ("backend_bytes", s.bytes, false),
+            ] {
+                out.push(Labelled {
+                    name,
+                    label: "backend",
+                    value: value.clone(),
+                    count,
+                    gauge,
+                });
+            }
         }
-        out.push((
-            "untracked_replies",
-            self.untracked_replies.get().unwrap_or(-1),
-        ));
         out
     }
 }

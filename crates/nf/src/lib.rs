@@ -99,8 +99,21 @@ pub trait NetworkFunction {
         let _ = now;
     }
 
-    /// Counters worth showing an operator (`name`, value), e.g. translations, active flows.
+    /// Numbers worth showing an operator (`name`, value), e.g. translations, active flows:
+    /// counters (they only grow) unless [`NetworkFunction::gauges`] names them. Names are
+    /// `snake_case` (they become metric names); -1: the NF could not read it from its state.
     fn report(&self) -> Vec<(&'static str, i64)> {
+        Vec::new()
+    }
+
+    /// The entries of [`NetworkFunction::report`] that are gauges: levels that go up and down
+    /// (table fill, free ports, bytes buffered). Default: none.
+    fn gauges(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// Report entries that vary by a label (the LB's counts per backend). Default: none.
+    fn report_labelled(&self) -> Vec<Labelled> {
         Vec::new()
     }
 
@@ -117,6 +130,21 @@ pub trait NetworkFunction {
     fn list(&self, table: &str, now: Nanos, out: &mut Vec<listing::Row>) {
         let _ = (table, now, out);
     }
+}
+
+/// A report entry that varies by a label: `name{label="value"} count`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Labelled {
+    /// The entry (`backend_connections`).
+    pub name: &'static str,
+    /// The label's name (`backend`).
+    pub label: &'static str,
+    /// The label's value (`192.0.2.11:443`).
+    pub value: String,
+    /// The number.
+    pub count: i64,
+    /// Whether it is a gauge (a level) rather than a counter.
+    pub gauge: bool,
 }
 
 /// Where a worker's NF instance runs.

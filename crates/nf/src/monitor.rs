@@ -189,4 +189,8 @@ impl NetworkFunction for Monitor {
             ("state_errors", self.state_errors),
         ]
     }
+
+    fn gauges(&self) -> &'static [&'static str] {
+        &["active_flows"]
+    }
 }

@@ -1221,6 +1221,10 @@ impl NetworkFunction for Nat {
         }
         r
     }
+
+    fn gauges(&self) -> &'static [&'static str] {
+        &["active_mappings", "active_sessions", "pool_free"]
+    }
 }
 
 // ------------------------------------------------------------------------------------------

@@ -889,6 +889,10 @@ impl NetworkFunction for Portscan {
         }
         out
     }
+
+    fn gauges(&self) -> &'static [&'static str] {
+        &["sources_tracked", "attempts_pending", "contacts"]
+    }
 }
 
 // ------------------------------------------------------------------------------------------

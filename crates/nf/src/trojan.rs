@@ -995,6 +995,10 @@ impl NetworkFunction for Trojan {
             ("state_errors", self.state_errors),
         ]
     }
+
+    fn gauges(&self) -> &'static [&'static str] {
+        &["hosts", "tcp_connections"]
+    }
 }
 
 #[cfg(test)]

@@ -62,8 +62,8 @@ fn least_loaded_spreads_new_connections_evenly() {
     assert_eq!(per[&b("10.1.0.1:80")], 50);
     assert_eq!(per[&b("10.1.0.2:8080")], 50);
     assert_eq!(stats(&rig)[&b("10.1.0.1:80")], (50, 50));
-    assert_eq!(rig.report("10.1.0.1:80 active"), 50);
-    assert_eq!(rig.report("10.1.0.2:8080 connections"), 50);
+    assert_eq!(rig.labelled("backend_active", "10.1.0.1:80"), 50);
+    assert_eq!(rig.labelled("backend_connections", "10.1.0.2:8080"), 50);
     assert_eq!(rig.report("flows"), 100);
 }
 

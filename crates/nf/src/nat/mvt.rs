@@ -742,6 +742,10 @@ impl NetworkFunction for MvtNat {
         }
         r
     }
+
+    fn gauges(&self) -> &'static [&'static str] {
+        &["active_mappings", "active_sessions", "pool_free"]
+    }
 }
 
 #[cfg(test)]

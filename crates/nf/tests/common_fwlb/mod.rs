@@ -177,6 +177,16 @@ impl<N: NetworkFunction> Rig<N> {
             .unwrap_or_else(|| panic!("no {name} in the report"))
             .1
     }
+
+    /// A labelled report entry (`backend_active` of backend `value`).
+    pub(crate) fn labelled(&self, name: &str, value: &str) -> i64 {
+        self.nf
+            .report_labelled()
+            .into_iter()
+            .find(|l| l.name == name && l.value == value)
+            .unwrap_or_else(|| panic!("no {name}{{{value}}} in the report"))
+            .count
+    }
 }
 
 /// Checks a forwarded frame against the dissection the NF left and the checksum status it had
