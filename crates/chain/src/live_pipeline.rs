@@ -31,6 +31,7 @@ use crate::config::{Config, LivePort};
 use crate::live::Stop;
 use crate::pipeline::{PipelineSummary, TableSummary};
 use crate::Error;
+use arc_swap::ArcSwapOption;
 use flowstate_fastpath::full::{self, FullTables};
 use flowstate_fastpath::xdp::{XdpError, XdpFastPath, CIRC_BYTES, SEARCH_BYTES};
 use flowstate_io::afpacket::{interface_info, AfPacket, AfPacketOptions};
@@ -131,6 +132,7 @@ pub fn run_pipeline_live(
     inside: &LivePort,
     outside: &LivePort,
     stop: Stop,
+    publish: Option<&ArcSwapOption<PipelineSummary>>,
 ) -> Result<PipelineSummary, Error> {
     let (fp, rules) = crate::pipeline::section(config)?;
     let pipeline = &fp.pipeline;
@@ -200,7 +202,23 @@ pub fn run_pipeline_live(
         })
         .collect();
     let start = Instant::now();
+    let mut next_publish = start;
     while !stop.stopped() {
+        if let Some(slot) = publish {
+            let now = Instant::now();
+            if now >= next_publish {
+                next_publish = now + crate::observe::PUBLISH_EVERY;
+                let so_far = finish(
+                    summary.clone(),
+                    live.clone(),
+                    &xdp,
+                    start,
+                    pipeline,
+                    &loaded.rules,
+                )?;
+                slot.store(Some(Arc::new(so_far)));
+            }
+        }
         // SAFETY: `fds` is a valid array of pollfd for the call's duration.
         let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 100) };
         if ready < 0 {
@@ -242,8 +260,24 @@ pub fn run_pipeline_live(
             }
         }
     }
-    summary.seconds = start.elapsed().as_secs_f64();
+    let summary = finish(summary, live, &xdp, start, pipeline, &loaded.rules)?;
+    if let Some(slot) = publish {
+        slot.store(Some(Arc::new(summary.clone())));
+    }
+    Ok(summary)
+}
 
+/// The summary so far: what the slow path counted (`summary`, `live`) and what the program
+/// counts, read from its maps now.
+fn finish(
+    mut summary: PipelineSummary,
+    mut live: crate::pipeline::LiveCounters,
+    xdp: &XdpFastPath,
+    start: Instant,
+    pipeline: &flowstate_fastpath::table::Pipeline,
+    rules: &[usize],
+) -> Result<PipelineSummary, Error> {
+    summary.seconds = start.elapsed().as_secs_f64();
     let c = xdp.counters().map_err(xdp_err)?;
     summary.packets_in = (c.fast.passes + c.unmatched).saturating_sub(live.answered);
     summary.packets_out = c.forwarded + c.unmatched;
@@ -259,7 +293,7 @@ pub fn run_pipeline_live(
         let s = xdp.cache_stats(t).map_err(xdp_err)?;
         summary.tables.push(TableSummary {
             name: table.name.clone(),
-            rules: loaded.rules[t] as u64,
+            rules: rules.get(t).copied().unwrap_or(0) as u64,
             cached: xdp.cached(t) as u64,
             hits: s.hits,
             misses: s.misses,

@@ -58,12 +58,6 @@ pub(crate) fn run(args: &RunArgs) -> Result<()> {
     let connector = crate::backends::connect(&config.file, &config.state, loaded.backend)?;
     let listen = args.metrics.or(config.telemetry.listen);
     if config.fastpath.is_some() {
-        if let Some(a) = listen {
-            tracing::warn!(
-                addr = %a,
-                "metrics are not exported for a [fastpath] table pipeline yet; no listener"
-            );
-        }
         #[cfg(target_os = "linux")]
         if let (Input::Interface(inside), Output::Interface(outside)) =
             (&config.input, &config.output)
@@ -72,15 +66,37 @@ pub(crate) fn run(args: &RunArgs) -> Result<()> {
             if let Err(e) = Stop::on_signals() {
                 tracing::warn!("cannot catch SIGINT/SIGTERM: {e}");
             }
+            let published = std::sync::Arc::new(arc_swap::ArcSwapOption::empty());
+            let server = match listen {
+                Some(addr) => {
+                    let provider = crate::telemetry::PipelineProvider(published.clone());
+                    Some(crate::telemetry::serve(
+                        addr,
+                        std::sync::Arc::new(provider),
+                    )?)
+                }
+                None => None,
+            };
             let summary = flowstate_chain::live_pipeline::run_pipeline_live(
                 &config,
                 connector,
                 inside,
                 outside,
                 Stop::new(),
+                server.is_some().then_some(&*published),
             );
+            if let Some(s) = server {
+                s.stop();
+            }
             bar.finish_and_clear();
             return print_summary(&summary?, args.json);
+        }
+        if let Some(a) = listen {
+            tracing::warn!(
+                addr = %a,
+                "an offline [fastpath] run exports no metrics (it ends when its input does); \
+                 no listener"
+            );
         }
         let summary = flowstate_chain::pipeline::run_pipeline(&config, connector, Some(&progress));
         bar.finish_and_clear();

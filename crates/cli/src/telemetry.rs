@@ -268,6 +268,149 @@ fn live_box_metric(key: &str, v: u64, m: &mut Metrics) {
     }
 }
 
+/// A table pipeline in XDP on a live box (`[fastpath]`), seen through the summary its slow
+/// path publishes every 100 ms.
+pub(crate) struct PipelineProvider(
+    pub(crate) Arc<arc_swap::ArcSwapOption<flowstate_chain::pipeline::PipelineSummary>>,
+);
+
+impl Provider for PipelineProvider {
+    fn info(&self) -> Info {
+        Info {
+            role: "pipeline".into(),
+            document: "summary".into(),
+        }
+    }
+
+    fn metrics(&self, m: &mut Metrics) {
+        m.gauge("up", "1 while the process serves its metrics.", &[], 1);
+        let Some(s) = self.0.load_full() else { return };
+        m.gauge(
+            "run_info",
+            "The run's settings as labels; the value is 1.",
+            &[("backend", &s.backend), ("mode", &s.mode)],
+            1,
+        );
+        m.counter_f64(
+            "run_seconds",
+            "Time since the pipeline started.",
+            &[],
+            s.seconds,
+        );
+        for (name, help, v) in [
+            (
+                "input_packets",
+                "Packets the tables saw (each once, however often it circulated).",
+                s.packets_in,
+            ),
+            (
+                "output_packets",
+                "Packets forwarded or passed unmatched.",
+                s.packets_out,
+            ),
+            (
+                "pipeline_dropped_packets",
+                "Packets a table dropped.",
+                s.dropped,
+            ),
+            (
+                "pipeline_unmatched_packets",
+                "Packets the tables cannot match (ARP, ICMP, IPv6, later fragments), passed on.",
+                s.unmatched,
+            ),
+            (
+                "pipeline_fast_path_only_packets",
+                "Packets done in the fast path without a circulation.",
+                s.fast_path_only,
+            ),
+            (
+                "pipeline_circulations",
+                "Circulations to the slow path.",
+                s.circulations,
+            ),
+            (
+                "pipeline_searches",
+                "Full-table searches the slow path answered.",
+                s.searches,
+            ),
+            (
+                "pipeline_link_bytes",
+                "Bytes between fast and slow path, both ways.",
+                s.link_bytes,
+            ),
+            (
+                "pipeline_bloom_guesses",
+                "Branches chosen by the 2D Bloom filters.",
+                s.bloom_guesses,
+            ),
+            (
+                "pipeline_bloom_false_positives",
+                "Bloom false positives detected.",
+                s.bloom_unsure,
+            ),
+        ] {
+            m.counter(name, help, &[], v);
+        }
+        if let Some(l) = &s.live {
+            for (reason, v) in [
+                ("malformed", l.malformed),
+                ("forged", l.forged),
+                ("no_room", l.no_room),
+                ("no_socket", l.no_socket),
+            ] {
+                m.counter(
+                    "pipeline_lost_frames",
+                    "Frames between the program and the slow path dropped, by reason.",
+                    &[("reason", reason)],
+                    v,
+                );
+            }
+        }
+        for t in &s.tables {
+            let l: &[(&str, &str)] = &[("table", &t.name)];
+            m.gauge(
+                "table_rules",
+                "Rules in a table's full copy.",
+                l,
+                t.rules as i64,
+            );
+            m.gauge(
+                "table_cached_entries",
+                "Entries in a table's fast-path cache.",
+                l,
+                t.cached as i64,
+            );
+            for (result, v) in [("hit", t.hits), ("miss", t.misses)] {
+                m.counter(
+                    "table_lookups",
+                    "Fast-path cache lookups of a table, by result.",
+                    &[("table", &t.name), ("result", result)],
+                    v,
+                );
+            }
+            m.counter(
+                "table_installs",
+                "Entries installed in a table's cache.",
+                l,
+                t.installed,
+            );
+            m.counter(
+                "table_evictions",
+                "Entries evicted from a table's cache.",
+                l,
+                t.evicted,
+            );
+        }
+    }
+
+    fn api(&self, name: &str) -> Option<String> {
+        let s = self.0.load_full();
+        (name == "summary").then(|| {
+            serde_json::to_string_pretty(&s.as_deref().cloned().unwrap_or_default()).ok()
+        })?
+    }
+}
+
 /// `flowstate store` seen through its counters.
 pub(crate) struct StoreProvider(pub(crate) flowstate_store::CountersHandle);
 

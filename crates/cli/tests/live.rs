@@ -800,7 +800,12 @@ fn a_table_pipeline_in_xdp_filters_and_rewrites_real_tcp() {
         .unwrap();
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/live-hypersfc.toml");
     // The kernel routes pings by itself: the box is up once the virtual address answers.
-    live.start_box(&std::fs::read_to_string(example).unwrap(), SERVER);
+    let metrics = "127.0.0.1:9464";
+    live.start_box_with(
+        &std::fs::read_to_string(example).unwrap(),
+        SERVER,
+        &["--metrics", metrics],
+    );
     let up = (0..40).any(|_| {
         let url = format!("http://{VIP}:{HTTP_PORT}/{}", files[0].0);
         let ok = live
@@ -834,7 +839,33 @@ fn a_table_pipeline_in_xdp_filters_and_rewrites_real_tcp() {
     let o = live.client(&["curl", "-s", "-m", "2", &format!("http://{SERVER}:8081/")]);
     assert_eq!(o.status.code(), Some(28), "{o:?}");
 
+    // Its metrics while it runs (published every 100 ms), checked against the final summary.
+    std::thread::sleep(Duration::from_millis(300));
+    let page = parse_exposition(&live.get(metrics, "/metrics"));
     let s = live.stop_box();
+    let scraped = |series: &str| -> f64 {
+        *page
+            .get(series)
+            .unwrap_or_else(|| panic!("{series} in {page:?}"))
+    };
+    let circulations = scraped("flowstate_pipeline_circulations_total");
+    assert!(circulations >= 4.0 && circulations <= s["circulations"].as_f64().unwrap());
+    assert!(scraped("flowstate_pipeline_dropped_packets_total") >= 1.0);
+    for t in s["tables"].as_array().unwrap() {
+        let name = t["name"].as_str().unwrap();
+        let hits = scraped(&format!(
+            "flowstate_table_lookups_total{{table=\"{name}\",result=\"hit\"}}"
+        ));
+        assert!(
+            hits > 0.0 && hits <= t["hits"].as_f64().unwrap(),
+            "{name}: {hits} {t}"
+        );
+        assert_eq!(
+            scraped(&format!("flowstate_table_rules{{table=\"{name}\"}}")),
+            t["rules"].as_f64().unwrap()
+        );
+    }
+
     let n = |k: &str| s[k].as_u64().unwrap_or_else(|| panic!("{k} in {s}"));
     let l = |k: &str| {
         s["live"][k]
