@@ -7,6 +7,7 @@
 //! the instances' counters (`root.json`, `instance-K.json`), the controller's command socket
 //! and, with `store = "managed"`, the store's data.
 
+use crate::telemetry::{ClusterRoleProvider, INSTANCE_GAUGES, ROOT_GAUGES};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use flowstate_chain::config::{BackendKind, Input, Output};
@@ -523,18 +524,60 @@ fn role_root(dir: &Dir, path: &Path) -> Result<()> {
     let mut store = connector_when_up(&d.config)?.connect()?;
     let epoch = flowstate_cluster::root::take_epoch(store.as_mut())?;
     drop(store);
+    let (stats, _server) = stats_sink(dir.file("root.json"), &d.config, "root", ROOT_GAUGES)?;
     let o = flowstate_cluster::root::RootOptions {
         section: d.section.clone(),
         inside: inside.clone(),
         outside: outside.clone(),
         inside_prefixes: d.config.runtime.inside_prefixes(),
-        stats_file: Some(dir.file("root.json")),
+        stats,
         epoch,
     };
     let stages = d.config.stage_factories()?;
     let stats = flowstate_cluster::root::run_root(&o, &stages, Stop::new())?;
     eprintln!("root stopped: {stats:?}");
     Ok(())
+}
+
+/// Where a role's stats go: its file for `cluster status`, and with `[telemetry] listen` a
+/// metrics listener in the role's own namespace (each has its own loopback), served while
+/// the returned server is kept.
+fn stats_sink(
+    file: PathBuf,
+    config: &Config,
+    role: &'static str,
+    gauges: &'static [&'static str],
+) -> Result<(
+    flowstate_cluster::StatsSink,
+    Option<flowstate_telemetry::Server>,
+)> {
+    let mut sink = flowstate_cluster::StatsSink {
+        file: Some(file),
+        slot: None,
+    };
+    let Some(addr) = config.telemetry.listen else {
+        return Ok((sink, None));
+    };
+    let slot = std::sync::Arc::new(arc_swap::ArcSwapOption::empty());
+    let provider = ClusterRoleProvider {
+        role,
+        gauges,
+        slot: slot.clone(),
+    };
+    let provider: std::sync::Arc<dyn flowstate_telemetry::Provider> = std::sync::Arc::new(provider);
+    // A role restarted after a crash may find its predecessor's listener still closing (a
+    // SIGKILLed root's socket outlived its process by a moment in the lab): wait for it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let server = loop {
+        match flowstate_telemetry::Server::start(addr, provider.clone()) {
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            r => break crate::telemetry::serve_started(addr, r)?,
+        }
+    };
+    sink.slot = Some(slot);
+    Ok((sink, Some(server)))
 }
 
 /// Opens the store, retrying while it starts (a managed store comes up beside the roles).
@@ -568,6 +611,12 @@ fn role_instance(dir: &Dir, path: &Path, id: u32, stage: u32) -> Result<()> {
     };
     Stop::on_signals().context("catching SIGINT/SIGTERM")?;
     let connector = connector_when_up(&d.config)?;
+    let (stats, _server) = stats_sink(
+        dir.file(&format!("instance-{id}.json")),
+        &d.config,
+        "instance",
+        INSTANCE_GAUGES,
+    )?;
     let o = flowstate_cluster::serve::ServeOptions {
         section: d.section.clone(),
         id,
@@ -575,7 +624,7 @@ fn role_instance(dir: &Dir, path: &Path, id: u32, stage: u32) -> Result<()> {
         address: flowstate_lab::instance_addr(id),
         flush_interval: d.config.state.flush_interval,
         retain_ops: d.config.state.retain_ops,
-        stats_file: Some(dir.file(&format!("instance-{id}.json"))),
+        stats,
     };
     flowstate_cluster::serve::run_instance(&o, chain, connector, Stop::new())?;
     Ok(())

@@ -14,8 +14,12 @@ use std::sync::Arc;
 
 /// Starts the listener and says where it is on stderr.
 pub(crate) fn serve(addr: SocketAddr, provider: Arc<dyn Provider>) -> Result<Server> {
-    let server = Server::start(addr, provider)
-        .with_context(|| format!("--metrics {addr}: cannot listen"))?;
+    serve_started(addr, Server::start(addr, provider))
+}
+
+/// [`serve`] for a listener already started (or not).
+pub(crate) fn serve_started(addr: SocketAddr, started: std::io::Result<Server>) -> Result<Server> {
+    let server = started.with_context(|| format!("--metrics {addr}: cannot listen"))?;
     let at = server.local_addr();
     eprintln!("flowstate: metrics on http://{at}/metrics, dashboard on http://{at}/");
     Ok(server)
@@ -407,6 +411,103 @@ impl Provider for PipelineProvider {
         let s = self.0.load_full();
         (name == "summary").then(|| {
             serde_json::to_string_pretty(&s.as_deref().cloned().unwrap_or_default()).ok()
+        })?
+    }
+}
+
+/// A cluster role (root, instance) seen through the stats it publishes (the same document
+/// `flowstate cluster status` reads from its file): each number becomes
+/// `flowstate_<role>_<field>`, a gauge if `gauges` names it, else a counter; a map of numbers
+/// (`drop_reasons`) a labelled counter; `partitions` the number owned; `assignment_versions`
+/// a gauge per stage. `pid`, `id` and `stage` are labels of `<role>_info`.
+pub(crate) struct ClusterRoleProvider {
+    pub(crate) role: &'static str,
+    pub(crate) gauges: &'static [&'static str],
+    pub(crate) slot: Arc<arc_swap::ArcSwapOption<serde_json::Value>>,
+}
+
+/// The root's stats that are levels.
+pub(crate) const ROOT_GAUGES: &[&str] = &[
+    "moving",
+    "root_epoch",
+    "clock",
+    "ready_ms",
+    "move_ms_p50",
+    "held",
+];
+
+/// An instance's stats that are levels.
+pub(crate) const INSTANCE_GAUGES: &[&str] = &["load", "assignment_version"];
+
+impl Provider for ClusterRoleProvider {
+    fn info(&self) -> Info {
+        Info {
+            role: self.role.into(),
+            document: "stats".into(),
+        }
+    }
+
+    fn metrics(&self, m: &mut Metrics) {
+        m.gauge("up", "1 while the process serves its metrics.", &[], 1);
+        let Some(stats) = self.slot.load_full() else {
+            return;
+        };
+        let Some(fields) = stats.as_object() else {
+            return;
+        };
+        let role = self.role;
+        let text = |k: &str| fields.get(k).map(|v| v.to_string()).unwrap_or_default();
+        let (pid, id, stage) = (text("pid"), text("id"), text("stage"));
+        let mut labels: Vec<(&str, &str)> = vec![("pid", &pid)];
+        if fields.contains_key("id") {
+            labels.extend([("id", id.as_str()), ("stage", stage.as_str())]);
+        }
+        m.gauge(
+            &format!("{role}_info"),
+            "This role's identity as labels; the value is 1.",
+            &labels,
+            1,
+        );
+        let help = format!("A {role}'s own number (see flowstate cluster status).");
+        for (k, v) in fields {
+            let name = format!("{role}_{k}");
+            match v {
+                serde_json::Value::Number(n) if !matches!(k.as_str(), "pid" | "id" | "stage") => {
+                    if self.gauges.contains(&k.as_str()) {
+                        m.gauge_f64(&name, &help, &[], n.as_f64().unwrap_or(0.0));
+                    } else {
+                        m.counter(&name, &help, &[], n.as_u64().unwrap_or(0));
+                    }
+                }
+                serde_json::Value::Object(map) => {
+                    for (reason, n) in map {
+                        m.counter(&name, &help, &[("reason", reason)], n.as_u64().unwrap_or(0));
+                    }
+                }
+                serde_json::Value::Array(items) if k == "partitions" => {
+                    m.gauge(
+                        &name,
+                        "Traffic partitions this instance owns now.",
+                        &[],
+                        items.len() as i64,
+                    );
+                }
+                serde_json::Value::Array(items) => {
+                    for (i, n) in items.iter().enumerate() {
+                        let stage = i.to_string();
+                        m.gauge(&name, &help, &[("stage", &stage)], n.as_i64().unwrap_or(0));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn api(&self, name: &str) -> Option<String> {
+        let stats = self.slot.load_full();
+        (name == "stats").then(|| {
+            let v = stats.as_deref().cloned().unwrap_or(serde_json::Value::Null);
+            serde_json::to_string_pretty(&v).ok()
         })?
     }
 }

@@ -854,12 +854,55 @@ struct StreamRun {
 /// firewall → NAT, every packet through the instances (3, on 16 partitions), `disturb`ed a
 /// second in. No datagram may arrive twice and every flow must keep its NAT port.
 /// `cluster`: extra keys of `[cluster]`.
+/// `[telemetry] listen`: the root (in the box's namespace) and every instance (each in its
+/// own) serve their metrics; the numbers agree with `cluster status` and with the stream.
+fn scrape_the_roles(c: &Cluster, count: u32) {
+    let scrape = |ns: &str| -> std::collections::BTreeMap<String, f64> {
+        let o = c
+            .in_ns(
+                ns,
+                &["curl", "-sSf", "-m", "5", "http://127.0.0.1:9464/metrics"],
+            )
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{ns}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8(o.stdout)
+            .unwrap()
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| {
+                let (k, v) = l.rsplit_once(' ')?;
+                Some((k.to_owned(), v.parse().ok()?))
+            })
+            .collect()
+    };
+    let status = c.status();
+    let root = scrape(&c.lab.nf_ns());
+    // A root that replaced a killed one counts from its own start.
+    let received = root["flowstate_root_received_total"];
+    assert!(received > 0.0, "{received} of {count} datagrams: {root:?}");
+    assert!(received <= status["root"]["received"].as_f64().unwrap());
+    assert_eq!(root["flowstate_root_moving"], 0.0);
+    let mut owned = 0.0;
+    for id in live(&status) {
+        let m = scrape(&c.lab.instance_ns(id as u32));
+        assert!(m.contains_key("flowstate_instance_packets_total"), "{m:?}");
+        owned += m["flowstate_instance_partitions"];
+    }
+    assert_eq!(owned, 16.0, "the alive instances' partitions: {status}");
+}
+
 fn under_a_stream(name: &str, cluster: &str, disturb: impl FnOnce(&Cluster)) -> StreamRun {
     let config = format!(
         "[input]\ninterface = \"fs-in\"\naddress = \"10.0.0.1\"\nfast_path = false\n\
          [output]\ninterface = \"fs-out\"\naddress = \"{BOX_OUTSIDE}\"\n\
          [runtime]\ninside = [\"10.0.0.0/24\"]\n\
          [state]\nbackend = \"store\"\nurl = \"192.0.2.1:7878\"\n\
+         [telemetry]\nlisten = \"127.0.0.1:9464\"\n\
          [cluster]\npartitions = 16\ninstances = 3\nstore = \"managed\"\n{cluster}\n\
          [[chain]]\nnf = \"counter\"\n\
          [[chain]]\nnf = \"firewall\"\ndefault_outbound = \"allow\"\ndefault_inbound = \"deny\"\n\
@@ -875,6 +918,7 @@ fn under_a_stream(name: &str, cluster: &str, disturb: impl FnOnce(&Cluster)) -> 
         owned(s) == 16 && s["root"]["moving"] == 0
     });
     std::thread::sleep(Duration::from_millis(1000));
+    scrape_the_roles(&c, count);
     let (times, ports) = stream_received(&log, count);
     let twice: Vec<usize> = (0..times.len()).filter(|&i| times[i] > 1).collect();
     assert!(twice.is_empty(), "datagrams received twice: {twice:?}");

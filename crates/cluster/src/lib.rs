@@ -90,6 +90,32 @@ pub fn udp_socket(addr: SocketAddrV4) -> Result<std::net::UdpSocket, ClusterErro
     Ok(s)
 }
 
+/// Where a role's counters go as it runs: a file (JSON, replaced atomically) that `flowstate
+/// cluster status` reads, and a slot the role's metrics listener reads (no lock: a pointer
+/// swap).
+#[derive(Debug, Clone, Default)]
+pub struct StatsSink {
+    /// The file.
+    pub file: Option<std::path::PathBuf>,
+    /// The slot.
+    pub slot: Option<std::sync::Arc<arc_swap::ArcSwapOption<serde_json::Value>>>,
+}
+
+impl StatsSink {
+    /// Writes `value` to the file and the slot.
+    pub fn publish<T: serde::Serialize>(&self, value: &T) {
+        if let Some(f) = &self.file {
+            write_json(f, value);
+        }
+        if let Some(slot) = &self.slot {
+            match serde_json::to_value(value) {
+                Ok(v) => slot.store(Some(std::sync::Arc::new(v))),
+                Err(e) => tracing::warn!("cannot publish stats: {e}"),
+            }
+        }
+    }
+}
+
 /// Writes `value` as JSON to `path` through a temporary file and a rename, so a reader never
 /// sees half of it. Failures are logged, not fatal (stats are for operators).
 pub fn write_json<T: serde::Serialize>(path: &Path, value: &T) {

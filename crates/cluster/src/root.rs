@@ -52,7 +52,6 @@ use flowstate_state::{Backend, Kind as ObjKind, ObjectKey, Op, Reply};
 use serde::Serialize;
 use std::io::ErrorKind;
 use std::net::SocketAddrV4;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -161,8 +160,8 @@ pub struct RootOptions {
     pub outside: flowstate_chain::config::LivePort,
     /// Sources that make a packet Outbound.
     pub inside_prefixes: Vec<flowstate_chain::steer::IpPrefix>,
-    /// Where to write the stats (JSON, replaced atomically).
-    pub stats_file: Option<PathBuf>,
+    /// Where its stats go (every 200 ms and at the end).
+    pub stats: crate::StatsSink,
     /// This root's epoch ([`take_epoch`]): its clocks start at [`first_clock`] of it.
     pub epoch: u64,
 }
@@ -697,16 +696,12 @@ pub fn run_root(
             next_stats += Duration::from_millis(200);
             out.stats.clock = clock;
             fill(&mut out, &path, &shared);
-            if let Some(f) = &o.stats_file {
-                crate::write_json(f, &out.stats);
-            }
+            o.stats.publish(&out.stats);
         }
     }
     out.stats.clock = clock;
     fill(&mut out, &path, &shared);
-    if let Some(f) = &o.stats_file {
-        crate::write_json(f, &out.stats);
-    }
+    o.stats.publish(&out.stats);
     Ok(out.stats)
 }
 

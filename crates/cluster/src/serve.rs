@@ -15,7 +15,6 @@ use serde::Serialize;
 use std::io::ErrorKind;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::AsRawFd;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -42,8 +41,8 @@ pub struct ServeOptions {
     pub flush_interval: Duration,
     /// `[state] retain_ops`.
     pub retain_ops: usize,
-    /// Where to write its counters (JSON, every 200 ms).
-    pub stats_file: Option<PathBuf>,
+    /// Where its counters go (every heartbeat and at the end).
+    pub stats: crate::StatsSink,
 }
 
 /// What the stats file holds.
@@ -242,16 +241,12 @@ pub fn run_instance(
             window = Instant::now();
             let r = report(o, &inst, last_load, applied);
             beat.update(r);
-            if let Some(f) = &o.stats_file {
-                crate::write_json(f, &snapshot(o, &inst, last_load, applied));
-            }
+            o.stats.publish(&snapshot(o, &inst, last_load, applied));
         }
         beat.alive();
     }
     beat.stop();
-    if let Some(f) = &o.stats_file {
-        crate::write_json(f, &snapshot(o, &inst, last_load, applied));
-    }
+    o.stats.publish(&snapshot(o, &inst, last_load, applied));
     Ok(inst.stats())
 }
 
