@@ -61,11 +61,36 @@ impl BatchTimes {
     }
 }
 
+/// How long a worker's calls to a remote store took (see
+/// [`flowstate_state::LinkStats::call_micros`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StateCallTimes {
+    /// The worker.
+    pub worker: usize,
+    /// Calls per bucket (not cumulative): bucket `i` holds calls of `(2^(i-1), 2^i]` µs.
+    pub buckets: [u64; flowstate_state::CALL_BUCKETS],
+    /// Their total time, seconds.
+    pub sum_s: f64,
+}
+
+impl StateCallTimes {
+    /// Worker `worker`'s calls as `stats` counted them so far.
+    pub(crate) fn read(worker: usize, stats: &flowstate_state::LinkStats) -> Self {
+        use std::sync::atomic::Ordering::Relaxed;
+        StateCallTimes {
+            worker,
+            buckets: std::array::from_fn(|i| stats.call_micros[i].load(Relaxed)),
+            sum_s: stats.call_micros_sum.load(Relaxed) as f64 * 1e-6,
+        }
+    }
+}
+
 /// One worker's published counters.
 #[derive(Debug, Clone)]
 pub(crate) struct Published {
     pub(crate) report: crate::runtime::WorkerReport,
     pub(crate) batches: BatchTimes,
+    pub(crate) state_calls: StateCallTimes,
 }
 
 /// What the runtime publishes for one run.
@@ -249,6 +274,18 @@ impl Observer {
                 .collect();
         }
         Some(s)
+    }
+
+    /// Each worker's store-call histogram so far.
+    pub fn state_call_times(&self) -> Vec<StateCallTimes> {
+        let Some(run) = self.run.load_full() else {
+            return Vec::new();
+        };
+        run.slots
+            .iter()
+            .filter_map(|s| s.load_full())
+            .map(|p| p.state_calls.clone())
+            .collect()
     }
 
     /// The NFs of the running chain and their tables (empty before the run started).

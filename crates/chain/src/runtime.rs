@@ -32,7 +32,7 @@
 //! run-to-completion mode (the kernel's sending work runs in the worker's calls); otherwise
 //! pinning would make workers and those threads fight over cores, and the OS places them.
 
-use crate::observe::{BatchTimes, Observer, Published, RunView, PUBLISH_EVERY};
+use crate::observe::{BatchTimes, Observer, Published, RunView, StateCallTimes, PUBLISH_EVERY};
 use crate::reflect::reflect;
 use crate::steer::{IpPrefix, Steering};
 use crate::summary::{LabelledSummary, NfSummary, Summary, WorkerSummary};
@@ -705,6 +705,7 @@ impl Runtime {
                     slot.store(Some(Arc::new(Published {
                         report: w.report_now(),
                         batches: batches.clone(),
+                        state_calls: StateCallTimes::read(index, w.partition.stats()),
                     })));
                     view.answer(index, &w.nfs, w.now, &mut last_query);
                 }
@@ -741,6 +742,7 @@ impl Runtime {
             slot.store(Some(Arc::new(Published {
                 report: w.report_now(),
                 batches,
+                state_calls: StateCallTimes::read(index, w.partition.stats()),
             })));
         }
         Ok(w.report())

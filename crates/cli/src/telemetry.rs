@@ -35,6 +35,18 @@ impl Provider for ChainProvider {
             return;
         };
         chain_metrics(&s, m);
+        for t in self.0.state_call_times() {
+            if t.buckets.iter().all(|&n| n == 0) {
+                continue; // an in-process store: called inline, not timed
+            }
+            let w = t.worker.to_string();
+            m.histogram(
+                "state_call_duration_seconds",
+                "Time a worker's state thread waited for the store, per call (a flush or a round trip).",
+                &[("worker", &w)],
+                Histogram::from_log2(&t.buckets, 1e-6, t.sum_s),
+            );
+        }
         for t in self.0.batch_times() {
             let w = t.worker.to_string();
             m.histogram(

@@ -83,6 +83,43 @@ pub struct LinkStats {
     /// Operations given up: beyond [`StateConfig::retain_ops`] while the store was down, or
     /// still unsent when the partition closed.
     pub lost_ops: AtomicU64,
+    /// How long the state thread's calls to a remote store took (flushes and round trips,
+    /// failed ones included): bucket `i` counts calls of `(2^(i-1), 2^i]` µs, bucket 0 those
+    /// of at most 1 µs, the last the longer ones. An in-process store is called inline and
+    /// not timed.
+    pub call_micros: [AtomicU64; CALL_BUCKETS],
+    /// Their total time, µs.
+    pub call_micros_sum: AtomicU64,
+}
+
+/// Buckets of [`LinkStats::call_micros`].
+pub const CALL_BUCKETS: usize = 24;
+
+impl LinkStats {
+    /// Records one store call that took `took`.
+    fn record_call(&self, took: Duration) {
+        let us = took.as_micros().min(u128::from(u64::MAX)) as u64;
+        let i = if us <= 1 {
+            0
+        } else {
+            (64 - (us - 1).leading_zeros()) as usize
+        };
+        self.call_micros[i.min(CALL_BUCKETS - 1)].fetch_add(1, Ordering::Relaxed);
+        self.call_micros_sum.fetch_add(us, Ordering::Relaxed);
+    }
+}
+
+/// `backend.execute`, timed into `stats`.
+fn timed_execute(
+    backend: &mut dyn crate::Backend,
+    ops: &[Op],
+    replies: &mut Vec<Reply>,
+    stats: &LinkStats,
+) -> Result<(), BackendError> {
+    let t = Instant::now();
+    let r = backend.execute(ops, replies);
+    stats.record_call(t.elapsed());
+    r
 }
 
 /// How long a state thread waits before sending failed flushes again, at first and at most.
@@ -327,7 +364,7 @@ impl Retained {
     ) -> bool {
         while let Some(ops) = self.batches.front() {
             replies.clear();
-            if let Err(e) = backend.execute(ops, replies) {
+            if let Err(e) = timed_execute(backend, ops, replies, stats) {
                 self.failed(stats, &e);
                 return false;
             }
@@ -382,8 +419,7 @@ fn state_thread(
             Some(tx) => {
                 let result = if clear {
                     replies.clear();
-                    backend
-                        .execute(&req.ops, &mut replies)
+                    timed_execute(backend.as_mut(), &req.ops, &mut replies, &stats)
                         .map(|()| std::mem::take(&mut replies))
                 } else {
                     Err(BackendError::Unreachable {
@@ -403,7 +439,7 @@ fn state_thread(
             }
             None if clear => {
                 replies.clear();
-                if let Err(e) = backend.execute(&req.ops, &mut replies) {
+                if let Err(e) = timed_execute(backend.as_mut(), &req.ops, &mut replies, &stats) {
                     kept.keep(req.ops, &stats);
                     kept.failed(&stats, &e);
                 }

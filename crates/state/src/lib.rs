@@ -43,7 +43,7 @@ pub use backend::{
     Backend, BackendError, Bytes, Connector, Object, Op, OpError, Reply, SettingError,
 };
 pub use codec::{Codec, CodecError};
-pub use engine::{Declare, LinkStats, Nanos, Partition, StateConfig};
+pub use engine::{Declare, LinkStats, Nanos, Partition, StateConfig, CALL_BUCKETS};
 pub use handles::{Counter, CounterMap, List, Map, Set, Value, LOCK_LEASE};
 pub use key::{KeyParts, Kind, ObjectKey, Owner};
 pub use scope::{Access, Field, Scope, Strategy};

@@ -192,6 +192,38 @@ fn remote_store_receives_every_change_within_a_flush() {
         (l.len().unwrap(), s.len().unwrap(), m.len().unwrap()),
         (2, 1, 1)
     );
+    // Every call of the state thread was timed: a flush or a round trip each.
+    let st = p.stats();
+    let timed: u64 = st
+        .call_micros
+        .iter()
+        .map(|b| b.load(Ordering::Relaxed))
+        .sum();
+    let calls = st.flushes.load(Ordering::Relaxed) + st.sync_calls.load(Ordering::Relaxed);
+    assert!(
+        timed >= 1 && timed <= calls,
+        "{timed} timed, {calls} calls: {st:?}"
+    );
+}
+
+#[test]
+fn an_in_process_store_is_not_timed() {
+    let store = LocalStore::new();
+    let mut p = part(&store, 1);
+    let c = p
+        .declare("nf")
+        .counter("c", Scope::Shared, Access::WriteMostly)
+        .unwrap();
+    c.add_nowait(1);
+    p.flush(S);
+    assert_eq!(c.get().unwrap(), 1);
+    let timed: u64 = p
+        .stats()
+        .call_micros
+        .iter()
+        .map(|b| b.load(Ordering::Relaxed))
+        .sum();
+    assert_eq!(timed, 0);
 }
 
 #[test]
