@@ -793,7 +793,12 @@ pub(crate) fn summarize(
             nf.packets_in += c.packets_in;
             nf.forwarded += c.forwarded;
             for &(reason, k) in &c.dropped {
-                *nf.dropped.entry(reason.to_owned()).or_default() += k;
+                // NFs name themselves in their reasons ("nat: no mapping"): the key is the rest.
+                let own = reason
+                    .strip_prefix(nf.name.as_str())
+                    .and_then(|r| r.strip_prefix(": "))
+                    .unwrap_or(reason);
+                *nf.dropped.entry(crate::summary::key(own)).or_default() += k;
             }
         }
         for (i, rep) in r.reports.iter().enumerate() {
@@ -834,12 +839,9 @@ pub(crate) fn summarize(
     }
     for nf in &s.nfs {
         for (reason, k) in &nf.dropped {
-            // NFs name themselves in their reasons ("nat: no mapping"); others get a prefix.
-            let key = match reason.strip_prefix(nf.name.as_str()) {
-                Some(rest) if rest.starts_with(": ") => reason.to_string(),
-                _ => format!("{}: {reason}", nf.name),
-            };
-            *s.dropped.entry(key).or_default() += k;
+            *s.dropped
+                .entry(format!("{}.{reason}", nf.name))
+                .or_default() += k;
         }
     }
     s.packets_in = counts.packets_in;
@@ -847,7 +849,18 @@ pub(crate) fn summarize(
     s.malformed = counts
         .malformed
         .iter()
-        .map(|(e, k)| (e.to_string(), *k))
+        .map(|(e, k)| {
+            let text = e.to_string();
+            let key = match text.split_once(": ") {
+                Some((layer, what)) => format!(
+                    "{}.{}",
+                    crate::summary::key(layer),
+                    crate::summary::key(what)
+                ),
+                None => crate::summary::key(&text),
+            };
+            (key, *k)
+        })
         .collect::<BTreeMap<_, _>>();
     s.dropped_total = s.nf_dropped() + s.malformed_total();
     s.mpps = if s.wall_s > 0.0 {

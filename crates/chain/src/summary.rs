@@ -20,9 +20,9 @@ pub struct Summary {
     pub packets_out: u64,
     /// Packets dropped: NF verdicts plus malformed packets.
     pub dropped_total: u64,
-    /// NF drops by `"nf: reason"`.
+    /// NF drops by `nf.reason` (`nat.no_mapping`; see [`key`]).
     pub dropped: BTreeMap<String, u64>,
-    /// Malformed packets (dropped before the chain) by `"layer: reason"`.
+    /// Malformed packets (dropped before the chain) by `layer.reason` (`ipv4.bad_checksum`).
     pub malformed: BTreeMap<String, u64>,
     /// Inbound input packets skipped by `[input] outbound_only`.
     pub skipped: u64,
@@ -76,7 +76,7 @@ pub struct NfSummary {
     pub packets_in: u64,
     /// Packets it forwarded.
     pub forwarded: u64,
-    /// Packets it dropped, by reason.
+    /// Packets it dropped, by reason (`no_mapping`; see [`key`]).
     pub dropped: BTreeMap<String, u64>,
     /// Its `report()`, summed over workers: counters, and the gauges `gauges` names.
     pub report: BTreeMap<String, i64>,
@@ -109,6 +109,23 @@ impl NfSummary {
     pub fn is_gauge(&self, name: &str) -> bool {
         self.gauges.iter().any(|g| g == name)
     }
+}
+
+/// A reason's text as a key for JSON, metrics and the text summary alike: lower case, runs of
+/// anything but letters and digits as one `_` (`"no mapping (port pool)"` → `no_mapping_port_pool`).
+pub fn key(text: &str) -> String {
+    let mut k = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_ascii_alphanumeric() {
+            k.push(c.to_ascii_lowercase());
+        } else if !k.is_empty() && !k.ends_with('_') {
+            k.push('_');
+        }
+    }
+    while k.ends_with('_') {
+        k.pop();
+    }
+    k
 }
 
 impl Summary {
@@ -171,7 +188,7 @@ impl fmt::Display for Summary {
             writeln!(f, "  {reason:<width$} {n:>12}")?;
         }
         for (reason, n) in &self.malformed {
-            let reason = format!("malformed {reason}");
+            let reason = format!("malformed.{reason}");
             writeln!(f, "  {reason:<width$} {n:>12}")?;
         }
         writeln!(

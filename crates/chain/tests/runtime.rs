@@ -61,7 +61,7 @@ fn counts_order_workers_and_determinism() {
         assert_eq!(s.packets_in, t.len() as u64);
         assert_eq!(s.malformed_total(), cut as u64);
         assert_eq!(
-            s.dropped.get("probe: ttl expired").copied(),
+            s.dropped.get("probe.ttl_expired").copied(),
             Some(ttl1 as u64)
         );
         assert_eq!(s.packets_out + s.dropped_total, s.packets_in);
@@ -344,12 +344,15 @@ fn summary_json_shape() {
     ] {
         assert!(v.get(key).is_some(), "{key}");
     }
-    assert!(v["dropped"]["probe: ttl expired"].as_u64().unwrap() > 0);
+    assert!(v["dropped"]["probe.ttl_expired"].as_u64().unwrap() > 0);
     assert_eq!(v["per_worker"].as_array().unwrap().len(), 2);
     assert_eq!(v["nfs"][0]["name"], "probe");
     let text = s.to_string();
     assert!(text.contains("packets in"));
-    assert!(text.contains("ttl expired"));
+    assert!(
+        text.contains("probe.ttl_expired"),
+        "the text names it as the JSON does: {text}"
+    );
 }
 
 fn from_inside(frame: &[u8]) -> bool {
@@ -421,6 +424,6 @@ fn unsolicited_inbound_is_dropped_by_a_stateful_nf() {
         vec![Arc::new(MiniFirewall) as Arc<dyn NfFactory>],
     );
     let s = rt.run(&mut VecSource::new(t), None).unwrap();
-    assert_eq!(s.dropped.get("minifw: no state").copied(), Some(n));
+    assert_eq!(s.dropped.get("minifw.no_state").copied(), Some(n));
     assert_eq!(s.packets_out, 2_000);
 }

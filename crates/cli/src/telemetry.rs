@@ -165,10 +165,6 @@ pub(crate) fn chain_metrics(s: &Summary, m: &mut Metrics) {
             nf.forwarded,
         );
         for (reason, n) in &nf.dropped {
-            let reason = reason
-                .strip_prefix(name)
-                .and_then(|r| r.strip_prefix(": "))
-                .unwrap_or(reason);
             m.counter(
                 "drops",
                 "Packets an NF dropped, by reason.",
@@ -647,14 +643,14 @@ mod tests {
             packets_in: 10,
             packets_out: 8,
             dropped_total: 2,
-            dropped: [("firewall: not allowed".to_owned(), 2)].into(),
+            dropped: [("firewall.not_allowed".to_owned(), 2)].into(),
             workers: 1,
             backend: "local".into(),
             nfs: vec![flowstate_chain::NfSummary {
                 name: "firewall".into(),
                 packets_in: 10,
                 forwarded: 8,
-                dropped: [("firewall: not allowed".to_owned(), 2)].into(),
+                dropped: [("not_allowed".to_owned(), 2)].into(),
                 report: [("tracked".to_owned(), 3), ("conns_opened".to_owned(), 5)].into(),
                 gauges: vec!["tracked".into()],
                 labelled: vec![flowstate_chain::LabelledSummary {
@@ -679,7 +675,7 @@ mod tests {
             "flowstate_input_packets_total 10\n",
             "flowstate_output_packets_total 8\n",
             "flowstate_nf_packets_total{nf=\"firewall\"} 10\n",
-            "flowstate_drops_total{nf=\"firewall\",reason=\"not allowed\"} 2\n",
+            "flowstate_drops_total{nf=\"firewall\",reason=\"not_allowed\"} 2\n",
             "flowstate_nf_tracked{nf=\"firewall\"} 3\n",
             "# TYPE flowstate_nf_tracked gauge\n",
             "flowstate_nf_conns_opened_total{nf=\"firewall\"} 5\n",

@@ -386,10 +386,6 @@ fn chain(d: &Value, r: &mut Rates<'_>) -> View {
             fmt_num(dropped),
         ]);
         for (reason, n) in obj(&nf["dropped"]) {
-            let reason = reason
-                .strip_prefix(name)
-                .and_then(|r| r.strip_prefix(": "))
-                .unwrap_or(reason);
             drop_rows.push(vec![
                 (*name).to_owned(),
                 reason.to_owned(),
@@ -844,12 +840,12 @@ mod tests {
         serde_json::json!({
             "packets_in": packets_in, "packets_out": packets_in - 10, "dropped_total": 10,
             "reflected": 0, "skipped": 0, "wall_s": wall_s, "workers": 1, "backend": "local",
-            "dropped": {"firewall: not allowed": 10}, "malformed": {},
+            "dropped": {"firewall.not_allowed": 10}, "malformed": {},
             "per_worker": [{"index": 0, "packets": packets_in, "packets_out": packets_in - 10,
                 "busy_s": wall_s / 4.0, "state_flushes": 3, "state_errors": 0, "state_lost_ops": 0}],
             "nfs": [
                 {"name": "firewall", "packets_in": packets_in, "forwarded": packets_in - 10,
-                 "dropped": {"firewall: not allowed": 10}, "report": {"connections": 4}},
+                 "dropped": {"not_allowed": 10}, "report": {"connections": 4}},
                 {"name": "anything", "packets_in": packets_in - 10, "forwarded": packets_in - 10,
                  "dropped": {}, "report": {"sessions": sessions, "pool_free": 100 - sessions, "never": 0}}
             ]
@@ -882,7 +878,7 @@ mod tests {
             nfs.rows[1][0], "anything",
             "NFs are what the document lists"
         );
-        assert_eq!(v.tables[1].rows, [["firewall", "not allowed", "0.0", "10"]]);
+        assert_eq!(v.tables[1].rows, [["firewall", "not_allowed", "0.0", "10"]]);
         assert_eq!(v.tables[2].rows[0][2], "25%", "busy share");
         let reports = v.tables.iter().find(|t| t.side).unwrap();
         assert_eq!(

@@ -309,7 +309,7 @@ fn nat_carries_http_iperf3_and_ping_and_hides_the_client() {
     assert!(s["packets_out"].as_u64().unwrap() > 1000, "{s}");
     let dropped = s["dropped"].as_object().unwrap();
     assert!(
-        dropped["nat: no mapping"].as_u64() >= Some(1),
+        dropped["nat.no_mapping"].as_u64() >= Some(1),
         "the unsolicited SYN was dropped: {s}"
     );
 }
@@ -393,7 +393,7 @@ fn firewall_lets_replies_in_and_keeps_unsolicited_connections_out() {
     let s = live.stop_box();
     let dropped = s["dropped"].as_object().unwrap();
     assert!(
-        dropped.keys().any(|k| k.starts_with("firewall:")),
+        dropped.keys().any(|k| k.starts_with("firewall.")),
         "the firewall dropped the server's SYNs: {s}"
     );
 }
