@@ -263,7 +263,7 @@ fn open(
     let client = redis::Client::open(info.clone()).map_err(|e| unreachable(backend, e))?;
     let conn = client
         .get_connection_with_timeout(timeout)
-        .map_err(|e| unreachable(backend, format!("{}: {e}", info.addr)))?;
+        .map_err(|e| unreachable(backend, format!("{}: {e}", info.addr())))?;
     conn.set_read_timeout(Some(timeout))
         .and_then(|()| conn.set_write_timeout(Some(timeout)))
         .map_err(|e| unreachable(backend, e))?;
@@ -283,7 +283,7 @@ fn pipeline(conn: &mut Connection, cmds: &[&Cmd]) -> redis::RedisResult<Vec<Answ
     let values = conn.req_packed_commands(&packed, 0, cmds.len())?;
     if values.len() != cmds.len() {
         return Err(redis::RedisError::from((
-            redis::ErrorKind::ResponseError,
+            redis::ErrorKind::Parse,
             "wrong number of replies to a pipeline",
         )));
     }
@@ -296,7 +296,7 @@ fn pipeline(conn: &mut Connection, cmds: &[&Cmd]) -> redis::RedisResult<Vec<Answ
         .find(|a| matches!(a, Answer::Error { code, .. } if NOT_READY.contains(&code.as_str())))
     {
         return Err(redis::RedisError::from((
-            redis::ErrorKind::IoError,
+            redis::ErrorKind::Io,
             "server not ready",
             format!("{code} {detail}"),
         )));
@@ -388,7 +388,7 @@ impl RedisBackend {
             Err(e) => {
                 // The connection's state is unknown: start afresh next time.
                 self.conn = None;
-                Err(unreachable("redis", format!("{}: {e}", self.info.addr)))
+                Err(unreachable("redis", format!("{}: {e}", self.info.addr())))
             }
         }
     }
@@ -499,7 +499,7 @@ impl ClusterBackend {
             .map_err(|e| unreachable("redis-cluster", format!("{addr}: {e}")))?;
         // Credentials and database as for the seeds.
         if let Some(seed) = self.seeds.first() {
-            info.redis = seed.redis.clone();
+            info = info.set_redis_settings(seed.redis_settings().clone());
         }
         Ok(info)
     }
@@ -518,7 +518,7 @@ impl ClusterBackend {
     /// Learns the slot map from the first node that answers `CLUSTER SLOTS`.
     fn refresh(&mut self) -> Result<(), BackendError> {
         let mut candidates: Vec<String> = self.nodes.keys().cloned().collect();
-        candidates.extend(self.seeds.iter().map(|s| s.addr.to_string()));
+        candidates.extend(self.seeds.iter().map(|s| s.addr().to_string()));
         let mut last = String::from("no node given");
         for addr in candidates {
             let conn = match self.conn(&addr) {
