@@ -19,7 +19,6 @@ use flowstate_wire::build::{EthernetSpec, FrameSpec, IpSpec, Ipv4Spec, L4Spec, P
 use flowstate_wire::hash::Toeplitz;
 use flowstate_wire::{dissect, FlowKey};
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::Ordering;
@@ -179,38 +178,11 @@ pub(crate) fn frame(key: &FlowKey) -> [u8; FRAME] {
     f
 }
 
-#[derive(Default)]
-struct Fx(u64);
-impl Hasher for Fx {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-    fn write_u64(&mut self, i: u64) {
-        self.0 = (self.0.rotate_left(5) ^ i).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-    fn write_u8(&mut self, i: u8) {
-        self.write_u64(u64::from(i));
-    }
-    fn write_u16(&mut self, i: u16) {
-        self.write_u64(u64::from(i));
-    }
-    fn write_u32(&mut self, i: u32) {
-        self.write_u64(u64::from(i));
-    }
-    fn write_usize(&mut self, i: usize) {
-        self.write_u64(i as u64);
-    }
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
 /// Mpps of a loop that looks each packet's flow key up in a hash map of all flows: the floor
-/// of any NF that keeps per-flow state in a hash table. Also per CPU-second of the thread.
+/// of any NF that keeps per-flow state in a hash table (std's, with foldhash, the workspace's
+/// hasher). Also per CPU-second of the thread.
 fn lookup_baseline_mpps(keys: &[FlowKey], passes: usize) -> (f64, f64) {
-    let map: HashMap<FlowKey, u64, BuildHasherDefault<Fx>> = keys
+    let map: foldhash::HashMap<FlowKey, u64> = keys
         .iter()
         .enumerate()
         .map(|(i, k)| (*k, i as u64))

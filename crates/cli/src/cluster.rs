@@ -23,6 +23,8 @@ use std::time::{Duration, Instant};
 
 /// Options of `flowstate cluster`.
 #[derive(Debug, Args)]
+#[command(after_help = "Examples:\n  flowstate lab up --instances 4\n  \
+                        flowstate cluster up examples/cluster.toml\n  flowstate cluster status")]
 pub(crate) struct ClusterArgs {
     #[command(subcommand)]
     action: Action,
@@ -35,6 +37,10 @@ pub(crate) struct ClusterArgs {
 enum Action {
     /// Start what is not running yet: the store (`store = "managed"`), the controller (which
     /// starts the instances) and the root; wait until every partition has an owner.
+    #[command(
+        after_help = "Examples:\n  flowstate cluster up examples/cluster.toml\n  \
+                            flowstate cluster up examples/cluster-stages.toml --timeout 120"
+    )]
     Up {
         /// The deployment: `[input]`/`[output]` are the root's ports, `[state]` the shared
         /// store, `[[chain]]` what the instances run, `[cluster]` the rest.
@@ -44,14 +50,22 @@ enum Action {
         timeout: u64,
     },
     /// Stop every process of the cluster.
+    #[command(
+        after_help = "Examples:\n  flowstate cluster down\n  flowstate cluster down --prefix lab2-"
+    )]
     Down,
     /// The instances (id, pid, state, partitions, load) and the root's counters.
+    #[command(
+        after_help = "Examples:\n  flowstate cluster status\n  flowstate cluster status --json"
+    )]
     Status {
         /// As JSON.
         #[arg(long)]
         json: bool,
     },
     /// Run N instances in a stage (start new ones, or drain the newest).
+    #[command(after_help = "Examples:\n  flowstate cluster scale 3\n  \
+                            flowstate cluster scale 3 --stage 1   (the second stage's pool)")]
     Scale {
         /// Instances.
         n: u32,
@@ -60,11 +74,17 @@ enum Action {
         stage: u32,
     },
     /// Move every partition off instance ID, then stop it.
+    #[command(
+        after_help = "Examples:\n  flowstate cluster drain 2   (see flowstate cluster status for the ids)"
+    )]
     Drain {
         /// The instance.
         id: u32,
     },
     /// Kill instance ID as a crash would (SIGKILL): its partitions fail over.
+    #[command(
+        after_help = "Examples:\n  flowstate cluster kill 1   (then flowstate cluster status shows the failover)"
+    )]
     Kill {
         /// The instance.
         id: u32,

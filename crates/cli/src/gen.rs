@@ -9,6 +9,10 @@ use std::path::PathBuf;
 
 /// Options of `flowstate gen`; unset ones take the profile's defaults.
 #[derive(Debug, Args)]
+#[command(after_help = "Examples:\n  \
+                        flowstate gen --profile mixed --flows 10000 --packets 1000000 -o trace.pcap\n  \
+                        flowstate gen --profile scan --scanners 2 -o scan.pcap   (and scan.pcap.truth.json)\n  \
+                        flowstate gen --profile long --ipv6-share 0.5 --size imix --seed 7 -o v6.pcap")]
 pub(crate) struct GenArgs {
     /// Traffic profile: long, short, mixed, uniform, scan (also writes the ground truth, its
     /// scanners, to OUTPUT.truth.json) or trojan (CHC's trojan signature among normal hosts;

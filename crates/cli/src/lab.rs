@@ -6,6 +6,10 @@ use flowstate_lab::{instance_addr, Lab, System, MAX_INSTANCES};
 
 /// Options of `flowstate lab`.
 #[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  flowstate lab up --instances 4   (4 instance namespaces, for flowstate cluster)\n  \
+                        flowstate lab status\n  flowstate lab down"
+)]
 pub(crate) struct LabArgs {
     /// What to do.
     action: Action,

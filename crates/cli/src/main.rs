@@ -21,7 +21,15 @@ use std::path::{Path, PathBuf};
 
 /// Stateful network functions whose state is managed for them.
 #[derive(Debug, Parser)]
-#[command(name = "flowstate", version, about, long_about = None)]
+#[command(
+    name = "flowstate",
+    version,
+    about,
+    long_about = None,
+    after_help = "Examples:\n  flowstate demo\n  flowstate run examples/nat.toml\n  \
+                  flowstate check examples/*.toml\n\n\
+                  Each command's --help has examples of its own: flowstate run --help."
+)]
 struct Cli {
     /// More log lines on stderr: -v info, -vv debug, -vvv trace (warnings and errors by
     /// default). `RUST_LOG`, when set, decides instead (e.g. `RUST_LOG=flowstate_chain=debug`).
@@ -82,6 +90,9 @@ enum Command {
 }
 
 #[derive(Debug, Args)]
+#[command(after_help = "Examples:\n  flowstate demo\n  \
+                        flowstate demo --flows 100000 --packets 5000000 --workers 2\n  \
+                        flowstate demo --json > demo.json")]
 struct DemoArgs {
     /// Number of flows.
     #[arg(long, default_value_t = 20_000)]
@@ -99,6 +110,10 @@ struct DemoArgs {
 }
 
 #[derive(Debug, Args)]
+#[command(after_help = "Examples:\n  \
+                        flowstate gen --profile mixed --packets 100000 -o trace.pcap\n  \
+                        flowstate inspect trace.pcap\n  \
+                        flowstate inspect trace.pcap --json --top 5")]
 struct InspectArgs {
     /// The capture file.
     file: PathBuf,
@@ -111,6 +126,10 @@ struct InspectArgs {
 }
 
 #[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  flowstate bench --list\n  flowstate bench hashing --quick\n  \
+                  flowstate bench nf-throughput --json nf-throughput.json"
+)]
 struct BenchArgs {
     /// Benchmark name (see --list).
     #[arg(required_unless_present = "list")]

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 /// Arguments of `flowstate report`.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Example:\n  flowstate bench hashing --json results/hashing.json\n  \
+    after_help = "Examples:\n  mkdir -p results\n  flowstate bench hashing --json results/hashing.json\n  \
 flowstate report results -o report.html\n\nscripts/bench-all DIR runs every bench into DIR and builds DIR/report.html."
 )]
 pub(crate) struct ReportArgs {

@@ -9,6 +9,9 @@ use std::path::PathBuf;
 
 /// Options of `flowstate run`.
 #[derive(Debug, Args)]
+#[command(after_help = "Examples:\n  flowstate run examples/nat.toml\n  \
+                        flowstate run examples/portscan.toml --workers 2 --json --eve eve.json\n  \
+                        ip netns exec fs-nf flowstate run examples/live-nat.toml --metrics 9464")]
 pub(crate) struct RunArgs {
     /// The configuration file (TOML). Relative paths in it are relative to the current
     /// directory.

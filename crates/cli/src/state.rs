@@ -21,6 +21,10 @@ use std::time::Duration;
 
 /// Options of `flowstate state`.
 #[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  flowstate state list 127.0.0.1:9464 nat\n  \
+                        flowstate state list --config examples/nat-redis.toml nat.sessions"
+)]
 pub(crate) struct StateArgs {
     #[command(subcommand)]
     action: Action,

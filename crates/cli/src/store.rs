@@ -13,7 +13,12 @@ use std::time::Duration;
 
 /// Options of `flowstate store`.
 #[derive(Debug, Args)]
-#[command(args_conflicts_with_subcommands = true)]
+#[command(
+    args_conflicts_with_subcommands = true,
+    after_help = "Examples:\n  flowstate store\n  \
+                  flowstate store --listen 127.0.0.1:7878 --data-dir /var/lib/flowstate --sync\n  \
+                  flowstate store --metrics 9465   (Prometheus /metrics on 127.0.0.1:9465)"
+)]
 pub(crate) struct StoreArgs {
     #[command(subcommand)]
     query: Option<Query>,
@@ -71,6 +76,8 @@ pub(crate) struct StoreArgs {
 enum Query {
     /// Print a running store's statistics: operations (total and per second since the
     /// previous stats request) by type, connections, objects, memory, WAL lag.
+    #[command(after_help = "Examples:\n  flowstate store stats\n  \
+                            flowstate store stats --url 127.0.0.1:7878 --json")]
     Stats(StatsArgs),
 }
 

@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 /// Options of `flowstate top`.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Example:\n  flowstate run examples/live-nat.toml --metrics 127.0.0.1:9464 &\n  \
-flowstate top 127.0.0.1:9464\n\nKeys: q, Esc or Ctrl-C quit. The same numbers, charted, are on \
+    after_help = "Examples:\n  ip netns exec fs-nf flowstate run examples/live-nat.toml --metrics 127.0.0.1:9464 &\n  \
+ip netns exec fs-nf flowstate top 127.0.0.1:9464   (the box's namespace: its loopback)\n\nKeys: q, Esc or Ctrl-C quit. The same numbers, charted, are on \
 http://ADDR/ (the dashboard)."
 )]
 pub(crate) struct TopArgs {

@@ -477,3 +477,78 @@ heartbeat = 50
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read"));
 }
+
+/// The subcommands a `--help` lists under `Commands:` (without `help`).
+fn subcommands(help: &str) -> Vec<String> {
+    help.lines()
+        .skip_while(|l| l.trim_end() != "Commands:")
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        // A name is indented by two spaces; deeper lines continue a description.
+        .filter(|l| l.starts_with("  ") && !l.starts_with("   "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|name| *name != "help")
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn every_command_s_help_has_examples() {
+    // Every command and subcommand `flowstate --help` leads to, found by walking the tree.
+    let mut todo: Vec<Vec<String>> = vec![Vec::new()];
+    let mut seen: Vec<String> = Vec::new();
+    while let Some(path) = todo.pop() {
+        let mut args: Vec<&str> = path.iter().map(String::as_str).collect();
+        args.push("--help");
+        let out = flowstate(&args);
+        let name = format!("flowstate {}", path.join(" "));
+        assert!(
+            out.status.success(),
+            "{name} --help: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let help = String::from_utf8(out.stdout).expect("UTF-8 help");
+        let examples = help
+            .split_once("Examples:\n")
+            .map(|(_, e)| e)
+            .unwrap_or_else(|| panic!("{name} --help has no \"Examples:\":\n{help}"));
+        assert!(
+            examples.contains("flowstate "),
+            "{name} --help: its examples show no flowstate command:\n{help}"
+        );
+        for sub in subcommands(&help) {
+            let mut p = path.clone();
+            p.push(sub);
+            todo.push(p);
+        }
+        seen.push(path.join(" "));
+    }
+    for expected in [
+        "",
+        "demo",
+        "run",
+        "check",
+        "gen",
+        "inspect",
+        "bench",
+        "report",
+        "lab",
+        "store",
+        "store stats",
+        "cluster",
+        "cluster up",
+        "cluster down",
+        "cluster status",
+        "cluster scale",
+        "cluster drain",
+        "cluster kill",
+        "state",
+        "state list",
+        "top",
+    ] {
+        assert!(
+            seen.iter().any(|s| s == expected),
+            "`flowstate {expected} --help` was not reached; seen: {seen:?}"
+        );
+    }
+}

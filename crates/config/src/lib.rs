@@ -268,7 +268,7 @@ fn top_key(key: &str) -> &str {
 /// text does not parse or holds not even the key's first part.
 pub fn line_of(text: &str, key: &str) -> Option<usize> {
     use toml_edit::{Item, Value};
-    let doc = toml_edit::ImDocument::parse(text).ok()?;
+    let doc = toml_edit::Document::parse(text).ok()?;
     enum Node<'a> {
         Table(&'a dyn toml_edit::TableLike),
         Item(&'a Item),

@@ -16,10 +16,8 @@
 //! by the uses counted there and records every change ([`Change`]) in an order that keeps the
 //! copy's answers right at every step.
 
-use crate::hash::SeededKeys;
 use crate::headers::Rule;
 use crate::sketch::CountMin;
-use std::collections::HashMap;
 
 /// Entries sampled per eviction.
 pub const SAMPLE: usize = 8;
@@ -61,7 +59,8 @@ pub fn sketch_size(capacity: usize) -> (usize, u64) {
 #[derive(Debug)]
 struct Slab {
     capacity: usize,
-    index: HashMap<u128, u32, SeededKeys>,
+    /// Keys come from packets: foldhash's seed per map keeps them from being chosen to collide.
+    index: foldhash::HashMap<u128, u32>,
     entries: Vec<(u128, Rule)>,
     sketch: CountMin,
     rng: u64,
@@ -78,7 +77,7 @@ impl Slab {
         });
         Slab {
             capacity,
-            index: HashMap::with_capacity_and_hasher(capacity, SeededKeys::random()),
+            index: foldhash::HashMap::with_capacity_and_hasher(capacity, Default::default()),
             entries: Vec::with_capacity(capacity),
             sketch,
             rng: 0x2545_f491_4f6c_dd1d,

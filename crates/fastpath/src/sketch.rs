@@ -118,7 +118,7 @@ impl CountMin {
             c.store(c.load(Relaxed).saturating_add(1), Relaxed);
         }
         self.seen += 1;
-        if self.seen % self.halve_every == 0 {
+        if self.seen.is_multiple_of(self.halve_every) {
             self.halve();
         }
     }

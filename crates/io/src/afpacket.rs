@@ -300,7 +300,7 @@ impl AfPacket {
             setsockopt(s, libc::SOL_PACKET, libc::PACKET_VERSION, &version)
                 .map_err(|e| sys_err(&format!("selecting {name}"), ifname, e))?;
             let page = 4096u32;
-            if o.block_size < page || o.block_size % page != 0 || o.block_count == 0 {
+            if o.block_size < page || !o.block_size.is_multiple_of(page) || o.block_count == 0 {
                 return Err(Error::Option {
                     name: "block_size",
                     reason: format!(

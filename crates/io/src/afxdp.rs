@@ -27,7 +27,7 @@ use crate::bpf;
 use crate::{Error, PacketBatch, PacketMeta, Port, Result};
 use aya::maps::{MapData, XskMap};
 use aya::programs::xdp::XdpLink;
-use aya::programs::{ProgramError, XdpFlags};
+use aya::programs::{ProgramError, XdpMode};
 use aya::Ebpf;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -196,7 +196,7 @@ pub(crate) fn attach_link(
     let err = |e: ProgramError| bpf::aya_err(ifname, "attaching the XDP program (BPF link)", &e);
     let program = bpf::xdp(ebpf, name).map_err(err)?;
     let id = program
-        .attach_to_if_index(ifindex, XdpFlags::SKB_MODE)
+        .attach_to_if_index(ifindex, XdpMode::Skb)
         .map_err(err)?;
     program.take_link(id).map_err(err)
 }

@@ -45,7 +45,7 @@ pub fn load_xdp(
     }
     let mut loader = EbpfLoader::new();
     for &(map, n) in max_entries {
-        loader.set_max_entries(map, n);
+        loader.map_max_entries(map, n);
     }
     let mut ebpf = loader.load(object).map_err(|e| aya_err(device, what, &e))?;
     xdp(&mut ebpf, program)

@@ -579,7 +579,7 @@ impl<R: Read> PcapReader<R> {
         min: u32,
         buffered: bool,
     ) -> Result<()> {
-        if len % 4 != 0 {
+        if !len.is_multiple_of(4) {
             return Err(self.format_error(
                 start,
                 format!("block length {len} is not a multiple of 4 (block type 0x{ty:08x})"),

@@ -1494,7 +1494,7 @@ impl Synthetic {
             let proto = Proto::of(true, ep.server_port);
             tcp_segment(st, &ep, sizes, ts_ns, proto, app_seed, app_buf)
         } else {
-            let from_client = k % 2 == 0;
+            let from_client = k.is_multiple_of(2);
             let hdr = header_len(ep.v6, false, 0);
             let len = sizes.sample(&mut st.rng).saturating_sub(hdr).max(1);
             let (sp, dp) = ports(&ep, from_client);

@@ -94,7 +94,7 @@ proptest! {
         let mut kept = Vec::new();
         for id in ids {
             let e = t.entry(id).unwrap().clone();
-            if e.value % 2 == 0 {
+            if e.value.is_multiple_of(2) {
                 t.remove(id);
             } else {
                 kept.push((*e.matching(), e.value));

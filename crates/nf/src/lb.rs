@@ -74,7 +74,7 @@ fn is_prime(n: usize) -> bool {
     }
     let mut d = 2;
     while d * d <= n {
-        if n % d == 0 {
+        if n.is_multiple_of(d) {
             return false;
         }
         d += 1;
@@ -282,11 +282,10 @@ struct Vip {
     table: Option<MaglevTable>,
 }
 
-/// The hasher of the configuration's lookup maps, which every packet queries: multiply-rotate
-/// over 64-bit words (as rustc's FxHasher). Their keys come from the configuration, not from
-/// traffic, so SipHash's resistance to chosen keys buys nothing here; it cost ~500
-/// instructions per packet.
-type FastHash = flowstate_state::fxhash::FxBuildHasher;
+/// The hasher of the configuration's lookup maps, which every packet queries: foldhash, the
+/// workspace's (SipHash, std's default, cost ~500 instructions per packet here). Their keys
+/// come from the configuration, so a fixed hash would do; foldhash's seed costs nothing.
+type FastHash = foldhash::fast::RandomState;
 
 /// An address, port and protocol: a VIP's or a backend's service.
 type Service = (IpAddr, u16, u8);

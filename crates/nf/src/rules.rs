@@ -754,7 +754,7 @@ fn content_bytes(s: &str) -> Result<Vec<u8>, Refusal> {
             continue;
         }
         let digits: Vec<u8> = part.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
-        if digits.len() % 2 != 0 {
+        if !digits.len().is_multiple_of(2) {
             return Err(bad(format!("|{part}|: an odd number of hex digits")));
         }
         for pair in digits.chunks(2) {

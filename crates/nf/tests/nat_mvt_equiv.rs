@@ -382,7 +382,11 @@ fn pool_exhaustion_and_reuse_match() {
         for h in 0..3usize {
             for p in 0..3usize {
                 let op = Op::Out {
-                    proto: if (round + h as u16) % 2 == 0 { 17 } else { 6 },
+                    proto: if (round + h as u16).is_multiple_of(2) {
+                        17
+                    } else {
+                        6
+                    },
                     host: h,
                     port: p,
                     server: usize::from(round % 2),

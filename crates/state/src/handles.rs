@@ -16,7 +16,6 @@
 use crate::backend::{Bytes, Op, Reply};
 use crate::codec::Codec;
 use crate::engine::{Declare, Flushable, Meta, Nanos};
-use crate::fxhash::{FxHashMap, FxHashSet};
 use crate::key::Kind;
 use crate::scope::{Access, Scope, Strategy};
 use crate::table::FlowTable;
@@ -521,7 +520,7 @@ impl<T: Codec> Flushable for ListObj<T> {
 
 struct SetObj<T> {
     meta: Meta,
-    cache: FxHashSet<T>,
+    cache: foldhash::HashSet<T>,
     pending: Vec<(T, bool)>,
 }
 
@@ -702,9 +701,9 @@ struct MapObj<K, V> {
     meta: Meta,
     cache: FlowTable<K, Slot<V>>,
     /// Keys whose current state (value or absence) the store must learn.
-    dirty: FxHashSet<K>,
+    dirty: foldhash::HashSet<K>,
     /// Keys whose store copy must live longer (value unchanged).
-    renew: FxHashSet<K>,
+    renew: foldhash::HashSet<K>,
     /// The latest time a caller gave (deadlines become times to live against it).
     now: Nanos,
     timers: BinaryHeap<Reverse<(Nanos, K)>>,
@@ -922,7 +921,7 @@ impl<K: Codec + Hash + Ord + Clone + 'static, V: Codec + 'static> Map<K, V> {
     pub fn prefetch(&self, k: &K) {
         if let Ok(o) = self.0.try_borrow() {
             if !o.cache.is_empty() {
-                o.cache.prefetch(FlowTable::<K, Slot<V>>::hash(k));
+                o.cache.prefetch(o.cache.hash(k));
             }
         }
     }
@@ -1087,8 +1086,8 @@ impl<K: Codec + Hash + Eq + Clone, V: Codec> Flushable for MapObj<K, V> {
 
 struct CounterMapObj<K> {
     meta: Meta,
-    cache: FxHashMap<K, i64>,
-    pending: FxHashMap<K, i64>,
+    cache: foldhash::HashMap<K, i64>,
+    pending: foldhash::HashMap<K, i64>,
 }
 
 /// A map from keys to counters: `add_to` (FlexState `addTo`).
@@ -1283,7 +1282,7 @@ impl Declare<'_> {
         let meta = self.meta(Kind::Set, id, scope, access)?;
         let obj = Rc::new(RefCell::new(SetObj {
             meta,
-            cache: FxHashSet::default(),
+            cache: foldhash::HashSet::default(),
             pending: Vec::new(),
         }));
         self.register(obj.clone());
@@ -1301,8 +1300,8 @@ impl Declare<'_> {
         let obj = Rc::new(RefCell::new(MapObj {
             meta,
             cache: FlowTable::new(),
-            dirty: FxHashSet::default(),
-            renew: FxHashSet::default(),
+            dirty: foldhash::HashSet::default(),
+            renew: foldhash::HashSet::default(),
             now: 0,
             timers: BinaryHeap::new(),
         }));
@@ -1320,8 +1319,8 @@ impl Declare<'_> {
         let meta = self.meta(Kind::CounterMap, id, scope, access)?;
         let obj = Rc::new(RefCell::new(CounterMapObj {
             meta,
-            cache: FxHashMap::default(),
-            pending: FxHashMap::default(),
+            cache: foldhash::HashMap::default(),
+            pending: foldhash::HashMap::default(),
         }));
         self.register(obj.clone());
         Ok(CounterMap(obj))

@@ -31,7 +31,6 @@ mod backend;
 mod codec;
 pub mod conformance;
 mod engine;
-pub mod fxhash;
 mod handles;
 mod key;
 pub mod local;

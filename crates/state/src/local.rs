@@ -25,7 +25,6 @@ use crate::backend::{Backend, BackendError, Bytes, Connector, Object, Op, OpErro
 use crate::key::{Kind, ObjectKey};
 use core::fmt;
 use std::cmp::Reverse;
-use std::collections::hash_map::RandomState;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, VecDeque};
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -110,7 +109,7 @@ pub struct LocalBackend {
 
 struct Inner {
     shards: Box<[Mutex<Shard>]>,
-    hasher: RandomState,
+    hasher: foldhash::fast::RandomState,
     clock: ClockFn,
     max_objects: Option<usize>,
     /// Objects stored, expired or not.
@@ -712,7 +711,7 @@ impl LocalStore {
         LocalStore {
             inner: Arc::new(Inner {
                 shards,
-                hasher: RandomState::new(),
+                hasher: foldhash::fast::RandomState::default(),
                 clock,
                 max_objects: config.max_objects,
                 stored: AtomicUsize::new(0),

@@ -21,11 +21,15 @@
 //! Linear probing from `hash & mask`, at most 7/8 full (the table doubles and rehashes
 //! before it gets fuller), so a probe always ends at an empty slot. Removal shifts the
 //! entries after the hole back (no tombstones), so probe lengths never degrade over time.
-//! The hash is the crate's [`FxHasher`] followed by a full 64-bit finaliser: Fx's last step
-//! is a multiplication, which leaves the low bits (the slot index here) poorly mixed.
+//! The hash is foldhash's `quality` variant under a seed drawn per table: keys come from
+//! packets, and with a fixed hash a sender could pick flows whose slots collide, so that every
+//! lookup walks one long cluster. The `quality` variant ends with one more folded
+//! multiplication than `fast` (the variant of the workspace's `HashMap`s), so every bit of the
+//! hash, the low ones that index a slot and the top ones of the tag, depends on every bit of
+//! the key, which linear probing needs more than SwissTable's groups do; it replaced Fx's
+//! multiply-rotate with murmur3's 64-bit finaliser after it, at about the same cost.
 
-use crate::fxhash::FxHasher;
-use std::hash::{Hash, Hasher};
+use std::hash::{BuildHasher, Hash};
 
 /// Fewest slots of a non-empty table.
 const MIN_SLOTS: usize = 8;
@@ -42,6 +46,8 @@ pub(crate) struct FlowTable<K, V> {
     slots: Vec<Line<Option<(K, V)>>>,
     /// Entries.
     len: usize,
+    /// The keyed hash of this table.
+    hasher: foldhash::quality::RandomState,
 }
 
 /// A slot of its own cache line(s): entries never straddle a line boundary they need not.
@@ -63,16 +69,8 @@ impl<K, V> Default for FlowTable<K, V> {
 impl<K: Hash + Eq, V> FlowTable<K, V> {
     /// The hash of `k` that [`prefetch`](Self::prefetch) takes.
     #[inline]
-    pub(crate) fn hash(k: &K) -> u64 {
-        let mut h = FxHasher::default();
-        k.hash(&mut h);
-        // murmur3's fmix64: every output bit depends on every input bit.
-        let mut x = h.finish();
-        x ^= x >> 33;
-        x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
-        x ^= x >> 33;
-        x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-        x ^ (x >> 33)
+    pub(crate) fn hash(&self, k: &K) -> u64 {
+        self.hasher.hash_one(k)
     }
 
     /// Starts loading the cache lines a lookup of a key with this `hash` reads: its tag and
@@ -159,7 +157,7 @@ impl<K: Hash + Eq, V> FlowTable<K, V> {
     /// table next changes: one lookup serving several steps.
     #[inline]
     pub(crate) fn index_of(&self, k: &K) -> Option<usize> {
-        self.find(Self::hash(k), k)
+        self.find(self.hash(k), k)
     }
 
     /// The value at `i`, from [`index_of`](Self::index_of).
@@ -176,7 +174,7 @@ impl<K: Hash + Eq, V> FlowTable<K, V> {
 
     /// Sets the value of `k`; returns the value it replaces.
     pub(crate) fn insert(&mut self, k: K, v: V) -> Option<V> {
-        let hash = Self::hash(&k);
+        let hash = self.hash(&k);
         if let Some(i) = self.find(hash, &k) {
             return self.slots[i]
                 .0
@@ -212,13 +210,14 @@ impl<K: Hash + Eq, V> FlowTable<K, V> {
         advise_huge_pages(&self.slots);
         self.slots.resize_with(slots, || Line(None));
         for (k, v) in old.into_iter().filter_map(|l| l.0) {
-            self.place(Self::hash(&k), k, v);
+            let hash = self.hash(&k);
+            self.place(hash, k, v);
         }
     }
 
     /// Removes the entry of `k`; returns its value.
     pub(crate) fn remove(&mut self, k: &K) -> Option<V> {
-        let mut hole = self.find(Self::hash(k), k)?;
+        let mut hole = self.find(self.hash(k), k)?;
         let (_, v) = self.slots[hole].0.take()?;
         self.tags[hole] = 0;
         self.len -= 1;
@@ -235,7 +234,7 @@ impl<K: Hash + Eq, V> FlowTable<K, V> {
             let Some((key, _)) = &self.slots[j].0 else {
                 break; // unreachable: a non-zero tag has an entry
             };
-            let home = Self::hash(key) as usize & mask;
+            let home = self.hash(key) as usize & mask;
             if (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(hole) & mask) {
                 self.tags[hole] = self.tags[j];
                 self.tags[j] = 0;
@@ -262,12 +261,13 @@ impl<K: Hash + Eq, V> FlowTable<K, V> {
 }
 
 impl<K, V> FlowTable<K, V> {
-    /// An empty table; it allocates on the first insert.
-    pub(crate) const fn new() -> Self {
+    /// An empty table, with a seed of its own; it allocates on the first insert.
+    pub(crate) fn new() -> Self {
         Self {
             tags: Vec::new(),
             slots: Vec::new(),
             len: 0,
+            hasher: foldhash::quality::RandomState::default(),
         }
     }
 
@@ -367,7 +367,7 @@ mod tests {
         assert_eq!(t.get(&1), None);
         assert!(t.index_of(&1).is_none());
         assert_eq!(t.remove(&1), None);
-        t.prefetch(FlowTable::<u32, &str>::hash(&1)); // empty: a no-op
+        t.prefetch(t.hash(&1)); // empty: a no-op
         assert_eq!(t.insert(1, "a"), None);
         assert_eq!(t.insert(1, "b"), Some("a"));
         assert_eq!(t.get(&1), Some(&"b"));
@@ -382,7 +382,7 @@ mod tests {
         let mut t = FlowTable::new();
         for i in 0..10_000u64 {
             t.insert(i, i * 2);
-            t.prefetch(FlowTable::<u64, u64>::hash(&i));
+            t.prefetch(t.hash(&i));
         }
         assert_eq!(t.len(), 10_000);
         assert!(t.tags.len() * 7 >= t.len() * 8);
@@ -402,6 +402,14 @@ mod tests {
         assert_eq!(t.get(&5), None);
     }
 
+    #[test]
+    fn each_table_hashes_with_its_own_seed() {
+        // Slots an attacker worked out for one table (or one run) say nothing of another's.
+        let (a, b) = (FlowTable::<u64, ()>::new(), FlowTable::<u64, ()>::new());
+        assert!((0..64u64).any(|k| a.hash(&k) != b.hash(&k)));
+        assert!((0..64u64).all(|k| a.hash(&k) == a.hash(&k)));
+    }
+
     /// Every entry is reachable from its home slot without crossing an empty slot.
     fn check_invariants<K: Hash + Eq, V>(t: &FlowTable<K, V>) {
         let mask = t.mask();
@@ -410,7 +418,7 @@ mod tests {
             assert_eq!(*tg != 0, s.0.is_some());
             if let Some((k, _)) = &s.0 {
                 n += 1;
-                let h = FlowTable::<K, V>::hash(k);
+                let h = t.hash(k);
                 assert_eq!(*tg, tag(h));
                 let mut j = h as usize & mask;
                 while j != i {
@@ -453,7 +461,7 @@ mod tests {
                     Op::Insert(k, v) => prop_assert_eq!(t.insert(k, v), m.insert(k, v)),
                     Op::Remove(k) => prop_assert_eq!(t.remove(&k), m.remove(&k)),
                     Op::Get(k) => {
-                        t.prefetch(FlowTable::<u16, u32>::hash(&k));
+                        t.prefetch(t.hash(&k));
                         prop_assert_eq!(t.get(&k), m.get(&k));
                         prop_assert_eq!(t.index_of(&k).is_some(), m.contains_key(&k));
                     }

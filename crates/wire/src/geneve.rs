@@ -200,7 +200,7 @@ pub fn emit(
     kind: u8,
     data: &[u8],
 ) -> Option<usize> {
-    if data.len() % 4 != 0 || data.len() > MAX_OPTION_DATA {
+    if !data.len().is_multiple_of(4) || data.len() > MAX_OPTION_DATA {
         return None;
     }
     let len = HEADER_LEN + 4 + data.len();

@@ -27,6 +27,19 @@
 //! * Redis replies are never trusted: an answer of the wrong shape is an
 //!   [`OpError::Refused`](flowstate_state::OpError) naming the key, never a panic.
 //!
+//! Why `redis-cluster` routes slots itself instead of using the redis crate's cluster client
+//! (its `cluster` feature, `ClusterConnection` and `ClusterPipeline`): the state layer's contract
+//! for a batch is the driver's, not the client's. Redirected operations are sent again in batch
+//! order; `TRYAGAIN`/`CLUSTERDOWN` are waited out within this backend's `timeout`; a lost
+//! connection, or a node still not ready (`LOADING`, `BUSY`), fails the whole batch as
+//! unreachable, after which every connection is opened afresh so that no late reply is read as the next
+//! batch's; `partitions` runs `SCAN` on every master. The crate's client has its own retry
+//! count and backoff, and does not allow `SCAN` in a cluster pipeline, so each of these would
+//! be an adapter around it. What routing here costs is the slot table from `CLUSTER SLOTS`,
+//! `ops::slot` (CRC16, hash tags) and the `MOVED`/`ASK` loop, about 250 lines sharing the
+//! single-server backend's pipeline and reply handling, tested against a live slot migration
+//! (`tests/cluster_redirects.rs`) and by the conformance suite.
+//!
 //! Configuration (`[state]`): `backend = "redis"` with `url = "redis://host:port[/db]"`
 //! (`rediss://` is not built in); `backend = "redis-cluster"` with `nodes = ["redis://..",
 //! ..]` or a comma-separated `url`; both take `timeout = "2s"` (connect, read and write
@@ -263,7 +276,7 @@ fn open(
     let client = redis::Client::open(info.clone()).map_err(|e| unreachable(backend, e))?;
     let conn = client
         .get_connection_with_timeout(timeout)
-        .map_err(|e| unreachable(backend, format!("{}: {e}", info.addr)))?;
+        .map_err(|e| unreachable(backend, format!("{}: {e}", info.addr())))?;
     conn.set_read_timeout(Some(timeout))
         .and_then(|()| conn.set_write_timeout(Some(timeout)))
         .map_err(|e| unreachable(backend, e))?;
@@ -283,7 +296,7 @@ fn pipeline(conn: &mut Connection, cmds: &[&Cmd]) -> redis::RedisResult<Vec<Answ
     let values = conn.req_packed_commands(&packed, 0, cmds.len())?;
     if values.len() != cmds.len() {
         return Err(redis::RedisError::from((
-            redis::ErrorKind::ResponseError,
+            redis::ErrorKind::Parse,
             "wrong number of replies to a pipeline",
         )));
     }
@@ -296,7 +309,7 @@ fn pipeline(conn: &mut Connection, cmds: &[&Cmd]) -> redis::RedisResult<Vec<Answ
         .find(|a| matches!(a, Answer::Error { code, .. } if NOT_READY.contains(&code.as_str())))
     {
         return Err(redis::RedisError::from((
-            redis::ErrorKind::IoError,
+            redis::ErrorKind::Io,
             "server not ready",
             format!("{code} {detail}"),
         )));
@@ -388,7 +401,7 @@ impl RedisBackend {
             Err(e) => {
                 // The connection's state is unknown: start afresh next time.
                 self.conn = None;
-                Err(unreachable("redis", format!("{}: {e}", self.info.addr)))
+                Err(unreachable("redis", format!("{}: {e}", self.info.addr())))
             }
         }
     }
@@ -499,7 +512,7 @@ impl ClusterBackend {
             .map_err(|e| unreachable("redis-cluster", format!("{addr}: {e}")))?;
         // Credentials and database as for the seeds.
         if let Some(seed) = self.seeds.first() {
-            info.redis = seed.redis.clone();
+            info = info.set_redis_settings(seed.redis_settings().clone());
         }
         Ok(info)
     }
@@ -518,7 +531,7 @@ impl ClusterBackend {
     /// Learns the slot map from the first node that answers `CLUSTER SLOTS`.
     fn refresh(&mut self) -> Result<(), BackendError> {
         let mut candidates: Vec<String> = self.nodes.keys().cloned().collect();
-        candidates.extend(self.seeds.iter().map(|s| s.addr.to_string()));
+        candidates.extend(self.seeds.iter().map(|s| s.addr().to_string()));
         let mut last = String::from("no node given");
         for addr in candidates {
             let conn = match self.conn(&addr) {

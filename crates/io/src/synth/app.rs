@@ -749,7 +749,7 @@ const QUIC_MIN: usize = 1 + 8 + 1 + 16 + 4;
 /// `target` when the gap is 15 bytes or more (an empty OPT when 11 to 14).
 fn dns(q: u64, response: bool, target: usize, seed: u64, out: &mut [u8]) -> usize {
     let r = h(seed, q, 6);
-    let aaaa = (r >> 16) % 4 == 0;
+    let aaaa = (r >> 16).is_multiple_of(4);
     let (qtype, rdlen): (u16, usize) = if aaaa { (28, 16) } else { (1, 4) };
     let mut name = [0u8; 16];
     let mut nc = Cur::new(&mut name);
