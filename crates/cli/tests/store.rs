@@ -55,6 +55,8 @@ impl Drop for StoreProcess {
 }
 
 /// The lines of a configuration outside its `[state]` table.
+/// The settings of a configuration outside `[state]` (comments aside: each example's header
+/// names its own file).
 fn outside_state(text: &str) -> Vec<&str> {
     let mut in_state = false;
     text.lines()
@@ -63,7 +65,7 @@ fn outside_state(text: &str) -> Vec<&str> {
             if t.starts_with('[') {
                 in_state = t == "[state]";
             }
-            !in_state
+            !in_state && !t.is_empty() && !t.starts_with('#')
         })
         .collect()
 }
