@@ -17,15 +17,17 @@ fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// The file without its `[state]` table.
+/// The file's settings without its `[state]` table (comments aside: each example's header
+/// names its own file).
 fn without_state(text: &str) -> Vec<&str> {
     let mut in_state = false;
     text.lines()
         .filter(|l| {
-            if l.starts_with('[') {
-                in_state = l.trim() == "[state]";
+            let t = l.trim();
+            if t.starts_with('[') {
+                in_state = t == "[state]";
             }
-            !in_state
+            !in_state && !t.is_empty() && !t.starts_with('#')
         })
         .collect()
 }
