@@ -108,6 +108,45 @@ pub(crate) fn headless(
     }
 }
 
+/// A `width`×`height` screenshot of `url` in headless Chromium (run behind `prefix`, e.g. `ip
+/// netns exec NS`) after `budget_ms` of virtual time: its pixels, and how many distinct
+/// colours they have. Fails the test if Chromium fails or the page is blank.
+#[allow(dead_code)]
+pub(crate) fn screenshot(
+    prefix: &[&str],
+    browser: &str,
+    profile: &Path,
+    url: &str,
+    (width, height): (u32, u32),
+) -> Vec<(u8, u8, u8)> {
+    let shot = profile.with_extension("png");
+    let out = headless(
+        prefix,
+        browser,
+        profile,
+        &[
+            "--virtual-time-budget=6000",
+            &format!("--screenshot={}", shot.display()),
+            &format!("--window-size={width},{height}"),
+        ],
+        url,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (w, h, pixels) = png_pixels(&shot);
+    assert_eq!((w, h), (width, height));
+    let colours: std::collections::HashSet<_> = pixels.iter().collect();
+    assert!(
+        colours.len() > 20,
+        "a blank page: {} colours",
+        colours.len()
+    );
+    pixels
+}
+
 /// A PNG's pixels as RGB triples, and its size.
 pub(crate) fn png_pixels(path: &Path) -> (u32, u32, Vec<(u8, u8, u8)>) {
     let decoder = png::Decoder::new(std::io::BufReader::new(
