@@ -85,7 +85,7 @@ fn counts_order_workers_and_determinism() {
         three
             .malformed
             .keys()
-            .all(|k| k == "ipv4: truncated" || k == "ipv6: truncated"),
+            .all(|k| k == "ipv4.truncated" || k == "ipv6.truncated"),
         "{:?}",
         three.malformed
     );
