@@ -153,6 +153,9 @@ pub(crate) struct Link {
     /// A flush handed over by [`Partition::begin_flush_all`] whose replies are not read yet,
     /// and, once another call had to read them first, what they said.
     commit: RefCell<Commit>,
+    /// Whether changes went to the state thread without waiting since the last call: a
+    /// flush-all must then wait for them even when it has nothing new to send.
+    unsynced: Cell<bool>,
 }
 
 /// See [`Link::commit`].
@@ -193,6 +196,8 @@ impl Link {
     /// backlog) without waiting for its replies.
     fn begin_call(&self, mut ops: Vec<Op>, mut keep: usize) -> Result<Pending, StateError> {
         self.stats.sync_calls.fetch_add(1, Ordering::Relaxed);
+        // The state thread runs requests in order: this call's answer follows every earlier one.
+        self.unsynced.set(false);
         // The backlog goes first, so that a read sees every earlier change and a write is not
         // overtaken by an older one; its replies are not the caller's.
         let older = {
@@ -285,6 +290,8 @@ impl Link {
 
     fn try_send(&self, ops: Vec<Op>) -> Result<(), Vec<Op>> {
         let n = ops.len() as u64;
+        self.unsynced
+            .set(matches!(self.route, Route::Thread { .. }));
         match &self.route {
             Route::Thread { tx, .. } => match tx.try_send(Request {
                 keep: ops.len(),
@@ -563,6 +570,7 @@ impl Partition {
                 stats,
                 backlog: RefCell::new(Vec::new()),
                 commit: RefCell::new(Commit::default()),
+                unsynced: Cell::new(false),
             }),
             config,
             objects: Vec::new(),
@@ -647,7 +655,7 @@ impl Partition {
         for o in &self.objects {
             o.borrow_mut().drain(now, true, &mut ops);
         }
-        if ops.is_empty() && self.link.backlog.borrow().is_empty() {
+        if ops.is_empty() && self.link.backlog.borrow().is_empty() && !self.link.unsynced.get() {
             return Ok(());
         }
         let pending = self.link.begin_call(ops, usize::MAX)?;
