@@ -1056,9 +1056,12 @@ fn box_with_a_slow_download(name: &str) -> (Live, &'static str, Child, PathBuf, 
     // 3 MB at 300 KB/s: some ten seconds of traffic.
     let (name, data) = files.last().unwrap().clone();
     let (download, to) = live.slow_download(&name, "300k");
+    // The dispatcher and the workers publish on their own 100 ms schedules: wait until both
+    // have counted the download's packets.
     let mut flowing = false;
     for _ in 0..100 {
-        if nf_of(&live.summary_at(metrics), "nat")["packets_in"].as_u64() > Some(0) {
+        let s = live.summary_at(metrics);
+        if nf_of(&s, "nat")["packets_in"].as_u64() > Some(0) && s["packets_in"].as_u64() > Some(0) {
             flowing = true;
             break;
         }
