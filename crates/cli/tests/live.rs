@@ -8,7 +8,8 @@
 mod common;
 
 use common::{
-    attr, chromium, content, elements, headless, is_root, pane_command, rows, screenshot, si, Tmux,
+    attr, chromium, content, elements, headless, is_root, pane_command, polled_dashboard, rows,
+    screenshot, si, Tmux,
 };
 use flowstate_lab::{Lab, System, BOX_OUTSIDE, CLIENT, CLIENT_IF, HTTP_PORT, SERVER, VIP};
 use std::path::{Path, PathBuf};
@@ -1099,21 +1100,7 @@ fn the_dashboard_draws_a_live_box_in_headless_chromium() {
         &url,
     );
     let after = live.summary_at(metrics);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let dom = String::from_utf8(out.stdout).unwrap();
-    let polls: u32 = dom
-        .split("data-polls=\"")
-        .nth(1)
-        .and_then(|r| r.split('"').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("the page polled: {dom}"));
-    assert!(polls >= 3, "{polls} polls");
-    assert!(dom.contains("data-state=\"connected\""), "{dom}");
-    assert!(dom.contains("<span id=\"role\">chain</span>"), "{dom}");
+    let dom = polled_dashboard(out, "chain");
 
     // A number the page shows lies between the box's counts read before and after it.
     let shown = |el: &str| -> u64 {

@@ -3,7 +3,9 @@
 
 mod common;
 
-use common::{attr, chromium, elements, headless, pane_command, rows, screenshot, si, Tmux};
+use common::{
+    attr, chromium, elements, headless, pane_command, polled_dashboard, rows, screenshot, si, Tmux,
+};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -541,21 +543,7 @@ fn the_dashboard_shows_the_store_in_headless_chromium() {
         &["--virtual-time-budget=6000", "--dump-dom"],
         &url,
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let dom = String::from_utf8(out.stdout).unwrap();
-    let polls: u32 = dom
-        .split("data-polls=\"")
-        .nth(1)
-        .and_then(|r| r.split('"').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("the page polled: {dom}"));
-    assert!(polls >= 3, "{polls} polls");
-    assert!(dom.contains("data-state=\"connected\""), "{dom}");
-    assert!(dom.contains("<span id=\"role\">store</span>"), "{dom}");
+    let dom = polled_dashboard(out, "store");
     let chart = elements(&dom, "figure", "data-chart", "ops");
     assert_eq!(chart.len(), 1, "one chart of operations");
     let chart = &chart[0][..chart[0].find("</figure>").unwrap()];

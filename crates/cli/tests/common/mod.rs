@@ -108,6 +108,31 @@ pub(crate) fn headless(
     }
 }
 
+/// The DOM headless Chromium dumped (`out`) of a dashboard whose script polled at least three
+/// times, connected, and names the process's role `role`.
+#[allow(dead_code)]
+pub(crate) fn polled_dashboard(out: Output, role: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dom = String::from_utf8(out.stdout).unwrap();
+    let polls: u32 = dom
+        .split("data-polls=\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("the page polled: {dom}"));
+    assert!(polls >= 3, "{polls} polls");
+    assert!(dom.contains("data-state=\"connected\""), "{dom}");
+    assert!(
+        dom.contains(&format!("<span id=\"role\">{role}</span>")),
+        "{dom}"
+    );
+    dom
+}
+
 /// A `width`×`height` screenshot of `url` in headless Chromium (run behind `prefix`, e.g. `ip
 /// netns exec NS`) after `budget_ms` of virtual time: its pixels, and how many distinct
 /// colours they have. Fails the test if Chromium fails or the page is blank.
