@@ -278,14 +278,14 @@ impl Observer {
 
     /// Each worker's store-call histogram so far.
     pub fn state_call_times(&self) -> Vec<StateCallTimes> {
-        let Some(run) = self.run.load_full() else {
-            return Vec::new();
-        };
-        run.slots
-            .iter()
-            .filter_map(|s| s.load_full())
-            .map(|p| p.state_calls.clone())
-            .collect()
+        self.published().map(|p| p.state_calls.clone()).collect()
+    }
+
+    /// Every worker's latest published counters (none before the run started).
+    fn published(&self) -> impl Iterator<Item = Arc<Published>> {
+        let run = self.run.load_full();
+        run.into_iter()
+            .flat_map(|run| (0..run.slots.len()).filter_map(move |i| run.slots[i].load_full()))
     }
 
     /// The NFs of the running chain and their tables (empty before the run started).
@@ -363,14 +363,7 @@ impl Observer {
 
     /// Each worker's batch-time histogram so far.
     pub fn batch_times(&self) -> Vec<BatchTimes> {
-        let Some(run) = self.run.load_full() else {
-            return Vec::new();
-        };
-        run.slots
-            .iter()
-            .filter_map(|s| s.load_full())
-            .map(|p| p.batches.clone())
-            .collect()
+        self.published().map(|p| p.batches.clone()).collect()
     }
 }
 
