@@ -11,7 +11,7 @@ use common::{
     attr, chromium, content, elements, headless, is_root, pane_command, polled_dashboard, rows,
     screenshot, si, Tmux,
 };
-use flowstate_lab::{Lab, System, BOX_OUTSIDE, CLIENT, CLIENT_IF, HTTP_PORT, SERVER, VIP};
+use flowstate_lab::{Lab, System, BOX_OUTSIDE, CLIENT, CLIENT_IF, HTTP_PORT, SERVER, SERVER2, VIP};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Mutex;
@@ -1379,4 +1379,242 @@ fn state_list_shows_the_sessions_of_a_running_download() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("firewall, nat"));
 
     let _ = download.wait_with_output();
+}
+
+/// The UDP and TCP helpers of the NAT behaviour test (RFC 4787 / RFC 5382), one subcommand
+/// each; every address is given, so each socket's endpoints are exactly the test's.
+const NAT_PEER_PY: &str = r#"
+import socket, sys, time
+cmd, args = sys.argv[1], sys.argv[2:]
+def udp(ip, port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((ip, int(port)))
+    return s
+def tcp(ip, port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((ip, int(port)))
+    return s
+def name(a):
+    return "%s:%d" % a
+if cmd == "stun":        # answer every datagram with the address it came from
+    s = udp("0.0.0.0", args[0])
+    while True:
+        d, a = s.recvfrom(2048)
+        s.sendto(name(a).encode(), a)
+elif cmd == "ask":       # src_ip src_port dst_ip dst_port: send until answered, print the answer
+    s = udp(args[0], args[1]); s.settimeout(0.3)
+    for _ in range(20):
+        s.sendto(b"?", (args[2], int(args[3])))
+        try:
+            print(s.recvfrom(2048)[0].decode()); sys.exit(0)
+        except socket.timeout:
+            pass
+    sys.exit(1)
+elif cmd == "send":      # src_ip src_port dst_ip dst_port: a few datagrams, no answer awaited
+    s = udp(args[0], args[1])
+    for _ in range(3):
+        s.sendto(b"!", (args[2], int(args[3]))); time.sleep(0.1)
+elif cmd == "serve":     # ip port seconds: print where datagrams came from (once each), answer them
+    s = udp(args[0], args[1]); end = time.time() + float(args[2]); seen = set()
+    while time.time() < end:
+        s.settimeout(max(0.01, end - time.time()))
+        try:
+            d, a = s.recvfrom(2048)
+        except socket.timeout:
+            break
+        if a not in seen:
+            seen.add(a); print(name(a), flush=True)
+        s.sendto(name(a).encode(), a)
+elif cmd == "whoami":    # port: tell each TCP client the address it came from
+    s = tcp("0.0.0.0", args[0]); s.listen(16)
+    while True:
+        c, a = s.accept(); c.sendall(name(a).encode()); c.close()
+elif cmd == "tcp-serve": # ip port: tell one TCP client the address it came from
+    s = tcp(args[0], args[1]); s.listen(1); s.settimeout(10)
+    c, a = s.accept(); c.sendall(name(a).encode()); c.close()
+elif cmd == "tcp-ask":   # src_ip src_port dst_ip dst_port: print what the server says
+    for _ in range(10):
+        s = tcp(args[0], args[1]); s.settimeout(2)
+        try:
+            s.connect((args[2], int(args[3]))); print(s.recv(100).decode()); sys.exit(0)
+        except OSError:
+            s.close(); time.sleep(0.3)
+    sys.exit(1)
+"#;
+
+/// RFC 4787 and RFC 5382 through a live box, each filtering mode in turn: which outside hosts
+/// reach an inside host's UDP mapping (REQ-8), and two inside hosts reaching each other through
+/// their external endpoints, seeing each other's external endpoint (hairpinning, REQ-9; TCP
+/// REQ-8), with hole punching where the filter asks for it.
+#[test]
+fn nat_filtering_and_hairpinning_between_real_hosts() {
+    if !is_root() {
+        eprintln!("skipped: live tests need root");
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut live = Live::up("h");
+    let script = live.dir.path().join("peer.py");
+    std::fs::write(&script, NAT_PEER_PY).unwrap();
+    let py = |args: &[&str]| -> Vec<String> {
+        let mut v = vec!["python3".to_string(), path(&script).to_string()];
+        v.extend(args.iter().map(|a| a.to_string()));
+        v
+    };
+    // A second inside host.
+    let peer = "10.0.0.3";
+    let o = live.client(&["ip", "addr", "add", &format!("{peer}/24"), "dev", CLIENT_IF]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for server in [py(&["stun", "3478"]), py(&["whoami", "7000"])] {
+        let argv: Vec<&str> = server.iter().map(String::as_str).collect();
+        let child = Command::new("ip")
+            .args(["netns", "exec", &live.lab.server_ns()])
+            .args(&argv)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        live.others.push(child);
+    }
+    let run = |live: &Live, ns: &str, args: &[&str]| -> String {
+        let argv = py(args);
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let o = live.run_in(ns, &argv);
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8(o.stdout).unwrap().trim().to_string()
+    };
+    let port_of = |answer: &str| -> String {
+        let (ip, port) = answer.split_once(':').expect("ip:port");
+        assert_eq!(ip, BOX_OUTSIDE.to_string(), "seen from outside as the box");
+        port.to_string()
+    };
+    let (client_ns, server_ns) = (live.lab.client_ns(), live.lab.server_ns());
+    let (client, server, server2, ext) = (
+        CLIENT.to_string(),
+        SERVER.to_string(),
+        SERVER2.to_string(),
+        BOX_OUTSIDE.to_string(),
+    );
+
+    for mode in [
+        "endpoint-independent",
+        "address-dependent",
+        "address-and-port-dependent",
+    ] {
+        let chain = format!(
+            "[[chain]]\nnf = \"nat\"\nexternal = [\"{BOX_OUTSIDE}\"]\nports = \"20000-59999\"\nfiltering = \"{mode}\"\n"
+        );
+        // One worker, a live box's default: hairpinning is exact there (see the NAT's docs).
+        let cfg = config(&chain).replace("workers = 2", "workers = 1");
+        live.start_box(&cfg, SERVER);
+
+        // Filtering: the inside host's mapping, then two outside hosts knock on it.
+        let pa = port_of(&run(
+            &live,
+            &client_ns,
+            &["ask", &client, "6000", &server, "3478"],
+        ));
+        let listen = {
+            let argv = py(&["serve", &client, "6000", "3"]);
+            Command::new("ip")
+                .args(["netns", "exec", &client_ns])
+                .args(&argv)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap()
+        };
+        std::thread::sleep(Duration::from_millis(300));
+        run(&live, &server_ns, &["send", &server, "3479", &ext, &pa]);
+        run(&live, &server_ns, &["send", &server2, "3478", &ext, &pa]);
+        let seen = String::from_utf8(listen.wait_with_output().unwrap().stdout).unwrap();
+        let from_port = seen.contains(&format!("{server}:3479"));
+        let from_host = seen.contains(&format!("{server2}:3478"));
+        let expected = match mode {
+            "endpoint-independent" => (true, true),
+            "address-dependent" => (true, false),
+            _ => (false, false),
+        };
+        assert_eq!(
+            (from_port, from_host),
+            expected,
+            "{mode}: the inside host saw {seen:?}"
+        );
+
+        // Hairpinning, UDP: the peer's mapping; under the stricter filters the peer punches
+        // towards the client's external endpoint first.
+        let pb = port_of(&run(
+            &live,
+            &client_ns,
+            &["ask", peer, "9000", &server, "3478"],
+        ));
+        if mode != "endpoint-independent" {
+            run(&live, &client_ns, &["send", peer, "9000", &ext, &pa]);
+        }
+        let listen = {
+            let argv = py(&["serve", peer, "9000", "4"]);
+            Command::new("ip")
+                .args(["netns", "exec", &client_ns])
+                .args(&argv)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap()
+        };
+        std::thread::sleep(Duration::from_millis(300));
+        let answer = run(&live, &client_ns, &["ask", &client, "6000", &ext, &pb]);
+        let seen = String::from_utf8(listen.wait_with_output().unwrap().stdout).unwrap();
+        // Each saw the other's external endpoint (REQ-9b), never an inside address.
+        assert_eq!(
+            answer,
+            format!("{ext}:{pa}"),
+            "{mode}: the client heard back"
+        );
+        assert_eq!(seen.trim(), format!("{ext}:{pa}"), "{mode}: the peer saw");
+
+        // Hairpinning, TCP (endpoint-independent: the peer's listening port has a mapping
+        // from an earlier connection, and any inside host may connect to it).
+        if mode == "endpoint-independent" {
+            let qb = port_of(&run(
+                &live,
+                &client_ns,
+                &["tcp-ask", peer, "8443", &server, "7000"],
+            ));
+            let listen = {
+                let argv = py(&["tcp-serve", peer, "8443"]);
+                Command::new("ip")
+                    .args(["netns", "exec", &client_ns])
+                    .args(&argv)
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .spawn()
+                    .unwrap()
+            };
+            std::thread::sleep(Duration::from_millis(300));
+            let told = run(&live, &client_ns, &["tcp-ask", &client, "0", &ext, &qb]);
+            port_of(&told); // the peer saw the box's external address, not 10.0.0.2
+            let _ = listen.wait_with_output();
+        }
+
+        let s = live.stop_box();
+        let nat = nf_of(&s, "nat");
+        assert!(
+            nat["report"]["hairpinned"].as_i64() >= Some(2),
+            "{mode}: {s}"
+        );
+        let dropped = &s["dropped"];
+        match mode {
+            "address-dependent" => assert!(dropped["nat.filtered"].as_u64() >= Some(1), "{s}"),
+            "address-and-port-dependent" => {
+                assert!(dropped["nat.no_mapping"].as_u64() >= Some(3), "{s}")
+            }
+            _ => {}
+        }
+    }
 }
