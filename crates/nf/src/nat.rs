@@ -14,6 +14,7 @@
 //! filtering = "address-dependent"             # or "endpoint-independent", "address-and-port-dependent"
 //! hairpinning = true                          # inside hosts reach each other's external endpoints
 //! refresh = "both"                            # or "outbound": which packets keep a session alive
+//! max_sessions = 2097152                      # at most, shared by the workers; new ones dropped beyond
 //! ```
 //!
 //! # Behaviour
@@ -347,6 +348,15 @@ pub struct Config {
     /// Which packets renew a session (default `both`).
     #[serde(default)]
     pub refresh: Refresh,
+    /// Sessions the NAT holds at most, shared evenly by the workers (default 2,097,152). At
+    /// the limit a packet that would open a session is dropped (`"nat: session limit"`); no
+    /// session is ever evicted to make room.
+    #[serde(default = "default_max_sessions")]
+    pub max_sessions: u64,
+}
+
+fn default_max_sessions() -> u64 {
+    1 << 21
 }
 
 fn yes() -> bool {
@@ -378,6 +388,7 @@ pub const CONFIG_KEYS: &[&str] = &[
     "filtering",
     "hairpinning",
     "refresh",
+    "max_sessions",
 ];
 
 fn config_error(key: &'static str, reason: impl Into<String>) -> BuildError {
@@ -402,6 +413,7 @@ impl Config {
             filtering: Filtering::default(),
             hairpinning: true,
             refresh: Refresh::default(),
+            max_sessions: default_max_sessions(),
         }
     }
 
@@ -445,6 +457,9 @@ impl Config {
                 errors.push(config_error("external", format!("{a} is listed twice")));
             }
         }
+        if self.max_sessions == 0 {
+            errors.push(config_error("max_sessions", "expected at least 1"));
+        }
         if self.ports.is_empty() || self.ports.lo == 0 {
             errors.push(config_error(
                 "ports",
@@ -477,7 +492,7 @@ pub fn port_owner(port: u16, lo: u16, count: u32) -> u32 {
 
 /// Why the NAT drops packets: `(reason, name in report())`. The index is the key of the
 /// `drops` counter map.
-pub const DROP_REASONS: [(&str, &str); 11] = [
+pub const DROP_REASONS: [(&str, &str); 12] = [
     ("nat: no mapping", "drop_no_mapping"),
     ("nat: pool exhausted", "drop_pool_exhausted"),
     ("nat: not an external address", "drop_not_external"),
@@ -492,6 +507,7 @@ pub const DROP_REASONS: [(&str, &str); 11] = [
         "drop_external_source",
     ),
     ("nat: filtered", "drop_filtered"),
+    ("nat: session limit", "drop_session_limit"),
 ];
 
 const NO_MAPPING: u8 = 0;
@@ -505,6 +521,7 @@ const MALFORMED: u8 = 7;
 const STATE_ERROR: u8 = 8;
 const EXTERNAL_SOURCE: u8 = 9;
 const FILTERED: u8 = 10;
+const SESSION_LIMIT: u8 = 11;
 
 // ------------------------------------------------------------------------------------------
 // State values

@@ -20,7 +20,8 @@ ports = "1024-1030"
 tcp_established = "50s"
 tcp_transitory = "10s"
 udp = "20s"
-icmp = "5s""#;
+icmp = "5s"
+max_sessions = 12"#;
 
 const INSIDE: [Ipv4Addr; 3] = [
     Ipv4Addr::new(10, 0, 0, 1),

@@ -629,3 +629,41 @@ fn nat_hairpins_udp_and_tcp_between_inside_hosts() {
     assert_eq!(dst_of(&to_b), (IpAddr::V4(EXT), pb));
     assert_eq!(rig.report("hairpinned"), 0);
 }
+
+/// `max_sessions`: at the limit new sessions are dropped and counted, established ones keep
+/// working, and room comes back as sessions end.
+#[test]
+fn nat_session_limit_drops_new_sessions_and_keeps_old_ones() {
+    for table in ["state", "mvt"] {
+        let mut rig = Rig::new(&format!(
+            "{CONFIG}\ntable = \"{table}\"\nmax_sessions = 3\nudp = \"30s\""
+        ));
+        assert_eq!(rig.report("session_limit"), 3);
+        for port in [5000, 5001, 5002] {
+            let mut f = udp((IN1, port), (SRV1, 53));
+            assert_eq!(rig.send(&mut f, Outbound), Verdict::Forward, "{table}");
+        }
+        let mut fourth = udp((IN1, 5003), (SRV1, 53));
+        assert_eq!(
+            drop_reason(rig.send(&mut fourth, Outbound)),
+            "nat: session limit",
+            "{table}"
+        );
+        // The sessions there still carry traffic both ways.
+        let mut again = udp((IN1, 5000), (SRV1, 53));
+        assert_eq!(rig.send(&mut again, Outbound), Verdict::Forward, "{table}");
+        let port = ext_port(&again, EXT);
+        let mut reply = udp((SRV1, 53), (EXT, port));
+        assert_eq!(rig.send(&mut reply, Inbound), Verdict::Forward, "{table}");
+        assert_eq!(rig.report("drop_session_limit"), 1, "{table}");
+        assert_eq!(rig.report("active_sessions"), 3, "{table}");
+        rig.advance(31);
+        let mut fourth = udp((IN1, 5003), (SRV1, 53));
+        assert_eq!(rig.send(&mut fourth, Outbound), Verdict::Forward, "{table}");
+    }
+    let e = nat::factory(&table("external = [\"203.0.113.1\"]\nmax_sessions = 0"))
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(e.contains("max_sessions"), "{e}");
+}

@@ -382,6 +382,10 @@ impl NatTable for FlowTables {
         )
     }
 
+    fn sessions(&self) -> usize {
+        self.out.cached_len()
+    }
+
     fn list(&self, table: &str, now: Nanos, out: &mut Vec<Row>) {
         match table {
             "sessions" => self.out.for_each_timed(|k, s, deadline| {

@@ -632,6 +632,10 @@ impl NatTable for MvtTable {
         (self.sessions as i64, self.mappings as i64, self.free as i64)
     }
 
+    fn sessions(&self) -> usize {
+        self.sessions
+    }
+
     /// Sessions are found through their timers (each live session has exactly one node whose
     /// deadline its entry's `aux` holds); mappings are the sessions grouped by inside endpoint.
     fn list(&self, table: &str, now: Nanos, out: &mut Vec<Row>) {

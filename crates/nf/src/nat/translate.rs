@@ -8,7 +8,7 @@ use super::rewrite::{is_icmp_error, quoted, rewrite, rewrite_quoted, tcp_flags};
 use super::{
     tcp_established, tcp_step, Config, Endpoint, Filtering, Ipv6Policy, Refresh, DROP_REASONS,
     EXTERNAL_SOURCE, FILTERED, FRAGMENT, ICMP_ERROR, IPV6, MALFORMED, NF, NOT_EXTERNAL, NO_MAPPING,
-    STATE_ERROR, UNSUPPORTED,
+    SESSION_LIMIT, STATE_ERROR, UNSUPPORTED,
 };
 use crate::listing::Row;
 use crate::{BuildError, Context, Direction, NetworkFunction, Packet, Verdict, WorkerInfo};
@@ -174,6 +174,9 @@ pub trait NatTable {
     /// Live sessions, mappings, free external endpoints (-1: the store cannot say).
     fn counts(&self) -> (i64, i64, i64);
 
+    /// Live sessions at this worker (cheap: every new session asks).
+    fn sessions(&self) -> usize;
+
     /// The rows of listing `table` (see [`super::TABLES`]).
     fn list(&self, table: &str, now: Nanos, out: &mut Vec<Row>);
 }
@@ -185,6 +188,8 @@ pub struct Translator<T> {
     filtering: Filtering,
     hairpinning: bool,
     inbound_refresh: bool,
+    /// This worker's share of `max_sessions`.
+    max_sessions: usize,
     ipv6: Ipv6Policy,
     /// The external addresses, sorted (for [`Translator::is_external`]).
     external: Vec<u32>,
@@ -242,6 +247,7 @@ impl<T: NatTable> Translator<T> {
             filtering: config.filtering,
             hairpinning: config.hairpinning,
             inbound_refresh: config.refresh == Refresh::Both,
+            max_sessions: config.max_sessions.div_ceil(u64::from(worker.count)) as usize,
             ipv6: config.ipv6,
             external,
             translations: state.counter("translations", part, Access::WriteMostly)?,
@@ -304,11 +310,8 @@ impl<T: NatTable> Translator<T> {
                 let tcp = kind
                     .flags()
                     .map_or(0, |f| tcp_step(0, f, Direction::Outbound));
-                match self.table.open(&flow, tcp, &self.timeouts, now) {
-                    Ok(e) => {
-                        self.translations.add_nowait(1);
-                        e
-                    }
+                match self.open(&flow, tcp, now) {
+                    Ok(e) => e,
                     Err(why) => return self.drop_packet(why),
                 }
             }
@@ -428,12 +431,22 @@ impl<T: NatTable> Translator<T> {
         let tcp = kind
             .flags()
             .map_or(0, |f| tcp_step(0, f, Direction::Inbound));
-        let opened = self.table.open(&out, tcp, &self.timeouts, now)?;
+        let opened = self.open(&out, tcp, now)?;
         if opened != (ext, flow.dst_port) {
             return Err(STATE_ERROR); // the endpoint's mapping moved under us
         }
-        self.translations.add_nowait(1);
         self.table.find_in(flow, None)?.ok_or(STATE_ERROR)
+    }
+
+    /// Opens the session of outbound `flow` unless the worker holds its share of
+    /// `max_sessions` already.
+    fn open(&mut self, flow: &FlowKey, tcp: u8, now: Nanos) -> Result<(Ipv4Addr, u16), u8> {
+        if self.table.sessions() >= self.max_sessions {
+            return Err(SESSION_LIMIT);
+        }
+        let e = self.table.open(flow, tcp, &self.timeouts, now)?;
+        self.translations.add_nowait(1);
+        Ok(e)
     }
 
     /// Translates an ICMP error quoting a packet of a session (RFC 5508 REQ-3, REQ-4). The
@@ -572,6 +585,7 @@ impl<T: NatTable> NetworkFunction for Translator<T> {
             ("hairpinned", self.hairpinned.get().unwrap_or(-1)),
             ("expired_sessions", self.expired.get().unwrap_or(-1)),
             ("pool_free", free),
+            ("session_limit", self.max_sessions as i64),
         ];
         for (i, (_, name)) in DROP_REASONS.iter().enumerate() {
             r.push((name, self.drops.get(&(i as u8)).unwrap_or(-1)));
@@ -580,6 +594,11 @@ impl<T: NatTable> NetworkFunction for Translator<T> {
     }
 
     fn gauges(&self) -> &'static [&'static str] {
-        &["active_mappings", "active_sessions", "pool_free"]
+        &[
+            "active_mappings",
+            "active_sessions",
+            "pool_free",
+            "session_limit",
+        ]
     }
 }
