@@ -15,6 +15,7 @@
 //! hairpinning = true                          # inside hosts reach each other's external endpoints
 //! refresh = "both"                            # or "outbound": which packets keep a session alive
 //! max_sessions = 2097152                      # at most, shared by the workers; new ones dropped beyond
+//! early_drop = true                           # out of ports or sessions: end the oldest unanswered or closed one
 //! ```
 //!
 //! # Behaviour
@@ -81,6 +82,16 @@
 //! RFC 7857 §2.2 establishes on SYNs in both directions) and neither has sent a FIN or RST;
 //! before that and after a FIN or RST it is transitory (RFC 5382 REQ-5). A bare SYN on a
 //! closing session starts the tuple afresh (port reuse after TIME-WAIT).
+//!
+//! **Limits.** A worker holds at most its share of `max_sessions`; a port is free for a new
+//! mapping only when its mapping's last session ended. A new session that finds the limit
+//! reached or the paired address's pool empty is dropped (`"nat: session limit"`, `"nat: pool
+//! exhausted"`) unless early drop (`early_drop = true`, the default, as conntrack's) can end an
+//! expendable session for it: the oldest (by when it opened or closed, among the next 64
+//! remembered) that nothing came in on, or that is closed (reset, or FIN both ways), and that
+//! frees a port when a port is what is missing. Established and answered sessions are never
+//! ended early, so a flood of new flows from spoofed or churning sources evicts only its own
+//! kind. Ended sessions count as `early_drops`.
 //!
 //! [`NetworkFunction::on_tick`] expires sessions. Each EIM mapping counts its sessions; when
 //! the last one ends the mapping is removed and its external port goes back to the end of the
@@ -353,6 +364,12 @@ pub struct Config {
     /// session is ever evicted to make room.
     #[serde(default = "default_max_sessions")]
     pub max_sessions: u64,
+    /// Whether a new session that finds no free port, or the session limit reached, may end
+    /// the oldest expendable session to make room: one nothing came in on, or a closed TCP one
+    /// (reset, or FIN both ways), as conntrack's early drop (default `true`). Established
+    /// sessions are never ended early.
+    #[serde(default = "yes")]
+    pub early_drop: bool,
 }
 
 fn default_max_sessions() -> u64 {
@@ -389,6 +406,7 @@ pub const CONFIG_KEYS: &[&str] = &[
     "hairpinning",
     "refresh",
     "max_sessions",
+    "early_drop",
 ];
 
 fn config_error(key: &'static str, reason: impl Into<String>) -> BuildError {
@@ -414,6 +432,7 @@ impl Config {
             hairpinning: true,
             refresh: Refresh::default(),
             max_sessions: default_max_sessions(),
+            early_drop: true,
         }
     }
 
@@ -629,6 +648,23 @@ fn tcp_step(mut s: u8, flags: tcp::Flags, dir: Direction) -> u8 {
         s |= fin;
     }
     s
+}
+
+/// The state bits after a packet came in: a TCP segment steps them by its `flags`; any other
+/// packet marks the session answered.
+fn step_in(s: u8, flags: Option<tcp::Flags>) -> u8 {
+    match flags {
+        Some(f) => tcp_step(s, f, Direction::Inbound),
+        None => s | TCP_IN_OPEN,
+    }
+}
+
+/// Whether a session may be ended early to make room (`early_drop`): nothing came in on it,
+/// or it is closed (reset, or a FIN from both sides). An established session never is.
+const fn expendable(s: u8) -> bool {
+    s & TCP_IN_OPEN == 0
+        || s & TCP_RST != 0
+        || s & (TCP_OUT_FIN | TCP_IN_FIN) == TCP_OUT_FIN | TCP_IN_FIN
 }
 
 /// Whether a TCP session is established (RFC 5382 REQ-5): both sides opened, none closing.

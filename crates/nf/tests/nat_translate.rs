@@ -639,9 +639,12 @@ fn nat_session_limit_drops_new_sessions_and_keeps_old_ones() {
             "{CONFIG}\ntable = \"{table}\"\nmax_sessions = 3\nudp = \"30s\""
         ));
         assert_eq!(rig.report("session_limit"), 3);
+        // Answered sessions: early drop (on by default) does not end them.
         for port in [5000, 5001, 5002] {
             let mut f = udp((IN1, port), (SRV1, 53));
             assert_eq!(rig.send(&mut f, Outbound), Verdict::Forward, "{table}");
+            let mut reply = udp((SRV1, 53), (EXT, ext_port(&f, EXT)));
+            assert_eq!(rig.send(&mut reply, Inbound), Verdict::Forward, "{table}");
         }
         let mut fourth = udp((IN1, 5003), (SRV1, 53));
         assert_eq!(
@@ -666,4 +669,57 @@ fn nat_session_limit_drops_new_sessions_and_keeps_old_ones() {
         .map(|e| e.to_string())
         .unwrap_or_default();
     assert!(e.contains("max_sessions"), "{e}");
+}
+
+/// Early drop: out of ports, a new session ends the oldest session nothing came in on (or a
+/// closed one) and takes its port; answered and established sessions are never ended.
+#[test]
+fn nat_early_drop_ends_unanswered_sessions_never_answered_ones() {
+    for table in ["state", "mvt"] {
+        for early_drop in [true, false] {
+            let what = format!("{table}, early_drop = {early_drop}");
+            let mut rig = Rig::new(&format!(
+                "{CONFIG}\ntable = \"{table}\"\nports = \"1024-1025\"\nearly_drop = {early_drop}"
+            ));
+            // An answered UDP session and an established TCP connection hold both ports.
+            let mut dns = udp((IN1, 5000), (SRV1, 53));
+            rig.send(&mut dns, Outbound);
+            let dns_port = ext_port(&dns, EXT);
+            let mut answer = udp((SRV1, 53), (EXT, dns_port));
+            assert_eq!(rig.send(&mut answer, Inbound), Verdict::Forward);
+            let mut syn = tcp((IN2, 6000), (SRV1, 80), SYN);
+            rig.send(&mut syn, Outbound);
+            let web_port = ext_port(&syn, EXT);
+            let mut syn_ack = tcp((SRV1, 80), (EXT, web_port), SYN | ACK);
+            assert_eq!(rig.send(&mut syn_ack, Inbound), Verdict::Forward);
+            // Nothing to end: the newcomer is dropped either way.
+            let mut late = udp((IN1, 5001), (SRV1, 53));
+            assert_eq!(
+                drop_reason(rig.send(&mut late, Outbound)),
+                "nat: pool exhausted",
+                "{what}"
+            );
+            // The connection closes (FIN both ways): now it is expendable.
+            let mut fin = tcp((IN2, 6000), (SRV1, 80), FIN | ACK);
+            rig.send(&mut fin, Outbound);
+            let mut fin_back = tcp((SRV1, 80), (EXT, web_port), FIN | ACK);
+            rig.send(&mut fin_back, Inbound);
+            let mut late = udp((IN1, 5001), (SRV1, 53));
+            let v = rig.send(&mut late, Outbound);
+            if early_drop {
+                assert_eq!(v, Verdict::Forward, "{what}");
+                assert_eq!(
+                    ext_port(&late, EXT),
+                    web_port,
+                    "{what}: the closed one's port"
+                );
+                assert_eq!(rig.report("early_drops"), 1, "{what}");
+            } else {
+                assert_eq!(drop_reason(v), "nat: pool exhausted", "{what}");
+            }
+            // The answered session was left alone.
+            let mut answer = udp((SRV1, 53), (EXT, dns_port));
+            assert_eq!(rig.send(&mut answer, Inbound), Verdict::Forward, "{what}");
+        }
+    }
 }

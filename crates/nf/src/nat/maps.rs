@@ -3,8 +3,8 @@
 
 use super::translate::{Found, NatTable, Timeouts};
 use super::{
-    in_key, mapping_row, out_key, session_row, tcp_step, Config, Endpoint, Filtering, InSession,
-    Mapping, OutSession, MALFORMED, POOL_EXHAUSTED, STATE_ERROR,
+    expendable, in_key, mapping_row, out_key, session_row, step_in, tcp_step, Config, Endpoint,
+    Filtering, InSession, Mapping, OutSession, MALFORMED, POOL_EXHAUSTED, STATE_ERROR,
 };
 use crate::listing::{Cell, Row};
 use crate::{BuildError, Direction, WorkerInfo};
@@ -277,13 +277,11 @@ impl NatTable for FlowTables {
             Ok(None) => return Ok(None),
             Ok(Some(o)) => o.tcp,
         };
-        if let Some(f) = flags {
-            let t = tcp_step(tcp, f, Direction::Inbound);
-            if t != tcp {
-                tcp = t;
-                if self.out.with_mut(&ok, |e| e.map(|e| e.tcp = t)).is_err() {
-                    return Err(STATE_ERROR);
-                }
+        let t = step_in(tcp, flags);
+        if t != tcp {
+            tcp = t;
+            if self.out.with_mut(&ok, |e| e.map(|e| e.tcp = t)).is_err() {
+                return Err(STATE_ERROR);
             }
         }
         Ok(Some(Found {
@@ -384,6 +382,29 @@ impl NatTable for FlowTables {
 
     fn sessions(&self) -> usize {
         self.out.cached_len()
+    }
+
+    fn early_drop(&mut self, flow: &FlowKey, for_port: bool) -> bool {
+        let Ok(Some(s)) = self.out.get(flow) else {
+            return false;
+        };
+        if !expendable(s.tcp) {
+            return false;
+        }
+        if for_port {
+            let IpAddr::V4(inside) = flow.src else {
+                return false;
+            };
+            let last = self.eim.get(&(inside, flow.src_port, flow.proto));
+            if !matches!(last, Ok(Some(m)) if m.sessions <= 1) {
+                return false;
+            }
+        }
+        if self.out.remove_nowait(flow).is_none() {
+            return false;
+        }
+        self.release(flow, &s);
+        true
     }
 
     fn list(&self, table: &str, now: Nanos, out: &mut Vec<Row>) {

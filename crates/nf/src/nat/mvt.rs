@@ -47,8 +47,9 @@
 
 use super::translate::{Found, NatTable, Timeouts, Translator};
 use super::{
-    config_error, in_key, mapping_row, out_key, session_row, tcp_step, Config, Endpoint, Filtering,
-    InSession, Mapping, OutSession, MALFORMED, NF, POOL_EXHAUSTED, STATE_ERROR,
+    config_error, expendable, in_key, mapping_row, out_key, session_row, step_in, tcp_step, Config,
+    Endpoint, Filtering, InSession, Mapping, OutSession, MALFORMED, NF, POOL_EXHAUSTED,
+    STATE_ERROR,
 };
 use crate::listing::{Cell, Row, TableInfo};
 use crate::{BuildError, Direction, NetworkFunction, NfFactory, WorkerInfo};
@@ -540,9 +541,7 @@ impl NatTable for MvtTable {
         else {
             return Ok(None);
         };
-        if let Some(f) = flags {
-            *tcp = tcp_step(*tcp, f, Direction::Inbound);
-        }
+        *tcp = step_in(*tcp, flags);
         Ok(Some(Found {
             inside_ip,
             inside_port,
@@ -634,6 +633,20 @@ impl NatTable for MvtTable {
 
     fn sessions(&self) -> usize {
         self.sessions
+    }
+
+    fn early_drop(&mut self, flow: &FlowKey, for_port: bool) -> bool {
+        let Some(id) = self.table.find(&flow_match(OUT, flow)) else {
+            return false;
+        };
+        let Some(NatValue::Out { tcp, res, .. }) = self.table.get(id).copied() else {
+            return false;
+        };
+        if !expendable(tcp) || (for_port && self.table.entry(res).is_none_or(|e| e.aux > 1)) {
+            return false;
+        }
+        self.release(id, flow);
+        true
     }
 
     /// Sessions are found through their timers (each live session has exactly one node whose

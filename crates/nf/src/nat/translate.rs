@@ -6,9 +6,9 @@
 
 use super::rewrite::{is_icmp_error, quoted, rewrite, rewrite_quoted, tcp_flags};
 use super::{
-    tcp_established, tcp_step, Config, Endpoint, Filtering, Ipv6Policy, Refresh, DROP_REASONS,
-    EXTERNAL_SOURCE, FILTERED, FRAGMENT, ICMP_ERROR, IPV6, MALFORMED, NF, NOT_EXTERNAL, NO_MAPPING,
-    SESSION_LIMIT, STATE_ERROR, UNSUPPORTED,
+    out_key, tcp_established, tcp_step, Config, Endpoint, Filtering, Ipv6Policy, Refresh,
+    DROP_REASONS, EXTERNAL_SOURCE, FILTERED, FRAGMENT, ICMP_ERROR, IPV6, MALFORMED, NF,
+    NOT_EXTERNAL, NO_MAPPING, POOL_EXHAUSTED, SESSION_LIMIT, STATE_ERROR, UNSUPPORTED,
 };
 use crate::listing::Row;
 use crate::{BuildError, Context, Direction, NetworkFunction, Packet, Verdict, WorkerInfo};
@@ -17,9 +17,15 @@ use flowstate_wire::dissect::{Fragment, Network, Transport};
 use flowstate_wire::flow::proto;
 use flowstate_wire::icmp::v4::types as icmp_type;
 use flowstate_wire::{icmp, ipv4, tcp, FlowKey};
+use std::collections::VecDeque;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
+
+/// Candidates for early drop remembered per worker, at most.
+const CANDIDATES: usize = 1 << 16;
+/// Candidates looked at for one new session, at most.
+const EARLY_DROP_SCAN: usize = 64;
 
 /// Which endpoint of a packet to rewrite.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +58,11 @@ impl Kind {
             Transport::Icmpv4 { kind, .. } if is_icmp_error(kind) => return Err(()),
             _ => return Ok(None),
         }))
+    }
+
+    /// Whether it is a TCP segment with FIN or RST: its session may become expendable.
+    fn closes(self) -> bool {
+        matches!(self, Kind::Tcp(f) if f.contains(tcp::Flags::FIN) || f.contains(tcp::Flags::RST))
     }
 
     fn flags(self) -> Option<tcp::Flags> {
@@ -177,6 +188,10 @@ pub trait NatTable {
     /// Live sessions at this worker (cheap: every new session asks).
     fn sessions(&self) -> usize;
 
+    /// Ends the session of outbound `flow` if it is expendable (see `early_drop`) and, when
+    /// `for_port`, it is the last session of its mapping (so its port goes back to the pool).
+    fn early_drop(&mut self, flow: &FlowKey, for_port: bool) -> bool;
+
     /// The rows of listing `table` (see [`super::TABLES`]).
     fn list(&self, table: &str, now: Nanos, out: &mut Vec<Row>);
 }
@@ -190,6 +205,9 @@ pub struct Translator<T> {
     inbound_refresh: bool,
     /// This worker's share of `max_sessions`.
     max_sessions: usize,
+    early_drop: bool,
+    /// Sessions that may be expendable, oldest first (opened, or closing): checked when taken.
+    candidates: VecDeque<FlowKey>,
     ipv6: Ipv6Policy,
     /// The external addresses, sorted (for [`Translator::is_external`]).
     external: Vec<u32>,
@@ -197,6 +215,7 @@ pub struct Translator<T> {
     packets_out: Counter,
     packets_in: Counter,
     hairpinned: Counter,
+    early_dropped: Counter,
     expired: Counter,
     drops: CounterMap<u8>,
 }
@@ -248,12 +267,15 @@ impl<T: NatTable> Translator<T> {
             hairpinning: config.hairpinning,
             inbound_refresh: config.refresh == Refresh::Both,
             max_sessions: config.max_sessions.div_ceil(u64::from(worker.count)) as usize,
+            early_drop: config.early_drop,
+            candidates: VecDeque::with_capacity(if config.early_drop { CANDIDATES } else { 0 }),
             ipv6: config.ipv6,
             external,
             translations: state.counter("translations", part, Access::WriteMostly)?,
             packets_out: state.counter("packets_out", part, Access::WriteMostly)?,
             packets_in: state.counter("packets_in", part, Access::WriteMostly)?,
             hairpinned: state.counter("hairpinned", part, Access::WriteMostly)?,
+            early_dropped: state.counter("early_dropped", part, Access::WriteMostly)?,
             expired: state.counter("expired", part, Access::WriteMostly)?,
             drops: state.counter_map("drops", part, Access::WriteMostly)?,
         })
@@ -316,6 +338,9 @@ impl<T: NatTable> Translator<T> {
                 }
             }
         };
+        if kind.closes() {
+            self.candidate(flow);
+        }
         if self.hairpinning && self.is_external(flow.dst) {
             return self.hairpin(pkt, &flow, kind, (ip, port), now);
         }
@@ -354,7 +379,7 @@ impl<T: NatTable> Translator<T> {
             return self.drop_packet(MALFORMED);
         }
         self.packets_out.add_nowait(1);
-        let v = self.deliver(pkt, &back, &found, now);
+        let v = self.deliver(pkt, &back, kind, &found, now);
         if v == Verdict::Forward {
             self.hairpinned.add_nowait(1);
         }
@@ -368,7 +393,7 @@ impl<T: NatTable> Translator<T> {
             Err(()) => return self.icmp_error(pkt, Direction::Inbound),
         };
         match self.find_in(&flow, kind, now) {
-            Ok(found) => self.deliver(pkt, &flow, &found, now),
+            Ok(found) => self.deliver(pkt, &flow, kind, &found, now),
             Err(why) => self.drop_packet(why),
         }
     }
@@ -388,11 +413,19 @@ impl<T: NatTable> Translator<T> {
         &mut self,
         pkt: &mut Packet<'_>,
         flow: &FlowKey,
+        kind: Kind,
         found: &Found<T::Session>,
         now: Nanos,
     ) -> Verdict {
         if !rewrite(pkt, Side::Dst, found.inside_ip, found.inside_port) {
             return self.drop_packet(MALFORMED);
+        }
+        if kind.closes() {
+            let inside = super::InSession {
+                inside_ip: found.inside_ip,
+                inside_port: found.inside_port,
+            };
+            self.candidate(out_key(flow, &inside));
         }
         if self.inbound_refresh {
             let ttl = self.timeouts.of(flow.proto, found.tcp);
@@ -441,12 +474,47 @@ impl<T: NatTable> Translator<T> {
     /// Opens the session of outbound `flow` unless the worker holds its share of
     /// `max_sessions` already.
     fn open(&mut self, flow: &FlowKey, tcp: u8, now: Nanos) -> Result<(Ipv4Addr, u16), u8> {
-        if self.table.sessions() >= self.max_sessions {
+        if self.table.sessions() >= self.max_sessions && !self.make_room(false) {
             return Err(SESSION_LIMIT);
         }
-        let e = self.table.open(flow, tcp, &self.timeouts, now)?;
+        let e = match self.table.open(flow, tcp, &self.timeouts, now) {
+            Err(POOL_EXHAUSTED) if self.make_room(true) => {
+                self.table.open(flow, tcp, &self.timeouts, now)?
+            }
+            r => r?,
+        };
         self.translations.add_nowait(1);
+        self.candidate(*flow);
         Ok(e)
+    }
+
+    /// Remembers a session that is, or may become, expendable.
+    #[inline]
+    fn candidate(&mut self, flow: FlowKey) {
+        if self.early_drop {
+            if self.candidates.len() == CANDIDATES {
+                self.candidates.pop_front();
+            }
+            self.candidates.push_back(flow);
+        }
+    }
+
+    /// Early drop: ends the oldest expendable session among the next [`EARLY_DROP_SCAN`]
+    /// candidates (one whose mapping it is the last session of, when a port is `for_port`).
+    fn make_room(&mut self, for_port: bool) -> bool {
+        if !self.early_drop {
+            return false;
+        }
+        for _ in 0..EARLY_DROP_SCAN {
+            let Some(k) = self.candidates.pop_front() else {
+                return false;
+            };
+            if self.table.early_drop(&k, for_port) {
+                self.early_dropped.add_nowait(1);
+                return true;
+            }
+        }
+        false
     }
 
     /// Translates an ICMP error quoting a packet of a session (RFC 5508 REQ-3, REQ-4). The
@@ -583,6 +651,7 @@ impl<T: NatTable> NetworkFunction for Translator<T> {
             ("packets_out", self.packets_out.get().unwrap_or(-1)),
             ("packets_in", self.packets_in.get().unwrap_or(-1)),
             ("hairpinned", self.hairpinned.get().unwrap_or(-1)),
+            ("early_drops", self.early_dropped.get().unwrap_or(-1)),
             ("expired_sessions", self.expired.get().unwrap_or(-1)),
             ("pool_free", free),
             ("session_limit", self.max_sessions as i64),
