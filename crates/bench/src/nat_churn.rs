@@ -9,13 +9,20 @@
 //! connections from [`THREADS`] threads for the phase's seconds: connect, read the server's one
 //! byte, close with a reset (`SO_LINGER` 0, so neither host keeps a TIME-WAIT that would
 //! block a port's reuse); a connection that does not complete within [`CONNECT_TIMEOUT_S`]
-//! (its SYN dropped for want of a port) counts as failed. The pool, not the client or the
-//! server, is the limit: at most `POOL / CLOSED_HOLD_S` new connections a second.
+//! (its SYN dropped for want of a port) counts as failed.
 //!
-//! Reports connections completed per second for each (`metrics.{linux,flowstate}_conn_per_s`),
-//! failed attempts, the time from the end of the churn until a new connection gets through
-//! again (`metrics.*_recovery_s`), flowstate's drops by reason, and
-//! `ratios.nat_churn_vs_linux` (goal ≥ 1). One worker, the live box's default; the run needs
+//! Neither NAT waits out the hold when it needs a port: conntrack lets a new connection take
+//! the tuple of a closed one, and flowstate's early drop (`early_drop = true`, the default)
+//! ends a closed session to free its port. So the limit is how fast each NAT sets connections
+//! up and tears them down. A third box, `flowstate_no_early_drop`, waits the hold out: at most
+//! `POOL / CLOSED_HOLD_S` connections a second (`metrics.pool_bound_conn_per_s`), the rest
+//! dropped as `nat.pool_exhausted` until ports come back.
+//!
+//! Reports connections completed per second for each
+//! (`metrics.{linux,flowstate,flowstate_no_early_drop}_conn_per_s`), failed attempts, the time
+//! from the end of the churn until a new connection gets through again (`metrics.*_recovery_s`),
+//! flowstate's drops by reason, and `ratios.nat_churn_vs_linux` (flowstate with its defaults;
+//! goal ≥ 1). One worker, the live box's default; the run needs
 //! root, nftables, conntrack's sysctls and python3 (scripts/setup-live), else `params.error`.
 
 use crate::live_nat::run_box;
@@ -188,12 +195,21 @@ fn measure_all(lab: &Lab, seconds: f64, report: &mut Report) -> Result<(), Strin
         .map_err(|e| e.to_string())?;
     let linux = linux?;
 
-    let text = box_config(&format!("{CLOSED_HOLD_S}s"));
-    let (ours, summary) = run_box(lab, &text, || churn(lab, &script, seconds, 0))?;
+    let hold = format!("{CLOSED_HOLD_S}s");
+    let (ours, summary) = run_box(lab, &box_config(&hold, true), || {
+        churn(lab, &script, seconds, 0)
+    })?;
+    let (waiting, waiting_summary) = run_box(lab, &box_config(&hold, false), || {
+        churn(lab, &script, seconds, 0)
+    })?;
     server.stop();
 
     let per_s = |c: &Churned| c.ok as f64 / c.seconds.max(1e-9);
-    for (name, c) in [("linux", &linux), ("flowstate", &ours)] {
+    for (name, c) in [
+        ("linux", &linux),
+        ("flowstate", &ours),
+        ("flowstate_no_early_drop", &waiting),
+    ] {
         report.metric(&format!("{name}_conn_per_s"), per_s(c));
         report.metric(&format!("{name}_completed"), c.ok as f64);
         report.metric(&format!("{name}_failed"), c.failed as f64);
@@ -203,11 +219,17 @@ fn measure_all(lab: &Lab, seconds: f64, report: &mut Report) -> Result<(), Strin
         "pool_bound_conn_per_s",
         f64::from(POOL) / f64::from(CLOSED_HOLD_S),
     );
-    for (reason, n) in &summary.dropped {
-        report.metric(
-            &format!("flowstate_dropped_{}", reason.replace('.', "_")),
-            *n as f64,
-        );
+    for (name, s) in [
+        ("flowstate", &summary),
+        ("flowstate_no_early_drop", &waiting_summary),
+    ] {
+        for (reason, n) in &s.dropped {
+            let key = format!("{name}_dropped_{}", reason.replace('.', "_"));
+            report.metric(&key, *n as f64);
+        }
+        let nat = s.nfs.iter().find(|n| n.name == "nat");
+        let early = nat.and_then(|n| n.report.get("early_drops")).copied();
+        report.metric(&format!("{name}_early_drops"), early.unwrap_or(0) as f64);
     }
     let linux_rate = per_s(&linux);
     report.ratio(
@@ -221,16 +243,16 @@ fn measure_all(lab: &Lab, seconds: f64, report: &mut Report) -> Result<(), Strin
     Ok(())
 }
 
-/// A live NAT box's configuration with the churn pool and `closed_hold` as its transitory
-/// TCP timeout.
-pub fn box_config(closed_hold: &str) -> String {
+/// A live NAT box's configuration with the churn pool, `closed_hold` as its transitory TCP
+/// timeout, and early drop on or off.
+pub fn box_config(closed_hold: &str, early_drop: bool) -> String {
     format!(
         "[input]\ninterface = \"{}\"\naddress = \"10.0.0.1\"\n\
          [output]\ninterface = \"{}\"\naddress = \"{BOX_OUTSIDE}\"\n\
          [runtime]\nworkers = 1\ninside = [\"10.0.0.0/24\"]\n\
          [state]\nbackend = \"local\"\n\
          [[chain]]\nnf = \"nat\"\nexternal = [\"{BOX_OUTSIDE}\"]\nports = \"20000-{}\"\n\
-         tcp_transitory = \"{closed_hold}\"\n",
+         tcp_transitory = \"{closed_hold}\"\nearly_drop = {early_drop}\n",
         flowstate_lab::NF_INSIDE_IF,
         flowstate_lab::NF_OUTSIDE_IF,
         20000 + POOL - 1,

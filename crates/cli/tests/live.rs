@@ -1618,3 +1618,103 @@ fn nat_filtering_and_hairpinning_between_real_hosts() {
         }
     }
 }
+
+/// A NAT with a pool of 100 ports under 10,000 short TCP connections (issue #21): with early
+/// drop (the default) closed connections give their ports to new ones; without it the pool
+/// runs dry, new connections are dropped and counted as `nat.pool_exhausted`, and they get
+/// through again once ports come back. The box survives both and exits cleanly.
+#[test]
+fn a_small_nat_pool_under_connection_churn_counts_exhaustion_and_recovers() {
+    use flowstate_bench::nat_churn::{box_config, churn, CHURN_PY};
+    if !is_root() {
+        eprintln!("skipped: live tests need root");
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut live = Live::up("c");
+    let script = live.dir.path().join("churn.py");
+    std::fs::write(&script, CHURN_PY).unwrap();
+    let server = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &live.lab.server_ns(),
+            "python3",
+            path(&script),
+        ])
+        .args(["accept", "9100"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    live.others.push(server);
+
+    // Early drop: every connection gets a port.
+    live.start_box(&box_config("200ms", true), SERVER);
+    let c = churn(&live.lab, &script, 120.0, 10_000).unwrap();
+    let s = live.stop_box();
+    assert_eq!(c.ok + c.failed, 10_000, "{c:?}");
+    assert!(c.ok > 9_000, "{c:?}");
+    let nat = nf_of(&s, "nat");
+    assert!(nat["report"]["early_drops"].as_i64() > Some(0), "{s}");
+    // Far more sessions than ports: ports went round (a client port the kernel reuses while
+    // its closed session lives restarts that session instead of opening one).
+    assert!(report(&s, "nat", "translations") > 50 * 100, "{s}");
+
+    // Without it, a closed connection's port rests 200 ms: the pool runs dry.
+    live.start_box(&box_config("200ms", false), SERVER);
+    let c = churn(&live.lab, &script, 120.0, 3_000).unwrap();
+    let s = live.stop_box();
+    assert_eq!(c.ok + c.failed, 3_000, "{c:?}");
+    assert!(c.ok > 0 && c.failed > 0, "{c:?}");
+    let exhausted = s["dropped"]["nat.pool_exhausted"].as_u64().unwrap_or(0);
+    assert!(exhausted > 0, "exhaustion is counted: {s}");
+    // And they get through again: `churn` ends by waiting (30 s at most) for a connection to
+    // complete, and fails otherwise.
+    eprintln!("recovered {:.3} s after the churn", c.recovery_s);
+    assert_eq!(nf_of(&s, "nat")["report"]["early_drops"].as_i64(), Some(0));
+}
+
+#[test]
+fn bench_nat_churn_reports_the_ratio() {
+    if !is_root() {
+        eprintln!("skipped: live tests need root");
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("nat-churn.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_flowstate"))
+        .args(["bench", "nat-churn", "--quick", "--json", path(&json)])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(v["name"], "nat-churn");
+    assert!(v["params"].get("error").is_none(), "{v}");
+    let m = &v["metrics"];
+    for who in ["linux", "flowstate", "flowstate_no_early_drop"] {
+        assert!(
+            m[format!("{who}_conn_per_s")].as_f64() > Some(0.0),
+            "{who}: {v}"
+        );
+        assert!(
+            m[format!("{who}_recovery_s")].as_f64().is_some(),
+            "{who}: {v}"
+        );
+    }
+    // The ratio is the two rates of this run.
+    let ratio = v["ratios"]["nat_churn_vs_linux"].as_f64().unwrap();
+    let expect =
+        m["flowstate_conn_per_s"].as_f64().unwrap() / m["linux_conn_per_s"].as_f64().unwrap();
+    assert!((ratio - expect).abs() < 1e-9, "{v}");
+    // The box that waits out the hold runs out of ports and says so.
+    assert!(
+        m["flowstate_no_early_drop_dropped_nat_pool_exhausted"].as_f64() > Some(0.0),
+        "{v}"
+    );
+}
