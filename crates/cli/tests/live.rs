@@ -1718,3 +1718,55 @@ fn bench_nat_churn_reports_the_ratio() {
         "{v}"
     );
 }
+
+/// ICMP errors the box sends itself (RFC 1812, RFC 1191), checked by the hosts' own stacks:
+/// `ping -t 1` hears "Time to live exceeded" from the box's inside address; with the outside
+/// link's MTU at 1400 (both ends), `ping -M do` hears "Frag needed" with that MTU and then
+/// sends no more than it, and a download still completes across the two MTUs.
+#[test]
+fn the_box_sends_time_exceeded_and_fragmentation_needed() {
+    if !is_root() {
+        eprintln!("skipped: live tests need root");
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut live = Live::up("m");
+    let files = publish(&live.lab);
+    for (ns, port) in [(live.lab.nf_ns(), "fs-out"), (live.lab.server_ns(), "fs-s")] {
+        let o = live.run_in(&ns, &["ip", "link", "set", port, "mtu", "1400"]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let cfg = config(&nat_chain()).replace("workers = 2", "workers = 1");
+    live.start_box(&cfg, SERVER);
+
+    let server = SERVER.to_string();
+    let ttl = live.client(&["ping", "-n", "-c1", "-W2", "-t1", &server]);
+    let said = String::from_utf8_lossy(&ttl.stdout);
+    assert!(
+        said.contains("From 10.0.0.1") && said.contains("Time to live exceeded"),
+        "{said}"
+    );
+    // The first DF ping too big is answered; the host then knows the path MTU.
+    let big = live.client(&[
+        "ping", "-n", "-c2", "-W2", "-M", "do", "-s", "1472", &server,
+    ]);
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&big.stdout),
+        String::from_utf8_lossy(&big.stderr)
+    );
+    assert!(
+        said.contains("mtu = 1400") || said.contains("mtu=1400"),
+        "{said}"
+    );
+    let (name, data) = files.last().unwrap();
+    let got = live.download(&format!("http://{SERVER}:{HTTP_PORT}/{name}"));
+    assert!(got == *data, "{name}: {} bytes, content differs", got.len());
+
+    let s = live.stop_box();
+    let b = &s["live_box"];
+    assert!(b["ttl_expired"].as_u64() >= Some(1), "{s}");
+    // The second big ping stayed at the host: it had learnt the path MTU from the first.
+    assert_eq!(b["too_big"].as_u64(), Some(1), "{s}");
+    assert!(b["icmp_errors_sent"].as_u64() >= Some(2), "{s}");
+}
