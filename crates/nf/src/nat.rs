@@ -142,14 +142,14 @@
 //! | RFC 4787 REQ-10, RFC 5382 REQ-6 | ALGs off by default | ✔ there are none |
 //! | RFC 4787 REQ-11 | deterministic behaviour | ✔ the same input gives the same output; no fallbacks between behaviours |
 //! | RFC 4787 REQ-12, RFC 5382 REQ-10 | an ICMP message never ends a mapping or session | ✔ ICMP errors neither end nor refresh sessions |
-//! | RFC 4787 REQ-13 | "fragmentation needed" sent for a DF packet too big for the outside | ✘ the box sends no ICMP errors; its two ports share one MTU in practice |
+//! | RFC 4787 REQ-13 | "fragmentation needed" sent for a DF packet too big for the outside | ✔ the live box sends it, with the outside port's MTU, before translating (`flowstate_chain::live`) |
 //! | RFC 4787 REQ-14 | fragments, in and out of order (MUST) | ✘ fragments are dropped (`fragment`), a known gap |
 //! | RFC 5382 REQ-2 | every valid TCP sequence, simultaneous open included | ✔ TCP state only chooses the timeout; a simultaneous open through hairpinning or filtering works (tested) |
 //! | RFC 5382 REQ-4 | an unsolicited SYN is not answered for 6 s, and is forwarded if an outbound SYN follows | ◐ it is dropped silently (never answered); it is not held, so the peer's retransmission completes a simultaneous open |
 //! | RFC 5382 REQ-5 | established TCP timeout ≥ 2 h 4 min, transitory ≥ 4 min | ✔ the defaults (`tcp_established = "2h4m"`, `tcp_transitory = "4m"`) |
 //! | RFC 5382 REQ-9, RFC 5508 REQ-3/REQ-4 | ICMP errors translated, embedded packet included | ✔ both directions, every checksum, for TCP, UDP and echo sessions |
 //! | RFC 5508 REQ-1 | ICMP echo from the inside with its replies; query timeout ≥ 60 s, configurable | ✔ identifiers mapped like ports; `icmp = "60s"` |
-//! | RFC 5508 (errors the NAT originates) | TTL exceeded and the like sent by the NAT itself | ✘ the box decrements TTL and drops an expired packet without an error |
+//! | RFC 5508 (errors the NAT originates) | TTL exceeded and the like sent by the NAT itself | ✔ time exceeded and fragmentation needed, from the box's port address to the sender as it sent (no host unreachable yet) |
 //! | RFC 7857 §2.2 | TCP established on SYNs in both directions | ✔ established once each side sent a SYN or an ACK |
 //!
 //! # Ports per worker
