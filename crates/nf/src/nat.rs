@@ -16,6 +16,7 @@
 //! refresh = "both"                            # or "outbound": which packets keep a session alive
 //! max_sessions = 2097152                      # at most, shared by the workers; new ones dropped beyond
 //! early_drop = true                           # out of ports or sessions: end the oldest unanswered or closed one
+//! port_parity = false                         # true: even inside ports get even external ports, odd odd
 //! ```
 //!
 //! # Behaviour
@@ -133,7 +134,7 @@
 //! | RFC 4787 REQ-2 | "paired" IP address pooling (RECOMMENDED) | ✔ the external address is a hash of the inside address; a full address drops (`pool exhausted`) rather than unpair |
 //! | RFC 4787 REQ-3, RFC 5382 REQ-7 | no port overloading (MUST NOT) | ✔ an external port belongs to one mapping at a time |
 //! | RFC 4787 REQ-3a/b | ports 0–1023 and 1024–65535 mapped within their range (RECOMMENDED) | ◐ ports come from `ports` (default 1024–65535): high ports stay high; low ports are mapped high |
-//! | RFC 4787 REQ-4 | port parity preservation (RECOMMENDED) | ✘ ports are handed out in pool order |
+//! | RFC 4787 REQ-4 | port parity preservation (RECOMMENDED) | ✔ with `port_parity = true` (even and odd ports pooled apart; the other parity only when one runs out); off by default |
 //! | RFC 4787 REQ-5 | UDP mapping timeout ≥ 2 min, 5 min RECOMMENDED | ✔ `udp = "5m"` by default; shorter values are the operator's choice |
 //! | RFC 4787 REQ-6 | outbound refresh MUST, inbound refresh MAY | ✔ `refresh = "both"` (default) or `"outbound"` |
 //! | RFC 4787 REQ-7 | internal and external address conflicts handled | — external addresses are static configuration; inbound packets to anything else are dropped |
@@ -370,6 +371,11 @@ pub struct Config {
     /// sessions are never ended early.
     #[serde(default = "yes")]
     pub early_drop: bool,
+    /// Whether an inside port is mapped to an external port of the same parity (RFC 4787
+    /// REQ-4, RECOMMENDED for RTP/RTCP pairs; default `false`): even and odd ports are then
+    /// pooled apart, and the other parity is used only when one runs out.
+    #[serde(default)]
+    pub port_parity: bool,
 }
 
 fn default_max_sessions() -> u64 {
@@ -407,6 +413,7 @@ pub const CONFIG_KEYS: &[&str] = &[
     "refresh",
     "max_sessions",
     "early_drop",
+    "port_parity",
 ];
 
 fn config_error(key: &'static str, reason: impl Into<String>) -> BuildError {
@@ -433,6 +440,7 @@ impl Config {
             refresh: Refresh::default(),
             max_sessions: default_max_sessions(),
             early_drop: true,
+            port_parity: false,
         }
     }
 

@@ -1,6 +1,6 @@
 //! The NAT on a Match-Value Table (`table = "mvt"`) against the default NAT: the same random
 //! traffic (valid, mutated, garbage, ICMP errors, hairpinned packets, time passing) through both,
-//! under every filtering mode and refresh direction, must give the same verdicts, the same output
+//! under every filtering mode, refresh direction and port parity setting, must give the same verdicts, the same output
 //! bytes and the same report, for one worker and for a worker of two. (About 60% of the cases
 //! hairpin a packet and about 17% filter one.)
 
@@ -402,8 +402,11 @@ proptest! {
             Just("address-and-port-dependent"),
         ],
         refresh in prop_oneof![Just("both"), Just("outbound")],
+        port_parity in any::<bool>(),
     ) {
-        let options = format!("filtering = \"{filtering}\"\nrefresh = \"{refresh}\"");
+        let options = format!(
+            "filtering = \"{filtering}\"\nrefresh = \"{refresh}\"\nport_parity = {port_parity}"
+        );
         let (index, count) = if two_workers { (1, 2) } else { (0, 1) };
         let mut run = Run::new(index, count, &options);
         for op in &ops {

@@ -723,3 +723,34 @@ fn nat_early_drop_ends_unanswered_sessions_never_answered_ones() {
         }
     }
 }
+
+/// `port_parity` (RFC 4787 REQ-4): even inside ports get even external ports and odd odd,
+/// until a parity runs out; then the other one is used.
+#[test]
+fn nat_port_parity_is_kept_until_a_parity_runs_out() {
+    for table in ["state", "mvt"] {
+        let mut rig = Rig::new(&format!(
+            "{CONFIG}\ntable = \"{table}\"\nports = \"1024-1027\"\nport_parity = true\nearly_drop = false"
+        ));
+        let mut got = Vec::new();
+        for port in [5000u16, 5001, 5003, 5005] {
+            let mut f = udp((IN1, port), (SRV1, 53));
+            assert_eq!(rig.send(&mut f, Outbound), Verdict::Forward, "{table}");
+            got.push(ext_port(&f, EXT));
+        }
+        // 5000 even, 5001 and 5003 odd, then the odd ports are gone: 5005 takes an even one.
+        assert_eq!(got[0] % 2, 0, "{table}: {got:?}");
+        assert_eq!((got[1] % 2, got[2] % 2), (1, 1), "{table}: {got:?}");
+        assert_eq!(got[3] % 2, 0, "{table}: {got:?}");
+        let mut fifth = udp((IN1, 5007), (SRV1, 53));
+        assert!(
+            matches!(rig.send(&mut fifth, Outbound), Verdict::Drop(_)),
+            "{table}"
+        );
+    }
+    // Off (the default), ports come in pool order whatever their parity.
+    let mut rig = Rig::new(&format!("{CONFIG}\nports = \"1024-1027\""));
+    let mut a = udp((IN1, 5001), (SRV1, 53));
+    rig.send(&mut a, Outbound);
+    assert_eq!(ext_port(&a, EXT), 1024);
+}

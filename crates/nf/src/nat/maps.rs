@@ -30,8 +30,10 @@ pub struct FlowTables {
     /// Sessions per inside endpoint and remote address (kept under address-dependent
     /// filtering only).
     peers: Map<Peer, u32>,
-    /// One free-port list per external address, in configuration order.
-    pools: Vec<(Ipv4Addr, List<u16>)>,
+    /// Free-port lists per external address, in configuration order: even and odd ports
+    /// with `port_parity`, else all in the first.
+    pools: Vec<(Ipv4Addr, [List<u16>; 2])>,
+    parity: bool,
 }
 
 impl fmt::Debug for FlowTables {
@@ -59,7 +61,10 @@ impl FlowTables {
         for a in &config.external {
             pools.push((
                 *a,
-                state.list::<u16>(&format!("pool.{a}"), part, Access::ReadWrite)?,
+                [
+                    state.list::<u16>(&format!("pool.{a}"), part, Access::ReadWrite)?,
+                    state.list::<u16>(&format!("pool.{a}.odd"), part, Access::ReadWrite)?,
+                ],
             ));
         }
         let by_endpoint = Scope::CrossFlow(&[Field::SrcIp, Field::SrcPort, Field::Proto]);
@@ -75,15 +80,16 @@ impl FlowTables {
             )?,
             peers: state.map("peers", by_endpoint, Access::ReadWrite)?,
             pools,
+            parity: config.port_parity,
         };
         let init: Value<u32> = state.value("pool_init", part, Access::ReadWrite)?;
         let print = pool_fingerprint(config, worker);
         match init.get()? {
             None => {
-                for (_, pool) in &t.pools {
+                for (_, pools) in &t.pools {
                     let first = u32::from(config.ports.lo) + worker.index;
                     for p in (first..=u32::from(config.ports.hi)).step_by(worker.count as usize) {
-                        pool.push_nowait(p as u16);
+                        pools[t.list_of(p as u16)].push_nowait(p as u16);
                     }
                 }
                 init.set_nowait(print);
@@ -100,11 +106,29 @@ impl FlowTables {
         Ok(t)
     }
 
-    /// The pool of the external address paired with `inside` (RFC 4787 REQ-2).
+    /// The pools of the external address paired with `inside` (RFC 4787 REQ-2).
     #[inline]
-    fn paired(&self, inside: Ipv4Addr) -> &(Ipv4Addr, List<u16>) {
+    fn paired(&self, inside: Ipv4Addr) -> &(Ipv4Addr, [List<u16>; 2]) {
         let i = hash::crc32c(&inside.octets()) as usize % self.pools.len();
         &self.pools[i]
+    }
+
+    /// Which of an address's lists port `p` is kept in.
+    #[inline]
+    fn list_of(&self, p: u16) -> usize {
+        usize::from(self.parity) & usize::from(p & 1)
+    }
+
+    /// A free port of the paired address for inside port `port`: of its parity first.
+    fn take(&self, inside: Ipv4Addr, port: u16) -> Result<(Ipv4Addr, u16), u8> {
+        let (ip, pools) = self.paired(inside);
+        let want = self.list_of(port);
+        for l in [want, 1 - want] {
+            if let Some(p) = pools[l].pop().map_err(|_| STATE_ERROR)? {
+                return Ok((*ip, p));
+            }
+        }
+        Err(POOL_EXHAUSTED)
     }
 
     /// Refreshes both entries of a session with the same timeout.
@@ -156,8 +180,8 @@ impl FlowTables {
                 self.ext
                     .remove_nowait(&(s.ext_ip, s.ext_port, out_key.proto));
             }
-            if let Some((_, pool)) = self.pools.iter().find(|(a, _)| *a == s.ext_ip) {
-                pool.push_nowait(s.ext_port);
+            if let Some((_, pools)) = self.pools.iter().find(|(a, _)| *a == s.ext_ip) {
+                pools[self.list_of(s.ext_port)].push_nowait(s.ext_port);
             }
         }
     }
@@ -216,21 +240,20 @@ impl NatTable for FlowTables {
             Err(_) => return Err(STATE_ERROR),
             Ok(Some(e)) => e,
             Ok(None) => {
-                let (ip, pool) = self.paired(inside);
-                let port = pool.pop().map_err(|_| STATE_ERROR)?.ok_or(POOL_EXHAUSTED)?;
+                let (ip, port) = self.take(inside, flow.src_port)?;
                 self.eim.insert_nowait(
                     ep,
                     Mapping {
-                        ext_ip: *ip,
+                        ext_ip: ip,
                         ext_port: port,
                         sessions: 1,
                     },
                 );
                 if self.filtering != Filtering::AddressAndPortDependent {
                     self.ext
-                        .insert_nowait((*ip, port, flow.proto), (inside, flow.src_port));
+                        .insert_nowait((ip, port, flow.proto), (inside, flow.src_port));
                 }
-                (*ip, port)
+                (ip, port)
             }
         };
         if self.filtering == Filtering::AddressDependent {
@@ -364,7 +387,7 @@ impl NatTable for FlowTables {
 
     fn counts(&self) -> (i64, i64, i64) {
         let mut free = 0;
-        for (_, p) in &self.pools {
+        for p in self.pools.iter().flat_map(|(_, p)| p) {
             match p.len() {
                 Ok(l) => free += l as i64,
                 Err(_) => {
@@ -427,6 +450,9 @@ fn pool_fingerprint(config: &Config, worker: WorkerInfo) -> u32 {
     crc = hash::crc32c_append(crc, &config.ports.hi.to_be_bytes());
     for a in &config.external {
         crc = hash::crc32c_append(crc, &a.octets());
+    }
+    if config.port_parity {
+        crc = hash::crc32c_append(crc, b"parity");
     }
     crc
 }

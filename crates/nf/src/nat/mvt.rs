@@ -170,9 +170,10 @@ pub enum NatValue {
     Peer,
 }
 
-fn pool_match(ext: Ipv4Addr) -> Match {
+/// The pool of `ext`'s ports kept in list `list` (0, or 1 for odd ports with `port_parity`).
+fn pool_match(ext: Ipv4Addr, list: u8) -> Match {
     let o = ext.octets();
-    Match::exact(&Key::from_bytes(&[POOL, o[0], o[1], o[2], o[3]]))
+    Match::exact(&Key::from_bytes(&[POOL, o[0], o[1], o[2], o[3], list]))
 }
 
 fn eim_match(inside: Ipv4Addr, port: u16, proto: u8) -> Match {
@@ -233,6 +234,7 @@ impl MvtNat {
 /// One worker's NAT table: a Match-Value Table and the timers of its sessions.
 pub struct MvtTable {
     filtering: Filtering,
+    parity: bool,
     external: Vec<Ipv4Addr>,
     table: Mvt<NatValue>,
     /// Session timers: (deadline, inside 5-tuple, session entry), earliest first.
@@ -265,13 +267,15 @@ impl MvtTable {
                     ext_ip: *a,
                     ext_port: p as u16,
                 };
+                let list = u8::from(config.port_parity) & (p & 1) as u8;
                 table
-                    .insert(Entry::new(pool_match(*a), v, 0, NEVER, 0))
+                    .insert(Entry::new(pool_match(*a, list), v, 0, NEVER, 0))
                     .map_err(|e| config_error("ports", e.to_string()))?;
             }
         }
         Ok(MvtTable {
             filtering: config.filtering,
+            parity: config.port_parity,
             external: config.external.clone(),
             free: table.len(),
             table,
@@ -361,7 +365,8 @@ impl MvtTable {
             _ => None,
         };
         if let Some((ip, port)) = back {
-            if self.table.rematch(res, pool_match(ip)).is_ok() {
+            let list = u8::from(self.parity) & (port & 1) as u8;
+            if self.table.rematch(res, pool_match(ip, list)).is_ok() {
                 self.mappings -= 1;
                 self.free += 1;
             }
@@ -435,9 +440,10 @@ impl NatTable for MvtTable {
             None => {
                 // Paired pooling (RFC 4787 REQ-2), as in the default NAT.
                 let i = hash::crc32c(&inside.octets()) as usize % self.external.len();
-                let id = self
-                    .table
-                    .find(&pool_match(self.external[i]))
+                let want = u8::from(self.parity) & (flow.src_port & 1) as u8;
+                let id = [want, 1 - want]
+                    .into_iter()
+                    .find_map(|l| self.table.find(&pool_match(self.external[i], l)))
                     .ok_or(POOL_EXHAUSTED)?;
                 self.table.rematch(id, eim).map_err(|_| STATE_ERROR)?;
                 self.mappings += 1;
@@ -717,7 +723,7 @@ mod tests {
             6,
         );
         assert_ne!(flow_match(OUT, &f), flow_match(IN, &f));
-        assert!(!pool_match(Ipv4Addr::new(10, 0, 0, 1)).overlaps(&flow_match(OUT, &f)));
+        assert!(!pool_match(Ipv4Addr::new(10, 0, 0, 1), 0).overlaps(&flow_match(OUT, &f)));
         assert!(!eim_match(Ipv4Addr::new(10, 0, 0, 1), 1, 6).overlaps(&flow_match(OUT, &f)));
     }
 }
