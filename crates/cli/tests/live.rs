@@ -154,6 +154,19 @@ impl Live {
         (child, to)
     }
 
+    /// Starts `argv` in namespace `ns`, its output piped (a background helper: a server, a
+    /// listener whose output the test reads when it ends).
+    fn spawn_in<S: AsRef<std::ffi::OsStr>>(&self, ns: &str, argv: &[S]) -> Child {
+        Command::new("ip")
+            .args(["netns", "exec", ns])
+            .args(argv)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    }
+
     /// Downloads `url` in the client namespace into a file; its bytes.
     fn download(&self, url: &str) -> Vec<u8> {
         let to = self.dir.path().join("download");
@@ -1468,14 +1481,7 @@ fn nat_filtering_and_hairpinning_between_real_hosts() {
     let o = live.client(&["ip", "addr", "add", &format!("{peer}/24"), "dev", CLIENT_IF]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     for server in [py(&["stun", "3478"]), py(&["whoami", "7000"])] {
-        let argv: Vec<&str> = server.iter().map(String::as_str).collect();
-        let child = Command::new("ip")
-            .args(["netns", "exec", &live.lab.server_ns()])
-            .args(&argv)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
+        let child = live.spawn_in(&live.lab.server_ns(), &server);
         live.others.push(child);
     }
     let run = |live: &Live, ns: &str, args: &[&str]| -> String {
@@ -1520,16 +1526,7 @@ fn nat_filtering_and_hairpinning_between_real_hosts() {
             &client_ns,
             &["ask", &client, "6000", &server, "3478"],
         ));
-        let listen = {
-            let argv = py(&["serve", &client, "6000", "3"]);
-            Command::new("ip")
-                .args(["netns", "exec", &client_ns])
-                .args(&argv)
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .spawn()
-                .unwrap()
-        };
+        let listen = live.spawn_in(&client_ns, &py(&["serve", &client, "6000", "3"]));
         std::thread::sleep(Duration::from_millis(300));
         run(&live, &server_ns, &["send", &server, "3479", &ext, &pa]);
         run(&live, &server_ns, &["send", &server2, "3478", &ext, &pa]);
@@ -1557,16 +1554,7 @@ fn nat_filtering_and_hairpinning_between_real_hosts() {
         if mode != "endpoint-independent" {
             run(&live, &client_ns, &["send", peer, "9000", &ext, &pa]);
         }
-        let listen = {
-            let argv = py(&["serve", peer, "9000", "4"]);
-            Command::new("ip")
-                .args(["netns", "exec", &client_ns])
-                .args(&argv)
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .spawn()
-                .unwrap()
-        };
+        let listen = live.spawn_in(&client_ns, &py(&["serve", peer, "9000", "4"]));
         std::thread::sleep(Duration::from_millis(300));
         let answer = run(&live, &client_ns, &["ask", &client, "6000", &ext, &pb]);
         let seen = String::from_utf8(listen.wait_with_output().unwrap().stdout).unwrap();
@@ -1586,16 +1574,7 @@ fn nat_filtering_and_hairpinning_between_real_hosts() {
                 &client_ns,
                 &["tcp-ask", peer, "8443", &server, "7000"],
             ));
-            let listen = {
-                let argv = py(&["tcp-serve", peer, "8443"]);
-                Command::new("ip")
-                    .args(["netns", "exec", &client_ns])
-                    .args(&argv)
-                    .stdin(Stdio::null())
-                    .stdout(Stdio::null())
-                    .spawn()
-                    .unwrap()
-            };
+            let listen = live.spawn_in(&client_ns, &py(&["tcp-serve", peer, "8443"]));
             std::thread::sleep(Duration::from_millis(300));
             let told = run(&live, &client_ns, &["tcp-ask", &client, "0", &ext, &qb]);
             port_of(&told); // the peer saw the box's external address, not 10.0.0.2
@@ -1634,19 +1613,10 @@ fn a_small_nat_pool_under_connection_churn_counts_exhaustion_and_recovers() {
     let mut live = Live::up("c");
     let script = live.dir.path().join("churn.py");
     std::fs::write(&script, CHURN_PY).unwrap();
-    let server = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &live.lab.server_ns(),
-            "python3",
-            path(&script),
-        ])
-        .args(["accept", "9100"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let server = live.spawn_in(
+        &live.lab.server_ns(),
+        &["python3", path(&script), "accept", "9100"],
+    );
     live.others.push(server);
 
     // Early drop: every connection gets a port.
