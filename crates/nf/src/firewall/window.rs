@@ -488,3 +488,374 @@ impl Window {
         Ok(w)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const C: usize = 0;
+    const S: usize = 1;
+
+    fn syn(seq: u32, win: u16, wscale: Option<u8>) -> Seg {
+        Seg {
+            seq,
+            win,
+            syn: true,
+            wscale,
+            sack_perm: true,
+            ..Seg::default()
+        }
+    }
+
+    fn synack(seq: u32, ack: u32, win: u16, wscale: Option<u8>) -> Seg {
+        Seg {
+            ack,
+            ack_flag: true,
+            ..syn(seq, win, wscale)
+        }
+    }
+
+    fn data(seq: u32, ack: u32, win: u16, len: u32) -> Seg {
+        Seg {
+            seq,
+            ack,
+            win,
+            len,
+            ack_flag: true,
+            ..Seg::default()
+        }
+    }
+
+    fn class(s: &Seg) -> Segment {
+        match (s.syn, s.ack_flag, s.fin, s.rst) {
+            (_, _, _, true) => Segment::Rst,
+            (true, false, _, _) => Segment::Syn,
+            (true, true, _, _) => Segment::SynAck,
+            (_, _, true, _) => Segment::Fin,
+            _ => Segment::Ack,
+        }
+    }
+
+    fn check(w: &mut Window, dir: usize, s: Seg, phase: Phase) -> Check {
+        w.check(dir, class(&s), &s, phase, false)
+    }
+
+    /// Client ISN `c`, window 64240 scale 7; server ISN `s`, window 65160 scale 7 (Linux's
+    /// defaults); the client's ACK advertises 502 (× 128 = 64256).
+    fn handshake(c: u32, s: u32) -> Window {
+        let first = syn(c, 64240, Some(7));
+        let mut w = Window::open(&first);
+        assert_eq!(check(&mut w, C, first, Phase::Other), Check::Accept);
+        let sa = synack(s, c.wrapping_add(1), 65160, Some(7));
+        assert_eq!(check(&mut w, S, sa, Phase::SynSent), Check::Accept);
+        let ack = data(c.wrapping_add(1), s.wrapping_add(1), 502, 0);
+        assert_eq!(check(&mut w, C, ack, Phase::SynRecv), Check::Accept);
+        w
+    }
+
+    #[test]
+    fn the_handshake_sets_both_sides_by_hand() {
+        let w = handshake(1000, 5000);
+        // Client: end = ISN + 1 (the SYN), maxwin the scaled 502, maxend = the server's ack
+        // + its SYN/ACK's unscaled window (1001 + 65160).
+        assert_eq!(
+            w.seen[C],
+            Seen {
+                end: 1001,
+                maxend: 66161,
+                maxwin: 64256,
+                maxack: 5001,
+                scale: 7,
+                flags: WSCALE | SACK_PERM | MAXACK_SET,
+            }
+        );
+        // Server: maxend = the client's ack + 502 << 7.
+        assert_eq!(
+            w.seen[S],
+            Seen {
+                end: 5001,
+                maxend: 5001 + 64256,
+                maxwin: 65160,
+                maxack: 1001,
+                scale: 7,
+                flags: WSCALE | SACK_PERM | MAXACK_SET,
+            }
+        );
+    }
+
+    #[test]
+    fn scaling_needs_both_sides_options() {
+        let first = syn(1000, 64240, Some(7));
+        let mut w = Window::open(&first);
+        check(&mut w, C, first, Phase::Other);
+        check(&mut w, S, synack(5000, 1001, 65160, None), Phase::SynSent);
+        assert_eq!((w.seen[C].scale, w.seen[S].scale), (0, 0));
+        check(&mut w, C, data(1001, 5001, 502, 0), Phase::SynRecv);
+        // 502 unscaled: the server may send up to 5001 + 502.
+        assert_eq!(w.seen[S].maxend, 5001 + 502);
+        assert_eq!(
+            check(&mut w, S, data(5001, 1001, 65160, 502), Phase::Other),
+            Check::Accept
+        );
+        // A scale option above 14 counts as 14 (RFC 7323 §2.3).
+        assert_eq!(Window::open(&syn(1, 1, Some(200))).seen[C].scale, MAX_SCALE);
+    }
+
+    #[test]
+    fn data_far_past_the_window_is_invalid_a_little_past_it_is_tolerated() {
+        let mut w = handshake(1000, 5000);
+        let maxend = w.seen[S].maxend;
+        // Starting at maxend + 1 with 1000 bytes: overshoot 1002 <= the client's maxwin, all
+        // else holds: accepted and recorded (conntrack's work-around for eager senders).
+        assert_eq!(
+            check(&mut w, S, data(maxend + 1, 1001, 509, 1000), Phase::Other),
+            Check::Accept
+        );
+        assert_eq!(w.seen[S].end, maxend + 1001);
+        let before = w;
+        // A megabyte past it: invalid, nothing changes.
+        assert_eq!(
+            check(&mut w, S, data(maxend + 1_000_000, 1001, 509, 100), Phase::Other),
+            Check::Invalid(Why::SeqAboveWindow)
+        );
+        assert_eq!(w, before);
+        // Liberal: passes, nothing changes either.
+        let s = data(maxend + 1_000_000, 1001, 509, 100);
+        assert_eq!(w.check(S, Segment::Ack, &s, Phase::Other, true), Check::Accept);
+        assert_eq!(w, before);
+    }
+
+    #[test]
+    fn an_ack_of_unsent_data_is_invalid_an_old_one_ignored() {
+        let mut w = handshake(1000, 5000);
+        // The server sent up to 5001: the client may ack 5001, not 5002.
+        assert_eq!(
+            check(&mut w, C, data(1001, 5002, 502, 0), Phase::Other),
+            Check::Invalid(Why::AckAboveData)
+        );
+        assert_eq!(
+            check(&mut w, C, data(1001, 5001, 502, 0), Phase::Other),
+            Check::Accept
+        );
+        // An ack more than max(maxwin, 66000) below the server's end: overly delayed.
+        assert_eq!(
+            check(&mut w, C, data(1001, 5001u32.wrapping_sub(70_000), 502, 0), Phase::Other),
+            Check::Ignore(Why::AckBelowWindow)
+        );
+    }
+
+    #[test]
+    fn retransmissions_pass_old_ones_are_ignored() {
+        let mut w = handshake(1000, 5000);
+        for i in 0..40u32 {
+            let seq = 5001 + i * 1000;
+            assert_eq!(
+                check(&mut w, S, data(seq, 1001, 509, 1000), Phase::Other),
+                Check::Accept
+            );
+            check(&mut w, C, data(1001, seq + 1000, 502, 0), Phase::Other);
+        }
+        // The last segment again: in window.
+        let last = data(5001 + 39 * 1000, 1001, 509, 1000);
+        assert_eq!(check(&mut w, S, last, Phase::Other), Check::Accept);
+        // The first: it ends 39000 below the server's end, past the client's window (64256)?
+        // No: 5001 + 1000 > 45001 - 64256 - 1. In window.
+        assert_eq!(
+            check(&mut w, S, data(5001, 1001, 509, 1000), Phase::Other),
+            Check::Accept
+        );
+        // Push the server's end 200000 further; the first segment is now older than a window.
+        for i in 0..200u32 {
+            let seq = 45_001 + i * 1000;
+            check(&mut w, S, data(seq, 1001, 509, 1000), Phase::Other);
+            check(&mut w, C, data(1001, seq + 1000, 502, 0), Phase::Other);
+        }
+        assert_eq!(w.seen[S].end, 245_001);
+        assert_eq!(
+            check(&mut w, S, data(5001, 1001, 509, 1000), Phase::Other),
+            Check::Ignore(Why::SeqBelowWindow)
+        );
+    }
+
+    #[test]
+    fn sequence_numbers_wrap() {
+        let c = u32::MAX - 500;
+        let s = u32::MAX - 10;
+        let mut w = handshake(c, s);
+        // Both sides send 2000 bytes across 2^32.
+        let mut seq = s.wrapping_add(1);
+        let mut cseq = c.wrapping_add(1);
+        for _ in 0..4 {
+            assert_eq!(
+                check(&mut w, S, data(seq, cseq, 509, 500), Phase::Other),
+                Check::Accept
+            );
+            seq = seq.wrapping_add(500);
+            assert_eq!(
+                check(&mut w, C, data(cseq, seq, 502, 500), Phase::Other),
+                Check::Accept
+            );
+            cseq = cseq.wrapping_add(500);
+        }
+        assert_eq!(w.seen[S].end, s.wrapping_add(2001));
+        assert_eq!(w.seen[C].end, c.wrapping_add(2001));
+        assert!(w.seen[S].end < 2000 && w.seen[C].end < 2000);
+        // Past the window after the wrap is still past it.
+        assert_eq!(
+            check(&mut w, S, data(seq.wrapping_add(2_000_000), cseq, 509, 1), Phase::Other),
+            Check::Invalid(Why::SeqAboveWindow)
+        );
+    }
+
+    #[test]
+    fn a_zero_window_allows_one_probe_byte() {
+        let mut w = handshake(1000, 5000);
+        // The client closes its window after 1000 bytes.
+        check(&mut w, S, data(5001, 1001, 509, 1000), Phase::Other);
+        check(&mut w, C, data(1001, 6001, 0, 0), Phase::Other);
+        // maxend stays at the largest seen (5001 + 64256): a zero window never shrinks it,
+        // and the probe (1 byte at 6001) passes.
+        assert_eq!(w.seen[S].maxend, 5001 + 64256);
+        assert_eq!(
+            check(&mut w, S, data(6001, 1001, 509, 1), Phase::Other),
+            Check::Accept
+        );
+        // A zero window on a fresh side sets maxend = ack + 1.
+        let first = syn(1000, 0, None);
+        let mut w = Window::open(&first);
+        check(&mut w, C, first, Phase::Other);
+        check(&mut w, S, synack(5000, 1001, 0, None), Phase::SynSent);
+        assert_eq!(w.seen[C].maxend, 1002);
+        assert_eq!(
+            check(&mut w, C, data(1001, 5001, 0, 1), Phase::SynRecv),
+            Check::Accept
+        );
+    }
+
+    #[test]
+    fn sack_edges_count_as_acks() {
+        let mut w = handshake(1000, 5000);
+        check(&mut w, S, data(5001, 1001, 509, 3000), Phase::Other);
+        // Ack 5001, SACK up to 8001 (all sent): fine; up to 8002: data never sent.
+        let mut s = data(1001, 5001, 502, 0);
+        s.sack = Some(8001);
+        assert_eq!(check(&mut w, C, s, Phase::Other), Check::Accept);
+        s.sack = Some(8002);
+        assert_eq!(
+            check(&mut w, C, s, Phase::Other),
+            Check::Invalid(Why::AckAboveData)
+        );
+    }
+
+    #[test]
+    fn a_rst_answering_a_syn_with_seq_zero_passes() {
+        let first = syn(1000, 64240, Some(7));
+        let mut w = Window::open(&first);
+        check(&mut w, C, first, Phase::Other);
+        let rst = Seg {
+            seq: 0,
+            ack: 1001,
+            ack_flag: true,
+            rst: true,
+            ..Seg::default()
+        };
+        assert_eq!(check(&mut w, S, rst, Phase::SynSent), Check::Accept);
+    }
+
+    #[test]
+    fn simultaneous_open_sets_the_second_side_from_its_syn() {
+        let first = syn(1000, 64240, Some(7));
+        let mut w = Window::open(&first);
+        check(&mut w, C, first, Phase::Other);
+        assert_eq!(
+            check(&mut w, S, syn(5000, 65160, Some(7)), Phase::SynSent),
+            Check::Accept
+        );
+        assert_eq!((w.seen[S].end, w.seen[S].scale), (5001, 7));
+        assert_eq!(
+            check(&mut w, C, synack(1000, 5001, 64240, Some(7)), Phase::SynSent),
+            Check::Accept
+        );
+        assert_eq!(
+            check(&mut w, S, synack(5000, 1001, 65160, Some(7)), Phase::SynRecv),
+            Check::Accept
+        );
+    }
+
+    #[test]
+    fn picked_up_mid_stream_takes_the_packets_word() {
+        let mut w = Window::default();
+        assert_eq!(
+            check(&mut w, C, data(7000, 9000, 1000, 100), Phase::Other),
+            Check::Accept
+        );
+        assert_eq!(w.seen[C].end, 7100);
+        assert_eq!(w.seen[S].end, 9000);
+    }
+
+    #[test]
+    fn encoding_round_trips_and_rejects_garbage() {
+        let w = handshake(1000, 5000);
+        let mut out = Vec::new();
+        w.encode(&mut out);
+        assert_eq!(out.len(), Window::ENCODED_LEN);
+        let mut input = &out[..];
+        assert_eq!(Window::decode(&mut input).unwrap(), w);
+        assert!(input.is_empty());
+        assert_eq!(
+            Window::decode(&mut &out[..10]),
+            Err(CodecError::Truncated)
+        );
+        let mut bad = out.clone();
+        bad[16] = 15; // scale above 14
+        assert!(Window::decode(&mut &bad[..]).is_err());
+        proptest!(|(bytes in proptest::collection::vec(any::<u8>(), 0..80))| {
+            // Never panics; what decodes encodes to the same bytes.
+            let mut input = &bytes[..];
+            if let Ok(w) = Window::decode(&mut input) {
+                let mut again = Vec::new();
+                w.encode(&mut again);
+                prop_assert_eq!(&again[..], &bytes[..Window::ENCODED_LEN]);
+            }
+        });
+    }
+
+    proptest! {
+        /// A well-behaved bulk transfer in both directions, with any ISNs (wrapping), window
+        /// scales, segment sizes and windows, is always in window.
+        #[test]
+        fn a_well_behaved_transfer_is_always_in_window(
+            c in any::<u32>(), s in any::<u32>(),
+            cs in 0u8..=14, ss in 0u8..=14,
+            win in 1u16..=u16::MAX,
+            sizes in proptest::collection::vec(0u32..1460, 1..60),
+        ) {
+            let first = syn(c, 64240, Some(cs));
+            let mut w = Window::open(&first);
+            prop_assert_eq!(check(&mut w, C, first, Phase::Other), Check::Accept);
+            prop_assert_eq!(
+                check(&mut w, S, synack(s, c.wrapping_add(1), 65160, Some(ss)), Phase::SynSent),
+                Check::Accept
+            );
+            let (mut cseq, mut sseq) = (c.wrapping_add(1), s.wrapping_add(1));
+            prop_assert_eq!(
+                check(&mut w, C, data(cseq, sseq, win, 0), Phase::SynRecv),
+                Check::Accept
+            );
+            for (i, n) in sizes.iter().enumerate() {
+                // Each side sends at most what the other's window allows, then is acked.
+                let n = (*n).min(u32::from(win)).min(65160);
+                let (dir, seq, ack) = if i % 2 == 0 { (S, sseq, cseq) } else { (C, cseq, sseq) };
+                prop_assert_eq!(check(&mut w, dir, data(seq, ack, win, n), Phase::Other), Check::Accept);
+                let end = seq.wrapping_add(n);
+                if dir == S { sseq = end } else { cseq = end }
+                let (ack_seq, acked) = if dir == S { (cseq, sseq) } else { (sseq, cseq) };
+                prop_assert_eq!(
+                    check(&mut w, 1 - dir, data(ack_seq, acked, win, 0), Phase::Other),
+                    Check::Accept
+                );
+            }
+        }
+    }
+}
