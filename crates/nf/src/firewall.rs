@@ -8,11 +8,17 @@
 //! connection (and for packets that cannot be tracked, e.g. later fragments); packets of a
 //! tracked connection pass on its state alone.
 //!
-//! * **TCP** follows conntrack's states (NONE, SYN_SENT, SYN_RECV, ESTABLISHED, FIN_WAIT,
-//!   CLOSE_WAIT, LAST_ACK, TIME_WAIT, CLOSE) without window or sequence checks. Only a SYN starts
-//!   a connection; a packet whose flags are not a valid combination (a bare FIN, SYN+FIN, no
-//!   flags, ...), a non-SYN packet for no connection, and a packet that makes no sense in its
-//!   connection's state (an ACK answering nothing in SYN_SENT) are dropped with a reason.
+//! * **TCP** follows conntrack's states and transitions (`nf_conntrack_tcp_packet` in
+//!   `net/netfilter/nf_conntrack_proto_tcp.c`: NONE, SYN_SENT, SYN_SENT2, SYN_RECV, ESTABLISHED,
+//!   FIN_WAIT, CLOSE_WAIT, LAST_ACK, TIME_WAIT, CLOSE) and tracks both directions' windows
+//!   ([`window`]). Only a SYN starts a connection; a packet whose flags are not a valid
+//!   combination (a bare FIN, SYN+FIN, no flags, ...), a non-SYN packet for no connection, and
+//!   a packet that makes no sense in its connection's state are dropped with a reason; what
+//!   conntrack *ignores* (a client's SYN in an established connection, a late SYN/ACK, an old
+//!   retransmission) passes without changing the entry. With `liberal = false`, segments
+//!   outside the window and RSTs not matching the expected sequence number are dropped as
+//!   conntrack marks them INVALID (see [`Config::liberal`] and the README's firewall section,
+//!   which lists where this differs from conntrack).
 //! * **UDP** and other protocols are *unreplied* until the other side answers, then *replied*.
 //! * **ICMP echo** (v4 and v6) requests open a pseudo-connection keyed by the identifier, which
 //!   the replies answer. ICMP errors pass when the packet they quote belongs to a tracked
