@@ -75,6 +75,9 @@ struct Step {
     ack: u32,
     len: usize,
     pass: bool,
+    /// The window, if not Linux's usual (502 from the client, 509 from the server, scaled by
+    /// 128; 64240 and 65160 in SYNs).
+    win: Option<u16>,
 }
 
 fn c(flags: u8, seq: u32, ack: u32, len: usize, pass: bool) -> Step {
@@ -85,6 +88,7 @@ fn c(flags: u8, seq: u32, ack: u32, len: usize, pass: bool) -> Step {
         ack,
         len,
         pass,
+        win: None,
     }
 }
 
@@ -149,6 +153,50 @@ fn cases() -> Vec<(&'static str, Vec<Step>)> {
             ]),
         ),
         (
+            // 50 segments of 1400 bytes, each acknowledged: the first one, sent again, ends
+            // more than the client's window (64256) below the server's end: conntrack ignores
+            // it (passes, nothing updated), as it ignores an ack that old.
+            "old_retransmission",
+            then(
+                (0..50u32)
+                    .flat_map(|i| {
+                        let seq = SI + 1 + i * 1400;
+                        [
+                            s(ACK, seq, CI + 101, 1400, true),
+                            c(ACK, CI + 101, seq + 1400, 0, true),
+                        ]
+                    })
+                    .chain([
+                        s(ACK | PSH, SI + 1, CI + 101, 1400, true),
+                        c(ACK, CI + 101, SI + 1, 0, true),
+                        s(ACK | PSH, SI + 1 + 70_000 + far, CI + 101, 100, false),
+                    ])
+                    .collect(),
+            ),
+        ),
+        (
+            "zero_window",
+            then(vec![
+                Step {
+                    win: Some(0),
+                    ..c(ACK, CI + 101, SI + 1, 0, true)
+                },
+                s(ACK, SI + 1, CI + 101, 1, true),
+                s(ACK | PSH, SI + 1 + 200_000, CI + 101, 100, false),
+                c(ACK, CI + 101, SI + 2, 0, true),
+            ]),
+        ),
+        (
+            "rst_answering_a_syn",
+            vec![
+                c(SYN, CI, 0, 0, true),
+                s(RST | ACK, 0, CI + 1, 0, true),
+                c(SYN, CI + 10_000, 0, 0, true),
+                s(SYN | ACK, SI, CI + 10_001, 0, true),
+                c(ACK, CI + 10_001, SI + 1, 0, true),
+            ],
+        ),
+        (
             "simultaneous_open",
             vec![
                 c(SYN, CI, 0, 0, true),
@@ -186,7 +234,9 @@ fn packet(step: &Step, id: u16, client_port: u16, server_port: u16, udp: bool) -
             seq: step.seq,
             ack: step.ack,
             flags: step.flags,
-            window: if step.from == From::Client { 502 } else { 509 },
+            window: step
+                .win
+                .unwrap_or(if step.from == From::Client { 502 } else { 509 }),
             urgent: 0,
             options: if step.flags & SYN != 0 {
                 TcpOptions {
@@ -203,7 +253,11 @@ fn packet(step: &Step, id: u16, client_port: u16, server_port: u16, udp: bool) -
     // SYNs carry Linux's initial windows.
     let l4 = match l4 {
         L4Spec::Tcp(mut t) if step.flags & SYN != 0 => {
-            t.window = if step.from == From::Client { 64240 } else { 65160 };
+            t.window = if step.from == From::Client {
+                64240
+            } else {
+                65160
+            };
             L4Spec::Tcp(t)
         }
         other => other,
@@ -381,7 +435,10 @@ fn window_tracking_agrees_with_linux_conntrack() {
     rig.lab.up(&mut System::default()).unwrap();
     let (cns, nns, sns) = (rig.lab.client_ns(), rig.lab.nf_ns(), rig.lab.server_ns());
     // The hosts' stacks must not answer the crafted segments (AF_PACKET sees them first).
-    for (ns, rule) in [(&cns, "tcp sport 7000-7999 drop"), (&sns, "tcp dport 7000-7999 drop")] {
+    for (ns, rule) in [
+        (&cns, "tcp sport 7000-7999 drop"),
+        (&sns, "tcp dport 7000-7999 drop"),
+    ] {
         nft(ns, &["add", "table", "inet", "fswin"]);
         nft(
             ns,
@@ -390,14 +447,19 @@ fn window_tracking_agrees_with_linux_conntrack() {
                 "chain",
                 "inet",
                 "fswin",
-                "in",
+                "fw_input",
                 "{ type filter hook input priority 0; policy accept; }",
             ],
         );
-        let mut r = vec!["add", "rule", "inet", "fswin", "in"];
+        let mut r = vec!["add", "rule", "inet", "fswin", "fw_input"];
         r.extend(rule.split(' '));
         nft(ns, &r);
-        nft(ns, &["add", "rule", "inet", "fswin", "in", "udp", "dport", "9000", "drop"]);
+        nft(
+            ns,
+            &[
+                "add", "rule", "inet", "fswin", "fw_input", "udp", "dport", "9000", "drop",
+            ],
+        );
     }
     let helper = rig.dir.path().join("raw.py");
     std::fs::write(&helper, HELPER).unwrap();
@@ -416,13 +478,23 @@ fn window_tracking_agrees_with_linux_conntrack() {
             "chain",
             "inet",
             "fswin",
-            "fwd",
+            "fw_forward",
             "{ type filter hook forward priority 0; policy accept; }",
         ],
     );
     nft(
         &nns,
-        &["add", "rule", "inet", "fswin", "fwd", "ct", "state", "invalid", "drop"],
+        &[
+            "add",
+            "rule",
+            "inet",
+            "fswin",
+            "fw_forward",
+            "ct",
+            "state",
+            "invalid",
+            "drop",
+        ],
     );
     run(&[
         "ip",
@@ -435,7 +507,9 @@ fn window_tracking_agrees_with_linux_conntrack() {
     ]);
     let linux = run_cases(&mut client, &mut server, 0, &mut ids);
     nft(&nns, &["delete", "table", "inet", "fswin"]);
-    rig.lab.kernel_router(&mut System::default(), false).unwrap();
+    rig.lab
+        .kernel_router(&mut System::default(), false)
+        .unwrap();
 
     // (b) flowstate's firewall, windows enforced.
     let config = rig.dir.path().join("box.toml");
@@ -458,7 +532,15 @@ fn window_tracking_agrees_with_linux_conntrack() {
         .unwrap();
     let ping = || {
         Command::new("ip")
-            .args(["netns", "exec", &cns, "ping", "-c1", "-W1", &SERVER.to_string()])
+            .args([
+                "netns",
+                "exec",
+                &cns,
+                "ping",
+                "-c1",
+                "-W1",
+                &SERVER.to_string(),
+            ])
             .output()
             .unwrap()
             .status

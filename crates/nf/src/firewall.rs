@@ -1255,7 +1255,14 @@ impl Firewall {
     }
 
     /// Opens a TCP connection with its SYN.
-    fn open_tcp(&self, key: FlowKey, flow: &FlowKey, dir: Direction, seg: &Seg, now: Nanos) -> Reason {
+    fn open_tcp(
+        &self,
+        key: FlowKey,
+        flow: &FlowKey,
+        dir: Direction,
+        seg: &Seg,
+        now: Nanos,
+    ) -> Reason {
         let mut w = Window::open(seg);
         // Conntrack runs the window check on the opening SYN too; it always passes.
         let _ = w.check(0, Segment::Syn, seg, Phase::Other, self.cfg.liberal);
@@ -1288,8 +1295,7 @@ impl Firewall {
         let side = conn.side_of(flow);
         if pkt.direction != conn.expected_direction(side) {
             // A SYN from the wrong side after the connection ended opens a new one.
-            if class == Segment::Syn
-                && matches!(conn.state, ConnState::TimeWait | ConnState::Close)
+            if class == Segment::Syn && matches!(conn.state, ConnState::TimeWait | ConnState::Close)
             {
                 return self.open_tcp(key, flow, pkt.direction, &seg, now);
             }

@@ -159,7 +159,11 @@ fn a_syn_in_established_is_ignored_from_the_client_invalid_from_the_server() {
     assert_eq!(rig.nf.count(Reason::TcpIgnored), 1);
     assert_eq!(state(&rig), Some(ConnState::Established));
     assert_eq!(
-        dropped(&mut rig, &seg(SERVER, CLIENT, SYN, 70_000, 0, 65160, b""), IN),
+        dropped(
+            &mut rig,
+            &seg(SERVER, CLIENT, SYN, 70_000, 0, 65160, b""),
+            IN
+        ),
         drop(Reason::TcpInvalidState)
     );
     // The server answers the client's new SYN: both hosts restarted, the firewall follows
@@ -174,7 +178,11 @@ fn a_syn_in_established_is_ignored_from_the_client_invalid_from_the_server() {
     assert!(rig.passes(&c(ACK | PSH, 90_001, 70_001, b"again"), OUT));
     // The old connection's numbers are now out of window.
     assert_eq!(
-        dropped(&mut rig, &s(ACK | PSH, S + 1 + 1_000_000, C + 101, b"x"), IN),
+        dropped(
+            &mut rig,
+            &s(ACK | PSH, S + 1 + 1_000_000, C + 101, b"x"),
+            IN
+        ),
         drop(Reason::TcpSeqAboveWindow)
     );
 }
@@ -210,5 +218,8 @@ fn a_connection_encodes_with_its_windows() {
     let after: flowstate_nf::firewall::Conn =
         flowstate_state::Codec::decode(&mut &out[..]).unwrap();
     assert_eq!(after, before);
-    assert_eq!(out.len(), 2 + flowstate_nf::firewall::window::Window::ENCODED_LEN);
+    assert_eq!(
+        out.len(),
+        2 + flowstate_nf::firewall::window::Window::ENCODED_LEN
+    );
 }

@@ -340,8 +340,20 @@ impl Window {
             end = seq;
         }
         let (sender, receiver) = (self.seen[dir], self.seen[1 - dir]);
-        let out = |why| if liberal { Check::Accept } else { Check::Invalid(why) };
-        let ignore = |why| if liberal { Check::Accept } else { Check::Ignore(why) };
+        let out = |why| {
+            if liberal {
+                Check::Accept
+            } else {
+                Check::Invalid(why)
+            }
+        };
+        let ignore = |why| {
+            if liberal {
+                Check::Accept
+            } else {
+                Check::Ignore(why)
+            }
+        };
         if !before(seq, sender.maxend.wrapping_add(1)) {
             // I failed. Conntrack still lets a sender overshoot by up to a window when all the
             // rest holds (TCPs that send a little more than allowed), recording its end.
@@ -616,13 +628,21 @@ mod tests {
         let before = w;
         // A megabyte past it: invalid, nothing changes.
         assert_eq!(
-            check(&mut w, S, data(maxend + 1_000_000, 1001, 509, 100), Phase::Other),
+            check(
+                &mut w,
+                S,
+                data(maxend + 1_000_000, 1001, 509, 100),
+                Phase::Other
+            ),
             Check::Invalid(Why::SeqAboveWindow)
         );
         assert_eq!(w, before);
         // Liberal: passes, nothing changes either.
         let s = data(maxend + 1_000_000, 1001, 509, 100);
-        assert_eq!(w.check(S, Segment::Ack, &s, Phase::Other, true), Check::Accept);
+        assert_eq!(
+            w.check(S, Segment::Ack, &s, Phase::Other, true),
+            Check::Accept
+        );
         assert_eq!(w, before);
     }
 
@@ -640,7 +660,12 @@ mod tests {
         );
         // An ack more than max(maxwin, 66000) below the server's end: overly delayed.
         assert_eq!(
-            check(&mut w, C, data(1001, 5001u32.wrapping_sub(70_000), 502, 0), Phase::Other),
+            check(
+                &mut w,
+                C,
+                data(1001, 5001u32.wrapping_sub(70_000), 502, 0),
+                Phase::Other
+            ),
             Check::Ignore(Why::AckBelowWindow)
         );
     }
@@ -703,7 +728,12 @@ mod tests {
         assert!(w.seen[S].end < 2000 && w.seen[C].end < 2000);
         // Past the window after the wrap is still past it.
         assert_eq!(
-            check(&mut w, S, data(seq.wrapping_add(2_000_000), cseq, 509, 1), Phase::Other),
+            check(
+                &mut w,
+                S,
+                data(seq.wrapping_add(2_000_000), cseq, 509, 1),
+                Phase::Other
+            ),
             Check::Invalid(Why::SeqAboveWindow)
         );
     }
@@ -774,11 +804,21 @@ mod tests {
         );
         assert_eq!((w.seen[S].end, w.seen[S].scale), (5001, 7));
         assert_eq!(
-            check(&mut w, C, synack(1000, 5001, 64240, Some(7)), Phase::SynSent),
+            check(
+                &mut w,
+                C,
+                synack(1000, 5001, 64240, Some(7)),
+                Phase::SynSent
+            ),
             Check::Accept
         );
         assert_eq!(
-            check(&mut w, S, synack(5000, 1001, 65160, Some(7)), Phase::SynRecv),
+            check(
+                &mut w,
+                S,
+                synack(5000, 1001, 65160, Some(7)),
+                Phase::SynRecv
+            ),
             Check::Accept
         );
     }
@@ -803,10 +843,7 @@ mod tests {
         let mut input = &out[..];
         assert_eq!(Window::decode(&mut input).unwrap(), w);
         assert!(input.is_empty());
-        assert_eq!(
-            Window::decode(&mut &out[..10]),
-            Err(CodecError::Truncated)
-        );
+        assert_eq!(Window::decode(&mut &out[..10]), Err(CodecError::Truncated));
         let mut bad = out.clone();
         bad[16] = 15; // scale above 14
         assert!(Window::decode(&mut &bad[..]).is_err());
