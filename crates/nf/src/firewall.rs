@@ -585,7 +585,10 @@ impl Codec for Conn {
         if flags & !0b1111 != 0 || flags & 0b1100 == 0b1100 {
             return Err(CodecError::Invalid("firewall connection flags"));
         }
-        let tcp = if state.is_tcp() {
+        // An entry written before window tracking has no window: the connection's windows are
+        // then learnt from its next segments, as conntrack learns a connection picked up in
+        // the middle (or one back from flowtable offload).
+        let tcp = if state.is_tcp() && !input.is_empty() {
             Window::decode(input)?
         } else {
             Window::default()
@@ -1669,6 +1672,45 @@ impl NetworkFunction for Firewall {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A TCP entry encodes its windows; one from before window tracking (two bytes) decodes
+    /// with none, to be learnt again; a cut window is an error.
+    #[test]
+    fn tcp_entries_carry_their_windows() {
+        let seg = Seg {
+            seq: 7,
+            win: 100,
+            syn: true,
+            wscale: Some(3),
+            ..Seg::default()
+        };
+        let conn = Conn {
+            state: ConnState::SynSent,
+            opener_is_canonical_src: true,
+            opened_from: Direction::Outbound,
+            first_fin_by_opener: None,
+            tcp: Window::open(&seg),
+        };
+        let mut out = Vec::new();
+        conn.encode(&mut out);
+        assert_eq!(out.len(), 2 + Window::ENCODED_LEN);
+        assert_eq!(Conn::decode(&mut &out[..]).unwrap(), conn);
+        let old = Conn::decode(&mut &[3u8, 1][..]).unwrap();
+        assert_eq!(
+            (old.state, old.tcp),
+            (ConnState::Established, Window::default())
+        );
+        assert_eq!(Conn::decode(&mut &out[..20]), Err(CodecError::Truncated));
+        // UDP entries stay two bytes.
+        let udp = Conn {
+            state: ConnState::Replied,
+            tcp: Window::default(),
+            ..conn
+        };
+        out.clear();
+        udp.encode(&mut out);
+        assert_eq!(out.len(), 2);
+    }
 
     /// The IPv4 shortcut orders keys as `FlowKey::is_canonical` does.
     #[test]
