@@ -5,8 +5,9 @@
 //! (a) Linux as the box, forwarding with nftables `ct state invalid drop`, and (b) flowstate's
 //! firewall with `liberal = false`; an AF_PACKET socket on the far side records what arrived.
 //! Each probe is followed by a UDP marker on the same path: once the marker is seen, the probe
-//! has arrived or was dropped (the path keeps order), so no verdict waits on a clock. The hosts'
-//! own stacks are kept quiet by nftables input rules (they would answer the crafted segments
+//! has arrived or was dropped (the path keeps order: one worker, no XDP fast path, which would
+//! let established flows overtake the chain), so no verdict waits on a clock. The hosts' own
+//! stacks are kept quiet by nftables input rules (they would answer the crafted segments
 //! with RSTs). Then a window-scaled curl download goes through flowstate's firewall.
 
 use flowstate_lab::{Lab, System, CLIENT, CLIENT_IF, HTTP_PORT, SERVER, SERVER_IF};
@@ -141,6 +142,19 @@ fn cases() -> Vec<(&'static str, Vec<Step>)> {
                 s(ACK | PSH, SI + 1, CI + 101, 10, true),
                 c(RST, CI + 101, 0, 0, true),
             ]),
+        ),
+        (
+            // An ACK answering the SYN from an older connection the server still holds
+            // (RFC 5961 §4), the RST it asks for, and a new SYN.
+            "challenge_ack_to_a_syn",
+            vec![
+                c(SYN, CI, 0, 0, true),
+                s(ACK, SI + 777, CI + 123_456, 0, true),
+                c(RST, CI + 123_456, 0, 0, true),
+                c(SYN, CI + 200_000, 0, 0, true),
+                s(SYN | ACK, SI, CI + 200_001, 0, true),
+                c(ACK, CI + 200_001, SI + 1, 0, true),
+            ],
         ),
         (
             "syn_in_established",
@@ -515,7 +529,7 @@ fn window_tracking_agrees_with_linux_conntrack() {
     let config = rig.dir.path().join("box.toml");
     std::fs::write(
         &config,
-        "[input]\ninterface = \"fs-in\"\naddress = \"10.0.0.1\"\n\
+        "[input]\ninterface = \"fs-in\"\naddress = \"10.0.0.1\"\nfast_path = false\n\
          [output]\ninterface = \"fs-out\"\naddress = \"198.51.100.1\"\n\
          [runtime]\ninside = [\"10.0.0.0/24\"]\n[state]\nbackend = \"local\"\n\
          [[chain]]\nnf = \"firewall\"\nliberal = false\n",

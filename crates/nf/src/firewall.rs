@@ -693,8 +693,9 @@ fn tcp_step(
         (SynSent, Syn) => Step::To(if orig { SynSent } else { SynSent2 }),
         (SynSent, SynAck) if !orig => Step::To(SynRecv),
         // An ACK from the server to a SYN: a host still in TIME_WAIT for an earlier
-        // connection on this 5-tuple answers so (RFC 9293 §3.10.7.3, RFC 5961 §4); the
-        // client's RST then ends that TIME_WAIT and its next SYN gets a SYN/ACK.
+        // connection on this 5-tuple answers so (RFC 793 §3.9, RFC 5961 §4); the client's
+        // RST then ends that TIME_WAIT and its next SYN gets a SYN/ACK: conntrack ignores it
+        // (sIG) and lets the RST that answers it through.
         (SynSent | SynSent2, Ack) => ignore_if(!orig),
         (SynSent, _) => Step::Invalid,
         (SynSent2, Syn) => Step::To(SynSent2),

@@ -223,3 +223,36 @@ fn a_connection_encodes_with_its_windows() {
         2 + flowstate_nf::firewall::window::Window::ENCODED_LEN
     );
 }
+
+#[test]
+fn a_rst_right_after_the_senders_data_closes() {
+    // The client sends 100 more bytes the server has not acked, then a RST at their end:
+    // not the server's highest ack, but the end of the client's last segment (conntrack's
+    // "RST part of a train").
+    let mut rig = established(STRICT);
+    assert!(rig.passes(&c(ACK | PSH, C + 101, S + 1, &[b'y'; 100]), OUT));
+    assert!(rig.passes(&c(RST, C + 201, 0, b""), OUT));
+    assert_eq!(state(&rig), Some(ConnState::Close));
+    // The same RST one byte further is only in window: the connection stays.
+    let mut rig = established(STRICT);
+    assert!(rig.passes(&c(ACK | PSH, C + 101, S + 1, &[b'y'; 100]), OUT));
+    assert!(rig.passes(&c(RST, C + 202, 0, b""), OUT));
+    assert_eq!(state(&rig), Some(ConnState::Established));
+}
+
+#[test]
+fn the_rst_a_challenge_ack_asks_for_closes_a_syn_sent_connection() {
+    // The server still holds an older connection on this tuple: it answers the SYN with an
+    // ACK of its own numbers (RFC 5961 §4), which passes ignored; the client's RST carries
+    // that ack as its sequence number and passes without a window check.
+    let mut rig = firewall(STRICT);
+    assert!(rig.passes(&seg(CLIENT, SERVER, SYN, C, 0, 64240, b""), OUT));
+    assert!(rig.passes(&s(ACK, 777_000, 123_456, b""), IN));
+    assert_eq!(rig.nf.count(Reason::TcpIgnored), 1);
+    assert_eq!(state(&rig), Some(ConnState::SynSent));
+    assert!(rig.passes(&c(RST, 123_456, 0, b""), OUT));
+    assert_eq!(state(&rig), Some(ConnState::Close));
+    // Its next SYN opens the connection again.
+    assert!(rig.passes(&seg(CLIENT, SERVER, SYN, C + 9, 0, 64240, b""), OUT));
+    assert_eq!(state(&rig), Some(ConnState::SynSent));
+}

@@ -11,7 +11,7 @@
 //!
 //! `sack` being the highest SACK right edge, or the ack. Failing I or III marks the packet
 //! invalid; failing II or IV (an old retransmission, an overly delayed ack) lets it pass
-//! without updating anything (conntrack's `NFCT_TCP_IGNORE`, since Linux 6.1). Window scale
+//! without updating anything (conntrack's `NFCT_TCP_IGNORE` in current kernels). Window scale
 //! applies only when both SYNs carried the option (RFC 7323 §2.2); SYNs' windows are never
 //! scaled. All comparisons are modulo 2^32 (RFC 9293 §3.4).
 //!
