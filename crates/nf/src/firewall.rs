@@ -192,8 +192,9 @@ pub struct Config {
     pub timeouts: Timeouts,
     /// `false`: TCP sequence and ack numbers are checked against each direction's window, as
     /// Linux conntrack does, and out-of-window segments and RSTs are dropped. `true` (the
-    /// default): states are tracked and windows recorded, nothing is dropped for its sequence
-    /// numbers (conntrack's `nf_conntrack_tcp_be_liberal = 1`). See [`window`].
+    /// default): states are tracked, windows are neither kept nor checked, nothing is dropped
+    /// for its sequence numbers (conntrack's `nf_conntrack_tcp_be_liberal = 1`, which also
+    /// checks RSTs). See [`window`].
     #[serde(default = "default_liberal")]
     pub liberal: bool,
 }
@@ -981,9 +982,9 @@ impl NfFactory for Factory {
     }
 
     /// With `liberal = true` (the default): an established flow's packets without SYN, FIN
-    /// or RST change nothing the firewall enforces, only its idle timer and the windows it
-    /// records without checking them, as Linux's flowtable offload bypasses conntrack. With
-    /// `liberal = false` no: window tracking must see every segment.
+    /// or RST change nothing but its idle timer (windows are not kept), as Linux's flowtable
+    /// offload bypasses conntrack for them. With `liberal = false` no: window tracking must
+    /// see every segment.
     fn fast_path(&self) -> bool {
         self.0.liberal
     }
@@ -1248,6 +1249,7 @@ impl Firewall {
     /// Writes `tcp` into the entry `key` without touching its state or timer (what an
     /// ignored or invalid segment leaves behind, as conntrack's in-place updates do).
     fn note(&self, key: &FlowKey, conn: Conn, tcp: Window) {
+        let tcp = self.unchecked(tcp);
         if tcp != conn.tcp {
             // A failed write leaves the older notes: the next segment is judged on those.
             let _ = self.conns.with_mut(key, |c| {
@@ -1256,6 +1258,17 @@ impl Firewall {
                 }
             });
         }
+    }
+
+    /// With `liberal = true` the windows are not kept (all zero, "not seen"): an established
+    /// connection's segments then leave its entry as it is, so the entry is written only when
+    /// its state changes, and a firewall restarted with `liberal = false` learns the windows
+    /// from the next segments (conntrack's pick-up) rather than judging on stale ones.
+    fn unchecked(&self, mut w: Window) -> Window {
+        if self.cfg.liberal {
+            w.seen = [Seen::default(); 2];
+        }
+        w
     }
 
     /// Opens a TCP connection with its SYN.
@@ -1272,6 +1285,7 @@ impl Firewall {
         let _ = w.check(0, Segment::Syn, seg, Phase::Other, self.cfg.liberal);
         w.last.seg = Segment::Syn.code();
         w.last.dir = 0;
+        let w = self.unchecked(w);
         self.open(key, flow, dir, ConnState::SynSent, now, w)
     }
 
@@ -1374,7 +1388,7 @@ impl Firewall {
                 Rst::Trusted => skip_window = true,
             }
         }
-        if !skip_window {
+        if !skip_window && !liberal {
             match w.check(d, class, &seg, conn.state.phase(), liberal) {
                 Check::Accept => {}
                 Check::Ignore(_) => {
@@ -1391,9 +1405,13 @@ impl Firewall {
                 }
             }
         }
-        // In window from here on.
-        w.last.seg = class.code();
-        w.last.dir = d as u8;
+        // In window from here on. Liberal, a run of ACKs notes only the first: the side of the
+        // others serves nothing but the RST checks, and an entry rewritten on every segment
+        // would cost a store write per connection and flush.
+        if !(liberal && class == Segment::Ack && w.last.seg == Segment::Ack.code()) {
+            w.last.seg = class.code();
+            w.last.dir = d as u8;
+        }
         if new == ConnState::SynSent2 {
             w.flags |= window::SIMULTANEOUS;
         }
@@ -1408,7 +1426,7 @@ impl Firewall {
         }
         let mut next = Conn {
             state: new,
-            tcp: w,
+            tcp: self.unchecked(w),
             ..conn
         };
         if class == Segment::Fin && conn.first_fin_by_opener.is_none() {

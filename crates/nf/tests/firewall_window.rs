@@ -294,3 +294,21 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn liberal_keeps_no_windows_and_leaves_established_entries_alone() {
+    use flowstate_nf::firewall::window::Seen;
+    let mut rig = established("");
+    let entry = |rig: &Rig<Firewall>| rig.nf.connection(&flow_of(&c(ACK, 0, 0, b""))).unwrap();
+    let before = entry(&rig);
+    assert_eq!(before.tcp.seen, [Seen::default(); 2]);
+    assert!(rig.passes(&s(ACK | PSH, S + 1, C + 101, &[b'x'; 500]), IN));
+    assert!(rig.passes(&c(ACK, C + 101, S + 501, b""), OUT));
+    assert_eq!(entry(&rig), before);
+    // The same segments with windows enforced change the entry.
+    let mut rig = established(STRICT);
+    let before = entry(&rig);
+    assert!(rig.passes(&s(ACK | PSH, S + 1, C + 101, &[b'x'; 500]), IN));
+    assert_ne!(entry(&rig), before);
+    assert_eq!(entry(&rig).tcp.seen[1].end, S + 501);
+}
