@@ -1298,7 +1298,7 @@ impl Firewall {
         let Some(class) = classify(view.flags()) else {
             return Reason::TcpInvalidFlags;
         };
-        let seg = Seg::read(&view);
+        let seg = Seg::read(&view, !self.cfg.liberal);
         let key = canonical(flow);
         let Ok(conn) = self.conns.with(&key, |c| c.copied()) else {
             return Reason::StateUnavailable;

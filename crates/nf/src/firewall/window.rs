@@ -133,10 +133,17 @@ pub struct Seg {
 }
 
 impl Seg {
-    /// Reads a segment's header (the view is checked, so nothing here can fail).
-    pub fn read<T: AsRef<[u8]>>(p: &tcp::Packet<T>) -> Seg {
+    /// Reads a segment's header (the view is checked, so nothing here can fail). The options
+    /// are read from SYNs, and from other segments only with `sack_blocks` (their SACK blocks
+    /// matter to window checks only).
+    pub fn read<T: AsRef<[u8]>>(p: &tcp::Packet<T>, sack_blocks: bool) -> Seg {
         let (mut wscale, mut sack_perm, mut sack) = (None, false, None);
-        for o in p.options() {
+        let options = if p.syn() || sack_blocks {
+            p.options_bytes()
+        } else {
+            &[]
+        };
+        for o in tcp::Options::new(options) {
             match o {
                 tcp::TcpOption::WindowScale(s) => wscale = Some(s),
                 tcp::TcpOption::SackPermitted => sack_perm = true,
@@ -775,6 +782,44 @@ mod tests {
         assert_eq!(
             check(&mut w, C, s, Phase::Other),
             Check::Invalid(Why::AckAboveData)
+        );
+    }
+
+    /// A header read by hand: the first SACK option's highest right edge, read only when asked
+    /// for; a SYN's window scale and SACK-permitted always.
+    #[test]
+    fn segments_are_read_from_the_header() {
+        let mut b = vec![0u8; 20];
+        b[4..8].copy_from_slice(&100u32.to_be_bytes()); // seq
+        b[8..12].copy_from_slice(&200u32.to_be_bytes()); // ack
+        b[13] = 0x10; // ACK
+        b[14..16].copy_from_slice(&502u16.to_be_bytes());
+        // NOP, NOP, SACK with one block [0xFFFF_FFF0, 16): its right edge wrapped past 2^32,
+        // then a block ending at 300 in a second SACK option, which is not read.
+        b.extend_from_slice(&[1, 1, 5, 10]);
+        b.extend_from_slice(&0xFFFF_FFF0u32.to_be_bytes());
+        b.extend_from_slice(&16u32.to_be_bytes());
+        b.extend_from_slice(&[1, 1, 5, 10]);
+        b.extend_from_slice(&1u32.to_be_bytes());
+        b.extend_from_slice(&300u32.to_be_bytes());
+        b[12] = 11 << 4; // 44-byte header
+        b.extend_from_slice(b"data");
+        let p = tcp::Packet::new_checked(&b[..]).unwrap();
+        let s = Seg::read(&p, true);
+        assert_eq!((s.seq, s.ack, s.win, s.len), (100, 200, 502, 4));
+        assert_eq!(s.sack, Some(16));
+        assert_eq!(s.end(), 104);
+        assert_eq!(Seg::read(&p, false).sack, None);
+        // A SYN: window scale 7 and SACK-permitted.
+        let mut syn = b[..20].to_vec();
+        syn[12] = 7 << 4; // 28-byte header
+        syn[13] = 0x02;
+        syn.extend_from_slice(&[1, 3, 3, 7, 4, 2, 1, 1]);
+        let p = tcp::Packet::new_checked(&syn[..]).unwrap();
+        let s = Seg::read(&p, false);
+        assert_eq!(
+            (s.wscale, s.sack_perm, s.syn, s.end()),
+            (Some(7), true, true, 101)
         );
     }
 
