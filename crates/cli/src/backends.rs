@@ -21,7 +21,7 @@ pub(crate) enum Backend {
     /// flowstate's store.
     Store(StoreConnector),
     /// One Redis server.
-    Redis(RedisConnector),
+    Redis(Box<RedisConnector>),
     /// A Redis Cluster.
     RedisCluster(RedisClusterConnector),
     /// Cassandra (its driver connects when it is built).
@@ -89,20 +89,13 @@ pub(crate) fn connect(
     state: &StateSection,
     backend: Backend,
 ) -> Result<Arc<dyn Connector>, ConfigError> {
+    let setting = |e: SettingError| ConfigError::new(file, format!("state.{}", e.key), e.reason);
     let url_key = |nodes: bool| {
         if state.url.is_some() || !nodes {
             "state.url"
         } else {
             "state.nodes"
         }
-    };
-    let answers = |c: Arc<dyn Connector>, key: &str| match c.connect() {
-        Ok(_) => Ok(c),
-        Err(e) => Err(ConfigError::new(
-            file,
-            key,
-            format!("the store does not answer at start-up: {e}"),
-        )),
     };
     match backend {
         Backend::Local => Ok(Arc::new(flowstate_state::local::LocalStore::new())),
@@ -119,8 +112,19 @@ pub(crate) fn connect(
                 })?;
             Ok(Arc::new(connector))
         }
-        Backend::Redis(c) => answers(Arc::new(c), "state.url"),
-        Backend::RedisCluster(c) => answers(Arc::new(c), url_key(true)),
+        // A refused password or certificate names its key (`state.password_file`,
+        // `state.ca_file`, ...), a server that does not answer the address.
+        Backend::Redis(c) => match c.check() {
+            Ok(()) => Ok(Arc::new(*c)),
+            Err(e) => Err(setting(e)),
+        },
+        Backend::RedisCluster(c) => {
+            let key = url_key(true).trim_start_matches("state.");
+            match c.check(key) {
+                Ok(()) => Ok(Arc::new(c)),
+                Err(e) => Err(setting(e)),
+            }
+        }
     }
 }
 
@@ -132,7 +136,7 @@ impl Backend {
             (Backend::Local, _) => name.to_owned(),
             (Backend::Store(c), _) => format!("{name} at {}", c.settings().addr),
             (Backend::Cassandra(c), _) => format!("{name} at {}", c.nodes.join(", ")),
-            (_, Some(url)) => format!("{name} at {url}"),
+            (_, Some(url)) => format!("{name} at {}", flowstate_driver_redis::redact(url)),
             (_, None) => match state.options.get("nodes") {
                 Some(n) => format!("{name} at {n}"),
                 None => format!("{name} (default address)"),
@@ -169,13 +173,16 @@ fn redis(state: &StateSection) -> Result<Backend, SettingError> {
         ) {
             (Some(s), _) => Setting::Str(s),
             (None, Some((_, l))) => Setting::List(l),
-            (None, None) => Setting::Other(value.type_str()),
+            (None, None) => match value.as_bool() {
+                Some(b) => Setting::Bool(b),
+                None => Setting::Other(value.type_str()),
+            },
         };
         (key.as_str(), v)
     });
     let url = state.url.as_deref();
     if state.backend == BackendKind::Redis {
-        RedisConnector::from_settings(url, options).map(Backend::Redis)
+        RedisConnector::from_settings(url, options).map(|c| Backend::Redis(Box::new(c)))
     } else {
         RedisClusterConnector::from_settings(url, options).map(Backend::RedisCluster)
     }
