@@ -99,7 +99,12 @@ pub(crate) fn connect(
     };
     match backend {
         Backend::Local => Ok(Arc::new(flowstate_state::local::LocalStore::new())),
-        Backend::Store(c) => Ok(Arc::new(c)),
+        // A refused token names `state.token`, an untrusted certificate (or TLS on one side
+        // only) `state.ca_file`, a store that does not answer within `timeout` `state.url`.
+        Backend::Store(c) => match c.check() {
+            Ok(()) => Ok(Arc::new(c)),
+            Err(e) => Err(setting(e)),
+        },
         Backend::Cassandra(settings) => {
             let key = url_key(state.options.contains_key("nodes"));
             let connector =
@@ -202,8 +207,33 @@ mod tests {
 
     #[test]
     fn store_is_built_and_names_bad_keys() {
-        let c = build("backend = \"store\"\nurl = \"127.0.0.1:9\"\ntoken = \"t\"\n").unwrap();
+        // Nothing listens on port 9: checked at start-up, the address is the key.
+        let e = build(
+            "backend = \"store\"\nurl = \"127.0.0.1:9\"\ntoken = \"t\"\ntimeout = \"100ms\"\n",
+        )
+        .err()
+        .unwrap();
+        assert_eq!(e.key, "state.url");
+        assert!(e.reason.contains("unreachable"), "{e}");
+        let server = flowstate_store::Server::start(flowstate_store::Config {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            token: Some("t".into()),
+            ..flowstate_store::Config::default()
+        })
+        .unwrap();
+        let addr = server.local_addr();
+        let c = build(&format!(
+            "backend = \"store\"\nurl = \"{addr}\"\ntoken = \"t\"\n"
+        ))
+        .unwrap();
         assert_eq!(c.name(), "store");
+        let e = build(&format!(
+            "backend = \"store\"\nurl = \"{addr}\"\ntoken = \"u\"\n"
+        ))
+        .err()
+        .unwrap();
+        assert_eq!(e.key, "state.token");
+        server.stop();
         let e = build("backend = \"store\"\ncolour = \"red\"\n")
             .err()
             .unwrap();
