@@ -106,14 +106,22 @@ pub(crate) fn connect(
             Err(e) => Err(setting(e)),
         },
         Backend::Cassandra(settings) => {
-            let key = url_key(state.options.contains_key("nodes"));
+            let address = url_key(state.options.contains_key("nodes"));
+            // A refused login names the password's key, a failed TLS handshake `ca_file`.
+            let keys = settings.clone();
             let connector =
                 flowstate_driver_cassandra::CassandraConnector::new(settings).map_err(|e| {
-                    ConfigError::new(
-                        file,
-                        key,
-                        format!("{e} (is Cassandra running? scripts/cassandra start runs one)"),
-                    )
+                    let text = e.to_string();
+                    match keys.key_of(&text) {
+                        Some(key) => ConfigError::new(file, format!("state.{key}"), text),
+                        None => ConfigError::new(
+                            file,
+                            address,
+                            format!(
+                                "{text} (is Cassandra running? scripts/cassandra start runs one)"
+                            ),
+                        ),
+                    }
                 })?;
             Ok(Arc::new(connector))
         }

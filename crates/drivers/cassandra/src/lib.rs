@@ -75,7 +75,7 @@ mod config;
 mod exec;
 mod names;
 
-pub use config::{CassandraConfig, DEFAULT_NODE, KEYS};
+pub use config::{CassandraConfig, Secret, DEFAULT_NODE, KEYS};
 pub use names::keyspace_name;
 
 use exec::Shared;
