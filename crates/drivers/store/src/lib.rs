@@ -27,6 +27,14 @@
 //!   suppression (CHC §5.3), ownership claims and handover (CHC §5.1), non-blocking updates
 //!   retransmitted until acknowledged (CHC §4.3), subscriptions with pushed values (CHC §4.3)
 //!   and expiry notifications (StatelessNF §4.1), and the server's statistics.
+//! * **TLS and the token**: with [`Settings::ca_file`] (`[state] ca_file`) every connection is
+//!   TLS (rustls, TLS 1.2 or 1.3), the store's certificate checked against that CA and the
+//!   host of `url` (an IP address or a DNS name in its subject alternative names); never plain
+//!   TCP instead. The token (`token`, or `token_file` to keep it out of the configuration)
+//!   goes in the first frame, inside TLS. A certificate not trusted, a TLS store reached
+//!   without TLS (the store says so) or a plain one with it fails at once, without retrying;
+//!   [`StoreConnector::check`] names the `[state]` key to fix: `ca_file`, `token` (or
+//!   `token_file`), or `url` for a store that does not answer within `timeout`.
 
 use flowstate_proto::{self as proto, Frame, Kind as PKind, Limits, Message, Notification};
 use flowstate_state::{
