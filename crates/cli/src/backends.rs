@@ -147,8 +147,20 @@ impl Backend {
         let name = state.backend.name();
         match (self, &state.url) {
             (Backend::Local, _) => name.to_owned(),
-            (Backend::Store(c), _) => format!("{name} at {}", c.settings().addr),
-            (Backend::Cassandra(c), _) => format!("{name} at {}", c.nodes.join(", ")),
+            (Backend::Store(c), _) => format!(
+                "{name} at {}{}",
+                c.settings().addr,
+                if c.settings().ca_file.is_some() {
+                    " (TLS)"
+                } else {
+                    ""
+                }
+            ),
+            (Backend::Cassandra(c), _) => format!(
+                "{name} at {}{}",
+                c.nodes.join(", "),
+                if c.ca_file.is_some() { " (TLS)" } else { "" }
+            ),
             (_, Some(url)) => format!("{name} at {}", flowstate_driver_redis::redact(url)),
             (_, None) => match state.options.get("nodes") {
                 Some(n) => format!("{name} at {n}"),
