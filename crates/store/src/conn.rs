@@ -364,6 +364,11 @@ impl Conn {
     }
 }
 
+/// Whether `b` starts like a TLS record carrying a ClientHello.
+fn looks_like_client_hello(b: &[u8]) -> bool {
+    b.len() >= 6 && b[0] == 0x16 && b[1] == 3 && (1..=4).contains(&b[2]) && b[5] == 1
+}
+
 /// The error of a plain client on a TLS store's connection.
 #[derive(Debug)]
 pub(crate) struct NotTls;
@@ -451,10 +456,12 @@ impl Worker {
     ) -> usize {
         while !c.closing && !c.dead && !self.held_back(c) {
             let avail = &inbuf[c.start..];
-            // A TLS ClientHello (a handshake record, 0x16 0x03 0x0N) on a plain store reads
-            // as a frame of some 66 KB, which would be waited for: answer at once instead (a
-            // TLS client fails its handshake on the plain answer, with a clear message).
-            if c.first && c.tls.is_none() && avail.len() >= 3 && avail[0] == 0x16 && avail[1] == 3 {
+            // A TLS ClientHello on a plain store (a handshake record: 0x16, version 0x0301 to
+            // 0x0304, a length, then handshake type 1) reads as a Hello frame of at least
+            // 66 KB, which would be waited for: answer at once instead (a TLS client fails its
+            // handshake on the plain answer, with a clear message). A real first frame of
+            // that shape would be a Hello with a token of over 64 KB.
+            if c.first && c.tls.is_none() && looks_like_client_hello(avail) {
                 self.error(
                     c,
                     0,

@@ -182,8 +182,40 @@ fn a_wrong_token_a_wrong_ca_and_tls_to_a_plain_store_name_their_keys() {
     let e = connector(&plain, None, Some("ca.pem")).check().unwrap_err();
     assert_eq!(e.key, "ca_file", "{e}");
     assert!(e.reason.contains("serve TLS"), "{e}");
-    // ... which keeps serving plain clients.
+    // ... which keeps serving plain clients, whatever the first bytes of their first frame:
+    // a batch whose length field starts 0x16 0x03, like a TLS record, is served.
     connector(&plain, None, None).check().expect("plain");
+    let frame = |value: usize| {
+        let mut out = Vec::new();
+        flowstate_proto::encode(
+            &flowstate_proto::Frame {
+                id: 7,
+                msg: flowstate_proto::Message::Batch {
+                    op_id: 0,
+                    ack_only: false,
+                    ops: vec![flowstate_proto::Op::Set {
+                        key: b"k".to_vec(),
+                        value: vec![b'v'; value],
+                    }
+                    .into()],
+                },
+            },
+            &mut out,
+        );
+        out
+    };
+    let base = frame(0).len();
+    let bytes = frame(0x0316 + 4 - base);
+    assert_eq!(
+        &bytes[..2],
+        &[0x16, 0x03],
+        "a frame that starts like a TLS record"
+    );
+    let mut raw = std::net::TcpStream::connect(plain.local_addr()).expect("connect");
+    raw.write_all(&bytes).expect("write");
+    let mut head = [0u8; 16];
+    raw.read_exact(&mut head).expect("an answer");
+    assert_eq!(head[5], flowstate_proto::Message::REPLIES, "{head:?}");
     plain.stop();
 
     // Nothing there: the address.
