@@ -103,7 +103,8 @@ impl RedisConnector {
         Ok(RedisConnector {
             security: Security::for_url(&info),
             info,
-            url: url.to_owned(),
+            // Without its password: the connector is printed with `{:?}`.
+            url: redact(url),
             timeout: DEFAULT_TIMEOUT,
         })
     }
@@ -157,8 +158,8 @@ impl RedisConnector {
     }
 
     /// The server's address as configured, its password (if any) replaced by `***`.
-    pub fn url(&self) -> String {
-        redact(&self.url)
+    pub fn url(&self) -> &str {
+        &self.url
     }
 }
 
@@ -1035,6 +1036,15 @@ mod tests {
         let e = RedisClusterConnector::from_settings(None, [("nodes", Setting::Other("integer"))])
             .unwrap_err();
         assert_eq!(e.key, "nodes");
+    }
+
+    #[test]
+    fn no_password_is_printed() {
+        let c = RedisConnector::new("rediss://u:hunter2@127.0.0.1:6380").unwrap();
+        assert_eq!(c.url(), "rediss://u:***@127.0.0.1:6380");
+        assert!(!format!("{c:?}").contains("hunter2"), "{c:?}");
+        let c = RedisClusterConnector::new(&["redis://:hunter2@127.0.0.1:7001"]).unwrap();
+        assert!(!format!("{c:?}").contains("hunter2"), "{c:?}");
     }
 
     #[test]
