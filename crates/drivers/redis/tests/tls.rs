@@ -193,6 +193,41 @@ fn a_server_wanting_client_certificates_takes_ours_and_names_cert_file_without()
     assert_eq!(r, vec![Reply::Done, Reply::Value(Some(b"x".to_vec()))]);
 }
 
+/// The legacy password (`requirepass`) in the address, `redis://:password@`, or in a file.
+#[test]
+fn a_legacy_password_works_from_the_address_or_a_file() {
+    let Some(server) = common::OwnServer::start_requirepass("legacy-pw") else {
+        return;
+    };
+    let port = server.port;
+    connector(&format!("redis://:legacy-pw@127.0.0.1:{port}"), &[])
+        .check()
+        .expect("the password in the address");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("pw");
+    std::fs::write(&file, "legacy-pw\n").expect("write");
+    let c = connector(
+        &format!("redis://127.0.0.1:{port}"),
+        &[("password_file", file.to_string_lossy().into_owned())],
+    );
+    c.check().expect("the password in a file");
+    let mut b = c.connect().expect("connect");
+    let key = ObjectKey::partitioned(&Owner::new("legacy", 0, 0), Kind::Counter, "n");
+    let mut r = Vec::new();
+    b.execute(&[Op::Add { key, delta: 2 }], &mut r)
+        .expect("execute");
+    assert_eq!(r, vec![Reply::Int(2)]);
+    let e = connector(&format!("redis://:other@127.0.0.1:{port}"), &[])
+        .check()
+        .unwrap_err();
+    assert_eq!(e.key, "url", "{e}");
+    let e = connector(&format!("redis://127.0.0.1:{port}"), &[])
+        .check()
+        .unwrap_err();
+    assert_eq!(e.key, "url", "{e}");
+    assert!(e.reason.contains("refused the user or password"), "{e}");
+}
+
 #[test]
 fn tls_settings_are_checked_when_read() {
     let ca = common::tls_file("ca.pem");

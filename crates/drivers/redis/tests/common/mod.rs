@@ -145,6 +145,33 @@ impl OwnServer {
         }
     }
 
+    /// Starts one (plain) wanting `password` from every client (`requirepass`, the legacy
+    /// password before ACL users).
+    pub fn start_requirepass(password: &str) -> Option<OwnServer> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let dir =
+            std::env::temp_dir().join(format!("flowstate-redis-{}-{port}", std::process::id()));
+        let args = vec![
+            "--port".into(),
+            port.to_string(),
+            "--requirepass".into(),
+            password.into(),
+        ];
+        let mut s = OwnServer {
+            port,
+            child: None,
+            dir,
+            args,
+        };
+        match s.restart() {
+            Ok(()) => Some(s),
+            Err(e) => missing("redis-server (the program)", "scripts/redis start", e).and(None),
+        }
+    }
+
     /// Starts one serving TLS only (the certificates of [`tls_dir`]) that wants a client
     /// certificate signed by the test CA, without a password; `None` (test skipped) when
     /// redis-server or the certificates are missing outside CI.
