@@ -27,6 +27,12 @@
 //!   of the connection arriving from the wrong side is dropped (a spoofed inside address).
 //! * Every packet renews its entry's timer with its state's timeout (Linux's defaults,
 //!   configurable); [`NetworkFunction::on_tick`] expires entries.
+//! * **A full table** (`max_connections`, default 262,144, shared by the workers) never loses
+//!   an established or answered connection: a packet that would open one more ends the oldest
+//!   expendable connection (a SYN unanswered, a half-open handshake, a UDP or ICMP flow never
+//!   answered, an ended one) with `early_drop = true` (the default, as conntrack's early
+//!   drop), else it is dropped as `"table full"`. So a SYN flood from spoofed sources evicts
+//!   only its own entries while established connections go on (tested in the lab).
 
 pub mod window;
 
@@ -41,6 +47,8 @@ use flowstate_wire::dissect::{Fragment, Transport};
 use flowstate_wire::flow::proto;
 use flowstate_wire::{icmp, tcp, FlowKey};
 use serde::Deserialize;
+use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -197,10 +205,25 @@ pub struct Config {
     /// checks RSTs). See [`window`].
     #[serde(default = "default_liberal")]
     pub liberal: bool,
+    /// Connections tracked at most, shared evenly by the workers (default 262,144, as
+    /// conntrack's `nf_conntrack_max` on a machine this size). At the limit a packet that
+    /// would open a connection is dropped (`"table full"`) unless early drop makes room.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: u64,
+    /// Whether a new connection at the limit may end the oldest expendable one (conntrack's
+    /// early drop): one not established (a SYN unanswered, a half-open handshake, a UDP or
+    /// ICMP flow never answered) or one that ended (TIME_WAIT, CLOSE). Established and
+    /// answered connections are never ended early (default `true`).
+    #[serde(default = "default_liberal")]
+    pub early_drop: bool,
 }
 
 fn default_liberal() -> bool {
     true
+}
+
+fn default_max_connections() -> u64 {
+    1 << 18
 }
 
 impl Default for Config {
@@ -211,6 +234,8 @@ impl Default for Config {
             default_inbound: Action::Deny,
             timeouts: Timeouts::default(),
             liberal: default_liberal(),
+            max_connections: default_max_connections(),
+            early_drop: true,
         }
     }
 }
@@ -223,7 +248,11 @@ impl Config {
     /// Parses a `[[chain]]` table (without `nf`); every key that is wrong is reported, by
     /// its dotted name (`rules[2].src`, `timeouts.udp_replied`).
     pub fn from_table(table: &toml::Table) -> Result<Config, BuildError> {
-        crate::read_config(NF, table)
+        let config: Config = crate::read_config(NF, table)?;
+        if config.max_connections == 0 {
+            return Err(config_err("max_connections", "expected at least 1"));
+        }
+        Ok(config)
     }
 }
 
@@ -782,11 +811,14 @@ pub enum Reason {
     TcpAckAboveData = 31,
     /// Dropped: a RST outside the window (`liberal = false`).
     TcpRstOutOfWindow = 32,
+    /// Dropped: it would open a connection, the table is full and nothing could be ended
+    /// early to make room.
+    TableFull = 33,
 }
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 20] = [
+    pub const ALL: [Reason; 21] = [
         Reason::Tracked,
         Reason::AllowRule,
         Reason::AllowPolicy,
@@ -807,6 +839,7 @@ impl Reason {
         Reason::TcpSeqAboveWindow,
         Reason::TcpAckAboveData,
         Reason::TcpRstOutOfWindow,
+        Reason::TableFull,
     ];
 
     /// Whether packets with this reason pass.
@@ -837,6 +870,7 @@ impl Reason {
             Reason::TcpSeqAboveWindow => "tcp: seq above window",
             Reason::TcpAckAboveData => "tcp: ack above data seen",
             Reason::TcpRstOutOfWindow => "tcp: rst out of window",
+            Reason::TableFull => "table full",
         }
     }
 
@@ -862,6 +896,7 @@ impl Reason {
             Reason::TcpSeqAboveWindow => "denied_tcp_seq_above_window",
             Reason::TcpAckAboveData => "denied_tcp_ack_above_data_seen",
             Reason::TcpRstOutOfWindow => "denied_tcp_rst_out_of_window",
+            Reason::TableFull => "denied_table_full",
         }
     }
 }
@@ -882,6 +917,10 @@ struct Compiled {
     timeouts: [Duration; 12],
     /// [`Config::liberal`].
     liberal: bool,
+    /// [`Config::max_connections`].
+    max_connections: u64,
+    /// [`Config::early_drop`].
+    early_drop: bool,
 }
 
 /// Index of a timeout in [`Compiled::timeouts`].
@@ -938,6 +977,8 @@ impl Factory {
             default_inbound: config.default_inbound,
             timeouts,
             liberal: config.liberal,
+            max_connections: config.max_connections,
+            early_drop: config.early_drop,
         })))
     }
 
@@ -945,9 +986,20 @@ impl Factory {
     pub fn build_firewall(
         &self,
         state: &mut Declare<'_>,
-        _worker: WorkerInfo,
+        worker: WorkerInfo,
     ) -> Result<Firewall, BuildError> {
+        let early = self.0.early_drop;
         Ok(Firewall {
+            limit: self
+                .0
+                .max_connections
+                .div_ceil(u64::from(worker.count.max(1))) as usize,
+            candidates: RefCell::new(VecDeque::with_capacity(if early { CANDIDATES } else { 0 })),
+            early_dropped: state.counter(
+                "conns_early_dropped",
+                Scope::CrossFlow(&[]),
+                Access::WriteMostly,
+            )?,
             cfg: Arc::clone(&self.0),
             conns: state.map("conns", Scope::PerFlow, Access::ReadWrite)?,
             allowed: state.counter_map("allowed", Scope::CrossFlow(&[]), Access::WriteMostly)?,
@@ -1053,6 +1105,34 @@ pub struct Firewall {
     opened: Counter,
     /// Entries that timed out.
     expired: Counter,
+    /// This worker's share of `max_connections`.
+    limit: usize,
+    /// Connections that may be expendable, oldest first (opened, or ended): checked when
+    /// taken.
+    candidates: RefCell<VecDeque<FlowKey>>,
+    /// Connections ended early to make room.
+    early_dropped: Counter,
+}
+
+/// Early-drop candidates remembered per worker, at most.
+const CANDIDATES: usize = 1 << 16;
+/// Candidates looked at for one new connection, at most.
+const EARLY_DROP_SCAN: usize = 64;
+
+impl ConnState {
+    /// Whether a connection in this state may be ended early (conntrack's early drop takes
+    /// entries not yet assured): not established, or ended.
+    const fn expendable(self) -> bool {
+        matches!(
+            self,
+            ConnState::SynSent
+                | ConnState::SynSent2
+                | ConnState::SynRecv
+                | ConnState::Unreplied
+                | ConnState::TimeWait
+                | ConnState::Close
+        )
+    }
 }
 
 /// What [`Firewall::rst`] makes of a RST.
@@ -1143,6 +1223,40 @@ impl Firewall {
         }
     }
 
+    /// Remembers a connection that is, or may become, expendable.
+    #[inline]
+    fn candidate(&self, key: FlowKey) {
+        if self.cfg.early_drop {
+            let mut c = self.candidates.borrow_mut();
+            if c.len() == CANDIDATES {
+                c.pop_front();
+            }
+            c.push_back(key);
+        }
+    }
+
+    /// Early drop: ends the oldest expendable connection among the next [`EARLY_DROP_SCAN`]
+    /// candidates.
+    fn make_room(&self) -> bool {
+        if !self.cfg.early_drop {
+            return false;
+        }
+        for _ in 0..EARLY_DROP_SCAN {
+            let Some(k) = self.candidates.borrow_mut().pop_front() else {
+                return false;
+            };
+            let Ok(Some(c)) = self.conns.with(&k, |c| c.copied()) else {
+                continue;
+            };
+            if c.state.expendable() && self.conns.remove_nowait(&k).is_some() {
+                self.gauge(c.state, -1);
+                self.early_dropped.add_nowait(1);
+                return true;
+            }
+        }
+        false
+    }
+
     fn gauge(&self, state: ConnState, delta: i64) {
         self.by_state.add_to_nowait(&(state as u8), delta);
     }
@@ -1171,8 +1285,11 @@ impl Firewall {
                 // Replacing an ended connection (TIME_WAIT, CLOSE) takes it out of its state.
                 if let Some(old) = self.conns.remove_nowait(&key) {
                     self.gauge(old.state, -1);
+                } else if self.conns.cached_len() >= self.limit && !self.make_room() {
+                    return Reason::TableFull;
                 }
                 self.conns.insert_nowait(key, conn);
+                self.candidate(key);
                 self.conns
                     .expire_after(&key, self.timeout(state, flow.proto), now);
                 self.gauge(state, 1);
@@ -1196,6 +1313,9 @@ impl Firewall {
             if next.state != conn.state {
                 self.gauge(conn.state, -1);
                 self.gauge(next.state, 1);
+                if matches!(next.state, ConnState::TimeWait | ConnState::Close) {
+                    self.candidate(*key);
+                }
             }
         }
         self.conns
@@ -1667,12 +1787,18 @@ impl NetworkFunction for Firewall {
         }
         out.push(("conns_opened", self.opened.get().unwrap_or(-1)));
         out.push(("conns_expired", self.expired.get().unwrap_or(-1)));
+        out.push((
+            "conns_early_dropped",
+            self.early_dropped.get().unwrap_or(-1),
+        ));
+        out.push(("max_connections", self.limit as i64));
         out
     }
 
     fn gauges(&self) -> &'static [&'static str] {
         &[
             "tracked",
+            "max_connections",
             "conns_syn_sent",
             "conns_syn_recv",
             "conns_established",
