@@ -141,7 +141,12 @@ impl Live {
     /// Starts a download of `name` from the server at `rate` (curl's `--limit-rate`) in the
     /// client namespace: the child and where the file goes.
     fn slow_download(&self, name: &str, rate: &str) -> (Child, PathBuf) {
-        let to = self.dir.path().join(format!("slow-{name}"));
+        self.slow_download_as(name, rate, "")
+    }
+
+    /// [`Live::slow_download`] into a file of its own (`tag` tells the downloads apart).
+    fn slow_download_as(&self, name: &str, rate: &str, tag: &str) -> (Child, PathBuf) {
+        let to = self.dir.path().join(format!("slow-{name}{tag}"));
         let child = Command::new("ip")
             .args(["netns", "exec", &self.lab.client_ns()])
             .args(["curl", "-sSf", "-m", "60", "--limit-rate", rate, "-o"])
@@ -1739,4 +1744,105 @@ fn the_box_sends_time_exceeded_and_fragmentation_needed() {
     // The second big ping stayed at the host: it had learnt the path MTU from the first.
     assert_eq!(b["too_big"].as_u64(), Some(1), "{s}");
     assert!(b["icmp_errors_sent"].as_u64() >= Some(2), "{s}");
+}
+
+/// Spoofed TCP SYNs (random inside sources and ports) as fast as python sends them.
+const SYN_FLOOD_PY: &str = r#"
+import random, socket, struct, sys
+dst, dport, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+d = socket.inet_aton(dst)
+def csum(b):
+    if len(b) % 2: b += b"\0"
+    t = sum(struct.unpack("!%dH" % (len(b) // 2), b))
+    t = (t >> 16) + (t & 0xffff); t += t >> 16
+    return ~t & 0xffff
+for _ in range(n):
+    src = socket.inet_aton("10.0.0.%d" % random.randint(3, 254))
+    tcp = struct.pack("!HHIIBBHHH", random.randint(1024, 65535), dport, random.getrandbits(32), 0, 5 << 4, 0x02, 64240, 0, 0)
+    c = csum(src + d + struct.pack("!BBH", 0, 6, 20) + tcp)
+    tcp = tcp[:16] + struct.pack("!H", c) + tcp[18:]
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 40, 0, 0, 64, 6, 0, src, d)
+    s.sendto(ip + tcp, (dst, 0))
+"#;
+
+/// A SYN flood from spoofed inside sources against a firewall whose table holds 2,048
+/// connections, while 20 downloads run (issue #21): every download completes with its bytes.
+/// With early drop the flood's unanswered entries make room for each other and for a new
+/// connection opened during the flood; without it the table fills, new connections are
+/// refused (`table_full`), and the established downloads still complete.
+#[test]
+fn a_syn_flood_fills_the_firewall_table_and_downloads_go_on() {
+    if !is_root() {
+        eprintln!("skipped: live tests need root");
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut live = Live::up("f");
+    let files = publish(&live.lab);
+    let (name, data) = files.last().unwrap().clone();
+    let script = live.dir.path().join("flood.py");
+    std::fs::write(&script, SYN_FLOOD_PY).unwrap();
+    let client_ns = live.lab.client_ns();
+    for early_drop in [true, false] {
+        let chain = format!(
+            "[[chain]]\nnf = \"firewall\"\nmax_connections = 2048\nearly_drop = {early_drop}\n"
+        );
+        live.start_box(
+            &config(&chain).replace("workers = 2", "workers = 1"),
+            SERVER,
+        );
+        let downloads: Vec<(Child, PathBuf)> = (0..20)
+            .map(|i| live.slow_download_as(&name, "1M", &format!("{i}")))
+            .collect();
+        std::thread::sleep(Duration::from_millis(500));
+        let flood = live.run_in(
+            &client_ns,
+            &["python3", path(&script), &SERVER.to_string(), "80", "60000"],
+        );
+        assert!(
+            flood.status.success(),
+            "{}",
+            String::from_utf8_lossy(&flood.stderr)
+        );
+        // A new connection right after the flood.
+        let fresh = live.client(&[
+            "curl",
+            "-s",
+            "-o",
+            "/dev/null",
+            "-m",
+            "3",
+            &format!("http://{SERVER}:{HTTP_PORT}/{}", files[0].0),
+        ]);
+        for (mut child, to) in downloads {
+            let status = child.wait().unwrap();
+            assert!(
+                status.success(),
+                "early_drop = {early_drop}: a download failed"
+            );
+            assert!(
+                std::fs::read(&to).unwrap() == data,
+                "{}: content differs",
+                to.display()
+            );
+        }
+        let s = live.stop_box();
+        let fw = &nf_of(&s, "firewall")["report"];
+        assert!(fw["tracked"].as_i64() <= Some(2048), "{s}");
+        if early_drop {
+            assert!(fw["conns_early_dropped"].as_i64() > Some(1000), "{s}");
+            assert!(
+                fresh.status.success(),
+                "a new connection during the flood: {s}"
+            );
+        } else {
+            assert_eq!(fw["conns_early_dropped"].as_i64(), Some(0), "{s}");
+            assert!(fw["denied_table_full"].as_i64() > Some(1000), "{s}");
+            assert!(
+                !fresh.status.success(),
+                "the full table refuses new connections"
+            );
+        }
+    }
 }
