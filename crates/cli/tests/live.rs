@@ -1030,7 +1030,12 @@ fn a_live_nat_box_is_scraped_mid_run_and_agrees_with_its_summary() {
     );
     assert_eq!(
         nf("nat")["gauges"],
-        serde_json::json!(["active_mappings", "active_sessions", "pool_free"])
+        serde_json::json!([
+            "active_mappings",
+            "active_sessions",
+            "pool_free",
+            "session_limit"
+        ])
     );
     for (series, last) in checks {
         let last = last.unwrap_or_else(|| panic!("{series}: in the summary {s}")) as f64;
