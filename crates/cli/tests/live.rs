@@ -1080,18 +1080,23 @@ fn box_with_a_slow_download(name: &str) -> (Live, &'static str, Child, PathBuf, 
     // 3 MB at 300 KB/s: some ten seconds of traffic.
     let (name, data) = files.last().unwrap().clone();
     let (download, to) = live.slow_download(&name, "300k");
-    // The dispatcher and the workers publish on their own 100 ms schedules: wait until both
-    // have counted the download's packets.
+    // Flowing: the client's connection is established (a SYN the box dropped while it asked
+    // for a neighbour's MAC is retransmitted a second later), and the dispatcher and the
+    // workers, which publish on their own 100 ms schedules, have both counted its packets.
+    let port = format!("= :{HTTP_PORT}");
     let mut flowing = false;
     for _ in 0..100 {
         let s = live.summary_at(metrics);
-        if nf_of(&s, "nat")["packets_in"].as_u64() > Some(0) && s["packets_in"].as_u64() > Some(0) {
+        let counted =
+            nf_of(&s, "nat")["packets_in"].as_u64() > Some(0) && s["packets_in"].as_u64() > Some(0);
+        let up = live.client(&["ss", "-Htn", "state", "established", "dport", &port]);
+        if counted && !String::from_utf8_lossy(&up.stdout).trim().is_empty() {
             flowing = true;
             break;
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert!(flowing, "the download's packets reach the NAT");
+    assert!(flowing, "the download is established and reaches the NAT");
     (live, metrics, download, to, data)
 }
 
