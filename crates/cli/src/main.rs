@@ -2,6 +2,8 @@
 
 mod backends;
 mod check;
+#[cfg(test)]
+mod check_fuzz;
 mod cluster;
 mod eve;
 mod gen;
