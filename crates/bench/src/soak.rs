@@ -16,8 +16,9 @@
 //!
 //! Measurement: the process's resident set (`/proc/self/statm`) is sampled by the source on
 //! the dispatcher thread, while the workers run: once at the end of the warm-up (a third of
-//! the run), then every [`SAMPLES`]th of the rest, the last sample at the end of the input,
-//! before the workers drain. The NFs' table sizes are read from the runtime's observer at the
+//! the run and [`WARM_PACKET_S`] of packet time, or two thirds of the run on a machine too
+//! slow for that), then every [`SAMPLES`]th of the rest, the last sample at the end of the
+//! input, before the workers drain. The NFs' table sizes are read from the runtime's observer at the
 //! same moments. `ratios.rss_end_vs_start` is the last sample over the first (the goal:
 //! at most 1.05).
 
@@ -41,6 +42,9 @@ pub const ACTIVE: usize = 1024;
 /// Packet-clock nanoseconds per outbound packet (4,000 outbound packets per second of packet
 /// time).
 pub const TICK_NS: u64 = 250_000;
+/// Packet-clock seconds the warm-up lasts at least (three NAT UDP timeouts), unless it would
+/// take more than two thirds of the run.
+pub const WARM_PACKET_S: u64 = 900;
 /// RSS samples after the warm-up (the first one included).
 pub const SAMPLES: usize = 20;
 /// The full run's length.
@@ -221,17 +225,29 @@ impl Source for Churn {
     fn recv(&mut self, batch: &mut PacketBatch) -> flowstate_io::Result<usize> {
         batch.clear();
         let elapsed = self.start.elapsed();
-        if self.samples.is_empty() && elapsed >= self.warm_up {
-            self.sample(elapsed);
-        } else if !self.samples.is_empty() {
-            let every = (self.duration - self.warm_up) / SAMPLES as u32;
-            let due = self.warm_up + every * self.samples.len() as u32;
-            if elapsed >= self.duration {
-                self.sample(elapsed);
-                return Ok(0);
+        match self.samples.first() {
+            None => {
+                // Warm: a third of the run and three of the longest timeouts of packet time
+                // (the tables at their steady size), or two thirds of the run at most.
+                let packet_s = self.packets * TICK_NS / 1_000_000_000;
+                if elapsed >= self.warm_up && packet_s >= WARM_PACKET_S
+                    || elapsed >= self.duration * 2 / 3
+                {
+                    self.sample(elapsed);
+                }
             }
-            if elapsed >= due && self.samples.len() < SAMPLES {
-                self.sample(elapsed);
+            Some(first) => {
+                let warm = Duration::from_secs_f64(first.wall_s);
+                if elapsed >= self.duration {
+                    self.sample(elapsed);
+                    return Ok(0);
+                }
+                let every = self.duration.saturating_sub(warm) / SAMPLES as u32;
+                if self.samples.len() < SAMPLES
+                    && elapsed >= warm + every * self.samples.len() as u32
+                {
+                    self.sample(elapsed);
+                }
             }
         }
         while !batch.is_full() {
@@ -279,7 +295,8 @@ pub fn run_for(duration: Duration) -> Report {
         .min(2);
     report
         .param("duration_s", duration.as_secs_f64())
-        .param("warm_up_s", (duration / 3).as_secs_f64())
+        .param("warm_up_min_s", (duration / 3).as_secs_f64())
+        .param("warm_up_min_packet_clock_s", WARM_PACKET_S)
         .param("workers", workers)
         .param("active_flows", ACTIVE)
         .param("packet_clock_ns_per_outbound_packet", TICK_NS)
