@@ -6,9 +6,10 @@
 //! sending a few packets and then falling silent, so that old flows leave only through the
 //! NFs' idle timeouts. Three flows in four are UDP (half to the load balancer's DNS VIP, half
 //! to NTP servers beside it), one in four a TCP connection to the VIP's port 80 (SYN, data,
-//! FIN, last ACK); the reflect stage answers every request as the outside hosts would. At
-//! most [`ACTIVE`] flows talk at once, each one packet in turn; when a flow has sent its
-//! packets, a new one takes its place. The NFs run with their default timeouts (NAT UDP 5 min,
+//! FIN, last ACK, with acknowledgment number 0: the source does not see the reflected ISN, so
+//! a firewall checking windows strictly would drop them); the reflect stage answers every
+//! request as the outside hosts would. At most [`ACTIVE`] flows talk at once, each one packet
+//! in turn; when a flow has sent its packets, a new one takes its place. The NFs run with their default timeouts (NAT UDP 5 min,
 //! TCP transitory 4 min; firewall UDP 2 min, TIME_WAIT 2 min; LB UDP 5 min, closed TCP
 //! 2 min) on the packets' clock, which advances [`TICK_NS`] per outbound packet whatever
 //! the machine's speed: a steady state of roughly 200k NAT sessions, reached after about
@@ -18,9 +19,9 @@
 //! the dispatcher thread, while the workers run: once at the end of the warm-up (a third of
 //! the run and [`WARM_PACKET_S`] of packet time, or two thirds of the run on a machine too
 //! slow for that), then every [`SAMPLES`]th of the rest, the last sample at the end of the
-//! input, before the workers drain. The NFs' table sizes are read from the runtime's observer at the
-//! same moments. `ratios.rss_end_vs_start` is the last sample over the first (the goal:
-//! at most 1.05).
+//! input, before the workers drain. The NFs' table sizes are read from the runtime's
+//! observer at the same moments. `ratios.rss_end_vs_start` is the last sample over the first
+//! (the goal: at most 1.05).
 
 use crate::{Effort, Report};
 use flowstate_chain::observe::Observer;
