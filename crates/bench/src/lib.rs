@@ -22,6 +22,8 @@ mod ips;
 #[cfg(target_os = "linux")]
 mod live_nat;
 mod metrics_overhead;
+#[cfg(target_os = "linux")]
+pub mod nat_churn;
 mod nf_throughput;
 pub mod paper;
 mod remote;
@@ -87,6 +89,12 @@ pub const BENCHES: &[Bench] = &[
         name: "live-nat",
         about: "in the netns lab: pps of a small-UDP flood and iperf3 TCP goodput through Linux's NAT (nftables) vs flowstate's NAT over AF_PACKET and AF_XDP (needs root)",
         run: live_nat::run,
+    },
+    #[cfg(target_os = "linux")]
+    Bench {
+        name: "nat-churn",
+        about: "in the netns lab: short TCP connections per second through a NAT with a 100-port pool and 1 s closed-connection hold, Linux's NAT (nftables) vs flowstate's, with recovery time after the churn (issue #21; needs root)",
+        run: nat_churn::run,
     },
     Bench {
         name: "store-ops",

@@ -300,14 +300,24 @@ fn with_box<T>(
         flowstate_lab::NF_INSIDE_IF,
         flowstate_lab::NF_OUTSIDE_IF
     );
-    let config =
-        flowstate_chain::Config::parse(&text, "live-nat.toml").map_err(|e| e.to_string())?;
+    run_box(lab, &text, f)
+}
+
+/// Runs `f` while a flowstate box configured by `text` (a live configuration on the lab's
+/// `nf` ports) runs in a thread inside the `nf` namespace, once the client reaches the server
+/// through it; returns what `f` returned and the box's summary.
+pub(crate) fn run_box<T>(
+    lab: &Lab,
+    text: &str,
+    f: impl FnOnce() -> Result<T, String>,
+) -> Result<(T, flowstate_chain::Summary), String> {
+    let config = flowstate_chain::Config::parse(text, "box.toml").map_err(|e| e.to_string())?;
     let (
         flowstate_chain::config::Input::Interface(inside),
         flowstate_chain::config::Output::Interface(outside),
     ) = (config.input.clone(), config.output.clone())
     else {
-        return Err("live-nat: the box configuration is not a live one".into());
+        return Err("the box configuration is not a live one".into());
     };
     let factories = config.factories().map_err(|e| e.to_string())?;
     let runtime = flowstate_chain::Runtime::new(
@@ -347,13 +357,13 @@ fn with_box<T>(
         let r = if up {
             f()
         } else {
-            Err(format!("live-nat: the {driver} box did not come up"))
+            Err("the box did not come up".to_string())
         };
         stop.stop();
         match boxed.join() {
             Ok(Ok(summary)) => r.map(|r| (r, summary)),
             Ok(Err(e)) => Err(e),
-            Err(_) => Err(format!("live-nat: the {driver} box panicked")),
+            Err(_) => Err("the box panicked".to_string()),
         }
     })
 }

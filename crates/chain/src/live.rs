@@ -18,8 +18,16 @@
 //! * A forwarded packet leaves by the inside port when its (translated) destination is in the
 //!   `inside` prefixes, by the outside port otherwise, towards the port's gateway if it has one,
 //!   else towards the destination itself. Its Ethernet addresses are rewritten, its TTL is
-//!   decremented (RFC 1812 §5.3.1; the header checksum is updated incrementally, RFC 1624) and
-//!   a packet whose TTL runs out is dropped. A destination whose MAC is not known yet is asked
+//!   decremented (RFC 1812 §5.3.1; the header checksum is updated incrementally, RFC 1624).
+//! * What the box cannot forward it answers as a router does, before the chain sees it (so
+//!   the error goes to the sender as it sent, untranslated): a packet whose TTL runs out gets
+//!   ICMP time exceeded (RFC 1812 §5.3.1), and a packet larger than the MTU of the port it
+//!   would leave by gets ICMP fragmentation needed with that MTU when it has DF set (RFC 1191
+//!   path MTU discovery; the box does not fragment, so a DF-less one is dropped). The error
+//!   comes from the box's address on the receiving port, quotes as much of the packet as fits
+//!   in 576 bytes (RFC 1812 §4.3.2.3), is never sent about an ICMP error, a later fragment
+//!   or a non-unicast source (RFC 1122 §3.2.2), and at most 1000 a second (RFC 1812
+//!   §4.3.2.8). The ports' MTUs are read from their interfaces at start. A destination whose MAC is not known yet is asked
 //!   for with an ARP request (at most once every 200 ms per address) and the packet dropped;
 //!   the sender's retransmission finds it.
 //! * Receiving is AF_PACKET (a TPACKET_V2 ring: each frame is handed over, and wakes the
@@ -57,7 +65,7 @@
 //!   which is the graceful stop `flowstate run` performs on SIGINT and SIGTERM.
 //!
 //! Limits: IPv4 only (IPv6 and VLAN-tagged frames are dropped as not for the box); no ICMP
-//! errors are generated (TTL expiry, unknown neighbour); several workers go through the
+//! host unreachable for an unknown neighbour; no fragmentation; several workers go through the
 //! dispatcher and output threads (see above); time (NAT and firewall timeouts) advances
 //! with packets, so an idle box expires nothing until traffic resumes, and a stage that fails
 //! while the ports are idle ends the run at the next packet or signal.
@@ -96,6 +104,17 @@ pub struct PortAddr {
     pub address: Ipv4Addr,
     /// Where packets leaving by this port go (`None`: the destination is on the link).
     pub gateway: Option<Ipv4Addr>,
+    /// The largest IPv4 packet the port sends (its interface's MTU; see [`interface_mtu`]).
+    pub mtu: u16,
+}
+
+/// The MTU of network interface `name` (from sysfs), or 65535 (no limit the box enforces)
+/// when it cannot be read.
+pub fn interface_mtu(name: &str) -> u16 {
+    std::fs::read_to_string(format!("/sys/class/net/{name}/mtu"))
+        .ok()
+        .and_then(|m| m.trim().parse::<u32>().ok())
+        .map_or(u16::MAX, |m| m.min(u32::from(u16::MAX)) as u16)
 }
 
 /// Asks the box to stop: the source then reports the end of its input.
@@ -154,8 +173,14 @@ pub struct BoxStats {
     pub not_for_us: AtomicU64,
     /// Forwarded packets dropped because the next hop's MAC was unknown.
     pub unresolved: AtomicU64,
-    /// Forwarded packets dropped because their TTL ran out.
+    /// Packets dropped because their TTL ran out (answered with ICMP time exceeded).
     pub ttl_expired: AtomicU64,
+    /// Packets dropped because they were larger than the MTU of the port they would leave
+    /// by (answered with ICMP fragmentation needed when they had DF set; the box does not
+    /// fragment).
+    pub too_big: AtomicU64,
+    /// ICMP errors the box sent (time exceeded, fragmentation needed), within its rate.
+    pub icmp_errors_sent: AtomicU64,
     /// Frames the devices refused to send.
     pub send_dropped: AtomicU64,
     /// Packets the XDP fast path forwarded (read when the box stops).
@@ -181,6 +206,8 @@ impl BoxStats {
             ("not_for_us", l(&self.not_for_us)),
             ("unresolved", l(&self.unresolved)),
             ("ttl_expired", l(&self.ttl_expired)),
+            ("too_big", l(&self.too_big)),
+            ("icmp_errors_sent", l(&self.icmp_errors_sent)),
             ("send_dropped", l(&self.send_dropped)),
             ("fast_path_packets", l(&self.fast_path_packets)),
             ("fast_path_bytes", l(&self.fast_path_bytes)),
@@ -349,6 +376,147 @@ fn write_arp(
     LEN
 }
 
+/// Why the box cannot forward a packet it received, and answers with an ICMP error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Undeliverable {
+    /// Its TTL ran out (RFC 1812 §5.3.1): ICMP time exceeded in transit.
+    TtlExpired,
+    /// Larger than `mtu`, the next port's: ICMP fragmentation needed (RFC 1191) when `df`.
+    TooBig { mtu: u16, df: bool },
+}
+
+impl Undeliverable {
+    /// Whether the sender gets an ICMP error: not for a DF-less packet too big (the box does
+    /// not fragment; nothing would help the sender).
+    fn answered(self) -> bool {
+        !matches!(self, Undeliverable::TooBig { df: false, .. })
+    }
+}
+
+/// Whether IPv4 `frame` (received for forwarding) cannot be forwarded: its TTL is 1 or 0
+/// (the box decrements it), or it is larger than `next_mtu`.
+#[inline]
+fn undeliverable(frame: &[u8], next_mtu: u16) -> Option<Undeliverable> {
+    let ip = frame.get(ETH_HLEN..ETH_HLEN + 20)?;
+    if ip[8] <= 1 {
+        return Some(Undeliverable::TtlExpired);
+    }
+    let len = u16::from_be_bytes([ip[2], ip[3]]);
+    (len > next_mtu).then_some(Undeliverable::TooBig {
+        mtu: next_mtu,
+        df: ip[6] & 0x40 != 0,
+    })
+}
+
+/// The largest ICMP error frame the box writes: Ethernet, then at most 576 bytes of IPv4
+/// (RFC 1812 §4.3.2.3).
+const ICMP_ERROR_MAX: usize = ETH_HLEN + 576;
+
+/// Whether IPv4 `frame` may be answered with an ICMP error (RFC 1122 §3.2.2, RFC 1812
+/// §4.3.2.7): not an ICMP error itself, not a later fragment, from a unicast source, with a
+/// header that parses.
+fn answerable(frame: &[u8]) -> bool {
+    let Some(ip) = frame.get(ETH_HLEN..ETH_HLEN + 20) else {
+        return false;
+    };
+    let hl = usize::from(ip[0] & 0x0f) * 4;
+    let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+    let src = Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]);
+    let later_fragment = u16::from_be_bytes([ip[6], ip[7]]) & 0x1fff != 0;
+    let icmp_error = ip[9] == 1
+        && frame
+            .get(ETH_HLEN + hl)
+            .is_some_and(|&t| matches!(t, 3 | 4 | 5 | 11 | 12));
+    ip[0] >> 4 == 4
+        && hl >= 20
+        && total >= hl
+        && frame.len() >= ETH_HLEN + hl
+        && !later_fragment
+        && !icmp_error
+        && !(src.is_broadcast() || src.is_multicast() || src.is_unspecified() || src.is_loopback())
+}
+
+/// Writes into `buf` the ICMP error answering IPv4 `frame`, which [`answerable`] accepted
+/// (received from the port with `my_mac` and `my_ip`): from `my_ip` to the frame's source,
+/// quoting as much of the packet as fits in 576 bytes (RFC 1812 §4.3.2.3). Returns its length
+/// (0 when `buf` is too small).
+fn write_icmp_error(
+    buf: &mut [u8],
+    frame: &[u8],
+    my_mac: [u8; 6],
+    my_ip: Ipv4Addr,
+    why: Undeliverable,
+) -> usize {
+    let (Some(ip), Some(src_mac)) = (frame.get(ETH_HLEN..), mac(frame, 6)) else {
+        return 0;
+    };
+    if ip.len() < 20 {
+        return 0;
+    }
+    let total = usize::from(u16::from_be_bytes([ip[2], ip[3]])).min(ip.len());
+    let src = Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]);
+    let quote = total.min(576 - 20 - 8);
+    let len = ETH_HLEN + 20 + 8 + quote;
+    let Some(b) = buf.get_mut(..len) else {
+        return 0;
+    };
+    b[0..6].copy_from_slice(&src_mac);
+    b[6..12].copy_from_slice(&my_mac);
+    b[12..14].copy_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
+    let (hdr, rest) = b[ETH_HLEN..].split_at_mut(20);
+    hdr.copy_from_slice(&[
+        0x45, 0xc0, 0, 0, 0, 0, 0, 0, 64, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    ]);
+    hdr[2..4].copy_from_slice(&((20 + 8 + quote) as u16).to_be_bytes());
+    hdr[12..16].copy_from_slice(&my_ip.octets());
+    hdr[16..20].copy_from_slice(&src.octets());
+    let c = flowstate_wire::checksum::checksum(hdr);
+    hdr[10..12].copy_from_slice(&c.to_be_bytes());
+    let (kind, code, mtu) = match why {
+        Undeliverable::TtlExpired => (11, 0, 0),
+        Undeliverable::TooBig { mtu, .. } => (3, 4, mtu),
+    };
+    rest[..8].copy_from_slice(&[kind, code, 0, 0, 0, 0, 0, 0]);
+    rest[6..8].copy_from_slice(&mtu.to_be_bytes());
+    rest[8..8 + quote].copy_from_slice(&ip[..quote]);
+    let c = flowstate_wire::checksum::checksum(&rest[..8 + quote]);
+    rest[2..4].copy_from_slice(&c.to_be_bytes());
+    len
+}
+
+/// A token bucket for the box's ICMP errors: [`ICMP_ERRORS_PER_S`] a second, as bursts.
+#[derive(Debug)]
+struct IcmpBudget {
+    left: u32,
+    since: Instant,
+}
+
+/// ICMP errors the box sends a second at most (RFC 1812 §4.3.2.8: routers SHOULD limit them).
+const ICMP_ERRORS_PER_S: u32 = 1000;
+
+impl Default for IcmpBudget {
+    fn default() -> Self {
+        IcmpBudget {
+            left: ICMP_ERRORS_PER_S,
+            since: Instant::now(),
+        }
+    }
+}
+
+impl IcmpBudget {
+    /// Takes one token if there is one (the clock is read only here: errors are rare).
+    fn take(&mut self) -> bool {
+        if self.left == 0 && self.since.elapsed() >= Duration::from_secs(1) {
+            *self = IcmpBudget::default();
+        }
+        if self.left == 0 {
+            return false;
+        }
+        self.left -= 1;
+        true
+    }
+}
+
 /// The receiving side of the box: a [`Source`] over the two ports.
 pub struct LiveSource<P: Port> {
     ports: [P; 2],
@@ -356,8 +524,10 @@ pub struct LiveSource<P: Port> {
     macs: [[u8; 6]; 2],
     shared: Arc<Shared>,
     stop: Stop,
-    /// ARP replies waiting to be sent, per port.
+    /// ARP replies and ICMP errors waiting to be sent, per port.
     arp_out: [PacketBatch; 2],
+    /// ICMP errors the box may still send in the current second (RFC 1812 §4.3.2.8).
+    icmp_budget: IcmpBudget,
     /// How long one wait for packets lasts before the stop flag is looked at again.
     pub poll: Duration,
     /// The last `recv` found nothing within [`IDLE_TICK`] (and the box is not stopping).
@@ -382,7 +552,11 @@ impl<P: Port> LiveSource<P> {
             macs,
             shared,
             stop,
-            arp_out: [PacketBatch::new(16, 64), PacketBatch::new(16, 64)],
+            arp_out: [
+                PacketBatch::new(16, ICMP_ERROR_MAX),
+                PacketBatch::new(16, ICMP_ERROR_MAX),
+            ],
+            icmp_budget: IcmpBudget::default(),
             poll: Duration::from_millis(50),
             idle: false,
         }
@@ -395,6 +569,10 @@ impl<P: Port> LiveSource<P> {
             let neigh = &self.shared.neighbours[p];
             let stats = &self.shared.stats;
             let arp_out = &mut self.arp_out[p];
+            let budget = &mut self.icmp_budget;
+            // Packets forwarded from this port leave by the other one (a hairpinned one by
+            // this one, whose MTU the box then does not check).
+            let next_mtu = self.addrs[1 - p].mtu;
             let mut keep = |f: &[u8]| -> bool {
                 let (Some(dst), Some(src), Some(et)) = (mac(f, 0), mac(f, 6), be16(f, 12)) else {
                     stats.not_for_us.fetch_add(1, Ordering::Relaxed);
@@ -404,7 +582,27 @@ impl<P: Port> LiveSource<P> {
                     ETHERTYPE_IPV4 if dst == my_mac => {
                         if let Some(s) = ip4(f, ETH_HLEN + 12) {
                             neigh.learn(s, src);
-                            return true;
+                            let Some(error) = undeliverable(f, next_mtu) else {
+                                return true;
+                            };
+                            match error {
+                                Undeliverable::TtlExpired => &stats.ttl_expired,
+                                Undeliverable::TooBig { .. } => &stats.too_big,
+                            }
+                            .fetch_add(1, Ordering::Relaxed);
+                            if error.answered()
+                                && answerable(f)
+                                && !arp_out.is_full()
+                                && budget.take()
+                            {
+                                let sent = arp_out.push_with(|buf, _| {
+                                    write_icmp_error(buf, f, my_mac, my_ip, error)
+                                });
+                                if sent {
+                                    stats.icmp_errors_sent.fetch_add(1, Ordering::Relaxed);
+                                }
+                            }
+                            return false;
                         }
                     }
                     ETHERTYPE_ARP if dst == my_mac || dst == BROADCAST => {
@@ -946,6 +1144,7 @@ fn run_ports<R: Port, T: Port>(
     let addrs = [inside, outside].map(|p| PortAddr {
         address: p.address,
         gateway: p.gateway,
+        mtu: interface_mtu(&p.interface),
     });
     let shared = Arc::new(Shared::default());
     let source = LiveSource::new(rx_ports, addrs, Arc::clone(&shared), stop);
@@ -1072,10 +1271,12 @@ mod tests {
             PortAddr {
                 address: "10.0.0.1".parse().unwrap(),
                 gateway: None,
+                mtu: 1500,
             },
             PortAddr {
                 address: "198.51.100.1".parse().unwrap(),
                 gateway: None,
+                mtu: 1500,
             },
         ]
     }
@@ -1170,6 +1371,67 @@ mod tests {
         );
         stop.stop();
         assert_eq!(src.recv(&mut b).unwrap(), 0, "stopped: end of input");
+    }
+
+    /// The box answers what it cannot forward (RFC 1812 §5.3.1, RFC 1191): time exceeded for
+    /// a TTL of 1, fragmentation needed (with the next port's MTU) for a DF packet too big,
+    /// from its own address on the receiving port, quoting the packet; never an ICMP error
+    /// about an ICMP error, and nothing for a DF-less packet too big (dropped, counted).
+    #[test]
+    fn answers_expired_and_too_big_packets_with_icmp_errors() {
+        let big = |df: bool| {
+            let mut f = ipv4(BOX_IN, CLIENT, "10.0.0.2", "198.51.100.2", 64);
+            f.resize(ETH_HLEN + 1400, 0xab);
+            let ip = &mut f[ETH_HLEN..];
+            ip[2..4].copy_from_slice(&1400u16.to_be_bytes());
+            ip[6] = if df { 0x40 } else { 0 };
+            ip[10..12].copy_from_slice(&[0, 0]);
+            let c = flowstate_wire::checksum::checksum(&ip[..20]);
+            ip[10..12].copy_from_slice(&c.to_be_bytes());
+            f
+        };
+        let expired = ipv4(BOX_IN, CLIENT, "10.0.0.2", "198.51.100.2", 1);
+        let mut icmp_error = ipv4(BOX_IN, CLIENT, "10.0.0.2", "198.51.100.2", 1);
+        icmp_error[ETH_HLEN + 9] = 1; // ICMP ...
+        icmp_error[ETH_HLEN + 20] = 3; // ... destination unreachable
+        let fine = ipv4(BOX_IN, CLIENT, "10.0.0.2", "198.51.100.2", 64);
+        let (p, tx) = ports(
+            vec![expired.clone(), big(true), big(false), icmp_error, fine],
+            vec![],
+        );
+        let shared = Arc::new(Shared::default());
+        let mut a = addrs();
+        a[1].mtu = 1280;
+        let mut src = LiveSource::new(p, a, Arc::clone(&shared), Stop::new());
+        let mut b = PacketBatch::new(32, 2048);
+        assert_eq!(src.recv(&mut b).unwrap(), 1, "only the last one goes on");
+        let stats = &shared.stats;
+        assert_eq!(stats.ttl_expired.load(Ordering::Relaxed), 2);
+        assert_eq!(stats.too_big.load(Ordering::Relaxed), 2);
+        assert_eq!(stats.icmp_errors_sent.load(Ordering::Relaxed), 2);
+        let sent = tx[0].lock().unwrap().clone();
+        assert_eq!(sent.len(), 2, "two errors, back out of the inside port");
+        for (e, (kind, code, quoted)) in sent.iter().zip([(11, 0, &expired), (3, 4, &big(true))]) {
+            assert_eq!((&e[0..6], &e[6..12]), (&CLIENT[..], &BOX_IN[..]));
+            let ip = &e[ETH_HLEN..];
+            assert_eq!(
+                flowstate_wire::checksum::checksum(&ip[..20]),
+                0,
+                "IPv4 checksum"
+            );
+            assert_eq!(ip4(e, ETH_HLEN + 12), Some("10.0.0.1".parse().unwrap()));
+            assert_eq!(ip4(e, ETH_HLEN + 16), Some("10.0.0.2".parse().unwrap()));
+            assert_eq!(usize::from(u16::from_be_bytes([ip[2], ip[3]])), ip.len());
+            let icmp = &ip[20..];
+            assert_eq!(flowstate_wire::checksum::checksum(icmp), 0, "ICMP checksum");
+            assert_eq!((icmp[0], icmp[1]), (kind, code));
+            let q = &quoted[ETH_HLEN..];
+            let n = q.len().min(548);
+            assert_eq!(&icmp[8..], &q[..n], "the packet, up to 576 bytes in all");
+            if kind == 3 {
+                assert_eq!(u16::from_be_bytes([icmp[6], icmp[7]]), 1280, "next-hop MTU");
+            }
+        }
     }
 
     #[test]

@@ -21,7 +21,7 @@ pub(crate) enum Backend {
     /// flowstate's store.
     Store(StoreConnector),
     /// One Redis server.
-    Redis(RedisConnector),
+    Redis(Box<RedisConnector>),
     /// A Redis Cluster.
     RedisCluster(RedisClusterConnector),
     /// Cassandra (its driver connects when it is built).
@@ -89,6 +89,7 @@ pub(crate) fn connect(
     state: &StateSection,
     backend: Backend,
 ) -> Result<Arc<dyn Connector>, ConfigError> {
+    let setting = |e: SettingError| ConfigError::new(file, format!("state.{}", e.key), e.reason);
     let url_key = |nodes: bool| {
         if state.url.is_some() || !nodes {
             "state.url"
@@ -96,31 +97,47 @@ pub(crate) fn connect(
             "state.nodes"
         }
     };
-    let answers = |c: Arc<dyn Connector>, key: &str| match c.connect() {
-        Ok(_) => Ok(c),
-        Err(e) => Err(ConfigError::new(
-            file,
-            key,
-            format!("the store does not answer at start-up: {e}"),
-        )),
-    };
     match backend {
         Backend::Local => Ok(Arc::new(flowstate_state::local::LocalStore::new())),
-        Backend::Store(c) => Ok(Arc::new(c)),
+        // A refused token names `state.token`, an untrusted certificate (or TLS on one side
+        // only) `state.ca_file`, a store that does not answer within `timeout` `state.url`.
+        Backend::Store(c) => match c.check() {
+            Ok(()) => Ok(Arc::new(c)),
+            Err(e) => Err(setting(e)),
+        },
         Backend::Cassandra(settings) => {
-            let key = url_key(state.options.contains_key("nodes"));
+            let address = url_key(state.options.contains_key("nodes"));
+            // A refused login names the password's key, a failed TLS handshake `ca_file`.
+            let keys = settings.clone();
             let connector =
                 flowstate_driver_cassandra::CassandraConnector::new(settings).map_err(|e| {
-                    ConfigError::new(
-                        file,
-                        key,
-                        format!("{e} (is Cassandra running? scripts/cassandra start runs one)"),
-                    )
+                    let text = e.to_string();
+                    match keys.key_of(&text) {
+                        Some(key) => ConfigError::new(file, format!("state.{key}"), text),
+                        None => ConfigError::new(
+                            file,
+                            address,
+                            format!(
+                                "{text} (is Cassandra running? scripts/cassandra start runs one)"
+                            ),
+                        ),
+                    }
                 })?;
             Ok(Arc::new(connector))
         }
-        Backend::Redis(c) => answers(Arc::new(c), "state.url"),
-        Backend::RedisCluster(c) => answers(Arc::new(c), url_key(true)),
+        // A refused password or certificate names its key (`state.password_file`,
+        // `state.ca_file`, ...), a server that does not answer the address.
+        Backend::Redis(c) => match c.check() {
+            Ok(()) => Ok(Arc::new(*c)),
+            Err(e) => Err(setting(e)),
+        },
+        Backend::RedisCluster(c) => {
+            let key = url_key(true).trim_start_matches("state.");
+            match c.check(key) {
+                Ok(()) => Ok(Arc::new(c)),
+                Err(e) => Err(setting(e)),
+            }
+        }
     }
 }
 
@@ -130,9 +147,21 @@ impl Backend {
         let name = state.backend.name();
         match (self, &state.url) {
             (Backend::Local, _) => name.to_owned(),
-            (Backend::Store(c), _) => format!("{name} at {}", c.settings().addr),
-            (Backend::Cassandra(c), _) => format!("{name} at {}", c.nodes.join(", ")),
-            (_, Some(url)) => format!("{name} at {url}"),
+            (Backend::Store(c), _) => format!(
+                "{name} at {}{}",
+                c.settings().addr,
+                if c.settings().ca_file.is_some() {
+                    " (TLS)"
+                } else {
+                    ""
+                }
+            ),
+            (Backend::Cassandra(c), _) => format!(
+                "{name} at {}{}",
+                c.nodes.join(", "),
+                if c.ca_file.is_some() { " (TLS)" } else { "" }
+            ),
+            (_, Some(url)) => format!("{name} at {}", flowstate_driver_redis::redact(url)),
             (_, None) => match state.options.get("nodes") {
                 Some(n) => format!("{name} at {n}"),
                 None => format!("{name} (default address)"),
@@ -169,13 +198,16 @@ fn redis(state: &StateSection) -> Result<Backend, SettingError> {
         ) {
             (Some(s), _) => Setting::Str(s),
             (None, Some((_, l))) => Setting::List(l),
-            (None, None) => Setting::Other(value.type_str()),
+            (None, None) => match value.as_bool() {
+                Some(b) => Setting::Bool(b),
+                None => Setting::Other(value.type_str()),
+            },
         };
         (key.as_str(), v)
     });
     let url = state.url.as_deref();
     if state.backend == BackendKind::Redis {
-        RedisConnector::from_settings(url, options).map(Backend::Redis)
+        RedisConnector::from_settings(url, options).map(|c| Backend::Redis(Box::new(c)))
     } else {
         RedisClusterConnector::from_settings(url, options).map(Backend::RedisCluster)
     }
@@ -195,8 +227,33 @@ mod tests {
 
     #[test]
     fn store_is_built_and_names_bad_keys() {
-        let c = build("backend = \"store\"\nurl = \"127.0.0.1:9\"\ntoken = \"t\"\n").unwrap();
+        // Nothing listens on port 9: checked at start-up, the address is the key.
+        let e = build(
+            "backend = \"store\"\nurl = \"127.0.0.1:9\"\ntoken = \"t\"\ntimeout = \"100ms\"\n",
+        )
+        .err()
+        .unwrap();
+        assert_eq!(e.key, "state.url");
+        assert!(e.reason.contains("unreachable"), "{e}");
+        let server = flowstate_store::Server::start(flowstate_store::Config {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            token: Some("t".into()),
+            ..flowstate_store::Config::default()
+        })
+        .unwrap();
+        let addr = server.local_addr();
+        let c = build(&format!(
+            "backend = \"store\"\nurl = \"{addr}\"\ntoken = \"t\"\n"
+        ))
+        .unwrap();
         assert_eq!(c.name(), "store");
+        let e = build(&format!(
+            "backend = \"store\"\nurl = \"{addr}\"\ntoken = \"u\"\n"
+        ))
+        .err()
+        .unwrap();
+        assert_eq!(e.key, "state.token");
+        server.stop();
         let e = build("backend = \"store\"\ncolour = \"red\"\n")
             .err()
             .unwrap();

@@ -17,6 +17,7 @@ use std::time::Duration;
     args_conflicts_with_subcommands = true,
     after_help = "Examples:\n  flowstate store\n  \
                   flowstate store --listen 127.0.0.1:7878 --data-dir /var/lib/flowstate --sync\n  \
+                  flowstate store --listen 0.0.0.0:7878 --tls-cert store.pem --tls-key store.key --token-file /run/secrets/store\n  \
                   flowstate store --metrics 9465   (Prometheus /metrics on 127.0.0.1:9465)"
 )]
 pub(crate) struct StoreArgs {
@@ -30,8 +31,17 @@ pub(crate) struct StoreArgs {
     #[arg(long)]
     data_dir: Option<PathBuf>,
     /// Shared token clients must present (also read from FLOWSTATE_STORE_TOKEN).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "token_file")]
     token: Option<String>,
+    /// Read the token from this file's first line (keeps it off the command line).
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// Serve TLS only, with this certificate chain (PEM); needs --tls-key.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
     /// Shard threads (0: one per core, at most 8). A data directory keeps its own count.
     #[arg(long, default_value_t = 0)]
     shards: usize,
@@ -87,8 +97,14 @@ struct StatsArgs {
     #[arg(long, default_value = "127.0.0.1:7878")]
     url: String,
     /// Its shared token, if it wants one (also read from FLOWSTATE_STORE_TOKEN).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "token_file")]
     token: Option<String>,
+    /// Read the token from this file's first line.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// Connect with TLS, trusting the CA certificates of this PEM file.
+    #[arg(long, value_name = "FILE")]
+    ca_file: Option<PathBuf>,
     /// Print a JSON object instead of one `name value` line each.
     #[arg(long)]
     json: bool,
@@ -99,12 +115,24 @@ fn at_least(min: u64) -> clap::builder::RangedU64ValueParser<usize> {
     clap::builder::RangedU64ValueParser::new().range(min..)
 }
 
-/// The token from the option or the environment (an empty one is none).
-fn token(option: &Option<String>) -> Option<String> {
-    option
+/// The token from the option, its file or the environment (an empty one is none).
+fn token(option: &Option<String>, file: &Option<PathBuf>) -> Result<Option<String>> {
+    if let Some(path) = file {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("--token-file: {}", path.display()))?;
+        let line = text.lines().next().unwrap_or_default();
+        if line.is_empty() {
+            anyhow::bail!(
+                "--token-file: {}: empty (the token is its first line)",
+                path.display()
+            );
+        }
+        return Ok(Some(line.to_owned()));
+    }
+    Ok(option
         .clone()
         .or_else(|| std::env::var("FLOWSTATE_STORE_TOKEN").ok())
-        .filter(|t| !t.is_empty())
+        .filter(|t| !t.is_empty()))
 }
 
 /// Serves (or runs the query given).
@@ -123,7 +151,7 @@ fn serve(a: &StoreArgs) -> Result<()> {
     let config = Config {
         listen: a.listen,
         data_dir: a.data_dir.clone(),
-        token: token(&a.token),
+        token: token(&a.token, &a.token_file)?,
         shards: a.shards,
         limits: flowstate_proto::Limits {
             max_frame: a.max_frame,
@@ -136,6 +164,13 @@ fn serve(a: &StoreArgs) -> Result<()> {
         max_objects: a.max_objects,
         checkpoint_interval: a.checkpoint_interval,
         sync: a.sync,
+        tls: match (&a.tls_cert, &a.tls_key) {
+            (Some(cert), Some(key)) => Some(flowstate_store::TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+            }),
+            _ => None,
+        },
         ..Config::default()
     };
     let server = Server::start(config).context("flowstate store")?;
@@ -148,6 +183,7 @@ fn serve(a: &StoreArgs) -> Result<()> {
     };
     let mut out = std::io::stdout().lock();
     writeln!(out, "flowstate store: listening on {}", server.local_addr())?;
+    // (The address stays the line's last word: scripts and tests read it there.)
     out.flush()?;
     drop(out);
     let stop = Stop::new();
@@ -163,12 +199,14 @@ fn serve(a: &StoreArgs) -> Result<()> {
 }
 
 fn stats(q: &StatsArgs) -> Result<()> {
-    let connector = StoreConnector::with_settings(Settings {
+    let connector = StoreConnector::with_tls_settings(Settings {
         addr: q.url.clone(),
-        token: token(&q.token),
+        token: token(&q.token, &q.token_file)?,
         retry_for: Duration::ZERO,
+        ca_file: q.ca_file.clone(),
         ..Settings::default()
-    });
+    })
+    .map_err(|e| anyhow::anyhow!("--ca-file: {}", e.reason))?;
     let v = connector
         .open()
         .and_then(|mut b| b.stats())

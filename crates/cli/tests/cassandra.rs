@@ -132,3 +132,169 @@ fn nat_and_lb_output_the_same_packets_on_local_and_cassandra() {
         connector.drop_nfs(|n| n == nf).expect("clean up");
     }
 }
+
+/// The TLS test files of `scripts/tls-certs` (`$FLOWSTATE_RUN_DIR/tls`, default `.run/tls`).
+fn tls_file(name: &str) -> String {
+    std::env::var_os("FLOWSTATE_RUN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join(".run"))
+        .join("tls")
+        .join(name)
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// `text` with the keys of its `[state]` table replaced by `state`.
+fn with_state(text: &str, state: &str) -> String {
+    let mut out = String::new();
+    let mut in_state = false;
+    for line in text.lines() {
+        let t = line.trim();
+        if t.starts_with('[') {
+            in_state = t == "[state]";
+            out.push_str(line);
+            out.push('\n');
+            if in_state {
+                out.push_str(state);
+                out.push('\n');
+            }
+        } else if !in_state {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// The NAT on the node of `scripts/cassandra start --secure` (TLS only, PasswordAuthenticator)
+/// logged in with a password from a file and the CA of its certificate: the packets of the
+/// embedded store. A wrong password, a missing login, another CA and a plain connection stop
+/// `flowstate run` at start-up naming the key.
+#[test]
+fn nat_on_cassandra_with_a_password_over_tls_and_bad_settings_name_their_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let password = dir.path().join("password");
+    std::fs::write(&password, "cassandra\n").unwrap();
+    let node = "127.0.0.1:9142";
+    let config = CassandraConfig::from_settings(
+        Some(node),
+        &format!(
+            "username = \"cassandra\"\npassword_file = {:?}\nca_file = {:?}",
+            password.to_str().unwrap(),
+            tls_file("ca.pem")
+        )
+        .parse::<toml::Table>()
+        .unwrap(),
+    );
+    let connector = match config
+        .map_err(|e| e.to_string())
+        .and_then(|c| CassandraConnector::new(c).map_err(|e| e.to_string()))
+    {
+        Ok(c) => c,
+        Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("CI=true but no secure Cassandra at {node} ({e}); scripts/test starts one")
+        }
+        Err(e) => {
+            eprintln!(
+                "SKIPPED: no secure Cassandra at {node}: {e} (scripts/cassandra start --secure)"
+            );
+            return;
+        }
+    };
+    connector.drop_nfs(|n| n == "nat").expect("clear nat");
+    let state = |lines: &str| format!("backend = \"cassandra\"\nurl = \"{node}\"\n{lines}");
+    let good = state(&format!(
+        "username = \"cassandra\"\npassword_file = {:?}\nca_file = {:?}",
+        password.to_str().unwrap(),
+        tls_file("ca.pem")
+    ));
+    // A tenth of the example's trace: what is tested here is the way in, not Cassandra's speed.
+    let small = |t: String| {
+        let s = t.replace(
+            "flows = 2000, packets = 100000",
+            "flows = 200, packets = 10000",
+        );
+        assert_ne!(s, t, "the example's trace changed");
+        s
+    };
+    let text = small(read(&root().join("examples/nat-cassandra.toml")));
+    let mut outputs = Vec::new();
+    for (name, config) in [
+        ("secure", with_state(&text, &good)),
+        ("local", small(read(&root().join("examples/nat.toml")))),
+    ] {
+        let path = dir.path().join(format!("nat-{name}.toml"));
+        let out = dir.path().join(format!("nat-{name}.pcap"));
+        std::fs::write(
+            &path,
+            config.replace("\ndiscard = true\n", &format!("\npcap = {out:?}\n")),
+        )
+        .unwrap();
+        let o = Command::new(env!("CARGO_BIN_EXE_flowstate"))
+            .args(["run", path.to_str().unwrap(), "--json"])
+            .current_dir(root())
+            .output()
+            .expect("run flowstate");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        if name == "secure" {
+            assert_eq!(s["backend"], "cassandra");
+            for w in s["per_worker"].as_array().unwrap() {
+                assert_eq!(w["state_errors"], 0, "{w}");
+                assert!(w["state_flushes"].as_u64().unwrap() > 0, "{w}");
+            }
+        }
+        let mut r = records(&out);
+        r.sort();
+        outputs.push(r);
+    }
+    let (a, b) = (&outputs[1], &outputs[0]);
+    assert!(a.len() > 100);
+    assert!(
+        a == b,
+        "nat on local and on the secure Cassandra wrote different packets"
+    );
+
+    let cases = [
+        (
+            state(&format!(
+                "username = \"cassandra\"\npassword = \"not-it\"\nca_file = {:?}",
+                tls_file("ca.pem")
+            )),
+            "state.password",
+        ),
+        (
+            state(&format!("ca_file = {:?}", tls_file("ca.pem"))),
+            "state.password",
+        ),
+        (
+            state(&format!(
+                "username = \"cassandra\"\npassword_file = {:?}\nca_file = {:?}",
+                password.to_str().unwrap(),
+                tls_file("other-ca.pem")
+            )),
+            "state.ca_file",
+        ),
+        (
+            state(&format!(
+                "username = \"cassandra\"\npassword_file = {:?}",
+                password.to_str().unwrap()
+            )),
+            "state.url",
+        ),
+    ];
+    for (lines, key) in cases {
+        let bad = dir.path().join("bad.toml");
+        std::fs::write(&bad, with_state(&text, &lines)).unwrap();
+        let o = Command::new(env!("CARGO_BIN_EXE_flowstate"))
+            .args(["run", bad.to_str().unwrap()])
+            .current_dir(root())
+            .output()
+            .expect("run flowstate");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{lines}: {err}");
+        assert!(err.contains(&format!(": {key}: ")), "{lines}: {err}");
+        assert!(!err.contains("not-it"), "no password in messages: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}

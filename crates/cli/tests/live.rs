@@ -11,7 +11,7 @@ use common::{
     attr, chromium, content, elements, headless, is_root, pane_command, polled_dashboard, rows,
     screenshot, si, Tmux,
 };
-use flowstate_lab::{Lab, System, BOX_OUTSIDE, CLIENT, CLIENT_IF, HTTP_PORT, SERVER, VIP};
+use flowstate_lab::{Lab, System, BOX_OUTSIDE, CLIENT, CLIENT_IF, HTTP_PORT, SERVER, SERVER2, VIP};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Mutex;
@@ -152,6 +152,19 @@ impl Live {
             .spawn()
             .unwrap();
         (child, to)
+    }
+
+    /// Starts `argv` in namespace `ns`, its output piped (a background helper: a server, a
+    /// listener whose output the test reads when it ends).
+    fn spawn_in<S: AsRef<std::ffi::OsStr>>(&self, ns: &str, argv: &[S]) -> Child {
+        Command::new("ip")
+            .args(["netns", "exec", ns])
+            .args(argv)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
     }
 
     /// Downloads `url` in the client namespace into a file; its bytes.
@@ -1379,4 +1392,351 @@ fn state_list_shows_the_sessions_of_a_running_download() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("firewall, nat"));
 
     let _ = download.wait_with_output();
+}
+
+/// The UDP and TCP helpers of the NAT behaviour test (RFC 4787 / RFC 5382), one subcommand
+/// each; every address is given, so each socket's endpoints are exactly the test's.
+const NAT_PEER_PY: &str = r#"
+import socket, sys, time
+cmd, args = sys.argv[1], sys.argv[2:]
+def udp(ip, port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((ip, int(port)))
+    return s
+def tcp(ip, port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((ip, int(port)))
+    return s
+def name(a):
+    return "%s:%d" % a
+if cmd == "stun":        # answer every datagram with the address it came from
+    s = udp("0.0.0.0", args[0])
+    while True:
+        d, a = s.recvfrom(2048)
+        s.sendto(name(a).encode(), a)
+elif cmd == "ask":       # src_ip src_port dst_ip dst_port: send until answered, print the answer
+    s = udp(args[0], args[1]); s.settimeout(0.3)
+    for _ in range(20):
+        s.sendto(b"?", (args[2], int(args[3])))
+        try:
+            print(s.recvfrom(2048)[0].decode()); sys.exit(0)
+        except socket.timeout:
+            pass
+    sys.exit(1)
+elif cmd == "send":      # src_ip src_port dst_ip dst_port: a few datagrams, no answer awaited
+    s = udp(args[0], args[1])
+    for _ in range(3):
+        s.sendto(b"!", (args[2], int(args[3]))); time.sleep(0.1)
+elif cmd == "serve":     # ip port seconds: print where datagrams came from (once each), answer them
+    s = udp(args[0], args[1]); end = time.time() + float(args[2]); seen = set()
+    while time.time() < end:
+        s.settimeout(max(0.01, end - time.time()))
+        try:
+            d, a = s.recvfrom(2048)
+        except socket.timeout:
+            break
+        if a not in seen:
+            seen.add(a); print(name(a), flush=True)
+        s.sendto(name(a).encode(), a)
+elif cmd == "whoami":    # port: tell each TCP client the address it came from
+    s = tcp("0.0.0.0", args[0]); s.listen(16)
+    while True:
+        c, a = s.accept(); c.sendall(name(a).encode()); c.close()
+elif cmd == "tcp-serve": # ip port: tell one TCP client the address it came from
+    s = tcp(args[0], args[1]); s.listen(1); s.settimeout(10)
+    c, a = s.accept(); c.sendall(name(a).encode()); c.close()
+elif cmd == "tcp-ask":   # src_ip src_port dst_ip dst_port: print what the server says
+    for _ in range(10):
+        s = tcp(args[0], args[1]); s.settimeout(2)
+        try:
+            s.connect((args[2], int(args[3]))); print(s.recv(100).decode()); sys.exit(0)
+        except OSError:
+            s.close(); time.sleep(0.3)
+    sys.exit(1)
+"#;
+
+/// RFC 4787 and RFC 5382 through a live box, each filtering mode in turn: which outside hosts
+/// reach an inside host's UDP mapping (REQ-8), and two inside hosts reaching each other through
+/// their external endpoints, seeing each other's external endpoint (hairpinning, REQ-9; TCP
+/// REQ-8), with hole punching where the filter asks for it.
+#[test]
+fn nat_filtering_and_hairpinning_between_real_hosts() {
+    if !is_root() {
+        eprintln!("skipped: live tests need root");
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut live = Live::up("h");
+    let script = live.dir.path().join("peer.py");
+    std::fs::write(&script, NAT_PEER_PY).unwrap();
+    let py = |args: &[&str]| -> Vec<String> {
+        let mut v = vec!["python3".to_string(), path(&script).to_string()];
+        v.extend(args.iter().map(|a| a.to_string()));
+        v
+    };
+    // A second inside host.
+    let peer = "10.0.0.3";
+    let o = live.client(&["ip", "addr", "add", &format!("{peer}/24"), "dev", CLIENT_IF]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for server in [py(&["stun", "3478"]), py(&["whoami", "7000"])] {
+        let child = live.spawn_in(&live.lab.server_ns(), &server);
+        live.others.push(child);
+    }
+    let run = |live: &Live, ns: &str, args: &[&str]| -> String {
+        let argv = py(args);
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let o = live.run_in(ns, &argv);
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8(o.stdout).unwrap().trim().to_string()
+    };
+    let port_of = |answer: &str| -> String {
+        let (ip, port) = answer.split_once(':').expect("ip:port");
+        assert_eq!(ip, BOX_OUTSIDE.to_string(), "seen from outside as the box");
+        port.to_string()
+    };
+    let (client_ns, server_ns) = (live.lab.client_ns(), live.lab.server_ns());
+    let (client, server, server2, ext) = (
+        CLIENT.to_string(),
+        SERVER.to_string(),
+        SERVER2.to_string(),
+        BOX_OUTSIDE.to_string(),
+    );
+
+    for mode in [
+        "endpoint-independent",
+        "address-dependent",
+        "address-and-port-dependent",
+    ] {
+        let chain = format!(
+            "[[chain]]\nnf = \"nat\"\nexternal = [\"{BOX_OUTSIDE}\"]\nports = \"20000-59999\"\nfiltering = \"{mode}\"\n"
+        );
+        // One worker, a live box's default: hairpinning is exact there (see the NAT's docs).
+        let cfg = config(&chain).replace("workers = 2", "workers = 1");
+        live.start_box(&cfg, SERVER);
+
+        // Filtering: the inside host's mapping, then two outside hosts knock on it.
+        let pa = port_of(&run(
+            &live,
+            &client_ns,
+            &["ask", &client, "6000", &server, "3478"],
+        ));
+        let listen = live.spawn_in(&client_ns, &py(&["serve", &client, "6000", "3"]));
+        std::thread::sleep(Duration::from_millis(300));
+        run(&live, &server_ns, &["send", &server, "3479", &ext, &pa]);
+        run(&live, &server_ns, &["send", &server2, "3478", &ext, &pa]);
+        let seen = String::from_utf8(listen.wait_with_output().unwrap().stdout).unwrap();
+        let from_port = seen.contains(&format!("{server}:3479"));
+        let from_host = seen.contains(&format!("{server2}:3478"));
+        let expected = match mode {
+            "endpoint-independent" => (true, true),
+            "address-dependent" => (true, false),
+            _ => (false, false),
+        };
+        assert_eq!(
+            (from_port, from_host),
+            expected,
+            "{mode}: the inside host saw {seen:?}"
+        );
+
+        // Hairpinning, UDP: the peer's mapping; under the stricter filters the peer punches
+        // towards the client's external endpoint first.
+        let pb = port_of(&run(
+            &live,
+            &client_ns,
+            &["ask", peer, "9000", &server, "3478"],
+        ));
+        if mode != "endpoint-independent" {
+            run(&live, &client_ns, &["send", peer, "9000", &ext, &pa]);
+        }
+        let listen = live.spawn_in(&client_ns, &py(&["serve", peer, "9000", "4"]));
+        std::thread::sleep(Duration::from_millis(300));
+        let answer = run(&live, &client_ns, &["ask", &client, "6000", &ext, &pb]);
+        let seen = String::from_utf8(listen.wait_with_output().unwrap().stdout).unwrap();
+        // Each saw the other's external endpoint (REQ-9b), never an inside address.
+        assert_eq!(
+            answer,
+            format!("{ext}:{pa}"),
+            "{mode}: the client heard back"
+        );
+        assert_eq!(seen.trim(), format!("{ext}:{pa}"), "{mode}: the peer saw");
+
+        // Hairpinning, TCP (endpoint-independent: the peer's listening port has a mapping
+        // from an earlier connection, and any inside host may connect to it).
+        if mode == "endpoint-independent" {
+            let qb = port_of(&run(
+                &live,
+                &client_ns,
+                &["tcp-ask", peer, "8443", &server, "7000"],
+            ));
+            let listen = live.spawn_in(&client_ns, &py(&["tcp-serve", peer, "8443"]));
+            std::thread::sleep(Duration::from_millis(300));
+            let told = run(&live, &client_ns, &["tcp-ask", &client, "0", &ext, &qb]);
+            port_of(&told); // the peer saw the box's external address, not 10.0.0.2
+            let _ = listen.wait_with_output();
+        }
+
+        let s = live.stop_box();
+        let nat = nf_of(&s, "nat");
+        assert!(
+            nat["report"]["hairpinned"].as_i64() >= Some(2),
+            "{mode}: {s}"
+        );
+        let dropped = &s["dropped"];
+        match mode {
+            "address-dependent" => assert!(dropped["nat.filtered"].as_u64() >= Some(1), "{s}"),
+            "address-and-port-dependent" => {
+                assert!(dropped["nat.no_mapping"].as_u64() >= Some(3), "{s}")
+            }
+            _ => {}
+        }
+    }
+}
+
+/// A NAT with a pool of 100 ports under 10,000 short TCP connections (issue #21): with early
+/// drop (the default) closed connections give their ports to new ones; without it the pool
+/// runs dry, new connections are dropped and counted as `nat.pool_exhausted`, and they get
+/// through again once ports come back. The box survives both and exits cleanly.
+#[test]
+fn a_small_nat_pool_under_connection_churn_counts_exhaustion_and_recovers() {
+    use flowstate_bench::nat_churn::{box_config, churn, CHURN_PY};
+    if !is_root() {
+        eprintln!("skipped: live tests need root");
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut live = Live::up("c");
+    let script = live.dir.path().join("churn.py");
+    std::fs::write(&script, CHURN_PY).unwrap();
+    let server = live.spawn_in(
+        &live.lab.server_ns(),
+        &["python3", path(&script), "accept", "9100"],
+    );
+    live.others.push(server);
+
+    // Early drop: every connection gets a port.
+    live.start_box(&box_config("200ms", true), SERVER);
+    let c = churn(&live.lab, &script, 120.0, 10_000).unwrap();
+    let s = live.stop_box();
+    assert_eq!(c.ok + c.failed, 10_000, "{c:?}");
+    assert!(c.ok > 9_000, "{c:?}");
+    let nat = nf_of(&s, "nat");
+    assert!(nat["report"]["early_drops"].as_i64() > Some(0), "{s}");
+    // Far more sessions than ports: ports went round (a client port the kernel reuses while
+    // its closed session lives restarts that session instead of opening one).
+    assert!(report(&s, "nat", "translations") > 50 * 100, "{s}");
+
+    // Without it, a closed connection's port rests 200 ms: the pool runs dry.
+    live.start_box(&box_config("200ms", false), SERVER);
+    let c = churn(&live.lab, &script, 120.0, 3_000).unwrap();
+    let s = live.stop_box();
+    assert_eq!(c.ok + c.failed, 3_000, "{c:?}");
+    assert!(c.ok > 0 && c.failed > 0, "{c:?}");
+    let exhausted = s["dropped"]["nat.pool_exhausted"].as_u64().unwrap_or(0);
+    assert!(exhausted > 0, "exhaustion is counted: {s}");
+    // And they get through again: `churn` ends by waiting (30 s at most) for a connection to
+    // complete, and fails otherwise.
+    eprintln!("recovered {:.3} s after the churn", c.recovery_s);
+    assert_eq!(nf_of(&s, "nat")["report"]["early_drops"].as_i64(), Some(0));
+}
+
+#[test]
+fn bench_nat_churn_reports_the_ratio() {
+    if !is_root() {
+        eprintln!("skipped: live tests need root");
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("nat-churn.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_flowstate"))
+        .args(["bench", "nat-churn", "--quick", "--json", path(&json)])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(v["name"], "nat-churn");
+    assert!(v["params"].get("error").is_none(), "{v}");
+    let m = &v["metrics"];
+    for who in ["linux", "flowstate", "flowstate_no_early_drop"] {
+        assert!(
+            m[format!("{who}_conn_per_s")].as_f64() > Some(0.0),
+            "{who}: {v}"
+        );
+        assert!(
+            m[format!("{who}_recovery_s")].as_f64().is_some(),
+            "{who}: {v}"
+        );
+    }
+    // The ratio is the two rates of this run.
+    let ratio = v["ratios"]["nat_churn_vs_linux"].as_f64().unwrap();
+    let expect =
+        m["flowstate_conn_per_s"].as_f64().unwrap() / m["linux_conn_per_s"].as_f64().unwrap();
+    assert!((ratio - expect).abs() < 1e-9, "{v}");
+    // The box that waits out the hold runs out of ports and says so.
+    assert!(
+        m["flowstate_no_early_drop_dropped_nat_pool_exhausted"].as_f64() > Some(0.0),
+        "{v}"
+    );
+}
+
+/// ICMP errors the box sends itself (RFC 1812, RFC 1191), checked by the hosts' own stacks:
+/// `ping -t 1` hears "Time to live exceeded" from the box's inside address; with the outside
+/// link's MTU at 1400 (both ends), `ping -M do` hears "Frag needed" with that MTU and then
+/// sends no more than it, and a download still completes across the two MTUs.
+#[test]
+fn the_box_sends_time_exceeded_and_fragmentation_needed() {
+    if !is_root() {
+        eprintln!("skipped: live tests need root");
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut live = Live::up("m");
+    let files = publish(&live.lab);
+    for (ns, port) in [(live.lab.nf_ns(), "fs-out"), (live.lab.server_ns(), "fs-s")] {
+        let o = live.run_in(&ns, &["ip", "link", "set", port, "mtu", "1400"]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let cfg = config(&nat_chain()).replace("workers = 2", "workers = 1");
+    live.start_box(&cfg, SERVER);
+
+    let server = SERVER.to_string();
+    let ttl = live.client(&["ping", "-n", "-c1", "-W2", "-t1", &server]);
+    let said = String::from_utf8_lossy(&ttl.stdout);
+    assert!(
+        said.contains("From 10.0.0.1") && said.contains("Time to live exceeded"),
+        "{said}"
+    );
+    // The first DF ping too big is answered; the host then knows the path MTU.
+    let big = live.client(&[
+        "ping", "-n", "-c2", "-W2", "-M", "do", "-s", "1472", &server,
+    ]);
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&big.stdout),
+        String::from_utf8_lossy(&big.stderr)
+    );
+    assert!(
+        said.contains("mtu = 1400") || said.contains("mtu=1400"),
+        "{said}"
+    );
+    let (name, data) = files.last().unwrap();
+    let got = live.download(&format!("http://{SERVER}:{HTTP_PORT}/{name}"));
+    assert!(got == *data, "{name}: {} bytes, content differs", got.len());
+
+    let s = live.stop_box();
+    let b = &s["live_box"];
+    assert!(b["ttl_expired"].as_u64() >= Some(1), "{s}");
+    // The second big ping stayed at the host: it had learnt the path MTU from the first.
+    assert_eq!(b["too_big"].as_u64(), Some(1), "{s}");
+    assert!(b["icmp_errors_sent"].as_u64() >= Some(2), "{s}");
 }

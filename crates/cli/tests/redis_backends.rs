@@ -46,8 +46,44 @@ fn run_summary(
     workers: u32,
     tag: &str,
 ) -> (Vec<u8>, serde_json::Value, PathBuf) {
-    let text =
+    run_summary_with(dir, example, workers, tag, None)
+}
+
+/// `example`'s text with its `[state]` table's keys replaced by `state` (lines `key = value`).
+fn with_state(text: &str, state: &str) -> String {
+    let mut out = String::new();
+    let mut in_state = false;
+    for line in text.lines() {
+        let t = line.trim();
+        if t.starts_with('[') {
+            in_state = t == "[state]";
+            out.push_str(line);
+            out.push('\n');
+            if in_state {
+                out.push_str(state);
+                out.push('\n');
+            }
+        } else if !in_state {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// As [`run_summary`], with `[state]` replaced by `state` when given.
+fn run_summary_with(
+    dir: &Path,
+    example: &str,
+    workers: u32,
+    tag: &str,
+    state: Option<&str>,
+) -> (Vec<u8>, serde_json::Value, PathBuf) {
+    let mut text =
         std::fs::read_to_string(root().join(format!("examples/{example}.toml"))).expect("example");
+    if let Some(state) = state {
+        text = with_state(&text, state);
+    }
     let out = dir.join(format!("{example}-{workers}-{tag}.pcap"));
     let mut config = text.replacen(
         "discard = true",
@@ -196,5 +232,186 @@ fn state_list_reads_the_nat_sessions_a_run_left_in_redis() {
     assert_eq!(
         mappings[0]["rows"].as_array().unwrap().len() as i64,
         nat["report"]["active_mappings"].as_i64().unwrap()
+    );
+}
+
+/// The TLS test files of `scripts/tls-certs` (`$FLOWSTATE_RUN_DIR/tls`, default `.run/tls`).
+fn tls_file(name: &str) -> String {
+    std::env::var_os("FLOWSTATE_RUN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join(".run"))
+        .join("tls")
+        .join(name)
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Whether the TLS + ACL server of `scripts/redis start --tls` (or the cluster's first node)
+/// answers on `port`; skips (or fails in CI) as [`server_up`].
+fn tls_server_up(port: u16, what: &str, start: &str) -> bool {
+    let up = std::fs::read_to_string(tls_file("password")).is_ok_and(|pw| {
+        let url = format!("rediss://flowstate:{}@127.0.0.1:{port}", pw.trim());
+        let ca = std::fs::read(tls_file("ca.pem")).unwrap_or_default();
+        let certs = redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(ca),
+        };
+        redis::Client::build_with_tls(url, certs)
+            .and_then(|c| c.get_connection())
+            .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+            .is_ok()
+    });
+    if !up {
+        if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+            panic!("{what} is not running on port {port}; CI starts it with {start}");
+        }
+        eprintln!("SKIPPED: {what} is not running on port {port}; start it with {start}");
+    }
+    up
+}
+
+/// The `[state]` of the TLS server as user `flowstate`, its password in a file.
+fn tls_state(backend: &str, address: &str, password_file: &str, ca_file: &str) -> String {
+    format!(
+        "backend = \"{backend}\"\n{address}\npassword_file = {password_file:?}\n\
+         ca_file = {ca_file:?}\nflush_interval = \"1ms\""
+    )
+}
+
+/// A NAT run over `rediss://` as an ACL user whose password is in a file, then `flowstate
+/// state list` reading back what it left: the same sessions the run reported; `check` shows
+/// no secret.
+#[test]
+fn nat_state_makes_a_round_trip_over_rediss_as_an_acl_user() {
+    if !tls_server_up(6380, "the TLS redis-server", "scripts/redis start --tls") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = tls_state(
+        "redis",
+        "url = \"rediss://flowstate@127.0.0.1:6380\"",
+        &tls_file("password"),
+        &tls_file("ca.pem"),
+    );
+    let (pcap, summary, config) = run_summary_with(dir.path(), "nat-redis", 2, "tls", Some(&state));
+    assert_eq!(summary["backend"], "redis", "{summary}");
+    let local = run(dir.path(), "nat", 2, "tls-local");
+    assert!(
+        records(&pcap) == records(&local),
+        "nat over rediss:// and on local wrote different packets"
+    );
+    let o = Command::new(env!("CARGO_BIN_EXE_flowstate"))
+        .args(["state", "list", "--config"])
+        .arg(&config)
+        .args(["nat.sessions", "--json"])
+        .current_dir(root())
+        .output()
+        .expect("run flowstate");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let sessions: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    let rows = sessions[0]["rows"].as_array().expect("rows");
+    assert!(rows.len() > 100, "{sessions}");
+    assert_eq!(
+        rows.len() as i64,
+        summary["nfs"][0]["report"]["active_sessions"]
+            .as_i64()
+            .unwrap()
+    );
+    let o = Command::new(env!("CARGO_BIN_EXE_flowstate"))
+        .arg("check")
+        .arg(&config)
+        .current_dir(root())
+        .output()
+        .expect("run flowstate");
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{text}");
+    assert!(text.contains("rediss://flowstate@127.0.0.1:6380"), "{text}");
+}
+
+/// A wrong password, a wrong CA and a plain address for a TLS server stop `flowstate run` at
+/// start-up with an error naming the key to fix; no password is printed.
+#[test]
+fn wrong_credentials_or_ca_stop_a_run_naming_the_key() {
+    if !tls_server_up(6380, "the TLS redis-server", "scripts/redis start --tls") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let wrong = dir.path().join("wrong-password");
+    std::fs::write(&wrong, "s3cret-but-wrong\n").expect("write");
+    let wrong = wrong.to_string_lossy().into_owned();
+    let url = "url = \"rediss://flowstate@127.0.0.1:6380\"";
+    let cases = [
+        (
+            tls_state("redis", url, &wrong, &tls_file("ca.pem")),
+            "state.password_file",
+        ),
+        (
+            tls_state(
+                "redis",
+                url,
+                &tls_file("password"),
+                &tls_file("other-ca.pem"),
+            ),
+            "state.ca_file",
+        ),
+        (
+            tls_state(
+                "redis-cluster",
+                "nodes = [\"rediss://flowstate@127.0.0.1:7101\"]",
+                &tls_file("password"),
+                &tls_file("other-ca.pem"),
+            ),
+            "state.ca_file",
+        ),
+        (
+            "backend = \"redis\"\nurl = \"rediss://flowstate:s3cret-but-wrong@127.0.0.1:6380\"\n\
+             ca_file = \"CA\""
+                .replace("CA", &tls_file("ca.pem")),
+            "state.url",
+        ),
+    ];
+    let text = std::fs::read_to_string(root().join("examples/nat-redis.toml")).expect("example");
+    for (i, (state, key)) in cases.iter().enumerate() {
+        let path = dir.path().join(format!("bad-{i}.toml"));
+        std::fs::write(&path, with_state(&text, state)).expect("write");
+        let o = Command::new(env!("CARGO_BIN_EXE_flowstate"))
+            .arg("run")
+            .arg(&path)
+            .current_dir(root())
+            .output()
+            .expect("run flowstate");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{state}: {err}");
+        assert!(err.contains(&format!(": {key}: ")), "{state}: {err}");
+        assert!(!err.contains("s3cret-but-wrong"), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+/// The NAT over a Redis Cluster with TLS and an ACL user, known by one seed: every master is
+/// opened with the seed's TLS and user, and the packets are those of the embedded store.
+#[test]
+fn nat_writes_the_same_packets_on_local_and_a_tls_redis_cluster() {
+    if !tls_server_up(
+        7101,
+        "the TLS Redis Cluster",
+        "scripts/redis-cluster start --tls",
+    ) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = tls_state(
+        "redis-cluster",
+        "nodes = [\"rediss://flowstate@127.0.0.1:7101\"]",
+        &tls_file("password"),
+        &tls_file("ca.pem"),
+    );
+    let (pcap, summary, _) =
+        run_summary_with(dir.path(), "nat-redis-cluster", 2, "tls", Some(&state));
+    assert_eq!(summary["backend"], "redis-cluster", "{summary}");
+    let local = run(dir.path(), "nat", 2, "tls-cluster-local");
+    assert!(
+        records(&pcap) == records(&local),
+        "nat over a TLS cluster and on local wrote different packets"
     );
 }

@@ -397,3 +397,41 @@ fn log_flags_choose_what_stderr_shows() {
         .unwrap();
     assert!(!both.status.success(), "-q and -v contradict each other");
 }
+
+/// `examples/firewall.toml` checks TCP windows (`liberal = false`): its synthetic trace has
+/// exact sequence numbers, so nothing is dropped for them, and it drops what the liberal
+/// firewall drops, no more.
+#[test]
+fn the_firewall_example_checks_windows_and_drops_nothing_for_them() {
+    let example = std::fs::read_to_string(root().join("examples/firewall.toml")).unwrap();
+    assert!(example.contains("liberal = false"));
+    let strict = nf_report(
+        &run_json(&["run", "examples/firewall.toml", "--json"]),
+        "firewall",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let liberal = dir.path().join("liberal.toml");
+    std::fs::write(
+        &liberal,
+        example.replace("liberal = false", "liberal = true"),
+    )
+    .unwrap();
+    let liberal = nf_report(
+        &run_json(&["run", liberal.to_str().unwrap(), "--json"]),
+        "firewall",
+    );
+    for key in [
+        "denied_tcp_seq_above_window",
+        "denied_tcp_ack_above_data_seen",
+        "denied_tcp_rst_out_of_window",
+        "allowed_tcp_ignored",
+    ] {
+        assert!(strict.get(key).is_none(), "{key}: {strict}");
+    }
+    assert!(
+        strict["allowed_tracked"].as_i64().unwrap() > 50_000,
+        "{strict}"
+    );
+    assert_eq!(strict["allowed"], liberal["allowed"]);
+    assert_eq!(strict["denied"], liberal["denied"]);
+}

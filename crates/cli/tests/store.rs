@@ -667,3 +667,121 @@ fn top_shows_the_store_operations_in_tmux() {
         "the view is gone: {screen}"
     );
 }
+
+/// Test certificates made by `scripts/tls-certs` (openssl) into `dir`.
+fn tls_certs(dir: &Path) -> PathBuf {
+    let certs = dir.join("tls");
+    let out = Command::new("bash")
+        .arg(root().join("scripts/tls-certs"))
+        .arg(&certs)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "scripts/tls-certs: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    certs
+}
+
+/// `flowstate store` serving TLS with a token read from a file; `flowstate run` with
+/// `ca_file` and `token_file` sends the NAT's packets as on the embedded store, `store stats
+/// --ca-file` reads it; a configuration without TLS, with another CA or with a wrong token
+/// stops at start-up naming the key, and the store goes on serving.
+#[test]
+fn nat_over_tls_with_a_token_sends_the_same_packets_and_bad_settings_name_their_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = tls_certs(dir.path());
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "tls-s3cret\n").unwrap();
+    let cert = certs.join("server.pem");
+    let key = certs.join("server.key");
+    let server = StoreProcess::start(&[
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+        "--token-file",
+        token_file.to_str().unwrap(),
+    ]);
+    let ca = certs.join("ca.pem");
+    let store = std::fs::read_to_string(root().join("examples/nat-store.toml")).unwrap();
+    let local = std::fs::read_to_string(root().join("examples/nat.toml")).unwrap();
+    let with_state = |lines: &str| -> String {
+        store
+            .replace("127.0.0.1:7878", &server.addr)
+            .replace("# token = \"...\"", lines)
+    };
+    let tls = format!(
+        "token_file = {:?}\nca_file = {:?}",
+        token_file.to_str().unwrap(),
+        ca.to_str().unwrap()
+    );
+    let mut outputs = Vec::new();
+    for (name, text) in [("local", local.clone()), ("store", with_state(&tls))] {
+        let out = dir.path().join(format!("{name}.pcap"));
+        let text = text.replace(
+            "discard = true",
+            &format!("pcap = {:?}", out.to_str().unwrap()),
+        );
+        let cfg = dir.path().join(format!("{name}.toml"));
+        std::fs::write(&cfg, text).unwrap();
+        let summary = run(&cfg);
+        assert_eq!(summary["backend"], name);
+        outputs.push(packets(&std::fs::read(&out).unwrap()));
+    }
+    assert!(outputs[0].len() > 1000);
+    assert!(
+        outputs[0] == outputs[1],
+        "the NAT's output packets differ between the embedded store and the TLS store"
+    );
+
+    let other_ca = certs.join("other-ca.pem");
+    for (lines, key) in [
+        (
+            format!("token_file = {:?}", token_file.to_str().unwrap()),
+            "state.ca_file",
+        ),
+        (
+            format!(
+                "token_file = {:?}\nca_file = {:?}",
+                token_file.to_str().unwrap(),
+                other_ca.to_str().unwrap()
+            ),
+            "state.ca_file",
+        ),
+        (
+            format!("token = \"wrong\"\nca_file = {:?}", ca.to_str().unwrap()),
+            "state.token",
+        ),
+    ] {
+        let cfg = dir.path().join("bad.toml");
+        std::fs::write(&cfg, with_state(&lines)).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_flowstate"))
+            .args(["run", cfg.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{lines}: {err}");
+        assert!(err.contains(&format!(": {key}: ")), "{lines}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+
+    let out = Command::new(env!("CARGO_BIN_EXE_flowstate"))
+        .args(["store", "stats", "--url", &server.addr, "--json"])
+        .args(["--token-file", token_file.to_str().unwrap()])
+        .args(["--ca-file", ca.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(s["ops_set"].as_u64().unwrap() > 0, "{s}");
+    assert!(
+        s["errors"].as_u64().unwrap() >= 2,
+        "the refusals are counted: {s}"
+    );
+}

@@ -470,10 +470,12 @@ pub fn run_root(
         PortAddr {
             address: o.inside.address,
             gateway: o.inside.gateway,
+            mtu: flowstate_chain::live::interface_mtu(&o.inside.interface),
         },
         PortAddr {
             address: o.outside.address,
             gateway: o.outside.gateway,
+            mtu: flowstate_chain::live::interface_mtu(&o.outside.interface),
         },
     ];
     let shared = Arc::new(Shared::default());

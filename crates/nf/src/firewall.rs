@@ -8,11 +8,17 @@
 //! connection (and for packets that cannot be tracked, e.g. later fragments); packets of a
 //! tracked connection pass on its state alone.
 //!
-//! * **TCP** follows conntrack's states (NONE, SYN_SENT, SYN_RECV, ESTABLISHED, FIN_WAIT,
-//!   CLOSE_WAIT, LAST_ACK, TIME_WAIT, CLOSE) without window or sequence checks. Only a SYN starts
-//!   a connection; a packet whose flags are not a valid combination (a bare FIN, SYN+FIN, no
-//!   flags, ...), a non-SYN packet for no connection, and a packet that makes no sense in its
-//!   connection's state (an ACK answering nothing in SYN_SENT) are dropped with a reason.
+//! * **TCP** follows conntrack's states and transitions (`nf_conntrack_tcp_packet` in
+//!   `net/netfilter/nf_conntrack_proto_tcp.c`: NONE, SYN_SENT, SYN_SENT2, SYN_RECV, ESTABLISHED,
+//!   FIN_WAIT, CLOSE_WAIT, LAST_ACK, TIME_WAIT, CLOSE) and tracks both directions' windows
+//!   ([`window`]). Only a SYN starts a connection; a packet whose flags are not a valid
+//!   combination (a bare FIN, SYN+FIN, no flags, ...), a non-SYN packet for no connection, and
+//!   a packet that makes no sense in its connection's state are dropped with a reason; what
+//!   conntrack *ignores* (a client's SYN in an established connection, a late SYN/ACK, an old
+//!   retransmission) passes without changing the entry. With `liberal = false`, segments
+//!   outside the window and RSTs not matching the expected sequence number are dropped as
+//!   conntrack marks them INVALID (see [`Config::liberal`] and the README's firewall section,
+//!   which lists where this differs from conntrack).
 //! * **UDP** and other protocols are *unreplied* until the other side answers, then *replied*.
 //! * **ICMP echo** (v4 and v6) requests open a pseudo-connection keyed by the identifier, which
 //!   the replies answer. ICMP errors pass when the packet they quote belongs to a tracked
@@ -21,6 +27,14 @@
 //!   of the connection arriving from the wrong side is dropped (a spoofed inside address).
 //! * Every packet renews its entry's timer with its state's timeout (Linux's defaults,
 //!   configurable); [`NetworkFunction::on_tick`] expires entries.
+//! * **A full table** (`max_connections`, default 262,144, shared by the workers) never loses
+//!   an established or answered connection: a packet that would open one more ends the oldest
+//!   expendable connection (a SYN unanswered, a half-open handshake, a UDP or ICMP flow never
+//!   answered, an ended one) with `early_drop = true` (the default, as conntrack's early
+//!   drop), else it is dropped as `"table full"`. So a SYN flood from spoofed sources evicts
+//!   only its own entries while established connections go on (tested in the lab).
+
+pub mod window;
 
 use crate::listing::{Cell, Row, StoreReader, TableInfo};
 use crate::{
@@ -33,9 +47,12 @@ use flowstate_wire::dissect::{Fragment, Transport};
 use flowstate_wire::flow::proto;
 use flowstate_wire::{icmp, tcp, FlowKey};
 use serde::Deserialize;
+use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
+use window::{Check, Phase, Seen, Seg, Why, Window};
 
 const NF: &str = "firewall";
 
@@ -181,6 +198,32 @@ pub struct Config {
     /// Idle timeouts per state.
     #[serde(default)]
     pub timeouts: Timeouts,
+    /// `false`: TCP sequence and ack numbers are checked against each direction's window, as
+    /// Linux conntrack does, and out-of-window segments and RSTs are dropped. `true` (the
+    /// default): states are tracked, windows are neither kept nor checked, nothing is dropped
+    /// for its sequence numbers (conntrack's `nf_conntrack_tcp_be_liberal = 1`, which also
+    /// checks RSTs). See [`window`].
+    #[serde(default = "default_liberal")]
+    pub liberal: bool,
+    /// Connections tracked at most, shared evenly by the workers (default 262,144, as
+    /// conntrack's `nf_conntrack_max` on a machine this size). At the limit a packet that
+    /// would open a connection is dropped (`"table full"`) unless early drop makes room.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: u64,
+    /// Whether a new connection at the limit may end the oldest expendable one (conntrack's
+    /// early drop): one not established (a SYN unanswered, a half-open handshake, a UDP or
+    /// ICMP flow never answered) or one that ended (TIME_WAIT, CLOSE). Established and
+    /// answered connections are never ended early (default `true`).
+    #[serde(default = "default_liberal")]
+    pub early_drop: bool,
+}
+
+fn default_liberal() -> bool {
+    true
+}
+
+fn default_max_connections() -> u64 {
+    1 << 18
 }
 
 impl Default for Config {
@@ -190,6 +233,9 @@ impl Default for Config {
             default_outbound: Action::Allow,
             default_inbound: Action::Deny,
             timeouts: Timeouts::default(),
+            liberal: default_liberal(),
+            max_connections: default_max_connections(),
+            early_drop: true,
         }
     }
 }
@@ -202,7 +248,11 @@ impl Config {
     /// Parses a `[[chain]]` table (without `nf`); every key that is wrong is reported, by
     /// its dotted name (`rules[2].src`, `timeouts.udp_replied`).
     pub fn from_table(table: &toml::Table) -> Result<Config, BuildError> {
-        crate::read_config(NF, table)
+        let config: Config = crate::read_config(NF, table)?;
+        if config.max_connections == 0 {
+            return Err(config_err("max_connections", "expected at least 1"));
+        }
+        Ok(config)
     }
 }
 
@@ -425,11 +475,13 @@ pub enum ConnState {
     Unreplied = 9,
     /// UDP, ICMP echo, other protocols: the other side answered.
     Replied = 10,
+    /// TCP: both sides sent a SYN (simultaneous open, RFC 9293 §3.5).
+    SynSent2 = 11,
 }
 
 impl ConnState {
     /// Every state, in code order.
-    pub const ALL: [ConnState; 10] = [
+    pub const ALL: [ConnState; 11] = [
         ConnState::SynSent,
         ConnState::SynRecv,
         ConnState::Established,
@@ -440,6 +492,7 @@ impl ConnState {
         ConnState::Close,
         ConnState::Unreplied,
         ConnState::Replied,
+        ConnState::SynSent2,
     ];
 
     fn from_code(c: u8) -> Option<ConnState> {
@@ -459,6 +512,7 @@ impl ConnState {
             ConnState::Close => "CLOSE",
             ConnState::Unreplied => "UNREPLIED",
             ConnState::Replied => "REPLIED",
+            ConnState::SynSent2 => "SYN_SENT2",
         }
     }
 
@@ -474,6 +528,21 @@ impl ConnState {
             ConnState::Close => "conns_close",
             ConnState::Unreplied => "conns_unreplied",
             ConnState::Replied => "conns_replied",
+            ConnState::SynSent2 => "conns_syn_sent2",
+        }
+    }
+
+    /// Whether this is a TCP state (its entry carries a [`Window`]).
+    const fn is_tcp(self) -> bool {
+        !matches!(self, ConnState::Unreplied | ConnState::Replied)
+    }
+
+    /// The handshake phase [`Window::check`] needs.
+    fn phase(self) -> Phase {
+        match self {
+            ConnState::SynSent | ConnState::SynSent2 => Phase::SynSent,
+            ConnState::SynRecv => Phase::SynRecv,
+            _ => Phase::Other,
         }
     }
 }
@@ -498,6 +567,8 @@ pub struct Conn {
     pub opened_from: Direction,
     /// TCP: the side that sent the first FIN, `Some(true)` for the opener.
     pub first_fin_by_opener: Option<bool>,
+    /// TCP: both directions' windows (all zero for other protocols).
+    pub tcp: Window,
 }
 
 impl Conn {
@@ -532,6 +603,9 @@ impl Codec for Conn {
                 Some(false) => 0b1000,
             };
         (self.state as u8, flags).encode(out);
+        if self.state.is_tcp() {
+            self.tcp.encode(out);
+        }
     }
 
     fn decode(input: &mut &[u8]) -> Result<Self, CodecError> {
@@ -541,8 +615,17 @@ impl Codec for Conn {
         if flags & !0b1111 != 0 || flags & 0b1100 == 0b1100 {
             return Err(CodecError::Invalid("firewall connection flags"));
         }
+        // An entry written before window tracking has no window: the connection's windows are
+        // then learnt from its next segments, as conntrack learns a connection picked up in
+        // the middle (or one back from flowtable offload).
+        let tcp = if state.is_tcp() && !input.is_empty() {
+            Window::decode(input)?
+        } else {
+            Window::default()
+        };
         Ok(Conn {
             state,
+            tcp,
             opener_is_canonical_src: flags & 1 != 0,
             opened_from: if flags & 2 != 0 {
                 Direction::Inbound
@@ -560,12 +643,27 @@ impl Codec for Conn {
 
 /// What a TCP segment's flags make it (conntrack's packet classes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Segment {
-    Syn,
-    SynAck,
-    Fin,
-    Ack,
-    Rst,
+pub enum Segment {
+    /// SYN alone.
+    Syn = 1,
+    /// SYN and ACK.
+    SynAck = 2,
+    /// FIN (with ACK).
+    Fin = 3,
+    /// ACK, with or without data.
+    Ack = 4,
+    /// RST (with or without ACK).
+    Rst = 5,
+}
+
+impl Segment {
+    /// The largest code.
+    pub const MAX_CODE: u8 = 5;
+
+    /// Its code in [`window::Last::seg`].
+    pub const fn code(self) -> u8 {
+        self as u8
+    }
 }
 
 /// Classifies a segment; `None` for a combination no TCP sends (bare FIN, SYN+FIN, SYN+RST, no
@@ -588,50 +686,78 @@ fn classify(flags: tcp::Flags) -> Option<Segment> {
 /// The result of a segment in a state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Step {
-    /// The connection moves to this state (possibly the same); the segment passes.
+    /// The connection moves to this state (possibly the same), if the segment is in window.
     To(ConnState),
     /// A SYN after the connection ended: a new connection on the same 5-tuple.
     Reopen,
-    /// The segment makes no sense here: dropped, the state is unchanged.
+    /// Conntrack's "ignored" (sIG): the firewall may be out of sync with the hosts, so the
+    /// segment passes without changing the state or the windows; it is noted, and the answer
+    /// it draws may resynchronise the entry.
+    Ignore,
+    /// The segment makes no sense here (sIV): dropped, the state is unchanged.
     Invalid,
 }
 
-/// The TCP state machine (conntrack's transitions, without window tracking). `closer` is the
-/// side that sent the first FIN, if any.
-fn tcp_step(state: ConnState, seg: Segment, side: Side, closer: Option<Side>) -> Step {
+/// The TCP state machine: conntrack's table (`tcp_conntracks` in
+/// `net/netfilter/nf_conntrack_proto_tcp.c`), with the closing states refined by `closer`, the
+/// side that sent the first FIN (conntrack moves FIN_WAIT to LAST_ACK on any FIN, a
+/// retransmitted one too), and the ended connection reopened by a SYN from either side.
+/// `simultaneous`: both sides sent a SYN, so the answering side's ACK completes the handshake.
+fn tcp_step(
+    state: ConnState,
+    seg: Segment,
+    side: Side,
+    closer: Option<Side>,
+    simultaneous: bool,
+) -> Step {
     use ConnState::*;
     use Segment::*;
+    let orig = side == Side::Orig;
     let from_closer = closer == Some(side);
+    // A SYN from the opener / SYN+ACK from the other side where none is expected: maybe the
+    // hosts know better than the firewall (ignored); the other way round, invalid.
+    let ignore_if = |c: bool| if c { Step::Ignore } else { Step::Invalid };
     match (state, seg) {
         (Unreplied | Replied, _) => Step::Invalid,
         (_, Rst) => Step::To(Close),
-        (SynSent, Syn) => Step::To(if side == Side::Orig { SynSent } else { SynRecv }),
-        (SynSent, SynAck) if side == Side::Reply => Step::To(SynRecv),
+        (SynSent, Syn) => Step::To(if orig { SynSent } else { SynSent2 }),
+        (SynSent, SynAck) if !orig => Step::To(SynRecv),
         // An ACK from the server to a SYN: a host still in TIME_WAIT for an earlier
-        // connection on this 5-tuple answers so (RFC 793 §3.9, RFC 5961 §4); the client's RST
-        // then ends that TIME_WAIT and its next SYN gets a SYN/ACK. Passed, the state
-        // unchanged: conntrack's sIG for it (nf_conntrack_proto_tcp.c). Dropping it kept the
-        // client from connecting until the server's TIME_WAIT ran out.
-        (SynSent, Ack) if side == Side::Reply => Step::To(SynSent),
+        // connection on this 5-tuple answers so (RFC 793 §3.9, RFC 5961 §4); the client's
+        // RST then ends that TIME_WAIT and its next SYN gets a SYN/ACK: conntrack ignores it
+        // (sIG) and lets the RST that answers it through.
+        (SynSent | SynSent2, Ack) => ignore_if(!orig),
         (SynSent, _) => Step::Invalid,
-        (SynRecv, Syn | SynAck) => Step::To(SynRecv),
-        (SynRecv, Ack) => Step::To(if side == Side::Orig {
+        (SynSent2, Syn) => Step::To(SynSent2),
+        (SynSent2, SynAck) => Step::To(SynRecv),
+        (SynSent2, Fin) => Step::Invalid,
+        (SynRecv, Syn) => ignore_if(orig),
+        // A late SYN/ACK of a simultaneous open from the opener; a retransmitted one.
+        (SynRecv, SynAck) => {
+            if orig {
+                Step::To(SynRecv)
+            } else {
+                Step::Ignore
+            }
+        }
+        (SynRecv, Ack) => Step::To(if orig || simultaneous {
             Established
         } else {
             SynRecv
         }),
         (SynRecv | Established, Fin) => Step::To(FinWait),
-        // A retransmitted SYN or SYN/ACK whose answer was lost: passes, nothing changes.
-        (Established, Syn | SynAck | Ack) => Step::To(Established),
+        (Established, Ack) => Step::To(Established),
+        (Established | FinWait | CloseWait | LastAck, Syn) => ignore_if(orig),
+        (Established | FinWait | CloseWait | LastAck | TimeWait | Close, SynAck) => {
+            ignore_if(!orig)
+        }
         (FinWait, Ack) => Step::To(if from_closer { FinWait } else { CloseWait }),
         (FinWait, Fin) => Step::To(if from_closer { FinWait } else { LastAck }),
         (CloseWait, Ack) => Step::To(CloseWait),
         (CloseWait, Fin) => Step::To(if from_closer { CloseWait } else { LastAck }),
         (LastAck, Ack) => Step::To(if from_closer { TimeWait } else { LastAck }),
         (LastAck, Fin) => Step::To(LastAck),
-        (FinWait | CloseWait | LastAck, Syn | SynAck) => Step::Invalid,
         (TimeWait | Close, Syn) => Step::Reopen,
-        (TimeWait | Close, SynAck) => Step::Invalid,
         (TimeWait, Ack | Fin) => Step::To(TimeWait),
         (Close, Ack | Fin) => Step::To(Close),
     }
@@ -656,6 +782,9 @@ pub enum Reason {
     NeighborDiscovery = 5,
     /// Allowed: not IP (ARP, ...).
     NotIp = 6,
+    /// Allowed without changing its connection: a TCP segment conntrack ignores (a SYN in an
+    /// established connection, an old retransmission, an overly delayed ack).
+    TcpIgnored = 7,
     /// Dropped by a rule.
     DenyRule = 20,
     /// Dropped: an inbound packet that would open a connection, no rule allowing it.
@@ -676,17 +805,27 @@ pub enum Reason {
     Malformed = 28,
     /// Dropped: the connection table could not be read (fail closed).
     StateUnavailable = 29,
+    /// Dropped: a TCP segment starting past the receiver's window (`liberal = false`).
+    TcpSeqAboveWindow = 30,
+    /// Dropped: a TCP segment acknowledging data never sent (`liberal = false`).
+    TcpAckAboveData = 31,
+    /// Dropped: a RST outside the window (`liberal = false`).
+    TcpRstOutOfWindow = 32,
+    /// Dropped: it would open a connection, the table is full and nothing could be ended
+    /// early to make room.
+    TableFull = 33,
 }
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 16] = [
+    pub const ALL: [Reason; 21] = [
         Reason::Tracked,
         Reason::AllowRule,
         Reason::AllowPolicy,
         Reason::Related,
         Reason::NeighborDiscovery,
         Reason::NotIp,
+        Reason::TcpIgnored,
         Reason::DenyRule,
         Reason::InboundPolicy,
         Reason::OutboundPolicy,
@@ -697,6 +836,10 @@ impl Reason {
         Reason::IcmpUnsolicitedReply,
         Reason::Malformed,
         Reason::StateUnavailable,
+        Reason::TcpSeqAboveWindow,
+        Reason::TcpAckAboveData,
+        Reason::TcpRstOutOfWindow,
+        Reason::TableFull,
     ];
 
     /// Whether packets with this reason pass.
@@ -713,6 +856,7 @@ impl Reason {
             Reason::Related => "icmp error for a tracked connection",
             Reason::NeighborDiscovery => "icmpv6 neighbor discovery",
             Reason::NotIp => "not ip",
+            Reason::TcpIgnored => "tcp: ignored, connection unchanged",
             Reason::DenyRule => "denied by rule",
             Reason::InboundPolicy => "inbound: not opened from inside",
             Reason::OutboundPolicy => "outbound denied by policy",
@@ -723,6 +867,10 @@ impl Reason {
             Reason::IcmpUnsolicitedReply => "icmp: reply without request",
             Reason::Malformed => "malformed transport header",
             Reason::StateUnavailable => "connection state unavailable",
+            Reason::TcpSeqAboveWindow => "tcp: seq above window",
+            Reason::TcpAckAboveData => "tcp: ack above data seen",
+            Reason::TcpRstOutOfWindow => "tcp: rst out of window",
+            Reason::TableFull => "table full",
         }
     }
 
@@ -734,6 +882,7 @@ impl Reason {
             Reason::Related => "allowed_related",
             Reason::NeighborDiscovery => "allowed_neighbor_discovery",
             Reason::NotIp => "allowed_not_ip",
+            Reason::TcpIgnored => "allowed_tcp_ignored",
             Reason::DenyRule => "denied_rule",
             Reason::InboundPolicy => "denied_inbound_policy",
             Reason::OutboundPolicy => "denied_outbound_policy",
@@ -744,6 +893,10 @@ impl Reason {
             Reason::IcmpUnsolicitedReply => "denied_icmp_unsolicited_reply",
             Reason::Malformed => "denied_malformed",
             Reason::StateUnavailable => "denied_state_unavailable",
+            Reason::TcpSeqAboveWindow => "denied_tcp_seq_above_window",
+            Reason::TcpAckAboveData => "denied_tcp_ack_above_data_seen",
+            Reason::TcpRstOutOfWindow => "denied_tcp_rst_out_of_window",
+            Reason::TableFull => "denied_table_full",
         }
     }
 }
@@ -762,6 +915,12 @@ struct Compiled {
     default_inbound: Action,
     /// Timeouts indexed by [`Timeout`].
     timeouts: [Duration; 12],
+    /// [`Config::liberal`].
+    liberal: bool,
+    /// [`Config::max_connections`].
+    max_connections: u64,
+    /// [`Config::early_drop`].
+    early_drop: bool,
 }
 
 /// Index of a timeout in [`Compiled::timeouts`].
@@ -817,6 +976,9 @@ impl Factory {
             default_outbound: config.default_outbound,
             default_inbound: config.default_inbound,
             timeouts,
+            liberal: config.liberal,
+            max_connections: config.max_connections,
+            early_drop: config.early_drop,
         })))
     }
 
@@ -824,9 +986,20 @@ impl Factory {
     pub fn build_firewall(
         &self,
         state: &mut Declare<'_>,
-        _worker: WorkerInfo,
+        worker: WorkerInfo,
     ) -> Result<Firewall, BuildError> {
+        let early = self.0.early_drop;
         Ok(Firewall {
+            limit: self
+                .0
+                .max_connections
+                .div_ceil(u64::from(worker.count.max(1))) as usize,
+            candidates: RefCell::new(VecDeque::with_capacity(if early { CANDIDATES } else { 0 })),
+            early_dropped: state.counter(
+                "conns_early_dropped",
+                Scope::CrossFlow(&[]),
+                Access::WriteMostly,
+            )?,
             cfg: Arc::clone(&self.0),
             conns: state.map("conns", Scope::PerFlow, Access::ReadWrite)?,
             allowed: state.counter_map("allowed", Scope::CrossFlow(&[]), Access::WriteMostly)?,
@@ -860,10 +1033,12 @@ impl NfFactory for Factory {
         Ok(Box::new(self.build_firewall(state, worker)?))
     }
 
-    /// Yes: an established flow's packets without SYN, FIN or RST change nothing but its
-    /// idle timer (see the module documentation).
+    /// With `liberal = true` (the default): an established flow's packets without SYN, FIN
+    /// or RST change nothing but its idle timer (windows are not kept), as Linux's flowtable
+    /// offload bypasses conntrack for them. With `liberal = false` no: window tracking must
+    /// see every segment.
     fn fast_path(&self) -> bool {
-        true
+        self.0.liberal
     }
 
     fn tables(&self) -> &'static [TableInfo] {
@@ -930,6 +1105,46 @@ pub struct Firewall {
     opened: Counter,
     /// Entries that timed out.
     expired: Counter,
+    /// This worker's share of `max_connections`.
+    limit: usize,
+    /// Connections that may be expendable, oldest first (opened, or ended): checked when
+    /// taken.
+    candidates: RefCell<VecDeque<FlowKey>>,
+    /// Connections ended early to make room.
+    early_dropped: Counter,
+}
+
+/// Early-drop candidates remembered per worker, at most.
+const CANDIDATES: usize = 1 << 16;
+/// Candidates looked at for one new connection, at most.
+const EARLY_DROP_SCAN: usize = 64;
+
+impl ConnState {
+    /// Whether a connection in this state may be ended early (conntrack's early drop takes
+    /// entries not yet assured): not established, or ended.
+    const fn expendable(self) -> bool {
+        matches!(
+            self,
+            ConnState::SynSent
+                | ConnState::SynSent2
+                | ConnState::SynRecv
+                | ConnState::Unreplied
+                | ConnState::TimeWait
+                | ConnState::Close
+        )
+    }
+}
+
+/// What [`Firewall::rst`] makes of a RST.
+enum Rst {
+    /// Dropped.
+    Invalid,
+    /// Closes the connection if in window.
+    Close,
+    /// Passes if in window; the state stays.
+    KeepState,
+    /// Closes the connection without a window check.
+    Trusted,
 }
 
 /// What to do with a packet that would open a connection (or cannot be tracked).
@@ -966,7 +1181,7 @@ impl Firewall {
 
     fn timeout(&self, state: ConnState, proto: u8) -> Duration {
         let t = match state {
-            ConnState::SynSent => Timeout::SynSent,
+            ConnState::SynSent | ConnState::SynSent2 => Timeout::SynSent,
             ConnState::SynRecv => Timeout::SynRecv,
             ConnState::Established => Timeout::Established,
             ConnState::FinWait => Timeout::FinWait,
@@ -1008,6 +1223,40 @@ impl Firewall {
         }
     }
 
+    /// Remembers a connection that is, or may become, expendable.
+    #[inline]
+    fn candidate(&self, key: FlowKey) {
+        if self.cfg.early_drop {
+            let mut c = self.candidates.borrow_mut();
+            if c.len() == CANDIDATES {
+                c.pop_front();
+            }
+            c.push_back(key);
+        }
+    }
+
+    /// Early drop: ends the oldest expendable connection among the next [`EARLY_DROP_SCAN`]
+    /// candidates.
+    fn make_room(&self) -> bool {
+        if !self.cfg.early_drop {
+            return false;
+        }
+        for _ in 0..EARLY_DROP_SCAN {
+            let Some(k) = self.candidates.borrow_mut().pop_front() else {
+                return false;
+            };
+            let Ok(Some(c)) = self.conns.with(&k, |c| c.copied()) else {
+                continue;
+            };
+            if c.state.expendable() && self.conns.remove_nowait(&k).is_some() {
+                self.gauge(c.state, -1);
+                self.early_dropped.add_nowait(1);
+                return true;
+            }
+        }
+        false
+    }
+
     fn gauge(&self, state: ConnState, delta: i64) {
         self.by_state.add_to_nowait(&(state as u8), delta);
     }
@@ -1020,6 +1269,7 @@ impl Firewall {
         dir: Direction,
         state: ConnState,
         now: Nanos,
+        tcp: Window,
     ) -> Reason {
         let dport = matches!(flow.proto, proto::TCP | proto::UDP).then_some(flow.dst_port);
         match self.policy(flow, dport, dir) {
@@ -1030,12 +1280,16 @@ impl Firewall {
                     opener_is_canonical_src: is_canonical(flow),
                     opened_from: dir,
                     first_fin_by_opener: None,
+                    tcp,
                 };
                 // Replacing an ended connection (TIME_WAIT, CLOSE) takes it out of its state.
                 if let Some(old) = self.conns.remove_nowait(&key) {
                     self.gauge(old.state, -1);
+                } else if self.conns.cached_len() >= self.limit && !self.make_room() {
+                    return Reason::TableFull;
                 }
                 self.conns.insert_nowait(key, conn);
+                self.candidate(key);
                 self.conns
                     .expire_after(&key, self.timeout(state, flow.proto), now);
                 self.gauge(state, 1);
@@ -1059,6 +1313,9 @@ impl Firewall {
             if next.state != conn.state {
                 self.gauge(conn.state, -1);
                 self.gauge(next.state, 1);
+                if matches!(next.state, ConnState::TimeWait | ConnState::Close) {
+                    self.candidate(*key);
+                }
             }
         }
         self.conns
@@ -1109,45 +1366,246 @@ impl Firewall {
         }
     }
 
+    /// Writes `tcp` into the entry `key` without touching its state or timer (what an
+    /// ignored or invalid segment leaves behind, as conntrack's in-place updates do).
+    fn note(&self, key: &FlowKey, conn: Conn, tcp: Window) {
+        let tcp = self.unchecked(tcp);
+        if tcp != conn.tcp {
+            // A failed write leaves the older notes: the next segment is judged on those.
+            let _ = self.conns.with_mut(key, |c| {
+                if let Some(c) = c {
+                    c.tcp = tcp;
+                }
+            });
+        }
+    }
+
+    /// With `liberal = true` the windows are not kept (all zero, "not seen"): an established
+    /// connection's segments then leave its entry as it is, so the entry is written only when
+    /// its state changes, and a firewall restarted with `liberal = false` learns the windows
+    /// from the next segments (conntrack's pick-up) rather than judging on stale ones.
+    fn unchecked(&self, mut w: Window) -> Window {
+        if self.cfg.liberal {
+            w.seen = [Seen::default(); 2];
+        }
+        w
+    }
+
+    /// Opens a TCP connection with its SYN.
+    fn open_tcp(
+        &self,
+        key: FlowKey,
+        flow: &FlowKey,
+        dir: Direction,
+        seg: &Seg,
+        now: Nanos,
+    ) -> Reason {
+        let mut w = Window::open(seg);
+        // Conntrack runs the window check on the opening SYN too; it always passes.
+        let _ = w.check(0, Segment::Syn, seg, Phase::Other, self.cfg.liberal);
+        w.last.seg = Segment::Syn.code();
+        w.last.dir = 0;
+        let w = self.unchecked(w);
+        self.open(key, flow, dir, ConnState::SynSent, now, w)
+    }
+
+    /// TCP: conntrack's `nf_conntrack_tcp_packet`: the state machine ([`tcp_step`]), the RST
+    /// checks and the window check ([`Window::check`]).
     fn tcp(&self, pkt: &Packet<'_>, flow: &FlowKey, now: Nanos) -> Reason {
-        let Some(seg) = l4(pkt).and_then(|b| tcp::Packet::new_checked(b).ok()) else {
+        let Some(view) = l4(pkt).and_then(|b| tcp::Packet::new_checked(b).ok()) else {
             return Reason::Malformed;
         };
-        let Some(seg) = classify(seg.flags()) else {
+        let Some(class) = classify(view.flags()) else {
             return Reason::TcpInvalidFlags;
         };
+        let seg = Seg::read(&view, !self.cfg.liberal);
         let key = canonical(flow);
         let Ok(conn) = self.conns.with(&key, |c| c.copied()) else {
             return Reason::StateUnavailable;
         };
         let Some(conn) = conn else {
             // NONE: only a SYN opens a connection.
-            return match seg {
-                Segment::Syn => self.open(key, flow, pkt.direction, ConnState::SynSent, now),
+            return match class {
+                Segment::Syn => self.open_tcp(key, flow, pkt.direction, &seg, now),
                 _ => Reason::TcpNoConnection,
             };
         };
         let side = conn.side_of(flow);
         if pkt.direction != conn.expected_direction(side) {
             // A SYN from the wrong side after the connection ended opens a new one.
-            if seg == Segment::Syn && matches!(conn.state, ConnState::TimeWait | ConnState::Close) {
-                return self.open(key, flow, pkt.direction, ConnState::SynSent, now);
+            if class == Segment::Syn && matches!(conn.state, ConnState::TimeWait | ConnState::Close)
+            {
+                return self.open_tcp(key, flow, pkt.direction, &seg, now);
             }
             return Reason::WrongDirection;
         }
-        match tcp_step(conn.state, seg, side, conn.closer()) {
-            Step::Invalid => Reason::TcpInvalidState,
-            Step::Reopen => self.open(key, flow, pkt.direction, ConnState::SynSent, now),
-            Step::To(state) => {
-                let mut next = Conn { state, ..conn };
-                if seg == Segment::Fin && conn.first_fin_by_opener.is_none() {
-                    next.first_fin_by_opener = Some(side == Side::Orig);
-                }
-                match self.advance(&key, conn, next, now) {
-                    Ok(()) => Reason::Tracked,
-                    Err(r) => r,
+        let d = usize::from(side == Side::Reply);
+        let liberal = self.cfg.liberal;
+        let mut w = conn.tcp;
+        let mut old = conn.state;
+        let simultaneous = w.flags & window::SIMULTANEOUS != 0;
+        let mut new = match tcp_step(conn.state, class, side, conn.closer(), simultaneous) {
+            Step::Invalid => return Reason::TcpInvalidState,
+            Step::Reopen => return self.open_tcp(key, flow, pkt.direction, &seg, now),
+            Step::To(state) => state,
+            Step::Ignore => {
+                let last = w.last;
+                if class == Segment::SynAck
+                    && last.seg == Segment::Syn.code()
+                    && usize::from(last.dir) != d
+                    && seg.ack == last.end
+                {
+                    // This SYN/ACK answers a SYN we ignored: the hosts are in sync and the
+                    // firewall is not; it takes the handshake from the noted SYN.
+                    let ld = usize::from(last.dir);
+                    w.seen[ld] = Seen {
+                        end: last.end,
+                        maxend: last.end,
+                        maxwin: u32::from(last.win).max(1),
+                        maxack: 0,
+                        scale: last.wscale,
+                        flags: last.flags & (window::WSCALE | window::SACK_PERM),
+                    };
+                    w.last.flags &= !window::CHALLENGE_ACK;
+                    w.reset(d);
+                    old = ConnState::SynSent;
+                    ConnState::SynRecv
+                } else {
+                    w.last.seg = class.code();
+                    w.last.dir = d as u8;
+                    w.last.end = seg.end();
+                    w.last.win = seg.win;
+                    if class == Segment::Syn && d == 0 {
+                        let (mut scale, mut flags) = (0, 0);
+                        if let Some(s) = seg.wscale {
+                            scale = s.min(window::MAX_SCALE);
+                            flags |= window::WSCALE;
+                        }
+                        if seg.sack_perm {
+                            flags |= window::SACK_PERM;
+                        }
+                        if conn.state == ConnState::LastAck {
+                            flags |= window::CHALLENGE_ACK;
+                        }
+                        w.last.wscale = scale;
+                        w.last.flags = flags;
+                    }
+                    if conn.state == ConnState::SynSent && class == Segment::Ack && d == 1 {
+                        // A challenge ACK answering the SYN: the RST it draws has this seq.
+                        w.last.ack = seg.ack;
+                    }
+                    self.note(&key, conn, w);
+                    return Reason::TcpIgnored;
                 }
             }
+        };
+        let mut skip_window = false;
+        if class == Segment::Rst && !liberal {
+            match self.rst(&w, old, d, &seg) {
+                Rst::Invalid => return Reason::TcpRstOutOfWindow,
+                Rst::Close => {}
+                Rst::KeepState => new = old,
+                Rst::Trusted => skip_window = true,
+            }
+        }
+        if !skip_window && !liberal {
+            match w.check(d, class, &seg, conn.state.phase(), liberal) {
+                Check::Accept => {}
+                Check::Ignore(_) => {
+                    self.note(&key, conn, w);
+                    return Reason::TcpIgnored;
+                }
+                Check::Invalid(why) => {
+                    self.note(&key, conn, w);
+                    return match (class, why) {
+                        (Segment::Rst, _) => Reason::TcpRstOutOfWindow,
+                        (_, Why::AckAboveData) => Reason::TcpAckAboveData,
+                        _ => Reason::TcpSeqAboveWindow,
+                    };
+                }
+            }
+        }
+        // In window from here on. Liberal, a run of ACKs notes only the first: the side of the
+        // others serves nothing but the RST checks, and an entry rewritten on every segment
+        // would cost a store write per connection and flush.
+        if !(liberal && class == Segment::Ack && w.last.seg == Segment::Ack.code()) {
+            w.last.seg = class.code();
+            w.last.dir = d as u8;
+        }
+        if new == ConnState::SynSent2 {
+            w.flags |= window::SIMULTANEOUS;
+        }
+        if matches!(old, ConnState::SynRecv | ConnState::Established)
+            && new == ConnState::Established
+            && w.flags & window::SEEN_REPLY != 0
+        {
+            w.flags |= window::ASSURED;
+        }
+        if d == 1 {
+            w.flags |= window::SEEN_REPLY;
+        }
+        let mut next = Conn {
+            state: new,
+            tcp: self.unchecked(w),
+            ..conn
+        };
+        if class == Segment::Fin && conn.first_fin_by_opener.is_none() {
+            next.first_fin_by_opener = Some(side == Side::Orig);
+        }
+        match self.advance(&key, conn, next, now) {
+            Ok(()) => Reason::Tracked,
+            Err(r) => r,
+        }
+    }
+
+    /// Conntrack's checks of a RST (`nf_conntrack_tcp_packet`, case CLOSE) in state `old`
+    /// from side `d`: the exact sequence number closes; one below the highest ack the other
+    /// side sent is invalid; another one in an established connection passes without closing
+    /// it, so the receiver answers with a challenge ACK and the sender's next RST, then
+    /// exact, closes (RFC 5961 §3.2).
+    fn rst(&self, w: &Window, old: ConnState, d: usize, seg: &Seg) -> Rst {
+        use ConnState::*;
+        // Closing: the tuple may already be reused, the notes are stale.
+        if matches!(old, FinWait | CloseWait | LastAck | TimeWait | Close) {
+            return Rst::Trusted;
+        }
+        let other = &w.seen[1 - d];
+        let established = old == Established && w.flags & window::ASSURED != 0;
+        let syn = Segment::Syn.code();
+        let ack = Segment::Ack.code();
+        let mut keep = false;
+        if other.flags & window::MAXACK_SET != 0 && w.last.seg != syn {
+            if seg.seq == 0 && !established {
+                return Rst::Close;
+            }
+            if window::before(seg.seq, other.maxack) {
+                return Rst::Invalid;
+            }
+            if !established || seg.seq == other.maxack {
+                return Rst::Close;
+            }
+            if w.last.seg == ack && usize::from(w.last.dir) == d && seg.seq == w.last.end {
+                // The RST right after this side's last segment.
+                return Rst::Close;
+            }
+            keep = true;
+        }
+        // A RST answering a SYN or ACK let through unchecked: it may acknowledge what the
+        // firewall never saw.
+        if ((w.flags & window::SEEN_REPLY != 0 && w.last.seg == syn)
+            || (w.flags & window::ASSURED == 0 && w.last.seg == ack))
+            && seg.ack == w.last.end
+        {
+            return Rst::Trusted;
+        }
+        if old == SynSent && w.last.seg == ack && w.last.dir == 1 && seg.seq == w.last.ack {
+            // The RST a challenge ACK asked for.
+            return Rst::Trusted;
+        }
+        if keep {
+            Rst::KeepState
+        } else {
+            Rst::Close
         }
     }
 
@@ -1158,7 +1616,7 @@ impl Firewall {
             return Reason::StateUnavailable;
         };
         let Some(conn) = conn else {
-            return self.open(key, flow, dir, ConnState::Unreplied, now);
+            return self.open(key, flow, dir, ConnState::Unreplied, now, Window::default());
         };
         let side = conn.side_of(flow);
         if dir != conn.expected_direction(side) {
@@ -1183,7 +1641,7 @@ impl Firewall {
         };
         let Some(conn) = conn else {
             return if request {
-                self.open(key, flow, dir, ConnState::Unreplied, now)
+                self.open(key, flow, dir, ConnState::Unreplied, now, Window::default())
             } else {
                 Reason::IcmpUnsolicitedReply
             };
@@ -1329,12 +1787,18 @@ impl NetworkFunction for Firewall {
         }
         out.push(("conns_opened", self.opened.get().unwrap_or(-1)));
         out.push(("conns_expired", self.expired.get().unwrap_or(-1)));
+        out.push((
+            "conns_early_dropped",
+            self.early_dropped.get().unwrap_or(-1),
+        ));
+        out.push(("max_connections", self.limit as i64));
         out
     }
 
     fn gauges(&self) -> &'static [&'static str] {
         &[
             "tracked",
+            "max_connections",
             "conns_syn_sent",
             "conns_syn_recv",
             "conns_established",
@@ -1345,6 +1809,7 @@ impl NetworkFunction for Firewall {
             "conns_close",
             "conns_unreplied",
             "conns_replied",
+            "conns_syn_sent2",
         ]
     }
 }
@@ -1352,6 +1817,45 @@ impl NetworkFunction for Firewall {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A TCP entry encodes its windows; one from before window tracking (two bytes) decodes
+    /// with none, to be learnt again; a cut window is an error.
+    #[test]
+    fn tcp_entries_carry_their_windows() {
+        let seg = Seg {
+            seq: 7,
+            win: 100,
+            syn: true,
+            wscale: Some(3),
+            ..Seg::default()
+        };
+        let conn = Conn {
+            state: ConnState::SynSent,
+            opener_is_canonical_src: true,
+            opened_from: Direction::Outbound,
+            first_fin_by_opener: None,
+            tcp: Window::open(&seg),
+        };
+        let mut out = Vec::new();
+        conn.encode(&mut out);
+        assert_eq!(out.len(), 2 + Window::ENCODED_LEN);
+        assert_eq!(Conn::decode(&mut &out[..]).unwrap(), conn);
+        let old = Conn::decode(&mut &[3u8, 1][..]).unwrap();
+        assert_eq!(
+            (old.state, old.tcp),
+            (ConnState::Established, Window::default())
+        );
+        assert_eq!(Conn::decode(&mut &out[..20]), Err(CodecError::Truncated));
+        // UDP entries stay two bytes.
+        let udp = Conn {
+            state: ConnState::Replied,
+            tcp: Window::default(),
+            ..conn
+        };
+        out.clear();
+        udp.encode(&mut out);
+        assert_eq!(out.len(), 2);
+    }
 
     /// The IPv4 shortcut orders keys as `FlowKey::is_canonical` does.
     #[test]

@@ -301,3 +301,46 @@ fn on_a_store_that_is_not_the_cache_too() {
     assert_eq!(rig.nf.count(Reason::InboundPolicy), 1);
     assert_eq!(rig.nf.connections_in(ConnState::Established), 1);
 }
+
+/// A full table (`max_connections`): a new connection ends the oldest expendable one (a SYN
+/// never answered, an ended connection) with early drop, and is dropped as "table full"
+/// without it or when nothing is expendable; established connections are never ended.
+#[test]
+fn a_full_table_ends_only_expendable_connections() {
+    for early_drop in [true, false] {
+        let mut rig = firewall(&format!("max_connections = 3\nearly_drop = {early_drop}"));
+        assert_eq!(rig.report("max_connections"), 3);
+        handshake(&mut rig); // CLIENT -> SERVER, established
+        let other = "10.0.0.6:40000";
+        assert!(rig.passes(&tcp(other, SERVER, SYN), OUT));
+        assert!(rig.passes(&tcp(SERVER, other, SYN | ACK), IN));
+        assert!(rig.passes(&tcp(other, SERVER, ACK), OUT)); // established too
+        let flood = |i: u8| format!("10.0.0.{}:1234", 100 + i);
+        assert!(rig.passes(&tcp(&flood(0), SERVER, SYN), OUT)); // unanswered
+        assert_eq!(rig.nf.tracked(), 3);
+        let v = rig.pass(&tcp(&flood(1), SERVER, SYN), OUT).0;
+        if early_drop {
+            assert_eq!(v, Verdict::Forward, "the unanswered SYN made room");
+            assert_eq!(rig.report("conns_early_dropped"), 1);
+            // The newcomer is unanswered too: the next one takes its place.
+            assert!(rig.passes(&tcp(&flood(2), SERVER, SYN), OUT));
+            assert_eq!(rig.report("conns_early_dropped"), 2);
+        } else {
+            assert_eq!(v, Verdict::Drop(Reason::TableFull.text()));
+        }
+        assert_eq!(rig.nf.tracked(), 3);
+        // The established ones still pass both ways.
+        for c in [CLIENT, other] {
+            assert!(rig.passes(&tcp_data(c, SERVER, ACK | PSH, b"more"), OUT));
+            assert!(rig.passes(&tcp_data(SERVER, c, ACK | PSH, b"data"), IN));
+        }
+    }
+    // With nothing expendable, even early drop refuses.
+    let mut rig = firewall("max_connections = 1");
+    handshake(&mut rig);
+    assert_eq!(
+        rig.pass(&tcp("10.0.0.9:1", SERVER, SYN), OUT).0,
+        Verdict::Drop(Reason::TableFull.text())
+    );
+    assert_eq!(rig.report("denied_table_full"), 1);
+}

@@ -143,43 +143,100 @@ fn nat_icmp_echo_both_ways() {
     );
 }
 
+/// Filtering (RFC 4787 REQ-8, RFC 5382 REQ-3), mode by mode: which outside hosts get in
+/// through a mapping the inside opened to SRV1:53 (UDP) and SRV1:80 (TCP).
 #[test]
-fn nat_unsolicited_inbound_is_dropped() {
-    let mut rig = Rig::new(CONFIG);
-    let mut probe = tcp((SRV1, 4444), (EXT, 1024), SYN);
-    assert_eq!(
-        drop_reason(rig.send(&mut probe, Inbound)),
-        "nat: no mapping"
-    );
-    let mut out = udp((IN1, 7000), (SRV1, 53));
-    rig.send(&mut out, Outbound);
-    let port = ext_port(&out, EXT);
-    // Address- and port-dependent filtering: only the server the inside talked to, from the
-    // port it talked to, gets in.
-    let mut other_port = udp((SRV1, 54), (EXT, port));
-    assert_eq!(
-        drop_reason(rig.send(&mut other_port, Inbound)),
-        "nat: no mapping"
-    );
-    let mut other_host = udp((SRV2, 53), (EXT, port));
-    assert_eq!(
-        drop_reason(rig.send(&mut other_host, Inbound)),
-        "nat: no mapping"
-    );
-    let mut other_proto = tcp((SRV1, 53), (EXT, port), SYN);
-    assert_eq!(
-        drop_reason(rig.send(&mut other_proto, Inbound)),
-        "nat: no mapping"
-    );
-    // Not addressed to an external address at all.
-    let mut direct = udp((SRV1, 53), (IN1, 7000));
-    assert_eq!(
-        drop_reason(rig.send(&mut direct, Inbound)),
-        "nat: not an external address"
-    );
-    assert_eq!(rig.report("drop_no_mapping"), 4);
-    assert_eq!(rig.report("drop_not_external"), 1);
-    assert_eq!(rig.report("packets_in"), 0);
+fn nat_filtering_admits_exactly_what_each_mode_says() {
+    // (mode, SRV1 from another port, SRV2): None = forwarded, Some(reason) = dropped.
+    let cases = [
+        ("endpoint-independent", None, None),
+        ("address-dependent", None, Some("nat: filtered")),
+        (
+            "address-and-port-dependent",
+            Some("nat: no mapping"),
+            Some("nat: no mapping"),
+        ),
+    ];
+    for (mode, other_port_verdict, other_host_verdict) in cases {
+        let mut rig = Rig::new(&format!("{CONFIG}\nfiltering = \"{mode}\""));
+        let mut probe = tcp((SRV1, 4444), (EXT, 1024), SYN);
+        assert_eq!(
+            drop_reason(rig.send(&mut probe, Inbound)),
+            "nat: no mapping",
+            "{mode}: no mapping yet"
+        );
+        let mut out = udp((IN1, 7000), (SRV1, 53));
+        rig.send(&mut out, Outbound);
+        let port = ext_port(&out, EXT);
+        let expect = |rig: &mut Rig, mut frame: Vec<u8>, verdict: Option<&str>, what: &str| {
+            let v = rig.send(&mut frame, Inbound);
+            match verdict {
+                None => {
+                    assert_eq!(v, Verdict::Forward, "{mode}: {what} gets in");
+                    assert_eq!(dst_of(&frame), (IpAddr::V4(IN1), 7000), "{mode}: {what}");
+                }
+                Some(r) => assert_eq!(drop_reason(v), r, "{mode}: {what}"),
+            }
+        };
+        expect(
+            &mut rig,
+            udp((SRV1, 54), (EXT, port)),
+            other_port_verdict,
+            "SRV1:54",
+        );
+        expect(
+            &mut rig,
+            udp((SRV2, 53), (EXT, port)),
+            other_host_verdict,
+            "SRV2:53",
+        );
+        // Another protocol's packet to the port finds no mapping in any mode.
+        let mut other_proto = tcp((SRV1, 53), (EXT, port), SYN);
+        assert_eq!(
+            drop_reason(rig.send(&mut other_proto, Inbound)),
+            "nat: no mapping",
+            "{mode}"
+        );
+        // A session opened from outside is a session like any other: the inside answers
+        // through the same mapping (REQ-1).
+        if other_host_verdict.is_none() {
+            let mut answer = udp((IN1, 7000), (SRV2, 53));
+            assert_eq!(rig.send(&mut answer, Outbound), Verdict::Forward);
+            assert_eq!(answer, udp((EXT, port), (SRV2, 53)), "{mode}");
+        }
+
+        // TCP: only a SYN opens a session from outside.
+        let mut syn = tcp((IN1, 5000), (SRV1, 80), SYN);
+        rig.send(&mut syn, Outbound);
+        let tport = ext_port(&syn, EXT);
+        let mut stray = tcp((SRV2, 1234), (EXT, tport), ACK);
+        assert_eq!(
+            drop_reason(rig.send(&mut stray, Inbound)),
+            "nat: no mapping",
+            "{mode}: a bare ACK never opens"
+        );
+        let mut other = tcp((SRV2, 1234), (EXT, tport), SYN);
+        let v = rig.send(&mut other, Inbound);
+        match other_host_verdict {
+            None => assert_eq!(other, tcp((SRV2, 1234), (IN1, 5000), SYN), "{mode}"),
+            Some(r) => assert_eq!(drop_reason(v), r, "{mode}: SYN from SRV2"),
+        }
+
+        // Not addressed to an external address at all.
+        let mut direct = udp((SRV1, 53), (IN1, 7000));
+        assert_eq!(
+            drop_reason(rig.send(&mut direct, Inbound)),
+            "nat: not an external address"
+        );
+        assert_eq!(rig.report("drop_not_external"), 1);
+        let admitted = [other_port_verdict, other_host_verdict, other_host_verdict]
+            .iter()
+            .filter(|v| v.is_none())
+            .count() as i64;
+        assert_eq!(rig.report("packets_in"), admitted, "{mode}");
+        // Sessions: the two the inside opened, and one per packet let in from a new remote.
+        assert_eq!(rig.report("active_sessions"), 2 + admitted, "{mode}");
+    }
 }
 
 #[test]
@@ -486,4 +543,214 @@ fn nat_too_many_workers_for_the_ports_is_a_build_error() {
         Err(e) => panic!("unexpected error {e}"),
         Ok(_) => panic!("built with an empty chunk"),
     }
+}
+
+/// Hairpinning (RFC 4787 REQ-9, RFC 5382 REQ-8), on both tables: two inside hosts reach each
+/// other through their external endpoints, and each sees the other's external endpoint as the
+/// source (REQ-9b). Under endpoint-independent filtering the first packet gets through; under
+/// the stricter modes the host behind the mapping must have sent towards the other's external
+/// endpoint first, as hole punching does.
+#[test]
+fn nat_hairpins_udp_and_tcp_between_inside_hosts() {
+    for table in ["state", "mvt"] {
+        for mode in [
+            "endpoint-independent",
+            "address-dependent",
+            "address-and-port-dependent",
+        ] {
+            let what = format!("{table}, {mode}");
+            let mut rig = Rig::new(&format!(
+                "{CONFIG}\ntable = \"{table}\"\nfiltering = \"{mode}\""
+            ));
+            // Each host has a mapping, made by talking to a server (a STUN server, say).
+            let mut a = udp((IN1, 6000), (SRV1, 3478));
+            rig.send(&mut a, Outbound);
+            let pa = ext_port(&a, EXT);
+            let mut b = udp((IN2, 9000), (SRV1, 3478));
+            rig.send(&mut b, Outbound);
+            let pb = ext_port(&b, EXT);
+            if mode != "endpoint-independent" {
+                // B punches: its packet to A's external endpoint is let out of B's mapping but
+                // A's mapping (which never talked to EXT) keeps it out.
+                let mut punch = udp((IN2, 9000), (EXT, pa));
+                let why = drop_reason(rig.send(&mut punch, Outbound));
+                let expect = if mode == "address-dependent" {
+                    "nat: filtered"
+                } else {
+                    "nat: no mapping"
+                };
+                assert_eq!(why, expect, "{what}");
+            }
+            let mut to_b = udp((IN1, 6000), (EXT, pb));
+            assert_eq!(rig.send(&mut to_b, Outbound), Verdict::Forward, "{what}");
+            assert_eq!(to_b, udp((EXT, pa), (IN2, 9000)), "{what}");
+            let mut to_a = udp((IN2, 9000), (EXT, pa));
+            assert_eq!(rig.send(&mut to_a, Outbound), Verdict::Forward, "{what}");
+            assert_eq!(to_a, udp((EXT, pb), (IN1, 6000)), "{what}");
+
+            // TCP: both sockets have mappings from earlier connections.
+            let mut b_out = tcp((IN2, 8080), (SRV1, 80), SYN);
+            rig.send(&mut b_out, Outbound);
+            let qb = ext_port(&b_out, EXT);
+            let mut a_out = tcp((IN1, 5000), (SRV1, 81), SYN);
+            rig.send(&mut a_out, Outbound);
+            let qa = ext_port(&a_out, EXT);
+            if mode != "endpoint-independent" {
+                // A's SYN is kept out of B's mapping; B's SYN towards A then gets through,
+                // answering A's (a simultaneous open, RFC 5382 §2.3 / RFC 793).
+                let mut syn = tcp((IN1, 5000), (EXT, qb), SYN);
+                assert!(
+                    matches!(rig.send(&mut syn, Outbound), Verdict::Drop(_)),
+                    "{what}"
+                );
+                let mut b_syn = tcp((IN2, 8080), (EXT, qa), SYN);
+                assert_eq!(rig.send(&mut b_syn, Outbound), Verdict::Forward, "{what}");
+                assert_eq!(b_syn, tcp((EXT, qb), (IN1, 5000), SYN), "{what}");
+            }
+            let mut syn = tcp((IN1, 5000), (EXT, qb), SYN);
+            assert_eq!(rig.send(&mut syn, Outbound), Verdict::Forward, "{what}");
+            assert_eq!(syn, tcp((EXT, qa), (IN2, 8080), SYN), "{what}");
+            let mut syn_ack = tcp((IN2, 8080), (EXT, qa), SYN | ACK);
+            assert_eq!(rig.send(&mut syn_ack, Outbound), Verdict::Forward, "{what}");
+            assert_eq!(syn_ack, tcp((EXT, qb), (IN1, 5000), SYN | ACK), "{what}");
+            let mut ack = tcp((IN1, 5000), (EXT, qb), ACK);
+            assert_eq!(rig.send(&mut ack, Outbound), Verdict::Forward, "{what}");
+            assert_eq!(ack, tcp((EXT, qa), (IN2, 8080), ACK), "{what}");
+            assert!(rig.report("hairpinned") >= 5, "{what}");
+        }
+    }
+    // Turned off, a packet to an external endpoint is translated and sent on outward.
+    let mut rig = Rig::new(&format!("{CONFIG}\nhairpinning = false"));
+    let mut b = udp((IN2, 9000), (SRV1, 3478));
+    rig.send(&mut b, Outbound);
+    let pb = ext_port(&b, EXT);
+    let mut to_b = udp((IN1, 6000), (EXT, pb));
+    assert_eq!(rig.send(&mut to_b, Outbound), Verdict::Forward);
+    assert_eq!(dst_of(&to_b), (IpAddr::V4(EXT), pb));
+    assert_eq!(rig.report("hairpinned"), 0);
+}
+
+/// `max_sessions`: at the limit new sessions are dropped and counted, established ones keep
+/// working, and room comes back as sessions end.
+#[test]
+fn nat_session_limit_drops_new_sessions_and_keeps_old_ones() {
+    for table in ["state", "mvt"] {
+        let mut rig = Rig::new(&format!(
+            "{CONFIG}\ntable = \"{table}\"\nmax_sessions = 3\nudp = \"30s\""
+        ));
+        assert_eq!(rig.report("session_limit"), 3);
+        // Answered sessions: early drop (on by default) does not end them.
+        for port in [5000, 5001, 5002] {
+            let mut f = udp((IN1, port), (SRV1, 53));
+            assert_eq!(rig.send(&mut f, Outbound), Verdict::Forward, "{table}");
+            let mut reply = udp((SRV1, 53), (EXT, ext_port(&f, EXT)));
+            assert_eq!(rig.send(&mut reply, Inbound), Verdict::Forward, "{table}");
+        }
+        let mut fourth = udp((IN1, 5003), (SRV1, 53));
+        assert_eq!(
+            drop_reason(rig.send(&mut fourth, Outbound)),
+            "nat: session limit",
+            "{table}"
+        );
+        // The sessions there still carry traffic both ways.
+        let mut again = udp((IN1, 5000), (SRV1, 53));
+        assert_eq!(rig.send(&mut again, Outbound), Verdict::Forward, "{table}");
+        let port = ext_port(&again, EXT);
+        let mut reply = udp((SRV1, 53), (EXT, port));
+        assert_eq!(rig.send(&mut reply, Inbound), Verdict::Forward, "{table}");
+        assert_eq!(rig.report("drop_session_limit"), 1, "{table}");
+        assert_eq!(rig.report("active_sessions"), 3, "{table}");
+        rig.advance(31);
+        let mut fourth = udp((IN1, 5003), (SRV1, 53));
+        assert_eq!(rig.send(&mut fourth, Outbound), Verdict::Forward, "{table}");
+    }
+    let e = nat::factory(&table("external = [\"203.0.113.1\"]\nmax_sessions = 0"))
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(e.contains("max_sessions"), "{e}");
+}
+
+/// Early drop: out of ports, a new session ends the oldest session nothing came in on (or a
+/// closed one) and takes its port; answered and established sessions are never ended.
+#[test]
+fn nat_early_drop_ends_unanswered_sessions_never_answered_ones() {
+    for table in ["state", "mvt"] {
+        for early_drop in [true, false] {
+            let what = format!("{table}, early_drop = {early_drop}");
+            let mut rig = Rig::new(&format!(
+                "{CONFIG}\ntable = \"{table}\"\nports = \"1024-1025\"\nearly_drop = {early_drop}"
+            ));
+            // An answered UDP session and an established TCP connection hold both ports.
+            let mut dns = udp((IN1, 5000), (SRV1, 53));
+            rig.send(&mut dns, Outbound);
+            let dns_port = ext_port(&dns, EXT);
+            let mut answer = udp((SRV1, 53), (EXT, dns_port));
+            assert_eq!(rig.send(&mut answer, Inbound), Verdict::Forward);
+            let mut syn = tcp((IN2, 6000), (SRV1, 80), SYN);
+            rig.send(&mut syn, Outbound);
+            let web_port = ext_port(&syn, EXT);
+            let mut syn_ack = tcp((SRV1, 80), (EXT, web_port), SYN | ACK);
+            assert_eq!(rig.send(&mut syn_ack, Inbound), Verdict::Forward);
+            // Nothing to end: the newcomer is dropped either way.
+            let mut late = udp((IN1, 5001), (SRV1, 53));
+            assert_eq!(
+                drop_reason(rig.send(&mut late, Outbound)),
+                "nat: pool exhausted",
+                "{what}"
+            );
+            // The connection closes (FIN both ways): now it is expendable.
+            let mut fin = tcp((IN2, 6000), (SRV1, 80), FIN | ACK);
+            rig.send(&mut fin, Outbound);
+            let mut fin_back = tcp((SRV1, 80), (EXT, web_port), FIN | ACK);
+            rig.send(&mut fin_back, Inbound);
+            let mut late = udp((IN1, 5001), (SRV1, 53));
+            let v = rig.send(&mut late, Outbound);
+            if early_drop {
+                assert_eq!(v, Verdict::Forward, "{what}");
+                assert_eq!(
+                    ext_port(&late, EXT),
+                    web_port,
+                    "{what}: the closed one's port"
+                );
+                assert_eq!(rig.report("early_drops"), 1, "{what}");
+            } else {
+                assert_eq!(drop_reason(v), "nat: pool exhausted", "{what}");
+            }
+            // The answered session was left alone.
+            let mut answer = udp((SRV1, 53), (EXT, dns_port));
+            assert_eq!(rig.send(&mut answer, Inbound), Verdict::Forward, "{what}");
+        }
+    }
+}
+
+/// `port_parity` (RFC 4787 REQ-4): even inside ports get even external ports and odd odd,
+/// until a parity runs out; then the other one is used.
+#[test]
+fn nat_port_parity_is_kept_until_a_parity_runs_out() {
+    for table in ["state", "mvt"] {
+        let mut rig = Rig::new(&format!(
+            "{CONFIG}\ntable = \"{table}\"\nports = \"1024-1027\"\nport_parity = true\nearly_drop = false"
+        ));
+        let mut got = Vec::new();
+        for port in [5000u16, 5001, 5003, 5005] {
+            let mut f = udp((IN1, port), (SRV1, 53));
+            assert_eq!(rig.send(&mut f, Outbound), Verdict::Forward, "{table}");
+            got.push(ext_port(&f, EXT));
+        }
+        // 5000 even, 5001 and 5003 odd, then the odd ports are gone: 5005 takes an even one.
+        assert_eq!(got[0] % 2, 0, "{table}: {got:?}");
+        assert_eq!((got[1] % 2, got[2] % 2), (1, 1), "{table}: {got:?}");
+        assert_eq!(got[3] % 2, 0, "{table}: {got:?}");
+        let mut fifth = udp((IN1, 5007), (SRV1, 53));
+        assert!(
+            matches!(rig.send(&mut fifth, Outbound), Verdict::Drop(_)),
+            "{table}"
+        );
+    }
+    // Off (the default), ports come in pool order whatever their parity.
+    let mut rig = Rig::new(&format!("{CONFIG}\nports = \"1024-1027\""));
+    let mut a = udp((IN1, 5001), (SRV1, 53));
+    rig.send(&mut a, Outbound);
+    assert_eq!(ext_port(&a, EXT), 1024);
 }

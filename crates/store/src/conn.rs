@@ -84,6 +84,12 @@ pub(crate) struct Conn {
     /// Index in the shard's connection table (and mio token).
     pub(crate) slot: usize,
     pub(crate) stream: mio::net::TcpStream,
+    /// The TLS session of a TLS store's connection (`None`: plain).
+    tls: Option<Box<rustls::ServerConnection>>,
+    /// Whether the client's first byte was looked at (a TLS store tells a plain client so).
+    tls_started: bool,
+    /// No frame served yet (a plain store tells a TLS client so).
+    first: bool,
     /// Scope of op ids: the client id a hello gave, else one made from the connection id.
     client: u64,
     authed: bool,
@@ -117,11 +123,20 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    pub(crate) fn new(id: u64, slot: usize, stream: mio::net::TcpStream, authed: bool) -> Conn {
+    pub(crate) fn new(
+        id: u64,
+        slot: usize,
+        stream: mio::net::TcpStream,
+        tls: Option<Box<rustls::ServerConnection>>,
+        authed: bool,
+    ) -> Conn {
         Conn {
             id,
             slot,
             stream,
+            tls,
+            tls_started: false,
+            first: true,
             client: (1 << 63) | id,
             authed,
             greeted: false,
@@ -139,6 +154,127 @@ impl Conn {
             dead: false,
             hup: false,
         }
+    }
+
+    /// Whether the connection is TLS.
+    pub(crate) fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// Whether TLS records wait to be written to the socket.
+    pub(crate) fn tls_pending(&self) -> bool {
+        self.tls.as_ref().is_some_and(|t| t.wants_write())
+    }
+
+    /// Reads what the client sent: from the socket, or decrypted. `Ok(0)` is the end; a
+    /// plain client of a TLS store is an [`ErrorKind::InvalidData`](std::io::ErrorKind) error
+    /// carrying [`NotTls`].
+    pub(crate) fn read_input(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        use std::io::{ErrorKind, Read};
+        let Some(tls) = self.tls.as_mut() else {
+            return self.stream.read(buf);
+        };
+        loop {
+            match tls.reader().read(buf) {
+                // Plaintext, or 0 after the client's close_notify.
+                Ok(n) => return Ok(n),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+            if !self.tls_started {
+                // A TLS client starts with a handshake record (content type 22).
+                let mut first = [0u8; 1];
+                match self.stream.peek(&mut first) {
+                    Ok(0) => return Ok(0),
+                    Ok(_) if first[0] != 22 => {
+                        return Err(std::io::Error::new(ErrorKind::InvalidData, NotTls))
+                    }
+                    Ok(_) => self.tls_started = true,
+                    Err(e) => return Err(e),
+                }
+            }
+            if tls.read_tls(&mut self.stream)? == 0 {
+                return Ok(0);
+            }
+            if let Err(e) = tls.process_new_packets() {
+                // Tell the client why (an alert), then give up on the connection.
+                let _ = tls.write_tls(&mut self.stream);
+                return Err(std::io::Error::new(ErrorKind::InvalidData, e));
+            }
+            // Handshake answers leave at once (what the socket does not take, at the end of
+            // the turn).
+            match flush_tls(tls, &mut self.stream) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Writes output waiting to be sent, as far as the socket takes it: `Err(WouldBlock)` when
+    /// it is full. A TLS connection encrypts at most 64 KiB ahead of what the socket took, so
+    /// that what a client does not read stays in `out` (and counts against `max_output`).
+    pub(crate) fn write_output(&mut self) -> std::io::Result<()> {
+        use std::io::{ErrorKind, Write};
+        let Some(tls) = self.tls.as_mut() else {
+            while self.out_pos < self.out.len() {
+                match self.stream.write(&self.out[self.out_pos..]) {
+                    Ok(0) => return Err(ErrorKind::WriteZero.into()),
+                    Ok(n) => self.out_pos += n,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            return Ok(());
+        };
+        loop {
+            flush_tls(tls, &mut self.stream)?;
+            if self.out_pos == self.out.len() {
+                return Ok(());
+            }
+            let end = self.out.len().min(self.out_pos + 64 * 1024);
+            let n = tls.writer().write(&self.out[self.out_pos..end])?;
+            if n == 0 {
+                return Err(ErrorKind::WriteZero.into());
+            }
+            self.out_pos += n;
+        }
+    }
+
+    /// Ends a TLS session cleanly (a close_notify, if the socket takes it).
+    pub(crate) fn close_tls(&mut self) {
+        if let Some(tls) = self.tls.as_mut() {
+            tls.send_close_notify();
+            let _ = flush_tls(tls, &mut self.stream);
+        }
+    }
+
+    /// Tells a plain client of a TLS store what is wrong, in the plain protocol, after
+    /// discarding what it sent (so that the close is a FIN the client reads to the end,
+    /// not a reset that could discard the answer).
+    pub(crate) fn refuse_plain(&mut self) {
+        use std::io::{Read, Write};
+        let mut sink = [0u8; 4096];
+        for _ in 0..16 {
+            match self.stream.read(&mut sink) {
+                Ok(n) if n > 0 => {}
+                _ => break,
+            }
+        }
+        let mut frame = Vec::new();
+        proto::encode(
+            &Frame {
+                id: 0,
+                msg: Message::Error {
+                    code: ErrorCode::Unauthorized,
+                    message: "this store serves TLS only: connect with TLS (the store \
+                              driver's ca_file)"
+                        .into(),
+                },
+            },
+            &mut frame,
+        );
+        let _ = self.stream.write(&frame);
     }
 
     /// Drops served input.
@@ -228,6 +364,39 @@ impl Conn {
     }
 }
 
+/// Whether `b` starts like a TLS record carrying a ClientHello.
+fn looks_like_client_hello(b: &[u8]) -> bool {
+    b.len() >= 6 && b[0] == 0x16 && b[1] == 3 && (1..=4).contains(&b[2]) && b[5] == 1
+}
+
+/// The error of a plain client on a TLS store's connection.
+#[derive(Debug)]
+pub(crate) struct NotTls;
+
+impl std::fmt::Display for NotTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a plain client on a TLS store")
+    }
+}
+
+impl std::error::Error for NotTls {}
+
+/// Writes the TLS records waiting, until none is left or the socket is full.
+fn flush_tls(
+    tls: &mut rustls::ServerConnection,
+    stream: &mut mio::net::TcpStream,
+) -> std::io::Result<()> {
+    while tls.wants_write() {
+        match tls.write_tls(stream) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 /// Encodes a frame with id 0 holding `msg` (a borrowed message: pushes go to several
 /// connections).
 fn encode_ref(msg: &Message, out: &mut Vec<u8>) {
@@ -287,6 +456,21 @@ impl Worker {
     ) -> usize {
         while !c.closing && !c.dead && !self.held_back(c) {
             let avail = &inbuf[c.start..];
+            // A TLS ClientHello on a plain store (a handshake record: 0x16, version 0x0301 to
+            // 0x0304, a length, then handshake type 1) reads as a Hello frame of at least
+            // 66 KB, which would be waited for: answer at once instead (a TLS client fails its
+            // handshake on the plain answer, with a clear message). A real first frame of
+            // that shape would be a Hello with a token of over 64 KB.
+            if c.first && c.tls.is_none() && looks_like_client_hello(avail) {
+                self.error(
+                    c,
+                    0,
+                    ErrorCode::Unauthorized,
+                    "this store serves plain TCP, not TLS".into(),
+                );
+                c.closing = true;
+                break;
+            }
             let h = match proto::peek_header(avail, limits) {
                 Ok(Some(h)) => h,
                 Ok(None) => break,
@@ -303,6 +487,7 @@ impl Worker {
             }
             let body = &avail[HEADER_LEN..h.total];
             c.start += h.total;
+            c.first = false;
             if h.kind == BATCH && c.authed {
                 // The common frame: its operations are read in place.
                 match proto::decode_batch_into(&h, body, limits, ops) {

@@ -52,7 +52,11 @@
 //!   it is answered [`Reply::Duplicate`](flowstate_proto::Reply::Duplicate) per operation.
 //! * **Security**: [`Config::default`] binds 127.0.0.1; with [`Config::token`] a client must
 //!   present the token in its first frame or is refused; connections, frame size, batch size,
-//!   in-flight requests and unsent output per connection are limited.
+//!   in-flight requests and unsent output per connection are limited. With [`Config::tls`] the
+//!   store serves TLS only (rustls, TLS 1.2 and 1.3, its certificate chain and key from PEM
+//!   files, read at start: a bad file stops the start with an error naming it); the token
+//!   works beside it, inside the TLS session. A client that speaks the plain protocol to a TLS
+//!   store gets one plain error frame saying so and is closed; other connections go on.
 //! * **Metrics**: a `Stats` request answers ops/s by type, connections, objects, memory and
 //!   WAL lag ([`Server::stats`]).
 
@@ -107,6 +111,17 @@ pub struct Config {
     pub checkpoint_bytes: u64,
     /// `fdatasync` every log write (survives machine crashes, not only process crashes).
     pub sync: bool,
+    /// Serve TLS with this certificate and key; `None`: plain TCP.
+    pub tls: Option<TlsFiles>,
+}
+
+/// The PEM files a TLS store serves with ([`Config::tls`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The certificate chain, the store's own first.
+    pub cert: PathBuf,
+    /// Its private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
 }
 
 impl Default for Config {
@@ -125,6 +140,7 @@ impl Default for Config {
             checkpoint_interval: Duration::from_secs(60),
             checkpoint_bytes: 256 << 20,
             sync: false,
+            tls: None,
         }
     }
 }
@@ -152,6 +168,53 @@ pub enum StartError {
     /// [`Config::cpus`] names a CPU this process may not run on.
     #[error("cpus: this process may not run on CPU {0}")]
     Cpu(usize),
+    /// A TLS file cannot be used (`which` is `tls-cert` or `tls-key`).
+    #[error("{which}: {path}: {reason}")]
+    Tls {
+        /// Which file.
+        which: &'static str,
+        /// Its path.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// The TLS configuration of [`Config::tls`]: the files read and checked now.
+fn server_tls(files: &TlsFiles) -> Result<Arc<rustls::ServerConfig>, StartError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let bad = |which: &'static str, path: &PathBuf, reason: String| StartError::Tls {
+        which,
+        path: path.clone(),
+        reason,
+    };
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&files.cert)
+        .and_then(|i| i.collect::<Result<_, _>>())
+        .map_err(|e| bad("tls-cert", &files.cert, e.to_string()))?;
+    if certs.is_empty() {
+        return Err(bad(
+            "tls-cert",
+            &files.cert,
+            "no PEM certificate (-----BEGIN CERTIFICATE-----) in it".into(),
+        ));
+    }
+    let key = PrivateKeyDer::from_pem_file(&files.key)
+        .map_err(|e| bad("tls-key", &files.key, format!("no PEM private key: {e}")))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| bad("tls-cert", &files.cert, e.to_string()))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| {
+            bad(
+                "tls-key",
+                &files.key,
+                format!("does not go with the certificate: {e}"),
+            )
+        })?;
+    Ok(Arc::new(config))
 }
 
 /// Counters shared by every thread.
@@ -187,6 +250,8 @@ impl ShardHandle {
 
 pub(crate) struct Shared {
     pub(crate) config: Config,
+    /// The TLS configuration of every connection, when [`Config::tls`] is set.
+    pub(crate) tls: Option<Arc<rustls::ServerConfig>>,
     pub(crate) shards: Vec<ShardHandle>,
     pub(crate) metrics: Arc<Metrics>,
     recovered_records: u64,
@@ -382,6 +447,7 @@ impl Server {
             }
         }
         config.shards = shards;
+        let tls = config.tls.as_ref().map(server_tls).transpose()?;
         let metrics = Arc::new(Metrics {
             ops: std::array::from_fn(|_| AtomicU64::new(0)),
             objects: (0..shards).map(|_| AtomicU64::new(0)).collect(),
@@ -441,6 +507,7 @@ impl Server {
         }
         let shared = Arc::new(Shared {
             config,
+            tls,
             shards: handles,
             metrics,
             recovered_records,
@@ -465,7 +532,8 @@ impl Server {
                 .map_err(StartError::Thread)?
         };
         tracing::info!(
-            "flowstate store listening on {addr} ({shards} shards, {})",
+            "flowstate store listening on {addr}{} ({shards} shards, {})",
+            if shared.tls.is_some() { " (TLS)" } else { "" },
             match &shared.config.data_dir {
                 Some(d) => format!(
                     "data in {}, {recovered_records} log records replayed",

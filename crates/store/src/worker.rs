@@ -18,7 +18,7 @@ use crate::wal::Wal;
 use crate::{now, Shared};
 use flowstate_proto::{Kind, Message, Notification, Reply, Request, OP_NAMES};
 use mio::{Events, Interest, Poll, Registry, Token};
-use std::io::{ErrorKind, Read, Write};
+use std::io::ErrorKind;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
@@ -316,7 +316,28 @@ impl Worker {
             return;
         }
         let token_needed = self.shared.config.token.is_some();
-        let c = Conn::new(id, slot, stream, !token_needed);
+        let tls = match &self.shared.tls {
+            Some(config) => match rustls::ServerConnection::new(config.clone()) {
+                Ok(mut t) => {
+                    // Output is bounded by `max_output` in the connection's own buffer, and
+                    // at most one chunk of it is handed to TLS at a time.
+                    t.set_buffer_limit(None);
+                    Some(Box::new(t))
+                }
+                Err(e) => {
+                    tracing::warn!("shard {}: connection {id}: TLS: {e}", self.index);
+                    let _ = self.registry.deregister(&mut stream);
+                    self.free.push(slot);
+                    self.shared
+                        .metrics
+                        .connections
+                        .fetch_sub(1, Ordering::SeqCst);
+                    return;
+                }
+            },
+            None => None,
+        };
+        let c = Conn::new(id, slot, stream, tls, !token_needed);
         if slot == self.conns.len() {
             self.conns.push(None);
         }
@@ -346,7 +367,7 @@ impl Worker {
                 queue_slot(&mut self.again, &mut c);
                 break;
             }
-            match c.stream.read(&mut self.chunk) {
+            match c.read_input(&mut self.chunk) {
                 Ok(0) => {
                     c.eof = true;
                     if c.start < c.inbuf.len() {
@@ -360,7 +381,8 @@ impl Worker {
                 Ok(n) => {
                     c.inbuf.extend_from_slice(&self.chunk[..n]);
                     budget = budget.saturating_sub(n);
-                    if n < self.chunk.len() && !c.hup {
+                    // (Not over TLS: a short read of plaintext says nothing of the socket.)
+                    if n < self.chunk.len() && !c.hup && !c.is_tls() {
                         // The socket is drained (a short read): serve what came and skip
                         // the read that would only say `WouldBlock`. Data arriving later
                         // raises a new readiness event (epoll is edge-triggered on arrival);
@@ -372,6 +394,15 @@ impl Worker {
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e)
+                    if e.get_ref()
+                        .is_some_and(|i| i.downcast_ref::<crate::conn::NotTls>().is_some()) =>
+                {
+                    tracing::debug!("connection {} closed: a plain client of a TLS store", c.id);
+                    self.shared.metrics.errors.fetch_add(1, Ordering::Relaxed);
+                    c.refuse_plain();
+                    c.dead = true;
+                }
                 Err(e) => {
                     tracing::debug!("connection {} closed: read: {e}", c.id);
                     c.dead = true;
@@ -747,12 +778,10 @@ impl Worker {
             };
             c.dirty = false;
             let was_held = self.held_back(&c);
-            while !c.dead && c.writable && c.out_pos < c.out.len() {
-                match c.stream.write(&c.out[c.out_pos..]) {
-                    Ok(0) => c.dead = true,
-                    Ok(n) => c.out_pos += n,
+            if !c.dead && c.writable && (c.out_pos < c.out.len() || c.tls_pending()) {
+                match c.write_output() {
+                    Ok(()) => {}
                     Err(e) if e.kind() == ErrorKind::WouldBlock => c.writable = false,
-                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
                     Err(e) => {
                         tracing::debug!("connection {} closed: write: {e}", c.id);
                         c.dead = true;
@@ -770,7 +799,10 @@ impl Worker {
                 c.out_pos = 0;
             }
             let done = c.dead
-                || ((c.closing || c.eof) && c.pending.is_empty() && c.out_pos == c.out.len());
+                || ((c.closing || c.eof)
+                    && c.pending.is_empty()
+                    && c.out_pos == c.out.len()
+                    && !c.tls_pending());
             if !done && was_held && !self.held_back(&c) {
                 queue_slot(&mut self.again, &mut c);
             }
@@ -799,6 +831,9 @@ impl Worker {
         let Some(mut c) = self.conns.get_mut(slot).and_then(Option::take) else {
             return;
         };
+        if !c.dead {
+            c.close_tls();
+        }
         let _ = self.registry.deregister(&mut c.stream);
         let _ = c.stream.shutdown(std::net::Shutdown::Write);
         self.by_id.remove(&c.id);

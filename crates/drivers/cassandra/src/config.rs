@@ -3,13 +3,44 @@
 
 use flowstate_state::SettingError;
 use scylla::frame::types::Consistency;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// The default contact point.
 pub const DEFAULT_NODE: &str = "127.0.0.1:9042";
 
 /// Keys of `[state]` this driver reads besides `url`.
-pub const KEYS: &[&str] = &["nodes", "replication_factor", "consistency"];
+pub const KEYS: &[&str] = &[
+    "nodes",
+    "replication_factor",
+    "consistency",
+    "username",
+    "password",
+    "password_file",
+    "ca_file",
+];
+
+/// A password: compared and cloned, never printed (`Debug` shows `***`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps `s`.
+    pub fn new(s: impl Into<String>) -> Self {
+        Secret(s.into())
+    }
+
+    /// The secret itself.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("***")
+    }
+}
 
 /// How to reach a Cassandra cluster and how to store state in it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,6 +55,15 @@ pub struct CassandraConfig {
     pub connect_timeout: Duration,
     /// How long one request may take before the batch fails as unreachable.
     pub request_timeout: Duration,
+    /// The role to log in as (`PasswordAuthenticator`); `None`: no authentication.
+    pub username: Option<String>,
+    /// Its password.
+    pub password: Option<Secret>,
+    /// The `[state]` key the password came from (`password` or `password_file`), for errors.
+    pub password_key: &'static str,
+    /// Connect with TLS, trusting the CA certificates of this PEM file (each node's certificate
+    /// must name the address it is reached at); `None`: plain.
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Default for CassandraConfig {
@@ -34,6 +74,10 @@ impl Default for CassandraConfig {
             consistency: Consistency::LocalQuorum,
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(12),
+            username: None,
+            password: None,
+            password_key: "password",
+            ca_file: None,
         }
     }
 }
@@ -49,7 +93,9 @@ impl CassandraConfig {
 
     /// Settings from `[state]`: `url` (one `host:port`) or `nodes = ["host:port", ...]`,
     /// `replication_factor` (a positive integer, default 1) and `consistency` (`one`, `two`,
-    /// `three`, `quorum`, `all`, `local_quorum` (default), `each_quorum`, `local_one`). Any
+    /// `three`, `quorum`, `all`, `local_quorum` (default), `each_quorum`, `local_one`),
+    /// `username` with `password` or `password_file` (its first line; keeps the secret out
+    /// of the configuration), `ca_file` (TLS, trusting this PEM file's CAs; read now). Any
     /// other key is an error naming it.
     pub fn from_settings(url: Option<&str>, options: &toml::Table) -> Result<Self, SettingError> {
         let mut c = CassandraConfig::default();
@@ -57,7 +103,7 @@ impl CassandraConfig {
             if !KEYS.contains(&key.as_str()) {
                 return Err(SettingError::new(
                     key.as_str(),
-                    "unknown key; backend \"cassandra\" takes url, nodes, replication_factor and consistency",
+                    "unknown key; backend \"cassandra\" takes url, nodes, replication_factor, consistency, username, password, password_file and ca_file",
                 ));
             }
         }
@@ -110,7 +156,86 @@ impl CassandraConfig {
                 )
             })?;
         }
+        let text = |key: &str| -> Result<Option<String>, SettingError> {
+            match options.get(key) {
+                None => Ok(None),
+                Some(v) => match v.as_str() {
+                    Some(s) if !s.is_empty() => Ok(Some(s.to_owned())),
+                    _ => Err(SettingError::new(key, "expected a non-empty string")),
+                },
+            }
+        };
+        c.username = text("username")?;
+        let password = text("password")?;
+        let password_file = text("password_file")?;
+        c.password = match (password, password_file) {
+            (Some(_), Some(_)) => {
+                return Err(SettingError::new(
+                    "password_file",
+                    "give the password in password or in password_file, not both",
+                ))
+            }
+            (Some(p), None) => Some(Secret(p)),
+            (None, Some(path)) => {
+                c.password_key = "password_file";
+                let t = std::fs::read_to_string(&path)
+                    .map_err(|e| SettingError::new("password_file", format!("{path}: {e}")))?;
+                match t.lines().next() {
+                    Some(l) if !l.is_empty() => Some(Secret(l.to_owned())),
+                    _ => {
+                        return Err(SettingError::new(
+                            "password_file",
+                            format!("{path}: empty (the password is its first line)"),
+                        ))
+                    }
+                }
+            }
+            (None, None) => None,
+        };
+        match (&c.username, &c.password) {
+            (Some(_), None) => {
+                return Err(SettingError::new(
+                    "password",
+                    "username needs a password (password or password_file)",
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(SettingError::new(
+                    c.password_key,
+                    "a password needs its username",
+                ))
+            }
+            _ => {}
+        }
+        if let Some(path) = text("ca_file")? {
+            let pem = std::fs::read(&path)
+                .map_err(|e| SettingError::new("ca_file", format!("{path}: {e}")))?;
+            match openssl::x509::X509::stack_from_pem(&pem) {
+                Ok(certs) if !certs.is_empty() => {}
+                _ => {
+                    return Err(SettingError::new(
+                        "ca_file",
+                        format!("{path}: no PEM certificate (-----BEGIN CERTIFICATE-----) in it"),
+                    ))
+                }
+            }
+            c.ca_file = Some(path.into());
+        }
         Ok(c)
+    }
+
+    /// The `[state]` key a failed connection points at, when it is not the address: a refused
+    /// login names `username` and the password's key, a failed TLS handshake `ca_file`.
+    pub fn key_of(&self, error: &str) -> Option<&'static str> {
+        let e = error.to_ascii_lowercase();
+        if e.contains("authenticat") || e.contains("password") || e.contains("credentials") {
+            return Some(self.password_key);
+        }
+        let tls = ["certificate", "ssl", "tls", "handshake"];
+        if tls.iter().any(|w| e.contains(w)) {
+            return Some("ca_file");
+        }
+        None
     }
 }
 
@@ -181,5 +306,32 @@ mod tests {
             "replication_factor"
         );
         assert_eq!(key(parse(None, "consistency = \"most\"")), "consistency");
+        assert_eq!(key(parse(None, "username = \"u\"")), "password");
+        assert_eq!(key(parse(None, "password = \"p\"")), "password");
+        assert_eq!(
+            key(parse(None, "username = 1\npassword = \"p\"")),
+            "username"
+        );
+        assert_eq!(
+            key(parse(
+                None,
+                "username = \"u\"\npassword_file = \"/nonexistent\""
+            )),
+            "password_file"
+        );
+        assert_eq!(
+            key(parse(
+                None,
+                "username = \"u\"\npassword = \"p\"\npassword_file = \"/nonexistent\""
+            )),
+            "password_file"
+        );
+        assert_eq!(
+            key(parse(None, "ca_file = \"/nonexistent/ca.pem\"")),
+            "ca_file"
+        );
+        let c = parse(None, "username = \"u\"\npassword = \"secret\"").unwrap();
+        assert_eq!(c.password.as_ref().map(Secret::expose), Some("secret"));
+        assert!(!format!("{c:?}").contains("secret"), "{c:?}");
     }
 }

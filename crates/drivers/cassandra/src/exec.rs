@@ -310,14 +310,27 @@ impl Shared {
             .request_timeout(Some(config.request_timeout))
             .build();
         let nodes = config.nodes.join(", ");
+        let mut builder = SessionBuilder::new()
+            .known_nodes(&config.nodes)
+            .connection_timeout(config.connect_timeout)
+            .default_execution_profile_handle(profile.into_handle());
+        if let (Some(user), Some(password)) = (&config.username, &config.password) {
+            builder = builder.user(user.clone(), password.expose().to_owned());
+        }
+        if let Some(ca) = &config.ca_file {
+            // Each node's certificate is checked against the CA and the node's address.
+            let tls = |e: openssl::error::ErrorStack| BackendError::Protocol {
+                backend: NAME,
+                reason: format!("TLS: ca_file {}: {e}", ca.display()),
+            };
+            let mut b = openssl::ssl::SslConnector::builder(openssl::ssl::SslMethod::tls_client())
+                .map_err(tls)?;
+            b.set_ca_file(ca).map_err(tls)?;
+            b.set_verify(openssl::ssl::SslVerifyMode::PEER);
+            builder = builder.tls_context(Some(b));
+        }
         let session = rt
-            .block_on(
-                SessionBuilder::new()
-                    .known_nodes(&config.nodes)
-                    .connection_timeout(config.connect_timeout)
-                    .default_execution_profile_handle(profile.into_handle())
-                    .build(),
-            )
+            .block_on(builder.build())
             .map_err(|e| BackendError::Unreachable {
                 backend: NAME,
                 reason: format!("cannot connect to {nodes}: {e}"),

@@ -62,6 +62,17 @@
 //!   [`BackendError::Unreachable`]; a statement the store refuses (e.g. a mutation larger than
 //!   its `max_mutation_size`) is that operation's [`OpError::Refused`].
 //!
+//! # Authentication and TLS
+//! * `username` with `password`, or with `password_file` (the file's first line; keeps the
+//!   secret out of the configuration): Cassandra's `PasswordAuthenticator`. The password is
+//!   never printed ([`Secret`]).
+//! * `ca_file`: the CQL connections are TLS (OpenSSL, through the scylla driver's
+//!   `openssl-010`), each node's certificate checked against that CA and the address the node
+//!   is reached at (the contact points and the addresses the cluster announces).
+//! * A login the cluster refuses names the password's key at start-up (`state.password` or
+//!   `state.password_file`), a failed TLS handshake `state.ca_file`
+//!   ([`CassandraConfig::key_of`]).
+//!
 //! # Limits
 //! * Counter overflow wraps around (two's complement) instead of being refused.
 //! * [`Op::Expire`] of a whole set, map or counter-map applies to the members and fields it
@@ -75,7 +86,7 @@ mod config;
 mod exec;
 mod names;
 
-pub use config::{CassandraConfig, DEFAULT_NODE, KEYS};
+pub use config::{CassandraConfig, Secret, DEFAULT_NODE, KEYS};
 pub use names::keyspace_name;
 
 use exec::Shared;

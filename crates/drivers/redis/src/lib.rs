@@ -40,16 +40,43 @@
 //! single-server backend's pipeline and reply handling, tested against a live slot migration
 //! (`tests/cluster_redirects.rs`) and by the conformance suite.
 //!
-//! Configuration (`[state]`): `backend = "redis"` with `url = "redis://host:port[/db]"`
-//! (`rediss://` is not built in); `backend = "redis-cluster"` with `nodes = ["redis://..",
-//! ..]` or a comma-separated `url`; both take `timeout = "2s"` (connect, read and write
-//! timeout of every call).
+//! Configuration (`[state]`): `backend = "redis"` with `url = "redis://host:port[/db]"`;
+//! `backend = "redis-cluster"` with `nodes = ["redis://..", ..]` or a comma-separated `url`.
+//! Both take:
+//! * `timeout = "2s"`: connect, read and write timeout of every call.
+//! * Credentials in the address: `redis://user:password@host:port` authenticates as an ACL
+//!   user (`AUTH user password`), `redis://:password@host:port` with the legacy `requirepass`.
+//!   `password_file = "/run/secrets/redis"` reads the password from a file instead (its first
+//!   line; the address then carries only the user, if any), so that the configuration holds no
+//!   secret. Both at once is an error naming `password_file`.
+//! * TLS with `rediss://` addresses (all of a cluster's seeds alike): the server's certificate
+//!   must chain to `ca_file` (PEM; without it, to the system's roots) and name the host of the
+//!   address (an IP address or a DNS name); `cert_file` and `key_file` (PEM, both or neither)
+//!   give a client certificate for servers that ask for one (mutual TLS); `tls_skip_verify =
+//!   true` accepts any certificate, an explicit opt-in, off by default. A TLS key with a
+//!   `redis://` address is an error naming it.
+//!
+//! On a cluster, every node the driver learns of (`CLUSTER SLOTS`, `MOVED`, `ASK`) is opened
+//! with the seeds' TLS settings, user, password and database. The files are read when the
+//! settings are (`flowstate check` finds a missing one). [`RedisConnector::check`] and
+//! [`RedisClusterConnector::check`] connect once and name the key that is wrong: `password_file`
+//! or `url` for a refused password, `ca_file` for a server certificate not trusted, `cert_file`
+//! for a client certificate the server refuses, `url` (or `nodes`) for a server that does not
+//! answer.
 
 mod ops;
+
+mod security;
 
 use flowstate_state::{Backend, BackendError, Connector, Kind, ObjectKey, Op, Reply, SettingError};
 use ops::{Answer, Layout};
 use redis::{Cmd, Connection, ConnectionLike, Value};
+use security::Security;
+
+/// `url` with its password (if any) replaced by `***`, for messages and summaries.
+pub fn redact(url: &str) -> String {
+    security::redact(url)
+}
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -65,37 +92,63 @@ pub struct RedisConnector {
     info: redis::ConnectionInfo,
     url: String,
     timeout: Duration,
+    security: Security,
 }
 
 impl RedisConnector {
-    /// A connector for `url` (`redis://host:port[/db]`).
+    /// A connector for `url` (`redis://[user:password@]host:port[/db]`, or `rediss://` for
+    /// TLS trusting the system's roots).
     pub fn new(url: &str) -> Result<Self, SettingError> {
+        let info = parse_url("url", url)?;
         Ok(RedisConnector {
-            info: parse_url("url", url)?,
-            url: url.to_owned(),
+            security: Security::for_url(&info),
+            info,
+            // Without its password: the connector is printed with `{:?}`.
+            url: redact(url),
             timeout: DEFAULT_TIMEOUT,
         })
     }
 
     /// From `[state]`: `url` (default `redis://127.0.0.1:6379`) and the driver's own keys
-    /// (`timeout`); an unknown key is an error naming it.
+    /// (`timeout`, `password_file`, `ca_file`, `cert_file`, `key_file`, `tls_skip_verify`); an
+    /// unknown key is an error naming it.
     pub fn from_settings<'a>(
         url: Option<&str>,
         options: impl IntoIterator<Item = (&'a str, Setting<'a>)>,
     ) -> Result<Self, SettingError> {
         let mut c = RedisConnector::new(url.unwrap_or("redis://127.0.0.1:6379"))?;
+        let mut keys = security::Keys::default();
         for (key, value) in options {
             match key {
                 "timeout" => c.timeout = timeout(value)?,
+                k if keys.take(k, value)? => {}
                 other => {
                     return Err(SettingError::new(
                         other,
-                        "unknown key; backend \"redis\" takes url and timeout",
+                        format!(
+                            "unknown key; backend \"redis\" takes url, timeout, {}",
+                            security::KEYS
+                        ),
                     ))
                 }
             }
         }
+        let url_key = "url";
+        c.security = keys.apply(std::slice::from_mut(&mut c.info), url_key)?;
         Ok(c)
+    }
+
+    /// Connects once and names the `[state]` key that is wrong if that fails: `password_file`
+    /// (or `url`) for a refused password, `ca_file` for an untrusted server certificate,
+    /// `cert_file` for a refused client certificate, `url` for a server that does not answer.
+    pub fn check(&self) -> Result<(), SettingError> {
+        let explain = |e| self.security.explain(e, "url");
+        let mut conn = open(&self.info, &self.security, self.timeout).map_err(explain)?;
+        // A server that wants a password and got none answers its first command NOAUTH.
+        redis::cmd("PING")
+            .query::<Value>(&mut conn)
+            .map(drop)
+            .map_err(|e| explain(security::OpenError::new(&self.info, e)))
     }
 
     /// Sets the connect, read and write timeout.
@@ -104,7 +157,7 @@ impl RedisConnector {
         self
     }
 
-    /// The server's address as configured.
+    /// The server's address as configured, its password (if any) replaced by `***`.
     pub fn url(&self) -> &str {
         &self.url
     }
@@ -116,9 +169,11 @@ impl Connector for RedisConnector {
     }
 
     fn connect(&self) -> Result<Box<dyn Backend>, BackendError> {
-        let conn = open(&self.info, self.timeout, "redis")?;
+        let conn =
+            open(&self.info, &self.security, self.timeout).map_err(|e| e.into_backend("redis"))?;
         Ok(Box::new(RedisBackend {
             info: self.info.clone(),
+            security: self.security.clone(),
             timeout: self.timeout,
             conn: Some(conn),
         }))
@@ -130,6 +185,7 @@ impl Connector for RedisConnector {
 pub struct RedisClusterConnector {
     seeds: Vec<redis::ConnectionInfo>,
     timeout: Duration,
+    security: Security,
 }
 
 /// A driver setting's value, as the binary hands it over.
@@ -139,12 +195,15 @@ pub enum Setting<'a> {
     Str(&'a str),
     /// A list of strings.
     List(&'a [String]),
+    /// A boolean.
+    Bool(bool),
     /// Anything else (described for the error message).
     Other(&'a str),
 }
 
 impl RedisClusterConnector {
-    /// A connector that learns the cluster from `nodes` (`redis://host:port` each).
+    /// A connector that learns the cluster from `nodes` (`redis://host:port` each, or all
+    /// `rediss://`).
     pub fn new<S: AsRef<str>>(nodes: &[S]) -> Result<Self, SettingError> {
         if nodes.is_empty() {
             return Err(SettingError::new(
@@ -152,23 +211,54 @@ impl RedisClusterConnector {
                 "at least one node address (redis://host:port) is needed",
             ));
         }
-        let seeds = nodes
+        let seeds: Vec<redis::ConnectionInfo> = nodes
             .iter()
             .map(|n| parse_url("nodes", n.as_ref().trim()))
             .collect::<Result<_, _>>()?;
+        let security = Security::for_url(&seeds[0]);
+        if seeds
+            .iter()
+            .any(|s| Security::for_url(s).tls != security.tls)
+        {
+            return Err(SettingError::new(
+                "nodes",
+                "mixes redis:// and rediss:// addresses; a cluster's nodes are all TLS or none",
+            ));
+        }
         Ok(RedisClusterConnector {
             seeds,
             timeout: DEFAULT_TIMEOUT,
+            security,
         })
     }
 
-    /// From `[state]`: `nodes = [...]`, or a comma-separated `url`; and `timeout`.
+    /// Connects once (learning the slot map) and names the `[state]` key that is wrong if
+    /// that fails, as [`RedisConnector::check`] does (`url` or `nodes` for the address).
+    pub fn check(&self, address_key: &str) -> Result<(), SettingError> {
+        let mut b = self.backend();
+        b.refresh_checked()
+            .map_err(|e| self.security.explain(e, address_key))
+    }
+
+    fn backend(&self) -> ClusterBackend {
+        ClusterBackend {
+            seeds: self.seeds.clone(),
+            security: self.security.clone(),
+            timeout: self.timeout,
+            nodes: HashMap::new(),
+            slots: Vec::new(),
+        }
+    }
+
+    /// From `[state]`: `nodes = [...]`, or a comma-separated `url`; `timeout` and the keys of
+    /// credentials and TLS (as for `redis`).
     pub fn from_settings<'a>(
         url: Option<&str>,
         options: impl IntoIterator<Item = (&'a str, Setting<'a>)>,
     ) -> Result<Self, SettingError> {
         let mut nodes: Option<Vec<String>> = None;
         let mut t = DEFAULT_TIMEOUT;
+        let mut keys = security::Keys::default();
         for (key, value) in options {
             match (key, value) {
                 ("nodes", Setting::List(l)) => nodes = Some(l.to_vec()),
@@ -182,10 +272,14 @@ impl RedisClusterConnector {
                     ))
                 }
                 ("timeout", v) => t = timeout(v)?,
+                (k, v) if keys.take(k, v)? => {}
                 (other, _) => {
                     return Err(SettingError::new(
                         other,
-                        "unknown key; backend \"redis-cluster\" takes url, nodes and timeout",
+                        format!(
+                            "unknown key; backend \"redis-cluster\" takes url, nodes, timeout, {}",
+                            security::KEYS
+                        ),
                     ))
                 }
             }
@@ -207,6 +301,7 @@ impl RedisClusterConnector {
             ..e
         })?;
         c.timeout = t;
+        c.security = keys.apply(&mut c.seeds, key)?;
         Ok(c)
     }
 
@@ -223,12 +318,7 @@ impl Connector for RedisClusterConnector {
     }
 
     fn connect(&self) -> Result<Box<dyn Backend>, BackendError> {
-        let mut b = ClusterBackend {
-            seeds: self.seeds.clone(),
-            timeout: self.timeout,
-            nodes: HashMap::new(),
-            slots: Vec::new(),
-        };
+        let mut b = self.backend();
         b.refresh()?;
         Ok(Box::new(b))
     }
@@ -236,14 +326,27 @@ impl Connector for RedisClusterConnector {
 
 fn parse_url(key: &str, url: &str) -> Result<redis::ConnectionInfo, SettingError> {
     use redis::IntoConnectionInfo;
-    if !url.starts_with("redis://") {
+    if !url.starts_with("redis://") && !url.starts_with("rediss://") {
         return Err(SettingError::new(
             key,
-            format!("expected an address like redis://127.0.0.1:6379, not {url:?}"),
+            format!(
+                "expected an address like redis://127.0.0.1:6379 (rediss:// for TLS), not {:?}",
+                security::redact(url)
+            ),
         ));
     }
-    url.into_connection_info()
-        .map_err(|e| SettingError::new(key, format!("{url:?} is not a Redis address: {e}")))
+    if url.contains('#') {
+        return Err(SettingError::new(
+            key,
+            "no #fragment: TLS without verification is `tls_skip_verify = true`",
+        ));
+    }
+    url.into_connection_info().map_err(|e| {
+        SettingError::new(
+            key,
+            format!("{:?} is not a Redis address: {e}", security::redact(url)),
+        )
+    })
 }
 
 fn timeout(v: Setting<'_>) -> Result<Duration, SettingError> {
@@ -268,18 +371,20 @@ fn unreachable(backend: &'static str, e: impl std::fmt::Display) -> BackendError
     }
 }
 
+/// Opens one connection (TLS and credentials as `security` says); the error keeps the
+/// client's, to tell a refused password or certificate from a server that does not answer.
 fn open(
     info: &redis::ConnectionInfo,
+    security: &Security,
     timeout: Duration,
-    backend: &'static str,
-) -> Result<Connection, BackendError> {
-    let client = redis::Client::open(info.clone()).map_err(|e| unreachable(backend, e))?;
+) -> Result<Connection, security::OpenError> {
+    let client = security.client(info)?;
     let conn = client
         .get_connection_with_timeout(timeout)
-        .map_err(|e| unreachable(backend, format!("{}: {e}", info.addr())))?;
+        .map_err(|e| security::OpenError::new(info, e))?;
     conn.set_read_timeout(Some(timeout))
         .and_then(|()| conn.set_write_timeout(Some(timeout)))
-        .map_err(|e| unreachable(backend, e))?;
+        .map_err(|e| security::OpenError::new(info, e))?;
     Ok(conn)
 }
 
@@ -386,6 +491,7 @@ fn finish(
 /// One connection to one Redis server.
 struct RedisBackend {
     info: redis::ConnectionInfo,
+    security: Security,
     timeout: Duration,
     conn: Option<Connection>,
 }
@@ -394,7 +500,10 @@ impl RedisBackend {
     fn run(&mut self, cmds: &[&Cmd]) -> Result<Vec<Answer>, BackendError> {
         let conn = match &mut self.conn {
             Some(c) => c,
-            None => self.conn.insert(open(&self.info, self.timeout, "redis")?),
+            None => self.conn.insert(
+                open(&self.info, &self.security, self.timeout)
+                    .map_err(|e| e.into_backend("redis"))?,
+            ),
         };
         match pipeline(conn, cmds) {
             Ok(a) => Ok(a),
@@ -495,6 +604,7 @@ fn scan_step(
 /// Connections to every master of a Redis Cluster, with its slot map.
 struct ClusterBackend {
     seeds: Vec<redis::ConnectionInfo>,
+    security: Security,
     timeout: Duration,
     /// By address `host:port`.
     nodes: HashMap<String, Connection>,
@@ -505,12 +615,14 @@ struct ClusterBackend {
 const SLOTS: usize = 16384;
 
 impl ClusterBackend {
-    fn info_for(&self, addr: &str) -> Result<redis::ConnectionInfo, BackendError> {
+    fn info_for(&self, addr: &str) -> Result<redis::ConnectionInfo, security::OpenError> {
         use redis::IntoConnectionInfo;
-        let mut info = format!("redis://{addr}")
+        // TLS as for the seeds (a node learned from CLUSTER SLOTS, MOVED or ASK is one of
+        // theirs), with their credentials and database.
+        let scheme = if self.security.tls { "rediss" } else { "redis" };
+        let mut info = format!("{scheme}://{addr}")
             .into_connection_info()
-            .map_err(|e| unreachable("redis-cluster", format!("{addr}: {e}")))?;
-        // Credentials and database as for the seeds.
+            .map_err(|e| security::OpenError::Other(format!("{addr}: {e}")))?;
         if let Some(seed) = self.seeds.first() {
             info = info.set_redis_settings(seed.redis_settings().clone());
         }
@@ -518,30 +630,41 @@ impl ClusterBackend {
     }
 
     fn conn(&mut self, addr: &str) -> Result<&mut Connection, BackendError> {
+        self.conn_checked(addr)
+            .map_err(|e| e.into_backend("redis-cluster"))
+    }
+
+    fn conn_checked(&mut self, addr: &str) -> Result<&mut Connection, security::OpenError> {
         if !self.nodes.contains_key(addr) {
             let info = self.info_for(addr)?;
-            let c = open(&info, self.timeout, "redis-cluster")?;
+            let c = open(&info, &self.security, self.timeout)?;
             self.nodes.insert(addr.to_owned(), c);
         }
         self.nodes
             .get_mut(addr)
-            .ok_or_else(|| unreachable("redis-cluster", "connection vanished"))
+            .ok_or_else(|| security::OpenError::Other("connection vanished".into()))
     }
 
     /// Learns the slot map from the first node that answers `CLUSTER SLOTS`.
     fn refresh(&mut self) -> Result<(), BackendError> {
+        self.refresh_checked()
+            .map_err(|e| e.into_backend("redis-cluster"))
+    }
+
+    /// [`ClusterBackend::refresh`], telling a refused password or certificate (the first such
+    /// error: every node of a cluster shares them) from nodes that do not answer.
+    fn refresh_checked(&mut self) -> Result<(), security::OpenError> {
         let mut candidates: Vec<String> = self.nodes.keys().cloned().collect();
-        candidates.extend(self.seeds.iter().map(|s| s.addr().to_string()));
+        candidates.extend(self.seeds.iter().map(|s| seed_addr(s.addr())));
         let mut last = String::from("no node given");
         for addr in candidates {
-            let conn = match self.conn(&addr) {
+            let conn = match self.conn_checked(&addr) {
                 Ok(c) => c,
+                Err(e @ (security::OpenError::Auth(_) | security::OpenError::Tls { .. })) => {
+                    return Err(e)
+                }
                 Err(e) => {
-                    // Its reason only: the error below names the backend and "unreachable".
-                    last = match e {
-                        BackendError::Unreachable { reason, .. } => reason,
-                        other => other.to_string(),
-                    };
+                    last = e.to_string();
                     continue;
                 }
             };
@@ -556,11 +679,18 @@ impl ClusterBackend {
                 },
                 Err(e) => {
                     self.nodes.remove(&addr);
-                    last = format!("{addr}: {e}");
+                    let text = format!("{addr}: {e}");
+                    if let Ok(info) = self.info_for(&addr) {
+                        if let e @ security::OpenError::Auth(_) = security::OpenError::new(&info, e)
+                        {
+                            return Err(e);
+                        }
+                    }
+                    last = text;
                 }
             }
         }
-        Err(unreachable("redis-cluster", last))
+        Err(security::OpenError::Other(last))
     }
 
     fn addr_of(&self, slot: u16) -> Option<&str> {
@@ -737,6 +867,17 @@ impl ClusterBackend {
     }
 }
 
+/// A seed's `host:port` (the key of its connection, as `CLUSTER SLOTS` names nodes).
+fn seed_addr(addr: &redis::ConnectionAddr) -> String {
+    match addr {
+        redis::ConnectionAddr::Tcp(host, port)
+        | redis::ConnectionAddr::TcpTls { host, port, .. } => {
+            format!("{host}:{port}")
+        }
+        other => other.to_string(),
+    }
+}
+
 enum Redirect {
     Moved(String),
     Ask(String),
@@ -895,6 +1036,15 @@ mod tests {
         let e = RedisClusterConnector::from_settings(None, [("nodes", Setting::Other("integer"))])
             .unwrap_err();
         assert_eq!(e.key, "nodes");
+    }
+
+    #[test]
+    fn no_password_is_printed() {
+        let c = RedisConnector::new("rediss://u:hunter2@127.0.0.1:6380").unwrap();
+        assert_eq!(c.url(), "rediss://u:***@127.0.0.1:6380");
+        assert!(!format!("{c:?}").contains("hunter2"), "{c:?}");
+        let c = RedisClusterConnector::new(&["redis://:hunter2@127.0.0.1:7001"]).unwrap();
+        assert!(!format!("{c:?}").contains("hunter2"), "{c:?}");
     }
 
     #[test]

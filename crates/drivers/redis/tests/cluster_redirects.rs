@@ -1,27 +1,67 @@
 //! The cluster backend follows `ASK` and `MOVED` while one of its slots migrates between
-//! masters under it (Redis Cluster specification, "Redirection and resharding").
+//! masters under it (Redis Cluster specification, "Redirection and resharding"), on the plain
+//! cluster and on the TLS + ACL one (the nodes it is redirected to are opened with the seeds'
+//! TLS settings and user).
 
 mod common;
 
 use flowstate_state::{Connector, Kind, Object, ObjectKey, Op, Owner, Reply};
 use redis::{Connection, Value};
 
-fn node(port: u16) -> Connection {
-    redis::Client::open(format!("redis://127.0.0.1:{port}"))
-        .and_then(|c| c.get_connection())
-        .unwrap_or_else(|e| panic!("node {port}: {e}"))
+/// The cluster under test: its ports, and the TLS user's password when it is the TLS one.
+struct Cluster {
+    ports: Vec<u16>,
+    password: Option<String>,
 }
 
-fn ports() -> Vec<u16> {
-    common::cluster_nodes()
-        .iter()
-        .map(|n| {
-            n.rsplit(':')
-                .next()
-                .and_then(|p| p.trim_matches('/').parse().ok())
-                .unwrap_or_else(|| panic!("no port in {n}"))
-        })
-        .collect()
+impl Cluster {
+    fn plain() -> Cluster {
+        let ports = common::cluster_nodes()
+            .iter()
+            .map(|n| {
+                n.rsplit(':')
+                    .next()
+                    .and_then(|p| p.trim_matches('/').parse().ok())
+                    .unwrap_or_else(|| panic!("no port in {n}"))
+            })
+            .collect();
+        Cluster {
+            ports,
+            password: None,
+        }
+    }
+
+    fn tls() -> Cluster {
+        let first: u16 = std::env::var("REDIS_CLUSTER_TLS_PORT")
+            .ok()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(7101);
+        let password = std::fs::read_to_string(common::tls_dir().join("password"))
+            .expect("the TLS user's password");
+        Cluster {
+            ports: (first..first + 3).collect(),
+            password: Some(password.trim().to_owned()),
+        }
+    }
+
+    /// A connection of the test's own to the node on `port`.
+    fn node(&self, port: u16) -> Connection {
+        let client = match &self.password {
+            None => redis::Client::open(format!("redis://127.0.0.1:{port}")),
+            Some(pw) => redis::Client::build_with_tls(
+                format!("rediss://flowstate:{pw}@127.0.0.1:{port}"),
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(
+                        std::fs::read(common::tls_dir().join("ca.pem")).expect("ca.pem"),
+                    ),
+                },
+            ),
+        };
+        client
+            .and_then(|c| c.get_connection())
+            .unwrap_or_else(|e| panic!("node {port}: {e}"))
+    }
 }
 
 fn id(c: &mut Connection) -> String {
@@ -32,8 +72,8 @@ fn id(c: &mut Connection) -> String {
 }
 
 /// The port of the master serving `slot`.
-fn owner(ports: &[u16], slot: i64) -> u16 {
-    let mut c = node(ports[0]);
+fn owner(cl: &Cluster, slot: i64) -> u16 {
+    let mut c = cl.node(cl.ports[0]);
     let v: Value = redis::cmd("CLUSTER")
         .arg("SLOTS")
         .query(&mut c)
@@ -62,8 +102,8 @@ fn run(b: &mut Box<dyn flowstate_state::Backend>, ops: &[Op]) -> Vec<Reply> {
 
 /// Moves every key of `slot` from `from` to `to`, in two halves: first `first` only (the slot
 /// is then half-migrated and the source answers ASK for it), then the rest after `between` ran.
-fn migrate(slot: i64, from: u16, to: u16, first: &[u8], between: impl FnOnce()) {
-    let (mut src, mut dst) = (node(from), node(to));
+fn migrate(cl: &Cluster, slot: i64, from: u16, to: u16, first: &[u8], between: impl FnOnce()) {
+    let (mut src, mut dst) = (cl.node(from), cl.node(to));
     let (src_id, dst_id) = (id(&mut src), id(&mut dst));
     let setslot = |c: &mut Connection, how: &str, id: &str| {
         let _: () = redis::cmd("CLUSTER")
@@ -77,14 +117,13 @@ fn migrate(slot: i64, from: u16, to: u16, first: &[u8], between: impl FnOnce()) 
     setslot(&mut dst, "IMPORTING", &src_id);
     setslot(&mut src, "MIGRATING", &dst_id);
     let mv = |src: &mut Connection, key: &[u8]| {
-        let _: Value = redis::cmd("MIGRATE")
-            .arg("127.0.0.1")
-            .arg(to)
-            .arg(key)
-            .arg(0)
-            .arg(5000)
-            .query(src)
-            .unwrap_or_else(|e| panic!("MIGRATE: {e}"));
+        let mut c = redis::cmd("MIGRATE");
+        c.arg("127.0.0.1").arg(to).arg(key).arg(0).arg(5000);
+        if let Some(pw) = &cl.password {
+            // The target's default user is disabled: the source logs in as the ACL user.
+            c.arg("AUTH2").arg("flowstate").arg(pw);
+        }
+        let _: Value = c.query(src).unwrap_or_else(|e| panic!("MIGRATE: {e}"));
     };
     mv(&mut src, first);
     between();
@@ -102,8 +141,8 @@ fn migrate(slot: i64, from: u16, to: u16, first: &[u8], between: impl FnOnce()) 
             mv(&mut src, &k);
         }
     }
-    for p in ports() {
-        setslot(&mut node(p), "NODE", &dst_id);
+    for &p in &cl.ports {
+        setslot(&mut cl.node(p), "NODE", &dst_id);
     }
 }
 
@@ -112,7 +151,19 @@ fn follows_ask_and_moved_during_a_slot_migration() {
     let Some(connector) = common::cluster() else {
         return;
     };
-    let ports = ports();
+    follow(&connector, &Cluster::plain());
+}
+
+#[test]
+fn follows_ask_and_moved_during_a_slot_migration_over_tls() {
+    let Some(connector) = common::cluster_tls() else {
+        return;
+    };
+    follow(&connector, &Cluster::tls());
+}
+
+fn follow(connector: &flowstate_driver_redis::RedisClusterConnector, cl: &Cluster) {
+    let ports = &cl.ports;
     let nf = format!("redirect-{}", std::process::id());
     let o = Owner::new(&nf, 0, 0);
     let v = ObjectKey::partitioned(&o, Kind::Value, "v");
@@ -122,9 +173,9 @@ fn follows_ask_and_moved_during_a_slot_migration() {
     let slot: i64 = redis::cmd("CLUSTER")
         .arg("KEYSLOT")
         .arg(&physical)
-        .query(&mut node(ports[0]))
+        .query(&mut cl.node(ports[0]))
         .expect("KEYSLOT");
-    let from = owner(&ports, slot);
+    let from = owner(cl, slot);
     let to = *ports.iter().find(|&&p| p != from).expect("a second master");
 
     let mut b = connector.connect().expect("connect");
@@ -164,7 +215,7 @@ fn follows_ask_and_moved_during_a_slot_migration() {
     // (TRYAGAIN); it runs on its own connection while this thread finishes the migration.
     let waiting = std::thread::scope(|scope| {
         let mut waiter = None;
-        migrate(slot, from, to, physical.as_bytes(), || {
+        migrate(cl, slot, from, to, physical.as_bytes(), || {
             let got = run(&mut b, &read()[..2]);
             assert_eq!(
                 got,
@@ -181,7 +232,7 @@ fn follows_ask_and_moved_during_a_slot_migration() {
                 ),
                 vec![Reply::Int(6)]
             );
-            let (connector, m) = (&connector, m.clone());
+            let m = m.clone();
             waiter = Some(scope.spawn(move || {
                 let mut c = connector.connect().expect("connect");
                 run(
@@ -206,7 +257,7 @@ fn follows_ask_and_moved_during_a_slot_migration() {
             map.clone()
         ]
     );
-    assert_eq!(owner(&ports, slot), to);
+    assert_eq!(owner(cl, slot), to);
 
     // Move it back with a fresh key created meanwhile, and clean up.
     let w = ObjectKey::partitioned(&o, Kind::List, "w");
@@ -220,7 +271,7 @@ fn follows_ask_and_moved_during_a_slot_migration() {
         ),
         vec![Reply::Len(1)]
     );
-    migrate(slot, to, from, physical.as_bytes(), || {});
+    migrate(cl, slot, to, from, physical.as_bytes(), || {});
     let mut all = read();
     all.push(Op::Pop { key: w.clone() });
     let got = run(&mut b, &all);

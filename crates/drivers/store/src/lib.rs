@@ -27,6 +27,14 @@
 //!   suppression (CHC §5.3), ownership claims and handover (CHC §5.1), non-blocking updates
 //!   retransmitted until acknowledged (CHC §4.3), subscriptions with pushed values (CHC §4.3)
 //!   and expiry notifications (StatelessNF §4.1), and the server's statistics.
+//! * **TLS and the token**: with [`Settings::ca_file`] (`[state] ca_file`) every connection is
+//!   TLS (rustls, TLS 1.2 or 1.3), the store's certificate checked against that CA and the
+//!   host of `url` (an IP address or a DNS name in its subject alternative names); never plain
+//!   TCP instead. The token (`token`, or `token_file` to keep it out of the configuration)
+//!   goes in the first frame, inside TLS. A certificate not trusted, a TLS store reached
+//!   without TLS (the store says so) or a plain one with it fails at once, without retrying;
+//!   [`StoreConnector::check`] names the `[state]` key to fix: `ca_file`, `token` (or
+//!   `token_file`), or `url` for a store that does not answer within `timeout`.
 
 use flowstate_proto::{self as proto, Frame, Kind as PKind, Limits, Message, Notification};
 use flowstate_state::{
@@ -36,6 +44,7 @@ use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 const NAME: &str = "store";
@@ -55,6 +64,9 @@ pub struct Settings {
     pub max_batch: usize,
     /// How long an unacknowledged non-blocking batch waits before it is sent again.
     pub retransmit_after: Duration,
+    /// Connect with TLS, trusting the certificates of this PEM file (`ca_file`); `None`:
+    /// plain TCP.
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 impl Default for Settings {
@@ -66,6 +78,7 @@ impl Default for Settings {
             retry_for: Duration::from_secs(30),
             max_batch: 4096,
             retransmit_after: Duration::from_millis(200),
+            ca_file: None,
         }
     }
 }
@@ -74,6 +87,10 @@ impl Default for Settings {
 #[derive(Debug, Clone)]
 pub struct StoreConnector {
     settings: Settings,
+    /// The TLS configuration made from [`Settings::ca_file`].
+    tls: TlsSetup,
+    /// The `[state]` key the token came from (`token` or `token_file`), for errors.
+    token_key: &'static str,
 }
 
 impl StoreConnector {
@@ -84,23 +101,54 @@ impl StoreConnector {
                 addr: addr.into(),
                 ..Settings::default()
             },
+            tls: TlsSetup::Plain,
+            token_key: "token",
         }
     }
 
-    /// A connector with these settings.
+    /// A connector with these settings. A [`Settings::ca_file`] that cannot be read fails
+    /// every connection attempt (as [`BackendError::Protocol`], never plain TCP instead); use
+    /// [`StoreConnector::with_tls_settings`] to be told at once.
     pub fn with_settings(settings: Settings) -> Self {
-        StoreConnector { settings }
+        let tls = match &settings.ca_file {
+            Some(path) => match client_tls(path) {
+                Ok(c) => TlsSetup::Tls(c),
+                Err(e) => TlsSetup::Broken(e.to_string()),
+            },
+            None => TlsSetup::Plain,
+        };
+        StoreConnector {
+            settings,
+            tls,
+            token_key: "token",
+        }
+    }
+
+    /// A connector with these settings, its [`Settings::ca_file`] read now: an error names
+    /// `ca_file`.
+    pub fn with_tls_settings(settings: Settings) -> Result<Self, SettingError> {
+        let tls = match &settings.ca_file {
+            Some(path) => TlsSetup::Tls(client_tls(path)?),
+            None => TlsSetup::Plain,
+        };
+        Ok(StoreConnector {
+            settings,
+            tls,
+            token_key: "token",
+        })
     }
 
     /// Builds a connector from `[state]`: its `url` (default `127.0.0.1:7878`; a
     /// `store://` or `tcp://` prefix is accepted) and the driver's own keys, given as text:
-    /// `token`, `timeout` and `retry` (durations with their unit, like `"500ms"`, `"5s"`),
-    /// `max_batch`.
+    /// `token` (or `token_file`, whose first line is the token), `timeout` and `retry` (durations with their unit, like `"500ms"`, `"5s"`),
+    /// `max_batch`, `ca_file` (connect with TLS, trusting this PEM file's certificates; the
+    /// store's certificate must name the host of `url`).
     pub fn from_config<'a>(
         url: Option<&str>,
         options: impl IntoIterator<Item = (&'a str, &'a str)>,
     ) -> Result<Self, SettingError> {
         let mut s = Settings::default();
+        let mut token_key = "token";
         if let Some(url) = url {
             let addr = url
                 .strip_prefix("store://")
@@ -126,8 +174,30 @@ impl StoreConnector {
                     }
                     s.token = Some(value.to_owned());
                 }
+                "token_file" => {
+                    let text = std::fs::read_to_string(value)
+                        .map_err(|e| SettingError::new(key, format!("{value}: {e}")))?;
+                    match text.lines().next() {
+                        Some(t) if !t.is_empty() => {
+                            s.token = Some(t.to_owned());
+                            token_key = "token_file";
+                        }
+                        _ => {
+                            return Err(SettingError::new(
+                                key,
+                                format!("{value}: empty (the token is its first line)"),
+                            ))
+                        }
+                    }
+                }
                 "timeout" => s.timeout = duration(value).map_err(|r| SettingError::new(key, r))?,
                 "retry" => s.retry_for = duration(value).map_err(|r| SettingError::new(key, r))?,
+                "ca_file" => {
+                    if value.trim().is_empty() {
+                        return Err(SettingError::new(key, "expected the path of a PEM file"));
+                    }
+                    s.ca_file = Some(value.into());
+                }
                 "max_batch" => {
                     s.max_batch = value
                         .parse::<usize>()
@@ -142,11 +212,44 @@ impl StoreConnector {
                 }
                 other => return Err(SettingError::new(
                     other,
-                    "unknown key; backend \"store\" takes url, token, timeout, retry and max_batch",
+                    "unknown key; backend \"store\" takes url, token, token_file, timeout, retry, max_batch and ca_file",
                 )),
             }
         }
-        Ok(StoreConnector { settings: s })
+        let mut c = StoreConnector::with_tls_settings(s)?;
+        c.token_key = token_key;
+        Ok(c)
+    }
+
+    /// Connects once and names the `[state]` key that is wrong if that fails: `token` for a
+    /// refused token, `ca_file` for a store certificate not trusted (or a TLS store reached
+    /// without TLS, or the other way round), `url` for a store that does not answer (within
+    /// `timeout`).
+    pub fn check(&self) -> Result<(), SettingError> {
+        let e = match self.open() {
+            Ok(_) => return Ok(()),
+            Err(e) => e,
+        };
+        let text = e.to_string();
+        let key = match &e {
+            BackendError::Unreachable { .. } => "url",
+            BackendError::Protocol { reason, .. } if reason.starts_with("TLS") => "ca_file",
+            BackendError::Protocol { reason, .. } if reason.contains("serves TLS only") => {
+                "ca_file"
+            }
+            BackendError::Protocol { reason, .. } if reason.contains("Unauthorized") => {
+                self.token_key
+            }
+            BackendError::Protocol { .. } => "url",
+        };
+        let hint = match key {
+            "token" | "token_file" if self.settings.token.is_none() => " (the store wants a token)",
+            "ca_file" if matches!(self.tls, TlsSetup::Plain) && !text.contains("ca_file") => {
+                " (the store serves TLS: give ca_file, the CA of its certificate)"
+            }
+            _ => "",
+        };
+        Err(SettingError::new(key, format!("{text}{hint}")))
     }
 
     /// The settings.
@@ -158,6 +261,7 @@ impl StoreConnector {
     pub fn open(&self) -> Result<StoreBackend, BackendError> {
         let mut b = StoreBackend {
             settings: self.settings.clone(),
+            tls: self.tls.clone(),
             client: client_id(),
             next_op: 1,
             next_req: 1,
@@ -252,8 +356,88 @@ pub enum Pushed {
     },
 }
 
+/// The TLS configuration trusting the certificates of `path`.
+fn client_tls(path: &std::path::Path) -> Result<Arc<rustls::ClientConfig>, SettingError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    let bad = |why: String| SettingError::new("ca_file", format!("{}: {why}", path.display()));
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+        .and_then(|i| i.collect::<Result<_, _>>())
+        .map_err(|e| bad(e.to_string()))?;
+    if certs.is_empty() {
+        return Err(bad(
+            "no PEM certificate (-----BEGIN CERTIFICATE-----) in it".into(),
+        ));
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    for c in certs {
+        roots
+            .add(c)
+            .map_err(|e| bad(format!("not a CA certificate: {e}")))?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| bad(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Arc::new(config))
+}
+
+/// How connections are made: plain, TLS, or (a `ca_file` that could not be read) not at all.
+#[derive(Debug, Clone)]
+enum TlsSetup {
+    Plain,
+    Tls(Arc<rustls::ClientConfig>),
+    Broken(String),
+}
+
+/// A connection's byte stream: plain TCP or TLS over it.
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
+}
+
+impl Stream {
+    fn socket(&self) -> &TcpStream {
+        match self {
+            Stream::Plain(s) => s,
+            Stream::Tls(t) => &t.sock,
+        }
+    }
+
+    fn set_read_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
+        self.socket().set_read_timeout(t)
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.read(buf),
+            Stream::Tls(t) => t.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.write(buf),
+            Stream::Tls(t) => t.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Stream::Plain(s) => s.flush(),
+            Stream::Tls(t) => t.flush(),
+        }
+    }
+}
+
 struct Conn {
-    stream: TcpStream,
+    stream: Stream,
     rbuf: Vec<u8>,
     /// Where reads land (allocated once per connection).
     chunk: Box<[u8]>,
@@ -278,6 +462,7 @@ struct Unacked {
 /// A connection to the store: the [`Backend`] plus the store's own operations.
 pub struct StoreBackend {
     settings: Settings,
+    tls: TlsSetup,
     client: u64,
     next_op: u64,
     next_req: u64,
@@ -374,6 +559,15 @@ impl StoreBackend {
                     let _ = stream.set_nodelay(true);
                     let _ = stream.set_read_timeout(Some(s.timeout));
                     let _ = stream.set_write_timeout(Some(s.timeout));
+                    let stream = match &self.tls {
+                        TlsSetup::Plain => Stream::Plain(stream),
+                        TlsSetup::Tls(config) => {
+                            Stream::Tls(Box::new(handshake(config, &s.addr, stream)?))
+                        }
+                        TlsSetup::Broken(why) => {
+                            return Err(Fail::Fatal(protocol(format!("TLS: {why}"))))
+                        }
+                    };
                     let mut c = Conn {
                         stream,
                         rbuf: Vec::with_capacity(64 * 1024),
@@ -818,6 +1012,51 @@ impl StoreBackend {
                 .ok_or_else(|| protocol("no answer")),
         }
     }
+}
+
+/// A TLS session with the store at `addr` over `sock`, its handshake done: the store's
+/// certificate checked against the CA and the host of `addr`. A refused certificate is fatal
+/// (no retry); a connection lost meanwhile is retried.
+fn handshake(
+    config: &Arc<rustls::ClientConfig>,
+    addr: &str,
+    mut sock: TcpStream,
+) -> Result<rustls::StreamOwned<rustls::ClientConnection, TcpStream>, Fail> {
+    let host = addr
+        .rsplit_once(':')
+        .map_or(addr, |(h, _)| h)
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let name = rustls::pki_types::ServerName::try_from(host.to_owned()).map_err(|e| {
+        Fail::Fatal(protocol(format!(
+            "TLS: {host:?} is not a host name or address: {e}"
+        )))
+    })?;
+    let mut tls = rustls::ClientConnection::new(config.clone(), name)
+        .map_err(|e| Fail::Fatal(protocol(format!("TLS: {e}"))))?;
+    while tls.is_handshaking() {
+        if let Err(e) = tls.complete_io(&mut sock) {
+            let rustls_error = e
+                .get_ref()
+                .and_then(|i| i.downcast_ref::<rustls::Error>())
+                .cloned();
+            return Err(match rustls_error {
+                Some(rustls::Error::InvalidCertificate(why)) => Fail::Fatal(protocol(format!(
+                    "TLS: the store's certificate is not trusted ({why:?}): ca_file must hold \
+                     the CA that signed it"
+                ))),
+                Some(
+                    rustls::Error::InvalidMessage(_) | rustls::Error::InappropriateMessage { .. },
+                ) => Fail::Fatal(protocol(format!(
+                    "TLS handshake failed ({e}): does the store serve TLS \
+                         (flowstate store --tls-cert)?"
+                ))),
+                Some(other) => Fail::Fatal(protocol(format!("TLS handshake failed: {other}"))),
+                None => Fail::Conn(format!("TLS handshake: {e}")),
+            });
+        }
+    }
+    Ok(rustls::StreamOwned::new(tls, sock))
 }
 
 /// Reads one whole frame, waiting for it.

@@ -11,9 +11,10 @@
 //!
 //! # Behaviour
 //!
-//! Exactly the default NAT's ([`super`]): the same translations, endpoint-independent
-//! mappings, paired address pooling, filtering, checksum updates, ICMP error translation,
-//! timeouts, drop reasons, counters and report, and the same order in which ports are handed
+//! Exactly the default NAT's ([`super`]), as the translation steps are the same code
+//! ([`super::translate`]): the same translations, endpoint-independent mappings, paired address
+//! pooling, filtering, hairpinning, checksum updates, ICMP error translation, timeouts, drop
+//! reasons, counters and report, and the same order in which ports are handed
 //! out and come back, so the two NATs turn the same input into the same output packets
 //! (tested side by side). Only where the state lives differs.
 //!
@@ -27,6 +28,8 @@
 //! | allocated resource (an EIM mapping) | `EIM·inside address·port·protocol` | `(address, port)` | sessions using it |
 //! | session | `OUT·inside 5-tuple` | external endpoint, TCP state, its resource and reverse entry | armed timer |
 //! | reverse entry | `IN·reply 5-tuple` | inside endpoint, its session | 0 |
+//! | way back of a resource | `EXT·external address·port·protocol` | inside endpoint | 0 |
+//! | peer count | `PEER·inside address·port·protocol·remote address` | — | sessions with the remote |
 //!
 //! At start the table is a pure pool: one entry per external `(address, port)` this worker
 //! owns (ports split among workers by [`super::port_owner`], so the instance's table is
@@ -42,22 +45,18 @@
 //! for how the two relate): it is not flushed to a store, so a restarted worker starts with an
 //! empty table. Counters still go through the state API (same ids as the default NAT).
 
+use super::translate::{Found, NatTable, Timeouts, Translator};
 use super::{
-    config_error, in_key, is_icmp_error, out_key, quoted, rewrite, rewrite_quoted, tcp_established,
-    tcp_flags, tcp_step, Config, Ipv6Policy, Kind, PortRange, Side, DROP_REASONS, EXTERNAL_SOURCE,
-    FRAGMENT, ICMP_ERROR, IPV6, MALFORMED, NF, NOT_EXTERNAL, NO_MAPPING, POOL_EXHAUSTED,
-    STATE_ERROR, UNSUPPORTED,
+    config_error, expendable, in_key, mapping_row, out_key, session_row, step_in, tcp_step, Config,
+    Endpoint, Filtering, InSession, Mapping, OutSession, MALFORMED, NF, POOL_EXHAUSTED,
+    STATE_ERROR,
 };
 use crate::listing::{Cell, Row, TableInfo};
-use crate::{
-    BuildError, Context, Direction, NetworkFunction, NfFactory, Packet, Verdict, WorkerInfo,
-};
+use crate::{BuildError, Direction, NetworkFunction, NfFactory, WorkerInfo};
 use flowstate_mvt::{Entry, EntryId, Hasher, Key, Match, Mvt, KEY_BITS, NEVER};
-use flowstate_state::{Access, Counter, CounterMap, Declare, Nanos, Scope};
-use flowstate_wire::dissect::{Fragment, Network, Transport};
+use flowstate_state::{Declare, Nanos};
 use flowstate_wire::flow::FLOW_KEY_MAX_BYTES;
-use flowstate_wire::icmp::v4::types as icmp_type;
-use flowstate_wire::{hash, icmp, ipv4, FlowKey};
+use flowstate_wire::{hash, tcp, FlowKey};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::fmt;
@@ -123,6 +122,8 @@ const POOL: u8 = 1;
 const EIM: u8 = 2;
 const OUT: u8 = 3;
 const IN: u8 = 4;
+const EXT: u8 = 5;
+const PEER: u8 = 6;
 
 /// The value field of the NAT's entries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,11 +157,23 @@ pub enum NatValue {
         /// Its session entry.
         out: EntryId,
     },
+    /// An allocated resource's way back, keyed by the external endpoint and protocol (not
+    /// kept under address- and port-dependent filtering).
+    Ext {
+        /// Inside address.
+        inside_ip: Ipv4Addr,
+        /// Inside port.
+        inside_port: u16,
+    },
+    /// An inside endpoint's sessions with one remote address (`aux`), keyed by both (kept
+    /// under address-dependent filtering only).
+    Peer,
 }
 
-fn pool_match(ext: Ipv4Addr) -> Match {
+/// The pool of `ext`'s ports kept in list `list` (0, or 1 for odd ports with `port_parity`).
+fn pool_match(ext: Ipv4Addr, list: u8) -> Match {
     let o = ext.octets();
-    Match::exact(&Key::from_bytes(&[POOL, o[0], o[1], o[2], o[3]]))
+    Match::exact(&Key::from_bytes(&[POOL, o[0], o[1], o[2], o[3], list]))
 }
 
 fn eim_match(inside: Ipv4Addr, port: u16, proto: u8) -> Match {
@@ -169,6 +182,24 @@ fn eim_match(inside: Ipv4Addr, port: u16, proto: u8) -> Match {
     Match::exact(&Key::from_bytes(&[
         EIM, o[0], o[1], o[2], o[3], p[0], p[1], proto,
     ]))
+}
+
+fn ext_match((ip, port, proto): Endpoint) -> Match {
+    let o = ip.octets();
+    let p = port.to_be_bytes();
+    Match::exact(&Key::from_bytes(&[
+        EXT, o[0], o[1], o[2], o[3], p[0], p[1], proto,
+    ]))
+}
+
+fn peer_match(out: &FlowKey) -> Option<Match> {
+    let (IpAddr::V4(i), IpAddr::V4(r)) = (out.src, out.dst) else {
+        return None;
+    };
+    let (i, r, p) = (i.octets(), r.octets(), out.src_port.to_be_bytes());
+    Some(Match::exact(&Key::from_bytes(&[
+        PEER, i[0], i[1], i[2], i[3], p[0], p[1], out.proto, r[0], r[1], r[2], r[3],
+    ])))
 }
 
 fn flow_match(tag: u8, f: &FlowKey) -> Match {
@@ -181,36 +212,7 @@ fn flow_match(tag: u8, f: &FlowKey) -> Match {
 }
 
 /// One worker's NAT on an MVT.
-pub struct MvtNat {
-    ports: PortRange,
-    tcp_established: Duration,
-    tcp_transitory: Duration,
-    udp: Duration,
-    icmp: Duration,
-    ipv6: Ipv6Policy,
-    external: Vec<Ipv4Addr>,
-    table: Mvt<NatValue>,
-    /// Session timers: (deadline, inside 5-tuple, session entry), earliest first.
-    timers: BinaryHeap<Reverse<(Nanos, FlowKey, EntryId)>>,
-    sessions: usize,
-    mappings: usize,
-    free: usize,
-    translations: Counter,
-    packets_out: Counter,
-    packets_in: Counter,
-    expired: Counter,
-    drops: CounterMap<u8>,
-}
-
-impl fmt::Debug for MvtNat {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MvtNat")
-            .field("ports", &self.ports)
-            .field("external", &self.external)
-            .field("sessions", &self.sessions)
-            .finish()
-    }
-}
+pub type MvtNat = Translator<MvtTable>;
 
 impl MvtNat {
     /// Builds `worker`'s NAT: declares its counters and fills its table with the worker's
@@ -220,25 +222,43 @@ impl MvtNat {
         state: &mut Declare<'_>,
         worker: WorkerInfo,
     ) -> Result<MvtNat, BuildError> {
-        config.validate()?;
-        if worker.count == 0 || worker.index >= worker.count {
-            return Err(config_error(
-                "workers",
-                format!("worker {} of {} does not exist", worker.index, worker.count),
-            ));
-        }
-        if config.ports.len() < worker.count {
-            return Err(config_error(
-                "ports",
-                format!(
-                    "{} has {} ports, fewer than the {} workers that share it",
-                    config.ports,
-                    config.ports.len(),
-                    worker.count
-                ),
-            ));
-        }
+        Translator::build(config, state, worker, |_| MvtTable::new(config, worker))
+    }
+
+    /// The table (this worker's partition).
+    pub fn table(&self) -> &Mvt<NatValue> {
+        &self.table.table
+    }
+}
+
+/// One worker's NAT table: a Match-Value Table and the timers of its sessions.
+pub struct MvtTable {
+    filtering: Filtering,
+    parity: bool,
+    external: Vec<Ipv4Addr>,
+    table: Mvt<NatValue>,
+    /// Session timers: (deadline, inside 5-tuple, session entry), earliest first.
+    timers: BinaryHeap<Reverse<(Nanos, FlowKey, EntryId)>>,
+    sessions: usize,
+    mappings: usize,
+    free: usize,
+}
+
+impl fmt::Debug for MvtTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MvtTable")
+            .field("external", &self.external)
+            .field("sessions", &self.sessions)
+            .finish()
+    }
+}
+
+impl MvtTable {
+    /// A table holding `worker`'s share of the pool.
+    fn new(config: &Config, worker: WorkerInfo) -> Result<MvtTable, BuildError> {
         let share = config.ports.len().div_ceil(worker.count) as usize * config.external.len();
+        // The pool, and per session its entry and reverse entry: room for one session per
+        // resource before the table grows.
         let mut table = Mvt::with_options(KEY_BITS, share * 3, 0, Hasher::Hardware);
         for a in &config.external {
             let first = u32::from(config.ports.lo) + worker.index;
@@ -247,65 +267,22 @@ impl MvtNat {
                     ext_ip: *a,
                     ext_port: p as u16,
                 };
+                let list = u8::from(config.port_parity) & (p & 1) as u8;
                 table
-                    .insert(Entry::new(pool_match(*a), v, 0, NEVER, 0))
+                    .insert(Entry::new(pool_match(*a, list), v, 0, NEVER, 0))
                     .map_err(|e| config_error("ports", e.to_string()))?;
             }
         }
-        let part = Scope::CrossFlow(&[]);
-        Ok(MvtNat {
-            ports: config.ports,
-            tcp_established: config.tcp_established,
-            tcp_transitory: config.tcp_transitory,
-            udp: config.udp,
-            icmp: config.icmp,
-            ipv6: config.ipv6,
+        Ok(MvtTable {
+            filtering: config.filtering,
+            parity: config.port_parity,
             external: config.external.clone(),
             free: table.len(),
             table,
             timers: BinaryHeap::with_capacity(share),
             sessions: 0,
             mappings: 0,
-            translations: state.counter("translations", part, Access::WriteMostly)?,
-            packets_out: state.counter("packets_out", part, Access::WriteMostly)?,
-            packets_in: state.counter("packets_in", part, Access::WriteMostly)?,
-            expired: state.counter("expired", part, Access::WriteMostly)?,
-            drops: state.counter_map("drops", part, Access::WriteMostly)?,
         })
-    }
-
-    /// The table (this worker's partition).
-    pub fn table(&self) -> &Mvt<NatValue> {
-        &self.table
-    }
-
-    /// The external endpoint the inside endpoint `(address, port, protocol)` is mapped to.
-    pub fn mapping(&self, inside: super::Endpoint) -> Option<(Ipv4Addr, u16)> {
-        let id = self.table.find(&eim_match(inside.0, inside.1, inside.2))?;
-        match self.table.get(id) {
-            Some(NatValue::Resource { ext_ip, ext_port }) => Some((*ext_ip, *ext_port)),
-            _ => None,
-        }
-    }
-
-    #[inline]
-    fn drop_packet(&self, why: u8) -> Verdict {
-        self.drops.add_to_nowait(&why, 1);
-        Verdict::Drop(DROP_REASONS[usize::from(why)].0)
-    }
-
-    #[inline]
-    fn is_external(&self, a: Ipv4Addr) -> bool {
-        self.external.contains(&a)
-    }
-
-    fn timeout(&self, proto: u8, tcp: u8) -> Duration {
-        match proto {
-            flowstate_wire::flow::proto::TCP if tcp_established(tcp) => self.tcp_established,
-            flowstate_wire::flow::proto::TCP => self.tcp_transitory,
-            flowstate_wire::flow::proto::UDP => self.udp,
-            _ => self.icmp,
-        }
     }
 
     /// "renew" of a session and its reverse entry with one timeout; arms the session's timer
@@ -327,78 +304,151 @@ impl MvtNat {
         }
     }
 
-    fn outbound(&mut self, pkt: &mut Packet<'_>, flow: FlowKey, now: Nanos) -> Verdict {
-        let kind = match pkt.dissection.transport {
-            Transport::Tcp => Kind::Tcp(tcp_flags(pkt)),
-            Transport::Udp => Kind::Udp,
-            Transport::Icmpv4 {
-                kind: k @ (icmp_type::ECHO_REQUEST | icmp_type::ECHO_REPLY),
-                ..
-            } => Kind::Echo {
-                request: k == icmp_type::ECHO_REQUEST,
-            },
-            Transport::Icmpv4 { kind, .. } if is_icmp_error(kind) => {
-                return self.icmp_error(pkt, Direction::Outbound)
-            }
-            _ => return self.drop_packet(UNSUPPORTED),
-        };
-        let (id, ext_ip, ext_port, tcp) = match self.table.find(&flow_match(OUT, &flow)) {
-            Some(id) => {
-                let Some(Entry {
-                    value:
-                        NatValue::Out {
-                            ext_ip,
-                            ext_port,
-                            tcp,
-                            ..
-                        },
-                    ..
-                }) = self.table.entry_mut(id)
-                else {
-                    return self.drop_packet(STATE_ERROR);
-                };
-                if let Kind::Tcp(f) = kind {
-                    *tcp = tcp_step(*tcp, f, Direction::Outbound);
-                }
-                (id, *ext_ip, *ext_port, *tcp)
-            }
-            None => match self.open(&flow, kind) {
-                Ok(x) => x,
-                Err(why) => return self.drop_packet(why),
-            },
-        };
-        let ttl = self.timeout(flow.proto, tcp);
-        self.renew(id, &flow, ttl, now);
-        if !rewrite(pkt, Side::Src, ext_ip, ext_port) {
-            return self.drop_packet(MALFORMED);
-        }
-        self.packets_out.add_nowait(1);
-        Verdict::Forward
+    fn lookup(&self, tag: u8, key: &FlowKey) -> Option<NatValue> {
+        let id = self.table.find(&flow_match(tag, key))?;
+        self.table.get(id).copied()
     }
 
-    /// Creates a session for the outbound `flow`, allocating a resource from the pool of the
-    /// paired address unless the inside endpoint holds one.
-    fn open(&mut self, flow: &FlowKey, kind: Kind) -> Result<(EntryId, Ipv4Addr, u16, u8), u8> {
-        if kind == (Kind::Echo { request: false }) {
-            return Err(NO_MAPPING);
+    /// Counts one more (`up`) or one less session of the peer entry `m`, created at one and
+    /// removed at zero.
+    fn count_peer(&mut self, m: Match, up: bool) -> Result<(), u8> {
+        match self.table.find(&m) {
+            Some(id) => {
+                let Some(e) = self.table.entry_mut(id) else {
+                    return Err(STATE_ERROR);
+                };
+                e.aux = if up {
+                    e.aux.saturating_add(1)
+                } else {
+                    e.aux.saturating_sub(1)
+                };
+                if e.aux == 0 {
+                    self.table.remove(id);
+                }
+            }
+            None if up => {
+                self.table
+                    .insert(Entry::new(m, NatValue::Peer, 0, NEVER, 1))
+                    .map_err(|_| STATE_ERROR)?;
+            }
+            None => {}
         }
+        Ok(())
+    }
+
+    /// Ends a session: "timeout", removal of it and its reverse entry, and the return of its
+    /// resource to the end of the pool when it was the resource's last session.
+    fn release(&mut self, id: EntryId, key: &FlowKey) {
+        self.table.invalidate(id);
+        let Some(e) = self.table.remove(id) else {
+            return;
+        };
+        let NatValue::Out { res, rev, .. } = e.value else {
+            return;
+        };
+        self.table.remove(rev);
+        self.sessions -= 1;
+        if self.filtering == Filtering::AddressDependent {
+            if let Some(m) = peer_match(key) {
+                let _ = self.count_peer(m, false);
+            }
+        }
+        let back = match self.table.entry_mut(res) {
+            Some(Entry {
+                value: NatValue::Resource { ext_ip, ext_port },
+                aux,
+                ..
+            }) => {
+                *aux = aux.saturating_sub(1);
+                (*aux == 0).then_some((*ext_ip, *ext_port))
+            }
+            _ => None,
+        };
+        if let Some((ip, port)) = back {
+            let list = u8::from(self.parity) & (port & 1) as u8;
+            if self.table.rematch(res, pool_match(ip, list)).is_ok() {
+                self.mappings -= 1;
+                self.free += 1;
+            }
+            if self.filtering != Filtering::AddressAndPortDependent {
+                if let Some(x) = self.table.find(&ext_match((ip, port, key.proto))) {
+                    self.table.remove(x);
+                }
+            }
+        }
+    }
+}
+
+impl NatTable for MvtTable {
+    type Session = EntryId;
+
+    #[inline]
+    fn prefetch(&mut self, flow: &FlowKey, dir: Direction) {
+        let tag = match dir {
+            Direction::Outbound => OUT,
+            Direction::Inbound => IN,
+        };
+        self.table.prefetch_find(&flow_match(tag, flow));
+    }
+
+    fn find_out(
+        &mut self,
+        flow: &FlowKey,
+        flags: Option<tcp::Flags>,
+        timeouts: &Timeouts,
+        now: Nanos,
+    ) -> Result<Option<(Ipv4Addr, u16)>, u8> {
+        let Some(id) = self.table.find(&flow_match(OUT, flow)) else {
+            return Ok(None);
+        };
+        let Some(Entry {
+            value:
+                NatValue::Out {
+                    ext_ip,
+                    ext_port,
+                    tcp,
+                    ..
+                },
+            ..
+        }) = self.table.entry_mut(id)
+        else {
+            return Err(STATE_ERROR);
+        };
+        if let Some(f) = flags {
+            *tcp = tcp_step(*tcp, f, Direction::Outbound);
+        }
+        let (ip, port, tcp) = (*ext_ip, *ext_port, *tcp);
+        self.renew(id, flow, timeouts.of(flow.proto, tcp), now);
+        Ok(Some((ip, port)))
+    }
+
+    /// Allocates a resource from the pool of the paired address unless the inside endpoint
+    /// holds one.
+    fn open(
+        &mut self,
+        flow: &FlowKey,
+        tcp: u8,
+        timeouts: &Timeouts,
+        now: Nanos,
+    ) -> Result<(Ipv4Addr, u16), u8> {
         let IpAddr::V4(inside) = flow.src else {
             return Err(MALFORMED);
         };
         let eim = eim_match(inside, flow.src_port, flow.proto);
-        let res = match self.table.find(&eim) {
-            Some(id) => id,
+        let (res, fresh) = match self.table.find(&eim) {
+            Some(id) => (id, false),
             None => {
                 // Paired pooling (RFC 4787 REQ-2), as in the default NAT.
                 let i = hash::crc32c(&inside.octets()) as usize % self.external.len();
-                let id = self
-                    .table
-                    .find(&pool_match(self.external[i]))
+                let want = u8::from(self.parity) & (flow.src_port & 1) as u8;
+                let id = [want, 1 - want]
+                    .into_iter()
+                    .find_map(|l| self.table.find(&pool_match(self.external[i], l)))
                     .ok_or(POOL_EXHAUSTED)?;
                 self.table.rematch(id, eim).map_err(|_| STATE_ERROR)?;
                 self.mappings += 1;
                 self.free -= 1;
-                id
+                (id, true)
             }
         };
         let (ext_ip, ext_port) = match self.table.entry_mut(res) {
@@ -412,16 +462,31 @@ impl MvtNat {
             }
             _ => return Err(STATE_ERROR),
         };
-        let tcp = match kind {
-            Kind::Tcp(f) => tcp_step(0, f, Direction::Outbound),
-            _ => 0,
-        };
-        let s = super::OutSession {
+        if fresh && self.filtering != Filtering::AddressAndPortDependent {
+            let back = NatValue::Ext {
+                inside_ip: inside,
+                inside_port: flow.src_port,
+            };
+            self.table
+                .insert(Entry::new(
+                    ext_match((ext_ip, ext_port, flow.proto)),
+                    back,
+                    0,
+                    NEVER,
+                    0,
+                ))
+                .map_err(|_| STATE_ERROR)?;
+        }
+        if self.filtering == Filtering::AddressDependent {
+            if let Some(m) = peer_match(flow) {
+                self.count_peer(m, true)?;
+            }
+        }
+        let s = OutSession {
             ext_ip,
             ext_port,
             tcp,
         };
-        let rev_key = in_key(flow, &s);
         let placeholder = NatValue::In {
             inside_ip: inside,
             inside_port: flow.src_port,
@@ -429,7 +494,13 @@ impl MvtNat {
         };
         let rev = self
             .table
-            .insert(Entry::new(flow_match(IN, &rev_key), placeholder, 0, 0, 0))
+            .insert(Entry::new(
+                flow_match(IN, &in_key(flow, &s)),
+                placeholder,
+                0,
+                0,
+                0,
+            ))
             .map_err(|_| STATE_ERROR)?;
         let out = NatValue::Out {
             ext_ip,
@@ -449,27 +520,17 @@ impl MvtNat {
             *out = id;
         }
         self.sessions += 1;
-        self.translations.add_nowait(1);
-        Ok((id, ext_ip, ext_port, tcp))
+        self.renew(id, flow, timeouts.of(flow.proto, tcp), now);
+        Ok((ext_ip, ext_port))
     }
 
-    fn inbound(&mut self, pkt: &mut Packet<'_>, flow: FlowKey, now: Nanos) -> Verdict {
-        let kind = match pkt.dissection.transport {
-            Transport::Tcp => Kind::Tcp(tcp_flags(pkt)),
-            Transport::Udp => Kind::Udp,
-            Transport::Icmpv4 {
-                kind: k @ (icmp_type::ECHO_REQUEST | icmp_type::ECHO_REPLY),
-                ..
-            } => Kind::Echo {
-                request: k == icmp_type::ECHO_REQUEST,
-            },
-            Transport::Icmpv4 { kind, .. } if is_icmp_error(kind) => {
-                return self.icmp_error(pkt, Direction::Inbound)
-            }
-            _ => return self.drop_packet(NO_MAPPING),
-        };
-        let Some(rid) = self.table.find(&flow_match(IN, &flow)) else {
-            return self.drop_packet(NO_MAPPING);
+    fn find_in(
+        &mut self,
+        flow: &FlowKey,
+        flags: Option<tcp::Flags>,
+    ) -> Result<Option<Found<EntryId>>, u8> {
+        let Some(rid) = self.table.find(&flow_match(IN, flow)) else {
+            return Ok(None);
         };
         let Some(NatValue::In {
             inside_ip,
@@ -477,190 +538,70 @@ impl MvtNat {
             out,
         }) = self.table.get(rid).copied()
         else {
-            return self.drop_packet(STATE_ERROR);
+            return Err(STATE_ERROR);
         };
         let Some(Entry {
             value: NatValue::Out { tcp, .. },
             ..
         }) = self.table.entry_mut(out)
         else {
-            return self.drop_packet(NO_MAPPING);
+            return Ok(None);
         };
-        if let Kind::Tcp(f) = kind {
-            *tcp = tcp_step(*tcp, f, Direction::Inbound);
-        }
-        let tcp = *tcp;
-        if !rewrite(pkt, Side::Dst, inside_ip, inside_port) {
-            return self.drop_packet(MALFORMED);
-        }
-        let ok = out_key(
-            &flow,
-            &super::InSession {
+        *tcp = step_in(*tcp, flags);
+        Ok(Some(Found {
+            inside_ip,
+            inside_port,
+            tcp: *tcp,
+            session: out,
+        }))
+    }
+
+    fn renew_in(&mut self, flow: &FlowKey, found: &Found<EntryId>, ttl: Duration, now: Nanos) {
+        let s = InSession {
+            inside_ip: found.inside_ip,
+            inside_port: found.inside_port,
+        };
+        self.renew(found.session, &out_key(flow, &s), ttl, now);
+    }
+
+    fn peek_out(&self, flow: &FlowKey) -> Result<Option<(Ipv4Addr, u16)>, u8> {
+        Ok(match self.lookup(OUT, flow) {
+            Some(NatValue::Out {
+                ext_ip, ext_port, ..
+            }) => Some((ext_ip, ext_port)),
+            _ => None,
+        })
+    }
+
+    fn peek_in(&self, flow: &FlowKey) -> Result<Option<(Ipv4Addr, u16)>, u8> {
+        Ok(match self.lookup(IN, flow) {
+            Some(NatValue::In {
                 inside_ip,
                 inside_port,
-            },
-        );
-        let ttl = self.timeout(flow.proto, tcp);
-        self.renew(out, &ok, ttl, now);
-        self.packets_in.add_nowait(1);
-        Verdict::Forward
-    }
-
-    /// Translates an ICMP error quoting a packet of a session (RFC 5508 REQ-3, REQ-4), as the
-    /// default NAT does. The session is not refreshed.
-    fn icmp_error(&mut self, pkt: &mut Packet<'_>, dir: Direction) -> Verdict {
-        let d = pkt.dissection;
-        let Some(msg) = d.l4_offset.and_then(|o| pkt.data.get(o..d.l3_end)) else {
-            return self.drop_packet(MALFORMED);
-        };
-        let Ok(m) = icmp::v4::Packet::new_checked(msg) else {
-            return self.drop_packet(MALFORMED);
-        };
-        let (Some(inner), Some(layout)) = (m.inner_flow(), quoted(msg)) else {
-            return self.drop_packet(ICMP_ERROR);
-        };
-        let key = inner.reversed();
-        let (outer, addr, port) = match dir {
-            Direction::Outbound => match self.lookup(OUT, &key) {
-                Some(NatValue::Out {
-                    ext_ip, ext_port, ..
-                }) => (Side::Src, ext_ip, ext_port),
-                _ => return self.drop_packet(NO_MAPPING),
-            },
-            Direction::Inbound => {
-                if d.flow.map(|f| f.dst) != Some(inner.src) {
-                    return self.drop_packet(ICMP_ERROR);
-                }
-                match self.lookup(IN, &key) {
-                    Some(NatValue::In {
-                        inside_ip,
-                        inside_port,
-                        ..
-                    }) => (Side::Dst, inside_ip, inside_port),
-                    _ => return self.drop_packet(NO_MAPPING),
-                }
-            }
-        };
-        let Some(l3) = pkt.data.get_mut(d.l3_offset..d.l3_end) else {
-            return self.drop_packet(MALFORMED);
-        };
-        let Ok(mut ip) = ipv4::Packet::new_checked(l3) else {
-            return self.drop_packet(MALFORMED);
-        };
-        match outer {
-            Side::Src => ip.set_src_addr(addr),
-            Side::Dst => ip.set_dst_addr(addr),
-        }
-        let inner_side = match outer {
-            Side::Src => Side::Dst,
-            Side::Dst => Side::Src,
-        };
-        rewrite_quoted(ip.payload_mut(), layout, inner_side, addr, port);
-        if let Some(f) = pkt.dissection.flow.as_mut() {
-            match outer {
-                Side::Src => f.src = IpAddr::V4(addr),
-                Side::Dst => f.dst = IpAddr::V4(addr),
-            }
-        }
-        match dir {
-            Direction::Outbound => self.packets_out.add_nowait(1),
-            Direction::Inbound => self.packets_in.add_nowait(1),
-        }
-        Verdict::Forward
-    }
-
-    fn lookup(&self, tag: u8, key: &FlowKey) -> Option<NatValue> {
-        let id = self.table.find(&flow_match(tag, key))?;
-        self.table.get(id).copied()
-    }
-
-    /// Ends a session: "timeout", removal of it and its reverse entry, and the return of its
-    /// resource to the end of the pool when it was the resource's last session.
-    fn release(&mut self, id: EntryId) {
-        self.table.invalidate(id);
-        let Some(e) = self.table.remove(id) else {
-            return;
-        };
-        let NatValue::Out { res, rev, .. } = e.value else {
-            return;
-        };
-        self.table.remove(rev);
-        self.sessions -= 1;
-        self.expired.add_nowait(1);
-        let back = match self.table.entry_mut(res) {
-            Some(Entry {
-                value: NatValue::Resource { ext_ip, .. },
-                aux,
                 ..
-            }) => {
-                *aux = aux.saturating_sub(1);
-                (*aux == 0).then_some(*ext_ip)
-            }
+            }) => Some((inside_ip, inside_port)),
             _ => None,
-        };
-        if let Some(ip) = back {
-            if self.table.rematch(res, pool_match(ip)).is_ok() {
-                self.mappings -= 1;
-                self.free += 1;
-            }
-        }
-    }
-}
-
-impl NetworkFunction for MvtNat {
-    fn name(&self) -> &str {
-        NF
+        })
     }
 
-    #[inline]
-    fn prefetch(&mut self, pkt: &Packet<'_>) {
-        let (Network::Ipv4, Some(flow)) = (pkt.dissection.network, pkt.dissection.flow) else {
-            return;
-        };
-        let tag = match pkt.direction {
-            Direction::Outbound => OUT,
-            Direction::Inbound => IN,
-        };
-        self.table.prefetch_find(&flow_match(tag, &flow));
+    fn mapped(&self, ext: Endpoint) -> Result<Option<(Ipv4Addr, u16)>, u8> {
+        let id = self.table.find(&ext_match(ext));
+        Ok(match id.and_then(|id| self.table.get(id)) {
+            Some(NatValue::Ext {
+                inside_ip,
+                inside_port,
+            }) => Some((*inside_ip, *inside_port)),
+            _ => None,
+        })
     }
 
-    fn process(&mut self, pkt: &mut Packet<'_>, cx: &Context) -> Verdict {
-        match pkt.dissection.network {
-            Network::Ipv4 => {}
-            Network::Ipv6 => {
-                return match self.ipv6 {
-                    Ipv6Policy::Forward => Verdict::Forward,
-                    Ipv6Policy::Drop => self.drop_packet(IPV6),
-                }
-            }
-            Network::Arp | Network::Other(_) => return Verdict::Forward,
-        }
-        let Some(flow) = pkt.dissection.flow else {
-            return self.drop_packet(MALFORMED);
-        };
-        match pkt.direction {
-            Direction::Outbound => {
-                if matches!(flow.src, IpAddr::V4(a) if self.is_external(a)) {
-                    return self.drop_packet(EXTERNAL_SOURCE);
-                }
-                if pkt.dissection.fragment != Fragment::None {
-                    return self.drop_packet(FRAGMENT);
-                }
-                self.outbound(pkt, flow, cx.now)
-            }
-            Direction::Inbound => {
-                if !matches!(flow.dst, IpAddr::V4(a) if self.is_external(a)) {
-                    return self.drop_packet(NOT_EXTERNAL);
-                }
-                if pkt.dissection.fragment != Fragment::None {
-                    return self.drop_packet(FRAGMENT);
-                }
-                self.inbound(pkt, flow, cx.now)
-            }
-        }
+    fn talks_to(&self, (ip, port, proto): Endpoint, remote: Ipv4Addr) -> Result<bool, u8> {
+        let key = FlowKey::new(IpAddr::V4(ip), IpAddr::V4(remote), port, 0, proto);
+        Ok(peer_match(&key).is_some_and(|m| self.table.find(&m).is_some()))
     }
 
-    fn on_tick(&mut self, now: Nanos) {
+    fn expire(&mut self, now: Nanos) -> u64 {
+        let mut ended = 0;
         while let Some(Reverse((at, key, id))) = self.timers.peek().copied() {
             if at > now {
                 break;
@@ -678,12 +619,40 @@ impl NetworkFunction for MvtNat {
                 self.timers.push(Reverse((deadline, key, id)));
                 continue;
             }
-            self.release(id);
+            self.release(id, &key);
+            ended += 1;
+        }
+        ended
+    }
+
+    fn mapping(&self, inside: Endpoint) -> Option<(Ipv4Addr, u16)> {
+        let id = self.table.find(&eim_match(inside.0, inside.1, inside.2))?;
+        match self.table.get(id) {
+            Some(NatValue::Resource { ext_ip, ext_port }) => Some((*ext_ip, *ext_port)),
+            _ => None,
         }
     }
 
-    fn entries(&self) -> u64 {
-        self.sessions as u64
+    fn counts(&self) -> (i64, i64, i64) {
+        (self.sessions as i64, self.mappings as i64, self.free as i64)
+    }
+
+    fn sessions(&self) -> usize {
+        self.sessions
+    }
+
+    fn early_drop(&mut self, flow: &FlowKey, for_port: bool) -> bool {
+        let Some(id) = self.table.find(&flow_match(OUT, flow)) else {
+            return false;
+        };
+        let Some(NatValue::Out { tcp, res, .. }) = self.table.get(id).copied() else {
+            return false;
+        };
+        if !expendable(tcp) || (for_port && self.table.entry(res).is_none_or(|e| e.aux > 1)) {
+            return false;
+        }
+        self.release(id, flow);
+        true
     }
 
     /// Sessions are found through their timers (each live session has exactly one node whose
@@ -705,46 +674,26 @@ impl NetworkFunction for MvtNat {
             "sessions" => {
                 for (k, ip, port, tcp, deadline) in sessions {
                     let left = Cell::timeout(Some(deadline), now);
-                    out.push(super::session_row(k, ip, port, tcp, left));
+                    out.push(session_row(k, ip, port, tcp, left));
                 }
             }
             "mappings" => {
-                let mut by_inside: BTreeMap<super::Endpoint, super::Mapping> = BTreeMap::new();
+                let mut by_inside: BTreeMap<Endpoint, Mapping> = BTreeMap::new();
                 for (k, ext_ip, ext_port, ..) in sessions {
                     let IpAddr::V4(ip) = k.src else { continue };
                     by_inside
                         .entry((ip, k.src_port, k.proto))
-                        .or_insert(super::Mapping {
+                        .or_insert(Mapping {
                             ext_ip,
                             ext_port,
                             sessions: 0,
                         })
                         .sessions += 1;
                 }
-                out.extend(by_inside.iter().map(|(e, m)| super::mapping_row(*e, m)));
+                out.extend(by_inside.iter().map(|(e, m)| mapping_row(*e, m)));
             }
             _ => {}
         }
-    }
-
-    fn report(&self) -> Vec<(&'static str, i64)> {
-        let mut r = vec![
-            ("active_mappings", self.mappings as i64),
-            ("active_sessions", self.sessions as i64),
-            ("translations", self.translations.get().unwrap_or(-1)),
-            ("packets_out", self.packets_out.get().unwrap_or(-1)),
-            ("packets_in", self.packets_in.get().unwrap_or(-1)),
-            ("expired_sessions", self.expired.get().unwrap_or(-1)),
-            ("pool_free", self.free as i64),
-        ];
-        for (i, (_, name)) in DROP_REASONS.iter().enumerate() {
-            r.push((name, self.drops.get(&(i as u8)).unwrap_or(-1)));
-        }
-        r
-    }
-
-    fn gauges(&self) -> &'static [&'static str] {
-        &["active_mappings", "active_sessions", "pool_free"]
     }
 }
 
@@ -774,7 +723,7 @@ mod tests {
             6,
         );
         assert_ne!(flow_match(OUT, &f), flow_match(IN, &f));
-        assert!(!pool_match(Ipv4Addr::new(10, 0, 0, 1)).overlaps(&flow_match(OUT, &f)));
+        assert!(!pool_match(Ipv4Addr::new(10, 0, 0, 1), 0).overlaps(&flow_match(OUT, &f)));
         assert!(!eim_match(Ipv4Addr::new(10, 0, 0, 1), 1, 6).overlaps(&flow_match(OUT, &f)));
     }
 }

@@ -51,7 +51,7 @@ impl Rig {
 
     /// Worker `index` of `count` on `store`.
     pub(crate) fn worker(store: &dyn Connector, config: &str, index: u32, count: u32) -> Rig {
-        let factory = nat::factory(&table(config)).expect("config is valid");
+        let factory = nat::mvt::select_factory(&table(config)).expect("config is valid");
         let mut part = Partition::new(
             store,
             StateConfig {
