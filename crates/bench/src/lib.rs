@@ -30,6 +30,7 @@ mod remote;
 mod report;
 #[cfg(target_os = "linux")]
 mod scale;
+pub mod soak;
 pub mod store_ops;
 
 pub use report::{Machine, Report};
@@ -137,6 +138,11 @@ pub const BENCHES: &[Bench] = &[
         name: "hashmvt",
         about: "Match-Value Tables on the real prefix set: insertion collisions, HW vs SW CRC32C matching, MVT vs binary-trie LPM, MVT-partitioned NAT vs shared pool at 1 and 2 workers (HashMVT §VI)",
         run: hashmvt::run,
+    },
+    Bench {
+        name: "soak",
+        about: "memory over minutes of churning flows through firewall -> NAT -> LB with their default timeouts: RSS after the warm-up vs at the end (--duration sets the run's length; default 3 min)",
+        run: soak::run,
     },
 ];
 

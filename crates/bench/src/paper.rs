@@ -249,6 +249,12 @@ pub const FIGURES: &[Figure] = &[
             ),
         ],
     },
+    Figure {
+        bench: "soak",
+        figure: "issue #21 (no paper)",
+        shows: "the process's memory after minutes of churning flows against after the warm-up (goal: at most 1.05)",
+        refs: &[],
+    },
 ];
 
 /// The figure `bench` reproduces, if we know it.

@@ -207,7 +207,7 @@ pub(crate) fn run(args: &CheckArgs) -> Result<bool> {
 }
 
 /// What the file would run, one line per part.
-fn summary(l: &Loaded) -> Vec<(&'static str, String)> {
+pub(crate) fn summary(l: &Loaded) -> Vec<(&'static str, String)> {
     let c = &l.config;
     let input = match &c.input {
         Input::Pcap(p) => format!("pcap {}", p.display()),

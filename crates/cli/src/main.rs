@@ -2,6 +2,8 @@
 
 mod backends;
 mod check;
+#[cfg(test)]
+mod check_fuzz;
 mod cluster;
 mod eve;
 mod gen;
@@ -143,6 +145,9 @@ struct BenchArgs {
     /// A short run that only exercises the code (noisy numbers).
     #[arg(long)]
     quick: bool,
+    /// How long a bench that runs for a time runs (`soak`), e.g. "10m".
+    #[arg(long, value_name = "DURATION")]
+    duration: Option<String>,
 }
 
 fn main() {
@@ -357,7 +362,15 @@ fn bench(a: &BenchArgs) -> Result<()> {
     } else {
         flowstate_bench::Effort::Full
     };
-    let report = b.run(effort);
+    let report = match &a.duration {
+        Some(d) if b.name == "soak" => {
+            let d = flowstate_config::parse_duration(d)
+                .map_err(|e| anyhow::anyhow!("--duration: {e}"))?;
+            flowstate_bench::soak::run_for(d)
+        }
+        Some(_) => bail!("--duration: only the soak bench takes a duration"),
+        None => b.run(effort),
+    };
     let json = report.to_json();
     if let Some(path) = &a.json {
         write_file(path, &json)?;
