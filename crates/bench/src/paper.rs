@@ -106,6 +106,12 @@ pub const FIGURES: &[Figure] = &[
         refs: &[],
     },
     Figure {
+        bench: "nat-churn",
+        figure: "issue #21 (no paper figure)",
+        shows: "short TCP connections per second through a 100-port NAT pool against Linux's NAT in the same run",
+        refs: &[],
+    },
+    Figure {
         bench: "store-ops",
         figure: "CHC §7.1 (Table 2)",
         shows: "operations per second of the state store against Redis",
