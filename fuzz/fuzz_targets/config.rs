@@ -17,6 +17,9 @@ mod backends;
 #[path = "../../crates/cli/src/check.rs"]
 mod check;
 
+#[path = "../harness/config_check.rs"]
+mod config_check;
+
 use libfuzzer_sys::fuzz_target;
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -28,40 +31,4 @@ fn path() -> &'static PathBuf {
     })
 }
 
-fuzz_target!(|text: &[u8]| {
-    let path = path();
-    std::fs::write(path, text).expect("writing the file");
-    let first = check::load(path);
-    let again = check::load(path);
-    let lines = text.split(|&b| b == b'\n').count();
-    let is_toml = std::str::from_utf8(text)
-        .ok()
-        .is_some_and(|s| s.parse::<toml::Table>().is_ok());
-    match (first, again) {
-        (Ok(loaded), Ok(_)) => {
-            let _ = check::summary(&loaded);
-        }
-        (Err(errors), Err(again)) => {
-            assert!(!errors.is_empty());
-            let show = |e: &flowstate_chain::ConfigErrors| {
-                e.iter()
-                    .map(|e| (e.line, e.key.clone(), e.reason.clone()))
-                    .collect::<Vec<_>>()
-            };
-            assert_eq!(show(&errors), show(&again), "loading twice differs");
-            for e in errors.iter() {
-                assert!(!e.reason.is_empty(), "{e}");
-                if is_toml {
-                    assert!(
-                        !e.key.is_empty(),
-                        "an error of a TOML file names no key: {e}"
-                    );
-                }
-                if let Some(l) = e.line {
-                    assert!(l >= 1 && l <= lines, "line {l} of {lines}: {e}");
-                }
-            }
-        }
-        _ => panic!("loading twice differs"),
-    }
-});
+fuzz_target!(|text: &[u8]| config_check::check(path(), text));

@@ -7,46 +7,9 @@
 
 #![no_main]
 
-use flowstate_proto::{
-    decode, decode_batch_into, encode, peek_header, Limits, Message, Request, HEADER_LEN,
-};
 use libfuzzer_sys::fuzz_target;
 
-fn frames(mut buf: &[u8], limits: &Limits) {
-    let mut ops: Vec<Request<&[u8]>> = Vec::new();
-    while let Ok(Some((frame, used))) = decode(buf, limits) {
-        assert!(used >= HEADER_LEN && used <= buf.len());
-        if let Message::Batch {
-            op_id,
-            ack_only,
-            ops: owned,
-        } = &frame.msg
-        {
-            let h = peek_header(buf, limits)
-                .expect("a decoded frame's header")
-                .expect("a whole header");
-            let borrowed = decode_batch_into(&h, &buf[HEADER_LEN..used], limits, &mut ops);
-            assert_eq!(borrowed.ok(), Some((*op_id, *ack_only)));
-            assert!(ops.iter().map(Request::owned).eq(owned.iter().cloned()));
-        }
-        let mut out = Vec::new();
-        encode(&frame, &mut out);
-        let (again, n) = decode(&out, &Limits::default())
-            .expect("an encoded frame decodes")
-            .expect("an encoded frame is whole");
-        assert_eq!(n, out.len());
-        assert_eq!(again, frame);
-        buf = &buf[used..];
-    }
-}
+#[path = "../harness/proto_check.rs"]
+mod proto_check;
 
-fuzz_target!(|data: &[u8]| {
-    frames(data, &Limits::default());
-    frames(
-        data,
-        &Limits {
-            max_frame: 64,
-            max_ops: 2,
-        },
-    );
-});
+fuzz_target!(|data: &[u8]| proto_check::check(data));

@@ -12,6 +12,8 @@
 //! `FLOWSTATE_FUZZ_CASES=100000 cargo test --release -p flowstate check_fuzz` (or
 //! `scripts/fuzz`) runs it longer.
 
+#[path = "../../../fuzz/harness/config_check.rs"]
+mod config_check;
 #[path = "../../../fuzz/harness/mutate.rs"]
 mod mutate;
 
@@ -222,46 +224,7 @@ fn apply(table: &toml::Table, edits: &[Edit]) -> String {
 /// What the fuzz target checks, on one file.
 fn one(text: &[u8]) {
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let path = dir.path().join("fuzz.toml");
-    std::fs::write(&path, text).expect("writing the file");
-    let first = check::load(&path);
-    let again = check::load(&path);
-    let lines = text.split(|&b| b == b'\n').count();
-    let is_toml = std::str::from_utf8(text)
-        .ok()
-        .is_some_and(|s| s.parse::<toml::Table>().is_ok());
-    match (first, again) {
-        (Ok(loaded), Ok(_)) => {
-            let _ = check::summary(&loaded);
-        }
-        (Err(errors), Err(again)) => {
-            assert!(!errors.is_empty(), "an error without an error");
-            let show = |e: &flowstate_chain::ConfigErrors| {
-                e.iter()
-                    .map(|e| (e.line, e.key.clone(), e.reason.clone()))
-                    .collect::<Vec<_>>()
-            };
-            assert_eq!(show(&errors), show(&again), "loading twice differs");
-            for e in errors.iter() {
-                assert_eq!(e.file, path);
-                assert!(!e.reason.is_empty(), "{e}");
-                if is_toml {
-                    assert!(
-                        !e.key.is_empty(),
-                        "an error of a TOML file names no key: {e}"
-                    );
-                }
-                if let Some(l) = e.line {
-                    assert!(l >= 1 && l <= lines, "line {l} of {lines}: {e}");
-                }
-            }
-        }
-        (a, b) => panic!(
-            "loading twice differs: {:?} then {:?}",
-            a.err().map(|e| e.to_string()),
-            b.err().map(|e| e.to_string())
-        ),
-    }
+    config_check::check(&dir.path().join("fuzz.toml"), text);
 }
 
 /// Every seed loads or fails as its name says (`bad_*` fail).

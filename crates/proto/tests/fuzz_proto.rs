@@ -11,6 +11,8 @@
 
 #[path = "../../../fuzz/harness/mutate.rs"]
 mod mutate;
+#[path = "../../../fuzz/harness/proto_check.rs"]
+mod proto_check;
 
 use flowstate_proto::*;
 use proptest::prelude::*;
@@ -20,61 +22,6 @@ use std::time::Duration;
 fn seeds() -> &'static [(String, Vec<u8>)] {
     static SEEDS: OnceLock<Vec<(String, Vec<u8>)>> = OnceLock::new();
     SEEDS.get_or_init(|| mutate::seeds(env!("CARGO_MANIFEST_DIR"), "proto"))
-}
-
-/// Decodes `buf` as a stream of frames under `limits`, checking what the fuzz target checks.
-/// Returns the frames decoded.
-fn frames(mut buf: &[u8], limits: &Limits) -> usize {
-    let mut ops: Vec<Request<&[u8]>> = Vec::new();
-    let mut n = 0;
-    loop {
-        let (frame, used) = match decode(buf, limits) {
-            Ok(Some(x)) => x,
-            Ok(None) => {
-                // Wanting more bytes is only right when the length field says so.
-                if let Some(len) = buf.get(..4) {
-                    let len = u32::from_le_bytes(len.try_into().unwrap()) as usize;
-                    assert!(buf.len() < 4 + len || buf.len() < HEADER_LEN);
-                }
-                return n;
-            }
-            Err(_) => return n,
-        };
-        n += 1;
-        assert!(used >= HEADER_LEN && used <= buf.len());
-        if let Message::Batch {
-            op_id,
-            ack_only,
-            ops: owned,
-        } = &frame.msg
-        {
-            let h = peek_header(buf, limits)
-                .expect("a decoded frame's header")
-                .expect("a whole header");
-            let borrowed = decode_batch_into(&h, &buf[HEADER_LEN..used], limits, &mut ops);
-            assert_eq!(borrowed.ok(), Some((*op_id, *ack_only)));
-            assert!(ops.iter().map(Request::owned).eq(owned.iter().cloned()));
-        }
-        let mut out = Vec::new();
-        encode(&frame, &mut out);
-        let (again, m) = decode(&out, &Limits::default())
-            .expect("an encoded frame decodes")
-            .expect("an encoded frame is whole");
-        assert_eq!(m, out.len());
-        assert_eq!(again, frame);
-        buf = &buf[used..];
-    }
-}
-
-fn one(input: &[u8]) {
-    frames(input, &Limits::default());
-    frames(
-        input,
-        &Limits {
-            max_frame: 64,
-            max_ops: 2,
-        },
-    );
 }
 
 /// The seeds are whole streams of valid frames.
@@ -91,7 +38,7 @@ fn seeds_decode() {
             n += 1;
         }
         assert!(n > 0, "{name}");
-        one(bytes);
+        proto_check::check(bytes);
     }
 }
 
@@ -102,12 +49,12 @@ proptest! {
     fn fuzz_mutated_seeds(seed in any::<prop::sample::Index>(), edits in mutate::edits(8)) {
         let all = seeds();
         let input = mutate::apply(&all[seed.index(all.len())].1, &edits, all);
-        one(&input);
+        proto_check::check(&input);
     }
 
     #[test]
     fn fuzz_arbitrary_bytes(b in proptest::collection::vec(any::<u8>(), 0..256)) {
-        one(&b);
+        proto_check::check(&b);
     }
 }
 
