@@ -5,6 +5,9 @@
 //! prints why and passes, except in CI (`CI=true`), where it fails. It clears the `nat` and
 //! `lb` state of that Cassandra first, so that both runs start from nothing.
 
+mod common;
+
+use common::{tls_file, with_state};
 use flowstate_driver_cassandra::{CassandraConfig, CassandraConnector, DEFAULT_NODE};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -131,39 +134,6 @@ fn nat_and_lb_output_the_same_packets_on_local_and_cassandra() {
         assert_eq!(first_diff, None, "{nf}: output packets differ");
         connector.drop_nfs(|n| n == nf).expect("clean up");
     }
-}
-
-/// The TLS test files of `scripts/tls-certs` (`$FLOWSTATE_RUN_DIR/tls`, default `.run/tls`).
-fn tls_file(name: &str) -> String {
-    std::env::var_os("FLOWSTATE_RUN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join(".run"))
-        .join("tls")
-        .join(name)
-        .to_string_lossy()
-        .into_owned()
-}
-
-/// `text` with the keys of its `[state]` table replaced by `state`.
-fn with_state(text: &str, state: &str) -> String {
-    let mut out = String::new();
-    let mut in_state = false;
-    for line in text.lines() {
-        let t = line.trim();
-        if t.starts_with('[') {
-            in_state = t == "[state]";
-            out.push_str(line);
-            out.push('\n');
-            if in_state {
-                out.push_str(state);
-                out.push('\n');
-            }
-        } else if !in_state {
-            out.push_str(line);
-            out.push('\n');
-        }
-    }
-    out
 }
 
 /// The NAT on the node of `scripts/cassandra start --secure` (TLS only, PasswordAuthenticator)

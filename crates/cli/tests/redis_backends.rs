@@ -6,6 +6,9 @@
 //! Needs `scripts/redis start` and `scripts/redis-cluster start`. In CI (`CI=true`) a missing
 //! server fails the test; elsewhere the test is skipped with a message.
 
+mod common;
+
+use common::{tls_file, with_state};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -47,28 +50,6 @@ fn run_summary(
     tag: &str,
 ) -> (Vec<u8>, serde_json::Value, PathBuf) {
     run_summary_with(dir, example, workers, tag, None)
-}
-
-/// `example`'s text with its `[state]` table's keys replaced by `state` (lines `key = value`).
-fn with_state(text: &str, state: &str) -> String {
-    let mut out = String::new();
-    let mut in_state = false;
-    for line in text.lines() {
-        let t = line.trim();
-        if t.starts_with('[') {
-            in_state = t == "[state]";
-            out.push_str(line);
-            out.push('\n');
-            if in_state {
-                out.push_str(state);
-                out.push('\n');
-            }
-        } else if !in_state {
-            out.push_str(line);
-            out.push('\n');
-        }
-    }
-    out
 }
 
 /// As [`run_summary`], with `[state]` replaced by `state` when given.
@@ -233,17 +214,6 @@ fn state_list_reads_the_nat_sessions_a_run_left_in_redis() {
         mappings[0]["rows"].as_array().unwrap().len() as i64,
         nat["report"]["active_mappings"].as_i64().unwrap()
     );
-}
-
-/// The TLS test files of `scripts/tls-certs` (`$FLOWSTATE_RUN_DIR/tls`, default `.run/tls`).
-fn tls_file(name: &str) -> String {
-    std::env::var_os("FLOWSTATE_RUN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join(".run"))
-        .join("tls")
-        .join(name)
-        .to_string_lossy()
-        .into_owned()
 }
 
 /// Whether the TLS + ACL server of `scripts/redis start --tls` (or the cluster's first node)

@@ -1,5 +1,6 @@
 //! What the integration tests share (the lab tests, `live.rs` and `cluster.rs`; the browser and
-//! terminal tests, `report.rs`, `live.rs` and `store.rs`). Each test binary uses a part of it.
+//! terminal tests, `report.rs`, `live.rs` and `store.rs`; the stores over TLS, `cassandra.rs`
+//! and `redis_backends.rs`). Each test binary uses a part of it.
 #![allow(dead_code)]
 
 use std::path::Path;
@@ -337,4 +338,37 @@ pub(crate) fn rows(screen: &str) -> impl Iterator<Item = Vec<String>> + '_ {
                 .collect::<Vec<_>>()
         })
         .filter(|cells| !cells.is_empty())
+}
+
+/// The TLS test files of `scripts/tls-certs` (`$FLOWSTATE_RUN_DIR/tls`, default `.run/tls`).
+pub(crate) fn tls_file(name: &str) -> String {
+    std::env::var_os("FLOWSTATE_RUN_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.run"))
+        .join("tls")
+        .join(name)
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// `text` with the keys of its `[state]` table replaced by `state`.
+pub(crate) fn with_state(text: &str, state: &str) -> String {
+    let mut out = String::new();
+    let mut in_state = false;
+    for line in text.lines() {
+        let t = line.trim();
+        if t.starts_with('[') {
+            in_state = t == "[state]";
+            out.push_str(line);
+            out.push('\n');
+            if in_state {
+                out.push_str(state);
+                out.push('\n');
+            }
+        } else if !in_state {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
 }
