@@ -10,13 +10,15 @@
 #[path = "../../../fuzz/harness/mutate.rs"]
 mod mutate;
 
+mod common;
+
+use common::{connect, read};
 use flowstate_proto::{self as proto, Frame, Limits, Message, Op, Reply, Request};
 use flowstate_store::{Config, Server};
 use proptest::prelude::*;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::sync::{Mutex, OnceLock};
-use std::time::Duration;
 
 fn seeds() -> &'static [(String, Vec<u8>)] {
     static SEEDS: OnceLock<Vec<(String, Vec<u8>)>> = OnceLock::new();
@@ -50,27 +52,6 @@ fn shared() -> &'static Mutex<Shared> {
             pushed: 0,
         })
     })
-}
-
-fn connect(addr: SocketAddr) -> TcpStream {
-    let s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s
-}
-
-/// Reads one frame; `None` if the server closed the connection.
-fn read(s: &mut TcpStream) -> Option<Frame> {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        if let Ok(Some((f, _))) = proto::decode(&buf, &Limits::default()) {
-            return Some(f);
-        }
-        match s.read(&mut chunk) {
-            Ok(0) | Err(_) => return None,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    }
 }
 
 fn request(s: &mut TcpStream, id: u64, op: Op) -> Reply {

@@ -2,13 +2,15 @@
 //! lengths, bad versions, too many operations, frames of the wrong kind. Each gets an error
 //! frame or a close; the server keeps serving other clients and loses no acknowledged data.
 
+mod common;
+
+use common::{connect, read};
 use flowstate_proto::{
     self as proto, ErrorCode, Frame, Limits, Message, Op, Reply, Request, HEADER_LEN, VERSION,
 };
 use flowstate_store::{Config, Server};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::time::Duration;
 
 fn server() -> Server {
     Server::start(Config {
@@ -21,27 +23,6 @@ fn server() -> Server {
         ..Config::default()
     })
     .unwrap()
-}
-
-fn connect(addr: SocketAddr) -> TcpStream {
-    let s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s
-}
-
-/// Reads one frame; `None` if the server closed the connection.
-fn read(s: &mut TcpStream) -> Option<Frame> {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        if let Ok(Some((f, _))) = proto::decode(&buf, &Limits::default()) {
-            return Some(f);
-        }
-        match s.read(&mut chunk) {
-            Ok(0) | Err(_) => return None,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    }
 }
 
 fn send(s: &mut TcpStream, id: u64, msg: Message) {
