@@ -36,6 +36,7 @@
 
 pub mod window;
 
+use crate::early_drop::Candidates;
 use crate::listing::{Cell, Row, StoreReader, TableInfo};
 use crate::{
     BuildError, Context, Direction, NetworkFunction, NfFactory, Packet, Verdict, WorkerInfo,
@@ -48,7 +49,6 @@ use flowstate_wire::flow::proto;
 use flowstate_wire::{icmp, tcp, FlowKey};
 use serde::Deserialize;
 use std::cell::RefCell;
-use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -988,13 +988,12 @@ impl Factory {
         state: &mut Declare<'_>,
         worker: WorkerInfo,
     ) -> Result<Firewall, BuildError> {
-        let early = self.0.early_drop;
         Ok(Firewall {
             limit: self
                 .0
                 .max_connections
                 .div_ceil(u64::from(worker.count.max(1))) as usize,
-            candidates: RefCell::new(VecDeque::with_capacity(if early { CANDIDATES } else { 0 })),
+            candidates: RefCell::new(Candidates::new(self.0.early_drop)),
             early_dropped: state.counter(
                 "conns_early_dropped",
                 Scope::CrossFlow(&[]),
@@ -1107,17 +1106,11 @@ pub struct Firewall {
     expired: Counter,
     /// This worker's share of `max_connections`.
     limit: usize,
-    /// Connections that may be expendable, oldest first (opened, or ended): checked when
-    /// taken.
-    candidates: RefCell<VecDeque<FlowKey>>,
+    /// Connections that may be expendable (opened, or ended): early drop's candidates.
+    candidates: RefCell<Candidates<FlowKey>>,
     /// Connections ended early to make room.
     early_dropped: Counter,
 }
-
-/// Early-drop candidates remembered per worker, at most.
-const CANDIDATES: usize = 1 << 16;
-/// Candidates looked at for one new connection, at most.
-const EARLY_DROP_SCAN: usize = 64;
 
 impl ConnState {
     /// Whether a connection in this state may be ended early (conntrack's early drop takes
@@ -1226,35 +1219,22 @@ impl Firewall {
     /// Remembers a connection that is, or may become, expendable.
     #[inline]
     fn candidate(&self, key: FlowKey) {
-        if self.cfg.early_drop {
-            let mut c = self.candidates.borrow_mut();
-            if c.len() == CANDIDATES {
-                c.pop_front();
-            }
-            c.push_back(key);
-        }
+        self.candidates.borrow_mut().remember(key);
     }
 
-    /// Early drop: ends the oldest expendable connection among the next [`EARLY_DROP_SCAN`]
-    /// candidates.
+    /// Early drop: ends the oldest expendable connection among the next candidates.
     fn make_room(&self) -> bool {
-        if !self.cfg.early_drop {
-            return false;
-        }
-        for _ in 0..EARLY_DROP_SCAN {
-            let Some(k) = self.candidates.borrow_mut().pop_front() else {
-                return false;
-            };
+        self.candidates.borrow_mut().make_room(|k| {
             let Ok(Some(c)) = self.conns.with(&k, |c| c.copied()) else {
-                continue;
+                return false;
             };
             if c.state.expendable() && self.conns.remove_nowait(&k).is_some() {
                 self.gauge(c.state, -1);
                 self.early_dropped.add_nowait(1);
                 return true;
             }
-        }
-        false
+            false
+        })
     }
 
     fn gauge(&self, state: ConnState, delta: i64) {

@@ -321,6 +321,7 @@ pub fn endpoint_partition(addr: std::net::IpAddr, port: u16, proto: u8, partitio
 }
 
 pub mod counter;
+mod early_drop;
 pub mod eve;
 pub mod firewall;
 pub mod ips;

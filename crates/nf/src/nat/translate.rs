@@ -10,6 +10,7 @@ use super::{
     DROP_REASONS, EXTERNAL_SOURCE, FILTERED, FRAGMENT, ICMP_ERROR, IPV6, MALFORMED, NF,
     NOT_EXTERNAL, NO_MAPPING, POOL_EXHAUSTED, SESSION_LIMIT, STATE_ERROR, UNSUPPORTED,
 };
+use crate::early_drop::Candidates;
 use crate::listing::Row;
 use crate::{BuildError, Context, Direction, NetworkFunction, Packet, Verdict, WorkerInfo};
 use flowstate_state::{Access, Counter, CounterMap, Declare, Nanos, Scope};
@@ -17,15 +18,9 @@ use flowstate_wire::dissect::{Fragment, Network, Transport};
 use flowstate_wire::flow::proto;
 use flowstate_wire::icmp::v4::types as icmp_type;
 use flowstate_wire::{icmp, ipv4, tcp, FlowKey};
-use std::collections::VecDeque;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
-
-/// Candidates for early drop remembered per worker, at most.
-const CANDIDATES: usize = 1 << 16;
-/// Candidates looked at for one new session, at most.
-const EARLY_DROP_SCAN: usize = 64;
 
 /// Which endpoint of a packet to rewrite.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -205,9 +200,8 @@ pub struct Translator<T> {
     inbound_refresh: bool,
     /// This worker's share of `max_sessions`.
     max_sessions: usize,
-    early_drop: bool,
-    /// Sessions that may be expendable, oldest first (opened, or closing): checked when taken.
-    candidates: VecDeque<FlowKey>,
+    /// Sessions that may be expendable (opened, or closing): early drop's candidates.
+    candidates: Candidates<FlowKey>,
     ipv6: Ipv6Policy,
     /// The external addresses, sorted (for [`Translator::is_external`]).
     external: Vec<u32>,
@@ -267,8 +261,7 @@ impl<T: NatTable> Translator<T> {
             hairpinning: config.hairpinning,
             inbound_refresh: config.refresh == Refresh::Both,
             max_sessions: config.max_sessions.div_ceil(u64::from(worker.count)) as usize,
-            early_drop: config.early_drop,
-            candidates: VecDeque::with_capacity(if config.early_drop { CANDIDATES } else { 0 }),
+            candidates: Candidates::new(config.early_drop),
             ipv6: config.ipv6,
             external,
             translations: state.counter("translations", part, Access::WriteMostly)?,
@@ -491,30 +484,20 @@ impl<T: NatTable> Translator<T> {
     /// Remembers a session that is, or may become, expendable.
     #[inline]
     fn candidate(&mut self, flow: FlowKey) {
-        if self.early_drop {
-            if self.candidates.len() == CANDIDATES {
-                self.candidates.pop_front();
-            }
-            self.candidates.push_back(flow);
-        }
+        self.candidates.remember(flow);
     }
 
-    /// Early drop: ends the oldest expendable session among the next [`EARLY_DROP_SCAN`]
-    /// candidates (one whose mapping it is the last session of, when a port is `for_port`).
+    /// Early drop: ends the oldest expendable session among the next candidates (one whose
+    /// mapping it is the last session of, when a port is `for_port`).
     fn make_room(&mut self, for_port: bool) -> bool {
-        if !self.early_drop {
-            return false;
+        let table = &mut self.table;
+        let ended = self
+            .candidates
+            .make_room(|k| table.early_drop(&k, for_port));
+        if ended {
+            self.early_dropped.add_nowait(1);
         }
-        for _ in 0..EARLY_DROP_SCAN {
-            let Some(k) = self.candidates.pop_front() else {
-                return false;
-            };
-            if self.table.early_drop(&k, for_port) {
-                self.early_dropped.add_nowait(1);
-                return true;
-            }
-        }
-        false
+        ended
     }
 
     /// Translates an ICMP error quoting a packet of a session (RFC 5508 REQ-3, REQ-4). The
