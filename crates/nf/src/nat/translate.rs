@@ -6,7 +6,7 @@
 
 use super::rewrite::{is_icmp_error, quoted, rewrite, rewrite_quoted, tcp_flags};
 use super::{
-    out_key, tcp_established, tcp_step, Config, Endpoint, Filtering, Ipv6Policy, Refresh,
+    in_key, out_key, tcp_established, tcp_step, Config, Endpoint, Filtering, Ipv6Policy, Refresh,
     DROP_REASONS, EXTERNAL_SOURCE, FILTERED, FRAGMENT, ICMP_ERROR, IPV6, MALFORMED, NF,
     NOT_EXTERNAL, NO_MAPPING, POOL_EXHAUSTED, SESSION_LIMIT, STATE_ERROR, UNSUPPORTED,
 };
@@ -356,14 +356,13 @@ impl<T: NatTable> Translator<T> {
         (ip, port): (Ipv4Addr, u16),
         now: Nanos,
     ) -> Verdict {
-        let echo = flow.proto == proto::ICMP;
-        let back = FlowKey::new(
-            IpAddr::V4(ip),
-            flow.dst,
-            port,
-            if echo { port } else { flow.dst_port },
-            flow.proto,
-        );
+        // The packet as it goes back in: the reverse of the session's reply key.
+        let session = super::OutSession {
+            ext_ip: ip,
+            ext_port: port,
+            tcp: 0,
+        };
+        let back = in_key(flow, &session).reversed();
         let found = match self.find_in(&back, kind, now) {
             Ok(f) => f,
             Err(why) => return self.drop_packet(why),
