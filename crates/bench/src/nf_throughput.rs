@@ -87,6 +87,10 @@ pub(crate) fn run(effort: Effort) -> Report {
                         cpu / lookup_cpu,
                     );
                 }
+                if workers == 1 && name != "noop" {
+                    // Not in the rates: the copy of a stopping worker's state into the store.
+                    report.metric(&format!("{name}_write_out_s_{label}"), run.write_out_secs);
+                }
                 per_core.insert((name, workers), pc);
             }
             let one = per_core[&(name, 1)];
@@ -247,16 +251,19 @@ fn visit_order(n: usize) -> Vec<usize> {
 
 /// What [`chain_run`] measured.
 pub(crate) struct ChainRun {
-    /// Total Mpps of the workers, the final write-out to the store included.
+    /// Total Mpps of the workers, until the store has every change they queued.
     pub(crate) mpps: f64,
-    /// Total Mpps while packets flowed (the final write-out excluded).
+    /// Total Mpps while packets flowed (the final drain of queued changes excluded).
     pub(crate) mpps_forwarding: f64,
-    /// Packets per CPU-second the workers used, the final write-out included.
+    /// Packets per CPU-second the workers used, the final drain included.
     pub(crate) mpps_per_cpu: f64,
     /// Packets per CPU-second the workers used while packets flowed.
     pub(crate) mpps_per_cpu_forwarding: f64,
-    /// Seconds the slowest worker's final write-out took.
+    /// Seconds the slowest worker's final drain of queued changes took.
     pub(crate) drain_secs: f64,
+    /// Seconds the slowest worker's write-out of its whole state took after that
+    /// ([`Partition::flush_all`], what a stopping worker does; nothing a packet waits for).
+    pub(crate) write_out_secs: f64,
     /// Flushes held back because the store was behind, and failed flushes, over all workers.
     pub(crate) held_back: u64,
     pub(crate) errors: u64,
@@ -269,6 +276,7 @@ struct WorkerRun {
     total: f64,
     cpu: f64,
     cpu_forwarding: f64,
+    write_out: f64,
     held_back: u64,
     errors: u64,
 }
@@ -356,14 +364,17 @@ pub(crate) fn chain_run(
                         stats.held_back.load(Ordering::Relaxed),
                         stats.errors.load(Ordering::Relaxed),
                     );
-                    part.flush_all(now_since(origin)).expect("final flush");
+                    part.sync(now_since(origin)).expect("final drain");
                     let cpu = thread_cpu_seconds() - cpu;
+                    let total = start.elapsed().as_secs_f64();
+                    part.flush_all(now_since(origin)).expect("write-out");
                     WorkerRun {
                         packets: n,
                         forwarding,
-                        total: start.elapsed().as_secs_f64(),
+                        total,
                         cpu,
                         cpu_forwarding,
+                        write_out: start.elapsed().as_secs_f64() - total,
                         held_back: held,
                         errors,
                     }
@@ -385,6 +396,7 @@ pub(crate) fn chain_run(
             / results.iter().map(|r| r.cpu_forwarding).sum::<f64>()
             / 1e6,
         drain_secs: slowest(|r| r.total - r.forwarding),
+        write_out_secs: slowest(|r| r.write_out),
         held_back: results.iter().map(|r| r.held_back).sum(),
         errors: results.iter().map(|r| r.errors).sum(),
     }

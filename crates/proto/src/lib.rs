@@ -43,6 +43,7 @@
 //! pushed ([`Message::Notify`]), and expiry notifications sent to exactly one subscriber
 //! (StatelessNF §4.1).
 
+use flowstate_objects::Action;
 use std::time::Duration;
 
 /// The protocol version this crate speaks.
@@ -78,51 +79,8 @@ impl Default for Limits {
     }
 }
 
-/// The type of an object (mirrors the state API's kinds).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Kind {
-    /// One blob.
-    Value = 0,
-    /// A signed 64-bit counter.
-    Counter = 1,
-    /// A FIFO of blobs.
-    List = 2,
-    /// A set of blobs.
-    Set = 3,
-    /// Blob fields to blob values.
-    Map = 4,
-    /// Blob fields to counters.
-    CounterMap = 5,
-}
-
-impl Kind {
-    /// Every kind, by code.
-    pub const ALL: [Kind; 6] = [
-        Kind::Value,
-        Kind::Counter,
-        Kind::List,
-        Kind::Set,
-        Kind::Map,
-        Kind::CounterMap,
-    ];
-
-    /// The kind with this wire code.
-    pub fn from_code(c: u8) -> Option<Kind> {
-        Kind::ALL.get(usize::from(c)).copied()
-    }
-
-    /// The type name (`Value`, `Counter`, ...), as in object keys.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Kind::Value => "Value",
-            Kind::Counter => "Counter",
-            Kind::List => "List",
-            Kind::Set => "Set",
-            Kind::Map => "Map",
-            Kind::CounterMap => "CounterMap",
-        }
-    }
-}
+/// The type of an object (the state API's kinds); its discriminant is its wire code.
+pub use flowstate_objects::Kind;
 
 /// One operation on one object. The first 22 mirror the state API's operations and have its
 /// semantics exactly; [`Op::Claim`] and [`Op::Handover`] manage ownership (CHC §5.1).
@@ -424,6 +382,53 @@ impl<B: AsRef<[u8]>> Op<B> {
                 | Op::ReadAll { .. }
         )
     }
+
+    /// What the operation does to its object, as [`flowstate_objects`] defines it (the
+    /// in-process store's semantics exactly); `None` for the leases and ownership
+    /// ([`Op::Lock`], [`Op::Unlock`], [`Op::Claim`], [`Op::Handover`]), which the server
+    /// keeps beside the objects.
+    pub fn action(&self) -> Option<Action<'_>> {
+        fn b<B: AsRef<[u8]>>(x: &B) -> &[u8] {
+            x.as_ref()
+        }
+        Some(match self {
+            Op::Get { .. } => Action::Get,
+            Op::Set { value, .. } => Action::Set { value: b(value) },
+            Op::Delete { .. } => Action::Delete,
+            Op::Add { delta, .. } => Action::Add { delta: *delta },
+            Op::GetCounter { .. } => Action::GetCounter,
+            Op::SetCounter { value, .. } => Action::SetCounter { value: *value },
+            Op::Push { item, .. } => Action::Push { item: b(item) },
+            Op::Pop { .. } => Action::Pop,
+            Op::Insert { member, .. } => Action::Insert { member: b(member) },
+            Op::Remove { member, .. } => Action::Remove { member: b(member) },
+            Op::Contains { member, .. } => Action::Contains { member: b(member) },
+            Op::MapGet { field, .. } => Action::MapGet { field: b(field) },
+            Op::MapSet { field, value, .. } => Action::MapSet {
+                field: b(field),
+                value: b(value),
+            },
+            Op::MapDelete { field, .. } => Action::MapDelete { field: b(field) },
+            Op::MapAdd { field, delta, .. } => Action::MapAdd {
+                field: b(field),
+                delta: *delta,
+            },
+            Op::MapGetCounter { field, .. } => Action::MapGetCounter { field: b(field) },
+            Op::CompareAndSet { expected, new, .. } => Action::CompareAndSet {
+                expected: expected.as_ref().map(b),
+                new: new.as_ref().map(b),
+            },
+            Op::Expire { field, ttl, .. } => Action::Expire {
+                field: field.as_ref().map(b),
+                ttl: *ttl,
+            },
+            Op::Len { kind, .. } => Action::Len { kind: *kind },
+            Op::ReadAll { kind, .. } => Action::ReadAll { kind: *kind },
+            Op::Lock { .. } | Op::Unlock { .. } | Op::Claim { .. } | Op::Handover { .. } => {
+                return None
+            }
+        })
+    }
 }
 
 /// Names of the opcodes, indexed by [`Op::code`].
@@ -498,30 +503,7 @@ impl<B> From<Op<B>> for Request<B> {
 }
 
 /// A whole object, as [`Op::ReadAll`] returns it and subscriptions push it.
-#[allow(missing_docs)]
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Object {
-    Value(Vec<u8>),
-    Counter(i64),
-    List(Vec<Vec<u8>>),
-    Set(Vec<Vec<u8>>),
-    Map(Vec<(Vec<u8>, Vec<u8>)>),
-    CounterMap(Vec<(Vec<u8>, i64)>),
-}
-
-impl Object {
-    /// Its kind.
-    pub fn kind(&self) -> Kind {
-        match self {
-            Object::Value(_) => Kind::Value,
-            Object::Counter(_) => Kind::Counter,
-            Object::List(_) => Kind::List,
-            Object::Set(_) => Kind::Set,
-            Object::Map(_) => Kind::Map,
-            Object::CounterMap(_) => Kind::CounterMap,
-        }
-    }
-}
+pub use flowstate_objects::Object;
 
 /// The answer to one operation.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,6 +7,7 @@
 //! [`conformance`](crate::conformance) suite.
 
 use crate::key::{Kind, ObjectKey};
+use flowstate_objects::Action;
 use std::time::Duration;
 
 /// Bytes of an encoded value, member or field.
@@ -204,25 +205,48 @@ impl Op {
             | Op::Unlock { key, .. } => key,
         }
     }
+
+    /// What the operation does to its object (`None` for the leases, [`Op::Lock`] and
+    /// [`Op::Unlock`], which live beside the objects).
+    pub fn action(&self) -> Option<Action<'_>> {
+        Some(match self {
+            Op::Get { .. } => Action::Get,
+            Op::Set { value, .. } => Action::Set { value },
+            Op::Delete { .. } => Action::Delete,
+            Op::Add { delta, .. } => Action::Add { delta: *delta },
+            Op::GetCounter { .. } => Action::GetCounter,
+            Op::SetCounter { value, .. } => Action::SetCounter { value: *value },
+            Op::Push { item, .. } => Action::Push { item },
+            Op::Pop { .. } => Action::Pop,
+            Op::Insert { member, .. } => Action::Insert { member },
+            Op::Remove { member, .. } => Action::Remove { member },
+            Op::Contains { member, .. } => Action::Contains { member },
+            Op::MapGet { field, .. } => Action::MapGet { field },
+            Op::MapSet { field, value, .. } => Action::MapSet { field, value },
+            Op::MapDelete { field, .. } => Action::MapDelete { field },
+            Op::MapAdd { field, delta, .. } => Action::MapAdd {
+                field,
+                delta: *delta,
+            },
+            Op::MapGetCounter { field, .. } => Action::MapGetCounter { field },
+            Op::CompareAndSet { expected, new, .. } => Action::CompareAndSet {
+                expected: expected.as_deref(),
+                new: new.as_deref(),
+            },
+            Op::Expire { field, ttl, .. } => Action::Expire {
+                field: field.as_deref(),
+                ttl: *ttl,
+            },
+            Op::Len { kind, .. } => Action::Len { kind: *kind },
+            Op::ReadAll { kind, .. } => Action::ReadAll { kind: *kind },
+            Op::Lock { .. } | Op::Unlock { .. } => return None,
+        })
+    }
 }
 
 /// A whole object as [`Op::ReadAll`] returns it; collections in the store's order (maps and
 /// sets sorted by their encoded bytes).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Object {
-    /// A value.
-    Value(Bytes),
-    /// A counter.
-    Counter(i64),
-    /// List items, first first.
-    List(Vec<Bytes>),
-    /// Set members.
-    Set(Vec<Bytes>),
-    /// Map fields and values.
-    Map(Vec<(Bytes, Bytes)>),
-    /// Counter-map fields and counts.
-    CounterMap(Vec<(Bytes, i64)>),
-}
+pub use flowstate_objects::Object;
 
 /// The reply to one [`Op`].
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -645,15 +645,29 @@ impl Partition {
         self.end_flush_all()
     }
 
+    /// Sends every queued change and waits until the store has it, as
+    /// [`flush_all`](Self::flush_all) does, except that what only an authoritative cache
+    /// holds (state of this worker alone, on the in-process store) is not copied out: a
+    /// running worker's steady state, where `flush_all` is the write-out at its end.
+    pub fn sync(&mut self, now: Nanos) -> Result<(), StateError> {
+        self.begin_write(now, false)?;
+        self.end_flush_all()
+    }
+
     /// The first half of [`flush_all`](Self::flush_all): hands every change to the store
     /// without waiting, so that several partitions' writes travel at once (a cluster instance
     /// commits every partition a batch touched before it lets the batch's packets go).
     /// [`end_flush_all`](Self::end_flush_all) waits for the store's answer.
     pub fn begin_flush_all(&mut self, now: Nanos) -> Result<(), StateError> {
+        self.begin_write(now, true)
+    }
+
+    /// Hands the queued changes (`all`: and what authoritative caches hold) to the store.
+    fn begin_write(&mut self, now: Nanos, all: bool) -> Result<(), StateError> {
         self.end_flush_all()?;
         let mut ops = Vec::new();
         for o in &self.objects {
-            o.borrow_mut().drain(now, true, &mut ops);
+            o.borrow_mut().drain(now, all, &mut ops);
         }
         if ops.is_empty() && self.link.backlog.borrow().is_empty() && !self.link.unsynced.get() {
             return Ok(());

@@ -667,23 +667,25 @@ impl<T: Codec> Flushable for SetObj<T> {
 // ------------------------------------------------------------------------------------------
 // Map
 
+/// A cached entry. With a flow key (40 bytes) and a small value (the NAT's sessions: 8), it
+/// is one 64-byte cache line of the [`FlowTable`]: a field more would make it two, and double
+/// the lines a lookup loads (checked below for the NAT's shape).
 struct Slot<V> {
     value: V,
     /// Expiry time, 0 for none.
     deadline: Nanos,
-    /// Deadline of this entry's node in the timer heap, 0 for none.
-    timer: Nanos,
     /// When the store's copy expires, as last told (0: not told). Kept at or after `deadline`
     /// so the store never loses an entry a worker still uses (see [`renewal_ttl`]).
     stored: Nanos,
 }
+
+const _: () = assert!(std::mem::size_of::<Option<(flowstate_wire::FlowKey, Slot<u64>)>>() <= 64);
 
 impl<V> Slot<V> {
     fn new(value: V) -> Self {
         Slot {
             value,
             deadline: 0,
-            timer: 0,
             stored: 0,
         }
     }
@@ -881,13 +883,10 @@ impl<K: Codec + Hash + Ord + Clone + 'static, V: Codec + 'static> Map<K, V> {
         let before = (!authoritative).then(|| slot.value.clone());
         let (ttl, r) = f(&mut slot.value);
         let deadline = now.saturating_add(ttl.as_nanos() as u64).max(1);
+        // Every entry with a deadline has a timer node due no later than it: a node is pushed
+        // for a first or an earlier deadline only; a later one is found when the node fires.
+        let arm = slot.deadline == 0 || deadline < slot.deadline;
         slot.deadline = deadline;
-        // One timer node per entry: a later deadline is found when the earlier node fires.
-        let arm = slot.timer == 0 || deadline < slot.timer;
-        if arm {
-            slot.timer = deadline;
-            o.timers.push(Reverse((deadline, k.clone())));
-        }
         if let Some(before) = before {
             o.now = o.now.max(now);
             if before != slot.value {
@@ -895,6 +894,9 @@ impl<K: Codec + Hash + Ord + Clone + 'static, V: Codec + 'static> Map<K, V> {
             } else if deadline > slot.stored {
                 o.renew.insert(k.clone());
             }
+        }
+        if arm {
+            o.push_timer(deadline, k);
         }
         Ok(Some(r))
     }
@@ -943,6 +945,21 @@ impl<K: Codec + Hash + Ord + Clone + 'static, V: Codec + 'static> Map<K, V> {
 }
 
 impl<K: Codec + Hash + Ord + Clone, V: Codec> MapObj<K, V> {
+    /// Pushes a timer node for `k` at `at`. Nodes outnumbering the entries twice over (extra
+    /// ones from earlier deadlines and replaced entries) are rebuilt as one per timed entry,
+    /// so the heap stays within twice the cache, at amortised constant cost.
+    fn push_timer(&mut self, at: Nanos, k: &K) {
+        self.timers.push(Reverse((at, k.clone())));
+        if self.timers.len() > 2 * self.cache.len() + 64 {
+            self.timers = self
+                .cache
+                .iter()
+                .filter(|(_, s)| s.deadline != 0)
+                .map(|(k, s)| Reverse((s.deadline, k.clone())))
+                .collect();
+        }
+    }
+
     /// The next entry whose time has come by `now`, removed from the cache.
     fn pop_expired(&mut self, now: Nanos) -> Option<(K, V)> {
         while let Some(Reverse((at, _))) = self.timers.peek() {
@@ -951,18 +968,20 @@ impl<K: Codec + Hash + Ord + Clone, V: Codec> MapObj<K, V> {
             }
             let Reverse((at, k)) = self.timers.pop()?;
             let Some(slot) = self.cache.get_mut(&k) else {
-                continue;
+                continue; // removed since
             };
-            if slot.timer != at {
-                continue; // a stale node: the entry was replaced and has a timer of its own
-            }
-            if slot.deadline == 0 {
-                slot.timer = 0;
+            if slot.deadline == 0 || slot.deadline < at {
+                // Replaced without a time to live, or given an earlier deadline, which has a
+                // node of its own.
                 continue;
             }
-            if slot.deadline > now {
-                slot.timer = slot.deadline; // renewed: wait for the new time
-                self.timers.push(Reverse((slot.deadline, k)));
+            if slot.deadline > at {
+                // Renewed: wait for the new time, which may have come too. An entry expires
+                // at the node of its own deadline, so entries expire in (deadline, key) order.
+                // (An entry replaced since its node was pushed may have more than one node;
+                // the extra ones go when it does, or at the next rebuild.)
+                let at = slot.deadline;
+                self.push_timer(at, &k);
                 continue;
             }
             let slot = self.cache.remove(&k)?;

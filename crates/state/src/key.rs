@@ -4,36 +4,11 @@
 use core::fmt;
 use std::sync::Arc;
 
-/// The type of a state object; part of its key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Kind {
-    /// [`Value`](crate::Value): one blob.
-    Value,
-    /// [`Counter`](crate::Counter): a signed 64-bit counter.
-    Counter,
-    /// [`List`](crate::List): a FIFO of values.
-    List,
-    /// [`Set`](crate::Set): a set of values.
-    Set,
-    /// [`Map`](crate::Map): keys to values.
-    Map,
-    /// [`CounterMap`](crate::CounterMap): keys to counters.
-    CounterMap,
-}
-
-impl Kind {
-    /// The type name used in keys (`Counter`, `Map`, ...).
-    pub const fn name(self) -> &'static str {
-        match self {
-            Kind::Value => "Value",
-            Kind::Counter => "Counter",
-            Kind::List => "List",
-            Kind::Set => "Set",
-            Kind::Map => "Map",
-            Kind::CounterMap => "CounterMap",
-        }
-    }
-}
+/// The type of a state object; part of its key: [`Value`](crate::Value) (one blob),
+/// [`Counter`](crate::Counter) (a signed 64-bit counter), [`List`](crate::List) (a FIFO of
+/// values), [`Set`](crate::Set), [`Map`](crate::Map) (keys to values) or
+/// [`CounterMap`](crate::CounterMap) (keys to counters).
+pub use flowstate_objects::Kind;
 
 /// Who owns a partition of state: an NF, one of its instances, one core of that instance.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -16,16 +16,14 @@
 //! * With [`LocalConfig::max_objects`] set, an operation that would create an object beyond the
 //!   limit replies [`OpError::Refused`]; the store never panics and never grows past it.
 //!
-//! Overwrites and time to live: an operation that replaces a whole value ([`Op::Set`],
-//! [`Op::SetCounter`], a successful [`Op::CompareAndSet`]) clears the object's time to live, and
-//! [`Op::MapSet`] clears that field's; updates in place ([`Op::Add`], [`Op::Push`],
-//! [`Op::Insert`], ...) keep it. This is what Redis does.
+//! What each operation does to an object (time to live included: overwrites clear it, as in
+//! Redis) is [`flowstate_objects`], which the store server (`flowstate-store`) runs too; this
+//! module adds keys, shards, the object limit and the leases.
 
-use crate::backend::{Backend, BackendError, Bytes, Connector, Object, Op, OpError, Reply};
+use crate::backend::{Backend, BackendError, Connector, Op, OpError, Reply};
 use crate::key::{Kind, ObjectKey};
 use core::fmt;
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, VecDeque};
+use flowstate_objects::{Absent, Outcome, Spare, Stored};
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -121,8 +119,9 @@ struct Inner {
 
 #[derive(Default)]
 struct Shard {
-    objects: HashMap<ObjectKey, Entry>,
-    locks: HashMap<ObjectKey, Lease>,
+    objects: foldhash::HashMap<ObjectKey, Stored>,
+    locks: foldhash::HashMap<ObjectKey, Lease>,
+    spare: Spare,
 }
 
 struct Lease {
@@ -130,234 +129,82 @@ struct Lease {
     until: Duration,
 }
 
-struct Entry {
-    obj: Obj,
-    /// End of the object's time to live.
-    deadline: Option<Duration>,
-}
-
-enum Obj {
-    Value(Bytes),
-    Counter(i64),
-    List(VecDeque<Bytes>),
-    Set(BTreeSet<Bytes>),
-    Map(MapObj),
-    CounterMap(BTreeMap<Bytes, i64>),
-}
-
-#[derive(Default)]
-struct MapObj {
-    fields: BTreeMap<Bytes, Bytes>,
-    /// Ends of the time to live of some fields.
-    deadlines: HashMap<Bytes, Duration>,
-    /// The same deadlines by time, earliest first, so that finding the expired fields costs
-    /// nothing while none is: an entry whose field has another deadline now (or none) is
-    /// stale and skipped when it comes up.
-    expiry: BinaryHeap<Reverse<(Duration, Bytes)>>,
-}
-
-impl MapObj {
-    /// Field `f` expires at `at`.
-    fn set_deadline(&mut self, f: &Bytes, at: Duration) {
-        self.deadlines.insert(f.clone(), at);
-        self.expiry.push(Reverse((at, f.clone())));
-        if self.expiry.len() > 2 * self.deadlines.len() + 64 {
-            #[cfg(test)]
-            tests::count_steps(self.deadlines.len() as u64);
-            // Mostly stale (renewed fields): rebuild from the deadlines.
-            self.expiry = self
-                .deadlines
-                .iter()
-                .map(|(f, d)| Reverse((*d, f.clone())))
-                .collect();
-        }
-    }
-
-    /// Drops the fields whose time is up at `now`.
-    fn prune(&mut self, now: Duration) {
-        while let Some(Reverse((at, _))) = self.expiry.peek() {
-            #[cfg(test)]
-            tests::count_steps(1);
-            if *at > now {
-                break;
-            }
-            let Some(Reverse((at, f))) = self.expiry.pop() else {
-                break;
-            };
-            if self.deadlines.get(&f) == Some(&at) {
-                self.deadlines.remove(&f);
-                self.fields.remove(&f);
-            }
-        }
-    }
-
-    /// Whether no field has expired at `now` (cheap, may say no when one only seems to have).
-    fn none_expired(&self, now: Duration) -> bool {
-        self.expiry.peek().is_none_or(|Reverse((at, _))| *at > now)
-    }
-}
-
 /// An operation would create an object in a full store.
 struct Full;
 
-impl Obj {
-    fn empty(kind: Kind) -> Obj {
-        match kind {
-            Kind::Value => Obj::Value(Bytes::new()),
-            Kind::Counter => Obj::Counter(0),
-            Kind::List => Obj::List(VecDeque::new()),
-            Kind::Set => Obj::Set(BTreeSet::new()),
-            Kind::Map => Obj::Map(MapObj::default()),
-            Kind::CounterMap => Obj::CounterMap(BTreeMap::new()),
-        }
+/// The store's reply for what an operation did.
+fn reply(key: &ObjectKey, outcome: Outcome) -> Reply {
+    match outcome {
+        Outcome::Done => Reply::Done,
+        Outcome::Value(v) => Reply::Value(v),
+        Outcome::Int(n) => Reply::Int(n),
+        Outcome::Bool(b) => Reply::Bool(b),
+        Outcome::Len(n) => Reply::Len(n),
+        Outcome::Object(o) => Reply::Object(o),
+        Outcome::WrongKind { wanted, found } => Reply::Error(OpError::WrongKind {
+            key: key.to_string(),
+            wanted: wanted.name(),
+            found: found.name(),
+        }),
+        Outcome::Refused(r) => Reply::Error(OpError::Refused(r.message(key))),
     }
-
-    fn kind(&self) -> Kind {
-        match self {
-            Obj::Value(_) => Kind::Value,
-            Obj::Counter(_) => Kind::Counter,
-            Obj::List(_) => Kind::List,
-            Obj::Set(_) => Kind::Set,
-            Obj::Map(_) => Kind::Map,
-            Obj::CounterMap(_) => Kind::CounterMap,
-        }
-    }
-
-    /// Items, members or fields; `None` for values and counters.
-    fn len(&self) -> Option<usize> {
-        match self {
-            Obj::Value(_) | Obj::Counter(_) => None,
-            Obj::List(l) => Some(l.len()),
-            Obj::Set(s) => Some(s.len()),
-            Obj::Map(m) => Some(m.fields.len()),
-            Obj::CounterMap(m) => Some(m.len()),
-        }
-    }
-
-    fn to_object(&self) -> Object {
-        match self {
-            Obj::Value(v) => Object::Value(v.clone()),
-            Obj::Counter(c) => Object::Counter(*c),
-            Obj::List(l) => Object::List(l.iter().cloned().collect()),
-            Obj::Set(s) => Object::Set(s.iter().cloned().collect()),
-            Obj::Map(m) => Object::Map(
-                m.fields
-                    .iter()
-                    .map(|(f, v)| (f.clone(), v.clone()))
-                    .collect(),
-            ),
-            Obj::CounterMap(m) => {
-                Object::CounterMap(m.iter().map(|(f, c)| (f.clone(), *c)).collect())
-            }
-        }
-    }
-}
-
-impl Entry {
-    fn new(obj: Obj) -> Entry {
-        Entry {
-            obj,
-            deadline: None,
-        }
-    }
-
-    /// Drops map fields whose time is up; whether the whole entry is now dead (its own time is
-    /// up, or it was a map whose every field expired).
-    fn prune(&mut self, now: Duration) -> bool {
-        if self.deadline.is_some_and(|d| d <= now) {
-            return true;
-        }
-        if let Obj::Map(m) = &mut self.obj {
-            if !m.deadlines.is_empty() {
-                m.prune(now);
-                return m.fields.is_empty();
-            }
-        }
-        false
-    }
-
-    /// Whether the entry is visible at `now`, without changing it.
-    fn alive(&self, now: Duration) -> bool {
-        if self.deadline.is_some_and(|d| d <= now) {
-            return false;
-        }
-        match &self.obj {
-            Obj::Map(m) if !m.deadlines.is_empty() => {
-                if m.none_expired(now) {
-                    !m.fields.is_empty()
-                } else {
-                    m.fields
-                        .keys()
-                        .any(|f| m.deadlines.get(f).is_none_or(|d| *d > now))
-                }
-            }
-            _ => true,
-        }
-    }
-}
-
-fn wrong(key: &ObjectKey, wanted: Kind, found: &Obj) -> Reply {
-    Reply::Error(OpError::WrongKind {
-        key: key.to_string(),
-        wanted: wanted.name(),
-        found: found.kind().name(),
-    })
-}
-
-fn len_reply(n: usize) -> Reply {
-    Reply::Len(u64::try_from(n).unwrap_or(u64::MAX))
-}
-
-fn overflow(key: &ObjectKey) -> Reply {
-    Reply::Error(OpError::Refused(format!("{key}: counter overflow")))
 }
 
 impl Shard {
-    /// The live entry under `key`, dropping it (and expired map fields) if its time is up.
-    fn live(&mut self, key: &ObjectKey, now: Duration, inner: &Inner) -> Option<&mut Entry> {
-        let dead = self.objects.get_mut(key)?.prune(now);
-        if dead {
-            self.remove(key, inner);
-            return None;
-        }
-        self.objects.get_mut(key)
-    }
-
-    /// The live entry under `key`, or a new empty one of `kind` if there is none (counting
-    /// against the store's limit). The caller checks the entry's kind.
-    fn get_or_create(
-        &mut self,
-        key: &ObjectKey,
-        now: Duration,
-        inner: &Inner,
-        kind: Kind,
-    ) -> Result<&mut Entry, Full> {
-        if self.live(key, now, inner).is_none() {
-            inner.reserve()?;
-        }
-        Ok(self
-            .objects
-            .entry(key.clone())
-            .or_insert_with(|| Entry::new(Obj::empty(kind))))
-    }
-
-    /// Removes the entry under `key`; whether there was one.
+    /// Removes the object under `key`, handing its buffers back; whether there was one.
     fn remove(&mut self, key: &ObjectKey, inner: &Inner) -> bool {
-        let had = self.objects.remove(key).is_some();
-        if had {
-            inner.stored.fetch_sub(1, Ordering::Relaxed);
+        match self.objects.remove(key) {
+            Some(e) => {
+                self.spare.retire(e.obj);
+                inner.stored.fetch_sub(1, Ordering::Relaxed);
+                true
+            }
+            None => false,
         }
-        had
     }
 
     /// Drops everything whose time is up; the number of objects dropped.
     fn purge(&mut self, now: Duration, inner: &Inner) -> usize {
         let before = self.objects.len();
-        self.objects.retain(|_, e| !e.prune(now));
+        self.objects.retain(|_, e| !e.prune(now, |_| {}));
         let dropped = before - self.objects.len();
         inner.stored.fetch_sub(dropped, Ordering::Relaxed);
         self.locks.retain(|_, l| l.until > now);
         dropped
+    }
+
+    /// Runs [`Op::Lock`] or [`Op::Unlock`]: leases live beside the objects and change none.
+    fn lease(&mut self, op: &Op, now: Duration) -> Reply {
+        let key = op.key();
+        match *op {
+            Op::Lock { owner, lease, .. } => {
+                let until = now.saturating_add(lease);
+                let granted = match self.locks.get_mut(key) {
+                    Some(l) if l.until > now && l.owner != owner => false,
+                    Some(l) => {
+                        l.owner = owner;
+                        l.until = until;
+                        true
+                    }
+                    None => {
+                        self.locks.insert(key.clone(), Lease { owner, until });
+                        true
+                    }
+                };
+                Reply::Bool(granted)
+            }
+            Op::Unlock { owner, .. } => {
+                let held = self
+                    .locks
+                    .get(key)
+                    .is_some_and(|l| l.until > now && l.owner == owner);
+                if held || self.locks.get(key).is_some_and(|l| l.until <= now) {
+                    self.locks.remove(key);
+                }
+                Reply::Bool(held)
+            }
+            _ => Reply::Error(OpError::Refused(format!("{key}: not a lease operation"))),
+        }
     }
 }
 
@@ -417,276 +264,34 @@ impl Inner {
         let key = op.key();
         let mut guard = self.shard(key);
         let shard = &mut *guard;
-        let reply = match op {
-            Op::Get { .. } => match shard.live(key, now, self) {
-                None => Reply::Value(None),
-                Some(e) => match &e.obj {
-                    Obj::Value(v) => Reply::Value(Some(v.clone())),
-                    o => wrong(key, Kind::Value, o),
-                },
-            },
-            Op::Set { value, .. } => {
-                let e = shard.get_or_create(key, now, self, Kind::Value)?;
-                match &mut e.obj {
-                    Obj::Value(v) => {
-                        v.clone_from(value);
-                        e.deadline = None;
-                        Reply::Done
-                    }
-                    o => wrong(key, Kind::Value, o),
-                }
-            }
-            Op::Delete { .. } => {
-                let present = shard.live(key, now, self).is_some();
-                Reply::Bool(present && shard.remove(key, self))
-            }
-            Op::Add { delta, .. } => {
-                let e = shard.get_or_create(key, now, self, Kind::Counter)?;
-                match &mut e.obj {
-                    Obj::Counter(c) => match c.checked_add(*delta) {
-                        Some(n) => {
-                            *c = n;
-                            Reply::Int(n)
-                        }
-                        None => overflow(key),
-                    },
-                    o => wrong(key, Kind::Counter, o),
-                }
-            }
-            Op::GetCounter { .. } => match shard.live(key, now, self) {
-                None => Reply::Int(0),
-                Some(e) => match &e.obj {
-                    Obj::Counter(c) => Reply::Int(*c),
-                    o => wrong(key, Kind::Counter, o),
-                },
-            },
-            Op::SetCounter { value, .. } => {
-                let e = shard.get_or_create(key, now, self, Kind::Counter)?;
-                match &mut e.obj {
-                    Obj::Counter(c) => {
-                        *c = *value;
-                        e.deadline = None;
-                        Reply::Done
-                    }
-                    o => wrong(key, Kind::Counter, o),
-                }
-            }
-            Op::Push { item, .. } => {
-                let e = shard.get_or_create(key, now, self, Kind::List)?;
-                match &mut e.obj {
-                    Obj::List(l) => {
-                        l.push_back(item.clone());
-                        len_reply(l.len())
-                    }
-                    o => wrong(key, Kind::List, o),
-                }
-            }
-            Op::Pop { .. } => {
-                let (reply, emptied) = match shard.live(key, now, self) {
-                    None => (Reply::Value(None), false),
-                    Some(e) => match &mut e.obj {
-                        Obj::List(l) => {
-                            let item = l.pop_front();
-                            (Reply::Value(item), l.is_empty())
-                        }
-                        o => (wrong(key, Kind::List, o), false),
-                    },
-                };
-                if emptied {
+        let Some(action) = op.action() else {
+            return Ok(shard.lease(op, now));
+        };
+        if let Some(e) = shard.objects.get_mut(key) {
+            if !(e.due(now) && e.prune(now, |_| {})) {
+                let (outcome, gone) = e.run(&action, now, &mut shard.spare);
+                if gone {
                     shard.remove(key, self);
                 }
-                reply
+                return Ok(reply(key, outcome));
             }
-            Op::Insert { member, .. } => {
-                let e = shard.get_or_create(key, now, self, Kind::Set)?;
-                match &mut e.obj {
-                    Obj::Set(s) => Reply::Bool(s.insert(member.clone())),
-                    o => wrong(key, Kind::Set, o),
-                }
+            shard.remove(key, self);
+        }
+        let created = match action.on_absent() {
+            Absent::Reply(outcome) => return Ok(reply(key, outcome)),
+            Absent::Create(kind) => {
+                self.reserve()?;
+                let mut e = Stored::new(kind, &mut shard.spare);
+                let (outcome, _) = e.run(&action, now, &mut shard.spare);
+                (e, outcome)
             }
-            Op::Remove { member, .. } => {
-                let (reply, emptied) = match shard.live(key, now, self) {
-                    None => (Reply::Bool(false), false),
-                    Some(e) => match &mut e.obj {
-                        Obj::Set(s) => (Reply::Bool(s.remove(member)), s.is_empty()),
-                        o => (wrong(key, Kind::Set, o), false),
-                    },
-                };
-                if emptied {
-                    shard.remove(key, self);
-                }
-                reply
-            }
-            Op::Contains { member, .. } => match shard.live(key, now, self) {
-                None => Reply::Bool(false),
-                Some(e) => match &e.obj {
-                    Obj::Set(s) => Reply::Bool(s.contains(member)),
-                    o => wrong(key, Kind::Set, o),
-                },
-            },
-            Op::MapGet { field, .. } => match shard.live(key, now, self) {
-                None => Reply::Value(None),
-                Some(e) => match &e.obj {
-                    Obj::Map(m) => Reply::Value(m.fields.get(field).cloned()),
-                    o => wrong(key, Kind::Map, o),
-                },
-            },
-            Op::MapSet { field, value, .. } => {
-                let e = shard.get_or_create(key, now, self, Kind::Map)?;
-                match &mut e.obj {
-                    Obj::Map(m) => {
-                        m.deadlines.remove(field);
-                        m.fields.insert(field.clone(), value.clone());
-                        Reply::Done
-                    }
-                    o => wrong(key, Kind::Map, o),
-                }
-            }
-            Op::MapDelete { field, .. } => {
-                let (reply, emptied) = match shard.live(key, now, self) {
-                    None => (Reply::Bool(false), false),
-                    Some(e) => match &mut e.obj {
-                        Obj::Map(m) => {
-                            m.deadlines.remove(field);
-                            (
-                                Reply::Bool(m.fields.remove(field).is_some()),
-                                m.fields.is_empty(),
-                            )
-                        }
-                        Obj::CounterMap(m) => {
-                            (Reply::Bool(m.remove(field).is_some()), m.is_empty())
-                        }
-                        o => (wrong(key, Kind::Map, o), false),
-                    },
-                };
-                if emptied {
-                    shard.remove(key, self);
-                }
-                reply
-            }
-            Op::MapAdd { field, delta, .. } => {
-                let e = shard.get_or_create(key, now, self, Kind::CounterMap)?;
-                match &mut e.obj {
-                    Obj::CounterMap(m) => {
-                        let c = m.entry(field.clone()).or_insert(0);
-                        match c.checked_add(*delta) {
-                            Some(n) => {
-                                *c = n;
-                                Reply::Int(n)
-                            }
-                            None => overflow(key),
-                        }
-                    }
-                    o => wrong(key, Kind::CounterMap, o),
-                }
-            }
-            Op::MapGetCounter { field, .. } => match shard.live(key, now, self) {
-                None => Reply::Int(0),
-                Some(e) => match &e.obj {
-                    Obj::CounterMap(m) => Reply::Int(m.get(field).copied().unwrap_or(0)),
-                    o => wrong(key, Kind::CounterMap, o),
-                },
-            },
-            Op::CompareAndSet { expected, new, .. } => {
-                let current = match shard.live(key, now, self) {
-                    None => None,
-                    Some(e) => match &e.obj {
-                        Obj::Value(v) => Some(v),
-                        o => return Ok(wrong(key, Kind::Value, o)),
-                    },
-                };
-                if current.map(Vec::as_slice) != expected.as_deref() {
-                    Reply::Bool(false)
-                } else {
-                    match new {
-                        None => {
-                            shard.remove(key, self);
-                        }
-                        Some(n) => {
-                            let e = shard.get_or_create(key, now, self, Kind::Value)?;
-                            e.obj = Obj::Value(n.clone());
-                            e.deadline = None;
-                        }
-                    }
-                    Reply::Bool(true)
-                }
-            }
-            Op::Expire {
-                field: None, ttl, ..
-            } => match shard.live(key, now, self) {
-                None => Reply::Bool(false),
-                Some(e) => {
-                    e.deadline = Some(now.saturating_add(*ttl));
-                    Reply::Bool(true)
-                }
-            },
-            Op::Expire {
-                field: Some(field),
-                ttl,
-                ..
-            } => match shard.live(key, now, self) {
-                None => Reply::Bool(false),
-                Some(e) => match &mut e.obj {
-                    Obj::Map(m) => {
-                        let has = m.fields.contains_key(field);
-                        if has {
-                            m.set_deadline(field, now.saturating_add(*ttl));
-                        }
-                        Reply::Bool(has)
-                    }
-                    o => wrong(key, Kind::Map, o),
-                },
-            },
-            Op::Len { kind, .. } => match kind {
-                Kind::Value | Kind::Counter => Reply::Error(OpError::Refused(format!(
-                    "{key}: Len needs a collection kind, not {}",
-                    kind.name()
-                ))),
-                _ => match shard.live(key, now, self) {
-                    None => Reply::Len(0),
-                    Some(e) if e.obj.kind() == *kind => len_reply(e.obj.len().unwrap_or(0)),
-                    Some(e) => wrong(key, *kind, &e.obj),
-                },
-            },
-            Op::ReadAll { kind, .. } => match shard.live(key, now, self) {
-                None => Reply::Object(None),
-                Some(e) if e.obj.kind() == *kind => Reply::Object(Some(e.obj.to_object())),
-                Some(e) => wrong(key, *kind, &e.obj),
-            },
-            Op::Lock { owner, lease, .. } => {
-                let until = now.saturating_add(*lease);
-                let granted = match shard.locks.get_mut(key) {
-                    Some(l) if l.until > now && l.owner != *owner => false,
-                    Some(l) => {
-                        l.owner = *owner;
-                        l.until = until;
-                        true
-                    }
-                    None => {
-                        shard.locks.insert(
-                            key.clone(),
-                            Lease {
-                                owner: *owner,
-                                until,
-                            },
-                        );
-                        true
-                    }
-                };
-                Reply::Bool(granted)
-            }
-            Op::Unlock { owner, .. } => {
-                let held = shard
-                    .locks
-                    .get(key)
-                    .is_some_and(|l| l.until > now && l.owner == *owner);
-                if held || shard.locks.get(key).is_some_and(|l| l.until <= now) {
-                    shard.locks.remove(key);
-                }
-                Reply::Bool(held)
+            Absent::CreateValue(v) => {
+                self.reserve()?;
+                (Stored::value(v, &mut shard.spare), Outcome::Bool(true))
             }
         };
-        Ok(reply)
+        shard.objects.insert(key.clone(), created.0);
+        Ok(reply(key, created.1))
     }
 }
 
@@ -915,55 +520,11 @@ mod tests {
         ObjectKey::shared("t", kind, id)
     }
 
-    fn b(s: &str) -> Bytes {
+    fn b(s: &str) -> crate::Bytes {
         s.as_bytes().to_vec()
     }
 
     const MS: Duration = Duration::from_millis(1);
-
-    thread_local! {
-        /// Deadline entries looked at by `MapObj::prune` and heap rebuilds, on this thread.
-        static STEPS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-    }
-
-    pub(super) fn count_steps(n: u64) {
-        STEPS.with(|s| s.set(s.get() + n));
-    }
-
-    /// Issue #22: writing a map's fields with a time to live, renewing them and letting them
-    /// expire costs work linear in the operations (a scan of every field per operation made a
-    /// million-flow NAT quadratic). Counted, not timed: deadline entries looked at.
-    #[test]
-    fn map_field_expiry_is_linear_in_the_operations() {
-        let (s, clock) = store();
-        let k = key(Kind::Map, "flows");
-        let n: u64 = 100_000;
-        STEPS.with(|c| c.set(0));
-        let mut ops = 0u64;
-        for i in 0..n {
-            let f = i.to_be_bytes();
-            // A flow every 10 µs living 100 ms, and a packet renewing a flow 500 back.
-            let mut batch = vec![k.map_set(f, b"v"), k.expire_field(f, 100 * MS)];
-            if i >= 500 {
-                batch.push(k.expire_field((i - 500).to_be_bytes(), 100 * MS));
-            }
-            ops += batch.len() as u64;
-            run(&s, batch);
-            clock.advance(Duration::from_micros(10));
-        }
-        clock.advance(Duration::from_secs(1));
-        assert_eq!(
-            one(&s, k.len(Kind::Map)),
-            Reply::Len(0),
-            "every field expired"
-        );
-        let steps = STEPS.with(std::cell::Cell::get);
-        // Each operation looks at the first live deadline once, each deadline entry is popped
-        // once, and rebuilds are amortized: a small multiple of the operations (a scan per
-        // operation would be some n²/2 = 5e9).
-        assert!(steps <= 6 * ops, "{steps} steps for {ops} operations");
-        assert!(steps >= n, "every field's deadline was looked at: {steps}");
-    }
 
     #[test]
     fn object_ttl_ends_exactly_at_deadline() {
@@ -1200,9 +761,9 @@ mod tests {
             .all(|sh| sh.lock().unwrap().locks.is_empty()));
         let sh = s.inner.shard(&m);
         match &sh.objects[&m].obj {
-            Obj::Map(mo) => {
-                assert_eq!(mo.fields.len(), 1);
-                assert!(mo.deadlines.is_empty());
+            flowstate_objects::Obj::Map(mo) => {
+                assert_eq!(mo.len(), 1);
+                assert_eq!(mo.timers(), 0);
             }
             _ => panic!("not a map"),
         }
@@ -1215,7 +776,7 @@ mod tests {
     fn map_field_expiry_matches_a_naive_model() {
         let (s, clock) = store();
         let m = key(Kind::Map, "ttl");
-        let mut model: BTreeMap<u32, Option<u64>> = BTreeMap::new(); // field -> deadline (ms)
+        let mut model = std::collections::BTreeMap::<u32, Option<u64>>::new(); // field -> deadline (ms)
         let mut now = 0u64;
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
         let mut next = |n: u64| {

@@ -627,3 +627,63 @@ fn uncached_partitions_read_through_to_the_store_on_every_access() {
     }
     assert_eq!(calls(&q), before);
 }
+
+/// Entries of a map expire in the order of their deadlines (ties by key), whatever renewals,
+/// shorter deadlines and replacements came before, against a naive model (key → value,
+/// deadline); a NAT's ports return to its pool in that order. On the in-process store and on a
+/// remote one.
+#[test]
+fn map_entries_expire_in_deadline_order_whatever_came_before() {
+    for remote in [false, true] {
+        let store = LocalStore::new();
+        let remote_store = Remote(store.clone());
+        let c: &dyn Connector = if remote { &remote_store } else { &store };
+        let mut p = part(c, 0);
+        let m = p
+            .declare("nf")
+            .map::<u32, u32>("m", Scope::PerFlow, Access::ReadMostly)
+            .unwrap();
+        let mut model = std::collections::BTreeMap::<u32, (u32, u64)>::new();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let mut now = 1;
+        for step in 0..20_000u32 {
+            let k = next(64) as u32;
+            match next(5) {
+                0 => {
+                    m.insert(k, step).unwrap();
+                    model.insert(k, (step, 0));
+                }
+                1..=3 => {
+                    // Renewed for 1..40 ms: longer or shorter than before.
+                    let ttl = Duration::from_millis(1 + next(40));
+                    let had = m.expire_after(&k, ttl, now);
+                    assert_eq!(had, model.contains_key(&k), "step {step}");
+                    if let Some(e) = model.get_mut(&k) {
+                        e.1 = now + ttl.as_nanos() as u64;
+                    }
+                }
+                _ => {
+                    now += next(5) * 1_000_000;
+                    let mut want: Vec<(u64, u32, u32)> = model
+                        .iter()
+                        .filter(|(_, (_, d))| *d != 0 && *d <= now)
+                        .map(|(k, (v, d))| (*d, *k, *v))
+                        .collect();
+                    want.sort_unstable();
+                    model.retain(|_, (_, d)| *d == 0 || *d > now);
+                    let mut got = Vec::new();
+                    m.expire(now, |k, v| got.push((k, v)));
+                    let want: Vec<(u32, u32)> = want.into_iter().map(|(_, k, v)| (k, v)).collect();
+                    assert_eq!(got, want, "step {step}, remote {remote}");
+                }
+            }
+        }
+        assert_eq!(m.len().unwrap(), model.len() as u64);
+    }
+}

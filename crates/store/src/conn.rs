@@ -16,7 +16,7 @@
 //! most [`crate::Config::max_output`] bytes of unsent output, before the connection's further
 //! frames are left unread (in the kernel's buffer, then the client's: TCP backpressure).
 
-use crate::shard::Spare;
+use crate::shard::{self, Spare};
 use crate::worker::{mark, Fwd, Worker};
 use flowstate_proto::{
     self as proto, DecodeError, ErrorCode, Frame, Header, Message, Reply, Request, HEADER_LEN,
@@ -418,7 +418,7 @@ fn encode_replies(out: &mut Vec<u8>, id: u64, replies: &mut Vec<(u32, Reply)>, s
     proto::put_u32(out, u32::try_from(replies.len()).unwrap_or(u32::MAX));
     for (_, r) in replies.drain(..) {
         proto::put_reply(out, &r);
-        spare.reclaim(r);
+        shard::reclaim(spare, r);
     }
     proto::finish(out, start);
 }
@@ -708,7 +708,7 @@ impl Worker {
                 numbered,
                 |_, r, spare| {
                     proto::put_reply(out, &r);
-                    spare.reclaim(r);
+                    shard::reclaim(spare, r);
                 },
                 t,
             );

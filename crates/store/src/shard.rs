@@ -1,11 +1,13 @@
 //! One shard: the objects whose key hashes to it, owned by one thread (CHC §4.3 "datastore
-//! threads": no locks on object data). The semantics of every operation are those of the state
-//! API's in-process store (`flowstate_state::local`), so the two pass the same conformance
-//! suite; on top come ownership (CHC §5.1), clock tags (CHC §5.3), idempotent batches,
+//! threads": no locks on object data). What every operation does to an object is
+//! [`flowstate_objects`], as in the state API's in-process store (`flowstate_state::local`),
+//! so the two pass the same conformance suite; on top come ownership (CHC §5.1), clock tags (CHC §5.3), idempotent batches,
 //! subscriptions (CHC §4.3 callbacks) and expiry notifications (StatelessNF §4.1).
 
+pub(crate) use flowstate_objects::Spare;
+use flowstate_objects::{Absent, Outcome, Stored};
 use flowstate_proto::{Kind, Object, Op, Reply, Request};
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
 /// How many clock tags an object remembers per instance (CHC §5.3: duplicates come from
@@ -15,47 +17,9 @@ pub(crate) const TAG_WINDOW: usize = 4096;
 /// retransmits only the frames of the call in progress; ack-only batches need no answer kept).
 pub(crate) const REPLY_CACHE: usize = 64;
 
-/// Something a shard hands back to a connection.
-pub(crate) enum Obj {
-    Value(Vec<u8>),
-    Counter(i64),
-    List(VecDeque<Vec<u8>>),
-    Set(BTreeSet<Vec<u8>>),
-    /// Boxed: a map's three collections (96 bytes) inline would make every object, and so
-    /// every bucket of the shard's table, 72 bytes larger (176 bytes a bucket instead of 104).
-    Map(Box<MapObj>),
-    CounterMap(BTreeMap<Vec<u8>, i64>),
-}
-
-#[derive(Default)]
-pub(crate) struct MapObj {
-    pub(crate) fields: BTreeMap<Vec<u8>, Vec<u8>>,
-    /// Ends of the time to live of some fields.
-    pub(crate) deadlines: HashMap<Vec<u8>, Duration>,
-    /// The same deadlines in time order: expiring `k` fields costs O(k log n), not a scan of
-    /// every field (a NAT's flow map has one deadline per flow).
-    pub(crate) by_time: BTreeSet<(Duration, Vec<u8>)>,
-}
-
-impl MapObj {
-    pub(crate) fn set_deadline(&mut self, field: &[u8], d: Duration) {
-        if let Some(old) = self.deadlines.insert(field.to_vec(), d) {
-            self.by_time.remove(&(old, field.to_vec()));
-        }
-        self.by_time.insert((d, field.to_vec()));
-    }
-
-    fn clear_deadline(&mut self, field: &[u8]) {
-        if let Some(old) = self.deadlines.remove(field) {
-            self.by_time.remove(&(old, field.to_vec()));
-        }
-    }
-}
-
 pub(crate) struct Entry {
-    pub(crate) obj: Obj,
-    /// End of the object's time to live.
-    pub(crate) deadline: Option<Duration>,
+    /// The object and its time to live ([`flowstate_objects`]: what every operation does).
+    pub(crate) object: Stored,
     /// Where this entry sits in its shard's deadline index.
     pub(crate) indexed: Option<Duration>,
     /// The instance that owns this (per-flow) object, if claimed.
@@ -97,78 +61,10 @@ pub(crate) struct Subs {
     pub(crate) list: Vec<Sub>,
 }
 
-impl Obj {
-    pub(crate) fn empty(kind: Kind) -> Obj {
-        match kind {
-            Kind::Value => Obj::Value(Vec::new()),
-            Kind::Counter => Obj::Counter(0),
-            Kind::List => Obj::List(VecDeque::new()),
-            Kind::Set => Obj::Set(BTreeSet::new()),
-            Kind::Map => Obj::Map(Box::default()),
-            Kind::CounterMap => Obj::CounterMap(BTreeMap::new()),
-        }
-    }
-
-    pub(crate) fn kind(&self) -> Kind {
-        match self {
-            Obj::Value(_) => Kind::Value,
-            Obj::Counter(_) => Kind::Counter,
-            Obj::List(_) => Kind::List,
-            Obj::Set(_) => Kind::Set,
-            Obj::Map(_) => Kind::Map,
-            Obj::CounterMap(_) => Kind::CounterMap,
-        }
-    }
-
-    fn len(&self) -> Option<usize> {
-        match self {
-            Obj::Value(_) | Obj::Counter(_) => None,
-            Obj::List(l) => Some(l.len()),
-            Obj::Set(s) => Some(s.len()),
-            Obj::Map(m) => Some(m.fields.len()),
-            Obj::CounterMap(m) => Some(m.len()),
-        }
-    }
-
-    pub(crate) fn to_object(&self) -> Object {
-        match self {
-            Obj::Value(v) => Object::Value(v.clone()),
-            Obj::Counter(c) => Object::Counter(*c),
-            Obj::List(l) => Object::List(l.iter().cloned().collect()),
-            Obj::Set(s) => Object::Set(s.iter().cloned().collect()),
-            Obj::Map(m) => Object::Map(
-                m.fields
-                    .iter()
-                    .map(|(f, v)| (f.clone(), v.clone()))
-                    .collect(),
-            ),
-            Obj::CounterMap(m) => {
-                Object::CounterMap(m.iter().map(|(f, c)| (f.clone(), *c)).collect())
-            }
-        }
-    }
-
-    pub(crate) fn from_object(o: Object) -> Obj {
-        match o {
-            Object::Value(v) => Obj::Value(v),
-            Object::Counter(c) => Obj::Counter(c),
-            Object::List(v) => Obj::List(v.into()),
-            Object::Set(v) => Obj::Set(v.into_iter().collect()),
-            Object::Map(v) => Obj::Map(Box::new(MapObj {
-                fields: v.into_iter().collect(),
-                deadlines: HashMap::new(),
-                by_time: BTreeSet::new(),
-            })),
-            Object::CounterMap(v) => Obj::CounterMap(v.into_iter().collect()),
-        }
-    }
-}
-
 impl Entry {
-    pub(crate) fn new(obj: Obj) -> Entry {
+    pub(crate) fn new(object: Stored) -> Entry {
         Entry {
-            obj,
-            deadline: None,
+            object,
             indexed: None,
             owner: None,
             tags: None,
@@ -178,56 +74,8 @@ impl Entry {
     /// Drops map fields whose time is up (noting them in `expired`); whether the whole entry
     /// is now dead.
     fn prune(&mut self, key: &[u8], now: Duration, expired: &mut Vec<Expired>) -> bool {
-        if self.deadline.is_some_and(|d| d <= now) {
-            expired.push((key.to_vec(), None));
-            return true;
-        }
-        if let Obj::Map(m) = &mut self.obj {
-            let mut any = false;
-            while m.by_time.first().is_some_and(|(d, _)| *d <= now) {
-                let Some((_, f)) = m.by_time.pop_first() else {
-                    break;
-                };
-                m.deadlines.remove(&f);
-                if m.fields.remove(&f).is_some() {
-                    expired.push((key.to_vec(), Some(f)));
-                }
-                any = true;
-            }
-            return any && m.fields.is_empty();
-        }
-        false
-    }
-
-    /// Whether [`Entry::prune`] has something to do at `now`.
-    fn due(&self, now: Duration) -> bool {
-        self.deadline.is_some_and(|d| d <= now)
-            || matches!(&self.obj, Obj::Map(m) if m.by_time.first().is_some_and(|(d, _)| *d <= now))
-    }
-
-    fn alive(&self, now: Duration) -> bool {
-        if self.deadline.is_some_and(|d| d <= now) {
-            return false;
-        }
-        match &self.obj {
-            Obj::Map(m) if !m.by_time.is_empty() => {
-                let gone = m.by_time.iter().take_while(|(d, _)| *d <= now).count();
-                gone < m.fields.len()
-            }
-            _ => true,
-        }
-    }
-
-    /// The earliest deadline of the object or one of its fields.
-    fn next_deadline(&self) -> Option<Duration> {
-        let field = match &self.obj {
-            Obj::Map(m) => m.by_time.first().map(|(d, _)| *d),
-            _ => None,
-        };
-        match (self.deadline, field) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        self.object
+            .prune(now, |field| expired.push((key.to_vec(), field)))
     }
 
     fn seen(&self, instance: u32, clock: u64) -> bool {
@@ -276,20 +124,22 @@ fn text(key: &[u8]) -> String {
     String::from_utf8_lossy(key).into_owned()
 }
 
-fn wrong(key: &[u8], wanted: Kind, found: &Obj) -> Reply {
-    Reply::WrongKind {
-        key: key.to_vec(),
-        wanted,
-        found: found.kind(),
+/// The protocol's reply for what an operation did to the object under `key`.
+fn reply(key: &[u8], outcome: Outcome) -> Reply {
+    match outcome {
+        Outcome::Done => Reply::Done,
+        Outcome::Value(v) => Reply::Value(v),
+        Outcome::Int(n) => Reply::Int(n),
+        Outcome::Bool(b) => Reply::Bool(b),
+        Outcome::Len(n) => Reply::Len(n),
+        Outcome::Object(o) => Reply::Object(o),
+        Outcome::WrongKind { wanted, found } => Reply::WrongKind {
+            key: key.to_vec(),
+            wanted,
+            found,
+        },
+        Outcome::Refused(r) => Reply::Refused(r.message(text(key))),
     }
-}
-
-fn len_reply(n: usize) -> Reply {
-    Reply::Len(u64::try_from(n).unwrap_or(u64::MAX))
-}
-
-fn overflow(key: &[u8]) -> Reply {
-    Reply::Refused(format!("{}: counter overflow", text(key)))
 }
 
 /// An operation would create an object in a full shard.
@@ -320,7 +170,7 @@ impl Objects {
                     self.index.remove(&(d, key.to_vec()));
                 }
                 self.spare.put(k);
-                self.spare.retire(e.obj);
+                self.spare.retire(e.object.obj);
                 true
             }
             None => false,
@@ -363,7 +213,7 @@ impl Objects {
     ) -> Vec<Vec<u8>> {
         self.objects
             .iter()
-            .filter(|(k, e)| key_matches(k, nf, kind, id) && e.alive(now))
+            .filter(|(k, e)| key_matches(k, nf, kind, id) && e.object.alive(now))
             .map(|(k, _)| k.clone())
             .collect()
     }
@@ -390,7 +240,7 @@ impl Objects {
         let key = op.key();
         let mut dead = false;
         if let Some(e) = self.objects.get_mut(key) {
-            dead = e.due(now) && e.prune(key, now, &mut self.expired);
+            dead = e.object.due(now) && e.prune(key, now, &mut self.expired);
             if !dead {
                 let (reply, changed, gone) = on_live(e, req, now, &mut self.spare, &mut self.index);
                 if gone {
@@ -410,45 +260,29 @@ impl Objects {
     fn absent(&mut self, req: &Request<&[u8]>, now: Duration) -> (Reply, bool) {
         let op = &req.op;
         let key = op.key();
-        let reply = match op {
-            Op::Get { .. } | Op::Pop { .. } | Op::MapGet { .. } => Reply::Value(None),
-            Op::GetCounter { .. } | Op::MapGetCounter { .. } => Reply::Int(0),
-            Op::Delete { .. }
-            | Op::Remove { .. }
-            | Op::Contains { .. }
-            | Op::MapDelete { .. }
-            | Op::Expire { .. }
-            | Op::Handover { .. } => Reply::Bool(false),
-            Op::Len { kind, .. } => match kind {
-                Kind::Value | Kind::Counter => len_refused(key, *kind),
-                _ => Reply::Len(0),
-            },
-            Op::ReadAll { .. } => Reply::Object(None),
-            Op::CompareAndSet { expected, new, .. } => match (expected, new) {
-                (Some(_), _) => Reply::Bool(false),
-                (None, None) => Reply::Bool(true),
-                (None, Some(n)) => match self.create(key, Kind::Value, now) {
-                    Ok(e) => {
-                        e.obj = Obj::Value(n.to_vec());
-                        tag_update(e, req);
-                        Reply::Bool(true)
-                    }
-                    Err(Full) => self.full(key),
-                },
-            },
-            Op::Set { .. } => return self.create_and_run(req, Kind::Value, now),
-            Op::Add { .. } | Op::SetCounter { .. } => {
-                return self.create_and_run(req, Kind::Counter, now)
-            }
-            Op::Push { .. } => return self.create_and_run(req, Kind::List, now),
-            Op::Insert { .. } => return self.create_and_run(req, Kind::Set, now),
-            Op::MapSet { .. } => return self.create_and_run(req, Kind::Map, now),
-            Op::MapAdd { .. } => return self.create_and_run(req, Kind::CounterMap, now),
+        let outcome = match op {
             Op::Claim { kind, .. } => return self.create_and_run(req, *kind, now),
+            Op::Handover { .. } => Outcome::Bool(false),
             Op::Lock { .. } | Op::Unlock { .. } => return (self.lease(op, now), false),
+            _ => match op.action().map(|a| a.on_absent()) {
+                Some(Absent::Reply(outcome)) => outcome,
+                Some(Absent::Create(kind)) => return self.create_and_run(req, kind, now),
+                Some(Absent::CreateValue(v)) => {
+                    let value = Stored::value(v, &mut self.spare);
+                    match self.create(key, Kind::Value, now) {
+                        Ok(e) => {
+                            e.object = value;
+                            tag_update(e, req);
+                            Outcome::Bool(true)
+                        }
+                        Err(Full) => return (self.full(key), false),
+                    }
+                }
+                None => return (not_an_object_op(key), false),
+            },
         };
-        let changed = !op.is_read() && replied_ok(&reply);
-        (reply, changed)
+        let changed = !op.is_read() && outcome.is_ok();
+        (reply(key, outcome), changed)
     }
 
     /// Creates an empty object of `kind` under `req`'s key and runs `req` on it.
@@ -482,14 +316,11 @@ impl Objects {
                 return Err(Full);
             }
         }
-        let obj = match kind {
-            Kind::List => Obj::List(self.spare.list()),
-            k => Obj::empty(k),
-        };
+        let object = Stored::new(kind, &mut self.spare);
         Ok(self
             .objects
             .entry(self.spare.copy(key))
-            .or_insert_with(|| Entry::new(obj)))
+            .or_insert_with(|| Entry::new(object)))
     }
 
     fn full(&self, key: &[u8]) -> Reply {
@@ -542,16 +373,12 @@ impl Objects {
 
     /// The live object under `key`, for subscribers.
     pub(crate) fn current(&mut self, key: &[u8], now: Duration) -> Option<Object> {
-        self.live(key, now).map(|e| e.obj.to_object())
+        self.live(key, now).map(|e| e.object.obj.to_object())
     }
 }
 
-fn len_refused(key: &[u8], kind: Kind) -> Reply {
-    Reply::Refused(format!(
-        "{}: Len needs a collection kind, not {}",
-        text(key),
-        kind.name()
-    ))
+fn not_an_object_op(key: &[u8]) -> Reply {
+    Reply::Refused(format!("{}: not an object operation", text(key)))
 }
 
 /// Whether a reply says the operation took effect.
@@ -614,7 +441,7 @@ fn on_live(
 
 /// Puts `e` (under `key`) where its earliest deadline says in `index`.
 fn reindex_entry(index: &mut BTreeSet<(Duration, Vec<u8>)>, key: &[u8], e: &mut Entry) {
-    let next = e.next_deadline();
+    let next = e.object.next_deadline();
     if next == e.indexed {
         return;
     }
@@ -628,256 +455,47 @@ fn reindex_entry(index: &mut BTreeSet<(Duration, Vec<u8>)>, key: &[u8], e: &mut 
 }
 
 /// Runs `op` on the object of the live entry `e`: its reply, and whether the entry is now to
-/// be removed (deleted, or a collection emptied).
+/// be removed (deleted, or a collection emptied). Ownership is the server's; every other
+/// operation is [`Stored::run`].
 fn run_on(e: &mut Entry, op: &Op<&[u8]>, now: Duration, spare: &mut Spare) -> (Reply, bool) {
     let key = op.key();
-    let reply = match op {
-        Op::Get { .. } => match &e.obj {
-            Obj::Value(v) => Reply::Value(Some(spare.copy(v))),
-            o => wrong(key, Kind::Value, o),
-        },
-        Op::Set { value, .. } => match &mut e.obj {
-            Obj::Value(v) => {
-                v.clear();
-                v.extend_from_slice(value);
-                e.deadline = None;
-                Reply::Done
-            }
-            o => wrong(key, Kind::Value, o),
-        },
-        Op::Delete { .. } => return (Reply::Bool(true), true),
-        Op::Add { delta, .. } => match &mut e.obj {
-            Obj::Counter(c) => match c.checked_add(*delta) {
-                Some(n) => {
-                    *c = n;
-                    Reply::Int(n)
-                }
-                None => overflow(key),
-            },
-            o => wrong(key, Kind::Counter, o),
-        },
-        Op::GetCounter { .. } => match &e.obj {
-            Obj::Counter(c) => Reply::Int(*c),
-            o => wrong(key, Kind::Counter, o),
-        },
-        Op::SetCounter { value, .. } => match &mut e.obj {
-            Obj::Counter(c) => {
-                *c = *value;
-                e.deadline = None;
-                Reply::Done
-            }
-            o => wrong(key, Kind::Counter, o),
-        },
-        Op::Push { item, .. } => match &mut e.obj {
-            Obj::List(l) => {
-                l.push_back(spare.copy(item));
-                len_reply(l.len())
-            }
-            o => wrong(key, Kind::List, o),
-        },
-        Op::Pop { .. } => match &mut e.obj {
-            Obj::List(l) => {
-                let item = l.pop_front();
-                return (Reply::Value(item), l.is_empty());
-            }
-            o => wrong(key, Kind::List, o),
-        },
-        Op::Insert { member, .. } => match &mut e.obj {
-            Obj::Set(s) => Reply::Bool(!s.contains(*member) && s.insert(member.to_vec())),
-            o => wrong(key, Kind::Set, o),
-        },
-        Op::Remove { member, .. } => match &mut e.obj {
-            Obj::Set(s) => return (Reply::Bool(s.remove(*member)), s.is_empty()),
-            o => wrong(key, Kind::Set, o),
-        },
-        Op::Contains { member, .. } => match &e.obj {
-            Obj::Set(s) => Reply::Bool(s.contains(*member)),
-            o => wrong(key, Kind::Set, o),
-        },
-        Op::MapGet { field, .. } => match &e.obj {
-            Obj::Map(m) => Reply::Value(m.fields.get(*field).map(|v| spare.copy(v))),
-            o => wrong(key, Kind::Map, o),
-        },
-        Op::MapSet { field, value, .. } => match &mut e.obj {
-            Obj::Map(m) => {
-                m.clear_deadline(field);
-                match m.fields.get_mut(*field) {
-                    Some(v) => {
-                        v.clear();
-                        v.extend_from_slice(value);
-                    }
-                    None => {
-                        m.fields.insert(field.to_vec(), value.to_vec());
-                    }
-                }
-                Reply::Done
-            }
-            o => wrong(key, Kind::Map, o),
-        },
-        Op::MapDelete { field, .. } => match &mut e.obj {
-            Obj::Map(m) => {
-                m.clear_deadline(field);
-                let had = m.fields.remove(*field).is_some();
-                return (Reply::Bool(had), m.fields.is_empty());
-            }
-            Obj::CounterMap(m) => return (Reply::Bool(m.remove(*field).is_some()), m.is_empty()),
-            o => wrong(key, Kind::Map, o),
-        },
-        Op::MapAdd { field, delta, .. } => match &mut e.obj {
-            Obj::CounterMap(m) => match m.get_mut(*field) {
-                Some(c) => match c.checked_add(*delta) {
-                    Some(n) => {
-                        *c = n;
-                        Reply::Int(n)
-                    }
-                    None => overflow(key),
-                },
-                None => {
-                    m.insert(field.to_vec(), *delta);
-                    Reply::Int(*delta)
-                }
-            },
-            o => wrong(key, Kind::CounterMap, o),
-        },
-        Op::MapGetCounter { field, .. } => match &e.obj {
-            Obj::CounterMap(m) => Reply::Int(m.get(*field).copied().unwrap_or(0)),
-            o => wrong(key, Kind::CounterMap, o),
-        },
-        Op::CompareAndSet { expected, new, .. } => match &mut e.obj {
-            Obj::Value(v) if Some(v.as_slice()) != *expected => Reply::Bool(false),
-            Obj::Value(v) => match new {
-                None => return (Reply::Bool(true), true),
-                Some(n) => {
-                    v.clear();
-                    v.extend_from_slice(n);
-                    e.deadline = None;
-                    Reply::Bool(true)
-                }
-            },
-            o => wrong(key, Kind::Value, o),
-        },
-        Op::Expire {
-            field: None, ttl, ..
-        } => {
-            e.deadline = Some(now.saturating_add(*ttl));
-            Reply::Bool(true)
-        }
-        Op::Expire {
-            field: Some(field),
-            ttl,
-            ..
-        } => match &mut e.obj {
-            Obj::Map(m) => {
-                let has = m.fields.contains_key(*field);
-                if has {
-                    m.set_deadline(field, now.saturating_add(*ttl));
-                }
-                Reply::Bool(has)
-            }
-            o => wrong(key, Kind::Map, o),
-        },
-        Op::Len { kind, .. } => match kind {
-            Kind::Value | Kind::Counter => len_refused(key, *kind),
-            _ if e.obj.kind() == *kind => len_reply(e.obj.len().unwrap_or(0)),
-            _ => wrong(key, *kind, &e.obj),
-        },
-        Op::ReadAll { kind, .. } if e.obj.kind() == *kind => Reply::Object(Some(e.obj.to_object())),
-        Op::ReadAll { kind, .. } => wrong(key, *kind, &e.obj),
+    let outcome = match *op {
         Op::Claim { kind, instance, .. } => {
-            if e.obj.kind() != *kind {
-                wrong(key, *kind, &e.obj)
-            } else if e.owner.is_none_or(|o| o == *instance) {
-                e.owner = Some(*instance);
-                Reply::Bool(true)
+            let found = e.object.obj.kind();
+            if found != kind {
+                Outcome::WrongKind {
+                    wanted: kind,
+                    found,
+                }
+            } else if e.owner.is_none_or(|o| o == instance) {
+                e.owner = Some(instance);
+                Outcome::Bool(true)
             } else {
-                Reply::Bool(false)
+                Outcome::Bool(false)
             }
         }
         Op::Handover { from, to, .. } => {
-            if e.owner == Some(*from) {
-                e.owner = Some(*to);
-                Reply::Bool(true)
-            } else {
-                Reply::Bool(false)
+            let owned = e.owner == Some(from);
+            if owned {
+                e.owner = Some(to);
             }
+            Outcome::Bool(owned)
         }
-        Op::Lock { .. } | Op::Unlock { .. } => {
-            Reply::Refused(format!("{}: not an object operation", text(key)))
-        }
+        _ => match op.action() {
+            Some(action) => {
+                let (outcome, gone) = e.object.run(&action, now, spare);
+                return (reply(key, outcome), gone);
+            }
+            None => return (not_an_object_op(key), false),
+        },
     };
-    (reply, false)
+    (reply(key, outcome), false)
 }
 
-/// Most spare buffers a shard keeps.
-const SPARE_BUFFERS: usize = 1024;
-/// Largest spare buffer kept (bytes of capacity).
-const SPARE_BYTES: usize = 4096;
-/// Most spare lists a shard keeps.
-const SPARE_LISTS: usize = 256;
-/// Largest spare list kept (items of capacity).
-const SPARE_LIST_ITEMS: usize = 64;
-
-/// Spare byte buffers: the values of answers already sent, popped list items and the keys
-/// and values of removed objects, reused for the next answer's value, list item or new
-/// object's key, so that in steady state reading a value, moving items through a list or
-/// creating an object where one was removed allocates nothing. Bounded in count and size; a
-/// buffer is reused only where it fits snugly (no stored item keeps much more memory than it
-/// needs).
-#[derive(Default)]
-pub(crate) struct Spare {
-    bufs: Vec<Vec<u8>>,
-    /// Empty lists with room, from lists removed (popped empty or deleted): a list emptied
-    /// and filled again, a NAT's free-port list or a work queue, allocates nothing.
-    lists: Vec<VecDeque<Vec<u8>>>,
-}
-
-impl Spare {
-    /// A buffer holding a copy of `b`.
-    pub(crate) fn copy(&mut self, b: &[u8]) -> Vec<u8> {
-        match self.bufs.pop() {
-            Some(mut v) if v.capacity() >= b.len() && v.capacity() <= 2 * b.len() + 64 => {
-                v.clear();
-                v.extend_from_slice(b);
-                v
-            }
-            // A buffer that does not fit is freed: the spares follow the sizes in use.
-            _ => b.to_vec(),
-        }
-    }
-
-    /// Takes `v` back for reuse (or frees it).
-    pub(crate) fn put(&mut self, v: Vec<u8>) {
-        if v.capacity() > 0 && v.capacity() <= SPARE_BYTES && self.bufs.len() < SPARE_BUFFERS {
-            self.bufs.push(v);
-        }
-    }
-
-    /// An empty list, with room if one was retired.
-    pub(crate) fn list(&mut self) -> VecDeque<Vec<u8>> {
-        self.lists.pop().unwrap_or_default()
-    }
-
-    /// Takes back the buffers of a removed object: a list's items and (if small) the list.
-    pub(crate) fn retire(&mut self, obj: Obj) {
-        match obj {
-            Obj::List(mut l) => {
-                for item in l.drain(..) {
-                    self.put(item);
-                }
-                if l.capacity() <= SPARE_LIST_ITEMS && self.lists.len() < SPARE_LISTS {
-                    self.lists.push(l);
-                }
-            }
-            Obj::Value(v) => self.put(v),
-            _ => {}
-        }
-    }
-
-    /// Takes back the value buffer of a reply that was sent.
-    pub(crate) fn reclaim(&mut self, reply: Reply) {
-        if let Reply::Value(Some(v)) = reply {
-            self.put(v);
-        }
+/// Takes back the value buffer of a reply that was sent.
+pub(crate) fn reclaim(spare: &mut Spare, reply: Reply) {
+    if let Reply::Value(Some(v)) = reply {
+        spare.put(v);
     }
 }
 
@@ -962,9 +580,9 @@ mod tests {
         assert_eq!(o.apply(&pop, now).0, Reply::Value(Some(b"1024".to_vec())));
         // Gone, as in the in-process store: the key can hold another kind now.
         assert_eq!(o.len(), 0);
-        assert_eq!(o.spare.lists.len(), 1);
+        assert_eq!(o.spare.lists(), 1);
         assert_eq!(o.apply(&push(b"1025"), now).0, Reply::Len(1));
-        assert!(o.spare.lists.is_empty(), "the retired list was reused");
+        assert!(o.spare.lists() == 0, "the retired list was reused");
         assert_eq!(o.apply(&pop, now).0, Reply::Value(Some(b"1025".to_vec())));
         let set = r(Op::Set {
             key: key.clone(),
@@ -973,7 +591,11 @@ mod tests {
         assert_eq!(o.apply(&set, now).0, Reply::Done);
         assert_eq!(
             o.apply(&pop, now).0,
-            wrong(&key, Kind::List, &Obj::Value(vec![]))
+            Reply::WrongKind {
+                key: key.clone(),
+                wanted: Kind::List,
+                found: Kind::Value
+            }
         );
     }
 
@@ -1076,38 +698,6 @@ mod tests {
 }
 
 #[cfg(test)]
-mod spare_tests {
-    use super::*;
-
-    #[test]
-    fn spare_buffers_are_reused_only_where_they_fit_and_are_bounded() {
-        let mut sp = Spare::default();
-        let v = sp.copy(b"0123456789abcdef");
-        let at = v.as_ptr() as usize;
-        sp.reclaim(Reply::Value(Some(v)));
-        let w = sp.copy(b"fedcba9876543210");
-        assert_eq!(
-            w.as_ptr() as usize,
-            at,
-            "a buffer of the same size is reused"
-        );
-        assert_eq!(w, b"fedcba9876543210");
-        // A buffer far too big for a small value is not handed out (and is let go).
-        sp.put(Vec::with_capacity(1024));
-        let small = sp.copy(b"x");
-        assert!(small.capacity() < 64);
-        assert!(sp.bufs.is_empty());
-        // Bounded in size and count.
-        sp.put(Vec::with_capacity(SPARE_BYTES + 1));
-        assert!(sp.bufs.is_empty());
-        for _ in 0..SPARE_BUFFERS + 10 {
-            sp.put(Vec::with_capacity(8));
-        }
-        assert_eq!(sp.bufs.len(), SPARE_BUFFERS);
-    }
-}
-
-#[cfg(test)]
 mod index_tests {
     use super::*;
 
@@ -1116,7 +706,7 @@ mod index_tests {
     }
 
     #[test]
-    fn renewed_field_deadlines_leave_no_stale_timers_and_expire_in_order() {
+    fn renewed_field_deadlines_expire_in_order_and_a_stale_timer_drops_nothing() {
         let mut o = Objects::default();
         let t = Duration::from_secs(100);
         let m = b"m".to_vec();
@@ -1140,13 +730,10 @@ mod index_tests {
         o.apply(&expire(b"a", 1), t);
         o.apply(&expire(b"b", 2), t);
         o.apply(&expire(b"a", 5), t); // renewed: the 1 s timer is gone
-        let Some(Entry {
-            obj: Obj::Map(mo), ..
-        }) = o.objects.get(&m)
-        else {
+        let Some(flowstate_objects::Obj::Map(mo)) = o.objects.get(&m).map(|e| &e.object.obj) else {
             panic!("a map")
         };
-        assert_eq!(mo.by_time.len(), 2);
+        assert_eq!(mo.deadlines().count(), 2);
         assert_eq!(o.index.len(), 1);
         o.sweep(t + Duration::from_secs(3));
         assert_eq!(o.expired, vec![(m.clone(), Some(b"b".to_vec()))]);

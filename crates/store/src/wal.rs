@@ -18,7 +18,8 @@
 //! killed (`kill -9`). With `sync` each write is also `fdatasync`ed, for surviving the
 //! machine's crash.
 
-use crate::shard::{Dedup, Entry, Lease, Obj, Objects};
+use crate::shard::{Dedup, Entry, Lease, Objects};
+use flowstate_objects::{Obj, Stored};
 use flowstate_proto::{self as proto, DecodeError, Rd, Request};
 use std::collections::{BTreeSet, HashMap};
 use std::fs::{self, File, OpenOptions};
@@ -319,15 +320,15 @@ fn encode_checkpoint(o: &Objects, now: Duration) -> Vec<u8> {
     proto::put_u32(&mut w, o.objects.len() as u32);
     for (k, e) in &o.objects {
         proto::put_bytes(&mut w, k);
-        proto::put_u64(&mut w, e.deadline.map_or(u64::MAX, nanos));
+        proto::put_u64(&mut w, e.object.deadline.map_or(u64::MAX, nanos));
         proto::put_u64(&mut w, e.owner.map_or(u64::MAX, u64::from));
-        proto::put_opt_object(&mut w, Some(&e.obj.to_object()));
-        match &e.obj {
+        proto::put_opt_object(&mut w, Some(&e.object.obj.to_object()));
+        match &e.object.obj {
             Obj::Map(m) => {
-                proto::put_u32(&mut w, m.deadlines.len() as u32);
-                for (f, d) in &m.deadlines {
+                proto::put_u32(&mut w, m.deadlines().count() as u32);
+                for (f, d) in m.deadlines() {
                     proto::put_bytes(&mut w, f);
-                    proto::put_u64(&mut w, nanos(*d));
+                    proto::put_u64(&mut w, nanos(d));
                 }
             }
             _ => proto::put_u32(&mut w, 0),
@@ -384,15 +385,18 @@ fn load_checkpoint(data: &[u8], o: &mut Objects) -> Result<(), String> {
             .opt_object()
             .map_err(e)?
             .ok_or("an object entry without an object")?;
-        let mut entry = Entry::new(Obj::from_object(obj));
-        entry.deadline = (deadline != u64::MAX).then(|| Duration::from_nanos(deadline));
+        let mut entry = Entry::new(Stored {
+            obj: Obj::from_object(obj),
+            deadline: None,
+        });
+        entry.object.deadline = (deadline != u64::MAX).then(|| Duration::from_nanos(deadline));
         entry.owner = u32::try_from(owner).ok();
         let nd = r.count(12).map_err(e)?;
         for _ in 0..nd {
             let f = r.bytes().map_err(e)?.to_vec();
             let d = Duration::from_nanos(r.u64().map_err(e)?);
-            if let Obj::Map(m) = &mut entry.obj {
-                m.set_deadline(&f, d);
+            if let Obj::Map(m) = &mut entry.object.obj {
+                m.expire(&f, d);
             }
         }
         let nt = r.count(8).map_err(e)?;

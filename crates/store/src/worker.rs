@@ -13,9 +13,10 @@
 //! records of the operations it acknowledges are written.
 
 use crate::conn::{Conn, PartBody};
-use crate::shard::{Objects, Spare, Sub, REPLY_CACHE};
+use crate::shard::{Objects, Sub, REPLY_CACHE};
 use crate::wal::Wal;
 use crate::{now, Shared};
+use flowstate_objects::Spare;
 use flowstate_proto::{Kind, Message, Notification, Reply, Request, OP_NAMES};
 use mio::{Events, Interest, Poll, Registry, Token};
 use std::io::ErrorKind;

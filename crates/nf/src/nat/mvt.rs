@@ -614,8 +614,10 @@ impl NatTable for MvtTable {
                 continue; // a stale node: the session has a timer of its own
             }
             let deadline = e.deadline();
-            if deadline > now {
-                e.aux = deadline; // renewed: wait for the new time
+            if deadline != at {
+                // Renewed: wait for the new time (which may have come too: a session ends at
+                // its own deadline's turn, so sessions end in deadline order).
+                e.aux = deadline;
                 self.timers.push(Reverse((deadline, key, id)));
                 continue;
             }
