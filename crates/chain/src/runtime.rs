@@ -863,8 +863,10 @@ pub(crate) fn summarize(
         })
         .collect::<BTreeMap<_, _>>();
     s.dropped_total = s.nf_dropped() + s.malformed_total();
+    // What the chain ran: input packets neither skipped nor malformed, and the replies.
+    let ran = (s.packets_in + s.reflected).saturating_sub(s.skipped + s.malformed_total());
     s.mpps = if s.wall_s > 0.0 {
-        s.packets_in as f64 / s.wall_s / 1e6
+        ran as f64 / s.wall_s / 1e6
     } else {
         0.0
     };

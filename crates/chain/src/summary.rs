@@ -29,7 +29,8 @@ pub struct Summary {
     /// Wall-clock processing time, seconds: from the moment every worker was ready until
     /// the last one finished (final state flush included).
     pub wall_s: f64,
-    /// `packets_in` per wall-clock microsecond: millions of packets a second.
+    /// Packets the chain ran (input packets neither skipped nor malformed, and the reflect
+    /// stage's replies) per wall-clock microsecond: millions of packets a second.
     pub mpps: f64,
     /// Number of workers.
     pub workers: usize,

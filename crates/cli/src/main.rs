@@ -299,11 +299,14 @@ fn demo(a: DemoArgs) -> Result<()> {
         s.config.flows = a.flows;
         s.config.packets = a.packets;
         s.config.validate()?;
+        // Each worker generates its own share, as a NIC's receive queues fill in parallel:
+        // one generator thread would be the limit (issue #22).
+        s.per_worker = true;
     }
     if !a.json {
         eprintln!(
             "flowstate demo: a synthetic trace of {} packets in {} flows through firewall -> NAT -> \
-             load balancer, {} workers, state on the embedded store.\n\
+             load balancer, {} workers each generating its share, state on the embedded store.\n\
              The trace's outside-to-inside packets are addressed to the clients' inside addresses, \
              which a NAT never receives: they are skipped, and the reflect stage answers each \
              packet that leaves the chain as its outside host would, back through the chain.",

@@ -227,6 +227,15 @@ fn demo_runs_the_chain_with_state_at_work() {
     assert_eq!(s["packets_in"], 20000);
     assert_eq!(s["dropped_total"], 0, "nothing legitimate is dropped: {s}");
     assert!(s["reflected"].as_u64().unwrap() > 0, "the outside answers");
+    // Mpps counts what the chain ran: the packets not skipped, and the answers.
+    let ran = s["packets_in"].as_f64().unwrap() + s["reflected"].as_f64().unwrap()
+        - s["skipped"].as_f64().unwrap();
+    let mpps = s["mpps"].as_f64().unwrap();
+    let wall = s["wall_s"].as_f64().unwrap();
+    assert!(
+        (mpps * wall * 1e6 - ran).abs() < 1.0,
+        "{mpps} Mpps for {wall} s: {s}"
+    );
     let nf = |name: &str| {
         s["nfs"]
             .as_array()
