@@ -21,6 +21,7 @@
 //!   beyond the amortised growth of a timer heap: a timer is the field's hash and deadline.
 //! * A whole object read out ([`Object`]) lists set members and map fields sorted by their
 //!   bytes.
+//! * Lock leases ([`Leases`]) live beside the objects and neither see nor change them.
 
 use core::fmt;
 use hashbrown::HashTable;
@@ -29,7 +30,9 @@ use std::collections::{BinaryHeap, VecDeque};
 use std::hash::BuildHasher;
 use std::time::Duration;
 
+mod leases;
 mod spare;
+pub use leases::{Lease, Leases};
 pub use spare::Spare;
 
 /// The type of an object; part of its key. The discriminant is the store protocol's code.

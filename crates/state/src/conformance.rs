@@ -565,14 +565,7 @@ fn missing_objects(c: &dyn Connector, o: &Options) {
         (v.get(), Reply::Value(None)),
         (l.len(Kind::List), Reply::Len(0)),
     ]);
-    for kind in [
-        Kind::Value,
-        Kind::Counter,
-        Kind::List,
-        Kind::Set,
-        Kind::Map,
-        Kind::CounterMap,
-    ] {
+    for kind in Kind::ALL {
         x.expect_partitions(kind, "v", vec![]);
     }
     x.finish();

@@ -72,7 +72,7 @@ impl ObjectKey {
     /// The parts of a key, or `None` if it is not one of ours. The id may itself contain `@`.
     pub fn parse(&self) -> Option<KeyParts<'_>> {
         let (nf, rest) = self.as_str().split_once('@')?;
-        let kind_named = |t: &str| KINDS.into_iter().find(|k| k.name() == t);
+        let kind_named = |t: &str| Kind::ALL.into_iter().find(|k| k.name() == t);
         // Partitioned: instance@core@Type@id.
         let mut it = rest.splitn(4, '@');
         if let (Some(i), Some(c), Some(t), Some(id)) = (it.next(), it.next(), it.next(), it.next())
@@ -109,15 +109,6 @@ pub struct KeyParts<'a> {
     /// The object's id.
     pub id: &'a str,
 }
-
-const KINDS: [Kind; 6] = [
-    Kind::Value,
-    Kind::Counter,
-    Kind::List,
-    Kind::Set,
-    Kind::Map,
-    Kind::CounterMap,
-];
 
 impl fmt::Display for ObjectKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

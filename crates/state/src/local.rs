@@ -23,7 +23,7 @@
 use crate::backend::{Backend, BackendError, Connector, Op, OpError, Reply};
 use crate::key::{Kind, ObjectKey};
 use core::fmt;
-use flowstate_objects::{Absent, Outcome, Spare, Stored};
+use flowstate_objects::{Absent, Leases, Outcome, Spare, Stored};
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -120,13 +120,8 @@ struct Inner {
 #[derive(Default)]
 struct Shard {
     objects: foldhash::HashMap<ObjectKey, Stored>,
-    locks: foldhash::HashMap<ObjectKey, Lease>,
+    locks: Leases<ObjectKey>,
     spare: Spare,
-}
-
-struct Lease {
-    owner: u64,
-    until: Duration,
 }
 
 /// An operation would create an object in a full store.
@@ -169,7 +164,7 @@ impl Shard {
         self.objects.retain(|_, e| !e.prune(now, |_| {}));
         let dropped = before - self.objects.len();
         inner.stored.fetch_sub(dropped, Ordering::Relaxed);
-        self.locks.retain(|_, l| l.until > now);
+        self.locks.purge(now);
         dropped
     }
 
@@ -178,31 +173,9 @@ impl Shard {
         let key = op.key();
         match *op {
             Op::Lock { owner, lease, .. } => {
-                let until = now.saturating_add(lease);
-                let granted = match self.locks.get_mut(key) {
-                    Some(l) if l.until > now && l.owner != owner => false,
-                    Some(l) => {
-                        l.owner = owner;
-                        l.until = until;
-                        true
-                    }
-                    None => {
-                        self.locks.insert(key.clone(), Lease { owner, until });
-                        true
-                    }
-                };
-                Reply::Bool(granted)
+                Reply::Bool(self.locks.lock(key, || key.clone(), owner, lease, now))
             }
-            Op::Unlock { owner, .. } => {
-                let held = self
-                    .locks
-                    .get(key)
-                    .is_some_and(|l| l.until > now && l.owner == owner);
-                if held || self.locks.get(key).is_some_and(|l| l.until <= now) {
-                    self.locks.remove(key);
-                }
-                Reply::Bool(held)
-            }
+            Op::Unlock { owner, .. } => Reply::Bool(self.locks.unlock(key, owner, now)),
             _ => Reply::Error(OpError::Refused(format!("{key}: not a lease operation"))),
         }
     }
@@ -371,7 +344,7 @@ impl LocalStore {
             .iter()
             .map(|s| {
                 let s = s.lock().unwrap_or_else(PoisonError::into_inner);
-                s.locks.values().filter(|l| l.until > now).count()
+                s.locks.held(now)
             })
             .sum()
     }

@@ -5,7 +5,7 @@
 //! subscriptions (CHC §4.3 callbacks) and expiry notifications (StatelessNF §4.1).
 
 pub(crate) use flowstate_objects::Spare;
-use flowstate_objects::{Absent, Outcome, Stored};
+use flowstate_objects::{Absent, Leases, Outcome, Stored};
 use flowstate_proto::{Kind, Object, Op, Reply, Request};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
@@ -33,11 +33,6 @@ pub(crate) struct Entry {
 // An entry sits in its shard's table beside its key: its size is the table's memory per
 // object (a million objects take two million buckets) and what every lookup reads.
 const _: () = assert!(std::mem::size_of::<Entry>() <= 80);
-
-pub(crate) struct Lease {
-    pub(crate) owner: u64,
-    pub(crate) until: Duration,
-}
 
 /// Idempotency state of one client in one shard.
 #[derive(Default)]
@@ -107,7 +102,7 @@ pub(crate) struct Objects {
     /// (foldhash: a fast hash with a random seed per map; keys are hashed on every
     /// operation.)
     pub(crate) objects: foldhash::HashMap<Vec<u8>, Entry>,
-    pub(crate) locks: foldhash::HashMap<Vec<u8>, Lease>,
+    pub(crate) locks: Leases<Vec<u8>>,
     /// Objects by their earliest deadline (object or field): what the expiry sweep visits,
     /// from the front, touching only what is due.
     pub(crate) index: BTreeSet<(Duration, Vec<u8>)>,
@@ -197,9 +192,7 @@ impl Objects {
             let _ = self.live(&key, now);
             self.reindex(&key);
         }
-        if !self.locks.is_empty() {
-            self.locks.retain(|_, l| l.until > now);
-        }
+        self.locks.purge(now);
     }
 
     /// Keys of the live objects of `nf` of `kind` and `id`: `nf@Kind@id` and
@@ -334,39 +327,11 @@ impl Objects {
     /// Runs [`Op::Lock`] or [`Op::Unlock`] (leases, beside the objects).
     fn lease(&mut self, op: &Op<&[u8]>, now: Duration) -> Reply {
         let key = op.key();
-        match op {
+        match *op {
             Op::Lock { owner, lease, .. } => {
-                let until = now.saturating_add(*lease);
-                let granted = match self.locks.get_mut(key) {
-                    Some(l) if l.until > now && l.owner != *owner => false,
-                    Some(l) => {
-                        l.owner = *owner;
-                        l.until = until;
-                        true
-                    }
-                    None => {
-                        self.locks.insert(
-                            key.to_vec(),
-                            Lease {
-                                owner: *owner,
-                                until,
-                            },
-                        );
-                        true
-                    }
-                };
-                Reply::Bool(granted)
+                Reply::Bool(self.locks.lock(key, || key.to_vec(), owner, lease, now))
             }
-            Op::Unlock { owner, .. } => {
-                let held = self
-                    .locks
-                    .get(key)
-                    .is_some_and(|l| l.until > now && l.owner == *owner);
-                if held || self.locks.get(key).is_some_and(|l| l.until <= now) {
-                    self.locks.remove(key);
-                }
-                Reply::Bool(held)
-            }
+            Op::Unlock { owner, .. } => Reply::Bool(self.locks.unlock(key, owner, now)),
             _ => Reply::Refused(format!("{}: not a lease operation", text(key))),
         }
     }

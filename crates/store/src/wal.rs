@@ -18,8 +18,8 @@
 //! killed (`kill -9`). With `sync` each write is also `fdatasync`ed, for surviving the
 //! machine's crash.
 
-use crate::shard::{Dedup, Entry, Lease, Objects};
-use flowstate_objects::{Obj, Stored};
+use crate::shard::{Dedup, Entry, Objects};
+use flowstate_objects::{Lease, Obj, Stored};
 use flowstate_proto::{self as proto, DecodeError, Rd, Request};
 use std::collections::{BTreeSet, HashMap};
 use std::fs::{self, File, OpenOptions};
@@ -344,7 +344,7 @@ fn encode_checkpoint(o: &Objects, now: Duration) -> Vec<u8> {
         }
     }
     proto::put_u32(&mut w, o.locks.len() as u32);
-    for (k, l) in &o.locks {
+    for (k, l) in o.locks.iter() {
         proto::put_bytes(&mut w, k);
         proto::put_u64(&mut w, l.owner);
         proto::put_u64(&mut w, nanos(l.until));
@@ -420,7 +420,7 @@ fn load_checkpoint(data: &[u8], o: &mut Objects) -> Result<(), String> {
         let key = r.bytes().map_err(e)?.to_vec();
         let owner = r.u64().map_err(e)?;
         let until = Duration::from_nanos(r.u64().map_err(e)?);
-        o.locks.insert(key, Lease { owner, until });
+        o.locks.restore(key, Lease { owner, until });
     }
     if !r.is_empty() {
         return Err("trailing bytes".into());
