@@ -136,6 +136,12 @@ impl Key {
         &self.bytes[..usize::from(self.bits).div_ceil(8)]
     }
 
+    /// All [`KEY_BYTES`] bytes (zero past `bits`).
+    #[inline]
+    pub fn raw(&self) -> &[u8; KEY_BYTES] {
+        &self.bytes
+    }
+
     /// Bit `i` (0 = most significant of the first byte); 0 past the end.
     #[inline]
     pub fn bit(&self, i: u16) -> bool {

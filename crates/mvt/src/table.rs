@@ -1,8 +1,15 @@
 //! The Match-Value Table: entries ⟨M(e), V(e)⟩ (HashMVT §III-A), their operations (§III-B)
 //! and hash-based multi-prefix matching with a state cache (§III-C).
+//!
+//! Layout (§III-C, Fig. 3): a rule of length `l` is indexed by the CRC32C of its first
+//! `group(l)` bits, `l` rounded down to a whole byte (its *group*), so a lookup hashes the key
+//! once per group present (5 for IPv4: 32, 24, 16, 8, 0 bits) rather than once per length; the
+//! rules of one row are kept longest first and the exact length is checked on match. Equal
+//! matches form one class: the first sits in its row, the others on a first-in first-out side
+//! list behind it (a pool of `*` entries costs a lookup one node, §III-D).
 
 use crate::key::{Key, Match, KEY_BITS, KEY_BYTES};
-use flowstate_wire::hash;
+use flowstate_wire::hash::{Crc32cSteps, SoftCrc, Sse42};
 
 /// Time in nanoseconds (the runtime's clock; never read here, always passed in).
 pub type Nanos = u64;
@@ -15,34 +22,50 @@ const NIL: u32 = u32::MAX;
 /// How a table computes CRC32C.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Hasher {
-    /// The CPU's CRC32C instruction when it has one (SSE4.2), software otherwise (default).
+    /// The CPU's CRC32C instruction when it has one (SSE4.2), table-driven slicing software
+    /// otherwise (default).
     #[default]
     Hardware,
-    /// Table-driven software CRC32C whatever the CPU (the baseline of §VI-C). Same values.
+    /// One table lookup per byte whatever the CPU (the software baseline of §VI-C, [32]).
+    /// Same values.
     Software,
 }
 
-impl Hasher {
-    #[inline(always)]
-    fn append(self, crc: u32, data: &[u8]) -> u32 {
-        match self {
-            Hasher::Hardware => hash::crc32c_append(crc, data),
-            Hasher::Software => sw_append(crc, data),
+/// The CRC32C steps a table runs on, chosen once at construction.
+#[derive(Debug, Clone, Copy)]
+enum Unit {
+    Hw(Sse42),
+    Slicing(SoftCrc),
+    Bytewise(ByteCrc),
+}
+
+impl Unit {
+    fn of(h: Hasher) -> Unit {
+        match (h, Sse42::detect()) {
+            (Hasher::Hardware, Some(c)) => Unit::Hw(c),
+            (Hasher::Hardware, None) => Unit::Slicing(SoftCrc),
+            (Hasher::Software, _) => Unit::Bytewise(ByteCrc),
         }
     }
 }
 
-/// `crc32c_append` in software: `crc32c_sw(a ++ b)` from `crc32c_sw(a)` by the combine rule
-/// (the software CRC has no append entry point, so the state is carried by recomputation of
-/// the inverted register: `!crc` is the running register).
-#[inline]
-fn sw_append(crc: u32, data: &[u8]) -> u32 {
-    // crc32c_sw(x) = !reg(!0, x); reg(r, a ++ b) = reg(reg(r, a), b). `SW_TABLE` steps a byte.
-    let mut c = !crc;
-    for &b in data {
-        c = (c >> 8) ^ SW_TABLE[((c ^ u32::from(b)) & 0xff) as usize];
+/// CRC32C one byte at a time through one 256-entry table (the paper's software CRC, [32]).
+#[derive(Debug, Clone, Copy)]
+struct ByteCrc;
+
+impl Crc32cSteps for ByteCrc {
+    #[inline(always)]
+    fn step_u8(self, crc: u32, v: u8) -> u32 {
+        (crc >> 8) ^ SW_TABLE[((crc ^ u32::from(v)) & 0xff) as usize]
     }
-    !c
+    #[inline(always)]
+    fn step_u32(self, crc: u32, v: u32) -> u32 {
+        v.to_le_bytes().iter().fold(crc, |c, &b| self.step_u8(c, b))
+    }
+    #[inline(always)]
+    fn step_u64(self, crc: u32, v: u64) -> u32 {
+        v.to_le_bytes().iter().fold(crc, |c, &b| self.step_u8(c, b))
+    }
 }
 
 static SW_TABLE: [u32; 256] = {
@@ -65,14 +88,53 @@ static SW_TABLE: [u32; 256] = {
     t
 };
 
-/// The CRC32C start value of a match `l` bits long (a multiplicative spread of the length).
+/// The group of a match `l` bits long: `l` rounded down to a whole byte.
 #[inline(always)]
-fn len_seed(l: u16) -> u32 {
-    (u32::from(l) + 1).wrapping_mul(0x9e37_79b9)
+const fn group(l: u16) -> u16 {
+    l & !7
 }
 
-/// A row of the hash table: its first entry, and one bit per 5-bit slice of the hashes
-/// chained there (a one-word Bloom filter beside the head, so that a probe of a length with
+/// CRC32C of the first `n` bytes of `b` (`n` ≤ [`KEY_BYTES`]), started from a value that
+/// depends on `n` (so `10` as an 8-bit and as a 16-bit prefix hash apart): 8-byte steps,
+/// then a 4-byte one, then single bytes.
+#[inline(always)]
+fn crc_bytes<C: Crc32cSteps>(c: C, b: &[u8; KEY_BYTES], n: usize) -> u32 {
+    let n = n.min(KEY_BYTES);
+    let mut r = (n as u32 + 1).wrapping_mul(0x9e37_79b9);
+    let mut at = 0;
+    while at + 8 <= n {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&b[at..at + 8]);
+        r = c.step_u64(r, u64::from_le_bytes(w));
+        at += 8;
+    }
+    if at + 4 <= n {
+        let mut w = [0u8; 4];
+        w.copy_from_slice(&b[at..at + 4]);
+        r = c.step_u32(r, u32::from_le_bytes(w));
+        at += 4;
+    }
+    while at < n {
+        r = c.step_u8(r, b[at]);
+        at += 1;
+    }
+    r
+}
+
+/// The state cache's hash of a key of at most 16 bytes (two 8-byte steps, seeded by its
+/// width).
+#[inline(always)]
+fn crc_key16<C: Crc32cSteps>(c: C, k: &Key) -> u32 {
+    let b = k.raw();
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&b[..8]);
+    let r = c.step_u64(u32::from(k.bits()), u64::from_le_bytes(w));
+    w.copy_from_slice(&b[8..16]);
+    c.step_u64(r, u64::from_le_bytes(w))
+}
+
+/// A row of the hash table: its first class, and one bit per 5-bit slice of the hashes
+/// chained there (a one-word Bloom filter beside the head, so that a probe of a group with
 /// no rule in the row reads one cache line and no entry). Bits are set on insert and cleared
 /// when the row empties.
 #[derive(Debug, Clone, Copy)]
@@ -166,21 +228,53 @@ impl<V> Entry<V> {
 struct Slot<V> {
     entry: Option<Entry<V>>,
     gen: u32,
-    /// Bucket hash of the entry's match (valid while `entry` is some).
+    /// Row hash of the entry's match (of its group's bits; valid while `entry` is some).
     hash: u32,
+    /// The row's chain of class heads (for a head).
     next: u32,
     prev: u32,
+    /// The class of equal matches: next in first-in first-out order; `dprev` is the previous
+    /// one, or for the head the last one (itself when alone).
+    dnext: u32,
+    dprev: u32,
+    /// Whether this entry heads its class (sits in the row's chain).
+    head: bool,
     /// Insertion order (for the order of equal matches across table operations).
     seq: u64,
 }
 
+/// A state-cache slot: a key of at most 128 bits, the table's epoch when it was filled, and
+/// the entry it matched (`index` NIL: no entry).
 #[derive(Clone, Copy)]
+#[repr(C)]
 struct CacheSlot {
-    key: Key,
-    epoch: u64,
-    /// The matched slot, or NIL for a cached miss.
+    key: [u8; 16],
+    epoch: u32,
     index: u32,
+    gen: u32,
+    /// Width of the key; [`EMPTY_BITS`] when the slot holds nothing.
+    bits: u16,
 }
+
+const EMPTY_BITS: u16 = u16::MAX;
+
+impl CacheSlot {
+    const EMPTY: CacheSlot = CacheSlot {
+        key: [0; 16],
+        epoch: 0,
+        index: NIL,
+        gen: 0,
+        bits: EMPTY_BITS,
+    };
+}
+
+/// Two cache slots in one cache line: a set of the 2-way set-associative state cache.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct CacheSet([CacheSlot; 2]);
+
+/// Widest key the state cache holds (wider keys are probed every time).
+const CACHE_KEY_BITS: u16 = 128;
 
 /// Why a table operation failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -210,27 +304,31 @@ pub enum MvtError {
 pub struct Mvt<V> {
     width: u16,
     hasher: Hasher,
-    /// The hardware hasher on a CPU that has the instruction.
-    sse42: bool,
+    unit: Unit,
     slots: Vec<Slot<V>>,
     free: Vec<u32>,
     live: usize,
     valid: usize,
-    /// Rows: the first entry of each chain.
+    /// Rows: the first class head of each chain.
     heads: Vec<Row>,
-    tails: Vec<u32>,
     mask: u32,
     /// Entries per match length.
     len_count: Vec<u32>,
     /// Lengths with at least one entry, longest first.
     lens: Vec<u16>,
-    cache: Vec<CacheSlot>,
+    /// Entries per group (by `group / 8`), and the groups present, longest first.
+    group_count: Vec<u32>,
+    groups: Vec<u16>,
+    cache: Vec<CacheSet>,
     cache_mask: u32,
-    epoch: u64,
+    /// Slots the cache was asked for (0: off).
+    cache_slots: usize,
+    epoch: u32,
     seq: u64,
     inserts: u64,
     row_collisions: u64,
     hash_collisions: u64,
+    shared_groups: u64,
 }
 
 impl<V> std::fmt::Debug for Mvt<V> {
@@ -258,41 +356,38 @@ impl<V> Mvt<V> {
     }
 
     /// An empty table: room for `entries`, `cache` state-cache slots (rounded up to a power of
-    /// two; 0 turns the cache off), and the CRC32C implementation.
+    /// two, 2-way set-associative; 0 turns the cache off, and keys wider than 128 bits never
+    /// use it), and the CRC32C implementation.
     pub fn with_options(width: u16, entries: usize, cache: usize, hasher: Hasher) -> Self {
         let buckets = entries.max(8).next_power_of_two();
-        let cache_n = if cache == 0 {
+        let sets = if cache == 0 {
             0
         } else {
-            cache.next_power_of_two()
+            cache.next_power_of_two().div_ceil(2)
         };
         Mvt {
             width: width.min(KEY_BITS),
             hasher,
-            sse42: hasher == Hasher::Hardware && hash::crc32c_hw_available(),
+            unit: Unit::of(hasher),
             slots: Vec::with_capacity(entries),
             free: Vec::new(),
             live: 0,
             valid: 0,
             heads: vec![Row::EMPTY; buckets],
-            tails: vec![NIL; buckets],
             mask: (buckets - 1) as u32,
             len_count: vec![0; usize::from(KEY_BITS) + 1],
             lens: Vec::new(),
-            cache: vec![
-                CacheSlot {
-                    key: Key::EMPTY,
-                    epoch: u64::MAX,
-                    index: NIL,
-                };
-                cache_n
-            ],
-            cache_mask: cache_n.saturating_sub(1) as u32,
+            group_count: vec![0; usize::from(KEY_BITS / 8) + 1],
+            groups: Vec::new(),
+            cache: vec![CacheSet([CacheSlot::EMPTY; 2]); sets],
+            cache_mask: sets.saturating_sub(1) as u32,
+            cache_slots: cache,
             epoch: 0,
             seq: 0,
             inserts: 0,
             row_collisions: 0,
             hash_collisions: 0,
+            shared_groups: 0,
         }
     }
 
@@ -331,44 +426,55 @@ impl<V> Mvt<V> {
         &self.lens
     }
 
+    /// Hash groups present (lengths rounded down to a byte), longest first: the hashes an
+    /// uncached lookup computes.
+    pub fn groups(&self) -> &[u16] {
+        &self.groups
+    }
+
     /// Insertions so far, insertions that landed in a row already holding another rule, and
-    /// insertions whose 32-bit hash equals that of another rule present (§VI-B).
+    /// insertions whose 32-bit row hash equals that of another rule present over different
+    /// bits (a CRC32C collision, §VI-B).
     pub fn collision_stats(&self) -> (u64, u64, u64) {
         (self.inserts, self.row_collisions, self.hash_collisions)
+    }
+
+    /// Insertions that share their group's bits (and so their row hash) with another rule
+    /// present (e.g. `10.0.0.0/16` and `10.0.128.0/17`): resolved by the exact check on
+    /// match, as the paper's chains resolve `10/8` and `160/4` (§III-C).
+    pub fn shared_group_inserts(&self) -> u64 {
+        self.shared_groups
+    }
+
+    /// Changes the epoch: every cached answer is forgotten.
+    #[inline]
+    fn bump(&mut self) {
+        self.epoch = self.epoch.wrapping_add(1);
+        if self.epoch == 0 {
+            // Once per 2^32 changes: slots filled 2^32 epochs ago must not look current.
+            for s in &mut self.cache {
+                *s = CacheSet([CacheSlot::EMPTY; 2]);
+            }
+        }
     }
 
     // --------------------------------------------------------------------------------------
     // Hashing (§III-C)
 
-    /// The hash of match `m`: CRC32C of the bytes covering its bits (the last byte masked),
-    /// started from a value that depends on the length, so that one CRC call gives it.
+    /// The row hash of match `m`: CRC32C of its group's bytes.
     #[inline]
     fn match_hash(&self, m: &Match) -> u32 {
-        self.hasher.append(len_seed(m.len()), m.bytes())
-    }
-
-    /// The hash of the full key (indexes the state cache).
-    #[inline]
-    fn key_hash(&self, key: &Key) -> u32 {
-        self.hasher.append(0, key.bytes())
-    }
-
-    /// The hash of `key` truncated to `l` bits (at most its width): [`Mvt::match_hash`] of the
-    /// prefix, without building it.
-    #[inline]
-    fn prefix_hash(&self, key: &Key, l: u16) -> u32 {
-        let lu = usize::from(l);
-        let kb = key.bytes();
-        let full = lu / 8;
-        let rem = lu % 8;
-        if rem == 0 {
-            return self.hasher.append(len_seed(l), &kb[..full]);
+        let n = usize::from(group(m.len()) / 8);
+        let b = m.as_key();
+        match self.unit {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Hw` holds a `Sse42`, which exists only when the CPU has SSE4.2.
+            Unit::Hw(c) => unsafe { crc_bytes_sse42(c, b.raw(), n) },
+            #[cfg(not(target_arch = "x86_64"))]
+            Unit::Hw(c) => crc_bytes(c, b.raw(), n),
+            Unit::Slicing(c) => crc_bytes(c, b.raw(), n),
+            Unit::Bytewise(c) => crc_bytes(c, b.raw(), n),
         }
-        // The masked last byte needs a copy; keys are at most 40 bytes.
-        let mut buf = [0u8; KEY_BYTES];
-        buf[..=full].copy_from_slice(&kb[..=full]);
-        buf[full] &= 0xffu8 << (8 - rem);
-        self.hasher.append(len_seed(l), &buf[..=full])
     }
 
     // --------------------------------------------------------------------------------------
@@ -383,69 +489,102 @@ impl<V> Mvt<V> {
 
     #[inline]
     fn probe(&self, key: &Key) -> u32 {
-        #[cfg(target_arch = "x86_64")]
-        if self.sse42 {
-            // SAFETY: `sse42` is set only when the CPU has SSE4.2 (checked at construction).
-            return unsafe { self.probe_sse42(key) };
+        match self.unit {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Hw` holds a `Sse42`, which exists only when the CPU has SSE4.2.
+            Unit::Hw(c) => unsafe { self.probe_sse42(c, key) },
+            #[cfg(not(target_arch = "x86_64"))]
+            Unit::Hw(c) => self.probe_with(c, key),
+            Unit::Slicing(c) => self.probe_with(c, key),
+            Unit::Bytewise(c) => self.probe_with(c, key),
         }
-        self.probe_generic(key)
     }
 
-    /// [`Mvt::probe_generic`] compiled for SSE4.2, so that the CRC32C instructions of every
-    /// length's hash are inlined into the loop rather than called.
+    /// [`Mvt::probe_with`] compiled for SSE4.2, so that every group's CRC32C steps are
+    /// single instructions in the loop.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "sse4.2")]
-    unsafe fn probe_sse42(&self, key: &Key) -> u32 {
-        self.probe_generic(key)
+    unsafe fn probe_sse42(&self, c: Sse42, key: &Key) -> u32 {
+        self.probe_with(c, key)
     }
 
     #[inline(always)]
-    fn probe_generic(&self, key: &Key) -> u32 {
-        // The lengths are taken in groups: every row of a group is hashed and prefetched
-        // before any is read, so the probes' memory accesses overlap (§III-C computes the
-        // hashes "simultaneously"); a group ends the lookup when it matches.
-        const GROUP: usize = 32;
-        let mut hs = [(0u16, 0u32); GROUP];
-        let mut lens = self.lens.iter().copied().filter(|&l| l <= key.bits());
-        loop {
-            let mut n = 0;
-            for l in lens.by_ref().take(GROUP) {
-                let h = self.prefix_hash(key, l);
-                prefetch(&self.heads[(h & self.mask) as usize]);
-                hs[n] = (l, h);
-                n += 1;
+    fn probe_with<C: Crc32cSteps>(&self, c: C, key: &Key) -> u32 {
+        // Every group's row is hashed and prefetched before any is read, so the probes'
+        // memory accesses overlap (§III-C computes the hashes "simultaneously"); the longest
+        // group with a match ends the lookup.
+        const MAX: usize = KEY_BYTES + 1;
+        let mut hs = [(0u16, 0u32); MAX];
+        let mut n = 0;
+        let kb = key.raw();
+        for &g in &self.groups {
+            if g > key.bits() {
+                continue;
             }
-            if n == 0 {
-                return NIL;
+            let h = crc_bytes(c, kb, usize::from(g / 8));
+            prefetch(&self.heads[(h & self.mask) as usize]);
+            hs[n] = (g, h);
+            n += 1;
+        }
+        for &(g, h) in &hs[..n] {
+            let b = (h & self.mask) as usize;
+            if self.heads[b].filter & filter_bit(h) == 0 {
+                continue;
             }
-            for &(l, h) in &hs[..n] {
-                let b = (h & self.mask) as usize;
-                if self.heads[b].filter & filter_bit(h) == 0 {
-                    continue;
-                }
-                let mut i = self.heads[b].head;
-                while i != NIL {
-                    let s = &self.slots[i as usize];
-                    if s.hash == h {
-                        if let Some(e) = &s.entry {
-                            if e.valid && e.m.len() == l && e.m.matches(key) {
-                                return i;
+            // Heads are longest first: the first valid match of this group is its longest.
+            let mut i = self.heads[b].head;
+            while i != NIL {
+                let s = &self.slots[i as usize];
+                if s.hash == h {
+                    if let Some(e) = &s.entry {
+                        if group(e.m.len()) == g && e.m.matches(key) {
+                            let v = self.first_valid(i);
+                            if v != NIL {
+                                return v;
                             }
                         }
                     }
-                    i = s.next;
                 }
+                i = s.next;
             }
+        }
+        NIL
+    }
+
+    /// The first valid entry of the class headed by `i`, or NIL.
+    #[inline(always)]
+    fn first_valid(&self, mut i: u32) -> u32 {
+        while i != NIL {
+            let s = &self.slots[i as usize];
+            if s.entry.as_ref().is_some_and(|e| e.valid) {
+                return i;
+            }
+            i = s.dnext;
+        }
+        NIL
+    }
+
+    /// The state cache's hash of `key`.
+    #[inline]
+    fn key_hash(&self, key: &Key) -> u32 {
+        match self.unit {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Hw` holds a `Sse42`, which exists only when the CPU has SSE4.2.
+            Unit::Hw(c) => unsafe { crc_key16_sse42(c, key) },
+            #[cfg(not(target_arch = "x86_64"))]
+            Unit::Hw(c) => crc_key16(c, key),
+            Unit::Slicing(c) => crc_key16(c, key),
+            Unit::Bytewise(c) => crc_key16(c, key),
         }
     }
 
     /// The entry matching `key` on the longest prefix (the first inserted among equal
-    /// matches), through the state cache: a hit costs one hash and one row; a miss probes
-    /// every length present and caches the result (§III-C steps 1–4). Invalid entries match
-    /// nothing.
+    /// matches), through the state cache: a hit costs one hash and one cache line; a miss
+    /// probes every group present and caches the result (§III-C steps 1–4). Invalid entries
+    /// match nothing.
     #[inline]
     pub fn lookup(&mut self, key: &Key) -> Option<EntryId> {
-        if self.cache.is_empty() {
+        if self.cache.is_empty() || key.bits() > CACHE_KEY_BITS {
             return self.lookup_uncached(key);
         }
         let h = self.key_hash(key);
@@ -454,24 +593,37 @@ impl<V> Mvt<V> {
 
     #[inline]
     fn lookup_hashed(&mut self, key: &Key, h: u32) -> Option<EntryId> {
-        let c = (h & self.cache_mask) as usize;
-        let slot = self.cache[c];
-        let i = if slot.epoch == self.epoch && slot.key == *key {
-            slot.index
+        let set = &mut self.cache[(h & self.cache_mask) as usize];
+        let mut k16 = [0u8; 16];
+        k16.copy_from_slice(&key.raw()[..16]);
+        for s in &set.0 {
+            if s.bits == key.bits() && s.epoch == self.epoch && s.key == k16 {
+                return (s.index != NIL).then_some(EntryId {
+                    index: s.index,
+                    gen: s.gen,
+                });
+            }
+        }
+        let i = self.probe(key);
+        let gen = if i == NIL {
+            0
         } else {
-            let i = self.probe(key);
-            self.cache[c] = CacheSlot {
-                key: *key,
-                epoch: self.epoch,
-                index: i,
-            };
-            i
+            self.slots[i as usize].gen
         };
-        (i != NIL).then(|| self.id(i))
+        let set = &mut self.cache[(h & self.cache_mask) as usize];
+        set.0[1] = set.0[0];
+        set.0[0] = CacheSlot {
+            key: k16,
+            epoch: self.epoch,
+            index: i,
+            gen,
+            bits: key.bits(),
+        };
+        (i != NIL).then_some(EntryId { index: i, gen })
     }
 
     /// Looks `keys` up as [`Mvt::lookup`] does, into `out` (as many as the shorter of the
-    /// two): every key's cache slot is hashed and prefetched first, then resolved.
+    /// two): every key's cache set is hashed and prefetched first, then resolved.
     pub fn lookup_batch(&mut self, keys: &[Key], out: &mut [Option<EntryId>]) {
         const CHUNK: usize = 32;
         let n = keys.len().min(out.len());
@@ -491,43 +643,47 @@ impl<V> Mvt<V> {
                 prefetch(&self.cache[(h & self.cache_mask) as usize]);
             }
             for j in 0..m {
-                out[at + j] = self.lookup_hashed(&keys[at + j], hs[j]);
+                let k = &keys[at + j];
+                out[at + j] = if k.bits() > CACHE_KEY_BITS {
+                    self.lookup_uncached(k)
+                } else {
+                    self.lookup_hashed(k, hs[j])
+                };
             }
             at += m;
         }
     }
 
-    /// The first valid entry whose match is exactly `m` (one probe; no cache).
+    /// The class head whose match is exactly `m` in row `h`, or NIL.
     #[inline]
-    pub fn find(&self, m: &Match) -> Option<EntryId> {
-        let h = self.match_hash(m);
+    fn class_of(&self, m: &Match, h: u32) -> u32 {
         let b = (h & self.mask) as usize;
         if self.heads[b].filter & filter_bit(h) == 0 {
-            return None;
+            return NIL;
         }
         let mut i = self.heads[b].head;
         while i != NIL {
             let s = &self.slots[i as usize];
-            if s.hash == h {
-                if let Some(e) = &s.entry {
-                    if e.valid && e.m == *m {
-                        return Some(self.id(i));
-                    }
-                }
+            if s.hash == h && s.entry.as_ref().is_some_and(|e| e.m == *m) {
+                return i;
             }
             i = s.next;
         }
-        None
+        NIL
+    }
+
+    /// The first valid entry whose match is exactly `m` (one probe; no cache).
+    #[inline]
+    pub fn find(&self, m: &Match) -> Option<EntryId> {
+        let i = self.first_valid(self.class_of(m, self.match_hash(m)));
+        (i != NIL).then(|| self.id(i))
     }
 
     /// Hints that [`Mvt::find`]`(m)` comes soon: prefetches its row.
     #[inline]
     pub fn prefetch_find(&self, m: &Match) {
         let h = self.match_hash(m);
-        let i = self.heads[(h & self.mask) as usize].head;
-        if i != NIL {
-            prefetch(&self.slots[i as usize]);
-        }
+        prefetch(&self.heads[(h & self.mask) as usize]);
     }
 
     #[inline]
@@ -561,6 +717,9 @@ impl<V> Mvt<V> {
                     hash: 0,
                     next: NIL,
                     prev: NIL,
+                    dnext: NIL,
+                    dprev: NIL,
+                    head: false,
                     seq: 0,
                 });
                 (self.slots.len() - 1) as u32
@@ -586,32 +745,43 @@ impl<V> Mvt<V> {
             self.valid += 1;
         }
         self.add_len(len);
-        self.epoch += 1;
+        self.bump();
         Ok(self.id(i))
     }
 
-    /// Counts an insertion landing in a row that holds another rule (looking at the first
-    /// few entries of the row only, so that a long run of equal matches, such as a pool of
-    /// `*` entries, costs nothing).
+    /// Counts an insertion landing in a row that holds another class (looking at the first
+    /// few classes of the row only), one whose row hash equals another's over other bits (a
+    /// CRC collision), and one sharing its group's bits with another rule.
     fn count_collision(&mut self, i: u32, h: u32) {
         const LOOK: usize = 8;
         self.inserts += 1;
-        let m = self.slots[i as usize].entry.as_ref().map(|e| e.m);
+        let Some(m) = self.slots[i as usize].entry.as_ref().map(|e| e.m) else {
+            return;
+        };
+        let g = group(m.len());
         let mut j = self.heads[(h & self.mask) as usize].head;
-        let (mut row, mut full) = (false, false);
+        let (mut row, mut full, mut shared) = (false, false, false);
         for _ in 0..LOOK {
             if j == NIL {
                 break;
             }
             let s = &self.slots[j as usize];
-            if s.entry.as_ref().map(|e| e.m) != m {
-                row = true;
-                full |= s.hash == h;
+            if let Some(e) = &s.entry {
+                if e.m != m {
+                    row = true;
+                    if s.hash == h {
+                        let same_bits = group(e.m.len()) == g
+                            && e.m.bytes()[..usize::from(g / 8)] == m.bytes()[..usize::from(g / 8)];
+                        shared |= same_bits;
+                        full |= !same_bits;
+                    }
+                }
             }
             j = s.next;
         }
         self.row_collisions += u64::from(row);
         self.hash_collisions += u64::from(full);
+        self.shared_groups += u64::from(shared);
     }
 
     /// "remove": takes the entry out.
@@ -628,7 +798,7 @@ impl<V> Mvt<V> {
             self.valid -= 1;
         }
         self.sub_len(e.m.len());
-        self.epoch += 1;
+        self.bump();
         Some(e)
     }
 
@@ -651,60 +821,128 @@ impl<V> Mvt<V> {
         self.link(i);
         self.sub_len(old);
         self.add_len(m.len());
-        self.epoch += 1;
+        self.bump();
         Ok(())
     }
 
+    /// Links entry `i` (its `hash` set): at the end of its class when one exists, else as a
+    /// class head in its row, after every longer match.
     fn link(&mut self, i: u32) {
-        let b = (self.slots[i as usize].hash & self.mask) as usize;
-        let tail = self.tails[b];
-        self.heads[b].filter |= filter_bit(self.slots[i as usize].hash);
+        let h = self.slots[i as usize].hash;
+        let m = match &self.slots[i as usize].entry {
+            Some(e) => e.m,
+            None => return,
+        };
+        let head = self.class_of(&m, h);
+        if head != NIL {
+            let tail = self.slots[head as usize].dprev;
+            self.slots[tail as usize].dnext = i;
+            self.slots[head as usize].dprev = i;
+            let s = &mut self.slots[i as usize];
+            s.dprev = tail;
+            s.dnext = NIL;
+            s.head = false;
+            s.next = NIL;
+            s.prev = NIL;
+            return;
+        }
+        let s = &mut self.slots[i as usize];
+        s.dprev = i;
+        s.dnext = NIL;
+        self.link_head(i);
+    }
+
+    /// Puts class head `i` into its row's chain, after every longer match.
+    fn link_head(&mut self, i: u32) {
+        let h = self.slots[i as usize].hash;
+        let len = self.len_of(i);
+        let b = (h & self.mask) as usize;
+        self.heads[b].filter |= filter_bit(h);
+        let (mut prev, mut at) = (NIL, self.heads[b].head);
+        while at != NIL && self.len_of(at) >= len {
+            prev = at;
+            at = self.slots[at as usize].next;
+        }
         {
             let s = &mut self.slots[i as usize];
-            s.prev = tail;
-            s.next = NIL;
+            s.head = true;
+            s.prev = prev;
+            s.next = at;
         }
-        if tail == NIL {
+        if prev == NIL {
             self.heads[b].head = i;
         } else {
-            self.slots[tail as usize].next = i;
+            self.slots[prev as usize].next = i;
         }
-        self.tails[b] = i;
+        if at != NIL {
+            self.slots[at as usize].prev = i;
+        }
+    }
+
+    #[inline]
+    fn len_of(&self, i: u32) -> u16 {
+        self.slots[i as usize].entry.as_ref().map_or(0, |e| e.m.len())
     }
 
     fn unlink(&mut self, i: u32) {
-        let (prev, next, h) = {
+        let (head, dprev, dnext, h) = {
             let s = &self.slots[i as usize];
-            (s.prev, s.next, s.hash)
+            (s.head, s.dprev, s.dnext, s.hash)
+        };
+        if !head {
+            // Inside a class: off its side list (the class head keeps the tail).
+            self.slots[dprev as usize].dnext = dnext;
+            if dnext != NIL {
+                self.slots[dnext as usize].dprev = dprev;
+            } else if let Some(m) = self.slots[i as usize].entry.as_ref().map(|e| e.m) {
+                let c = self.class_of(&m, h);
+                if c != NIL {
+                    self.slots[c as usize].dprev = dprev;
+                }
+            }
+            return;
+        }
+        let (prev, next) = {
+            let s = &self.slots[i as usize];
+            (s.prev, s.next)
         };
         let b = (h & self.mask) as usize;
-        if prev == NIL {
-            self.heads[b].head = next;
+        // The class's next entry takes the head's place in the row, or the class leaves it.
+        let to = if dnext != NIL {
+            let s = &mut self.slots[dnext as usize];
+            s.head = true;
+            s.dprev = if dprev == dnext { dnext } else { dprev };
+            s.prev = prev;
+            s.next = next;
+            dnext
         } else {
-            self.slots[prev as usize].next = next;
+            next
+        };
+        if prev == NIL {
+            self.heads[b].head = to;
+        } else {
+            self.slots[prev as usize].next = to;
         }
-        if prev == NIL && next == NIL {
+        if next != NIL {
+            self.slots[next as usize].prev = if dnext != NIL { dnext } else { prev };
+        }
+        if self.heads[b].head == NIL {
             self.heads[b].filter = 0;
         }
-        if next == NIL {
-            self.tails[b] = prev;
-        } else {
-            self.slots[next as usize].prev = prev;
-        }
+        self.slots[i as usize].head = false;
     }
 
     fn grow(&mut self) {
         let old = std::mem::take(&mut self.heads);
         let n = old.len() * 2;
         self.heads = vec![Row::EMPTY; n];
-        self.tails = vec![NIL; n];
         self.mask = (n - 1) as u32;
-        // Chains are walked in order, so equal matches (always in one chain) keep their order.
+        // Class heads move with their side lists, which keep their order.
         for row in old {
             let mut i = row.head;
             while i != NIL {
                 let next = self.slots[i as usize].next;
-                self.link(i);
+                self.link_head(i);
                 i = next;
             }
         }
@@ -717,6 +955,13 @@ impl<V> Mvt<V> {
             let at = self.lens.partition_point(|&x| x > l);
             self.lens.insert(at, l);
         }
+        let g = group(l);
+        let c = &mut self.group_count[usize::from(g / 8)];
+        *c += 1;
+        if *c == 1 {
+            let at = self.groups.partition_point(|&x| x > g);
+            self.groups.insert(at, g);
+        }
     }
 
     fn sub_len(&mut self, l: u16) {
@@ -724,6 +969,12 @@ impl<V> Mvt<V> {
         *c = c.saturating_sub(1);
         if *c == 0 {
             self.lens.retain(|&x| x != l);
+        }
+        let g = group(l);
+        let c = &mut self.group_count[usize::from(g / 8)];
+        *c = c.saturating_sub(1);
+        if *c == 0 {
+            self.groups.retain(|&x| x != g);
         }
     }
 
@@ -755,7 +1006,7 @@ impl<V> Mvt<V> {
     /// the others stay. M(T) = M(T1) ∪ M(T2); order among equal matches is kept. Handles of
     /// moved entries are not valid in T2 ([`Mvt::iter`] gives the new ones).
     pub fn shard(&mut self, mut to_second: impl FnMut(&Entry<V>) -> bool) -> Mvt<V> {
-        let mut t2 = Mvt::with_options(self.width, 16, self.cache.len(), self.hasher);
+        let mut t2 = Mvt::with_options(self.width, 16, self.cache_slots, self.hasher);
         for i in self.ordered() {
             let id = self.id(i);
             let go = self.slots[i as usize]
@@ -846,7 +1097,7 @@ impl<V> Mvt<V> {
         let was = std::mem::replace(&mut e.valid, false);
         if was {
             self.valid -= 1;
-            self.epoch += 1;
+            self.bump();
         }
         was
     }
@@ -972,9 +1223,30 @@ fn prefetch<T>(at: &T) {
     }
 }
 
+/// [`crc_bytes`] on the CRC32C instruction, compiled for SSE4.2.
+///
+/// # Safety
+/// The CPU must have SSE4.2 (a [`Sse42`] proves it).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "sse4.2")]
+unsafe fn crc_bytes_sse42(c: Sse42, b: &[u8; KEY_BYTES], n: usize) -> u32 {
+    crc_bytes(c, b, n)
+}
+
+/// [`crc_key16`] on the CRC32C instruction, compiled for SSE4.2.
+///
+/// # Safety
+/// The CPU must have SSE4.2 (a [`Sse42`] proves it).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "sse4.2")]
+unsafe fn crc_key16_sse42(c: Sse42, k: &Key) -> u32 {
+    crc_key16(c, k)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use flowstate_wire::hash;
     use std::net::Ipv4Addr;
 
     fn v4(a: [u8; 4], l: u8) -> Match {
@@ -993,14 +1265,17 @@ mod tests {
             b"123456789",
             b"a longer input of some bytes",
         ] {
-            assert_eq!(sw_append(0, data), hash::crc32c_sw(data));
-            assert_eq!(
-                sw_append(
-                    sw_append(0, &data[..data.len() / 2]),
-                    &data[data.len() / 2..]
-                ),
-                hash::crc32c(data)
-            );
+            let r = data.iter().fold(!0, |c, &b| ByteCrc.step_u8(c, b));
+            assert_eq!(!r, hash::crc32c_sw(data));
+        }
+        // Every unit gives every group's hash the same value.
+        let key = Key::from_bytes(b"0123456789abcdefghijklmnopqrstuvwxyz0123");
+        for n in 0..=KEY_BYTES {
+            let want = crc_bytes(ByteCrc, key.raw(), n);
+            assert_eq!(crc_bytes(SoftCrc, key.raw(), n), want);
+            if let Some(c) = Sse42::detect() {
+                assert_eq!(crc_bytes(c, key.raw(), n), want);
+            }
         }
         let mut hw = Mvt::<u32>::with_options(32, 16, 16, Hasher::Hardware);
         let mut sw = Mvt::<u32>::with_options(32, 16, 16, Hasher::Software);
