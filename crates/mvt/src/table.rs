@@ -679,11 +679,15 @@ impl<V> Mvt<V> {
         (i != NIL).then(|| self.id(i))
     }
 
-    /// Hints that [`Mvt::find`]`(m)` comes soon: prefetches its row.
+    /// Hints that [`Mvt::find`]`(m)` comes soon: reads its row and prefetches the row's
+    /// first entry.
     #[inline]
     pub fn prefetch_find(&self, m: &Match) {
         let h = self.match_hash(m);
-        prefetch(&self.heads[(h & self.mask) as usize]);
+        let i = self.heads[(h & self.mask) as usize].head;
+        if i != NIL {
+            prefetch(&self.slots[i as usize]);
+        }
     }
 
     #[inline]

@@ -60,6 +60,28 @@ fn unique(rules: Vec<(u32, u8)>) -> Vec<(Match, u32)> {
     out
 }
 
+/// One step of `classes_follow_a_model`: insert a match, remove, rematch or invalidate the
+/// `n`-th live entry.
+#[derive(Debug, Clone)]
+enum Op {
+    Insert(u8, u8),
+    Remove(usize),
+    Rematch(usize, u8, u8),
+    Invalidate(usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    // Few distinct matches over 8-bit keys, so that equal matches pile up in classes (as a
+    // pool of `*` entries does) and rows are shared.
+    let mt = (prop_oneof![Just(0u8), Just(0x40), Just(0x48), Just(0xc0)], prop_oneof![Just(0u8), Just(2), Just(4), Just(8)]);
+    prop_oneof![
+        3 => mt.clone().prop_map(|(a, l)| Op::Insert(a, l)),
+        1 => any::<usize>().prop_map(Op::Remove),
+        2 => (any::<usize>(), mt).prop_map(|(i, (a, l))| Op::Rematch(i, a, l)),
+        1 => any::<usize>().prop_map(Op::Invalidate),
+    ]
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
 
@@ -104,6 +126,53 @@ proptest! {
         kept.sort_by_key(|r| r.1);
         for k in &ks {
             prop_assert_eq!(value(&mut t, k), naive(&kept, k));
+        }
+    }
+
+    /// Equal matches stay first-in first-out through inserts, removals, rematches (to the end
+    /// of the new class), invalidation and table growth; lookups and `find` agree with a model
+    /// that keeps every entry in a list.
+    #[test]
+    fn classes_follow_a_model(ops in prop::collection::vec(op(), 1..120)) {
+        let mk = |a: u8, l: u8| Match::prefix(&Key::from_bytes(&[a]), u16::from(l));
+        let mut t: Mvt<u32> = Mvt::with_options(8, 1, 8, Hasher::Hardware);
+        // (handle, match, value, valid), in the order of the last insert or rematch.
+        let mut model: Vec<(flowstate_mvt::EntryId, Match, u32, bool)> = Vec::new();
+        for (n, op) in ops.into_iter().enumerate() {
+            let n = n as u32;
+            match op {
+                Op::Insert(a, l) => {
+                    let id = t.insert(Entry::new(mk(a, l), n, 0, NEVER, 0)).unwrap();
+                    model.push((id, mk(a, l), n, true));
+                }
+                Op::Remove(i) if !model.is_empty() => {
+                    let (id, ..) = model.remove(i % model.len());
+                    prop_assert!(t.remove(id).is_some());
+                }
+                Op::Rematch(i, a, l) if !model.is_empty() => {
+                    let mut e = model.remove(i % model.len());
+                    t.rematch(e.0, mk(a, l)).unwrap();
+                    e.1 = mk(a, l);
+                    model.push(e);
+                }
+                Op::Invalidate(i) if !model.is_empty() => {
+                    let i = i % model.len();
+                    t.invalidate(model[i].0);
+                    model[i].3 = false;
+                }
+                _ => {}
+            }
+            let live: Vec<(Match, u32)> =
+                model.iter().filter(|e| e.3).map(|e| (e.1, e.2)).collect();
+            for a in [0u8, 0x41, 0x49, 0xc3, 0xff] {
+                let k = Key::from_bytes(&[a]);
+                prop_assert_eq!(value(&mut t, &k), naive(&live, &k), "key {:02x}", a);
+            }
+            for (a, l) in [(0u8, 0u8), (0x40, 2), (0x40, 4), (0x48, 8), (0xc0, 2), (0, 8)] {
+                let want = live.iter().find(|e| e.0 == mk(a, l)).map(|e| e.1);
+                prop_assert_eq!(t.find(&mk(a, l)).and_then(|id| t.get(id).copied()), want);
+            }
+            prop_assert_eq!(t.len(), model.len());
         }
     }
 
