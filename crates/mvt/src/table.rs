@@ -1,12 +1,14 @@
 //! The Match-Value Table: entries ⟨M(e), V(e)⟩ (HashMVT §III-A), their operations (§III-B)
 //! and hash-based multi-prefix matching with a state cache (§III-C).
 //!
-//! Layout (§III-C, Fig. 3): a rule of length `l` is indexed by the CRC32C of its first
-//! `group(l)` bits, `l` rounded down to a whole byte (its *group*), so a lookup hashes the key
-//! once per group present (5 for IPv4: 32, 24, 16, 8, 0 bits) rather than once per length; the
-//! rules of one row are kept longest first and the exact length is checked on match. Equal
-//! matches form one class: the first sits in its row, the others on a first-in first-out side
-//! list behind it (a pool of `*` entries costs a lookup one node, §III-D).
+//! Layout (§III-C, Fig. 3): rules are grouped by length rounded down to a whole byte (their
+//! *group*: 32, 24, 16, 8 and 0 bits for IPv4). A lookup hashes the key once per group present
+//! (not once per length present, 26 in a real routing table), and the group's node, found by
+//! the CRC32C of the key's first `g` bits, holds a 255-bit map of the rules of lengths
+//! `g..g+8` under those bits (as Tree Bitmap nodes do): the longest one present for the key's
+//! next byte is then found by one exact probe, hashed at its length. Equal matches form one
+//! class: the first sits in its row, the others on a first-in first-out side list behind it
+//! (a pool of `*` entries costs a lookup one node, §III-D).
 
 use crate::key::{Key, Match, KEY_BITS, KEY_BYTES};
 use flowstate_wire::hash::{Crc32cSteps, SoftCrc, Sse42};
@@ -94,13 +96,14 @@ const fn group(l: u16) -> u16 {
     l & !7
 }
 
-/// CRC32C of the first `n` bytes of `b` (`n` ≤ [`KEY_BYTES`]), started from a value that
-/// depends on `n` (so `10` as an 8-bit and as a 16-bit prefix hash apart): 8-byte steps,
+/// CRC32C of the first `l` bits of `b` (the last byte masked), started from a value that
+/// depends on `l` (so `10` as an 8-bit and as a 16-bit prefix hash apart): 8-byte steps,
 /// then a 4-byte one, then single bytes.
 #[inline(always)]
-fn crc_bytes<C: Crc32cSteps>(c: C, b: &[u8; KEY_BYTES], n: usize) -> u32 {
-    let n = n.min(KEY_BYTES);
-    let mut r = (n as u32 + 1).wrapping_mul(0x9e37_79b9);
+fn crc_prefix<C: Crc32cSteps>(c: C, b: &[u8; KEY_BYTES], l: u16) -> u32 {
+    let l = l.min(KEY_BITS);
+    let n = usize::from(l / 8);
+    let mut r = (u32::from(l) + 1).wrapping_mul(0x9e37_79b9);
     let mut at = 0;
     while at + 8 <= n {
         let mut w = [0u8; 8];
@@ -118,7 +121,28 @@ fn crc_bytes<C: Crc32cSteps>(c: C, b: &[u8; KEY_BYTES], n: usize) -> u32 {
         r = c.step_u8(r, b[at]);
         at += 1;
     }
+    let rem = l % 8;
+    if rem != 0 {
+        r = c.step_u8(r, b[n] & (0xffu8 << (8 - rem)));
+    }
     r
+}
+
+/// The bit of a rule `k` bits past its group (0–7) whose next bits are `v`, in its group
+/// node's map: `2^k - 1 + v` (one level of a Tree Bitmap node).
+#[inline(always)]
+fn map_bit(k: u16, v: u8) -> usize {
+    (1usize << k) - 1 + usize::from(v)
+}
+
+/// A group node: the rules of lengths `g..g+8` under one `g`-bit prefix, as a bit map.
+#[derive(Clone)]
+struct GroupNode {
+    map: [u64; 4],
+    prefix: [u8; KEY_BYTES],
+    g: u16,
+    hash: u32,
+    next: u32,
 }
 
 /// The state cache's hash of a key of at most 16 bytes (two 8-byte steps, seeded by its
@@ -319,6 +343,11 @@ pub struct Mvt<V> {
     /// Entries per group (by `group / 8`), and the groups present, longest first.
     group_count: Vec<u32>,
     groups: Vec<u16>,
+    /// Group nodes, their rows (chain heads) and free nodes.
+    gnodes: Vec<GroupNode>,
+    grows: Vec<u32>,
+    gmask: u32,
+    gfree: Vec<u32>,
     cache: Vec<CacheSet>,
     cache_mask: u32,
     /// Slots the cache was asked for (0: off).
@@ -379,6 +408,10 @@ impl<V> Mvt<V> {
             lens: Vec::new(),
             group_count: vec![0; usize::from(KEY_BITS / 8) + 1],
             groups: Vec::new(),
+            gnodes: Vec::new(),
+            grows: vec![NIL; buckets],
+            gmask: (buckets - 1) as u32,
+            gfree: Vec::new(),
             cache: vec![CacheSet([CacheSlot::EMPTY; 2]); sets],
             cache_mask: sets.saturating_sub(1) as u32,
             cache_slots: cache,
@@ -461,19 +494,23 @@ impl<V> Mvt<V> {
     // --------------------------------------------------------------------------------------
     // Hashing (§III-C)
 
-    /// The row hash of match `m`: CRC32C of its group's bytes.
+    /// The row hash of match `m`: CRC32C of its bits.
     #[inline]
     fn match_hash(&self, m: &Match) -> u32 {
-        let n = usize::from(group(m.len()) / 8);
-        let b = m.as_key();
+        self.prefix_hash(&m.as_key(), m.len())
+    }
+
+    /// CRC32C of the first `n` bits of `b`.
+    #[inline]
+    fn prefix_hash(&self, b: &Key, n: u16) -> u32 {
         match self.unit {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Hw` holds a `Sse42`, which exists only when the CPU has SSE4.2.
-            Unit::Hw(c) => unsafe { crc_bytes_sse42(c, b.raw(), n) },
+            Unit::Hw(c) => unsafe { crc_prefix_sse42(c, b.raw(), n) },
             #[cfg(not(target_arch = "x86_64"))]
-            Unit::Hw(c) => crc_bytes(c, b.raw(), n),
-            Unit::Slicing(c) => crc_bytes(c, b.raw(), n),
-            Unit::Bytewise(c) => crc_bytes(c, b.raw(), n),
+            Unit::Hw(c) => crc_prefix(c, b.raw(), n),
+            Unit::Slicing(c) => crc_prefix(c, b.raw(), n),
+            Unit::Bytewise(c) => crc_prefix(c, b.raw(), n),
         }
     }
 
@@ -512,7 +549,7 @@ impl<V> Mvt<V> {
     fn probe_with<C: Crc32cSteps>(&self, c: C, key: &Key) -> u32 {
         // Every group's row is hashed and prefetched before any is read, so the probes'
         // memory accesses overlap (§III-C computes the hashes "simultaneously"); the longest
-        // group with a match ends the lookup.
+        // group with a valid match ends the lookup.
         const MAX: usize = KEY_BYTES + 1;
         let mut hs = [(0u16, 0u32); MAX];
         let mut n = 0;
@@ -521,32 +558,65 @@ impl<V> Mvt<V> {
             if g > key.bits() {
                 continue;
             }
-            let h = crc_bytes(c, kb, usize::from(g / 8));
-            prefetch(&self.heads[(h & self.mask) as usize]);
+            let h = crc_prefix(c, kb, g);
+            prefetch(&self.grows[(h & self.gmask) as usize]);
             hs[n] = (g, h);
             n += 1;
         }
         for &(g, h) in &hs[..n] {
-            let b = (h & self.mask) as usize;
-            if self.heads[b].filter & filter_bit(h) == 0 {
+            let node = self.group_node(kb, g, h);
+            if node == NIL {
                 continue;
             }
-            // Heads are longest first: the first valid match of this group is its longest.
-            let mut i = self.heads[b].head;
-            while i != NIL {
-                let s = &self.slots[i as usize];
-                if s.hash == h {
-                    if let Some(e) = &s.entry {
-                        if group(e.m.len()) == g && e.m.matches(key) {
-                            let v = self.first_valid(i);
-                            if v != NIL {
-                                return v;
-                            }
-                        }
+            let map = &self.gnodes[node as usize].map;
+            let next = kb.get(usize::from(g / 8)).copied().unwrap_or(0);
+            // The longest rule present under the key's next bits first.
+            for k in (0..=(key.bits() - g).min(7)).rev() {
+                let bit = map_bit(k, next.checked_shr(u32::from(8 - k)).unwrap_or(0));
+                if map[bit / 64] & (1 << (bit % 64)) == 0 {
+                    continue;
+                }
+                let l = g + k;
+                let i = self.first_valid(self.class_at(c, key, l));
+                if i != NIL {
+                    return i;
+                }
+            }
+        }
+        NIL
+    }
+
+    /// The group node of the `g`-bit prefix of `kb` (hashed `h`), or NIL.
+    #[inline(always)]
+    fn group_node(&self, kb: &[u8; KEY_BYTES], g: u16, h: u32) -> u32 {
+        let n = usize::from(g / 8);
+        let mut i = self.grows[(h & self.gmask) as usize];
+        while i != NIL {
+            let node = &self.gnodes[i as usize];
+            if node.hash == h && node.g == g && node.prefix[..n] == kb[..n] {
+                return i;
+            }
+            i = node.next;
+        }
+        NIL
+    }
+
+    /// The class whose match is the first `l` bits of `key`, or NIL.
+    #[inline(always)]
+    fn class_at<C: Crc32cSteps>(&self, c: C, key: &Key, l: u16) -> u32 {
+        let h = crc_prefix(c, key.raw(), l);
+        let b = (h & self.mask) as usize;
+        let mut i = self.heads[b].head;
+        while i != NIL {
+            let s = &self.slots[i as usize];
+            if s.hash == h {
+                if let Some(e) = &s.entry {
+                    if e.m.len() == l && e.m.matches(key) {
+                        return i;
                     }
                 }
-                i = s.next;
             }
+            i = s.next;
         }
         NIL
     }
@@ -754,38 +824,115 @@ impl<V> Mvt<V> {
     }
 
     /// Counts an insertion landing in a row that holds another class (looking at the first
-    /// few classes of the row only), one whose row hash equals another's over other bits (a
-    /// CRC collision), and one sharing its group's bits with another rule.
+    /// few classes of the row only), one whose 32-bit hash equals another rule's (a CRC32C
+    /// collision, §VI-B), and one whose group node already holds another rule.
     fn count_collision(&mut self, i: u32, h: u32) {
         const LOOK: usize = 8;
         self.inserts += 1;
         let Some(m) = self.slots[i as usize].entry.as_ref().map(|e| e.m) else {
             return;
         };
-        let g = group(m.len());
         let mut j = self.heads[(h & self.mask) as usize].head;
-        let (mut row, mut full, mut shared) = (false, false, false);
+        let (mut row, mut full) = (false, false);
         for _ in 0..LOOK {
             if j == NIL {
                 break;
             }
             let s = &self.slots[j as usize];
-            if let Some(e) = &s.entry {
-                if e.m != m {
-                    row = true;
-                    if s.hash == h {
-                        let same_bits = group(e.m.len()) == g
-                            && e.m.bytes()[..usize::from(g / 8)] == m.bytes()[..usize::from(g / 8)];
-                        shared |= same_bits;
-                        full |= !same_bits;
-                    }
-                }
+            if s.entry.as_ref().is_some_and(|e| e.m != m) {
+                row = true;
+                full |= s.hash == h;
             }
             j = s.next;
         }
+        let g = group(m.len());
+        let node = self.group_node(m.as_key().raw(), g, self.prefix_hash(&m.as_key(), g));
+        let shared = node != NIL && self.class_of(&m, h) == NIL;
         self.row_collisions += u64::from(row);
         self.hash_collisions += u64::from(full);
         self.shared_groups += u64::from(shared);
+    }
+
+    /// Marks class `m` in its group node (made when missing).
+    fn group_add(&mut self, m: &Match) {
+        let (k, g, raw) = (m.len() % 8, group(m.len()), *m.as_key().raw());
+        let h = self.prefix_hash(&m.as_key(), g);
+        let mut node = self.group_node(&raw, g, h);
+        if node == NIL {
+            if self.gnodes.len() - self.gfree.len() + 1 > self.grows.len() {
+                self.grow_groups();
+            }
+            let fresh = GroupNode {
+                map: [0; 4],
+                prefix: raw,
+                g,
+                hash: h,
+                next: self.grows[(h & self.gmask) as usize],
+            };
+            node = match self.gfree.pop() {
+                Some(i) => {
+                    self.gnodes[i as usize] = fresh;
+                    i
+                }
+                None => {
+                    self.gnodes.push(fresh);
+                    (self.gnodes.len() - 1) as u32
+                }
+            };
+            self.grows[(h & self.gmask) as usize] = node;
+        }
+        let v = raw.get(usize::from(g / 8)).copied().unwrap_or(0);
+        let bit = map_bit(k, v.checked_shr(u32::from(8 - k)).unwrap_or(0));
+        self.gnodes[node as usize].map[bit / 64] |= 1 << (bit % 64);
+    }
+
+    /// Clears class `m` from its group node (freed when empty).
+    fn group_del(&mut self, m: &Match) {
+        let (k, g, raw) = (m.len() % 8, group(m.len()), *m.as_key().raw());
+        let h = self.prefix_hash(&m.as_key(), g);
+        let node = self.group_node(&raw, g, h);
+        if node == NIL {
+            return;
+        }
+        let v = raw.get(usize::from(g / 8)).copied().unwrap_or(0);
+        let bit = map_bit(k, v.checked_shr(u32::from(8 - k)).unwrap_or(0));
+        let n = &mut self.gnodes[node as usize];
+        n.map[bit / 64] &= !(1 << (bit % 64));
+        if n.map != [0; 4] {
+            return;
+        }
+        let r = (h & self.gmask) as usize;
+        let next = n.next;
+        if self.grows[r] == node {
+            self.grows[r] = next;
+        } else {
+            let mut j = self.grows[r];
+            while j != NIL {
+                if self.gnodes[j as usize].next == node {
+                    self.gnodes[j as usize].next = next;
+                    break;
+                }
+                j = self.gnodes[j as usize].next;
+            }
+        }
+        self.gfree.push(node);
+    }
+
+    fn grow_groups(&mut self) {
+        let n = self.grows.len() * 2;
+        self.grows = vec![NIL; n];
+        self.gmask = (n - 1) as u32;
+        let mut free = vec![false; self.gnodes.len()];
+        for &i in &self.gfree {
+            free[i as usize] = true;
+        }
+        for i in 0..self.gnodes.len() {
+            if !free[i] {
+                let r = (self.gnodes[i].hash & self.gmask) as usize;
+                self.gnodes[i].next = self.grows[r];
+                self.grows[r] = i as u32;
+            }
+        }
     }
 
     /// "remove": takes the entry out.
@@ -854,6 +1001,7 @@ impl<V> Mvt<V> {
         s.dprev = i;
         s.dnext = NIL;
         self.link_head(i);
+        self.group_add(&m);
     }
 
     /// Puts class head `i` into its row's chain, after every longer match.
@@ -934,6 +1082,11 @@ impl<V> Mvt<V> {
             self.heads[b].filter = 0;
         }
         self.slots[i as usize].head = false;
+        if dnext == NIL {
+            if let Some(m) = self.slots[i as usize].entry.as_ref().map(|e| e.m) {
+                self.group_del(&m);
+            }
+        }
     }
 
     fn grow(&mut self) {
@@ -1227,14 +1380,14 @@ fn prefetch<T>(at: &T) {
     }
 }
 
-/// [`crc_bytes`] on the CRC32C instruction, compiled for SSE4.2.
+/// [`crc_prefix`] on the CRC32C instruction, compiled for SSE4.2.
 ///
 /// # Safety
 /// The CPU must have SSE4.2 (a [`Sse42`] proves it).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "sse4.2")]
-unsafe fn crc_bytes_sse42(c: Sse42, b: &[u8; KEY_BYTES], n: usize) -> u32 {
-    crc_bytes(c, b, n)
+unsafe fn crc_prefix_sse42(c: Sse42, b: &[u8; KEY_BYTES], l: u16) -> u32 {
+    crc_prefix(c, b, l)
 }
 
 /// [`crc_key16`] on the CRC32C instruction, compiled for SSE4.2.
@@ -1274,12 +1427,15 @@ mod tests {
         }
         // Every unit gives every group's hash the same value.
         let key = Key::from_bytes(b"0123456789abcdefghijklmnopqrstuvwxyz0123");
-        for n in 0..=KEY_BYTES {
-            let want = crc_bytes(ByteCrc, key.raw(), n);
-            assert_eq!(crc_bytes(SoftCrc, key.raw(), n), want);
+        for l in 0..=KEY_BITS {
+            let want = crc_prefix(ByteCrc, key.raw(), l);
+            assert_eq!(crc_prefix(SoftCrc, key.raw(), l), want);
             if let Some(c) = Sse42::detect() {
-                assert_eq!(crc_bytes(c, key.raw(), n), want);
+                assert_eq!(crc_prefix(c, key.raw(), l), want);
             }
+            // The hash of a prefix is that of its match (bits past `l` cleared).
+            let m = Match::prefix(&key, l);
+            assert_eq!(crc_prefix(ByteCrc, m.as_key().raw(), l), want);
         }
         let mut hw = Mvt::<u32>::with_options(32, 16, 16, Hasher::Hardware);
         let mut sw = Mvt::<u32>::with_options(32, 16, 16, Hasher::Software);
