@@ -10,7 +10,7 @@
 //! class: the first sits in its row, the others on a first-in first-out side list behind it
 //! (a pool of `*` entries costs a lookup one node, §III-D).
 
-use crate::key::{Key, Match, KEY_BITS, KEY_BYTES};
+use crate::key::{prefix_eq, Key, Match, KEY_BITS, KEY_BYTES};
 use flowstate_wire::hash::{Crc32cSteps, SoftCrc, Sse42};
 
 /// Time in nanoseconds (the runtime's clock; never read here, always passed in).
@@ -197,16 +197,20 @@ impl EntryId {
 
 /// An entry ⟨M(e), V(e)⟩. V(e) is the state `value`, a `timestamp`, a `timeout`, a
 /// validity flag and an auxiliary field (§III-A, Fig. 2).
+///
+/// Laid out with the match and the validity flag first, so that the probe of a row reads
+/// one cache line per entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[repr(C)]
 pub struct Entry<V> {
     m: Match,
+    valid: bool,
     /// The state value.
     pub value: V,
     /// When the entry was created or last renewed.
     pub timestamp: Nanos,
     /// How long after `timestamp` the entry times out ([`NEVER`]: never).
     pub timeout: Nanos,
-    valid: bool,
     /// The auxiliary field (reserved for the NF: a session count, a resource, ...).
     pub aux: u64,
 }
@@ -249,14 +253,16 @@ impl<V> Entry<V> {
     }
 }
 
+/// An entry's slot: what a row probe reads (hash, chain link, match, validity) in its first
+/// cache line.
+#[repr(C, align(64))]
 struct Slot<V> {
-    entry: Option<Entry<V>>,
-    gen: u32,
-    /// Row hash of the entry's match (of its group's bits; valid while `entry` is some).
+    /// Row hash of the entry's match (valid while `entry` is some).
     hash: u32,
     /// The row's chain of class heads (for a head).
     next: u32,
-    prev: u32,
+    entry: Option<Entry<V>>,
+    gen: u32,
     /// The class of equal matches: next in first-in first-out order; `dprev` is the previous
     /// one, or for the head the last one (itself when alone).
     dnext: u32,
@@ -589,11 +595,10 @@ impl<V> Mvt<V> {
     /// The group node of the `g`-bit prefix of `kb` (hashed `h`), or NIL.
     #[inline(always)]
     fn group_node(&self, kb: &[u8; KEY_BYTES], g: u16, h: u32) -> u32 {
-        let n = usize::from(g / 8);
         let mut i = self.grows[(h & self.gmask) as usize];
         while i != NIL {
             let node = &self.gnodes[i as usize];
-            if node.hash == h && node.g == g && node.prefix[..n] == kb[..n] {
+            if node.hash == h && node.g == g && prefix_eq(&node.prefix, kb, g) {
                 return i;
             }
             i = node.next;
@@ -749,14 +754,34 @@ impl<V> Mvt<V> {
         (i != NIL).then(|| self.id(i))
     }
 
-    /// Hints that [`Mvt::find`]`(m)` comes soon: reads its row and prefetches the row's
-    /// first entry.
+    /// Hints that [`Mvt::find`]`(m)` comes soon: prefetches its row (without waiting for it).
+    /// The returned hint lets a caller that looks a batch up prefetch the row's first entry
+    /// a few finds later, when the row has arrived ([`Mvt::prefetch_entry`]).
     #[inline]
-    pub fn prefetch_find(&self, m: &Match) {
-        let h = self.match_hash(m);
-        let i = self.heads[(h & self.mask) as usize].head;
-        if i != NIL {
-            prefetch(&self.slots[i as usize]);
+    pub fn prefetch_find(&self, m: &Match) -> FindHint {
+        let row = self.match_hash(m) & self.mask;
+        prefetch(&self.heads[row as usize]);
+        FindHint { row }
+    }
+
+    /// Second step of a prefetch: reads the hinted row (prefetched earlier) and prefetches
+    /// its first entry; returns that entry's handle (maybe not the one the find will give).
+    #[inline]
+    pub fn prefetch_entry(&self, hint: FindHint) -> Option<EntryId> {
+        let i = self.heads.get(hint.row as usize)?.head;
+        if i == NIL {
+            return None;
+        }
+        self.prefetch_id(self.id(i));
+        Some(self.id(i))
+    }
+
+    /// Prefetches an entry (both cache lines of its slot) that is about to be used.
+    #[inline]
+    pub fn prefetch_id(&self, id: EntryId) {
+        if let Some(s) = self.slots.get(id.index as usize) {
+            prefetch(s);
+            prefetch_next_line(s);
         }
     }
 
@@ -790,7 +815,6 @@ impl<V> Mvt<V> {
                     gen: 0,
                     hash: 0,
                     next: NIL,
-                    prev: NIL,
                     dnext: NIL,
                     dprev: NIL,
                     head: false,
@@ -994,7 +1018,6 @@ impl<V> Mvt<V> {
             s.dnext = NIL;
             s.head = false;
             s.next = NIL;
-            s.prev = NIL;
             return;
         }
         let s = &mut self.slots[i as usize];
@@ -1018,16 +1041,12 @@ impl<V> Mvt<V> {
         {
             let s = &mut self.slots[i as usize];
             s.head = true;
-            s.prev = prev;
             s.next = at;
         }
         if prev == NIL {
             self.heads[b].head = i;
         } else {
             self.slots[prev as usize].next = i;
-        }
-        if at != NIL {
-            self.slots[at as usize].prev = i;
         }
     }
 
@@ -1054,17 +1073,20 @@ impl<V> Mvt<V> {
             }
             return;
         }
-        let (prev, next) = {
-            let s = &self.slots[i as usize];
-            (s.prev, s.next)
-        };
+        let next = self.slots[i as usize].next;
         let b = (h & self.mask) as usize;
+        // Rows are short: the previous head is found by walking.
+        let mut prev = NIL;
+        let mut at = self.heads[b].head;
+        while at != NIL && at != i {
+            prev = at;
+            at = self.slots[at as usize].next;
+        }
         // The class's next entry takes the head's place in the row, or the class leaves it.
         let to = if dnext != NIL {
             let s = &mut self.slots[dnext as usize];
             s.head = true;
-            s.dprev = if dprev == dnext { dnext } else { dprev };
-            s.prev = prev;
+            s.dprev = dprev;
             s.next = next;
             dnext
         } else {
@@ -1074,9 +1096,6 @@ impl<V> Mvt<V> {
             self.heads[b].head = to;
         } else {
             self.slots[prev as usize].next = to;
-        }
-        if next != NIL {
-            self.slots[next as usize].prev = if dnext != NIL { dnext } else { prev };
         }
         if self.heads[b].head == NIL {
             self.heads[b].filter = 0;
@@ -1361,6 +1380,27 @@ impl<V> Mvt<V> {
         v.sort_by(|a, b| b.len().cmp(&a.len()).then(a.bytes().cmp(b.bytes())));
         v.dedup();
         v
+    }
+}
+
+/// A find on its way: the row [`Mvt::prefetch_find`] prefetched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FindHint {
+    row: u32,
+}
+
+/// [`prefetch`] of the cache line after the one `at` starts in.
+#[inline(always)]
+fn prefetch_next_line<T>(at: &T) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // SAFETY: a prefetch never faults, whatever the address; SSE is x86_64 baseline.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>((at as *const T).cast::<i8>().wrapping_add(64)) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = at;
     }
 }
 

@@ -2,7 +2,10 @@
 //! HashMVT §III-C for O(1) matching) and the Toeplitz hash of receive-side scaling (RSS).
 //!
 //! [`crc32c`] uses the SSE4.2 instruction when the CPU has it (detected at run time) and a
-//! table-driven software fallback otherwise; both give identical results (tested).
+//! table-driven software fallback otherwise; both give identical results (tested). For short
+//! keys hashed in a loop, [`Crc32cSteps`] gives fixed-width steps (1, 4, 8 bytes): [`Sse42`]
+//! (a value proving the CPU has the instruction, detected once, so no step checks again;
+//! inlined as one instruction into code compiled for SSE4.2) and [`SoftCrc`] (slicing tables).
 //! [`Toeplitz::symmetric`] uses the repeated-`0x6d5a` key, with which a flow's two directions
 //! hash alike (Woo & Park, "Scalable TCP Session Monitoring with Symmetric Receive-side
 //! Scaling", 2012), so both directions of a flow reach the same worker.

@@ -53,7 +53,7 @@ use super::{
 };
 use crate::listing::{Cell, Row, TableInfo};
 use crate::{BuildError, Direction, NetworkFunction, NfFactory, WorkerInfo};
-use flowstate_mvt::{Entry, EntryId, Hasher, Key, Match, Mvt, KEY_BITS, NEVER};
+use flowstate_mvt::{Entry, EntryId, FindHint, Hasher, Key, Match, Mvt, KEY_BITS, NEVER};
 use flowstate_state::{Declare, Nanos};
 use flowstate_wire::flow::FLOW_KEY_MAX_BYTES;
 use flowstate_wire::{hash, tcp, FlowKey};
@@ -242,7 +242,19 @@ pub struct MvtTable {
     sessions: usize,
     mappings: usize,
     free: usize,
+    /// The prefetch pipeline over a batch: rows hinted, then entries prefetched, by turn.
+    hints: [Option<FindHint>; PIPE],
+    prefetched: [Option<EntryId>; PIPE],
+    turn: usize,
 }
+
+/// Depth of the prefetch pipeline, and how many prefetches later a step follows the last:
+/// a row hinted at packet `j` is read at `j + LAG` (to prefetch its first entry) and that
+/// entry at `j + 2·LAG` (to prefetch its partner: the reverse entry of a session, or the
+/// session of a reverse entry), so the batch's misses overlap instead of following one
+/// another.
+const PIPE: usize = 8;
+const LAG: usize = 4;
 
 impl fmt::Debug for MvtTable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -282,6 +294,9 @@ impl MvtTable {
             timers: BinaryHeap::with_capacity(share),
             sessions: 0,
             mappings: 0,
+            hints: [None; PIPE],
+            prefetched: [None; PIPE],
+            turn: 0,
         })
     }
 
@@ -388,7 +403,22 @@ impl NatTable for MvtTable {
             Direction::Outbound => OUT,
             Direction::Inbound => IN,
         };
-        self.table.prefetch_find(&flow_match(tag, flow));
+        let hint = self.table.prefetch_find(&flow_match(tag, flow));
+        let (now, back) = (self.turn % PIPE, (self.turn + PIPE - LAG) % PIPE);
+        self.turn = self.turn.wrapping_add(1);
+        // The row hinted LAG packets ago has arrived: prefetch its first entry.
+        let earlier = self.hints[back].and_then(|h| self.table.prefetch_entry(h));
+        self.hints[now] = Some(hint);
+        // The entry prefetched LAG packets ago has arrived: prefetch its partner.
+        let partner = match self.prefetched[back].and_then(|id| self.table.get(id)) {
+            Some(NatValue::Out { rev, .. }) => Some(*rev),
+            Some(NatValue::In { out, .. }) => Some(*out),
+            _ => None,
+        };
+        if let Some(p) = partner {
+            self.table.prefetch_id(p);
+        }
+        self.prefetched[now] = earlier;
     }
 
     fn find_out(
