@@ -319,6 +319,29 @@ impl MvtTable {
         }
     }
 
+    /// One turn of the prefetch pipeline: the row hinted `LAG` turns ago has arrived, so its
+    /// first entry is prefetched; the entry prefetched `LAG` turns ago has arrived, so its
+    /// partner is. `hint` (a new row) enters; the finds of a batch turn it on with none, so
+    /// that the batch's last packets get their steps too.
+    #[inline]
+    fn advance(&mut self, hint: Option<FindHint>) {
+        let (now, back) = (self.turn % PIPE, (self.turn + PIPE - LAG) % PIPE);
+        self.turn = self.turn.wrapping_add(1);
+        let earlier = self.hints[back].and_then(|h| self.table.prefetch_entry(h));
+        self.hints[back] = None;
+        self.hints[now] = hint;
+        let partner = match self.prefetched[back].and_then(|id| self.table.get(id)) {
+            Some(NatValue::Out { rev, .. }) => Some(*rev),
+            Some(NatValue::In { out, .. }) => Some(*out),
+            _ => None,
+        };
+        self.prefetched[back] = None;
+        if let Some(p) = partner {
+            self.table.prefetch_id(p);
+        }
+        self.prefetched[now] = earlier;
+    }
+
     fn lookup(&self, tag: u8, key: &FlowKey) -> Option<NatValue> {
         let id = self.table.find(&flow_match(tag, key))?;
         self.table.get(id).copied()
@@ -404,23 +427,8 @@ impl NatTable for MvtTable {
             Direction::Inbound => IN,
         };
         let hint = self.table.prefetch_find(&flow_match(tag, flow));
-        let (now, back) = (self.turn % PIPE, (self.turn + PIPE - LAG) % PIPE);
-        self.turn = self.turn.wrapping_add(1);
-        // The row hinted LAG packets ago has arrived: prefetch its first entry.
-        let earlier = self.hints[back].and_then(|h| self.table.prefetch_entry(h));
-        self.hints[now] = Some(hint);
-        // The entry prefetched LAG packets ago has arrived: prefetch its partner.
-        let partner = match self.prefetched[back].and_then(|id| self.table.get(id)) {
-            Some(NatValue::Out { rev, .. }) => Some(*rev),
-            Some(NatValue::In { out, .. }) => Some(*out),
-            _ => None,
-        };
-        if let Some(p) = partner {
-            self.table.prefetch_id(p);
-        }
-        self.prefetched[now] = earlier;
+        self.advance(Some(hint));
     }
-
     fn find_out(
         &mut self,
         flow: &FlowKey,
@@ -428,6 +436,7 @@ impl NatTable for MvtTable {
         timeouts: &Timeouts,
         now: Nanos,
     ) -> Result<Option<(Ipv4Addr, u16)>, u8> {
+        self.advance(None);
         let Some(id) = self.table.find(&flow_match(OUT, flow)) else {
             return Ok(None);
         };
@@ -559,6 +568,7 @@ impl NatTable for MvtTable {
         flow: &FlowKey,
         flags: Option<tcp::Flags>,
     ) -> Result<Option<Found<EntryId>>, u8> {
+        self.advance(None);
         let Some(rid) = self.table.find(&flow_match(IN, flow)) else {
             return Ok(None);
         };
