@@ -35,9 +35,10 @@
 //! owns (ports split among workers by [`super::port_owner`], so the instance's table is
 //! *sharded* across workers and no pool is shared). Allocation takes the first free entry of
 //! the paired address and changes its matching field to the inside endpoint ("set"), and a
-//! session creates its reverse entry with the same timestamp and timeout. Packets renew both
-//! ("renew"). When a session's time comes it is timed out ("timeout") and removed with its
-//! reverse entry; when a resource's last session goes, its matching field returns to the pool
+//! session creates its reverse entry with the same timestamp and timeout. Packets renew the
+//! session ("renew"); its reverse entry takes the session's time when the session's timer
+//! fires and finds it renewed (lazily, as the default NAT renews its reverse entries). When a
+//! session's time comes it is timed out ("timeout") and removed with its reverse entry; when a resource's last session goes, its matching field returns to the pool
 //! match, at the end of the pool. Timers fire in deadline order (ties by 5-tuple), as the state
 //! API's do, so ports come back in the same order as in the default NAT.
 //!
@@ -250,9 +251,8 @@ pub struct MvtTable {
 
 /// Depth of the prefetch pipeline, and how many prefetches later a step follows the last:
 /// a row hinted at packet `j` is read at `j + LAG` (to prefetch its first entry) and that
-/// entry at `j + 2·LAG` (to prefetch its partner: the reverse entry of a session, or the
-/// session of a reverse entry), so the batch's misses overlap instead of following one
-/// another.
+/// entry at `j + 2·LAG` (to prefetch the session of a reverse entry), so the batch's misses
+/// overlap instead of following one another.
 const PIPE: usize = 8;
 const LAG: usize = 4;
 
@@ -300,16 +300,19 @@ impl MvtTable {
         })
     }
 
-    /// "renew" of a session and its reverse entry with one timeout; arms the session's timer
-    /// (one timer node per session, re-armed lazily, like the state API's TTLs).
-    fn renew(&mut self, out: EntryId, key: &FlowKey, ttl: Duration, now: Nanos) {
+    /// "renew" of a session with one timeout; arms the session's timer (one timer node per
+    /// session, re-armed lazily, like the state API's TTLs). The reverse entry gets the same
+    /// timestamp and timeout when the session is made (`both`) and, after that, when the
+    /// session's timer fires and finds it renewed: as the default NAT does, so that a packet
+    /// costs one entry, not two (nothing reads the reverse entry's time in between).
+    fn renew(&mut self, out: EntryId, key: &FlowKey, ttl: Duration, now: Nanos, both: bool) {
         let ttl = ttl.as_nanos().min(u128::from(u64::MAX)) as u64;
         let deadline = now.saturating_add(ttl).max(1);
-        let rev = match self.table.get(out) {
-            Some(NatValue::Out { rev, .. }) => *rev,
-            _ => return,
-        };
-        let _ = self.table.renew(rev, now, deadline - now);
+        if both {
+            if let Some(NatValue::Out { rev, .. }) = self.table.get(out).copied() {
+                let _ = self.table.renew(rev, now, deadline - now);
+            }
+        }
         let _ = self.table.renew(out, now, deadline - now);
         if let Some(e) = self.table.entry_mut(out) {
             if e.aux == 0 || deadline < e.aux {
@@ -330,8 +333,9 @@ impl MvtTable {
         let earlier = self.hints[back].and_then(|h| self.table.prefetch_entry(h));
         self.hints[back] = None;
         self.hints[now] = hint;
+        // Only a reverse entry leads on (to its session); a session's packet touches nothing
+        // else.
         let partner = match self.prefetched[back].and_then(|id| self.table.get(id)) {
-            Some(NatValue::Out { rev, .. }) => Some(*rev),
             Some(NatValue::In { out, .. }) => Some(*out),
             _ => None,
         };
@@ -457,7 +461,7 @@ impl NatTable for MvtTable {
             *tcp = tcp_step(*tcp, f, Direction::Outbound);
         }
         let (ip, port, tcp) = (*ext_ip, *ext_port, *tcp);
-        self.renew(id, flow, timeouts.of(flow.proto, tcp), now);
+        self.renew(id, flow, timeouts.of(flow.proto, tcp), now, false);
         Ok(Some((ip, port)))
     }
 
@@ -559,7 +563,7 @@ impl NatTable for MvtTable {
             *out = id;
         }
         self.sessions += 1;
-        self.renew(id, flow, timeouts.of(flow.proto, tcp), now);
+        self.renew(id, flow, timeouts.of(flow.proto, tcp), now, true);
         Ok((ext_ip, ext_port))
     }
 
@@ -601,7 +605,7 @@ impl NatTable for MvtTable {
             inside_ip: found.inside_ip,
             inside_port: found.inside_port,
         };
-        self.renew(found.session, &out_key(flow, &s), ttl, now);
+        self.renew(found.session, &out_key(flow, &s), ttl, now, false);
     }
 
     fn peek_out(&self, flow: &FlowKey) -> Result<Option<(Ipv4Addr, u16)>, u8> {
@@ -656,7 +660,15 @@ impl NatTable for MvtTable {
             let deadline = e.deadline();
             if deadline > now {
                 e.aux = deadline; // renewed: wait for the new time
+                let (ts, timeout) = (e.timestamp, e.timeout);
+                let rev = match e.value {
+                    NatValue::Out { rev, .. } => Some(rev),
+                    _ => None,
+                };
                 self.timers.push(Reverse((deadline, key, id)));
+                if let Some(rev) = rev {
+                    let _ = self.table.renew(rev, ts, timeout);
+                }
                 continue;
             }
             self.release(id, &key);
