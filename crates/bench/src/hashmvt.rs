@@ -21,7 +21,6 @@
 use crate::{Effort, Report};
 use flowstate_mvt::trie::BinaryTrie;
 use flowstate_mvt::{Entry, Hasher, Key, Match, Mvt, NEVER};
-use prefix_trie::PrefixMap;
 use flowstate_nf::nat::mvt::MvtNat;
 use flowstate_nf::nat::Config as NatConfig;
 use flowstate_nf::{Context, Direction, NetworkFunction, Packet, Verdict, WorkerInfo};
@@ -31,6 +30,7 @@ use flowstate_wire::build::{EthernetSpec, FrameSpec, IpSpec, Ipv4Spec, L4Spec, P
 use flowstate_wire::dissect;
 use flowstate_wire::hash::{crc32c_hw_available, Crc32cSteps, SoftCrc, Sse42, Toeplitz};
 use flowstate_wire::{ipv4, udp, FlowKey};
+use prefix_trie::PrefixMap;
 use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex};
@@ -527,7 +527,11 @@ fn nat(report: &mut Report, quick: bool) {
 /// Best of interleaved rounds.
 fn nat_vs_flowtable(report: &mut Report, quick: bool) {
     use crate::nf_throughput::{chain_run, chains, flow_keys};
-    let (flows, passes, rounds) = if quick { (4_000, 2, 1) } else { (200_000, 10, 3) };
+    let (flows, passes, rounds) = if quick {
+        (4_000, 2, 1)
+    } else {
+        (200_000, 10, 3)
+    };
     let Some(nat) = chains()
         .into_iter()
         .find(|(name, _)| *name == "nat")

@@ -950,10 +950,10 @@ impl<V> Mvt<V> {
         for &i in &self.gfree {
             free[i as usize] = true;
         }
-        for i in 0..self.gnodes.len() {
+        for (i, node) in self.gnodes.iter_mut().enumerate() {
             if !free[i] {
-                let r = (self.gnodes[i].hash & self.gmask) as usize;
-                self.gnodes[i].next = self.grows[r];
+                let r = (node.hash & self.gmask) as usize;
+                node.next = self.grows[r];
                 self.grows[r] = i as u32;
             }
         }
@@ -1052,7 +1052,10 @@ impl<V> Mvt<V> {
 
     #[inline]
     fn len_of(&self, i: u32) -> u16 {
-        self.slots[i as usize].entry.as_ref().map_or(0, |e| e.m.len())
+        self.slots[i as usize]
+            .entry
+            .as_ref()
+            .map_or(0, |e| e.m.len())
     }
 
     fn unlink(&mut self, i: u32) {

@@ -73,7 +73,10 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     // Few distinct matches over 8-bit keys, so that equal matches pile up in classes (as a
     // pool of `*` entries does) and rows are shared.
-    let mt = (prop_oneof![Just(0u8), Just(0x40), Just(0x48), Just(0xc0)], prop_oneof![Just(0u8), Just(2), Just(4), Just(8)]);
+    let mt = (
+        prop_oneof![Just(0u8), Just(0x40), Just(0x48), Just(0xc0)],
+        prop_oneof![Just(0u8), Just(2), Just(4), Just(8)],
+    );
     prop_oneof![
         3 => mt.clone().prop_map(|(a, l)| Op::Insert(a, l)),
         1 => any::<usize>().prop_map(Op::Remove),
@@ -317,7 +320,12 @@ fn real_prefix_set_agrees_with_trie_and_naive() {
         let want = trie.lookup(&k);
         matched += usize::from(want.is_some());
         assert_eq!(value(&mut t, &k), want, "{}", Ipv4Addr::from(a));
-        assert_eq!(crate_lpm(&lpm, a), want, "prefix-trie, {}", Ipv4Addr::from(a));
+        assert_eq!(
+            crate_lpm(&lpm, a),
+            want,
+            "prefix-trie, {}",
+            Ipv4Addr::from(a)
+        );
     }
     assert!(matched > keys.len() / 2);
     // The trie itself against a linear scan, on a sample.
@@ -383,7 +391,12 @@ fn random_prefix_set_agrees_with_prefix_trie_crate() {
         let want = crate_lpm(&lpm, a);
         matched += usize::from(want.is_some());
         assert_eq!(trie.lookup(&k), want, "trie, {}", Ipv4Addr::from(a));
-        assert_eq!(value(&mut cached, &k), want, "cached, {}", Ipv4Addr::from(a));
+        assert_eq!(
+            value(&mut cached, &k),
+            want,
+            "cached, {}",
+            Ipv4Addr::from(a)
+        );
         assert_eq!(value(&mut uncached, &k), want, "{}", Ipv4Addr::from(a));
     }
     assert!(matched > 50_000, "{matched}");
