@@ -50,4 +50,6 @@ mod table;
 pub mod trie;
 
 pub use key::{parse_v4_prefix, Field, Key, Match, KEY_BITS, KEY_BYTES};
-pub use table::{Entry, EntryId, FindHint, Hasher, Mvt, MvtError, Nanos, DEFAULT_CACHE, NEVER};
+pub use table::{
+    Entry, EntryHint, EntryId, FindHint, Hasher, Mvt, MvtError, Nanos, DEFAULT_CACHE, NEVER,
+};

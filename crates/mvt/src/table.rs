@@ -765,15 +765,22 @@ impl<V> Mvt<V> {
     }
 
     /// Second step of a prefetch: reads the hinted row (prefetched earlier) and prefetches
-    /// its first entry; returns that entry's handle (maybe not the one the find will give).
+    /// its first entry, without waiting for it; returns a hint of that entry for
+    /// [`Mvt::hinted_entry`] (maybe not the one the find will give).
     #[inline]
-    pub fn prefetch_entry(&self, hint: FindHint) -> Option<EntryId> {
+    pub fn prefetch_entry(&self, hint: FindHint) -> Option<EntryHint> {
         let i = self.heads.get(hint.row as usize)?.head;
-        if i == NIL {
-            return None;
-        }
-        self.prefetch_id(self.id(i));
-        Some(self.id(i))
+        let s = self.slots.get(i as usize)?;
+        prefetch(s);
+        prefetch_next_line(s);
+        Some(EntryHint { index: i })
+    }
+
+    /// The entry a [`Mvt::prefetch_entry`] hint points at, if one lives there now (whichever:
+    /// a hint is no handle).
+    #[inline]
+    pub fn hinted_entry(&self, hint: EntryHint) -> Option<&Entry<V>> {
+        self.slots.get(hint.index as usize)?.entry.as_ref()
     }
 
     /// Prefetches an entry (both cache lines of its slot) that is about to be used.
@@ -1390,6 +1397,12 @@ impl<V> Mvt<V> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FindHint {
     row: u32,
+}
+
+/// An entry [`Mvt::prefetch_entry`] prefetched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EntryHint {
+    index: u32,
 }
 
 /// [`prefetch`] of the cache line after the one `at` starts in.

@@ -54,7 +54,9 @@ use super::{
 };
 use crate::listing::{Cell, Row, TableInfo};
 use crate::{BuildError, Direction, NetworkFunction, NfFactory, WorkerInfo};
-use flowstate_mvt::{Entry, EntryId, FindHint, Hasher, Key, Match, Mvt, KEY_BITS, NEVER};
+use flowstate_mvt::{
+    Entry, EntryHint, EntryId, FindHint, Hasher, Key, Match, Mvt, KEY_BITS, NEVER,
+};
 use flowstate_state::{Declare, Nanos};
 use flowstate_wire::flow::FLOW_KEY_MAX_BYTES;
 use flowstate_wire::{hash, tcp, FlowKey};
@@ -245,7 +247,7 @@ pub struct MvtTable {
     free: usize,
     /// The prefetch pipeline over a batch: rows hinted, then entries prefetched, by turn.
     hints: [Option<FindHint>; PIPE],
-    prefetched: [Option<EntryId>; PIPE],
+    prefetched: [Option<EntryHint>; PIPE],
     turn: usize,
 }
 
@@ -335,8 +337,11 @@ impl MvtTable {
         self.hints[now] = hint;
         // Only a reverse entry leads on (to its session); a session's packet touches nothing
         // else.
-        let partner = match self.prefetched[back].and_then(|id| self.table.get(id)) {
-            Some(NatValue::In { out, .. }) => Some(*out),
+        let partner = match self.prefetched[back].and_then(|h| self.table.hinted_entry(h)) {
+            Some(Entry {
+                value: NatValue::In { out, .. },
+                ..
+            }) => Some(*out),
             _ => None,
         };
         self.prefetched[back] = None;
