@@ -478,9 +478,9 @@ impl<V> Mvt<V> {
         (self.inserts, self.row_collisions, self.hash_collisions)
     }
 
-    /// Insertions that share their group's bits (and so their row hash) with another rule
-    /// present (e.g. `10.0.0.0/16` and `10.0.128.0/17`): resolved by the exact check on
-    /// match, as the paper's chains resolve `10/8` and `160/4` (§III-C).
+    /// New matches (by insert or rematch) whose group's bits another rule present shares
+    /// (e.g. `10.0.0.0/16` and `10.0.128.0/17`): told apart by the group node's map and the
+    /// exact probe, where the paper's chains tell `10/8` and `160/4` apart (§III-C).
     pub fn shared_group_inserts(&self) -> u64 {
         self.shared_groups
     }
@@ -855,8 +855,9 @@ impl<V> Mvt<V> {
     }
 
     /// Counts an insertion landing in a row that holds another class (looking at the first
-    /// few classes of the row only), one whose 32-bit hash equals another rule's (a CRC32C
-    /// collision, §VI-B), and one whose group node already holds another rule.
+    /// few classes of the row only), and one whose 32-bit hash equals another rule's (a CRC32C
+    /// collision, §VI-B). (One whose group node already holds another rule is counted by
+    /// [`Mvt::group_add`].)
     fn count_collision(&mut self, i: u32, h: u32) {
         const LOOK: usize = 8;
         self.inserts += 1;
@@ -876,19 +877,17 @@ impl<V> Mvt<V> {
             }
             j = s.next;
         }
-        let g = group(m.len());
-        let node = self.group_node(m.as_key().raw(), g, self.prefix_hash(&m.as_key(), g));
-        let shared = node != NIL && self.class_of(&m, h) == NIL;
         self.row_collisions += u64::from(row);
         self.hash_collisions += u64::from(full);
-        self.shared_groups += u64::from(shared);
     }
 
-    /// Marks class `m` in its group node (made when missing).
+    /// Marks class `m` in its group node (made when missing; a node that was there counts a
+    /// shared group).
     fn group_add(&mut self, m: &Match) {
         let (k, g, raw) = (m.len() % 8, group(m.len()), *m.as_key().raw());
         let h = self.prefix_hash(&m.as_key(), g);
         let mut node = self.group_node(&raw, g, h);
+        self.shared_groups += u64::from(node != NIL);
         if node == NIL {
             if self.gnodes.len() - self.gfree.len() + 1 > self.grows.len() {
                 self.grow_groups();
