@@ -3,12 +3,15 @@
 //! 1. insertion collisions as the number of rules grows, on the real prefix set (§VI-B, Fig. 6);
 //! 2. MVT matching with the CPU's CRC32C vs table-driven software CRC32C (§VI-C, Fig. 7), and
 //!    the bare hashes of the truncated keys;
-//! 3. MVT lookups vs a binary-trie LPM on the real prefix set (§II-C): uncached lookups of
-//!    distinct addresses, and lookups of a flow trace (each flow's packets come back, so the
-//!    state cache answers them, §III-C);
+//! 3. MVT lookups vs a binary-trie LPM on the real prefix set (§II-C), and vs a maintained
+//!    LPM crate (`prefix-trie`'s `PrefixMap`): uncached lookups of distinct addresses, and
+//!    lookups of a flow trace (each flow's packets come back, so the state cache answers
+//!    them, §III-C);
 //! 4. NAT throughput, MVT-partitioned (each worker its own table shard) vs the same NAT with
 //!    one table and pool shared between the workers behind a lock (VigNAT-style, §VI-D), 1
-//!    and 2 workers, over flows that are created and then carry traffic;
+//!    and 2 workers, over flows that are created and then carry traffic; and the `nat` NF
+//!    with `table = "mvt"` against the default flow-table `nat` on the same established
+//!    traffic, driven as `bench nf-throughput` drives it (its final state write-out excluded);
 //! 5. a scale-out in the middle of a run (§IV-B): established flows broken (must be 0) and
 //!    the share of new flows the new instance takes, with rules aggregated to a budget.
 //!
@@ -25,8 +28,9 @@ use flowstate_state::local::LocalStore;
 use flowstate_state::{Partition, StateConfig};
 use flowstate_wire::build::{EthernetSpec, FrameSpec, IpSpec, Ipv4Spec, L4Spec, Payload, UdpSpec};
 use flowstate_wire::dissect;
-use flowstate_wire::hash::{crc32c_hw_available, Toeplitz};
+use flowstate_wire::hash::{crc32c_hw_available, Crc32cSteps, SoftCrc, Sse42, Toeplitz};
 use flowstate_wire::{ipv4, udp, FlowKey};
+use prefix_trie::PrefixMap;
 use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex};
@@ -210,7 +214,7 @@ impl Rng {
 fn collisions(report: &mut Report, rules: &[(Match, u32)]) {
     let mut t: Mvt<u32> = Mvt::with_capacity(32, 16);
     let step = rules.len().div_ceil(10);
-    let (mut max_hash, mut max_row) = (0f64, 0f64);
+    let (mut max_hash, mut max_row, mut max_shared) = (0f64, 0f64, 0f64);
     for (i, (m, v)) in rules.iter().enumerate() {
         let _ = t.insert(Entry::new(*m, *v, 0, NEVER, 0));
         if (i + 1) % step == 0 || i + 1 == rules.len() {
@@ -221,6 +225,7 @@ fn collisions(report: &mut Report, rules: &[(Match, u32)]) {
             );
             max_hash = max_hash.max(hash_pct);
             max_row = max_row.max(row_pct);
+            max_shared = max_shared.max(100.0 * t.shared_group_inserts() as f64 / n as f64);
             let tenth = (i + 1) * 10 / rules.len();
             report.metric(&format!("collision_rate_pct_at_{}0pct", tenth), hash_pct);
             report.metric(&format!("row_collision_rate_pct_at_{}0pct", tenth), row_pct);
@@ -228,7 +233,9 @@ fn collisions(report: &mut Report, rules: &[(Match, u32)]) {
     }
     report.metric("max_collision_rate_pct", max_hash);
     report.metric("max_row_collision_rate_pct", max_row);
+    report.metric("max_shared_group_pct", max_shared);
     report.metric("prefix_lengths", t.lengths().len() as f64);
+    report.metric("hash_groups", t.groups().len() as f64);
 }
 
 /// §VI-C and §II-C: lookups per second of the MVT (hardware and software CRC32C, with and
@@ -237,11 +244,20 @@ fn matching(report: &mut Report, rules: &[(Match, u32)], quick: bool) {
     let mut hw: Mvt<u32> = Mvt::with_options(32, rules.len(), 1 << 18, Hasher::Hardware);
     let mut sw: Mvt<u32> = Mvt::with_options(32, rules.len(), 1 << 18, Hasher::Software);
     let mut trie = BinaryTrie::new();
+    let mut lpm: PrefixMap<(u32, u8), u32> = PrefixMap::new();
     for (m, v) in rules {
         let _ = hw.insert(Entry::new(*m, *v, 0, NEVER, 0));
         let _ = sw.insert(Entry::new(*m, *v, 0, NEVER, 0));
         trie.insert(m, *v);
+        if let Some((a, l)) = m.to_v4() {
+            lpm.insert((u32::from(a), l), *v);
+        }
     }
+    let crate_lpm = |k: &Key| {
+        let r = k.raw();
+        let a = u32::from_be_bytes([r[0], r[1], r[2], r[3]]);
+        lpm.get_lpm(&(a, 32)).map_or(0, |(_, v)| *v)
+    };
     report.metric("trie_nodes", trie.nodes() as f64);
     // Distinct keys: half uniform over the address space, half inside the prefixes.
     let n = if quick { 20_000 } else { 1_000_000 };
@@ -263,7 +279,7 @@ fn matching(report: &mut Report, rules: &[(Match, u32)], quick: bool) {
     let flows = if quick { 1 << 10 } else { 1 << 16 };
     let trace: Vec<Key> = (0..flows * 32).map(|i| keys[(i * 7919) % flows]).collect();
     let rounds = if quick { 1 } else { 5 };
-    let mut best = [f64::INFINITY; 5];
+    let mut best = [f64::INFINITY; 7];
     for _ in 0..rounds {
         best[0] = best[0].min(time(&keys, |k| {
             hw.lookup_uncached(k).map_or(0, |e| e.index())
@@ -274,6 +290,8 @@ fn matching(report: &mut Report, rules: &[(Match, u32)], quick: bool) {
         best[2] = best[2].min(time(&keys, |k| trie.lookup(k).unwrap_or(0)));
         best[3] = best[3].min(time_batched(&mut hw, &trace));
         best[4] = best[4].min(time(&trace, |k| trie.lookup(k).unwrap_or(0)));
+        best[5] = best[5].min(time(&keys, crate_lpm));
+        best[6] = best[6].min(time(&trace, crate_lpm));
     }
     let mlps = |ns: f64| 1e3 / ns;
     report.metric("mvt_hw_uncached_mlookups", mlps(best[0]));
@@ -287,20 +305,44 @@ fn matching(report: &mut Report, rules: &[(Match, u32)], quick: bool) {
     report.ratio("mvt_uncached_vs_trie_lookup", best[2] / best[0]);
     report.ratio("mvt_vs_trie_lookup", best[4] / best[3]);
     report.ratio("mvt_cached_vs_uncached", best[0] / best[3]);
-    // The software CRC on the bare bytes (the paper's Fig. 7 compares hashes alone).
-    let mut hs = [0f64; 2];
-    for (j, f) in [
-        flowstate_wire::hash::crc32c as fn(&[u8]) -> u32,
-        bytewise as fn(&[u8]) -> u32,
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        hs[j] = (0..rounds.max(3))
-            .map(|_| time(&keys, |k| f(k.bytes())))
-            .fold(f64::INFINITY, f64::min);
+    report.metric("crate_lpm_mlookups", mlps(best[5]));
+    report.metric("crate_lpm_trace_mlookups", mlps(best[6]));
+    report.metric("mvt_hash_groups_probed", hw.groups().len() as f64);
+    report.ratio("mvt_vs_crate_lpm_lookup", best[6] / best[3]);
+    report.ratio("mvt_uncached_vs_crate_lpm_lookup", best[5] / best[0]);
+    // The hashes alone (the paper's Fig. 7): a 4-byte key as one fixed-width CRC32C step
+    // (the instruction, inlined) against the byte-table CRC; and the slice API
+    // (`hash::crc32c`, a call that finds its way per key) against the same baseline.
+    let reps = rounds.max(3);
+    let best_of = |f: &dyn Fn() -> f64| (0..reps).map(|_| f()).fold(f64::INFINITY, f64::min);
+    let sw = best_of(&|| time(&keys, |k| bytewise(k.bytes())));
+    let steps = best_of(&|| time_steps(&keys));
+    let slice = best_of(&|| time(&keys, |k| flowstate_wire::hash::crc32c(k.bytes())));
+    report.ratio("crc32c_hw_vs_sw_hash_only", sw / steps);
+    report.ratio("crc32c_slice_api_vs_sw_hash_only", sw / slice);
+}
+
+/// ns per key of the CRC32C of each key's first four bytes in one fixed-width step: the
+/// instruction where the CPU has it (compiled in, no call), slicing tables otherwise.
+fn time_steps(keys: &[Key]) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(c) = Sse42::detect() {
+        /// # Safety
+        /// The CPU must have SSE4.2 (`c` proves it).
+        #[target_feature(enable = "sse4.2")]
+        unsafe fn on_sse42(keys: &[Key], c: Sse42) -> f64 {
+            time(keys, |k| step4(c, k))
+        }
+        // SAFETY: `c` exists only on a CPU with SSE4.2.
+        return unsafe { on_sse42(keys, c) };
     }
-    report.ratio("crc32c_hw_vs_sw_hash_only", hs[1] / hs[0]);
+    time(keys, |k| step4(SoftCrc, k))
+}
+
+#[inline(always)]
+fn step4<C: Crc32cSteps>(c: C, k: &Key) -> u32 {
+    let r = k.raw();
+    !c.step_u32(!0, u32::from_le_bytes([r[0], r[1], r[2], r[3]]))
 }
 
 /// The paper's software CRC: one table lookup per byte ([32]), as `Hasher::Software` does.
@@ -332,6 +374,7 @@ fn bytewise(data: &[u8]) -> u32 {
 }
 
 /// ns per key of `f` over `keys`.
+#[inline(always)]
 fn time(keys: &[Key], mut f: impl FnMut(&Key) -> u32) -> f64 {
     let start = Instant::now();
     let mut acc = 0u32;
@@ -474,6 +517,45 @@ fn nat(report: &mut Report, quick: bool) {
         );
     }
     report.param("nat_flows", flows).param("nat_passes", passes);
+    nat_vs_flowtable(report, quick);
+}
+
+/// The `nat` NF on an MVT against the default flow-table `nat` (state API, in-process
+/// store), one worker each, on the same established flows, driven by `bench nf-throughput`'s
+/// runner. Rates are while packets flow: the flow-table NAT's final write-out of its state
+/// to the store is left out of both (it is not forwarding work, and the MVT has none).
+/// Best of interleaved rounds.
+fn nat_vs_flowtable(report: &mut Report, quick: bool) {
+    use crate::nf_throughput::{chain_run, chains, flow_keys};
+    let (flows, passes, rounds) = if quick {
+        (4_000, 2, 1)
+    } else {
+        (200_000, 10, 3)
+    };
+    let Some(nat) = chains()
+        .into_iter()
+        .find(|(name, _)| *name == "nat")
+        .and_then(|(_, c)| c.first().map(|(_, t)| *t))
+    else {
+        return;
+    };
+    let mvt = format!("{nat}\ntable = \"mvt\"");
+    let keys = flow_keys(flows);
+    let (mut flow_table, mut on_mvt) = (0f64, 0f64);
+    for _ in 0..rounds {
+        let store = LocalStore::new();
+        flow_table =
+            flow_table.max(chain_run(&store, 0, &[("nat", nat)], &keys, 1, passes).mpps_forwarding);
+        let store = LocalStore::new();
+        on_mvt = on_mvt
+            .max(chain_run(&store, 0, &[("nat", mvt.as_str())], &keys, 1, passes).mpps_forwarding);
+    }
+    report.metric("flowtable_nat_nf_mpps", flow_table);
+    report.metric("mvt_nat_nf_mpps", on_mvt);
+    report.ratio("mvt_nat_vs_flowtable_nat", on_mvt / flow_table);
+    report
+        .param("nat_nf_flows", flows)
+        .param("nat_nf_passes", passes);
 }
 
 fn frame(key: &FlowKey) -> [u8; FRAME] {
@@ -620,7 +702,12 @@ mod tests {
         }
         assert_eq!(r.metrics.get("flows_broken_on_scale_out"), Some(&0.0));
         assert_eq!(r.metrics.get("new_flows_to_new_instance_pct"), Some(&100.0));
-        for k in ["crc32c_hw_vs_sw", "mvt_vs_trie_lookup"] {
+        for k in [
+            "crc32c_hw_vs_sw",
+            "mvt_vs_trie_lookup",
+            "mvt_vs_crate_lpm_lookup",
+            "mvt_nat_vs_flowtable_nat",
+        ] {
             assert!(r.ratios.contains_key(k), "{k}");
         }
     }

@@ -136,6 +136,12 @@ impl Key {
         &self.bytes[..usize::from(self.bits).div_ceil(8)]
     }
 
+    /// All [`KEY_BYTES`] bytes (zero past `bits`).
+    #[inline]
+    pub fn raw(&self) -> &[u8; KEY_BYTES] {
+        &self.bytes
+    }
+
     /// Bit `i` (0 = most significant of the first byte); 0 past the end.
     #[inline]
     pub fn bit(&self, i: u16) -> bool {
@@ -156,10 +162,26 @@ impl fmt::Debug for Key {
 
 /// A matching field M(e): the first `len` bits of a value (HashMVT §III-C). `len` 0 is `*`;
 /// `len` equal to the key width is an exact match.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Eq)]
 pub struct Match {
     bytes: [u8; KEY_BYTES],
     len: u16,
+}
+
+// Bits past `len` are always zero, so equal matches have equal bytes: comparing the bytes
+// word by word (no call to `memcmp`) is the derived equality, and hashing them is consistent.
+impl PartialEq for Match {
+    #[inline]
+    fn eq(&self, other: &Match) -> bool {
+        self.len == other.len && prefix_eq(&self.bytes, &other.bytes, KEY_BITS)
+    }
+}
+
+impl std::hash::Hash for Match {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.bytes.hash(state);
+        self.len.hash(state);
+    }
 }
 
 impl Match {
@@ -321,16 +343,26 @@ impl fmt::Debug for Match {
     }
 }
 
-/// Whether the first `bits` bits of `a` and `b` are equal.
+/// Whether the first `bits` bits of `a` and `b` are equal (eight bytes at a time, inline:
+/// row probes compare a key with every candidate).
 #[inline]
-fn prefix_eq(a: &[u8; KEY_BYTES], b: &[u8; KEY_BYTES], bits: u16) -> bool {
-    let bits = usize::from(bits);
-    let full = bits / 8;
-    if a[..full] != b[..full] {
-        return false;
+pub(crate) fn prefix_eq(a: &[u8; KEY_BYTES], b: &[u8; KEY_BYTES], bits: u16) -> bool {
+    let bits = usize::from(bits).min(KEY_BYTES * 8);
+    let word = |x: &[u8; KEY_BYTES], at: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&x[at..at + 8]);
+        u64::from_be_bytes(w)
+    };
+    let mut at = 0;
+    while (at + 8) * 8 <= bits {
+        if word(a, at) != word(b, at) {
+            return false;
+        }
+        at += 8;
     }
-    let rem = bits % 8;
-    rem == 0 || (a[full] ^ b[full]) & (0xffu8 << (8 - rem)) == 0
+    let rest = bits - at * 8;
+    // `at` ≤ KEY_BYTES - 8 here whenever `rest` > 0, as KEY_BYTES is a multiple of 8.
+    rest == 0 || (word(a, at) ^ word(b, at)) >> (64 - rest) == 0
 }
 
 /// Parses `a.b.c.d/len` into an IPv4 match.

@@ -11,27 +11,25 @@
 //!   disjoint matches) and [`Mvt::merge`] (its inverse, refused unless the two are the halves of
 //!   one prefix with equal values). Entry operations (§III-B2): [`Mvt::set`], [`Mvt::get`],
 //!   [`Mvt::inc`], [`Mvt::timeout`], [`Mvt::renew`].
-//! * Matching (§III-C): for every match length present, the key truncated to that length is
-//!   hashed with CRC32C (the CPU instruction via `flowstate_wire::hash`, or software: same
-//!   values) and its row probed, longest first; rules sharing a row are chained. All hashes of
-//!   a lookup are computed and their rows prefetched before the first is read. A direct-mapped
-//!   state cache indexed by the hash of the full key answers a flow's next packets with one
-//!   probe; any change to the matching invalidates it (an epoch), so the cache never returns
-//!   anything but what a fresh probe would. Equal matches are kept first-in first-out (a pool
-//!   of `*` entries, §III-D).
+//! * Matching (§III-C): rules are grouped by length rounded down to a whole byte; a lookup
+//!   hashes the key with CRC32C once per group present (the CPU instruction, inlined, via
+//!   `flowstate_wire::hash::Sse42`, or software: same values), longest group first, finds
+//!   the group's node (a 255-bit map of the rules of its 8 lengths under those bits) and
+//!   checks the longest rule the map shows for the key's next bits with one exact probe. All
+//!   group hashes of a lookup are computed and their rows prefetched before the first is
+//!   read. A 2-way set-associative state cache indexed by the hash of the full key (keys of
+//!   at most 128 bits) answers a flow's next packets from one cache line; any change to the
+//!   matching invalidates it (an epoch), so the cache never returns anything but what a fresh
+//!   probe would. Equal matches are kept first-in first-out on a side list behind one row
+//!   node (a pool of `*` entries, §III-D, costs other keys nothing).
 //! * The matching range [`Mvt::matching_range`] and its aggregation into dispatch rules under
 //!   a rule budget ([`dispatch`], §IV-D3).
 //!
 //! Promises: lookups ([`Mvt::lookup`], [`Mvt::lookup_batch`], [`Mvt::find`]) allocate nothing,
 //! take no lock and never panic; [`Mvt::lookup`] returns what a naive longest-prefix match over
-//! the valid entries returns (property-tested against [`trie::BinaryTrie`] and a linear scan,
-//! on random rules and on the 324,903 real IPv4 prefixes); shard/combine and split/merge leave
-//! the set of matches unchanged (property-tested).
-//!
-//! Known limit: equal matches share one row, so a pool of n `*` entries is an n-long chain
-//! that a key hashing to the same row walks past (the row filter and the stored hashes make
-//! each step cheap, and such keys are one in the row count). Keeping equal matches in a side
-//! list off one chain node would remove it.
+//! the valid entries returns (property-tested against [`trie::BinaryTrie`], a linear scan and
+//! the `prefix-trie` crate, on random rules and on the 324,903 real IPv4 prefixes);
+//! shard/combine and split/merge leave the set of matches unchanged (property-tested).
 //!
 //! # How an MVT relates to the state API
 //!
@@ -52,4 +50,6 @@ mod table;
 pub mod trie;
 
 pub use key::{parse_v4_prefix, Field, Key, Match, KEY_BITS, KEY_BYTES};
-pub use table::{Entry, EntryId, Hasher, Mvt, MvtError, Nanos, DEFAULT_CACHE, NEVER};
+pub use table::{
+    Entry, EntryHint, EntryId, FindHint, Hasher, Mvt, MvtError, Nanos, DEFAULT_CACHE, NEVER,
+};

@@ -1,8 +1,17 @@
 //! The Match-Value Table: entries ⟨M(e), V(e)⟩ (HashMVT §III-A), their operations (§III-B)
 //! and hash-based multi-prefix matching with a state cache (§III-C).
+//!
+//! Layout (§III-C, Fig. 3): rules are grouped by length rounded down to a whole byte (their
+//! *group*: 32, 24, 16, 8 and 0 bits for IPv4). A lookup hashes the key once per group present
+//! (not once per length present, 26 in a real routing table), and the group's node, found by
+//! the CRC32C of the key's first `g` bits, holds a 255-bit map of the rules of lengths
+//! `g..g+8` under those bits (as Tree Bitmap nodes do): the longest one present for the key's
+//! next byte is then found by one exact probe, hashed at its length. Equal matches form one
+//! class: the first sits in its row, the others on a first-in first-out side list behind it
+//! (a pool of `*` entries costs a lookup one node, §III-D).
 
-use crate::key::{Key, Match, KEY_BITS, KEY_BYTES};
-use flowstate_wire::hash;
+use crate::key::{prefix_eq, Key, Match, KEY_BITS, KEY_BYTES};
+use flowstate_wire::hash::{Crc32cSteps, SoftCrc, Sse42};
 
 /// Time in nanoseconds (the runtime's clock; never read here, always passed in).
 pub type Nanos = u64;
@@ -15,34 +24,50 @@ const NIL: u32 = u32::MAX;
 /// How a table computes CRC32C.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Hasher {
-    /// The CPU's CRC32C instruction when it has one (SSE4.2), software otherwise (default).
+    /// The CPU's CRC32C instruction when it has one (SSE4.2), table-driven slicing software
+    /// otherwise (default).
     #[default]
     Hardware,
-    /// Table-driven software CRC32C whatever the CPU (the baseline of §VI-C). Same values.
+    /// One table lookup per byte whatever the CPU (the software baseline of §VI-C, [32]).
+    /// Same values.
     Software,
 }
 
-impl Hasher {
-    #[inline(always)]
-    fn append(self, crc: u32, data: &[u8]) -> u32 {
-        match self {
-            Hasher::Hardware => hash::crc32c_append(crc, data),
-            Hasher::Software => sw_append(crc, data),
+/// The CRC32C steps a table runs on, chosen once at construction.
+#[derive(Debug, Clone, Copy)]
+enum Unit {
+    Hw(Sse42),
+    Slicing(SoftCrc),
+    Bytewise(ByteCrc),
+}
+
+impl Unit {
+    fn of(h: Hasher) -> Unit {
+        match (h, Sse42::detect()) {
+            (Hasher::Hardware, Some(c)) => Unit::Hw(c),
+            (Hasher::Hardware, None) => Unit::Slicing(SoftCrc),
+            (Hasher::Software, _) => Unit::Bytewise(ByteCrc),
         }
     }
 }
 
-/// `crc32c_append` in software: `crc32c_sw(a ++ b)` from `crc32c_sw(a)` by the combine rule
-/// (the software CRC has no append entry point, so the state is carried by recomputation of
-/// the inverted register: `!crc` is the running register).
-#[inline]
-fn sw_append(crc: u32, data: &[u8]) -> u32 {
-    // crc32c_sw(x) = !reg(!0, x); reg(r, a ++ b) = reg(reg(r, a), b). `SW_TABLE` steps a byte.
-    let mut c = !crc;
-    for &b in data {
-        c = (c >> 8) ^ SW_TABLE[((c ^ u32::from(b)) & 0xff) as usize];
+/// CRC32C one byte at a time through one 256-entry table (the paper's software CRC, [32]).
+#[derive(Debug, Clone, Copy)]
+struct ByteCrc;
+
+impl Crc32cSteps for ByteCrc {
+    #[inline(always)]
+    fn step_u8(self, crc: u32, v: u8) -> u32 {
+        (crc >> 8) ^ SW_TABLE[((crc ^ u32::from(v)) & 0xff) as usize]
     }
-    !c
+    #[inline(always)]
+    fn step_u32(self, crc: u32, v: u32) -> u32 {
+        v.to_le_bytes().iter().fold(crc, |c, &b| self.step_u8(c, b))
+    }
+    #[inline(always)]
+    fn step_u64(self, crc: u32, v: u64) -> u32 {
+        v.to_le_bytes().iter().fold(crc, |c, &b| self.step_u8(c, b))
+    }
 }
 
 static SW_TABLE: [u32; 256] = {
@@ -65,14 +90,75 @@ static SW_TABLE: [u32; 256] = {
     t
 };
 
-/// The CRC32C start value of a match `l` bits long (a multiplicative spread of the length).
+/// The group of a match `l` bits long: `l` rounded down to a whole byte.
 #[inline(always)]
-fn len_seed(l: u16) -> u32 {
-    (u32::from(l) + 1).wrapping_mul(0x9e37_79b9)
+const fn group(l: u16) -> u16 {
+    l & !7
 }
 
-/// A row of the hash table: its first entry, and one bit per 5-bit slice of the hashes
-/// chained there (a one-word Bloom filter beside the head, so that a probe of a length with
+/// CRC32C of the first `l` bits of `b` (the last byte masked), started from a value that
+/// depends on `l` (so `10` as an 8-bit and as a 16-bit prefix hash apart): 8-byte steps,
+/// then a 4-byte one, then single bytes.
+#[inline(always)]
+fn crc_prefix<C: Crc32cSteps>(c: C, b: &[u8; KEY_BYTES], l: u16) -> u32 {
+    let l = l.min(KEY_BITS);
+    let n = usize::from(l / 8);
+    let mut r = (u32::from(l) + 1).wrapping_mul(0x9e37_79b9);
+    let mut at = 0;
+    while at + 8 <= n {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&b[at..at + 8]);
+        r = c.step_u64(r, u64::from_le_bytes(w));
+        at += 8;
+    }
+    if at + 4 <= n {
+        let mut w = [0u8; 4];
+        w.copy_from_slice(&b[at..at + 4]);
+        r = c.step_u32(r, u32::from_le_bytes(w));
+        at += 4;
+    }
+    while at < n {
+        r = c.step_u8(r, b[at]);
+        at += 1;
+    }
+    let rem = l % 8;
+    if rem != 0 {
+        r = c.step_u8(r, b[n] & (0xffu8 << (8 - rem)));
+    }
+    r
+}
+
+/// The bit of a rule `k` bits past its group (0–7) whose next bits are `v`, in its group
+/// node's map: `2^k - 1 + v` (one level of a Tree Bitmap node).
+#[inline(always)]
+fn map_bit(k: u16, v: u8) -> usize {
+    (1usize << k) - 1 + usize::from(v)
+}
+
+/// A group node: the rules of lengths `g..g+8` under one `g`-bit prefix, as a bit map.
+#[derive(Clone)]
+struct GroupNode {
+    map: [u64; 4],
+    prefix: [u8; KEY_BYTES],
+    g: u16,
+    hash: u32,
+    next: u32,
+}
+
+/// The state cache's hash of a key of at most 16 bytes (two 8-byte steps, seeded by its
+/// width).
+#[inline(always)]
+fn crc_key16<C: Crc32cSteps>(c: C, k: &Key) -> u32 {
+    let b = k.raw();
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&b[..8]);
+    let r = c.step_u64(u32::from(k.bits()), u64::from_le_bytes(w));
+    w.copy_from_slice(&b[8..16]);
+    c.step_u64(r, u64::from_le_bytes(w))
+}
+
+/// A row of the hash table: its first class, and one bit per 5-bit slice of the hashes
+/// chained there (a one-word Bloom filter beside the head, so that a probe of a group with
 /// no rule in the row reads one cache line and no entry). Bits are set on insert and cleared
 /// when the row empties.
 #[derive(Debug, Clone, Copy)]
@@ -111,16 +197,20 @@ impl EntryId {
 
 /// An entry ⟨M(e), V(e)⟩. V(e) is the state `value`, a `timestamp`, a `timeout`, a
 /// validity flag and an auxiliary field (§III-A, Fig. 2).
+///
+/// Laid out with the match and the validity flag first, so that the probe of a row reads
+/// one cache line per entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[repr(C)]
 pub struct Entry<V> {
     m: Match,
+    valid: bool,
     /// The state value.
     pub value: V,
     /// When the entry was created or last renewed.
     pub timestamp: Nanos,
     /// How long after `timestamp` the entry times out ([`NEVER`]: never).
     pub timeout: Nanos,
-    valid: bool,
     /// The auxiliary field (reserved for the NF: a session count, a resource, ...).
     pub aux: u64,
 }
@@ -163,24 +253,58 @@ impl<V> Entry<V> {
     }
 }
 
+/// An entry's slot: what a row probe reads (hash, chain link, match, validity) in its first
+/// cache line.
+#[repr(C, align(64))]
 struct Slot<V> {
+    /// Row hash of the entry's match (valid while `entry` is some).
+    hash: u32,
+    /// The row's chain of class heads (for a head).
+    next: u32,
     entry: Option<Entry<V>>,
     gen: u32,
-    /// Bucket hash of the entry's match (valid while `entry` is some).
-    hash: u32,
-    next: u32,
-    prev: u32,
+    /// The class of equal matches: next in first-in first-out order; `dprev` is the previous
+    /// one, or for the head the last one (itself when alone).
+    dnext: u32,
+    dprev: u32,
+    /// Whether this entry heads its class (sits in the row's chain).
+    head: bool,
     /// Insertion order (for the order of equal matches across table operations).
     seq: u64,
 }
 
+/// A state-cache slot: a key of at most 128 bits, the table's epoch when it was filled, and
+/// the entry it matched (`index` NIL: no entry).
 #[derive(Clone, Copy)]
+#[repr(C)]
 struct CacheSlot {
-    key: Key,
-    epoch: u64,
-    /// The matched slot, or NIL for a cached miss.
+    key: [u8; 16],
+    epoch: u32,
     index: u32,
+    gen: u32,
+    /// Width of the key; [`EMPTY_BITS`] when the slot holds nothing.
+    bits: u16,
 }
+
+const EMPTY_BITS: u16 = u16::MAX;
+
+impl CacheSlot {
+    const EMPTY: CacheSlot = CacheSlot {
+        key: [0; 16],
+        epoch: 0,
+        index: NIL,
+        gen: 0,
+        bits: EMPTY_BITS,
+    };
+}
+
+/// Two cache slots in one cache line: a set of the 2-way set-associative state cache.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct CacheSet([CacheSlot; 2]);
+
+/// Widest key the state cache holds (wider keys are probed every time).
+const CACHE_KEY_BITS: u16 = 128;
 
 /// Why a table operation failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -210,27 +334,36 @@ pub enum MvtError {
 pub struct Mvt<V> {
     width: u16,
     hasher: Hasher,
-    /// The hardware hasher on a CPU that has the instruction.
-    sse42: bool,
+    unit: Unit,
     slots: Vec<Slot<V>>,
     free: Vec<u32>,
     live: usize,
     valid: usize,
-    /// Rows: the first entry of each chain.
+    /// Rows: the first class head of each chain.
     heads: Vec<Row>,
-    tails: Vec<u32>,
     mask: u32,
     /// Entries per match length.
     len_count: Vec<u32>,
     /// Lengths with at least one entry, longest first.
     lens: Vec<u16>,
-    cache: Vec<CacheSlot>,
+    /// Entries per group (by `group / 8`), and the groups present, longest first.
+    group_count: Vec<u32>,
+    groups: Vec<u16>,
+    /// Group nodes, their rows (chain heads) and free nodes.
+    gnodes: Vec<GroupNode>,
+    grows: Vec<u32>,
+    gmask: u32,
+    gfree: Vec<u32>,
+    cache: Vec<CacheSet>,
     cache_mask: u32,
-    epoch: u64,
+    /// Slots the cache was asked for (0: off).
+    cache_slots: usize,
+    epoch: u32,
     seq: u64,
     inserts: u64,
     row_collisions: u64,
     hash_collisions: u64,
+    shared_groups: u64,
 }
 
 impl<V> std::fmt::Debug for Mvt<V> {
@@ -258,41 +391,42 @@ impl<V> Mvt<V> {
     }
 
     /// An empty table: room for `entries`, `cache` state-cache slots (rounded up to a power of
-    /// two; 0 turns the cache off), and the CRC32C implementation.
+    /// two, 2-way set-associative; 0 turns the cache off, and keys wider than 128 bits never
+    /// use it), and the CRC32C implementation.
     pub fn with_options(width: u16, entries: usize, cache: usize, hasher: Hasher) -> Self {
         let buckets = entries.max(8).next_power_of_two();
-        let cache_n = if cache == 0 {
+        let sets = if cache == 0 {
             0
         } else {
-            cache.next_power_of_two()
+            cache.next_power_of_two().div_ceil(2)
         };
         Mvt {
             width: width.min(KEY_BITS),
             hasher,
-            sse42: hasher == Hasher::Hardware && hash::crc32c_hw_available(),
+            unit: Unit::of(hasher),
             slots: Vec::with_capacity(entries),
             free: Vec::new(),
             live: 0,
             valid: 0,
             heads: vec![Row::EMPTY; buckets],
-            tails: vec![NIL; buckets],
             mask: (buckets - 1) as u32,
             len_count: vec![0; usize::from(KEY_BITS) + 1],
             lens: Vec::new(),
-            cache: vec![
-                CacheSlot {
-                    key: Key::EMPTY,
-                    epoch: u64::MAX,
-                    index: NIL,
-                };
-                cache_n
-            ],
-            cache_mask: cache_n.saturating_sub(1) as u32,
+            group_count: vec![0; usize::from(KEY_BITS / 8) + 1],
+            groups: Vec::new(),
+            gnodes: Vec::new(),
+            grows: vec![NIL; buckets],
+            gmask: (buckets - 1) as u32,
+            gfree: Vec::new(),
+            cache: vec![CacheSet([CacheSlot::EMPTY; 2]); sets],
+            cache_mask: sets.saturating_sub(1) as u32,
+            cache_slots: cache,
             epoch: 0,
             seq: 0,
             inserts: 0,
             row_collisions: 0,
             hash_collisions: 0,
+            shared_groups: 0,
         }
     }
 
@@ -331,44 +465,59 @@ impl<V> Mvt<V> {
         &self.lens
     }
 
+    /// Hash groups present (lengths rounded down to a byte), longest first: the hashes an
+    /// uncached lookup computes.
+    pub fn groups(&self) -> &[u16] {
+        &self.groups
+    }
+
     /// Insertions so far, insertions that landed in a row already holding another rule, and
-    /// insertions whose 32-bit hash equals that of another rule present (§VI-B).
+    /// insertions whose 32-bit row hash equals that of another rule present over different
+    /// bits (a CRC32C collision, §VI-B).
     pub fn collision_stats(&self) -> (u64, u64, u64) {
         (self.inserts, self.row_collisions, self.hash_collisions)
+    }
+
+    /// New matches (by insert or rematch) whose group's bits another rule present shares
+    /// (e.g. `10.0.0.0/16` and `10.0.128.0/17`): told apart by the group node's map and the
+    /// exact probe, where the paper's chains tell `10/8` and `160/4` apart (§III-C).
+    pub fn shared_group_inserts(&self) -> u64 {
+        self.shared_groups
+    }
+
+    /// Changes the epoch: every cached answer is forgotten.
+    #[inline]
+    fn bump(&mut self) {
+        self.epoch = self.epoch.wrapping_add(1);
+        if self.epoch == 0 {
+            // Once per 2^32 changes: slots filled 2^32 epochs ago must not look current.
+            for s in &mut self.cache {
+                *s = CacheSet([CacheSlot::EMPTY; 2]);
+            }
+        }
     }
 
     // --------------------------------------------------------------------------------------
     // Hashing (§III-C)
 
-    /// The hash of match `m`: CRC32C of the bytes covering its bits (the last byte masked),
-    /// started from a value that depends on the length, so that one CRC call gives it.
+    /// The row hash of match `m`: CRC32C of its bits.
     #[inline]
     fn match_hash(&self, m: &Match) -> u32 {
-        self.hasher.append(len_seed(m.len()), m.bytes())
+        self.prefix_hash(&m.as_key(), m.len())
     }
 
-    /// The hash of the full key (indexes the state cache).
+    /// CRC32C of the first `n` bits of `b`.
     #[inline]
-    fn key_hash(&self, key: &Key) -> u32 {
-        self.hasher.append(0, key.bytes())
-    }
-
-    /// The hash of `key` truncated to `l` bits (at most its width): [`Mvt::match_hash`] of the
-    /// prefix, without building it.
-    #[inline]
-    fn prefix_hash(&self, key: &Key, l: u16) -> u32 {
-        let lu = usize::from(l);
-        let kb = key.bytes();
-        let full = lu / 8;
-        let rem = lu % 8;
-        if rem == 0 {
-            return self.hasher.append(len_seed(l), &kb[..full]);
+    fn prefix_hash(&self, b: &Key, n: u16) -> u32 {
+        match self.unit {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Hw` holds a `Sse42`, which exists only when the CPU has SSE4.2.
+            Unit::Hw(c) => unsafe { crc_prefix_sse42(c, b.raw(), n) },
+            #[cfg(not(target_arch = "x86_64"))]
+            Unit::Hw(c) => crc_prefix(c, b.raw(), n),
+            Unit::Slicing(c) => crc_prefix(c, b.raw(), n),
+            Unit::Bytewise(c) => crc_prefix(c, b.raw(), n),
         }
-        // The masked last byte needs a copy; keys are at most 40 bytes.
-        let mut buf = [0u8; KEY_BYTES];
-        buf[..=full].copy_from_slice(&kb[..=full]);
-        buf[full] &= 0xffu8 << (8 - rem);
-        self.hasher.append(len_seed(l), &buf[..=full])
     }
 
     // --------------------------------------------------------------------------------------
@@ -383,69 +532,134 @@ impl<V> Mvt<V> {
 
     #[inline]
     fn probe(&self, key: &Key) -> u32 {
-        #[cfg(target_arch = "x86_64")]
-        if self.sse42 {
-            // SAFETY: `sse42` is set only when the CPU has SSE4.2 (checked at construction).
-            return unsafe { self.probe_sse42(key) };
+        match self.unit {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Hw` holds a `Sse42`, which exists only when the CPU has SSE4.2.
+            Unit::Hw(c) => unsafe { self.probe_sse42(c, key) },
+            #[cfg(not(target_arch = "x86_64"))]
+            Unit::Hw(c) => self.probe_with(c, key),
+            Unit::Slicing(c) => self.probe_with(c, key),
+            Unit::Bytewise(c) => self.probe_with(c, key),
         }
-        self.probe_generic(key)
     }
 
-    /// [`Mvt::probe_generic`] compiled for SSE4.2, so that the CRC32C instructions of every
-    /// length's hash are inlined into the loop rather than called.
+    /// [`Mvt::probe_with`] compiled for SSE4.2, so that every group's CRC32C steps are
+    /// single instructions in the loop.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "sse4.2")]
-    unsafe fn probe_sse42(&self, key: &Key) -> u32 {
-        self.probe_generic(key)
+    unsafe fn probe_sse42(&self, c: Sse42, key: &Key) -> u32 {
+        self.probe_with(c, key)
     }
 
     #[inline(always)]
-    fn probe_generic(&self, key: &Key) -> u32 {
-        // The lengths are taken in groups: every row of a group is hashed and prefetched
-        // before any is read, so the probes' memory accesses overlap (§III-C computes the
-        // hashes "simultaneously"); a group ends the lookup when it matches.
-        const GROUP: usize = 32;
-        let mut hs = [(0u16, 0u32); GROUP];
-        let mut lens = self.lens.iter().copied().filter(|&l| l <= key.bits());
-        loop {
-            let mut n = 0;
-            for l in lens.by_ref().take(GROUP) {
-                let h = self.prefix_hash(key, l);
-                prefetch(&self.heads[(h & self.mask) as usize]);
-                hs[n] = (l, h);
-                n += 1;
+    fn probe_with<C: Crc32cSteps>(&self, c: C, key: &Key) -> u32 {
+        // Every group's row is hashed and prefetched before any is read, so the probes'
+        // memory accesses overlap (§III-C computes the hashes "simultaneously"); the longest
+        // group with a valid match ends the lookup.
+        const MAX: usize = KEY_BYTES + 1;
+        let mut hs = [(0u16, 0u32); MAX];
+        let mut n = 0;
+        let kb = key.raw();
+        for &g in &self.groups {
+            if g > key.bits() {
+                continue;
             }
-            if n == 0 {
-                return NIL;
+            let h = crc_prefix(c, kb, g);
+            prefetch(&self.grows[(h & self.gmask) as usize]);
+            hs[n] = (g, h);
+            n += 1;
+        }
+        for &(g, h) in &hs[..n] {
+            let node = self.group_node(kb, g, h);
+            if node == NIL {
+                continue;
             }
-            for &(l, h) in &hs[..n] {
-                let b = (h & self.mask) as usize;
-                if self.heads[b].filter & filter_bit(h) == 0 {
+            let map = &self.gnodes[node as usize].map;
+            let next = kb.get(usize::from(g / 8)).copied().unwrap_or(0);
+            // The longest rule present under the key's next bits first.
+            for k in (0..=(key.bits() - g).min(7)).rev() {
+                let bit = map_bit(k, next.checked_shr(u32::from(8 - k)).unwrap_or(0));
+                if map[bit / 64] & (1 << (bit % 64)) == 0 {
                     continue;
                 }
-                let mut i = self.heads[b].head;
-                while i != NIL {
-                    let s = &self.slots[i as usize];
-                    if s.hash == h {
-                        if let Some(e) = &s.entry {
-                            if e.valid && e.m.len() == l && e.m.matches(key) {
-                                return i;
-                            }
-                        }
-                    }
-                    i = s.next;
+                let l = g + k;
+                let i = self.first_valid(self.class_at(c, key, l));
+                if i != NIL {
+                    return i;
                 }
             }
+        }
+        NIL
+    }
+
+    /// The group node of the `g`-bit prefix of `kb` (hashed `h`), or NIL.
+    #[inline(always)]
+    fn group_node(&self, kb: &[u8; KEY_BYTES], g: u16, h: u32) -> u32 {
+        let mut i = self.grows[(h & self.gmask) as usize];
+        while i != NIL {
+            let node = &self.gnodes[i as usize];
+            if node.hash == h && node.g == g && prefix_eq(&node.prefix, kb, g) {
+                return i;
+            }
+            i = node.next;
+        }
+        NIL
+    }
+
+    /// The class whose match is the first `l` bits of `key`, or NIL.
+    #[inline(always)]
+    fn class_at<C: Crc32cSteps>(&self, c: C, key: &Key, l: u16) -> u32 {
+        let h = crc_prefix(c, key.raw(), l);
+        let b = (h & self.mask) as usize;
+        let mut i = self.heads[b].head;
+        while i != NIL {
+            let s = &self.slots[i as usize];
+            if s.hash == h {
+                if let Some(e) = &s.entry {
+                    if e.m.len() == l && e.m.matches(key) {
+                        return i;
+                    }
+                }
+            }
+            i = s.next;
+        }
+        NIL
+    }
+
+    /// The first valid entry of the class headed by `i`, or NIL.
+    #[inline(always)]
+    fn first_valid(&self, mut i: u32) -> u32 {
+        while i != NIL {
+            let s = &self.slots[i as usize];
+            if s.entry.as_ref().is_some_and(|e| e.valid) {
+                return i;
+            }
+            i = s.dnext;
+        }
+        NIL
+    }
+
+    /// The state cache's hash of `key`.
+    #[inline]
+    fn key_hash(&self, key: &Key) -> u32 {
+        match self.unit {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Hw` holds a `Sse42`, which exists only when the CPU has SSE4.2.
+            Unit::Hw(c) => unsafe { crc_key16_sse42(c, key) },
+            #[cfg(not(target_arch = "x86_64"))]
+            Unit::Hw(c) => crc_key16(c, key),
+            Unit::Slicing(c) => crc_key16(c, key),
+            Unit::Bytewise(c) => crc_key16(c, key),
         }
     }
 
     /// The entry matching `key` on the longest prefix (the first inserted among equal
-    /// matches), through the state cache: a hit costs one hash and one row; a miss probes
-    /// every length present and caches the result (§III-C steps 1–4). Invalid entries match
-    /// nothing.
+    /// matches), through the state cache: a hit costs one hash and one cache line; a miss
+    /// probes every group present and caches the result (§III-C steps 1–4). Invalid entries
+    /// match nothing.
     #[inline]
     pub fn lookup(&mut self, key: &Key) -> Option<EntryId> {
-        if self.cache.is_empty() {
+        if self.cache.is_empty() || key.bits() > CACHE_KEY_BITS {
             return self.lookup_uncached(key);
         }
         let h = self.key_hash(key);
@@ -454,24 +668,37 @@ impl<V> Mvt<V> {
 
     #[inline]
     fn lookup_hashed(&mut self, key: &Key, h: u32) -> Option<EntryId> {
-        let c = (h & self.cache_mask) as usize;
-        let slot = self.cache[c];
-        let i = if slot.epoch == self.epoch && slot.key == *key {
-            slot.index
+        let set = &mut self.cache[(h & self.cache_mask) as usize];
+        let mut k16 = [0u8; 16];
+        k16.copy_from_slice(&key.raw()[..16]);
+        for s in &set.0 {
+            if s.bits == key.bits() && s.epoch == self.epoch && s.key == k16 {
+                return (s.index != NIL).then_some(EntryId {
+                    index: s.index,
+                    gen: s.gen,
+                });
+            }
+        }
+        let i = self.probe(key);
+        let gen = if i == NIL {
+            0
         } else {
-            let i = self.probe(key);
-            self.cache[c] = CacheSlot {
-                key: *key,
-                epoch: self.epoch,
-                index: i,
-            };
-            i
+            self.slots[i as usize].gen
         };
-        (i != NIL).then(|| self.id(i))
+        let set = &mut self.cache[(h & self.cache_mask) as usize];
+        set.0[1] = set.0[0];
+        set.0[0] = CacheSlot {
+            key: k16,
+            epoch: self.epoch,
+            index: i,
+            gen,
+            bits: key.bits(),
+        };
+        (i != NIL).then_some(EntryId { index: i, gen })
     }
 
     /// Looks `keys` up as [`Mvt::lookup`] does, into `out` (as many as the shorter of the
-    /// two): every key's cache slot is hashed and prefetched first, then resolved.
+    /// two): every key's cache set is hashed and prefetched first, then resolved.
     pub fn lookup_batch(&mut self, keys: &[Key], out: &mut [Option<EntryId>]) {
         const CHUNK: usize = 32;
         let n = keys.len().min(out.len());
@@ -491,42 +718,77 @@ impl<V> Mvt<V> {
                 prefetch(&self.cache[(h & self.cache_mask) as usize]);
             }
             for j in 0..m {
-                out[at + j] = self.lookup_hashed(&keys[at + j], hs[j]);
+                let k = &keys[at + j];
+                out[at + j] = if k.bits() > CACHE_KEY_BITS {
+                    self.lookup_uncached(k)
+                } else {
+                    self.lookup_hashed(k, hs[j])
+                };
             }
             at += m;
         }
     }
 
-    /// The first valid entry whose match is exactly `m` (one probe; no cache).
+    /// The class head whose match is exactly `m` in row `h`, or NIL.
     #[inline]
-    pub fn find(&self, m: &Match) -> Option<EntryId> {
-        let h = self.match_hash(m);
+    fn class_of(&self, m: &Match, h: u32) -> u32 {
         let b = (h & self.mask) as usize;
         if self.heads[b].filter & filter_bit(h) == 0 {
-            return None;
+            return NIL;
         }
         let mut i = self.heads[b].head;
         while i != NIL {
             let s = &self.slots[i as usize];
-            if s.hash == h {
-                if let Some(e) = &s.entry {
-                    if e.valid && e.m == *m {
-                        return Some(self.id(i));
-                    }
-                }
+            if s.hash == h && s.entry.as_ref().is_some_and(|e| e.m == *m) {
+                return i;
             }
             i = s.next;
         }
-        None
+        NIL
     }
 
-    /// Hints that [`Mvt::find`]`(m)` comes soon: prefetches its row.
+    /// The first valid entry whose match is exactly `m` (one probe; no cache).
     #[inline]
-    pub fn prefetch_find(&self, m: &Match) {
-        let h = self.match_hash(m);
-        let i = self.heads[(h & self.mask) as usize].head;
-        if i != NIL {
-            prefetch(&self.slots[i as usize]);
+    pub fn find(&self, m: &Match) -> Option<EntryId> {
+        let i = self.first_valid(self.class_of(m, self.match_hash(m)));
+        (i != NIL).then(|| self.id(i))
+    }
+
+    /// Hints that [`Mvt::find`]`(m)` comes soon: prefetches its row (without waiting for it).
+    /// The returned hint lets a caller that looks a batch up prefetch the row's first entry
+    /// a few finds later, when the row has arrived ([`Mvt::prefetch_entry`]).
+    #[inline]
+    pub fn prefetch_find(&self, m: &Match) -> FindHint {
+        let row = self.match_hash(m) & self.mask;
+        prefetch(&self.heads[row as usize]);
+        FindHint { row }
+    }
+
+    /// Second step of a prefetch: reads the hinted row (prefetched earlier) and prefetches
+    /// its first entry, without waiting for it; returns a hint of that entry for
+    /// [`Mvt::hinted_entry`] (maybe not the one the find will give).
+    #[inline]
+    pub fn prefetch_entry(&self, hint: FindHint) -> Option<EntryHint> {
+        let i = self.heads.get(hint.row as usize)?.head;
+        let s = self.slots.get(i as usize)?;
+        prefetch(s);
+        prefetch_next_line(s);
+        Some(EntryHint { index: i })
+    }
+
+    /// The entry a [`Mvt::prefetch_entry`] hint points at, if one lives there now (whichever:
+    /// a hint is no handle).
+    #[inline]
+    pub fn hinted_entry(&self, hint: EntryHint) -> Option<&Entry<V>> {
+        self.slots.get(hint.index as usize)?.entry.as_ref()
+    }
+
+    /// Prefetches an entry (both cache lines of its slot) that is about to be used.
+    #[inline]
+    pub fn prefetch_id(&self, id: EntryId) {
+        if let Some(s) = self.slots.get(id.index as usize) {
+            prefetch(s);
+            prefetch_next_line(s);
         }
     }
 
@@ -560,7 +822,9 @@ impl<V> Mvt<V> {
                     gen: 0,
                     hash: 0,
                     next: NIL,
-                    prev: NIL,
+                    dnext: NIL,
+                    dprev: NIL,
+                    head: false,
                     seq: 0,
                 });
                 (self.slots.len() - 1) as u32
@@ -586,17 +850,20 @@ impl<V> Mvt<V> {
             self.valid += 1;
         }
         self.add_len(len);
-        self.epoch += 1;
+        self.bump();
         Ok(self.id(i))
     }
 
-    /// Counts an insertion landing in a row that holds another rule (looking at the first
-    /// few entries of the row only, so that a long run of equal matches, such as a pool of
-    /// `*` entries, costs nothing).
+    /// Counts an insertion landing in a row that holds another class (looking at the first
+    /// few classes of the row only), and one whose 32-bit hash equals another rule's (a CRC32C
+    /// collision, §VI-B). (One whose group node already holds another rule is counted by
+    /// [`Mvt::group_add`].)
     fn count_collision(&mut self, i: u32, h: u32) {
         const LOOK: usize = 8;
         self.inserts += 1;
-        let m = self.slots[i as usize].entry.as_ref().map(|e| e.m);
+        let Some(m) = self.slots[i as usize].entry.as_ref().map(|e| e.m) else {
+            return;
+        };
         let mut j = self.heads[(h & self.mask) as usize].head;
         let (mut row, mut full) = (false, false);
         for _ in 0..LOOK {
@@ -604,7 +871,7 @@ impl<V> Mvt<V> {
                 break;
             }
             let s = &self.slots[j as usize];
-            if s.entry.as_ref().map(|e| e.m) != m {
+            if s.entry.as_ref().is_some_and(|e| e.m != m) {
                 row = true;
                 full |= s.hash == h;
             }
@@ -612,6 +879,90 @@ impl<V> Mvt<V> {
         }
         self.row_collisions += u64::from(row);
         self.hash_collisions += u64::from(full);
+    }
+
+    /// Marks class `m` in its group node (made when missing; a node that was there counts a
+    /// shared group).
+    fn group_add(&mut self, m: &Match) {
+        let (k, g, raw) = (m.len() % 8, group(m.len()), *m.as_key().raw());
+        let h = self.prefix_hash(&m.as_key(), g);
+        let mut node = self.group_node(&raw, g, h);
+        self.shared_groups += u64::from(node != NIL);
+        if node == NIL {
+            if self.gnodes.len() - self.gfree.len() + 1 > self.grows.len() {
+                self.grow_groups();
+            }
+            let fresh = GroupNode {
+                map: [0; 4],
+                prefix: raw,
+                g,
+                hash: h,
+                next: self.grows[(h & self.gmask) as usize],
+            };
+            node = match self.gfree.pop() {
+                Some(i) => {
+                    self.gnodes[i as usize] = fresh;
+                    i
+                }
+                None => {
+                    self.gnodes.push(fresh);
+                    (self.gnodes.len() - 1) as u32
+                }
+            };
+            self.grows[(h & self.gmask) as usize] = node;
+        }
+        let v = raw.get(usize::from(g / 8)).copied().unwrap_or(0);
+        let bit = map_bit(k, v.checked_shr(u32::from(8 - k)).unwrap_or(0));
+        self.gnodes[node as usize].map[bit / 64] |= 1 << (bit % 64);
+    }
+
+    /// Clears class `m` from its group node (freed when empty).
+    fn group_del(&mut self, m: &Match) {
+        let (k, g, raw) = (m.len() % 8, group(m.len()), *m.as_key().raw());
+        let h = self.prefix_hash(&m.as_key(), g);
+        let node = self.group_node(&raw, g, h);
+        if node == NIL {
+            return;
+        }
+        let v = raw.get(usize::from(g / 8)).copied().unwrap_or(0);
+        let bit = map_bit(k, v.checked_shr(u32::from(8 - k)).unwrap_or(0));
+        let n = &mut self.gnodes[node as usize];
+        n.map[bit / 64] &= !(1 << (bit % 64));
+        if n.map != [0; 4] {
+            return;
+        }
+        let r = (h & self.gmask) as usize;
+        let next = n.next;
+        if self.grows[r] == node {
+            self.grows[r] = next;
+        } else {
+            let mut j = self.grows[r];
+            while j != NIL {
+                if self.gnodes[j as usize].next == node {
+                    self.gnodes[j as usize].next = next;
+                    break;
+                }
+                j = self.gnodes[j as usize].next;
+            }
+        }
+        self.gfree.push(node);
+    }
+
+    fn grow_groups(&mut self) {
+        let n = self.grows.len() * 2;
+        self.grows = vec![NIL; n];
+        self.gmask = (n - 1) as u32;
+        let mut free = vec![false; self.gnodes.len()];
+        for &i in &self.gfree {
+            free[i as usize] = true;
+        }
+        for (i, node) in self.gnodes.iter_mut().enumerate() {
+            if !free[i] {
+                let r = (node.hash & self.gmask) as usize;
+                node.next = self.grows[r];
+                self.grows[r] = i as u32;
+            }
+        }
     }
 
     /// "remove": takes the entry out.
@@ -628,7 +979,7 @@ impl<V> Mvt<V> {
             self.valid -= 1;
         }
         self.sub_len(e.m.len());
-        self.epoch += 1;
+        self.bump();
         Some(e)
     }
 
@@ -651,45 +1002,118 @@ impl<V> Mvt<V> {
         self.link(i);
         self.sub_len(old);
         self.add_len(m.len());
-        self.epoch += 1;
+        self.bump();
         Ok(())
     }
 
+    /// Links entry `i` (its `hash` set): at the end of its class when one exists, else as a
+    /// class head in its row, after every longer match.
     fn link(&mut self, i: u32) {
-        let b = (self.slots[i as usize].hash & self.mask) as usize;
-        let tail = self.tails[b];
-        self.heads[b].filter |= filter_bit(self.slots[i as usize].hash);
+        let h = self.slots[i as usize].hash;
+        let m = match &self.slots[i as usize].entry {
+            Some(e) => e.m,
+            None => return,
+        };
+        let head = self.class_of(&m, h);
+        if head != NIL {
+            let tail = self.slots[head as usize].dprev;
+            self.slots[tail as usize].dnext = i;
+            self.slots[head as usize].dprev = i;
+            let s = &mut self.slots[i as usize];
+            s.dprev = tail;
+            s.dnext = NIL;
+            s.head = false;
+            s.next = NIL;
+            return;
+        }
+        let s = &mut self.slots[i as usize];
+        s.dprev = i;
+        s.dnext = NIL;
+        self.link_head(i);
+        self.group_add(&m);
+    }
+
+    /// Puts class head `i` into its row's chain, after every longer match.
+    fn link_head(&mut self, i: u32) {
+        let h = self.slots[i as usize].hash;
+        let len = self.len_of(i);
+        let b = (h & self.mask) as usize;
+        self.heads[b].filter |= filter_bit(h);
+        let (mut prev, mut at) = (NIL, self.heads[b].head);
+        while at != NIL && self.len_of(at) >= len {
+            prev = at;
+            at = self.slots[at as usize].next;
+        }
         {
             let s = &mut self.slots[i as usize];
-            s.prev = tail;
-            s.next = NIL;
+            s.head = true;
+            s.next = at;
         }
-        if tail == NIL {
+        if prev == NIL {
             self.heads[b].head = i;
         } else {
-            self.slots[tail as usize].next = i;
+            self.slots[prev as usize].next = i;
         }
-        self.tails[b] = i;
+    }
+
+    #[inline]
+    fn len_of(&self, i: u32) -> u16 {
+        self.slots[i as usize]
+            .entry
+            .as_ref()
+            .map_or(0, |e| e.m.len())
     }
 
     fn unlink(&mut self, i: u32) {
-        let (prev, next, h) = {
+        let (head, dprev, dnext, h) = {
             let s = &self.slots[i as usize];
-            (s.prev, s.next, s.hash)
+            (s.head, s.dprev, s.dnext, s.hash)
         };
-        let b = (h & self.mask) as usize;
-        if prev == NIL {
-            self.heads[b].head = next;
-        } else {
-            self.slots[prev as usize].next = next;
+        if !head {
+            // Inside a class: off its side list (the class head keeps the tail).
+            self.slots[dprev as usize].dnext = dnext;
+            if dnext != NIL {
+                self.slots[dnext as usize].dprev = dprev;
+            } else if let Some(m) = self.slots[i as usize].entry.as_ref().map(|e| e.m) {
+                let c = self.class_of(&m, h);
+                if c != NIL {
+                    self.slots[c as usize].dprev = dprev;
+                }
+            }
+            return;
         }
-        if prev == NIL && next == NIL {
+        let next = self.slots[i as usize].next;
+        let b = (h & self.mask) as usize;
+        // Rows are short: the previous head is found by walking.
+        let mut prev = NIL;
+        let mut at = self.heads[b].head;
+        while at != NIL && at != i {
+            prev = at;
+            at = self.slots[at as usize].next;
+        }
+        // The class's next entry takes the head's place in the row, or the class leaves it.
+        let to = if dnext != NIL {
+            let s = &mut self.slots[dnext as usize];
+            s.head = true;
+            s.dprev = dprev;
+            s.next = next;
+            dnext
+        } else {
+            next
+        };
+        if prev == NIL {
+            self.heads[b].head = to;
+        } else {
+            self.slots[prev as usize].next = to;
+        }
+        if self.heads[b].head == NIL {
             self.heads[b].filter = 0;
         }
-        if next == NIL {
-            self.tails[b] = prev;
-        } else {
-            self.slots[next as usize].prev = prev;
+        self.slots[i as usize].head = false;
+        if dnext == NIL {
+            if let Some(m) = self.slots[i as usize].entry.as_ref().map(|e| e.m) {
+                self.group_del(&m);
+            }
         }
     }
 
@@ -697,14 +1121,13 @@ impl<V> Mvt<V> {
         let old = std::mem::take(&mut self.heads);
         let n = old.len() * 2;
         self.heads = vec![Row::EMPTY; n];
-        self.tails = vec![NIL; n];
         self.mask = (n - 1) as u32;
-        // Chains are walked in order, so equal matches (always in one chain) keep their order.
+        // Class heads move with their side lists, which keep their order.
         for row in old {
             let mut i = row.head;
             while i != NIL {
                 let next = self.slots[i as usize].next;
-                self.link(i);
+                self.link_head(i);
                 i = next;
             }
         }
@@ -717,6 +1140,13 @@ impl<V> Mvt<V> {
             let at = self.lens.partition_point(|&x| x > l);
             self.lens.insert(at, l);
         }
+        let g = group(l);
+        let c = &mut self.group_count[usize::from(g / 8)];
+        *c += 1;
+        if *c == 1 {
+            let at = self.groups.partition_point(|&x| x > g);
+            self.groups.insert(at, g);
+        }
     }
 
     fn sub_len(&mut self, l: u16) {
@@ -724,6 +1154,12 @@ impl<V> Mvt<V> {
         *c = c.saturating_sub(1);
         if *c == 0 {
             self.lens.retain(|&x| x != l);
+        }
+        let g = group(l);
+        let c = &mut self.group_count[usize::from(g / 8)];
+        *c = c.saturating_sub(1);
+        if *c == 0 {
+            self.groups.retain(|&x| x != g);
         }
     }
 
@@ -755,7 +1191,7 @@ impl<V> Mvt<V> {
     /// the others stay. M(T) = M(T1) ∪ M(T2); order among equal matches is kept. Handles of
     /// moved entries are not valid in T2 ([`Mvt::iter`] gives the new ones).
     pub fn shard(&mut self, mut to_second: impl FnMut(&Entry<V>) -> bool) -> Mvt<V> {
-        let mut t2 = Mvt::with_options(self.width, 16, self.cache.len(), self.hasher);
+        let mut t2 = Mvt::with_options(self.width, 16, self.cache_slots, self.hasher);
         for i in self.ordered() {
             let id = self.id(i);
             let go = self.slots[i as usize]
@@ -846,7 +1282,7 @@ impl<V> Mvt<V> {
         let was = std::mem::replace(&mut e.valid, false);
         if was {
             self.valid -= 1;
-            self.epoch += 1;
+            self.bump();
         }
         was
     }
@@ -956,6 +1392,33 @@ impl<V> Mvt<V> {
     }
 }
 
+/// A find on its way: the row [`Mvt::prefetch_find`] prefetched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FindHint {
+    row: u32,
+}
+
+/// An entry [`Mvt::prefetch_entry`] prefetched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EntryHint {
+    index: u32,
+}
+
+/// [`prefetch`] of the cache line after the one `at` starts in.
+#[inline(always)]
+fn prefetch_next_line<T>(at: &T) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // SAFETY: a prefetch never faults, whatever the address; SSE is x86_64 baseline.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>((at as *const T).cast::<i8>().wrapping_add(64)) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = at;
+    }
+}
+
 /// Asks the CPU to start loading the cache line at `at` (a hint; no-op off x86_64).
 #[inline(always)]
 fn prefetch<T>(at: &T) {
@@ -972,9 +1435,30 @@ fn prefetch<T>(at: &T) {
     }
 }
 
+/// [`crc_prefix`] on the CRC32C instruction, compiled for SSE4.2.
+///
+/// # Safety
+/// The CPU must have SSE4.2 (a [`Sse42`] proves it).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "sse4.2")]
+unsafe fn crc_prefix_sse42(c: Sse42, b: &[u8; KEY_BYTES], l: u16) -> u32 {
+    crc_prefix(c, b, l)
+}
+
+/// [`crc_key16`] on the CRC32C instruction, compiled for SSE4.2.
+///
+/// # Safety
+/// The CPU must have SSE4.2 (a [`Sse42`] proves it).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "sse4.2")]
+unsafe fn crc_key16_sse42(c: Sse42, k: &Key) -> u32 {
+    crc_key16(c, k)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use flowstate_wire::hash;
     use std::net::Ipv4Addr;
 
     fn v4(a: [u8; 4], l: u8) -> Match {
@@ -993,14 +1477,20 @@ mod tests {
             b"123456789",
             b"a longer input of some bytes",
         ] {
-            assert_eq!(sw_append(0, data), hash::crc32c_sw(data));
-            assert_eq!(
-                sw_append(
-                    sw_append(0, &data[..data.len() / 2]),
-                    &data[data.len() / 2..]
-                ),
-                hash::crc32c(data)
-            );
+            let r = data.iter().fold(!0, |c, &b| ByteCrc.step_u8(c, b));
+            assert_eq!(!r, hash::crc32c_sw(data));
+        }
+        // Every unit gives every group's hash the same value.
+        let key = Key::from_bytes(b"0123456789abcdefghijklmnopqrstuvwxyz0123");
+        for l in 0..=KEY_BITS {
+            let want = crc_prefix(ByteCrc, key.raw(), l);
+            assert_eq!(crc_prefix(SoftCrc, key.raw(), l), want);
+            if let Some(c) = Sse42::detect() {
+                assert_eq!(crc_prefix(c, key.raw(), l), want);
+            }
+            // The hash of a prefix is that of its match (bits past `l` cleared).
+            let m = Match::prefix(&key, l);
+            assert_eq!(crc_prefix(ByteCrc, m.as_key().raw(), l), want);
         }
         let mut hw = Mvt::<u32>::with_options(32, 16, 16, Hasher::Hardware);
         let mut sw = Mvt::<u32>::with_options(32, 16, 16, Hasher::Software);

@@ -3,6 +3,7 @@
 
 use flowstate_mvt::trie::BinaryTrie;
 use flowstate_mvt::{Entry, Hasher, Key, Match, Mvt, NEVER};
+use prefix_trie::PrefixMap;
 use proptest::prelude::*;
 use std::net::Ipv4Addr;
 
@@ -59,6 +60,31 @@ fn unique(rules: Vec<(u32, u8)>) -> Vec<(Match, u32)> {
     out
 }
 
+/// One step of `classes_follow_a_model`: insert a match, remove, rematch or invalidate the
+/// `n`-th live entry.
+#[derive(Debug, Clone)]
+enum Op {
+    Insert(u8, u8),
+    Remove(usize),
+    Rematch(usize, u8, u8),
+    Invalidate(usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    // Few distinct matches over 8-bit keys, so that equal matches pile up in classes (as a
+    // pool of `*` entries does) and rows are shared.
+    let mt = (
+        prop_oneof![Just(0u8), Just(0x40), Just(0x48), Just(0xc0)],
+        prop_oneof![Just(0u8), Just(2), Just(4), Just(8)],
+    );
+    prop_oneof![
+        3 => mt.clone().prop_map(|(a, l)| Op::Insert(a, l)),
+        1 => any::<usize>().prop_map(Op::Remove),
+        2 => (any::<usize>(), mt).prop_map(|(i, (a, l))| Op::Rematch(i, a, l)),
+        1 => any::<usize>().prop_map(Op::Invalidate),
+    ]
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
 
@@ -103,6 +129,53 @@ proptest! {
         kept.sort_by_key(|r| r.1);
         for k in &ks {
             prop_assert_eq!(value(&mut t, k), naive(&kept, k));
+        }
+    }
+
+    /// Equal matches stay first-in first-out through inserts, removals, rematches (to the end
+    /// of the new class), invalidation and table growth; lookups and `find` agree with a model
+    /// that keeps every entry in a list.
+    #[test]
+    fn classes_follow_a_model(ops in prop::collection::vec(op(), 1..120)) {
+        let mk = |a: u8, l: u8| Match::prefix(&Key::from_bytes(&[a]), u16::from(l));
+        let mut t: Mvt<u32> = Mvt::with_options(8, 1, 8, Hasher::Hardware);
+        // (handle, match, value, valid), in the order of the last insert or rematch.
+        let mut model: Vec<(flowstate_mvt::EntryId, Match, u32, bool)> = Vec::new();
+        for (n, op) in ops.into_iter().enumerate() {
+            let n = n as u32;
+            match op {
+                Op::Insert(a, l) => {
+                    let id = t.insert(Entry::new(mk(a, l), n, 0, NEVER, 0)).unwrap();
+                    model.push((id, mk(a, l), n, true));
+                }
+                Op::Remove(i) if !model.is_empty() => {
+                    let (id, ..) = model.remove(i % model.len());
+                    prop_assert!(t.remove(id).is_some());
+                }
+                Op::Rematch(i, a, l) if !model.is_empty() => {
+                    let mut e = model.remove(i % model.len());
+                    t.rematch(e.0, mk(a, l)).unwrap();
+                    e.1 = mk(a, l);
+                    model.push(e);
+                }
+                Op::Invalidate(i) if !model.is_empty() => {
+                    let i = i % model.len();
+                    t.invalidate(model[i].0);
+                    model[i].3 = false;
+                }
+                _ => {}
+            }
+            let live: Vec<(Match, u32)> =
+                model.iter().filter(|e| e.3).map(|e| (e.1, e.2)).collect();
+            for a in [0u8, 0x41, 0x49, 0xc3, 0xff] {
+                let k = Key::from_bytes(&[a]);
+                prop_assert_eq!(value(&mut t, &k), naive(&live, &k), "key {:02x}", a);
+            }
+            for (a, l) in [(0u8, 0u8), (0x40, 2), (0x40, 4), (0x48, 8), (0xc0, 2), (0, 8)] {
+                let want = live.iter().find(|e| e.0 == mk(a, l)).map(|e| e.1);
+                prop_assert_eq!(t.find(&mk(a, l)).and_then(|id| t.get(id).copied()), want);
+            }
+            prop_assert_eq!(t.len(), model.len());
         }
     }
 
@@ -214,9 +287,12 @@ fn real_prefix_set_agrees_with_trie_and_naive() {
     assert!(rules.len() > 300_000, "{} prefixes", rules.len());
     let mut t = Mvt::with_capacity(32, rules.len());
     let mut trie = BinaryTrie::new();
+    let mut lpm = PrefixMap::<(u32, u8), u32>::new();
     for (r, v) in &rules {
         t.insert(Entry::new(*r, *v, 0, NEVER, 0)).unwrap();
         trie.insert(r, *v);
+        let (a, l) = r.to_v4().unwrap();
+        lpm.insert((u32::from(a), l), *v);
     }
     // Keys: random addresses, plus addresses inside (and just past) the prefixes.
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
@@ -244,6 +320,12 @@ fn real_prefix_set_agrees_with_trie_and_naive() {
         let want = trie.lookup(&k);
         matched += usize::from(want.is_some());
         assert_eq!(value(&mut t, &k), want, "{}", Ipv4Addr::from(a));
+        assert_eq!(
+            crate_lpm(&lpm, a),
+            want,
+            "prefix-trie, {}",
+            Ipv4Addr::from(a)
+        );
     }
     assert!(matched > keys.len() / 2);
     // The trie itself against a linear scan, on a sample.
@@ -251,4 +333,71 @@ fn real_prefix_set_agrees_with_trie_and_naive() {
         let k = Key::v4_u32(a);
         assert_eq!(trie.lookup(&k), naive(&rules, &k), "{}", Ipv4Addr::from(a));
     }
+}
+
+/// `prefix-trie`'s longest-prefix match of address `a` (an independent, maintained LPM).
+fn crate_lpm(lpm: &PrefixMap<(u32, u8), u32>, a: u32) -> Option<u32> {
+    lpm.get_lpm(&(a, 32)).map(|(_, v)| *v)
+}
+
+/// A random prefix set of every length 0–32 (runs where the real set is absent, as on CI):
+/// the MVT, with and without its state cache, agrees with `prefix-trie` and with our trie on
+/// random addresses and on addresses inside the prefixes.
+#[test]
+fn random_prefix_set_agrees_with_prefix_trie_crate() {
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x as u32
+    };
+    let mut rules: Vec<(Match, u32)> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for i in 0..30_000u32 {
+        // Lengths skewed to /16–/24 as in routing tables, every length present; addresses
+        // from a few /6s so that prefixes nest.
+        let l = match next() % 4 {
+            0 => (next() % 33) as u8,
+            _ => 16 + (next() % 9) as u8,
+        };
+        let a = (next() & 0x0fff_ffff) | ((next() % 3) << 28);
+        let r = m(a, l);
+        if seen.insert(r) {
+            rules.push((r, i));
+        }
+    }
+    let mut cached = Mvt::with_options(32, 16, 1 << 12, Hasher::Hardware);
+    let mut uncached = Mvt::with_options(32, 16, 0, Hasher::Software);
+    let mut trie = BinaryTrie::new();
+    let mut lpm = PrefixMap::<(u32, u8), u32>::new();
+    for (r, v) in &rules {
+        cached.insert(Entry::new(*r, *v, 0, NEVER, 0)).unwrap();
+        uncached.insert(Entry::new(*r, *v, 0, NEVER, 0)).unwrap();
+        trie.insert(r, *v);
+        let (a, l) = r.to_v4().unwrap();
+        lpm.insert((u32::from(a), l), *v);
+    }
+    let mut matched = 0;
+    for i in 0..100_000 {
+        let a = if i % 2 == 0 {
+            next() & 0x3fff_ffff
+        } else {
+            let (r, _) = rules[next() as usize % rules.len()];
+            let (a, l) = r.to_v4().unwrap();
+            u32::from(a) | (next() & u32::MAX.checked_shr(u32::from(l)).unwrap_or(0))
+        };
+        let k = Key::v4_u32(a);
+        let want = crate_lpm(&lpm, a);
+        matched += usize::from(want.is_some());
+        assert_eq!(trie.lookup(&k), want, "trie, {}", Ipv4Addr::from(a));
+        assert_eq!(
+            value(&mut cached, &k),
+            want,
+            "cached, {}",
+            Ipv4Addr::from(a)
+        );
+        assert_eq!(value(&mut uncached, &k), want, "{}", Ipv4Addr::from(a));
+    }
+    assert!(matched > 50_000, "{matched}");
 }

@@ -2,7 +2,10 @@
 //! HashMVT §III-C for O(1) matching) and the Toeplitz hash of receive-side scaling (RSS).
 //!
 //! [`crc32c`] uses the SSE4.2 instruction when the CPU has it (detected at run time) and a
-//! table-driven software fallback otherwise; both give identical results (tested).
+//! table-driven software fallback otherwise; both give identical results (tested). For short
+//! keys hashed in a loop, [`Crc32cSteps`] gives fixed-width steps (1, 4, 8 bytes): [`Sse42`]
+//! (a value proving the CPU has the instruction, detected once, so no step checks again;
+//! inlined as one instruction into code compiled for SSE4.2) and [`SoftCrc`] (slicing tables).
 //! [`Toeplitz::symmetric`] uses the repeated-`0x6d5a` key, with which a flow's two directions
 //! hash alike (Woo & Park, "Scalable TCP Session Monitoring with Symmetric Receive-side
 //! Scaling", 2012), so both directions of a flow reach the same worker.
@@ -61,9 +64,11 @@ pub fn crc32c_append(crc: u32, data: &[u8]) -> u32 {
 }
 
 /// Whether [`crc32c`] runs on the CPU's CRC32C instruction.
+#[inline]
 pub fn crc32c_hw_available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
+        // std caches the CPUID answer: this is one load after the first call.
         std::arch::is_x86_feature_detected!("sse4.2")
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -114,6 +119,25 @@ fn crc32c_sw_append(crc: u32, data: &[u8]) -> u32 {
 mod hw {
     use std::arch::x86_64::{_mm_crc32_u16, _mm_crc32_u32, _mm_crc32_u64, _mm_crc32_u8};
 
+    // One instruction each; `inline` so that SSE4.2 callers get the instruction itself.
+    #[inline]
+    #[target_feature(enable = "sse4.2")]
+    pub(super) unsafe fn u8(crc: u32, v: u8) -> u32 {
+        _mm_crc32_u8(crc, v)
+    }
+
+    #[inline]
+    #[target_feature(enable = "sse4.2")]
+    pub(super) unsafe fn u32(crc: u32, v: u32) -> u32 {
+        _mm_crc32_u32(crc, v)
+    }
+
+    #[inline]
+    #[target_feature(enable = "sse4.2")]
+    pub(super) unsafe fn u64(crc: u32, v: u64) -> u32 {
+        _mm_crc32_u64(u64::from(crc), v) as u32
+    }
+
     // `inline`: callers compiled with SSE4.2 (HashMVT's probe loop) get the instructions
     // inlined instead of a call per hash.
     #[inline]
@@ -140,6 +164,104 @@ mod hw {
             c = _mm_crc32_u8(c, *a);
         }
         !c
+    }
+}
+
+/// Fixed-width CRC32C steps on the raw register (no initial or final inversion: the caller
+/// seeds and finishes), for hashing of short keys in a loop (HashMVT §III-C hashes one address
+/// at several prefix lengths per lookup).
+///
+/// Two implementations give identical values (tested): [`Sse42`], the CPU's `crc32`
+/// instruction, whose value proves the CPU has it (made once by [`Sse42::detect`], so no call
+/// checks the CPU again); and [`SoftCrc`], table-driven (slicing-by-4/8). The steps are
+/// `#[inline]`; [`Sse42`]'s inline as single instructions into code compiled with SSE4.2
+/// (a `#[target_feature(enable = "sse4.2")]` function, or a build for such a CPU).
+pub trait Crc32cSteps: Copy {
+    /// Advances `crc` over one byte.
+    fn step_u8(self, crc: u32, v: u8) -> u32;
+    /// Advances `crc` over four bytes, `v` read little-endian (the instruction's order).
+    fn step_u32(self, crc: u32, v: u32) -> u32;
+    /// Advances `crc` over eight bytes, `v` read little-endian.
+    fn step_u64(self, crc: u32, v: u64) -> u32;
+}
+
+/// The CPU's CRC32C instruction (SSE4.2). A value exists only on a CPU that has it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sse42(());
+
+impl Sse42 {
+    /// `Some` when the CPU has SSE4.2 (detected once per process, then a load).
+    #[inline]
+    pub fn detect() -> Option<Sse42> {
+        crc32c_hw_available().then_some(Sse42(()))
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Crc32cSteps for Sse42 {
+    #[inline]
+    fn step_u8(self, crc: u32, v: u8) -> u32 {
+        // SAFETY: a `Sse42` exists only when the CPU has SSE4.2 (`Sse42::detect`).
+        unsafe { hw::u8(crc, v) }
+    }
+    #[inline]
+    fn step_u32(self, crc: u32, v: u32) -> u32 {
+        // SAFETY: as above.
+        unsafe { hw::u32(crc, v) }
+    }
+    #[inline]
+    fn step_u64(self, crc: u32, v: u64) -> u32 {
+        // SAFETY: as above.
+        unsafe { hw::u64(crc, v) }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+impl Crc32cSteps for Sse42 {
+    // Never constructed off x86_64 (`detect` gives `None`); the software steps keep it total.
+    #[inline]
+    fn step_u8(self, crc: u32, v: u8) -> u32 {
+        SoftCrc.step_u8(crc, v)
+    }
+    #[inline]
+    fn step_u32(self, crc: u32, v: u32) -> u32 {
+        SoftCrc.step_u32(crc, v)
+    }
+    #[inline]
+    fn step_u64(self, crc: u32, v: u64) -> u32 {
+        SoftCrc.step_u64(crc, v)
+    }
+}
+
+/// Table-driven CRC32C steps (slicing-by-4 and -8 over [`crc32c_sw`]'s tables), any CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SoftCrc;
+
+impl Crc32cSteps for SoftCrc {
+    #[inline]
+    fn step_u8(self, crc: u32, v: u8) -> u32 {
+        (crc >> 8) ^ TABLES[0][((crc ^ u32::from(v)) & 0xff) as usize]
+    }
+    #[inline]
+    fn step_u32(self, crc: u32, v: u32) -> u32 {
+        let x = crc ^ v;
+        TABLES[3][(x & 0xff) as usize]
+            ^ TABLES[2][((x >> 8) & 0xff) as usize]
+            ^ TABLES[1][((x >> 16) & 0xff) as usize]
+            ^ TABLES[0][(x >> 24) as usize]
+    }
+    #[inline]
+    fn step_u64(self, crc: u32, v: u64) -> u32 {
+        let lo = crc ^ v as u32;
+        let hi = (v >> 32) as u32;
+        TABLES[7][(lo & 0xff) as usize]
+            ^ TABLES[6][((lo >> 8) & 0xff) as usize]
+            ^ TABLES[5][((lo >> 16) & 0xff) as usize]
+            ^ TABLES[4][(lo >> 24) as usize]
+            ^ TABLES[3][(hi & 0xff) as usize]
+            ^ TABLES[2][((hi >> 8) & 0xff) as usize]
+            ^ TABLES[1][((hi >> 16) & 0xff) as usize]
+            ^ TABLES[0][(hi >> 24) as usize]
     }
 }
 
@@ -320,7 +442,28 @@ mod tests {
             .prop_map(|((s, d), sp, dp, p)| FlowKey::new(s, d, sp, dp, p))
     }
 
+    /// The fixed-width steps of `c` agree with the byte-slice CRC of the same bytes.
+    fn steps_agree<C: Crc32cSteps + std::fmt::Debug>(c: C, data: &[u8; 15]) {
+        let want = crc32c_sw(data);
+        let w8 = u64::from_le_bytes(data[..8].try_into().unwrap());
+        let w4 = u32::from_le_bytes(data[8..12].try_into().unwrap());
+        let mut r = c.step_u64(!0, w8);
+        r = c.step_u32(r, w4);
+        for &b in &data[12..] {
+            r = c.step_u8(r, b);
+        }
+        assert_eq!(!r, want, "{c:?}");
+    }
+
     proptest! {
+        #[test]
+        fn fixed_width_steps_equal_bytewise(data in any::<[u8; 15]>()) {
+            steps_agree(SoftCrc, &data);
+            if let Some(hw) = Sse42::detect() {
+                steps_agree(hw, &data);
+            }
+        }
+
         #[test]
         fn crc32c_hw_equals_sw(data in proptest::collection::vec(any::<u8>(), 0..300), split in 0usize..300) {
             let sw = crc32c_sw(&data);

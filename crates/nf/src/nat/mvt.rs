@@ -35,9 +35,10 @@
 //! owns (ports split among workers by [`super::port_owner`], so the instance's table is
 //! *sharded* across workers and no pool is shared). Allocation takes the first free entry of
 //! the paired address and changes its matching field to the inside endpoint ("set"), and a
-//! session creates its reverse entry with the same timestamp and timeout. Packets renew both
-//! ("renew"). When a session's time comes it is timed out ("timeout") and removed with its
-//! reverse entry; when a resource's last session goes, its matching field returns to the pool
+//! session creates its reverse entry with the same timestamp and timeout. Packets renew the
+//! session ("renew"); its reverse entry takes the session's time when the session's timer
+//! fires and finds it renewed (lazily, as the default NAT renews its reverse entries). When a
+//! session's time comes it is timed out ("timeout") and removed with its reverse entry; when a resource's last session goes, its matching field returns to the pool
 //! match, at the end of the pool. Timers fire in deadline order (ties by 5-tuple), as the state
 //! API's do, so ports come back in the same order as in the default NAT.
 //!
@@ -53,7 +54,9 @@ use super::{
 };
 use crate::listing::{Cell, Row, TableInfo};
 use crate::{BuildError, Direction, NetworkFunction, NfFactory, WorkerInfo};
-use flowstate_mvt::{Entry, EntryId, Hasher, Key, Match, Mvt, KEY_BITS, NEVER};
+use flowstate_mvt::{
+    Entry, EntryHint, EntryId, FindHint, Hasher, Key, Match, Mvt, KEY_BITS, NEVER,
+};
 use flowstate_state::{Declare, Nanos};
 use flowstate_wire::flow::FLOW_KEY_MAX_BYTES;
 use flowstate_wire::{hash, tcp, FlowKey};
@@ -242,7 +245,18 @@ pub struct MvtTable {
     sessions: usize,
     mappings: usize,
     free: usize,
+    /// The prefetch pipeline over a batch: rows hinted, then entries prefetched, by turn.
+    hints: [Option<FindHint>; PIPE],
+    prefetched: [Option<EntryHint>; PIPE],
+    turn: usize,
 }
+
+/// Depth of the prefetch pipeline, and how many prefetches later a step follows the last:
+/// a row hinted at packet `j` is read at `j + LAG` (to prefetch its first entry) and that
+/// entry at `j + 2·LAG` (to prefetch the session of a reverse entry), so the batch's misses
+/// overlap instead of following one another.
+const PIPE: usize = 8;
+const LAG: usize = 4;
 
 impl fmt::Debug for MvtTable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -282,19 +296,25 @@ impl MvtTable {
             timers: BinaryHeap::with_capacity(share),
             sessions: 0,
             mappings: 0,
+            hints: [None; PIPE],
+            prefetched: [None; PIPE],
+            turn: 0,
         })
     }
 
-    /// "renew" of a session and its reverse entry with one timeout; arms the session's timer
-    /// (one timer node per session, re-armed lazily, like the state API's TTLs).
-    fn renew(&mut self, out: EntryId, key: &FlowKey, ttl: Duration, now: Nanos) {
+    /// "renew" of a session with one timeout; arms the session's timer (one timer node per
+    /// session, re-armed lazily, like the state API's TTLs). The reverse entry gets the same
+    /// timestamp and timeout when the session is made (`both`) and, after that, when the
+    /// session's timer fires and finds it renewed: as the default NAT does, so that a packet
+    /// costs one entry, not two (nothing reads the reverse entry's time in between).
+    fn renew(&mut self, out: EntryId, key: &FlowKey, ttl: Duration, now: Nanos, both: bool) {
         let ttl = ttl.as_nanos().min(u128::from(u64::MAX)) as u64;
         let deadline = now.saturating_add(ttl).max(1);
-        let rev = match self.table.get(out) {
-            Some(NatValue::Out { rev, .. }) => *rev,
-            _ => return,
-        };
-        let _ = self.table.renew(rev, now, deadline - now);
+        if both {
+            if let Some(NatValue::Out { rev, .. }) = self.table.get(out).copied() {
+                let _ = self.table.renew(rev, now, deadline - now);
+            }
+        }
         let _ = self.table.renew(out, now, deadline - now);
         if let Some(e) = self.table.entry_mut(out) {
             if e.aux == 0 || deadline < e.aux {
@@ -302,6 +322,33 @@ impl MvtTable {
                 self.timers.push(Reverse((deadline, *key, out)));
             }
         }
+    }
+
+    /// One turn of the prefetch pipeline: the row hinted `LAG` turns ago has arrived, so its
+    /// first entry is prefetched; the entry prefetched `LAG` turns ago has arrived, so its
+    /// partner is. `hint` (a new row) enters; the finds of a batch turn it on with none, so
+    /// that the batch's last packets get their steps too.
+    #[inline]
+    fn advance(&mut self, hint: Option<FindHint>) {
+        let (now, back) = (self.turn % PIPE, (self.turn + PIPE - LAG) % PIPE);
+        self.turn = self.turn.wrapping_add(1);
+        let earlier = self.hints[back].and_then(|h| self.table.prefetch_entry(h));
+        self.hints[back] = None;
+        self.hints[now] = hint;
+        // Only a reverse entry leads on (to its session); a session's packet touches nothing
+        // else.
+        let partner = match self.prefetched[back].and_then(|h| self.table.hinted_entry(h)) {
+            Some(Entry {
+                value: NatValue::In { out, .. },
+                ..
+            }) => Some(*out),
+            _ => None,
+        };
+        self.prefetched[back] = None;
+        if let Some(p) = partner {
+            self.table.prefetch_id(p);
+        }
+        self.prefetched[now] = earlier;
     }
 
     fn lookup(&self, tag: u8, key: &FlowKey) -> Option<NatValue> {
@@ -388,9 +435,9 @@ impl NatTable for MvtTable {
             Direction::Outbound => OUT,
             Direction::Inbound => IN,
         };
-        self.table.prefetch_find(&flow_match(tag, flow));
+        let hint = self.table.prefetch_find(&flow_match(tag, flow));
+        self.advance(Some(hint));
     }
-
     fn find_out(
         &mut self,
         flow: &FlowKey,
@@ -398,6 +445,7 @@ impl NatTable for MvtTable {
         timeouts: &Timeouts,
         now: Nanos,
     ) -> Result<Option<(Ipv4Addr, u16)>, u8> {
+        self.advance(None);
         let Some(id) = self.table.find(&flow_match(OUT, flow)) else {
             return Ok(None);
         };
@@ -418,7 +466,7 @@ impl NatTable for MvtTable {
             *tcp = tcp_step(*tcp, f, Direction::Outbound);
         }
         let (ip, port, tcp) = (*ext_ip, *ext_port, *tcp);
-        self.renew(id, flow, timeouts.of(flow.proto, tcp), now);
+        self.renew(id, flow, timeouts.of(flow.proto, tcp), now, false);
         Ok(Some((ip, port)))
     }
 
@@ -520,7 +568,7 @@ impl NatTable for MvtTable {
             *out = id;
         }
         self.sessions += 1;
-        self.renew(id, flow, timeouts.of(flow.proto, tcp), now);
+        self.renew(id, flow, timeouts.of(flow.proto, tcp), now, true);
         Ok((ext_ip, ext_port))
     }
 
@@ -529,6 +577,7 @@ impl NatTable for MvtTable {
         flow: &FlowKey,
         flags: Option<tcp::Flags>,
     ) -> Result<Option<Found<EntryId>>, u8> {
+        self.advance(None);
         let Some(rid) = self.table.find(&flow_match(IN, flow)) else {
             return Ok(None);
         };
@@ -561,7 +610,7 @@ impl NatTable for MvtTable {
             inside_ip: found.inside_ip,
             inside_port: found.inside_port,
         };
-        self.renew(found.session, &out_key(flow, &s), ttl, now);
+        self.renew(found.session, &out_key(flow, &s), ttl, now, false);
     }
 
     fn peek_out(&self, flow: &FlowKey) -> Result<Option<(Ipv4Addr, u16)>, u8> {
@@ -616,9 +665,18 @@ impl NatTable for MvtTable {
             let deadline = e.deadline();
             if deadline != at {
                 // Renewed: wait for the new time (which may have come too: a session ends at
-                // its own deadline's turn, so sessions end in deadline order).
+                // its own deadline's turn, so sessions end in deadline order). Its reverse
+                // entry takes the session's time now, as the default NAT's does.
                 e.aux = deadline;
+                let (ts, timeout) = (e.timestamp, e.timeout);
+                let rev = match e.value {
+                    NatValue::Out { rev, .. } => Some(rev),
+                    _ => None,
+                };
                 self.timers.push(Reverse((deadline, key, id)));
+                if let Some(rev) = rev {
+                    let _ = self.table.renew(rev, ts, timeout);
+                }
                 continue;
             }
             self.release(id, &key);
