@@ -395,8 +395,9 @@ impl Reassembler {
             let isn_next = seg.seq.wrapping_add(1);
             match s.phase {
                 Phase::Unsynced => s.open_at(isn_next),
-                // The ended stream's own SYN again (a duplicate): nothing to do.
-                Phase::Closed(_) if s.is_own_syn(seg.seq) => {}
+                // The ended stream's own SYN again (a duplicate): nothing to do, its data
+                // included (it was the ended stream's).
+                Phase::Closed(_) if s.is_own_syn(seg.seq) => return false,
                 Phase::Closed(_) => {
                     // A new connection on the same 5-tuple (RFC 793 §3.5, TIME-WAIT reuse).
                     self.forget(s);
