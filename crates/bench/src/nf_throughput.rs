@@ -432,35 +432,35 @@ fn run_passes(
             for (slot, f) in batch.iter_mut().zip(chunk) {
                 *slot = *f;
             }
-            // As the chain runtime does: dissect the whole batch, let every NF prefetch the
-            // state of every packet, then process them, so the batch's misses overlap.
+            // As the chain runtime does: dissect the whole batch, then run it NF by NF (the
+            // batch's flows are distinct, one segment): each NF prefetches the state of every
+            // packet still going, as the NF before it left the packet, then processes them, so
+            // the batch's misses overlap at every NF.
             let n = chunk.len();
             for (slot, d) in batch.iter().zip(dissections.iter_mut()).take(n) {
                 *d = dissect(slot).ok();
             }
-            for (slot, d) in batch.iter_mut().zip(&dissections).take(n) {
-                let Some(dissection) = *d else { continue };
-                let pkt = Packet {
-                    data: slot,
-                    dissection,
-                    direction: Direction::Outbound,
-                };
-                nfs.iter_mut().for_each(|nf| nf.prefetch(&pkt));
-            }
-            for (slot, d) in batch.iter_mut().zip(&dissections).take(n) {
-                let Some(dissection) = *d else { continue };
-                let mut pkt = Packet {
-                    data: slot,
-                    dissection,
-                    direction: Direction::Outbound,
-                };
-                if nfs
-                    .iter_mut()
-                    .all(|nf| nf.process(&mut pkt, &cx) == Verdict::Forward)
-                {
-                    forwarded += 1;
+            for nf in nfs.iter_mut() {
+                for (slot, d) in batch.iter_mut().zip(&dissections).take(n) {
+                    let Some(dissection) = *d else { continue };
+                    nf.prefetch(&Packet {
+                        data: slot,
+                        dissection,
+                        direction: Direction::Outbound,
+                    });
+                }
+                for (slot, d) in batch.iter_mut().zip(dissections.iter_mut()).take(n) {
+                    let Some(dissection) = *d else { continue };
+                    let mut pkt = Packet {
+                        data: slot,
+                        dissection,
+                        direction: Direction::Outbound,
+                    };
+                    // A dropped packet goes no further (no NF sees it after).
+                    *d = (nf.process(&mut pkt, &cx) == Verdict::Forward).then_some(pkt.dissection);
                 }
             }
+            forwarded += dissections.iter().take(n).filter(|d| d.is_some()).count();
             for nf in nfs.iter_mut() {
                 nf.on_tick(cx.now);
             }

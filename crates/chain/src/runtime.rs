@@ -9,8 +9,10 @@
 //!           steer by symmetric hash                   |
 //!             | bounded queue per worker              |
 //!             v                                       v
-//!           worker k: prefetch pass, chain per packet (reverse order when Inbound),
-//!                     reflect, on_tick + maybe_flush once per batch
+//!           worker k: the batch in segments (one direction, distinct flows), each run NF
+//!                     by NF (every NF prefetches, then processes, the segment; reverse
+//!                     order when Inbound), then its reflected answers the same way;
+//!                     on_tick + maybe_flush once per batch
 //!             | one bounded queue, FIFO per worker
 //!             v
 //!           output: forwarded packets (and replies) -> Sink; or discarded
@@ -645,6 +647,8 @@ impl Runtime {
             reflected: 0,
             out: 0,
             busy: Duration::ZERO,
+            items: Vec::new(),
+            answers: Vec::new(),
         };
         let mut batches = BatchTimes {
             worker: index,
@@ -1120,36 +1124,109 @@ struct Worker {
     reflected: u64,
     out: u64,
     busy: Duration,
+    /// The packets of the segment being run, and their answers (kept: no allocation per batch).
+    items: Vec<Item>,
+    answers: Vec<Item>,
 }
 
-/// Runs `pkt` through the chain: in order when Outbound, last NF first when Inbound.
-/// Returns whether every NF forwarded it.
-#[inline]
-fn run_chain(
+/// A packet of a batch on its way through the chain NF by NF.
+#[derive(Debug, Clone, Copy)]
+struct Item {
+    /// Its index in its batch.
+    index: usize,
+    /// Its dissection as the NFs before left it.
+    dissection: Dissection,
+    /// The runtime's time when it came.
+    now: Nanos,
+    /// Every NF so far forwarded it.
+    alive: bool,
+    /// For a reflected answer: the index of the packet it answers.
+    answers: usize,
+}
+
+/// 6 bits of `f` that are the same in both directions (a filter: flows that differ may share
+/// them).
+fn flow_bits(f: &flowstate_wire::FlowKey) -> u32 {
+    let fold = |a: std::net::IpAddr| match a {
+        std::net::IpAddr::V4(v) => u64::from(u32::from(v)),
+        std::net::IpAddr::V6(v) => {
+            let x = u128::from(v);
+            (x as u64) ^ ((x >> 64) as u64)
+        }
+    };
+    let x = fold(f.src)
+        ^ fold(f.dst)
+        ^ (u64::from(f.src_port ^ f.dst_port) << 32)
+        ^ (u64::from(f.proto) << 48);
+    (x.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 58) as u32
+}
+
+/// Runs `items` of `batch`, all going `direction`, through the chain NF by NF (in order when
+/// Outbound, last NF first when Inbound): each NF prefetches the state of every packet still
+/// going, as the NFs before it left the packet, then processes them in order. Items an NF
+/// drops stop there (`alive` false).
+fn run_stages(
     nfs: &mut [Box<dyn NetworkFunction>],
     counters: &mut [NfCounters],
-    pkt: &mut Packet<'_>,
-    cx: &Context,
-) -> bool {
+    worker: u32,
+    batch: &mut PacketBatch,
+    items: &mut [Item],
+    direction: Direction,
+) {
     let n = nfs.len();
-    let outbound = pkt.direction == Direction::Outbound;
     for k in 0..n {
-        let i = if outbound { k } else { n - 1 - k };
-        let c = &mut counters[i];
-        c.packets_in += 1;
-        match nfs[i].process(pkt, cx) {
-            Verdict::Forward => c.forwarded += 1,
-            Verdict::Drop(reason) => {
-                c.drop(reason);
-                return false;
+        let j = if direction == Direction::Outbound {
+            k
+        } else {
+            n - 1 - k
+        };
+        for it in items.iter().filter(|it| it.alive) {
+            if let Some((data, _)) = batch.get_mut(it.index) {
+                nfs[j].prefetch(&Packet {
+                    data,
+                    dissection: it.dissection,
+                    direction,
+                });
+            }
+        }
+        let c = &mut counters[j];
+        for it in items.iter_mut().filter(|it| it.alive) {
+            let Some((data, _)) = batch.get_mut(it.index) else {
+                it.alive = false;
+                continue;
+            };
+            let cx = Context {
+                now: it.now,
+                clock: 0,
+                worker,
+            };
+            let mut pkt = Packet {
+                data,
+                dissection: it.dissection,
+                direction,
+            };
+            c.packets_in += 1;
+            match nfs[j].process(&mut pkt, &cx) {
+                Verdict::Forward => {
+                    c.forwarded += 1;
+                    it.dissection = pkt.dissection;
+                }
+                Verdict::Drop(reason) => {
+                    c.drop(reason);
+                    it.alive = false;
+                }
             }
         }
     }
-    true
 }
 
 impl Worker {
-    /// Processes one batch to completion.
+    /// Processes one batch to completion, in segments run NF by NF (issue #22: each NF
+    /// prefetches a segment's state after the NF before it rewrote the packets, so an LB
+    /// after a NAT loads the entries it will look up). A segment is a run of packets of one
+    /// direction and of distinct flows, so every NF sees the packets of each flow, and each
+    /// flow's packets before and after translation, in the order they came; the reflected
+    /// answers of a segment's packets run right after it, before any later packet.
     fn process(&mut self, work: &mut WorkBatch) {
         let WorkBatch {
             packets,
@@ -1159,76 +1236,96 @@ impl Worker {
         } = work;
         replies.clear();
         let n = packets.len().min(slots.len());
-
-        // Prefetch pass: every NF of the packet's path gets a hint. NFs after the first see
-        // the headers as they arrived, before earlier NFs rewrite them: a hint, not a promise.
-        for (i, slot) in slots.iter().enumerate().take(n) {
-            let (Some(d), Some((data, _))) = (slot.dissection, packets.get_mut(i)) else {
-                continue;
-            };
-            let pkt = Packet {
-                data,
-                dissection: d,
-                direction: slot.direction,
-            };
-            match slot.direction {
-                Direction::Outbound => self.nfs.iter_mut().for_each(|nf| nf.prefetch(&pkt)),
-                Direction::Inbound => self.nfs.iter_mut().rev().for_each(|nf| nf.prefetch(&pkt)),
+        let worker = self.index as u32;
+        let (mut items, mut answers) = (
+            std::mem::take(&mut self.items),
+            std::mem::take(&mut self.answers),
+        );
+        let mut start = 0;
+        while start < n {
+            items.clear();
+            let (mut direction, mut seen, mut end) = (None, 0u64, start);
+            while end < n {
+                let slot = &slots[end];
+                if let Some(d) = slot.dissection {
+                    let bit = d.flow.map_or(0, |f| 1u64 << flow_bits(&f));
+                    if direction.is_some_and(|dir| dir != slot.direction) || seen & bit != 0 {
+                        break;
+                    }
+                    direction = Some(slot.direction);
+                    seen |= bit;
+                    let ts = packets.get(end).map_or(0, |(_, m)| m.timestamp_ns);
+                    self.now = self.now.max(ts);
+                    self.packets += 1;
+                    items.push(Item {
+                        index: end,
+                        dissection: d,
+                        now: self.now,
+                        alive: true,
+                        answers: end,
+                    });
+                }
+                end += 1;
             }
-        }
-
-        for (i, slot) in slots.iter_mut().enumerate().take(n) {
-            let (Some(d), Some((data, meta))) = (slot.dissection, packets.get_mut(i)) else {
-                continue;
-            };
-            self.packets += 1;
-            self.now = self.now.max(meta.timestamp_ns);
-            let cx = Context {
-                now: self.now,
-                clock: 0,
-                worker: self.index as u32,
-            };
-            let mut pkt = Packet {
-                data,
-                dissection: d,
-                direction: slot.direction,
-            };
-            if !run_chain(&mut self.nfs, &mut self.counters, &mut pkt, &cx) {
-                continue;
+            start = end;
+            let Some(direction) = direction else { continue };
+            run_stages(
+                &mut self.nfs,
+                &mut self.counters,
+                worker,
+                packets,
+                &mut items,
+                direction,
+            );
+            answers.clear();
+            for it in items.iter().filter(|it| it.alive) {
+                slots[it.index].forward = true;
+                self.out += 1;
+                if !(self.reflect && direction == Direction::Outbound) {
+                    continue;
+                }
+                let Some((request, meta)) = packets.get(it.index) else {
+                    continue;
+                };
+                let ts = meta.timestamp_ns;
+                let mut built = 0;
+                if !replies.push_with(|buf, m| {
+                    built = reflect(request, it.now, buf).unwrap_or(0);
+                    m.timestamp_ns = ts;
+                    m.wire_len = built as u32;
+                    built
+                }) || built == 0
+                {
+                    continue;
+                }
+                let r = replies.len() - 1;
+                let Some((rdata, _)) = replies.get_mut(r) else {
+                    continue;
+                };
+                let Ok(rd) = dissect(rdata) else { continue };
+                self.reflected += 1;
+                answers.push(Item {
+                    index: r,
+                    dissection: rd,
+                    now: it.now,
+                    alive: true,
+                    answers: it.index,
+                });
             }
-            slot.forward = true;
-            self.out += 1;
-            if !(self.reflect && slot.direction == Direction::Outbound) {
-                continue;
-            }
-            let request: &[u8] = pkt.data;
-            let ts = meta.timestamp_ns;
-            let mut built = 0;
-            if !replies.push_with(|buf, m| {
-                built = reflect(request, cx.now, buf).unwrap_or(0);
-                m.timestamp_ns = ts;
-                m.wire_len = built as u32;
-                built
-            }) || built == 0
-            {
-                continue;
-            }
-            let r = replies.len() - 1;
-            let Some((rdata, _)) = replies.get_mut(r) else {
-                continue;
-            };
-            let Ok(rd) = dissect(rdata) else { continue };
-            self.reflected += 1;
-            let mut reply = Packet {
-                data: rdata,
-                dissection: rd,
-                direction: Direction::Inbound,
-            };
-            if run_chain(&mut self.nfs, &mut self.counters, &mut reply, &cx) {
-                slot.reply = u16::try_from(r).ok();
+            run_stages(
+                &mut self.nfs,
+                &mut self.counters,
+                worker,
+                replies,
+                &mut answers,
+                Direction::Inbound,
+            );
+            for a in answers.iter().filter(|a| a.alive) {
+                slots[a.answers].reply = u16::try_from(a.index).ok();
                 self.out += 1;
             }
         }
+        (self.items, self.answers) = (items, answers);
 
         for nf in &mut self.nfs {
             nf.on_tick(self.now);

@@ -14,11 +14,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 /// What probes saw: for each canonical flow, the workers that processed it; and, in order,
-/// (probe name, direction) of every call.
+/// (probe name, direction, the packet's bytes) of every call.
 #[derive(Default)]
 pub struct Seen {
     pub workers: HashMap<FlowKey, Vec<u32>>,
-    pub log: Vec<(&'static str, Direction)>,
+    pub log: Vec<(&'static str, Direction, Vec<u8>)>,
 }
 
 /// A test NF: counts packets in a state counter, records which worker saw which flow, drops
@@ -107,7 +107,7 @@ impl NetworkFunction for ProbeNf {
                 }
             }
             if self.log {
-                seen.log.push((self.name, pkt.direction));
+                seen.log.push((self.name, pkt.direction, pkt.data.to_vec()));
             }
         }
         if pkt.dissection.network == Network::Ipv4 && pkt.data[pkt.dissection.l3_offset + 8] == 1 {
