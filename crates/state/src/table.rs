@@ -36,8 +36,7 @@ use std::hash::{BuildHasher, Hash};
 const MIN_SLOTS: usize = 8;
 
 /// Slots, from a key's home slot on, that [`FlowTable::prefetch`] loads and lookups compare
-/// first (at most
-/// [`MIN_SLOTS`]).
+/// first (at most [`MIN_SLOTS`]).
 const PREFETCH_SLOTS: usize = 2;
 
 /// A hash map from `K` to `V` whose lookups can be prefetched.
@@ -138,6 +137,8 @@ impl<K: Hash + Eq, V> FlowTable<K, V> {
                 None => return None,
             }
         }
+        // Those held other keys: the probe goes on after them.
+        i = (i + PREFETCH_SLOTS) & mask;
         loop {
             match self.tags[i] {
                 0 => return None,
