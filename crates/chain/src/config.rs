@@ -24,6 +24,9 @@
 //! reflect = false               # play the outside hosts (see `crate::reflect`)
 //! max_frame = 2048              # buffer per packet; longer frames are truncated
 //! nice = -10                    # workers' scheduling priority, -20 to 19 (default: inherited)
+//! fragment_timeout = "30s"      # IPv4 fragments (crate::fragments): how long a datagram is
+//! fragment_datagrams = 16384    # tracked, how many at once, and how many later fragments
+//! fragments_held = 256          # wait for their first one (each a max_frame buffer)
 //!
 //! [state]                       # optional
 //! backend = "local"             # local | store | redis | redis-cluster | cassandra
@@ -60,6 +63,7 @@
 //! spelled alike in every section ([`flowstate_config`]). Nothing in here panics on a user's
 //! file.
 
+use crate::fragments::FragmentLimits;
 use crate::steer::IpPrefix;
 use flowstate_io::synth::{Profile, SizeDist, SynthConfig};
 use flowstate_nf::NfFactory;
@@ -296,7 +300,15 @@ pub struct RuntimeSection {
     /// worker running (the kernel's own forwarding runs in softirq context, ahead of every
     /// process). Lowering it needs CAP_SYS_NICE.
     pub nice: Option<i32>,
+    /// Bounds of the IPv4 fragment tracker (`fragment_timeout`, `fragment_datagrams`,
+    /// `fragments_held`).
+    pub fragments: FragmentLimits,
 }
+
+/// Largest `[runtime] fragment_datagrams`.
+pub const MAX_FRAGMENT_DATAGRAMS: usize = 1 << 24;
+/// Largest `[runtime] fragments_held`.
+pub const MAX_FRAGMENTS_HELD: usize = 1 << 16;
 
 /// Default `[runtime] batch`.
 pub const DEFAULT_BATCH: usize = 32;
@@ -318,6 +330,7 @@ impl Default for RuntimeSection {
             reflect: false,
             max_frame: DEFAULT_MAX_FRAME,
             nice: None,
+            fragments: FragmentLimits::default(),
         }
     }
 }
@@ -539,6 +552,9 @@ struct RawRuntime {
     reflect: Option<bool>,
     max_frame: Option<i64>,
     nice: Option<i64>,
+    fragment_timeout: Option<toml::Value>,
+    fragment_datagrams: Option<i64>,
+    fragments_held: Option<i64>,
 }
 
 #[derive(Deserialize)]
@@ -949,6 +965,31 @@ fn runtime(r: &mut Report<'_>, raw: Option<RawRuntime>, live: bool) -> RuntimeSe
                 Ok(p) => runtime.inside.push(p),
                 Err(reason) => r.error(&format!("runtime.inside[{i}]"), reason),
             }
+        }
+    }
+    if let Some(d) = raw.fragment_timeout {
+        match flowstate_config::duration_value(&d) {
+            Ok(d) if !d.is_zero() => runtime.fragments.timeout = d,
+            Ok(_) => r.error("runtime.fragment_timeout", "expected more than zero"),
+            Err(reason) => r.error("runtime.fragment_timeout", reason),
+        }
+    }
+    if let Some(n) = raw.fragment_datagrams {
+        match in_range(n, 1, MAX_FRAGMENT_DATAGRAMS) {
+            Some(n) => runtime.fragments.datagrams = n,
+            None => r.error(
+                "runtime.fragment_datagrams",
+                format!("expected 1 to {MAX_FRAGMENT_DATAGRAMS}, got {n}"),
+            ),
+        }
+    }
+    if let Some(n) = raw.fragments_held {
+        match in_range(n, 1, MAX_FRAGMENTS_HELD) {
+            Some(n) => runtime.fragments.held = n,
+            None => r.error(
+                "runtime.fragments_held",
+                format!("expected 1 to {MAX_FRAGMENTS_HELD}, got {n}"),
+            ),
         }
     }
     runtime.reflect = raw.reflect.unwrap_or(false);

@@ -65,6 +65,7 @@
 //! ```
 
 pub mod config;
+pub mod fragments;
 #[cfg(target_os = "linux")]
 pub mod live;
 #[cfg(target_os = "linux")]

@@ -34,6 +34,7 @@
 //! run-to-completion mode (the kernel's sending work runs in the worker's calls); otherwise
 //! pinning would make workers and those threads fight over cores, and the OS places them.
 
+use crate::fragments::{Admit, FragmentCounts, FragmentLimits, FragmentTracker};
 use crate::observe::{BatchTimes, Observer, Published, RunView, StateCallTimes, PUBLISH_EVERY};
 use crate::reflect::reflect;
 use crate::steer::{IpPrefix, Steering};
@@ -44,6 +45,7 @@ use flowstate_nf::{
     BuildError, Context, Direction, NetworkFunction, NfFactory, Packet, Verdict, WorkerInfo,
 };
 use flowstate_state::{Connector, Nanos, Partition, StateConfig, StateError};
+use flowstate_wire::dissect::Fragment;
 use flowstate_wire::{dissect, Dissection};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -82,6 +84,9 @@ pub struct RuntimeOptions {
     pub retain_ops: usize,
     /// The worker threads' nice value (`None`: inherited).
     pub nice: Option<i32>,
+    /// Bounds of the fragment tracker ([`crate::fragments`]) of the dispatcher, or of each
+    /// worker that reads its own input.
+    pub fragments: FragmentLimits,
 }
 
 impl Default for RuntimeOptions {
@@ -100,6 +105,7 @@ impl Default for RuntimeOptions {
             queue_depth: StateConfig::default().queue_depth,
             retain_ops: StateConfig::default().retain_ops,
             nice: None,
+            fragments: FragmentLimits::default(),
         }
     }
 }
@@ -118,6 +124,7 @@ impl RuntimeOptions {
             flush_interval: c.state.flush_interval,
             retain_ops: c.state.retain_ops,
             nice: c.runtime.nice,
+            fragments: c.runtime.fragments,
             ..RuntimeOptions::default()
         }
     }
@@ -400,8 +407,10 @@ impl Runtime {
             let mut free_rxs = Vec::with_capacity(n);
             for w in 0..n {
                 let (tx, rx) = sync_channel(pool);
+                // A worker that reads its own input keeps room for released fragments.
+                let room = if dispatching { 0 } else { batch };
                 for _ in 0..pool {
-                    let _ = tx.send(WorkBatch::new(w, batch, o.max_frame, o.reflect));
+                    let _ = tx.send(WorkBatch::new(w, batch, room, o.max_frame, o.reflect));
                 }
                 free_txs.push(tx);
                 free_rxs.push(rx);
@@ -649,6 +658,7 @@ impl Runtime {
             busy: Duration::ZERO,
             items: Vec::new(),
             answers: Vec::new(),
+            fragments: FragmentTracker::new(o.fragments, o.max_frame),
         };
         let mut batches = BatchTimes {
             worker: index,
@@ -675,13 +685,19 @@ impl Runtime {
                     };
                     let Some(source) = source.as_mut() else { break };
                     b.reset();
-                    let got = source
-                        .recv(&mut b.packets)
-                        .map_err(|error| RunError::Generator {
-                            worker: index,
-                            error,
-                        })?;
-                    if got == 0 {
+                    // Released fragments left over go first, before more is read.
+                    let released = w.fragments.has_released();
+                    let got = if released {
+                        0
+                    } else {
+                        source
+                            .recv(&mut b.packets)
+                            .map_err(|error| RunError::Generator {
+                                worker: index,
+                                error,
+                            })?
+                    };
+                    if got == 0 && !released {
                         // Idle (a live port): an empty batch, so the NFs' timers run while no
                         // packet comes and a box frees its NAT ports and connections on time.
                         let Some(now) = source.idle_now() else { break };
@@ -689,7 +705,7 @@ impl Runtime {
                         b
                     } else {
                         w.counts.packets_in += got as u64;
-                        b.classify(steering, o.outbound_only, &mut w.counts);
+                        b.classify(steering, o.outbound_only, &mut w.counts, &mut w.fragments);
                         b
                     }
                 }
@@ -726,6 +742,7 @@ impl Runtime {
                 }
             }
         }
+        w.fragments.drop_held();
         let t0 = Instant::now();
         w.partition
             .flush_all(w.now)
@@ -848,6 +865,23 @@ pub(crate) fn summarize(
                 .or_default() += k;
         }
     }
+    let f = counts.fragments;
+    for (why, k) in crate::fragments::FragmentDrop::ALL.iter().zip(f.dropped) {
+        if k > 0 {
+            s.dropped.insert(format!("fragments.{}", why.name()), k);
+        }
+    }
+    if f.datagrams > 0 {
+        s.fragments = [
+            ("datagrams", f.datagrams),
+            ("tracked", f.tracked),
+            ("held", f.held),
+            ("released", f.released),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+    }
     s.packets_in = counts.packets_in;
     s.skipped = counts.skipped;
     s.malformed = counts
@@ -899,18 +933,25 @@ struct WorkBatch {
     /// The time now for an empty batch sent because the input was idle (the NFs' timers
     /// run to it); 0 otherwise.
     idle_now: u64,
+    /// Packets a read fills (`packets` may have more room, see [`WorkBatch::classify`]).
+    read: usize,
     packets: PacketBatch,
     slots: Vec<Slot>,
     replies: PacketBatch,
 }
 
 impl WorkBatch {
-    fn new(home: usize, batch: usize, max_frame: usize, reflect: bool) -> Self {
+    /// A batch that reads `batch` packets and has `room` more buffers for packets added
+    /// after the read.
+    fn new(home: usize, batch: usize, room: usize, max_frame: usize, reflect: bool) -> Self {
+        let mut packets = PacketBatch::new(batch + room, max_frame);
+        packets.set_capacity(batch);
         WorkBatch {
             home,
             idle_now: 0,
-            packets: PacketBatch::new(batch, max_frame),
-            slots: Vec::with_capacity(batch),
+            read: batch,
+            packets,
+            slots: Vec::with_capacity(batch + room),
             replies: if reflect {
                 PacketBatch::new(batch, max_frame)
             } else {
@@ -922,20 +963,32 @@ impl WorkBatch {
     fn reset(&mut self) {
         self.idle_now = 0;
         self.packets.clear();
+        self.packets.set_capacity(self.read);
         self.slots.clear();
         self.replies.clear();
     }
 
     /// Dissects and classifies every packet (generated mode: the worker does what the
-    /// dispatcher would).
-    fn classify(&mut self, steering: &Steering, outbound_only: bool, counts: &mut Counts) {
+    /// dispatcher would), tracks fragments with `fragments` (a held one is not processed
+    /// here), then appends the fragments released so far while there is room.
+    fn classify(
+        &mut self,
+        steering: &Steering,
+        outbound_only: bool,
+        counts: &mut Counts,
+        fragments: &mut FragmentTracker,
+    ) {
         self.slots.clear();
-        for (data, _) in self.packets.iter() {
+        for (data, meta) in self.packets.iter() {
             let slot = match dissect(data) {
-                Ok(d) => {
+                Ok(mut d) => {
                     let direction = steering.direction(&d);
                     if outbound_only && direction == Direction::Inbound {
                         counts.skipped += 1;
+                        Slot::skipped()
+                    } else if d.fragment != Fragment::None
+                        && fragments.admit(data, meta, &mut d) != Admit::Pass
+                    {
                         Slot::skipped()
                     } else {
                         Slot::new(d, direction)
@@ -947,6 +1000,19 @@ impl WorkBatch {
                 }
             };
             self.slots.push(slot);
+        }
+        if fragments.has_released() {
+            self.packets.set_capacity(usize::MAX);
+            while !self.packets.is_full() {
+                let (packets, slots) = (&mut self.packets, &mut self.slots);
+                let more = fragments.pop_released(|data, meta, d| {
+                    packets.push(data, *meta);
+                    slots.push(Slot::new(d, steering.direction(&d)));
+                });
+                if !more {
+                    break;
+                }
+            }
         }
     }
 }
@@ -1050,6 +1116,7 @@ pub(crate) struct Counts {
     skipped: u64,
     /// Malformed packets by error; few distinct errors, so a short list.
     malformed: Vec<(flowstate_wire::Error, u64)>,
+    fragments: FragmentCounts,
 }
 
 impl Counts {
@@ -1063,6 +1130,7 @@ impl Counts {
     fn merge(&mut self, other: &Counts) {
         self.packets_in += other.packets_in;
         self.skipped += other.skipped;
+        self.fragments.merge(&other.fragments);
         for &(e, k) in &other.malformed {
             match self.malformed.iter_mut().find(|(x, _)| *x == e) {
                 Some((_, n)) => *n += k,
@@ -1127,6 +1195,8 @@ struct Worker {
     /// The packets of the segment being run, and their answers (kept: no allocation per batch).
     items: Vec<Item>,
     answers: Vec<Item>,
+    /// Fragments of the worker's own input (generated mode).
+    fragments: FragmentTracker,
 }
 
 /// A packet of a batch on its way through the chain NF by NF.
@@ -1350,7 +1420,10 @@ impl Worker {
             gauges: self.nfs.iter().map(|nf| nf.gauges()).collect(),
             labelled: self.nfs.iter().map(|nf| nf.report_labelled()).collect(),
             counters: self.counters.clone(),
-            counts: self.counts.clone(),
+            counts: Counts {
+                fragments: *self.fragments.counts(),
+                ..self.counts.clone()
+            },
             state_flushes: stats.flushes.load(Ordering::Relaxed),
             state_errors: stats.errors.load(Ordering::Relaxed),
             state_lost_ops: stats.lost_ops.load(Ordering::Relaxed),
@@ -1376,6 +1449,34 @@ fn dispatch(
     let mut input = PacketBatch::new(o.batch.max(1), o.max_frame);
     let mut next_publish = Instant::now();
     let mut pending: Vec<Option<WorkBatch>> = (0..in_txs.len()).map(|_| None).collect();
+    let mut fragments = FragmentTracker::new(o.fragments, o.max_frame);
+    // Appends a packet to its worker's batch, handing the batch over when it is full.
+    let push = |pending: &mut [Option<WorkBatch>],
+                data: &[u8],
+                meta: &flowstate_io::PacketMeta,
+                d: Dissection,
+                direction: Direction|
+     -> Result<(), RunError> {
+        let w = steering.worker(data, &d);
+        let b = match &mut pending[w] {
+            Some(b) => b,
+            empty => {
+                let Some(mut b) = recv_or_abort(&free[w], abort) else {
+                    return Err(RunError::Stopped);
+                };
+                b.reset();
+                empty.insert(b)
+            }
+        };
+        b.packets.push(data, *meta);
+        b.slots.push(Slot::new(d, direction));
+        if b.packets.is_full() {
+            if let Some(b) = pending[w].take() {
+                in_txs[w].send(b).map_err(|_| RunError::Stopped)?;
+            }
+        }
+        Ok(())
+    };
     loop {
         if abort.load(Ordering::Relaxed) {
             return Err(RunError::Stopped);
@@ -1385,6 +1486,7 @@ fn dispatch(
             let now = Instant::now();
             if now >= next_publish {
                 next_publish = now + PUBLISH_EVERY;
+                counts.fragments = *fragments.counts();
                 slot.store(Some(Arc::new(counts.clone())));
             }
         }
@@ -1409,7 +1511,7 @@ fn dispatch(
         }
         counts.packets_in += got as u64;
         for (data, meta) in input.iter() {
-            let d = match dissect(data) {
+            let mut d = match dissect(data) {
                 Ok(d) => d,
                 Err(e) => {
                     counts.malformed(e);
@@ -1421,24 +1523,18 @@ fn dispatch(
                 counts.skipped += 1;
                 continue;
             }
-            let w = steering.worker(data, &d);
-            if pending[w].is_none() {
-                let Some(mut b) = recv_or_abort(&free[w], abort) else {
-                    return Err(RunError::Stopped);
-                };
-                b.reset();
-                pending[w] = Some(b);
+            if d.fragment != Fragment::None && fragments.admit(data, meta, &mut d) != Admit::Pass {
+                continue; // held or dropped (counted)
             }
-            let Some(b) = pending[w].as_mut() else {
-                continue;
-            };
-            b.packets.push(data, *meta);
-            b.slots.push(Slot::new(d, direction));
-            if b.packets.is_full() {
-                if let Some(b) = pending[w].take() {
-                    in_txs[w].send(b).map_err(|_| RunError::Stopped)?;
-                }
-            }
+            push(&mut pending, data, meta, d, direction)?;
+            // A first fragment releases the fragments that came before it: they follow it.
+            let mut failed = Ok(());
+            while failed.is_ok()
+                && fragments.pop_released(|data, meta, d| {
+                    failed = push(&mut pending, data, meta, d, steering.direction(&d));
+                })
+            {}
+            failed?;
         }
         // A short read means the source had no more for now (a live port is idle): hand the
         // partial batches over rather than hold packets back until more arrive.
@@ -1450,6 +1546,8 @@ fn dispatch(
             }
         }
     }
+    fragments.drop_held();
+    counts.fragments = *fragments.counts();
     for (w, b) in pending.iter_mut().enumerate() {
         if let Some(b) = b.take() {
             in_txs[w].send(b).map_err(|_| RunError::Stopped)?;

@@ -4,15 +4,18 @@
 //!   [`Direction::Outbound`]; every other packet (non-IP ones included) is
 //!   [`Direction::Inbound`].
 //! * Worker: `toeplitz_symmetric(flow) % workers` (the NIC RSS hash with a symmetric key), so
-//!   both directions of a flow reach one worker. Fragments hash on their addresses and
-//!   protocol only (ports zeroed), as RSS does, so every fragment of a packet reaches the same
-//!   worker; ICMP errors hash on the flow they quote, so they reach the worker of that flow.
+//!   both directions of a flow reach one worker. IPv4 fragments hash as their flow: the
+//!   first fragment has the ports, and the fragment tracker ([`crate::fragments`]) gives them
+//!   to the later ones ([`Fragment::Tracked`]). Fragments without ports (IPv6 fragments, an
+//!   untracked later fragment) hash on their addresses and protocol only (ports zeroed), as
+//!   RSS does, so every fragment of a packet reaches the same worker. ICMP errors hash on
+//!   the flow they quote, so they reach the worker of that flow.
 //!   Non-IP packets go to worker 0.
 //! * Ownership first: when the chain holds state that one worker owns (a NAT's external
 //!   ports, an LB's connections), [`crate::owners::Owners`] sends the packet to that worker.
 
 use flowstate_nf::Direction;
-use flowstate_wire::dissect::{Fragment, Transport};
+use flowstate_wire::dissect::{Fragment, Network, Transport};
 use flowstate_wire::hash::Toeplitz;
 use flowstate_wire::{icmp, Dissection, FlowKey};
 use std::fmt;
@@ -169,7 +172,12 @@ impl Steering {
             return 0;
         }
         let Some(mut key) = d.flow else { return 0 };
-        if d.fragment != Fragment::None {
+        let untracked = match d.fragment {
+            Fragment::None | Fragment::Tracked => false,
+            Fragment::First => d.network != Network::Ipv4,
+            Fragment::Later => true,
+        };
+        if untracked {
             key.src_port = 0;
             key.dst_port = 0;
         } else if let Some(inner) = quoted_flow(frame, d) {

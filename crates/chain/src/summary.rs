@@ -3,7 +3,8 @@
 //!
 //! Every packet is accounted for:
 //! `packets_in + reflected == packets_out + dropped_total + skipped`, where
-//! `dropped_total` sums `dropped` (NF verdicts) and `malformed`.
+//! `dropped_total` sums `dropped` (NF verdicts and fragments the runtime dropped,
+//! `fragments.*`) and `malformed`.
 
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -20,7 +21,8 @@ pub struct Summary {
     pub packets_out: u64,
     /// Packets dropped: NF verdicts plus malformed packets.
     pub dropped_total: u64,
-    /// NF drops by `nf.reason` (`nat.no_mapping`; see [`key`]).
+    /// NF drops by `nf.reason` (`nat.no_mapping`; see [`key`]), and IPv4 fragments the
+    /// runtime dropped by `fragments.reason` ([`crate::fragments`]).
     pub dropped: BTreeMap<String, u64>,
     /// Malformed packets (dropped before the chain) by `layer.reason` (`ipv4.bad_checksum`).
     pub malformed: BTreeMap<String, u64>,
@@ -44,6 +46,11 @@ pub struct Summary {
     /// above: packets the fast path forwarded never reached the chain. Empty otherwise.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub live_box: BTreeMap<String, u64>,
+    /// IPv4 fragments ([`crate::fragments`]): `datagrams` seen, later fragments `tracked`
+    /// (given their datagram's ports), `held` for their first fragment and `released` after
+    /// it. Empty when no fragment came.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub fragments: BTreeMap<String, u64>,
 }
 
 /// One worker's share.
@@ -192,9 +199,23 @@ impl fmt::Display for Summary {
             let reason = format!("malformed.{reason}");
             writeln!(f, "  {reason:<width$} {n:>12}")?;
         }
+        if !self.fragments.is_empty() {
+            let n = |k: &str| self.fragments.get(k).copied().unwrap_or(0);
+            line(
+                f,
+                "fragments",
+                n("datagrams"),
+                &format!(
+                    "IPv4 datagrams in fragments: {} later fragments tracked, {} held for their first, {} released",
+                    n("tracked"),
+                    n("held"),
+                    n("released")
+                ),
+            )?;
+        }
         writeln!(
             f,
-            "{:<18} {:>12.3}  s of processing, {:.3} Mpps (packets in per second), {} worker(s), state: {}",
+            "{:<18} {:>12.3}  s of processing, {:.3} Mpps (packets the chain ran per second), {} worker(s), state: {}",
             "time", self.wall_s, self.mpps, self.workers, self.backend
         )?;
         for (name, n) in &self.live_box {

@@ -26,6 +26,8 @@ pub struct PacketBatch {
     lens: Vec<usize>,
     meta: Vec<PacketMeta>,
     len: usize,
+    /// How many of the buffers pushes may fill (see [`PacketBatch::set_capacity`]).
+    limit: usize,
 }
 
 /// Default number of packets in a batch (DESIGN: work in batches of 32).
@@ -51,6 +53,7 @@ impl PacketBatch {
             lens: vec![0; capacity],
             meta: vec![PacketMeta::default(); capacity],
             len: 0,
+            limit: capacity,
         }
     }
 
@@ -69,12 +72,27 @@ impl PacketBatch {
     /// Whether no more packet fits.
     #[inline]
     pub fn is_full(&self) -> bool {
-        self.len == self.bufs.len()
+        self.len >= self.limit
     }
 
-    /// Maximum number of packets.
+    /// Maximum number of packets: the buffers allocated, unless
+    /// [`set_capacity`](Self::set_capacity) lowered it.
     #[inline]
     pub fn capacity(&self) -> usize {
+        self.limit
+    }
+
+    /// Lets pushes fill at most `n` buffers (at least 1, at most those allocated): a reader
+    /// fills a batch to its capacity, and a batch allocated larger keeps room for packets its
+    /// owner adds after the read.
+    #[inline]
+    pub fn set_capacity(&mut self, n: usize) {
+        self.limit = n.clamp(1, self.bufs.len());
+    }
+
+    /// Buffers allocated: the largest capacity [`set_capacity`](Self::set_capacity) gives.
+    #[inline]
+    pub fn allocated(&self) -> usize {
         self.bufs.len()
     }
 
@@ -168,6 +186,22 @@ impl PacketBatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lowered_capacity_keeps_room_for_later_pushes() {
+        let mut b = PacketBatch::new(3, 4);
+        b.set_capacity(1);
+        assert_eq!((b.capacity(), b.allocated()), (1, 3));
+        assert!(b.push(&[1], PacketMeta::default()));
+        assert!(b.is_full() && !b.push(&[2], PacketMeta::default()));
+        b.set_capacity(usize::MAX);
+        assert_eq!(b.capacity(), 3);
+        assert!(b.push(&[2], PacketMeta::default()) && b.push(&[3], PacketMeta::default()));
+        assert!(b.is_full());
+        assert_eq!(b.iter().map(|(p, _)| p[0]).collect::<Vec<_>>(), [1, 2, 3]);
+        b.set_capacity(0);
+        assert_eq!(b.capacity(), 1, "never below one");
+    }
 
     #[test]
     fn fills_reuses_and_truncates() {

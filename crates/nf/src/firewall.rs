@@ -44,7 +44,7 @@ use crate::{
 use flowstate_state::{
     Access, Codec, CodecError, Counter, CounterMap, Declare, Map, Nanos, Scope, StateError,
 };
-use flowstate_wire::dissect::{Fragment, Transport};
+use flowstate_wire::dissect::Transport;
 use flowstate_wire::flow::proto;
 use flowstate_wire::{icmp, tcp, FlowKey};
 use serde::Deserialize;
@@ -1308,7 +1308,7 @@ impl Firewall {
             return Reason::NotIp;
         };
         let dir = pkt.direction;
-        if pkt.dissection.fragment == Fragment::Later {
+        if pkt.dissection.fragment.is_later() {
             // No ports to find the connection by: rules without port ranges and the default
             // policy decide, and nothing is tracked.
             return self.stateless(&flow, None, dir);
@@ -1707,7 +1707,7 @@ impl NetworkFunction for Firewall {
         let Some(flow) = pkt.dissection.flow else {
             return;
         };
-        if pkt.dissection.fragment != Fragment::Later {
+        if !pkt.dissection.fragment.is_later() {
             self.conns.prefetch(&canonical(&flow));
         }
     }

@@ -63,9 +63,15 @@
 //!   (`"nat: no mapping"`). ICMP errors do not refresh sessions. Other ICMP messages (timestamp,
 //!   ...) are not translated: dropped outbound (`"nat: unsupported protocol"`) and inbound
 //!   (`"nat: no mapping"`).
-//! * **Fragments** are dropped (`"nat: fragment"`): later fragments carry no ports to look a
-//!   session up by, and the data path does not reassemble. (RFC 4787 REQ-14 asks for fragment
-//!   support; this is a known limitation.)
+//! * **Fragments** (RFC 4787 REQ-14), in order and out of order: a first fragment is
+//!   translated as a whole packet (it opens, renews and is filtered like one). A later
+//!   fragment carries no ports; the runtime's fragment tracker
+//!   (`flowstate_chain::fragments`) gives it those of its datagram's first fragment, holding
+//!   it until that comes, and the NAT then rewrites its address by the session the first
+//!   fragment found, hairpinning included (a fragment neither opens nor renews a session). A
+//!   later fragment with no ports (run without the runtime) or whose datagram has no session
+//!   (its first fragment was dropped) is dropped (`"nat: fragment"`). Nothing is reassembled:
+//!   the tracker's memory is bounded (`[runtime] fragment_*`).
 //! * Other IP protocols (GRE, ESP, SCTP, ...) are dropped outbound (`"nat: unsupported
 //!   protocol"`) and find no mapping inbound. Non-IP frames (ARP, ...) pass untouched; IPv6
 //!   passes or is dropped (`"nat: ipv6"`) as configured.
@@ -144,7 +150,7 @@
 //! | RFC 4787 REQ-11 | deterministic behaviour | ✔ the same input gives the same output; no fallbacks between behaviours |
 //! | RFC 4787 REQ-12, RFC 5382 REQ-10 | an ICMP message never ends a mapping or session | ✔ ICMP errors neither end nor refresh sessions |
 //! | RFC 4787 REQ-13 | "fragmentation needed" sent for a DF packet too big for the outside | ✔ the live box sends it, with the outside port's MTU, before translating (`flowstate_chain::live`) |
-//! | RFC 4787 REQ-14 | fragments, in and out of order (MUST) | ✘ fragments are dropped (`fragment`), a known gap |
+//! | RFC 4787 REQ-14 | fragments, in and out of order (MUST) | ✔ translated without reassembly: later fragments get their ports from their first fragment, and wait for it when they come first (`flowstate_chain::fragments`, bounded by `[runtime] fragment_timeout`, `fragment_datagrams`, `fragments_held`); IPv4 only |
 //! | RFC 5382 REQ-2 | every valid TCP sequence, simultaneous open included | ✔ TCP state only chooses the timeout; a simultaneous open through hairpinning or filtering works (tested) |
 //! | RFC 5382 REQ-4 | an unsolicited SYN is not answered for 6 s, and is forwarded if an outbound SYN follows | ◐ it is dropped silently (never answered); it is not held, so the peer's retransmission completes a simultaneous open |
 //! | RFC 5382 REQ-5 | established TCP timeout ≥ 2 h 4 min, transitory ≥ 4 min | ✔ the defaults (`tcp_established = "2h4m"`, `tcp_transitory = "4m"`) |

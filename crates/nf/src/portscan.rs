@@ -67,7 +67,7 @@ use crate::{
 use flowstate_state::{
     Access, Codec, CodecError, Counter, CounterMap, Declare, Field, Map, Nanos, Scope,
 };
-use flowstate_wire::dissect::{Fragment, Transport};
+use flowstate_wire::dissect::Transport;
 use flowstate_wire::{icmp, tcp, FlowKey};
 use serde::Deserialize;
 use std::net::IpAddr;
@@ -762,7 +762,7 @@ impl Portscan {
     /// Processes one packet; the alert it raised, if any.
     fn inspect(&self, pkt: &Packet<'_>, now: Nanos) -> Option<Alert> {
         let flow = pkt.dissection.flow?;
-        if pkt.dissection.fragment == Fragment::Later {
+        if pkt.dissection.fragment.is_later() {
             return None;
         }
         let watch = self.cfg.watch;

@@ -337,9 +337,9 @@ ipv6 = "drop""#,
     assert_eq!(rig.send(&mut arp, Inbound), Verdict::Forward);
     assert_eq!(arp, copy);
 
-    // A first fragment (MF set): dropped; IP checksum fixed so only the flag differs.
+    // A later fragment without its datagram's ports (no fragment tracker): dropped.
     let mut frag = udp((IN1, 1), (SRV1, 2));
-    frag[20] = 0x20;
+    frag[20..22].copy_from_slice(&[0x00, 0x10]);
     refill_ip_checksum(&mut frag);
     assert_eq!(drop_reason(rig.send(&mut frag, Outbound)), "nat: fragment");
     // GRE outbound: unsupported; inbound: no mapping.
@@ -359,6 +359,97 @@ ipv6 = "drop""#,
     );
     assert_eq!(rig.report("drop_fragment"), 1);
     assert_eq!(rig.report("drop_unsupported"), 1);
+}
+
+/// The IP payload of fragments put back together by offset, and the source and destination
+/// of the first one.
+fn reassemble(parts: &[Vec<u8>]) -> (Vec<u8>, [u8; 8]) {
+    let mut whole = Vec::new();
+    for p in parts {
+        let ip = flowstate_wire::ipv4::Packet::new_checked(&p[14..]).unwrap();
+        assert!(
+            ip.verify_checksum(),
+            "every fragment's header checksum verifies"
+        );
+        let at = usize::from(ip.frag_offset());
+        whole.resize(whole.len().max(at + ip.payload().len()), 0);
+        whole[at..at + ip.payload().len()].copy_from_slice(ip.payload());
+    }
+    let mut addrs = [0u8; 8];
+    addrs.copy_from_slice(&parts[0][26..34]);
+    (whole, addrs)
+}
+
+/// RFC 4787 REQ-14 with an oracle: a datagram sent in fragments (the first one as a packet,
+/// the later ones with the ports the runtime's tracker gives them, in reverse order) comes
+/// out, put back together, exactly as the NAT translates it sent whole: outbound, its reply
+/// inbound, and hairpinned. On both tables.
+#[test]
+fn nat_fragments_translate_as_their_whole_datagram() {
+    let hairpin_config = format!("{CONFIG}\nfiltering = \"endpoint-independent\"");
+    for config in [
+        hairpin_config.clone(),
+        format!("{hairpin_config}\ntable = \"mvt\""),
+    ] {
+        let (mut whole_rig, mut rig) = (Rig::new(&config), Rig::new(&config));
+        let payload: Vec<u8> = (0..3000u32).map(|i| (i % 251) as u8).collect();
+        // Sends `datagram` whole through `whole_rig` and in fragments through `rig`; both
+        // IP packets.
+        let mut both = |datagram: Vec<u8>, dir, ports| {
+            let mut whole = datagram.clone();
+            assert_eq!(whole_rig.send(&mut whole, dir), Verdict::Forward);
+            let mut parts = flowstate_wire::build::fragment_ipv4(&datagram, 1000);
+            assert_eq!(parts.len(), 4);
+            assert_eq!(rig.send(&mut parts[0], dir), Verdict::Forward, "{config}");
+            for p in parts[1..].iter_mut().rev() {
+                assert_eq!(
+                    rig.send_tracked(p, dir, ports),
+                    Verdict::Forward,
+                    "{config}"
+                );
+            }
+            let (joined, addrs) = reassemble(&parts);
+            assert_eq!(&joined[..], &ip_packet(&whole)[20..], "{config}");
+            assert_eq!(&addrs[..], &whole[26..34], "{config}");
+            whole
+        };
+        let out = both(
+            udp_with((IN1, 5000), (SRV1, 53), &payload),
+            Outbound,
+            (5000, 53),
+        );
+        let port = ext_port(&out, EXT);
+        let back = both(
+            udp_with((SRV1, 53), (EXT, port), &payload),
+            Inbound,
+            (53, port),
+        );
+        assert_eq!(dst_of(&back), (IpAddr::V4(IN1), 5000));
+        // Another inside host to the first one's external endpoint: hairpinned.
+        let hairpinned = both(
+            udp_with((IN2, 7000), (EXT, port), &payload),
+            Outbound,
+            (7000, port),
+        );
+        assert_eq!(dst_of(&hairpinned), (IpAddr::V4(IN1), 5000));
+        assert_eq!(
+            rig.report("hairpinned"),
+            4,
+            "the first fragment and three more"
+        );
+        // A later fragment of a datagram with no session (its first fragment never came).
+        let mut stray = flowstate_wire::build::fragment_ipv4(
+            &udp_with((IN2, 9999), (SRV1, 53), &payload),
+            1000,
+        )
+        .remove(1);
+        let copy = stray.clone();
+        assert_eq!(
+            drop_reason(rig.send_tracked(&mut stray, Outbound, (9999, 53))),
+            "nat: fragment"
+        );
+        assert_eq!(stray, copy);
+    }
 }
 
 fn refill_ip_checksum(f: &mut [u8]) {

@@ -623,6 +623,50 @@ impl FrameSpec<'_> {
     }
 }
 
+/// Splits an untagged Ethernet frame carrying an unfragmented IPv4 packet (without options)
+/// into fragments whose IP payloads are at most `max_payload` bytes (rounded down to a
+/// multiple of 8, at least 8), as a router does (RFC 791 §3.2): each fragment has the
+/// original header with its own total length, flags (more fragments on all but the last,
+/// don't fragment cleared) and offset, and a recomputed header checksum. Returns the frame
+/// itself, alone, when it is not such a packet or already fits.
+pub fn fragment_ipv4(frame: &[u8], max_payload: usize) -> Vec<Vec<u8>> {
+    const L3: usize = ETHERNET_HEADER_LEN;
+    let ip = match frame.get(L3..L3 + IPV4_HEADER_LEN) {
+        Some(ip) if ip[0] == 0x45 && u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff == 0 => ip,
+        _ => return vec![frame.to_vec()],
+    };
+    let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+    let Some(payload) = frame.get(L3 + IPV4_HEADER_LEN..L3 + total.max(IPV4_HEADER_LEN)) else {
+        return vec![frame.to_vec()];
+    };
+    let step = (max_payload / 8 * 8).max(8);
+    if payload.len() <= step {
+        return vec![frame.to_vec()];
+    }
+    payload
+        .chunks(step)
+        .enumerate()
+        .map(|(k, chunk)| {
+            let mut f = frame[..L3 + IPV4_HEADER_LEN].to_vec();
+            f.extend_from_slice(chunk);
+            let h = &mut f[L3..L3 + IPV4_HEADER_LEN];
+            let len = (IPV4_HEADER_LEN + chunk.len()) as u16;
+            h[2..4].copy_from_slice(&len.to_be_bytes());
+            let more = if (k + 1) * step < payload.len() {
+                0x2000
+            } else {
+                0
+            };
+            let flags_offset = more | ((k * step / 8) as u16 & 0x1fff);
+            h[6..8].copy_from_slice(&flags_offset.to_be_bytes());
+            h[10..12].copy_from_slice(&[0, 0]);
+            let c = checksum::checksum(h);
+            h[10..12].copy_from_slice(&c.to_be_bytes());
+            f
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -641,6 +685,36 @@ mod tests {
             payload,
             min_len,
         }
+    }
+
+    #[test]
+    fn fragments_carry_the_datagram_in_order_with_valid_headers() {
+        let payload: Vec<u8> = (0..3000u32).map(|i| (i * 7) as u8).collect();
+        let mut buf = vec![0u8; 4000];
+        let n = udp4(Payload::Bytes(&payload), 0).write(&mut buf).unwrap();
+        let frame = &buf[..n];
+        let parts = fragment_ipv4(frame, 1477); // rounded down to 1472
+        assert_eq!(parts.len(), 3);
+        let mut joined = Vec::new();
+        for (k, p) in parts.iter().enumerate() {
+            let ip = crate::ipv4::Packet::new_checked(&p[14..]).expect("a valid header");
+            assert!(ip.verify_checksum());
+            assert_eq!(usize::from(ip.total_len()), p.len() - 14);
+            assert_eq!(usize::from(ip.frag_offset()), joined.len());
+            assert_eq!(ip.more_frags(), k < 2);
+            assert!(!ip.dont_frag());
+            joined.extend_from_slice(ip.payload());
+        }
+        assert_eq!(joined, &frame[34..]);
+        let d: Vec<_> = parts
+            .iter()
+            .map(|p| crate::dissect::dissect(p).unwrap().fragment)
+            .collect();
+        use crate::dissect::Fragment::*;
+        assert_eq!(d, [First, Later, Later]);
+        // Small enough already, or not IPv4: the frame alone.
+        assert_eq!(fragment_ipv4(frame, 3008), vec![frame.to_vec()]);
+        assert_eq!(fragment_ipv4(&frame[..10], 8), vec![frame[..10].to_vec()]);
     }
 
     #[test]

@@ -34,6 +34,18 @@ pub enum Fragment {
     First,
     /// A later fragment: no transport header, ports unknown.
     Later,
+    /// A later fragment whose flow ports were filled in from its datagram's first fragment
+    /// (the runtime's fragment tracker, `flowstate_chain::fragments`): still no transport
+    /// header, but the flow key is the datagram's. [`dissect`] never returns it.
+    Tracked,
+}
+
+impl Fragment {
+    /// Whether the packet is a later fragment (tracked or not): it has no transport header.
+    #[inline]
+    pub fn is_later(self) -> bool {
+        matches!(self, Fragment::Later | Fragment::Tracked)
+    }
 }
 
 /// The transport layer of an IP packet.

@@ -3,7 +3,7 @@
 
 use super::translate::Side;
 use crate::Packet;
-use flowstate_wire::dissect::Transport;
+use flowstate_wire::dissect::{Fragment, Transport};
 use flowstate_wire::flow::proto;
 use flowstate_wire::icmp::v4::types as icmp_type;
 use flowstate_wire::{checksum, icmp, ipv4, tcp, udp};
@@ -53,10 +53,15 @@ pub(crate) fn be16(b: &[u8], at: usize) -> u16 {
     u16::from_be_bytes([b[at], b[at + 1]])
 }
 
-/// Rewrites the `side` endpoint of an unfragmented IPv4 TCP, UDP or ICMP echo packet to
-/// `addr`/`port` (the identifier for ICMP), with incremental checksum updates (RFC 1624), and
-/// the dissection's flow key with it. Returns `false`, the packet untouched, if its headers do
-/// not parse.
+/// Rewrites the `side` endpoint of an IPv4 TCP, UDP or ICMP echo packet to `addr`/`port`
+/// (the identifier for ICMP), with incremental checksum updates (RFC 1624), and the
+/// dissection's flow key with it. Returns `false`, the packet untouched, if its headers do not
+/// parse.
+///
+/// Fragments (RFC 4787 REQ-14): a first fragment is rewritten as a whole packet (its
+/// transport checksum covers the whole datagram, so the incremental update is right; its UDP
+/// length counts the whole datagram). A tracked later fragment ([`Fragment::Tracked`]) has
+/// no transport header: only its address is rewritten, and its flow key as a whole.
 ///
 /// The per-packet path: it checks what `ipv4::Packet::new_checked` and the transport's
 /// `new_checked` check, and updates the checksums as their setters do, bit for bit, on the
@@ -78,23 +83,25 @@ pub(super) fn rewrite(pkt: &mut Packet<'_>, side: Side, addr: Ipv4Addr, port: u1
         return false;
     }
     let (ip, l4) = l3[..tl].split_at_mut(hl);
+    let tracked = d.fragment == Fragment::Tracked;
     // The transport's check, on the IP payload.
-    let valid = match d.transport {
-        Transport::Tcp => {
-            l4.len() >= tcp::HEADER_LEN && {
-                let thl = usize::from(l4[12] >> 4) * 4;
-                thl >= tcp::HEADER_LEN && l4.len() >= thl
+    let valid = tracked
+        || match d.transport {
+            Transport::Tcp => {
+                l4.len() >= tcp::HEADER_LEN && {
+                    let thl = usize::from(l4[12] >> 4) * 4;
+                    thl >= tcp::HEADER_LEN && l4.len() >= thl
+                }
             }
-        }
-        Transport::Udp => {
-            l4.len() >= udp::HEADER_LEN && {
-                let ul = usize::from(be16(l4, 4));
-                ul >= udp::HEADER_LEN && l4.len() >= ul
+            Transport::Udp => {
+                l4.len() >= udp::HEADER_LEN && {
+                    let ul = usize::from(be16(l4, 4));
+                    ul >= udp::HEADER_LEN && (l4.len() >= ul || d.fragment == Fragment::First)
+                }
             }
-        }
-        Transport::Icmpv4 { .. } => l4.len() >= icmp::HEADER_LEN,
-        _ => false,
-    };
+            Transport::Icmpv4 { .. } => l4.len() >= icmp::HEADER_LEN,
+            _ => false,
+        };
     if !valid {
         return false;
     }
@@ -114,6 +121,7 @@ pub(super) fn rewrite(pkt: &mut Packet<'_>, side: Side, addr: Ipv4Addr, port: u1
         Side::Dst => 2,
     };
     let icmp = match d.transport {
+        _ if tracked => d.protocol == proto::ICMP,
         Transport::Tcp => {
             // tcp::Packet::set_{src,dst}_port, then update_checksum_for_addr.
             let c = checksum_update(

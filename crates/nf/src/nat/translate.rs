@@ -499,6 +499,56 @@ impl<T: NatTable> Translator<T> {
         ended
     }
 
+    /// Translates a later fragment, its datagram's ports known ([`Fragment::Tracked`]), as the
+    /// session of its first fragment was (RFC 4787 REQ-14): the first fragment opened,
+    /// renewed and filtered it; a fragment only finds it, and hairpins as its first fragment
+    /// did.
+    fn fragment(&mut self, pkt: &mut Packet<'_>, flow: FlowKey, dir: Direction) -> Verdict {
+        let side = match dir {
+            Direction::Outbound => Side::Src,
+            Direction::Inbound => Side::Dst,
+        };
+        let found = match dir {
+            Direction::Outbound => self.table.peek_out(&flow),
+            Direction::Inbound => self.table.peek_in(&flow),
+        };
+        let (ip, port) = match found {
+            Err(why) => return self.drop_packet(why),
+            Ok(None) => return self.drop_packet(FRAGMENT),
+            Ok(Some(e)) => e,
+        };
+        let hairpin = dir == Direction::Outbound && self.hairpinning && self.is_external(flow.dst);
+        let inside = if hairpin {
+            let session = super::OutSession {
+                ext_ip: ip,
+                ext_port: port,
+                tcp: 0,
+            };
+            match self.table.peek_in(&in_key(&flow, &session).reversed()) {
+                Err(why) => return self.drop_packet(why),
+                Ok(None) => return self.drop_packet(FRAGMENT),
+                Ok(Some(e)) => Some(e),
+            }
+        } else {
+            None
+        };
+        if !rewrite(pkt, side, ip, port) {
+            return self.drop_packet(MALFORMED);
+        }
+        match dir {
+            Direction::Outbound => self.packets_out.add_nowait(1),
+            Direction::Inbound => self.packets_in.add_nowait(1),
+        }
+        if let Some((ip, port)) = inside {
+            if !rewrite(pkt, Side::Dst, ip, port) {
+                return self.drop_packet(MALFORMED);
+            }
+            self.packets_in.add_nowait(1);
+            self.hairpinned.add_nowait(1);
+        }
+        Verdict::Forward
+    }
+
     /// Translates an ICMP error quoting a packet of a session (RFC 5508 REQ-3, REQ-4). The
     /// session is not refreshed.
     fn icmp_error(&mut self, pkt: &mut Packet<'_>, dir: Direction) -> Verdict {
@@ -592,19 +642,21 @@ impl<T: NatTable> NetworkFunction for Translator<T> {
                 if self.is_external(flow.src) {
                     return self.drop_packet(EXTERNAL_SOURCE);
                 }
-                if pkt.dissection.fragment != Fragment::None {
-                    return self.drop_packet(FRAGMENT);
+                match pkt.dissection.fragment {
+                    Fragment::None | Fragment::First => self.outbound(pkt, flow, cx.now),
+                    Fragment::Tracked => self.fragment(pkt, flow, Direction::Outbound),
+                    Fragment::Later => self.drop_packet(FRAGMENT),
                 }
-                self.outbound(pkt, flow, cx.now)
             }
             Direction::Inbound => {
                 if !self.is_external(flow.dst) {
                     return self.drop_packet(NOT_EXTERNAL);
                 }
-                if pkt.dissection.fragment != Fragment::None {
-                    return self.drop_packet(FRAGMENT);
+                match pkt.dissection.fragment {
+                    Fragment::None | Fragment::First => self.inbound(pkt, flow, cx.now),
+                    Fragment::Tracked => self.fragment(pkt, flow, Direction::Inbound),
+                    Fragment::Later => self.drop_packet(FRAGMENT),
                 }
-                self.inbound(pkt, flow, cx.now)
             }
         }
     }

@@ -7,7 +7,7 @@ use flowstate_nf::{nat, Context, Direction, NetworkFunction, Packet, Verdict, Wo
 use flowstate_state::local::LocalStore;
 use flowstate_state::{Backend, BackendError, Connector, Partition, StateConfig};
 use flowstate_wire::build::*;
-use flowstate_wire::dissect::Network;
+use flowstate_wire::dissect::{Fragment, Network};
 use flowstate_wire::{dissect, dissect::verify_checksums};
 use std::net::{IpAddr, Ipv4Addr};
 
@@ -80,6 +80,32 @@ impl Rig {
     /// matches the rewritten bytes and that checksums which verified before still verify.
     pub(crate) fn send(&mut self, frame: &mut [u8], direction: Direction) -> Verdict {
         let d = dissect(frame).expect("test frames dissect");
+        self.send_as(frame, d, direction)
+    }
+
+    /// [`Rig::send`] for a later fragment whose datagram has `ports`, as the runtime's
+    /// fragment tracker hands it on.
+    pub(crate) fn send_tracked(
+        &mut self,
+        frame: &mut [u8],
+        direction: Direction,
+        ports: (u16, u16),
+    ) -> Verdict {
+        let mut d = dissect(frame).expect("test frames dissect");
+        assert_eq!(d.fragment, Fragment::Later, "a later fragment");
+        d.fragment = Fragment::Tracked;
+        if let Some(f) = d.flow.as_mut() {
+            (f.src_port, f.dst_port) = ports;
+        }
+        self.send_as(frame, d, direction)
+    }
+
+    fn send_as(
+        &mut self,
+        frame: &mut [u8],
+        d: flowstate_wire::Dissection,
+        direction: Direction,
+    ) -> Verdict {
         let before = verify_checksums(frame, &d);
         let mut pkt = Packet {
             data: frame,
@@ -128,8 +154,16 @@ pub(crate) fn check_forwarded(
     before: flowstate_wire::dissect::ChecksumStatus,
 ) {
     let again = dissect(frame).expect("a forwarded frame still dissects");
+    // A tracked fragment's ports are its datagram's, not in its bytes.
+    let mut left = *left;
+    if left.fragment == Fragment::Tracked {
+        left.fragment = Fragment::Later;
+        if let Some(f) = left.flow.as_mut() {
+            (f.src_port, f.dst_port) = (0, 0);
+        }
+    }
     assert_eq!(
-        &again, left,
+        again, left,
         "the NAT's dissection does not match its rewrite"
     );
     let after = verify_checksums(frame, &again);
@@ -189,11 +223,16 @@ pub(crate) fn tcp(src: (Ipv4Addr, u16), dst: (Ipv4Addr, u16), flags: u8) -> Vec<
 
 /// A UDP datagram.
 pub(crate) fn udp(src: (Ipv4Addr, u16), dst: (Ipv4Addr, u16)) -> Vec<u8> {
+    udp_with(src, dst, b"datagram payload")
+}
+
+/// A UDP datagram carrying `payload`.
+pub(crate) fn udp_with(src: (Ipv4Addr, u16), dst: (Ipv4Addr, u16), payload: &[u8]) -> Vec<u8> {
     let u = UdpSpec {
         src_port: src.1,
         dst_port: dst.1,
     };
-    frame(v4(src.0, dst.0), L4Spec::Udp(u), b"datagram payload")
+    frame(v4(src.0, dst.0), L4Spec::Udp(u), payload)
 }
 
 /// An ICMP echo request (or reply) with identifier `id`.
