@@ -1770,6 +1770,127 @@ fn the_box_sends_time_exceeded_and_fragmentation_needed() {
     assert!(b["icmp_errors_sent"].as_u64() >= Some(2), "{s}");
 }
 
+/// UDP datagrams sent as IPv4 fragments, last fragment first, from a raw socket; the
+/// receiving side is an ordinary UDP socket, so the receiving kernel reassembles and checks
+/// the UDP checksum over the whole datagram.
+const FRAGMENTS_PY: &str = r#"
+import socket, struct, sys
+def csum(b):
+    if len(b) % 2: b += b"\0"
+    t = sum(struct.unpack("!%dH" % (len(b) // 2), b))
+    t = (t >> 16) + (t & 0xffff); t += t >> 16
+    return ~t & 0xffff
+def data(n, seed):
+    return bytes((i * seed + i // 7) & 0xff for i in range(n))
+def send_reversed(src, sport, dst, dport, payload, ident):
+    s, d = socket.inet_aton(src), socket.inet_aton(dst)
+    udp = struct.pack("!HHHH", sport, dport, 8 + len(payload), 0) + payload
+    c = csum(s + d + struct.pack("!BBH", 0, 17, len(udp)) + udp) or 0xffff
+    udp = udp[:6] + struct.pack("!H", c) + udp[8:]
+    frags = []
+    for off in range(0, len(udp), 1480):
+        chunk = udp[off:off + 1480]
+        more = 0x2000 if off + 1480 < len(udp) else 0
+        frags.append(struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(chunk), ident,
+                                 more | off // 8, 64, 17, 0, s, d) + chunk)
+    r = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+    for f in reversed(frags):
+        r.sendto(f, (dst, 0))
+def udp(ip, port, timeout):
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.bind((ip, port)); u.settimeout(timeout)
+    return u
+cmd, ip, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if cmd == "serve":   # ip port: take one datagram, answer it with another in reverse fragments
+    u = udp(ip, port, 20)
+    got, (peer, pport) = u.recvfrom(65535)
+    send_reversed(ip, port, peer, pport, data(5000, 5), 4242)
+    print("%s:%d %d %s" % (peer, pport, len(got), got == data(4000, 3)), flush=True)
+else:                # ask ip port dst dport: send until answered; print who answered and whether right
+    u = udp(ip, port, 2)
+    for attempt in range(5):
+        send_reversed(ip, port, sys.argv[4], int(sys.argv[5]), data(4000, 3), 1000 + attempt)
+        try:
+            got, a = u.recvfrom(65535)
+        except socket.timeout:
+            continue
+        print("%s:%d %d %s" % (a[0], a[1], len(got), got == data(5000, 5))); sys.exit(0)
+    sys.exit(1)
+"#;
+
+/// RFC 4787 REQ-14 through a live NAT box, with one worker (run to completion) and with two
+/// (the dispatcher): a big ping both ways (the kernels fragment in order), and UDP datagrams
+/// whose fragments come last one first in both directions, received by ordinary sockets.
+#[test]
+fn fragmented_datagrams_cross_the_nat_in_and_out_of_order() {
+    if !is_root() {
+        eprintln!("skipped: live tests need root");
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut live = Live::up("f");
+    let script = live.dir.path().join("fragments.py");
+    std::fs::write(&script, FRAGMENTS_PY).unwrap();
+    let (client, server, ext) = (
+        CLIENT.to_string(),
+        SERVER.to_string(),
+        BOX_OUTSIDE.to_string(),
+    );
+    let chain = format!(
+        "[[chain]]\nnf = \"nat\"\nexternal = [\"{BOX_OUTSIDE}\"]\nports = \"20000-59999\"\n"
+    );
+    for (workers, port) in [(1, "6001"), (2, "6002")] {
+        let cfg = config(&chain).replace("workers = 2", &format!("workers = {workers}"));
+        live.start_box(&cfg, SERVER);
+        let ping = live.client(&["ping", "-n", "-c2", "-W2", "-s", "3000", &server]);
+        let said = String::from_utf8_lossy(&ping.stdout);
+        assert!(
+            ping.status.success() && said.contains(" 0% packet loss"),
+            "{workers} worker(s): {said}"
+        );
+        let serve = live.spawn_in(
+            &live.lab.server_ns(),
+            &["python3", path(&script), "serve", &server, "5353"],
+        );
+        std::thread::sleep(Duration::from_millis(300));
+        let ask = live.client(&[
+            "python3",
+            path(&script),
+            "ask",
+            &client,
+            port,
+            &server,
+            "5353",
+        ]);
+        let heard = String::from_utf8_lossy(&ask.stdout).trim().to_string();
+        let seen = String::from_utf8(serve.wait_with_output().unwrap().stdout).unwrap();
+        assert!(
+            ask.status.success(),
+            "{workers} worker(s): no answer ({})",
+            String::from_utf8_lossy(&ask.stderr)
+        );
+        // The client heard the server's 5000 bytes intact; the server got 4000 intact bytes
+        // from the box's external address, never the client's.
+        assert_eq!(
+            heard,
+            format!("{server}:5353 5000 True"),
+            "{workers} worker(s)"
+        );
+        assert!(
+            seen.starts_with(&format!("{ext}:")) && seen.trim().ends_with(" 4000 True"),
+            "{workers} worker(s): the server saw {seen:?}"
+        );
+        let s = live.stop_box();
+        let f = &s["fragments"];
+        // Each reversed datagram is three fragments: two wait for the first, both ways.
+        assert!(f["held"].as_u64() >= Some(4), "{s}");
+        assert!(f["released"].as_u64() >= Some(4), "{s}");
+        assert!(f["tracked"].as_u64() >= Some(8), "{s}");
+        assert_eq!(report(&s, "nat", "drop_fragment"), 0, "{s}");
+        assert!(s["dropped"].get("fragments.first_missing").is_none(), "{s}");
+    }
+}
+
 /// Spoofed TCP SYNs (random inside sources and ports) as fast as python sends them.
 const SYN_FLOOD_PY: &str = r#"
 import random, socket, struct, sys
