@@ -5,8 +5,10 @@
 //! Per packet (Algorithm 4): read the connection's entry (keyed by the canonical 5-tuple, so both
 //! directions share it), compute the new state, write it back if it changed, and let the packet
 //! through if the connection allows it. Rules are looked up only for packets that would start a
-//! connection (and for packets that cannot be tracked, e.g. later fragments); packets of a
-//! tracked connection pass on its state alone.
+//! connection (and for packets that cannot be tracked, e.g. later fragments whose first
+//! fragment the runtime has not seen); packets of a tracked connection pass on its state
+//! alone, and so do later fragments whose datagram's ports the runtime's fragment tracker
+//! found (they change nothing).
 //!
 //! * **TCP** follows conntrack's states and transitions (`nf_conntrack_tcp_packet` in
 //!   `net/netfilter/nf_conntrack_proto_tcp.c`: NONE, SYN_SENT, SYN_SENT2, SYN_RECV, ESTABLISHED,
@@ -44,7 +46,7 @@ use crate::{
 use flowstate_state::{
     Access, Codec, CodecError, Counter, CounterMap, Declare, Map, Nanos, Scope, StateError,
 };
-use flowstate_wire::dissect::Transport;
+use flowstate_wire::dissect::{Fragment, Transport};
 use flowstate_wire::flow::proto;
 use flowstate_wire::{icmp, tcp, FlowKey};
 use serde::Deserialize;
@@ -1308,6 +1310,18 @@ impl Firewall {
             return Reason::NotIp;
         };
         let dir = pkt.direction;
+        if pkt.dissection.fragment == Fragment::Tracked {
+            // A later fragment with its datagram's ports (the runtime's fragment tracker): it
+            // belongs to the connection its first fragment was judged in, and passes from the
+            // side that connection expects, changing nothing. Without one, policy decides.
+            if let Some(c) = self.connection(&flow) {
+                return if c.expected_direction(c.side_of(&flow)) == dir {
+                    Reason::Tracked
+                } else {
+                    Reason::WrongDirection
+                };
+            }
+        }
         if pkt.dissection.fragment.is_later() {
             // No ports to find the connection by: rules without port ranges and the default
             // policy decide, and nothing is tracked.
@@ -1701,13 +1715,13 @@ impl NetworkFunction for Firewall {
     }
 
     /// Prefetches the connection `process` looks up: the canonical form of the packet's flow
-    /// (not tracked for later fragments, which carry no ports).
+    /// (not for later fragments without their datagram's ports).
     #[inline]
     fn prefetch(&mut self, pkt: &Packet<'_>) {
         let Some(flow) = pkt.dissection.flow else {
             return;
         };
-        if !pkt.dissection.fragment.is_later() {
+        if pkt.dissection.fragment != Fragment::Later {
             self.conns.prefetch(&canonical(&flow));
         }
     }

@@ -182,6 +182,43 @@ fn later_fragments_follow_rules_and_policy_only() {
 }
 
 #[test]
+fn later_fragments_with_their_datagrams_ports_follow_the_connection() {
+    let mut rig = firewall("");
+    let frag = |src: &str, dst: &str| {
+        let mut f = udp(src, dst);
+        f[14 + 6..14 + 8].copy_from_slice(&185u16.to_be_bytes());
+        f[14 + 10..14 + 12].copy_from_slice(&[0, 0]);
+        let c = flowstate_wire::checksum::checksum(&f[14..34]);
+        f[14 + 10..14 + 12].copy_from_slice(&c.to_be_bytes());
+        f
+    };
+    let (client, dns) = (53000, 53);
+    // No connection yet: policy decides, as for any later fragment.
+    assert_eq!(
+        rig.send_tracked(&frag(DNS, CLIENT), IN, (dns, client)),
+        Verdict::Drop(Reason::InboundPolicy.text())
+    );
+    assert!(rig.passes(&udp(CLIENT, DNS), OUT));
+    // The reply's fragments pass on the connection, and change nothing.
+    assert_eq!(
+        rig.send_tracked(&frag(DNS, CLIENT), IN, (dns, client)),
+        Verdict::Forward
+    );
+    assert_eq!(udp_state(&rig), Some(ConnState::Unreplied));
+    assert_eq!(rig.nf.count(Reason::Tracked), 1);
+    // Another datagram's ports find no connection; the client's own address coming in is
+    // the wrong side of its connection.
+    assert_eq!(
+        rig.send_tracked(&frag(DNS, CLIENT), IN, (dns, client + 1)),
+        Verdict::Drop(Reason::InboundPolicy.text())
+    );
+    assert_eq!(
+        rig.send_tracked(&frag(CLIENT, DNS), IN, (client, dns)),
+        Verdict::Drop(Reason::WrongDirection.text())
+    );
+}
+
+#[test]
 fn non_ip_frames_pass() {
     let mut rig = firewall("");
     let mut arp = vec![0xff; 6];

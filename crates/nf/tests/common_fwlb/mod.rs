@@ -120,6 +120,48 @@ impl<N: NetworkFunction> Rig<N> {
     /// checks that nothing was changed.
     pub(crate) fn send(&mut self, frame: &mut [u8], direction: Direction) -> Verdict {
         let d = dissect(frame).expect("test frames dissect");
+        self.send_as(frame, d, direction)
+    }
+
+    /// [`Rig::send`] for a later fragment whose datagram has `ports`, as the runtime's
+    /// fragment tracker hands it on; the verdict.
+    pub(crate) fn send_tracked(
+        &mut self,
+        frame: &[u8],
+        direction: Direction,
+        ports: (u16, u16),
+    ) -> Verdict {
+        let mut d = dissect(frame).expect("test frames dissect");
+        assert_eq!(d.fragment, flowstate_wire::dissect::Fragment::Later);
+        d.fragment = flowstate_wire::dissect::Fragment::Tracked;
+        if let Some(f) = d.flow.as_mut() {
+            (f.src_port, f.dst_port) = ports;
+        }
+        let mut frame = frame.to_vec();
+        let copy = frame.clone();
+        let mut pkt = Packet {
+            data: &mut frame,
+            dissection: d,
+            direction,
+        };
+        let cx = Context {
+            now: self.now,
+            clock: 0,
+            worker: 0,
+        };
+        let v = self.nf.process(&mut pkt, &cx);
+        assert_eq!(pkt.dissection, d, "a fragment's dissection was changed");
+        assert_eq!(frame, copy, "a fragment was changed");
+        self.part.maybe_flush(self.now);
+        v
+    }
+
+    fn send_as(
+        &mut self,
+        frame: &mut [u8],
+        d: flowstate_wire::Dissection,
+        direction: Direction,
+    ) -> Verdict {
         let before = verify_checksums(frame, &d);
         let copy = frame.to_vec();
         let mut pkt = Packet {
