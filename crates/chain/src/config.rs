@@ -48,9 +48,10 @@
 //! `packets` (default: `flows` times the profile's typical flow size), `seed` (default 1),
 //! `ipv6_share`, `tcp_share`, `zipf`, `size` (`"60"`, `"60-1514"`, `"imix"`), `rate`
 //! (packets a second, for timestamps), `concurrency`, the subnets `clients_v4`,
-//! `servers_v4`, `clients_v6`, `servers_v6`, `scanners` and `scan_probes` (profile `scan`), and
-//! `per_worker = true` to have each worker
-//! generate its own share instead of one generator feeding the dispatcher (see
+//! `servers_v4`, `clients_v6`, `servers_v6`, `scanners` and `scan_probes` (profile `scan`),
+//! `clients_only = true` to generate only the clients' packets (with `reflect`, whose
+//! answers stand in for the servers'), and `per_worker = true` to have each worker generate
+//! its own share instead of one generator feeding the dispatcher (see
 //! [`flowstate_io::synth`] for their meaning and defaults).
 //!
 //! Relative paths are relative to the current directory (like most command-line tools), not to
@@ -530,6 +531,7 @@ struct RawSynthetic {
     servers_v6: Option<String>,
     scanners: Option<u64>,
     scan_probes: Option<u64>,
+    clients_only: Option<bool>,
     per_worker: Option<bool>,
 }
 
@@ -1183,6 +1185,7 @@ fn synthetic(s: RawSynthetic, file: &Path) -> Result<SyntheticInput, ConfigError
     if let Some(v) = s.scan_probes {
         c.scan_probes = v;
     }
+    c.clients_only = s.clients_only.unwrap_or(false);
     let subnet_err = |k: &str, reason: String| ConfigError::new(file, key(k), reason);
     let v4 = |k: &str, v: &str| {
         flowstate_config::parse_prefix_v4(v)

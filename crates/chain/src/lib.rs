@@ -261,6 +261,7 @@ impl<'a, S> Counting<'a, S> {
 
 impl<S: Source> Source for Counting<'_, S> {
     fn recv(&mut self, batch: &mut PacketBatch) -> flowstate_io::Result<usize> {
+        let before = self.inner.as_ref().and_then(Source::progress);
         let n = match &mut self.inner {
             Some(s) => s.recv(batch)?,
             None => {
@@ -269,7 +270,11 @@ impl<S: Source> Source for Counting<'_, S> {
             }
         };
         if let Some(p) = self.progress {
-            p(n as u64);
+            let after = self.inner.as_ref().and_then(Source::progress);
+            p(match (before, after) {
+                (Some(a), Some(b)) => b.saturating_sub(a),
+                _ => n as u64,
+            });
         }
         Ok(n)
     }

@@ -305,11 +305,12 @@ fn demo(a: DemoArgs) -> Result<()> {
     }
     if !a.json {
         eprintln!(
-            "flowstate demo: a synthetic trace of {} packets in {} flows through firewall -> NAT -> \
-             load balancer, {} workers each generating its share, state on the embedded store.\n\
-             The trace's outside-to-inside packets are addressed to the clients' inside addresses, \
-             which a NAT never receives: they are skipped, and the reflect stage answers each \
-             packet that leaves the chain as its outside host would, back through the chain.",
+            "flowstate demo: the clients' packets of a synthetic trace of {} packets in {} flows \
+             through firewall -> NAT -> load balancer, {} workers each generating its share, state \
+             on the embedded store.\nThe reflect stage answers each packet that leaves the chain \
+             as its outside host would, back through the chain (the trace's own server packets \
+             are not generated: they are addressed to the clients' inside addresses, which a NAT \
+             never receives).",
             a.packets, a.flows, config.runtime.workers
         );
     }

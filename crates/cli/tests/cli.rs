@@ -224,7 +224,10 @@ fn demo_runs_the_chain_with_state_at_work() {
     );
     let s: serde_json::Value =
         serde_json::from_slice(&out.stdout).expect("demo --json prints JSON");
-    assert_eq!(s["packets_in"], 20000);
+    // Only the clients' packets of the 20,000 are generated (the reflect stage answers).
+    let read = s["packets_in"].as_u64().unwrap();
+    assert!((5_000..20_000).contains(&read), "{s}");
+    assert_eq!(s["skipped"], 0, "{s}");
     assert_eq!(s["dropped_total"], 0, "nothing legitimate is dropped: {s}");
     assert!(s["reflected"].as_u64().unwrap() > 0, "the outside answers");
     // Mpps counts what the chain ran: the packets not skipped, and the answers.

@@ -108,6 +108,12 @@ impl PacketBatch {
         self.len = 0;
     }
 
+    /// Keeps the first `len` packets (all of them when there are fewer), dropping the rest.
+    #[inline]
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
     /// Appends a copy of `data` (truncated to [`buf_size`](Self::buf_size)) with `meta`.
     /// Returns `false`, storing nothing, when the batch is full.
     #[inline]
@@ -201,6 +207,10 @@ mod tests {
         assert_eq!(b.iter().map(|(p, _)| p[0]).collect::<Vec<_>>(), [1, 2, 3]);
         b.set_capacity(0);
         assert_eq!(b.capacity(), 1, "never below one");
+        b.truncate(1);
+        assert_eq!(b.iter().map(|(p, _)| p[0]).collect::<Vec<_>>(), [1]);
+        b.truncate(5);
+        assert_eq!(b.len(), 1);
     }
 
     #[test]

@@ -85,6 +85,13 @@ pub trait Source {
     fn idle_now(&mut self) -> Option<u64> {
         None
     }
+
+    /// Work done so far, for a progress bar, when it is not the packets received (a generator
+    /// that leaves packets out, [`synth::SynthConfig::clients_only`]); `None` (the default):
+    /// the packets received are the measure.
+    fn progress(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// Something that consumes packets: a capture file, an interface, a counter.

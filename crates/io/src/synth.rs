@@ -470,6 +470,12 @@ pub struct SynthConfig {
     /// `scan` only: first-contact probes per scanner; 0 (the default) = one per 5 flows of
     /// the trace shared among the scanners, 1 to 200 each.
     pub scan_probes: u64,
+    /// Emit only the clients' packets (default `false`): the servers' packets are drawn as in
+    /// the whole trace, so the clients' packets are the same bytes, but they are neither
+    /// written nor emitted. `packets` still counts the whole trace (the progress counts
+    /// both). For a chain whose outside is played by the reflect stage (`flowstate demo`).
+    /// Not for the `scan` and `trojan` profiles.
+    pub clients_only: bool,
 }
 
 impl Default for SynthConfig {
@@ -517,6 +523,7 @@ impl SynthConfig {
             servers_v6: Ipv6Net::new(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0), 32),
             scanners: 4,
             scan_probes: 0,
+            clients_only: false,
         }
     }
 
@@ -534,6 +541,12 @@ impl SynthConfig {
 
     /// Checks every option; the error names the option and what was expected.
     pub fn validate(&self) -> Result<()> {
+        if self.clients_only && matches!(self.profile, Profile::Scan | Profile::Trojan) {
+            return Err(Error::Option {
+                name: "clients_only",
+                reason: format!("not for the {} profile", self.profile),
+            });
+        }
         if self.profile == Profile::Scan {
             return ScanPart::plan(self).map(|_| ());
         }
@@ -1272,8 +1285,9 @@ impl Synthetic {
     }
 
     /// Writes the next packet into `buf` (or, when it is too short, a truncated copy) and sets
-    /// `meta`; returns the stored length. The trace must not be exhausted.
-    fn emit(&mut self, buf: &mut [u8], meta: &mut PacketMeta) -> usize {
+    /// `meta`; returns the stored length, `None` for a server's packet left out
+    /// ([`SynthConfig::clients_only`]). The trace must not be exhausted.
+    fn emit(&mut self, buf: &mut [u8], meta: &mut PacketMeta) -> Option<usize> {
         let slot = self.pop_due();
         let index = self.progress();
         let ts_ns = self
@@ -1281,7 +1295,7 @@ impl Synthetic {
             .start_ns
             .saturating_add((index as f64 * self.period_ns) as u64);
         self.emitted += 1;
-        let (len, wire_len) = self.write_packet(slot as usize, ts_ns, buf);
+        let written = self.write_packet(slot as usize, ts_ns, buf);
         let state = &mut self.slots[slot as usize];
         state.sent += 1;
         if state.sent < state.count {
@@ -1290,12 +1304,13 @@ impl Synthetic {
         } else {
             self.free.push(slot);
         }
+        let (len, wire_len) = written?;
         *meta = PacketMeta {
             timestamp_ns: ts_ns,
             wire_len: wire_len as u32,
             ..PacketMeta::default()
         };
-        len
+        Some(len)
     }
 
     /// The slot of the flow whose packet is due next: the least (time, flow).
@@ -1443,7 +1458,8 @@ impl Synthetic {
     }
 
     /// Writes packet `sent` of the flow in `slot`; returns (stored, wire) lengths.
-    fn write_packet(&mut self, slot: usize, ts_ns: u64, buf: &mut [u8]) -> (usize, usize) {
+    fn write_packet(&mut self, slot: usize, ts_ns: u64, buf: &mut [u8]) -> Option<(usize, usize)> {
+        let clients_only = self.config.clients_only;
         let (flow, kind) = (self.slots[slot].flow, self.slots[slot].kind);
         let ep = self.endpoints(flow, kind);
         let profile = self.config.profile;
@@ -1492,7 +1508,16 @@ impl Synthetic {
             }
         } else if kind & KIND_TCP != 0 {
             let proto = Proto::of(true, ep.server_port);
-            tcp_segment(st, &ep, sizes, ts_ns, proto, app_seed, app_buf)
+            tcp_segment(
+                st,
+                &ep,
+                sizes,
+                ts_ns,
+                proto,
+                app_seed,
+                app_buf,
+                clients_only,
+            )
         } else {
             let from_client = k.is_multiple_of(2);
             let hdr = header_len(ep.v6, false, 0);
@@ -1503,7 +1528,7 @@ impl Synthetic {
                 dst_port: dp,
             };
             let proto = Proto::of(false, ep.server_port);
-            let payload = if proto == Proto::Counter {
+            let payload = if proto == Proto::Counter || (clients_only && !from_client) {
                 Payload::Counter {
                     len,
                     start: (per_flow as u8).wrapping_add(k as u8),
@@ -1519,6 +1544,9 @@ impl Synthetic {
             };
             (from_client, L4Spec::Udp(udp), payload)
         };
+        if clients_only && !from_client {
+            return None;
+        }
 
         // Network layer: per-side TTL / hop limit, IPv4 id counting per flow, RFC 6437 labels.
         let hops = 1 + (per_flow >> 8) as u8 % 20;
@@ -1557,7 +1585,7 @@ impl Synthetic {
             min_len: ETHERNET_MIN_LEN,
         };
         let wire = spec.frame_len();
-        if buf.len() >= wire {
+        Some(if buf.len() >= wire {
             let n = spec.write(buf).unwrap_or(0);
             (n, n)
         } else {
@@ -1567,7 +1595,7 @@ impl Synthetic {
             let stored = n.min(buf.len());
             buf[..stored].copy_from_slice(&self.scratch[..stored]);
             (stored, n)
-        }
+        })
     }
 }
 
@@ -1594,6 +1622,7 @@ fn tcp_segment<'a>(
     proto: Proto,
     seed: u64,
     out: &'a mut [u8; 2048],
+    clients_only: bool,
 ) -> (bool, L4Spec, Payload<'a>) {
     use tcp_flags::{ACK, FIN, PSH, SYN};
     let k = st.sent;
@@ -1650,7 +1679,7 @@ fn tcp_segment<'a>(
     } else {
         let drawn = sizes.sample(&mut st.sizes).saturating_sub(data_hdr).max(1);
         let len = drawn + std::mem::take(&mut st.extra) as usize;
-        if proto != Proto::Counter {
+        if proto != Proto::Counter && !clients_only {
             let (msg, total, off) = (u64::from(st.msg), st.resp_len as usize, st.resp_off);
             app::server_write(proto, msg, total, seed, off as usize, &mut out[..len]);
             st.resp_off += len as u32;
@@ -2168,7 +2197,7 @@ impl ScanPart {
 
 impl Synthetic {
     /// `scan`: the next packet of the mixed trace, a probe's or the normal traffic's.
-    fn emit_mixed(&mut self, buf: &mut [u8], meta: &mut PacketMeta) -> usize {
+    fn emit_mixed(&mut self, buf: &mut [u8], meta: &mut PacketMeta) -> Option<usize> {
         let k = self.progress();
         let total = self.total_packets();
         let probe = self.scan.as_ref().is_some_and(|s| s.due(k, total))
@@ -2180,25 +2209,38 @@ impl Synthetic {
             .config
             .start_ns
             .saturating_add((k as f64 * self.period_ns) as u64);
-        let Some(scan) = self.scan.as_mut() else {
-            return 0;
-        };
+        let scan = self.scan.as_mut()?;
         let (len, wire_len) = scan.write(buf, &mut self.scratch);
         *meta = PacketMeta {
             timestamp_ns: ts_ns,
             wire_len: wire_len as u32,
             ..PacketMeta::default()
         };
-        len
+        Some(len)
     }
 }
 
 impl Source for Synthetic {
+    /// Packets of the trace generated, those left out included.
+    fn progress(&self) -> Option<u64> {
+        Some(Synthetic::progress(self))
+    }
+
     fn recv(&mut self, batch: &mut PacketBatch) -> Result<usize> {
         batch.clear();
         if self.scan.is_some() {
             while self.progress() < self.total_packets() && !batch.is_full() {
-                batch.push_with(|buf, meta| self.emit_mixed(buf, meta));
+                let n = batch.len();
+                let mut left_out = false;
+                batch.push_with(|buf, meta| {
+                    self.emit_mixed(buf, meta).unwrap_or_else(|| {
+                        left_out = true;
+                        0
+                    })
+                });
+                if left_out {
+                    batch.truncate(n);
+                }
             }
             return Ok(batch.len());
         }
@@ -2222,7 +2264,17 @@ impl Source for Synthetic {
             return Ok(batch.len());
         }
         while self.emitted < self.config.packets && !batch.is_full() {
-            batch.push_with(|buf, meta| self.emit(buf, meta));
+            let n = batch.len();
+            let mut left_out = false;
+            batch.push_with(|buf, meta| {
+                self.emit(buf, meta).unwrap_or_else(|| {
+                    left_out = true;
+                    0
+                })
+            });
+            if left_out {
+                batch.truncate(n); // a server's packet ([`SynthConfig::clients_only`])
+            }
         }
         Ok(batch.len())
     }

@@ -6,7 +6,7 @@ use flowstate_io::synth::{Profile, SizeDist, SynthConfig, Synthetic, CLIENT_MAC}
 use flowstate_wire::build::tcp_flags::{ACK, FIN, PSH, RST, SYN};
 use flowstate_wire::FlowKey;
 use std::collections::BTreeMap;
-use synth_common::{app, generate, parse, Pkt};
+use synth_common::{app, generate, generate_with, parse, Pkt};
 
 /// Whether flows to `port` carry application data (the rest carry counter bytes).
 fn carries_application_data(tcp: bool, port: u16) -> bool {
@@ -323,6 +323,59 @@ fn addresses_come_from_the_configured_subnets() {
         assert!(
             k.src_port >= 32_768 && k.src_port <= 60_999,
             "ephemeral client port"
+        );
+    }
+}
+
+/// `clients_only`: exactly the clients' packets of the whole trace, byte for byte and with
+/// their timestamps, for every flow profile and batch size; the progress counts the whole
+/// trace; and the profiles it is not for refuse it.
+#[test]
+fn clients_only_is_the_whole_traces_client_packets() {
+    use flowstate_io::Source;
+    for profile in [
+        Profile::Long,
+        Profile::Short,
+        Profile::Mixed,
+        Profile::Uniform,
+    ] {
+        let mut cfg = SynthConfig::new(profile);
+        cfg.flows = 300;
+        cfg.packets = 20_000;
+        cfg.seed = 5;
+        cfg.ipv6_share = 0.3;
+        let whole = generate(&cfg);
+        let from_client = |f: &[u8]| {
+            let d = flowstate_wire::dissect(f).unwrap();
+            let src = d.flow.unwrap().src;
+            match src {
+                std::net::IpAddr::V4(a) => a.octets()[0] == 10,
+                std::net::IpAddr::V6(a) => a.octets()[0] == 0xfd,
+            }
+        };
+        let want: Vec<_> = whole.into_iter().filter(|(f, _)| from_client(f)).collect();
+        assert!(want.len() > 1000, "{profile}");
+        cfg.clients_only = true;
+        for batch in [1, 7, 64] {
+            assert_eq!(generate_with(&cfg, batch), want, "{profile}, batch {batch}");
+        }
+        let mut g = Synthetic::new(cfg.clone()).unwrap();
+        let mut b = flowstate_io::PacketBatch::new(64, 2048);
+        while g.recv(&mut b).unwrap() > 0 {}
+        assert_eq!(Source::progress(&g), Some(20_000), "{profile}");
+    }
+    for profile in [Profile::Scan, Profile::Trojan] {
+        let mut cfg = SynthConfig::new(profile);
+        cfg.clients_only = true;
+        assert!(
+            matches!(
+                cfg.validate(),
+                Err(flowstate_io::Error::Option {
+                    name: "clients_only",
+                    ..
+                })
+            ),
+            "{profile}"
         );
     }
 }
