@@ -1614,6 +1614,7 @@ fn header_len(v6: bool, tcp: bool, tcp_options: usize) -> usize {
 }
 
 /// The next segment of a whole TCP flow (see the module documentation).
+#[allow(clippy::too_many_arguments)]
 fn tcp_segment<'a>(
     st: &mut FlowState,
     ep: &Endpoints,
