@@ -13,7 +13,7 @@
 //! * A later fragment that comes before its first fragment is copied and held until the
 //!   first fragment comes; then it goes through right after it.
 //! * A datagram is forgotten once its fragments have covered its length (the last fragment
-//!   gives the length), or `timeout` after its first fragment seen (checked every quarter
+//!   gives the length), or `timeout` after the first of its fragments came (checked every quarter
 //!   `timeout`, when fragments come); fragments still held then are dropped as
 //!   `fragments.first_missing`, and so are those held when the input ends.
 //! * Bounded: at most `datagrams` datagrams tracked and `held` fragments held (each a
@@ -322,7 +322,7 @@ impl FragmentTracker {
             dg.total = offset + payload;
         }
         if dg.total > 0 && dg.seen >= dg.total {
-            // Every byte came (a held fragment counts only once it is released).
+            // Every byte came (held fragments counted when they came, and released now).
             self.datagrams.remove(&key);
         }
         Admit::Pass
