@@ -209,19 +209,19 @@ fn simultaneous_open_goes_through_syn_sent2() {
 #[test]
 fn a_connection_encodes_with_its_windows() {
     // What a store holds: the entry, windows included, comes back as it was.
+    use flowstate_nf::firewall::{window::Window, TcpConn};
+    use flowstate_state::Codec;
     let rig = established(STRICT);
-    let before = rig.nf.connection(&flow_of(&c(ACK, 0, 0, b""))).unwrap();
+    let flow = flow_of(&c(ACK, 0, 0, b""));
+    let before = TcpConn {
+        conn: rig.nf.connection(&flow).unwrap(),
+        tcp: rig.nf.window(&flow).unwrap(),
+    };
     assert_ne!(before.tcp.seen[0].maxwin, 0);
     assert_ne!(before.tcp.seen[1].maxwin, 0);
-    let mut out = Vec::new();
-    flowstate_state::Codec::encode(&before, &mut out);
-    let after: flowstate_nf::firewall::Conn =
-        flowstate_state::Codec::decode(&mut &out[..]).unwrap();
-    assert_eq!(after, before);
-    assert_eq!(
-        out.len(),
-        2 + flowstate_nf::firewall::window::Window::ENCODED_LEN
-    );
+    let out = before.to_bytes();
+    assert_eq!(TcpConn::from_bytes(&out).unwrap(), before);
+    assert_eq!(out.len(), 2 + Window::ENCODED_LEN);
 }
 
 #[test]
@@ -291,6 +291,8 @@ proptest::proptest! {
             let _ = rig.pass(&frame, dir);
             let by_state: i64 = ConnState::ALL.iter().map(|&s| rig.nf.connections_in(s)).sum();
             proptest::prop_assert_eq!(by_state, rig.nf.tracked() as i64);
+            // Every connection here is TCP: all in the TCP map.
+            proptest::prop_assert_eq!(rig.nf.tracked_tcp(), rig.nf.tracked());
         }
     }
 }
@@ -299,9 +301,15 @@ proptest::proptest! {
 fn liberal_keeps_no_windows_and_leaves_established_entries_alone() {
     use flowstate_nf::firewall::window::Seen;
     let mut rig = established("");
-    let entry = |rig: &Rig<Firewall>| rig.nf.connection(&flow_of(&c(ACK, 0, 0, b""))).unwrap();
+    let entry = |rig: &Rig<Firewall>| {
+        let flow = flow_of(&c(ACK, 0, 0, b""));
+        (
+            rig.nf.connection(&flow).unwrap(),
+            rig.nf.window(&flow).unwrap(),
+        )
+    };
     let before = entry(&rig);
-    assert_eq!(before.tcp.seen, [Seen::default(); 2]);
+    assert_eq!(before.1.seen, [Seen::default(); 2]);
     assert!(rig.passes(&s(ACK | PSH, S + 1, C + 101, &[b'x'; 500]), IN));
     assert!(rig.passes(&c(ACK, C + 101, S + 501, b""), OUT));
     assert_eq!(entry(&rig), before);
