@@ -1421,11 +1421,16 @@ impl Firewall {
     ) -> Result<(), Reason> {
         let (old, new) = (cur.conn().state, next.conn().state);
         let ttl = self.timeout(new, key.proto);
+        let changed = next != cur;
         let renewed = map.renew_with(key, now, |c| {
-            *c = next;
+            // Unchanged, not written: a TCP entry's 64-byte value lies across its two cache
+            // lines, and storing it again would dirty what the renewal may leave clean.
+            if changed {
+                *c = next;
+            }
             (ttl, ())
         });
-        if next == cur {
+        if !changed {
             // Only the timer: a failed renewal leaves the entry to expire earlier.
             return Ok(());
         }
@@ -1750,6 +1755,8 @@ impl Firewall {
 
     /// UDP and other protocols.
     fn datagram(&self, flow: &FlowKey, dir: Direction, now: Nanos) -> Reason {
+        // A TCP packet is dissected as TCP or not at all: its key never reaches `datagrams`.
+        debug_assert_ne!(flow.proto, proto::TCP);
         let key = canonical(flow);
         let Ok(conn) = self.datagrams.with(&key, |c| c.copied()) else {
             return Reason::StateUnavailable;
