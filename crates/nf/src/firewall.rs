@@ -35,6 +35,18 @@
 //!   answered, an ended one) with `early_drop = true` (the default, as conntrack's early
 //!   drop), else it is dropped as `"table full"`. So a SYN flood from spoofed sources evicts
 //!   only its own entries while established connections go on (tested in the lab).
+//!
+//! **Two maps, one lookup a packet** (issue #22). TCP connections are entries of `conns`
+//! ([`TcpConn`]: the [`Conn`] and both directions' [`Window`]s inline, two 64-byte cache lines
+//! in the state crate's map cache, as the single map of earlier versions had every entry);
+//! UDP, ICMP echo and other connections are entries of `datagrams` (the 4-byte [`Conn`]: with
+//! its key and timer words one cache line). A packet's protocol picks the map, so every
+//! packet looks up one entry in one map, and a UDP packet loads one line instead of two.
+//! Both maps are per-flow state of the same partition (flushed, moved and taken over from the
+//! store alike); `max_connections`, early drop, the gauges, the `connections` table and the
+//! report count both. `conns` keeps the earlier versions' encoding, so the TCP connections
+//! they stored decode with their windows; their UDP and ICMP connections, stored in `conns`
+//! too, are moved to `datagrams` when an answer from outside would otherwise be refused.
 
 pub mod window;
 
@@ -558,7 +570,9 @@ enum Side {
     Reply,
 }
 
-/// A conntrack entry: the value of the `conns` map.
+/// A connection's own facts, 4 bytes: the whole entry of a UDP, ICMP echo or other
+/// connection (the `datagrams` map), and the head of a TCP connection's entry ([`TcpConn`],
+/// the `conns` map).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Conn {
     /// Current state.
@@ -569,9 +583,25 @@ pub struct Conn {
     pub opened_from: Direction,
     /// TCP: the side that sent the first FIN, `Some(true)` for the opener.
     pub first_fin_by_opener: Option<bool>,
-    /// TCP: both directions' windows (all zero for other protocols).
+}
+
+/// A TCP connection: the value of the `conns` map, its windows inline, so that a segment
+/// reads its connection in one lookup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpConn {
+    /// State, sides, first FIN.
+    pub conn: Conn,
+    /// Both directions' windows.
     pub tcp: Window,
 }
+
+// What a lookup loads (issue #22): the state crate's map cache keeps each entry (the 40-byte
+// `FlowKey`, the value and two timer words) in slots aligned to 64-byte cache lines. A UDP,
+// ICMP or other connection's entry is one line, as the NAT's sessions; a TCP connection's,
+// its windows inline, is two (the windows alone are 57 bytes), as it was before the maps
+// were split. A field more in `Conn` would make every UDP packet load two lines.
+const _: () = assert!(flowstate_state::map_entry_lines::<FlowKey, Conn>() == 1);
+const _: () = assert!(flowstate_state::map_entry_lines::<FlowKey, TcpConn>() == 2);
 
 impl Conn {
     fn side_of(&self, flow: &FlowKey) -> Side {
@@ -595,6 +625,8 @@ impl Conn {
     }
 }
 
+/// Two bytes: the state's code, then the flags (the opener's side, where it came from, who
+/// sent the first FIN).
 impl Codec for Conn {
     fn encode(&self, out: &mut Vec<u8>) {
         let flags = u8::from(self.opener_is_canonical_src)
@@ -605,9 +637,6 @@ impl Codec for Conn {
                 Some(false) => 0b1000,
             };
         (self.state as u8, flags).encode(out);
-        if self.state.is_tcp() {
-            self.tcp.encode(out);
-        }
     }
 
     fn decode(input: &mut &[u8]) -> Result<Self, CodecError> {
@@ -617,17 +646,8 @@ impl Codec for Conn {
         if flags & !0b1111 != 0 || flags & 0b1100 == 0b1100 {
             return Err(CodecError::Invalid("firewall connection flags"));
         }
-        // An entry written before window tracking has no window: the connection's windows are
-        // then learnt from its next segments, as conntrack learns a connection picked up in
-        // the middle (or one back from flowtable offload).
-        let tcp = if state.is_tcp() && !input.is_empty() {
-            Window::decode(input)?
-        } else {
-            Window::default()
-        };
         Ok(Conn {
             state,
-            tcp,
             opener_is_canonical_src: flags & 1 != 0,
             opened_from: if flags & 2 != 0 {
                 Direction::Inbound
@@ -640,6 +660,51 @@ impl Codec for Conn {
                 _ => None,
             },
         })
+    }
+}
+
+/// The [`Conn`], then the [`Window`]: the form of the single `conns` map of the versions
+/// before the split, so the TCP connections they stored decode as they were. Those versions
+/// kept every connection in `conns`: an entry in a UDP or other state decodes (the listing
+/// shows it) with no window.
+impl Codec for TcpConn {
+    fn encode(&self, out: &mut Vec<u8>) {
+        self.conn.encode(out);
+        if self.conn.state.is_tcp() {
+            self.tcp.encode(out);
+        }
+    }
+
+    fn decode(input: &mut &[u8]) -> Result<Self, CodecError> {
+        let conn = Conn::decode(input)?;
+        // An entry written before window tracking has no window: the connection's windows are
+        // then learnt from its next segments, as conntrack learns a connection picked up in
+        // the middle (or one back from flowtable offload).
+        let tcp = if conn.state.is_tcp() && !input.is_empty() {
+            Window::decode(input)?
+        } else {
+            Window::default()
+        };
+        Ok(TcpConn { conn, tcp })
+    }
+}
+
+/// A map's value: a [`Conn`], or one with more beside it.
+trait Entry: Codec + Copy + PartialEq + 'static {
+    fn conn(&self) -> &Conn;
+}
+
+impl Entry for Conn {
+    #[inline]
+    fn conn(&self) -> &Conn {
+        self
+    }
+}
+
+impl Entry for TcpConn {
+    #[inline]
+    fn conn(&self) -> &Conn {
+        &self.conn
     }
 }
 
@@ -849,6 +914,14 @@ impl Reason {
         (self as u8) < 20
     }
 
+    /// Whether the rules or the default policy refused the packet.
+    const fn by_policy(self) -> bool {
+        matches!(
+            self,
+            Reason::DenyRule | Reason::InboundPolicy | Reason::OutboundPolicy
+        )
+    }
+
     /// The text of the reason (the [`Verdict::Drop`] reason for a dropped packet).
     pub const fn text(self) -> &'static str {
         match self {
@@ -1003,6 +1076,7 @@ impl Factory {
             )?,
             cfg: Arc::clone(&self.0),
             conns: state.map("conns", Scope::PerFlow, Access::ReadWrite)?,
+            datagrams: state.map("datagrams", Scope::PerFlow, Access::ReadWrite)?,
             allowed: state.counter_map("allowed", Scope::CrossFlow(&[]), Access::WriteMostly)?,
             denied: state.counter_map("denied", Scope::CrossFlow(&[]), Access::WriteMostly)?,
             by_state: state.counter_map(
@@ -1061,7 +1135,10 @@ impl NfFactory for Factory {
         if table != "connections" {
             return Ok(false);
         }
-        for (k, c) in store.map::<FlowKey, Conn>("conns")? {
+        for (k, c) in store.map::<FlowKey, TcpConn>("conns")? {
+            out.push(connection_row(&k, &c.conn, Cell::None));
+        }
+        for (k, c) in store.map::<FlowKey, Conn>("datagrams")? {
             out.push(connection_row(&k, &c, Cell::None));
         }
         Ok(true)
@@ -1094,8 +1171,11 @@ fn connection_row(k: &FlowKey, c: &Conn, left: Cell) -> Row {
 /// One worker's firewall.
 pub struct Firewall {
     cfg: Arc<Compiled>,
-    /// Conntrack entries by canonical flow key.
-    conns: Map<FlowKey, Conn>,
+    /// TCP connections by canonical flow key, their windows inline.
+    conns: Map<FlowKey, TcpConn>,
+    /// UDP, ICMP echo and other protocols' connections by canonical flow key. Each packet
+    /// looks its connection up in the map of its protocol only.
+    datagrams: Map<FlowKey, Conn>,
     /// Packets let through, by [`Reason`] code.
     allowed: CounterMap<u8>,
     /// Packets dropped, by [`Reason`] code.
@@ -1151,11 +1231,31 @@ enum Policy {
 impl Firewall {
     /// The tracked connection `flow` (either direction) belongs to, if any.
     pub fn connection(&self, flow: &FlowKey) -> Option<Conn> {
-        self.conns.get(&canonical(flow)).ok().flatten()
+        let key = canonical(flow);
+        if key.proto == proto::TCP {
+            self.conns.get(&key).ok().flatten().map(|c| c.conn)
+        } else {
+            self.datagrams.get(&key).ok().flatten()
+        }
+    }
+
+    /// The windows of the TCP connection `flow` belongs to, if it is one.
+    pub fn window(&self, flow: &FlowKey) -> Option<Window> {
+        let key = canonical(flow);
+        if key.proto != proto::TCP {
+            return None;
+        }
+        self.conns.get(&key).ok().flatten().map(|c| c.tcp)
     }
 
     /// Number of tracked connections on this worker.
     pub fn tracked(&self) -> usize {
+        self.conns.cached_len() + self.datagrams.cached_len()
+    }
+
+    /// Number of tracked TCP connections on this worker (the entries of `conns`; the others
+    /// are in `datagrams`).
+    pub fn tracked_tcp(&self) -> usize {
         self.conns.cached_len()
     }
 
@@ -1224,26 +1324,37 @@ impl Firewall {
         self.candidates.borrow_mut().remember(key);
     }
 
-    /// Early drop: ends the oldest expendable connection among the next candidates.
+    /// Early drop: ends the oldest expendable connection among the next candidates, TCP or
+    /// not.
     fn make_room(&self) -> bool {
         self.candidates.borrow_mut().make_room(|k| {
-            let Ok(Some(c)) = self.conns.with(&k, |c| c.copied()) else {
-                return false;
-            };
-            if c.state.expendable() && self.conns.remove_nowait(&k).is_some() {
-                self.gauge(c.state, -1);
-                self.early_dropped.add_nowait(1);
-                return true;
+            if k.proto == proto::TCP {
+                self.end_early(&self.conns, &k)
+            } else {
+                self.end_early(&self.datagrams, &k)
             }
-            false
         })
+    }
+
+    /// Ends the connection `k` of `map` if it is expendable; whether it did.
+    fn end_early<V: Entry>(&self, map: &Map<FlowKey, V>, k: &FlowKey) -> bool {
+        let Ok(Some(state)) = map.with(k, |c| c.map(|c| c.conn().state)) else {
+            return false;
+        };
+        if state.expendable() && map.remove_nowait(k).is_some() {
+            self.gauge(state, -1);
+            self.early_dropped.add_nowait(1);
+            return true;
+        }
+        false
     }
 
     fn gauge(&self, state: ConnState, delta: i64) {
         self.by_state.add_to_nowait(&(state as u8), delta);
     }
 
-    /// Opens a connection in `state` for the packet `flow` from `dir`, if the policy allows.
+    /// Opens a connection in `state` for the packet `flow` from `dir`, if the policy allows;
+    /// a TCP connection (`tcp`: its windows) in `conns`, another in `datagrams`.
     fn open(
         &self,
         key: FlowKey,
@@ -1251,7 +1362,7 @@ impl Firewall {
         dir: Direction,
         state: ConnState,
         now: Nanos,
-        tcp: Window,
+        tcp: Option<Window>,
     ) -> Reason {
         let dport = matches!(flow.proto, proto::TCP | proto::UDP).then_some(flow.dst_port);
         match self.policy(flow, dport, dir) {
@@ -1262,18 +1373,15 @@ impl Firewall {
                     opener_is_canonical_src: is_canonical(flow),
                     opened_from: dir,
                     first_fin_by_opener: None,
-                    tcp,
                 };
-                // Replacing an ended connection (TIME_WAIT, CLOSE) takes it out of its state.
-                if let Some(old) = self.conns.remove_nowait(&key) {
-                    self.gauge(old.state, -1);
-                } else if self.conns.cached_len() >= self.limit && !self.make_room() {
+                let ttl = self.timeout(state, flow.proto);
+                let opened = match tcp {
+                    Some(tcp) => self.insert(&self.conns, key, TcpConn { conn, tcp }, ttl, now),
+                    None => self.insert(&self.datagrams, key, conn, ttl, now),
+                };
+                if !opened {
                     return Reason::TableFull;
                 }
-                self.conns.insert_nowait(key, conn);
-                self.candidate(key);
-                self.conns
-                    .expire_after(&key, self.timeout(state, flow.proto), now);
                 self.gauge(state, 1);
                 self.opened.add_nowait(1);
                 r
@@ -1281,27 +1389,63 @@ impl Firewall {
         }
     }
 
-    /// Applies `next` to the entry `key` (whose current value is `conn`), renewing its timer.
-    fn advance(&self, key: &FlowKey, conn: Conn, next: Conn, now: Nanos) -> Result<(), Reason> {
-        if next != conn {
-            let updated = self.conns.with_mut(key, |c| {
-                if let Some(c) = c {
-                    *c = next;
-                }
-            });
-            if updated.is_err() {
-                return Err(Reason::StateUnavailable);
+    /// Puts a new connection into `map`, in place of an ended one on the same tuple or, at
+    /// the limit, of an expendable one; `false` if there was no room.
+    fn insert<V: Entry>(
+        &self,
+        map: &Map<FlowKey, V>,
+        key: FlowKey,
+        value: V,
+        ttl: Duration,
+        now: Nanos,
+    ) -> bool {
+        // Replacing an ended connection (TIME_WAIT, CLOSE) takes it out of its state.
+        if let Some(old) = map.remove_nowait(&key) {
+            self.gauge(old.conn().state, -1);
+        } else if self.tracked() >= self.limit && !self.make_room() {
+            return false;
+        }
+        map.insert_nowait(key, value);
+        self.candidate(key);
+        map.expire_after(&key, ttl, now);
+        true
+    }
+
+    /// Applies `next` to the entry `key` of `map` (whose current value is `cur`) and renews
+    /// its timer, in one lookup.
+    fn advance<V: Entry>(
+        &self,
+        map: &Map<FlowKey, V>,
+        key: &FlowKey,
+        cur: V,
+        next: V,
+        now: Nanos,
+    ) -> Result<(), Reason> {
+        let (old, new) = (cur.conn().state, next.conn().state);
+        let ttl = self.timeout(new, key.proto);
+        let changed = next != cur;
+        let renewed = map.renew_with(key, now, |c| {
+            // Unchanged, not written: a TCP entry's 64-byte value lies across its two cache
+            // lines, and storing it again would dirty what the renewal may leave clean.
+            if changed {
+                *c = next;
             }
-            if next.state != conn.state {
-                self.gauge(conn.state, -1);
-                self.gauge(next.state, 1);
-                if matches!(next.state, ConnState::TimeWait | ConnState::Close) {
-                    self.candidate(*key);
-                }
+            (ttl, ())
+        });
+        if !changed {
+            // Only the timer: a failed renewal leaves the entry to expire earlier.
+            return Ok(());
+        }
+        if renewed.is_err() {
+            return Err(Reason::StateUnavailable);
+        }
+        if new != old {
+            self.gauge(old, -1);
+            self.gauge(new, 1);
+            if matches!(new, ConnState::TimeWait | ConnState::Close) {
+                self.candidate(*key);
             }
         }
-        self.conns
-            .expire_after(key, self.timeout(next.state, key.proto), now);
         Ok(())
     }
 
@@ -1362,9 +1506,9 @@ impl Firewall {
 
     /// Writes `tcp` into the entry `key` without touching its state or timer (what an
     /// ignored or invalid segment leaves behind, as conntrack's in-place updates do).
-    fn note(&self, key: &FlowKey, conn: Conn, tcp: Window) {
+    fn note(&self, key: &FlowKey, entry: TcpConn, tcp: Window) {
         let tcp = self.unchecked(tcp);
-        if tcp != conn.tcp {
+        if tcp != entry.tcp {
             // A failed write leaves the older notes: the next segment is judged on those.
             let _ = self.conns.with_mut(key, |c| {
                 if let Some(c) = c {
@@ -1400,7 +1544,7 @@ impl Firewall {
         w.last.seg = Segment::Syn.code();
         w.last.dir = 0;
         let w = self.unchecked(w);
-        self.open(key, flow, dir, ConnState::SynSent, now, w)
+        self.open(key, flow, dir, ConnState::SynSent, now, Some(w))
     }
 
     /// TCP: conntrack's `nf_conntrack_tcp_packet`: the state machine ([`tcp_step`]), the RST
@@ -1414,16 +1558,17 @@ impl Firewall {
         };
         let seg = Seg::read(&view, !self.cfg.liberal);
         let key = canonical(flow);
-        let Ok(conn) = self.conns.with(&key, |c| c.copied()) else {
+        let Ok(entry) = self.conns.with(&key, |c| c.copied()) else {
             return Reason::StateUnavailable;
         };
-        let Some(conn) = conn else {
+        let Some(entry) = entry else {
             // NONE: only a SYN opens a connection.
             return match class {
                 Segment::Syn => self.open_tcp(key, flow, pkt.direction, &seg, now),
                 _ => Reason::TcpNoConnection,
             };
         };
+        let conn = entry.conn;
         let side = conn.side_of(flow);
         if pkt.direction != conn.expected_direction(side) {
             // A SYN from the wrong side after the connection ended opens a new one.
@@ -1435,7 +1580,7 @@ impl Firewall {
         }
         let d = usize::from(side == Side::Reply);
         let liberal = self.cfg.liberal;
-        let mut w = conn.tcp;
+        let mut w = entry.tcp;
         let mut old = conn.state;
         let simultaneous = w.flags & window::SIMULTANEOUS != 0;
         let mut new = match tcp_step(conn.state, class, side, conn.closer(), simultaneous) {
@@ -1488,7 +1633,7 @@ impl Firewall {
                         // A challenge ACK answering the SYN: the RST it draws has this seq.
                         w.last.ack = seg.ack;
                     }
-                    self.note(&key, conn, w);
+                    self.note(&key, entry, w);
                     return Reason::TcpIgnored;
                 }
             }
@@ -1506,11 +1651,11 @@ impl Firewall {
             match w.check(d, class, &seg, conn.state.phase(), liberal) {
                 Check::Accept => {}
                 Check::Ignore(_) => {
-                    self.note(&key, conn, w);
+                    self.note(&key, entry, w);
                     return Reason::TcpIgnored;
                 }
                 Check::Invalid(why) => {
-                    self.note(&key, conn, w);
+                    self.note(&key, entry, w);
                     return match (class, why) {
                         (Segment::Rst, _) => Reason::TcpRstOutOfWindow,
                         (_, Why::AckAboveData) => Reason::TcpAckAboveData,
@@ -1538,15 +1683,15 @@ impl Firewall {
         if d == 1 {
             w.flags |= window::SEEN_REPLY;
         }
-        let mut next = Conn {
-            state: new,
-            tcp: self.unchecked(w),
-            ..conn
-        };
+        let mut next = Conn { state: new, ..conn };
         if class == Segment::Fin && conn.first_fin_by_opener.is_none() {
             next.first_fin_by_opener = Some(side == Side::Orig);
         }
-        match self.advance(&key, conn, next, now) {
+        let next = TcpConn {
+            conn: next,
+            tcp: self.unchecked(w),
+        };
+        match self.advance(&self.conns, &key, entry, next, now) {
             Ok(()) => Reason::Tracked,
             Err(r) => r,
         }
@@ -1603,14 +1748,42 @@ impl Firewall {
         }
     }
 
+    /// A UDP, ICMP echo or other connection that the versions before the split stored in
+    /// `conns` (one map for all), moved to `datagrams`. Looked for only where a packet of no
+    /// connection would be refused (an answer from outside), so that opening a connection
+    /// still costs one lookup (on a remote store, one read).
+    #[cold]
+    fn adopt(&self, key: &FlowKey, now: Nanos) -> Option<Conn> {
+        let conn = self
+            .conns
+            .with(key, |c| c.map(|c| c.conn))
+            .ok()
+            .flatten()
+            .filter(|c| !c.state.is_tcp())?;
+        self.conns.remove_nowait(key);
+        self.datagrams.insert_nowait(*key, conn);
+        self.datagrams
+            .expire_after(key, self.timeout(conn.state, key.proto), now);
+        Some(conn)
+    }
+
     /// UDP and other protocols.
     fn datagram(&self, flow: &FlowKey, dir: Direction, now: Nanos) -> Reason {
+        // A TCP packet is dissected as TCP or not at all: its key never reaches `datagrams`.
+        debug_assert_ne!(flow.proto, proto::TCP);
         let key = canonical(flow);
-        let Ok(conn) = self.conns.with(&key, |c| c.copied()) else {
+        let Ok(conn) = self.datagrams.with(&key, |c| c.copied()) else {
             return Reason::StateUnavailable;
         };
-        let Some(conn) = conn else {
-            return self.open(key, flow, dir, ConnState::Unreplied, now, Window::default());
+        let conn = match conn {
+            Some(conn) => conn,
+            None => {
+                let r = self.open(key, flow, dir, ConnState::Unreplied, now, None);
+                match r.by_policy().then(|| self.adopt(&key, now)).flatten() {
+                    Some(conn) => conn,
+                    None => return r,
+                }
+            }
         };
         let side = conn.side_of(flow);
         if dir != conn.expected_direction(side) {
@@ -1621,7 +1794,7 @@ impl Firewall {
         } else {
             conn.state
         };
-        match self.advance(&key, conn, Conn { state, ..conn }, now) {
+        match self.advance(&self.datagrams, &key, conn, Conn { state, ..conn }, now) {
             Ok(()) => Reason::Tracked,
             Err(r) => r,
         }
@@ -1630,15 +1803,23 @@ impl Firewall {
     /// ICMP echo: the request's sender opens, the replies answer.
     fn echo(&self, flow: &FlowKey, dir: Direction, request: bool, now: Nanos) -> Reason {
         let key = canonical(flow);
-        let Ok(conn) = self.conns.with(&key, |c| c.copied()) else {
+        let Ok(conn) = self.datagrams.with(&key, |c| c.copied()) else {
             return Reason::StateUnavailable;
         };
-        let Some(conn) = conn else {
-            return if request {
-                self.open(key, flow, dir, ConnState::Unreplied, now, Window::default())
-            } else {
-                Reason::IcmpUnsolicitedReply
-            };
+        let conn = match conn {
+            Some(conn) => conn,
+            None => {
+                let r = if request {
+                    self.open(key, flow, dir, ConnState::Unreplied, now, None)
+                } else {
+                    Reason::IcmpUnsolicitedReply
+                };
+                let refused = r.by_policy() || r == Reason::IcmpUnsolicitedReply;
+                match refused.then(|| self.adopt(&key, now)).flatten() {
+                    Some(conn) => conn,
+                    None => return r,
+                }
+            }
         };
         let side = conn.side_of(flow);
         match (request, side) {
@@ -1651,7 +1832,7 @@ impl Firewall {
                 } else {
                     ConnState::Replied
                 };
-                match self.advance(&key, conn, Conn { state, ..conn }, now) {
+                match self.advance(&self.datagrams, &key, conn, Conn { state, ..conn }, now) {
                     Ok(()) => Reason::Tracked,
                     Err(r) => r,
                 }
@@ -1668,12 +1849,14 @@ impl Firewall {
     fn icmp_error(&self, flow: &FlowKey, inner: Option<FlowKey>, dir: Direction) -> Reason {
         if let Some(inner) = inner {
             let to_an_end = flow.dst == inner.src || flow.dst == inner.dst;
-            if to_an_end
-                && matches!(
-                    self.conns.with(&canonical(&inner), |c| c.is_some()),
-                    Ok(true)
-                )
-            {
+            let tracked = |key: FlowKey| {
+                if key.proto == proto::TCP {
+                    self.conns.contains_key(&key)
+                } else {
+                    self.datagrams.contains_key(&key)
+                }
+            };
+            if to_an_end && matches!(tracked(canonical(&inner)), Ok(true)) {
                 return Reason::Related;
             }
         }
@@ -1715,14 +1898,19 @@ impl NetworkFunction for Firewall {
     }
 
     /// Prefetches the connection `process` looks up: the canonical form of the packet's flow
-    /// (not for later fragments without their datagram's ports).
+    /// (not for later fragments without their datagram's ports), in the map of its protocol.
     #[inline]
     fn prefetch(&mut self, pkt: &Packet<'_>) {
         let Some(flow) = pkt.dissection.flow else {
             return;
         };
         if pkt.dissection.fragment != Fragment::Later {
-            self.conns.prefetch(&canonical(&flow));
+            let key = canonical(&flow);
+            if key.proto == proto::TCP {
+                self.conns.prefetch(&key);
+            } else {
+                self.datagrams.prefetch(&key);
+            }
         }
     }
 
@@ -1740,26 +1928,31 @@ impl NetworkFunction for Firewall {
 
     fn on_tick(&mut self, now: Nanos) {
         let (by_state, expired) = (&self.by_state, &self.expired);
-        self.conns.expire(now, |_, c| {
+        let gone = |c: &Conn| {
             by_state.add_to_nowait(&(c.state as u8), -1);
             expired.add_nowait(1);
-        });
+        };
+        self.conns.expire(now, |_, c| gone(&c.conn));
+        self.datagrams.expire(now, |_, c| gone(&c));
     }
 
     fn entries(&self) -> u64 {
-        self.conns.cached_len() as u64
+        self.tracked() as u64
     }
 
     fn list(&self, table: &str, now: Nanos, out: &mut Vec<Row>) {
         if table == "connections" {
             self.conns.for_each_timed(|k, c, deadline| {
+                out.push(connection_row(k, &c.conn, Cell::timeout(deadline, now)));
+            });
+            self.datagrams.for_each_timed(|k, c, deadline| {
                 out.push(connection_row(k, c, Cell::timeout(deadline, now)));
             });
         }
     }
 
     fn report(&self) -> Vec<(&'static str, i64)> {
-        let mut out = vec![("tracked", self.conns.cached_len() as i64)];
+        let mut out = vec![("tracked", self.tracked() as i64)];
         let (mut allowed, mut denied) = (0, 0);
         let mut reasons = Vec::new();
         for r in Reason::ALL {
@@ -1813,7 +2006,8 @@ mod tests {
     use super::*;
 
     /// A TCP entry encodes its windows; one from before window tracking (two bytes) decodes
-    /// with none, to be learnt again; a cut window is an error.
+    /// with none, to be learnt again; a cut window is an error. Other connections' entries
+    /// are two bytes; in `conns` (the single map of earlier versions) they decode too.
     #[test]
     fn tcp_entries_carry_their_windows() {
         let seg = Seg {
@@ -1827,28 +2021,33 @@ mod tests {
             state: ConnState::SynSent,
             opener_is_canonical_src: true,
             opened_from: Direction::Outbound,
-            first_fin_by_opener: None,
+            first_fin_by_opener: Some(false),
+        };
+        let entry = TcpConn {
+            conn,
             tcp: Window::open(&seg),
         };
-        let mut out = Vec::new();
-        conn.encode(&mut out);
+        let out = entry.to_bytes();
         assert_eq!(out.len(), 2 + Window::ENCODED_LEN);
-        assert_eq!(Conn::decode(&mut &out[..]).unwrap(), conn);
-        let old = Conn::decode(&mut &[3u8, 1][..]).unwrap();
+        assert_eq!(TcpConn::from_bytes(&out).unwrap(), entry);
+        assert_eq!(&conn.to_bytes()[..], &out[..2]);
+        let old = TcpConn::from_bytes(&[3u8, 1]).unwrap();
         assert_eq!(
-            (old.state, old.tcp),
+            (old.conn.state, old.tcp),
             (ConnState::Established, Window::default())
         );
-        assert_eq!(Conn::decode(&mut &out[..20]), Err(CodecError::Truncated));
-        // UDP entries stay two bytes.
+        assert_eq!(TcpConn::from_bytes(&out[..20]), Err(CodecError::Truncated));
+        // UDP entries are two bytes, in either map.
         let udp = Conn {
             state: ConnState::Replied,
-            tcp: Window::default(),
+            first_fin_by_opener: None,
             ..conn
         };
-        out.clear();
-        udp.encode(&mut out);
-        assert_eq!(out.len(), 2);
+        assert_eq!(udp.to_bytes().len(), 2);
+        assert_eq!(Conn::from_bytes(&udp.to_bytes()).unwrap(), udp);
+        let stored = TcpConn::from_bytes(&udp.to_bytes()).unwrap();
+        assert_eq!((stored.conn, stored.tcp), (udp, Window::default()));
+        assert!(Conn::from_bytes(&out).is_err(), "a UDP entry is two bytes");
     }
 
     /// The IPv4 shortcut orders keys as `FlowKey::is_canonical` does.

@@ -25,13 +25,18 @@ fn dir(inbound: bool) -> Direction {
     }
 }
 
-/// Sum of the per-state gauges equals the number of entries.
+/// Sum of the per-state gauges equals the number of entries; the connections in a TCP state
+/// are as many as the entries of the TCP map (each connection is in the map of its protocol).
 fn consistent(rig: &Rig<flowstate_nf::firewall::Firewall>) {
     let by_state: i64 = ConnState::ALL
         .iter()
         .map(|&s| rig.nf.connections_in(s))
         .sum();
     assert_eq!(by_state, rig.nf.tracked() as i64);
+    let tcp = by_state
+        - rig.nf.connections_in(ConnState::Unreplied)
+        - rig.nf.connections_in(ConnState::Replied);
+    assert_eq!(rig.nf.tracked_tcp() as i64, tcp);
     for s in ConnState::ALL {
         assert!(rig.nf.connections_in(s) >= 0, "{s:?}");
     }

@@ -277,3 +277,42 @@ fn ipv6_tcp_udp_and_icmpv6() {
     // Other ICMPv6 informational messages follow the policy.
     assert!(!rig.passes(&icmp6("2001:db8:ffff::1", inside, 139), IN));
 }
+
+/// A UDP connection stored in `conns` by a version before TCP and other connections had maps
+/// of their own: its answer from outside finds it (moved to `datagrams`), not refused as
+/// unsolicited; one never stored is still refused.
+#[test]
+fn a_udp_connection_stored_before_the_split_is_answered() {
+    use flowstate_nf::firewall::{window::Window, Conn, TcpConn};
+    use flowstate_nf::Direction;
+    use flowstate_state::{local::LocalStore, Access, Partition, Scope, StateConfig};
+    use flowstate_wire::FlowKey;
+    let store = Remote(LocalStore::new());
+    {
+        let mut part = Partition::new(&store, StateConfig::default()).expect("partition");
+        let conns = part
+            .declare("firewall")
+            .map::<FlowKey, TcpConn>("conns", Scope::PerFlow, Access::ReadWrite)
+            .expect("declares");
+        let flow = flow_of(&udp(CLIENT, DNS));
+        let old = TcpConn {
+            conn: Conn {
+                state: ConnState::Unreplied,
+                opener_is_canonical_src: flow.is_canonical(),
+                opened_from: Direction::Outbound,
+                first_fin_by_opener: None,
+            },
+            tcp: Window::default(),
+        };
+        // The old form: two bytes, as every non-TCP entry was.
+        assert_eq!(flowstate_state::Codec::to_bytes(&old).len(), 2);
+        conns.insert(flow.canonical(), old).expect("stored");
+        part.flush_all(1).expect("flushes");
+    }
+    let mut rig = firewall_on(&store, "");
+    assert!(!rig.passes(&udp("198.51.100.54:53", CLIENT), IN));
+    assert!(rig.passes(&udp(DNS, CLIENT), IN));
+    assert_eq!(udp_state(&rig), Some(ConnState::Replied));
+    assert_eq!((rig.nf.tracked(), rig.nf.tracked_tcp()), (1, 0));
+    assert_eq!(rig.report("denied"), 1);
+}

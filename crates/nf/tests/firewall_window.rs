@@ -8,7 +8,7 @@ mod common_fwlb;
 use common_fwlb::*;
 use flowstate_nf::firewall::{ConnState, Firewall, Reason};
 use flowstate_nf::Verdict;
-use flowstate_wire::build::{IpSpec, Ipv4Spec, L4Spec, TcpOptions, TcpSpec};
+use flowstate_wire::build::{IpSpec, Ipv4Spec, L4Spec, TcpOptions, TcpSpec, UdpSpec};
 
 const CLIENT: &str = "10.0.0.5:40000";
 const SERVER: &str = "198.51.100.7:443";
@@ -209,19 +209,19 @@ fn simultaneous_open_goes_through_syn_sent2() {
 #[test]
 fn a_connection_encodes_with_its_windows() {
     // What a store holds: the entry, windows included, comes back as it was.
+    use flowstate_nf::firewall::{window::Window, TcpConn};
+    use flowstate_state::Codec;
     let rig = established(STRICT);
-    let before = rig.nf.connection(&flow_of(&c(ACK, 0, 0, b""))).unwrap();
+    let flow = flow_of(&c(ACK, 0, 0, b""));
+    let before = TcpConn {
+        conn: rig.nf.connection(&flow).unwrap(),
+        tcp: rig.nf.window(&flow).unwrap(),
+    };
     assert_ne!(before.tcp.seen[0].maxwin, 0);
     assert_ne!(before.tcp.seen[1].maxwin, 0);
-    let mut out = Vec::new();
-    flowstate_state::Codec::encode(&before, &mut out);
-    let after: flowstate_nf::firewall::Conn =
-        flowstate_state::Codec::decode(&mut &out[..]).unwrap();
-    assert_eq!(after, before);
-    assert_eq!(
-        out.len(),
-        2 + flowstate_nf::firewall::window::Window::ENCODED_LEN
-    );
+    let out = before.to_bytes();
+    assert_eq!(TcpConn::from_bytes(&out).unwrap(), before);
+    assert_eq!(out.len(), 2 + Window::ENCODED_LEN);
 }
 
 #[test]
@@ -291,6 +291,8 @@ proptest::proptest! {
             let _ = rig.pass(&frame, dir);
             let by_state: i64 = ConnState::ALL.iter().map(|&s| rig.nf.connections_in(s)).sum();
             proptest::prop_assert_eq!(by_state, rig.nf.tracked() as i64);
+            // Every connection here is TCP: all in the TCP map.
+            proptest::prop_assert_eq!(rig.nf.tracked_tcp(), rig.nf.tracked());
         }
     }
 }
@@ -299,9 +301,15 @@ proptest::proptest! {
 fn liberal_keeps_no_windows_and_leaves_established_entries_alone() {
     use flowstate_nf::firewall::window::Seen;
     let mut rig = established("");
-    let entry = |rig: &Rig<Firewall>| rig.nf.connection(&flow_of(&c(ACK, 0, 0, b""))).unwrap();
+    let entry = |rig: &Rig<Firewall>| {
+        let flow = flow_of(&c(ACK, 0, 0, b""));
+        (
+            rig.nf.connection(&flow).unwrap(),
+            rig.nf.window(&flow).unwrap(),
+        )
+    };
     let before = entry(&rig);
-    assert_eq!(before.tcp.seen, [Seen::default(); 2]);
+    assert_eq!(before.1.seen, [Seen::default(); 2]);
     assert!(rig.passes(&s(ACK | PSH, S + 1, C + 101, &[b'x'; 500]), IN));
     assert!(rig.passes(&c(ACK, C + 101, S + 501, b""), OUT));
     assert_eq!(entry(&rig), before);
@@ -310,5 +318,164 @@ fn liberal_keeps_no_windows_and_leaves_established_entries_alone() {
     let before = entry(&rig);
     assert!(rig.passes(&s(ACK | PSH, S + 1, C + 101, &[b'x'; 500]), IN));
     assert_ne!(entry(&rig), before);
-    assert_eq!(entry(&rig).tcp.seen[1].end, S + 501);
+    assert_eq!(entry(&rig).1.seen[1].end, S + 501);
+}
+
+fn udp_query() -> Vec<u8> {
+    frame_of(
+        IpSpec::V4(Ipv4Spec::new(
+            [10, 0, 0, 5].into(),
+            [198, 51, 100, 7].into(),
+        )),
+        L4Spec::Udp(UdpSpec {
+            src_port: 5353,
+            dst_port: 53,
+        }),
+        b"query",
+    )
+}
+
+/// TCP connections are kept in one map (their windows inline), UDP and ICMP ones in the other;
+/// both count towards `max_connections`, early drop takes the oldest expendable connection
+/// whichever map it is in, and both expire. Windows enforced or not.
+#[test]
+fn tcp_and_udp_connections_share_the_table() {
+    for config in [STRICT, ""] {
+        // Expiry: ESTABLISHED's timer is renewed by every segment.
+        let mut rig = established(&format!(
+            "{config}\ntimeouts = {{ established = \"100s\" }}"
+        ));
+        let flow = flow_of(&c(ACK, 0, 0, b""));
+        assert_eq!((rig.nf.tracked(), rig.nf.tracked_tcp()), (1, 1));
+        assert!(rig.nf.window(&flow).is_some());
+        rig.advance(60);
+        assert!(rig.passes(&c(ACK, C + 101, S + 1, b""), OUT));
+        rig.advance(60);
+        assert_eq!(state(&rig), Some(ConnState::Established), "{config}");
+        rig.advance(41);
+        assert_eq!(state(&rig), None);
+        assert_eq!(rig.nf.window(&flow), None);
+        assert_eq!(rig.nf.tracked(), 0);
+
+        // UDP: a connection in the other map, no window; its reply renews and answers it.
+        let udp = udp_query();
+        assert!(rig.passes(&udp, OUT));
+        assert_eq!((rig.nf.tracked(), rig.nf.tracked_tcp()), (1, 0));
+        assert_eq!(rig.nf.window(&flow_of(&udp)), None);
+        assert_eq!(
+            rig.nf.connection(&flow_of(&udp)).map(|c| c.state),
+            Some(ConnState::Unreplied)
+        );
+        rig.advance(31);
+        assert_eq!(rig.nf.tracked(), 0);
+
+        // Early drop across the maps: a SYN never answered goes for a UDP flow, a UDP flow
+        // never answered for a SYN, whichever is oldest.
+        let mut rig = firewall(&format!("{config}\nmax_connections = 2"));
+        assert!(rig.passes(&seg(CLIENT, SERVER, SYN, C, 0, 64240, b""), OUT));
+        let other = "10.0.0.6:40000";
+        assert!(rig.passes(&seg(other, SERVER, SYN, C, 0, 64240, b""), OUT));
+        assert_eq!((rig.nf.tracked(), rig.nf.tracked_tcp()), (2, 2));
+        assert!(rig.passes(&udp, OUT));
+        assert_eq!(rig.report("conns_early_dropped"), 1);
+        assert_eq!(state(&rig), None, "the oldest expendable one went");
+        assert_eq!((rig.nf.tracked(), rig.nf.tracked_tcp()), (2, 1));
+        let third = "10.0.0.7:40000";
+        assert!(rig.passes(&seg(third, SERVER, SYN, C, 0, 64240, b""), OUT));
+        assert_eq!(rig.report("conns_early_dropped"), 2);
+        assert_eq!((rig.nf.tracked(), rig.nf.tracked_tcp()), (2, 1));
+        assert!(rig.nf.connection(&flow_of(&udp)).is_some(), "younger");
+        // Now the UDP flow is the oldest: it goes for a SYN.
+        let fourth = "10.0.0.8:40000";
+        assert!(rig.passes(&seg(fourth, SERVER, SYN, C, 0, 64240, b""), OUT));
+        assert_eq!(rig.report("conns_early_dropped"), 3);
+        assert!(rig.nf.connection(&flow_of(&udp)).is_none());
+        assert_eq!((rig.nf.tracked(), rig.nf.tracked_tcp()), (2, 2));
+        // Both expire.
+        rig.advance(121);
+        assert_eq!(rig.nf.tracked(), 0);
+        let by_state: i64 = ConnState::ALL
+            .iter()
+            .map(|&s| rig.nf.connections_in(s))
+            .sum();
+        assert_eq!(by_state, 0);
+
+        // A new connection on an ended one's tuple: fresh windows, not the old ones.
+        let mut rig = established(config);
+        assert!(rig.passes(&c(RST, C + 101, 0, b""), OUT));
+        assert_eq!(state(&rig), Some(ConnState::Close));
+        assert!(rig.passes(&seg(CLIENT, SERVER, SYN, C + 9000, 0, 64240, b""), OUT));
+        assert_eq!(state(&rig), Some(ConnState::SynSent));
+        let w = rig.nf.window(&flow).unwrap();
+        assert_eq!(
+            (w.flags, w.last.seg),
+            (0, 1),
+            "{config}: the SYN's, nothing seen after"
+        );
+        assert_eq!(rig.nf.tracked(), 1);
+    }
+}
+
+/// A worker that takes the connections over from the store (a move, a failover) finds both
+/// kinds: the TCP connection with its windows (a segment far out of window is still dropped
+/// there, one in window passes), the UDP flow answered. The connections table lists each
+/// connection once, from the worker and from the store.
+#[test]
+fn both_kinds_move_with_their_windows() {
+    use flowstate_nf::listing::{Cell, StoreReader};
+    use flowstate_nf::NetworkFunction;
+    use flowstate_state::Connector;
+    let store = Remote(flowstate_state::local::LocalStore::new());
+    let mut a = firewall_on(&store, STRICT);
+    assert!(a.passes(&seg(CLIENT, SERVER, SYN, C, 0, 64240, b""), OUT));
+    assert!(a.passes(&seg(SERVER, CLIENT, SYN | ACK, S, C + 1, 65160, b""), IN));
+    assert!(a.passes(&c(ACK, C + 1, S + 1, b""), OUT));
+    let udp = udp_query();
+    assert!(a.passes(&udp, OUT));
+    a.part.flush_all(a.now).expect("flushes");
+    let mut live = Vec::new();
+    a.nf.list("connections", a.now, &mut live);
+    let states = |rows: &[Vec<Cell>]| {
+        let mut s: Vec<Cell> = rows.iter().map(|r| r[3].clone()).collect();
+        s.sort_by_key(|c| format!("{c:?}"));
+        s
+    };
+    let both = [Cell::Text("ESTABLISHED"), Cell::Text("UNREPLIED")];
+    assert_eq!(states(&live), both);
+    let factory = flowstate_nf::firewall::factory(&table(STRICT)).unwrap();
+    let mut backend = store.connect().unwrap();
+    let mut stored = Vec::new();
+    let mut reader = StoreReader::new(&mut *backend, "firewall");
+    assert!(factory
+        .stored_rows("connections", &mut reader, &mut stored)
+        .unwrap());
+    assert_eq!(states(&stored), both);
+    std::mem::drop(a);
+    let mut b = firewall_on(&store, STRICT);
+    let far = S + 1 + 1_000_000;
+    assert_eq!(
+        dropped(&mut b, &s(ACK | PSH, far, C + 1, b"spoofed"), IN),
+        drop(Reason::TcpSeqAboveWindow)
+    );
+    assert!(b.passes(&s(ACK | PSH, S + 1, C + 1, b"200 OK"), IN));
+    assert_eq!(state(&b), Some(ConnState::Established));
+    // The UDP flow's answer from outside: let through as a reply, not refused by the
+    // inbound policy.
+    let answer = frame_of(
+        IpSpec::V4(Ipv4Spec::new(
+            [198, 51, 100, 7].into(),
+            [10, 0, 0, 5].into(),
+        )),
+        L4Spec::Udp(UdpSpec {
+            src_port: 53,
+            dst_port: 5353,
+        }),
+        b"answer",
+    );
+    assert!(b.passes(&answer, IN));
+    assert_eq!(
+        b.nf.connection(&flow_of(&udp)).map(|c| c.state),
+        Some(ConnState::Replied)
+    );
+    assert_eq!((b.nf.tracked(), b.nf.tracked_tcp()), (2, 1));
 }

@@ -681,6 +681,15 @@ struct Slot<V> {
 
 const _: () = assert!(std::mem::size_of::<Option<(flowstate_wire::FlowKey, Slot<u64>)>>() <= 64);
 
+/// The 64-byte cache lines a cached entry of a [`Map`] from `K` to `V` takes (each entry is
+/// aligned to a line in the cache's `FlowTable`): what a lookup that finds it loads. For NFs to
+/// check their entries' size at compile time (`const _: () = assert!(...)`).
+pub const fn map_entry_lines<K, V>() -> usize {
+    std::mem::size_of::<Option<(K, Slot<V>)>>().div_ceil(64)
+}
+
+const _: () = assert!(map_entry_lines::<flowstate_wire::FlowKey, u64>() == 1);
+
 impl<V> Slot<V> {
     fn new(value: V) -> Self {
         Slot {

@@ -43,7 +43,7 @@ pub use backend::{
 };
 pub use codec::{Codec, CodecError};
 pub use engine::{Declare, LinkStats, Nanos, Partition, StateConfig, CALL_BUCKETS};
-pub use handles::{Counter, CounterMap, List, Map, Set, Value, LOCK_LEASE};
+pub use handles::{map_entry_lines, Counter, CounterMap, List, Map, Set, Value, LOCK_LEASE};
 pub use key::{KeyParts, Kind, ObjectKey, Owner};
 pub use scope::{Access, Field, Scope, Strategy};
 
