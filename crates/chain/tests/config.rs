@@ -124,6 +124,46 @@ fn unknown_keys() {
 }
 
 #[test]
+fn fragment_limits_and_clients_only() {
+    let c = parse(&format!(
+        "{INPUT}[runtime]\nfragment_timeout = \"5s\"\nfragment_datagrams = 100\nfragments_held = 8\n"
+    ))
+    .unwrap();
+    let f = c.runtime.fragments;
+    assert_eq!(
+        (f.timeout, f.datagrams, f.held),
+        (Duration::from_secs(5), 100, 8)
+    );
+    let d = parse(INPUT).unwrap().runtime.fragments;
+    assert_eq!(
+        (d.timeout, d.datagrams, d.held),
+        (Duration::from_secs(30), 16_384, 256)
+    );
+    for (key, value, says) in [
+        ("fragment_timeout", "\"0s\"", "more than zero"),
+        ("fragment_timeout", "\"soon\"", ""),
+        ("fragment_datagrams", "0", "expected 1 to"),
+        ("fragments_held", "100000", "expected 1 to"),
+    ] {
+        fails(
+            &format!("{INPUT}[runtime]\n{key} = {value}\n"),
+            &format!("runtime.{key}"),
+            says,
+        );
+    }
+    let c = parse("[input]\nsynthetic = { profile = \"mixed\", clients_only = true }\n").unwrap();
+    match &c.input {
+        Input::Synthetic(s) => assert!(s.config.clients_only),
+        other => panic!("{other:?}"),
+    }
+    fails(
+        "[input]\nsynthetic = { profile = \"scan\", clients_only = true }\n",
+        "input.synthetic.clients_only",
+        "not for the scan profile",
+    );
+}
+
+#[test]
 fn wrong_types_and_ranges() {
     fails(
         &format!("{INPUT}[runtime]\nworkers = \"two\"\n"),
