@@ -104,6 +104,20 @@ pub struct Dissection {
     pub flow: Option<FlowKey>,
 }
 
+impl Dissection {
+    /// What [`dissect`] gives for the same bytes: a [`Fragment::Tracked`] fragment becomes
+    /// [`Fragment::Later`] again, its ports (its datagram's, not in its bytes) zero.
+    pub fn untracked(mut self) -> Self {
+        if self.fragment == Fragment::Tracked {
+            self.fragment = Fragment::Later;
+            if let Some(f) = self.flow.as_mut() {
+                (f.src_port, f.dst_port) = (0, 0);
+            }
+        }
+        self
+    }
+}
+
 /// Dissects an Ethernet II frame.
 ///
 /// Rules:
