@@ -42,6 +42,9 @@
 //!   recycled.
 //! * A packet whose state one worker owns (a NAT's external port, an LB connection) goes to
 //!   that worker ([`owners`]); other packets follow the symmetric hash.
+//! * A later IPv4 fragment carries its datagram's ports, taken from the first fragment, and
+//!   goes where its flow goes; one that comes before its first fragment waits for it, within
+//!   bounds, and follows it ([`fragments`]). Fragments are never reassembled.
 //! * A short read from the source (a live port with nothing more ready) hands every partial
 //!   batch to its worker at once: live traffic is never held back waiting for a full batch.
 //! * With `interface` input and output, the run is a live two-port box ([`live`]) until
