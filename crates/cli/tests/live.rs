@@ -1124,6 +1124,12 @@ fn the_dashboard_draws_a_live_box_in_headless_chromium() {
     let url = format!("http://{metrics}/");
     let profile = live.dir.path().join("profile");
 
+    // The page polls on Chromium's virtual time, so little real time passes between polls:
+    // pings every 2 ms beside the slow download put packets between any two of them.
+    let mut pings = live.spawn_in(
+        &live.lab.client_ns(),
+        &["ping", "-q", "-i", "0.002", "-w", "30", &SERVER.to_string()],
+    );
     let before = live.summary_at(metrics);
     let out = headless(
         &prefix,
@@ -1133,6 +1139,8 @@ fn the_dashboard_draws_a_live_box_in_headless_chromium() {
         &url,
     );
     let after = live.summary_at(metrics);
+    let _ = pings.kill();
+    let _ = pings.wait();
     let dom = polled_dashboard(out, "chain");
 
     // A number the page shows lies between the box's counts read before and after it.
