@@ -277,6 +277,28 @@ impl FragmentTracker {
         let Some(dg) = self.datagrams.get_mut(&key) else {
             return Admit::Pass;
         };
+        // A later fragment before its first one waits in a slot.
+        let slot = if !first && dg.ports.is_none() {
+            let Some(i) = self.free.pop() else {
+                return self.drop(FragmentDrop::TooManyHeld);
+            };
+            Some(i)
+        } else {
+            None
+        };
+        dg.seen = dg.seen.saturating_add(payload);
+        if !more {
+            dg.total = offset + payload;
+        }
+        if let Some(i) = slot {
+            dg.held += 1;
+            let s = &mut self.slots[i];
+            let len = frame.len().min(s.buf.len());
+            s.buf[..len].copy_from_slice(&frame[..len]);
+            (s.state, s.meta, s.dissection, s.len) = (SlotState::Held(key), *meta, Some(*d), len);
+            self.counts.held += 1;
+            return Admit::Held;
+        }
         if first {
             let ports = (flow.src_port, flow.dst_port);
             dg.ports = Some(ports);
@@ -285,41 +307,14 @@ impl FragmentTracker {
                 for (i, s) in self.slots.iter_mut().enumerate() {
                     if s.state == SlotState::Held(key) {
                         s.state = SlotState::Released;
-                        if let Some(d) = s.dissection.as_mut() {
-                            d.fragment = Fragment::Tracked;
-                            if let Some(f) = d.flow.as_mut() {
-                                (f.src_port, f.dst_port) = ports;
-                            }
-                        }
+                        s.dissection = s.dissection.map(|d| d.tracked(ports));
                         self.released.push_back(i);
                     }
                 }
             }
-        } else if let Some((sp, dp)) = dg.ports {
-            if let Some(f) = d.flow.as_mut() {
-                (f.src_port, f.dst_port) = (sp, dp);
-            }
-            d.fragment = Fragment::Tracked;
+        } else if let Some(ports) = dg.ports {
+            *d = d.tracked(ports);
             self.counts.tracked += 1;
-        } else {
-            let Some(i) = self.free.pop() else {
-                return self.drop(FragmentDrop::TooManyHeld);
-            };
-            dg.held += 1;
-            dg.seen = dg.seen.saturating_add(payload);
-            if !more {
-                dg.total = offset + payload;
-            }
-            let s = &mut self.slots[i];
-            let len = frame.len().min(s.buf.len());
-            s.buf[..len].copy_from_slice(&frame[..len]);
-            (s.state, s.meta, s.dissection, s.len) = (SlotState::Held(key), *meta, Some(*d), len);
-            self.counts.held += 1;
-            return Admit::Held;
-        }
-        dg.seen = dg.seen.saturating_add(payload);
-        if !more {
-            dg.total = offset + payload;
         }
         if dg.total > 0 && dg.seen >= dg.total {
             // Every byte came (held fragments counted when they came, and released now).

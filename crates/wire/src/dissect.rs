@@ -105,6 +105,16 @@ pub struct Dissection {
 }
 
 impl Dissection {
+    /// A later fragment's dissection as the runtime's fragment tracker hands it on: its
+    /// datagram's `ports` (from the first fragment) in its flow key, [`Fragment::Tracked`].
+    pub fn tracked(mut self, (src_port, dst_port): (u16, u16)) -> Self {
+        self.fragment = Fragment::Tracked;
+        if let Some(f) = self.flow.as_mut() {
+            (f.src_port, f.dst_port) = (src_port, dst_port);
+        }
+        self
+    }
+
     /// What [`dissect`] gives for the same bytes: a [`Fragment::Tracked`] fragment becomes
     /// [`Fragment::Later`] again, its ports (its datagram's, not in its bytes) zero.
     pub fn untracked(mut self) -> Self {

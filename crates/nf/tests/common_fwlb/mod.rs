@@ -131,12 +131,9 @@ impl<N: NetworkFunction> Rig<N> {
         direction: Direction,
         ports: (u16, u16),
     ) -> Verdict {
-        let mut d = dissect(frame).expect("test frames dissect");
+        let d = dissect(frame).expect("test frames dissect");
         assert_eq!(d.fragment, flowstate_wire::dissect::Fragment::Later);
-        d.fragment = flowstate_wire::dissect::Fragment::Tracked;
-        if let Some(f) = d.flow.as_mut() {
-            (f.src_port, f.dst_port) = ports;
-        }
+        let d = d.tracked(ports);
         let mut copy = frame.to_vec();
         let v = self.send_as(&mut copy, d, direction);
         assert_eq!(copy, frame, "a fragment was changed");

@@ -91,12 +91,9 @@ impl Rig {
         direction: Direction,
         ports: (u16, u16),
     ) -> Verdict {
-        let mut d = dissect(frame).expect("test frames dissect");
+        let d = dissect(frame).expect("test frames dissect");
         assert_eq!(d.fragment, Fragment::Later, "a later fragment");
-        d.fragment = Fragment::Tracked;
-        if let Some(f) = d.flow.as_mut() {
-            (f.src_port, f.dst_port) = ports;
-        }
+        let d = d.tracked(ports);
         self.send_as(frame, d, direction)
     }
 
