@@ -8,7 +8,7 @@ mod common_fwlb;
 use common_fwlb::*;
 use flowstate_nf::firewall::{ConnState, Firewall, Reason};
 use flowstate_nf::Verdict;
-use flowstate_wire::build::{IpSpec, Ipv4Spec, L4Spec, TcpOptions, TcpSpec, UdpSpec};
+use flowstate_wire::build::{IpSpec, Ipv4Spec, L4Spec, TcpOptions, TcpSpec};
 
 const CLIENT: &str = "10.0.0.5:40000";
 const SERVER: &str = "198.51.100.7:443";
@@ -321,19 +321,9 @@ fn liberal_keeps_no_windows_and_leaves_established_entries_alone() {
     assert_eq!(entry(&rig).1.seen[1].end, S + 501);
 }
 
-fn udp_query() -> Vec<u8> {
-    frame_of(
-        IpSpec::V4(Ipv4Spec::new(
-            [10, 0, 0, 5].into(),
-            [198, 51, 100, 7].into(),
-        )),
-        L4Spec::Udp(UdpSpec {
-            src_port: 5353,
-            dst_port: 53,
-        }),
-        b"query",
-    )
-}
+/// A UDP query from the inside, and its answer.
+const UDP_CLIENT: &str = "10.0.0.5:5353";
+const UDP_SERVER: &str = "198.51.100.7:53";
 
 /// TCP connections are kept in one map (their windows inline), UDP and ICMP ones in the other;
 /// both count towards `max_connections`, early drop takes the oldest expendable connection
@@ -358,12 +348,12 @@ fn tcp_and_udp_connections_share_the_table() {
         assert_eq!(rig.nf.tracked(), 0);
 
         // UDP: a connection in the other map, no window; its reply renews and answers it.
-        let udp = udp_query();
-        assert!(rig.passes(&udp, OUT));
+        let query = udp(UDP_CLIENT, UDP_SERVER);
+        assert!(rig.passes(&query, OUT));
         assert_eq!((rig.nf.tracked(), rig.nf.tracked_tcp()), (1, 0));
-        assert_eq!(rig.nf.window(&flow_of(&udp)), None);
+        assert_eq!(rig.nf.window(&flow_of(&query)), None);
         assert_eq!(
-            rig.nf.connection(&flow_of(&udp)).map(|c| c.state),
+            rig.nf.connection(&flow_of(&query)).map(|c| c.state),
             Some(ConnState::Unreplied)
         );
         rig.advance(31);
@@ -376,7 +366,7 @@ fn tcp_and_udp_connections_share_the_table() {
         let other = "10.0.0.6:40000";
         assert!(rig.passes(&seg(other, SERVER, SYN, C, 0, 64240, b""), OUT));
         assert_eq!((rig.nf.tracked(), rig.nf.tracked_tcp()), (2, 2));
-        assert!(rig.passes(&udp, OUT));
+        assert!(rig.passes(&query, OUT));
         assert_eq!(rig.report("conns_early_dropped"), 1);
         assert_eq!(state(&rig), None, "the oldest expendable one went");
         assert_eq!((rig.nf.tracked(), rig.nf.tracked_tcp()), (2, 1));
@@ -384,12 +374,12 @@ fn tcp_and_udp_connections_share_the_table() {
         assert!(rig.passes(&seg(third, SERVER, SYN, C, 0, 64240, b""), OUT));
         assert_eq!(rig.report("conns_early_dropped"), 2);
         assert_eq!((rig.nf.tracked(), rig.nf.tracked_tcp()), (2, 1));
-        assert!(rig.nf.connection(&flow_of(&udp)).is_some(), "younger");
+        assert!(rig.nf.connection(&flow_of(&query)).is_some(), "younger");
         // Now the UDP flow is the oldest: it goes for a SYN.
         let fourth = "10.0.0.8:40000";
         assert!(rig.passes(&seg(fourth, SERVER, SYN, C, 0, 64240, b""), OUT));
         assert_eq!(rig.report("conns_early_dropped"), 3);
-        assert!(rig.nf.connection(&flow_of(&udp)).is_none());
+        assert!(rig.nf.connection(&flow_of(&query)).is_none());
         assert_eq!((rig.nf.tracked(), rig.nf.tracked_tcp()), (2, 2));
         // Both expire.
         rig.advance(121);
@@ -430,8 +420,8 @@ fn both_kinds_move_with_their_windows() {
     assert!(a.passes(&seg(CLIENT, SERVER, SYN, C, 0, 64240, b""), OUT));
     assert!(a.passes(&seg(SERVER, CLIENT, SYN | ACK, S, C + 1, 65160, b""), IN));
     assert!(a.passes(&c(ACK, C + 1, S + 1, b""), OUT));
-    let udp = udp_query();
-    assert!(a.passes(&udp, OUT));
+    let query = udp(UDP_CLIENT, UDP_SERVER);
+    assert!(a.passes(&query, OUT));
     a.part.flush_all(a.now).expect("flushes");
     let mut live = Vec::new();
     a.nf.list("connections", a.now, &mut live);
@@ -461,20 +451,9 @@ fn both_kinds_move_with_their_windows() {
     assert_eq!(state(&b), Some(ConnState::Established));
     // The UDP flow's answer from outside: let through as a reply, not refused by the
     // inbound policy.
-    let answer = frame_of(
-        IpSpec::V4(Ipv4Spec::new(
-            [198, 51, 100, 7].into(),
-            [10, 0, 0, 5].into(),
-        )),
-        L4Spec::Udp(UdpSpec {
-            src_port: 53,
-            dst_port: 5353,
-        }),
-        b"answer",
-    );
-    assert!(b.passes(&answer, IN));
+    assert!(b.passes(&udp(UDP_SERVER, UDP_CLIENT), IN));
     assert_eq!(
-        b.nf.connection(&flow_of(&udp)).map(|c| c.state),
+        b.nf.connection(&flow_of(&query)).map(|c| c.state),
         Some(ConnState::Replied)
     );
     assert_eq!((b.nf.tracked(), b.nf.tracked_tcp()), (2, 1));
