@@ -2198,26 +2198,29 @@ impl ScanPart {
 
 impl Synthetic {
     /// `scan`: the next packet of the mixed trace, a probe's or the normal traffic's.
-    fn emit_mixed(&mut self, buf: &mut [u8], meta: &mut PacketMeta) -> Option<usize> {
+    fn emit_mixed(&mut self, buf: &mut [u8], meta: &mut PacketMeta) -> usize {
         let k = self.progress();
         let total = self.total_packets();
         let probe = self.scan.as_ref().is_some_and(|s| s.due(k, total))
             || self.emitted >= self.config.packets;
         if !probe {
-            return self.emit(buf, meta);
+            // Every packet is written: `clients_only` is refused for this profile.
+            return self.emit(buf, meta).unwrap_or(0);
         }
         let ts_ns = self
             .config
             .start_ns
             .saturating_add((k as f64 * self.period_ns) as u64);
-        let scan = self.scan.as_mut()?;
+        let Some(scan) = self.scan.as_mut() else {
+            return 0;
+        };
         let (len, wire_len) = scan.write(buf, &mut self.scratch);
         *meta = PacketMeta {
             timestamp_ns: ts_ns,
             wire_len: wire_len as u32,
             ..PacketMeta::default()
         };
-        Some(len)
+        len
     }
 }
 
@@ -2231,17 +2234,7 @@ impl Source for Synthetic {
         batch.clear();
         if self.scan.is_some() {
             while self.progress() < self.total_packets() && !batch.is_full() {
-                let n = batch.len();
-                let mut left_out = false;
-                batch.push_with(|buf, meta| {
-                    self.emit_mixed(buf, meta).unwrap_or_else(|| {
-                        left_out = true;
-                        0
-                    })
-                });
-                if left_out {
-                    batch.truncate(n);
-                }
+                batch.push_with(|buf, meta| self.emit_mixed(buf, meta));
             }
             return Ok(batch.len());
         }

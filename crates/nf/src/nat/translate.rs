@@ -504,13 +504,9 @@ impl<T: NatTable> Translator<T> {
     /// renewed and filtered it; a fragment only finds it, and hairpins as its first fragment
     /// did.
     fn fragment(&mut self, pkt: &mut Packet<'_>, flow: FlowKey, dir: Direction) -> Verdict {
-        let side = match dir {
-            Direction::Outbound => Side::Src,
-            Direction::Inbound => Side::Dst,
-        };
-        let found = match dir {
-            Direction::Outbound => self.table.peek_out(&flow),
-            Direction::Inbound => self.table.peek_in(&flow),
+        let (side, found) = match dir {
+            Direction::Outbound => (Side::Src, self.table.peek_out(&flow)),
+            Direction::Inbound => (Side::Dst, self.table.peek_in(&flow)),
         };
         let (ip, port) = match found {
             Err(why) => return self.drop_packet(why),
