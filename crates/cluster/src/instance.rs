@@ -122,6 +122,10 @@ pub struct Instance {
     connector: Arc<dyn Connector>,
     records: Box<dyn Backend>,
     owned: Vec<Option<Owned>>,
+    /// Each partition's epoch in the newest assignment applied. A claim at an older epoch
+    /// was superseded before it arrived (the root sent it before the assignment moved the
+    /// partition on, and will send no release for it): it is refused.
+    assigned: Vec<u32>,
     stats: InstanceStats,
     /// Connections opened ahead of the claims that will use them.
     spare: Vec<Box<dyn Backend>>,
@@ -178,6 +182,7 @@ impl Instance {
             .map_err(|e| ClusterError::Store(e.to_string()))?;
         let mut inst = Instance {
             owned: (0..config.partitions).map(|_| None).collect(),
+            assigned: vec![0; config.partitions as usize],
             config,
             chain,
             connector,
@@ -434,6 +439,10 @@ impl Instance {
                 None => Some(Ok(Kind::Refused)),
                 // A repeated claim.
                 Some(Some(o)) if o.epoch == epoch => Some(Ok(Kind::Ready)),
+                Some(_) if epoch < self.assigned[p as usize] => {
+                    self.stats.refused += 1;
+                    Some(Ok(Kind::Refused))
+                }
                 Some(_) => None,
             })
             .collect();
@@ -650,10 +659,14 @@ impl Instance {
     /// as dead ends every ownership at once (the others have taken over). A partition given
     /// to another instance is *leaving*: the root sends its last packets and then a release
     /// ([`Instance::release`]), so it keeps processing them, but runs no timers (their
-    /// writes would race the new owner); one not released within `grace` is dropped.
+    /// writes would race the new owner); one not released within `grace` is dropped. A claim
+    /// at an epoch older than the assignment's arrives late: it is refused.
     pub fn apply(&mut self, a: &Assignment, now: Nanos) {
         let me = self.config.id;
         let dead = !a.members.iter().any(|m| m.id == me && m.live);
+        for (known, s) in self.assigned.iter_mut().zip(&a.slots) {
+            *known = (*known).max(s.epoch);
+        }
         for (p, slot) in self.owned.iter_mut().enumerate() {
             let Some(o) = slot else { continue };
             if dead {
@@ -1003,6 +1016,42 @@ mod tests {
         );
         assert!(b.owned_partitions().is_empty());
         assert_eq!(b.stats().fenced, 2);
+    }
+
+    /// The controller moved partition 1 on (version 2) while the root's claim of version 1
+    /// was still on its way: the control socket is read first, so the assignment comes
+    /// before the claim, and the root, claiming at the new owner directly, will send no
+    /// release. Taken, the partition would stay owned here for good, its timers racing the
+    /// new owner's.
+    #[test]
+    fn a_claim_the_assignment_superseded_is_refused() {
+        let store = Arc::new(Shared(LocalStore::new()));
+        let mut a = instance(1, &store);
+        let member = |id| MemberAddr {
+            id,
+            addr: format!("192.0.2.1{id}:6081").parse().unwrap(),
+            live: true,
+            draining: false,
+        };
+        let slot = |owner, epoch| Slot {
+            owner: Some(owner),
+            epoch,
+        };
+        a.apply(
+            &Assignment {
+                version: 2,
+                stage: 0,
+                slots: vec![slot(1, 1), slot(3, 2), slot(1, 1), slot(1, 1)],
+                members: vec![member(1), member(3)],
+            },
+            0,
+        );
+        assert_eq!(a.claim(1, 1, 1).unwrap(), Kind::Refused);
+        assert_eq!(a.claim(0, 1, 1).unwrap(), Kind::Ready);
+        assert_eq!(a.owned_partitions(), vec![0]);
+        assert_eq!(a.stats().refused, 1);
+        // A later assignment giving it back, at a newer epoch, is claimed as usual.
+        assert_eq!(a.claim(1, 3, 2).unwrap(), Kind::Ready);
     }
 
     #[test]
