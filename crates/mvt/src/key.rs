@@ -106,12 +106,31 @@ impl Key {
     /// A 5-tuple ([`Field::FiveTuple`]).
     #[inline]
     pub fn flow(f: &FlowKey) -> Key {
-        let mut buf = [0u8; FLOW_KEY_MAX_BYTES];
-        let n = f.to_bytes(&mut buf).len();
         let mut k = Key::EMPTY;
-        k.bytes[..n].copy_from_slice(&buf[..n]);
+        f.to_bytes(k.flow_bytes(0));
         k.bits = (FLOW_KEY_MAX_BYTES * 8) as u16;
         k
+    }
+
+    /// A one-byte `tag` and the 5-tuple's bytes: the key of a table that keeps several kinds
+    /// of entries (the NAT's sessions and reverse entries), as wide as the flow's bytes.
+    #[inline]
+    pub fn tagged_flow(tag: u8, f: &FlowKey) -> Key {
+        let mut k = Key::EMPTY;
+        k.bytes[0] = tag;
+        let n = f.to_bytes(k.flow_bytes(1)).len();
+        k.bits = ((1 + n) * 8) as u16;
+        k
+    }
+
+    /// The room for a flow key's bytes from byte `at` (fixed-size, so that writing them
+    /// copies no variable length).
+    #[inline]
+    fn flow_bytes(&mut self, at: usize) -> &mut [u8; FLOW_KEY_MAX_BYTES] {
+        const { assert!(FLOW_KEY_MAX_BYTES < KEY_BYTES, "room for a tag and a flow key") };
+        (&mut self.bytes[at..at + FLOW_KEY_MAX_BYTES])
+            .try_into()
+            .expect("a key holds a tag and a flow key")
     }
 
     /// A key of whole bytes (at most [`KEY_BYTES`]; longer input is cut).
@@ -207,7 +226,11 @@ impl Match {
     /// An exact match of `key`.
     #[inline]
     pub fn exact(key: &Key) -> Match {
-        Match::prefix(key, key.bits)
+        // A key's bits past its width are zero already: nothing to clear.
+        Match {
+            bytes: key.bytes,
+            len: key.bits,
+        }
     }
 
     /// The IPv4 prefix `a/len`.

@@ -9,9 +9,14 @@
 //! next byte is then found by one exact probe, hashed at its length. Equal matches form one
 //! class: the first sits in its row, the others on a first-in first-out side list behind it
 //! (a pool of `*` entries costs a lookup one node, §III-D).
+//!
+//! The rows, slots, group rows and state cache are advised as huge pages
+//! ([`flowstate_wire::mem`]): a NAT's table enumerates its pool, hundreds of megabytes looked
+//! up at random.
 
 use crate::key::{prefix_eq, Key, Match, KEY_BITS, KEY_BYTES};
 use flowstate_wire::hash::{Crc32cSteps, SoftCrc, Sse42};
+use flowstate_wire::mem::{huge_vec, huge_with_capacity};
 
 /// Time in nanoseconds (the runtime's clock; never read here, always passed in).
 pub type Nanos = u64;
@@ -404,21 +409,21 @@ impl<V> Mvt<V> {
             width: width.min(KEY_BITS),
             hasher,
             unit: Unit::of(hasher),
-            slots: Vec::with_capacity(entries),
+            slots: huge_with_capacity(entries),
             free: Vec::new(),
             live: 0,
             valid: 0,
-            heads: vec![Row::EMPTY; buckets],
+            heads: huge_vec(Row::EMPTY, buckets),
             mask: (buckets - 1) as u32,
             len_count: vec![0; usize::from(KEY_BITS) + 1],
             lens: Vec::new(),
             group_count: vec![0; usize::from(KEY_BITS / 8) + 1],
             groups: Vec::new(),
             gnodes: Vec::new(),
-            grows: vec![NIL; buckets],
+            grows: huge_vec(NIL, buckets),
             gmask: (buckets - 1) as u32,
             gfree: Vec::new(),
-            cache: vec![CacheSet([CacheSlot::EMPTY; 2]); sets],
+            cache: huge_vec(CacheSet([CacheSlot::EMPTY; 2]), sets),
             cache_mask: sets.saturating_sub(1) as u32,
             cache_slots: cache,
             epoch: 0,
@@ -950,7 +955,7 @@ impl<V> Mvt<V> {
 
     fn grow_groups(&mut self) {
         let n = self.grows.len() * 2;
-        self.grows = vec![NIL; n];
+        self.grows = huge_vec(NIL, n);
         self.gmask = (n - 1) as u32;
         let mut free = vec![false; self.gnodes.len()];
         for &i in &self.gfree {
@@ -1120,7 +1125,7 @@ impl<V> Mvt<V> {
     fn grow(&mut self) {
         let old = std::mem::take(&mut self.heads);
         let n = old.len() * 2;
-        self.heads = vec![Row::EMPTY; n];
+        self.heads = huge_vec(Row::EMPTY, n);
         self.mask = (n - 1) as u32;
         // Class heads move with their side lists, which keep their order.
         for row in old {

@@ -401,3 +401,40 @@ fn random_prefix_set_agrees_with_prefix_trie_crate() {
     }
     assert!(matched > 50_000, "{matched}");
 }
+
+fn flow() -> impl Strategy<Value = flowstate_wire::FlowKey> {
+    use std::net::IpAddr;
+    let addr = prop_oneof![
+        any::<u32>().prop_map(|a| IpAddr::from(Ipv4Addr::from(a))),
+        any::<u128>().prop_map(|a| IpAddr::from(std::net::Ipv6Addr::from(a))),
+    ];
+    (addr.clone(), addr, any::<u16>(), any::<u16>(), any::<u8>()).prop_map(|(s, d, sp, dp, p)| {
+        flowstate_wire::FlowKey {
+            src: s,
+            dst: d,
+            src_port: sp,
+            dst_port: dp,
+            proto: p,
+        }
+    })
+}
+
+proptest! {
+    /// The per-packet key constructors (fixed-offset writes, no clearing) build the keys and
+    /// exact matches the general byte path builds.
+    #[test]
+    fn flow_keys_and_exact_matches_equal_the_byte_path(f in flow(), tag in any::<u8>(), len in 0u16..400) {
+        let mut buf = [0u8; flowstate_wire::flow::FLOW_KEY_MAX_BYTES];
+        let bytes = f.to_bytes(&mut buf).to_vec();
+        let tagged: Vec<u8> = std::iter::once(tag).chain(bytes.iter().copied()).collect();
+        let k = Key::tagged_flow(tag, &f);
+        prop_assert_eq!(k, Key::from_bytes(&tagged));
+        prop_assert_eq!(Match::exact(&k), Match::prefix(&k, k.bits()));
+        prop_assert_eq!(Match::prefix(&k, len).len(), len.min(k.bits()));
+        let mut padded = [0u8; flowstate_wire::flow::FLOW_KEY_MAX_BYTES];
+        padded[..bytes.len()].copy_from_slice(&bytes);
+        let whole = Key::flow(&f);
+        prop_assert_eq!(whole, Key::from_bytes(&padded));
+        prop_assert_eq!(Match::exact(&whole), Match::prefix(&whole, whole.bits()));
+    }
+}

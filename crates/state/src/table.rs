@@ -30,6 +30,7 @@
 //! the key, which linear probing needs more than SwissTable's groups do; it replaced Fx's
 //! multiply-rotate with murmur3's 64-bit finaliser after it, at about the same cost.
 
+use flowstate_wire::mem::{advise_huge_pages, huge_with_capacity};
 use std::hash::{BuildHasher, Hash};
 
 /// Fewest slots of a non-empty table.
@@ -217,9 +218,7 @@ impl<K: Hash + Eq, V> FlowTable<K, V> {
         let slots = (self.tags.len() * 2).max(MIN_SLOTS);
         self.tags = vec![0; slots];
         advise_huge_pages(&self.tags);
-        let old = std::mem::replace(&mut self.slots, Vec::with_capacity(slots));
-        // Before the slots are first written, so that they fault in as huge pages.
-        advise_huge_pages(&self.slots);
+        let old = std::mem::replace(&mut self.slots, huge_with_capacity(slots));
         self.slots.resize_with(slots, || Line(None));
         for (k, v) in old.into_iter().filter_map(|l| l.0) {
             let hash = self.hash(&k);
@@ -304,40 +303,6 @@ impl<K, V> FlowTable<K, V> {
     /// The keys, in no particular order.
     pub(crate) fn keys(&self) -> impl Iterator<Item = &K> + '_ {
         self.iter().map(|(k, _)| k)
-    }
-}
-
-/// Bytes from which an array is worth huge pages (one 2 MiB page).
-const HUGE_PAGE: usize = 2 << 20;
-
-/// Advises the kernel to back `v`'s allocation with transparent huge pages, if it is at least
-/// [`HUGE_PAGE`] long (a hint: nothing changes if the kernel does not follow it).
-fn advise_huge_pages<T>(v: &Vec<T>) {
-    let bytes = v.capacity().saturating_mul(std::mem::size_of::<T>());
-    if bytes < HUGE_PAGE {
-        return;
-    }
-    #[cfg(target_os = "linux")]
-    {
-        extern "C" {
-            fn madvise(
-                addr: *mut std::ffi::c_void,
-                len: usize,
-                advice: std::ffi::c_int,
-            ) -> std::ffi::c_int;
-        }
-        const MADV_HUGEPAGE: std::ffi::c_int = 14;
-        const PAGE: usize = 4096;
-        let start = (v.as_ptr() as usize).next_multiple_of(PAGE);
-        let end = (v.as_ptr() as usize + bytes) & !(PAGE - 1);
-        if end > start {
-            // SAFETY: `[start, end)` lies within `v`'s live allocation, and MADV_HUGEPAGE only
-            // changes how the kernel backs those pages, never their contents; an error (old
-            // kernel, THP disabled) is ignored, as the advice is optional.
-            unsafe {
-                madvise(start as *mut std::ffi::c_void, end - start, MADV_HUGEPAGE);
-            }
-        }
     }
 }
 

@@ -114,18 +114,24 @@ impl FlowKey {
     /// families use 16-byte mapped forms). Returns the written prefix of `buf`.
     #[inline]
     pub fn to_bytes<'a>(&self, buf: &'a mut [u8; FLOW_KEY_MAX_BYTES]) -> &'a [u8] {
-        let n = match (self.src, self.dst) {
+        // Each arm writes at fixed offsets (a lookup writes a key per packet: no stores at
+        // offsets known only at run time).
+        match (self.src, self.dst) {
             (IpAddr::V4(s), IpAddr::V4(d)) => {
                 buf[0..4].copy_from_slice(&s.octets());
                 buf[4..8].copy_from_slice(&d.octets());
-                8
+                self.ports_and_proto(buf, 8)
             }
             (s, d) => {
                 buf[0..16].copy_from_slice(&v6_octets(s));
                 buf[16..32].copy_from_slice(&v6_octets(d));
-                32
+                self.ports_and_proto(buf, 32)
             }
-        };
+        }
+    }
+
+    #[inline(always)]
+    fn ports_and_proto<'a>(&self, buf: &'a mut [u8; FLOW_KEY_MAX_BYTES], n: usize) -> &'a [u8] {
         buf[n..n + 2].copy_from_slice(&self.src_port.to_be_bytes());
         buf[n + 2..n + 4].copy_from_slice(&self.dst_port.to_be_bytes());
         buf[n + 4] = self.proto;

@@ -1,4 +1,5 @@
-//! Zero-copy packet views, checksums, flow keys and hashing.
+//! Zero-copy packet views, checksums, flow keys, hashing, and memory hints for the tables
+//! packets index.
 //!
 //! Promises:
 //! * Every view is a `Packet<T: AsRef<[u8]>>` over caller-owned bytes. `new_checked` validates
@@ -21,6 +22,7 @@ pub mod hash;
 pub mod icmp;
 pub mod ipv4;
 pub mod ipv6;
+pub mod mem;
 pub mod tcp;
 pub mod udp;
 

@@ -58,7 +58,6 @@ use flowstate_mvt::{
     Entry, EntryHint, EntryId, FindHint, Hasher, Key, Match, Mvt, KEY_BITS, NEVER,
 };
 use flowstate_state::{Declare, Nanos};
-use flowstate_wire::flow::FLOW_KEY_MAX_BYTES;
 use flowstate_wire::{hash, tcp, FlowKey};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
@@ -206,12 +205,7 @@ fn peer_match(out: &FlowKey) -> Option<Match> {
 }
 
 fn flow_match(tag: u8, f: &FlowKey) -> Match {
-    let mut buf = [0u8; FLOW_KEY_MAX_BYTES];
-    let b = f.to_bytes(&mut buf);
-    let mut k = [0u8; FLOW_KEY_MAX_BYTES + 1];
-    k[0] = tag;
-    k[1..=b.len()].copy_from_slice(b);
-    Match::exact(&Key::from_bytes(&k[..=b.len()]))
+    Match::exact(&Key::tagged_flow(tag, f))
 }
 
 /// One worker's NAT on an MVT.
@@ -255,8 +249,8 @@ pub struct MvtTable {
 /// a row hinted at packet `j` is read at `j + LAG` (to prefetch its first entry) and that
 /// entry at `j + 2·LAG` (to prefetch the session of a reverse entry), so the batch's misses
 /// overlap instead of following one another.
-const PIPE: usize = 8;
-const LAG: usize = 4;
+const PIPE: usize = 32;
+const LAG: usize = 16;
 
 impl fmt::Debug for MvtTable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
