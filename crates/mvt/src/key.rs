@@ -127,7 +127,12 @@ impl Key {
     /// copies no variable length).
     #[inline]
     fn flow_bytes(&mut self, at: usize) -> &mut [u8; FLOW_KEY_MAX_BYTES] {
-        const { assert!(FLOW_KEY_MAX_BYTES < KEY_BYTES, "room for a tag and a flow key") };
+        const {
+            assert!(
+                FLOW_KEY_MAX_BYTES < KEY_BYTES,
+                "room for a tag and a flow key"
+            )
+        };
         (&mut self.bytes[at..at + FLOW_KEY_MAX_BYTES])
             .try_into()
             .expect("a key holds a tag and a flow key")
