@@ -381,6 +381,12 @@ impl<V> std::fmt::Debug for Mvt<V> {
     }
 }
 
+/// Groups a key can have (one per whole byte of its width, and 0).
+const MAX_GROUPS: usize = KEY_BYTES + 1;
+
+/// Keys whose lookups [`Mvt::lookup_uncached_batch`] runs together.
+const BATCH_LANES: usize = 8;
+
 /// Default state-cache slots.
 pub const DEFAULT_CACHE: usize = 4096;
 
@@ -558,36 +564,45 @@ impl<V> Mvt<V> {
 
     #[inline(always)]
     fn probe_with<C: Crc32cSteps>(&self, c: C, key: &Key) -> u32 {
-        // Every group's row is hashed and prefetched before any is read, so the probes'
-        // memory accesses overlap (§III-C computes the hashes "simultaneously"); the longest
-        // group with a valid match ends the lookup.
-        const MAX: usize = KEY_BYTES + 1;
-        let mut hs = [(0u16, 0u32); MAX];
+        let mut hs = [(0u16, 0u32); MAX_GROUPS];
+        let n = self.hash_groups(c, key, &mut hs);
+        self.probe_hashed(c, key, &hs[..n])
+    }
+
+    /// Hashes `key` at every group present (longest first) into `hs` and prefetches each
+    /// group's row, so the probes' memory accesses overlap (§III-C computes the hashes
+    /// "simultaneously"); how many groups apply.
+    #[inline(always)]
+    fn hash_groups<C: Crc32cSteps>(
+        &self,
+        c: C,
+        key: &Key,
+        hs: &mut [(u16, u32); MAX_GROUPS],
+    ) -> usize {
         let mut n = 0;
-        let kb = key.raw();
         for &g in &self.groups {
             if g > key.bits() {
                 continue;
             }
-            let h = crc_prefix(c, kb, g);
+            let h = crc_prefix(c, key.raw(), g);
             prefetch(&self.grows[(h & self.gmask) as usize]);
             hs[n] = (g, h);
             n += 1;
         }
-        for &(g, h) in &hs[..n] {
+        n
+    }
+
+    /// The lookup of `key` from its group hashes: the longest group with a valid match ends
+    /// it.
+    #[inline(always)]
+    fn probe_hashed<C: Crc32cSteps>(&self, c: C, key: &Key, hs: &[(u16, u32)]) -> u32 {
+        let kb = key.raw();
+        for &(g, h) in hs {
             let node = self.group_node(kb, g, h);
             if node == NIL {
                 continue;
             }
-            let map = &self.gnodes[node as usize].map;
-            let next = kb.get(usize::from(g / 8)).copied().unwrap_or(0);
-            // The longest rule present under the key's next bits first.
-            for k in (0..=(key.bits() - g).min(7)).rev() {
-                let bit = map_bit(k, next.checked_shr(u32::from(8 - k)).unwrap_or(0));
-                if map[bit / 64] & (1 << (bit % 64)) == 0 {
-                    continue;
-                }
-                let l = g + k;
+            for l in self.shown(node, key, g) {
                 let i = self.first_valid(self.class_at(c, key, l));
                 if i != NIL {
                     return i;
@@ -595,6 +610,92 @@ impl<V> Mvt<V> {
             }
         }
         NIL
+    }
+
+    /// The lengths of the rules group node `node` shows under `key`'s bits after its first
+    /// `g`, longest first.
+    #[inline(always)]
+    fn shown(&self, node: u32, key: &Key, g: u16) -> impl Iterator<Item = u16> + '_ {
+        let map = &self.gnodes[node as usize].map;
+        let next = key.raw().get(usize::from(g / 8)).copied().unwrap_or(0);
+        (0..=(key.bits() - g).min(7)).rev().filter_map(move |k| {
+            let bit = map_bit(k, next.checked_shr(u32::from(8 - k)).unwrap_or(0));
+            (map[bit / 64] & (1 << (bit % 64)) != 0).then_some(g + k)
+        })
+    }
+
+    /// Looks every key up as [`Mvt::lookup_uncached`] does, answering in `out` (one per key,
+    /// in order; the shorter of the two bounds the batch). The lookups of a few keys at a time
+    /// go step by step together, each step's loads prefetched for all of them before any is
+    /// read (group rows, group nodes, the longest candidate's row, its first entry), so their
+    /// cache misses overlap instead of following one another. Same answers as one by one.
+    pub fn lookup_uncached_batch(&self, keys: &[Key], out: &mut [Option<EntryId>]) {
+        match self.unit {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Hw` holds a `Sse42`, which exists only when the CPU has SSE4.2.
+            Unit::Hw(c) => unsafe { self.batch_sse42(c, keys, out) },
+            #[cfg(not(target_arch = "x86_64"))]
+            Unit::Hw(c) => self.batch_with(c, keys, out),
+            Unit::Slicing(c) => self.batch_with(c, keys, out),
+            Unit::Bytewise(c) => self.batch_with(c, keys, out),
+        }
+    }
+
+    /// [`Mvt::batch_with`] compiled for SSE4.2 (see [`Mvt::probe_sse42`]).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "sse4.2")]
+    unsafe fn batch_sse42(&self, c: Sse42, keys: &[Key], out: &mut [Option<EntryId>]) {
+        self.batch_with(c, keys, out)
+    }
+
+    #[inline(always)]
+    fn batch_with<C: Crc32cSteps>(&self, c: C, keys: &[Key], out: &mut [Option<EntryId>]) {
+        for (keys, out) in keys.chunks(BATCH_LANES).zip(out.chunks_mut(BATCH_LANES)) {
+            let mut hs = [[(0u16, 0u32); MAX_GROUPS]; BATCH_LANES];
+            let mut ns = [0usize; BATCH_LANES];
+            // 1. Every key's group hashes; their rows prefetched.
+            for ((key, hs), n) in keys.iter().zip(&mut hs).zip(&mut ns) {
+                *n = self.hash_groups(c, key, hs);
+            }
+            // 2. The first node of every group row.
+            for (hs, &n) in hs.iter().zip(&ns) {
+                for &(_, h) in &hs[..n] {
+                    if let Some(node) = self
+                        .gnodes
+                        .get(self.grows[(h & self.gmask) as usize] as usize)
+                    {
+                        prefetch(node);
+                        prefetch_next_line(node);
+                    }
+                }
+            }
+            // 3. The row of the longest rule the longest group's node shows for the key.
+            let mut rows = [NIL; BATCH_LANES];
+            for ((key, hs), (&n, row)) in keys.iter().zip(&hs).zip(ns.iter().zip(&mut rows)) {
+                let first = hs[..n].iter().find_map(|&(g, h)| {
+                    let node = self.group_node(key.raw(), g, h);
+                    (node != NIL)
+                        .then(|| self.shown(node, key, g).next())
+                        .flatten()
+                });
+                if let Some(l) = first {
+                    *row = crc_prefix(c, key.raw(), l) & self.mask;
+                    prefetch(&self.heads[*row as usize]);
+                }
+            }
+            // 4. That row's first entry.
+            for &row in rows.iter().filter(|&&r| r != NIL) {
+                if let Some(s) = self.slots.get(self.heads[row as usize].head as usize) {
+                    prefetch(s);
+                    prefetch_next_line(s);
+                }
+            }
+            // 5. The lookups, from the hashes of step 1, on warm lines.
+            for ((key, hs), (&n, out)) in keys.iter().zip(&hs).zip(ns.iter().zip(out)) {
+                let i = self.probe_hashed(c, key, &hs[..n]);
+                *out = (i != NIL).then(|| self.id(i));
+            }
+        }
     }
 
     /// The group node of the `g`-bit prefix of `kb` (hashed `h`), or NIL.
@@ -708,9 +809,7 @@ impl<V> Mvt<V> {
         const CHUNK: usize = 32;
         let n = keys.len().min(out.len());
         if self.cache.is_empty() {
-            for (k, o) in keys[..n].iter().zip(&mut out[..n]) {
-                *o = self.lookup_uncached(k);
-            }
+            self.lookup_uncached_batch(&keys[..n], &mut out[..n]);
             return;
         }
         let mut hs = [0u32; CHUNK];

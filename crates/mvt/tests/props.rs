@@ -107,12 +107,15 @@ proptest! {
         let ks: Vec<Key> = keys.iter().map(|&a| Key::v4_u32(a)).collect();
         let mut batch = vec![None; ks.len()];
         t.lookup_batch(&ks, &mut batch);
+        let mut uncached = vec![None; ks.len()];
+        t.lookup_uncached_batch(&ks, &mut uncached);
         for (i, k) in ks.iter().enumerate() {
             let want = naive(&rules, k);
             prop_assert_eq!(value(&mut t, k), want, "key {:?}", k);
             prop_assert_eq!(value(&mut t, k), want, "cached, key {:?}", k);
             prop_assert_eq!(t.lookup_uncached(k).and_then(|id| t.get(id).copied()), want);
             prop_assert_eq!(batch[i].and_then(|id| t.get(id).copied()), want);
+            prop_assert_eq!(uncached[i].and_then(|id| t.get(id).copied()), want);
             prop_assert_eq!(trie.lookup(k), want);
         }
         // Removing half the rules (the cache must forget them).
@@ -127,8 +130,10 @@ proptest! {
             }
         }
         kept.sort_by_key(|r| r.1);
-        for k in &ks {
+        t.lookup_uncached_batch(&ks, &mut uncached);
+        for (k, u) in ks.iter().zip(&uncached) {
             prop_assert_eq!(value(&mut t, k), naive(&kept, k));
+            prop_assert_eq!(u.and_then(|id| t.get(id).copied()), naive(&kept, k));
         }
     }
 
