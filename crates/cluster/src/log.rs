@@ -14,10 +14,14 @@
 //!   commit and its notice leaves its outputs here: the partition's next owner finds the
 //!   batch's clocks in the store and sends the notice in its place, so no output is lost
 //!   and no packet's state changes are made twice.
+//!   An owner commits its partition's packets in clock order, so a notice also covers the
+//!   partition's earlier outputs whose notices were lost on the way: they go first.
 //! * **Replay.** When a partition gets a new owner because the old one failed (or lost
 //!   packets to a move), the root sends the new owner the logged packets that were sent to an
 //!   earlier owner and never finished, in clock order, before any newer packet
-//!   ([`PacketLog::replay`]).
+//!   ([`PacketLog::replay`]). One older than a packet of its partition that was answered was
+//!   lost on the way (owners answer in order): sent now, it would leave after newer packets of
+//!   its partition, so it is given up, as a network would lose it.
 //! * **Duplicate suppression.** Each packet's output is taken once per stage, from the owner
 //!   (epoch) the packet was last sent to: an output from a stage the packet has already left,
 //!   or from an earlier owner (a replayed packet's first owner was only slow, a straggler) is
@@ -84,6 +88,12 @@ pub struct LogStats {
     /// Commit notices for a packet whose output never reached the root (lost on the way):
     /// the packet is given up.
     pub outputs_missing: u64,
+    /// Outputs released by a later commit notice of their partition's owner, their own
+    /// notice lost on the way.
+    pub notices_lost: u64,
+    /// Packets a replay left out: unanswered though a newer packet of their partition was,
+    /// so lost on the way to or from their owner (see [`PacketLog::replay`]).
+    pub lost_on_the_way: u64,
 }
 
 /// What to do with an output of a stage.
@@ -122,6 +132,9 @@ pub struct PacketLog {
     /// Per partition (numbered across stages): the longest a packet waited for its stage's
     /// answer since the last [`PacketLog::waits`], and the newest clock answered.
     waited: Vec<(u64, u64)>,
+    /// Per partition: the clocks whose outputs were kept, oldest first (see
+    /// [`PacketLog::committed`]).
+    kept: Vec<std::collections::VecDeque<u64>>,
     stats: LogStats,
 }
 
@@ -156,6 +169,7 @@ impl PacketLog {
             first: 0,
             now: 0,
             waited: vec![(0, 0); slots as usize],
+            kept: (0..slots).map(|_| Default::default()).collect(),
             stats: LogStats::default(),
         }
     }
@@ -264,12 +278,20 @@ impl PacketLog {
     /// until the stage's commit notice ([`Output::Kept`]; a later output of the same owner
     /// replaces it), dropped, or to pass on now.
     pub fn output(&mut self, clock: u64, stage: u32, epoch: u32, payload: &[u8]) -> Output {
-        let first = self.first;
+        let (first, capacity) = (self.first, self.entries.len());
         let v = match self.entries.get_mut((clock & self.mask) as usize) {
             Some(e) if e.clock == clock => {
                 if e.live && e.stage == stage && e.epoch == epoch {
                     e.output.clear();
                     e.output.extend_from_slice(payload);
+                    if !e.has_output {
+                        if let Some(q) = self.kept.get_mut(e.slot as usize) {
+                            if q.len() == capacity {
+                                q.pop_front();
+                            }
+                            q.push_back(clock);
+                        }
+                    }
                     e.has_output = true;
                     Output::Kept
                 } else {
@@ -290,12 +312,59 @@ impl PacketLog {
         v
     }
 
-    /// `stage`'s owner at `epoch` committed the packet of `clock`: its kept output moves into
-    /// `output` (whose old buffer the entry keeps) for the caller to send to the next stage
-    /// ([`PacketLog::sent`]) or out of the chain ([`PacketLog::finish`]). `None`: nothing to
-    /// send (a notice for a packet that moved on, or another owner's; or one whose output
-    /// never came, which is given up and counted).
+    /// `stage`'s owner at `epoch` committed the packet of `clock`: the next output this
+    /// notice releases, moved into `output` (whose old buffer the entry keeps), with its clock,
+    /// for the caller to send to the next stage ([`PacketLog::sent`]) or out of the chain
+    /// ([`PacketLog::finish`]); call again until it returns `clock` itself or `None`.
+    ///
+    /// An owner processes and commits its partition's packets in clock order, so this notice
+    /// also covers every earlier output of the partition it sent and the root still keeps:
+    /// their own notices were lost on the way. Those are released first, oldest first, so a
+    /// partition's outputs leave in order. `None`: nothing (more) to send (a notice for a
+    /// packet that moved on, or another owner's; or one whose output never came, which is
+    /// given up and counted).
     pub fn committed(
+        &mut self,
+        clock: u64,
+        stage: u32,
+        epoch: u32,
+        output: &mut Vec<u8>,
+    ) -> Option<(u64, Released)> {
+        let i = (clock & self.mask) as usize;
+        let e = self.entries.get(i).filter(|e| e.clock == clock)?;
+        if !e.live || e.stage != stage || e.epoch != epoch {
+            return None;
+        }
+        let slot = e.slot as usize;
+        while let Some(&front) = self.kept.get(slot).and_then(|q| q.front()) {
+            if front > clock {
+                break;
+            }
+            self.kept[slot].pop_front();
+            if front == clock {
+                break;
+            }
+            // Skipped if it moved on since (released, replayed to another owner, finished).
+            if let Some(r) = self.take_output(front, stage, epoch, output) {
+                self.stats.notices_lost += 1;
+                return Some((front, r));
+            }
+        }
+        let e = &mut self.entries[i];
+        Self::answered(&mut self.waited, self.now, e);
+        if !e.has_output {
+            e.live = false;
+            self.stats.log_live -= 1;
+            self.stats.outputs_missing += 1;
+            return None;
+        }
+        self.take_output(clock, stage, epoch, output)
+            .map(|r| (clock, r))
+    }
+
+    /// The kept output of the live packet of `clock` at `stage`'s owner at `epoch`, moved into
+    /// `output`.
+    fn take_output(
         &mut self,
         clock: u64,
         stage: u32,
@@ -304,16 +373,10 @@ impl PacketLog {
     ) -> Option<Released> {
         let i = (clock & self.mask) as usize;
         let e = self.entries.get_mut(i).filter(|e| e.clock == clock)?;
-        if !e.live || e.stage != stage || e.epoch != epoch {
+        if !e.live || e.stage != stage || e.epoch != epoch || !e.has_output {
             return None;
         }
         Self::answered(&mut self.waited, self.now, e);
-        if !e.has_output {
-            e.live = false;
-            self.stats.log_live -= 1;
-            self.stats.outputs_missing += 1;
-            return None;
-        }
         e.has_output = false;
         std::mem::swap(&mut e.output, output);
         Some(Released {
@@ -370,7 +433,9 @@ impl PacketLog {
 
     /// Calls `send(clock, direction, frame)`, in clock order, for every live packet at `slot`
     /// of `stage` that went to an owner before `epoch`'s (not the held ones: the steering
-    /// table sends those), and notes them sent with `epoch`.
+    /// table sends those), and notes them sent with `epoch`. A packet older than the newest
+    /// one its partition's owners answered was lost on the way (owners answer in order): it
+    /// is given up and counted, not sent after newer packets of its partition.
     pub fn replay(
         &mut self,
         stage: u32,
@@ -378,6 +443,7 @@ impl PacketLog {
         epoch: u32,
         mut send: impl FnMut(u64, Direction, &[u8]),
     ) {
+        let newest = self.waited.get(slot as usize).map_or(0, |w| w.1);
         for clock in self.live_window() {
             let i = (clock & self.mask) as usize;
             let e = &mut self.entries[i];
@@ -388,6 +454,15 @@ impl PacketLog {
                 && e.epoch != HELD
                 && e.epoch != epoch
             {
+                if clock < newest {
+                    // Never answered though a newer packet of its partition was (an owner
+                    // answers in order): lost on the way to or from its owner. Sent again, it
+                    // would leave after newer packets of its partition; it stays lost.
+                    e.live = false;
+                    self.stats.log_live -= 1;
+                    self.stats.lost_on_the_way += 1;
+                    continue;
+                }
                 e.epoch = epoch;
                 e.sent_ns = self.now;
                 self.stats.replayed += 1;
@@ -445,10 +520,13 @@ mod tests {
         assert_eq!(log.committed(1, 0, 2, &mut buf), None);
         assert_eq!(
             log.committed(1, 0, 1, &mut buf),
-            Some(Released {
-                direction: IN,
-                slot: 3
-            })
+            Some((
+                1,
+                Released {
+                    direction: IN,
+                    slot: 3
+                }
+            ))
         );
         assert_eq!(buf, b"a'");
         log.sent(1, 1, 9, 1, &buf);
@@ -501,6 +579,76 @@ mod tests {
         log.sent(3, 0, 5, 2, &[3]);
         assert!(log.committed(3, 0, 2, &mut buf).is_none());
         assert_eq!((log.stats().outputs_missing, log.stats().log_live), (1, 2));
+    }
+
+    /// An owner commits its partition's packets in order, so a notice covers the earlier
+    /// outputs whose own notices were lost: they leave first, oldest first, and a partition's
+    /// outputs stay in clock order (before, they waited for the next move's replay and left
+    /// after newer ones).
+    #[test]
+    fn a_notice_releases_the_earlier_outputs_whose_notices_were_lost() {
+        let mut log = PacketLog::new(16, 8);
+        for c in 1..=5 {
+            log.log(c, IN);
+            // Partition 3 gets 1, 2, 4, 5; partition 4 gets 3.
+            log.sent(c, 0, if c == 3 { 4 } else { 3 }, 1, &[c as u8]);
+            assert_eq!(log.output(c, 0, 1, &[c as u8, 0xaa]), Output::Kept);
+        }
+        // The notices of 1 and 2 were lost; 4's comes.
+        let mut buf = Vec::new();
+        let mut released = Vec::new();
+        while let Some((c, r)) = log.committed(4, 0, 1, &mut buf) {
+            assert_eq!(buf, [c as u8, 0xaa]);
+            released.push((c, r.slot));
+            log.finish(c); // the root sends it out
+            if c == 4 {
+                break;
+            }
+        }
+        assert_eq!(
+            released,
+            [(1, 3), (2, 3), (4, 3)],
+            "oldest first, its own last"
+        );
+        // Partition 4's output waits for its own notice; 5's notice releases 5 alone.
+        assert_eq!(
+            log.committed(5, 0, 1, &mut buf),
+            Some((
+                5,
+                Released {
+                    direction: IN,
+                    slot: 3
+                }
+            ))
+        );
+        assert_eq!(log.committed(3, 0, 1, &mut buf).map(|(c, _)| c), Some(3));
+        // A late notice of 1 releases nothing more.
+        assert_eq!(log.committed(1, 0, 1, &mut buf), None);
+        let s = log.stats();
+        assert_eq!(
+            (s.notices_lost, s.outputs_missing, s.duplicates_suppressed),
+            (2, 0, 0)
+        );
+    }
+
+    /// Packet 2 never reached its owner, which answered 1 and 3: a replay (the owner failed)
+    /// sends 4, still in flight, and leaves 2 out rather than send it after 3.
+    #[test]
+    fn a_replay_leaves_out_what_was_lost_before_a_newer_answer() {
+        let mut log = PacketLog::new(16, 8);
+        for c in 1..=4 {
+            log.log(c, IN);
+            log.sent(c, 0, 3, 1, &[c as u8]);
+        }
+        let mut buf = Vec::new();
+        for c in [1, 3] {
+            assert_eq!(log.output(c, 0, 1, &[c as u8]), Output::Kept);
+            assert_eq!(log.committed(c, 0, 1, &mut buf).map(|(c, _)| c), Some(c));
+            log.finish(c);
+        }
+        assert_eq!(replayed(&mut log, 0, 3, 2), vec![(4, vec![4])]);
+        let s = log.stats();
+        assert_eq!((s.lost_on_the_way, s.replayed, s.log_live), (1, 1, 1));
     }
 
     #[test]

@@ -621,13 +621,19 @@ pub fn run_root(
                     Kind::Committed => {
                         // The outputs these packets' commit held back go on.
                         for (clock, epoch) in meta::read_notice(payload) {
-                            if let Some(r) = out.log.committed(clock, m.stage, epoch, &mut kept) {
+                            // Earlier outputs whose notices were lost come first.
+                            while let Some((c, r)) =
+                                out.log.committed(clock, m.stage, epoch, &mut kept)
+                            {
                                 let hop = Hop {
                                     stage: k,
-                                    clock,
+                                    clock: c,
                                     released: r,
                                 };
                                 deliver(&mut out, &mut path, &mut sink, hop, &kept).map_err(io)?;
+                                if c == clock {
+                                    break;
+                                }
                             }
                         }
                         continue;
