@@ -884,6 +884,7 @@ mod lab {
         // Where a lost datagram could have gone, for the record.
         for key in [
             "outputs_missing",
+            "lost_on_the_way",
             "hold_dropped",
             "no_owner",
             "log_abandoned",
