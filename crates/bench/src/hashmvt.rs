@@ -281,8 +281,8 @@ fn matching(report: &mut Report, rules: &[(Match, u32)], quick: bool) {
     let rounds = if quick { 1 } else { 5 };
     let mut best = [f64::INFINITY; 9];
     for _ in 0..rounds {
-        best[7] = best[7].min(time_uncached_batched(&hw, &keys));
-        best[8] = best[8].min(time_uncached_batched(&sw, &keys));
+        best[7] = best[7].min(time_batched(&keys, |k, o| hw.lookup_uncached_batch(k, o)));
+        best[8] = best[8].min(time_batched(&keys, |k, o| sw.lookup_uncached_batch(k, o)));
         best[0] = best[0].min(time(&keys, |k| {
             hw.lookup_uncached(k).map_or(0, |e| e.index())
         }));
@@ -290,7 +290,7 @@ fn matching(report: &mut Report, rules: &[(Match, u32)], quick: bool) {
             sw.lookup_uncached(k).map_or(0, |e| e.index())
         }));
         best[2] = best[2].min(time(&keys, |k| trie.lookup(k).unwrap_or(0)));
-        best[3] = best[3].min(time_batched(&mut hw, &trace));
+        best[3] = best[3].min(time_batched(&trace, |k, o| hw.lookup_batch(k, o)));
         best[4] = best[4].min(time(&trace, |k| trie.lookup(k).unwrap_or(0)));
         best[5] = best[5].min(time(&keys, crate_lpm));
         best[6] = best[6].min(time(&trace, crate_lpm));
@@ -394,28 +394,16 @@ fn time(keys: &[Key], mut f: impl FnMut(&Key) -> u32) -> f64 {
     start.elapsed().as_nanos() as f64 / keys.len() as f64
 }
 
-/// ns per key of batched, cached MVT lookups (batches of 32, as the runtime processes).
-/// ns per key of [`Mvt::lookup_uncached_batch`] over `keys`, 32 at a time.
-fn time_uncached_batched(t: &Mvt<u32>, keys: &[Key]) -> f64 {
+/// ns per key of `lookup` over `keys` in batches of 32 (as the runtime processes).
+fn time_batched(
+    keys: &[Key],
+    mut lookup: impl FnMut(&[Key], &mut [Option<flowstate_mvt::EntryId>]),
+) -> f64 {
     let mut out = [None; 32];
     let start = Instant::now();
     let mut acc = 0u32;
     for chunk in keys.chunks(32) {
-        t.lookup_uncached_batch(chunk, &mut out);
-        for o in &out[..chunk.len()] {
-            acc = acc.wrapping_add(o.map_or(0, |e| e.index()));
-        }
-    }
-    black_box(acc);
-    start.elapsed().as_nanos() as f64 / keys.len() as f64
-}
-
-fn time_batched(t: &mut Mvt<u32>, keys: &[Key]) -> f64 {
-    let mut out = [None; 32];
-    let start = Instant::now();
-    let mut acc = 0u32;
-    for chunk in keys.chunks(32) {
-        t.lookup_batch(chunk, &mut out);
+        lookup(chunk, &mut out);
         for o in &out[..chunk.len()] {
             acc = acc.wrapping_add(o.map_or(0, |e| e.index()));
         }
