@@ -351,13 +351,14 @@ impl PacketLog {
             }
         }
         let e = &mut self.entries[i];
-        Self::answered(&mut self.waited, self.now, e);
         if !e.has_output {
+            Self::answered(&mut self.waited, self.now, e);
             e.live = false;
             self.stats.log_live -= 1;
             self.stats.outputs_missing += 1;
             return None;
         }
+        // Answered there.
         self.take_output(clock, stage, epoch, output)
             .map(|r| (clock, r))
     }
