@@ -943,18 +943,33 @@ fn a_live_nat_box_is_scraped_mid_run_and_agrees_with_its_summary() {
     let (download, to) = live.slow_download(name, "400k");
     let nat_in = "flowstate_nf_packets_total{nf=\"nat\"}";
     let inside_rx = "flowstate_packets_total{port=\"inside\",direction=\"rx\"}";
+    // The dispatcher, the workers and the ports publish on their own 100 ms schedules, so
+    // the first scrape taken is one where every counter checked below has counted packets.
+    let counted = [
+        "flowstate_input_packets_total",
+        "flowstate_output_packets_total",
+        nat_in,
+        "flowstate_nf_packets_total{nf=\"firewall\"}",
+        "flowstate_nf_forwarded_packets_total{nf=\"nat\"}",
+        inside_rx,
+        "flowstate_packets_total{port=\"outside\",direction=\"tx\"}",
+        "flowstate_nf_translations_total{nf=\"nat\"}",
+    ];
     let mut first = None;
     for _ in 0..100 {
         let page = scrape("/metrics");
         assert!(page.ends_with("# EOF\n"), "{page}");
         let m = parse_exposition(&page);
-        if m.get(nat_in).copied().unwrap_or(0.0) > 0.0 {
+        if counted
+            .iter()
+            .all(|series| m.get(*series).copied().unwrap_or(0.0) > 0.0)
+        {
             first = Some(m);
             break;
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    let first = first.expect("the NAT's packets show in /metrics while the download runs");
+    let first = first.expect("the box's packets show in /metrics while the download runs");
     let mid_summary: serde_json::Value =
         serde_json::from_str(&scrape("/api/v1/summary")).expect("/api/v1/summary is JSON");
     assert!(
@@ -994,38 +1009,18 @@ fn a_live_nat_box_is_scraped_mid_run_and_agrees_with_its_summary() {
             .unwrap_or_else(|| panic!("{name} in {s}"))
             .clone()
     };
-    let checks = [
-        (
-            "flowstate_input_packets_total".to_owned(),
-            s["packets_in"].as_u64(),
-        ),
-        (
-            "flowstate_output_packets_total".to_owned(),
-            s["packets_out"].as_u64(),
-        ),
-        (nat_in.to_owned(), nf("nat")["packets_in"].as_u64()),
-        (
-            "flowstate_nf_packets_total{nf=\"firewall\"}".to_owned(),
-            nf("firewall")["packets_in"].as_u64(),
-        ),
-        (
-            "flowstate_nf_forwarded_packets_total{nf=\"nat\"}".to_owned(),
-            nf("nat")["forwarded"].as_u64(),
-        ),
-        (
-            inside_rx.to_owned(),
-            s["live_box"]["inside_rx_packets"].as_u64(),
-        ),
-        (
-            "flowstate_packets_total{port=\"outside\",direction=\"tx\"}".to_owned(),
-            s["live_box"]["outside_tx_packets"].as_u64(),
-        ),
-        (
-            "flowstate_nf_translations_total{nf=\"nat\"}".to_owned(),
-            nf("nat")["report"]["translations"]
-                .as_i64()
-                .map(|v| v as u64),
-        ),
+    // The final summary's count of each series in `counted`, in the same order.
+    let last = [
+        s["packets_in"].as_u64(),
+        s["packets_out"].as_u64(),
+        nf("nat")["packets_in"].as_u64(),
+        nf("firewall")["packets_in"].as_u64(),
+        nf("nat")["forwarded"].as_u64(),
+        s["live_box"]["inside_rx_packets"].as_u64(),
+        s["live_box"]["outside_tx_packets"].as_u64(),
+        nf("nat")["report"]["translations"]
+            .as_i64()
+            .map(|v| v as u64),
     ];
     // A gauge: the NAT's sessions now (never more than it ever translated).
     let sessions = "flowstate_nf_active_sessions{nf=\"nat\"}";
@@ -1042,11 +1037,11 @@ fn a_live_nat_box_is_scraped_mid_run_and_agrees_with_its_summary() {
             "session_limit"
         ])
     );
-    for (series, last) in checks {
+    for (series, last) in counted.into_iter().zip(last) {
         let last = last.unwrap_or_else(|| panic!("{series}: in the summary {s}")) as f64;
         for (when, m) in [("mid-run", &first), ("after the download", &second)] {
             let v = *m
-                .get(&series)
+                .get(series)
                 .unwrap_or_else(|| panic!("{series} scraped {when}: {m:?}"));
             assert!(v > 0.0, "{series} {when}: {v}");
             assert!(v <= last, "{series} {when}: {v} > final {last}");
