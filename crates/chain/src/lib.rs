@@ -58,10 +58,11 @@
 //! ```json
 //! { "packets_in": 1000, "reflected": 0, "packets_out": 990, "dropped_total": 10,
 //!   "dropped": { "firewall.not_allowed": 9 }, "malformed": { "ipv4.truncated": 1 },
-//!   "skipped": 0, "wall_s": 0.01, "mpps": 0.1, "workers": 2, "backend": "local",
+//!   "skipped": 0, "wall_s": 0.01, "write_out_s": 0.001, "mpps": 0.1, "workers": 2,
+//!   "backend": "local",
 //!   "per_worker": [ { "index": 0, "packets": 500, "reflected": 0, "packets_out": 495,
-//!                     "busy_s": 0.004, "state_flushes": 3, "state_errors": 0,
-//!                     "state_lost_ops": 0 } ],
+//!                     "busy_s": 0.004, "write_out_s": 0.001, "state_flushes": 3,
+//!                     "state_errors": 0, "state_lost_ops": 0 } ],
 //!   "nfs": [ { "name": "firewall", "packets_in": 999, "forwarded": 990,
 //!              "dropped": { "not_allowed": 9 },
 //!              "report": { "tracked": 12, "conns_opened": 40 }, "gauges": ["tracked"] } ] }

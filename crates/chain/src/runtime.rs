@@ -552,7 +552,7 @@ impl Runtime {
                     }),
                 }
             }
-            let wall = start.elapsed();
+            let end = Instant::now();
             for e in &errors {
                 tracing::debug!(error = %e, "stage failed");
             }
@@ -563,7 +563,7 @@ impl Runtime {
             if let Some(v) = view {
                 v.dispatched.store(Some(Arc::new(dispatched.clone())));
             }
-            Ok(self.summarize(dispatched, reports, wall))
+            Ok(self.summarize(dispatched, reports, start, end))
         })
     }
 
@@ -656,6 +656,8 @@ impl Runtime {
             reflected: 0,
             out: 0,
             busy: Duration::ZERO,
+            processed: None,
+            write_out: Duration::ZERO,
             items: Vec::new(),
             answers: Vec::new(),
             fragments: FragmentTracker::new(o.fragments, o.max_frame),
@@ -750,7 +752,8 @@ impl Runtime {
                 worker: index,
                 error,
             })?;
-        w.busy += t0.elapsed();
+        w.processed = Some(t0);
+        w.write_out = t0.elapsed();
         tracing::debug!(
             worker = index,
             packets = w.packets,
@@ -769,7 +772,13 @@ impl Runtime {
         Ok(w.report())
     }
 
-    fn summarize(&self, dispatched: Counts, reports: Vec<WorkerReport>, wall: Duration) -> Summary {
+    fn summarize(
+        &self,
+        dispatched: Counts,
+        reports: Vec<WorkerReport>,
+        start: Instant,
+        end: Instant,
+    ) -> Summary {
         let chain: Vec<String> = self.chain.iter().map(|f| f.name().to_owned()).collect();
         summarize(
             self.options.workers.max(1),
@@ -777,7 +786,8 @@ impl Runtime {
             &chain,
             dispatched,
             reports,
-            wall,
+            start,
+            end,
         )
     }
 }
@@ -789,12 +799,25 @@ pub(crate) fn summarize(
     chain: &[String],
     dispatched: Counts,
     reports: Vec<WorkerReport>,
-    wall: Duration,
+    start: Instant,
+    end: Instant,
 ) -> Summary {
+    // Processing ends with the last packet of the last worker to finish (at `end` while one
+    // still runs); the state write-out at the stop is timed apart: a store that outlives the
+    // run needs it, the packets do not.
+    let processed = match reports
+        .iter()
+        .map(|r| r.processed)
+        .collect::<Option<Vec<_>>>()
+    {
+        Some(done) if !done.is_empty() => done.into_iter().max().unwrap_or(end),
+        _ => end,
+    };
     let mut s = Summary {
         workers,
         backend: backend.to_owned(),
-        wall_s: wall.as_secs_f64(),
+        wall_s: processed.saturating_duration_since(start).as_secs_f64(),
+        write_out_s: end.saturating_duration_since(processed).as_secs_f64(),
         ..Summary::default()
     };
     let mut counts = dispatched;
@@ -853,6 +876,7 @@ pub(crate) fn summarize(
             reflected: r.reflected,
             packets_out: r.out,
             busy_s: r.busy.as_secs_f64(),
+            write_out_s: r.write_out.as_secs_f64(),
             state_flushes: r.state_flushes,
             state_errors: r.state_errors,
             state_lost_ops: r.state_lost_ops,
@@ -1167,6 +1191,10 @@ pub(crate) struct WorkerReport {
     reflected: u64,
     out: u64,
     busy: Duration,
+    /// When it had processed its last packet, and how long its state write-out at the stop
+    /// took then (`None` and zero while it runs).
+    processed: Option<Instant>,
+    write_out: Duration,
     counters: Vec<NfCounters>,
     reports: Vec<Vec<(&'static str, i64)>>,
     gauges: Vec<&'static [&'static str]>,
@@ -1192,6 +1220,8 @@ struct Worker {
     reflected: u64,
     out: u64,
     busy: Duration,
+    processed: Option<Instant>,
+    write_out: Duration,
     /// The packets of the segment being run, and their answers (kept: no allocation per batch).
     items: Vec<Item>,
     answers: Vec<Item>,
@@ -1416,6 +1446,8 @@ impl Worker {
             reflected: self.reflected,
             out: self.out,
             busy: self.busy,
+            processed: self.processed,
+            write_out: self.write_out,
             reports: self.nfs.iter().map(|nf| nf.report()).collect(),
             gauges: self.nfs.iter().map(|nf| nf.gauges()).collect(),
             labelled: self.nfs.iter().map(|nf| nf.report_labelled()).collect(),

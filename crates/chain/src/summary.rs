@@ -29,8 +29,11 @@ pub struct Summary {
     /// Inbound input packets skipped by `[input] outbound_only`.
     pub skipped: u64,
     /// Wall-clock processing time, seconds: from the moment every worker was ready until
-    /// the last one finished (final state flush included).
+    /// the last one had processed its last packet.
     pub wall_s: f64,
+    /// Seconds after that until every worker had written its state out to the store (the
+    /// final flush at the stop).
+    pub write_out_s: f64,
     /// Packets the chain ran (input packets neither skipped nor malformed, and the reflect
     /// stage's replies) per wall-clock microsecond: millions of packets a second.
     pub mpps: f64,
@@ -67,6 +70,8 @@ pub struct WorkerSummary {
     pub packets_out: u64,
     /// Time spent processing batches, seconds.
     pub busy_s: f64,
+    /// Time its state write-out at the stop took, seconds.
+    pub write_out_s: f64,
     /// Flush batches its partition handed to the store.
     pub state_flushes: u64,
     /// Store calls that failed (failed flushes are kept and sent again).
@@ -218,6 +223,13 @@ impl fmt::Display for Summary {
             "{:<18} {:>12.3}  s of processing, {:.3} Mpps (packets the chain ran per second), {} worker(s), state: {}",
             "time", self.wall_s, self.mpps, self.workers, self.backend
         )?;
+        if self.write_out_s > 0.0 {
+            writeln!(
+                f,
+                "{:<18} {:>12.3}  s after the last packet, writing the state out to the store",
+                "write-out", self.write_out_s
+            )?;
+        }
         for (name, n) in &self.live_box {
             writeln!(f, "  box {name:<20} {n:>12}")?;
         }

@@ -1025,8 +1025,12 @@ enum Phase {
 /// State of an active flow (104 bytes).
 #[derive(Debug, Clone)]
 struct FlowState {
-    flow: u32,
     kind: u8,
+    /// The flow's addresses and ports, and its per-flow seeds (header fields, application
+    /// payloads): drawn once when it starts, not for each packet.
+    ep: Endpoints,
+    per_flow: u64,
+    app_seed: u64,
     rng: SplitMix64,
     start: u64,
     ticks: u64,
@@ -1075,7 +1079,12 @@ impl FlowState {
         let j = self.rng.below(1 << 16);
         let num = u128::from(self.ticks) * (u128::from(k) << 16 | u128::from(j));
         let den = u128::from(self.count) << 16;
-        self.start.saturating_add((num / den) as u64)
+        // The same quotient by a 64-bit division when both fit (a 128-bit one is a call).
+        let q = match (u64::try_from(num), u64::try_from(den)) {
+            (Ok(n), Ok(d)) => n / d,
+            _ => (num / den) as u64,
+        };
+        self.start.saturating_add(q)
     }
 }
 
@@ -1097,10 +1106,11 @@ pub struct Synthetic {
     due: Vec<Due>,
     free: Vec<u32>,
     /// Pending packets, one per active flow, in a calendar queue (R. Brown, CACM 1988): buckets
-    /// of `width` virtual ticks, each a list of slots; the bucket being drained is a heap of
-    /// (time, flow, slot), so packets leave in (time, flow) order, at O(1) amortised cost
-    /// however many flows are active.
-    width: u64,
+    /// of `1 << width_shift` virtual ticks (a power of two, so that a packet's bucket is a
+    /// shift), each a list of slots; the bucket being drained is a heap of (time, flow, slot),
+    /// so packets leave in (time, flow) order, at O(1) amortised cost however many flows are
+    /// active.
+    width_shift: u32,
     buckets: Vec<u32>,
     /// The bucket being drained (`None` before the first).
     bucket: Option<usize>,
@@ -1229,7 +1239,9 @@ impl Synthetic {
         // Every packet is due before the last flow's start plus the longest duration.
         let horizon = arrival_span + FLOW_TICKS / 4 * 5 + 1;
         let nbuckets = (config.packets / 32).clamp(1, 1 << 20);
-        let width = horizon / nbuckets + 1;
+        // A power of two (at most the even width), so that a packet's bucket is a shift.
+        let width_shift = (horizon / nbuckets + 1).ilog2();
+        let nbuckets = (horizon >> width_shift) + 1;
         Ok(Synthetic {
             period_ns: 1e9 / config.rate_pps,
             config,
@@ -1244,7 +1256,7 @@ impl Synthetic {
             slots: Vec::with_capacity(reserve),
             due: Vec::with_capacity(reserve),
             free: Vec::with_capacity(reserve),
-            width,
+            width_shift,
             buckets: vec![NONE; nbuckets as usize],
             bucket: None,
             heap: BinaryHeap::with_capacity(reserve),
@@ -1331,7 +1343,7 @@ impl Synthetic {
                 slot = d.next;
             }
             let last = b + 1 == self.buckets.len();
-            let end = (b as u64 + 1).saturating_mul(self.width);
+            let end = (b as u64 + 1).saturating_mul(1 << self.width_shift);
             while self.next_flow < self.config.flows {
                 let start = self.next_start();
                 if start >= end && !last {
@@ -1349,7 +1361,7 @@ impl Synthetic {
     fn schedule(&mut self, slot: u32, time: u64) {
         let d = &mut self.due[slot as usize];
         d.time = time;
-        let b = ((time / self.width) as usize).min(self.buckets.len() - 1);
+        let b = ((time >> self.width_shift) as usize).min(self.buckets.len() - 1);
         match self.bucket {
             Some(cur) if b <= cur => self.heap.push(Reverse((time, d.flow, slot))),
             _ => {
@@ -1382,9 +1394,12 @@ impl Synthetic {
         };
         let isn = rng.next_u64();
         let ts = rng.next_u64();
+        let kind = self.kinds[i];
         let mut state = FlowState {
-            flow,
-            kind: self.kinds[i],
+            kind,
+            ep: self.endpoints(flow, kind),
+            per_flow: hash2(self.key, K_FLOW ^ 1, u64::from(flow)),
+            app_seed: hash2(self.key, K_APP, u64::from(flow)),
             rng,
             start,
             ticks,
@@ -1460,14 +1475,11 @@ impl Synthetic {
     /// Writes packet `sent` of the flow in `slot`; returns (stored, wire) lengths.
     fn write_packet(&mut self, slot: usize, ts_ns: u64, buf: &mut [u8]) -> Option<(usize, usize)> {
         let clients_only = self.config.clients_only;
-        let (flow, kind) = (self.slots[slot].flow, self.slots[slot].kind);
-        let ep = self.endpoints(flow, kind);
         let profile = self.config.profile;
         let sizes = self.config.packet_size;
         let st = &mut self.slots[slot];
+        let (kind, ep, per_flow, app_seed) = (st.kind, st.ep, st.per_flow, st.app_seed);
         let k = st.sent;
-        let per_flow = hash2(self.key, K_FLOW ^ 1, u64::from(flow));
-        let app_seed = hash2(self.key, K_APP, u64::from(flow));
         let app_buf = &mut *self.app_buf;
 
         // (from client?, transport, payload)
@@ -2346,7 +2358,9 @@ mod tests {
 
     #[test]
     fn flow_state_stays_small() {
-        assert_eq!(std::mem::size_of::<FlowState>(), 104);
+        // 104 bytes of the flow's progress and 72 of what it draws once when it starts (its
+        // endpoints and seeds), so that no packet draws them again.
+        assert_eq!(std::mem::size_of::<FlowState>(), 176);
     }
 
     #[test]
