@@ -70,6 +70,38 @@ fn nat_a_refreshed_session_does_not_expire() {
     assert_eq!(rig.report("active_sessions"), 0);
 }
 
+/// Replies alone keep a session alive under `refresh = "both"` (they renew the session; its
+/// reverse entry takes the session's time when its own timer fires), not under `"outbound"`.
+#[test]
+fn nat_replies_alone_keep_a_session_alive_unless_refresh_is_outbound() {
+    let cases = [("both", true), ("outbound", false)];
+    for ((refresh, alive), table) in cases.into_iter().flat_map(|c| [(c, "state"), (c, "mvt")]) {
+        let mut rig = Rig::new(&format!(
+            "{CONFIG}\nrefresh = \"{refresh}\"\ntable = \"{table}\""
+        ));
+        let mut out = udp((IN1, 5000), (SRV1, 53));
+        rig.send(&mut out, Outbound);
+        let port = ext_port(&out, EXT);
+        for i in 0..10 {
+            rig.advance(200);
+            let mut reply = udp((SRV1, 53), (EXT, port));
+            let v = rig.send(&mut reply, Inbound);
+            if alive || i == 0 {
+                assert_eq!(v, Verdict::Forward, "{table} {refresh}: reply {i}");
+            } else {
+                assert!(is_drop(v, "no mapping"), "{table} {refresh}: {i}: {v:?}");
+            }
+        }
+        if alive {
+            // One timeout after the last reply, not before.
+            rig.advance(299);
+            assert_eq!(rig.report("active_sessions"), 1, "{table} {refresh}");
+            rig.advance(1);
+        }
+        assert_eq!(rig.report("active_sessions"), 0, "{table} {refresh}");
+    }
+}
+
 /// Outbound packets renew only the outbound entry; the reverse entry is renewed lazily when its
 /// own timer fires, so replies keep working long after its first deadline.
 #[test]

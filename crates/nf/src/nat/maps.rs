@@ -288,6 +288,7 @@ impl NatTable for FlowTables {
         &mut self,
         flow: &FlowKey,
         flags: Option<tcp::Flags>,
+        renew: Option<(&Timeouts, Nanos)>,
     ) -> Result<Option<Found<()>>, u8> {
         let s = match self.inb.get(flow) {
             Err(_) => return Err(STATE_ERROR),
@@ -295,33 +296,32 @@ impl NatTable for FlowTables {
             Ok(Some(s)) => s,
         };
         let ok = out_key(flow, &s);
-        let mut tcp = match self.out.get(&ok) {
-            Err(_) => return Err(STATE_ERROR),
-            Ok(None) => return Ok(None),
-            Ok(Some(o)) => o.tcp,
+        // One lookup of the session steps its TCP state and, asked to, renews it.
+        let tcp = match renew {
+            Some((timeouts, now)) => self.out.renew_with(&ok, now, |o| {
+                o.tcp = step_in(o.tcp, flags);
+                (timeouts.of(ok.proto, o.tcp), o.tcp)
+            }),
+            // A change only: on a remote store every changed entry is written out.
+            None => self.out.with(&ok, |o| o.map(|o| o.tcp)).and_then(|tcp| {
+                let Some(tcp) = tcp else { return Ok(None) };
+                let t = step_in(tcp, flags);
+                if t != tcp {
+                    self.out.with_mut(&ok, |e| e.map(|e| e.tcp = t))?;
+                }
+                Ok(Some(t))
+            }),
         };
-        let t = step_in(tcp, flags);
-        if t != tcp {
-            tcp = t;
-            if self.out.with_mut(&ok, |e| e.map(|e| e.tcp = t)).is_err() {
-                return Err(STATE_ERROR);
-            }
+        match tcp {
+            Err(_) => Err(STATE_ERROR),
+            Ok(None) => Ok(None),
+            Ok(Some(tcp)) => Ok(Some(Found {
+                inside_ip: s.inside_ip,
+                inside_port: s.inside_port,
+                tcp,
+                session: (),
+            })),
         }
-        Ok(Some(Found {
-            inside_ip: s.inside_ip,
-            inside_port: s.inside_port,
-            tcp,
-            session: (),
-        }))
-    }
-
-    #[inline]
-    fn renew_in(&mut self, flow: &FlowKey, found: &Found<()>, ttl: Duration, now: Nanos) {
-        let s = InSession {
-            inside_ip: found.inside_ip,
-            inside_port: found.inside_port,
-        };
-        self.refresh(&out_key(flow, &s), flow, ttl, now);
     }
 
     fn peek_out(&self, flow: &FlowKey) -> Result<Option<(Ipv4Addr, u16)>, u8> {

@@ -570,6 +570,7 @@ impl NatTable for MvtTable {
         &mut self,
         flow: &FlowKey,
         flags: Option<tcp::Flags>,
+        renew: Option<(&Timeouts, Nanos)>,
     ) -> Result<Option<Found<EntryId>>, u8> {
         self.advance(None);
         let Some(rid) = self.table.find(&flow_match(IN, flow)) else {
@@ -591,20 +592,21 @@ impl NatTable for MvtTable {
             return Ok(None);
         };
         *tcp = step_in(*tcp, flags);
+        let tcp = *tcp;
+        if let Some((timeouts, now)) = renew {
+            let s = InSession {
+                inside_ip,
+                inside_port,
+            };
+            let ttl = timeouts.of(flow.proto, tcp);
+            self.renew(out, &out_key(flow, &s), ttl, now, false);
+        }
         Ok(Some(Found {
             inside_ip,
             inside_port,
-            tcp: *tcp,
+            tcp,
             session: out,
         }))
-    }
-
-    fn renew_in(&mut self, flow: &FlowKey, found: &Found<EntryId>, ttl: Duration, now: Nanos) {
-        let s = InSession {
-            inside_ip: found.inside_ip,
-            inside_port: found.inside_port,
-        };
-        self.renew(found.session, &out_key(flow, &s), ttl, now, false);
     }
 
     fn peek_out(&self, flow: &FlowKey) -> Result<Option<(Ipv4Addr, u16)>, u8> {

@@ -148,15 +148,16 @@ pub trait NatTable {
         now: Nanos,
     ) -> Result<(Ipv4Addr, u16), u8>;
 
-    /// The session inbound `flow` answers, its TCP state stepped for `flags`; not renewed.
+    /// The session inbound `flow` answers, its TCP state stepped for `flags` and, when `renew`
+    /// gives the timeouts and the time now, the session renewed (its outbound entry: the
+    /// reverse entry takes the session's time when its own timer fires, as after outbound
+    /// packets).
     fn find_in(
         &mut self,
         flow: &FlowKey,
         flags: Option<tcp::Flags>,
+        renew: Option<(&Timeouts, Nanos)>,
     ) -> Result<Option<Found<Self::Session>>, u8>;
-
-    /// Renews the session `found` by inbound `flow` for `ttl`.
-    fn renew_in(&mut self, flow: &FlowKey, found: &Found<Self::Session>, ttl: Duration, now: Nanos);
 
     /// The external endpoint of the session of outbound `flow`, without renewing it.
     fn peek_out(&self, flow: &FlowKey) -> Result<Option<(Ipv4Addr, u16)>, u8>;
@@ -371,7 +372,7 @@ impl<T: NatTable> Translator<T> {
             return self.drop_packet(MALFORMED);
         }
         self.packets_out.add_nowait(1);
-        let v = self.deliver(pkt, &back, kind, &found, now);
+        let v = self.deliver(pkt, &back, kind, &found);
         if v == Verdict::Forward {
             self.hairpinned.add_nowait(1);
         }
@@ -385,15 +386,17 @@ impl<T: NatTable> Translator<T> {
             Err(()) => return self.icmp_error(pkt, Direction::Inbound),
         };
         match self.find_in(&flow, kind, now) {
-            Ok(found) => self.deliver(pkt, &flow, kind, &found, now),
+            Ok(found) => self.deliver(pkt, &flow, kind, &found),
             Err(why) => self.drop_packet(why),
         }
     }
 
-    /// The session inbound `flow` answers, or the one filtering lets it open.
+    /// The session inbound `flow` answers, or the one filtering lets it open; renewed unless
+    /// only outbound packets refresh sessions.
     #[inline]
     fn find_in(&mut self, flow: &FlowKey, kind: Kind, now: Nanos) -> Result<Found<T::Session>, u8> {
-        match self.table.find_in(flow, kind.flags())? {
+        let renew = self.inbound_refresh.then_some((&self.timeouts, now));
+        match self.table.find_in(flow, kind.flags(), renew)? {
             Some(f) => Ok(f),
             None => self.admit(flow, kind, now),
         }
@@ -407,7 +410,6 @@ impl<T: NatTable> Translator<T> {
         flow: &FlowKey,
         kind: Kind,
         found: &Found<T::Session>,
-        now: Nanos,
     ) -> Verdict {
         if !rewrite(pkt, Side::Dst, found.inside_ip, found.inside_port) {
             return self.drop_packet(MALFORMED);
@@ -418,10 +420,6 @@ impl<T: NatTable> Translator<T> {
                 inside_port: found.inside_port,
             };
             self.candidate(out_key(flow, &inside));
-        }
-        if self.inbound_refresh {
-            let ttl = self.timeouts.of(flow.proto, found.tcp);
-            self.table.renew_in(flow, found, ttl, now);
         }
         self.packets_in.add_nowait(1);
         Verdict::Forward
@@ -460,7 +458,8 @@ impl<T: NatTable> Translator<T> {
         if opened != (ext, flow.dst_port) {
             return Err(STATE_ERROR); // the endpoint's mapping moved under us
         }
-        self.table.find_in(flow, None)?.ok_or(STATE_ERROR)
+        let renew = self.inbound_refresh.then_some((&self.timeouts, now));
+        self.table.find_in(flow, None, renew)?.ok_or(STATE_ERROR)
     }
 
     /// Opens the session of outbound `flow` unless the worker holds its share of
