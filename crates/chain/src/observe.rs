@@ -490,10 +490,16 @@ mod tests {
                 let run = s.spawn(|| runtime.run(&mut source, None));
                 let _stop = StopOnDrop(Arc::clone(&stop));
                 // Once every packet went through, the listing holds what the report counts.
+                // The dispatcher and the workers publish on their own schedules: wait for the
+                // workers' reports to count every packet too.
                 let until = Instant::now() + Duration::from_secs(20);
                 let tracked = loop {
                     let summary = observer.summary();
-                    if let Some(sum) = summary.as_ref().filter(|s| s.packets_in == 2_000) {
+                    let all = |s: &&Summary| {
+                        s.packets_in == 2_000
+                            && s.per_worker.iter().map(|w| w.packets).sum::<u64>() == 2_000
+                    };
+                    if let Some(sum) = summary.as_ref().filter(all) {
                         break sum.nfs[0].report["tracked"];
                     }
                     assert!(Instant::now() < until, "{summary:?}");

@@ -805,14 +805,12 @@ pub(crate) fn summarize(
     // Processing ends with the last packet of the last worker to finish (at `end` while one
     // still runs); the state write-out at the stop is timed apart: a store that outlives the
     // run needs it, the packets do not.
-    let processed = match reports
+    let processed = reports
         .iter()
         .map(|r| r.processed)
         .collect::<Option<Vec<_>>>()
-    {
-        Some(done) if !done.is_empty() => done.into_iter().max().unwrap_or(end),
-        _ => end,
-    };
+        .and_then(|done| done.into_iter().max())
+        .unwrap_or(end);
     let mut s = Summary {
         workers,
         backend: backend.to_owned(),
