@@ -80,7 +80,10 @@ pub fn reflect(request: &[u8], now: Nanos, out: &mut [u8]) -> Option<usize> {
     let (l4, payload) = match d.transport {
         Transport::Tcp => {
             let t = tcp::Packet::new_checked(l4).ok()?;
-            (tcp_reply(&t, now, v6, crc32c_flow(&flow))?, Payload::EMPTY)
+            (
+                tcp_reply(&t, now, v6, || crc32c_flow(&flow))?,
+                Payload::EMPTY,
+            )
         }
         Transport::Udp => (
             L4Spec::Udp(UdpSpec {
@@ -115,8 +118,14 @@ pub fn reflect(request: &[u8], now: Nanos, out: &mut [u8]) -> Option<usize> {
     spec.write(out).ok()
 }
 
-/// The TCP header answering `t`.
-fn tcp_reply<T: AsRef<[u8]>>(t: &tcp::Packet<T>, now: Nanos, v6: bool, isn: u32) -> Option<L4Spec> {
+/// The TCP header answering `t`; `isn` gives the reflected side's initial sequence number
+/// (drawn only for the segments that need it: a SYN's answer, or an answer to no ACK).
+fn tcp_reply<T: AsRef<[u8]>>(
+    t: &tcp::Packet<T>,
+    now: Nanos,
+    v6: bool,
+    isn: impl FnOnce() -> u32,
+) -> Option<L4Spec> {
     if t.rst() {
         return None;
     }
@@ -135,7 +144,7 @@ fn tcp_reply<T: AsRef<[u8]>>(t: &tcp::Packet<T>, now: Nanos, v6: bool, isn: u32)
         TcpSpec {
             src_port: t.dst_port(),
             dst_port: t.src_port(),
-            seq: isn,
+            seq: isn(),
             ack: ack_no,
             flags: tcp_flags::SYN | tcp_flags::ACK,
             window: WINDOW,
@@ -152,7 +161,7 @@ fn tcp_reply<T: AsRef<[u8]>>(t: &tcp::Packet<T>, now: Nanos, v6: bool, isn: u32)
             src_port: t.dst_port(),
             dst_port: t.src_port(),
             // What the inside expects next from us; without ACK it told us nothing.
-            seq: if ack { t.ack_number() } else { isn },
+            seq: if ack { t.ack_number() } else { isn() },
             ack: ack_no,
             flags: tcp_flags::ACK | if fin { tcp_flags::FIN } else { 0 },
             window: WINDOW,
