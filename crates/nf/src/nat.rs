@@ -126,9 +126,9 @@
 //! | `drops` | `CounterMap<u8>` | cross-flow `[]` | write-mostly | drops by reason (index into [`DROP_REASONS`]) |
 //!
 //! The two session entries of a pair are created together with the same timeout (StatelessNF
-//! Algorithm 5; HashMVT §III-D "reverse entry"). A packet in either direction renews the `out`
-//! entry, which drives the pair's end; the reverse entry takes the `out` entry's time when its
-//! own timer fires, so a packet touches one entry's timer, not two.
+//! Algorithm 5; HashMVT §III-D "reverse entry"). A packet renews the `out` entry (an inbound
+//! one under `refresh = "both"`), which drives the pair's end; the reverse entry takes the
+//! `out` entry's time when its own timer fires, so a packet touches one timer, not two.
 //!
 //! # RFC requirements
 //!
