@@ -1085,14 +1085,29 @@ fn push_renewal<V>(meta: &Meta, slot: &mut Slot<V>, field: Bytes, now: Nanos, op
 impl<K: Codec + Hash + Eq + Clone, V: Codec> Flushable for MapObj<K, V> {
     fn drain(&mut self, now: Nanos, all: bool, ops: &mut Vec<Op>) {
         if self.meta.authoritative {
-            if all {
-                ops.push(Op::Delete {
-                    key: self.meta.key.clone(),
-                });
-                self.dirty.extend(self.cache.keys().cloned());
-            } else {
+            if !all {
                 return;
             }
+            // The store's copy is replaced by every entry, written in the table's order: no
+            // key is collected or looked up again (a million of each at a million flows).
+            ops.push(Op::Delete {
+                key: self.meta.key.clone(),
+            });
+            let now = now.max(self.now);
+            ops.reserve(2 * self.cache.len());
+            for (k, s) in self.cache.iter_mut() {
+                let field = k.to_bytes();
+                ops.push(Op::MapSet {
+                    key: self.meta.key.clone(),
+                    field: field.clone(),
+                    value: s.value.to_bytes(),
+                });
+                s.stored = 0;
+                push_renewal(&self.meta, s, field, now, ops);
+            }
+            self.dirty.clear();
+            self.renew.clear();
+            return;
         }
         self.drain_dirty(now, ops);
         if self.meta.strategy == Strategy::Offload && !self.meta.authoritative {

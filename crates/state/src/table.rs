@@ -290,19 +290,10 @@ impl<K, V> FlowTable<K, V> {
     }
 
     /// The entries, values mutable, in no particular order.
-    #[allow(
-        dead_code,
-        reason = "part of the map API; the caches do not need it yet"
-    )]
     pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (&K, &mut V)> + '_ {
         self.slots
             .iter_mut()
             .filter_map(|s| s.0.as_mut().map(|(k, v)| (&*k, v)))
-    }
-
-    /// The keys, in no particular order.
-    pub(crate) fn keys(&self) -> impl Iterator<Item = &K> + '_ {
-        self.iter().map(|(k, _)| k)
     }
 }
 
@@ -374,7 +365,7 @@ mod tests {
         let slots = t.tags.len();
         t.clear();
         assert!(t.is_empty());
-        assert_eq!(t.keys().count(), 0);
+        assert_eq!(t.iter().count(), 0);
         assert_eq!(t.tags.len(), slots);
         assert_eq!(t.get(&5), None);
     }
@@ -463,7 +454,7 @@ mod tests {
             got.sort_unstable();
             want.sort_unstable();
             prop_assert_eq!(got, want);
-            let mut keys: Vec<u16> = t.keys().copied().collect();
+            let mut keys: Vec<u16> = t.iter().map(|(k, _)| *k).collect();
             keys.sort_unstable();
             let mut want_keys: Vec<u16> = m.keys().copied().collect();
             want_keys.sort_unstable();
