@@ -1044,16 +1044,7 @@ impl<K: Codec + Hash + Eq + Clone, V: Codec> MapObj<K, V> {
             self.renew.remove(&k);
             let field = k.to_bytes();
             match self.cache.get_mut(&k) {
-                Some(s) => {
-                    ops.push(Op::MapSet {
-                        key: self.meta.key.clone(),
-                        field: field.clone(),
-                        value: s.value.to_bytes(),
-                    });
-                    // A write clears the field's time to live (as in Redis): give it again.
-                    s.stored = 0;
-                    push_renewal(&self.meta, s, field, now, ops);
-                }
+                Some(s) => push_write(&self.meta, s, field, now, ops),
                 None => ops.push(Op::MapDelete {
                     key: self.meta.key.clone(),
                     field,
@@ -1066,6 +1057,24 @@ impl<K: Codec + Hash + Eq + Clone, V: Codec> MapObj<K, V> {
             }
         }
     }
+}
+
+/// Writes the entry in `slot` to the store as `field`. A write clears the field's time to live
+/// (as in Redis): its deadline is given again.
+fn push_write<V: Codec>(
+    meta: &Meta,
+    slot: &mut Slot<V>,
+    field: Bytes,
+    now: Nanos,
+    ops: &mut Vec<Op>,
+) {
+    ops.push(Op::MapSet {
+        key: meta.key.clone(),
+        field: field.clone(),
+        value: slot.value.to_bytes(),
+    });
+    slot.stored = 0;
+    push_renewal(meta, slot, field, now, ops);
 }
 
 /// Tells the store when the entry in `slot` expires, if it has a deadline.
@@ -1096,21 +1105,14 @@ impl<K: Codec + Hash + Eq + Clone, V: Codec> Flushable for MapObj<K, V> {
             let now = now.max(self.now);
             ops.reserve(2 * self.cache.len());
             for (k, s) in self.cache.iter_mut() {
-                let field = k.to_bytes();
-                ops.push(Op::MapSet {
-                    key: self.meta.key.clone(),
-                    field: field.clone(),
-                    value: s.value.to_bytes(),
-                });
-                s.stored = 0;
-                push_renewal(&self.meta, s, field, now, ops);
+                push_write(&self.meta, s, k.to_bytes(), now, ops);
             }
             self.dirty.clear();
             self.renew.clear();
             return;
         }
         self.drain_dirty(now, ops);
-        if self.meta.strategy == Strategy::Offload && !self.meta.authoritative {
+        if self.meta.strategy == Strategy::Offload {
             self.cache.clear();
             self.timers.clear();
         }
