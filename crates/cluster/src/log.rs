@@ -502,6 +502,14 @@ mod tests {
         out
     }
 
+    /// Logs clocks `1..=n`, each sent to `slot` of stage 0 at epoch 1 as the frame `[clock]`.
+    fn logged(log: &mut PacketLog, n: u64, slot: u32) {
+        for c in 1..=n {
+            log.log(c, IN);
+            log.sent(c, 0, slot, 1, &[c as u8]);
+        }
+    }
+
     /// The output of `stage`'s owner at `epoch`, kept and released by its commit notice.
     fn through(log: &mut PacketLog, clock: u64, stage: u32, epoch: u32, out: &[u8]) -> Vec<u8> {
         assert_eq!(log.output(clock, stage, epoch, out), Output::Kept);
@@ -637,10 +645,7 @@ mod tests {
     #[test]
     fn a_replay_leaves_out_what_was_lost_before_a_newer_answer() {
         let mut log = PacketLog::new(16, 8);
-        for c in 1..=4 {
-            log.log(c, IN);
-            log.sent(c, 0, 3, 1, &[c as u8]);
-        }
+        logged(&mut log, 4, 3);
         let mut buf = Vec::new();
         for c in [1, 3] {
             assert_eq!(log.output(c, 0, 1, &[c as u8]), Output::Kept);
@@ -701,10 +706,7 @@ mod tests {
     #[test]
     fn a_full_log_evicts_the_oldest_live_packet_and_counts_it() {
         let mut log = PacketLog::new(4, 8);
-        for c in 1..=4 {
-            log.log(c, IN);
-            log.sent(c, 0, 0, 1, &[c as u8]);
-        }
+        logged(&mut log, 4, 0);
         log.log(5, IN); // takes clock 1's entry
         log.sent(5, 0, 0, 1, &[5]);
         assert_eq!(log.stats().log_evicted, 1);
