@@ -13,6 +13,7 @@ mod cluster_lab;
 #[cfg(target_os = "linux")]
 mod failover;
 mod flexstate_counter;
+mod flow_cache;
 mod hashing;
 mod hashmvt;
 pub mod html;

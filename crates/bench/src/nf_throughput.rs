@@ -142,6 +142,12 @@ pub(crate) fn run(effort: Effort) -> Report {
         Effort::Quick => (50_000, 1),
     };
     crate::metrics_overhead::measure(&mut report, packets, runs);
+    // The chain behind a flow cache against the chain alone, on the real runtime.
+    let rounds = match effort {
+        Effort::Full => 3,
+        Effort::Quick => 1,
+    };
+    crate::flow_cache::measure(&mut report, flow_sets, packets as usize, rounds);
     report
 }
 
@@ -239,7 +245,7 @@ fn thread_cpu_seconds() -> f64 {
 }
 
 /// A fixed pseudo-random permutation: packets of different flows interleave as in real traffic.
-fn visit_order(n: usize) -> Vec<usize> {
+pub(crate) fn visit_order(n: usize) -> Vec<usize> {
     let mut order: Vec<usize> = (0..n).collect();
     let mut x: u64 = 0x2545_f491_4f6c_dd1d;
     for i in (1..n).rev() {

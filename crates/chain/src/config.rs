@@ -27,6 +27,9 @@
 //! fragment_timeout = "30s"      # IPv4 fragments (crate::fragments): how long a datagram is
 //! fragment_datagrams = 16384    # tracked, how many at once, and how many later fragments
 //! fragments_held = 256          # wait for their first one (each a max_frame buffer)
+//! flow_cache = false            # a fast path in each worker (crate::flowcache): established
+//! flow_cache_capacity = 1048576 # flows skip the NFs; needs every NF's consent, see there
+//! flow_cache_refresh = "1s"     # (the NFs run a flow's packet at least every refresh / 2)
 //!
 //! [state]                       # optional
 //! backend = "local"             # local | store | redis | redis-cluster | cassandra
@@ -304,6 +307,9 @@ pub struct RuntimeSection {
     /// Bounds of the IPv4 fragment tracker (`fragment_timeout`, `fragment_datagrams`,
     /// `fragments_held`).
     pub fragments: FragmentLimits,
+    /// Each worker's flow cache (`flow_cache`, `flow_cache_capacity`, `flow_cache_refresh`;
+    /// [`crate::flowcache`]); `None`: off, the default.
+    pub flow_cache: Option<crate::runtime::FlowCacheOptions>,
 }
 
 /// Largest `[runtime] fragment_datagrams`.
@@ -332,6 +338,7 @@ impl Default for RuntimeSection {
             max_frame: DEFAULT_MAX_FRAME,
             nice: None,
             fragments: FragmentLimits::default(),
+            flow_cache: None,
         }
     }
 }
@@ -557,6 +564,9 @@ struct RawRuntime {
     fragment_timeout: Option<toml::Value>,
     fragment_datagrams: Option<i64>,
     fragments_held: Option<i64>,
+    flow_cache: Option<bool>,
+    flow_cache_capacity: Option<i64>,
+    flow_cache_refresh: Option<toml::Value>,
 }
 
 #[derive(Deserialize)]
@@ -993,6 +1003,37 @@ fn runtime(r: &mut Report<'_>, raw: Option<RawRuntime>, live: bool) -> RuntimeSe
                 format!("expected 1 to {MAX_FRAGMENTS_HELD}, got {n}"),
             ),
         }
+    }
+    let mut cache = crate::runtime::FlowCacheOptions {
+        capacity: crate::flowcache::DEFAULT_CAPACITY,
+        refresh: crate::flowcache::DEFAULT_REFRESH,
+    };
+    if let Some(n) = raw.flow_cache_capacity {
+        match in_range(n, 2, crate::flowcache::MAX_CAPACITY) {
+            Some(n) => cache.capacity = n,
+            None => r.error(
+                "runtime.flow_cache_capacity",
+                format!("expected 2 to {}, got {n}", crate::flowcache::MAX_CAPACITY),
+            ),
+        }
+    }
+    if let Some(d) = raw.flow_cache_refresh {
+        let max = crate::flowcache::MAX_REFRESH;
+        match flowstate_config::duration_value(&d) {
+            Ok(d) if d >= Duration::from_millis(4) && d <= max => cache.refresh = d,
+            Ok(d) => r.error(
+                "runtime.flow_cache_refresh",
+                format!("expected 4ms to {}s, got {d:?}", max.as_secs()),
+            ),
+            Err(reason) => r.error("runtime.flow_cache_refresh", reason),
+        }
+    }
+    runtime.flow_cache = raw.flow_cache.unwrap_or(false).then_some(cache);
+    if live && runtime.flow_cache.is_some() {
+        r.error(
+            "runtime.flow_cache",
+            "a live box's fast path is XDP's: [input] fast_path",
+        );
     }
     runtime.reflect = raw.reflect.unwrap_or(false);
     runtime

@@ -69,6 +69,7 @@
 //! ```
 
 pub mod config;
+pub mod flowcache;
 pub mod fragments;
 #[cfg(target_os = "linux")]
 pub mod live;

@@ -34,6 +34,7 @@
 //! run-to-completion mode (the kernel's sending work runs in the worker's calls); otherwise
 //! pinning would make workers and those threads fight over cores, and the OS places them.
 
+use crate::flowcache::FlowCache;
 use crate::fragments::{Admit, FragmentCounts, FragmentLimits, FragmentTracker};
 use crate::observe::{BatchTimes, Observer, Published, RunView, StateCallTimes, PUBLISH_EVERY};
 use crate::reflect::reflect;
@@ -87,6 +88,18 @@ pub struct RuntimeOptions {
     /// Bounds of the fragment tracker ([`crate::fragments`]) of the dispatcher, or of each
     /// worker that reads its own input.
     pub fragments: FragmentLimits,
+    /// Each worker's flow cache in front of the chain ([`crate::flowcache`]); `None`: every
+    /// packet runs the chain.
+    pub flow_cache: Option<FlowCacheOptions>,
+}
+
+/// The size and refresh of a worker's flow cache ([`crate::flowcache`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlowCacheOptions {
+    /// Entries (rounded up to a power of two).
+    pub capacity: usize,
+    /// How long an entry lives after the chain last ran a packet of its flow.
+    pub refresh: Duration,
 }
 
 impl Default for RuntimeOptions {
@@ -106,6 +119,7 @@ impl Default for RuntimeOptions {
             retain_ops: StateConfig::default().retain_ops,
             nice: None,
             fragments: FragmentLimits::default(),
+            flow_cache: None,
         }
     }
 }
@@ -125,6 +139,7 @@ impl RuntimeOptions {
             retain_ops: c.state.retain_ops,
             nice: c.runtime.nice,
             fragments: c.runtime.fragments,
+            flow_cache: c.runtime.flow_cache,
             ..RuntimeOptions::default()
         }
     }
@@ -612,6 +627,17 @@ impl Runtime {
             })?;
             let mut nfs = Vec::with_capacity(self.chain.len());
             for f in &self.chain {
+                if o.flow_cache.is_some() && !f.fast_path() {
+                    return Err(RunError::Build {
+                        worker: index,
+                        nf: f.name(),
+                        error: BuildError::config(
+                            f.name(),
+                            "runtime.flow_cache",
+                            "this NF must see every packet of a flow: turn the flow cache off",
+                        ),
+                    });
+                }
                 let nf = f
                     .build(&mut partition.declare(f.name()), info)
                     .map_err(|error| RunError::Build {
@@ -661,6 +687,7 @@ impl Runtime {
             items: Vec::new(),
             answers: Vec::new(),
             fragments: FragmentTracker::new(o.fragments, o.max_frame),
+            flow_cache: o.flow_cache.map(|c| FlowCache::new(c.capacity, c.refresh)),
         };
         let mut batches = BatchTimes {
             worker: index,
@@ -830,6 +857,7 @@ pub(crate) fn summarize(
         counts.merge(&r.counts);
         s.reflected += r.reflected;
         s.packets_out += r.out;
+        s.flow_cache += r.flow_cache;
         for (i, c) in r.counters.iter().enumerate() {
             let Some(nf) = s.nfs.get_mut(i) else { continue };
             nf.packets_in += c.packets_in;
@@ -1188,6 +1216,8 @@ pub(crate) struct WorkerReport {
     packets: u64,
     reflected: u64,
     out: u64,
+    /// Packets its flow cache forwarded past the NFs.
+    flow_cache: u64,
     busy: Duration,
     /// When it had processed its last packet, and how long its state write-out at the stop
     /// took then (`None` and zero while it runs).
@@ -1225,19 +1255,23 @@ struct Worker {
     answers: Vec<Item>,
     /// Fragments of the worker's own input (generated mode).
     fragments: FragmentTracker,
+    /// The fast path in front of the chain (`[runtime] flow_cache`).
+    flow_cache: Option<FlowCache>,
 }
 
 /// A packet of a batch on its way through the chain NF by NF.
 #[derive(Debug, Clone, Copy)]
-struct Item {
+pub(crate) struct Item {
     /// Its index in its batch.
-    index: usize,
+    pub(crate) index: usize,
     /// Its dissection as the NFs before left it.
-    dissection: Dissection,
+    pub(crate) dissection: Dissection,
     /// The runtime's time when it came.
-    now: Nanos,
+    pub(crate) now: Nanos,
     /// Every NF so far forwarded it.
-    alive: bool,
+    pub(crate) alive: bool,
+    /// The flow cache forwarded it: the NFs skip it.
+    pub(crate) fast: bool,
     /// For a reflected answer: the index of the packet it answers.
     answers: usize,
 }
@@ -1288,7 +1322,11 @@ fn run_stages(
     batch: &mut PacketBatch,
     items: &mut [Item],
     direction: Direction,
+    mut cache: Option<&mut FlowCache>,
 ) {
+    if let Some(cache) = cache.as_deref_mut() {
+        cache.before(batch, items, direction);
+    }
     let n = nfs.len();
     for k in 0..n {
         let j = if direction == Direction::Outbound {
@@ -1296,7 +1334,7 @@ fn run_stages(
         } else {
             n - 1 - k
         };
-        for it in items.iter().filter(|it| it.alive) {
+        for it in items.iter().filter(|it| it.alive && !it.fast) {
             if let Some((data, _)) = batch.get_mut(it.index) {
                 nfs[j].prefetch(&Packet {
                     data,
@@ -1306,7 +1344,7 @@ fn run_stages(
             }
         }
         let c = &mut counters[j];
-        for it in items.iter_mut().filter(|it| it.alive) {
+        for it in items.iter_mut().filter(|it| it.alive && !it.fast) {
             let Some((data, _)) = batch.get_mut(it.index) else {
                 it.alive = false;
                 continue;
@@ -1333,6 +1371,9 @@ fn run_stages(
                 }
             }
         }
+    }
+    if let Some(cache) = cache {
+        cache.after(batch, items, direction);
     }
 }
 
@@ -1378,6 +1419,7 @@ impl Worker {
                         dissection: d,
                         now: self.now,
                         alive: true,
+                        fast: false,
                         answers: end,
                     });
                 }
@@ -1392,6 +1434,7 @@ impl Worker {
                 packets,
                 &mut items,
                 direction,
+                self.flow_cache.as_mut(),
             );
             answers.clear();
             for it in items.iter().filter(|it| it.alive) {
@@ -1425,6 +1468,7 @@ impl Worker {
                     dissection: rd,
                     now: it.now,
                     alive: true,
+                    fast: false,
                     answers: it.index,
                 });
             }
@@ -1435,6 +1479,7 @@ impl Worker {
                 replies,
                 &mut answers,
                 Direction::Inbound,
+                self.flow_cache.as_mut(),
             );
             for a in answers.iter().filter(|a| a.alive) {
                 slots[a.answers].reply = u16::try_from(a.index).ok();
@@ -1461,6 +1506,7 @@ impl Worker {
             packets: self.packets,
             reflected: self.reflected,
             out: self.out,
+            flow_cache: self.flow_cache.as_ref().map_or(0, |c| c.counts().hits),
             busy: self.busy,
             processed: self.processed,
             write_out: self.write_out,

@@ -28,6 +28,10 @@ pub struct Summary {
     pub malformed: BTreeMap<String, u64>,
     /// Inbound input packets skipped by `[input] outbound_only`.
     pub skipped: u64,
+    /// Packets the workers' flow caches forwarded past the NFs (`[runtime] flow_cache`,
+    /// [`crate::flowcache`]): in `packets_out`, in no NF's `packets_in`.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub flow_cache: u64,
     /// Wall-clock processing time, seconds: from the moment every worker was ready until
     /// the last one had processed its last packet.
     pub wall_s: f64,
@@ -54,6 +58,10 @@ pub struct Summary {
     /// it. Empty when no fragment came.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub fragments: BTreeMap<String, u64>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// One worker's share.
@@ -188,6 +196,14 @@ impl fmt::Display for Summary {
             self.packets_out,
             "forwarded by the whole chain",
         )?;
+        if self.flow_cache > 0 {
+            line(
+                f,
+                "  flow cache",
+                self.flow_cache,
+                "of them past the NFs, by the workers' flow caches ([runtime] flow_cache)",
+            )?;
+        }
         line(f, "dropped", self.dropped_total, "by an NF, or malformed")?;
         let width = self
             .dropped

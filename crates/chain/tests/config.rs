@@ -586,3 +586,43 @@ mod never_panics {
         }
     }
 }
+
+#[test]
+fn flow_cache_keys() {
+    assert_eq!(parse(INPUT).unwrap().runtime.flow_cache, None, "off by default");
+    let c = parse(&format!(
+        "{INPUT}[runtime]\nflow_cache = true\nflow_cache_capacity = 4096\nflow_cache_refresh = \"250ms\"\n"
+    ))
+    .unwrap();
+    let f = c.runtime.flow_cache.unwrap();
+    assert_eq!((f.capacity, f.refresh), (4096, Duration::from_millis(250)));
+    let d = parse(&format!("{INPUT}[runtime]\nflow_cache = true\n"))
+        .unwrap()
+        .runtime
+        .flow_cache
+        .unwrap();
+    assert_eq!((d.capacity, d.refresh), (1 << 20, Duration::from_secs(1)));
+    for (key, value, says) in [
+        ("flow_cache_capacity", "1", "expected 2 to"),
+        ("flow_cache_capacity", "1000000000", "expected 2 to"),
+        ("flow_cache_refresh", "\"1ms\"", "expected 4ms to"),
+        ("flow_cache_refresh", "\"2h\"", "expected 4ms to"),
+    ] {
+        fails(
+            &format!("{INPUT}[runtime]\nflow_cache = true\n{key} = {value}\n"),
+            &format!("runtime.{key}"),
+            says,
+        );
+    }
+    fails(
+        &format!("{INPUT}[runtime]\nflow_cache = \"yes\"\n"),
+        "runtime.flow_cache",
+        "expected a boolean",
+    );
+    // A live box has the XDP fast path instead.
+    fails(
+        "[input]\ninterface = \"a\"\naddress = \"10.0.0.1\"\n[output]\ninterface = \"b\"\naddress = \"10.0.0.2\"\n[runtime]\nflow_cache = true\n",
+        "runtime.flow_cache",
+        "[input] fast_path",
+    );
+}

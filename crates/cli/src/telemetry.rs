@@ -137,6 +137,12 @@ pub(crate) fn chain_metrics(s: &Summary, m: &mut Metrics) {
         s.reflected,
     );
     m.counter(
+        "flow_cache_packets",
+        "Packets the workers' flow caches forwarded past the NFs ([runtime] flow_cache).",
+        &[],
+        s.flow_cache,
+    );
+    m.counter(
         "skipped_packets",
         "Inbound input packets skipped by [input] outbound_only.",
         &[],

@@ -30,7 +30,7 @@
 //! the key, which linear probing needs more than SwissTable's groups do; it replaced Fx's
 //! multiply-rotate with murmur3's 64-bit finaliser after it, at about the same cost.
 
-use flowstate_wire::mem::{advise_huge_pages, huge_with_capacity};
+use flowstate_wire::mem::{advise_huge_pages, huge_with_capacity, prefetch_bytes};
 use std::hash::{BuildHasher, Hash};
 
 /// Fewest slots of a non-empty table.
@@ -294,31 +294,6 @@ impl<K, V> FlowTable<K, V> {
         self.slots
             .iter_mut()
             .filter_map(|s| s.0.as_mut().map(|(k, v)| (&*k, v)))
-    }
-}
-
-/// Asks the CPU to start loading every cache line of the `len` bytes at `at` (a hint; no-op
-/// off x86_64).
-#[inline(always)]
-fn prefetch_bytes<T>(at: &T, len: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        let first = (at as *const T).cast::<i8>();
-        // The first and the last byte: `len` is at most a few cache lines' worth, and an
-        // entry larger than 64 bytes straddles two lines at most once per 64 bytes.
-        let last = first.wrapping_add(len.max(1) - 1);
-        // SAFETY: prefetching is a hint that never faults nor changes memory, whatever the
-        // address; both addresses are in the live allocation `at` points into anyway. SSE
-        // (which has `prefetcht0`) is part of the x86_64 baseline.
-        unsafe {
-            _mm_prefetch::<_MM_HINT_T0>(first);
-            _mm_prefetch::<_MM_HINT_T0>(last);
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (at, len);
     }
 }
 

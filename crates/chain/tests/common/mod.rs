@@ -196,6 +196,11 @@ pub fn trace(profile: Profile, flows: u64, packets: u64, seed: u64) -> Vec<(Vec<
     c.flows = flows;
     c.packets = packets;
     c.seed = seed;
+    synthetic(c)
+}
+
+/// The packets `c` generates.
+pub fn synthetic(c: SynthConfig) -> Vec<(Vec<u8>, PacketMeta)> {
     let mut g = Synthetic::new(c).unwrap();
     let mut b = PacketBatch::new(64, 2048);
     let mut out = Vec::new();
