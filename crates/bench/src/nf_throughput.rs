@@ -148,6 +148,23 @@ pub(crate) fn run(effort: Effort) -> Report {
         Effort::Quick => 1,
     };
     crate::flow_cache::measure(&mut report, flow_sets, packets as usize, rounds);
+    // The chain (this loop), and the chain behind its flow cache (the real runtime), against
+    // the slowest of its NFs alone (this loop): issue #22's "a chain as fast as its slowest NF".
+    for &(_, label) in flow_sets {
+        let slowest = ["nat", "firewall", "lb"]
+            .iter()
+            .filter_map(|nf| report.metrics.get(&format!("{nf}_mpps_per_core_{label}")))
+            .copied()
+            .fold(f64::INFINITY, f64::min);
+        for (chain, key) in [
+            ("chain_mpps_per_core", "chain_vs_slowest_nf"),
+            ("flow_cache_on_mpps", "chain_flow_cache_vs_slowest_nf"),
+        ] {
+            if let Some(&mpps) = report.metrics.get(&format!("{chain}_{label}")) {
+                report.ratio(&format!("{key}_{label}"), mpps / slowest);
+            }
+        }
+    }
     report
 }
 

@@ -12,6 +12,8 @@
 //!           worker k: the batch in segments (one direction, distinct flows), each run NF
 //!                     by NF (every NF prefetches, then processes, the segment; reverse
 //!                     order when Inbound), then its reflected answers the same way;
+//!                     with [runtime] flow_cache, a segment's established flows first
+//!                     take the worker's flow cache (crate::flowcache) and skip the NFs;
 //!                     on_tick + maybe_flush once per batch
 //!             | one bounded queue, FIFO per worker
 //!             v

@@ -589,7 +589,11 @@ mod never_panics {
 
 #[test]
 fn flow_cache_keys() {
-    assert_eq!(parse(INPUT).unwrap().runtime.flow_cache, None, "off by default");
+    assert_eq!(
+        parse(INPUT).unwrap().runtime.flow_cache,
+        None,
+        "off by default"
+    );
     let c = parse(&format!(
         "{INPUT}[runtime]\nflow_cache = true\nflow_cache_capacity = 4096\nflow_cache_refresh = \"250ms\"\n"
     ))
