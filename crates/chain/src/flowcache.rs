@@ -96,15 +96,6 @@ struct Pending {
     head: [u8; HEAD],
 }
 
-/// What the cache did, for the worker's report.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct FlowCacheCounts {
-    /// Packets forwarded by the cache (not by the NFs).
-    pub hits: u64,
-    /// Entries written after the chain forwarded a packet (new flows and renewals).
-    pub learned: u64,
-}
-
 /// One worker's flow cache (see the module docs).
 pub struct FlowCache {
     sets: Vec<Set>,
@@ -113,10 +104,12 @@ pub struct FlowCache {
     /// `refresh`, and half of it, in ticks.
     refresh: u32,
     renew: u32,
-    /// The keys of the segment being run, by position (0: the packet is not cacheable).
-    keys: Vec<Key>,
+    /// The keys of the segment being run and where their headers are, by position (`None`:
+    /// the packet is not cacheable).
+    keys: Vec<Option<(Key, Layout)>>,
     pending: Vec<Pending>,
-    counts: FlowCacheCounts,
+    /// Packets forwarded by the cache (not by the NFs).
+    hits: u64,
 }
 
 impl std::fmt::Debug for FlowCache {
@@ -124,7 +117,7 @@ impl std::fmt::Debug for FlowCache {
         f.debug_struct("FlowCache")
             .field("capacity", &(self.sets.len() * 2))
             .field("refresh_ticks", &self.refresh)
-            .field("counts", &self.counts)
+            .field("hits", &self.hits)
             .finish()
     }
 }
@@ -223,13 +216,13 @@ impl FlowCache {
             renew: refresh / 2,
             keys: Vec::new(),
             pending: Vec::new(),
-            counts: FlowCacheCounts::default(),
+            hits: 0,
         }
     }
 
-    /// What the cache has done so far.
-    pub fn counts(&self) -> FlowCacheCounts {
-        self.counts
+    /// Packets the cache forwarded past the NFs so far.
+    pub fn hits(&self) -> u64 {
+        self.hits
     }
 
     fn set_of(&self, key: Key) -> usize {
@@ -244,7 +237,7 @@ impl FlowCache {
     pub(crate) fn before(&mut self, batch: &mut PacketBatch, items: &mut [Item], dir: Direction) {
         self.pending.clear();
         self.keys.clear();
-        self.keys.resize(items.len(), 0);
+        self.keys.resize(items.len(), None);
         for (i, it) in items.iter().enumerate() {
             let Some((data, _)) = batch.get(it.index).filter(|_| it.alive) else {
                 continue;
@@ -256,24 +249,23 @@ impl FlowCache {
                 self.remember(i, k, at, true, data);
                 continue;
             }
-            self.keys[i] = k;
+            self.keys[i] = Some((k, at));
             prefetch_bytes(&self.sets[self.set_of(k)], 64);
         }
         for (i, it) in items.iter_mut().enumerate() {
-            let k = self.keys[i];
-            let Some((data, _)) = batch.get_mut(it.index).filter(|_| k != 0) else {
+            let Some((k, at)) = self.keys[i] else {
+                continue;
+            };
+            let Some((data, _)) = batch.get_mut(it.index) else {
                 continue;
             };
             match self.find(k, tick(it.now)) {
                 Some(out) => {
                     rewrite(data, &mut it.dissection, &out);
                     it.fast = true;
-                    self.counts.hits += 1;
+                    self.hits += 1;
                 }
-                None => {
-                    let at = layout(data, &it.dissection).expect("a key's layout");
-                    self.remember(i, k, at, false, data);
-                }
+                None => self.remember(i, k, at, false, data),
             }
         }
     }
@@ -343,7 +335,6 @@ impl FlowCache {
             out,
             deadline: now.wrapping_add(self.refresh),
         };
-        self.counts.learned += 1;
     }
 
     fn forget(&mut self, k: Key) {

@@ -1508,7 +1508,7 @@ impl Worker {
             packets: self.packets,
             reflected: self.reflected,
             out: self.out,
-            flow_cache: self.flow_cache.as_ref().map_or(0, |c| c.counts().hits),
+            flow_cache: self.flow_cache.as_ref().map_or(0, FlowCache::hits),
             busy: self.busy,
             processed: self.processed,
             write_out: self.write_out,
