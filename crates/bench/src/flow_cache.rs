@@ -71,6 +71,10 @@ pub(crate) fn measure(
     rounds: usize,
 ) {
     let packets = packets.max((trace.as_nanos() * u128::from(RATE) / 1_000_000_000) as usize);
+    report
+        .param("flow_cache_stamped_pps", RATE)
+        .param("flow_cache_timed_packets_min", packets)
+        .param("flow_cache_refresh_ms", DEFAULT_REFRESH.as_millis() as u64);
     let chain = chains()
         .into_iter()
         .find(|(name, _)| *name == "chain")
