@@ -10,6 +10,7 @@
 //! renewed by the chain as in a steady state: at a million flows, one packet in five. The
 //! first pass opens every flow (through the chain either way) and is not timed.
 
+use crate::cluster_lab::median;
 use crate::nf_throughput::{chains, flow_keys, frame, FRAME};
 use crate::Report;
 use flowstate_chain::flowcache::{DEFAULT_CAPACITY, DEFAULT_REFRESH};
@@ -143,15 +144,10 @@ pub(crate) fn measure(
                 }
             }
         }
-        let (p, c) = (median(&mut plain), median(&mut cached));
+        let (p, c) = (median(&plain), median(&cached));
         report.metric(&format!("flow_cache_off_mpps_{label}"), p);
         report.metric(&format!("flow_cache_on_mpps_{label}"), c);
         report.metric(&format!("flow_cache_hit_share_{label}"), hits);
         report.ratio(&format!("flow_cache_vs_chain_{label}"), c / p);
     }
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }

@@ -38,7 +38,9 @@ use flowstate_io::PacketBatch;
 use flowstate_nf::Direction;
 use flowstate_wire::checksum;
 use flowstate_wire::dissect::{Fragment, Network};
+use flowstate_wire::flow::proto::{TCP, UDP};
 use flowstate_wire::mem::prefetch_bytes;
+use flowstate_wire::tcp::Flags;
 use flowstate_wire::{Dissection, FlowKey};
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
@@ -54,9 +56,8 @@ pub const MAX_REFRESH: Duration = Duration::from_secs(3600);
 
 /// Nanoseconds per tick, as a shift.
 const TICK_SHIFT: u32 = 20;
-const PROTO_TCP: u8 = 6;
-const PROTO_UDP: u8 = 17;
-const TCP_CONTROL: u8 = 0x01 | 0x02 | 0x04; // FIN, SYN, RST
+/// The TCP flags that open or close a connection: such segments always run the chain.
+const TCP_CONTROL: u8 = Flags::FIN.0 | Flags::SYN.0 | Flags::RST.0;
 /// Bytes of a packet's headers the cache keeps while the chain runs it (Ethernet with two VLAN
 /// tags, IPv4 without options, TCP without options: 62).
 const HEAD: usize = 64;
@@ -147,12 +148,17 @@ fn layout(frame: &[u8], d: &Dissection) -> Option<Layout> {
         return None;
     }
     let (l3, l4) = (d.l3_offset, d.l4_offset?);
-    let header = match d.protocol {
-        PROTO_TCP => 20,
-        PROTO_UDP => 8,
-        _ => return None,
-    };
+    let header = transport_len(d.protocol)?;
     (l4 == l3 + 20 && l4 + header <= frame.len().min(HEAD)).then_some((l3, l4, d.protocol))
+}
+
+/// Bytes of a cacheable transport's header without options (`None`: not TCP or UDP).
+fn transport_len(protocol: u8) -> Option<usize> {
+    match protocol {
+        TCP => Some(20),
+        UDP => Some(8),
+        _ => None,
+    }
 }
 
 /// The key of a flow direction from its addresses (source, destination) and ports as on the
@@ -178,11 +184,7 @@ fn bytes<const N: usize>(b: &[u8], at: usize) -> [u8; N] {
 /// UDP), if it is cacheable.
 fn key_of(frame: &[u8], d: &Dissection, dir: Direction) -> Option<(Key, Layout, u8)> {
     let at @ (l3, l4, proto) = layout(frame, d)?;
-    let flags = if proto == PROTO_TCP {
-        frame[l4 + 13]
-    } else {
-        0
-    };
+    let flags = if proto == TCP { frame[l4 + 13] } else { 0 };
     Some((
         key(dir, proto, bytes(frame, l3 + 12), bytes(frame, l4)),
         at,
@@ -192,7 +194,7 @@ fn key_of(frame: &[u8], d: &Dissection, dir: Direction) -> Option<(Key, Layout, 
 
 /// Where a checksum is in a transport header.
 fn checksum_at(proto: u8) -> usize {
-    if proto == PROTO_TCP {
+    if proto == TCP {
         16
     } else {
         6
@@ -389,9 +391,9 @@ fn rewrite(data: &mut [u8], d: &mut Dissection, out: &[u8; 12]) {
     data[l3 + 10..l3 + 12].copy_from_slice(&ip_check.to_be_bytes());
     let c = l4 + checksum_at(proto);
     let check = word(data, c);
-    if proto == PROTO_TCP || check != 0 {
+    if proto == TCP || check != 0 {
         let new = checksum::update(check, &old, out);
-        let new = if proto == PROTO_UDP && new == 0 {
+        let new = if proto == UDP && new == 0 {
             0xffff
         } else {
             new
@@ -420,7 +422,7 @@ fn lesson(p: &Pending, data: &[u8], d: &Dissection) -> Option<[u8; 12]> {
         return None;
     }
     let c = checksum_at(proto);
-    let end = l4 + if proto == PROTO_TCP { 20 } else { 8 };
+    let end = l4 + transport_len(proto)?;
     let head = &p.head[..end];
     let same = |r: std::ops::Range<usize>| head[r.clone()] == data[r];
     // Everything but addresses, ports and checksums is as it came (TTL included).
@@ -443,7 +445,7 @@ mod tests {
     fn k(i: u32) -> Key {
         key(
             Direction::Outbound,
-            PROTO_UDP,
+            UDP,
             [10, 0, 0, 1, 198, 51, 100, 1],
             [0, 53, (i >> 8) as u8, i as u8],
         ) | u128::from(i) << 112
@@ -493,13 +495,13 @@ mod tests {
     fn the_reverse_of_a_key_swaps_ends_and_direction() {
         let a = key(
             Direction::Outbound,
-            PROTO_TCP,
+            TCP,
             [10, 0, 0, 1, 192, 0, 2, 9],
             [4, 0, 1, 187],
         );
         let b = key(
             Direction::Inbound,
-            PROTO_TCP,
+            TCP,
             [192, 0, 2, 9, 10, 0, 0, 1],
             [1, 187, 4, 0],
         );
