@@ -94,7 +94,7 @@ pub(crate) fn measure(
         let order = crate::nf_throughput::visit_order(keys.len());
         let frames: Vec<[u8; FRAME]> = order.iter().map(|&i| frame(&keys[i])).collect();
         let (mut plain, mut cached, mut hits) = (Vec::new(), Vec::new(), 0.0);
-        // Four entries a flow: a set of two ways then rarely has a third flow to evict for.
+        // Four entries a flow: a set of four ways then rarely has a fifth flow to evict for.
         let cache = FlowCacheOptions {
             capacity: DEFAULT_CAPACITY.max(4 * flows),
             refresh: DEFAULT_REFRESH,
