@@ -307,7 +307,8 @@ fn demo(a: DemoArgs) -> Result<()> {
         eprintln!(
             "flowstate demo: the clients' packets of a synthetic trace of {} packets in {} flows \
              through firewall -> NAT -> load balancer, {} workers each generating its share, state \
-             on the embedded store.\nThe reflect stage answers each packet that leaves the chain \
+             on the embedded store, established flows' packets past the NFs by each worker's flow \
+             cache.\nThe reflect stage answers each packet that leaves the chain \
              as its outside host would, back through the chain (the trace's own server packets \
              are not generated: they are addressed to the clients' inside addresses, which a NAT \
              never receives).",
