@@ -86,10 +86,22 @@ impl<'a> Cur<'a> {
         noise(seed, 0, &mut self.b[self.n..self.n + len]);
         self.n += len;
     }
+    /// `v` in decimal, zero-padded to at least `width` digits (what `{v:0width$}` writes,
+    /// without the formatting machinery: the generator writes several a message).
+    fn decimal(&mut self, v: u64, width: usize) {
+        let mut digits = [0u8; 20];
+        let (mut x, mut i) = (v, digits.len());
+        while x > 0 || i == digits.len() || digits.len() - i < width {
+            i -= 1;
+            digits[i] = b'0' + (x % 10) as u8;
+            x /= 10;
+        }
+        self.put(&digits[i..]);
+    }
     /// `len` characters of `text`, repeated.
     fn text(&mut self, len: usize, text: &[u8]) {
-        for i in 0..len {
-            self.b[self.n + i] = text[i % text.len()];
+        for chunk in self.b[self.n..self.n + len].chunks_mut(text.len()) {
+            chunk.copy_from_slice(&text[..chunk.len()]);
         }
         self.n += len;
     }
@@ -274,16 +286,17 @@ fn http_request(idx: u64, len: usize, seed: u64, out: &mut [u8]) -> usize {
     let r = h(seed, idx, 3);
     let write = |out: &mut [u8], pad: usize| -> usize {
         let mut c = Cur::new(out);
-        let _ = write!(c, "GET {}", PATHS[(r % 6) as usize]);
+        c.put(b"GET ");
+        c.put(PATHS[(r % 6) as usize].as_bytes());
         if (1..COOKIE_MIN).contains(&pad) {
             c.put(b"?");
             c.text(pad - 1, b"abcdefghijklmnopq");
         }
-        let _ = write!(
-            c,
-            " HTTP/1.1\r\nHost: www.host{}.example.com\r\nUser-Agent: Mozilla/5.0 (X11; Linux \
-             x86_64) flowstate/1\r\nAccept: */*\r\n",
-            seed % 1000
+        c.put(b" HTTP/1.1\r\nHost: www.host");
+        c.decimal(seed % 1000, 1);
+        c.put(
+            b".example.com\r\nUser-Agent: Mozilla/5.0 (X11; Linux x86_64) flowstate/1\r\n\
+              Accept: */*\r\n",
         );
         if pad >= COOKIE_MIN {
             c.put(b"Cookie: session=");
@@ -309,12 +322,14 @@ const COOKIE_MIN: usize = 18;
 fn http_response_head(len: usize, out: &mut [u8]) -> (usize, usize) {
     let write = |out: &mut [u8], age: usize, body: usize| -> usize {
         let mut c = Cur::new(out);
-        let _ = write!(
-            c,
-            "HTTP/1.1 200 OK\r\nServer: nginx\r\nDate: Wed, 25 Nov 2026 14:52:34 GMT\r\n\
-             Content-Type: text/plain\r\nCache-Control: max-age={}\r\nContent-Length: {body}\r\n\r\n",
-            [6, 60, 600][age]
+        c.put(
+            b"HTTP/1.1 200 OK\r\nServer: nginx\r\nDate: Wed, 25 Nov 2026 14:52:34 GMT\r\n\
+              Content-Type: text/plain\r\nCache-Control: max-age=",
         );
+        c.decimal([6, 60, 600][age], 1);
+        c.put(b"\r\nContent-Length: ");
+        c.decimal(body as u64, 1);
+        c.put(b"\r\n\r\n");
         c.n
     };
     let min = write(out, 0, 0);
@@ -892,18 +907,23 @@ fn syslog(k: u64, target: usize, seed: u64, out: &mut [u8]) -> usize {
     let r = h(seed, k, 11);
     let write = |out: &mut [u8], text: usize| -> usize {
         let mut c = Cur::new(out);
-        let _ = write!(
-            c,
-            "<{}>1 2026-11-25T14:{:02}:{:02}.{:03}Z host{}.example.org app{} {} ID{} - ",
-            8 * (16 + r % 8) + 3 + (r >> 8) % 5,
-            (k / 60) % 60,
-            k % 60,
-            (r >> 16) % 1000,
-            seed % 1000,
-            (r >> 28) % 10,
-            1000 + (r >> 32) % 30_000,
-            (r >> 48) % 100
-        );
+        c.put(b"<");
+        c.decimal(8 * (16 + r % 8) + 3 + (r >> 8) % 5, 1);
+        c.put(b">1 2026-11-25T14:");
+        c.decimal((k / 60) % 60, 2);
+        c.put(b":");
+        c.decimal(k % 60, 2);
+        c.put(b".");
+        c.decimal((r >> 16) % 1000, 3);
+        c.put(b"Z host");
+        c.decimal(seed % 1000, 1);
+        c.put(b".example.org app");
+        c.decimal((r >> 28) % 10, 1);
+        c.put(b" ");
+        c.decimal(1000 + (r >> 32) % 30_000, 1);
+        c.put(b" ID");
+        c.decimal((r >> 48) % 100, 1);
+        c.put(b" - ");
         c.put(b"message ");
         c.text(text, TEXT);
         c.n
@@ -919,6 +939,52 @@ fn syslog(k: u64, target: usize, seed: u64, out: &mut [u8]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn decimal_writes_what_format_writes() {
+        for v in [0u64, 7, 9, 10, 99, 100, 999, 1000, 65_535, u64::MAX] {
+            for width in 0..5 {
+                let mut b = [0u8; 32];
+                let mut c = Cur::new(&mut b);
+                c.decimal(v, width);
+                let n = c.n;
+                assert_eq!(&b[..n], format!("{v:0width$}").as_bytes(), "{v} {width}");
+            }
+        }
+    }
+
+    /// The shortest HTTP request and syslog message, against the same text from `format!`.
+    #[test]
+    fn requests_and_syslog_lines_are_the_formatted_text() {
+        for seed in [0, 7, 12_345, u64::MAX] {
+            for k in [0u64, 1, 59, 60, 61, 3_599, 3_600, 1 << 40] {
+                let mut out = [0u8; 1024];
+                let n = http_request(k, 0, seed, &mut out);
+                let path = PATHS[(h(seed, k, 3) % 6) as usize];
+                let want = format!(
+                    "GET {path} HTTP/1.1\r\nHost: www.host{}.example.com\r\nUser-Agent: \
+                     Mozilla/5.0 (X11; Linux x86_64) flowstate/1\r\nAccept: */*\r\n\r\n",
+                    seed % 1000
+                );
+                assert_eq!(&out[..n], want.as_bytes());
+                let n = syslog(k, 0, seed, &mut out);
+                let r = h(seed, k, 11);
+                let want = format!(
+                    "<{}>1 2026-11-25T14:{:02}:{:02}.{:03}Z host{}.example.org app{} {} ID{} - \
+                     message ",
+                    8 * (16 + r % 8) + 3 + (r >> 8) % 5,
+                    (k / 60) % 60,
+                    k % 60,
+                    (r >> 16) % 1000,
+                    seed % 1000,
+                    (r >> 28) % 10,
+                    1000 + (r >> 32) % 30_000,
+                    (r >> 48) % 100
+                );
+                assert_eq!(&out[..n], want.as_bytes());
+            }
+        }
+    }
 
     /// The shortest messages the module documentation quotes.
     #[test]
