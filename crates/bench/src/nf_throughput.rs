@@ -137,18 +137,18 @@ pub(crate) fn run(effort: Effort) -> Report {
     );
     alias(&mut report, "nat_2w_vs_1w_1m_flows", "nat_2w_vs_1w", true);
     // Metrics exported and scraped against not, on the chain runtime (issue #20).
-    let (packets, runs) = match effort {
+    let (metrics_packets, runs) = match effort {
         Effort::Full => (3_000_000, 5),
         Effort::Quick => (50_000, 1),
     };
-    crate::metrics_overhead::measure(&mut report, packets, runs);
+    crate::metrics_overhead::measure(&mut report, metrics_packets, runs);
     // The chain behind a flow cache against the chain alone, on the real runtime, over two
     // of the cache's refresh periods of trace time (renewals included) in a full run.
     let (trace, rounds) = match effort {
         Effort::Full => (2 * flowstate_chain::flowcache::DEFAULT_REFRESH, 3),
         Effort::Quick => (std::time::Duration::ZERO, 1),
     };
-    crate::flow_cache::measure(&mut report, flow_sets, packets as usize, trace, rounds);
+    crate::flow_cache::measure(&mut report, flow_sets, packets, trace, rounds);
     // The chain (this loop), and the chain behind its flow cache (the real runtime), against
     // the slowest of its NFs alone (this loop): issue #22's "a chain as fast as its slowest NF".
     for &(_, label) in flow_sets {
