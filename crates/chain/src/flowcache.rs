@@ -235,8 +235,8 @@ impl FlowCache {
 
     /// The set of `key`: a folded multiply of the key's halves (seeded), whose every bit
     /// depends on every bit of the key. (A multiply of one xor of the halves, read from bits
-    /// 32 up, ignored its top 12 bits: answers through the NAT, whose keys differ in the NAT's
-    /// port alone, fell into a few hundred sets and evicted each other.)
+    /// 32 up, ignored its top 12 bits: keys that differ in the destination port alone, as the
+    /// answers through a NAT do, fell into a handful of sets and evicted each other.)
     fn set_of(&self, key: Key) -> usize {
         let lo = (key as u64) ^ self.seed;
         let hi = ((key >> 64) as u64) ^ self.seed.rotate_left(32) ^ 0x9e37_79b9_7f4a_7c15;
