@@ -1009,11 +1009,15 @@ fn runtime(r: &mut Report<'_>, raw: Option<RawRuntime>, live: bool) -> RuntimeSe
         refresh: crate::flowcache::DEFAULT_REFRESH,
     };
     if let Some(n) = raw.flow_cache_capacity {
-        match in_range(n, 2, crate::flowcache::MAX_CAPACITY) {
+        let (min, max) = (
+            crate::flowcache::MIN_CAPACITY,
+            crate::flowcache::MAX_CAPACITY,
+        );
+        match in_range(n, min, max) {
             Some(n) => cache.capacity = n,
             None => r.error(
                 "runtime.flow_cache_capacity",
-                format!("expected 2 to {}, got {n}", crate::flowcache::MAX_CAPACITY),
+                format!("expected {min} to {max}, got {n}"),
             ),
         }
     }

@@ -49,6 +49,8 @@ use std::time::Duration;
 pub const DEFAULT_REFRESH: Duration = Duration::from_secs(1);
 /// Default `[runtime] flow_cache_capacity` (entries; 32 MiB).
 pub const DEFAULT_CAPACITY: usize = 1 << 20;
+/// Smallest `flow_cache_capacity`: one set.
+pub const MIN_CAPACITY: usize = WAYS;
 /// Largest `flow_cache_capacity`.
 pub const MAX_CAPACITY: usize = 1 << 26;
 /// Longest `flow_cache_refresh` (2^31 ticks is where the wrapping comparison ends).
@@ -211,7 +213,10 @@ impl FlowCache {
     /// A cache of at least `capacity` entries (rounded up to a power of two, at least one
     /// set), whose entries live `refresh` (at least one tick).
     pub fn new(capacity: usize, refresh: Duration) -> FlowCache {
-        let sets = capacity.clamp(WAYS, MAX_CAPACITY).next_power_of_two() / WAYS;
+        let sets = capacity
+            .clamp(MIN_CAPACITY, MAX_CAPACITY)
+            .next_power_of_two()
+            / WAYS;
         let refresh = ((refresh.as_nanos() >> TICK_SHIFT) as u32).clamp(2, 1 << 30);
         FlowCache {
             sets: flowstate_wire::mem::huge_vec(Set::default(), sets),

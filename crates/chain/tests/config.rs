@@ -607,8 +607,8 @@ fn flow_cache_keys() {
         .unwrap();
     assert_eq!((d.capacity, d.refresh), (1 << 20, Duration::from_secs(1)));
     for (key, value, says) in [
-        ("flow_cache_capacity", "1", "expected 2 to"),
-        ("flow_cache_capacity", "1000000000", "expected 2 to"),
+        ("flow_cache_capacity", "3", "expected 4 to"),
+        ("flow_cache_capacity", "1000000000", "expected 4 to"),
         ("flow_cache_refresh", "\"1ms\"", "expected 4ms to"),
         ("flow_cache_refresh", "\"2h\"", "expected 4ms to"),
     ] {

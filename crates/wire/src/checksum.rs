@@ -7,26 +7,24 @@
 
 /// The 32-bit partial one's-complement sum of `data` as big-endian 16-bit words; an odd final
 /// byte is padded with zero (RFC 1071 §4.1). Fold with [`finish`].
-///
-/// The sum is taken over little-endian 32-bit words and byte-swapped at the end: the
-/// one's-complement sum is independent of byte order up to that swap (RFC 1071 §2 (B)), and
-/// a loop of native-order loads, with no byte swap in it, is one the compiler vectorizes.
 #[inline]
 pub fn sum(data: &[u8]) -> u32 {
     let mut acc: u64 = 0;
-    let mut words = data.chunks_exact(4);
-    for w in &mut words {
-        acc += u64::from(u32::from_le_bytes([w[0], w[1], w[2], w[3]]));
+    let mut chunks = data.chunks_exact(8);
+    for c in &mut chunks {
+        // Two 32-bit big-endian halves; carries accumulate in the upper bits of `acc`.
+        acc += u64::from(u32::from_be_bytes([c[0], c[1], c[2], c[3]]));
+        acc += u64::from(u32::from_be_bytes([c[4], c[5], c[6], c[7]]));
     }
-    let rest = words.remainder();
-    if rest.len() >= 2 {
-        acc += u64::from(u16::from_le_bytes([rest[0], rest[1]]));
+    let mut rest = chunks.remainder();
+    while rest.len() >= 2 {
+        acc += u64::from(u16::from_be_bytes([rest[0], rest[1]]));
+        rest = &rest[2..];
     }
-    if rest.len() % 2 == 1 {
-        // The odd final byte is the high byte of its big-endian word: the low of a swapped one.
-        acc += u64::from(rest[rest.len() - 1]);
+    if let [last] = rest {
+        acc += u64::from(*last) << 8;
     }
-    u32::from((fold64(acc) as u16).swap_bytes())
+    fold64(acc)
 }
 
 /// Folds a 64-bit accumulator to a 16-bit one's-complement sum (returned in a `u32`).

@@ -923,8 +923,7 @@ fn syslog(k: u64, target: usize, seed: u64, out: &mut [u8]) -> usize {
         c.decimal(1000 + (r >> 32) % 30_000, 1);
         c.put(b" ID");
         c.decimal((r >> 48) % 100, 1);
-        c.put(b" - ");
-        c.put(b"message ");
+        c.put(b" - message ");
         c.text(text, TEXT);
         c.n
     };
