@@ -113,9 +113,9 @@ pub struct FlowCache {
     /// `refresh`, and half of it, in ticks.
     refresh: u32,
     renew: u32,
-    /// The keys of the segment being run and where their headers are, by position (`None`:
-    /// the packet is not cacheable).
-    keys: Vec<Option<(Key, Layout)>>,
+    /// The keys of the segment being run, their sets and where their headers are, by position
+    /// (`None`: the packet is not cacheable).
+    keys: Vec<Option<(Key, usize, Layout)>>,
     pending: Vec<Pending>,
     /// Packets forwarded by the cache (not by the NFs).
     hits: u64,
@@ -129,16 +129,6 @@ impl std::fmt::Debug for FlowCache {
             .field("hits", &self.hits)
             .finish()
     }
-}
-
-/// MurmurHash3's 64-bit finalizer: a bijection in which every output bit depends on every
-/// input bit.
-fn fmix64(mut x: u64) -> u64 {
-    x ^= x >> 33;
-    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    x ^= x >> 33;
-    x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-    x ^ (x >> 33)
 }
 
 /// The tick of a runtime time.
@@ -248,14 +238,13 @@ impl FlowCache {
         self.hits
     }
 
-    /// The set of `key`: MurmurHash3's 64-bit finalizer over the seeded low half, then over
-    /// that and the high half, so every bit of the set depends on every bit of the key,
-    /// whatever the seed. (A multiply of one xor of the halves, read from bit 32 up, ignored
-    /// the key's top 12 bits: keys that differ in the destination port alone, as the answers
-    /// through a NAT do, fell into a handful of sets and evicted each other.)
+    /// The set of `key`: the fast path's seeded 64-bit mix (`flowstate_fastpath::hash::mix`,
+    /// SplitMix64's finalizer), every bit of which depends on every bit of the key. (A
+    /// multiply of one xor of the halves, read from bit 32 up, ignored the key's top 12 bits:
+    /// keys that differ in the destination port alone, as the answers through a NAT do, fell
+    /// into a handful of sets and evicted each other.)
     fn set_of(&self, key: Key) -> usize {
-        let inner = fmix64((key as u64) ^ self.seed);
-        fmix64(inner ^ (key >> 64) as u64) as usize & self.mask
+        flowstate_fastpath::hash::mix(key, self.seed) as usize & self.mask
     }
 
     /// Runs the cache over a segment of packets of direction `dir` (`items` of `batch`)
@@ -277,17 +266,18 @@ impl FlowCache {
                 self.remember(i, k, at, true, data);
                 continue;
             }
-            self.keys[i] = Some((k, at));
-            prefetch_bytes(&self.sets[self.set_of(k)], std::mem::size_of::<Set>());
+            let s = self.set_of(k);
+            self.keys[i] = Some((k, s, at));
+            prefetch_bytes(&self.sets[s], std::mem::size_of::<Set>());
         }
         for (i, it) in items.iter_mut().enumerate() {
-            let Some((k, at)) = self.keys[i] else {
+            let Some((k, s, at)) = self.keys[i] else {
                 continue;
             };
             let Some((data, _)) = batch.get_mut(it.index) else {
                 continue;
             };
-            match self.find(k, tick(it.now)) {
+            match self.find(s, k, tick(it.now)) {
                 Some(out) => {
                     rewrite(data, &mut it.dissection, &out);
                     it.fast = true;
@@ -298,10 +288,10 @@ impl FlowCache {
         }
     }
 
-    /// What the chain does to the packets of `k`, unless the entry is missing or due for
-    /// renewal by the chain at tick `now`.
-    fn find(&self, k: Key, now: u32) -> Option<[u8; 12]> {
-        let w = self.sets[self.set_of(k)].0.iter().find(|w| w.key == k)?;
+    /// What the chain does to the packets of `k` (in set `s`), unless the entry is missing or
+    /// due for renewal by the chain at tick `now`.
+    fn find(&self, s: usize, k: Key, now: u32) -> Option<[u8; 12]> {
+        let w = self.sets[s].0.iter().find(|w| w.key == k)?;
         (remaining(w.deadline, now) > self.renew as i32).then_some(w.out)
     }
 
@@ -470,6 +460,13 @@ fn lesson(p: &Pending, data: &[u8], d: &Dissection) -> Option<[u8; 12]> {
 mod tests {
     use super::*;
 
+    impl FlowCache {
+        /// [`FlowCache::find`] in `k`'s own set.
+        fn lookup(&self, k: Key, now: u32) -> Option<[u8; 12]> {
+            self.find(self.set_of(k), k, now)
+        }
+    }
+
     fn k(i: u32) -> Key {
         key(
             Direction::Outbound,
@@ -483,19 +480,19 @@ mod tests {
     fn an_entry_is_used_until_half_its_refresh_then_the_chain_renews_it() {
         let mut c = FlowCache::new(64, Duration::from_nanos(100 << TICK_SHIFT));
         let out = [7; 12];
-        assert_eq!(c.find(k(1), 1000), None);
+        assert_eq!(c.lookup(k(1), 1000), None);
         c.install(k(1), out, 1000);
-        assert_eq!(c.find(k(1), 1000), Some(out));
-        assert_eq!(c.find(k(1), 1049), Some(out));
-        assert_eq!(c.find(k(1), 1050), None, "due for renewal");
-        assert_eq!(c.find(k(1), 1200), None, "expired");
+        assert_eq!(c.lookup(k(1), 1000), Some(out));
+        assert_eq!(c.lookup(k(1), 1049), Some(out));
+        assert_eq!(c.lookup(k(1), 1050), None, "due for renewal");
+        assert_eq!(c.lookup(k(1), 1200), None, "expired");
         c.install(k(1), out, 1050);
-        assert_eq!(c.find(k(1), 1099), Some(out), "renewed");
+        assert_eq!(c.lookup(k(1), 1099), Some(out), "renewed");
         c.forget(k(1));
-        assert_eq!(c.find(k(1), 1060), None);
+        assert_eq!(c.lookup(k(1), 1060), None);
         // Ticks wrap: an entry installed just before the wrap lives on after it.
         c.install(k(2), out, u32::MAX - 10);
-        assert_eq!(c.find(k(2), 20), Some(out));
+        assert_eq!(c.lookup(k(2), 20), Some(out));
     }
 
     #[test]
@@ -512,9 +509,9 @@ mod tests {
             c.install(same[i], [i as u8; 12], t);
         }
         c.install(same[WAYS], [9; 12], 45);
-        assert_eq!(c.find(same[1], 45), None, "the earliest deadline went");
+        assert_eq!(c.lookup(same[1], 45), None, "the earliest deadline went");
         for i in [0, 2, 3, WAYS] {
-            assert!(c.find(same[i], 45).is_some(), "way {i} stays");
+            assert!(c.lookup(same[i], 45).is_some(), "way {i} stays");
         }
         // An expired way (same[2]'s, at 120) is taken before live ones (130 and later).
         c.install(same[1], [4; 12], 125);
