@@ -1,4 +1,4 @@
-//! The flow cache ([`flowstate_chain::flowcache`]) against the chain it fronts, on the real
+//! The flow cache ([`flowstate_nf::stage::FlowCache`]) against the chain it fronts, on the real
 //! runtime: the `nf-throughput` traffic (UDP flows from clients to the LB's VIP, 64-byte
 //! frames, a fixed random flow order) through firewall → NAT → LB on one worker that reads
 //! its own input (`Runtime::run_generated`: no dispatcher thread), with and without
@@ -13,10 +13,9 @@
 use crate::cluster_lab::median;
 use crate::nf_throughput::{chains, flow_keys, frame, FRAME};
 use crate::Report;
-use flowstate_chain::flowcache::{DEFAULT_CAPACITY, DEFAULT_REFRESH};
-use flowstate_chain::runtime::FlowCacheOptions;
 use flowstate_chain::{Runtime, RuntimeOptions};
 use flowstate_io::{PacketBatch, Source};
+use flowstate_nf::stage::{FlowCacheOptions, DEFAULT_CAPACITY, DEFAULT_REFRESH};
 use flowstate_nf::NfFactory;
 use flowstate_state::local::LocalStore;
 use std::sync::{Arc, Mutex};

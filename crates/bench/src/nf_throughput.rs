@@ -145,7 +145,7 @@ pub(crate) fn run(effort: Effort) -> Report {
     // The chain behind a flow cache against the chain alone, on the real runtime, over two
     // of the cache's refresh periods of trace time (renewals included) in a full run.
     let (trace, rounds) = match effort {
-        Effort::Full => (2 * flowstate_chain::flowcache::DEFAULT_REFRESH, 3),
+        Effort::Full => (2 * flowstate_nf::stage::DEFAULT_REFRESH, 3),
         Effort::Quick => (std::time::Duration::ZERO, 1),
     };
     crate::flow_cache::measure(&mut report, flow_sets, packets, trace, rounds);

@@ -27,7 +27,7 @@
 //! fragment_timeout = "30s"      # IPv4 fragments (crate::fragments): how long a datagram is
 //! fragment_datagrams = 16384    # tracked, how many at once, and how many later fragments
 //! fragments_held = 256          # wait for their first one (each a max_frame buffer)
-//! flow_cache = false            # a fast path in each worker (crate::flowcache): established
+//! flow_cache = false            # a fast path in each worker (flowstate_nf::stage::FlowCache): established
 //! flow_cache_capacity = 1048576 # flows skip the NFs; needs every NF's consent, see there
 //! flow_cache_refresh = "1s"     # (the NFs run a flow's packet at least every refresh / 2)
 //!
@@ -308,8 +308,8 @@ pub struct RuntimeSection {
     /// `fragments_held`).
     pub fragments: FragmentLimits,
     /// Each worker's flow cache (`flow_cache`, `flow_cache_capacity`, `flow_cache_refresh`;
-    /// [`crate::flowcache`]); `None`: off, the default.
-    pub flow_cache: Option<crate::runtime::FlowCacheOptions>,
+    /// [`flowstate_nf::stage::FlowCache`]); `None`: off, the default.
+    pub flow_cache: Option<flowstate_nf::stage::FlowCacheOptions>,
 }
 
 /// Largest `[runtime] fragment_datagrams`.
@@ -1004,14 +1004,14 @@ fn runtime(r: &mut Report<'_>, raw: Option<RawRuntime>, live: bool) -> RuntimeSe
             ),
         }
     }
-    let mut cache = crate::runtime::FlowCacheOptions {
-        capacity: crate::flowcache::DEFAULT_CAPACITY,
-        refresh: crate::flowcache::DEFAULT_REFRESH,
+    let mut cache = flowstate_nf::stage::FlowCacheOptions {
+        capacity: flowstate_nf::stage::DEFAULT_CAPACITY,
+        refresh: flowstate_nf::stage::DEFAULT_REFRESH,
     };
     if let Some(n) = raw.flow_cache_capacity {
         let (min, max) = (
-            crate::flowcache::MIN_CAPACITY,
-            crate::flowcache::MAX_CAPACITY,
+            flowstate_nf::stage::MIN_CAPACITY,
+            flowstate_nf::stage::MAX_CAPACITY,
         );
         match in_range(n, min, max) {
             Some(n) => cache.capacity = n,
@@ -1022,7 +1022,7 @@ fn runtime(r: &mut Report<'_>, raw: Option<RawRuntime>, live: bool) -> RuntimeSe
         }
     }
     if let Some(d) = raw.flow_cache_refresh {
-        let max = crate::flowcache::MAX_REFRESH;
+        let max = flowstate_nf::stage::MAX_REFRESH;
         match flowstate_config::duration_value(&d) {
             Ok(d) if d >= Duration::from_millis(4) && d <= max => cache.refresh = d,
             Ok(d) => r.error(

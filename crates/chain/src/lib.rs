@@ -69,7 +69,6 @@
 //! ```
 
 pub mod config;
-pub mod flowcache;
 pub mod fragments;
 #[cfg(target_os = "linux")]
 pub mod live;

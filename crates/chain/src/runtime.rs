@@ -13,7 +13,7 @@
 //!                     by NF (every NF prefetches, then processes, the segment; reverse
 //!                     order when Inbound), then its reflected answers the same way;
 //!                     with [runtime] flow_cache, a segment's established flows first
-//!                     take the worker's flow cache (crate::flowcache) and skip the NFs;
+//!                     take the worker's flow cache (flowstate_nf::stage::FlowCache) and skip the NFs;
 //!                     on_tick + maybe_flush once per batch
 //!             | one bounded queue, FIFO per worker
 //!             v
@@ -36,7 +36,6 @@
 //! run-to-completion mode (the kernel's sending work runs in the worker's calls); otherwise
 //! pinning would make workers and those threads fight over cores, and the OS places them.
 
-use crate::flowcache::FlowCache;
 use crate::fragments::{Admit, FragmentCounts, FragmentLimits, FragmentTracker};
 use crate::observe::{BatchTimes, Observer, Published, RunView, StateCallTimes, PUBLISH_EVERY};
 use crate::reflect::reflect;
@@ -44,9 +43,8 @@ use crate::steer::{IpPrefix, Steering};
 use crate::summary::{LabelledSummary, NfSummary, Summary, WorkerSummary};
 use arc_swap::ArcSwapOption;
 use flowstate_io::{PacketBatch, Sink, Source};
-use flowstate_nf::{
-    BuildError, Context, Direction, NetworkFunction, NfFactory, Packet, Verdict, WorkerInfo,
-};
+use flowstate_nf::stage::{FlowCacheOptions, Frames, Item, Stage, StageReport};
+use flowstate_nf::{BuildError, Direction, NfFactory, WorkerInfo};
 use flowstate_state::{Connector, Nanos, Partition, StateConfig, StateError};
 use flowstate_wire::dissect::Fragment;
 use flowstate_wire::{dissect, Dissection};
@@ -90,18 +88,9 @@ pub struct RuntimeOptions {
     /// Bounds of the fragment tracker ([`crate::fragments`]) of the dispatcher, or of each
     /// worker that reads its own input.
     pub fragments: FragmentLimits,
-    /// Each worker's flow cache in front of the chain ([`crate::flowcache`]); `None`: every
+    /// Each worker's flow cache in front of the chain ([`flowstate_nf::stage::FlowCache`]); `None`: every
     /// packet runs the chain.
     pub flow_cache: Option<FlowCacheOptions>,
-}
-
-/// The size and refresh of a worker's flow cache ([`crate::flowcache`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FlowCacheOptions {
-    /// Entries (rounded up to a power of two).
-    pub capacity: usize,
-    /// How long an entry lives after the chain last ran a packet of its flow.
-    pub refresh: Duration,
 }
 
 impl Default for RuntimeOptions {
@@ -627,28 +616,14 @@ impl Runtime {
                 worker: index,
                 error,
             })?;
-            let mut nfs = Vec::with_capacity(self.chain.len());
-            for f in &self.chain {
-                if o.flow_cache.is_some() && !f.fast_path() {
-                    return Err(RunError::Build {
+            let stage =
+                Stage::build(&self.chain, &mut partition, info, o.flow_cache).map_err(|e| {
+                    RunError::Build {
                         worker: index,
-                        nf: f.name(),
-                        error: BuildError::config(
-                            f.name(),
-                            "runtime.flow_cache",
-                            "this NF must see every packet of a flow: turn the flow cache off",
-                        ),
-                    });
-                }
-                let nf = f
-                    .build(&mut partition.declare(f.name()), info)
-                    .map_err(|error| RunError::Build {
-                        worker: index,
-                        nf: f.name(),
-                        error,
-                    })?;
-                nfs.push(nf);
-            }
+                        nf: e.nf,
+                        error: e.error,
+                    }
+                })?;
             let source = match make {
                 Some(make) => Some(make(info).map_err(|error| RunError::Generator {
                     worker: index,
@@ -656,9 +631,9 @@ impl Runtime {
                 })?),
                 None => None,
             };
-            Ok((partition, nfs, source))
+            Ok((partition, stage, source))
         })();
-        let (partition, nfs, mut source) = match setup {
+        let (partition, stage, mut source) = match setup {
             Ok(x) => {
                 ready.send(true);
                 x
@@ -674,8 +649,7 @@ impl Runtime {
 
         let mut w = Worker {
             index,
-            counters: vec![NfCounters::default(); nfs.len()],
-            nfs,
+            stage,
             partition,
             now: 0,
             reflect: o.reflect,
@@ -689,7 +663,6 @@ impl Runtime {
             items: Vec::new(),
             answers: Vec::new(),
             fragments: FragmentTracker::new(o.fragments, o.max_frame),
-            flow_cache: o.flow_cache.map(|c| FlowCache::new(c.capacity, c.refresh)),
         };
         let mut batches = BatchTimes {
             worker: index,
@@ -758,7 +731,7 @@ impl Runtime {
                         batches: batches.clone(),
                         state_calls: StateCallTimes::read(index, w.partition.stats()),
                     })));
-                    view.answer(index, &w.nfs, w.now, &mut last_query);
+                    view.answer(index, w.stage.nfs(), w.now, &mut last_query);
                 }
             }
             if own_output {
@@ -859,8 +832,8 @@ pub(crate) fn summarize(
         counts.merge(&r.counts);
         s.reflected += r.reflected;
         s.packets_out += r.out;
-        s.flow_cache += r.flow_cache;
-        for (i, c) in r.counters.iter().enumerate() {
+        s.flow_cache += r.stage.flow_cache;
+        for (i, c) in r.stage.counters.iter().enumerate() {
             let Some(nf) = s.nfs.get_mut(i) else { continue };
             nf.packets_in += c.packets_in;
             nf.forwarded += c.forwarded;
@@ -873,15 +846,15 @@ pub(crate) fn summarize(
                 *nf.dropped.entry(crate::summary::key(own)).or_default() += k;
             }
         }
-        for (i, rep) in r.reports.iter().enumerate() {
+        for (i, rep) in r.stage.reports.iter().enumerate() {
             let Some(nf) = s.nfs.get_mut(i) else { continue };
             for &(k, v) in rep {
                 *nf.report.entry(k.to_owned()).or_default() += v;
             }
-            if let Some(g) = r.gauges.get(i) {
+            if let Some(g) = r.stage.gauges.get(i) {
                 nf.gauges = g.iter().map(|&g| g.to_owned()).collect();
             }
-            for l in r.labelled.get(i).into_iter().flatten() {
+            for l in r.stage.labelled.get(i).into_iter().flatten() {
                 match nf
                     .labelled
                     .iter_mut()
@@ -1192,24 +1165,6 @@ impl Counts {
     }
 }
 
-/// One NF's counters in one worker.
-#[derive(Debug, Clone, Default)]
-struct NfCounters {
-    packets_in: u64,
-    forwarded: u64,
-    dropped: Vec<(&'static str, u64)>,
-}
-
-impl NfCounters {
-    #[inline]
-    fn drop(&mut self, reason: &'static str) {
-        match self.dropped.iter_mut().find(|(r, _)| *r == reason) {
-            Some((_, n)) => *n += 1,
-            None => self.dropped.push((reason, 1)),
-        }
-    }
-}
-
 /// What a worker hands back at the end (and publishes while running).
 #[derive(Debug, Clone)]
 pub(crate) struct WorkerReport {
@@ -1218,17 +1173,13 @@ pub(crate) struct WorkerReport {
     packets: u64,
     reflected: u64,
     out: u64,
-    /// Packets its flow cache forwarded past the NFs.
-    flow_cache: u64,
     busy: Duration,
     /// When it had processed its last packet, and how long its state write-out at the stop
     /// took then (`None` and zero while it runs).
     processed: Option<Instant>,
     write_out: Duration,
-    counters: Vec<NfCounters>,
-    reports: Vec<Vec<(&'static str, i64)>>,
-    gauges: Vec<&'static [&'static str]>,
-    labelled: Vec<Vec<flowstate_nf::Labelled>>,
+    /// What the worker's stage counted.
+    stage: StageReport,
     state_flushes: u64,
     state_errors: u64,
     state_lost_ops: u64,
@@ -1239,8 +1190,7 @@ pub(crate) struct WorkerReport {
 
 struct Worker {
     index: usize,
-    nfs: Vec<Box<dyn NetworkFunction>>,
-    counters: Vec<NfCounters>,
+    stage: Stage,
     partition: Partition,
     /// Runtime time: the latest packet timestamp seen.
     now: Nanos,
@@ -1257,25 +1207,6 @@ struct Worker {
     answers: Vec<Item>,
     /// Fragments of the worker's own input (generated mode).
     fragments: FragmentTracker,
-    /// The fast path in front of the chain (`[runtime] flow_cache`).
-    flow_cache: Option<FlowCache>,
-}
-
-/// A packet of a batch on its way through the chain NF by NF.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Item {
-    /// Its index in its batch.
-    pub(crate) index: usize,
-    /// Its dissection as the NFs before left it.
-    pub(crate) dissection: Dissection,
-    /// The runtime's time when it came.
-    pub(crate) now: Nanos,
-    /// Every NF so far forwarded it.
-    pub(crate) alive: bool,
-    /// The flow cache forwarded it: the NFs skip it.
-    pub(crate) fast: bool,
-    /// For a reflected answer: the index of the packet it answers.
-    answers: usize,
 }
 
 /// The flows of a segment, as a bit filter: flows that differ may share a bit (which only ends
@@ -1313,69 +1244,16 @@ fn flow_bits(f: &flowstate_wire::FlowKey) -> u32 {
     (x.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 54) as u32
 }
 
-/// Runs `items` of `batch`, all going `direction`, through the chain NF by NF (in order when
-/// Outbound, last NF first when Inbound): each NF prefetches the state of every packet still
-/// going, as the NFs before it left the packet, then processes them in order. Items an NF
-/// drops stop there (`alive` false).
-fn run_stages(
-    nfs: &mut [Box<dyn NetworkFunction>],
-    counters: &mut [NfCounters],
-    worker: u32,
-    batch: &mut PacketBatch,
-    items: &mut [Item],
-    direction: Direction,
-    mut cache: Option<&mut FlowCache>,
-) {
-    if let Some(cache) = cache.as_deref_mut() {
-        cache.before(batch, items, direction);
+/// A batch's frames, as the stage engine reads them.
+struct BatchFrames<'a>(&'a mut PacketBatch);
+
+impl Frames for BatchFrames<'_> {
+    fn frame(&self, index: usize) -> Option<&[u8]> {
+        self.0.get(index).map(|(data, _)| data)
     }
-    let n = nfs.len();
-    for k in 0..n {
-        let j = if direction == Direction::Outbound {
-            k
-        } else {
-            n - 1 - k
-        };
-        for it in items.iter().filter(|it| it.alive && !it.fast) {
-            if let Some((data, _)) = batch.get_mut(it.index) {
-                nfs[j].prefetch(&Packet {
-                    data,
-                    dissection: it.dissection,
-                    direction,
-                });
-            }
-        }
-        let c = &mut counters[j];
-        for it in items.iter_mut().filter(|it| it.alive && !it.fast) {
-            let Some((data, _)) = batch.get_mut(it.index) else {
-                it.alive = false;
-                continue;
-            };
-            let cx = Context {
-                now: it.now,
-                clock: 0,
-                worker,
-            };
-            let mut pkt = Packet {
-                data,
-                dissection: it.dissection,
-                direction,
-            };
-            c.packets_in += 1;
-            match nfs[j].process(&mut pkt, &cx) {
-                Verdict::Forward => {
-                    c.forwarded += 1;
-                    it.dissection = pkt.dissection;
-                }
-                Verdict::Drop(reason) => {
-                    c.drop(reason);
-                    it.alive = false;
-                }
-            }
-        }
-    }
-    if let Some(cache) = cache {
-        cache.after(batch, items, direction);
+
+    fn frame_mut(&mut self, index: usize) -> Option<&mut [u8]> {
+        self.0.get_mut(index).map(|(data, _)| data)
     }
 }
 
@@ -1395,7 +1273,6 @@ impl Worker {
         } = work;
         replies.clear();
         let n = packets.len().min(slots.len());
-        let worker = self.index as u32;
         let (mut items, mut answers) = (
             std::mem::take(&mut self.items),
             std::mem::take(&mut self.answers),
@@ -1416,28 +1293,14 @@ impl Worker {
                     let ts = packets.get(end).map_or(0, |(_, m)| m.timestamp_ns);
                     self.now = self.now.max(ts);
                     self.packets += 1;
-                    items.push(Item {
-                        index: end,
-                        dissection: d,
-                        now: self.now,
-                        alive: true,
-                        fast: false,
-                        answers: end,
-                    });
+                    items.push(Item::new(end, d, self.now));
                 }
                 end += 1;
             }
             start = end;
             let Some(direction) = direction else { continue };
-            run_stages(
-                &mut self.nfs,
-                &mut self.counters,
-                worker,
-                packets,
-                &mut items,
-                direction,
-                self.flow_cache.as_mut(),
-            );
+            self.stage
+                .run(&mut BatchFrames(packets), &mut items, direction);
             answers.clear();
             for it in items.iter().filter(|it| it.alive) {
                 slots[it.index].forward = true;
@@ -1466,33 +1329,20 @@ impl Worker {
                 let Ok(rd) = dissect(rdata) else { continue };
                 self.reflected += 1;
                 answers.push(Item {
-                    index: r,
-                    dissection: rd,
-                    now: it.now,
-                    alive: true,
-                    fast: false,
-                    answers: it.index,
+                    tag: it.index,
+                    ..Item::new(r, rd, it.now)
                 });
             }
-            run_stages(
-                &mut self.nfs,
-                &mut self.counters,
-                worker,
-                replies,
-                &mut answers,
-                Direction::Inbound,
-                self.flow_cache.as_mut(),
-            );
+            self.stage
+                .run(&mut BatchFrames(replies), &mut answers, Direction::Inbound);
             for a in answers.iter().filter(|a| a.alive) {
-                slots[a.answers].reply = u16::try_from(a.index).ok();
+                slots[a.tag].reply = u16::try_from(a.index).ok();
                 self.out += 1;
             }
         }
         (self.items, self.answers) = (items, answers);
 
-        for nf in &mut self.nfs {
-            nf.on_tick(self.now);
-        }
+        self.stage.tick(self.now);
         self.partition.maybe_flush(self.now);
     }
 
@@ -1508,14 +1358,10 @@ impl Worker {
             packets: self.packets,
             reflected: self.reflected,
             out: self.out,
-            flow_cache: self.flow_cache.as_ref().map_or(0, FlowCache::hits),
             busy: self.busy,
             processed: self.processed,
             write_out: self.write_out,
-            reports: self.nfs.iter().map(|nf| nf.report()).collect(),
-            gauges: self.nfs.iter().map(|nf| nf.gauges()).collect(),
-            labelled: self.nfs.iter().map(|nf| nf.report_labelled()).collect(),
-            counters: self.counters.clone(),
+            stage: self.stage.report(),
             counts: Counts {
                 fragments: *self.fragments.counts(),
                 ..self.counts.clone()

@@ -29,7 +29,7 @@ pub struct Summary {
     /// Inbound input packets skipped by `[input] outbound_only`.
     pub skipped: u64,
     /// Packets the workers' flow caches forwarded past the NFs (`[runtime] flow_cache`,
-    /// [`crate::flowcache`]): in `packets_out`, in no NF's `packets_in`.
+    /// [`flowstate_nf::stage::FlowCache`]): in `packets_out`, in no NF's `packets_in`.
     #[serde(skip_serializing_if = "is_zero")]
     pub flow_cache: u64,
     /// Wall-clock processing time, seconds: from the moment every worker was ready until

@@ -1,14 +1,15 @@
-//! The flow cache ([`flowstate_chain::flowcache`]) against its oracle, the chain itself: the
+//! The flow cache ([`flowstate_nf::stage::FlowCache`]) against its oracle, the chain itself: the
 //! same traffic through firewall → NAT → LB with and without the cache leaves as the same
 //! bytes, in the same order.
 
 mod common;
 
 use common::*;
-use flowstate_chain::runtime::{FlowCacheOptions, RuntimeOptions};
+use flowstate_chain::runtime::RuntimeOptions;
 use flowstate_chain::{Config, Summary};
 use flowstate_io::synth::Profile;
 use flowstate_io::PacketMeta;
+use flowstate_nf::stage::FlowCacheOptions;
 use std::path::Path;
 use std::time::Duration;
 

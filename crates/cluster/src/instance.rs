@@ -38,7 +38,8 @@
 use crate::meta::{Kind, Meta, Notice};
 use crate::ClusterError;
 use flowstate_control::cluster::Assignment;
-use flowstate_nf::{Context, Direction, NetworkFunction, NfFactory, Packet, Verdict, WorkerInfo};
+use flowstate_nf::stage::{Item, NfCounters, Stage};
+use flowstate_nf::{NfFactory, WorkerInfo};
 use flowstate_state::{
     Access, Backend, Connector, Kind as ObjKind, Nanos, Object, ObjectKey, Op, Partition, Reply,
     Scope, StateConfig, Value,
@@ -100,7 +101,7 @@ pub struct InstanceStats {
 struct Owned {
     epoch: u32,
     state: Partition,
-    nfs: Vec<Box<dyn NetworkFunction>>,
+    stage: Stage,
     dirty: bool,
     /// Since when the assignment gives the partition to another instance: its packets still
     /// in flight are processed until the root's release, its timers no longer run.
@@ -129,7 +130,8 @@ pub struct Instance {
     stats: InstanceStats,
     /// Connections opened ahead of the claims that will use them.
     spare: Vec<Box<dyn Backend>>,
-    drop_reasons: std::collections::BTreeMap<flowstate_nf::DropReason, u64>,
+    /// What the NFs of partitions no longer served counted.
+    retired: Vec<NfCounters>,
     replies: Vec<Reply>,
     /// The packets (clock, epoch) the next commit finishes: those the chain dropped, and
     /// those whose outputs went to the root ahead of the commit (see [`Instance::commit`]).
@@ -188,7 +190,7 @@ impl Instance {
             connector,
             records,
             stats: InstanceStats::default(),
-            drop_reasons: Default::default(),
+            retired: Vec::new(),
             replies: Vec::new(),
             spare: Vec::new(),
             done: Vec::new(),
@@ -221,18 +223,20 @@ impl Instance {
     }
 
     /// Packets the NFs dropped, by reason (`"firewall: ..."`, `"nat: ..."`).
-    pub fn drop_reasons(&self) -> &std::collections::BTreeMap<flowstate_nf::DropReason, u64> {
-        &self.drop_reasons
+    pub fn drop_reasons(&self) -> std::collections::BTreeMap<flowstate_nf::DropReason, u64> {
+        let live = self.owned.iter().flatten().map(|o| o.stage.counters());
+        let mut reasons = std::collections::BTreeMap::new();
+        for c in live.chain([self.retired.as_slice()]).flatten() {
+            for &(why, k) in &c.dropped {
+                *reasons.entry(why).or_default() += k;
+            }
+        }
+        reasons
     }
 
     /// Per-flow table entries the NFs of its partitions hold now.
     pub fn entries(&self) -> u64 {
-        self.owned
-            .iter()
-            .flatten()
-            .flat_map(|o| &o.nfs)
-            .map(|nf| nf.entries())
-            .sum()
+        self.owned.iter().flatten().map(|o| o.stage.entries()).sum()
     }
 
     /// The partitions served now.
@@ -271,31 +275,17 @@ impl Instance {
             self.done.push((meta.clock, meta.epoch));
             return false;
         };
-        let cx = Context {
-            now,
-            clock: meta.clock,
-            worker: u32::from(meta.partition),
-        };
-        let mut pkt = Packet {
-            data: frame,
-            dissection: d,
-            direction: meta.direction,
-        };
         o.dirty = true;
         o.batch.push(meta.clock);
-        let n = o.nfs.len();
-        for k in 0..n {
-            let i = if meta.direction == Direction::Outbound {
-                k
-            } else {
-                n - 1 - k
-            };
-            if let Verdict::Drop(why) = o.nfs[i].process(&mut pkt, &cx) {
-                self.stats.dropped += 1;
-                *self.drop_reasons.entry(why).or_default() += 1;
-                self.done.push((meta.clock, meta.epoch));
-                return false;
-            }
+        let mut item = [Item {
+            clock: meta.clock,
+            ..Item::new(0, d, now)
+        }];
+        o.stage.run(frame, &mut item, meta.direction);
+        if !item[0].alive {
+            self.stats.dropped += 1;
+            self.done.push((meta.clock, meta.epoch));
+            return false;
         }
         self.stats.forwarded += 1;
         self.released.push((meta.clock, meta.epoch));
@@ -363,9 +353,7 @@ impl Instance {
             .flatten()
             .filter(|o| o.leaving.is_none())
         {
-            for nf in &mut o.nfs {
-                nf.on_tick(now);
-            }
+            o.stage.tick(now);
             o.state.maybe_flush(now);
         }
     }
@@ -486,7 +474,7 @@ impl Instance {
                     .is_some_and(|(_, e)| e > epoch)
                 {
                     self.stats.refused += 1;
-                    self.owned[p as usize] = None;
+                    retire(&mut self.retired, &mut self.owned[p as usize]);
                     answers[i] = Some(Ok(Kind::Refused));
                     continue;
                 }
@@ -517,7 +505,7 @@ impl Instance {
                 None if granted[i] => self.take(p, epoch, now),
                 None => {
                     self.stats.refused += 1;
-                    self.owned[p as usize] = None;
+                    retire(&mut self.retired, &mut self.owned[p as usize]);
                     Ok(Kind::Refused)
                 }
             };
@@ -595,13 +583,8 @@ impl Instance {
             count: self.config.partitions,
             instance: self.config.stage,
         };
-        let mut nfs = Vec::with_capacity(self.chain.len());
-        for f in &self.chain {
-            let nf = f
-                .build(&mut state.declare(f.name()), worker)
-                .map_err(|e| ClusterError::Build(e.to_string()))?;
-            nfs.push(nf);
-        }
+        let stage = Stage::build(&self.chain, &mut state, worker, None)
+            .map_err(|e| ClusterError::Build(e.error.to_string()))?;
         // After the NFs' objects: written last in every commit.
         let committed = state
             .declare("cluster")
@@ -619,7 +602,7 @@ impl Instance {
         Ok(Owned {
             epoch,
             state,
-            nfs,
+            stage,
             dirty: false,
             leaving: None,
             batch: Vec::new(),
@@ -633,7 +616,7 @@ impl Instance {
     pub fn release(&mut self, p: u32, epoch: u32, now: Nanos) -> Result<Kind, ClusterError> {
         if let Some(slot) = self.owned.get_mut(p as usize) {
             if slot.as_ref().is_some_and(|o| o.epoch == epoch) {
-                if let Some(mut o) = slot.take() {
+                if let Some(mut o) = retire(&mut self.retired, slot) {
                     let started = std::time::Instant::now();
                     o.state
                         .flush_all(now)
@@ -670,7 +653,7 @@ impl Instance {
         for (p, slot) in self.owned.iter_mut().enumerate() {
             let Some(o) = slot else { continue };
             if dead {
-                *slot = None;
+                retire(&mut self.retired, slot);
                 self.stats.fenced += 1;
                 continue;
             }
@@ -692,7 +675,7 @@ impl Instance {
                 .and_then(|o| o.leaving)
                 .is_some_and(|t| now.saturating_sub(t) > grace)
             {
-                *slot = None;
+                retire(&mut self.retired, slot);
                 self.stats.fenced += 1;
             }
         }
@@ -707,12 +690,25 @@ impl Instance {
                 .as_ref()
                 .map(|o| (self.config.id, o.epoch));
             if rec.as_deref().and_then(parse_record) != mine {
-                self.owned[p as usize] = None;
+                retire(&mut self.retired, &mut self.owned[p as usize]);
                 self.stats.fenced += 1;
             }
         }
         Ok(())
     }
+}
+
+/// Takes a partition's state away from `slot`, adding what its NFs counted to `retired`.
+fn retire(retired: &mut Vec<NfCounters>, slot: &mut Option<Owned>) -> Option<Owned> {
+    let o = slot.take()?;
+    let counters = o.stage.counters();
+    if retired.len() < counters.len() {
+        retired.resize(counters.len(), NfCounters::default());
+    }
+    for (r, c) in retired.iter_mut().zip(counters) {
+        r.merge(c);
+    }
+    Some(o)
 }
 
 /// The clocks of a commit record: 8 bytes each, big-endian.
@@ -778,6 +774,7 @@ fn import_ops(key: ObjectKey, obj: Object, ops: &mut Vec<Op>) {
 mod tests {
     use super::*;
     use flowstate_control::cluster::{MemberAddr, Slot};
+    use flowstate_nf::Direction;
     use flowstate_state::local::LocalStore;
 
     /// The local store shared by several instances, as a remote store would be: every

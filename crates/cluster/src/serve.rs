@@ -289,7 +289,7 @@ fn snapshot(o: &ServeOptions, inst: &Instance, load: f64, applied: u64) -> Snaps
         copied_bytes: st.copied_bytes,
         replayed: st.replayed,
         replay_committed: st.replay_committed,
-        drop_reasons: inst.drop_reasons().clone(),
+        drop_reasons: inst.drop_reasons(),
         assignment_version: applied,
     }
 }

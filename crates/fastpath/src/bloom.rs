@@ -18,7 +18,7 @@
 //! confirmed by the entry itself (see `crate::fast`), so that costs a circulation, never a
 //! wrong verdict.
 
-use crate::hash::mix;
+use flowstate_wire::hash::mix;
 
 /// How a [`Bloom2d`] is sized.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -25,7 +25,6 @@ pub mod fast;
 #[cfg(target_os = "linux")]
 pub mod flowcache;
 pub mod full;
-pub mod hash;
 pub mod headers;
 pub mod sim;
 pub mod sketch;

@@ -2,7 +2,7 @@
 //! ranks by, in a few KB instead of a counter per entry (HyperSFC §III-C: "succinct data
 //! structures such as sketches").
 
-use crate::hash::mix;
+use flowstate_wire::hash::mix;
 use std::sync::atomic::{AtomicU16, Ordering::Relaxed};
 use std::sync::Arc;
 

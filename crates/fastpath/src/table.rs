@@ -102,7 +102,7 @@ impl Table {
     pub fn balance(&self, key: u128) -> Option<Rule> {
         match &self.on_miss {
             OnMiss::Balance { backends } if !backends.is_empty() => {
-                let i = crate::hash::mix(key, 0x4c42) as usize % backends.len();
+                let i = flowstate_wire::hash::mix(key, 0x4c42) as usize % backends.len();
                 let (ip, port) = backends[i];
                 Some(Rule {
                     writes: [

@@ -333,4 +333,5 @@ pub mod portscan;
 pub mod reassembly;
 pub mod registry;
 pub mod rules;
+pub mod stage;
 pub mod trojan;

@@ -389,6 +389,19 @@ fn mapped(a: IpAddr) -> [u8; 16] {
     }
 }
 
+/// Mixes `key` with `seed` into 64 well-spread bits: SplitMix64's finalizer over the key's
+/// folded halves, every output bit depending on every key bit. Cheap enough for a switch stage
+/// or an XDP program; it indexes the count-min sketch's rows, the Bloom filters' bits and the
+/// backend choice of `flowstate_fastpath` (each row or use with its own seed) and the sets of
+/// the stage engine's flow cache (`flowstate_nf::stage`). Not a map hasher: maps use foldhash.
+#[inline]
+pub fn mix(key: u128, seed: u64) -> u64 {
+    let mut x = (key as u64) ^ ((key >> 64) as u64).rotate_left(29) ^ seed;
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

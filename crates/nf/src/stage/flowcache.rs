@@ -11,10 +11,10 @@
 //! the batch), the rewrite of 12 bytes, two incremental checksum updates (RFC 1624 eqn. 3).
 //!
 //! Promises:
-//! * **Only chains whose every NF allows it** ([`flowstate_nf::NfFactory::fast_path`]): an NF
+//! * **Only chains whose every NF allows it** ([`crate::NfFactory::fast_path`]): an NF
 //!   says yes only when every later packet of a flow it forwarded, without SYN, FIN or RST,
 //!   gets the same header changes and changes nothing in its state but the flow's idle timer.
-//!   The NFs' per-packet counters then count the chain's packets only; the worker counts the
+//!   The NFs' per-packet counters then count the chain's packets only; the stage counts the
 //!   cache's (`flow_cache` in the summary).
 //! * **Control packets take the chain**: TCP SYN, FIN and RST, IPv4 fragments and options,
 //!   ICMP, IPv6, anything not TCP or UDP. A FIN or RST the chain forwarded forgets its flow in
@@ -33,9 +33,8 @@
 //! Time is the runtime's (packet timestamps for captures and synthetic traffic), in ticks of
 //! 2^20 ns (about a millisecond), wrapping every 52 days: comparisons are of differences.
 
-use crate::runtime::Item;
-use flowstate_io::PacketBatch;
-use flowstate_nf::Direction;
+use super::{Frames, Item};
+use crate::Direction;
 use flowstate_wire::checksum;
 use flowstate_wire::dissect::{Fragment, Network};
 use flowstate_wire::flow::proto::{TCP, UDP};
@@ -238,25 +237,28 @@ impl FlowCache {
         self.hits
     }
 
-    /// The set of `key`: the fast path's seeded 64-bit mix (`flowstate_fastpath::hash::mix`,
-    /// SplitMix64's finalizer), every bit of which depends on every bit of the key. (A
-    /// multiply of one xor of the halves, read from bit 32 up, ignored the key's top 12 bits:
-    /// keys that differ in the destination port alone, as the answers through a NAT do, fell
-    /// into a handful of sets and evicted each other.)
+    /// The set of `key`: the seeded 64-bit mix ([`flowstate_wire::hash::mix`]), every bit of
+    /// which depends on every bit of the key, so keys that differ in one port alone (the
+    /// answers through a NAT) spread over the sets.
     fn set_of(&self, key: Key) -> usize {
-        flowstate_fastpath::hash::mix(key, self.seed) as usize & self.mask
+        flowstate_wire::hash::mix(key, self.seed) as usize & self.mask
     }
 
     /// Runs the cache over a segment of packets of direction `dir` (`items` of `batch`)
     /// before the chain does. Hits are rewritten in place and marked `fast`: they skip the
     /// NFs. The others are remembered, to learn from once the chain ran them
     /// ([`FlowCache::after`]).
-    pub(crate) fn before(&mut self, batch: &mut PacketBatch, items: &mut [Item], dir: Direction) {
+    pub(super) fn before<F: Frames + ?Sized>(
+        &mut self,
+        batch: &mut F,
+        items: &mut [Item],
+        dir: Direction,
+    ) {
         self.pending.clear();
         self.keys.clear();
         self.keys.resize(items.len(), None);
         for (i, it) in items.iter().enumerate() {
-            let Some((data, _)) = batch.get(it.index).filter(|_| it.alive) else {
+            let Some(data) = batch.frame(it.index).filter(|_| it.alive) else {
                 continue;
             };
             let Some((k, at, flags)) = key_of(data, &it.dissection, dir) else {
@@ -274,7 +276,7 @@ impl FlowCache {
             let Some((k, s, at)) = self.keys[i] else {
                 continue;
             };
-            let Some((data, _)) = batch.get_mut(it.index) else {
+            let Some(data) = batch.frame_mut(it.index) else {
                 continue;
             };
             match self.find(s, k, tick(it.now)) {
@@ -311,14 +313,14 @@ impl FlowCache {
 
     /// After the chain ran the segment: learns from every remembered packet the chain
     /// forwarded, and forgets the flows of those it dropped or that closed.
-    pub(crate) fn after(&mut self, batch: &PacketBatch, items: &[Item], dir: Direction) {
+    pub(super) fn after<F: Frames + ?Sized>(&mut self, batch: &F, items: &[Item], dir: Direction) {
         let pending = std::mem::take(&mut self.pending);
         for p in &pending {
             let it = &items[p.item];
             let out = batch
-                .get(it.index)
+                .frame(it.index)
                 .filter(|_| it.alive)
-                .map(|(data, _)| (data, &it.dissection));
+                .map(|data| (data, &it.dissection));
             if p.closing {
                 self.forget(p.key);
                 if let Some((k, _, _)) = out.and_then(|(data, d)| key_of(data, d, dir)) {
