@@ -83,11 +83,22 @@ pub(crate) fn load(path: &Path) -> Result<Loaded, ConfigErrors> {
         });
     if let Some(c) = &config {
         if let Some(section) = &cluster {
-            errors.extend(
-                deployment_errors(c, section)
-                    .into_iter()
-                    .map(|(k, r)| at(k.into(), r)),
-            );
+            errors.extend(deployment_errors(c, section).into_iter().map(|(k, r)| {
+                // `chain[i].NF.KEY` stands in the file as `chain[i].KEY`.
+                let line = match k.strip_prefix("chain[").and_then(|r| r.split_once("].")) {
+                    Some((i, rest)) => {
+                        let key = rest.split_once('.').map_or(rest, |(_, k)| k);
+                        flowstate_config::line_of(&text, &format!("chain[{i}].{key}"))
+                    }
+                    None => flowstate_config::line_of(&text, &k),
+                };
+                ConfigError {
+                    file: path.to_owned(),
+                    line,
+                    key: k,
+                    reason: r,
+                }
+            }));
         }
         if let Some(fp) = &c.fastpath {
             if let Err((key, reason)) = fp.load_rules() {
@@ -120,11 +131,11 @@ pub(crate) fn load(path: &Path) -> Result<Loaded, ConfigErrors> {
 pub(crate) fn deployment_errors(
     config: &Config,
     section: &ClusterSection,
-) -> Vec<(&'static str, String)> {
+) -> Vec<(String, String)> {
     let mut errors = Vec::new();
     if section.stages.len() > config.stages() as usize {
         errors.push((
-            "cluster.stage",
+            "cluster.stage".into(),
             format!(
                 "{} [[cluster.stage]] tables for a chain of {} stage(s) (`[[chain]] stage = k`)",
                 section.stages.len(),
@@ -134,17 +145,23 @@ pub(crate) fn deployment_errors(
     }
     if !matches!(config.input, Input::Interface(_)) {
         errors.push((
-            "input",
+            "input".into(),
             "the root needs two ports: `[input] interface = ...` and `[output] interface = ...`"
                 .into(),
         ));
     }
     if config.state.backend == flowstate_chain::config::BackendKind::Local {
         errors.push((
-            "state.backend",
+            "state.backend".into(),
             "the instances share their state: choose store, redis, redis-cluster or cassandra"
                 .into(),
         ));
+    }
+    // The factories' own errors are the file's already.
+    for (i, f) in config.factories().into_iter().flatten().enumerate() {
+        if let Some((key, reason)) = f.private_state() {
+            errors.push((format!("chain[{i}].{}.{key}", f.name()), reason.into()));
+        }
     }
     errors
 }

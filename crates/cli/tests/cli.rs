@@ -522,6 +522,43 @@ heartbeat = 50
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read"));
 }
 
+#[test]
+fn check_refuses_a_worker_private_nat_table_in_a_cluster_naming_the_key() {
+    let example = std::fs::read_to_string(repo_root().join("examples/cluster.toml")).unwrap();
+    let nat = "nf = \"nat\"\n";
+    assert!(example.contains(nat), "examples/cluster.toml has a NAT");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cluster-mvt.toml");
+    std::fs::write(
+        &path,
+        example.replace(nat, "nf = \"nat\"\ntable = \"mvt\"\n"),
+    )
+    .unwrap();
+    let file = path.to_str().unwrap();
+    let out = flowstate(&["check", "--json", file]);
+    assert_eq!(out.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let errors = v[0]["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0]["key"], "chain[1].nat.table");
+    let line = example.lines().position(|l| l == "nf = \"nat\"").unwrap() + 2;
+    assert_eq!(errors[0]["line"], line as u64);
+    let reason = errors[0]["reason"].as_str().unwrap();
+    assert!(reason.contains("worker-private"), "{reason}");
+
+    // The same NAT on one box is fine.
+    let mut one_box: toml::Table =
+        toml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    one_box.remove("cluster");
+    std::fs::write(&path, toml::to_string(&one_box).unwrap()).unwrap();
+    let out = flowstate(&["check", file]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// The subcommands a `--help` lists under `Commands:` (without `help`).
 fn subcommands(help: &str) -> Vec<String> {
     help.lines()

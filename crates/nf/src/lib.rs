@@ -284,6 +284,14 @@ pub trait NfFactory: Send + Sync {
         false
     }
 
+    /// Whether this NF, as configured, keeps state in its worker rather than behind the state
+    /// API: `Some((key, reason))`, naming its configuration key that chose so. Such an NF
+    /// cannot run in a cluster, where whichever instance takes a partition over must find
+    /// the partition's state in the store.
+    fn private_state(&self) -> Option<(&'static str, &'static str)> {
+        None
+    }
+
     /// The traffic partition (of `partitions`) that holds the state this NF needs for a packet
     /// of flow `flow`, when its state is keyed by something other than the flow itself (CHC
     /// §4.1: a packet goes where the objects of its scope live). A NAT's reply is addressed

@@ -113,6 +113,14 @@ impl NfFactory for Factory {
         self.0.partition(flow, quoted, direction, partitions)
     }
 
+    /// Its Match-Value Table lives in the worker, not in the store (see the module docs).
+    fn private_state(&self) -> Option<(&'static str, &'static str)> {
+        Some((
+            "table",
+            "the Match-Value Table is worker-private (not in the store): a partition that moves to another instance would lose its mappings; use table = \"state\" in a cluster",
+        ))
+    }
+
     /// The default NAT's tables; the MVT is worker-private, so only a running box lists them.
     fn tables(&self) -> &'static [TableInfo] {
         super::TABLES
