@@ -144,10 +144,10 @@ fn nat_times(connector: &dyn Connector, model: Model, flows: usize, packets: usi
     let Ok(mut part) = Partition::new(connector, config) else {
         return Vec::new();
     };
-    let worker = flowstate_nf::WorkerInfo {
-        index: 0,
-        count: 1,
-        instance: 0,
+    let worker = flowstate_nf::Placement {
+        partition: 0,
+        partitions: 1,
+        stage: 0,
     };
     let Ok(mut nf) = factory.build(&mut part.declare("nat"), worker) else {
         return Vec::new();
@@ -168,7 +168,7 @@ fn nat_times(connector: &dyn Connector, model: Model, flows: usize, packets: usi
             let cx = Context {
                 now,
                 clock: i as u64 + 1,
-                worker: 0,
+                partition: 0,
             };
             nf.process(&mut p, &cx);
         }
@@ -400,7 +400,7 @@ fn detect(trace: &[Traced], order: &[usize], with_clocks: bool) -> Vec<IpAddr> {
         let cx = Context {
             now: n as u64 * 1000,
             clock: if with_clocks { i as u64 + 1 } else { 0 },
-            worker: 0,
+            partition: 0,
         };
         let mut p = Packet {
             data: &mut buf,

@@ -37,7 +37,7 @@
 
 use crate::remote::Candidate;
 use crate::{Effort, Report};
-use flowstate_nf::{counter, Context, Direction, NfFactory, Packet, Verdict, WorkerInfo};
+use flowstate_nf::{counter, Context, Direction, NfFactory, Packet, Placement, Verdict};
 use flowstate_state::local::LocalStore;
 use flowstate_state::{merge, Connector, Partition, StateConfig};
 use flowstate_wire::build::{EthernetSpec, FrameSpec, IpSpec, Ipv4Spec, L4Spec, Payload, UdpSpec};
@@ -328,10 +328,10 @@ fn measure_here(store: &dyn Connector, mode: counter::Mode, n: u64, flush: Durat
         ..StateConfig::default()
     };
     let mut part = Partition::new(store, config).expect("partition");
-    let worker = WorkerInfo {
-        index: 0,
-        count: 1,
-        instance: 0,
+    let worker = Placement {
+        partition: 0,
+        partitions: 1,
+        stage: 0,
     };
     let mut nf = counter::Factory(counter::Config { mode })
         .build(&mut part.declare("counter"), worker)
@@ -360,7 +360,7 @@ fn measure_here(store: &dyn Connector, mode: counter::Mode, n: u64, flush: Durat
         let cx = Context {
             now,
             clock: i,
-            worker: 0,
+            partition: 0,
         };
         let mut pkt = Packet {
             data: &mut frame[..len],

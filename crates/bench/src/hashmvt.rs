@@ -23,7 +23,7 @@ use flowstate_mvt::trie::BinaryTrie;
 use flowstate_mvt::{Entry, Hasher, Key, Match, Mvt, NEVER};
 use flowstate_nf::nat::mvt::MvtNat;
 use flowstate_nf::nat::Config as NatConfig;
-use flowstate_nf::{Context, Direction, NetworkFunction, Packet, Verdict, WorkerInfo};
+use flowstate_nf::{Context, Direction, NetworkFunction, Packet, Placement, Verdict};
 use flowstate_state::local::LocalStore;
 use flowstate_state::{Partition, StateConfig};
 use flowstate_wire::build::{EthernetSpec, FrameSpec, IpSpec, Ipv4Spec, L4Spec, Payload, UdpSpec};
@@ -628,15 +628,15 @@ fn nat_mpps(keys: &[FlowKey], workers: usize, passes: usize, variant: Variant) -
                     let mut part = Partition::new(
                         store,
                         StateConfig {
-                            core: w as u32,
+                            partition: w as u32,
                             ..StateConfig::default()
                         },
                     )
                     .expect("local partition");
-                    let info = WorkerInfo {
-                        index: w as u32,
-                        count: workers as u32,
-                        instance: 0,
+                    let info = Placement {
+                        partition: w as u32,
+                        partitions: workers as u32,
+                        stage: 0,
                     };
                     let mut nf = (variant == Variant::Nf)
                         .then(|| MvtNat::new(config, &mut part.declare("nat"), info).expect("nat"));
@@ -653,7 +653,7 @@ fn nat_mpps(keys: &[FlowKey], workers: usize, passes: usize, variant: Variant) -
                             let cx = Context {
                                 now: clock,
                                 clock: 0,
-                                worker: w as u32,
+                                partition: w as u32,
                             };
                             for (slot, f) in batch.iter_mut().zip(chunk) {
                                 *slot = *f;

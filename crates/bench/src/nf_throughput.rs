@@ -12,7 +12,8 @@
 //! 100 ms against without, in the same run ([`crate::metrics_overhead`]).
 
 use crate::{Effort, Report};
-use flowstate_nf::{registry, Context, Direction, NetworkFunction, Packet, Verdict, WorkerInfo};
+use flowstate_nf::stage::{Frames, Item, Stage};
+use flowstate_nf::{registry, Direction, NfFactory, Placement};
 use flowstate_state::local::LocalStore;
 use flowstate_state::{Connector, Partition, StateConfig};
 use flowstate_wire::build::{EthernetSpec, FrameSpec, IpSpec, Ipv4Spec, L4Spec, Payload, UdpSpec};
@@ -348,26 +349,27 @@ pub(crate) fn chain_run(
                         core_affinity::set_for_current(core);
                     }
                     let config = StateConfig {
-                        instance,
-                        core: w as u32,
+                        stage: instance,
+                        partition: w as u32,
                         exclusive: workers == 1,
                         ..StateConfig::default()
                     };
                     let mut part = Partition::new(store, config).expect("state partition");
-                    let info = WorkerInfo {
-                        index: w as u32,
-                        count: workers as u32,
-                        instance,
+                    let info = Placement {
+                        partition: w as u32,
+                        partitions: workers as u32,
+                        stage: instance,
                     };
-                    let mut nfs: Vec<Box<dyn NetworkFunction>> = chain
+                    let factories: Vec<std::sync::Arc<dyn NfFactory>> = chain
                         .iter()
                         .map(|(name, table)| {
                             let table: toml::Table = table.parse().expect("bench config");
                             registry::factory(name, &table)
-                                .and_then(|f| f.build(&mut part.declare(f.name()), info))
-                                .unwrap_or_else(|e| panic!("building {name}: {e}"))
+                                .unwrap_or_else(|e| panic!("configuring {name}: {e}"))
                         })
                         .collect();
+                    let mut stage = Stage::build(&factories, &mut part, info, None)
+                        .unwrap_or_else(|e| panic!("building {e}"));
                     // The frames in arrival order, as a receive ring holds them: copying the
                     // next one in is a sequential read, not a cache miss of the generator's.
                     let order = visit_order(share.len());
@@ -375,13 +377,13 @@ pub(crate) fn chain_run(
                         order.iter().map(|&i| frame(&share[i])).collect();
                     // Warm-up: establishes every flow's state, in the store too.
                     let origin = Instant::now();
-                    let forwarded = run_passes(&mut nfs, &mut part, &frames, 1, w as u32, origin);
+                    let forwarded = run_passes(&mut stage, &mut part, &frames, 1, origin);
                     assert_eq!(forwarded, frames.len(), "every flow is established");
                     part.flush_all(now_since(origin)).expect("warm-up flush");
                     barrier.wait();
                     let start = Instant::now();
                     let cpu = thread_cpu_seconds();
-                    let n = run_passes(&mut nfs, &mut part, &frames, passes, w as u32, origin);
+                    let n = run_passes(&mut stage, &mut part, &frames, passes, origin);
                     // What is still queued for the store is part of the work.
                     let forwarding = start.elapsed().as_secs_f64();
                     let cpu_forwarding = thread_cpu_seconds() - cpu;
@@ -433,62 +435,47 @@ fn now_since(origin: Instant) -> u64 {
     origin.elapsed().as_nanos() as u64 + 1
 }
 
-/// Runs `passes` over the frames, in order and in batches; returns the packets forwarded.
+/// A receive ring's batch of frames, as the stage engine reads them.
+struct Ring([[u8; FRAME]; BATCH]);
+
+impl Frames for Ring {
+    fn frame(&self, index: usize) -> Option<&[u8]> {
+        self.0.get(index).map(|f| &f[..])
+    }
+
+    fn frame_mut(&mut self, index: usize) -> Option<&mut [u8]> {
+        self.0.get_mut(index).map(|f| &mut f[..])
+    }
+}
+
+/// Runs `passes` over the frames, in order and in batches, as the chain runtime does (each
+/// batch dissected, then run NF by NF by the stage engine: its flows are distinct, one
+/// segment); returns the packets forwarded.
 fn run_passes(
-    nfs: &mut [Box<dyn NetworkFunction>],
+    stage: &mut Stage,
     part: &mut Partition,
     frames: &[[u8; FRAME]],
     passes: usize,
-    worker: u32,
     origin: Instant,
 ) -> usize {
-    let mut batch = [[0u8; FRAME]; BATCH];
-    let mut dissections = [None; BATCH];
+    let mut batch = Ring([[0u8; FRAME]; BATCH]);
+    let mut items = Vec::with_capacity(BATCH);
     let mut forwarded = 0;
     for _ in 0..passes {
         for chunk in frames.chunks(BATCH) {
             // Real time, so flushes go out every `flush_interval` as in a running chain.
-            let cx = Context {
-                now: now_since(origin),
-                clock: 0,
-                worker,
-            };
-            for (slot, f) in batch.iter_mut().zip(chunk) {
+            let now = now_since(origin);
+            items.clear();
+            for (i, (slot, f)) in batch.0.iter_mut().zip(chunk).enumerate() {
                 *slot = *f;
-            }
-            // As the chain runtime does: dissect the whole batch, then run it NF by NF (the
-            // batch's flows are distinct, one segment): each NF prefetches the state of every
-            // packet still going, as the NF before it left the packet, then processes them, so
-            // the batch's misses overlap at every NF.
-            let n = chunk.len();
-            for (slot, d) in batch.iter().zip(dissections.iter_mut()).take(n) {
-                *d = dissect(slot).ok();
-            }
-            for nf in nfs.iter_mut() {
-                for (slot, d) in batch.iter_mut().zip(&dissections).take(n) {
-                    let Some(dissection) = *d else { continue };
-                    nf.prefetch(&Packet {
-                        data: slot,
-                        dissection,
-                        direction: Direction::Outbound,
-                    });
-                }
-                for (slot, d) in batch.iter_mut().zip(dissections.iter_mut()).take(n) {
-                    let Some(dissection) = *d else { continue };
-                    let mut pkt = Packet {
-                        data: slot,
-                        dissection,
-                        direction: Direction::Outbound,
-                    };
-                    // A dropped packet goes no further (no NF sees it after).
-                    *d = (nf.process(&mut pkt, &cx) == Verdict::Forward).then_some(pkt.dissection);
+                if let Ok(d) = dissect(slot) {
+                    items.push(Item::new(i, d, now));
                 }
             }
-            forwarded += dissections.iter().take(n).filter(|d| d.is_some()).count();
-            for nf in nfs.iter_mut() {
-                nf.on_tick(cx.now);
-            }
-            part.maybe_flush(cx.now);
+            stage.run(&mut batch, &mut items, Direction::Outbound);
+            forwarded += items.iter().filter(|it| it.alive).count();
+            stage.tick(now);
+            part.maybe_flush(now);
         }
     }
     forwarded

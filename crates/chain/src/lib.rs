@@ -90,7 +90,7 @@ pub use summary::{LabelledSummary, NfSummary, Summary, WorkerSummary};
 use flowstate_io::pcap::{PcapReader, PcapWriter, WriterOptions, LINKTYPE_ETHERNET};
 use flowstate_io::synth::{Ipv4Net, Ipv6Net, SynthConfig, Synthetic};
 use flowstate_io::{PacketBatch, Sink, Source};
-use flowstate_nf::{NfFactory, WorkerInfo};
+use flowstate_nf::{NfFactory, Placement};
 use flowstate_state::Connector;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
@@ -312,9 +312,9 @@ impl<S: WorkerSink> WorkerSink for Counting<'_, S> {
 /// The shares together have exactly `config.flows` flows and `config.packets` packets; each
 /// share's timestamps start at `config.start_ns` (every worker replays its own timeline, as
 /// RSS queues fill in parallel).
-pub fn synthetic_share(config: &SynthConfig, w: WorkerInfo) -> Option<SynthConfig> {
-    let n = u64::from(w.count.max(1));
-    let i = u64::from(w.index);
+pub fn synthetic_share(config: &SynthConfig, w: Placement) -> Option<SynthConfig> {
+    let n = u64::from(w.partitions.max(1));
+    let i = u64::from(w.partition);
     if i >= n {
         return None;
     }

@@ -58,7 +58,7 @@
 //!   with one worker and a chain whose every NF allows it, an XDP program on both ports
 //!   forwards established flows itself. The worker teaches it: it keeps a copy of each
 //!   received frame and, for each frame the chain forwarded, hands both frames to
-//!   [`FastPath::observe`], which installs an entry only when the entry reproduces the
+//!   [`XdpFlowCache::observe`], which installs an entry only when the entry reproduces the
 //!   outgoing frame exactly. Frames the program does not take go to the XDP socket (af-xdp)
 //!   or on to the kernel, where the AF_PACKET ring gets them (af-packet).
 //! * [`Stop`] ends the source: the runtime then drains its workers and flushes their state,
@@ -75,7 +75,7 @@
 //! allocation after start.
 
 use crate::steer::IpPrefix;
-use flowstate_fastpath::flowcache::FastPath;
+use flowstate_fastpath::flowcache::XdpFlowCache;
 use flowstate_io::afxdp::XdpProgram;
 use flowstate_io::{PacketBatch, Port, Sink, Source};
 use std::net::{IpAddr, Ipv4Addr};
@@ -889,7 +889,7 @@ pub const IDLE_TICK: Duration = Duration::from_millis(100);
 /// What the fast path learns from: each packet as it came in, before the chain changed it, and
 /// as it went out.
 struct Learner {
-    path: Arc<FastPath>,
+    path: Arc<XdpFlowCache>,
     /// The ports' interface indexes.
     ifindex: [u32; 2],
     received: PacketBatch,
@@ -917,7 +917,7 @@ impl<R: Port, T: Port> LiveWorker<R, T> {
     /// batches of up to `batch` frames of `max_frame` bytes).
     pub fn with_fast_path(
         mut self,
-        path: Arc<FastPath>,
+        path: Arc<XdpFlowCache>,
         ifindex: [u32; 2],
         batch: usize,
         max_frame: usize,
@@ -1073,7 +1073,7 @@ const _: () = assert!(
 );
 
 /// A fast path and its program on each port (inside, outside).
-pub type LoadedFastPath = (Arc<FastPath>, [Arc<XdpProgram>; 2]);
+pub type LoadedFastPath = (Arc<XdpFlowCache>, [Arc<XdpProgram>; 2]);
 
 /// The fast path of a box and its program on each port, when it is configured, the chain
 /// allows it and the box runs to completion (the worker that runs the chain is the one that
@@ -1110,7 +1110,7 @@ pub fn attach_fast_path(
         return Ok(None);
     }
     let load = || -> Result<_, flowstate_io::Error> {
-        let f = Arc::new(FastPath::new(c.capacity, c.refresh)?);
+        let f = Arc::new(XdpFlowCache::new(c.capacity, c.refresh)?);
         let programs = [
             f.attach(&inside.interface, 1)?,
             f.attach(&outside.interface, 1)?,
@@ -1137,7 +1137,7 @@ fn run_ports<R: Port, T: Port>(
     (inside, outside): (&crate::config::LivePort, &crate::config::LivePort),
     rx_ports: [R; 2],
     tx_ports: [T; 2],
-    fast: Option<(Arc<FastPath>, [u32; 2])>,
+    fast: Option<(Arc<XdpFlowCache>, [u32; 2])>,
     stop: Stop,
     progress: Option<crate::Progress<'_>>,
 ) -> Result<crate::Summary, crate::Error> {

@@ -201,7 +201,7 @@ pub struct Observer {
 #[cfg(target_os = "linux")]
 struct LiveParts {
     shared: Arc<crate::live::Shared>,
-    fast: Option<Arc<flowstate_fastpath::flowcache::FastPath>>,
+    fast: Option<Arc<flowstate_fastpath::flowcache::XdpFlowCache>>,
 }
 
 impl std::fmt::Debug for Observer {
@@ -228,7 +228,7 @@ impl Observer {
     pub(crate) fn set_live(
         &self,
         shared: Arc<crate::live::Shared>,
-        fast: Option<Arc<flowstate_fastpath::flowcache::FastPath>>,
+        fast: Option<Arc<flowstate_fastpath::flowcache::XdpFlowCache>>,
     ) {
         self.live.store(Some(Arc::new(LiveParts { shared, fast })));
     }

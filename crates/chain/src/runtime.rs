@@ -44,7 +44,7 @@ use crate::summary::{LabelledSummary, NfSummary, Summary, WorkerSummary};
 use arc_swap::ArcSwapOption;
 use flowstate_io::{PacketBatch, Sink, Source};
 use flowstate_nf::stage::{FlowCacheOptions, Frames, Item, Stage, StageReport};
-use flowstate_nf::{BuildError, Direction, NfFactory, WorkerInfo};
+use flowstate_nf::{BuildError, Direction, NfFactory, Placement};
 use flowstate_state::{Connector, Nanos, Partition, StateConfig, StateError};
 use flowstate_wire::dissect::Fragment;
 use flowstate_wire::{dissect, Dissection};
@@ -305,7 +305,7 @@ impl Runtime {
         source: &mut dyn Source,
         sink: Option<&mut (dyn Sink + Send)>,
     ) -> Result<Summary, RunError> {
-        self.execute::<NoSource, fn(WorkerInfo) -> flowstate_io::Result<NoSource>>(
+        self.execute::<NoSource, fn(Placement) -> flowstate_io::Result<NoSource>>(
             Some(source),
             None,
             sink,
@@ -315,7 +315,7 @@ impl Runtime {
 
     /// Runs with traffic generated in the workers (NIC RSS model: no dispatcher between
     /// traffic and workers). `make` is called once in each worker's thread with its
-    /// [`WorkerInfo`]; the source it returns is that worker's whole share, and its flows
+    /// [`Placement`]; the source it returns is that worker's whole share, and its flows
     /// should be the worker's own (see [`crate::synthetic_share`]). The worker dissects,
     /// counts malformed packets, and classifies, as the dispatcher would.
     pub fn run_generated<S, F>(
@@ -325,9 +325,9 @@ impl Runtime {
     ) -> Result<Summary, RunError>
     where
         S: Source,
-        F: Fn(WorkerInfo) -> flowstate_io::Result<S> + Sync,
+        F: Fn(Placement) -> flowstate_io::Result<S> + Sync,
     {
-        let make = |w: WorkerInfo| make(w).map(NoOutput);
+        let make = |w: Placement| make(w).map(NoOutput);
         self.execute(None, Some(&make), sink, false)
     }
 
@@ -341,7 +341,7 @@ impl Runtime {
     pub fn run_to_completion<S, F>(&self, make: F) -> Result<Summary, RunError>
     where
         S: Source + WorkerSink,
-        F: Fn(WorkerInfo) -> flowstate_io::Result<S> + Sync,
+        F: Fn(Placement) -> flowstate_io::Result<S> + Sync,
     {
         self.execute(None, Some(&make), None, true)
     }
@@ -355,7 +355,7 @@ impl Runtime {
     ) -> Result<Summary, RunError>
     where
         S: Source + WorkerSink,
-        F: Fn(WorkerInfo) -> flowstate_io::Result<S> + Sync,
+        F: Fn(Placement) -> flowstate_io::Result<S> + Sync,
     {
         let o = &self.options;
         let n = o.workers.max(1);
@@ -591,20 +591,20 @@ impl Runtime {
     ) -> Result<WorkerReport, RunError>
     where
         S: Source + WorkerSink,
-        F: Fn(WorkerInfo) -> flowstate_io::Result<S> + Sync,
+        F: Fn(Placement) -> flowstate_io::Result<S> + Sync,
     {
         let o = &self.options;
-        let info = WorkerInfo {
-            index: index as u32,
-            count: count as u32,
-            instance: o.instance,
+        let info = Placement {
+            partition: index as u32,
+            partitions: count as u32,
+            stage: o.instance,
         };
         let setup = (|| {
             let mut partition = Partition::new(
                 &*self.connector,
                 StateConfig {
-                    instance: o.instance,
-                    core: index as u32,
+                    stage: o.instance,
+                    partition: index as u32,
                     flush_interval: o.flush_interval,
                     exclusive: count == 1,
                     queue_depth: o.queue_depth,

@@ -492,10 +492,10 @@ fn every_nf_reports_what_it_declares(c: &Config) {
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
     };
     for f in c.factories().unwrap() {
-        let worker = flowstate_nf::WorkerInfo {
-            index: 0,
-            count: 1,
-            instance: 0,
+        let worker = flowstate_nf::Placement {
+            partition: 0,
+            partitions: 1,
+            stage: 0,
         };
         let nf = f.build(&mut part.declare(f.name()), worker).unwrap();
         let report: Vec<&str> = nf.report().iter().map(|(k, _)| *k).collect();

@@ -248,10 +248,10 @@ fn generated_mode_each_worker_its_share() {
     assert!(s.balanced());
     // Each worker processed exactly its share; flows are disjoint between workers.
     for w in &s.per_worker {
-        let info = flowstate_nf::WorkerInfo {
-            index: w.index as u32,
-            count: 3,
-            instance: 0,
+        let info = flowstate_nf::Placement {
+            partition: w.index as u32,
+            partitions: 3,
+            stage: 0,
         };
         assert_eq!(w.packets, synthetic_share(&c, info).unwrap().packets);
     }
@@ -270,10 +270,10 @@ fn synthetic_shares_add_up() {
             .filter_map(|index| {
                 synthetic_share(
                     &c,
-                    flowstate_nf::WorkerInfo {
-                        index,
-                        count,
-                        instance: 0,
+                    flowstate_nf::Placement {
+                        partition: index,
+                        partitions: count,
+                        stage: 0,
                     },
                 )
             })

@@ -12,7 +12,7 @@
 //!
 //! The root keeps each TCP/UDP frame it sends to an instance in a ring indexed by the frame's
 //! logical clock; when the instance's output comes back with that clock, the two frames teach
-//! the fast path exactly as the box's worker does ([`FastPath::observe`]: an entry only when it
+//! the fast path exactly as the box's worker does ([`XdpFlowCache::observe`]: an entry only when it
 //! reproduces the output bit for bit). The instance's output is sent only after the state it
 //! changed is in the store (output commit), so an entry never runs ahead of the store.
 //!
@@ -35,7 +35,7 @@
 //!   once (and counted) rather than the tracking growing without end.
 
 use flowstate_chain::live::LoadedFastPath;
-use flowstate_fastpath::flowcache::{monotonic_ns, FastPath, FlowKey, Lesson};
+use flowstate_fastpath::flowcache::{monotonic_ns, FlowKey, Lesson, XdpFlowCache};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -66,7 +66,7 @@ pub struct FastStats {
 /// partitions each installed key belongs to. Partitions are numbered across the stages
 /// (`slot`: stage `k`'s partition `p` is the partitions of stages before `k`, plus `p`).
 pub struct RootFastPath {
-    path: Arc<FastPath>,
+    path: Arc<XdpFlowCache>,
     _programs: [Arc<flowstate_io::afxdp::XdpProgram>; 2],
     ifindex: [u32; 2],
     ring: Ring,

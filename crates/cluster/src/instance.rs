@@ -39,7 +39,7 @@ use crate::meta::{Kind, Meta, Notice};
 use crate::ClusterError;
 use flowstate_control::cluster::Assignment;
 use flowstate_nf::stage::{Item, NfCounters, Stage};
-use flowstate_nf::{NfFactory, WorkerInfo};
+use flowstate_nf::{NfFactory, Placement};
 use flowstate_state::{
     Access, Backend, Connector, Kind as ObjKind, Nanos, Object, ObjectKey, Op, Partition, Reply,
     Scope, StateConfig, Value,
@@ -570,20 +570,20 @@ impl Instance {
             backend,
             self.connector.as_ref(),
             StateConfig {
-                instance: self.config.stage,
-                core: p,
+                stage: self.config.stage,
+                partition: p,
                 flush_interval: self.config.flush_interval,
                 retain_ops: self.config.retain_ops,
                 ..StateConfig::default()
             },
         )
         .map_err(|e| ClusterError::Store(e.to_string()))?;
-        let worker = WorkerInfo {
-            index: p,
-            count: self.config.partitions,
-            instance: self.config.stage,
+        let at = Placement {
+            stage: self.config.stage,
+            partition: p,
+            partitions: self.config.partitions,
         };
-        let stage = Stage::build(&self.chain, &mut state, worker, None)
+        let stage = Stage::build(&self.chain, &mut state, at, None)
             .map_err(|e| ClusterError::Build(e.error.to_string()))?;
         // After the NFs' objects: written last in every commit.
         let committed = state

@@ -7,12 +7,12 @@
 //!                       |
 //!                       +--miss / SYN, FIN, RST / not IPv4 TCP, UDP / stale entry
 //!                       v
-//!                 XDP socket --> the chain (slow path) --> sent --> FastPath::observe
+//!                 XDP socket --> the chain (slow path) --> sent --> XdpFlowCache::observe
 //!                                                                    (installs the entry)
 //! ```
 //!
 //! The chain's output is the specification: after the slow path forwarded a packet,
-//! [`FastPath::observe`] compares the frame that came in with the frame that went out. When
+//! [`XdpFlowCache::observe`] compares the frame that came in with the frame that went out. When
 //! they differ only in the fields the program rewrites (Ethernet addresses, IPv4 addresses,
 //! ports, TTL − 1, and the checksums), and applying the entry to the incoming frame reproduces
 //! the outgoing one bit for bit, the entry is installed for that flow, direction and port.
@@ -41,8 +41,8 @@
 //! The program is C, `crates/io/bpf/flowcache.bpf.c` (its tables' layout in `flowcache.h`,
 //! mirrored here by [`FlowKey`] and the entry's `#[repr(C)]` form), compiled by the build
 //! script of `flowstate-io` and loaded with [`aya`], as the table pipeline's program
-//! ([`crate::xdp`]) is: a [`FastPath`] loads it once, with its tables, and
-//! [`FastPath::attach`] attaches that one program to each port through its own BPF link
+//! ([`crate::xdp`]) is: a [`XdpFlowCache`] loads it once, with its tables, and
+//! [`XdpFlowCache::attach`] attaches that one program to each port through its own BPF link
 //! ([`XdpProgram::attach_loaded`]); the program's slow path is one XSKMAP for every port, each
 //! port's queues in their own slots (up to [`MAX_SOCKETS`] in all), found by the ingress
 //! interface.
@@ -381,7 +381,7 @@ pub fn lesson(
 
 /// Packets and bytes the program forwarded.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct FastPathStats {
+pub struct XdpFlowCacheStats {
     /// Packets.
     pub packets: u64,
     /// Bytes (IPv4 total length plus the Ethernet header).
@@ -390,7 +390,7 @@ pub struct FastPathStats {
 
 /// The fast path: its program (`crates/io/bpf/flowcache.bpf.c`), loaded once and attached to
 /// each of the box's ports, and its tables (the flow entries, the counters, the ports' sockets).
-pub struct FastPath {
+pub struct XdpFlowCache {
     ebpf: Mutex<Ebpf>,
     flows: Mutex<HashMap<MapData, FlowKey, FlowEntry>>,
     stats: PerCpuArray<MapData, FlowStats>,
@@ -400,18 +400,18 @@ pub struct FastPath {
     refresh: Duration,
 }
 
-impl std::fmt::Debug for FastPath {
+impl std::fmt::Debug for XdpFlowCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FastPath")
+        f.debug_struct("XdpFlowCache")
             .field("refresh", &self.refresh)
             .finish_non_exhaustive()
     }
 }
 
-impl FastPath {
+impl XdpFlowCache {
     /// Tables for `capacity` flow directions whose entries live `refresh` past the slow
     /// path's last packet of the flow, and the program that reads them.
-    pub fn new(capacity: u32, refresh: Duration) -> Result<FastPath> {
+    pub fn new(capacity: u32, refresh: Duration) -> Result<XdpFlowCache> {
         if capacity == 0 || capacity > MAX_CAPACITY {
             return Err(Error::Option {
                 name: "fast_path_capacity",
@@ -436,7 +436,7 @@ impl FastPath {
             "loading the XDP fast-path program",
         )?;
         let what = "loading the XDP fast-path program";
-        Ok(FastPath {
+        Ok(XdpFlowCache {
             flows: Mutex::new(bpf::take_map(&mut ebpf, "flows", "fast path", what)?),
             stats: bpf::take_map(&mut ebpf, "stats", "fast path", what)?,
             ports: Mutex::new((bpf::take_map(&mut ebpf, "ports", "fast path", what)?, 0)),
@@ -538,14 +538,14 @@ impl FastPath {
     }
 
     /// What the program forwarded so far, over every CPU.
-    pub fn stats(&self) -> Result<FastPathStats> {
+    pub fn stats(&self) -> Result<XdpFlowCacheStats> {
         let values = self
             .stats
             .get(&0, 0)
             .map_err(|e| bpf::aya_err("fast path", "reading the counters", &e))?;
         Ok(values
             .iter()
-            .fold(FastPathStats::default(), |s, c| FastPathStats {
+            .fold(XdpFlowCacheStats::default(), |s, c| XdpFlowCacheStats {
                 packets: s.packets + c.packets,
                 bytes: s.bytes + c.bytes,
             }))
@@ -774,7 +774,7 @@ mod tests {
     /// The Rust mirrors of `crates/io/bpf/flowcache.h` have its layout: every size and
     /// offset here is one the header's `_Static_assert`s fix (and the C build checks). The
     /// sizes are checked again against the object's map definitions when its maps are opened
-    /// (`FastPath::new`, run by the kernel tests below).
+    /// (`XdpFlowCache::new`, run by the kernel tests below).
     #[test]
     fn layout_matches_the_program() {
         use std::mem::{offset_of, size_of};
@@ -887,7 +887,7 @@ mod tests {
             eprintln!("skipped: loading XDP programs needs root");
             return;
         }
-        let fast = FastPath::new(64, Duration::from_secs(5)).unwrap();
+        let fast = XdpFlowCache::new(64, Duration::from_secs(5)).unwrap();
         let h = outbound(Some(0x18));
         let (input, output) = (frame(&h), frame(&translated(&h)));
         // Unknown flow: the slow path gets it, untouched.
@@ -901,7 +901,7 @@ mod tests {
         assert_eq!(got, output);
         assert_eq!(
             fast.stats().unwrap(),
-            FastPathStats {
+            XdpFlowCacheStats {
                 packets: 1,
                 bytes: input.len() as u64
             }
@@ -927,7 +927,7 @@ mod tests {
             eprintln!("skipped: loading XDP programs needs root");
             return;
         }
-        let fast = FastPath::new(64, Duration::from_millis(1)).unwrap();
+        let fast = XdpFlowCache::new(64, Duration::from_millis(1)).unwrap();
         let h = outbound(None);
         let (input, output) = (frame(&h), frame(&translated(&h)));
         fast.observe(LO, &input, 7, &output).unwrap();
@@ -941,7 +941,7 @@ mod tests {
             eprintln!("skipped: loading XDP programs needs root");
             return;
         }
-        let fast = FastPath::new(64, Duration::from_secs(5)).unwrap();
+        let fast = XdpFlowCache::new(64, Duration::from_secs(5)).unwrap();
         let h = outbound(None);
         let (input, output) = (frame(&h), frame(&translated(&h)));
         let now = monotonic_ns();
@@ -1009,7 +1009,7 @@ mod tests {
                 return Err(TestCaseError::fail(format!("not installed: {lesson:?}")));
             };
             if is_root() {
-                let fast = FastPath::new(4, Duration::from_secs(5)).unwrap();
+                let fast = XdpFlowCache::new(4, Duration::from_secs(5)).unwrap();
                         fast.install(&key, &entry).unwrap();
                 let (action, got) = fast.test_run(LO, &input).unwrap();
                 prop_assert_eq!(action, XDP_REDIRECT);

@@ -8,7 +8,7 @@
 //! Both count one shared object (`nf@Counter@packets`), so the store is involved in both
 //! modes whatever the backend; the difference is only waiting.
 
-use crate::{BuildError, Context, NetworkFunction, NfFactory, Packet, Verdict, WorkerInfo};
+use crate::{BuildError, Context, NetworkFunction, NfFactory, Packet, Placement, Verdict};
 use flowstate_state::{Access, Counter, Declare, Scope};
 use serde::Deserialize;
 use std::sync::Arc;
@@ -50,7 +50,7 @@ impl NfFactory for Factory {
     fn build(
         &self,
         state: &mut Declare<'_>,
-        _worker: WorkerInfo,
+        _worker: Placement,
     ) -> Result<Box<dyn NetworkFunction>, BuildError> {
         Ok(Box::new(CounterNf {
             mode: self.0.mode,

@@ -53,7 +53,7 @@ pub mod window;
 use crate::early_drop::Candidates;
 use crate::listing::{Cell, Row, StoreReader, TableInfo};
 use crate::{
-    BuildError, Context, Direction, NetworkFunction, NfFactory, Packet, Verdict, WorkerInfo,
+    BuildError, Context, Direction, NetworkFunction, NfFactory, Packet, Placement, Verdict,
 };
 use flowstate_state::{
     Access, Codec, CodecError, Counter, CounterMap, Declare, Map, Nanos, Scope, StateError,
@@ -1061,13 +1061,13 @@ impl Factory {
     pub fn build_firewall(
         &self,
         state: &mut Declare<'_>,
-        worker: WorkerInfo,
+        worker: Placement,
     ) -> Result<Firewall, BuildError> {
         Ok(Firewall {
             limit: self
                 .0
                 .max_connections
-                .div_ceil(u64::from(worker.count.max(1))) as usize,
+                .div_ceil(u64::from(worker.partitions.max(1))) as usize,
             candidates: RefCell::new(Candidates::new(self.0.early_drop)),
             early_dropped: state.counter(
                 "conns_early_dropped",
@@ -1103,7 +1103,7 @@ impl NfFactory for Factory {
     fn build(
         &self,
         state: &mut Declare<'_>,
-        worker: WorkerInfo,
+        worker: Placement,
     ) -> Result<Box<dyn NetworkFunction>, BuildError> {
         Ok(Box::new(self.build_firewall(state, worker)?))
     }

@@ -60,7 +60,7 @@
 
 use crate::reassembly::{Event, Fed, Origin, TableConfig, TcpStreams};
 use crate::rules::{Action, Options, Rule, RuleSet, Vars};
-use crate::{BuildError, Context, NetworkFunction, NfFactory, Packet, Verdict, WorkerInfo};
+use crate::{BuildError, Context, NetworkFunction, NfFactory, Packet, Placement, Verdict};
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, AhoCorasickKind, MatchKind};
 use flowstate_state::{Access, Codec, CodecError, Counter, CounterMap, Declare, Map, Nanos, Scope};
 use flowstate_wire::dissect::Transport;
@@ -472,7 +472,7 @@ impl NfFactory for Factory {
     fn build(
         &self,
         state: &mut Declare<'_>,
-        _worker: WorkerInfo,
+        _worker: Placement,
     ) -> Result<Box<dyn NetworkFunction>, BuildError> {
         Ok(Box::new(self.build_ips(state)?))
     }

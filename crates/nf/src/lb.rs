@@ -23,8 +23,8 @@
 use crate::listing::{Cell, Row, StoreReader, TableInfo};
 use crate::nat::{be16, checksum_update};
 use crate::{
-    BuildError, Context, Direction, Labelled, NetworkFunction, NfFactory, Packet, Verdict,
-    WorkerInfo,
+    BuildError, Context, Direction, Labelled, NetworkFunction, NfFactory, Packet, Placement,
+    Verdict,
 };
 use flowstate_state::{
     Access, Codec, CodecError, Counter, CounterMap, Declare, Map, Nanos, Scope, StateError,
@@ -462,7 +462,7 @@ impl Factory {
     pub fn build_lb(
         &self,
         state: &mut Declare<'_>,
-        _worker: WorkerInfo,
+        _worker: Placement,
     ) -> Result<LoadBalancer, BuildError> {
         Ok(LoadBalancer {
             cfg: Arc::clone(&self.0),
@@ -496,7 +496,7 @@ impl NfFactory for Factory {
     fn build(
         &self,
         state: &mut Declare<'_>,
-        worker: WorkerInfo,
+        worker: Placement,
     ) -> Result<Box<dyn NetworkFunction>, BuildError> {
         Ok(Box::new(self.build_lb(state, worker)?))
     }

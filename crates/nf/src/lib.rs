@@ -58,8 +58,8 @@ pub struct Context {
     pub now: Nanos,
     /// The packet's logical clock (CHC §5), 0 when the runtime does not assign one.
     pub clock: u64,
-    /// The worker (core) processing the packet.
-    pub worker: u32,
+    /// The partition of the packet (the worker's, on one host).
+    pub partition: u32,
 }
 
 /// Why a packet was dropped; counted per NF by the runtime.
@@ -147,15 +147,20 @@ pub struct Labelled {
     pub gauge: bool,
 }
 
-/// Where a worker's NF instance runs.
+/// The traffic partition an NF is built for. A partition's packets all reach the NF built
+/// for it, whoever runs it: a worker of one host (a worker serves one partition), or the
+/// cluster instance that owns the partition now. Its state is keyed by stage and partition
+/// (`nf@stage@partition@…`), so it moves with the partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WorkerInfo {
-    /// This worker's index, 0-based.
-    pub index: u32,
-    /// Number of workers of the instance.
-    pub count: u32,
-    /// NF instance id.
-    pub instance: u32,
+pub struct Placement {
+    /// The chain stage (in a cluster); on one host, whose chain is one stage, the box's
+    /// `[state] nf_instance`, which keeps two boxes' keys apart on one store.
+    pub stage: u32,
+    /// The partition, 0-based.
+    pub partition: u32,
+    /// The stage's partitions (a host's workers). An NF splits what it cannot share among
+    /// them (a NAT's ports, session limits).
+    pub partitions: u32,
 }
 
 /// Why an NF could not be built.
@@ -251,7 +256,7 @@ pub trait NfFactory: Send + Sync {
     fn build(
         &self,
         state: &mut Declare<'_>,
-        worker: WorkerInfo,
+        worker: Placement,
     ) -> Result<Box<dyn NetworkFunction>, BuildError>;
 
     /// The tables an operator can list (`flowstate state list NF.TABLE`), the main one first.

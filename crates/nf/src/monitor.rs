@@ -1,7 +1,7 @@
 //! The flow monitor: per-flow packets and bytes, kept while the flow is active (an idle
 //! timeout per entry, FlexState §VI-B timers), with totals of finished flows.
 
-use crate::{BuildError, Context, NetworkFunction, NfFactory, Packet, Verdict, WorkerInfo};
+use crate::{BuildError, Context, NetworkFunction, NfFactory, Packet, Placement, Verdict};
 use flowstate_state::{Access, Codec, CodecError, Counter, Declare, Map, Nanos, Scope};
 use flowstate_wire::FlowKey;
 use serde::Deserialize;
@@ -85,7 +85,7 @@ impl NfFactory for Factory {
     fn build(
         &self,
         state: &mut Declare<'_>,
-        _worker: WorkerInfo,
+        _worker: Placement,
     ) -> Result<Box<dyn NetworkFunction>, BuildError> {
         Ok(Box::new(Monitor {
             idle: self.0.idle_timeout,

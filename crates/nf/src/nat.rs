@@ -173,7 +173,7 @@
 //! pools); pools from a different configuration are an error rather than a silent mix.
 
 use crate::listing::{Cell, Row, StoreReader, TableInfo};
-use crate::{BuildError, Direction, NetworkFunction, NfFactory, WorkerInfo};
+use crate::{BuildError, Direction, NetworkFunction, NfFactory, Placement};
 use flowstate_state::{Codec, CodecError, Declare, StateError};
 use flowstate_wire::flow::proto;
 use flowstate_wire::{tcp, FlowKey};
@@ -203,7 +203,7 @@ impl Nat {
     pub fn new(
         config: &Config,
         state: &mut Declare<'_>,
-        worker: WorkerInfo,
+        worker: Placement,
     ) -> Result<Nat, BuildError> {
         Translator::build(config, state, worker, |state| {
             FlowTables::new(config, state, worker)
@@ -731,7 +731,7 @@ impl NfFactory for Factory {
     fn build(
         &self,
         state: &mut Declare<'_>,
-        worker: WorkerInfo,
+        worker: Placement,
     ) -> Result<Box<dyn NetworkFunction>, BuildError> {
         Ok(Box::new(Nat::new(&self.0, state, worker)?))
     }

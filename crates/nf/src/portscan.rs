@@ -62,7 +62,7 @@
 //! `fast_path()` is `false`: the detector must see every SYN, SYN/ACK and RST.
 
 use crate::{
-    BuildError, Context, Direction, NetworkFunction, NfFactory, Packet, Verdict, WorkerInfo,
+    BuildError, Context, Direction, NetworkFunction, NfFactory, Packet, Placement, Verdict,
 };
 use flowstate_state::{
     Access, Codec, CodecError, Counter, CounterMap, Declare, Field, Map, Nanos, Scope,
@@ -465,7 +465,7 @@ impl Factory {
     pub fn build_portscan(
         &self,
         state: &mut Declare<'_>,
-        _worker: WorkerInfo,
+        _worker: Placement,
     ) -> Result<Portscan, BuildError> {
         const BY_SRC: Scope = Scope::CrossFlow(&[Field::SrcIp]);
         Ok(Portscan {
@@ -522,7 +522,7 @@ impl NfFactory for Factory {
     fn build(
         &self,
         state: &mut Declare<'_>,
-        worker: WorkerInfo,
+        worker: Placement,
     ) -> Result<Box<dyn NetworkFunction>, BuildError> {
         Ok(Box::new(self.build_portscan(state, worker)?))
     }

@@ -25,8 +25,8 @@ pub use flowcache::{
 };
 
 use crate::{
-    BuildError, Context, Direction, Labelled, NetworkFunction, NfFactory, Packet, Verdict,
-    WorkerInfo,
+    BuildError, Context, Direction, Labelled, NetworkFunction, NfFactory, Packet, Placement,
+    Verdict,
 };
 use flowstate_state::{Nanos, Partition};
 use flowstate_wire::Dissection;
@@ -187,7 +187,7 @@ impl Stage {
     pub fn build(
         chain: &[Arc<dyn NfFactory>],
         state: &mut Partition,
-        at: WorkerInfo,
+        at: Placement,
         flow_cache: Option<FlowCacheOptions>,
     ) -> Result<Stage, StageError> {
         let mut nfs = Vec::with_capacity(chain.len());
@@ -214,7 +214,7 @@ impl Stage {
             counters: vec![NfCounters::default(); nfs.len()],
             nfs,
             flow_cache: flow_cache.map(|c| FlowCache::new(c.capacity, c.refresh)),
-            partition: at.index,
+            partition: at.partition,
         })
     }
 
@@ -255,7 +255,7 @@ impl Stage {
                 let cx = Context {
                     now: it.now,
                     clock: it.clock,
-                    worker: self.partition,
+                    partition: self.partition,
                 };
                 let mut pkt = Packet {
                     data,

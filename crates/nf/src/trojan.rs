@@ -87,7 +87,7 @@
 
 use crate::reassembly::{Event, Fed, TableConfig, TcpStreams};
 use crate::{
-    BuildError, Context, Direction, NetworkFunction, NfFactory, Packet, Verdict, WorkerInfo,
+    BuildError, Context, Direction, NetworkFunction, NfFactory, Packet, Placement, Verdict,
 };
 use flowstate_state::{
     Access, Codec, CodecError, Counter, Declare, Field, Map, Nanos, Scope, StateError,
@@ -667,7 +667,7 @@ impl NfFactory for Factory {
     fn build(
         &self,
         state: &mut Declare<'_>,
-        _worker: WorkerInfo,
+        _worker: Placement,
     ) -> Result<Box<dyn NetworkFunction>, BuildError> {
         Ok(Box::new(Trojan::declare(&self.0, state)?))
     }

@@ -98,7 +98,7 @@ proptest! {
             rig.now += dt * SEC;
             if let Ok(d) = dissect(&frame) {
                 let mut pkt = Packet { data: &mut frame, dissection: d, direction: dir(inbound) };
-                let cx = Context { now: rig.now, clock: 0, worker: 0 };
+                let cx = Context { now: rig.now, clock: 0, partition: 0 };
                 let _ = rig.nf.process(&mut pkt, &cx);
             }
             rig.nf.on_tick(rig.now);
@@ -124,7 +124,7 @@ proptest! {
             if let Ok(d) = dissect(&frame) {
                 processed += 1;
                 let mut pkt = Packet { data: &mut frame, dissection: d, direction: dir(inbound) };
-                let cx = Context { now: rig.now, clock: 0, worker: 0 };
+                let cx = Context { now: rig.now, clock: 0, partition: 0 };
                 let _ = rig.nf.process(&mut pkt, &cx);
             }
             rig.now += SEC;

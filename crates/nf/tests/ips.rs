@@ -4,7 +4,7 @@
 //! on), configuration and rule-file errors naming what is wrong, and garbage.
 
 use flowstate_nf::ips::{Config, Factory, Ips};
-use flowstate_nf::{BuildError, Context, Direction, NetworkFunction, Packet, Verdict, WorkerInfo};
+use flowstate_nf::{BuildError, Context, Direction, NetworkFunction, Packet, Placement, Verdict};
 use flowstate_state::local::LocalStore;
 use flowstate_state::{Backend, BackendError, Connector, Partition, StateConfig};
 use flowstate_wire::build::*;
@@ -121,7 +121,7 @@ impl Rig {
         let cx = Context {
             now: self.now,
             clock: 0,
-            worker: 0,
+            partition: 0,
         };
         self.nf.prefetch(&pkt);
         let v = self.nf.process(&mut pkt, &cx);
@@ -409,7 +409,7 @@ fn garbage_and_odd_packets_never_panic() {
             let cx = Context {
                 now: r.now,
                 clock: 0,
-                worker: 0,
+                partition: 0,
             };
             let _ = r.nf.process(&mut pkt, &cx);
         }
@@ -426,10 +426,10 @@ fn the_factory_is_the_registry_s() {
     let nf = f
         .build(
             &mut part.declare("ips"),
-            WorkerInfo {
-                index: 0,
-                count: 1,
-                instance: 0,
+            Placement {
+                partition: 0,
+                partitions: 1,
+                stage: 0,
             },
         )
         .unwrap();

@@ -109,7 +109,7 @@ proptest! {
             }
             if let Ok(d) = dissect(&frame) {
                 let mut pkt = Packet { data: &mut frame, dissection: d, direction: dir(inbound) };
-                let cx = Context { now: rig.now, clock: 0, worker: 0 };
+                let cx = Context { now: rig.now, clock: 0, partition: 0 };
                 let _ = rig.nf.process(&mut pkt, &cx);
             }
             rig.now += SEC;
@@ -126,7 +126,7 @@ proptest! {
         for (mut frame, inbound) in frames {
             if let Ok(d) = dissect(&frame) {
                 let mut pkt = Packet { data: &mut frame, dissection: d, direction: dir(inbound) };
-                let cx = Context { now: rig.now, clock: 0, worker: 0 };
+                let cx = Context { now: rig.now, clock: 0, partition: 0 };
                 let _ = rig.nf.process(&mut pkt, &cx);
             }
         }

@@ -6,7 +6,7 @@
 
 mod nat_support;
 
-use flowstate_nf::{registry, Direction, NetworkFunction, Verdict, WorkerInfo};
+use flowstate_nf::{registry, Direction, NetworkFunction, Placement, Verdict};
 use flowstate_state::local::LocalStore;
 use flowstate_state::{Partition, StateConfig};
 use flowstate_wire::build::tcp_flags;
@@ -126,7 +126,7 @@ fn rig(config: &str, index: u32, count: u32) -> Rig {
     let mut part = Partition::new(
         &LocalStore::new(),
         StateConfig {
-            core: index,
+            partition: index,
             ..StateConfig::default()
         },
     )
@@ -136,10 +136,10 @@ fn rig(config: &str, index: u32, count: u32) -> Rig {
         factory
             .build(
                 &mut d,
-                WorkerInfo {
-                    index,
-                    count,
-                    instance: 0,
+                Placement {
+                    partition: index,
+                    partitions: count,
+                    stage: 0,
                 },
             )
             .expect("builds")

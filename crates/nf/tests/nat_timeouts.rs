@@ -338,10 +338,10 @@ fn nat_a_store_backed_worker_keeps_sessions_and_pools_across_a_restart() {
     .unwrap();
     let mut part = flowstate_state::Partition::new(&remote, Default::default()).unwrap();
     let mut d = part.declare("nat");
-    let worker = flowstate_nf::WorkerInfo {
-        index: 0,
-        count: 1,
-        instance: 0,
+    let worker = flowstate_nf::Placement {
+        partition: 0,
+        partitions: 1,
+        stage: 0,
     };
     assert!(matches!(
         factory.build(&mut d, worker),

@@ -624,10 +624,10 @@ fn nat_too_many_workers_for_the_ports_is_a_build_error() {
     let mut part =
         flowstate_state::Partition::new(&store, flowstate_state::StateConfig::default()).unwrap();
     let mut d = part.declare("nat");
-    let worker = flowstate_nf::WorkerInfo {
-        index: 0,
-        count: 3,
-        instance: 0,
+    let worker = flowstate_nf::Placement {
+        partition: 0,
+        partitions: 3,
+        stage: 0,
     };
     match factory.build(&mut d, worker) {
         Err(BuildError::Config { key, .. }) if key == "ports" => {}

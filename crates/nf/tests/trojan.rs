@@ -66,10 +66,10 @@ impl Det {
         let nf = f
             .build(
                 &mut part.declare("trojan"),
-                flowstate_nf::WorkerInfo {
-                    index: 0,
-                    count: 1,
-                    instance: 0,
+                flowstate_nf::Placement {
+                    partition: 0,
+                    partitions: 1,
+                    stage: 0,
                 },
             )
             .expect("build");
@@ -100,7 +100,7 @@ impl Det {
         let cx = Context {
             now: self.now,
             clock,
-            worker: 0,
+            partition: 0,
         };
         let v = self.nf.process(&mut pkt, &cx);
         self.nf.on_tick(self.now);
@@ -569,7 +569,7 @@ fn detect_concrete(frames: Vec<(u64, Vec<u8>)>, workers: u32) -> Vec<IpAddr> {
             Partition::new(
                 &LocalStore::new(),
                 StateConfig {
-                    core: w,
+                    partition: w,
                     ..StateConfig::default()
                 },
             )
@@ -595,7 +595,7 @@ fn detect_concrete(frames: Vec<(u64, Vec<u8>)>, workers: u32) -> Vec<IpAddr> {
         let cx = Context {
             now,
             clock,
-            worker: w as u32,
+            partition: w as u32,
         };
         let mut pkt = Packet {
             data: &mut f,

@@ -30,10 +30,12 @@ pub type Nanos = u64;
 /// Engine settings for one worker's partition.
 #[derive(Debug, Clone)]
 pub struct StateConfig {
-    /// NF instance this worker belongs to.
-    pub instance: u32,
-    /// Worker (core) index within the instance.
-    pub core: u32,
+    /// The stage whose state this is: the first owner part of its keys
+    /// (`nf@stage@partition@…`, FlexState's `nf@instance@core`). On one host, whose chain is
+    /// one stage, the box's `[state] nf_instance`.
+    pub stage: u32,
+    /// The traffic partition (a host's worker, a cluster's partition): the second part.
+    pub partition: u32,
     /// How often queued changes go to the store (FlexState §III-C2; default 1 ms).
     pub flush_interval: Duration,
     /// Whether this worker is the only user of shared objects (one worker, one instance):
@@ -55,8 +57,8 @@ pub struct StateConfig {
 impl Default for StateConfig {
     fn default() -> Self {
         StateConfig {
-            instance: 0,
-            core: 0,
+            stage: 0,
+            partition: 0,
             flush_interval: Duration::from_millis(1),
             exclusive: false,
             queue_depth: 64,
@@ -551,7 +553,7 @@ impl Partition {
             let retain_ops = config.retain_ops;
             // The thread ends by itself when the last handle of this partition is gone.
             std::thread::Builder::new()
-                .name(format!("state-{}-{}", config.instance, config.core))
+                .name(format!("state-{}-{}", config.stage, config.partition))
                 .spawn(move || {
                     unpin_current_thread();
                     state_thread(backend, rx, thread_stats, retain_ops)
@@ -603,7 +605,7 @@ impl Partition {
 
     /// Declares the state objects of NF `nf` in this partition.
     pub fn declare(&mut self, nf: &str) -> Declare<'_> {
-        let owner = Owner::new(nf, self.config.instance, self.config.core);
+        let owner = Owner::new(nf, self.config.stage, self.config.partition);
         Declare {
             partition: self,
             owner,

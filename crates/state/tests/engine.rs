@@ -24,7 +24,7 @@ fn part(c: &dyn Connector, core: u32) -> Partition {
     Partition::new(
         c,
         StateConfig {
-            core,
+            partition: core,
             ..StateConfig::default()
         },
     )

@@ -5,7 +5,7 @@ use flowstate_chain::{Runtime, RuntimeOptions};
 use flowstate_io::synth::{Profile, SynthConfig, Synthetic};
 use flowstate_io::{PacketBatch, PacketMeta, Sink, Source};
 use flowstate_nf::{
-    BuildError, Context, Direction, NetworkFunction, NfFactory, Packet, Verdict, WorkerInfo,
+    BuildError, Context, Direction, NetworkFunction, NfFactory, Packet, Placement, Verdict,
 };
 use flowstate_state::{Access, Counter, Declare, Scope};
 use flowstate_wire::dissect::Network;
@@ -64,9 +64,9 @@ impl NfFactory for Probe {
     fn build(
         &self,
         state: &mut Declare<'_>,
-        worker: WorkerInfo,
+        worker: Placement,
     ) -> Result<Box<dyn NetworkFunction>, BuildError> {
-        if self.fail_on_worker == Some(worker.index) {
+        if self.fail_on_worker == Some(worker.partition) {
             return Err(BuildError::Config {
                 nf: "probe",
                 key: "fail_on_worker".into(),
@@ -75,10 +75,10 @@ impl NfFactory for Probe {
         }
         Ok(Box::new(ProbeNf {
             name: self.name,
-            worker: worker.index,
+            worker: worker.partition,
             seen: Arc::clone(&self.seen),
             log: self.log,
-            panic_at: self.panic_at.filter(|_| worker.index == 0),
+            panic_at: self.panic_at.filter(|_| worker.partition == 0),
             packets: state.counter("packets", Scope::CrossFlow(&[]), Access::WriteMostly)?,
             count: 0,
             ticks: 0,
@@ -92,7 +92,7 @@ impl NetworkFunction for ProbeNf {
     }
 
     fn process(&mut self, pkt: &mut Packet<'_>, cx: &Context) -> Verdict {
-        assert_eq!(cx.worker, self.worker);
+        assert_eq!(cx.partition, self.worker);
         self.count += 1;
         if Some(self.count) == self.panic_at {
             panic!("probe asked to panic");
@@ -253,7 +253,7 @@ impl NfFactory for MiniFirewall {
     fn build(
         &self,
         state: &mut Declare<'_>,
-        _worker: WorkerInfo,
+        _worker: Placement,
     ) -> Result<Box<dyn NetworkFunction>, BuildError> {
         Ok(Box::new(MiniFirewallNf {
             flows: state.map("flows", Scope::PerFlow, Access::ReadWrite)?,

@@ -7,7 +7,7 @@ use super::{
     Filtering, InSession, Mapping, OutSession, MALFORMED, POOL_EXHAUSTED, STATE_ERROR,
 };
 use crate::listing::{Cell, Row};
-use crate::{BuildError, Direction, WorkerInfo};
+use crate::{BuildError, Direction, Placement};
 use flowstate_state::{Access, Declare, Field, List, Map, Nanos, Scope, Value};
 use flowstate_wire::{hash, tcp, FlowKey};
 use std::fmt;
@@ -54,7 +54,7 @@ impl FlowTables {
     pub(super) fn new(
         config: &Config,
         state: &mut Declare<'_>,
-        worker: WorkerInfo,
+        worker: Placement,
     ) -> Result<FlowTables, BuildError> {
         let part = Scope::CrossFlow(&[]);
         let mut pools = Vec::with_capacity(config.external.len());
@@ -87,8 +87,10 @@ impl FlowTables {
         match init.get()? {
             None => {
                 for (_, pools) in &t.pools {
-                    let first = u32::from(config.ports.lo) + worker.index;
-                    for p in (first..=u32::from(config.ports.hi)).step_by(worker.count as usize) {
+                    let first = u32::from(config.ports.lo) + worker.partition;
+                    for p in
+                        (first..=u32::from(config.ports.hi)).step_by(worker.partitions as usize)
+                    {
                         pools[t.list_of(p as u16)].push_nowait(p as u16);
                     }
                 }
@@ -443,9 +445,9 @@ impl NatTable for FlowTables {
 }
 
 /// A fingerprint of what a worker's pools are filled from.
-fn pool_fingerprint(config: &Config, worker: WorkerInfo) -> u32 {
-    let mut crc = hash::crc32c(&worker.index.to_be_bytes());
-    crc = hash::crc32c_append(crc, &worker.count.to_be_bytes());
+fn pool_fingerprint(config: &Config, worker: Placement) -> u32 {
+    let mut crc = hash::crc32c(&worker.partition.to_be_bytes());
+    crc = hash::crc32c_append(crc, &worker.partitions.to_be_bytes());
     crc = hash::crc32c_append(crc, &config.ports.lo.to_be_bytes());
     crc = hash::crc32c_append(crc, &config.ports.hi.to_be_bytes());
     for a in &config.external {

@@ -53,7 +53,7 @@ use super::{
     STATE_ERROR,
 };
 use crate::listing::{Cell, Row, TableInfo};
-use crate::{BuildError, Direction, NetworkFunction, NfFactory, WorkerInfo};
+use crate::{BuildError, Direction, NetworkFunction, NfFactory, Placement};
 use flowstate_mvt::{
     Entry, EntryHint, EntryId, FindHint, Hasher, Key, Match, Mvt, KEY_BITS, NEVER,
 };
@@ -98,7 +98,7 @@ impl NfFactory for Factory {
     fn build(
         &self,
         state: &mut Declare<'_>,
-        worker: WorkerInfo,
+        worker: Placement,
     ) -> Result<Box<dyn NetworkFunction>, BuildError> {
         Ok(Box::new(MvtNat::new(&self.0, state, worker)?))
     }
@@ -225,7 +225,7 @@ impl MvtNat {
     pub fn new(
         config: &Config,
         state: &mut Declare<'_>,
-        worker: WorkerInfo,
+        worker: Placement,
     ) -> Result<MvtNat, BuildError> {
         Translator::build(config, state, worker, |_| MvtTable::new(config, worker))
     }
@@ -271,14 +271,14 @@ impl fmt::Debug for MvtTable {
 
 impl MvtTable {
     /// A table holding `worker`'s share of the pool.
-    fn new(config: &Config, worker: WorkerInfo) -> Result<MvtTable, BuildError> {
-        let share = config.ports.len().div_ceil(worker.count) as usize * config.external.len();
+    fn new(config: &Config, worker: Placement) -> Result<MvtTable, BuildError> {
+        let share = config.ports.len().div_ceil(worker.partitions) as usize * config.external.len();
         // The pool, and per session its entry and reverse entry: room for one session per
         // resource before the table grows.
         let mut table = Mvt::with_options(KEY_BITS, share * 3, 0, Hasher::Hardware);
         for a in &config.external {
-            let first = u32::from(config.ports.lo) + worker.index;
-            for p in (first..=u32::from(config.ports.hi)).step_by(worker.count as usize) {
+            let first = u32::from(config.ports.lo) + worker.partition;
+            for p in (first..=u32::from(config.ports.hi)).step_by(worker.partitions as usize) {
                 let v = NatValue::Resource {
                     ext_ip: *a,
                     ext_port: p as u16,

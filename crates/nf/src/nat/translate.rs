@@ -12,7 +12,7 @@ use super::{
 };
 use crate::early_drop::Candidates;
 use crate::listing::Row;
-use crate::{BuildError, Context, Direction, NetworkFunction, Packet, Verdict, WorkerInfo};
+use crate::{BuildError, Context, Direction, NetworkFunction, Packet, Placement, Verdict};
 use flowstate_state::{Access, Counter, CounterMap, Declare, Nanos, Scope};
 use flowstate_wire::dissect::{Fragment, Network, Transport};
 use flowstate_wire::flow::proto;
@@ -230,24 +230,27 @@ impl<T: NatTable> Translator<T> {
     pub(super) fn build(
         config: &Config,
         state: &mut Declare<'_>,
-        worker: WorkerInfo,
+        worker: Placement,
         table: impl FnOnce(&mut Declare<'_>) -> Result<T, BuildError>,
     ) -> Result<Self, BuildError> {
         config.validate()?;
-        if worker.count == 0 || worker.index >= worker.count {
+        if worker.partitions == 0 || worker.partition >= worker.partitions {
             return Err(super::config_error(
                 "workers",
-                format!("worker {} of {} does not exist", worker.index, worker.count),
+                format!(
+                    "worker {} of {} does not exist",
+                    worker.partition, worker.partitions
+                ),
             ));
         }
-        if config.ports.len() < worker.count {
+        if config.ports.len() < worker.partitions {
             return Err(super::config_error(
                 "ports",
                 format!(
                     "{} has {} ports, fewer than the {} workers that share it",
                     config.ports,
                     config.ports.len(),
-                    worker.count
+                    worker.partitions
                 ),
             ));
         }
@@ -261,7 +264,7 @@ impl<T: NatTable> Translator<T> {
             filtering: config.filtering,
             hairpinning: config.hairpinning,
             inbound_refresh: config.refresh == Refresh::Both,
-            max_sessions: config.max_sessions.div_ceil(u64::from(worker.count)) as usize,
+            max_sessions: config.max_sessions.div_ceil(u64::from(worker.partitions)) as usize,
             candidates: Candidates::new(config.early_drop),
             ipv6: config.ipv6,
             external,

@@ -6,7 +6,7 @@
 use flowstate_nf::firewall::{self, Firewall};
 use flowstate_nf::lb::{self, LoadBalancer};
 use flowstate_nf::portscan::{self, Portscan};
-use flowstate_nf::{Context, Direction, NetworkFunction, Packet, Verdict, WorkerInfo};
+use flowstate_nf::{Context, Direction, NetworkFunction, Packet, Placement, Verdict};
 use flowstate_state::local::LocalStore;
 use flowstate_state::{Backend, BackendError, Connector, Declare, Partition, StateConfig};
 use flowstate_wire::build::*;
@@ -50,12 +50,12 @@ fn rig<N>(
     store: &dyn Connector,
     nf: &str,
     core: u32,
-    build: impl FnOnce(&mut Declare<'_>, WorkerInfo) -> N,
+    build: impl FnOnce(&mut Declare<'_>, Placement) -> N,
 ) -> Rig<N> {
     let mut part = Partition::new(
         store,
         StateConfig {
-            core,
+            partition: core,
             ..StateConfig::default()
         },
     )
@@ -64,10 +64,10 @@ fn rig<N>(
         let mut d = part.declare(nf);
         build(
             &mut d,
-            WorkerInfo {
-                index: core,
-                count: core + 1,
-                instance: 0,
+            Placement {
+                partition: core,
+                partitions: core + 1,
+                stage: 0,
             },
         )
     };
@@ -156,7 +156,7 @@ impl<N: NetworkFunction> Rig<N> {
         let cx = Context {
             now: self.now,
             clock: 0,
-            worker: 0,
+            partition: 0,
         };
         let v = self.nf.process(&mut pkt, &cx);
         let left = pkt.dissection;

@@ -3,7 +3,7 @@
 
 #![allow(dead_code)]
 
-use flowstate_nf::{nat, Context, Direction, NetworkFunction, Packet, Verdict, WorkerInfo};
+use flowstate_nf::{nat, Context, Direction, NetworkFunction, Packet, Placement, Verdict};
 use flowstate_state::local::LocalStore;
 use flowstate_state::{Backend, BackendError, Connector, Partition, StateConfig};
 use flowstate_wire::build::*;
@@ -55,7 +55,7 @@ impl Rig {
         let mut part = Partition::new(
             store,
             StateConfig {
-                core: index,
+                partition: index,
                 ..StateConfig::default()
             },
         )
@@ -65,10 +65,10 @@ impl Rig {
             factory
                 .build(
                     &mut d,
-                    WorkerInfo {
-                        index,
-                        count,
-                        instance: 0,
+                    Placement {
+                        partition: index,
+                        partitions: count,
+                        stage: 0,
                     },
                 )
                 .expect("builds")
@@ -112,7 +112,7 @@ impl Rig {
         let cx = Context {
             now: self.now,
             clock: 0,
-            worker: 0,
+            partition: 0,
         };
         let v = self.nat.process(&mut pkt, &cx);
         let left = pkt.dissection;
