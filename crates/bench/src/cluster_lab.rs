@@ -120,12 +120,15 @@ pub(crate) fn udp_partition(src_port: u16) -> Result<u32, String> {
         ECHO_PORT,
         flowstate_wire::flow::proto::UDP,
     );
-    let owners = flowstate_chain::owners::Owners::new(&chain);
+    let owners = flowstate_nf::steer::Owners::new(&chain);
     Ok(owners
         .partition(&key, None, flowstate_nf::Direction::Outbound, PARTITIONS)
         .unwrap_or_else(|| {
-            flowstate_chain::Steering::new(config.runtime.inside_prefixes(), PARTITIONS as usize)
-                .worker_of_flow(&key) as u32
+            flowstate_nf::steer::Steering::new(
+                config.runtime.inside_prefixes(),
+                PARTITIONS as usize,
+            )
+            .worker_of_flow(&key) as u32
         }))
 }
 

@@ -46,8 +46,8 @@
 //! report carries `params.error` and no ratio.
 
 use crate::{Effort, Report};
-use flowstate_chain::live::Stop;
 use flowstate_lab::{Lab, System, BOX_OUTSIDE, SERVER};
+use flowstate_router::Stop;
 use std::os::fd::AsRawFd;
 use std::process::Command;
 use std::sync::Arc;

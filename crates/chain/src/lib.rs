@@ -41,7 +41,7 @@
 //! * Nothing is allocated per packet on the steady path: batches are allocated once and
 //!   recycled.
 //! * A packet whose state one worker owns (a NAT's external port, an LB connection) goes to
-//!   that worker ([`owners`]); other packets follow the symmetric hash.
+//!   that worker ([`flowstate_nf::steer::Owners`]); other packets follow the symmetric hash.
 //! * A later IPv4 fragment carries its datagram's ports, taken from the first fragment, and
 //!   goes where its flow goes; one that comes before its first fragment waits for it, within
 //!   bounds, and follows it ([`fragments`]). Fragments are never reassembled.
@@ -75,16 +75,13 @@ pub mod live;
 #[cfg(target_os = "linux")]
 pub mod live_pipeline;
 pub mod observe;
-pub mod owners;
 pub mod pipeline;
 pub mod reflect;
 pub mod runtime;
-pub mod steer;
 pub mod summary;
 
 pub use config::{Config, ConfigError, ConfigErrors};
 pub use runtime::{RunError, Runtime, RuntimeOptions, WorkerSink};
-pub use steer::{IpPrefix, Steering};
 pub use summary::{LabelledSummary, NfSummary, Summary, WorkerSummary};
 
 use flowstate_io::pcap::{PcapReader, PcapWriter, WriterOptions, LINKTYPE_ETHERNET};
@@ -168,7 +165,7 @@ pub fn run_config_observed(
     if let (config::Input::Interface(inside), config::Output::Interface(outside)) =
         (&config.input, &config.output)
     {
-        if let Err(e) = live::Stop::on_signals() {
+        if let Err(e) = flowstate_router::Stop::on_signals() {
             tracing::warn!("cannot catch SIGINT/SIGTERM: {e}");
         }
         return live::run(
@@ -176,7 +173,7 @@ pub fn run_config_observed(
             config,
             inside,
             outside,
-            live::Stop::new(),
+            flowstate_router::Stop::new(),
             progress,
         );
     }

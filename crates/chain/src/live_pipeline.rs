@@ -28,7 +28,6 @@
 //! (veth and single-queue devices); the XDP programs in generic mode.
 
 use crate::config::{Config, LivePort};
-use crate::live::Stop;
 use crate::pipeline::{PipelineSummary, TableSummary};
 use crate::Error;
 use arc_swap::ArcSwapOption;
@@ -37,6 +36,7 @@ use flowstate_fastpath::xdp::{XdpError, XdpFastPath, CIRC_BYTES, SEARCH_BYTES};
 use flowstate_io::afpacket::{interface_info, AfPacket, AfPacketOptions};
 use flowstate_io::afxdp::{AfXdp, AfXdpOptions};
 use flowstate_io::{PacketBatch, PacketMeta, Port};
+use flowstate_router::Stop;
 use flowstate_state::Connector;
 use std::process::Command;
 use std::sync::Arc;

@@ -200,7 +200,7 @@ pub struct Observer {
 
 #[cfg(target_os = "linux")]
 struct LiveParts {
-    shared: Arc<crate::live::Shared>,
+    shared: Arc<flowstate_router::Shared>,
     fast: Option<Arc<flowstate_fastpath::flowcache::XdpFlowCache>>,
 }
 
@@ -227,7 +227,7 @@ impl Observer {
     #[cfg(target_os = "linux")]
     pub(crate) fn set_live(
         &self,
-        shared: Arc<crate::live::Shared>,
+        shared: Arc<flowstate_router::Shared>,
         fast: Option<Arc<flowstate_fastpath::flowcache::XdpFlowCache>>,
     ) {
         self.live.store(Some(Arc::new(LiveParts { shared, fast })));

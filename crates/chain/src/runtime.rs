@@ -39,11 +39,12 @@
 use crate::fragments::{Admit, FragmentCounts, FragmentLimits, FragmentTracker};
 use crate::observe::{BatchTimes, Observer, Published, RunView, StateCallTimes, PUBLISH_EVERY};
 use crate::reflect::reflect;
-use crate::steer::{IpPrefix, Steering};
 use crate::summary::{LabelledSummary, NfSummary, Summary, WorkerSummary};
 use arc_swap::ArcSwapOption;
+use flowstate_config::IpPrefix;
 use flowstate_io::{PacketBatch, Sink, Source};
 use flowstate_nf::stage::{FlowCacheOptions, Frames, Item, Stage, StageReport};
+use flowstate_nf::steer::{Owners, Steering};
 use flowstate_nf::{BuildError, Direction, NfFactory, Placement};
 use flowstate_state::{Connector, Nanos, Partition, StateConfig, StateError};
 use flowstate_wire::dissect::Fragment;
@@ -361,8 +362,7 @@ impl Runtime {
         let n = o.workers.max(1);
         let pool = o.pool.max(2);
         let batch = o.batch.max(1);
-        let steering =
-            Steering::new(o.inside.clone(), n).with_owners(crate::owners::Owners::new(&self.chain));
+        let steering = Steering::new(o.inside.clone(), n).with_owners(Owners::new(&self.chain));
         let abort = AtomicBool::new(false);
         let dispatching = source.is_some();
         let cores = core_affinity::get_core_ids().unwrap_or_default();

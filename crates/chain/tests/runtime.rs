@@ -3,9 +3,10 @@
 mod common;
 
 use common::*;
-use flowstate_chain::{synthetic_share, RunError, Steering};
+use flowstate_chain::{synthetic_share, RunError};
 use flowstate_io::synth::{Profile, SynthConfig, Synthetic};
 use flowstate_io::PacketMeta;
+use flowstate_nf::steer::Steering;
 use flowstate_nf::{Direction, NfFactory};
 use flowstate_wire::{dissect, FlowKey};
 use std::collections::HashMap;

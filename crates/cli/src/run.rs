@@ -65,7 +65,7 @@ pub(crate) fn run(args: &RunArgs) -> Result<()> {
         if let (Input::Interface(inside), Output::Interface(outside)) =
             (&config.input, &config.output)
         {
-            use flowstate_chain::live::Stop;
+            use flowstate_router::Stop;
             if let Err(e) = Stop::on_signals() {
                 tracing::warn!("cannot catch SIGINT/SIGTERM: {e}");
             }

@@ -3,8 +3,8 @@
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use flowstate_chain::live::Stop;
 use flowstate_driver_store::{Settings, StoreConnector};
+use flowstate_router::Stop;
 use flowstate_store::{Config, Server};
 use std::io::Write;
 use std::net::SocketAddr;

@@ -74,7 +74,7 @@ pub(crate) fn run(a: &TopArgs) -> Result<()> {
     if !std::io::stdout().is_terminal() {
         bail!("the view needs a terminal; `flowstate top --once ADDR` prints one view as text");
     }
-    if let Err(e) = flowstate_chain::live::Stop::on_signals() {
+    if let Err(e) = flowstate_router::Stop::on_signals() {
         tracing::warn!("cannot catch SIGINT/SIGTERM: {e}");
     }
     let readings = spawn_reader(addr, a.interval);
@@ -610,7 +610,7 @@ fn ui(
     readings: &mpsc::Receiver<(Instant, Polled)>,
 ) -> Result<()> {
     use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
-    let stop = flowstate_chain::live::Stop::new();
+    let stop = flowstate_router::Stop::new();
     let mut app = App {
         addr,
         interval,

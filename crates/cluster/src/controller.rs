@@ -17,8 +17,8 @@
 
 use crate::config::{ClusterSection, CONTROLLER_PORT, CONTROL_PORT};
 use crate::{udp_socket, wall_ns, ClusterError};
-use flowstate_chain::live::Stop;
 use flowstate_control::cluster::{Assignment, Controller, Decision, Lag, MemberState, Report};
+use flowstate_router::Stop;
 use flowstate_state::{Backend, Kind, ObjectKey, Op, Reply};
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, ErrorKind, Write};

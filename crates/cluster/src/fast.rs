@@ -34,8 +34,8 @@
 //!   forgets entries past their deadline; if that is not enough, every entry is removed at
 //!   once (and counted) rather than the tracking growing without end.
 
-use flowstate_chain::live::LoadedFastPath;
 use flowstate_fastpath::flowcache::{monotonic_ns, FlowKey, Lesson, XdpFlowCache};
+use flowstate_router::LoadedFastPath;
 use std::collections::HashMap;
 use std::sync::Arc;
 

@@ -6,10 +6,10 @@
 //!  outside hosts <--port 1-- [route out by destination]           <==GENEVE== (output)
 //! ```
 //!
-//! * It answers ARP and routes like the live box ([`flowstate_chain::live`]): the ports are
+//! * It answers ARP and routes like the live box ([`flowstate_router`]): the ports are
 //!   the box's, the chain runs in the instances.
 //! * Each IPv4 packet's traffic partition comes from the chain's NFs
-//!   ([`flowstate_chain::owners`]) over the symmetric flow hash; it goes to the partition's
+//!   ([`flowstate_nf::steer::Owners`]) over the symmetric flow hash; it goes to the partition's
 //!   owner in a GENEVE frame ([`crate::meta`]) stamped with partition, epoch, direction and a
 //!   logical clock. The root numbers packets in arrival order, above [`first_clock`] of its
 //!   own epoch: each root that starts takes the next epoch from a counter in the store
@@ -41,13 +41,13 @@ use crate::meta::{self, Kind, Meta};
 use crate::steer::{Control, Route, Steer, SteerConfig, SteerStats};
 use crate::udp::Datagrams;
 use crate::{udp_socket, wall_ns, ClusterError};
-use flowstate_chain::live::{LiveSink, LiveSource, PortAddr, Shared, Stop};
-use flowstate_chain::owners::Owners;
-use flowstate_chain::steer::Steering;
 use flowstate_control::cluster::{Assignment, Lag};
 use flowstate_io::afpacket::{AfPacket, AfPacketOptions};
 use flowstate_io::PacketBatch;
+use flowstate_nf::steer::Owners;
+use flowstate_nf::steer::Steering;
 use flowstate_nf::Direction;
+use flowstate_router::{LiveSink, LiveSource, PortAddr, Shared, Stop};
 use flowstate_state::{Backend, Kind as ObjKind, ObjectKey, Op, Reply};
 use serde::Serialize;
 use std::io::ErrorKind;
@@ -155,11 +155,11 @@ pub struct RootOptions {
     /// The cluster.
     pub section: ClusterSection,
     /// Inside port.
-    pub inside: flowstate_chain::config::LivePort,
+    pub inside: flowstate_router::LivePort,
     /// Outside port.
-    pub outside: flowstate_chain::config::LivePort,
+    pub outside: flowstate_router::LivePort,
     /// Sources that make a packet Outbound.
-    pub inside_prefixes: Vec<flowstate_chain::steer::IpPrefix>,
+    pub inside_prefixes: Vec<flowstate_config::IpPrefix>,
     /// Where its stats go (every 200 ms and at the end).
     pub stats: crate::StatsSink,
     /// This root's epoch ([`take_epoch`]): its clocks start at [`first_clock`] of it.
@@ -470,12 +470,12 @@ pub fn run_root(
         PortAddr {
             address: o.inside.address,
             gateway: o.inside.gateway,
-            mtu: flowstate_chain::live::interface_mtu(&o.inside.interface),
+            mtu: flowstate_router::interface_mtu(&o.inside.interface),
         },
         PortAddr {
             address: o.outside.address,
             gateway: o.outside.gateway,
-            mtu: flowstate_chain::live::interface_mtu(&o.outside.interface),
+            mtu: flowstate_router::interface_mtu(&o.outside.interface),
         },
     ];
     let shared = Arc::new(Shared::default());
@@ -513,7 +513,7 @@ pub fn run_root(
     } else {
         None
     };
-    let fast = flowstate_chain::live::attach_fast_path(&o.inside, &o.outside, why_not)
+    let fast = flowstate_router::attach_fast_path(&o.inside, &o.outside, why_not)
         .map_err(|e| ClusterError::Config(e.to_string()))?
         .map(|loaded| {
             let capacity = o.inside.fast_path.map_or(0, |c| c.capacity);

@@ -29,6 +29,9 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 pub use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+pub use prefix::{IpPrefix, PrefixError};
+
+mod prefix;
 
 // ---------------------------------------------------------------------------------------------
 // Durations

@@ -347,4 +347,5 @@ pub mod reassembly;
 pub mod registry;
 pub mod rules;
 pub mod stage;
+pub mod steer;
 pub mod trojan;

@@ -3,11 +3,11 @@
 //! asks which NF it is. A NAT sends an inbound packet to the partition that owns its
 //! destination port and an outbound one to its inside endpoint's; an LB sends both
 //! directions of a connection to its client endpoint's. The first NF of the chain that names
-//! a partition decides; when none does, the symmetric flow hash does ([`crate::steer`]).
+//! a partition decides; when none does, the symmetric flow hash does ([`super::Steering`]).
 //!
 //! Partitions are the workers of one host or the traffic partitions of a cluster alike.
 
-use flowstate_nf::{Direction, NfFactory};
+use crate::{Direction, NfFactory};
 use flowstate_wire::FlowKey;
 use std::sync::Arc;
 
@@ -54,14 +54,18 @@ mod tests {
     use super::*;
     use flowstate_wire::flow::proto;
 
+    /// The owners of the `[[chain]]` entries of `text`.
     fn owners(text: &str) -> Owners {
-        let config =
-            crate::Config::parse(&format!("[input]\npcap = \"x.pcap\"\n{text}"), "test.toml")
-                .unwrap();
-        let chain: Vec<_> = config
-            .chain
+        let file: toml::Table = text.parse().unwrap();
+        let chain: Vec<_> = file["chain"]
+            .as_array()
+            .unwrap()
             .iter()
-            .map(|e| flowstate_nf::registry::factory(&e.nf, &e.options).unwrap())
+            .map(|e| {
+                let mut options = e.as_table().unwrap().clone();
+                let nf = options.remove("nf").unwrap();
+                crate::registry::factory(nf.as_str().unwrap(), &options).unwrap()
+            })
             .collect();
         Owners::new(&chain)
     }

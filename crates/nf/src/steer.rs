@@ -1,112 +1,28 @@
-//! Which way a packet goes and which worker takes it.
+//! Which way a packet goes and which partition (a host's worker, a cluster's partition)
+//! takes it: the dispatcher's steering on one host and the root's in a cluster.
 //!
 //! * Direction: a packet whose source address is in one of the `inside` prefixes is
 //!   [`Direction::Outbound`]; every other packet (non-IP ones included) is
 //!   [`Direction::Inbound`].
 //! * Worker: `toeplitz_symmetric(flow) % workers` (the NIC RSS hash with a symmetric key), so
 //!   both directions of a flow reach one worker. IPv4 fragments hash as their flow: the
-//!   first fragment has the ports, and the fragment tracker ([`crate::fragments`]) gives them
+//!   first fragment has the ports, and the runtime's fragment tracker gives them
 //!   to the later ones ([`Fragment::Tracked`]). Fragments without ports (IPv6 fragments, an
 //!   untracked later fragment) hash on their addresses and protocol only (ports zeroed), as
 //!   RSS does, so every fragment of a packet reaches the same worker. ICMP errors hash on
 //!   the flow they quote, so they reach the worker of that flow.
 //!   Non-IP packets go to worker 0.
 //! * Ownership first: when the chain holds state that one worker owns (a NAT's external
-//!   ports, an LB's connections), [`crate::owners::Owners`] sends the packet to that worker.
+//!   ports, an LB's connections), [`Owners`] sends the packet to that worker.
 
-use flowstate_nf::Direction;
+use crate::Direction;
+use flowstate_config::IpPrefix;
 use flowstate_wire::dissect::{Fragment, Network, Transport};
 use flowstate_wire::hash::Toeplitz;
 use flowstate_wire::{icmp, Dissection, FlowKey};
-use std::fmt;
-use std::net::IpAddr;
-use std::str::FromStr;
 
-/// An IPv4 or IPv6 prefix, `addr/len`: the data path's form of the configuration's
-/// [`flowstate_config::IpNet`] (a mask match).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct IpPrefix {
-    addr: IpAddr,
-    len: u8,
-}
-
-/// Why a prefix does not parse (what [`flowstate_config::parse_prefix`] says).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct PrefixError(pub String);
-
-impl IpPrefix {
-    /// `addr/len`, `len` clamped to the address family's width; host bits are cleared.
-    pub fn new(addr: IpAddr, len: u8) -> Self {
-        let len = len.min(if addr.is_ipv4() { 32 } else { 128 });
-        let addr = match addr {
-            IpAddr::V4(a) => IpAddr::V4((u32::from(a) & mask32(len)).into()),
-            IpAddr::V6(a) => IpAddr::V6((u128::from(a) & mask128(len)).into()),
-        };
-        IpPrefix { addr, len }
-    }
-
-    /// The network address.
-    pub fn addr(&self) -> IpAddr {
-        self.addr
-    }
-
-    /// The prefix length.
-    pub fn len(&self) -> u8 {
-        self.len
-    }
-
-    /// Whether this is the zero-length prefix (every address of its family).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Whether `ip` is in the prefix (an address of the other family never is).
-    #[inline]
-    pub fn contains(&self, ip: IpAddr) -> bool {
-        match (self.addr, ip) {
-            (IpAddr::V4(n), IpAddr::V4(a)) => u32::from(a) & mask32(self.len) == u32::from(n),
-            (IpAddr::V6(n), IpAddr::V6(a)) => u128::from(a) & mask128(self.len) == u128::from(n),
-            _ => false,
-        }
-    }
-}
-
-fn mask32(len: u8) -> u32 {
-    u32::MAX
-        .checked_shl(32 - u32::from(len.min(32)))
-        .unwrap_or(0)
-}
-
-fn mask128(len: u8) -> u128 {
-    u128::MAX
-        .checked_shl(128 - u32::from(len.min(128)))
-        .unwrap_or(0)
-}
-
-impl FromStr for IpPrefix {
-    type Err = PrefixError;
-
-    /// `10.0.0.0/8`, `fd00::/8`, or a bare address (a host prefix); host bits set are an
-    /// error ([`flowstate_config::parse_prefix`]).
-    fn from_str(s: &str) -> Result<Self, PrefixError> {
-        flowstate_config::parse_prefix(s)
-            .map(IpPrefix::from)
-            .map_err(PrefixError)
-    }
-}
-
-impl From<flowstate_config::IpNet> for IpPrefix {
-    fn from(n: flowstate_config::IpNet) -> Self {
-        IpPrefix::new(n.network(), n.prefix_len())
-    }
-}
-
-impl fmt::Display for IpPrefix {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.addr, self.len)
-    }
-}
+mod owners;
+pub use owners::Owners;
 
 /// Classifies packets by direction and steers them to workers.
 #[derive(Debug, Clone)]
@@ -114,7 +30,7 @@ pub struct Steering {
     inside: Vec<IpPrefix>,
     workers: u32,
     toeplitz: Toeplitz,
-    owners: crate::owners::Owners,
+    owners: Owners,
 }
 
 impl Steering {
@@ -124,12 +40,12 @@ impl Steering {
             inside,
             workers: u32::try_from(workers.max(1)).unwrap_or(u32::MAX),
             toeplitz: Toeplitz::symmetric(),
-            owners: crate::owners::Owners::default(),
+            owners: Owners::default(),
         }
     }
 
     /// The same, steering by state ownership first.
-    pub fn with_owners(mut self, owners: crate::owners::Owners) -> Self {
+    pub fn with_owners(mut self, owners: Owners) -> Self {
         self.owners = owners;
         self
     }

@@ -1,0 +1,1217 @@
+//! The neighbour side of a two-port IPv4 box: its ports' addressing, ARP, ICMP errors and
+//! routing between the ports, over [`flowstate_io::Port`]s. The live box
+//! (`flowstate_chain::live`) and a cluster's root (`flowstate_cluster::root`) both stand on it.
+//!
+//! The box is an IPv4 router with two ports and no kernel addresses:
+//! * It answers ARP requests for its own address on each port, so ordinary hosts use it as
+//!   their gateway, and it learns its neighbours' MAC addresses from the ARP and IPv4 frames
+//!   they send (last one wins).
+//! * IPv4 frames addressed to a port's MAC go through the chain; every other frame (other
+//!   hosts' unicast, IPv6, LLDP, broadcasts that are not ARP) is counted and dropped.
+//! * A forwarded packet leaves by the inside port when its (translated) destination is in the
+//!   `inside` prefixes, by the outside port otherwise, towards the port's gateway if it has one,
+//!   else towards the destination itself. Its Ethernet addresses are rewritten, its TTL is
+//!   decremented (RFC 1812 §5.3.1; the header checksum is updated incrementally, RFC 1624).
+//! * What the box cannot forward it answers as a router does, before the chain sees it (so
+//!   the error goes to the sender as it sent, untranslated): a packet whose TTL runs out gets
+//!   ICMP time exceeded (RFC 1812 §5.3.1), and a packet larger than the MTU of the port it
+//!   would leave by gets ICMP fragmentation needed with that MTU when it has DF set (RFC 1191
+//!   path MTU discovery; the box does not fragment, so a DF-less one is dropped). The error
+//!   comes from the box's address on the receiving port, quotes as much of the packet as fits
+//!   in 576 bytes (RFC 1812 §4.3.2.3), is never sent about an ICMP error, a later fragment
+//!   or a non-unicast source (RFC 1122 §3.2.2), and at most 1000 a second (RFC 1812
+//!   §4.3.2.8). The ports' MTUs are read from their interfaces at start. A destination whose MAC is not known yet is asked
+//!   for with an ARP request (at most once every 200 ms per address) and the packet dropped;
+//!   the sender's retransmission finds it.
+//!
+//! The neighbour table is written by the receiving side only and read by the sending side
+//! (another thread with several workers) through a per-entry sequence lock: no lock, no
+//! allocation after start.
+
+use flowstate_config::IpPrefix;
+use flowstate_fastpath::flowcache::XdpFlowCache;
+use flowstate_io::afxdp::XdpProgram;
+use flowstate_io::{PacketBatch, Port, Sink, Source};
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+mod port;
+pub use port::{Driver, FastPathConfig, LivePort};
+
+/// The inside port's number (in [`flowstate_io::PacketMeta::port`]).
+pub const INSIDE: u16 = 0;
+/// The outside port's number.
+pub const OUTSIDE: u16 = 1;
+
+const ETH_HLEN: usize = 14;
+const ETHERTYPE_IPV4: u16 = 0x0800;
+const ETHERTYPE_ARP: u16 = 0x0806;
+const BROADCAST: [u8; 6] = [0xff; 6];
+/// Neighbour entries per port (a power of two).
+const NEIGHBOURS: usize = 256;
+/// How often one address is asked for at most.
+const ASK_EVERY: Duration = Duration::from_millis(200);
+
+/// A port's addressing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortAddr {
+    /// The box's address on the port (answered in ARP; the source of its ARP requests).
+    pub address: Ipv4Addr,
+    /// Where packets leaving by this port go (`None`: the destination is on the link).
+    pub gateway: Option<Ipv4Addr>,
+    /// The largest IPv4 packet the port sends (its interface's MTU; see [`interface_mtu`]).
+    pub mtu: u16,
+}
+
+/// The MTU of network interface `name` (from sysfs), or 65535 (no limit the box enforces)
+/// when it cannot be read.
+pub fn interface_mtu(name: &str) -> u16 {
+    std::fs::read_to_string(format!("/sys/class/net/{name}/mtu"))
+        .ok()
+        .and_then(|m| m.trim().parse::<u32>().ok())
+        .map_or(u16::MAX, |m| m.min(u32::from(u16::MAX)) as u16)
+}
+
+/// Asks the box to stop: the source then reports the end of its input.
+#[derive(Debug, Clone, Default)]
+pub struct Stop(Arc<AtomicBool>);
+
+impl Stop {
+    /// A flag not raised yet.
+    pub fn new() -> Self {
+        Stop::default()
+    }
+
+    /// Raises the flag.
+    pub fn stop(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the flag is raised (or, once [`Stop::on_signals`] ran, SIGINT/SIGTERM came).
+    pub fn stopped(&self) -> bool {
+        self.0.load(Ordering::Relaxed) || SIGNALLED.load(Ordering::Relaxed)
+    }
+
+    /// Makes SIGINT and SIGTERM stop every box of the process (the first signal only: a second
+    /// one ends the process as usual).
+    pub fn on_signals() -> std::io::Result<()> {
+        extern "C" fn handler(_: libc::c_int) {
+            SIGNALLED.store(true, Ordering::SeqCst);
+        }
+        for sig in [libc::SIGINT, libc::SIGTERM] {
+            // SAFETY: installs an async-signal-safe handler (one atomic store); SA_RESETHAND
+            // restores the default so a second signal kills.
+            unsafe {
+                let mut sa: libc::sigaction = std::mem::zeroed();
+                sa.sa_sigaction = handler as extern "C" fn(libc::c_int) as usize;
+                sa.sa_flags = libc::SA_RESETHAND;
+                libc::sigemptyset(&mut sa.sa_mask);
+                if libc::sigaction(sig, &sa, std::ptr::null_mut()) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+static SIGNALLED: AtomicBool = AtomicBool::new(false);
+
+/// What the box did besides forwarding.
+#[derive(Debug, Default)]
+pub struct BoxStats {
+    /// ARP requests for a box address answered.
+    pub arp_answered: AtomicU64,
+    /// ARP requests the box sent for unknown neighbours.
+    pub arp_asked: AtomicU64,
+    /// Frames dropped on receive: not IPv4 or ARP, not addressed to the port, too short.
+    pub not_for_us: AtomicU64,
+    /// Forwarded packets dropped because the next hop's MAC was unknown.
+    pub unresolved: AtomicU64,
+    /// Packets dropped because their TTL ran out (answered with ICMP time exceeded).
+    pub ttl_expired: AtomicU64,
+    /// Packets dropped because they were larger than the MTU of the port they would leave
+    /// by (answered with ICMP fragmentation needed when they had DF set; the box does not
+    /// fragment).
+    pub too_big: AtomicU64,
+    /// ICMP errors the box sent (time exceeded, fragmentation needed), within its rate.
+    pub icmp_errors_sent: AtomicU64,
+    /// Frames the devices refused to send.
+    pub send_dropped: AtomicU64,
+    /// Packets the XDP fast path forwarded (read when the box stops).
+    pub fast_path_packets: AtomicU64,
+    /// Their bytes.
+    pub fast_path_bytes: AtomicU64,
+    /// Fast-path entries that could not be written (the flows stayed on the slow path).
+    pub fast_path_errors: AtomicU64,
+    /// IPv4 frames for the box received, per port (inside, outside); added once per batch.
+    pub rx_packets: [AtomicU64; 2],
+    /// Frames the devices took to send, per port (forwarded packets and the box's ARP
+    /// requests); added once per batch.
+    pub tx_packets: [AtomicU64; 2],
+}
+
+impl BoxStats {
+    /// `(name, value)` of every counter, for reports.
+    pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        vec![
+            ("arp_answered", l(&self.arp_answered)),
+            ("arp_asked", l(&self.arp_asked)),
+            ("not_for_us", l(&self.not_for_us)),
+            ("unresolved", l(&self.unresolved)),
+            ("ttl_expired", l(&self.ttl_expired)),
+            ("too_big", l(&self.too_big)),
+            ("icmp_errors_sent", l(&self.icmp_errors_sent)),
+            ("send_dropped", l(&self.send_dropped)),
+            ("fast_path_packets", l(&self.fast_path_packets)),
+            ("fast_path_bytes", l(&self.fast_path_bytes)),
+            ("fast_path_errors", l(&self.fast_path_errors)),
+            ("inside_rx_packets", l(&self.rx_packets[0])),
+            ("outside_rx_packets", l(&self.rx_packets[1])),
+            ("inside_tx_packets", l(&self.tx_packets[0])),
+            ("outside_tx_packets", l(&self.tx_packets[1])),
+        ]
+    }
+}
+
+#[derive(Default)]
+struct Slot {
+    seq: AtomicU32,
+    ip: AtomicU32,
+    /// MAC in the low 48 bits; bit 63 set when valid.
+    mac: AtomicU64,
+    /// When this address was last asked for (ms since the table's start), sender side.
+    asked: AtomicU64,
+}
+
+/// One port's neighbours: IPv4 address → MAC. One writer (the receiving thread).
+pub struct Neighbours {
+    slots: Box<[Slot]>,
+    start: Instant,
+}
+
+impl std::fmt::Debug for Neighbours {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Neighbours").finish_non_exhaustive()
+    }
+}
+
+impl Default for Neighbours {
+    fn default() -> Self {
+        Neighbours {
+            slots: (0..NEIGHBOURS).map(|_| Slot::default()).collect(),
+            start: Instant::now(),
+        }
+    }
+}
+
+const VALID: u64 = 1 << 63;
+
+fn mac_u64(m: [u8; 6]) -> u64 {
+    m.iter().fold(0u64, |a, &b| (a << 8) | u64::from(b)) | VALID
+}
+
+impl Neighbours {
+    #[inline]
+    fn slot(&self, ip: u32) -> &Slot {
+        &self.slots[(ip.wrapping_mul(0x9e37_79b1) >> 24) as usize % NEIGHBOURS]
+    }
+
+    /// Records that `ip` is at `mac` (the receiving thread only).
+    #[inline]
+    pub fn learn(&self, ip: Ipv4Addr, mac: [u8; 6]) {
+        let ip = u32::from(ip);
+        let m = mac_u64(mac);
+        let s = self.slot(ip);
+        if s.ip.load(Ordering::Relaxed) == ip && s.mac.load(Ordering::Relaxed) == m {
+            return;
+        }
+        let seq = s.seq.load(Ordering::Relaxed);
+        s.seq.store(seq.wrapping_add(1), Ordering::Relaxed);
+        fence(Ordering::Release);
+        s.ip.store(ip, Ordering::Relaxed);
+        s.mac.store(m, Ordering::Relaxed);
+        s.seq.store(seq.wrapping_add(2), Ordering::Release);
+    }
+
+    /// The MAC of `ip`, if known.
+    #[inline]
+    pub fn lookup(&self, ip: Ipv4Addr) -> Option<[u8; 6]> {
+        let ip = u32::from(ip);
+        let s = self.slot(ip);
+        for _ in 0..4 {
+            let a = s.seq.load(Ordering::Acquire);
+            if a & 1 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let got_ip = s.ip.load(Ordering::Relaxed);
+            let m = s.mac.load(Ordering::Relaxed);
+            fence(Ordering::Acquire);
+            if s.seq.load(Ordering::Relaxed) != a {
+                continue;
+            }
+            if got_ip != ip || m & VALID == 0 {
+                return None;
+            }
+            let b = m.to_be_bytes();
+            return Some([b[2], b[3], b[4], b[5], b[6], b[7]]);
+        }
+        None
+    }
+
+    /// Whether to send an ARP request for `ip` now (the sending thread only): not more than
+    /// once per [`ASK_EVERY`] for an address (or for addresses sharing its entry).
+    fn should_ask(&self, ip: Ipv4Addr) -> bool {
+        let s = self.slot(u32::from(ip));
+        let now = self.start.elapsed().as_millis() as u64 + ASK_EVERY.as_millis() as u64;
+        let last = s.asked.load(Ordering::Relaxed);
+        if now.saturating_sub(last) < ASK_EVERY.as_millis() as u64 {
+            return false;
+        }
+        s.asked.store(now, Ordering::Relaxed);
+        true
+    }
+}
+
+/// What the source and the sink share.
+#[derive(Debug, Default)]
+pub struct Shared {
+    /// Per port.
+    pub neighbours: [Neighbours; 2],
+    /// Counters.
+    pub stats: BoxStats,
+}
+
+#[inline]
+fn be16(b: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_be_bytes([*b.get(at)?, *b.get(at + 1)?]))
+}
+
+#[inline]
+fn ip4(b: &[u8], at: usize) -> Option<Ipv4Addr> {
+    let s = b.get(at..at + 4)?;
+    Some(Ipv4Addr::new(s[0], s[1], s[2], s[3]))
+}
+
+#[inline]
+fn mac(b: &[u8], at: usize) -> Option<[u8; 6]> {
+    let s = b.get(at..at + 6)?;
+    Some([s[0], s[1], s[2], s[3], s[4], s[5]])
+}
+
+/// Writes an ARP packet in an Ethernet frame into `buf`; returns its length (42), or 0 when
+/// `buf` is too small.
+fn write_arp(
+    buf: &mut [u8],
+    op: u16,
+    eth_dst: [u8; 6],
+    sha: [u8; 6],
+    spa: Ipv4Addr,
+    tha: [u8; 6],
+    tpa: Ipv4Addr,
+) -> usize {
+    const LEN: usize = ETH_HLEN + 28;
+    let Some(b) = buf.get_mut(..LEN) else {
+        return 0;
+    };
+    b[0..6].copy_from_slice(&eth_dst);
+    b[6..12].copy_from_slice(&sha);
+    b[12..14].copy_from_slice(&ETHERTYPE_ARP.to_be_bytes());
+    b[14..16].copy_from_slice(&1u16.to_be_bytes()); // Ethernet
+    b[16..18].copy_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
+    b[18] = 6;
+    b[19] = 4;
+    b[20..22].copy_from_slice(&op.to_be_bytes());
+    b[22..28].copy_from_slice(&sha);
+    b[28..32].copy_from_slice(&spa.octets());
+    b[32..38].copy_from_slice(&tha);
+    b[38..42].copy_from_slice(&tpa.octets());
+    LEN
+}
+
+/// Why the box cannot forward a packet it received, and answers with an ICMP error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Undeliverable {
+    /// Its TTL ran out (RFC 1812 §5.3.1): ICMP time exceeded in transit.
+    TtlExpired,
+    /// Larger than `mtu`, the next port's: ICMP fragmentation needed (RFC 1191) when `df`.
+    TooBig { mtu: u16, df: bool },
+}
+
+impl Undeliverable {
+    /// Whether the sender gets an ICMP error: not for a DF-less packet too big (the box does
+    /// not fragment; nothing would help the sender).
+    fn answered(self) -> bool {
+        !matches!(self, Undeliverable::TooBig { df: false, .. })
+    }
+}
+
+/// Whether IPv4 `frame` (received for forwarding) cannot be forwarded: its TTL is 1 or 0
+/// (the box decrements it), or it is larger than `next_mtu`.
+#[inline]
+fn undeliverable(frame: &[u8], next_mtu: u16) -> Option<Undeliverable> {
+    let ip = frame.get(ETH_HLEN..ETH_HLEN + 20)?;
+    if ip[8] <= 1 {
+        return Some(Undeliverable::TtlExpired);
+    }
+    let len = u16::from_be_bytes([ip[2], ip[3]]);
+    (len > next_mtu).then_some(Undeliverable::TooBig {
+        mtu: next_mtu,
+        df: ip[6] & 0x40 != 0,
+    })
+}
+
+/// The largest ICMP error frame the box writes: Ethernet, then at most 576 bytes of IPv4
+/// (RFC 1812 §4.3.2.3).
+const ICMP_ERROR_MAX: usize = ETH_HLEN + 576;
+
+/// Whether IPv4 `frame` may be answered with an ICMP error (RFC 1122 §3.2.2, RFC 1812
+/// §4.3.2.7): not an ICMP error itself, not a later fragment, from a unicast source, with a
+/// header that parses.
+fn answerable(frame: &[u8]) -> bool {
+    let Some(ip) = frame.get(ETH_HLEN..ETH_HLEN + 20) else {
+        return false;
+    };
+    let hl = usize::from(ip[0] & 0x0f) * 4;
+    let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+    let src = Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]);
+    let later_fragment = u16::from_be_bytes([ip[6], ip[7]]) & 0x1fff != 0;
+    let icmp_error = ip[9] == 1
+        && frame
+            .get(ETH_HLEN + hl)
+            .is_some_and(|&t| matches!(t, 3 | 4 | 5 | 11 | 12));
+    ip[0] >> 4 == 4
+        && hl >= 20
+        && total >= hl
+        && frame.len() >= ETH_HLEN + hl
+        && !later_fragment
+        && !icmp_error
+        && !(src.is_broadcast() || src.is_multicast() || src.is_unspecified() || src.is_loopback())
+}
+
+/// Writes into `buf` the ICMP error answering IPv4 `frame`, which [`answerable`] accepted
+/// (received from the port with `my_mac` and `my_ip`): from `my_ip` to the frame's source,
+/// quoting as much of the packet as fits in 576 bytes (RFC 1812 §4.3.2.3). Returns its length
+/// (0 when `buf` is too small).
+fn write_icmp_error(
+    buf: &mut [u8],
+    frame: &[u8],
+    my_mac: [u8; 6],
+    my_ip: Ipv4Addr,
+    why: Undeliverable,
+) -> usize {
+    let (Some(ip), Some(src_mac)) = (frame.get(ETH_HLEN..), mac(frame, 6)) else {
+        return 0;
+    };
+    if ip.len() < 20 {
+        return 0;
+    }
+    let total = usize::from(u16::from_be_bytes([ip[2], ip[3]])).min(ip.len());
+    let src = Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]);
+    let quote = total.min(576 - 20 - 8);
+    let len = ETH_HLEN + 20 + 8 + quote;
+    let Some(b) = buf.get_mut(..len) else {
+        return 0;
+    };
+    b[0..6].copy_from_slice(&src_mac);
+    b[6..12].copy_from_slice(&my_mac);
+    b[12..14].copy_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
+    let (hdr, rest) = b[ETH_HLEN..].split_at_mut(20);
+    hdr.copy_from_slice(&[
+        0x45, 0xc0, 0, 0, 0, 0, 0, 0, 64, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    ]);
+    hdr[2..4].copy_from_slice(&((20 + 8 + quote) as u16).to_be_bytes());
+    hdr[12..16].copy_from_slice(&my_ip.octets());
+    hdr[16..20].copy_from_slice(&src.octets());
+    let c = flowstate_wire::checksum::checksum(hdr);
+    hdr[10..12].copy_from_slice(&c.to_be_bytes());
+    let (kind, code, mtu) = match why {
+        Undeliverable::TtlExpired => (11, 0, 0),
+        Undeliverable::TooBig { mtu, .. } => (3, 4, mtu),
+    };
+    rest[..8].copy_from_slice(&[kind, code, 0, 0, 0, 0, 0, 0]);
+    rest[6..8].copy_from_slice(&mtu.to_be_bytes());
+    rest[8..8 + quote].copy_from_slice(&ip[..quote]);
+    let c = flowstate_wire::checksum::checksum(&rest[..8 + quote]);
+    rest[2..4].copy_from_slice(&c.to_be_bytes());
+    len
+}
+
+/// A token bucket for the box's ICMP errors: [`ICMP_ERRORS_PER_S`] a second, as bursts.
+#[derive(Debug)]
+struct IcmpBudget {
+    left: u32,
+    since: Instant,
+}
+
+/// ICMP errors the box sends a second at most (RFC 1812 §4.3.2.8: routers SHOULD limit them).
+const ICMP_ERRORS_PER_S: u32 = 1000;
+
+impl Default for IcmpBudget {
+    fn default() -> Self {
+        IcmpBudget {
+            left: ICMP_ERRORS_PER_S,
+            since: Instant::now(),
+        }
+    }
+}
+
+impl IcmpBudget {
+    /// Takes one token if there is one (the clock is read only here: errors are rare).
+    fn take(&mut self) -> bool {
+        if self.left == 0 && self.since.elapsed() >= Duration::from_secs(1) {
+            *self = IcmpBudget::default();
+        }
+        if self.left == 0 {
+            return false;
+        }
+        self.left -= 1;
+        true
+    }
+}
+
+/// The receiving side of the box: a [`Source`] over the two ports.
+pub struct LiveSource<P: Port> {
+    ports: [P; 2],
+    addrs: [PortAddr; 2],
+    macs: [[u8; 6]; 2],
+    shared: Arc<Shared>,
+    stop: Stop,
+    /// ARP replies and ICMP errors waiting to be sent, per port.
+    arp_out: [PacketBatch; 2],
+    /// ICMP errors the box may still send in the current second (RFC 1812 §4.3.2.8).
+    icmp_budget: IcmpBudget,
+    /// How long one wait for packets lasts before the stop flag is looked at again.
+    pub poll: Duration,
+    /// The last `recv` found nothing within [`IDLE_TICK`] (and the box is not stopping).
+    idle: bool,
+}
+
+impl<P: Port> std::fmt::Debug for LiveSource<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LiveSource")
+            .field("addrs", &self.addrs)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<P: Port> LiveSource<P> {
+    /// The source over `ports` (inside, outside) with their addressing.
+    pub fn new(ports: [P; 2], addrs: [PortAddr; 2], shared: Arc<Shared>, stop: Stop) -> Self {
+        let macs = [ports[0].mac(), ports[1].mac()];
+        LiveSource {
+            ports,
+            addrs,
+            macs,
+            shared,
+            stop,
+            arp_out: [
+                PacketBatch::new(16, ICMP_ERROR_MAX),
+                PacketBatch::new(16, ICMP_ERROR_MAX),
+            ],
+            icmp_budget: IcmpBudget::default(),
+            poll: Duration::from_millis(50),
+            idle: false,
+        }
+    }
+
+    fn receive(&mut self, batch: &mut PacketBatch) -> flowstate_io::Result<()> {
+        for p in 0..2 {
+            let my_mac = self.macs[p];
+            let my_ip = self.addrs[p].address;
+            let neigh = &self.shared.neighbours[p];
+            let stats = &self.shared.stats;
+            let arp_out = &mut self.arp_out[p];
+            let budget = &mut self.icmp_budget;
+            // Packets forwarded from this port leave by the other one (a hairpinned one by
+            // this one, whose MTU the box then does not check).
+            let next_mtu = self.addrs[1 - p].mtu;
+            let mut keep = |f: &[u8]| -> bool {
+                let (Some(dst), Some(src), Some(et)) = (mac(f, 0), mac(f, 6), be16(f, 12)) else {
+                    stats.not_for_us.fetch_add(1, Ordering::Relaxed);
+                    return false;
+                };
+                match et {
+                    ETHERTYPE_IPV4 if dst == my_mac => {
+                        if let Some(s) = ip4(f, ETH_HLEN + 12) {
+                            neigh.learn(s, src);
+                            let Some(error) = undeliverable(f, next_mtu) else {
+                                return true;
+                            };
+                            match error {
+                                Undeliverable::TtlExpired => &stats.ttl_expired,
+                                Undeliverable::TooBig { .. } => &stats.too_big,
+                            }
+                            .fetch_add(1, Ordering::Relaxed);
+                            if error.answered()
+                                && answerable(f)
+                                && !arp_out.is_full()
+                                && budget.take()
+                            {
+                                let sent = arp_out.push_with(|buf, _| {
+                                    write_icmp_error(buf, f, my_mac, my_ip, error)
+                                });
+                                if sent {
+                                    stats.icmp_errors_sent.fetch_add(1, Ordering::Relaxed);
+                                }
+                            }
+                            return false;
+                        }
+                    }
+                    ETHERTYPE_ARP if dst == my_mac || dst == BROADCAST => {
+                        if let (Some(op), Some(sha), Some(spa), Some(tpa)) = (
+                            be16(f, ETH_HLEN + 6),
+                            mac(f, ETH_HLEN + 8),
+                            ip4(f, ETH_HLEN + 14),
+                            ip4(f, ETH_HLEN + 24),
+                        ) {
+                            if !spa.is_unspecified() {
+                                neigh.learn(spa, sha);
+                            }
+                            if op == 1 && tpa == my_ip {
+                                let pushed = arp_out.push_with(|buf, _| {
+                                    write_arp(buf, 2, sha, my_mac, my_ip, sha, spa)
+                                });
+                                if pushed {
+                                    stats.arp_answered.fetch_add(1, Ordering::Relaxed);
+                                }
+                            }
+                        }
+                        return false;
+                    }
+                    _ => {}
+                }
+                stats.not_for_us.fetch_add(1, Ordering::Relaxed);
+                false
+            };
+            let got = self.ports[p].recv_ready(batch, p as u16, &mut keep)?;
+            if got > 0 {
+                self.shared.stats.rx_packets[p].fetch_add(got as u64, Ordering::Relaxed);
+            }
+            if !self.arp_out[p].is_empty() {
+                let (ports, arp_out) = (&mut self.ports, &mut self.arp_out);
+                {
+                    let mut frames = arp_out[p].iter().map(|(d, _)| d);
+                    ports[p].send(&mut frames)?;
+                }
+                arp_out[p].clear();
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<P: Port> LiveSource<P> {
+    /// Appends the IPv4 frames for the box that are ready now (answering ARP on the way),
+    /// without blocking: for a caller that waits on [`LiveSource::fds`] with descriptors of
+    /// its own (the cluster's root).
+    pub fn recv_ready(&mut self, batch: &mut PacketBatch) -> flowstate_io::Result<usize> {
+        let before = batch.len();
+        self.receive(batch)?;
+        Ok(batch.len() - before)
+    }
+
+    /// The ports' addressing (inside, outside).
+    pub fn addrs(&self) -> &[PortAddr; 2] {
+        &self.addrs
+    }
+
+    /// The ports' descriptors that poll readable when frames may be ready.
+    pub fn fds(&self) -> impl Iterator<Item = std::os::fd::RawFd> + '_ {
+        self.ports.iter().filter_map(|p| p.raw_fd())
+    }
+}
+
+impl<P: Port> LiveSource<P> {
+    /// What is ready within `within` (up to a batch): 0 when nothing came by then, or the
+    /// box is stopped.
+    pub fn recv_within(
+        &mut self,
+        batch: &mut PacketBatch,
+        within: Duration,
+    ) -> flowstate_io::Result<usize> {
+        let deadline = Instant::now() + within;
+        self.recv_until(batch, Some(deadline))
+    }
+
+    fn recv_until(
+        &mut self,
+        batch: &mut PacketBatch,
+        deadline: Option<Instant>,
+    ) -> flowstate_io::Result<usize> {
+        batch.clear();
+        loop {
+            if self.stop.stopped() || deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(0);
+            }
+            self.receive(batch)?;
+            if !batch.is_empty() {
+                return Ok(batch.len());
+            }
+            let mut raw = [0; 2];
+            let mut n = 0;
+            for p in &self.ports {
+                if let Some(fd) = p.raw_fd() {
+                    raw[n] = fd;
+                    n += 1;
+                }
+            }
+            let wait = deadline.map_or(self.poll, |d| {
+                self.poll.min(d.saturating_duration_since(Instant::now()))
+            });
+            if n == 0 {
+                std::thread::sleep(wait.min(Duration::from_millis(1)));
+            } else {
+                flowstate_io::afpacket::wait_readable(&raw[..n], wait)?;
+            }
+        }
+    }
+}
+
+impl<P: Port> Source for LiveSource<P> {
+    /// What is ready (up to a batch) within [`IDLE_TICK`]; 0 when nothing came by then (the
+    /// box is idle: [`Source::idle_now`] says so) or the box is stopped (the end).
+    fn recv(&mut self, batch: &mut PacketBatch) -> flowstate_io::Result<usize> {
+        let n = self.recv_within(batch, IDLE_TICK)?;
+        self.idle = n == 0 && !self.stop.stopped();
+        Ok(n)
+    }
+
+    fn idle_now(&mut self) -> Option<u64> {
+        std::mem::take(&mut self.idle).then(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+        })
+    }
+}
+
+/// The sending side of the box: a [`Sink`] over the two ports.
+pub struct LiveSink<P: Port> {
+    ports: [P; 2],
+    addrs: [PortAddr; 2],
+    macs: [[u8; 6]; 2],
+    inside: Vec<IpPrefix>,
+    shared: Arc<Shared>,
+    out: [PacketBatch; 2],
+}
+
+impl<P: Port> std::fmt::Debug for LiveSink<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LiveSink")
+            .field("addrs", &self.addrs)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<P: Port> LiveSink<P> {
+    /// The sink over `ports` (inside, outside); `inside` decides the egress port;
+    /// `batch`/`max_frame` size its buffers.
+    pub fn new(
+        ports: [P; 2],
+        addrs: [PortAddr; 2],
+        inside: Vec<IpPrefix>,
+        shared: Arc<Shared>,
+        batch: usize,
+        max_frame: usize,
+    ) -> Self {
+        let macs = [ports[0].mac(), ports[1].mac()];
+        LiveSink {
+            ports,
+            addrs,
+            macs,
+            inside,
+            shared,
+            out: [
+                PacketBatch::new(batch.max(1), max_frame),
+                PacketBatch::new(batch.max(1), max_frame),
+            ],
+        }
+    }
+
+    fn drain(&mut self, p: usize) -> flowstate_io::Result<()> {
+        if self.out[p].is_empty() {
+            return Ok(());
+        }
+        let n = self.out[p].len();
+        let sent = {
+            let mut frames = self.out[p].iter().map(|(d, _)| d);
+            self.ports[p].send(&mut frames)?
+        };
+        self.shared.stats.tx_packets[p].fetch_add(sent as u64, Ordering::Relaxed);
+        if sent < n {
+            self.shared
+                .stats
+                .send_dropped
+                .fetch_add((n - sent) as u64, Ordering::Relaxed);
+        }
+        self.out[p].clear();
+        Ok(())
+    }
+
+    /// Routes `frame` into its port's out batch (sent by [`LiveSink::flush`] or when the batch
+    /// fills): returns that port and the frame as it will leave (next hop's MAC, TTL − 1), or
+    /// `None` when it was dropped (counted).
+    pub fn forward(&mut self, frame: &[u8]) -> flowstate_io::Result<Option<(usize, &[u8])>> {
+        let Some(p) = self.route(frame)? else {
+            return Ok(None);
+        };
+        let out = &self.out[p];
+        Ok(out
+            .len()
+            .checked_sub(1)
+            .and_then(|last| out.get(last))
+            .map(|(f, _)| (p, f)))
+    }
+
+    /// What the sink shares with its source.
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Sends what is queued on both ports.
+    pub fn flush(&mut self) -> flowstate_io::Result<()> {
+        self.drain(0)?;
+        self.drain(1)
+    }
+
+    /// Routes one frame into its port's out batch; returns that port, or `None` when the frame
+    /// was dropped.
+    fn route(&mut self, frame: &[u8]) -> flowstate_io::Result<Option<usize>> {
+        let stats = &self.shared.stats;
+        let (Some(ETHERTYPE_IPV4), Some(dst), Some(ttl)) = (
+            be16(frame, 12),
+            ip4(frame, ETH_HLEN + 16),
+            frame.get(ETH_HLEN + 8).copied(),
+        ) else {
+            stats.not_for_us.fetch_add(1, Ordering::Relaxed);
+            return Ok(None);
+        };
+        if ttl <= 1 {
+            stats.ttl_expired.fetch_add(1, Ordering::Relaxed);
+            return Ok(None);
+        }
+        let p = if self.inside.iter().any(|i| i.contains(IpAddr::V4(dst))) {
+            usize::from(INSIDE)
+        } else {
+            usize::from(OUTSIDE)
+        };
+        let hop = self.addrs[p].gateway.unwrap_or(dst);
+        let Some(hop_mac) = self.shared.neighbours[p].lookup(hop) else {
+            stats.unresolved.fetch_add(1, Ordering::Relaxed);
+            if self.shared.neighbours[p].should_ask(hop) {
+                if self.out[p].is_full() {
+                    self.drain(p)?;
+                }
+                let (m, a) = (self.macs[p], self.addrs[p].address);
+                if self.out[p].push_with(|buf, _| write_arp(buf, 1, BROADCAST, m, a, [0; 6], hop)) {
+                    self.shared.stats.arp_asked.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            return Ok(None);
+        };
+        if self.out[p].is_full() {
+            self.drain(p)?;
+        }
+        let my_mac = self.macs[p];
+        self.out[p].push_with(|buf, _| {
+            let n = frame.len().min(buf.len());
+            buf[..n].copy_from_slice(&frame[..n]);
+            if n < ETH_HLEN + 20 {
+                return n;
+            }
+            buf[0..6].copy_from_slice(&hop_mac);
+            buf[6..12].copy_from_slice(&my_mac);
+            // TTL - 1, checksum updated (RFC 1624 eqn. 3: HC' = ~(~HC + ~m + m')).
+            let t = ETH_HLEN + 8;
+            let old = u16::from_be_bytes([buf[t], buf[t + 1]]);
+            buf[t] -= 1;
+            let new = u16::from_be_bytes([buf[t], buf[t + 1]]);
+            let c = ETH_HLEN + 10;
+            let hc = u16::from_be_bytes([buf[c], buf[c + 1]]);
+            let hc = flowstate_wire::checksum::update_u16(hc, old, new);
+            buf[c..c + 2].copy_from_slice(&hc.to_be_bytes());
+            n
+        });
+        Ok(Some(p))
+    }
+}
+
+/// How long a live box waits for packets before it lets the NFs' timers run anyway
+/// ([`Source::idle_now`]).
+pub const IDLE_TICK: Duration = Duration::from_millis(100);
+
+impl<P: Port> Sink for LiveSink<P> {
+    fn send(&mut self, batch: &PacketBatch) -> flowstate_io::Result<()> {
+        for (frame, _) in batch.iter() {
+            self.route(frame)?;
+        }
+        self.flush()
+    }
+}
+
+/// A fast path and its program on each port (inside, outside).
+pub type LoadedFastPath = (Arc<XdpFlowCache>, [Arc<XdpProgram>; 2]);
+
+/// The fast path configured on `inside` (`[input] fast_path`), attached to both ports, unless
+/// `why_not` says why it cannot be used (logged). When it cannot be had (no BPF, another
+/// XDP program on a port, a build without XDP programs), a fast path asked for with
+/// `fast_path = true` is an error; the default one is a warning and the caller runs without.
+pub fn attach_fast_path(
+    inside: &LivePort,
+    outside: &LivePort,
+    why_not: Option<&str>,
+) -> Result<Option<LoadedFastPath>, flowstate_io::Error> {
+    let Some(c) = inside.fast_path else {
+        return Ok(None);
+    };
+    if let Some(why) = why_not {
+        tracing::info!("XDP fast path off: {why}");
+        return Ok(None);
+    }
+    let load = || -> Result<_, flowstate_io::Error> {
+        let f = Arc::new(XdpFlowCache::new(c.capacity, c.refresh)?);
+        let programs = [
+            f.attach(&inside.interface, 1)?,
+            f.attach(&outside.interface, 1)?,
+        ];
+        Ok((f, programs))
+    };
+    match load() {
+        Ok(loaded) => {
+            tracing::info!(refresh = ?c.refresh, capacity = c.capacity, "XDP fast path on");
+            Ok(Some(loaded))
+        }
+        Err(e) if !c.required => {
+            tracing::warn!(error = %e, "XDP fast path off: it could not be loaded or attached");
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::VecDeque;
+    use std::sync::Mutex;
+
+    /// A port fed from a queue; what it sends is recorded.
+    struct FakePort {
+        mac: [u8; 6],
+        rx: VecDeque<Vec<u8>>,
+        tx: Arc<Mutex<Vec<Vec<u8>>>>,
+    }
+
+    impl Port for FakePort {
+        fn mac(&self) -> [u8; 6] {
+            self.mac
+        }
+        fn recv_ready(
+            &mut self,
+            batch: &mut PacketBatch,
+            port: u16,
+            keep: &mut dyn FnMut(&[u8]) -> bool,
+        ) -> flowstate_io::Result<usize> {
+            let mut n = 0;
+            while !batch.is_full() {
+                let Some(f) = self.rx.pop_front() else { break };
+                if keep(&f) {
+                    batch.push(
+                        &f,
+                        flowstate_io::PacketMeta {
+                            port,
+                            ..Default::default()
+                        },
+                    );
+                    n += 1;
+                }
+            }
+            Ok(n)
+        }
+        fn send(&mut self, frames: &mut dyn Iterator<Item = &[u8]>) -> flowstate_io::Result<usize> {
+            let mut t = self.tx.lock().unwrap();
+            let mut n = 0;
+            for f in frames {
+                t.push(f.to_vec());
+                n += 1;
+            }
+            Ok(n)
+        }
+        fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
+            None
+        }
+    }
+
+    const BOX_IN: [u8; 6] = [2, 0, 0, 0, 0, 1];
+    const BOX_OUT: [u8; 6] = [2, 0, 0, 0, 0, 2];
+    const CLIENT: [u8; 6] = [2, 0, 0, 0, 0, 0xc];
+    const SERVER: [u8; 6] = [2, 0, 0, 0, 0, 0x5];
+
+    fn addrs() -> [PortAddr; 2] {
+        [
+            PortAddr {
+                address: "10.0.0.1".parse().unwrap(),
+                gateway: None,
+                mtu: 1500,
+            },
+            PortAddr {
+                address: "198.51.100.1".parse().unwrap(),
+                gateway: None,
+                mtu: 1500,
+            },
+        ]
+    }
+
+    fn arp_request(sha: [u8; 6], spa: &str, tpa: &str) -> Vec<u8> {
+        let mut b = vec![0; 60];
+        let n = write_arp(
+            &mut b,
+            1,
+            BROADCAST,
+            sha,
+            spa.parse().unwrap(),
+            [0; 6],
+            tpa.parse().unwrap(),
+        );
+        b.truncate(n.max(60));
+        b
+    }
+
+    fn ipv4(dst_mac: [u8; 6], src_mac: [u8; 6], src: &str, dst: &str, ttl: u8) -> Vec<u8> {
+        let mut f = vec![0u8; ETH_HLEN + 28];
+        f[0..6].copy_from_slice(&dst_mac);
+        f[6..12].copy_from_slice(&src_mac);
+        f[12..14].copy_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
+        let ip = &mut f[ETH_HLEN..];
+        ip[0] = 0x45;
+        ip[2..4].copy_from_slice(&28u16.to_be_bytes());
+        ip[8] = ttl;
+        ip[9] = 17;
+        ip[12..16].copy_from_slice(&src.parse::<Ipv4Addr>().unwrap().octets());
+        ip[16..20].copy_from_slice(&dst.parse::<Ipv4Addr>().unwrap().octets());
+        let c = flowstate_wire::checksum::checksum(&ip[..20]);
+        ip[10..12].copy_from_slice(&c.to_be_bytes());
+        f
+    }
+
+    type Sent = Arc<Mutex<Vec<Vec<u8>>>>;
+
+    fn ports(rx_in: Vec<Vec<u8>>, rx_out: Vec<Vec<u8>>) -> ([FakePort; 2], [Sent; 2]) {
+        let t = [Arc::default(), Arc::default()];
+        (
+            [
+                FakePort {
+                    mac: BOX_IN,
+                    rx: rx_in.into(),
+                    tx: Arc::clone(&t[0]),
+                },
+                FakePort {
+                    mac: BOX_OUT,
+                    rx: rx_out.into(),
+                    tx: Arc::clone(&t[1]),
+                },
+            ],
+            t,
+        )
+    }
+
+    #[test]
+    fn answers_arp_for_its_addresses_only_and_learns_neighbours() {
+        let (p, tx) = ports(
+            vec![
+                arp_request(CLIENT, "10.0.0.2", "10.0.0.1"),
+                arp_request(CLIENT, "10.0.0.2", "10.0.0.77"),
+            ],
+            vec![ipv4(BOX_OUT, SERVER, "198.51.100.2", "198.51.100.1", 64)],
+        );
+        let shared = Arc::new(Shared::default());
+        let stop = Stop::new();
+        let mut src = LiveSource::new(p, addrs(), Arc::clone(&shared), stop.clone());
+        let mut b = PacketBatch::new(32, 2048);
+        assert_eq!(src.recv(&mut b).unwrap(), 1, "the IPv4 frame goes on");
+        assert_eq!(b.get(0).unwrap().1.port, OUTSIDE);
+        let replies = tx[0].lock().unwrap().clone();
+        assert_eq!(replies.len(), 1, "one request was for the box");
+        let r = &replies[0];
+        assert_eq!(&r[0..6], &CLIENT);
+        assert_eq!(be16(r, ETH_HLEN + 6), Some(2));
+        assert_eq!(mac(r, ETH_HLEN + 8), Some(BOX_IN));
+        assert_eq!(ip4(r, ETH_HLEN + 14), Some("10.0.0.1".parse().unwrap()));
+        assert_eq!(ip4(r, ETH_HLEN + 24), Some("10.0.0.2".parse().unwrap()));
+        assert_eq!(
+            shared.neighbours[0].lookup("10.0.0.2".parse().unwrap()),
+            Some(CLIENT)
+        );
+        assert_eq!(
+            shared.neighbours[1].lookup("198.51.100.2".parse().unwrap()),
+            Some(SERVER)
+        );
+        assert_eq!(
+            shared.neighbours[1].lookup("10.0.0.2".parse().unwrap()),
+            None
+        );
+        stop.stop();
+        assert_eq!(src.recv(&mut b).unwrap(), 0, "stopped: end of input");
+    }
+
+    /// The box answers what it cannot forward (RFC 1812 §5.3.1, RFC 1191): time exceeded for
+    /// a TTL of 1, fragmentation needed (with the next port's MTU) for a DF packet too big,
+    /// from its own address on the receiving port, quoting the packet; never an ICMP error
+    /// about an ICMP error, and nothing for a DF-less packet too big (dropped, counted).
+    #[test]
+    fn answers_expired_and_too_big_packets_with_icmp_errors() {
+        let big = |df: bool| {
+            let mut f = ipv4(BOX_IN, CLIENT, "10.0.0.2", "198.51.100.2", 64);
+            f.resize(ETH_HLEN + 1400, 0xab);
+            let ip = &mut f[ETH_HLEN..];
+            ip[2..4].copy_from_slice(&1400u16.to_be_bytes());
+            ip[6] = if df { 0x40 } else { 0 };
+            ip[10..12].copy_from_slice(&[0, 0]);
+            let c = flowstate_wire::checksum::checksum(&ip[..20]);
+            ip[10..12].copy_from_slice(&c.to_be_bytes());
+            f
+        };
+        let expired = ipv4(BOX_IN, CLIENT, "10.0.0.2", "198.51.100.2", 1);
+        let mut icmp_error = ipv4(BOX_IN, CLIENT, "10.0.0.2", "198.51.100.2", 1);
+        icmp_error[ETH_HLEN + 9] = 1; // ICMP ...
+        icmp_error[ETH_HLEN + 20] = 3; // ... destination unreachable
+        let fine = ipv4(BOX_IN, CLIENT, "10.0.0.2", "198.51.100.2", 64);
+        let (p, tx) = ports(
+            vec![expired.clone(), big(true), big(false), icmp_error, fine],
+            vec![],
+        );
+        let shared = Arc::new(Shared::default());
+        let mut a = addrs();
+        a[1].mtu = 1280;
+        let mut src = LiveSource::new(p, a, Arc::clone(&shared), Stop::new());
+        let mut b = PacketBatch::new(32, 2048);
+        assert_eq!(src.recv(&mut b).unwrap(), 1, "only the last one goes on");
+        let stats = &shared.stats;
+        assert_eq!(stats.ttl_expired.load(Ordering::Relaxed), 2);
+        assert_eq!(stats.too_big.load(Ordering::Relaxed), 2);
+        assert_eq!(stats.icmp_errors_sent.load(Ordering::Relaxed), 2);
+        let sent = tx[0].lock().unwrap().clone();
+        assert_eq!(sent.len(), 2, "two errors, back out of the inside port");
+        for (e, (kind, code, quoted)) in sent.iter().zip([(11, 0, &expired), (3, 4, &big(true))]) {
+            assert_eq!((&e[0..6], &e[6..12]), (&CLIENT[..], &BOX_IN[..]));
+            let ip = &e[ETH_HLEN..];
+            assert_eq!(
+                flowstate_wire::checksum::checksum(&ip[..20]),
+                0,
+                "IPv4 checksum"
+            );
+            assert_eq!(ip4(e, ETH_HLEN + 12), Some("10.0.0.1".parse().unwrap()));
+            assert_eq!(ip4(e, ETH_HLEN + 16), Some("10.0.0.2".parse().unwrap()));
+            assert_eq!(usize::from(u16::from_be_bytes([ip[2], ip[3]])), ip.len());
+            let icmp = &ip[20..];
+            assert_eq!(flowstate_wire::checksum::checksum(icmp), 0, "ICMP checksum");
+            assert_eq!((icmp[0], icmp[1]), (kind, code));
+            let q = &quoted[ETH_HLEN..];
+            let n = q.len().min(548);
+            assert_eq!(&icmp[8..], &q[..n], "the packet, up to 576 bytes in all");
+            if kind == 3 {
+                assert_eq!(u16::from_be_bytes([icmp[6], icmp[7]]), 1280, "next-hop MTU");
+            }
+        }
+    }
+
+    #[test]
+    fn drops_frames_not_for_the_box() {
+        let (p, _tx) = ports(
+            vec![
+                ipv4(SERVER, CLIENT, "10.0.0.2", "198.51.100.2", 64), // another host's MAC
+                vec![1, 2, 3],                                        // runt
+                {
+                    let mut f = ipv4(BOX_IN, CLIENT, "10.0.0.2", "198.51.100.2", 64);
+                    f[12..14].copy_from_slice(&0x86ddu16.to_be_bytes()); // IPv6
+                    f
+                },
+                ipv4(BOX_IN, CLIENT, "10.0.0.2", "198.51.100.2", 64),
+            ],
+            vec![],
+        );
+        let shared = Arc::new(Shared::default());
+        let mut src = LiveSource::new(p, addrs(), Arc::clone(&shared), Stop::new());
+        let mut b = PacketBatch::new(32, 2048);
+        assert_eq!(src.recv(&mut b).unwrap(), 1);
+        assert_eq!(shared.stats.not_for_us.load(Ordering::Relaxed), 3);
+    }
+
+    #[test]
+    fn routes_rewrites_and_asks_for_unknown_neighbours() {
+        let (p, tx) = ports(vec![], vec![]);
+        let shared = Arc::new(Shared::default());
+        let mut sink = LiveSink::new(
+            p,
+            addrs(),
+            vec!["10.0.0.0/24".parse().unwrap()],
+            Arc::clone(&shared),
+            32,
+            2048,
+        );
+        let mut b = PacketBatch::new(8, 2048);
+        let out = ipv4(BOX_IN, CLIENT, "198.51.100.1", "198.51.100.2", 64);
+        b.push(&out, Default::default());
+        sink.send(&b).unwrap();
+        // Unknown server: an ARP request instead, the packet dropped.
+        let sent = tx[1].lock().unwrap().clone();
+        assert_eq!(sent.len(), 1);
+        assert_eq!(&sent[0][0..6], &BROADCAST);
+        assert_eq!(
+            ip4(&sent[0], ETH_HLEN + 24),
+            Some("198.51.100.2".parse().unwrap())
+        );
+        assert_eq!(shared.stats.unresolved.load(Ordering::Relaxed), 1);
+        // Asked once: the next miss does not ask again right away.
+        sink.send(&b).unwrap();
+        assert_eq!(tx[1].lock().unwrap().len(), 1);
+
+        shared.neighbours[1].learn("198.51.100.2".parse().unwrap(), SERVER);
+        shared.neighbours[0].learn("10.0.0.2".parse().unwrap(), CLIENT);
+        b.clear();
+        b.push(&out, Default::default());
+        b.push(
+            &ipv4(BOX_OUT, SERVER, "198.51.100.2", "10.0.0.2", 64),
+            Default::default(),
+        );
+        b.push(
+            &ipv4(BOX_OUT, SERVER, "198.51.100.2", "10.0.0.2", 1),
+            Default::default(),
+        );
+        sink.send(&b).unwrap();
+        let o = tx[1].lock().unwrap()[1].clone();
+        assert_eq!((&o[0..6], &o[6..12]), (&SERVER[..], &BOX_OUT[..]));
+        assert_eq!(o[ETH_HLEN + 8], 63, "TTL decremented");
+        assert_eq!(
+            flowstate_wire::checksum::checksum(&o[ETH_HLEN..ETH_HLEN + 20]),
+            0,
+            "header checksum still right"
+        );
+        let i = tx[0].lock().unwrap().clone();
+        assert_eq!(i.len(), 1, "inbound to the client; the TTL-1 one dropped");
+        assert_eq!((&i[0][0..6], &i[0][6..12]), (&CLIENT[..], &BOX_IN[..]));
+        assert_eq!(shared.stats.ttl_expired.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn a_gateway_is_the_next_hop() {
+        let (p, tx) = ports(vec![], vec![]);
+        let shared = Arc::new(Shared::default());
+        let mut a = addrs();
+        a[1].gateway = Some("198.51.100.254".parse().unwrap());
+        shared.neighbours[1].learn("198.51.100.254".parse().unwrap(), SERVER);
+        let mut sink = LiveSink::new(p, a, vec![], Arc::clone(&shared), 32, 2048);
+        let mut b = PacketBatch::new(8, 2048);
+        b.push(
+            &ipv4(BOX_IN, CLIENT, "10.0.0.2", "192.0.2.9", 64),
+            Default::default(),
+        );
+        sink.send(&b).unwrap();
+        assert_eq!(&tx[1].lock().unwrap()[0][0..6], &SERVER);
+    }
+}
