@@ -20,7 +20,7 @@ pub(crate) fn check(path: &Path, text: &[u8]) {
         }
         (Err(errors), Err(again)) => {
             assert!(!errors.is_empty(), "an error without an error");
-            let show = |e: &flowstate_chain::ConfigErrors| {
+            let show = |e: &flowstate_deploy::ConfigErrors| {
                 e.iter()
                     .map(|e| (e.line, e.key.clone(), e.reason.clone()))
                     .collect::<Vec<_>>()

@@ -110,7 +110,7 @@ pub(crate) fn box_config(fast_path: bool) -> String {
 /// The cluster partition of a UDP flow from the client's `src_port` to the echo server: the
 /// root's own choice (the chain's owners, else the flow hash).
 pub(crate) fn udp_partition(src_port: u16) -> Result<u32, String> {
-    let config = flowstate_chain::Config::parse(&cluster_config(1, "claim", false), "bench.toml")
+    let config = flowstate_deploy::Config::parse(&cluster_config(1, "claim", false), "bench.toml")
         .map_err(|e| e.to_string())?;
     let chain = config.factories().map_err(|e| e.to_string())?;
     let key = flowstate_wire::FlowKey::new(

@@ -311,17 +311,17 @@ pub(crate) fn run_box<T>(
     text: &str,
     f: impl FnOnce() -> Result<T, String>,
 ) -> Result<(T, flowstate_chain::Summary), String> {
-    let config = flowstate_chain::Config::parse(text, "box.toml").map_err(|e| e.to_string())?;
+    let config = flowstate_deploy::Config::parse(text, "box.toml").map_err(|e| e.to_string())?;
     let (
-        flowstate_chain::config::Input::Interface(inside),
-        flowstate_chain::config::Output::Interface(outside),
+        flowstate_deploy::config::Input::Interface(inside),
+        flowstate_deploy::config::Output::Interface(outside),
     ) = (config.input.clone(), config.output.clone())
     else {
         return Err("the box configuration is not a live one".into());
     };
     let factories = config.factories().map_err(|e| e.to_string())?;
     let runtime = flowstate_chain::Runtime::new(
-        flowstate_chain::RuntimeOptions::from_config(&config),
+        config.runtime_options(),
         factories,
         Arc::new(flowstate_state::local::LocalStore::new()),
     );
@@ -334,7 +334,7 @@ pub(crate) fn run_box<T>(
             if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
                 return Err(format!("setns {ns}: {}", std::io::Error::last_os_error()));
             }
-            flowstate_chain::live::run(&runtime, &config, &inside, &outside, stop.clone(), None)
+            flowstate_chain::live::run(&runtime, &inside, &outside, stop.clone(), None)
                 .map_err(|e| e.to_string())
         });
         // Wait until the client reaches the server through the box.

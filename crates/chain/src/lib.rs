@@ -1,12 +1,13 @@
 //! flowstate's runtime: runs a chain of network functions over traffic on N worker threads.
 //!
-//! A [`Runtime`] takes the chain's [`NfFactory`]s and a state [`Connector`]. Each worker
+//! A [`Runtime`] takes the chain's [`NfFactory`](flowstate_nf::NfFactory)s and a state
+//! [`Connector`](flowstate_state::Connector). Each worker
 //! thread owns a state [`Partition`](flowstate_state::Partition) and its own instance of every
 //! NF, built in the thread. [`Runtime::run`] reads a [`Source`] on the calling thread (the
 //! dispatcher), [`Runtime::run_generated`] lets each worker generate its own traffic (the NIC
-//! RSS model). Forwarded packets go to a [`Sink`] or are discarded, and a
-//! run ends with a [`Summary`]. [`Config`] reads the TOML deployment file and [`run_config`]
-//! runs it, which is what `flowstate run` does.
+//! RSS model). Forwarded packets go to a [`Sink`](flowstate_io::Sink) or are discarded, and a
+//! run ends with a [`Summary`]. The deployment file and the choice of what it runs are
+//! `flowstate_deploy`'s.
 //!
 //! ```
 //! use flowstate_chain::{Runtime, RuntimeOptions};
@@ -68,194 +69,34 @@
 //!              "report": { "tracked": 12, "conns_opened": 40 }, "gauges": ["tracked"] } ] }
 //! ```
 
-pub mod config;
 pub mod fragments;
 #[cfg(target_os = "linux")]
 pub mod live;
-#[cfg(target_os = "linux")]
-pub mod live_pipeline;
 pub mod observe;
-pub mod pipeline;
 pub mod reflect;
 pub mod runtime;
 pub mod summary;
 
-pub use config::{Config, ConfigError, ConfigErrors};
 pub use runtime::{RunError, Runtime, RuntimeOptions, WorkerSink};
 pub use summary::{LabelledSummary, NfSummary, Summary, WorkerSummary};
 
-use flowstate_io::pcap::{PcapReader, PcapWriter, WriterOptions, LINKTYPE_ETHERNET};
-use flowstate_io::synth::{Ipv4Net, Ipv6Net, SynthConfig, Synthetic};
-use flowstate_io::{PacketBatch, Sink, Source};
-use flowstate_nf::{NfFactory, Placement};
-use flowstate_state::Connector;
+use flowstate_io::synth::{Ipv4Net, Ipv6Net, SynthConfig};
+use flowstate_io::{PacketBatch, Source};
+use flowstate_nf::Placement;
 use std::net::{Ipv4Addr, Ipv6Addr};
-
-/// Why [`run_config`] failed. Each message is complete on its own (no `source()` chain to
-/// print after it).
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The configuration is wrong.
-    #[error("{0}")]
-    Config(ConfigErrors),
-    /// An input or output file cannot be opened or finished.
-    #[error("{0}")]
-    Io(flowstate_io::Error),
-    /// The run failed.
-    #[error("{0}")]
-    Run(RunError),
-    /// A `[fastpath]` pipeline's slow path failed.
-    #[error("{0}")]
-    Fastpath(flowstate_fastpath::full::SlowError),
-}
-
-impl From<ConfigError> for Error {
-    fn from(e: ConfigError) -> Self {
-        Error::Config(e.into())
-    }
-}
-
-impl From<ConfigErrors> for Error {
-    fn from(e: ConfigErrors) -> Self {
-        Error::Config(e)
-    }
-}
-
-impl From<flowstate_io::Error> for Error {
-    fn from(e: flowstate_io::Error) -> Self {
-        Error::Io(e)
-    }
-}
-
-impl From<RunError> for Error {
-    fn from(e: RunError) -> Self {
-        Error::Run(e)
-    }
-}
 
 /// A progress callback: called with the number of packets just read.
 pub type Progress<'a> = &'a (dyn Fn(u64) + Sync);
 
-/// Runs a configuration on the store `connector` (which the binary builds from `[state]`):
-/// builds the chain from the NF registry, opens the input and the output, runs, and finishes
-/// the output file. `progress`, if given, hears about every batch read.
-pub fn run_config(
-    config: &Config,
-    connector: std::sync::Arc<dyn Connector>,
-    progress: Option<Progress<'_>>,
-) -> Result<Summary, Error> {
-    run_config_observed(config, connector, progress, None)
-}
-
-/// [`run_config`], publishing the run's counters to `observer` as it goes
-/// ([`observe`]): what `flowstate run --metrics` exports.
-pub fn run_config_observed(
-    config: &Config,
-    connector: std::sync::Arc<dyn Connector>,
-    progress: Option<Progress<'_>>,
-    observer: Option<std::sync::Arc<observe::Observer>>,
-) -> Result<Summary, Error> {
-    let factories: Vec<std::sync::Arc<dyn NfFactory>> = config.factories()?;
-    let mut runtime = Runtime::new(RuntimeOptions::from_config(config), factories, connector);
-    if let Some(o) = observer {
-        runtime = runtime.with_observer(o);
-    }
-
-    #[cfg(target_os = "linux")]
-    if let (config::Input::Interface(inside), config::Output::Interface(outside)) =
-        (&config.input, &config.output)
-    {
-        if let Err(e) = flowstate_router::Stop::on_signals() {
-            tracing::warn!("cannot catch SIGINT/SIGTERM: {e}");
-        }
-        return live::run(
-            &runtime,
-            config,
-            inside,
-            outside,
-            flowstate_router::Stop::new(),
-            progress,
-        );
-    }
-
-    // Open the input first: a missing input must not truncate an output file.
-    enum Opened {
-        Reader(PcapReader),
-        Generator(Box<Synthetic>),
-        PerWorker(SynthConfig),
-    }
-    let opened = match &config.input {
-        config::Input::Pcap(path) => Opened::Reader(open_pcap(config, path)?),
-        config::Input::Synthetic(s) if s.per_worker => Opened::PerWorker(s.config.clone()),
-        config::Input::Synthetic(s) => {
-            Opened::Generator(Box::new(Synthetic::new(s.config.clone())?))
-        }
-        config::Input::Interface(_) => return Err(live_mismatch(config, "input")),
-    };
-    let mut writer = match &config.output {
-        config::Output::Pcap(path) => Some(PcapWriter::create_with(path, WriterOptions::nanos())?),
-        config::Output::Discard => None,
-        config::Output::Interface(_) => return Err(live_mismatch(config, "output")),
-    };
-    let sink = writer.as_mut().map(|w| w as &mut (dyn Sink + Send));
-    let summary = match opened {
-        Opened::Reader(r) => runtime.run(&mut Counting::new(Some(r), progress), sink)?,
-        Opened::Generator(g) => runtime.run(&mut Counting::new(Some(*g), progress), sink)?,
-        Opened::PerWorker(c) => runtime.run_generated(
-            |w| {
-                let source = match synthetic_share(&c, w) {
-                    Some(share) => Some(Synthetic::new(share)?),
-                    None => None,
-                };
-                Ok(Counting::new(source, progress))
-            },
-            sink,
-        )?,
-    };
-    if let Some(w) = writer {
-        w.finish()?;
-    }
-    Ok(summary)
-}
-
-/// The input capture, which must be Ethernet.
-fn open_pcap(config: &Config, path: &std::path::Path) -> Result<PcapReader, Error> {
-    let reader = PcapReader::open(path)?;
-    if reader.linktype() != LINKTYPE_ETHERNET {
-        return Err(ConfigError {
-            file: config.file.clone(),
-            line: None,
-            key: "input.pcap".into(),
-            reason: format!(
-                "{}: link type {} is not Ethernet (1); only Ethernet captures are supported",
-                path.display(),
-                reader.linktype()
-            ),
-        }
-        .into());
-    }
-    Ok(reader)
-}
-
-/// A live port on one side only (the configuration check prevents it), or not on Linux.
-pub(crate) fn live_mismatch(config: &Config, section: &str) -> Error {
-    ConfigError {
-        file: config.file.clone(),
-        line: None,
-        key: format!("{section}.interface"),
-        reason: "a live box needs `interface` in both [input] and [output], on Linux".into(),
-    }
-    .into()
-}
-
 /// A source that reports progress (`None`: an empty source).
-pub(crate) struct Counting<'a, S> {
+pub struct Counting<'a, S> {
     inner: Option<S>,
     progress: Option<Progress<'a>>,
 }
 
 impl<'a, S> Counting<'a, S> {
-    pub(crate) fn new(inner: Option<S>, progress: Option<Progress<'a>>) -> Self {
+    /// `inner`, reporting to `progress`.
+    pub fn new(inner: Option<S>, progress: Option<Progress<'a>>) -> Self {
         Counting { inner, progress }
     }
 }

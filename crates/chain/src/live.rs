@@ -51,11 +51,13 @@
 //! with packets, so an idle box expires nothing until traffic resumes, and a stage that fails
 //! while the ports are idle ends the run at the next packet or signal.
 
+use crate::RunError;
 use flowstate_fastpath::flowcache::XdpFlowCache;
 use flowstate_io::afxdp::XdpProgram;
 use flowstate_io::{PacketBatch, Port, Source};
 use flowstate_router::{
-    attach_fast_path, interface_mtu, LiveSink, LiveSource, LoadedFastPath, PortAddr, Shared, Stop,
+    attach_fast_path, interface_mtu, Driver, LivePort, LiveSink, LiveSource, LoadedFastPath,
+    PortAddr, Shared, Stop,
 };
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -159,18 +161,16 @@ impl<R: Port, T: Port> crate::WorkerSink for LiveWorker<R, T> {
     }
 }
 
-/// Runs `runtime` as a live box between the ports `inside` and `outside` of `config` until
+/// Runs `runtime` as a live box between the ports `inside` and `outside` until
 /// `stop` (or a signal, once [`Stop::on_signals`] ran): opens the ports, runs, and returns the
 /// summary after every worker has drained and flushed its state.
 pub fn run(
     runtime: &crate::Runtime,
-    config: &crate::Config,
-    inside: &crate::config::LivePort,
-    outside: &crate::config::LivePort,
+    inside: &LivePort,
+    outside: &LivePort,
     stop: Stop,
     progress: Option<crate::Progress<'_>>,
-) -> Result<crate::Summary, crate::Error> {
-    use crate::config::Driver;
+) -> Result<crate::Summary, RunError> {
     use flowstate_io::afpacket::{AfPacket, AfPacketOptions};
     use flowstate_io::afxdp::{AfXdp, AfXdpOptions};
     // The box's own frames need no queueing discipline (a veth has none anyway) and no copy
@@ -181,8 +181,8 @@ pub fn run(
         ..AfPacketOptions::default()
     };
     let tx_ports = [
-        AfPacket::open(&inside.interface, &tx)?,
-        AfPacket::open(&outside.interface, &tx)?,
+        AfPacket::open(&inside.interface, &tx).map_err(RunError::Port)?,
+        AfPacket::open(&outside.interface, &tx).map_err(RunError::Port)?,
     ];
     let ports = (inside, outside);
     // The fast-path program on each port; frames it leaves alone go to the port's XDP socket
@@ -194,12 +194,11 @@ pub fn run(
             // 2 KiB ring slots hold frames up to 1982 bytes (the slot's header and address
             // take 66), enough for a 1500-byte MTU and dense in memory for small frames; a
             // larger max_frame gets slots that hold it.
-            let frame_size = if config.runtime.max_frame <= 2048 {
+            let max_frame = runtime.options().max_frame;
+            let frame_size = if max_frame <= 2048 {
                 2048
             } else {
-                (config.runtime.max_frame + 66)
-                    .next_power_of_two()
-                    .min(1 << 16) as u32
+                (max_frame + 66).next_power_of_two().min(1 << 16) as u32
             };
             let rx = AfPacketOptions {
                 frame_size,
@@ -207,12 +206,10 @@ pub fn run(
                 ..AfPacketOptions::default()
             };
             let rx_ports = [
-                AfPacket::open(&inside.interface, &rx)?,
-                AfPacket::open(&outside.interface, &rx)?,
+                AfPacket::open(&inside.interface, &rx).map_err(RunError::Port)?,
+                AfPacket::open(&outside.interface, &rx).map_err(RunError::Port)?,
             ];
-            run_ports(
-                runtime, config, ports, rx_ports, tx_ports, learner, stop, progress,
-            )
+            run_ports(runtime, ports, rx_ports, tx_ports, learner, stop, progress)
         }
         Driver::AfXdp => {
             // One queue per port (veth has one); the socket of each port's queue 0.
@@ -228,31 +225,22 @@ pub fn run(
                 .map(|p| p.each_ref().map(Some))
                 .unwrap_or([None, None]);
             let rx_ports = [
-                open(&inside.interface, p_in)?,
-                open(&outside.interface, p_out)?,
+                open(&inside.interface, p_in).map_err(RunError::Port)?,
+                open(&outside.interface, p_out).map_err(RunError::Port)?,
             ];
-            run_ports(
-                runtime, config, ports, rx_ports, tx_ports, learner, stop, progress,
-            )
+            run_ports(runtime, ports, rx_ports, tx_ports, learner, stop, progress)
         }
     }
 }
-
-// The configuration's limits (checked where the file is read) are the fast path's own.
-const _: () = assert!(
-    crate::config::MAX_FAST_PATH_REFRESH.as_nanos()
-        == flowstate_fastpath::flowcache::MAX_REFRESH.as_nanos()
-        && crate::config::MAX_FAST_PATH_CAPACITY == flowstate_fastpath::flowcache::MAX_CAPACITY
-);
 
 /// The fast path of a box and its program on each port, when it is configured, the chain
 /// allows it and the box runs to completion (the worker that runs the chain is the one that
 /// teaches it).
 fn fast_path(
     runtime: &crate::Runtime,
-    inside: &crate::config::LivePort,
-    outside: &crate::config::LivePort,
-) -> Result<Option<LoadedFastPath>, crate::Error> {
+    inside: &LivePort,
+    outside: &LivePort,
+) -> Result<Option<LoadedFastPath>, RunError> {
     let why_not = if !runtime.fast_path_allowed() {
         Some("an NF of the chain must see every packet")
     } else if runtime.options().workers > 1 {
@@ -260,20 +248,20 @@ fn fast_path(
     } else {
         None
     };
-    Ok(attach_fast_path(inside, outside, why_not)?)
+    attach_fast_path(inside, outside, why_not).map_err(RunError::Port)
 }
 
 #[allow(clippy::too_many_arguments)]
 fn run_ports<R: Port, T: Port>(
     runtime: &crate::Runtime,
-    config: &crate::Config,
-    (inside, outside): (&crate::config::LivePort, &crate::config::LivePort),
+    (inside, outside): (&LivePort, &LivePort),
     rx_ports: [R; 2],
     tx_ports: [T; 2],
     fast: Option<(Arc<XdpFlowCache>, [u32; 2])>,
     stop: Stop,
     progress: Option<crate::Progress<'_>>,
-) -> Result<crate::Summary, crate::Error> {
+) -> Result<crate::Summary, RunError> {
+    let o = runtime.options();
     let addrs = [inside, outside].map(|p| PortAddr {
         address: p.address,
         gateway: p.gateway,
@@ -284,10 +272,10 @@ fn run_ports<R: Port, T: Port>(
     let sink = LiveSink::new(
         tx_ports,
         addrs,
-        config.runtime.inside_prefixes(),
+        o.inside.clone(),
         Arc::clone(&shared),
-        2 * config.runtime.batch,
-        config.runtime.max_frame,
+        2 * o.batch,
+        o.max_frame,
     );
     if let Some(o) = runtime.observer() {
         o.set_live(
@@ -307,8 +295,7 @@ fn run_ports<R: Port, T: Port>(
         // One worker: it owns both ports (see the module documentation).
         let mut worker = LiveWorker::new(source, sink);
         if let Some((path, ifindex)) = &fast {
-            let (batch, max_frame) = (config.runtime.batch, config.runtime.max_frame);
-            worker = worker.with_fast_path(Arc::clone(path), *ifindex, batch, max_frame);
+            worker = worker.with_fast_path(Arc::clone(path), *ifindex, o.batch, o.max_frame);
         }
         let only = std::sync::Mutex::new(Some(worker));
         runtime.run_to_completion(|_| {

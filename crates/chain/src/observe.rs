@@ -189,7 +189,7 @@ pub enum TableError {
 }
 
 /// The live view of a box: hand it to [`crate::Runtime::with_observer`] (or
-/// [`crate::run_config_observed`]) and read it from any thread.
+/// `flowstate_deploy::run_config_observed`) and read it from any thread.
 #[derive(Default)]
 pub struct Observer {
     run: ArcSwapOption<RunView>,

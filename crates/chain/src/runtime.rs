@@ -59,6 +59,18 @@ use std::time::{Duration, Instant};
 /// How often a blocked stage looks whether another one failed.
 const ABORT_POLL: Duration = Duration::from_millis(20);
 
+/// Default packets per batch.
+pub const DEFAULT_BATCH: usize = 32;
+/// Default buffer size per packet.
+pub const DEFAULT_MAX_FRAME: usize = 2048;
+/// Default inside prefixes: the synthetic generator's client subnets.
+pub const DEFAULT_INSIDE: [&str; 2] = ["10.0.0.0/8", "fd00::/8"];
+
+/// The machine's available parallelism (1 when unknown): the default number of workers.
+pub fn default_workers() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 /// Settings of a [`Runtime`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct RuntimeOptions {
@@ -98,11 +110,14 @@ impl Default for RuntimeOptions {
     /// One worker per core, batches of 32, the default inside prefixes, no reflect.
     fn default() -> Self {
         RuntimeOptions {
-            workers: crate::config::default_workers(),
-            batch: crate::config::DEFAULT_BATCH,
-            max_frame: crate::config::DEFAULT_MAX_FRAME,
+            workers: default_workers(),
+            batch: DEFAULT_BATCH,
+            max_frame: DEFAULT_MAX_FRAME,
             pool: 8,
-            inside: crate::config::RuntimeSection::default().inside_prefixes(),
+            inside: DEFAULT_INSIDE
+                .iter()
+                .filter_map(|p| p.parse().ok())
+                .collect(),
             reflect: false,
             outbound_only: false,
             instance: 0,
@@ -112,27 +127,6 @@ impl Default for RuntimeOptions {
             nice: None,
             fragments: FragmentLimits::default(),
             flow_cache: None,
-        }
-    }
-}
-
-impl RuntimeOptions {
-    /// The options a configuration asks for.
-    pub fn from_config(c: &crate::Config) -> Self {
-        RuntimeOptions {
-            workers: c.runtime.workers,
-            batch: c.runtime.batch,
-            max_frame: c.runtime.max_frame,
-            inside: c.runtime.inside_prefixes(),
-            reflect: c.runtime.reflect,
-            outbound_only: c.outbound_only,
-            instance: c.state.nf_instance,
-            flush_interval: c.state.flush_interval,
-            retain_ops: c.state.retain_ops,
-            nice: c.runtime.nice,
-            fragments: c.runtime.fragments,
-            flow_cache: c.runtime.flow_cache,
-            ..RuntimeOptions::default()
         }
     }
 }
@@ -183,6 +177,9 @@ pub enum RunError {
     /// A thread could not be started.
     #[error("cannot start a thread: {0}")]
     Spawn(std::io::Error),
+    /// A live box's port could not be opened, or its fast path attached.
+    #[error("{0}")]
+    Port(flowstate_io::Error),
     /// This stage stopped because another one failed (that one's error is the cause).
     #[error("stopped because another stage failed")]
     Stopped,

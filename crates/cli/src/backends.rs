@@ -2,11 +2,11 @@
 //! backend and hands it to the runtime; the runtime depends on no driver).
 //!
 //! Each driver crate reads `[state]`'s `url` and its own keys from
-//! [`StateSection::options`](flowstate_chain::config::StateSection) and names the key that is
+//! [`StateSection::options`](flowstate_deploy::config::StateSection) and names the key that is
 //! wrong in a [`SettingError`]; this module adds the file.
 
-use flowstate_chain::config::{BackendKind, StateSection};
-use flowstate_chain::{Config, ConfigError};
+use flowstate_deploy::config::{BackendKind, StateSection};
+use flowstate_deploy::{Config, ConfigError};
 use flowstate_driver_cassandra::CassandraConfig;
 use flowstate_driver_redis::{RedisClusterConnector, RedisConnector};
 use flowstate_driver_store::StoreConnector;

@@ -6,9 +6,9 @@
 use crate::backends::{self, Backend};
 use anyhow::Result;
 use clap::Args;
-use flowstate_chain::config::{Input, Output, StateSection};
-use flowstate_chain::{Config, ConfigError, ConfigErrors};
 use flowstate_cluster::config::ClusterSection;
+use flowstate_deploy::config::{Input, Output, StateSection};
+use flowstate_deploy::{Config, ConfigError, ConfigErrors};
 use std::path::{Path, PathBuf};
 
 /// Options of `flowstate check`.
@@ -55,19 +55,9 @@ pub(crate) fn load(path: &Path) -> Result<Loaded, ConfigErrors> {
         Err(e) => (None, e.0),
     };
     // A syntax error is the one error.
-    let Ok(table) = toml::from_str::<toml::Table>(&text) else {
+    if toml::from_str::<toml::Table>(&text).is_err() {
         return Err(ConfigErrors(errors));
-    };
-    let cluster = match table.get("cluster") {
-        Some(toml::Value::Table(t)) => match ClusterSection::from_table(t) {
-            Ok(c) => Some(c),
-            Err(e) => {
-                errors.extend(e.into_iter().map(|(k, r)| at(k, r)));
-                None
-            }
-        },
-        _ => None,
-    };
+    }
     let state = match &config {
         Some(c) => Some(c.state.clone()),
         None => StateSection::from_text(&text),
@@ -82,7 +72,7 @@ pub(crate) fn load(path: &Path) -> Result<Loaded, ConfigErrors> {
             }
         });
     if let Some(c) = &config {
-        if let Some(section) = &cluster {
+        if let Some(section) = &c.cluster {
             errors.extend(deployment_errors(c, section).into_iter().map(|(k, r)| {
                 // `chain[i].NF.KEY` stands in the file as `chain[i].KEY`.
                 let line = match k.strip_prefix("chain[").and_then(|r| r.split_once("].")) {
@@ -116,8 +106,8 @@ pub(crate) fn load(path: &Path) -> Result<Loaded, ConfigErrors> {
     }
     match (config, backend) {
         (Some(config), Some(backend)) if errors.is_empty() => Ok(Loaded {
+            cluster: config.cluster.clone(),
             config,
-            cluster,
             backend,
         }),
         _ => {
@@ -150,7 +140,7 @@ pub(crate) fn deployment_errors(
                 .into(),
         ));
     }
-    if config.state.backend == flowstate_chain::config::BackendKind::Local {
+    if config.state.backend == flowstate_deploy::config::BackendKind::Local {
         errors.push((
             "state.backend".into(),
             "the instances share their state: choose store, redis, redis-cluster or cassandra"
@@ -318,14 +308,14 @@ pub(crate) fn summary(l: &Loaded) -> Vec<(&'static str, String)> {
     s
 }
 
-fn live(p: &flowstate_chain::config::LivePort) -> String {
+fn live(p: &flowstate_deploy::config::LivePort) -> String {
     format!(
         "interface {} (address {}, {}{})",
         p.interface,
         p.address,
         match p.driver {
-            flowstate_chain::config::Driver::AfPacket => "af-packet",
-            flowstate_chain::config::Driver::AfXdp => "af-xdp",
+            flowstate_deploy::config::Driver::AfPacket => "af-packet",
+            flowstate_deploy::config::Driver::AfXdp => "af-xdp",
         },
         if p.fast_path.is_some() {
             ", XDP fast path"

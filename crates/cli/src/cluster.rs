@@ -10,10 +10,10 @@
 use crate::telemetry::{ClusterRoleProvider, INSTANCE_GAUGES, ROOT_GAUGES};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use flowstate_chain::config::{BackendKind, Input, Output};
-use flowstate_chain::Config;
 use flowstate_cluster::config::{ClusterSection, StoreMode};
 use flowstate_cluster::controller::{self, Command, Launcher, Status};
+use flowstate_deploy::config::{BackendKind, Input, Output};
+use flowstate_deploy::Config;
 use flowstate_lab::Lab;
 use flowstate_router::Stop;
 use std::collections::HashMap;

@@ -291,11 +291,12 @@ pub(crate) fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
 const DEMO_CONFIG: &str = include_str!("../../../examples/chain.toml");
 
 fn demo(a: DemoArgs) -> Result<()> {
-    let mut config = flowstate_chain::Config::parse(DEMO_CONFIG, Path::new("examples/chain.toml"))?;
+    let mut config =
+        flowstate_deploy::Config::parse(DEMO_CONFIG, Path::new("examples/chain.toml"))?;
     config.runtime.workers = a
         .workers
-        .unwrap_or_else(flowstate_chain::config::default_workers);
-    if let flowstate_chain::config::Input::Synthetic(s) = &mut config.input {
+        .unwrap_or_else(flowstate_deploy::config::default_workers);
+    if let flowstate_deploy::config::Input::Synthetic(s) = &mut config.input {
         s.config.flows = a.flows;
         s.config.packets = a.packets;
         s.config.validate()?;
@@ -317,7 +318,7 @@ fn demo(a: DemoArgs) -> Result<()> {
     }
     let bar = progress(a.packets, "demo");
     let connector = backends::connector(&config)?;
-    let summary = flowstate_chain::run_config(&config, connector, Some(&|n| bar.inc(n)))?;
+    let summary = flowstate_deploy::run_config(&config, connector, Some(&|n| bar.inc(n)))?;
     bar.finish_and_clear();
     if a.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);

@@ -3,8 +3,9 @@
 
 use anyhow::{bail, Result};
 use clap::Args;
-use flowstate_chain::config::{Input, Output, MAX_WORKERS};
-use flowstate_chain::run_config_observed;
+use flowstate_deploy::config::{Input, MAX_WORKERS};
+use flowstate_deploy::run_config_observed;
+use flowstate_deploy::Plan;
 use std::path::PathBuf;
 
 /// Options of `flowstate run`.
@@ -39,13 +40,6 @@ pub(crate) struct RunArgs {
 pub(crate) fn run(args: &RunArgs) -> Result<()> {
     let loaded = crate::check::load(&args.config)?;
     let mut config = loaded.config;
-    if config.cluster.is_some() {
-        bail!(
-            "{}: [cluster]: this deployment runs as a cluster: `flowstate cluster up {}` (in a lab with instance namespaces)",
-            args.config.display(),
-            args.config.display()
-        );
-    }
     if let Some(w) = args.workers {
         if !(1..=MAX_WORKERS).contains(&w) {
             bail!("--workers: expected 1 to {MAX_WORKERS}, got {w}");
@@ -60,11 +54,14 @@ pub(crate) fn run(args: &RunArgs) -> Result<()> {
     let progress = |n: u64| bar.inc(n);
     let connector = crate::backends::connect(&config.file, &config.state, loaded.backend)?;
     let listen = args.metrics.or(config.telemetry.listen);
-    if config.fastpath.is_some() {
+    match config.plan() {
+        Plan::Cluster => bail!(
+            "{}: [cluster]: this deployment runs as a cluster: `flowstate cluster up {}` (in a lab with instance namespaces)",
+            args.config.display(),
+            args.config.display()
+        ),
         #[cfg(target_os = "linux")]
-        if let (Input::Interface(inside), Output::Interface(outside)) =
-            (&config.input, &config.output)
-        {
+        Plan::LivePipeline { inside, outside } => {
             use flowstate_router::Stop;
             if let Err(e) = Stop::on_signals() {
                 tracing::warn!("cannot catch SIGINT/SIGTERM: {e}");
@@ -80,7 +77,7 @@ pub(crate) fn run(args: &RunArgs) -> Result<()> {
                 }
                 None => None,
             };
-            let summary = flowstate_chain::live_pipeline::run_pipeline_live(
+            let summary = flowstate_deploy::live_pipeline::run_pipeline_live(
                 &config,
                 connector,
                 inside,
@@ -94,16 +91,22 @@ pub(crate) fn run(args: &RunArgs) -> Result<()> {
             bar.finish_and_clear();
             return print_summary(&summary?, args.json);
         }
-        if let Some(a) = listen {
-            tracing::warn!(
-                addr = %a,
-                "an offline [fastpath] run exports no metrics (it ends when its input does); \
-                 no listener"
-            );
+        #[cfg(not(target_os = "linux"))]
+        Plan::LivePipeline { .. } => bail!("a live box runs on Linux only"),
+        Plan::Pipeline => {
+            if let Some(a) = listen {
+                tracing::warn!(
+                    addr = %a,
+                    "an offline [fastpath] run exports no metrics (it ends when its input does); \
+                     no listener"
+                );
+            }
+            let summary =
+                flowstate_deploy::pipeline::run_pipeline(&config, connector, Some(&progress));
+            bar.finish_and_clear();
+            return print_summary(&summary?, args.json);
         }
-        let summary = flowstate_chain::pipeline::run_pipeline(&config, connector, Some(&progress));
-        bar.finish_and_clear();
-        return print_summary(&summary?, args.json);
+        Plan::LiveBox { .. } | Plan::Offline => {}
     }
     let (observer, server) = match listen {
         Some(addr) => {

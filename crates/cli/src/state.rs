@@ -10,8 +10,8 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use flowstate_chain::config::BackendKind;
-use flowstate_chain::Config;
+use flowstate_deploy::config::BackendKind;
+use flowstate_deploy::Config;
 use flowstate_nf::listing::{merge_summed, StoreReader};
 use serde_json::{json, Value};
 use std::io::Write;

@@ -289,7 +289,7 @@ fn live_box_metric(key: &str, v: u64, m: &mut Metrics) {
 /// A table pipeline in XDP on a live box (`[fastpath]`), seen through the summary its slow
 /// path publishes every 100 ms.
 pub(crate) struct PipelineProvider(
-    pub(crate) Arc<arc_swap::ArcSwapOption<flowstate_chain::pipeline::PipelineSummary>>,
+    pub(crate) Arc<arc_swap::ArcSwapOption<flowstate_deploy::pipeline::PipelineSummary>>,
 );
 
 impl Provider for PipelineProvider {

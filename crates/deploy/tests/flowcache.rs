@@ -2,11 +2,14 @@
 //! same traffic through firewall → NAT → LB with and without the cache leaves as the same
 //! bytes, in the same order.
 
+/// The runtime tests' helpers (sources, sinks, traces).
+#[path = "../../chain/tests/common/mod.rs"]
 mod common;
 
 use common::*;
 use flowstate_chain::runtime::RuntimeOptions;
-use flowstate_chain::{Config, Summary};
+use flowstate_chain::Summary;
+use flowstate_deploy::Config;
 use flowstate_io::synth::Profile;
 use flowstate_io::PacketMeta;
 use flowstate_nf::stage::FlowCacheOptions;
@@ -21,7 +24,7 @@ fn demo_chain() -> (Config, RuntimeOptions) {
     .unwrap();
     let mut config = Config::parse(&text, Path::new("examples/chain.toml")).unwrap();
     config.runtime.workers = 1;
-    let options = RuntimeOptions::from_config(&config);
+    let options = config.runtime_options();
     (config, options)
 }
 
@@ -39,7 +42,7 @@ fn run(t: &[(Vec<u8>, PacketMeta)], cache: Option<FlowCacheOptions>) -> (Summary
 /// The demo's traffic: the clients' packets of a mixed trace to the demo's servers.
 fn demo_trace(flows: u64, packets: u64, seed: u64) -> Vec<(Vec<u8>, PacketMeta)> {
     let (config, _) = demo_chain();
-    let flowstate_chain::config::Input::Synthetic(s) = &config.input else {
+    let flowstate_deploy::config::Input::Synthetic(s) = &config.input else {
         panic!("the demo's input is synthetic");
     };
     let mut c = s.config.clone();

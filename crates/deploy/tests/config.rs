@@ -1,8 +1,8 @@
 //! Configuration: a full file parses; every error names the file, the key and what was
 //! expected.
 
-use flowstate_chain::config::{BackendKind, Input, Output};
-use flowstate_chain::{run_config, Config, ConfigError, ConfigErrors};
+use flowstate_deploy::config::{BackendKind, Input, Output};
+use flowstate_deploy::{run_config, Config, ConfigError, ConfigErrors};
 use flowstate_io::pcap::PcapReader;
 use flowstate_io::synth::Profile;
 use std::path::Path;

@@ -207,7 +207,7 @@ pub fn run_pipeline_live(
         if let Some(slot) = publish {
             let now = Instant::now();
             if now >= next_publish {
-                next_publish = now + crate::observe::PUBLISH_EVERY;
+                next_publish = now + flowstate_chain::observe::PUBLISH_EVERY;
                 let so_far = finish(
                     summary.clone(),
                     live.clone(),

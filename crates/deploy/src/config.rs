@@ -9,7 +9,7 @@
 //! [output]                      # optional; default: discard
 //! pcap = "out.pcap"             # or: discard = true
 //!
-//! # A live two-port box instead (crate::live): both sections name an interface.
+//! # A live two-port box instead (flowstate_chain::live): both sections name an interface.
 //! # [input]  interface = "fs-in"   address = "10.0.0.1"       # the inside port, the box's address
 //! #          driver = "af-packet"  gateway = "10.0.0.254"     # or "af-xdp"; optional: next hop out
 //! #          fast_path = true                                 # the XDP fast path (default on)
@@ -21,10 +21,10 @@
 //! batch = 32                    # packets per hand-off and per prefetch pass, 1 to 1024
 //! inside = ["10.0.0.0/8", "fd00::/8"]   # sources that make a packet Outbound (this default);
 //!                               # every prefix: no host bits set ("10.0.0.1/8" is refused)
-//! reflect = false               # play the outside hosts (see `crate::reflect`)
+//! reflect = false               # play the outside hosts (see `flowstate_chain::reflect`)
 //! max_frame = 2048              # buffer per packet; longer frames are truncated
 //! nice = -10                    # workers' scheduling priority, -20 to 19 (default: inherited)
-//! fragment_timeout = "30s"      # IPv4 fragments (crate::fragments): how long a datagram is
+//! fragment_timeout = "30s"      # IPv4 fragments (flowstate_chain::fragments): how long a datagram is
 //! fragment_datagrams = 16384    # tracked, how many at once, and how many later fragments
 //! fragments_held = 256          # wait for their first one (each a max_frame buffer)
 //! flow_cache = false            # a fast path in each worker (flowstate_nf::stage::FlowCache): established
@@ -67,7 +67,12 @@
 //! spelled alike in every section ([`flowstate_config`]). Nothing in here panics on a user's
 //! file.
 
-use crate::fragments::FragmentLimits;
+use flowstate_chain::fragments::FragmentLimits;
+use flowstate_chain::runtime::RuntimeOptions;
+pub use flowstate_chain::runtime::{
+    default_workers, DEFAULT_BATCH, DEFAULT_INSIDE, DEFAULT_MAX_FRAME,
+};
+use flowstate_cluster::config::ClusterSection;
 use flowstate_config::IpPrefix;
 use flowstate_io::synth::{Profile, SizeDist, SynthConfig};
 use flowstate_nf::NfFactory;
@@ -170,9 +175,8 @@ pub struct Config {
     pub state: StateSection,
     /// The NFs, in order from the inside to the outside.
     pub chain: Vec<ChainEntry>,
-    /// `[cluster]`: the deployment of many instances, read by `flowstate-cluster` (`None`:
-    /// one process).
-    pub cluster: Option<toml::Table>,
+    /// `[cluster]`: the deployment of many instances (`None`: one process).
+    pub cluster: Option<ClusterSection>,
     /// `[fastpath]`: HyperSFC's table pipeline, run instead of `[[chain]]`
     /// ([`crate::pipeline`]).
     pub fastpath: Option<flowstate_fastpath::config::FastpathConfig>,
@@ -224,6 +228,13 @@ pub const MAX_FAST_PATH_REFRESH: Duration = Duration::from_secs(60);
 /// Largest `[input] fast_path_capacity` (`flowstate_fastpath::flowcache::MAX_CAPACITY`).
 pub const MAX_FAST_PATH_CAPACITY: u32 = 1 << 24;
 
+// The configuration's limits are the fast path's own.
+#[cfg(target_os = "linux")]
+const _: () = assert!(
+    MAX_FAST_PATH_REFRESH.as_nanos() == flowstate_fastpath::flowcache::MAX_REFRESH.as_nanos()
+        && MAX_FAST_PATH_CAPACITY == flowstate_fastpath::flowcache::MAX_CAPACITY
+);
+
 /// `[input] synthetic = { ... }`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SyntheticInput {
@@ -249,7 +260,7 @@ pub enum Output {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuntimeSection {
     /// Worker threads (default: the machine's available parallelism; 1 for a live box, which
-    /// then runs to completion, see [`crate::live`]).
+    /// then runs to completion, see `flowstate_chain::live`).
     pub workers: usize,
     /// Packets per batch.
     pub batch: usize,
@@ -278,16 +289,10 @@ pub const MAX_FRAGMENT_DATAGRAMS: usize = 1 << 24;
 /// Largest `[runtime] fragments_held`.
 pub const MAX_FRAGMENTS_HELD: usize = 1 << 16;
 
-/// Default `[runtime] batch`.
-pub const DEFAULT_BATCH: usize = 32;
 /// Largest `[runtime] batch`.
 pub const MAX_BATCH: usize = 1024;
 /// Largest `[runtime] workers`.
 pub const MAX_WORKERS: usize = 1024;
-/// Default `[runtime] max_frame`.
-pub const DEFAULT_MAX_FRAME: usize = 2048;
-/// Default `[runtime] inside`: the synthetic generator's client subnets.
-pub const DEFAULT_INSIDE: [&str; 2] = ["10.0.0.0/8", "fd00::/8"];
 
 impl Default for RuntimeSection {
     fn default() -> Self {
@@ -302,11 +307,6 @@ impl Default for RuntimeSection {
             flow_cache: None,
         }
     }
-}
-
-/// The machine's available parallelism (1 when unknown).
-pub fn default_workers() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// [`DEFAULT_INSIDE`] parsed.
@@ -682,7 +682,15 @@ impl Config {
 
         let cluster = match table.get("cluster") {
             None => None,
-            Some(toml::Value::Table(t)) => Some(t.clone()),
+            Some(toml::Value::Table(t)) => match ClusterSection::from_table(t) {
+                Ok(c) => Some(c),
+                Err(errors) => {
+                    for (key, reason) in errors {
+                        r.error(&key, reason);
+                    }
+                    None
+                }
+            },
             Some(other) => {
                 r.error(
                     "cluster",
@@ -741,6 +749,25 @@ impl Config {
             Ok(factories)
         } else {
             Err(ConfigErrors(errors))
+        }
+    }
+
+    /// The runtime's options on one host, as the file asks.
+    pub fn runtime_options(&self) -> RuntimeOptions {
+        RuntimeOptions {
+            workers: self.runtime.workers,
+            batch: self.runtime.batch,
+            max_frame: self.runtime.max_frame,
+            inside: self.runtime.inside_prefixes(),
+            reflect: self.runtime.reflect,
+            outbound_only: self.outbound_only,
+            instance: self.state.nf_instance,
+            flush_interval: self.state.flush_interval,
+            retain_ops: self.state.retain_ops,
+            nice: self.runtime.nice,
+            fragments: self.runtime.fragments,
+            flow_cache: self.runtime.flow_cache,
+            ..RuntimeOptions::default()
         }
     }
 
@@ -891,7 +918,7 @@ fn ports(
 fn runtime(r: &mut Report<'_>, raw: Option<RawRuntime>, live: bool) -> RuntimeSection {
     let mut runtime = RuntimeSection::default();
     if live {
-        // A live box runs one worker to completion unless told otherwise (crate::live).
+        // A live box runs one worker to completion unless told otherwise (flowstate_chain::live).
         runtime.workers = 1;
     }
     let Some(raw) = raw else {

@@ -1,7 +1,7 @@
 //! `[input]`/`[output] interface`: the live box's configuration, and its errors.
 
-use flowstate_chain::config::{Driver, FastPathConfig, Input, LivePort, Output};
-use flowstate_chain::Config;
+use flowstate_deploy::config::{Driver, FastPathConfig, Input, LivePort, Output};
+use flowstate_deploy::Config;
 use std::time::Duration;
 
 const CHAIN: &str = "[[chain]]\nnf = \"firewall\"\n";
