@@ -88,7 +88,7 @@ impl StateCallTimes {
 /// One worker's published counters.
 #[derive(Debug, Clone)]
 pub(crate) struct Published {
-    pub(crate) report: crate::runtime::WorkerReport,
+    pub(crate) report: crate::summary::WorkerReport,
     pub(crate) batches: BatchTimes,
     pub(crate) state_calls: StateCallTimes,
 }
@@ -100,7 +100,7 @@ pub(crate) struct RunView {
     pub(crate) backend: String,
     pub(crate) chain: Vec<String>,
     pub(crate) slots: Vec<ArcSwapOption<Published>>,
-    pub(crate) dispatched: ArcSwapOption<crate::runtime::Counts>,
+    pub(crate) dispatched: ArcSwapOption<crate::summary::Counts>,
     /// Each NF's tables, in chain order.
     pub(crate) tables: Vec<&'static [TableInfo]>,
     /// The table request the workers answer at their next publish.
@@ -249,7 +249,7 @@ impl Observer {
             .load_full()
             .map(|c| (*c).clone())
             .unwrap_or_default();
-        let mut s = crate::runtime::summarize(
+        let mut s = crate::summary::summarize(
             run.workers,
             &run.backend,
             &run.chain,

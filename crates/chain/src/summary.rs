@@ -6,9 +6,12 @@
 //! `dropped_total` sums `dropped` (NF verdicts and fragments the runtime dropped,
 //! `fragments.*`) and `malformed`.
 
+use crate::fragments::FragmentCounts;
+use flowstate_nf::stage::StageReport;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt;
+use std::time::{Duration, Instant};
 
 /// The summary of one run. Serializes to one JSON object (see the crate documentation).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -328,4 +331,196 @@ fn write_labelled(f: &mut fmt::Formatter<'_>, entries: &[LabelledSummary]) -> fm
         }
     }
     Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// What workers report, and the summary made of it
+
+/// Input-side counts (the dispatcher's, or a generating worker's).
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Counts {
+    pub(crate) packets_in: u64,
+    pub(crate) skipped: u64,
+    /// Malformed packets by error; few distinct errors, so a short list.
+    pub(crate) malformed: Vec<(flowstate_wire::Error, u64)>,
+    pub(crate) fragments: FragmentCounts,
+}
+
+impl Counts {
+    pub(crate) fn malformed(&mut self, e: flowstate_wire::Error) {
+        match self.malformed.iter_mut().find(|(k, _)| *k == e) {
+            Some((_, n)) => *n += 1,
+            None => self.malformed.push((e, 1)),
+        }
+    }
+
+    pub(crate) fn merge(&mut self, other: &Counts) {
+        self.packets_in += other.packets_in;
+        self.skipped += other.skipped;
+        self.fragments.merge(&other.fragments);
+        for &(e, k) in &other.malformed {
+            match self.malformed.iter_mut().find(|(x, _)| *x == e) {
+                Some((_, n)) => *n += k,
+                None => self.malformed.push((e, k)),
+            }
+        }
+    }
+}
+
+/// What a worker hands back at the end (and publishes while running).
+#[derive(Debug, Clone)]
+pub(crate) struct WorkerReport {
+    pub(crate) index: usize,
+    pub(crate) counts: Counts,
+    pub(crate) packets: u64,
+    pub(crate) reflected: u64,
+    pub(crate) out: u64,
+    pub(crate) busy: Duration,
+    /// When it had processed its last packet, and how long its state write-out at the stop
+    /// took then (`None` and zero while it runs).
+    pub(crate) processed: Option<Instant>,
+    pub(crate) write_out: Duration,
+    /// What the worker's stage counted.
+    pub(crate) stage: StageReport,
+    pub(crate) state_flushes: u64,
+    pub(crate) state_errors: u64,
+    pub(crate) state_lost_ops: u64,
+}
+
+/// The summary of the workers' `reports` and the dispatcher's counts.
+pub(crate) fn summarize(
+    workers: usize,
+    backend: &str,
+    chain: &[String],
+    dispatched: Counts,
+    reports: Vec<WorkerReport>,
+    start: Instant,
+    end: Instant,
+) -> Summary {
+    // Processing ends with the last packet of the last worker to finish (at `end` while one
+    // still runs); the state write-out at the stop is timed apart: a store that outlives the
+    // run needs it, the packets do not.
+    let processed = reports
+        .iter()
+        .map(|r| r.processed)
+        .collect::<Option<Vec<_>>>()
+        .and_then(|done| done.into_iter().max())
+        .unwrap_or(end);
+    let mut s = Summary {
+        workers,
+        backend: backend.to_owned(),
+        wall_s: processed.saturating_duration_since(start).as_secs_f64(),
+        write_out_s: end.saturating_duration_since(processed).as_secs_f64(),
+        ..Summary::default()
+    };
+    let mut counts = dispatched;
+    s.nfs = chain
+        .iter()
+        .map(|name| NfSummary {
+            name: name.clone(),
+            ..NfSummary::default()
+        })
+        .collect();
+    for r in reports {
+        counts.merge(&r.counts);
+        s.reflected += r.reflected;
+        s.packets_out += r.out;
+        s.flow_cache += r.stage.flow_cache;
+        for (i, c) in r.stage.counters.iter().enumerate() {
+            let Some(nf) = s.nfs.get_mut(i) else { continue };
+            nf.packets_in += c.packets_in;
+            nf.forwarded += c.forwarded;
+            for &(reason, k) in &c.dropped {
+                // NFs name themselves in their reasons ("nat: no mapping"): the key is the rest.
+                let own = reason
+                    .strip_prefix(nf.name.as_str())
+                    .and_then(|r| r.strip_prefix(": "))
+                    .unwrap_or(reason);
+                *nf.dropped.entry(key(own)).or_default() += k;
+            }
+        }
+        for (i, rep) in r.stage.reports.iter().enumerate() {
+            let Some(nf) = s.nfs.get_mut(i) else { continue };
+            for &(k, v) in rep {
+                *nf.report.entry(k.to_owned()).or_default() += v;
+            }
+            if let Some(g) = r.stage.gauges.get(i) {
+                nf.gauges = g.iter().map(|&g| g.to_owned()).collect();
+            }
+            for l in r.stage.labelled.get(i).into_iter().flatten() {
+                match nf
+                    .labelled
+                    .iter_mut()
+                    .find(|e| e.name == l.name && e.value == l.value)
+                {
+                    Some(e) => e.count += l.count,
+                    None => nf.labelled.push(LabelledSummary {
+                        name: l.name.to_owned(),
+                        label: l.label.to_owned(),
+                        value: l.value.clone(),
+                        count: l.count,
+                        gauge: l.gauge,
+                    }),
+                }
+            }
+        }
+        s.per_worker.push(WorkerSummary {
+            index: r.index,
+            packets: r.packets,
+            reflected: r.reflected,
+            packets_out: r.out,
+            busy_s: r.busy.as_secs_f64(),
+            write_out_s: r.write_out.as_secs_f64(),
+            state_flushes: r.state_flushes,
+            state_errors: r.state_errors,
+            state_lost_ops: r.state_lost_ops,
+        });
+    }
+    for nf in &s.nfs {
+        for (reason, k) in &nf.dropped {
+            *s.dropped
+                .entry(format!("{}.{reason}", nf.name))
+                .or_default() += k;
+        }
+    }
+    let f = counts.fragments;
+    for (why, k) in crate::fragments::FragmentDrop::ALL.iter().zip(f.dropped) {
+        if k > 0 {
+            s.dropped.insert(format!("fragments.{}", why.name()), k);
+        }
+    }
+    if f.datagrams > 0 {
+        s.fragments = [
+            ("datagrams", f.datagrams),
+            ("tracked", f.tracked),
+            ("held", f.held),
+            ("released", f.released),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+    }
+    s.packets_in = counts.packets_in;
+    s.skipped = counts.skipped;
+    s.malformed = counts
+        .malformed
+        .iter()
+        .map(|(e, k)| {
+            let text = e.to_string();
+            let key = match text.split_once(": ") {
+                Some((layer, what)) => format!("{}.{}", key(layer), key(what)),
+                None => key(&text),
+            };
+            (key, *k)
+        })
+        .collect::<BTreeMap<_, _>>();
+    s.dropped_total = s.nf_dropped() + s.malformed_total();
+    // What the chain ran: input packets neither skipped nor malformed, and the replies.
+    let ran = (s.packets_in + s.reflected).saturating_sub(s.skipped + s.malformed_total());
+    s.mpps = if s.wall_s > 0.0 {
+        ran as f64 / s.wall_s / 1e6
+    } else {
+        0.0
+    };
+    s
 }
