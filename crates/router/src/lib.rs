@@ -32,6 +32,8 @@ use flowstate_config::IpPrefix;
 use flowstate_fastpath::flowcache::XdpFlowCache;
 use flowstate_io::afxdp::XdpProgram;
 use flowstate_io::{PacketBatch, Port, Sink, Source};
+use flowstate_wire::ethernet::{EtherType, MacAddr};
+use flowstate_wire::{arp, ethernet, icmp, ipv4};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -314,22 +316,19 @@ fn write_arp(
     tha: [u8; 6],
     tpa: Ipv4Addr,
 ) -> usize {
-    const LEN: usize = ETH_HLEN + 28;
+    const LEN: usize = ETH_HLEN + arp::PACKET_LEN;
     let Some(b) = buf.get_mut(..LEN) else {
         return 0;
     };
-    b[0..6].copy_from_slice(&eth_dst);
-    b[6..12].copy_from_slice(&sha);
-    b[12..14].copy_from_slice(&ETHERTYPE_ARP.to_be_bytes());
-    b[14..16].copy_from_slice(&1u16.to_be_bytes()); // Ethernet
-    b[16..18].copy_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
-    b[18] = 6;
-    b[19] = 4;
-    b[20..22].copy_from_slice(&op.to_be_bytes());
-    b[22..28].copy_from_slice(&sha);
-    b[28..32].copy_from_slice(&spa.octets());
-    b[32..38].copy_from_slice(&tha);
-    b[38..42].copy_from_slice(&tpa.octets());
+    let (eth, rest) = b.split_at_mut(ETH_HLEN);
+    ethernet::Frame::new_unchecked(eth).emit(MacAddr(eth_dst), MacAddr(sha), EtherType::ARP);
+    let mut a = arp::Packet::new_unchecked(rest);
+    a.set_ethernet_ipv4();
+    a.set_operation(op);
+    a.set_sender_hardware_addr(MacAddr(sha));
+    a.set_sender_protocol_addr(spa);
+    a.set_target_hardware_addr(MacAddr(tha));
+    a.set_target_protocol_addr(tpa);
     LEN
 }
 
@@ -417,27 +416,30 @@ fn write_icmp_error(
     let Some(b) = buf.get_mut(..len) else {
         return 0;
     };
-    b[0..6].copy_from_slice(&src_mac);
-    b[6..12].copy_from_slice(&my_mac);
-    b[12..14].copy_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
-    let (hdr, rest) = b[ETH_HLEN..].split_at_mut(20);
-    hdr.copy_from_slice(&[
-        0x45, 0xc0, 0, 0, 0, 0, 0, 0, 64, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-    ]);
-    hdr[2..4].copy_from_slice(&((20 + 8 + quote) as u16).to_be_bytes());
-    hdr[12..16].copy_from_slice(&my_ip.octets());
-    hdr[16..20].copy_from_slice(&src.octets());
-    let c = flowstate_wire::checksum::checksum(hdr);
-    hdr[10..12].copy_from_slice(&c.to_be_bytes());
+    let (eth, rest) = b.split_at_mut(ETH_HLEN);
+    ethernet::Frame::new_unchecked(eth).emit(MacAddr(src_mac), MacAddr(my_mac), EtherType::IPV4);
+    let (hdr, rest) = rest.split_at_mut(20);
+    let mut h = ipv4::Packet::new_unchecked(hdr);
+    h.emit(
+        (20 + 8 + quote) as u16,
+        64,
+        flowstate_wire::flow::proto::ICMP,
+        my_ip,
+        src,
+    );
+    // DSCP CS6, as routers mark their own control traffic (RFC 4594 §3.2).
+    h.set_dscp_ecn(48, 0);
+    h.fill_checksum();
     let (kind, code, mtu) = match why {
-        Undeliverable::TtlExpired => (11, 0, 0),
-        Undeliverable::TooBig { mtu, .. } => (3, 4, mtu),
+        Undeliverable::TtlExpired => (icmp::v4::types::TIME_EXCEEDED, 0, 0),
+        // Code 4, fragmentation needed and DF set, with the next hop's MTU (RFC 1191 §4).
+        Undeliverable::TooBig { mtu, .. } => (icmp::v4::types::DEST_UNREACHABLE, 4, mtu),
     };
     rest[..8].copy_from_slice(&[kind, code, 0, 0, 0, 0, 0, 0]);
     rest[6..8].copy_from_slice(&mtu.to_be_bytes());
     rest[8..8 + quote].copy_from_slice(&ip[..quote]);
-    let c = flowstate_wire::checksum::checksum(&rest[..8 + quote]);
-    rest[2..4].copy_from_slice(&c.to_be_bytes());
+    let mut m = icmp::v4::Packet::new_unchecked(&mut rest[..8 + quote]);
+    m.fill_checksum();
     len
 }
 
@@ -824,17 +826,12 @@ impl<P: Port> LiveSink<P> {
             if n < ETH_HLEN + 20 {
                 return n;
             }
-            buf[0..6].copy_from_slice(&hop_mac);
-            buf[6..12].copy_from_slice(&my_mac);
-            // TTL - 1, checksum updated (RFC 1624 eqn. 3: HC' = ~(~HC + ~m + m')).
-            let t = ETH_HLEN + 8;
-            let old = u16::from_be_bytes([buf[t], buf[t + 1]]);
-            buf[t] -= 1;
-            let new = u16::from_be_bytes([buf[t], buf[t + 1]]);
-            let c = ETH_HLEN + 10;
-            let hc = u16::from_be_bytes([buf[c], buf[c + 1]]);
-            let hc = flowstate_wire::checksum::update_u16(hc, old, new);
-            buf[c..c + 2].copy_from_slice(&hc.to_be_bytes());
+            let mut eth = ethernet::Frame::new_unchecked(&mut buf[..n]);
+            eth.set_dst_addr(MacAddr(hop_mac));
+            eth.set_src_addr(MacAddr(my_mac));
+            // TTL − 1 (RFC 1812 §5.3.1), the checksum updated incrementally (RFC 1624).
+            let mut ip = ipv4::Packet::new_unchecked(&mut buf[ETH_HLEN..n]);
+            ip.set_ttl(ttl - 1);
             n
         });
         Ok(Some(p))

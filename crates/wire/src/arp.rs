@@ -185,6 +185,17 @@ impl<T: AsRef<[u8]>> Packet<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
+    /// Writes the fixed part of an Ethernet/IPv4 ARP packet (RFC 826: hardware space
+    /// Ethernet, protocol space IPv4, address lengths 6 and 4), so the rest can be set.
+    #[inline]
+    pub fn set_ethernet_ipv4(&mut self) {
+        let b = self.buffer.as_mut();
+        b[field::HTYPE].copy_from_slice(&HTYPE_ETHERNET.to_be_bytes());
+        b[field::PTYPE].copy_from_slice(&0x0800u16.to_be_bytes());
+        b[field::HLEN] = 6;
+        b[field::PLEN] = 4;
+    }
+
     /// Sets the operation.
     #[inline]
     pub fn set_operation(&mut self, op: u16) {

@@ -283,6 +283,15 @@ impl<T: AsRef<[u8]>> Frame<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Frame<T> {
+    /// Writes an untagged header (IEEE 802.3 §3.1.1): destination, source, EtherType.
+    #[inline]
+    pub fn emit(&mut self, dst: MacAddr, src: MacAddr, ethertype: EtherType) {
+        let b = self.buffer.as_mut();
+        b[field::DST].copy_from_slice(&dst.0);
+        b[field::SRC].copy_from_slice(&src.0);
+        b[field::ETHERTYPE].copy_from_slice(&ethertype.0.to_be_bytes());
+    }
+
     /// Sets the destination MAC address.
     #[inline]
     pub fn set_dst_addr(&mut self, addr: MacAddr) {

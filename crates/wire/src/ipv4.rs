@@ -277,6 +277,22 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
         self.buffer.as_mut()[r].copy_from_slice(&v.to_be_bytes());
     }
 
+    /// Writes a header without options for a datagram of `total_len` bytes (RFC 791 §3.1):
+    /// version 4, IHL 5, DSCP/ECN 0, identification 0, not fragmented, and its checksum.
+    pub fn emit(&mut self, total_len: u16, ttl: u8, protocol: u8, src: Ipv4Addr, dst: Ipv4Addr) {
+        let b = self.buffer.as_mut();
+        b[field::VER_IHL] = 0x45;
+        b[field::DSCP_ECN] = 0;
+        b[field::LENGTH].copy_from_slice(&total_len.to_be_bytes());
+        b[field::IDENT].fill(0);
+        b[field::FLG_OFF].fill(0);
+        b[field::TTL] = ttl;
+        b[field::PROTOCOL] = protocol;
+        b[field::SRC].copy_from_slice(&src.octets());
+        b[field::DST].copy_from_slice(&dst.octets());
+        self.fill_checksum();
+    }
+
     /// Sets the stored header checksum.
     #[inline]
     pub fn set_checksum(&mut self, v: u16) {
