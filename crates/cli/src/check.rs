@@ -6,7 +6,7 @@
 use crate::backends::{self, Backend};
 use anyhow::Result;
 use clap::Args;
-use flowstate_cluster::config::ClusterSection;
+use flowstate_cluster::ClusterSection;
 use flowstate_deploy::config::{Input, Output, StateSection};
 use flowstate_deploy::{Config, ConfigError, ConfigErrors};
 use std::path::{Path, PathBuf};
@@ -296,8 +296,8 @@ pub(crate) fn summary(l: &Loaded) -> Vec<(&'static str, String)> {
                 cl.max_instances,
                 flowstate_config::format_duration(cl.heartbeat),
                 match cl.store {
-                    flowstate_cluster::config::StoreMode::Managed => "managed",
-                    flowstate_cluster::config::StoreMode::External => "external",
+                    flowstate_cluster::StoreMode::Managed => "managed",
+                    flowstate_cluster::StoreMode::External => "external",
                 }
             ),
         ));

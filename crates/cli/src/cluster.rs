@@ -10,8 +10,10 @@
 use crate::telemetry::{ClusterRoleProvider, INSTANCE_GAUGES, ROOT_GAUGES};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use flowstate_cluster::config::{ClusterSection, StoreMode};
-use flowstate_cluster::controller::{self, Command, Launcher, Status};
+use flowstate_cluster::{
+    assignment_key, request, run_controller, Command, ControllerOptions, Launcher, Status,
+};
+use flowstate_cluster::{ClusterSection, StoreMode};
 use flowstate_deploy::config::{BackendKind, Input, Output};
 use flowstate_deploy::Config;
 use flowstate_lab::Lab;
@@ -222,7 +224,7 @@ pub(crate) fn run(a: &ClusterArgs) -> Result<()> {
         Action::Down => down(&dir),
         Action::Status { json } => status(&dir, *json),
         Action::Scale { n, stage } => {
-            let v = controller::request(
+            let v = request(
                 &dir.socket(),
                 &Command::Scale {
                     n: *n,
@@ -236,7 +238,7 @@ pub(crate) fn run(a: &ClusterArgs) -> Result<()> {
             Ok(())
         }
         Action::Drain { id } => {
-            controller::request(&dir.socket(), &Command::Drain { id: *id })?;
+            request(&dir.socket(), &Command::Drain { id: *id })?;
             println!("cluster {}: draining instance {id}", a.prefix);
             Ok(())
         }
@@ -485,7 +487,7 @@ fn down(dir: &Dir) -> Result<()> {
 }
 
 fn current_status(dir: &Dir) -> Result<Status> {
-    let v = controller::request(&dir.socket(), &Command::Status)?;
+    let v = request(&dir.socket(), &Command::Status)?;
     Ok(serde_json::from_value(v)?)
 }
 
@@ -542,10 +544,10 @@ fn role_root(dir: &Dir, path: &Path) -> Result<()> {
     };
     // A new epoch: this root's clocks continue above every earlier root's.
     let mut store = connector_when_up(&d.config)?.connect()?;
-    let epoch = flowstate_cluster::root::take_epoch(store.as_mut())?;
+    let epoch = flowstate_cluster::take_epoch(store.as_mut())?;
     drop(store);
     let (stats, _server) = stats_sink(dir.file("root.json"), &d.config, "root", ROOT_GAUGES)?;
-    let o = flowstate_cluster::root::RootOptions {
+    let o = flowstate_cluster::RootOptions {
         section: d.section.clone(),
         inside: inside.clone(),
         outside: outside.clone(),
@@ -554,7 +556,7 @@ fn role_root(dir: &Dir, path: &Path) -> Result<()> {
         epoch,
     };
     let stages = d.config.stage_factories()?;
-    let stats = flowstate_cluster::root::run_root(&o, &stages, Stop::new())?;
+    let stats = flowstate_cluster::run_root(&o, &stages, Stop::new())?;
     eprintln!("root stopped: {stats:?}");
     Ok(())
 }
@@ -637,7 +639,7 @@ fn role_instance(dir: &Dir, path: &Path, id: u32, stage: u32) -> Result<()> {
         "instance",
         INSTANCE_GAUGES,
     )?;
-    let o = flowstate_cluster::serve::ServeOptions {
+    let o = flowstate_cluster::ServeOptions {
         section: d.section.clone(),
         id,
         stage,
@@ -646,7 +648,7 @@ fn role_instance(dir: &Dir, path: &Path, id: u32, stage: u32) -> Result<()> {
         retain_ops: d.config.state.retain_ops,
         stats,
     };
-    flowstate_cluster::serve::run_instance(&o, chain, connector, Stop::new())?;
+    flowstate_cluster::run_instance(&o, chain, connector, Stop::new())?;
     Ok(())
 }
 
@@ -728,7 +730,7 @@ fn role_controller(dir: &Dir, path: &Path, fresh: bool) -> Result<()> {
         let mut replies = Vec::new();
         let ops: Vec<_> = (0..d.config.stages())
             .map(|k| flowstate_state::Op::Delete {
-                key: controller::assignment_key(k),
+                key: assignment_key(k),
             })
             .collect();
         store.execute(&ops, &mut replies)?;
@@ -739,10 +741,10 @@ fn role_controller(dir: &Dir, path: &Path, fresh: bool) -> Result<()> {
         config: std::fs::canonicalize(path)?.to_string_lossy().into_owned(),
         children: HashMap::new(),
     };
-    let o = controller::ControllerOptions {
+    let o = ControllerOptions {
         section: d.section.clone(),
         socket: dir.socket(),
     };
-    controller::run_controller(&o, store, &mut launcher, d.config.stages(), Stop::new())?;
+    run_controller(&o, store, &mut launcher, d.config.stages(), Stop::new())?;
     Ok(())
 }

@@ -45,11 +45,11 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 /// UDP port of the controller (instances' reports).
-pub const CONTROLLER_PORT: u16 = 7900;
+pub(crate) const CONTROLLER_PORT: u16 = 7900;
 /// UDP port where the root and every instance take the controller's assignment.
-pub const CONTROL_PORT: u16 = 7901;
+pub(crate) const CONTROL_PORT: u16 = 7901;
 /// Most partitions.
-pub const MAX_PARTITIONS: u32 = 4096;
+pub(crate) const MAX_PARTITIONS: u32 = 4096;
 
 /// Whether `cluster up` starts the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -41,9 +41,9 @@ use std::sync::Arc;
 
 /// Frames in flight the root can learn from (the newest ones; an older frame whose output comes
 /// back after [`RING`] newer frames teaches nothing).
-pub const RING: usize = 4096;
+pub(crate) const RING: usize = 4096;
 /// Stages a frame's route through the chain is recorded for (a longer chain is not learned).
-pub const MAX_STAGES: usize = 8;
+pub(crate) const MAX_STAGES: usize = 8;
 
 /// Counters of the root's fast path.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -65,7 +65,7 @@ pub struct FastStats {
 /// The root's fast path: the kernel's table and programs, the frames in flight, and which
 /// partitions each installed key belongs to. Partitions are numbered across the stages
 /// (`slot`: stage `k`'s partition `p` is the partitions of stages before `k`, plus `p`).
-pub struct RootFastPath {
+pub(crate) struct RootFastPath {
     path: Arc<XdpFlowCache>,
     _programs: [Arc<flowstate_io::afxdp::XdpProgram>; 2],
     ifindex: [u32; 2],
@@ -89,7 +89,7 @@ impl std::fmt::Debug for RootFastPath {
 impl RootFastPath {
     /// The fast path `loaded` on the root's ports for `slots` partitions (of every stage),
     /// tracking at most `2 * capacity` keys.
-    pub fn new(loaded: LoadedFastPath, slots: u32, capacity: u32, max_frame: usize) -> Self {
+    pub(crate) fn new(loaded: LoadedFastPath, slots: u32, capacity: u32, max_frame: usize) -> Self {
         let (path, programs) = loaded;
         let ifindex = [programs[0].ifindex(), programs[1].ifindex()];
         RootFastPath {
@@ -106,18 +106,18 @@ impl RootFastPath {
 
     /// Keeps `frame`, received on `port` and sent to an instance with `clock`, until its output
     /// comes back.
-    pub fn sent(&mut self, clock: u64, port: u16, frame: &[u8]) {
+    pub(crate) fn sent(&mut self, clock: u64, port: u16, frame: &[u8]) {
         self.ring.keep(clock, port, frame);
     }
 
     /// The frame of `clock` was sent to the owner of `slot` at `epoch`.
-    pub fn routed(&mut self, clock: u64, slot: u32, epoch: u32) {
+    pub(crate) fn routed(&mut self, clock: u64, slot: u32, epoch: u32) {
         self.ring.route(clock, slot, epoch);
     }
 
     /// The chain's output for the frame of `clock` left by `out_port` as `output`: teaches
     /// the fast path, if `steady` says yes to every (slot, epoch) the frame was sent to.
-    pub fn returned(
+    pub(crate) fn returned(
         &mut self,
         clock: u64,
         out_port: usize,
@@ -173,7 +173,7 @@ impl RootFastPath {
     }
 
     /// The partition of `slot` begins a planned move: its flows leave the fast path.
-    pub fn moving(&mut self, slot: u32) {
+    pub(crate) fn moving(&mut self, slot: u32) {
         let Some(keys) = self.keys.get_mut(slot as usize) else {
             return;
         };
@@ -224,7 +224,7 @@ impl RootFastPath {
     }
 
     /// The counters (the program's read from the kernel).
-    pub fn stats(&self) -> FastStats {
+    pub(crate) fn stats(&self) -> FastStats {
         let mut s = self.stats;
         if let Ok(f) = self.path.stats() {
             s.fast_path_packets = f.packets;

@@ -149,7 +149,7 @@ impl std::fmt::Debug for Instance {
 }
 
 /// The key of partition `p`'s ownership record.
-pub fn record_key(stage: u32, p: u32) -> ObjectKey {
+pub(crate) fn record_key(stage: u32, p: u32) -> ObjectKey {
     ObjectKey::shared("cluster", ObjKind::Value, &format!("owner.{stage}.{p}"))
 }
 

@@ -27,16 +27,24 @@
 //! the survivors process once: a packet whose changes were committed is not processed again
 //! ([`instance`]).
 
-pub mod config;
-pub mod controller;
-pub mod fast;
-pub mod instance;
-pub mod log;
+mod config;
+mod controller;
+mod fast;
+mod instance;
+mod log;
 pub mod meta;
-pub mod root;
-pub mod serve;
-pub mod steer;
-pub mod udp;
+mod root;
+mod serve;
+mod steer;
+mod udp;
+
+pub use config::{ClusterSection, StageSection, StoreMode};
+pub use controller::{
+    assignment_key, request, run_controller, Command, ControllerOptions, Launcher, Status,
+};
+pub use instance::{Instance, InstanceConfig, InstanceStats};
+pub use root::{run_root, take_epoch, RootOptions};
+pub use serve::{run_instance, ServeOptions};
 
 use std::net::SocketAddrV4;
 use std::path::Path;

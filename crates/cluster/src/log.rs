@@ -38,7 +38,7 @@ use flowstate_nf::Direction;
 use serde::Serialize;
 
 /// The epoch of a logged packet the steering table holds (not sent yet).
-pub const HELD: u32 = u32::MAX;
+pub(crate) const HELD: u32 = u32::MAX;
 
 /// One logged packet.
 #[derive(Debug)]
@@ -98,7 +98,7 @@ pub struct LogStats {
 
 /// What to do with an output of a stage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Output {
+pub(crate) enum Output {
     /// Kept in the packet's entry until the stage's commit notice.
     Kept,
     /// The packet has left this stage already, or went to another owner since: drop it.
@@ -109,7 +109,7 @@ pub enum Output {
 
 /// A packet whose output a commit notice releases.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Released {
+pub(crate) struct Released {
     /// Where it entered the chain.
     pub direction: Direction,
     /// The stage's partition it was at (numbered across stages).
@@ -118,7 +118,7 @@ pub struct Released {
 
 /// The packet log. See the module documentation.
 #[derive(Debug)]
-pub struct PacketLog {
+pub(crate) struct PacketLog {
     entries: Vec<Entry>,
     mask: u64,
     /// The oldest clock that may still be live (the replay scan starts there).
@@ -141,7 +141,7 @@ pub struct PacketLog {
 impl PacketLog {
     /// A log of `capacity` packets (rounded up to a power of two) sent to `slots` partitions
     /// (of every stage); 0: no log (no replay, no duplicate suppression).
-    pub fn new(capacity: usize, slots: u32) -> PacketLog {
+    pub(crate) fn new(capacity: usize, slots: u32) -> PacketLog {
         let n = if capacity == 0 {
             0
         } else {
@@ -175,17 +175,17 @@ impl PacketLog {
     }
 
     /// Whether packets are logged.
-    pub fn enabled(&self) -> bool {
+    pub(crate) fn enabled(&self) -> bool {
         !self.entries.is_empty()
     }
 
     /// The counters.
-    pub fn stats(&self) -> LogStats {
+    pub(crate) fn stats(&self) -> LogStats {
         self.stats
     }
 
     /// Sets the time now, ns: when the packets sent from now on leave, and answers come.
-    pub fn set_now(&mut self, now: u64) {
+    pub(crate) fn set_now(&mut self, now: u64) {
         self.now = now;
     }
 
@@ -203,7 +203,7 @@ impl PacketLog {
     /// a newer one of its partition was answered is not waiting but lost on the way (an
     /// instance answers a partition's packets in order): it does not count, so one lost
     /// datagram never makes its instance a straggler.
-    pub fn waits(&mut self, mut f: impl FnMut(u32, u64)) {
+    pub(crate) fn waits(&mut self, mut f: impl FnMut(u32, u64)) {
         for clock in self.live_window() {
             let e = &self.entries[(clock & self.mask) as usize];
             if e.clock == clock && e.live && e.epoch != HELD {
@@ -227,7 +227,7 @@ impl PacketLog {
 
     /// Logs the packet of `clock` (the root's next clock) from a port, entering the chain from
     /// `direction`. Evicts the packet `capacity` clocks older if it is still live.
-    pub fn log(&mut self, clock: u64, direction: Direction) {
+    pub(crate) fn log(&mut self, clock: u64, direction: Direction) {
         let i = (clock & self.mask) as usize;
         let Some(e) = self.entries.get_mut(i) else {
             return;
@@ -252,7 +252,7 @@ impl PacketLog {
 
     /// The packet of `clock`, `frame` as it is now, goes to `slot` (a partition of `stage`)
     /// with `epoch` ([`HELD`]: held until the partition's move ends).
-    pub fn sent(&mut self, clock: u64, stage: u32, slot: u32, epoch: u32, frame: &[u8]) {
+    pub(crate) fn sent(&mut self, clock: u64, stage: u32, slot: u32, epoch: u32, frame: &[u8]) {
         let now = self.now;
         if let Some(e) = self.at(clock).filter(|e| e.live) {
             e.stage = stage;
@@ -266,7 +266,7 @@ impl PacketLog {
     }
 
     /// A held packet of `clock` was sent with `epoch`.
-    pub fn released(&mut self, clock: u64, epoch: u32) {
+    pub(crate) fn released(&mut self, clock: u64, epoch: u32) {
         let now = self.now;
         if let Some(e) = self.at(clock).filter(|e| e.live) {
             e.epoch = epoch;
@@ -277,7 +277,7 @@ impl PacketLog {
     /// The output `payload` of `stage`'s owner at `epoch` for the packet of `clock`: kept
     /// until the stage's commit notice ([`Output::Kept`]; a later output of the same owner
     /// replaces it), dropped, or to pass on now.
-    pub fn output(&mut self, clock: u64, stage: u32, epoch: u32, payload: &[u8]) -> Output {
+    pub(crate) fn output(&mut self, clock: u64, stage: u32, epoch: u32, payload: &[u8]) -> Output {
         let (first, capacity) = (self.first, self.entries.len());
         let v = match self.entries.get_mut((clock & self.mask) as usize) {
             Some(e) if e.clock == clock => {
@@ -323,7 +323,7 @@ impl PacketLog {
     /// partition's outputs leave in order. `None`: nothing (more) to send (a notice for a
     /// packet that moved on, or another owner's; or one whose output never came, which is
     /// given up and counted).
-    pub fn committed(
+    pub(crate) fn committed(
         &mut self,
         clock: u64,
         stage: u32,
@@ -387,14 +387,14 @@ impl PacketLog {
     }
 
     /// The packet of `clock` left the chain (its output was sent out).
-    pub fn finish(&mut self, clock: u64) {
+    pub(crate) fn finish(&mut self, clock: u64) {
         if self.end(clock) {
             self.stats.log_finished += 1;
         }
     }
 
     /// The root dropped the packet of `clock` (no owner, a full hold).
-    pub fn abandon(&mut self, clock: u64) {
+    pub(crate) fn abandon(&mut self, clock: u64) {
         if self.end(clock) {
             self.stats.log_abandoned += 1;
         }
@@ -403,7 +403,7 @@ impl PacketLog {
     /// A delete request of `stage`'s owner at `epoch` for the packet of `clock`: an NF
     /// dropped it. Whether it was live at that stage and sent to that owner (anything else is
     /// a duplicate, counted).
-    pub fn delete(&mut self, clock: u64, stage: u32, epoch: u32) -> bool {
+    pub(crate) fn delete(&mut self, clock: u64, stage: u32, epoch: u32) -> bool {
         let (waited, now) = (&mut self.waited, self.now);
         let i = (clock & self.mask) as usize;
         let fresh = self.entries.get(i).is_some_and(|e| {
@@ -437,7 +437,7 @@ impl PacketLog {
     /// table sends those), and notes them sent with `epoch`. A packet older than the newest
     /// one its partition's owners answered was lost on the way (owners answer in order): it
     /// is given up and counted, not sent after newer packets of its partition.
-    pub fn replay(
+    pub(crate) fn replay(
         &mut self,
         stage: u32,
         slot: u32,

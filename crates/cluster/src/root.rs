@@ -60,10 +60,10 @@ const MAX_FRAME: usize = 2048;
 
 /// Bits of a logical clock below the root's epoch: 2^48 packets per root (325 days at
 /// 10 Mpps), 2^16 roots.
-pub const CLOCK_BITS: u32 = 48;
+pub(crate) const CLOCK_BITS: u32 = 48;
 
 /// The store's counter of root epochs.
-pub fn root_epoch_key() -> ObjectKey {
+pub(crate) fn root_epoch_key() -> ObjectKey {
     ObjectKey::shared("cluster", ObjKind::Counter, "root_epoch")
 }
 
@@ -93,7 +93,7 @@ pub fn take_epoch(store: &mut dyn Backend) -> Result<u64, ClusterError> {
 }
 
 /// The clock before the first packet of a root of `epoch`.
-pub fn first_clock(epoch: u64) -> u64 {
+pub(crate) fn first_clock(epoch: u64) -> u64 {
     epoch << CLOCK_BITS
 }
 

@@ -28,7 +28,7 @@ use std::net::SocketAddrV4;
 
 /// Settings of the steering table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SteerConfig {
+pub(crate) struct SteerConfig {
     /// How long the root waits for a `Released` or a `Ready` before it gives up on the old
     /// owner or asks the new one again.
     pub move_timeout: Nanos,
@@ -47,7 +47,7 @@ impl Default for SteerConfig {
 
 /// A packet held while its partition moves.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Held {
+pub(crate) struct Held {
     /// The Ethernet frame.
     pub frame: Vec<u8>,
     /// Where it entered.
@@ -58,7 +58,7 @@ pub struct Held {
 
 /// Where a packet goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Route {
+pub(crate) enum Route {
     /// To this instance, stamped with this epoch.
     Send {
         /// The owner's data address.
@@ -74,7 +74,7 @@ pub enum Route {
 
 /// A control frame for the caller to send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Control {
+pub(crate) struct Control {
     /// The instance's data address.
     pub to: SocketAddrV4,
     /// Release or Claim.
@@ -146,7 +146,7 @@ struct Member {
 
 /// The root's steering table. See the module documentation.
 #[derive(Debug)]
-pub struct Steer {
+pub(crate) struct Steer {
     config: SteerConfig,
     slots: Vec<Slot>,
     members: Vec<Member>,
@@ -160,7 +160,7 @@ pub struct Steer {
 
 impl Steer {
     /// A table of `partitions` partitions, none owned yet.
-    pub fn new(partitions: u32, config: SteerConfig) -> Steer {
+    pub(crate) fn new(partitions: u32, config: SteerConfig) -> Steer {
         Steer {
             config,
             slots: (0..partitions)
@@ -182,28 +182,23 @@ impl Steer {
         }
     }
 
-    /// Number of partitions.
-    pub fn partitions(&self) -> u32 {
-        self.slots.len() as u32
-    }
-
     /// The newest assignment version applied.
-    pub fn version(&self) -> u64 {
+    pub(crate) fn version(&self) -> u64 {
         self.version
     }
 
     /// The counters.
-    pub fn stats(&self) -> SteerStats {
+    pub(crate) fn stats(&self) -> SteerStats {
         self.stats
     }
 
     /// Durations of the finished moves (the newest 4096), ns.
-    pub fn move_times(&self) -> impl Iterator<Item = Nanos> + '_ {
+    pub(crate) fn move_times(&self) -> impl Iterator<Item = Nanos> + '_ {
         self.move_times.iter().copied()
     }
 
     /// Partitions moving now.
-    pub fn moving(&self) -> usize {
+    pub(crate) fn moving(&self) -> usize {
         self.slots
             .iter()
             .filter(|s| s.phase != Phase::Steady)
@@ -211,7 +206,7 @@ impl Steer {
     }
 
     /// The owner and epoch of partition `p`.
-    pub fn owner(&self, p: u32) -> Option<(u32, u32)> {
+    pub(crate) fn owner(&self, p: u32) -> Option<(u32, u32)> {
         let s = self.slots.get(p as usize)?;
         s.owner.map(|o| (o, s.epoch))
     }
@@ -225,13 +220,13 @@ impl Steer {
     }
 
     /// The sender of a frame from `addr`, if it is a member.
-    pub fn member_at(&self, addr: SocketAddrV4) -> Option<u32> {
+    pub(crate) fn member_at(&self, addr: SocketAddrV4) -> Option<u32> {
         self.members.iter().find(|m| m.addr == addr).map(|m| m.id)
     }
 
     /// Applies a newer assignment (an older or equal version is ignored): starts a move for
     /// every partition whose owner changed.
-    pub fn apply(&mut self, a: &Assignment, now: Nanos, out: &mut Vec<Control>) {
+    pub(crate) fn apply(&mut self, a: &Assignment, now: Nanos, out: &mut Vec<Control>) {
         if a.version <= self.version && self.version != 0 {
             return;
         }
@@ -326,7 +321,7 @@ impl Steer {
     /// just started, or replaced a failed one: CHC §5.4) packets are held until their
     /// partition's owner is known and ready.
     #[inline]
-    pub fn route(&self, p: u32) -> Route {
+    pub(crate) fn route(&self, p: u32) -> Route {
         let Some(s) = self.slots.get(p as usize) else {
             return Route::NoOwner;
         };
@@ -344,7 +339,7 @@ impl Steer {
     }
 
     /// Holds a packet of moving partition `p`; false (and counted) when its hold is full.
-    pub fn hold(&mut self, p: u32, frame: &[u8], direction: Direction, clock: u64) -> bool {
+    pub(crate) fn hold(&mut self, p: u32, frame: &[u8], direction: Direction, clock: u64) -> bool {
         let Some(s) = self.slots.get_mut(p as usize) else {
             return false;
         };
@@ -365,14 +360,14 @@ impl Steer {
     }
 
     /// Counts a packet dropped for want of an owner.
-    pub fn count_no_owner(&mut self) {
+    pub(crate) fn count_no_owner(&mut self) {
         self.stats.no_owner += 1;
     }
 
     /// A control frame from instance `from`. When a partition becomes steady again, returns
     /// its new owner's address and epoch with the held packets, to send in this order (give
     /// the buffers back with [`Steer::recycle`]).
-    pub fn on_control(
+    pub(crate) fn on_control(
         &mut self,
         from: u32,
         kind: Kind,
@@ -430,7 +425,7 @@ impl Steer {
     }
 
     /// Gives back the buffers of sent held packets.
-    pub fn recycle(&mut self, held: VecDeque<Held>) {
+    pub(crate) fn recycle(&mut self, held: VecDeque<Held>) {
         for h in held {
             if self.spare.len() < self.config.hold {
                 self.spare.push(h.frame);
@@ -440,7 +435,7 @@ impl Steer {
 
     /// Times out moves: an old owner that did not release within `move_timeout` is passed
     /// over; a claim not answered is sent again.
-    pub fn tick(&mut self, now: Nanos, out: &mut Vec<Control>) {
+    pub(crate) fn tick(&mut self, now: Nanos, out: &mut Vec<Control>) {
         for p in 0..self.slots.len() {
             let s = &self.slots[p];
             if s.phase == Phase::Steady || now.saturating_sub(s.since) < self.config.move_timeout {

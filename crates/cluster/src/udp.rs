@@ -6,7 +6,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::RawFd;
 
 /// Datagram buffers with their lengths and peers.
-pub struct Datagrams {
+pub(crate) struct Datagrams {
     bufs: Vec<Vec<u8>>,
     lens: Vec<usize>,
     peers: Vec<libc::sockaddr_in>,
@@ -44,7 +44,7 @@ fn addr(s: &libc::sockaddr_in) -> SocketAddrV4 {
 
 impl Datagrams {
     /// Room for `capacity` datagrams of up to `size` bytes each.
-    pub fn new(capacity: usize, size: usize) -> Datagrams {
+    pub(crate) fn new(capacity: usize, size: usize) -> Datagrams {
         let capacity = capacity.max(1);
         Datagrams {
             bufs: (0..capacity).map(|_| vec![0u8; size]).collect(),
@@ -64,39 +64,43 @@ impl Datagrams {
     }
 
     /// Datagrams held.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.n
     }
 
     /// Whether none is held.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.n == 0
     }
 
     /// Whether no more fits.
-    pub fn is_full(&self) -> bool {
+    pub(crate) fn is_full(&self) -> bool {
         self.n == self.bufs.len()
     }
 
     /// Forgets every datagram.
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.n = 0;
     }
 
     /// Datagram `i` and its peer.
-    pub fn get(&self, i: usize) -> (&[u8], SocketAddrV4) {
+    pub(crate) fn get(&self, i: usize) -> (&[u8], SocketAddrV4) {
         (&self.bufs[i][..self.lens[i]], addr(&self.peers[i]))
     }
 
     /// Datagram `i`, to change in place (its length stays).
-    pub fn get_mut(&mut self, i: usize) -> &mut [u8] {
+    pub(crate) fn get_mut(&mut self, i: usize) -> &mut [u8] {
         let n = self.lens[i];
         &mut self.bufs[i][..n]
     }
 
     /// Appends a datagram to `to`, written by `fill` into a buffer (returns its length; 0
     /// appends nothing). False when full.
-    pub fn push_with(&mut self, to: SocketAddrV4, fill: impl FnOnce(&mut [u8]) -> usize) -> bool {
+    pub(crate) fn push_with(
+        &mut self,
+        to: SocketAddrV4,
+        fill: impl FnOnce(&mut [u8]) -> usize,
+    ) -> bool {
         if self.is_full() {
             return false;
         }
@@ -112,7 +116,7 @@ impl Datagrams {
     }
 
     /// Receives what is ready (up to the free room) without blocking; how many came.
-    pub fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
+    pub(crate) fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
         let start = self.n;
         let room = self.bufs.len() - start;
         if room == 0 {
@@ -159,7 +163,11 @@ impl Datagrams {
     /// Sends the datagrams `pick` says yes to, each to its peer (they stay held until
     /// [`Datagrams::clear`]); how many the kernel took (one it refused is lost, as on any
     /// UDP path).
-    pub fn send(&mut self, fd: RawFd, mut pick: impl FnMut(usize) -> bool) -> io::Result<usize> {
+    pub(crate) fn send(
+        &mut self,
+        fd: RawFd,
+        mut pick: impl FnMut(usize) -> bool,
+    ) -> io::Result<usize> {
         let mut k = 0;
         for i in 0..self.n {
             if !pick(i) {

@@ -72,7 +72,7 @@ use flowstate_chain::runtime::RuntimeOptions;
 pub use flowstate_chain::runtime::{
     default_workers, DEFAULT_BATCH, DEFAULT_INSIDE, DEFAULT_MAX_FRAME,
 };
-use flowstate_cluster::config::ClusterSection;
+use flowstate_cluster::ClusterSection;
 use flowstate_config::IpPrefix;
 use flowstate_io::synth::{Profile, SizeDist, SynthConfig};
 use flowstate_nf::NfFactory;
