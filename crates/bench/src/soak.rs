@@ -25,7 +25,7 @@
 
 use crate::{Effort, Report};
 use flowstate_chain::observe::Observer;
-use flowstate_chain::summary::Summary;
+use flowstate_chain::Summary;
 use flowstate_chain::{Runtime, RuntimeOptions};
 use flowstate_io::{PacketBatch, PacketMeta, Source};
 use flowstate_nf::registry;

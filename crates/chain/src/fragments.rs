@@ -45,11 +45,11 @@ pub struct FragmentLimits {
 }
 
 /// Default [`FragmentLimits::timeout`]: Linux's `ipfrag_time`.
-pub const DEFAULT_FRAGMENT_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_FRAGMENT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default [`FragmentLimits::datagrams`].
-pub const DEFAULT_FRAGMENT_DATAGRAMS: usize = 16_384;
+pub(crate) const DEFAULT_FRAGMENT_DATAGRAMS: usize = 16_384;
 /// Default [`FragmentLimits::held`].
-pub const DEFAULT_FRAGMENTS_HELD: usize = 256;
+pub(crate) const DEFAULT_FRAGMENTS_HELD: usize = 256;
 
 impl Default for FragmentLimits {
     fn default() -> Self {
@@ -63,7 +63,7 @@ impl Default for FragmentLimits {
 
 /// Why a fragment was dropped (the summary's `fragments.*` drop keys).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FragmentDrop {
+pub(crate) enum FragmentDrop {
     /// Held, and its first fragment did not come in time (or before the input ended).
     FirstMissing,
     /// No room to track one more datagram.
@@ -76,7 +76,7 @@ pub enum FragmentDrop {
 
 impl FragmentDrop {
     /// Every reason, in [`FragmentCounts::dropped`] order.
-    pub const ALL: [FragmentDrop; 4] = [
+    pub(crate) const ALL: [FragmentDrop; 4] = [
         FragmentDrop::FirstMissing,
         FragmentDrop::TooManyDatagrams,
         FragmentDrop::TooManyHeld,
@@ -84,7 +84,7 @@ impl FragmentDrop {
     ];
 
     /// The summary key (`fragments.<name>`).
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             FragmentDrop::FirstMissing => "first_missing",
             FragmentDrop::TooManyDatagrams => "too_many_datagrams",
@@ -96,7 +96,7 @@ impl FragmentDrop {
 
 /// What a tracker did, for the run's summary.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct FragmentCounts {
+pub(crate) struct FragmentCounts {
     /// Datagrams whose fragments were seen.
     pub datagrams: u64,
     /// Later fragments given their datagram's ports.
@@ -111,7 +111,7 @@ pub struct FragmentCounts {
 
 impl FragmentCounts {
     /// Adds `other`'s counts.
-    pub fn merge(&mut self, other: &FragmentCounts) {
+    pub(crate) fn merge(&mut self, other: &FragmentCounts) {
         self.datagrams += other.datagrams;
         self.tracked += other.tracked;
         self.held += other.held;
@@ -124,7 +124,7 @@ impl FragmentCounts {
 
 /// What to do with a fragment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Admit {
+pub(crate) enum Admit {
     /// Goes on (a later fragment: its dissection now has the datagram's ports).
     Pass,
     /// Held until its first fragment comes ([`FragmentTracker::pop_released`]).
@@ -177,7 +177,7 @@ enum SlotState {
 
 /// The fragment tracker of one dispatcher or worker (see the module documentation).
 #[derive(Debug)]
-pub struct FragmentTracker {
+pub(crate) struct FragmentTracker {
     limits: FragmentLimits,
     max_frame: usize,
     datagrams: HashMap<DatagramKey, Datagram>,
@@ -194,7 +194,7 @@ pub struct FragmentTracker {
 impl FragmentTracker {
     /// A tracker with `limits` whose held fragments are at most `max_frame` bytes. Allocates
     /// nothing until the first fragment.
-    pub fn new(limits: FragmentLimits, max_frame: usize) -> Self {
+    pub(crate) fn new(limits: FragmentLimits, max_frame: usize) -> Self {
         FragmentTracker {
             limits,
             max_frame: max_frame.max(1),
@@ -208,14 +208,14 @@ impl FragmentTracker {
     }
 
     /// What it did so far.
-    pub fn counts(&self) -> &FragmentCounts {
+    pub(crate) fn counts(&self) -> &FragmentCounts {
         &self.counts
     }
 
     /// Takes fragment `frame` (dissected as `d`, `d.fragment` not `None`), which arrived at
     /// `meta.timestamp_ns`: fills a later fragment's ports into `d`, or holds it, or drops
     /// it. A first fragment always passes, and releases the fragments held for it.
-    pub fn admit(&mut self, frame: &[u8], meta: &PacketMeta, d: &mut Dissection) -> Admit {
+    pub(crate) fn admit(&mut self, frame: &[u8], meta: &PacketMeta, d: &mut Dissection) -> Admit {
         let (Network::Ipv4, Some(flow)) = (d.network, d.flow) else {
             return Admit::Pass;
         };
@@ -325,13 +325,13 @@ impl FragmentTracker {
 
     /// Whether released fragments wait to be taken with [`FragmentTracker::pop_released`].
     #[inline]
-    pub fn has_released(&self) -> bool {
+    pub(crate) fn has_released(&self) -> bool {
         !self.released.is_empty()
     }
 
     /// Hands the oldest released fragment and its dissection ([`Fragment::Tracked`]) to `f`,
     /// and frees its slot; `false` when none is left.
-    pub fn pop_released(&mut self, f: impl FnOnce(&[u8], &PacketMeta, Dissection)) -> bool {
+    pub(crate) fn pop_released(&mut self, f: impl FnOnce(&[u8], &PacketMeta, Dissection)) -> bool {
         let Some(i) = self.released.pop_front() else {
             return false;
         };
@@ -347,7 +347,7 @@ impl FragmentTracker {
     }
 
     /// Drops every fragment still held (the input ended); released ones stay to be taken.
-    pub fn drop_held(&mut self) {
+    pub(crate) fn drop_held(&mut self) {
         Self::drop_held_where(&mut self.slots, &mut self.free, &mut self.counts, |_| true);
         self.datagrams.clear();
     }

@@ -69,14 +69,16 @@
 //!              "report": { "tracked": 12, "conns_opened": 40 }, "gauges": ["tracked"] } ] }
 //! ```
 
-pub mod fragments;
+mod fragments;
 #[cfg(target_os = "linux")]
 pub mod live;
 pub mod observe;
 pub mod reflect;
-pub mod runtime;
-pub mod summary;
+mod runtime;
+mod summary;
 
+pub use fragments::FragmentLimits;
+pub use runtime::{default_workers, DEFAULT_BATCH, DEFAULT_INSIDE, DEFAULT_MAX_FRAME};
 pub use runtime::{RunError, Runtime, RuntimeOptions, WorkerSink};
 pub use summary::{LabelledSummary, NfSummary, Summary, WorkerSummary};
 

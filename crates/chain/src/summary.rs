@@ -137,7 +137,7 @@ impl NfSummary {
 
 /// A reason's text as a key for JSON, metrics and the text summary alike: lower case, runs of
 /// anything but letters and digits as one `_` (`"no mapping (port pool)"` → `no_mapping_port_pool`).
-pub fn key(text: &str) -> String {
+pub(crate) fn key(text: &str) -> String {
     let mut k = String::with_capacity(text.len());
     for c in text.chars() {
         if c.is_ascii_alphanumeric() {

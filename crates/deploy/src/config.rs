@@ -67,11 +67,9 @@
 //! spelled alike in every section ([`flowstate_config`]). Nothing in here panics on a user's
 //! file.
 
-use flowstate_chain::fragments::FragmentLimits;
-use flowstate_chain::runtime::RuntimeOptions;
-pub use flowstate_chain::runtime::{
-    default_workers, DEFAULT_BATCH, DEFAULT_INSIDE, DEFAULT_MAX_FRAME,
-};
+use flowstate_chain::FragmentLimits;
+use flowstate_chain::RuntimeOptions;
+pub use flowstate_chain::{default_workers, DEFAULT_BATCH, DEFAULT_INSIDE, DEFAULT_MAX_FRAME};
 use flowstate_cluster::ClusterSection;
 use flowstate_config::IpPrefix;
 use flowstate_io::synth::{Profile, SizeDist, SynthConfig};

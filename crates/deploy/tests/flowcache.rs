@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use flowstate_chain::runtime::RuntimeOptions;
+use flowstate_chain::RuntimeOptions;
 use flowstate_chain::Summary;
 use flowstate_deploy::Config;
 use flowstate_io::synth::Profile;
