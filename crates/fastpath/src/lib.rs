@@ -25,9 +25,9 @@ pub mod fast;
 #[cfg(target_os = "linux")]
 pub mod flowcache;
 pub mod full;
-pub mod headers;
+mod headers;
 pub mod sim;
-pub mod sketch;
+mod sketch;
 pub mod table;
 pub mod threaded;
 #[cfg(target_os = "linux")]

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU16, Ordering::Relaxed};
 use std::sync::Arc;
 
 /// Rows of a sketch (each with its own hash).
-pub const ROWS: usize = 4;
+pub(crate) const ROWS: usize = 4;
 
 /// Memory a sketch's counters can live in besides its own: e.g. a BPF array the XDP fast
 /// path counts into while user space ranks evictions by it.

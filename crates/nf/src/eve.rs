@@ -4,7 +4,7 @@
 use flowstate_state::Nanos;
 
 /// `ns` since the Unix epoch as Suricata's EVE timestamp (`2024-01-02T03:04:05.678901+0000`).
-pub fn timestamp(ns: Nanos) -> String {
+pub(crate) fn timestamp(ns: Nanos) -> String {
     let secs = ns / 1_000_000_000;
     let micros = (ns % 1_000_000_000) / 1_000;
     let (days, rem) = (secs / 86_400, secs % 86_400);
@@ -27,7 +27,7 @@ pub fn timestamp(ns: Nanos) -> String {
 }
 
 /// EVE's `proto` for IP protocol number `p`: `TCP`, `UDP`, `ICMP`, else the number.
-pub fn proto(p: u8) -> String {
+pub(crate) fn proto(p: u8) -> String {
     match p {
         6 => "TCP".to_string(),
         17 => "UDP".to_string(),

@@ -335,12 +335,12 @@ pub fn endpoint_partition(addr: std::net::IpAddr, port: u16, proto: u8, partitio
 
 pub mod counter;
 mod early_drop;
-pub mod eve;
+mod eve;
 pub mod firewall;
 pub mod ips;
 pub mod lb;
 pub mod listing;
-pub mod monitor;
+mod monitor;
 pub mod nat;
 pub mod portscan;
 pub mod reassembly;

@@ -11,7 +11,7 @@ use std::time::Duration;
 /// `[[chain]] nf = "monitor"` options.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Config {
+pub(crate) struct Config {
     /// Time without a packet after which a flow counts as finished (default 60s).
     #[serde(
         default = "default_idle",
@@ -34,7 +34,7 @@ impl Default for Config {
 
 /// What the monitor keeps per flow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct FlowStats {
+pub(crate) struct FlowStats {
     /// Packets in both directions.
     pub packets: u64,
     /// Bytes in both directions.
@@ -62,10 +62,10 @@ impl Codec for FlowStats {
 
 /// Builds monitors.
 #[derive(Debug, Clone)]
-pub struct Factory(pub Config);
+pub(crate) struct Factory(pub Config);
 
 /// The factory for a `[[chain]]` table.
-pub fn factory(table: &toml::Table) -> Result<Arc<dyn NfFactory>, BuildError> {
+pub(crate) fn factory(table: &toml::Table) -> Result<Arc<dyn NfFactory>, BuildError> {
     let config: Config = crate::read_config("monitor", table)?;
     if config.idle_timeout.is_zero() {
         return Err(BuildError::config(
@@ -111,20 +111,13 @@ impl NfFactory for Factory {
 }
 
 /// One worker's monitor.
-pub struct Monitor {
+pub(crate) struct Monitor {
     idle: Duration,
     flows: Map<FlowKey, FlowStats>,
     finished: Counter,
     finished_packets: Counter,
     finished_bytes: Counter,
     state_errors: i64,
-}
-
-impl Monitor {
-    /// The stats of a flow (either direction's key), if it is active.
-    pub fn flow(&self, key: &FlowKey) -> Option<FlowStats> {
-        self.flows.get(&key.canonical()).ok().flatten()
-    }
 }
 
 impl NetworkFunction for Monitor {
