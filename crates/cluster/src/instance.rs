@@ -224,14 +224,30 @@ impl Instance {
 
     /// Packets the NFs dropped, by reason (`"firewall: ..."`, `"nat: ..."`).
     pub fn drop_reasons(&self) -> std::collections::BTreeMap<flowstate_nf::DropReason, u64> {
-        let live = self.owned.iter().flatten().map(|o| o.stage.counters());
         let mut reasons = std::collections::BTreeMap::new();
-        for c in live.chain([self.retired.as_slice()]).flatten() {
+        for (_, c) in self.nf_counters() {
             for &(why, k) in &c.dropped {
                 *reasons.entry(why).or_default() += k;
             }
         }
         reasons
+    }
+
+    /// What the stage engine counted of each NF, in chain order, over every partition this
+    /// instance served (as a box's workers report theirs).
+    pub fn nf_counters(&self) -> Vec<(&'static str, NfCounters)> {
+        let mut all: Vec<_> = self
+            .chain
+            .iter()
+            .map(|f| (f.name(), NfCounters::default()))
+            .collect();
+        let live = self.owned.iter().flatten().map(|o| o.stage.counters());
+        for counters in live.chain([self.retired.as_slice()]) {
+            for ((_, sum), c) in all.iter_mut().zip(counters) {
+                sum.merge(c);
+            }
+        }
+        all
     }
 
     /// Per-flow table entries the NFs of its partitions hold now.
@@ -957,6 +973,33 @@ mod tests {
         assert_eq!(a.stats().misdirected, 1);
         // An older epoch cannot take the record back.
         assert_eq!(a.claim(2, 1, 14).unwrap(), Kind::Refused);
+    }
+
+    #[test]
+    fn the_engine_s_counters_outlive_the_partitions_that_counted_them() {
+        let store = Arc::new(Shared(LocalStore::new()));
+        let mut a = instance(1, &store);
+        assert_eq!(a.claim(1, 1, 0).unwrap(), Kind::Ready);
+        assert_eq!(a.claim(3, 1, 0).unwrap(), Kind::Ready);
+        for (p, port) in [(1, 6000), (1, 6001), (3, 6002)] {
+            assert!(a.process(&meta(p, 1), &mut udp(port), 1));
+        }
+        let packets_in = |a: &Instance| -> Vec<(&str, u64)> {
+            a.nf_counters()
+                .iter()
+                .map(|(nf, c)| (*nf, c.packets_in))
+                .collect()
+        };
+        assert_eq!(packets_in(&a), [("nat", 3)]);
+        a.commit(1).unwrap();
+        assert_eq!(a.release(1, 1, 2).unwrap(), Kind::Released);
+        assert_eq!(a.owned_partitions(), [3]);
+        assert_eq!(
+            packets_in(&a),
+            [("nat", 3)],
+            "partition 1's packets still count"
+        );
+        assert!(a.drop_reasons().is_empty());
     }
 
     #[test]

@@ -67,7 +67,18 @@ struct Snapshot {
     replayed: u64,
     replay_committed: u64,
     drop_reasons: std::collections::BTreeMap<&'static str, u64>,
+    /// Each NF's packets in, forwarded and dropped by reason, as in a box's summary.
+    nfs: Vec<NfSnapshot>,
     assignment_version: u64,
+}
+
+/// One NF's counters in the stats file.
+#[derive(Debug, Serialize)]
+struct NfSnapshot {
+    name: &'static str,
+    packets_in: u64,
+    forwarded: u64,
+    dropped: std::collections::BTreeMap<&'static str, u64>,
 }
 
 /// Runs an instance until `stop`.
@@ -290,6 +301,16 @@ fn snapshot(o: &ServeOptions, inst: &Instance, load: f64, applied: u64) -> Snaps
         replayed: st.replayed,
         replay_committed: st.replay_committed,
         drop_reasons: inst.drop_reasons(),
+        nfs: inst
+            .nf_counters()
+            .into_iter()
+            .map(|(name, c)| NfSnapshot {
+                name,
+                packets_in: c.packets_in,
+                forwarded: c.forwarded,
+                dropped: c.dropped.into_iter().collect(),
+            })
+            .collect(),
         assignment_version: applied,
     }
 }
