@@ -14,104 +14,20 @@
 //! * Ownership first: when the chain holds state that one worker owns (a NAT's external
 //!   ports, an LB's connections), [`crate::owners::Owners`] sends the packet to that worker.
 
+use flowstate_config::{IpNet, PrefixMatch};
 use flowstate_nf::Direction;
 use flowstate_wire::dissect::{Fragment, Network, Transport};
 use flowstate_wire::hash::Toeplitz;
 use flowstate_wire::{icmp, Dissection, FlowKey};
-use std::fmt;
-use std::net::IpAddr;
-use std::str::FromStr;
 
-/// An IPv4 or IPv6 prefix, `addr/len`: the data path's form of the configuration's
-/// [`flowstate_config::IpNet`] (a mask match).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct IpPrefix {
-    addr: IpAddr,
-    len: u8,
-}
-
-/// Why a prefix does not parse (what [`flowstate_config::parse_prefix`] says).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct PrefixError(pub String);
-
-impl IpPrefix {
-    /// `addr/len`, `len` clamped to the address family's width; host bits are cleared.
-    pub fn new(addr: IpAddr, len: u8) -> Self {
-        let len = len.min(if addr.is_ipv4() { 32 } else { 128 });
-        let addr = match addr {
-            IpAddr::V4(a) => IpAddr::V4((u32::from(a) & mask32(len)).into()),
-            IpAddr::V6(a) => IpAddr::V6((u128::from(a) & mask128(len)).into()),
-        };
-        IpPrefix { addr, len }
-    }
-
-    /// The network address.
-    pub fn addr(&self) -> IpAddr {
-        self.addr
-    }
-
-    /// The prefix length.
-    pub fn len(&self) -> u8 {
-        self.len
-    }
-
-    /// Whether this is the zero-length prefix (every address of its family).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Whether `ip` is in the prefix (an address of the other family never is).
-    #[inline]
-    pub fn contains(&self, ip: IpAddr) -> bool {
-        match (self.addr, ip) {
-            (IpAddr::V4(n), IpAddr::V4(a)) => u32::from(a) & mask32(self.len) == u32::from(n),
-            (IpAddr::V6(n), IpAddr::V6(a)) => u128::from(a) & mask128(self.len) == u128::from(n),
-            _ => false,
-        }
-    }
-}
-
-fn mask32(len: u8) -> u32 {
-    u32::MAX
-        .checked_shl(32 - u32::from(len.min(32)))
-        .unwrap_or(0)
-}
-
-fn mask128(len: u8) -> u128 {
-    u128::MAX
-        .checked_shl(128 - u32::from(len.min(128)))
-        .unwrap_or(0)
-}
-
-impl FromStr for IpPrefix {
-    type Err = PrefixError;
-
-    /// `10.0.0.0/8`, `fd00::/8`, or a bare address (a host prefix); host bits set are an
-    /// error ([`flowstate_config::parse_prefix`]).
-    fn from_str(s: &str) -> Result<Self, PrefixError> {
-        flowstate_config::parse_prefix(s)
-            .map(IpPrefix::from)
-            .map_err(PrefixError)
-    }
-}
-
-impl From<flowstate_config::IpNet> for IpPrefix {
-    fn from(n: flowstate_config::IpNet) -> Self {
-        IpPrefix::new(n.network(), n.prefix_len())
-    }
-}
-
-impl fmt::Display for IpPrefix {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.addr, self.len)
-    }
-}
+/// The inside prefixes' type: the configuration's [`IpNet`] (read one with
+/// [`flowstate_config::parse_prefix`], which refuses host bits; ipnet's own `FromStr` does not).
+pub type IpPrefix = IpNet;
 
 /// Classifies packets by direction and steers them to workers.
 #[derive(Debug, Clone)]
 pub struct Steering {
-    inside: Vec<IpPrefix>,
+    inside: Vec<IpNet>,
     workers: u32,
     toeplitz: Toeplitz,
     owners: crate::owners::Owners,
@@ -119,7 +35,7 @@ pub struct Steering {
 
 impl Steering {
     /// Steering over `workers` workers (at least 1) with these inside prefixes.
-    pub fn new(inside: Vec<IpPrefix>, workers: usize) -> Self {
+    pub fn new(inside: Vec<IpNet>, workers: usize) -> Self {
         Steering {
             inside,
             workers: u32::try_from(workers.max(1)).unwrap_or(u32::MAX),
@@ -135,7 +51,7 @@ impl Steering {
     }
 
     /// The inside prefixes.
-    pub fn inside(&self) -> &[IpPrefix] {
+    pub fn inside(&self) -> &[IpNet] {
         &self.inside
     }
 
@@ -143,7 +59,7 @@ impl Steering {
     #[inline]
     pub fn direction(&self, d: &Dissection) -> Direction {
         match d.flow {
-            Some(f) if self.inside.iter().any(|p| p.contains(f.src)) => Direction::Outbound,
+            Some(f) if self.inside.iter().any(|p| p.matches(&f.src)) => Direction::Outbound,
             _ => Direction::Inbound,
         }
     }
@@ -207,44 +123,5 @@ pub fn quoted_flow(frame: &[u8], d: &Dissection) -> Option<FlowKey> {
             icmp::v6::Packet::new_checked(l4).ok()?.inner_flow()
         }
         _ => None,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn prefixes() {
-        let p: IpPrefix = "10.0.0.0/8".parse().unwrap();
-        assert!(p.contains("10.255.0.1".parse().unwrap()));
-        assert!(!p.contains("11.0.0.1".parse().unwrap()));
-        assert!(!p.contains("::1".parse().unwrap()));
-        let h: IpPrefix = "192.0.2.7".parse().unwrap();
-        assert_eq!(h.len(), 32);
-        assert!(h.contains("192.0.2.7".parse().unwrap()));
-        let all: IpPrefix = "0.0.0.0/0".parse().unwrap();
-        assert!(all.contains("1.2.3.4".parse().unwrap()));
-        assert!(all.is_empty());
-        let v6: IpPrefix = "fd00::/8".parse().unwrap();
-        assert!(v6.contains("fdab::1".parse().unwrap()));
-        assert_eq!(
-            "10.1.2.3/8".parse::<IpPrefix>().unwrap_err().to_string(),
-            "10.1.2.3/8: host bits set; did you mean 10.0.0.0/8?"
-        );
-        assert_eq!(
-            IpPrefix::new("10.1.2.3".parse().unwrap(), 8).to_string(),
-            "10.0.0.0/8"
-        );
-        for bad in [
-            "",
-            "10.0.0.0/33",
-            "fd00::/129",
-            "banana",
-            "10.0.0/8",
-            "10.0.0.0/",
-        ] {
-            assert!(bad.parse::<IpPrefix>().is_err(), "{bad}");
-        }
     }
 }
