@@ -8,7 +8,7 @@
 
 use flowstate_io::pcap::PcapWriter;
 use flowstate_io::PacketMeta;
-use flowstate_testkit::{suricata_or_skip, tcp4, udp4};
+use flowstate_testkit::{run_suricata, suricata_or_skip, tcp4, udp4};
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 use std::path::Path;
@@ -291,30 +291,8 @@ fn the_ips_and_suricata_alert_on_the_same_rules_and_flows() {
 
     let suricata_log = dir.path().join("suricata");
     std::fs::create_dir_all(&suricata_log).unwrap();
-    let out = Command::new("suricata")
-        .args([
-            "-c",
-            "/etc/suricata/suricata.yaml",
-            "--runmode",
-            "single",
-            "-k",
-            "none",
-            // Drop rules drop, as ours do (a dropped flow's later packets are not inspected).
-            "--simulate-ips",
-            "-r",
-        ])
-        .arg(&pcap)
-        .arg("-S")
-        .arg(&rules)
-        .arg("-l")
-        .arg(&suricata_log)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "suricata: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    // Drop rules drop, as ours do (a dropped flow's later packets are not inspected).
+    run_suricata(&pcap, &rules, &suricata_log, &["--simulate-ips"]);
     let theirs = alerts(&suricata_log.join("eve.json"));
 
     let config = dir.path().join("ips.toml");

@@ -6,7 +6,7 @@
 use flowstate_io::pcap::PcapWriter;
 use flowstate_io::PacketMeta;
 use flowstate_nf::rules::{parse, Options};
-use flowstate_testkit::{suricata_or_skip, udp4};
+use flowstate_testkit::{run_suricata, suricata_or_skip, udp4, SURICATA_YAML};
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 use std::process::Command;
@@ -72,7 +72,7 @@ fn the_rules_suricata_refuses_are_the_ones_we_refuse() {
     let file = dir.path().join("corpus.rules");
     std::fs::write(&file, CORPUS.join("\n") + "\n").unwrap();
     let out = Command::new("suricata")
-        .args(["-T", "-c", "/etc/suricata/suricata.yaml", "-S"])
+        .args(["-T", "-c", SURICATA_YAML, "-S"])
         .arg(&file)
         .arg("-l")
         .arg(dir.path())
@@ -244,28 +244,7 @@ fn on_packets_suricata_alerts_on_the_rules_whose_contents_we_match() {
         w.write_packet(&f, &meta).unwrap();
     }
     w.finish().unwrap();
-    let out = Command::new("suricata")
-        .args([
-            "-c",
-            "/etc/suricata/suricata.yaml",
-            "--runmode",
-            "single",
-            "-k",
-            "none",
-            "-r",
-        ])
-        .arg(&pcap)
-        .arg("-S")
-        .arg(&rules_file)
-        .arg("-l")
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "suricata: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_suricata(&pcap, &rules_file, dir.path(), &[]);
     let eve = std::fs::read_to_string(dir.path().join("eve.json")).unwrap();
     let theirs: BTreeSet<usize> = eve
         .lines()

@@ -11,7 +11,8 @@
 //!   any type `build` has no spec for) with correct checksums and no padding.
 //! * A builder panics, naming the mistake, on what no test can mean (addresses of two
 //!   families, a packet too long for its length fields): these are a test's own errors.
-//! * [`tshark_or_skip`] and [`suricata_or_skip`] say whether a test can run. A missing tool
+//! * [`tshark_or_skip`] and [`suricata_or_skip`] say whether a test can run, and
+//!   [`run_suricata`] runs Suricata the one way the tests compare with it. A missing tool
 //!   skips the test with a `SKIPPED` line; tshark is required where `CI` is set (a missing
 //!   tshark there fails the test), Suricata nowhere.
 
@@ -23,6 +24,7 @@ use flowstate_wire::build::{
 use flowstate_wire::checksum;
 use flowstate_wire::flow::proto;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::Path;
 use std::process::Command;
 
 /// The source MAC of every frame built here.
@@ -226,6 +228,34 @@ pub fn suricata_or_skip(test: &str) -> bool {
     }
     eprintln!("SKIPPED {test}: no suricata (scripts/setup-live installs it)");
     false
+}
+
+/// The configuration Suricata's package installs, which the tests run it with.
+pub const SURICATA_YAML: &str = "/etc/suricata/suricata.yaml";
+
+/// Runs Suricata over the capture `pcap` with the rules of the file `rules` alone, as the
+/// tests compare with it: [`SURICATA_YAML`], one thread (`--runmode single`), checksums not
+/// validated (`-k none`), and `options`. Its logs (`eve.json`) go to `log_dir`.
+///
+/// # Panics
+/// When suricata cannot be started or fails; the message holds its standard error.
+pub fn run_suricata(pcap: &Path, rules: &Path, log_dir: &Path, options: &[&str]) {
+    let out = Command::new("suricata")
+        .args(["-c", SURICATA_YAML, "--runmode", "single", "-k", "none"])
+        .args(options)
+        .arg("-r")
+        .arg(pcap)
+        .arg("-S")
+        .arg(rules)
+        .arg("-l")
+        .arg(log_dir)
+        .output()
+        .unwrap_or_else(|e| panic!("suricata does not start: {e}"));
+    assert!(
+        out.status.success(),
+        "suricata: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[cfg(test)]
