@@ -289,7 +289,7 @@ fn trojans(report: &mut Report) {
                 continue;
             };
             let Some(f) = d.flow else { continue };
-            let outbound = matches!(f.src, IpAddr::V4(a) if in_net(a, clients));
+            let outbound = matches!(f.src, IpAddr::V4(a) if clients.contains(&a));
             let (direction, server_port, client_port) = if outbound {
                 (Direction::Outbound, f.dst_port, f.src_port)
             } else {
@@ -335,13 +335,6 @@ fn trojans(report: &mut Report) {
     }
     report.metric("trojans_found_with_clocks", worst.0);
     report.metric("trojans_found_without_clocks", worst.1);
-}
-
-fn in_net(a: std::net::Ipv4Addr, net: flowstate_io::synth::Ipv4Net) -> bool {
-    let mask = u32::MAX
-        .checked_shl(32 - u32::from(net.prefix_len))
-        .unwrap_or(0);
-    u32::from(a) & mask == u32::from(net.addr) & mask
 }
 
 /// The order in which the trace's packets leave the scrubbers when those in `delayed` add a

@@ -8,7 +8,7 @@
 
 use crate::{Effort, Report};
 use flowstate_wire::flow::{proto, FLOW_KEY_MAX_BYTES};
-use flowstate_wire::hash::{crc32c_hw, crc32c_sw, Toeplitz};
+use flowstate_wire::hash::{crc32c_bytewise, crc32c_hw, crc32c_sw, Toeplitz};
 use flowstate_wire::FlowKey;
 use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -56,33 +56,6 @@ pub(crate) fn run(effort: Effort) -> Report {
         }
     }
     report
-}
-
-/// The paper's software baseline: one 256-entry table, one lookup per byte (HashMVT [32]).
-/// Our own fallback, `crc32c_sw`, is slicing-by-8 and faster.
-fn crc32c_bytewise(data: &[u8]) -> u32 {
-    static TABLE: [u32; 256] = {
-        let mut t = [0u32; 256];
-        let mut i = 0;
-        while i < 256 {
-            let mut c = i as u32;
-            let mut k = 0;
-            while k < 8 {
-                c = if c & 1 != 0 {
-                    (c >> 1) ^ 0x82f6_3b78
-                } else {
-                    c >> 1
-                };
-                k += 1;
-            }
-            t[i] = c;
-            i += 1;
-        }
-        t
-    };
-    !data.iter().fold(!0u32, |c, &b| {
-        (c >> 8) ^ TABLE[((c ^ u32::from(b)) & 0xff) as usize]
-    })
 }
 
 fn ns_per_key(records: &[&[u8]], hash: impl Fn(&[u8]) -> u32) -> f64 {

@@ -28,7 +28,9 @@ use flowstate_state::local::LocalStore;
 use flowstate_state::{Partition, StateConfig};
 use flowstate_wire::build::{EthernetSpec, FrameSpec, IpSpec, Ipv4Spec, L4Spec, Payload, UdpSpec};
 use flowstate_wire::dissect;
-use flowstate_wire::hash::{crc32c_hw_available, Crc32cSteps, SoftCrc, Sse42, Toeplitz};
+use flowstate_wire::hash::{
+    crc32c_bytewise, crc32c_hw_available, Crc32cSteps, SoftCrc, Sse42, Toeplitz,
+};
 use flowstate_wire::{ipv4, udp, FlowKey};
 use prefix_trie::PrefixMap;
 use std::hint::black_box;
@@ -324,7 +326,7 @@ fn matching(report: &mut Report, rules: &[(Match, u32)], quick: bool) {
     // (`hash::crc32c`, a call that finds its way per key) against the same baseline.
     let reps = rounds.max(3);
     let best_of = |f: &dyn Fn() -> f64| (0..reps).map(|_| f()).fold(f64::INFINITY, f64::min);
-    let sw = best_of(&|| time(&keys, |k| bytewise(k.bytes())));
+    let sw = best_of(&|| time(&keys, |k| crc32c_bytewise(k.bytes())));
     let steps = best_of(&|| time_steps(&keys));
     let slice = best_of(&|| time(&keys, |k| flowstate_wire::hash::crc32c(k.bytes())));
     report.ratio("crc32c_hw_vs_sw_hash_only", sw / steps);
@@ -352,34 +354,6 @@ fn time_steps(keys: &[Key]) -> f64 {
 fn step4<C: Crc32cSteps>(c: C, k: &Key) -> u32 {
     let r = k.raw();
     !c.step_u32(!0, u32::from_le_bytes([r[0], r[1], r[2], r[3]]))
-}
-
-/// The paper's software CRC: one table lookup per byte ([32]), as `Hasher::Software` does.
-fn bytewise(data: &[u8]) -> u32 {
-    static TABLE: [u32; 256] = {
-        let mut t = [0u32; 256];
-        let mut i = 0;
-        while i < 256 {
-            let mut c = i as u32;
-            let mut k = 0;
-            while k < 8 {
-                c = if c & 1 != 0 {
-                    (c >> 1) ^ 0x82f6_3b78
-                } else {
-                    c >> 1
-                };
-                k += 1;
-            }
-            t[i] = c;
-            i += 1;
-        }
-        t
-    };
-    let mut c = !0u32;
-    for &b in data {
-        c = (c >> 8) ^ TABLE[((c ^ u32::from(b)) & 0xff) as usize];
-    }
-    !c
 }
 
 /// ns per key of `f` over `keys`.

@@ -421,8 +421,8 @@ mod tests {
     fn datagram(sport: u16, id: u16, len: usize) -> Vec<Vec<u8>> {
         let mut ip = Ipv4Spec::new(Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(192, 0, 2, 1));
         ip.id = id;
-        let spec = FrameSpec {
-            ethernet: EthernetSpec::new([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]),
+        let frame = flowstate_testkit::write(&FrameSpec {
+            ethernet: flowstate_testkit::ethernet(),
             ip: IpSpec::V4(ip),
             l4: L4Spec::Udp(UdpSpec {
                 src_port: sport,
@@ -430,10 +430,8 @@ mod tests {
             }),
             payload: Payload::Fill { len, byte: 7 },
             min_len: 0,
-        };
-        let mut buf = [0u8; 256];
-        let n = spec.write(&mut buf).unwrap();
-        fragment_ipv4(&buf[..n], 16)
+        });
+        fragment_ipv4(&frame, 16)
     }
 
     fn at(ns: u64) -> PacketMeta {
@@ -554,8 +552,8 @@ mod tests {
     #[test]
     fn a_tcp_fragment_at_offset_8_is_dropped() {
         let mut t = FragmentTracker::new(FragmentLimits::default(), 2048);
-        let spec = FrameSpec {
-            ethernet: EthernetSpec::new([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]),
+        let frame = flowstate_testkit::write(&FrameSpec {
+            ethernet: flowstate_testkit::ethernet(),
             ip: IpSpec::V4(Ipv4Spec::new(
                 Ipv4Addr::new(10, 0, 0, 1),
                 Ipv4Addr::new(192, 0, 2, 1),
@@ -572,10 +570,8 @@ mod tests {
             }),
             payload: Payload::Fill { len: 40, byte: 1 },
             min_len: 0,
-        };
-        let mut buf = [0u8; 256];
-        let n = spec.write(&mut buf).unwrap();
-        let parts = fragment_ipv4(&buf[..n], 8);
+        });
+        let parts = fragment_ipv4(&frame, 8);
         assert_eq!(
             admit(&mut t, &parts[1], 0).0,
             Admit::Drop(FragmentDrop::OverlappingHeader)

@@ -187,23 +187,17 @@ pub fn synthetic_share(config: &SynthConfig, w: Placement) -> Option<SynthConfig
 }
 
 fn split_v4(net: Ipv4Net, bits: u8, i: u64) -> Ipv4Net {
-    let len = (net.prefix_len + bits).min(32);
+    let len = (net.prefix_len() + bits).min(32);
     let shift = 32 - u32::from(len);
-    let base = u32::from(net.addr)
-        & u32::MAX
-            .checked_shl(32 - u32::from(net.prefix_len))
-            .unwrap_or(0);
     let sub = (i as u32).checked_shl(shift).unwrap_or(0);
-    Ipv4Net::new(Ipv4Addr::from(base | sub), len)
+    // `len` is at most 32: `new_assert` cannot fail.
+    Ipv4Net::new_assert(Ipv4Addr::from(u32::from(net.network()) | sub), len)
 }
 
 fn split_v6(net: Ipv6Net, bits: u8, i: u64) -> Ipv6Net {
-    let len = (net.prefix_len + bits).min(128);
+    let len = (net.prefix_len() + bits).min(128);
     let shift = 128 - u32::from(len);
-    let base = u128::from(net.addr)
-        & u128::MAX
-            .checked_shl(128 - u32::from(net.prefix_len))
-            .unwrap_or(0);
     let sub = u128::from(i).checked_shl(shift).unwrap_or(0);
-    Ipv6Net::new(Ipv6Addr::from(base | sub), len)
+    // `len` is at most 128: `new_assert` cannot fail.
+    Ipv6Net::new_assert(Ipv6Addr::from(u128::from(net.network()) | sub), len)
 }

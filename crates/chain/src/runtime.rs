@@ -41,7 +41,7 @@ use crate::observe::{BatchTimes, Observer, Published, RunView, StateCallTimes, P
 use crate::reflect::reflect;
 use crate::summary::{summarize, Counts, Summary, WorkerReport};
 use arc_swap::ArcSwapOption;
-use flowstate_config::IpPrefix;
+use flowstate_config::IpNet;
 use flowstate_io::{PacketBatch, Sink, Source};
 use flowstate_nf::stage::{FlowCacheOptions, Frames, Item, Stage};
 use flowstate_nf::steer::{Owners, Steering};
@@ -82,7 +82,7 @@ pub struct RuntimeOptions {
     /// Batches per worker in flight (queued, processed or being written).
     pub pool: usize,
     /// Sources that make a packet Outbound.
-    pub inside: Vec<IpPrefix>,
+    pub inside: Vec<IpNet>,
     /// Answer outbound packets as the outside hosts would ([`crate::reflect`]).
     pub reflect: bool,
     /// Skip inbound input packets (counted as `skipped`).

@@ -27,8 +27,8 @@ fn payload(k: u16) -> Vec<u8> {
 fn fragments(k: u16) -> Vec<Vec<u8>> {
     let mut ip = Ipv4Spec::new(Ipv4Addr::new(10, 0, 0, 1 + (k % 5) as u8), SERVER);
     ip.id = 100 + k;
-    let spec = FrameSpec {
-        ethernet: EthernetSpec::new([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]),
+    let frame = flowstate_testkit::write(&FrameSpec {
+        ethernet: flowstate_testkit::ethernet(),
         ip: IpSpec::V4(ip),
         l4: L4Spec::Udp(UdpSpec {
             src_port: 4000 + k,
@@ -36,10 +36,8 @@ fn fragments(k: u16) -> Vec<Vec<u8>> {
         }),
         payload: Payload::Bytes(&payload(k)),
         min_len: 0,
-    };
-    let mut buf = vec![0u8; 4000];
-    let n = spec.write(&mut buf).unwrap();
-    let parts = fragment_ipv4(&buf[..n], 1000);
+    });
+    let parts = fragment_ipv4(&frame, 1000);
     assert_eq!(parts.len(), 4);
     parts
 }

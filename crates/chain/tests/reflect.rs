@@ -1,14 +1,12 @@
 //! The reflect stage: replies are well-formed, checksum-correct and consistent.
 
 use flowstate_chain::reflect::{reflect, MSS_V4, MSS_V6, WINDOW_SCALE};
+use flowstate_testkit::{ethernet, frame_with, write};
 use flowstate_wire::build::*;
 use flowstate_wire::dissect::{dissect, verify_checksums, Dissection, Network, Transport};
 use flowstate_wire::{icmp, tcp, udp};
 use proptest::prelude::*;
 use std::net::{Ipv4Addr, Ipv6Addr};
-
-const A: [u8; 6] = [2, 0, 0, 0, 0, 1];
-const B: [u8; 6] = [2, 0, 0, 0, 0, 2];
 
 fn v4() -> IpSpec {
     IpSpec::V4(Ipv4Spec::new(
@@ -22,20 +20,6 @@ fn v6() -> IpSpec {
         "fd00::5".parse::<Ipv6Addr>().unwrap(),
         "2001:db8::9".parse::<Ipv6Addr>().unwrap(),
     ))
-}
-
-fn frame(ip: IpSpec, l4: L4Spec, payload: Payload<'_>) -> Vec<u8> {
-    let spec = FrameSpec {
-        ethernet: EthernetSpec::new(A, B),
-        ip,
-        l4,
-        payload,
-        min_len: ETHERNET_MIN_LEN,
-    };
-    let mut buf = vec![0u8; spec.frame_len()];
-    let n = spec.write(&mut buf).unwrap();
-    buf.truncate(n);
-    buf
 }
 
 fn tcp_seg(flags: u8, seq: u32, ack: u32, options: TcpOptions) -> L4Spec {
@@ -82,7 +66,7 @@ fn tcp_syn_gets_syn_ack() {
         timestamps: Some((777, 0)),
     };
     for (ip, mss) in [(v4(), MSS_V4), (v6(), MSS_V6)] {
-        let req = frame(ip, tcp_seg(tcp_flags::SYN, 1_000, 0, opts), Payload::EMPTY);
+        let req = frame_with(ip, tcp_seg(tcp_flags::SYN, 1_000, 0, opts), Payload::EMPTY);
         let (reply, d) = reply_to(&req);
         let t = tcp_of(&reply, &d);
         assert!(t.syn() && t.ack() && !t.fin() && !t.rst());
@@ -97,7 +81,7 @@ fn tcp_syn_gets_syn_ack() {
         assert_eq!(reply_to(&req).0, reply);
     }
     // A SYN without options gets a SYN+ACK without options.
-    let req = frame(
+    let req = frame_with(
         v4(),
         tcp_seg(tcp_flags::SYN, 5, 0, TcpOptions::NONE),
         Payload::EMPTY,
@@ -110,7 +94,7 @@ fn tcp_syn_gets_syn_ack() {
 
 #[test]
 fn tcp_syn_ack_from_the_inside_gets_ack() {
-    let req = frame(
+    let req = frame_with(
         v4(),
         tcp_seg(
             tcp_flags::SYN | tcp_flags::ACK,
@@ -133,7 +117,7 @@ fn tcp_data_gets_ack_without_payload() {
         ..TcpOptions::NONE
     };
     for ip in [v4(), v6()] {
-        let req = frame(
+        let req = frame_with(
             ip,
             tcp_seg(tcp_flags::ACK | tcp_flags::PSH, u32::MAX - 10, 77, ts),
             Payload::Counter { len: 100, start: 0 },
@@ -150,7 +134,7 @@ fn tcp_data_gets_ack_without_payload() {
 
 #[test]
 fn tcp_fin_gets_fin_ack() {
-    let req = frame(
+    let req = frame_with(
         v4(),
         tcp_seg(tcp_flags::FIN | tcp_flags::ACK, 500, 900, TcpOptions::NONE),
         Payload::Fill { len: 10, byte: 7 },
@@ -170,7 +154,7 @@ fn tcp_rst_and_pure_ack_get_nothing() {
         tcp_flags::RST | tcp_flags::ACK,
         tcp_flags::ACK,
     ] {
-        let req = frame(v4(), tcp_seg(flags, 1, 2, TcpOptions::NONE), Payload::EMPTY);
+        let req = frame_with(v4(), tcp_seg(flags, 1, 2, TcpOptions::NONE), Payload::EMPTY);
         assert_eq!(reflect(&req, 0, &mut out), None, "flags {flags:#x}");
     }
 }
@@ -178,7 +162,7 @@ fn tcp_rst_and_pure_ack_get_nothing() {
 #[test]
 fn udp_gets_a_same_size_datagram() {
     for (ip, len) in [(v4(), 33), (v6(), 700), (v4(), 0)] {
-        let req = frame(
+        let req = frame_with(
             ip,
             L4Spec::Udp(UdpSpec {
                 src_port: 5353,
@@ -204,14 +188,14 @@ fn icmp_echo_gets_echo_reply() {
         id: 0x1234,
         seq: 9,
     });
-    let req = frame(v4(), echo, Payload::Counter { len: 56, start: 0 });
+    let req = frame_with(v4(), echo, Payload::Counter { len: 56, start: 0 });
     let (reply, d) = reply_to(&req);
     assert_eq!(d.transport, Transport::Icmpv4 { kind: 0, code: 0 });
     let m = icmp::v4::Packet::new_checked(&reply[d.l4_offset.unwrap()..d.l3_end]).unwrap();
     assert_eq!((m.echo_ident(), m.echo_seq_no()), (0x1234, 9));
     assert_eq!(reply.len(), req.len());
 
-    let req = frame(v6(), echo, Payload::Counter { len: 56, start: 0 });
+    let req = frame_with(v6(), echo, Payload::Counter { len: 56, start: 0 });
     let (reply, d) = reply_to(&req);
     assert_eq!(d.network, Network::Ipv6);
     assert_eq!(d.transport, Transport::Icmpv6 { kind: 129, code: 0 });
@@ -227,18 +211,17 @@ fn icmp_echo_gets_echo_reply() {
         seq: 1,
     });
     assert_eq!(
-        reflect(&frame(v4(), pong, Payload::EMPTY), 0, &mut [0u8; 256]),
+        reflect(&frame_with(v4(), pong, Payload::EMPTY), 0, &mut [0u8; 256]),
         None
     );
 }
 
 #[test]
 fn vlan_tag_is_kept_and_small_buffers_refused() {
-    let spec = FrameSpec {
+    let req = write(&FrameSpec {
         ethernet: EthernetSpec {
-            src: A,
-            dst: B,
             vlan: Some(0x2064),
+            ..ethernet()
         },
         ip: v4(),
         l4: L4Spec::Udp(UdpSpec {
@@ -247,9 +230,7 @@ fn vlan_tag_is_kept_and_small_buffers_refused() {
         }),
         payload: Payload::Fill { len: 100, byte: 1 },
         min_len: ETHERNET_MIN_LEN,
-    };
-    let mut req = vec![0u8; spec.frame_len()];
-    spec.write(&mut req).unwrap();
+    });
     let (reply, d) = reply_to(&req);
     assert_eq!(d.vlan_count, 1);
     assert_eq!(&reply[12..16], &[0x81, 0x00, 0x20, 0x64]);
@@ -281,7 +262,7 @@ proptest! {
         six in any::<bool>(), ts in proptest::option::of(any::<(u32, u32)>()),
     ) {
         let opts = TcpOptions { timestamps: ts, ..TcpOptions::NONE };
-        let req = frame(if six { v6() } else { v4() }, tcp_seg(flags, seq, ack, opts), Payload::Fill { len, byte: 9 });
+        let req = frame_with(if six { v6() } else { v4() }, tcp_seg(flags, seq, ack, opts), Payload::Fill { len, byte: 9 });
         let mut out = [0u8; 2048];
         if let Some(n) = reflect(&req, 1, &mut out) {
             let d = dissect(&out[..n]).unwrap();

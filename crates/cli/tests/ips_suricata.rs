@@ -8,7 +8,7 @@
 
 use flowstate_io::pcap::PcapWriter;
 use flowstate_io::PacketMeta;
-use flowstate_wire::build::*;
+use flowstate_testkit::{run_suricata, suricata_or_skip, tcp4, udp4};
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 use std::path::Path;
@@ -47,45 +47,6 @@ struct Conn {
     got: [Vec<(u32, u32)>; 2],
 }
 
-fn tcp_frame(
-    src: (Ipv4Addr, u16),
-    dst: (Ipv4Addr, u16),
-    seq: u32,
-    ack: u32,
-    flags: u8,
-    data: &[u8],
-) -> Vec<u8> {
-    frame(
-        src,
-        dst,
-        L4Spec::Tcp(TcpSpec {
-            src_port: src.1,
-            dst_port: dst.1,
-            seq,
-            ack,
-            flags,
-            window: 65535,
-            urgent: 0,
-            options: TcpOptions::NONE,
-        }),
-        data,
-    )
-}
-
-fn frame(src: (Ipv4Addr, u16), dst: (Ipv4Addr, u16), l4: L4Spec, data: &[u8]) -> Vec<u8> {
-    let spec = FrameSpec {
-        ethernet: EthernetSpec::new([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]),
-        ip: IpSpec::V4(Ipv4Spec::new(src.0, dst.0)),
-        l4,
-        payload: Payload::Bytes(data),
-        min_len: ETHERNET_MIN_LEN,
-    };
-    let mut buf = vec![0u8; 2048];
-    let n = spec.write(&mut buf).expect("frame fits");
-    buf.truncate(n);
-    buf
-}
-
 impl Conn {
     /// A connection from the client's `client_port` to the server's `server_port`, its
     /// handshake written.
@@ -96,8 +57,8 @@ impl Conn {
             isn: [1_000 + u32::from(client_port), 900_000],
             got: [Vec::new(), Vec::new()],
         };
-        out.push(tcp_frame(c.client, c.server, c.isn[0], 0, SYN, b""));
-        out.push(tcp_frame(
+        out.push(tcp4(c.client, c.server, c.isn[0], 0, SYN, b""));
+        out.push(tcp4(
             c.server,
             c.client,
             c.isn[1],
@@ -105,7 +66,7 @@ impl Conn {
             SYN | ACK,
             b"",
         ));
-        out.push(tcp_frame(
+        out.push(tcp4(
             c.client,
             c.server,
             c.isn[0] + 1,
@@ -137,7 +98,7 @@ impl Conn {
             (self.server, self.client)
         };
         let ack_of_other = self.isn[1 - d] + 1 + self.contiguous(1 - d);
-        out.push(tcp_frame(
+        out.push(tcp4(
             src,
             dst,
             self.isn[d] + 1 + off,
@@ -147,7 +108,7 @@ impl Conn {
         ));
         self.got[d].push((off, off + data.len() as u32));
         let acked = self.isn[d] + 1 + self.contiguous(d);
-        out.push(tcp_frame(dst, src, ack_of_other, acked, ACK, b""));
+        out.push(tcp4(dst, src, ack_of_other, acked, ACK, b""));
     }
 
     /// Both sides' FINs and their ACKs.
@@ -156,7 +117,7 @@ impl Conn {
             self.isn[0] + 1 + self.contiguous(0),
             self.isn[1] + 1 + self.contiguous(1),
         ];
-        out.push(tcp_frame(
+        out.push(tcp4(
             self.client,
             self.server,
             end[0],
@@ -164,7 +125,7 @@ impl Conn {
             FIN | ACK,
             b"",
         ));
-        out.push(tcp_frame(
+        out.push(tcp4(
             self.server,
             self.client,
             end[1],
@@ -172,7 +133,7 @@ impl Conn {
             FIN | ACK,
             b"",
         ));
-        out.push(tcp_frame(
+        out.push(tcp4(
             self.client,
             self.server,
             end[0] + 1,
@@ -272,41 +233,22 @@ fn capture() -> Vec<Vec<u8>> {
     c.close(&mut out);
     let half = (Ipv4Addr::new(10, 0, 0, 8), next_port());
     let srv = (SERVER, 81);
-    out.push(tcp_frame(half, srv, 77, 0, SYN, b""));
-    out.push(tcp_frame(srv, half, 500, 78, SYN | ACK, b""));
-    out.push(tcp_frame(half, srv, 78, 0, RST, b""));
+    out.push(tcp4(half, srv, 77, 0, SYN, b""));
+    out.push(tcp4(srv, half, 500, 78, SYN | ACK, b""));
+    out.push(tcp4(half, srv, 78, 0, RST, b""));
     // UDP: a DNS-like query in mixed case, and an unrelated datagram carrying xyzzy.
     let client = (Ipv4Addr::new(10, 0, 0, 9), 5353);
-    out.push(frame(
+    out.push(udp4(
         client,
         (Ipv4Addr::new(192, 0, 2, 53), 53),
-        L4Spec::Udp(UdpSpec {
-            src_port: 5353,
-            dst_port: 53,
-        }),
         b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x07ExAmple\x03COM\x00\x00\x01\x00\x01",
     ));
-    out.push(frame(
+    out.push(udp4(
         client,
         (Ipv4Addr::new(192, 0, 2, 54), 9999),
-        L4Spec::Udp(UdpSpec {
-            src_port: 5353,
-            dst_port: 9999,
-        }),
         b"say xyzzy",
     ));
     out
-}
-
-fn have_suricata() -> bool {
-    let ok = Command::new("suricata")
-        .arg("-V")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        eprintln!("skipped: no suricata (scripts/setup-live installs it)");
-    }
-    ok
 }
 
 /// The (sid, flow) pairs of an EVE file's alerts; a flow is its endpoints, smaller first.
@@ -328,7 +270,7 @@ fn alerts(eve: &Path) -> BTreeSet<(u64, String)> {
 
 #[test]
 fn the_ips_and_suricata_alert_on_the_same_rules_and_flows() {
-    if !have_suricata() {
+    if !suricata_or_skip("the_ips_and_suricata_alert_on_the_same_rules_and_flows") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -349,30 +291,8 @@ fn the_ips_and_suricata_alert_on_the_same_rules_and_flows() {
 
     let suricata_log = dir.path().join("suricata");
     std::fs::create_dir_all(&suricata_log).unwrap();
-    let out = Command::new("suricata")
-        .args([
-            "-c",
-            "/etc/suricata/suricata.yaml",
-            "--runmode",
-            "single",
-            "-k",
-            "none",
-            // Drop rules drop, as ours do (a dropped flow's later packets are not inspected).
-            "--simulate-ips",
-            "-r",
-        ])
-        .arg(&pcap)
-        .arg("-S")
-        .arg(&rules)
-        .arg("-l")
-        .arg(&suricata_log)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "suricata: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    // Drop rules drop, as ours do (a dropped flow's later packets are not inspected).
+    run_suricata(&pcap, &rules, &suricata_log, &["--simulate-ips"]);
     let theirs = alerts(&suricata_log.join("eve.json"));
 
     let config = dir.path().join("ips.toml");

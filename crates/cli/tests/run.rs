@@ -147,13 +147,9 @@ fn bad_config_names_the_key() {
 /// sees the external address.
 #[test]
 fn nat_output_is_checksum_correct_and_translated_per_tshark() {
-    let found = Command::new("tshark")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !found {
-        assert!(std::env::var_os("CI").is_none(), "tshark is required in CI");
-        eprintln!("SKIPPED: tshark not found");
+    if !flowstate_testkit::tshark_or_skip(
+        "nat_output_is_checksum_correct_and_translated_per_tshark",
+    ) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

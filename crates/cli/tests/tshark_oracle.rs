@@ -6,29 +6,13 @@
 
 use flowstate_io::pcap::{PcapReader, PcapWriter};
 use flowstate_io::{PacketBatch, PacketMeta, Sink, Source};
+use flowstate_testkit::{ethernet, tshark_or_skip, write};
 use flowstate_wire::build::*;
 use flowstate_wire::dissect::{verify_checksums, Transport};
 use flowstate_wire::{checksum, dissect};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::Path;
 use std::process::Command;
-
-/// tshark is the oracle: missing it is a failure in CI and a skip elsewhere.
-fn have_tshark() -> bool {
-    let found = Command::new("tshark")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !found && std::env::var_os("CI").is_none() {
-        eprintln!("SKIPPED: tshark not found (scripts/setup installs it)");
-        return false;
-    }
-    assert!(
-        found,
-        "tshark is required in CI (scripts/setup installs it)"
-    );
-    true
-}
 
 fn read_all(path: &Path) -> Vec<(Vec<u8>, PacketMeta)> {
     let mut r = PcapReader::open(path).expect("open pcap");
@@ -237,7 +221,7 @@ fn gen(dir: &Path, profile: &str, flows: u32, packets: u32) -> std::path::PathBu
 
 #[test]
 fn generated_profiles_agree_with_tshark() {
-    if !have_tshark() {
+    if !tshark_or_skip("generated_profiles_agree_with_tshark") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -316,24 +300,19 @@ fn zoo() -> Vec<Vec<u8>> {
     for (i, ip) in [v4(1, 2), v6(1, 2)].into_iter().enumerate() {
         for l4 in [tcp, udp, echo] {
             for vlan in [None, Some(100 + i as u16)] {
-                let mut eth = EthernetSpec::new([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]);
-                eth.vlan = vlan;
-                let spec = FrameSpec {
-                    ethernet: eth,
+                frames.push(write(&FrameSpec {
+                    ethernet: EthernetSpec { vlan, ..ethernet() },
                     ip,
                     l4,
                     payload: Payload::Counter { len: 33, start: 1 },
                     min_len: ETHERNET_MIN_LEN,
-                };
-                let mut buf = vec![0u8; spec.frame_len()];
-                spec.write(&mut buf).unwrap();
-                frames.push(buf);
+                }));
             }
         }
     }
     // IPv4 fragments of a UDP datagram: the first (MF set) keeps its ports, a later one has none.
     let spec = FrameSpec {
-        ethernet: EthernetSpec::new([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]),
+        ethernet: ethernet(),
         ip: IpSpec::V4(Ipv4Spec {
             dont_fragment: false,
             id: 99,
@@ -347,8 +326,7 @@ fn zoo() -> Vec<Vec<u8>> {
         min_len: 0,
     };
     for (flags_offset, name) in [(0x2000u16, "first"), (0x0005u16, "later")] {
-        let mut buf = vec![0u8; spec.frame_len()];
-        spec.write(&mut buf).unwrap();
+        let mut buf = write(&spec);
         buf[20..22].copy_from_slice(&flags_offset.to_be_bytes());
         buf[24..26].copy_from_slice(&[0, 0]);
         let c = checksum::checksum(&buf[14..34]);
@@ -361,7 +339,7 @@ fn zoo() -> Vec<Vec<u8>> {
 
 #[test]
 fn hand_built_zoo_agrees_with_tshark() {
-    if !have_tshark() {
+    if !tshark_or_skip("hand_built_zoo_agrees_with_tshark") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

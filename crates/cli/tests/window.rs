@@ -13,7 +13,8 @@
 use flowstate_lab::{Lab, System, CLIENT, CLIENT_IF, HTTP_PORT, SERVER, SERVER_IF};
 use flowstate_wire::build::{
     tcp_flags::{ACK, PSH, RST, SYN},
-    EthernetSpec, FrameSpec, IpSpec, Ipv4Spec, L4Spec, Payload, TcpOptions, TcpSpec, UdpSpec,
+    FrameSpec, IpSpec, Ipv4Spec, L4Spec, Payload, TcpOptions, TcpSpec, UdpSpec,
+    ETHERNET_HEADER_LEN,
 };
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -276,8 +277,8 @@ fn packet(step: &Step, id: u16, client_port: u16, server_port: u16, udp: bool) -
         }
         other => other,
     };
-    let spec = FrameSpec {
-        ethernet: EthernetSpec::new([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]),
+    let frame = flowstate_testkit::write(&FrameSpec {
+        ethernet: flowstate_testkit::ethernet(),
         ip: IpSpec::V4(ip),
         l4,
         payload: Payload::Fill {
@@ -285,10 +286,8 @@ fn packet(step: &Step, id: u16, client_port: u16, server_port: u16, udp: bool) -
             byte: b'x',
         },
         min_len: 0,
-    };
-    let mut buf = vec![0u8; 2048];
-    let n = spec.write(&mut buf).expect("the segment fits");
-    buf[14..n].to_vec()
+    });
+    frame[ETHERNET_HEADER_LEN..].to_vec()
 }
 
 /// A host's raw sender and sniffer.

@@ -159,7 +159,7 @@ pub struct RootOptions {
     /// Outside port.
     pub outside: flowstate_router::LivePort,
     /// Sources that make a packet Outbound.
-    pub inside_prefixes: Vec<flowstate_config::IpPrefix>,
+    pub inside_prefixes: Vec<flowstate_config::IpNet>,
     /// Where its stats go (every 200 ms and at the end).
     pub stats: crate::StatsSink,
     /// This root's epoch ([`take_epoch`]): its clocks start at [`first_clock`] of it.

@@ -8,34 +8,16 @@ use flowstate_cluster::meta::{self, Kind, Meta};
 use flowstate_io::pcap::PcapWriter;
 use flowstate_io::{PacketBatch, PacketMeta, Sink};
 use flowstate_nf::Direction;
-use flowstate_wire::build::*;
+use flowstate_testkit::{tshark_or_skip, udp4};
 use std::process::Command;
 
 fn frame(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16, payload: &[u8]) -> Vec<u8> {
-    let spec = FrameSpec {
-        ethernet: EthernetSpec::new([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]),
-        ip: IpSpec::V4(Ipv4Spec::new(src.into(), dst.into())),
-        l4: L4Spec::Udp(UdpSpec {
-            src_port: sport,
-            dst_port: dport,
-        }),
-        payload: Payload::Bytes(payload),
-        min_len: ETHERNET_MIN_LEN,
-    };
-    let mut buf = vec![0u8; 4096];
-    let n = spec.write(&mut buf).unwrap();
-    buf.truncate(n);
-    buf
+    udp4((src.into(), sport), (dst.into(), dport), payload)
 }
 
 #[test]
 fn tshark_dissects_our_geneve_frames() {
-    if Command::new("tshark").arg("--version").output().is_err() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "tshark is not on PATH and CI is set"
-        );
-        println!("SKIPPED: tshark is not on PATH");
+    if !tshark_or_skip("tshark_dissects_our_geneve_frames") {
         return;
     }
     let inner = frame([10, 0, 0, 2], [198, 51, 100, 2], 40000, 53, b"query");

@@ -11,8 +11,9 @@
 //! * **Prefixes** are [`ipnet`]'s. A bare address is the prefix of that one address. A prefix
 //!   with host bits set is refused, naming the network it probably meant
 //!   (`10.0.0.1/24: host bits set; did you mean 10.0.0.0/24?`), as `ip route` and nftables
-//!   do. Hot paths keep their own representations (masks, integers), converted at
-//!   configuration time.
+//!   do. The data path matches addresses against them as they are ([`PrefixMatch`]: a mask
+//!   and a compare, inlined); only forms shaped for a table's key or the hardware (the fast
+//!   path's IPv4 LPM key and its XDP mirror) are converted at configuration time.
 //! * [`deserialize_all`] reads a table into a serde type and reports **every** key that does
 //!   not read (unknown, wrong type, bad value), each with its dotted path, not only the first.
 //! * [`line_of`] finds the line of a dotted key (`chain[1].udp`,
@@ -29,9 +30,6 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 pub use ipnet::{IpNet, Ipv4Net, Ipv6Net};
-pub use prefix::{IpPrefix, PrefixError};
-
-mod prefix;
 
 // ---------------------------------------------------------------------------------------------
 // Durations
@@ -173,6 +171,36 @@ pub fn parse_prefix_v6(s: &str) -> Result<Ipv6Net, String> {
         IpNet::V4(_) => Err(format!(
             "{s:?} is an IPv4 prefix; expected an IPv6 one like \"fd00::/8\""
         )),
+    }
+}
+
+/// Matching an address against a prefix on the data path. ipnet's own `contains` compares
+/// against the network and broadcast addresses through calls that are not `#[inline]`; this
+/// is one mask and one compare, inlined into the caller.
+pub trait PrefixMatch {
+    /// Whether `ip` lies in the prefix (host bits of the prefix ignored); an address of the
+    /// other family never does.
+    fn matches(&self, ip: &IpAddr) -> bool;
+}
+
+impl PrefixMatch for IpNet {
+    #[inline]
+    fn matches(&self, ip: &IpAddr) -> bool {
+        match (self, ip) {
+            (IpNet::V4(n), IpAddr::V4(a)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(n.prefix_len()))
+                    .unwrap_or(0);
+                (u32::from(*a) ^ u32::from(n.addr())) & mask == 0
+            }
+            (IpNet::V6(n), IpAddr::V6(a)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(n.prefix_len()))
+                    .unwrap_or(0);
+                (u128::from(*a) ^ u128::from(n.addr())) & mask == 0
+            }
+            _ => false,
+        }
     }
 }
 
@@ -432,12 +460,42 @@ mod tests {
             "x/8",
             "10.0.0.0/",
             "10.0.0.0/-1",
+            "fd00::/129",
+            "banana",
         ] {
             assert!(parse_prefix(bad).is_err(), "{bad}");
         }
         assert!(parse_prefix_v4("fd00::/8").is_err());
         assert!(parse_prefix_v6("10.0.0.0/8").is_err());
         assert_eq!(parse_prefix_v4("0.0.0.0/0").unwrap().prefix_len(), 0);
+    }
+
+    #[test]
+    fn prefixes_match_addresses_of_their_family() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let p = parse_prefix("10.0.0.0/8").unwrap();
+        assert!(p.matches(&ip("10.255.0.1")));
+        assert!(!p.matches(&ip("11.0.0.1")));
+        assert!(!p.matches(&ip("::1")));
+        let h = parse_prefix("192.0.2.7").unwrap();
+        assert_eq!(h.prefix_len(), 32);
+        assert!(h.matches(&ip("192.0.2.7")));
+        assert!(!h.matches(&ip("192.0.2.8")));
+        let all = parse_prefix("0.0.0.0/0").unwrap();
+        assert!(all.matches(&ip("1.2.3.4")));
+        assert!(!all.matches(&ip("::")));
+        let v6 = parse_prefix("fd00::/8").unwrap();
+        assert!(v6.matches(&ip("fdab::1")));
+        assert!(!v6.matches(&ip("fe00::1")));
+        assert!(parse_prefix("::/0").unwrap().matches(&ip("2001:db8::1")));
+        assert_eq!(
+            parse_prefix("10.1.2.3/8").unwrap_err(),
+            "10.1.2.3/8: host bits set; did you mean 10.0.0.0/8?"
+        );
+        // A prefix made with host bits matches as its network does.
+        let loose = IpNet::new(ip("10.1.2.3"), 8).unwrap();
+        assert_eq!(loose.trunc().to_string(), "10.0.0.0/8");
+        assert!(loose.matches(&ip("10.200.0.1")));
     }
 
     #[derive(Deserialize, Debug)]
@@ -534,6 +592,20 @@ mod tests {
                 if let Some(l) = line_of(text, &key) {
                     prop_assert!((1..=5).contains(&l));
                 }
+            }
+
+            #[test]
+            fn matches_agrees_with_ipnet(a in any::<u32>(), b in any::<u32>(), len in 0u8..=32,
+                                         a6 in any::<u128>(), b6 in any::<u128>(), len6 in 0u8..=128) {
+                let net = IpNet::from(Ipv4Net::new(a.into(), len).unwrap());
+                for ip in [IpAddr::from(std::net::Ipv4Addr::from(b)), IpAddr::from(std::net::Ipv4Addr::from(a))] {
+                    prop_assert_eq!(net.matches(&ip), net.contains(&ip));
+                }
+                let net6 = IpNet::from(Ipv6Net::new(a6.into(), len6).unwrap());
+                for ip in [IpAddr::from(std::net::Ipv6Addr::from(b6)), IpAddr::from(std::net::Ipv6Addr::from(a6))] {
+                    prop_assert_eq!(net6.matches(&ip), net6.contains(&ip));
+                }
+                prop_assert!(!net.matches(&IpAddr::from(std::net::Ipv6Addr::from(b6))));
             }
 
             #[test]

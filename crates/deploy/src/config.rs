@@ -71,7 +71,6 @@ use flowstate_chain::FragmentLimits;
 use flowstate_chain::RuntimeOptions;
 pub use flowstate_chain::{default_workers, DEFAULT_BATCH, DEFAULT_INSIDE, DEFAULT_MAX_FRAME};
 use flowstate_cluster::ClusterSection;
-use flowstate_config::IpPrefix;
 use flowstate_io::synth::{Profile, SizeDist, SynthConfig};
 use flowstate_nf::NfFactory;
 pub use flowstate_router::{Driver, FastPathConfig, LivePort};
@@ -316,9 +315,9 @@ pub fn default_inside() -> Vec<flowstate_config::IpNet> {
 }
 
 impl RuntimeSection {
-    /// The inside prefixes as the steering matches them.
-    pub fn inside_prefixes(&self) -> Vec<IpPrefix> {
-        self.inside.iter().map(|&n| IpPrefix::from(n)).collect()
+    /// The inside prefixes as the steering matches them (host bits cleared).
+    pub fn inside_prefixes(&self) -> Vec<flowstate_config::IpNet> {
+        self.inside.iter().map(|n| n.trunc()).collect()
     }
 }
 
@@ -1218,16 +1217,8 @@ fn synthetic(s: RawSynthetic, file: &Path) -> Result<SyntheticInput, ConfigError
     }
     c.clients_only = s.clients_only.unwrap_or(false);
     let subnet_err = |k: &str, reason: String| ConfigError::new(file, key(k), reason);
-    let v4 = |k: &str, v: &str| {
-        flowstate_config::parse_prefix_v4(v)
-            .map(|n| flowstate_io::synth::Ipv4Net::new(n.addr(), n.prefix_len()))
-            .map_err(|r| subnet_err(k, r))
-    };
-    let v6 = |k: &str, v: &str| {
-        flowstate_config::parse_prefix_v6(v)
-            .map(|n| flowstate_io::synth::Ipv6Net::new(n.addr(), n.prefix_len()))
-            .map_err(|r| subnet_err(k, r))
-    };
+    let v4 = |k: &str, v: &str| flowstate_config::parse_prefix_v4(v).map_err(|r| subnet_err(k, r));
+    let v6 = |k: &str, v: &str| flowstate_config::parse_prefix_v6(v).map_err(|r| subnet_err(k, r));
     if let Some(v) = &s.clients_v4 {
         c.clients_v4 = v4("clients_v4", v)?;
     }

@@ -12,7 +12,9 @@ use flowstate_fastpath::full::{self, FullTables};
 use flowstate_fastpath::xdp::{parse_circulation, XdpFastPath, CIRC_BYTES, MAGIC};
 use flowstate_fastpath::{Headers, Mode, Outcome};
 use flowstate_state::local::LocalStore;
-use flowstate_wire::checksum::{combine, finish, pseudo_header_v4, sum};
+use flowstate_testkit::{ethernet, tcp_spec, write};
+use flowstate_wire::build::tcp_flags::{ACK, PSH};
+use flowstate_wire::build::{FrameSpec, IpSpec, Ipv4Spec, L4Spec, Payload, UdpSpec};
 use proptest::prelude::*;
 
 mod common;
@@ -36,40 +38,25 @@ fn is_root() -> bool {
 /// An Ethernet + IPv4 + TCP/UDP frame of `h` with IP identification `id`, its checksums
 /// computed from scratch.
 fn frame(h: &Headers, id: u16) -> Vec<u8> {
-    let tcp = h.proto == 6;
-    let payload = b"table pipeline";
-    let l4_len = if tcp { 20 } else { 8 } + payload.len();
-    let mut f = vec![2, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 2, 0x08, 0x00];
-    f.extend_from_slice(&[0x45, 0]);
-    f.extend_from_slice(&((20 + l4_len) as u16).to_be_bytes());
-    f.extend_from_slice(&id.to_be_bytes());
-    f.extend_from_slice(&[0x40, 0, 64, h.proto, 0, 0]);
-    f.extend_from_slice(&h.src_ip.to_be_bytes());
-    f.extend_from_slice(&h.dst_ip.to_be_bytes());
-    let c = flowstate_wire::checksum::checksum(&f[14..34]);
-    f[24..26].copy_from_slice(&c.to_be_bytes());
-    f.extend_from_slice(&h.src_port.to_be_bytes());
-    f.extend_from_slice(&h.dst_port.to_be_bytes());
-    if tcp {
-        f.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 2, 0x50, 0x18, 0xff, 0xff, 0, 0, 0, 0]);
+    let ip = IpSpec::V4(Ipv4Spec {
+        id,
+        ..Ipv4Spec::new(h.src_ip.into(), h.dst_ip.into())
+    });
+    let l4 = if h.proto == 6 {
+        L4Spec::Tcp(tcp_spec(h.src_port, h.dst_port, 1, 2, PSH | ACK))
     } else {
-        f.extend_from_slice(&(l4_len as u16).to_be_bytes());
-        f.extend_from_slice(&[0, 0]);
-    }
-    f.extend_from_slice(payload);
-    let pseudo = pseudo_header_v4(
-        h.src_ip.to_be_bytes(),
-        h.dst_ip.to_be_bytes(),
-        h.proto,
-        l4_len as u16,
-    );
-    let mut c = finish(combine(pseudo, sum(&f[34..])));
-    if !tcp && c == 0 {
-        c = 0xffff;
-    }
-    let at = if tcp { 34 + 16 } else { 34 + 6 };
-    f[at..at + 2].copy_from_slice(&c.to_be_bytes());
-    f
+        L4Spec::Udp(UdpSpec {
+            src_port: h.src_port,
+            dst_port: h.dst_port,
+        })
+    };
+    write(&FrameSpec {
+        ethernet: ethernet(),
+        ip,
+        l4,
+        payload: Payload::Bytes(b"table pipeline"),
+        min_len: 0,
+    })
 }
 
 /// The packet's fate in the kernel: the outcome, the frame that left, and its circulations.

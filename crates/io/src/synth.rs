@@ -145,6 +145,8 @@ use crate::{Error, PacketBatch, PacketMeta, Result, Source};
 mod app;
 pub mod trojan;
 use app::Proto;
+/// The subnets of a [`SynthConfig`]: the configuration's prefix types.
+pub use flowstate_config::{Ipv4Net, Ipv6Net};
 use flowstate_wire::build::{
     tcp_flags, EthernetSpec, FrameSpec, IpSpec, Ipv4Spec, Ipv6Spec, L4Spec, Payload, TcpOptions,
     TcpSpec, UdpSpec, ETHERNET_MIN_LEN,
@@ -352,85 +354,6 @@ impl FromStr for SizeDist {
     }
 }
 
-/// An IPv4 subnet: address and prefix length (host bits of `addr` are ignored).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Ipv4Net {
-    /// Network address.
-    pub addr: Ipv4Addr,
-    /// Prefix length, 0 to 32.
-    pub prefix_len: u8,
-}
-
-/// An IPv6 subnet: address and prefix length (host bits of `addr` are ignored).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Ipv6Net {
-    /// Network address.
-    pub addr: Ipv6Addr,
-    /// Prefix length, 0 to 128.
-    pub prefix_len: u8,
-}
-
-impl Ipv4Net {
-    /// `addr/prefix_len`.
-    pub const fn new(addr: Ipv4Addr, prefix_len: u8) -> Self {
-        Ipv4Net { addr, prefix_len }
-    }
-}
-
-impl Ipv6Net {
-    /// `addr/prefix_len`.
-    pub const fn new(addr: Ipv6Addr, prefix_len: u8) -> Self {
-        Ipv6Net { addr, prefix_len }
-    }
-}
-
-impl fmt::Display for Ipv4Net {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.addr, self.prefix_len)
-    }
-}
-
-impl fmt::Display for Ipv6Net {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.addr, self.prefix_len)
-    }
-}
-
-fn parse_net<A: FromStr>(s: &str, max: u8) -> Option<(A, u8)> {
-    let (a, p) = s.trim().split_once('/')?;
-    let p: u8 = p.parse().ok()?;
-    (p <= max).then_some(())?;
-    Some((a.parse().ok()?, p))
-}
-
-impl FromStr for Ipv4Net {
-    type Err = Error;
-
-    /// `a.b.c.d/len`.
-    fn from_str(s: &str) -> Result<Self> {
-        parse_net(s, 32)
-            .map(|(addr, prefix_len)| Ipv4Net { addr, prefix_len })
-            .ok_or_else(|| Error::Option {
-                name: "subnet",
-                reason: format!("{s:?} is not an IPv4 subnet like 10.0.0.0/8"),
-            })
-    }
-}
-
-impl FromStr for Ipv6Net {
-    type Err = Error;
-
-    /// `addr/len`.
-    fn from_str(s: &str) -> Result<Self> {
-        parse_net(s, 128)
-            .map(|(addr, prefix_len)| Ipv6Net { addr, prefix_len })
-            .ok_or_else(|| Error::Option {
-                name: "subnet",
-                reason: format!("{s:?} is not an IPv6 subnet like fd00::/8"),
-            })
-    }
-}
-
 /// Everything that determines a synthetic trace.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SynthConfig {
@@ -517,10 +440,10 @@ impl SynthConfig {
             rate_pps: 1_000_000.0,
             start_ns: 0,
             concurrency,
-            clients_v4: Ipv4Net::new(Ipv4Addr::new(10, 0, 0, 0), 8),
-            servers_v4: Ipv4Net::new(Ipv4Addr::new(198, 51, 100, 0), 24),
-            clients_v6: Ipv6Net::new(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 0), 8),
-            servers_v6: Ipv6Net::new(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0), 32),
+            clients_v4: Ipv4Net::new_assert(Ipv4Addr::new(10, 0, 0, 0), 8),
+            servers_v4: Ipv4Net::new_assert(Ipv4Addr::new(198, 51, 100, 0), 24),
+            clients_v6: Ipv6Net::new_assert(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 0), 8),
+            servers_v6: Ipv6Net::new_assert(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0), 32),
             scanners: 4,
             scan_probes: 0,
             clients_only: false,
@@ -603,12 +526,6 @@ impl SynthConfig {
             );
         }
         self.packet_size.validate()?;
-        if self.clients_v4.prefix_len > 32 || self.servers_v4.prefix_len > 32 {
-            return opt("subnet", "IPv4 prefix lengths are at most 32".into());
-        }
-        if self.clients_v6.prefix_len > 128 || self.servers_v6.prefix_len > 128 {
-            return opt("subnet", "IPv6 prefix lengths are at most 128".into());
-        }
         let v4 = Net::v4(self.clients_v4);
         let v4s = Net::v4(self.servers_v4);
         let v6 = Net::v6(self.clients_v6);
@@ -867,11 +784,15 @@ struct Net {
 
 impl Net {
     fn v4(n: Ipv4Net) -> Self {
-        Net::new(u128::from(u32::from(n.addr)), 32, u32::from(n.prefix_len))
+        Net::new(
+            u128::from(u32::from(n.addr())),
+            32,
+            u32::from(n.prefix_len()),
+        )
     }
 
     fn v6(n: Ipv6Net) -> Self {
-        Net::new(u128::from(n.addr), 128, u32::from(n.prefix_len))
+        Net::new(u128::from(n.addr()), 128, u32::from(n.prefix_len()))
     }
 
     fn new(addr: u128, width: u32, prefix: u32) -> Self {
@@ -1970,7 +1891,7 @@ impl ScanPart {
                 ),
             );
         }
-        let outside = Net::v4(Ipv4Net::new(OUTSIDE_SCANNERS, 24));
+        let outside = Net::v4(Ipv4Net::new_assert(OUTSIDE_SCANNERS, 24));
         for (name, n) in [
             ("clients_v4", config.clients_v4),
             ("servers_v4", config.servers_v4),

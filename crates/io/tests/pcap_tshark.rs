@@ -6,28 +6,13 @@
 
 mod pcap_fixtures;
 
-use std::io::ErrorKind;
 use std::path::Path;
 use std::process::Command;
 
 use flowstate_io::pcap::{PcapReader, PcapWriter, WriterOptions};
 use flowstate_io::{PacketBatch, PacketMeta, Sink, Source};
+use flowstate_testkit::tshark_or_skip;
 use pcap_fixtures::*;
-
-/// Whether to run: tshark is there, or we are in CI (where its absence is a failure).
-fn tshark_or_skip(test: &str) -> bool {
-    match Command::new("tshark").arg("--version").output() {
-        Ok(_) => true,
-        Err(e) if e.kind() == ErrorKind::NotFound => {
-            if std::env::var_os("CI").is_some() {
-                panic!("{test}: tshark is not on PATH and CI is set: install tshark (Wireshark)");
-            }
-            println!("SKIPPED {test}: tshark is not on PATH (and CI is not set)");
-            false
-        }
-        Err(e) => panic!("{test}: cannot run tshark: {e}"),
-    }
-}
 
 /// `(frame.len, frame.cap_len, frame.time_epoch in ns)` of every frame, as tshark reads them.
 fn tshark_frames(path: &Path) -> Vec<(u32, u32, u64)> {

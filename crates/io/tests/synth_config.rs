@@ -57,7 +57,7 @@ fn subnets_parse() {
     let n: Ipv4Net = "10.0.0.0/8".parse().unwrap();
     assert_eq!(n.to_string(), "10.0.0.0/8");
     let n: Ipv6Net = "2001:db8::/32".parse().unwrap();
-    assert_eq!(n.prefix_len, 32);
+    assert_eq!(n.prefix_len(), 32);
     assert!("10.0.0.0/33".parse::<Ipv4Net>().is_err());
     assert!("10.0.0.0".parse::<Ipv4Net>().is_err());
     assert!("fd00::/129".parse::<Ipv6Net>().is_err());

@@ -10,7 +10,6 @@ use flowstate_io::{PacketBatch, Sink};
 use flowstate_wire::dissect;
 use flowstate_wire::dissect::verify_checksums;
 use std::collections::BTreeSet;
-use std::io::ErrorKind;
 use std::net::IpAddr;
 use std::process::Command;
 use synth_common::generate;
@@ -52,13 +51,8 @@ fn deterministic_valid_and_with_its_ground_truth() {
 
 #[test]
 fn tshark_dissects_it_without_malformed_packets() {
-    match Command::new("tshark").arg("--version").output() {
-        Ok(_) => {}
-        Err(e) if e.kind() == ErrorKind::NotFound && std::env::var_os("CI").is_none() => {
-            println!("SKIPPED: tshark is not on PATH (and CI is not set)");
-            return;
-        }
-        Err(e) => panic!("tshark: {e}"),
+    if !flowstate_testkit::tshark_or_skip("tshark_dissects_it_without_malformed_packets") {
+        return;
     }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.pcap");

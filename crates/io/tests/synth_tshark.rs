@@ -11,26 +11,12 @@ mod synth_common;
 use flowstate_io::pcap::PcapWriter;
 use flowstate_io::synth::{Profile, SynthConfig};
 use flowstate_io::{PacketBatch, PacketMeta, Sink};
+use flowstate_testkit::tshark_or_skip;
 use flowstate_wire::FlowKey;
 use std::collections::BTreeMap;
-use std::io::ErrorKind;
 use std::path::Path;
 use std::process::Command;
 use synth_common::{app, generate, parse, Pkt};
-
-fn tshark_or_skip(test: &str) -> bool {
-    match Command::new("tshark").arg("--version").output() {
-        Ok(_) => true,
-        Err(e) if e.kind() == ErrorKind::NotFound => {
-            if std::env::var_os("CI").is_some() {
-                panic!("{test}: tshark is not on PATH and CI is set: install tshark (Wireshark)");
-            }
-            println!("SKIPPED {test}: tshark is not on PATH (and CI is not set)");
-            false
-        }
-        Err(e) => panic!("{test}: cannot run tshark: {e}"),
-    }
-}
 
 fn write_pcap(path: &Path, packets: &[(Vec<u8>, PacketMeta)]) {
     let mut w = PcapWriter::create(path).expect("create pcap");

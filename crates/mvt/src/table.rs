@@ -15,7 +15,7 @@
 //! up at random.
 
 use crate::key::{prefix_eq, Key, Match, KEY_BITS, KEY_BYTES};
-use flowstate_wire::hash::{Crc32cSteps, SoftCrc, Sse42};
+use flowstate_wire::hash::{ByteCrc, Crc32cSteps, SoftCrc, Sse42};
 use flowstate_wire::mem::{huge_vec, huge_with_capacity};
 
 /// Time in nanoseconds (the runtime's clock; never read here, always passed in).
@@ -55,45 +55,6 @@ impl Unit {
         }
     }
 }
-
-/// CRC32C one byte at a time through one 256-entry table (the paper's software CRC, [32]).
-#[derive(Debug, Clone, Copy)]
-struct ByteCrc;
-
-impl Crc32cSteps for ByteCrc {
-    #[inline(always)]
-    fn step_u8(self, crc: u32, v: u8) -> u32 {
-        (crc >> 8) ^ SW_TABLE[((crc ^ u32::from(v)) & 0xff) as usize]
-    }
-    #[inline(always)]
-    fn step_u32(self, crc: u32, v: u32) -> u32 {
-        v.to_le_bytes().iter().fold(crc, |c, &b| self.step_u8(c, b))
-    }
-    #[inline(always)]
-    fn step_u64(self, crc: u32, v: u64) -> u32 {
-        v.to_le_bytes().iter().fold(crc, |c, &b| self.step_u8(c, b))
-    }
-}
-
-static SW_TABLE: [u32; 256] = {
-    let mut t = [0u32; 256];
-    let mut i = 0;
-    while i < 256 {
-        let mut c = i as u32;
-        let mut k = 0;
-        while k < 8 {
-            c = if c & 1 != 0 {
-                (c >> 1) ^ 0x82f6_3b78
-            } else {
-                c >> 1
-            };
-            k += 1;
-        }
-        t[i] = c;
-        i += 1;
-    }
-    t
-};
 
 /// The group of a match `l` bits long: `l` rounded down to a whole byte.
 #[inline(always)]

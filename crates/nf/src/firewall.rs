@@ -55,6 +55,7 @@ use crate::listing::{Cell, Row, StoreReader, TableInfo};
 use crate::{
     BuildError, Context, Direction, NetworkFunction, NfFactory, Packet, Placement, Verdict,
 };
+use flowstate_config::{IpNet, PrefixMatch};
 use flowstate_state::{
     Access, Codec, CodecError, Counter, CounterMap, Declare, Map, Nanos, Scope, StateError,
 };
@@ -270,48 +271,6 @@ impl Config {
     }
 }
 
-/// An address prefix (CIDR).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Prefix {
-    addr: IpAddr,
-    len: u8,
-}
-
-impl Prefix {
-    /// Parses `"ADDR/LEN"` or a bare address (a host prefix). Host bits must be zero
-    /// ([`flowstate_config::parse_prefix`]).
-    pub fn parse(s: &str) -> Result<Prefix, String> {
-        flowstate_config::parse_prefix(s).map(Prefix::from)
-    }
-
-    /// Whether `ip` lies in the prefix (never across address families).
-    #[inline]
-    pub fn contains(&self, ip: &IpAddr) -> bool {
-        match (self.addr, ip) {
-            (IpAddr::V4(n), IpAddr::V4(a)) => u32::from(*a) & mask32(self.len) == u32::from(n),
-            (IpAddr::V6(n), IpAddr::V6(a)) => u128::from(*a) & mask128(self.len) == u128::from(n),
-            _ => false,
-        }
-    }
-}
-
-fn mask32(len: u8) -> u32 {
-    u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0)
-}
-
-fn mask128(len: u8) -> u128 {
-    u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0)
-}
-
-impl From<flowstate_config::IpNet> for Prefix {
-    fn from(n: flowstate_config::IpNet) -> Self {
-        Prefix {
-            addr: n.network(),
-            len: n.prefix_len(),
-        }
-    }
-}
-
 /// Which protocols a rule matches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ProtoMatch {
@@ -336,8 +295,8 @@ impl ProtoMatch {
 struct Rule {
     action: Action,
     proto: ProtoMatch,
-    src: Option<Prefix>,
-    dst: Option<Prefix>,
+    src: Option<IpNet>,
+    dst: Option<IpNet>,
     dport: Option<(u16, u16)>,
     direction: Option<Direction>,
 }
@@ -394,8 +353,8 @@ impl Rule {
                 }
             },
         };
-        let src = r.src.map(Prefix::from);
-        let dst = r.dst.map(Prefix::from);
+        let src = r.src.map(|n| n.trunc());
+        let dst = r.dst.map(|n| n.trunc());
         let dport = r
             .dport
             .as_ref()
@@ -414,7 +373,7 @@ impl Rule {
             ));
         }
         if let (Some(s), Some(d)) = (src, dst) {
-            if s.addr.is_ipv4() != d.addr.is_ipv4() {
+            if s.addr().is_ipv4() != d.addr().is_ipv4() {
                 return Err(at(
                     "dst",
                     "src and dst are of different address families".into(),
@@ -453,8 +412,8 @@ impl Rule {
     fn matches(&self, flow: &FlowKey, dport: Option<u16>, dir: Direction) -> bool {
         self.proto.matches(flow.proto)
             && self.direction.is_none_or(|d| d == dir)
-            && self.src.is_none_or(|p| p.contains(&flow.src))
-            && self.dst.is_none_or(|p| p.contains(&flow.dst))
+            && self.src.is_none_or(|p| p.matches(&flow.src))
+            && self.dst.is_none_or(|p| p.matches(&flow.dst))
             && match self.dport {
                 None => true,
                 Some((lo, hi)) => dport.is_some_and(|p| (lo..=hi).contains(&p)),

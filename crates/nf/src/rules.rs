@@ -24,7 +24,7 @@
 //! input makes the parser panic (property-tested). A rule spans lines ending in `\`; `#`
 //! starts a comment line.
 
-use crate::firewall::Prefix;
+use flowstate_config::{IpNet, PrefixMatch};
 use std::collections::HashMap;
 use std::net::IpAddr;
 
@@ -54,7 +54,7 @@ pub enum Addr {
     /// Any address.
     Any,
     /// A prefix.
-    Prefix(Prefix),
+    Prefix(IpNet),
     /// Not this.
     Not(Box<Addr>),
     /// A list: its positive items (or anything, if it has none) minus its negated ones.
@@ -66,7 +66,7 @@ impl Addr {
     pub fn matches(&self, ip: &IpAddr) -> bool {
         match self {
             Addr::Any => true,
-            Addr::Prefix(p) => p.contains(ip),
+            Addr::Prefix(p) => p.matches(ip),
             Addr::Not(a) => !a.matches(ip),
             Addr::List(items) => list_matches(
                 items,
@@ -863,17 +863,9 @@ fn addr(s: &str, vars: &Vars, depth: usize) -> Result<Addr, Refusal> {
             .ok_or_else(|| bad(format!("{s:?}: prefix length must be 0 to {max}")))?,
     };
     // Host bits masked (Suricata accepts 10.1.2.3/8 as 10.0.0.0/8).
-    let net = match ip {
-        IpAddr::V4(a) => IpAddr::V4(
-            (u32::from(a) & u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0)).into(),
-        ),
-        IpAddr::V6(a) => IpAddr::V6(
-            (u128::from(a) & u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0)).into(),
-        ),
-    };
-    Prefix::parse(&format!("{net}/{len}"))
-        .map(Addr::Prefix)
-        .map_err(bad)
+    IpNet::new(ip, len)
+        .map(|n| Addr::Prefix(n.trunc()))
+        .map_err(|e| bad(format!("{s:?}: {e}")))
 }
 
 fn port(s: &str, vars: &Vars, depth: usize) -> Result<Port, Refusal> {

@@ -123,7 +123,7 @@ fn other_protocols_are_pseudo_connections() {
     let mut rig = firewall("");
     // GRE (47), built as a UDP frame with the protocol byte changed (no transport parse).
     let gre = |src: Ipv4Addr, dst: Ipv4Addr| {
-        let mut f = frame_of(
+        let mut f = flowstate_testkit::frame(
             IpSpec::V4(Ipv4Spec::new(src, dst)),
             L4Spec::Udp(UdpSpec {
                 src_port: 1,

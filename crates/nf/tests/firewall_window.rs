@@ -33,7 +33,7 @@ fn seg(src: &str, dst: &str, flags: u8, seq: u32, ack: u32, win: u16, data: &[u8
     } else {
         TcpOptions::NONE
     };
-    frame_of(
+    flowstate_testkit::frame(
         ip,
         L4Spec::Tcp(TcpSpec {
             src_port: s.port(),

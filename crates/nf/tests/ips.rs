@@ -7,7 +7,7 @@ use flowstate_nf::ips::{Config, Factory, Ips};
 use flowstate_nf::{BuildError, Context, Direction, NetworkFunction, Packet, Placement, Verdict};
 use flowstate_state::local::LocalStore;
 use flowstate_state::{Backend, BackendError, Connector, Partition, StateConfig};
-use flowstate_wire::build::*;
+use flowstate_testkit::{tcp4, udp4};
 use flowstate_wire::{dissect, FlowKey};
 use std::net::Ipv4Addr;
 
@@ -19,47 +19,7 @@ const CLIENT: (Ipv4Addr, u16) = (Ipv4Addr::new(10, 0, 0, 7), 40_000);
 const SERVER: (Ipv4Addr, u16) = (Ipv4Addr::new(198, 51, 100, 80), 80);
 
 fn tcp(src: (Ipv4Addr, u16), dst: (Ipv4Addr, u16), seq: u32, flags: u8, data: &[u8]) -> Vec<u8> {
-    frame(
-        src,
-        dst,
-        L4Spec::Tcp(TcpSpec {
-            src_port: src.1,
-            dst_port: dst.1,
-            seq,
-            ack: 1,
-            flags,
-            window: 65535,
-            urgent: 0,
-            options: TcpOptions::NONE,
-        }),
-        data,
-    )
-}
-
-fn udp(src: (Ipv4Addr, u16), dst: (Ipv4Addr, u16), data: &[u8]) -> Vec<u8> {
-    frame(
-        src,
-        dst,
-        L4Spec::Udp(UdpSpec {
-            src_port: src.1,
-            dst_port: dst.1,
-        }),
-        data,
-    )
-}
-
-fn frame(src: (Ipv4Addr, u16), dst: (Ipv4Addr, u16), l4: L4Spec, data: &[u8]) -> Vec<u8> {
-    let spec = FrameSpec {
-        ethernet: EthernetSpec::new([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]),
-        ip: IpSpec::V4(Ipv4Spec::new(src.0, dst.0)),
-        l4,
-        payload: Payload::Bytes(data),
-        min_len: ETHERNET_MIN_LEN,
-    };
-    let mut buf = vec![0u8; 2048];
-    let n = spec.write(&mut buf).expect("frame fits");
-    buf.truncate(n);
-    buf
+    tcp4(src, dst, seq, 1, flags, data)
 }
 
 /// The local store seen as a remote one: state goes through the store, not only the cache.
@@ -235,12 +195,12 @@ fn flow_direction_and_udp() {
     r.feed(tcp(SERVER, CLIENT, 5001, ACK | PSH, b"HTTP/1.1 200 OK\r\n"));
     assert!(r.fired(1) && !r.fired(2));
     let dns = (Ipv4Addr::new(192, 0, 2, 53), 53);
-    r.feed(udp(
+    r.feed(udp4(
         CLIENT,
         dns,
         b"\x12\x34\x01\x00\x00\x01\x07example\x03com",
     ));
-    r.feed(udp(dns, CLIENT, b"\x12\x34\x81\x80\x07example answer"));
+    r.feed(udp4(dns, CLIENT, b"\x12\x34\x81\x80\x07example answer"));
     let k = FlowKey::new(CLIENT.0.into(), dns.0.into(), CLIENT.1, dns.1, 17);
     let f = r.nf.flow(&k).expect("the UDP flow is tracked");
     assert!(f.fired(3), "to port 53");

@@ -122,25 +122,9 @@ fn icmp_unreachable_counts_as_a_failure() {
 /// An ICMPv6 destination unreachable (type 1, `code`) from `from` to `to` quoting the IPv6
 /// packet of the frame `quoted` (RFC 4443 §3.1).
 fn icmp6_unreachable(from: &str, to: &str, code: u8, quoted: &[u8]) -> Vec<u8> {
-    use flowstate_wire::checksum;
-    let (s, d): (std::net::Ipv6Addr, std::net::Ipv6Addr) =
-        (from.parse().unwrap(), to.parse().unwrap());
     let mut msg = vec![1, code, 0, 0, 0, 0, 0, 0];
     msg.extend_from_slice(&quoted[14..]);
-    let sum = checksum::combine(
-        checksum::pseudo_header_v6(&s.octets(), &d.octets(), 58, msg.len() as u32),
-        checksum::sum(&msg),
-    );
-    let c = checksum::finish(sum);
-    msg[2..4].copy_from_slice(&c.to_be_bytes());
-    let mut f = vec![2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1, 0x86, 0xdd];
-    f.extend_from_slice(&[0x60, 0, 0, 0]);
-    f.extend_from_slice(&(msg.len() as u16).to_be_bytes());
-    f.extend_from_slice(&[58, 64]);
-    f.extend_from_slice(&s.octets());
-    f.extend_from_slice(&d.octets());
-    f.extend_from_slice(&msg);
-    f
+    flowstate_testkit::icmp6(from.parse().unwrap(), to.parse().unwrap(), 64, &msg)
 }
 
 #[test]

@@ -9,7 +9,7 @@ use flowstate_nf::reassembly::{
 use flowstate_nf::{Direction, Packet};
 use flowstate_state::local::LocalStore;
 use flowstate_state::{Backend, BackendError, Codec, Connector, Partition, StateConfig};
-use flowstate_wire::build::*;
+use flowstate_testkit::{tcp4, udp4};
 use flowstate_wire::{dissect, tcp};
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -247,26 +247,7 @@ const CLIENT: (Ipv4Addr, u16) = (Ipv4Addr::new(10, 0, 0, 1), 40_000);
 const SERVER: (Ipv4Addr, u16) = (Ipv4Addr::new(192, 0, 2, 80), 80);
 
 fn frame(src: (Ipv4Addr, u16), dst: (Ipv4Addr, u16), seq: u32, flags: u8, data: &[u8]) -> Vec<u8> {
-    let spec = FrameSpec {
-        ethernet: EthernetSpec::new([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]),
-        ip: IpSpec::V4(Ipv4Spec::new(src.0, dst.0)),
-        l4: L4Spec::Tcp(TcpSpec {
-            src_port: src.1,
-            dst_port: dst.1,
-            seq,
-            ack: 0,
-            flags,
-            window: 65535,
-            urgent: 0,
-            options: TcpOptions::NONE,
-        }),
-        payload: Payload::Bytes(data),
-        min_len: ETHERNET_MIN_LEN,
-    };
-    let mut buf = vec![0u8; 2048];
-    let n = spec.write(&mut buf).expect("frame fits");
-    buf.truncate(n);
-    buf
+    tcp4(src, dst, seq, 0, flags, data)
 }
 
 fn partition(store: &dyn Connector) -> Partition {
@@ -381,19 +362,8 @@ fn unanswered_syns_expire_sooner() {
 fn non_tcp_and_malformed_are_told_apart() {
     let mut part = partition(&LocalStore::new());
     let mut t = TcpStreams::declare(&mut part.declare("ips"), &TableConfig::default()).unwrap();
-    let spec = FrameSpec {
-        ethernet: EthernetSpec::new([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]),
-        ip: IpSpec::V4(Ipv4Spec::new(CLIENT.0, SERVER.0)),
-        l4: L4Spec::Udp(UdpSpec {
-            src_port: 1,
-            dst_port: 53,
-        }),
-        payload: Payload::Fill { len: 8, byte: 0 },
-        min_len: ETHERNET_MIN_LEN,
-    };
-    let mut buf = [0u8; 128];
-    let n = spec.write(&mut buf).unwrap();
+    let mut buf = udp4((CLIENT.0, 1), (SERVER.0, 53), &[0; 8]);
     let mut out = [Out::default(), Out::default()];
-    assert_eq!(feed(&mut t, &mut buf[..n], 0, &mut out), Fed::NotTcp);
+    assert_eq!(feed(&mut t, &mut buf, 0, &mut out), Fed::NotTcp);
     assert_eq!(t.connections(), 0);
 }

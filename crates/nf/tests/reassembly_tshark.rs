@@ -21,7 +21,7 @@ use flowstate_nf::reassembly::{Event, Fed, Origin, OverlapPolicy, TableConfig, T
 use flowstate_nf::{Direction, Packet};
 use flowstate_state::local::LocalStore;
 use flowstate_state::{Partition, StateConfig};
-use flowstate_wire::build::*;
+use flowstate_testkit::{tcp4, tshark_or_skip};
 use flowstate_wire::dissect::Transport;
 use flowstate_wire::{dissect, FlowKey};
 use std::collections::BTreeMap;
@@ -33,23 +33,6 @@ const SYN: u8 = 0x02;
 const FIN: u8 = 0x01;
 const ACK: u8 = 0x10;
 const PSH: u8 = 0x08;
-
-/// tshark is the oracle: missing it is a failure in CI and a skip elsewhere.
-fn have_tshark() -> bool {
-    let found = Command::new("tshark")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !found && std::env::var_os("CI").is_none() {
-        eprintln!("SKIPPED: tshark not found (scripts/setup installs it)");
-        return false;
-    }
-    assert!(
-        found,
-        "tshark is required in CI (scripts/setup installs it)"
-    );
-    true
-}
 
 type Ep = (Ipv4Addr, u16);
 
@@ -75,30 +58,12 @@ impl Conn {
         } else {
             (self.server, self.client, self.c_isn.wrapping_add(1))
         };
-        let spec = FrameSpec {
-            ethernet: EthernetSpec::new([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]),
-            ip: IpSpec::V4(Ipv4Spec::new(src.0, dst.0)),
-            l4: L4Spec::Tcp(TcpSpec {
-                src_port: src.1,
-                dst_port: dst.1,
-                seq,
-                ack: if flags & SYN != 0 && flags & ACK == 0 {
-                    0
-                } else {
-                    ack
-                },
-                flags,
-                window: 65535,
-                urgent: 0,
-                options: TcpOptions::NONE,
-            }),
-            payload: Payload::Bytes(data),
-            min_len: ETHERNET_MIN_LEN,
+        let ack = if flags & SYN != 0 && flags & ACK == 0 {
+            0
+        } else {
+            ack
         };
-        let mut buf = vec![0u8; 2048];
-        let n = spec.write(&mut buf).expect("frame fits");
-        buf.truncate(n);
-        buf
+        tcp4(src, dst, seq, ack, flags, data)
     }
 
     /// The capture: handshake, `segs` in the order given, FINs.
@@ -346,7 +311,7 @@ fn interleave(mut a: Vec<Seg>, mut b: Vec<Seg>, rng: &mut Rng) -> Vec<Seg> {
 /// Random scrambles of both directions, some across the sequence wrap: same bytes as tshark.
 #[test]
 fn scrambled_streams_agree_with_tshark() {
-    if !have_tshark() {
+    if !tshark_or_skip("scrambled_streams_agree_with_tshark") {
         return;
     }
     for seed in 1..=6u64 {
@@ -384,7 +349,7 @@ fn scrambled_streams_agree_with_tshark() {
 /// buffered one.
 #[test]
 fn conflicting_overlaps_agree_with_tshark_under_first() {
-    if !have_tshark() {
+    if !tshark_or_skip("conflicting_overlaps_agree_with_tshark_under_first") {
         return;
     }
     let seg = |from_client: bool, offset: u32, data: &[u8]| Seg {
@@ -470,7 +435,7 @@ fn ours_all(frames: &[Vec<u8>]) -> BTreeMap<FlowKey, Streams> {
 /// two streams equal tshark's, and equal the unshuffled trace's.
 #[test]
 fn generated_trace_scrambled_agrees_with_tshark() {
-    if !have_tshark() {
+    if !tshark_or_skip("generated_trace_scrambled_agrees_with_tshark") {
         return;
     }
     let cfg = SynthConfig {

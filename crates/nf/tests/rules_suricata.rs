@@ -6,7 +6,7 @@
 use flowstate_io::pcap::PcapWriter;
 use flowstate_io::PacketMeta;
 use flowstate_nf::rules::{parse, Options};
-use flowstate_wire::build::*;
+use flowstate_testkit::{run_suricata, suricata_or_skip, udp4, SURICATA_YAML};
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 use std::process::Command;
@@ -65,14 +65,14 @@ const CORPUS: &[&str] = &[
 
 #[test]
 fn the_rules_suricata_refuses_are_the_ones_we_refuse() {
-    if !have_suricata() {
+    if !suricata_or_skip("the_rules_suricata_refuses_are_the_ones_we_refuse") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("corpus.rules");
     std::fs::write(&file, CORPUS.join("\n") + "\n").unwrap();
     let out = Command::new("suricata")
-        .args(["-T", "-c", "/etc/suricata/suricata.yaml", "-S"])
+        .args(["-T", "-c", SURICATA_YAML, "-S"])
         .arg(&file)
         .arg("-l")
         .arg(dir.path())
@@ -107,36 +107,13 @@ fn the_rules_suricata_refuses_are_the_ones_we_refuse() {
     );
 }
 
-fn have_suricata() -> bool {
-    let ok = Command::new("suricata")
-        .arg("-V")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        eprintln!("skipped: no suricata (scripts/setup-live installs it)");
-    }
-    ok
-}
-
 /// A UDP packet from the client to port `port` of the server carrying `payload`.
 fn udp(port: u16, payload: &[u8]) -> Vec<u8> {
-    let spec = FrameSpec {
-        ethernet: EthernetSpec::new([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]),
-        ip: IpSpec::V4(Ipv4Spec::new(
-            Ipv4Addr::new(10, 0, 0, 2),
-            Ipv4Addr::new(198, 51, 100, 2),
-        )),
-        l4: L4Spec::Udp(UdpSpec {
-            src_port: 40000,
-            dst_port: port,
-        }),
-        payload: Payload::Bytes(payload),
-        min_len: ETHERNET_MIN_LEN,
-    };
-    let mut buf = vec![0u8; 2048];
-    let n = spec.write(&mut buf).expect("frame fits");
-    buf.truncate(n);
-    buf
+    udp4(
+        (Ipv4Addr::new(10, 0, 0, 2), 40000),
+        (Ipv4Addr::new(198, 51, 100, 2), port),
+        payload,
+    )
 }
 
 /// Payload tests: rule options, and a payload they are tried on.
@@ -235,7 +212,7 @@ fn content_cases() -> Vec<(String, Vec<u8>)> {
 
 #[test]
 fn on_packets_suricata_alerts_on_the_rules_whose_contents_we_match() {
-    if !have_suricata() {
+    if !suricata_or_skip("on_packets_suricata_alerts_on_the_rules_whose_contents_we_match") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -267,28 +244,7 @@ fn on_packets_suricata_alerts_on_the_rules_whose_contents_we_match() {
         w.write_packet(&f, &meta).unwrap();
     }
     w.finish().unwrap();
-    let out = Command::new("suricata")
-        .args([
-            "-c",
-            "/etc/suricata/suricata.yaml",
-            "--runmode",
-            "single",
-            "-k",
-            "none",
-            "-r",
-        ])
-        .arg(&pcap)
-        .arg("-S")
-        .arg(&rules_file)
-        .arg("-l")
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "suricata: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_suricata(&pcap, &rules_file, dir.path(), &[]);
     let eve = std::fs::read_to_string(dir.path().join("eve.json")).unwrap();
     let theirs: BTreeSet<usize> = eve
         .lines()

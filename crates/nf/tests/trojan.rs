@@ -9,7 +9,7 @@ use flowstate_nf::trojan::{Config, Factory, Trojan};
 use flowstate_nf::{BuildError, Context, Direction, NetworkFunction, NfFactory, Packet, Verdict};
 use flowstate_state::local::LocalStore;
 use flowstate_state::{Partition, StateConfig};
-use flowstate_wire::build::*;
+use flowstate_testkit::tcp4;
 use flowstate_wire::dissect;
 use std::net::{IpAddr, Ipv4Addr};
 
@@ -25,26 +25,7 @@ const IRC: (Ipv4Addr, u16) = (Ipv4Addr::new(198, 51, 100, 67), 6667);
 const WEB: (Ipv4Addr, u16) = (Ipv4Addr::new(198, 51, 100, 80), 80);
 
 fn frame(src: (Ipv4Addr, u16), dst: (Ipv4Addr, u16), seq: u32, flags: u8, data: &[u8]) -> Vec<u8> {
-    let spec = FrameSpec {
-        ethernet: EthernetSpec::new([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]),
-        ip: IpSpec::V4(Ipv4Spec::new(src.0, dst.0)),
-        l4: L4Spec::Tcp(TcpSpec {
-            src_port: src.1,
-            dst_port: dst.1,
-            seq,
-            ack: 1,
-            flags,
-            window: 65535,
-            urgent: 0,
-            options: TcpOptions::NONE,
-        }),
-        payload: Payload::Bytes(data),
-        min_len: ETHERNET_MIN_LEN,
-    };
-    let mut buf = vec![0u8; 2048];
-    let n = spec.write(&mut buf).expect("frame fits");
-    buf.truncate(n);
-    buf
+    tcp4(src, dst, seq, 1, flags, data)
 }
 
 /// A detector on its own local store, with a virtual clock.

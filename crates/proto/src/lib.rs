@@ -1496,33 +1496,12 @@ impl<'a> Rd<'a> {
     }
 }
 
-/// CRC-32C (Castagnoli) of `data`, continuing from `crc` (0 to start): checks the records of
-/// the store's write-ahead log and checkpoints.
+/// CRC-32C (Castagnoli, RFC 3720 §12.1) of `data`, continuing from `crc` (0 to start): checks
+/// the records of the store's write-ahead log and checkpoints. [`flowstate_wire::hash`]'s, so
+/// the workspace keeps one CRC implementation (the CPU's instruction where there is one).
+#[inline]
 pub fn crc32c(crc: u32, data: &[u8]) -> u32 {
-    const TABLE: [u32; 256] = {
-        let mut t = [0u32; 256];
-        let mut i = 0;
-        while i < 256 {
-            let mut c = i as u32;
-            let mut k = 0;
-            while k < 8 {
-                c = if c & 1 != 0 {
-                    (c >> 1) ^ 0x82F6_3B78
-                } else {
-                    c >> 1
-                };
-                k += 1;
-            }
-            t[i] = c;
-            i += 1;
-        }
-        t
-    };
-    let mut c = !crc;
-    for &b in data {
-        c = TABLE[((c ^ u32::from(b)) & 0xff) as usize] ^ (c >> 8);
-    }
-    !c
+    flowstate_wire::hash::crc32c_append(crc, data)
 }
 
 #[cfg(test)]

@@ -28,7 +28,7 @@
 //! (another thread with several workers) through a per-entry sequence lock: no lock, no
 //! allocation after start.
 
-use flowstate_config::IpPrefix;
+use flowstate_config::{IpNet, PrefixMatch};
 use flowstate_fastpath::flowcache::XdpFlowCache;
 use flowstate_io::afxdp::XdpProgram;
 use flowstate_io::{PacketBatch, Port, Sink, Source};
@@ -697,7 +697,7 @@ pub struct LiveSink<P: Port> {
     ports: [P; 2],
     addrs: [PortAddr; 2],
     macs: [[u8; 6]; 2],
-    inside: Vec<IpPrefix>,
+    inside: Vec<IpNet>,
     shared: Arc<Shared>,
     out: [PacketBatch; 2],
 }
@@ -716,7 +716,7 @@ impl<P: Port> LiveSink<P> {
     pub fn new(
         ports: [P; 2],
         addrs: [PortAddr; 2],
-        inside: Vec<IpPrefix>,
+        inside: Vec<IpNet>,
         shared: Arc<Shared>,
         batch: usize,
         max_frame: usize,
@@ -797,7 +797,7 @@ impl<P: Port> LiveSink<P> {
             stats.ttl_expired.fetch_add(1, Ordering::Relaxed);
             return Ok(None);
         }
-        let p = if self.inside.iter().any(|i| i.contains(IpAddr::V4(dst))) {
+        let p = if self.inside.iter().any(|i| i.matches(&IpAddr::V4(dst))) {
             usize::from(INSIDE)
         } else {
             usize::from(OUTSIDE)

@@ -6,6 +6,9 @@
 //! keys hashed in a loop, [`Crc32cSteps`] gives fixed-width steps (1, 4, 8 bytes): [`Sse42`]
 //! (a value proving the CPU has the instruction, detected once, so no step checks again;
 //! inlined as one instruction into code compiled for SSE4.2) and [`SoftCrc`] (slicing tables).
+//! [`crc32c_bytewise`] and [`ByteCrc`] are the one-lookup-per-byte software CRC, kept as the
+//! baseline that benchmarks and HashMVT's `Hasher::Software` measure against; the
+//! workspace's one set of CRC32C tables is this module's.
 //! [`Toeplitz::symmetric`] uses the repeated-`0x6d5a` key, with which a flow's two directions
 //! hash alike (Woo & Park, "Scalable TCP Session Monitoring with Symmetric Receive-side
 //! Scaling", 2012), so both directions of a flow reach the same worker.
@@ -95,6 +98,14 @@ pub fn crc32c_sw(data: &[u8]) -> u32 {
     crc32c_sw_append(0, data)
 }
 
+/// CRC32C one byte at a time through one 256-entry table, whatever the CPU: the classic
+/// software CRC that HashMVT §VI-C measures as its baseline. Same values as [`crc32c`]; for
+/// measuring against, as [`crc32c_sw`] (slicing-by-8) is faster.
+#[inline]
+pub fn crc32c_bytewise(data: &[u8]) -> u32 {
+    !data.iter().fold(!0u32, |c, &b| ByteCrc.step_u8(c, b))
+}
+
 fn crc32c_sw_append(crc: u32, data: &[u8]) -> u32 {
     let mut c = !crc;
     let mut chunks = data.chunks_exact(8);
@@ -171,9 +182,10 @@ mod hw {
 /// seeds and finishes), for hashing of short keys in a loop (HashMVT §III-C hashes one address
 /// at several prefix lengths per lookup).
 ///
-/// Two implementations give identical values (tested): [`Sse42`], the CPU's `crc32`
+/// Three implementations give identical values (tested): [`Sse42`], the CPU's `crc32`
 /// instruction, whose value proves the CPU has it (made once by [`Sse42::detect`], so no call
-/// checks the CPU again); and [`SoftCrc`], table-driven (slicing-by-4/8). The steps are
+/// checks the CPU again); [`SoftCrc`], table-driven (slicing-by-4/8); and [`ByteCrc`], one
+/// table lookup per byte (the software baseline). The steps are
 /// `#[inline]`; [`Sse42`]'s inline as single instructions into code compiled with SSE4.2
 /// (a `#[target_feature(enable = "sse4.2")]` function, or a build for such a CPU).
 pub trait Crc32cSteps: Copy {
@@ -262,6 +274,26 @@ impl Crc32cSteps for SoftCrc {
             ^ TABLES[2][((hi >> 8) & 0xff) as usize]
             ^ TABLES[1][((hi >> 16) & 0xff) as usize]
             ^ TABLES[0][(hi >> 24) as usize]
+    }
+}
+
+/// CRC32C steps one byte at a time through one 256-entry table (one lookup per byte, the
+/// steps of [`crc32c_bytewise`]), any CPU: the software baseline, not for speed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ByteCrc;
+
+impl Crc32cSteps for ByteCrc {
+    #[inline(always)]
+    fn step_u8(self, crc: u32, v: u8) -> u32 {
+        (crc >> 8) ^ TABLES[0][((crc ^ u32::from(v)) & 0xff) as usize]
+    }
+    #[inline(always)]
+    fn step_u32(self, crc: u32, v: u32) -> u32 {
+        v.to_le_bytes().iter().fold(crc, |c, &b| self.step_u8(c, b))
+    }
+    #[inline(always)]
+    fn step_u64(self, crc: u32, v: u64) -> u32 {
+        v.to_le_bytes().iter().fold(crc, |c, &b| self.step_u8(c, b))
     }
 }
 
@@ -415,6 +447,8 @@ mod tests {
         assert_eq!(crc32c_sw(b"123456789"), 0xe306_9283);
         assert_eq!(crc32c(b"123456789"), 0xe306_9283);
         assert_eq!(crc32c(b""), 0);
+        assert_eq!(crc32c_bytewise(b"123456789"), 0xe306_9283);
+        assert_eq!(crc32c_bytewise(b""), 0);
     }
 
     #[test]
@@ -472,6 +506,7 @@ mod tests {
         #[test]
         fn fixed_width_steps_equal_bytewise(data in any::<[u8; 15]>()) {
             steps_agree(SoftCrc, &data);
+            steps_agree(ByteCrc, &data);
             if let Some(hw) = Sse42::detect() {
                 steps_agree(hw, &data);
             }
@@ -484,6 +519,7 @@ mod tests {
                 prop_assert_eq!(hw, sw);
             }
             prop_assert_eq!(crc32c(&data), sw);
+            prop_assert_eq!(crc32c_bytewise(&data), sw);
             let split = split.min(data.len());
             prop_assert_eq!(crc32c_append(crc32c(&data[..split]), &data[split..]), sw);
         }

@@ -8,7 +8,7 @@
 //! * Nothing in this crate allocates per packet or loops without a bound (the IPv6
 //!   extension-header chain is bounded by [`ipv6::MAX_EXTENSION_HEADERS`]).
 //! * [`hash::crc32c`] gives identical results with the SSE4.2 instruction and with the software
-//!   table; [`hash::toeplitz_symmetric`] hashes both directions of a flow alike.
+//!   table; [`hash::Toeplitz::symmetric`] hashes both directions of a flow alike.
 //! * This crate depends on nothing else of flowstate's.
 
 pub mod arp;

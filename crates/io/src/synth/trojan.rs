@@ -67,7 +67,7 @@ pub(crate) fn validate(c: &SynthConfig) -> Result<()> {
 }
 
 fn host_count(n: Ipv4Net) -> u64 {
-    let bits = 32 - u32::from(n.prefix_len.min(32));
+    let bits = 32 - u32::from(n.prefix_len());
     if bits < 2 {
         0
     } else {
@@ -76,11 +76,7 @@ fn host_count(n: Ipv4Net) -> u64 {
 }
 
 fn nth(n: Ipv4Net, i: u64) -> Ipv4Addr {
-    let base = u32::from(n.addr)
-        & (u32::MAX
-            .checked_shl(32 - u32::from(n.prefix_len))
-            .unwrap_or(0));
-    Ipv4Addr::from(base.wrapping_add(1 + i as u32))
+    Ipv4Addr::from(u32::from(n.network()).wrapping_add(1 + i as u32))
 }
 
 fn mix(mut z: u64) -> u64 {

@@ -9,9 +9,10 @@ use flowstate_nf::portscan::{self, Portscan};
 use flowstate_nf::{Context, Direction, NetworkFunction, Packet, Placement, Verdict};
 use flowstate_state::local::LocalStore;
 use flowstate_state::{Backend, BackendError, Connector, Declare, Partition, StateConfig};
+use flowstate_testkit::{frame, icmp4, ip};
 use flowstate_wire::build::*;
 use flowstate_wire::dissect::{verify_checksums, Network};
-use flowstate_wire::{checksum, dissect, Dissection, FlowKey};
+use flowstate_wire::{dissect, Dissection, FlowKey};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 pub(crate) const SEC: u64 = 1_000_000_000;
@@ -256,28 +257,6 @@ pub(crate) fn sa(s: &str) -> SocketAddr {
     s.parse().expect("test socket address")
 }
 
-fn ip_spec(src: IpAddr, dst: IpAddr) -> IpSpec {
-    match (src, dst) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => IpSpec::V4(Ipv4Spec::new(s, d)),
-        (IpAddr::V6(s), IpAddr::V6(d)) => IpSpec::V6(Ipv6Spec::new(s, d)),
-        _ => panic!("mixed address families"),
-    }
-}
-
-pub(crate) fn frame_of(ip: IpSpec, l4: L4Spec, payload: &[u8]) -> Vec<u8> {
-    let spec = FrameSpec {
-        ethernet: EthernetSpec::new([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]),
-        ip,
-        l4,
-        payload: Payload::Bytes(payload),
-        min_len: ETHERNET_MIN_LEN,
-    };
-    let mut buf = vec![0u8; 2048];
-    let n = spec.write(&mut buf).expect("frame fits");
-    buf.truncate(n);
-    buf
-}
-
 /// A TCP segment `src` → `dst` (`"10.0.0.1:40000"`, `"[2001:db8::1]:80"`) with `flags`.
 pub(crate) fn tcp(src: &str, dst: &str, flags: u8) -> Vec<u8> {
     tcp_data(src, dst, flags, b"")
@@ -286,8 +265,8 @@ pub(crate) fn tcp(src: &str, dst: &str, flags: u8) -> Vec<u8> {
 /// A TCP segment with data.
 pub(crate) fn tcp_data(src: &str, dst: &str, flags: u8, data: &[u8]) -> Vec<u8> {
     let (s, d) = (sa(src), sa(dst));
-    frame_of(
-        ip_spec(s.ip(), d.ip()),
+    frame(
+        ip(s.ip(), d.ip()),
         L4Spec::Tcp(TcpSpec {
             src_port: s.port(),
             dst_port: d.port(),
@@ -305,8 +284,8 @@ pub(crate) fn tcp_data(src: &str, dst: &str, flags: u8, data: &[u8]) -> Vec<u8> 
 /// A UDP datagram `src` → `dst` with a few bytes of data.
 pub(crate) fn udp(src: &str, dst: &str) -> Vec<u8> {
     let (s, d) = (sa(src), sa(dst));
-    frame_of(
-        ip_spec(s.ip(), d.ip()),
+    frame(
+        ip(s.ip(), d.ip()),
         L4Spec::Udp(UdpSpec {
             src_port: s.port(),
             dst_port: d.port(),
@@ -318,8 +297,8 @@ pub(crate) fn udp(src: &str, dst: &str) -> Vec<u8> {
 /// An ICMP (ICMPv6 between IPv6 addresses) echo request or reply.
 pub(crate) fn echo(src: &str, dst: &str, id: u16, reply: bool) -> Vec<u8> {
     let (s, d): (IpAddr, IpAddr) = (src.parse().unwrap(), dst.parse().unwrap());
-    frame_of(
-        ip_spec(s, d),
+    frame(
+        ip(s, d),
         L4Spec::Echo(EchoSpec { reply, id, seq: 1 }),
         b"ping",
     )
@@ -336,41 +315,13 @@ pub(crate) fn icmp4_error(
 ) -> Vec<u8> {
     let ip = &quoted[ETHERNET_HEADER_LEN..];
     let hl = usize::from(ip[0] & 0x0f) * 4;
-    let inner = &ip[..(hl + 8).min(ip.len())];
-    let mut icmp = vec![kind, code, 0, 0, 0, 0, 0, 0];
-    icmp.extend_from_slice(inner);
-    let c = checksum::checksum(&icmp);
-    icmp[2..4].copy_from_slice(&c.to_be_bytes());
-    let total = (IPV4_HEADER_LEN + icmp.len()) as u16;
-    let mut f = vec![2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1, 0x08, 0x00];
-    let mut h = vec![0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 1, 0, 0];
-    h[2..4].copy_from_slice(&total.to_be_bytes());
-    h.extend_from_slice(&from.octets());
-    h.extend_from_slice(&to.octets());
-    let c = checksum::checksum(&h);
-    h[10..12].copy_from_slice(&c.to_be_bytes());
-    f.extend_from_slice(&h);
-    f.extend_from_slice(&icmp);
-    f
+    let mut msg = vec![kind, code, 0, 0, 0, 0, 0, 0];
+    msg.extend_from_slice(&ip[..(hl + 8).min(ip.len())]);
+    icmp4(from, to, true, &msg)
 }
 
 /// A raw ICMPv6 message of `kind` (no body beyond 4 zero bytes), checksummed.
 pub(crate) fn icmp6(src: &str, dst: &str, kind: u8) -> Vec<u8> {
-    let (s, d): (std::net::Ipv6Addr, std::net::Ipv6Addr) =
-        (src.parse().unwrap(), dst.parse().unwrap());
-    let mut msg = vec![kind, 0, 0, 0, 0, 0, 0, 0];
-    let sum = checksum::combine(
-        checksum::pseudo_header_v6(&s.octets(), &d.octets(), 58, msg.len() as u32),
-        checksum::sum(&msg),
-    );
-    let c = checksum::finish(sum);
-    msg[2..4].copy_from_slice(&c.to_be_bytes());
-    let mut f = vec![2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1, 0x86, 0xdd];
-    f.extend_from_slice(&[0x60, 0, 0, 0]);
-    f.extend_from_slice(&(msg.len() as u16).to_be_bytes());
-    f.extend_from_slice(&[58, 255]);
-    f.extend_from_slice(&s.octets());
-    f.extend_from_slice(&d.octets());
-    f.extend_from_slice(&msg);
-    f
+    let (s, d) = (src.parse().unwrap(), dst.parse().unwrap());
+    flowstate_testkit::icmp6(s, d, 255, &[kind, 0, 0, 0, 0, 0, 0, 0])
 }

@@ -6,6 +6,7 @@
 use flowstate_nf::{nat, Context, Direction, NetworkFunction, Packet, Placement, Verdict};
 use flowstate_state::local::LocalStore;
 use flowstate_state::{Backend, BackendError, Connector, Partition, StateConfig};
+use flowstate_testkit::{frame, icmp4};
 use flowstate_wire::build::*;
 use flowstate_wire::dissect::{Fragment, Network};
 use flowstate_wire::{dissect, dissect::verify_checksums};
@@ -168,24 +169,6 @@ pub(crate) fn check_forwarded(
     }
 }
 
-fn eth() -> EthernetSpec {
-    EthernetSpec::new([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
-}
-
-fn frame(ip: IpSpec, l4: L4Spec, payload: &[u8]) -> Vec<u8> {
-    let spec = FrameSpec {
-        ethernet: eth(),
-        ip,
-        l4,
-        payload: Payload::Bytes(payload),
-        min_len: ETHERNET_MIN_LEN,
-    };
-    let mut buf = vec![0u8; spec.frame_len()];
-    let n = spec.write(&mut buf).expect("frame fits");
-    buf.truncate(n);
-    buf
-}
-
 fn v4(src: Ipv4Addr, dst: Ipv4Addr) -> IpSpec {
     IpSpec::V4(Ipv4Spec {
         id: 0x1234,
@@ -261,32 +244,9 @@ pub(crate) fn icmp_error(
     code: u8,
     quote: &[u8],
 ) -> Vec<u8> {
-    let icmp_len = 8 + quote.len();
-    let total = 20 + icmp_len;
-    let mut f = vec![2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1, 0x08, 0x00];
-    f.extend_from_slice(&[
-        0x45,
-        0,
-        (total >> 8) as u8,
-        total as u8,
-        0,
-        0,
-        0,
-        0,
-        64,
-        1,
-        0,
-        0,
-    ]);
-    f.extend_from_slice(&src.octets());
-    f.extend_from_slice(&dst.octets());
-    f.extend_from_slice(&[kind, code, 0, 0, 0, 0, 0, 0]);
-    f.extend_from_slice(quote);
-    let ip_sum = flowstate_wire::checksum::checksum(&f[14..34]);
-    f[24..26].copy_from_slice(&ip_sum.to_be_bytes());
-    let icmp_sum = flowstate_wire::checksum::checksum(&f[34..]);
-    f[36..38].copy_from_slice(&icmp_sum.to_be_bytes());
-    f
+    let mut msg = vec![kind, code, 0, 0, 0, 0, 0, 0];
+    msg.extend_from_slice(quote);
+    icmp4(src, dst, false, &msg)
 }
 
 /// The flow key of a frame.
