@@ -6,8 +6,9 @@
 
 mod common;
 
-use common::{content, is_root};
+use common::content;
 use flowstate_lab::{Lab, System, BOX_OUTSIDE, CLIENT, SERVER};
+use flowstate_testkit::is_root;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Mutex;

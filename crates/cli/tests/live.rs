@@ -8,10 +8,11 @@
 mod common;
 
 use common::{
-    attr, chromium, content, elements, headless, is_root, pane_command, polled_dashboard, rows,
-    screenshot, si, Tmux,
+    attr, chromium, content, elements, headless, pane_command, polled_dashboard, rows, screenshot,
+    si, Tmux,
 };
 use flowstate_lab::{Lab, System, BOX_OUTSIDE, CLIENT, CLIENT_IF, HTTP_PORT, SERVER, SERVER2, VIP};
+use flowstate_testkit::is_root;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Mutex;

@@ -11,6 +11,7 @@
 //! with RSTs). Then a window-scaled curl download goes through flowstate's firewall.
 
 use flowstate_lab::{Lab, System, CLIENT, CLIENT_IF, HTTP_PORT, SERVER, SERVER_IF};
+use flowstate_testkit::is_root;
 use flowstate_wire::build::{
     tcp_flags::{ACK, PSH, RST, SYN},
     FrameSpec, IpSpec, Ipv4Spec, L4Spec, Payload, TcpOptions, TcpSpec, UdpSpec,
@@ -20,15 +21,6 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::mpsc::{self, Receiver};
 use std::time::Duration;
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .map(|s| {
-            s.lines()
-                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
-        })
-        .unwrap_or(false)
-}
 
 /// `send`: IPv4 packets in hex on stdin, each sent on a raw socket (IP_HDRINCL); `sniff
 /// IFACE`: the IP identification of each TCP segment to or from ports 7000–7999 and each UDP

@@ -872,18 +872,13 @@ mod tests {
         assert_eq!(Entry::from(&f), e);
     }
 
-    fn is_root() -> bool {
-        // SAFETY: geteuid has no preconditions.
-        unsafe { libc::geteuid() == 0 }
-    }
-
     const XDP_PASS: u32 = 2;
     const XDP_REDIRECT: u32 = 4;
     const LO: u32 = 1;
 
     #[test]
     fn the_kernel_runs_the_program_as_the_slow_path_did() {
-        if !is_root() {
+        if !flowstate_testkit::is_root() {
             eprintln!("skipped: loading XDP programs needs root");
             return;
         }
@@ -923,7 +918,7 @@ mod tests {
 
     #[test]
     fn a_stale_entry_sends_the_packet_to_the_slow_path() {
-        if !is_root() {
+        if !flowstate_testkit::is_root() {
             eprintln!("skipped: loading XDP programs needs root");
             return;
         }
@@ -937,7 +932,7 @@ mod tests {
 
     #[test]
     fn a_due_entry_sends_one_packet_to_the_slow_path_and_keeps_the_others() {
-        if !is_root() {
+        if !flowstate_testkit::is_root() {
             eprintln!("skipped: loading XDP programs needs root");
             return;
         }
@@ -1008,7 +1003,7 @@ mod tests {
             let Lesson::Install(key, entry) = lesson else {
                 return Err(TestCaseError::fail(format!("not installed: {lesson:?}")));
             };
-            if is_root() {
+            if flowstate_testkit::is_root() {
                 let fast = XdpFlowCache::new(4, Duration::from_secs(5)).unwrap();
                         fast.install(&key, &entry).unwrap();
                 let (action, got) = fast.test_run(LO, &input).unwrap();

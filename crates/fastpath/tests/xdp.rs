@@ -12,7 +12,7 @@ use flowstate_fastpath::full::{self, FullTables};
 use flowstate_fastpath::xdp::{parse_circulation, XdpFastPath, CIRC_BYTES, MAGIC};
 use flowstate_fastpath::{Headers, Mode, Outcome};
 use flowstate_state::local::LocalStore;
-use flowstate_testkit::{ethernet, tcp_spec, write};
+use flowstate_testkit::{ethernet, is_root, tcp_spec, write};
 use flowstate_wire::build::tcp_flags::{ACK, PSH};
 use flowstate_wire::build::{FrameSpec, IpSpec, Ipv4Spec, L4Spec, Payload, UdpSpec};
 use proptest::prelude::*;
@@ -29,11 +29,6 @@ const XDP_REDIRECT: u32 = 4;
 /// The egress port mapped to an interface (LO): its packets are redirected there; the others
 /// go on to the kernel's routing.
 const MAPPED_EGRESS: u16 = 10;
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
 
 /// An Ethernet + IPv4 + TCP/UDP frame of `h` with IP identification `id`, its checksums
 /// computed from scratch.

@@ -5,18 +5,10 @@
 
 use flowstate_io::afpacket::{AfPacket, AfPacketOptions, Fanout, FanoutMode, RingVersion};
 use flowstate_io::{PacketBatch, Port};
+use flowstate_testkit::is_root;
 use std::os::fd::AsRawFd;
 use std::process::Command;
 use std::time::{Duration, Instant};
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .map(|s| {
-            s.lines()
-                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
-        })
-        .unwrap_or(false)
-}
 
 fn ip(args: &[&str]) {
     let ok = Command::new("ip").args(args).status().unwrap().success();

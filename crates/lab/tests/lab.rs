@@ -6,17 +6,9 @@ use flowstate_lab::{
     failover_gap, instance_addr, ping_reply_times, Cmd, Exec, Lab, System, BOX_OUTSIDE, CLIENT_IF,
     HTTP_PORT, ROOT_ADDR, SERVER,
 };
+use flowstate_testkit::is_root;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .map(|s| {
-            s.lines()
-                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
-        })
-        .unwrap_or(false)
-}
 
 /// Takes the lab down however the test ends.
 struct Guard(Lab);

@@ -11,7 +11,7 @@
 //!   any type `build` has no spec for) with correct checksums and no padding.
 //! * A builder panics, naming the mistake, on what no test can mean (addresses of two
 //!   families, a packet too long for its length fields): these are a test's own errors.
-//! * [`tshark_or_skip`] and [`suricata_or_skip`] say whether a test can run, and
+//! * [`tshark_or_skip`], [`suricata_or_skip`] and [`is_root`] say whether a test can run, and
 //!   [`run_suricata`] runs Suricata the one way the tests compare with it. A missing tool
 //!   skips the test with a `SKIPPED` line; tshark is required where `CI` is set (a missing
 //!   tshark there fails the test), Suricata nowhere.
@@ -196,6 +196,18 @@ fn ethernet_header(ethertype: u16) -> Vec<u8> {
     f.extend_from_slice(&SRC_MAC);
     f.extend_from_slice(&ethertype.to_be_bytes());
     f
+}
+
+/// Whether the tests run as root (effective user 0, from `/proc/self/status`): what the lab's
+/// namespaces, AF_PACKET sockets and loading XDP programs need. A test that needs root skips
+/// itself, saying why, when this is `false`.
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .map(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
+        })
+        .unwrap_or(false)
 }
 
 /// Whether `program arg` runs and exits successfully.
