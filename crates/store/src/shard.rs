@@ -5,7 +5,7 @@
 //! subscriptions (CHC §4.3 callbacks) and expiry notifications (StatelessNF §4.1).
 
 pub(crate) use flowstate_objects::Spare;
-use flowstate_objects::{Absent, Leases, Outcome, Stored};
+use flowstate_objects::{Absent, Fault, Leases, Outcome, Stored};
 use flowstate_proto::{Kind, Object, Op, Reply, Request};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
@@ -128,12 +128,12 @@ fn reply(key: &[u8], outcome: Outcome) -> Reply {
         Outcome::Bool(b) => Reply::Bool(b),
         Outcome::Len(n) => Reply::Len(n),
         Outcome::Object(o) => Reply::Object(o),
-        Outcome::WrongKind { wanted, found } => Reply::WrongKind {
+        Outcome::Error(Fault::WrongKind { wanted, found }) => Reply::WrongKind {
             key: key.to_vec(),
             wanted,
             found,
         },
-        Outcome::Refused(r) => Reply::Refused(r.message(text(key))),
+        Outcome::Error(Fault::Refused(r)) => Reply::Refused(r.message(text(key))),
     }
 }
 
@@ -428,10 +428,10 @@ fn run_on(e: &mut Entry, op: &Op<&[u8]>, now: Duration, spare: &mut Spare) -> (R
         Op::Claim { kind, instance, .. } => {
             let found = e.object.obj.kind();
             if found != kind {
-                Outcome::WrongKind {
+                Outcome::Error(Fault::WrongKind {
                     wanted: kind,
                     found,
-                }
+                })
             } else if e.owner.is_none_or(|o| o == instance) {
                 e.owner = Some(instance);
                 Outcome::Bool(true)
