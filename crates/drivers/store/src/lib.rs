@@ -36,7 +36,9 @@
 //!   [`StoreConnector::check`] names the `[state]` key to fix: `ca_file`, `token` (or
 //!   `token_file`), or `url` for a store that does not answer within `timeout`.
 
-use flowstate_proto::{self as proto, Frame, Kind as PKind, Limits, Message, Notification};
+use flowstate_proto::{
+    self as proto, Command, Failure, Frame, Kind as PKind, Limits, Message, Notification,
+};
 use flowstate_state::{
     Backend, BackendError, Connector, Kind, Object, ObjectKey, Op, OpError, Reply, SettingError,
 };
@@ -775,7 +777,7 @@ impl StoreBackend {
             let a = a.ok_or_else(|| protocol("a batch was not answered"))?;
             for r in a {
                 out.push(match r {
-                    proto::Reply::Duplicate => TaggedReply::Duplicate,
+                    proto::Reply::Error(Failure::Duplicate) => TaggedReply::Duplicate,
                     r => TaggedReply::Reply(reply_from(r)),
                 });
             }
@@ -798,7 +800,7 @@ impl StoreBackend {
         kind: Kind,
         instance: u32,
     ) -> Result<bool, BackendError> {
-        self.special(proto::Op::Claim {
+        self.special(Command::Claim {
             key: key.as_bytes().to_vec(),
             kind: pkind(kind),
             instance,
@@ -808,14 +810,14 @@ impl StoreBackend {
     /// Hands ownership of the object from `from` to `to` (a flow move, CHC §5.1); whether
     /// `from` owned it.
     pub fn handover(&mut self, key: &ObjectKey, from: u32, to: u32) -> Result<bool, BackendError> {
-        self.special(proto::Op::Handover {
+        self.special(Command::Handover {
             key: key.as_bytes().to_vec(),
             from,
             to,
         })
     }
 
-    fn special(&mut self, op: proto::Op) -> Result<bool, BackendError> {
+    fn special(&mut self, op: Command) -> Result<bool, BackendError> {
         self.out.clear();
         self.sent.clear();
         let id = self.next_req;
@@ -1184,13 +1186,15 @@ fn reply_from(r: proto::Reply) -> Reply {
         proto::Reply::Bool(b) => Reply::Bool(b),
         proto::Reply::Len(n) => Reply::Len(n),
         proto::Reply::Object(o) => Reply::Object(o.map(object_from)),
-        proto::Reply::WrongKind { key, wanted, found } => Reply::Error(OpError::WrongKind {
-            key: String::from_utf8_lossy(&key).into_owned(),
-            wanted: wanted.name(),
-            found: found.name(),
-        }),
-        proto::Reply::Refused(m) => Reply::Error(OpError::Refused(m)),
-        proto::Reply::Duplicate => Reply::Error(OpError::Refused(
+        proto::Reply::Error(Failure::WrongKind { key, wanted, found }) => {
+            Reply::Error(OpError::WrongKind {
+                key: String::from_utf8_lossy(&key).into_owned(),
+                wanted: wanted.name(),
+                found: found.name(),
+            })
+        }
+        proto::Reply::Error(Failure::Refused(m)) => Reply::Error(OpError::Refused(m)),
+        proto::Reply::Error(Failure::Duplicate) => Reply::Error(OpError::Refused(
             "already applied: the store recognised this update as a duplicate".into(),
         )),
     }
@@ -1421,7 +1425,7 @@ mod tests {
                 proto::put_request(&mut b, &to_proto(&op), i, c);
                 assert_eq!(a, b, "{op:?}");
                 let back = proto::Rd::new(&a).request().unwrap();
-                assert_eq!(back.op, to_proto(&op));
+                assert_eq!(back.op, Command::Op(to_proto(&op)));
             }
         }
     }
