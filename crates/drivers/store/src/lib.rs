@@ -1275,7 +1275,7 @@ mod tests {
                 proto::put_request(&mut b, &to_proto(&op), i, c);
                 assert_eq!(a, b, "{op:?}");
                 let back = proto::Rd::new(&a).request().unwrap();
-                assert_eq!(back.op, Command::Op(to_proto(&op)));
+                assert_eq!(back.op, to_proto(&op));
             }
         }
     }
