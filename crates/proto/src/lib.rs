@@ -190,7 +190,8 @@ impl<B: AsRef<[u8]>> Command<B> {
         }
     }
 
-    /// Whether the operation never changes an object (reads; the leases change only leases).
+    /// Whether the operation is a read, which never changes an object ([`Op::is_read`]); the
+    /// leases and the ownership operations are not reads.
     pub fn is_read(&self) -> bool {
         match self {
             Command::Op(op) => op.is_read(),
