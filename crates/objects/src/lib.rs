@@ -1,9 +1,16 @@
-//! Store objects and what every operation does to them: the one definition of the state API's
-//! operation semantics, shared by the in-process store (`flowstate-state`'s `local` backend)
-//! and the store server (`flowstate-store`), which add keys, sharding, limits, ownership and
-//! clock tags around it. Both pass the state API's conformance suite.
+//! Store objects, the store operations and what every operation does to them: the one
+//! definition of the state API's operations ([`Op`]), their replies ([`Reply`]) and their
+//! semantics, shared by the state API and its drivers (`flowstate-state`, whose `local`
+//! backend runs them in process), the store protocol (`flowstate-proto`, whose opcodes are
+//! [`Op`]'s discriminants) and the store server (`flowstate-store`), which add keys, sharding,
+//! limits, ownership and clock tags around them. The in-process store and the server both pass
+//! the state API's conformance suite.
 //!
 //! Promises:
+//! * Every store names an operation, its fields and its reply the same way: [`Op`], generic
+//!   in its key and byte strings (owned, or borrowed from a frame without a copy), and
+//!   [`Reply`], generic in the failure each store words. An operation's opcode
+//!   ([`Op::code`]) never changes.
 //! * An object is a value, a counter, a list, a set, a map or a counter-map ([`Kind`]). An
 //!   object may have a time to live, and so may each field of a map.
 //! * Expired objects and map fields are invisible to every operation from their deadline on
@@ -31,8 +38,10 @@ use std::hash::BuildHasher;
 use std::time::Duration;
 
 mod leases;
+mod op;
 mod spare;
 pub use leases::{Lease, Leases};
+pub use op::{Op, OP_NAMES};
 pub use spare::Spare;
 
 /// The type of an object; part of its key. The discriminant is the store protocol's code.
@@ -113,7 +122,8 @@ impl Object {
     }
 }
 
-/// One operation on the object under one key, with the key left out (the store holds it).
+/// What an [`Op`] does to its object ([`Op::action`]), with the key left out (the store holds
+/// it); the leases, which live beside the objects, have none.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[allow(missing_docs)] // fields are named as in the state API's operations
 pub enum Action<'a> {
@@ -201,7 +211,9 @@ impl<'a> Action<'a> {
             | Action::MapDelete { .. }
             | Action::Expire { .. } => Outcome::Bool(false),
             Action::Len { kind } => match kind {
-                Kind::Value | Kind::Counter => Outcome::Refused(Refusal::NotACollection(kind)),
+                Kind::Value | Kind::Counter => {
+                    Outcome::Error(Fault::Refused(Refusal::NotACollection(kind)))
+                }
                 _ => Outcome::Len(0),
             },
             Action::ReadAll { .. } => Outcome::Object(None),
@@ -235,37 +247,62 @@ impl<'a> Action<'a> {
     }
 }
 
-/// The answer to an action; each store words errors with its key.
+/// The reply to one operation. `E` says why it failed: a [`Fault`] from [`Stored::run`] (an
+/// [`Outcome`]), which each store words with its key.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub enum Reply<E> {
     /// Done, nothing to return.
     Done,
     /// A value, or `None` when absent.
     Value(Option<Vec<u8>>),
-    /// A counter.
+    /// A counter value.
     Int(i64),
-    /// Yes or no.
+    /// A yes/no answer.
     Bool(bool),
     /// A length.
     Len(u64),
     /// A whole object, or `None` when absent.
     Object(Option<Object>),
-    /// The key holds an object of another kind; nothing changed.
+    /// This operation failed (e.g. the key holds another kind); nothing changed, and the
+    /// others in its batch ran.
+    Error(E),
+}
+
+impl<E> Reply<E> {
+    /// Whether the operation took effect (or, for a read, answered).
+    pub fn is_ok(&self) -> bool {
+        !matches!(self, Reply::Error(_))
+    }
+
+    /// The same reply with its failure mapped by `f`.
+    pub fn map_err<F>(self, f: impl FnOnce(E) -> F) -> Reply<F> {
+        match self {
+            Reply::Done => Reply::Done,
+            Reply::Value(v) => Reply::Value(v),
+            Reply::Int(n) => Reply::Int(n),
+            Reply::Bool(b) => Reply::Bool(b),
+            Reply::Len(n) => Reply::Len(n),
+            Reply::Object(o) => Reply::Object(o),
+            Reply::Error(e) => Reply::Error(f(e)),
+        }
+    }
+}
+
+/// The answer to an action on an object, before a store words its failure with the key.
+pub type Outcome = Reply<Fault>;
+
+/// Why an action failed; nothing changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The key holds an object of another kind.
     WrongKind {
         /// The kind the action works on.
         wanted: Kind,
         /// The kind the key holds.
         found: Kind,
     },
-    /// Refused; nothing changed.
+    /// Refused.
     Refused(Refusal),
-}
-
-impl Outcome {
-    /// Whether the action took effect (or, for a read, answered).
-    pub fn is_ok(&self) -> bool {
-        !matches!(self, Outcome::WrongKind { .. } | Outcome::Refused(_))
-    }
 }
 
 /// Why an action was refused.
@@ -656,16 +693,18 @@ impl Stored {
     /// Runs `action` at `now` on this live (pruned) object: the answer, and whether the object
     /// is now gone (deleted, or a collection emptied), for the store to remove.
     pub fn run(&mut self, action: &Action, now: Duration, spare: &mut Spare) -> (Outcome, bool) {
-        let wrong = |wanted: Kind, found: &Obj| Outcome::WrongKind {
-            wanted,
-            found: found.kind(),
+        let wrong = |wanted: Kind, found: &Obj| {
+            Outcome::Error(Fault::WrongKind {
+                wanted,
+                found: found.kind(),
+            })
         };
         let add = |c: &mut i64, delta: i64| match c.checked_add(delta) {
             Some(n) => {
                 *c = n;
                 Outcome::Int(n)
             }
-            None => Outcome::Refused(Refusal::Overflow),
+            None => Outcome::Error(Fault::Refused(Refusal::Overflow)),
         };
         let outcome = match (*action, &mut self.obj) {
             (Action::Delete, _) => return (Outcome::Bool(true), true),
@@ -746,7 +785,9 @@ impl Stored {
                 Obj::Map(m),
             ) => Outcome::Bool(m.expire(field, now.saturating_add(ttl))),
             (Action::Len { kind }, o) => match kind {
-                Kind::Value | Kind::Counter => Outcome::Refused(Refusal::NotACollection(kind)),
+                Kind::Value | Kind::Counter => {
+                    Outcome::Error(Fault::Refused(Refusal::NotACollection(kind)))
+                }
                 _ if o.kind() == kind => Outcome::Len(len(o.size().unwrap_or(0))),
                 _ => wrong(kind, o),
             },

@@ -169,7 +169,9 @@ fn actions_where_nothing_lives_create_only_what_they_write() {
             kind: Kind::Counter
         }
         .on_absent(),
-        Absent::Reply(Outcome::Refused(Refusal::NotACollection(Kind::Counter)))
+        Absent::Reply(Outcome::Error(Fault::Refused(Refusal::NotACollection(
+            Kind::Counter
+        ))))
     );
 }
 
@@ -185,10 +187,10 @@ fn an_emptied_collection_is_gone_and_a_wrong_kind_changes_nothing() {
     assert_eq!(
         s.run(&Action::Add { delta: 1 }, now, &mut spare),
         (
-            Outcome::WrongKind {
+            Outcome::Error(Fault::WrongKind {
                 wanted: Kind::Counter,
                 found: Kind::List
-            },
+            }),
             false
         )
     );
@@ -200,7 +202,7 @@ fn an_emptied_collection_is_gone_and_a_wrong_kind_changes_nothing() {
     c.run(&Action::Add { delta: i64::MAX }, now, &mut spare);
     assert_eq!(
         c.run(&Action::Add { delta: 1 }, now, &mut spare).0,
-        Outcome::Refused(Refusal::Overflow)
+        Outcome::Error(Fault::Refused(Refusal::Overflow))
     );
     assert_eq!(
         c.run(&Action::GetCounter, now, &mut spare).0,
@@ -222,4 +224,110 @@ fn objects_read_out_sorted_and_back() {
         .collect();
     assert_eq!(o, Object::Map(want));
     assert_eq!(Obj::from_object(o.clone()).to_object(), o);
+}
+
+/// One operation of every opcode, with its code.
+fn one_of_each() -> Vec<Op<&'static str, &'static [u8]>> {
+    let b: &[u8] = b"x";
+    let t = Duration::from_secs(1);
+    vec![
+        Op::Get { key: "k" },
+        Op::Set { key: "k", value: b },
+        Op::Delete { key: "k" },
+        Op::Add { key: "k", delta: 1 },
+        Op::GetCounter { key: "k" },
+        Op::SetCounter { key: "k", value: 1 },
+        Op::Push { key: "k", item: b },
+        Op::Pop { key: "k" },
+        Op::Insert {
+            key: "k",
+            member: b,
+        },
+        Op::Remove {
+            key: "k",
+            member: b,
+        },
+        Op::Contains {
+            key: "k",
+            member: b,
+        },
+        Op::MapGet { key: "k", field: b },
+        Op::MapSet {
+            key: "k",
+            field: b,
+            value: b,
+        },
+        Op::MapDelete { key: "k", field: b },
+        Op::MapAdd {
+            key: "k",
+            field: b,
+            delta: 1,
+        },
+        Op::MapGetCounter { key: "k", field: b },
+        Op::CompareAndSet {
+            key: "k",
+            expected: None,
+            new: Some(b),
+        },
+        Op::Expire {
+            key: "k",
+            field: None,
+            ttl: t,
+        },
+        Op::Len {
+            key: "k",
+            kind: Kind::Set,
+        },
+        Op::ReadAll {
+            key: "k",
+            kind: Kind::Map,
+        },
+        Op::Lock {
+            key: "k",
+            owner: 1,
+            lease: t,
+        },
+        Op::Unlock { key: "k", owner: 1 },
+    ]
+}
+
+#[test]
+fn opcodes_are_the_discriminants_in_order_and_name_each_operation() {
+    let ops = one_of_each();
+    assert_eq!(ops.len(), OP_NAMES.len());
+    for (i, op) in ops.iter().enumerate() {
+        assert_eq!(usize::from(op.code()), i, "{op:?}");
+        assert_eq!(op.map(|k| k.len(), |b| b.to_vec()).code(), op.code());
+        let debug = format!("{op:?}").to_lowercase();
+        let name = op.name().replace('_', "");
+        assert!(debug.starts_with(&name), "{debug} is not {name}");
+        assert_eq!(*op.key(), "k");
+    }
+    assert_eq!(OP_NAMES[3], "add");
+}
+
+#[test]
+fn every_object_operation_has_an_action_and_leases_none() {
+    for op in one_of_each() {
+        let lease = matches!(op, Op::Lock { .. } | Op::Unlock { .. });
+        assert_eq!(op.action().is_none(), lease, "{op:?}");
+        assert_eq!(op.is_read(), op.action().is_some_and(|a| a.is_read()));
+    }
+    let reads: Vec<_> = one_of_each()
+        .iter()
+        .filter(|op| op.is_read())
+        .map(|op| op.name())
+        .collect();
+    assert_eq!(
+        reads,
+        [
+            "get",
+            "get_counter",
+            "contains",
+            "map_get",
+            "map_get_counter",
+            "len",
+            "read_all"
+        ]
+    );
 }

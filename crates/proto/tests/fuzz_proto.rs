@@ -61,11 +61,13 @@ proptest! {
 /// The frames of the seed corpus, one stream per file.
 fn seed_streams() -> Vec<(&'static str, Vec<Frame>)> {
     let k = |s: &str| s.as_bytes().to_vec();
-    let req = |op| Request {
-        op,
-        instance: Some(3),
-        clock: Some(77),
-    };
+    fn req(op: impl Into<Command>) -> Request {
+        Request {
+            op: op.into(),
+            instance: Some(3),
+            clock: Some(77),
+        }
+    }
     let ops = vec![
         req(Op::Get {
             key: k("nat@0@0@Map@flows"),
@@ -78,7 +80,8 @@ fn seed_streams() -> Vec<(&'static str, Vec<Frame>)> {
             op: Op::Add {
                 key: k("fw@c"),
                 delta: -5,
-            },
+            }
+            .into(),
             instance: None,
             clock: None,
         },
@@ -102,7 +105,7 @@ fn seed_streams() -> Vec<(&'static str, Vec<Frame>)> {
             owner: 9,
             lease: Duration::from_millis(500),
         }),
-        req(Op::Claim {
+        req(Command::Claim {
             key: k("p"),
             kind: Kind::from_code(4).unwrap(),
             instance: 2,
@@ -160,8 +163,8 @@ fn seed_streams() -> Vec<(&'static str, Vec<Frame>)> {
                         Reply::Bool(true),
                         Reply::Len(9),
                         Reply::Object(Some(Object::Map(vec![(k("f"), k("x"))]))),
-                        Reply::Refused("locked".into()),
-                        Reply::Duplicate,
+                        Reply::Error(Failure::Refused("locked".into())),
+                        Reply::Error(Failure::Duplicate),
                     ]),
                 ),
                 frame(3, Message::Ack { duplicate: false }),

@@ -55,12 +55,19 @@ fn op() -> impl Strategy<Value = Op> {
         (k(), kind()).prop_map(|(key, kind)| Op::ReadAll { key, kind }),
         (k(), any::<u64>(), dur()).prop_map(|(key, owner, lease)| Op::Lock { key, owner, lease }),
         (k(), any::<u64>()).prop_map(|(key, owner)| Op::Unlock { key, owner }),
-        (k(), kind(), any::<u32>()).prop_map(|(key, kind, instance)| Op::Claim {
+    ]
+}
+
+fn command() -> impl Strategy<Value = Command> {
+    let k = bytes;
+    prop_oneof![
+        22 => op().prop_map(Command::Op),
+        1 => (k(), kind(), any::<u32>()).prop_map(|(key, kind, instance)| Command::Claim {
             key,
             kind,
             instance
         }),
-        (k(), any::<u32>(), any::<u32>()).prop_map(|(key, from, to)| Op::Handover {
+        1 => (k(), any::<u32>(), any::<u32>()).prop_map(|(key, from, to)| Command::Handover {
             key,
             from,
             to
@@ -88,19 +95,17 @@ fn reply() -> impl Strategy<Value = Reply> {
         any::<bool>().prop_map(Reply::Bool),
         any::<u64>().prop_map(Reply::Len),
         proptest::option::of(object()).prop_map(Reply::Object),
-        (bytes(), kind(), kind()).prop_map(|(key, wanted, found)| Reply::WrongKind {
-            key,
-            wanted,
-            found
-        }),
-        "[a-z ]{0,20}".prop_map(Reply::Refused),
-        Just(Reply::Duplicate),
+        (bytes(), kind(), kind()).prop_map(|(key, wanted, found)| Reply::Error(
+            Failure::WrongKind { key, wanted, found }
+        )),
+        "[a-z ]{0,20}".prop_map(|m| Reply::Error(Failure::Refused(m))),
+        Just(Reply::Error(Failure::Duplicate)),
     ]
 }
 
 fn request() -> impl Strategy<Value = Request> {
     (
-        op(),
+        command(),
         proptest::option::of(any::<u32>()),
         proptest::option::of(any::<u64>()),
     )

@@ -110,6 +110,13 @@ pub struct KeyParts<'a> {
     pub id: &'a str,
 }
 
+/// The key's bytes, as a store protocol carries keys.
+impl AsRef<[u8]> for ObjectKey {
+    fn as_ref(&self) -> &[u8] {
+        self.as_bytes()
+    }
+}
+
 impl fmt::Display for ObjectKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)

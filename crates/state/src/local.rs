@@ -23,7 +23,7 @@
 use crate::backend::{Backend, BackendError, Connector, Op, OpError, Reply};
 use crate::key::{Kind, ObjectKey};
 use core::fmt;
-use flowstate_objects::{Absent, Leases, Outcome, Spare, Stored};
+use flowstate_objects::{Absent, Fault, Leases, Outcome, Spare, Stored};
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -127,22 +127,16 @@ struct Shard {
 /// An operation would create an object in a full store.
 struct Full;
 
-/// The store's reply for what an operation did.
+/// The store's reply for what an operation did to the object under `key`.
 fn reply(key: &ObjectKey, outcome: Outcome) -> Reply {
-    match outcome {
-        Outcome::Done => Reply::Done,
-        Outcome::Value(v) => Reply::Value(v),
-        Outcome::Int(n) => Reply::Int(n),
-        Outcome::Bool(b) => Reply::Bool(b),
-        Outcome::Len(n) => Reply::Len(n),
-        Outcome::Object(o) => Reply::Object(o),
-        Outcome::WrongKind { wanted, found } => Reply::Error(OpError::WrongKind {
+    outcome.map_err(|fault| match fault {
+        Fault::WrongKind { wanted, found } => OpError::WrongKind {
             key: key.to_string(),
             wanted: wanted.name(),
             found: found.name(),
-        }),
-        Outcome::Refused(r) => Reply::Error(OpError::Refused(r.message(key))),
-    }
+        },
+        Fault::Refused(r) => OpError::Refused(r.message(key)),
+    })
 }
 
 impl Shard {

@@ -49,7 +49,7 @@
 //!   write its log exits (status 74) rather than acknowledge updates it could lose.
 //!   Idempotency state (each client's last op id) is logged and checkpointed; the answers
 //!   kept for retransmissions are not, so a batch applied before a crash and sent again after
-//!   it is answered [`Reply::Duplicate`](flowstate_proto::Reply::Duplicate) per operation.
+//!   it is answered [`Failure::Duplicate`](flowstate_proto::Failure::Duplicate) per operation.
 //! * **Security**: [`Config::default`] binds 127.0.0.1; with [`Config::token`] a client must
 //!   present the token in its first frame or is refused; connections, frame size, batch size,
 //!   in-flight requests and unsent output per connection are limited. With [`Config::tls`] the

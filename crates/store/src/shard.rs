@@ -5,8 +5,8 @@
 //! subscriptions (CHC §4.3 callbacks) and expiry notifications (StatelessNF §4.1).
 
 pub(crate) use flowstate_objects::Spare;
-use flowstate_objects::{Absent, Leases, Outcome, Stored};
-use flowstate_proto::{Kind, Object, Op, Reply, Request};
+use flowstate_objects::{Absent, Fault, Leases, Outcome, Stored};
+use flowstate_proto::{Command, Failure, Kind, Object, Op, Reply, Request};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
@@ -121,20 +121,14 @@ fn text(key: &[u8]) -> String {
 
 /// The protocol's reply for what an operation did to the object under `key`.
 fn reply(key: &[u8], outcome: Outcome) -> Reply {
-    match outcome {
-        Outcome::Done => Reply::Done,
-        Outcome::Value(v) => Reply::Value(v),
-        Outcome::Int(n) => Reply::Int(n),
-        Outcome::Bool(b) => Reply::Bool(b),
-        Outcome::Len(n) => Reply::Len(n),
-        Outcome::Object(o) => Reply::Object(o),
-        Outcome::WrongKind { wanted, found } => Reply::WrongKind {
+    outcome.map_err(|fault| match fault {
+        Fault::WrongKind { wanted, found } => Failure::WrongKind {
             key: key.to_vec(),
             wanted,
             found,
         },
-        Outcome::Refused(r) => Reply::Refused(r.message(text(key))),
-    }
+        Fault::Refused(r) => Failure::Refused(r.message(text(key))),
+    })
 }
 
 /// An operation would create an object in a full shard.
@@ -226,9 +220,9 @@ impl Objects {
     /// nothing of it due, takes one lookup of its key.
     pub(crate) fn apply_ref(&mut self, req: &Request<&[u8]>, now: Duration) -> (Reply, bool) {
         let op = &req.op;
-        if let Op::Lock { .. } | Op::Unlock { .. } = op {
+        if let Command::Op(lease @ (Op::Lock { .. } | Op::Unlock { .. })) = op {
             // Leases live beside the objects and change none.
-            return (self.lease(op, now), false);
+            return (self.lease(lease, now), false);
         }
         let key = op.key();
         let mut dead = false;
@@ -254,10 +248,12 @@ impl Objects {
         let op = &req.op;
         let key = op.key();
         let outcome = match op {
-            Op::Claim { kind, .. } => return self.create_and_run(req, *kind, now),
-            Op::Handover { .. } => Outcome::Bool(false),
-            Op::Lock { .. } | Op::Unlock { .. } => return (self.lease(op, now), false),
-            _ => match op.action().map(|a| a.on_absent()) {
+            Command::Claim { kind, .. } => return self.create_and_run(req, *kind, now),
+            Command::Handover { .. } => Outcome::Bool(false),
+            Command::Op(lease @ (Op::Lock { .. } | Op::Unlock { .. })) => {
+                return (self.lease(lease, now), false)
+            }
+            Command::Op(o) => match o.action().map(|a| a.on_absent()) {
                 Some(Absent::Reply(outcome)) => outcome,
                 Some(Absent::Create(kind)) => return self.create_and_run(req, kind, now),
                 Some(Absent::CreateValue(v)) => {
@@ -317,22 +313,25 @@ impl Objects {
     }
 
     fn full(&self, key: &[u8]) -> Reply {
-        Reply::Refused(format!(
+        Reply::Error(Failure::Refused(format!(
             "{}: store full ({} objects in this shard)",
             text(key),
             self.max_objects.unwrap_or(0)
-        ))
+        )))
     }
 
     /// Runs [`Op::Lock`] or [`Op::Unlock`] (leases, beside the objects).
     fn lease(&mut self, op: &Op<&[u8]>, now: Duration) -> Reply {
-        let key = op.key();
+        let key: &[u8] = op.key();
         match *op {
             Op::Lock { owner, lease, .. } => {
                 Reply::Bool(self.locks.lock(key, || key.to_vec(), owner, lease, now))
             }
             Op::Unlock { owner, .. } => Reply::Bool(self.locks.unlock(key, owner, now)),
-            _ => Reply::Refused(format!("{}: not a lease operation", text(key))),
+            _ => Reply::Error(Failure::Refused(format!(
+                "{}: not a lease operation",
+                text(key)
+            ))),
         }
     }
 
@@ -343,12 +342,10 @@ impl Objects {
 }
 
 fn not_an_object_op(key: &[u8]) -> Reply {
-    Reply::Refused(format!("{}: not an object operation", text(key)))
-}
-
-/// Whether a reply says the operation took effect.
-fn replied_ok(reply: &Reply) -> bool {
-    !matches!(reply, Reply::Refused(_) | Reply::WrongKind { .. })
+    Reply::Error(Failure::Refused(format!(
+        "{}: not an object operation",
+        text(key)
+    )))
 }
 
 /// Records the clock tag of an update applied to `e` (CHC §5.3).
@@ -372,24 +369,24 @@ fn on_live(
     let op = &req.op;
     let key = op.key();
     let writes = !op.is_read();
-    if writes && !matches!(op, Op::Claim { .. } | Op::Handover { .. }) {
+    if writes && !matches!(op, Command::Claim { .. } | Command::Handover { .. }) {
         if let Some(owner) = e.owner {
             if req.instance != Some(owner) {
                 let by = req
                     .instance
                     .map_or_else(|| "an untagged client".into(), |i| i.to_string());
                 let msg = format!("{}: owned by instance {owner}, not {by}", text(key));
-                return (Reply::Refused(msg), false, false);
+                return (Reply::Error(Failure::Refused(msg)), false, false);
             }
         }
         if let (Some(i), Some(c)) = (req.instance, req.clock) {
             if e.seen(i, c) {
-                return (Reply::Duplicate, false, false);
+                return (Reply::Error(Failure::Duplicate), false, false);
             }
         }
     }
     let (reply, gone) = run_on(e, op, now, spare);
-    let changed = writes && replied_ok(&reply);
+    let changed = writes && reply.is_ok();
     if gone {
         return (reply, changed, true);
     }
@@ -398,7 +395,7 @@ fn on_live(
     }
     // Only `Expire` sets a deadline, so with an empty index (no entry indexed) any other
     // operation leaves nothing to index.
-    if matches!(op, Op::Expire { .. }) || !index.is_empty() {
+    if matches!(op, Command::Op(Op::Expire { .. })) || !index.is_empty() {
         reindex_entry(index, key, e);
     }
     (reply, changed, false)
@@ -422,16 +419,16 @@ fn reindex_entry(index: &mut BTreeSet<(Duration, Vec<u8>)>, key: &[u8], e: &mut 
 /// Runs `op` on the object of the live entry `e`: its reply, and whether the entry is now to
 /// be removed (deleted, or a collection emptied). Ownership is the server's; every other
 /// operation is [`Stored::run`].
-fn run_on(e: &mut Entry, op: &Op<&[u8]>, now: Duration, spare: &mut Spare) -> (Reply, bool) {
+fn run_on(e: &mut Entry, op: &Command<&[u8]>, now: Duration, spare: &mut Spare) -> (Reply, bool) {
     let key = op.key();
     let outcome = match *op {
-        Op::Claim { kind, instance, .. } => {
+        Command::Claim { kind, instance, .. } => {
             let found = e.object.obj.kind();
             if found != kind {
-                Outcome::WrongKind {
+                Outcome::Error(Fault::WrongKind {
                     wanted: kind,
                     found,
-                }
+                })
             } else if e.owner.is_none_or(|o| o == instance) {
                 e.owner = Some(instance);
                 Outcome::Bool(true)
@@ -439,14 +436,14 @@ fn run_on(e: &mut Entry, op: &Op<&[u8]>, now: Duration, spare: &mut Spare) -> (R
                 Outcome::Bool(false)
             }
         }
-        Op::Handover { from, to, .. } => {
+        Command::Handover { from, to, .. } => {
             let owned = e.owner == Some(from);
             if owned {
                 e.owner = Some(to);
             }
             Outcome::Bool(owned)
         }
-        _ => match op.action() {
+        Command::Op(o) => match o.action() {
             Some(action) => {
                 let (outcome, gone) = e.object.run(&action, now, spare);
                 return (reply(key, outcome), gone);
@@ -525,8 +522,8 @@ mod tests {
         ));
     }
 
-    fn r(op: Op) -> Request {
-        op.into()
+    fn r(op: impl Into<Command>) -> Request {
+        Request::from(op.into())
     }
 
     #[test]
@@ -556,11 +553,11 @@ mod tests {
         assert_eq!(o.apply(&set, now).0, Reply::Done);
         assert_eq!(
             o.apply(&pop, now).0,
-            Reply::WrongKind {
+            Reply::Error(Failure::WrongKind {
                 key: key.clone(),
                 wanted: Kind::List,
                 found: Kind::Value
-            }
+            })
         );
     }
 
@@ -573,16 +570,20 @@ mod tests {
             op: Op::Add {
                 key: key.clone(),
                 delta: 5,
-            },
+            }
+            .into(),
             instance: i,
             clock: c,
         };
         assert_eq!(o.apply(&add(Some(1), Some(7)), now).0, Reply::Int(5));
-        assert_eq!(o.apply(&add(Some(1), Some(7)), now).0, Reply::Duplicate);
+        assert_eq!(
+            o.apply(&add(Some(1), Some(7)), now).0,
+            Reply::Error(Failure::Duplicate)
+        );
         assert_eq!(o.apply(&add(Some(2), Some(7)), now).0, Reply::Int(10));
         assert_eq!(o.apply(&add(Some(1), Some(8)), now).0, Reply::Int(15));
         let claim = |i| {
-            r(Op::Claim {
+            r(Command::Claim {
                 key: key.clone(),
                 kind: Kind::Counter,
                 instance: i,
@@ -592,14 +593,14 @@ mod tests {
         assert_eq!(o.apply(&claim(2), now).0, Reply::Bool(false));
         assert!(matches!(
             o.apply(&add(Some(2), None), now).0,
-            Reply::Refused(_)
+            Reply::Error(Failure::Refused(_))
         ));
         assert!(matches!(
             o.apply(&add(None, None), now).0,
-            Reply::Refused(_)
+            Reply::Error(Failure::Refused(_))
         ));
         assert_eq!(o.apply(&add(Some(1), None), now).0, Reply::Int(20));
-        let hand = r(Op::Handover {
+        let hand = r(Command::Handover {
             key: key.clone(),
             from: 1,
             to: 2,
@@ -608,7 +609,7 @@ mod tests {
         assert_eq!(o.apply(&hand, now).0, Reply::Bool(false));
         assert!(matches!(
             o.apply(&add(Some(1), None), now).0,
-            Reply::Refused(_)
+            Reply::Error(Failure::Refused(_))
         ));
         assert_eq!(o.apply(&add(Some(2), None), now).0, Reply::Int(25));
         // Reads are never refused.

@@ -17,7 +17,7 @@ use crate::shard::{Objects, Sub, REPLY_CACHE};
 use crate::wal::Wal;
 use crate::{now, Shared};
 use flowstate_objects::Spare;
-use flowstate_proto::{Kind, Message, Notification, Reply, Request, OP_NAMES};
+use flowstate_proto::{Failure, Kind, Message, Notification, Reply, Request, OP_NAMES};
 use mio::{Events, Interest, Poll, Registry, Token};
 use std::io::ErrorKind;
 use std::sync::atomic::Ordering;
@@ -535,7 +535,9 @@ impl Worker {
                 if op_id <= d.last {
                     match d.recent.iter().find(|(id, _)| *id == op_id) {
                         Some((_, r)) => replies.extend(r.iter().cloned()),
-                        None => replies.extend(ops.map(|(i, _)| (i, Reply::Duplicate))),
+                        None => {
+                            replies.extend(ops.map(|(i, _)| (i, Reply::Error(Failure::Duplicate))))
+                        }
                     }
                     self.shared
                         .metrics

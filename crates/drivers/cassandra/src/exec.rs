@@ -224,20 +224,6 @@ fn op_kind(op: &Op, key_kind: Kind) -> Option<Kind> {
     })
 }
 
-/// Operations that change nothing: consecutive ones on one object may go out together.
-fn is_read(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Get { .. }
-            | Op::GetCounter { .. }
-            | Op::Contains { .. }
-            | Op::MapGet { .. }
-            | Op::MapGetCounter { .. }
-            | Op::Len { .. }
-            | Op::ReadAll { .. }
-    )
-}
-
 /// The consecutive adds at the start of `idx`, if its first op is one on an object of its
 /// own kind: `(field, delta)` each.
 fn add_run<'o>(ops: &'o [Op], idx: &[usize], kind: Kind) -> Option<Vec<(Option<&'o Bytes>, i64)>> {
@@ -645,8 +631,9 @@ impl Shared {
                 }
                 j
             };
-            if is_read(op) {
-                let j = run_end(&is_read);
+            // Operations that change nothing: consecutive ones on one object go out together.
+            if op.is_read() {
+                let j = run_end(&Op::is_read);
                 let rs = join_all(idx[i..j].iter().map(|&k| self.op(&loc, &ops[k]))).await;
                 for (&k, r) in idx[i..j].iter().zip(rs) {
                     out.push((k, self.reply(&loc, r)?));

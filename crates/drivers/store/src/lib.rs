@@ -36,7 +36,7 @@
 //!   [`StoreConnector::check`] names the `[state]` key to fix: `ca_file`, `token` (or
 //!   `token_file`), or `url` for a store that does not answer within `timeout`.
 
-use flowstate_proto::{self as proto, Frame, Kind as PKind, Limits, Message, Notification};
+use flowstate_proto::{self as proto, Command, Failure, Frame, Limits, Message, Notification};
 use flowstate_state::{
     Backend, BackendError, Connector, Kind, Object, ObjectKey, Op, OpError, Reply, SettingError,
 };
@@ -620,7 +620,7 @@ impl StoreBackend {
         self.next_op += 1;
         let start = proto::begin_batch(&mut self.out, id, op_id, ack_only, count as u32);
         for (op, instance, clock) in ops.take(count) {
-            encode_op(&mut self.out, op, instance, clock);
+            proto::put_request(&mut self.out, op, instance, clock);
         }
         proto::finish(&mut self.out, start);
         id
@@ -715,7 +715,7 @@ impl StoreBackend {
                 self.notes.push_back(match n {
                     Notification::Updated { key, object } => Pushed::Updated {
                         key: String::from_utf8_lossy(&key).into_owned(),
-                        object: object.map(object_from),
+                        object,
                     },
                     Notification::Expired { key, field } => Pushed::Expired {
                         key: String::from_utf8_lossy(&key).into_owned(),
@@ -775,7 +775,7 @@ impl StoreBackend {
             let a = a.ok_or_else(|| protocol("a batch was not answered"))?;
             for r in a {
                 out.push(match r {
-                    proto::Reply::Duplicate => TaggedReply::Duplicate,
+                    proto::Reply::Error(Failure::Duplicate) => TaggedReply::Duplicate,
                     r => TaggedReply::Reply(reply_from(r)),
                 });
             }
@@ -798,9 +798,9 @@ impl StoreBackend {
         kind: Kind,
         instance: u32,
     ) -> Result<bool, BackendError> {
-        self.special(proto::Op::Claim {
+        self.special(Command::Claim {
             key: key.as_bytes().to_vec(),
-            kind: pkind(kind),
+            kind,
             instance,
         })
     }
@@ -808,14 +808,14 @@ impl StoreBackend {
     /// Hands ownership of the object from `from` to `to` (a flow move, CHC §5.1); whether
     /// `from` owned it.
     pub fn handover(&mut self, key: &ObjectKey, from: u32, to: u32) -> Result<bool, BackendError> {
-        self.special(proto::Op::Handover {
+        self.special(Command::Handover {
             key: key.as_bytes().to_vec(),
             from,
             to,
         })
     }
 
-    fn special(&mut self, op: proto::Op) -> Result<bool, BackendError> {
+    fn special(&mut self, op: Command) -> Result<bool, BackendError> {
         self.out.clear();
         self.sent.clear();
         let id = self.next_req;
@@ -1139,7 +1139,7 @@ impl Backend for StoreBackend {
     ) -> Result<Vec<ObjectKey>, BackendError> {
         let a = self.control(Message::Partitions {
             nf: nf.as_bytes().to_vec(),
-            kind: pkind(kind),
+            kind,
             id: id.as_bytes().to_vec(),
         })?;
         let Message::Keys(a) = a else {
@@ -1154,171 +1154,25 @@ impl Backend for StoreBackend {
     }
 }
 
-fn pkind(k: Kind) -> PKind {
-    match k {
-        Kind::Value => PKind::Value,
-        Kind::Counter => PKind::Counter,
-        Kind::List => PKind::List,
-        Kind::Set => PKind::Set,
-        Kind::Map => PKind::Map,
-        Kind::CounterMap => PKind::CounterMap,
-    }
-}
-
-fn object_from(o: proto::Object) -> Object {
-    match o {
-        proto::Object::Value(v) => Object::Value(v),
-        proto::Object::Counter(c) => Object::Counter(c),
-        proto::Object::List(v) => Object::List(v),
-        proto::Object::Set(v) => Object::Set(v),
-        proto::Object::Map(v) => Object::Map(v),
-        proto::Object::CounterMap(v) => Object::CounterMap(v),
-    }
-}
-
+/// The state API's reply for the store's: its failures worded as the state API's.
 fn reply_from(r: proto::Reply) -> Reply {
-    match r {
-        proto::Reply::Done => Reply::Done,
-        proto::Reply::Value(v) => Reply::Value(v),
-        proto::Reply::Int(i) => Reply::Int(i),
-        proto::Reply::Bool(b) => Reply::Bool(b),
-        proto::Reply::Len(n) => Reply::Len(n),
-        proto::Reply::Object(o) => Reply::Object(o.map(object_from)),
-        proto::Reply::WrongKind { key, wanted, found } => Reply::Error(OpError::WrongKind {
+    r.map_err(|failure| match failure {
+        Failure::WrongKind { key, wanted, found } => OpError::WrongKind {
             key: String::from_utf8_lossy(&key).into_owned(),
             wanted: wanted.name(),
             found: found.name(),
-        }),
-        proto::Reply::Refused(m) => Reply::Error(OpError::Refused(m)),
-        proto::Reply::Duplicate => Reply::Error(OpError::Refused(
+        },
+        Failure::Refused(m) => OpError::Refused(m),
+        Failure::Duplicate => OpError::Refused(
             "already applied: the store recognised this update as a duplicate".into(),
-        )),
-    }
+        ),
+    })
 }
 
-/// Encodes a state-API operation as `flowstate_proto::put_request` would encode the
-/// equivalent protocol operation, without building it (no copies of keys and values).
-fn encode_op(w: &mut Vec<u8>, op: &Op, instance: Option<u32>, clock: Option<u64>) {
-    use proto::{put_bytes, put_duration, put_i64, put_opt_bytes, put_u32, put_u64};
-    let code: u8 = match op {
-        Op::Get { .. } => 0,
-        Op::Set { .. } => 1,
-        Op::Delete { .. } => 2,
-        Op::Add { .. } => 3,
-        Op::GetCounter { .. } => 4,
-        Op::SetCounter { .. } => 5,
-        Op::Push { .. } => 6,
-        Op::Pop { .. } => 7,
-        Op::Insert { .. } => 8,
-        Op::Remove { .. } => 9,
-        Op::Contains { .. } => 10,
-        Op::MapGet { .. } => 11,
-        Op::MapSet { .. } => 12,
-        Op::MapDelete { .. } => 13,
-        Op::MapAdd { .. } => 14,
-        Op::MapGetCounter { .. } => 15,
-        Op::CompareAndSet { .. } => 16,
-        Op::Expire { .. } => 17,
-        Op::Len { .. } => 18,
-        Op::ReadAll { .. } => 19,
-        Op::Lock { .. } => 20,
-        Op::Unlock { .. } => 21,
-    };
-    w.push(code);
-    w.push(u8::from(instance.is_some()) | (u8::from(clock.is_some()) << 1));
-    if let Some(i) = instance {
-        put_u32(w, i);
-    }
-    if let Some(c) = clock {
-        put_u64(w, c);
-    }
-    put_bytes(w, op.key().as_bytes());
-    match op {
-        Op::Get { .. } | Op::Delete { .. } | Op::GetCounter { .. } | Op::Pop { .. } => {}
-        Op::Set { value, .. } => put_bytes(w, value),
-        Op::Add { delta, .. } => put_i64(w, *delta),
-        Op::SetCounter { value, .. } => put_i64(w, *value),
-        Op::Push { item, .. } => put_bytes(w, item),
-        Op::Insert { member, .. } | Op::Remove { member, .. } | Op::Contains { member, .. } => {
-            put_bytes(w, member)
-        }
-        Op::MapGet { field, .. }
-        | Op::MapDelete { field, .. }
-        | Op::MapGetCounter { field, .. } => put_bytes(w, field),
-        Op::MapSet { field, value, .. } => {
-            put_bytes(w, field);
-            put_bytes(w, value);
-        }
-        Op::MapAdd { field, delta, .. } => {
-            put_bytes(w, field);
-            put_i64(w, *delta);
-        }
-        Op::CompareAndSet { expected, new, .. } => {
-            put_opt_bytes(w, expected.as_deref());
-            put_opt_bytes(w, new.as_deref());
-        }
-        Op::Expire { field, ttl, .. } => {
-            put_opt_bytes(w, field.as_deref());
-            put_duration(w, *ttl);
-        }
-        Op::Len { kind, .. } | Op::ReadAll { kind, .. } => w.push(pkind(*kind) as u8),
-        Op::Lock { owner, lease, .. } => {
-            put_u64(w, *owner);
-            put_duration(w, *lease);
-        }
-        Op::Unlock { owner, .. } => put_u64(w, *owner),
-    }
-}
-
-/// The protocol operation a state-API operation stands for (what the driver encodes).
+/// The protocol operation a state-API operation stands for: its key as bytes. The driver
+/// writes the state-API operation itself ([`proto::put_request`]), which encodes as this one.
 pub fn to_proto(op: &Op) -> proto::Op {
-    let k = op.key().as_bytes().to_vec();
-    match op.clone() {
-        Op::Get { .. } => proto::Op::Get { key: k },
-        Op::Set { value, .. } => proto::Op::Set { key: k, value },
-        Op::Delete { .. } => proto::Op::Delete { key: k },
-        Op::Add { delta, .. } => proto::Op::Add { key: k, delta },
-        Op::GetCounter { .. } => proto::Op::GetCounter { key: k },
-        Op::SetCounter { value, .. } => proto::Op::SetCounter { key: k, value },
-        Op::Push { item, .. } => proto::Op::Push { key: k, item },
-        Op::Pop { .. } => proto::Op::Pop { key: k },
-        Op::Insert { member, .. } => proto::Op::Insert { key: k, member },
-        Op::Remove { member, .. } => proto::Op::Remove { key: k, member },
-        Op::Contains { member, .. } => proto::Op::Contains { key: k, member },
-        Op::MapGet { field, .. } => proto::Op::MapGet { key: k, field },
-        Op::MapSet { field, value, .. } => proto::Op::MapSet {
-            key: k,
-            field,
-            value,
-        },
-        Op::MapDelete { field, .. } => proto::Op::MapDelete { key: k, field },
-        Op::MapAdd { field, delta, .. } => proto::Op::MapAdd {
-            key: k,
-            field,
-            delta,
-        },
-        Op::MapGetCounter { field, .. } => proto::Op::MapGetCounter { key: k, field },
-        Op::CompareAndSet { expected, new, .. } => proto::Op::CompareAndSet {
-            key: k,
-            expected,
-            new,
-        },
-        Op::Expire { field, ttl, .. } => proto::Op::Expire { key: k, field, ttl },
-        Op::Len { kind, .. } => proto::Op::Len {
-            key: k,
-            kind: pkind(kind),
-        },
-        Op::ReadAll { kind, .. } => proto::Op::ReadAll {
-            key: k,
-            kind: pkind(kind),
-        },
-        Op::Lock { owner, lease, .. } => proto::Op::Lock {
-            key: k,
-            owner,
-            lease,
-        },
-        Op::Unlock { owner, .. } => proto::Op::Unlock { key: k, owner },
-    }
+    op.map(|key| key.as_bytes().to_vec(), Clone::clone)
 }
 
 #[cfg(test)]
@@ -1416,7 +1270,7 @@ mod tests {
         for op in all_ops() {
             for (i, c) in [(None, None), (Some(3), Some(99))] {
                 let mut a = Vec::new();
-                encode_op(&mut a, &op, i, c);
+                proto::put_request(&mut a, &op, i, c);
                 let mut b = Vec::new();
                 proto::put_request(&mut b, &to_proto(&op), i, c);
                 assert_eq!(a, b, "{op:?}");
