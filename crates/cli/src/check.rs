@@ -34,8 +34,6 @@ pub(crate) struct CheckArgs {
 pub(crate) struct Loaded {
     /// The configuration.
     pub(crate) config: Config,
-    /// `[cluster]`, when the file deploys a cluster.
-    pub(crate) cluster: Option<ClusterSection>,
     /// The store, its settings checked.
     pub(crate) backend: Backend,
 }
@@ -73,22 +71,7 @@ pub(crate) fn load(path: &Path) -> Result<Loaded, ConfigErrors> {
         });
     if let Some(c) = &config {
         if let Some(section) = &c.cluster {
-            errors.extend(deployment_errors(c, section).into_iter().map(|(k, r)| {
-                // `chain[i].NF.KEY` stands in the file as `chain[i].KEY`.
-                let line = match k.strip_prefix("chain[").and_then(|r| r.split_once("].")) {
-                    Some((i, rest)) => {
-                        let key = rest.split_once('.').map_or(rest, |(_, k)| k);
-                        flowstate_config::line_of(&text, &format!("chain[{i}].{key}"))
-                    }
-                    None => flowstate_config::line_of(&text, &k),
-                };
-                ConfigError {
-                    file: path.to_owned(),
-                    line,
-                    key: k,
-                    reason: r,
-                }
-            }));
+            errors.extend(deployment_errors(c, section, &text));
         }
         if let Some(fp) = &c.fastpath {
             if let Err((key, reason)) = fp.load_rules() {
@@ -105,11 +88,7 @@ pub(crate) fn load(path: &Path) -> Result<Loaded, ConfigErrors> {
         }
     }
     match (config, backend) {
-        (Some(config), Some(backend)) if errors.is_empty() => Ok(Loaded {
-            cluster: config.cluster.clone(),
-            config,
-            backend,
-        }),
+        (Some(config), Some(backend)) if errors.is_empty() => Ok(Loaded { config, backend }),
         _ => {
             errors.sort_by_key(|e| e.line.unwrap_or(usize::MAX));
             Err(ConfigErrors(errors))
@@ -117,15 +96,25 @@ pub(crate) fn load(path: &Path) -> Result<Loaded, ConfigErrors> {
     }
 }
 
-/// What a cluster deployment needs beyond a correct `[cluster]`: `(key, reason)` each.
+/// What a cluster deployment needs beyond a correct `[cluster]`, each error with its line in
+/// the file's `text`.
 pub(crate) fn deployment_errors(
     config: &Config,
     section: &ClusterSection,
-) -> Vec<(String, String)> {
+    text: &str,
+) -> Vec<ConfigError> {
+    // `key` as shown, and where it stands in the file.
+    let error = |key: String, at: &str, reason: String| ConfigError {
+        file: config.file.clone(),
+        line: flowstate_config::line_of(text, at),
+        key,
+        reason,
+    };
     let mut errors = Vec::new();
     if section.stages.len() > config.stages() as usize {
-        errors.push((
+        errors.push(error(
             "cluster.stage".into(),
+            "cluster.stage",
             format!(
                 "{} [[cluster.stage]] tables for a chain of {} stage(s) (`[[chain]] stage = k`)",
                 section.stages.len(),
@@ -134,15 +123,17 @@ pub(crate) fn deployment_errors(
         ));
     }
     if !matches!(config.input, Input::Interface(_)) {
-        errors.push((
+        errors.push(error(
             "input".into(),
+            "input",
             "the root needs two ports: `[input] interface = ...` and `[output] interface = ...`"
                 .into(),
         ));
     }
     if config.state.backend == flowstate_deploy::config::BackendKind::Local {
-        errors.push((
+        errors.push(error(
             "state.backend".into(),
+            "state.backend",
             "the instances share their state: choose store, redis, redis-cluster or cassandra"
                 .into(),
         ));
@@ -150,7 +141,9 @@ pub(crate) fn deployment_errors(
     // The factories' own errors are the file's already.
     for (i, f) in config.factories().into_iter().flatten().enumerate() {
         if let Some((key, reason)) = f.private_state() {
-            errors.push((format!("chain[{i}].{}.{key}", f.name()), reason.into()));
+            // Shown as `chain[i].NF.KEY`, as the NFs' own errors are; `chain[i].KEY` in the file.
+            let shown = format!("chain[{i}].{}.{key}", f.name());
+            errors.push(error(shown, &format!("chain[{i}].{key}"), reason.into()));
         }
     }
     errors
@@ -285,7 +278,7 @@ pub(crate) fn summary(l: &Loaded) -> Vec<(&'static str, String)> {
         ("state", state),
         ("workers", workers),
     ];
-    if let Some(cl) = &l.cluster {
+    if let Some(cl) = &l.config.cluster {
         s.push((
             "cluster",
             format!(

@@ -205,7 +205,7 @@ struct Deployment {
 
 fn load(path: &Path) -> Result<Deployment> {
     let loaded = crate::check::load(path)?;
-    let Some(section) = loaded.cluster else {
+    let Some(section) = loaded.config.cluster.clone() else {
         bail!(
             "{}: no [cluster] section: this is not a cluster deployment (see examples/cluster.toml)",
             path.display()
