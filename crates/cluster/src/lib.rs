@@ -11,6 +11,7 @@
 //! ```
 //!
 //! * [`meta`]: the GENEVE option root and instances exchange frames with.
+//! * [`auth`]: the trailer that authenticates every datagram between the roles.
 //! * [`steer`]: the root's table and its side of the move protocol (sans-IO).
 //! * [`instance`]: an instance's partitions, ownership records, output commit.
 //! * [`fast`]: the root's XDP fast path, taught by the instances' output.
@@ -27,6 +28,7 @@
 //! the survivors process once: a packet whose changes were committed is not processed again
 //! ([`instance`]).
 
+pub mod auth;
 mod config;
 mod controller;
 mod fast;

@@ -1,0 +1,280 @@
+use super::*;
+use proptest::prelude::*;
+use std::collections::BTreeSet;
+
+const K1: &str = "1 000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
+const K2: &str = "2 f0e0d0c0b0a090807060504030201000f1e1d1c1b1a191817161514131211100";
+/// A clock well past every sequence number the tests start from.
+const NOW: u64 = 1_000_000_000_000;
+const SKEW: u64 = 60_000_000_000;
+
+fn ring(text: &str) -> KeyRing {
+    KeyRing::fixed(Keys::parse(text).unwrap())
+}
+
+fn sealed(s: &Sealer, payload: &[u8]) -> Vec<u8> {
+    let mut buf = vec![0u8; payload.len() + TRAILER_LEN];
+    buf[..payload.len()].copy_from_slice(payload);
+    assert_eq!(s.seal(&mut buf, payload.len()), Some(buf.len()));
+    buf
+}
+
+#[test]
+fn a_sealed_datagram_opens_once_with_its_sender_and_payload() {
+    let r = ring(K1);
+    let s = r.sealer(Sender::instance(7), NOW - 1000);
+    let mut o = r.opener(SKEW);
+    let d = sealed(&s, b"hello");
+    assert_eq!(o.open(&d, NOW), Ok((Sender::instance(7), &b"hello"[..])));
+    assert_eq!(o.open(&d, NOW), Err(Rejected::Replayed));
+    assert_eq!(o.accepted(), 1);
+    assert_eq!(o.rejected().get(Rejected::Replayed), 1);
+    // No room for the trailer: nothing is written.
+    assert_eq!(s.seal(&mut [0u8; 10], 5), None);
+}
+
+#[test]
+fn every_changed_byte_is_refused() {
+    let r = ring(K1);
+    let s = r.sealer(Sender::ROOT, NOW - 1000);
+    let d = sealed(&s, b"a frame of the chain");
+    for i in 0..d.len() {
+        let mut o = r.opener(SKEW);
+        let mut bad = d.clone();
+        bad[i] ^= 0x40;
+        let got = o.open(&bad, NOW);
+        assert!(
+            matches!(
+                got,
+                Err(Rejected::BadTag | Rejected::UnknownKey | Rejected::Malformed)
+            ),
+            "byte {i}: {got:?}"
+        );
+    }
+    let mut o = r.opener(SKEW);
+    assert_eq!(o.open(&d[..TRAILER_LEN - 1], NOW), Err(Rejected::Malformed));
+    // One byte short: the trailer is read one byte early.
+    assert!(o.open(&d[..d.len() - 1], NOW).is_err());
+}
+
+#[test]
+fn a_stranger_with_another_key_is_refused() {
+    let theirs = ring("1 ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff");
+    let d = sealed(&theirs.sealer(Sender::CONTROLLER, NOW - 10), b"assignment");
+    let mut o = ring(K1).opener(SKEW);
+    assert_eq!(o.open(&d, NOW), Err(Rejected::BadTag));
+    let other_id = sealed(&ring(K2).sealer(Sender::CONTROLLER, NOW - 10), b"x");
+    assert_eq!(o.open(&other_id, NOW), Err(Rejected::UnknownKey));
+}
+
+#[test]
+fn a_rotation_refuses_nothing() {
+    // Step 1: every host holds both keys, the old one signs.
+    let old_first = ring(&format!("{K1}\n{K2}\n"));
+    // Step 2: some hosts already sign with the new one.
+    let new_first = ring(&format!("{K2}\n{K1}\n"));
+    let mut at_old = old_first.opener(SKEW);
+    let mut at_new = new_first.opener(SKEW);
+    let a = old_first.sealer(Sender::instance(1), NOW - 100);
+    let b = new_first.sealer(Sender::instance(2), NOW - 100);
+    for s in [&a, &b] {
+        let d = sealed(s, b"x");
+        assert!(at_old.open(&d, NOW).is_ok());
+        assert!(at_new.open(&d, NOW).is_ok());
+    }
+    // Step 3: the old key is gone; what it signs is refused.
+    let mut done = ring(K2).opener(SKEW);
+    assert!(done.open(&sealed(&b, b"y"), NOW).is_ok());
+    assert_eq!(done.open(&sealed(&a, b"y"), NOW), Err(Rejected::UnknownKey));
+}
+
+#[test]
+fn a_sequence_far_ahead_is_refused_not_adopted() {
+    let r = ring(K1);
+    let mut o = r.opener(SKEW);
+    let real = r.sealer(Sender::instance(3), NOW - 50);
+    assert!(o.open(&sealed(&real, b"1"), NOW).is_ok());
+    let liar = r.sealer(Sender::instance(3), u64::MAX - 5);
+    assert_eq!(o.open(&sealed(&liar, b"2"), NOW), Err(Rejected::Ahead));
+    // The real sender goes on.
+    assert!(o.open(&sealed(&real, b"3"), NOW).is_ok());
+    // Within the skew is taken.
+    let fast_clock = r.sealer(Sender::instance(4), NOW + SKEW);
+    assert!(o.open(&sealed(&fast_clock, b"4"), NOW).is_ok());
+}
+
+#[test]
+fn a_restarted_sender_continues_above_its_old_numbers() {
+    let r = ring(K1);
+    let mut o = r.opener(SKEW);
+    let first = r.sealer(Sender::instance(5), NOW - 10_000);
+    for _ in 0..3 {
+        assert!(o.open(&sealed(&first, b"x"), NOW).is_ok());
+    }
+    let again = r.sealer(Sender::instance(5), NOW - 5_000);
+    assert!(o.open(&sealed(&again, b"x"), NOW).is_ok());
+    // The old process's numbers are now below the window.
+    assert_eq!(o.open(&sealed(&first, b"x"), NOW), Err(Rejected::TooOld));
+}
+
+#[test]
+fn reordering_within_the_window_is_taken_once() {
+    let r = ring(K1);
+    let s = r.sealer(Sender::ROOT, NOW - 1_000_000);
+    let ds: Vec<Vec<u8>> = (0..300).map(|_| sealed(&s, b"p")).collect();
+    let mut o = r.opener(SKEW);
+    assert!(o.open(&ds[299], NOW).is_ok());
+    assert!(o.open(&ds[299 - (WINDOW as usize - 1)], NOW).is_ok());
+    assert_eq!(
+        o.open(&ds[299 - WINDOW as usize], NOW),
+        Err(Rejected::TooOld)
+    );
+    assert!(o.open(&ds[200], NOW).is_ok());
+    assert_eq!(o.open(&ds[200], NOW), Err(Rejected::Replayed));
+}
+
+#[test]
+fn unauthenticated_checks_the_sequence_only() {
+    let r = KeyRing::fixed(Keys::unauthenticated());
+    assert!(!r.authenticated());
+    let s = r.sealer(Sender::ROOT, NOW - 10);
+    let d = sealed(&s, b"x");
+    assert!(d[d.len() - 32..].iter().all(|&b| b == 0));
+    let mut o = r.opener(SKEW);
+    assert!(o.open(&d, NOW).is_ok());
+    assert_eq!(o.open(&d, NOW), Err(Rejected::Replayed));
+    // A keyed receiver refuses it.
+    assert!(ring(K1).opener(SKEW).open(&d, NOW).is_err());
+}
+
+#[test]
+fn senders_are_bounded() {
+    let r = KeyRing::fixed(Keys::unauthenticated());
+    let mut o = r.opener(SKEW);
+    for id in 0..MAX_SENDERS as u32 {
+        assert!(o
+            .open(&sealed(&r.sealer(Sender::instance(id), 1), b""), NOW)
+            .is_ok());
+    }
+    let one_more = sealed(&r.sealer(Sender::instance(u32::MAX), 1), b"");
+    assert_eq!(o.open(&one_more, NOW), Err(Rejected::TooManySenders));
+    assert_eq!(o.rejected().by_name().get("too_many_senders"), Some(&1));
+}
+
+#[test]
+fn key_files_name_the_line_and_refuse_loose_permissions() {
+    for (text, line) in [
+        ("", 0),
+        ("# only a comment\n", 0),
+        ("1 00", 1),
+        (&format!("{K1}\n1 {}", "ab".repeat(32)), 2),
+        ("x 0011", 1),
+        (&format!("{K1} extra"), 1),
+        (&format!("1 {}", "zz".repeat(32)), 1),
+    ] {
+        assert_eq!(Keys::parse(text).unwrap_err().0, line, "{text:?}");
+    }
+    let five: String = (1..=5)
+        .map(|i| format!("{i} {}\n", "00".repeat(32)))
+        .collect();
+    assert_eq!(Keys::parse(&five).unwrap_err().0, 5);
+    let keys = Keys::parse(&format!("# the cluster's keys\n{K2}  # new\n\n{K1}\n")).unwrap();
+    assert_eq!(keys.ids(), vec![2, 1]);
+    assert!(!format!("{keys:?}").contains("f0e0"));
+
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cluster.key");
+    std::fs::write(&path, format!("{}\n", generate_line(9).unwrap())).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let e = Keys::read(&path).unwrap_err();
+    assert!(
+        matches!(e, KeyError::Permissions { mode: 0o644, .. }),
+        "{e}"
+    );
+    assert!(e.to_string().contains("chmod 600"), "{e}");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(Keys::read(&path).unwrap().ids(), vec![9]);
+}
+
+#[test]
+fn a_changed_key_file_reaches_every_sealer() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cluster.key");
+    let write = |text: &str| {
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    };
+    write(&format!("{K1}\n"));
+    let r = KeyRing::open(&path).unwrap();
+    let s = r.sealer(Sender::ROOT, NOW - 100);
+    let d = sealed(&s, b"x");
+    assert_eq!(d[d.len() - 47], 1);
+    // The modification time must differ from the first read's.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    write(&format!("{K2}\n{K1}\n"));
+    r.reload_if_changed();
+    assert_eq!(r.ids(), vec![2, 1]);
+    let d = sealed(&s, b"x");
+    assert_eq!(d[d.len() - 47], 2);
+    // A broken file keeps the keys in use.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    write("1 nonsense\n");
+    r.reload_if_changed();
+    assert_eq!(r.ids(), vec![2, 1]);
+}
+
+/// The window against a set of every number taken, over [`WINDOW`].
+#[derive(Default)]
+struct Naive {
+    taken: BTreeSet<u64>,
+}
+
+impl Naive {
+    fn offer(&mut self, seq: u64) -> Result<(), Rejected> {
+        let top = self.taken.last().copied();
+        if let Some(top) = top {
+            if seq <= top && top - seq >= WINDOW {
+                return Err(Rejected::TooOld);
+            }
+        }
+        if !self.taken.insert(seq) {
+            return Err(Rejected::Replayed);
+        }
+        Ok(())
+    }
+}
+
+proptest! {
+    #[test]
+    fn the_window_agrees_with_a_set_of_every_number_taken(
+        steps in proptest::collection::vec((any::<bool>(), 0u64..700), 1..400)
+    ) {
+        let mut w: Option<Window> = None;
+        let mut naive = Naive::default();
+        let mut top = 10_000u64;
+        for (forward, d) in steps {
+            let seq = if forward { top + d } else { top.saturating_sub(d) };
+            top = top.max(seq);
+            let got = match &mut w {
+                None => {
+                    let mut n = Window::default();
+                    n.take(seq);
+                    w = Some(n);
+                    Ok(())
+                }
+                Some(w) => w.check(seq).map(|()| w.take(seq)),
+            };
+            prop_assert_eq!(got, naive.offer(seq), "seq {}", seq);
+        }
+    }
+
+    #[test]
+    fn any_bytes_are_refused_without_panic(b in proptest::collection::vec(any::<u8>(), 0..200)) {
+        let mut o = ring(K1).opener(SKEW);
+        prop_assert!(o.open(&b, NOW).is_err());
+        let mut plain = KeyRing::fixed(Keys::unauthenticated()).opener(SKEW);
+        let _ = plain.open(&b, u64::MAX);
+    }
+}
