@@ -138,6 +138,15 @@ pub(crate) fn deployment_errors(
                 .into(),
         ));
     }
+    if let Some(key_file) = section.key_path(&base_dir(&config.file)) {
+        if let Err(e) = flowstate_cluster::auth::Keys::read(&key_file) {
+            errors.push(error(
+                "cluster.key_file".into(),
+                "cluster.key_file",
+                e.to_string(),
+            ));
+        }
+    }
     // The factories' own errors are the file's already.
     for (i, f) in config.factories().into_iter().flatten().enumerate() {
         if let Some((key, reason)) = f.private_state() {
@@ -147,6 +156,14 @@ pub(crate) fn deployment_errors(
         }
     }
     errors
+}
+
+/// The directory of the deployment file `file` (its relative paths are from there).
+pub(crate) fn base_dir(file: &std::path::Path) -> std::path::PathBuf {
+    std::fs::canonicalize(file)
+        .ok()
+        .and_then(|p| p.parent().map(std::path::Path::to_path_buf))
+        .unwrap_or_default()
 }
 
 /// Checks every file; prints each one's errors (stderr) or what it would run (stdout), or
@@ -293,6 +310,14 @@ pub(crate) fn summary(l: &Loaded) -> Vec<(&'static str, String)> {
                     flowstate_cluster::StoreMode::External => "external",
                 }
             ),
+        ));
+        s.push((
+            "authentication",
+            match cl.key_path(&base_dir(&l.config.file)) {
+                _ if cl.unauthenticated => "none (cluster.unauthenticated)".into(),
+                Some(p) => format!("HMAC-SHA-256, keys in {}", p.display()),
+                None => "HMAC-SHA-256, the lab's key (`cluster up` makes it)".into(),
+            },
         ));
     }
     if let Some(a) = c.telemetry.listen {

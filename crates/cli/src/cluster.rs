@@ -3,7 +3,8 @@
 //! and the controller start (`cluster root|instance|controller`, hidden).
 //!
 //! Everything a cluster leaves on the machine lives under the lab's state directory,
-//! `/run/flowstate-lab/{prefix}/cluster/`: each process's pid file and log, the root's and
+//! `/run/flowstate-lab/{prefix}/cluster/`: each process's pid file, command line (checked
+//! before its pid is signalled) and log, the lab's key file (`cluster.key`), the root's and
 //! the instances' counters (`root.json`, `instance-K.json`), the controller's command socket
 //! and, with `store = "managed"`, the store's data.
 
@@ -91,6 +92,11 @@ enum Action {
         /// The instance.
         id: u32,
     },
+    /// Manage the key file every datagram between the roles is signed and checked with.
+    Key {
+        #[command(subcommand)]
+        action: crate::key::KeyAction,
+    },
     /// The root (started by `up`).
     #[command(hide = true)]
     Root {
@@ -138,13 +144,34 @@ impl Dir {
     fn socket(&self) -> PathBuf {
         self.file("control.sock")
     }
+    /// The running process of `role`, as its pid file records it: a pid whose command line
+    /// is still the one started (`{role}.cmdline`; a reused pid is not ours to signal).
     fn pid(&self, role: &str) -> Option<u32> {
         let pid: u32 = std::fs::read_to_string(self.file(&format!("{role}.pid")))
             .ok()?
             .trim()
             .parse()
             .ok()?;
-        flowstate_lab::running(pid).then_some(pid)
+        let argv = std::fs::read_to_string(self.file(&format!("{role}.cmdline"))).ok()?;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let started: Vec<&[u8]> = argv.lines().map(str::as_bytes).collect();
+        let now: Vec<&[u8]> = cmdline
+            .strip_suffix(&[0])
+            .unwrap_or(&cmdline)
+            .split(|&b| b == 0)
+            .collect();
+        // A process that rewrites its title (redis-server) keeps the program's name first.
+        let retitled = now.len() == 1
+            && now[0].contains(&b' ')
+            && started.first().is_some_and(|p| now[0].starts_with(p));
+        // (`ip netns exec NS` until it becomes the command.)
+        let same = !started.is_empty() && now.ends_with(&started);
+        (flowstate_lab::running(pid) && (same || retitled)).then_some(pid)
+    }
+
+    /// The key file of a lab cluster whose deployment names none (`cluster up` makes it).
+    fn key_file(&self) -> PathBuf {
+        self.file("cluster.key")
     }
 }
 
@@ -187,6 +214,9 @@ fn spawn(dir: &Dir, ns: &str, role: &str, argv: &[String]) -> Result<Child> {
     let child = cmd
         .spawn()
         .with_context(|| format!("starting the {role} in namespace {ns}"))?;
+    // The pid, and the command line it runs (`ip netns exec` becomes the command), checked
+    // before the pid is signalled.
+    std::fs::write(dir.file(&format!("{role}.cmdline")), argv.join("\n"))?;
     std::fs::write(dir.file(&format!("{role}.pid")), child.id().to_string())?;
     Ok(child)
 }
@@ -201,6 +231,25 @@ fn exe() -> Result<String> {
 struct Deployment {
     config: Config,
     section: ClusterSection,
+    /// The deployment file's directory (relative paths in it are from there).
+    base: PathBuf,
+}
+
+impl Deployment {
+    /// The keys of the roles: `[cluster] key_file`, else the lab's own (made by `up`); none
+    /// with `unauthenticated`.
+    fn keys(&self, dir: &Dir) -> Result<flowstate_cluster::auth::KeyRing> {
+        use flowstate_cluster::auth::{KeyRing, Keys};
+        if self.section.unauthenticated {
+            tracing::warn!("cluster.unauthenticated: datagrams between roles are not authenticated: anyone on the cluster network can steer traffic");
+            return Ok(KeyRing::fixed(Keys::unauthenticated()));
+        }
+        let path = self
+            .section
+            .key_path(&self.base)
+            .unwrap_or_else(|| dir.key_file());
+        KeyRing::open(&path).context("cluster.key_file")
+    }
 }
 
 fn load(path: &Path) -> Result<Deployment> {
@@ -214,10 +263,14 @@ fn load(path: &Path) -> Result<Deployment> {
     Ok(Deployment {
         config: loaded.config,
         section,
+        base: crate::check::base_dir(path),
     })
 }
 
 pub(crate) fn run(a: &ClusterArgs) -> Result<()> {
+    if let Action::Key { action } = &a.action {
+        return crate::key::run(action);
+    }
     let dir = Dir::new(&a.prefix)?;
     match &a.action {
         Action::Up { config, timeout } => up(&dir, config, Duration::from_secs(*timeout)),
@@ -244,20 +297,21 @@ pub(crate) fn run(a: &ClusterArgs) -> Result<()> {
         }
         Action::Kill { id } => {
             let s = current_status(&dir)?;
-            let Some(i) = s.instances.iter().find(|i| i.id == *id) else {
+            if !s.instances.iter().any(|i| i.id == *id) {
                 bail!(
                     "no instance {id}; instances: {:?}",
                     s.instances.iter().map(|i| i.id).collect::<Vec<_>>()
                 );
-            };
-            let pid = dir.pid(&format!("instance-{id}")).unwrap_or(i.pid);
-            if !flowstate_lab::running(pid) {
-                bail!("instance {id} has no running process");
             }
+            // Only a process this lab started (its pid file), never a pid from the network.
+            let Some(pid) = dir.pid(&format!("instance-{id}")) else {
+                bail!("instance {id} has no running process that this lab started");
+            };
             signal(pid, libc::SIGKILL);
             println!("cluster {}: killed instance {id} (pid {pid})", a.prefix);
             Ok(())
         }
+        Action::Key { .. } => unreachable!("handled above"),
         Action::Root { config } => role_root(&dir, config),
         Action::Instance { config, id, stage } => role_instance(&dir, config, *id, *stage),
         Action::Controller { config, fresh } => role_controller(&dir, config, *fresh),
@@ -311,6 +365,11 @@ fn up(dir: &Dir, path: &Path, timeout: Duration) -> Result<()> {
         );
     }
     std::fs::create_dir_all(&dir.path)?;
+    if d.section.key_file.is_none() && !d.section.unauthenticated && !dir.key_file().exists() {
+        crate::key::run(&crate::key::KeyAction::New {
+            file: dir.key_file(),
+        })?;
+    }
     let exe = exe()?;
     let instances_running =
         (1..=flowstate_lab::MAX_INSTANCES).any(|k| dir.pid(&format!("instance-{k}")).is_some());
@@ -520,7 +579,7 @@ fn status(dir: &Dir, json: bool) -> Result<()> {
             i.id, i.stage, i.pid, i.state, i.load, i.packets, i.drops, i.entries, i.partitions
         );
     }
-    if let Some(r) = root {
+    if let Some(r) = &root {
         println!(
             "root: {} received, {} out, moves {} (p50 {} ms), held {}, lost on move {}, reordered {}",
             r["received"], r["from_instances"], r["moves_done"], r["move_ms_p50"], r["held"],
@@ -531,6 +590,22 @@ fn status(dir: &Dir, json: bool) -> Result<()> {
             r["fast_path_packets"], r["fast_path_learned"], r["fast_path_moved_out"]
         );
     }
+    let refused = |m: &serde_json::Value| -> String {
+        match m.as_object().filter(|m| !m.is_empty()) {
+            Some(m) => m
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            None => "none".into(),
+        }
+    };
+    println!(
+        "datagrams refused: controller {}; root {}",
+        refused(&serde_json::to_value(&s.auth_rejected)?),
+        root.as_ref()
+            .map_or("-".into(), |r| refused(&r["auth_rejected"]))
+    );
     Ok(())
 }
 
@@ -554,6 +629,7 @@ fn role_root(dir: &Dir, path: &Path) -> Result<()> {
         inside_prefixes: d.config.runtime.inside_prefixes(),
         stats,
         epoch,
+        keys: d.keys(dir)?,
     };
     let stages = d.config.stage_factories()?;
     let stats = flowstate_cluster::run_root(&o, &stages, Stop::new())?;
@@ -647,6 +723,7 @@ fn role_instance(dir: &Dir, path: &Path, id: u32, stage: u32) -> Result<()> {
         flush_interval: d.config.state.flush_interval,
         retain_ops: d.config.state.retain_ops,
         stats,
+        keys: d.keys(dir)?,
     };
     flowstate_cluster::run_instance(&o, chain, connector, Stop::new())?;
     Ok(())
@@ -744,6 +821,7 @@ fn role_controller(dir: &Dir, path: &Path, fresh: bool) -> Result<()> {
     let o = ControllerOptions {
         section: d.section.clone(),
         socket: dir.socket(),
+        keys: d.keys(dir)?,
     };
     run_controller(&o, store, &mut launcher, d.config.stages(), Stop::new())?;
     Ok(())

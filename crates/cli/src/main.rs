@@ -8,6 +8,7 @@ mod cluster;
 mod eve;
 mod gen;
 mod inspect;
+mod key;
 mod lab;
 mod report;
 mod run;

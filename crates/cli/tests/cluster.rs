@@ -1138,3 +1138,140 @@ fn a_straggler_is_failed_over_and_nothing_is_lost_or_repeated() {
         assert_eq!(root[key], 0, "{key}: {root:#}");
     }
 }
+
+/// What a host on the cluster network that holds no key sends (a Python script run in a
+/// spare instance namespace): every kind of datagram the roles take, each bare and with a
+/// made-up trailer, three times. `{I}` is its own address, `{I1}` instance 1's.
+const FORGER: &str = r#"
+import os, socket, struct, time
+ROOT, I, I1 = "192.0.2.1", "{I}", "{I1}"
+def geneve(kind, partition, epoch, clock, payload=b"", control=True):
+    opt = struct.pack(">BBHIQ", kind, 0, partition, epoch, clock)
+    return struct.pack(">BBHI", 5, (0x80 if control else 0) | 0x40, 0x6558, 0) \
+        + struct.pack(">HBB", 0xfff0, 0x81, 4) + opt + payload
+def csum(b):
+    s = sum(struct.unpack(">%dH" % (len(b) // 2), b))
+    s = (s >> 16) + (s & 0xffff); s += s >> 16
+    return ~s & 0xffff
+def frame():
+    udp = struct.pack(">HHHH", 4242, 9999, 8 + 6, 0) + b"forged"
+    ip = struct.pack(">BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0, 64, 17, 0,
+                     socket.inet_aton("10.0.0.99"), socket.inet_aton("{SERVER}"))
+    ip = ip[:10] + struct.pack(">H", csum(ip)) + ip[12:]
+    return b"\x02" * 6 + b"\x04" * 6 + b"\x08\x00" + ip + udp
+report = b"FSRP" + struct.pack(">BII4sHIQdQQQQI", 2, 0, 9, socket.inet_aton(I), 6081, 4242,
+                               2**64 - 1, 0.1, 0, 0, 0, 0, 0)
+lag = b"FSLG" + struct.pack(">BIIIQ", 2, 0, 1, 1, 10**10)
+assignment = b"FSAS" + struct.pack(">BQII", 2, 2**62, 0, 16) + struct.pack(">II", 9, 10**9) * 16 \
+    + struct.pack(">II4sHB", 1, 9, socket.inet_aton(I), 6081, 1)
+sends = [
+    ((ROOT, 7900), report, 2), ((ROOT, 7900), lag, 1),
+    ((ROOT, 7901), assignment, 3), ((I1, 7901), assignment, 3),
+    ((ROOT, 6081), geneve(0, 0, 1, (1 << 48) + 5, frame(), False), 2),
+    ((ROOT, 6081), geneve(0, 0, 1, 2**64 - 1, frame(), False), 2),
+    ((ROOT, 6081), geneve(7, 0, 0, 0, struct.pack(">QI", (1 << 48) + 7, 1)), 2),
+    ((ROOT, 6081), geneve(2, 3, 1, 0), 2),
+]
+sends += [((I1, 6081), geneve(3, p, 2**32 - 1, 0), 1) for p in range(16)]
+sends += [((I1, 6081), geneve(1, p, 2**32 - 1, 0), 1) for p in range(16)]
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((I, 6081))
+n = 0
+for _ in range(3):
+    for to, body, role in sends:
+        trailer = struct.pack(">BBHIQ", role, 1, 0, 9, time.time_ns()) + os.urandom(32)
+        for d in (body, body + trailer):
+            s.sendto(d, to); n += 1
+    time.sleep(0.2)
+print(n)
+"#;
+
+fn rejected(stats: &serde_json::Value) -> u64 {
+    stats["auth_rejected"]
+        .as_object()
+        .map_or(0, |m| m.values().filter_map(|v| v.as_u64()).sum())
+}
+
+/// A host on the cluster network without the key sends every kind of datagram the roles take
+/// (a Report for a made-up instance, a Lag, Assignments, Claims with the largest epoch,
+/// Releases, Data with and without a plausible clock, notices), bare and with a made-up
+/// trailer, while 50 downloads run: none is taken (each is counted by the role it reached),
+/// the downloads complete, nothing forged leaves the box, and scaling out afterwards starts a
+/// real instance that takes its share.
+#[test]
+fn forged_datagrams_from_a_host_without_the_key_change_nothing() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let mut c = Cluster::up("f", "backend = \"store\"\nurl = \"192.0.2.1:7878\"", 2, "");
+    let want = content(500_000, 3);
+    let http_peers = c.serve_paced(&want, 200_000);
+    let (udp, udp_peers) = c.udp_flow(60);
+    let mut downloads = c.downloads(50);
+    std::thread::sleep(Duration::from_millis(500));
+    let before = c.status();
+    let script = FORGER
+        .replace("{I1}", &flowstate_lab::instance_addr(1).to_string())
+        .replace("{I}", &flowstate_lab::instance_addr(4).to_string())
+        .replace("{SERVER}", &SERVER.to_string());
+    let out = c
+        .in_ns(&c.lab.instance_ns(4), &["python3", "-c", &script])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "forger: {}", text(&out));
+    let sent: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    still_transferring(&mut downloads, want.len());
+    check_downloads(downloads, &want);
+    udp.wait_with_output().unwrap();
+    server_saw_only_the_nat(&http_peers);
+    let peers = std::fs::read_to_string(&udp_peers).unwrap();
+    assert!(
+        !peers.contains("10.0.0.99"),
+        "a forged frame left the box: {peers}"
+    );
+    // Every role counted what reached it; the stats are published every 200 ms.
+    std::thread::sleep(Duration::from_millis(500));
+    let s = c.status();
+    let root = c.root();
+    let i1 = c
+        .instance_stats()
+        .into_iter()
+        .find(|i| i["id"] == 1)
+        .unwrap();
+    let (at_controller, at_root, at_instance) = (rejected(&s), rejected(&root), rejected(&i1));
+    eprintln!(
+        "sent {sent}: refused by the controller {at_controller}, the root {at_root}, \
+         instance 1 {at_instance}; root {root:#}; instance 1 {i1:#}"
+    );
+    // Per round: controller 2 kinds, root 5, instance 1 33 (each bare and with a trailer).
+    assert_eq!(sent, 3 * 2 * (2 + 5 + 33));
+    assert_eq!(at_controller, 3 * 2 * 2, "{s:#}");
+    assert_eq!(at_root, 3 * 2 * 5, "{root:#}");
+    assert_eq!(at_instance, 3 * 2 * 33, "{i1:#}");
+    assert_eq!(root["authenticated"], true);
+    // Nothing changed: the members, the assignment, the owners.
+    assert_eq!(live(&s), vec![1, 2], "{s:#}");
+    assert_eq!(s["stages"], before["stages"], "{s:#}");
+    assert_eq!(owned(&s), 16);
+    assert!(s["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|i| i["id"] != 9));
+    assert_eq!(i1["refused"], 0, "{i1:#}");
+    // Scaling out starts a real instance (3), which takes its share; the stranger none.
+    let out = c.flowstate(&["cluster", "scale", "3"]);
+    assert!(out.status.success(), "{}", text(&out));
+    c.wait_for(30, "instance 3 live with partitions", |s| {
+        live(s) == vec![1, 2, 3]
+            && owned(s) == 16
+            && s["instances"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|i| i["id"] == 3 && !i["partitions"].as_array().unwrap().is_empty())
+    });
+    check_downloads(c.downloads(2), &want);
+}

@@ -22,6 +22,12 @@
 //! scale_in_load = 0.2
 //! store = "managed"        # `cluster up` starts the store at `address` (backend store or redis);
 //!                          # "external": `[state] url` names a running one
+//! key_file = "/etc/flowstate/cluster.key"   # the keys every datagram between the roles is
+//!                          # signed and checked with (`flowstate cluster key new FILE`; mode
+//!                          # 0600); relative to this file's directory. Left out, `cluster up`
+//!                          # uses the lab's own key.
+//! clock_skew = "60s"       # how far ahead of a receiver's clock a sender's numbering may be
+//! unauthenticated = false  # true: trailers carry no tag (measuring the cost in a lab only)
 //! moves = "claim"          # a move hands ownership over, the state stays in the store;
 //!                          # "copy": the whole partition's state is copied too (OpenNF-style
 //!                          # baseline, CHC §7.3 R2)
@@ -111,6 +117,13 @@ pub struct ClusterSection {
     pub store: StoreMode,
     /// Copy a partition's whole state on a move (`moves = "copy"`).
     pub copy_on_move: bool,
+    /// The key file, as written (relative to the deployment file's directory).
+    pub key_file: Option<std::path::PathBuf>,
+    /// How far ahead of a receiver's clock a sender's datagram numbers may be
+    /// ([`crate::auth`]).
+    pub clock_skew: Duration,
+    /// Datagrams carry no tag: nothing is authenticated (a lab measuring the cost).
+    pub unauthenticated: bool,
 }
 
 impl Default for ClusterSection {
@@ -132,6 +145,9 @@ impl Default for ClusterSection {
             scale_in_load: 0.2,
             store: StoreMode::Managed,
             copy_on_move: false,
+            key_file: None,
+            clock_skew: Duration::from_secs(60),
+            unauthenticated: false,
             stages: Vec::new(),
         }
     }
@@ -196,6 +212,18 @@ impl ClusterSection {
                     .as_bool()
                     .map(|b| c.auto_scale = b)
                     .ok_or_else(|| err(k, format!("expected true or false, got {v}"))),
+                "key_file" => match v.as_str() {
+                    Some(p) if !p.is_empty() => {
+                        c.key_file = Some(p.into());
+                        Ok(())
+                    }
+                    _ => Err(err(k, format!("expected a file name, got {v}"))),
+                },
+                "clock_skew" => dur(k, v).map(|d| c.clock_skew = d),
+                "unauthenticated" => v
+                    .as_bool()
+                    .map(|b| c.unauthenticated = b)
+                    .ok_or_else(|| err(k, format!("expected true or false, got {v}"))),
                 "scale_out_load" => load(k, v).map(|x| c.scale_out_load = x),
                 "scale_in_load" => load(k, v).map(|x| c.scale_in_load = x),
                 "store" => match v.as_str() {
@@ -222,7 +250,7 @@ impl ClusterSection {
                 },
                 _ => Err(err(
                     k,
-                    "unknown key; expected partitions, instances, min_instances, max_instances, address, heartbeat, missed, move_timeout, hold, log_packets, straggler, auto_scale, scale_out_load, scale_in_load, store, moves or stage".into(),
+                    "unknown key; expected partitions, instances, min_instances, max_instances, address, heartbeat, missed, move_timeout, hold, log_packets, straggler, auto_scale, scale_out_load, scale_in_load, store, moves, key_file, clock_skew, unauthenticated or stage".into(),
                 )),
             };
             if let Err(e) = done {
@@ -262,11 +290,23 @@ impl ClusterSection {
                 ),
             ));
         }
+        if c.unauthenticated && c.key_file.is_some() {
+            errors.push(err(
+                "unauthenticated",
+                "true, but key_file is set: leave one of them out".into(),
+            ));
+        }
         if errors.is_empty() {
             Ok(c)
         } else {
             Err(errors)
         }
+    }
+
+    /// The key file's path: `key_file` as written, relative to `base` (the deployment file's
+    /// directory) unless absolute.
+    pub fn key_path(&self, base: &std::path::Path) -> Option<std::path::PathBuf> {
+        self.key_file.as_ref().map(|p| base.join(p))
     }
 
     /// Stage `k`'s partitioning and pool: its `[[cluster.stage]]` table, else the values of
@@ -400,6 +440,15 @@ mod tests {
         assert_eq!(c.store, StoreMode::External);
         assert_eq!(c.controller(0).interval, 20_000_000);
         assert!(parse("moves = \"copy\"").unwrap().copy_on_move);
+        let c = parse("key_file = \"keys/cluster.key\"\nclock_skew = \"5s\"").unwrap();
+        let base = std::path::Path::new("/etc/flowstate");
+        assert_eq!(
+            c.key_path(base).unwrap(),
+            std::path::Path::new("/etc/flowstate/keys/cluster.key")
+        );
+        assert_eq!(c.clock_skew, Duration::from_secs(5));
+        let abs = parse("key_file = \"/k\"").unwrap();
+        assert_eq!(abs.key_path(base).unwrap(), std::path::Path::new("/k"));
     }
 
     #[test]
@@ -445,6 +494,14 @@ mod tests {
             ("scale_in_load = 0.9", "cluster.scale_in_load"),
             ("banana = 1", "cluster.banana"),
             ("moves = \"teleport\"", "cluster.moves"),
+            ("key_file = 3", "cluster.key_file"),
+            ("key_file = \"\"", "cluster.key_file"),
+            ("clock_skew = \"0s\"", "cluster.clock_skew"),
+            ("unauthenticated = \"yes\"", "cluster.unauthenticated"),
+            (
+                "unauthenticated = true\nkey_file = \"k\"",
+                "cluster.unauthenticated",
+            ),
             ("heartbeat = 50", "cluster.heartbeat"),
             ("straggler = 250", "cluster.straggler"),
         ] {

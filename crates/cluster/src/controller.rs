@@ -15,6 +15,7 @@
 //! * Operators talk to it over a UNIX socket, one JSON request per connection:
 //!   `{"cmd":"status"}`, `{"cmd":"scale","n":3,"stage":0}`, `{"cmd":"drain","id":2}`.
 
+use crate::auth::{KeyRing, Opener, Role, Sender};
 use crate::config::{ClusterSection, CONTROLLER_PORT, CONTROL_PORT};
 use crate::{udp_socket, wall_ns, ClusterError};
 use flowstate_control::cluster::{Assignment, Controller, Decision, Lag, MemberState, Report};
@@ -111,6 +112,12 @@ pub struct Status {
     pub stages: Vec<StageStatus>,
     /// The instances of every stage, by stage and id.
     pub instances: Vec<InstanceStatus>,
+    /// Reports and lag reports taken ([`crate::auth`]).
+    #[serde(default)]
+    pub auth_accepted: u64,
+    /// Datagrams refused, by reason ([`crate::auth::Rejected`]).
+    #[serde(default)]
+    pub auth_rejected: std::collections::BTreeMap<String, u64>,
 }
 
 impl Status {
@@ -133,6 +140,8 @@ pub struct ControllerOptions {
     pub section: ClusterSection,
     /// The command socket.
     pub socket: PathBuf,
+    /// The keys that sign and check every datagram between roles.
+    pub keys: KeyRing,
 }
 
 /// Reads stage `stage`'s assignment kept in the store.
@@ -205,6 +214,10 @@ pub fn run_controller(
     }
     let root = SocketAddrV4::new(s.address, CONTROL_PORT);
     let mut buf = vec![0u8; 65536];
+    let mut out = vec![0u8; 65536];
+    let seal = o.keys.sealer(Sender::CONTROLLER, now);
+    let mut opener = o.keys.opener(s.clock_skew.as_nanos() as u64);
+    let mut next_keys = Instant::now();
     let mut next_tick = Instant::now();
     let mut next_send = Instant::now();
     while !stop.stopped() {
@@ -216,26 +229,41 @@ pub fn run_controller(
         let now = wall_ns();
         loop {
             match reports.recv_from(&mut buf) {
-                Ok((n, _)) => match Report::decode(&buf[..n]) {
-                    Ok(r) => match cores.get_mut(r.stage as usize) {
-                        Some(c) => c.ctl.on_report(&r, now),
-                        None => tracing::debug!(stage = r.stage, "a report of no stage of ours"),
-                    },
-                    // The root's measure of how long packets wait at each instance.
-                    Err(_) => match Lag::decode(&buf[..n]) {
-                        Ok(l) => {
+                Ok((n, _)) => {
+                    let Ok((from, msg)) = opener.open(&buf[..n], now) else {
+                        continue;
+                    };
+                    match (from.role, Report::decode(msg), Lag::decode(msg)) {
+                        // An instance reports for itself only.
+                        (Role::Instance, Ok(r), _) if r.id == from.id => {
+                            match cores.get_mut(r.stage as usize) {
+                                Some(c) => c.ctl.on_report(&r, now),
+                                None => {
+                                    tracing::debug!(stage = r.stage, "a report of no stage of ours")
+                                }
+                            }
+                        }
+                        // The root's measure of how long packets wait at each instance.
+                        (Role::Root, _, Ok(l)) => {
                             if let Some(c) = cores.get_mut(l.stage as usize) {
                                 c.ctl.on_lag(&l);
                             }
                         }
-                        Err(e) => tracing::debug!("neither a report nor a lag report: {e}"),
-                    },
-                },
+                        (_, Err(e), Err(_)) => {
+                            tracing::debug!("neither a report nor a lag report: {e}")
+                        }
+                        _ => opener.refuse(),
+                    }
+                }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) => return Err(e.into()),
             }
         }
-        serve_commands(&commands, &mut cores, now);
+        serve_commands(&commands, &mut cores, &opener, now);
+        if Instant::now() >= next_keys {
+            next_keys = Instant::now() + crate::root::KEY_CHECK;
+            o.keys.reload_if_changed();
+        }
         if Instant::now() >= next_tick {
             next_tick = Instant::now() + Duration::from_millis(10);
             for k in 0..cores.len() {
@@ -290,10 +318,19 @@ pub fn run_controller(
                 let a = core.ctl.assignment();
                 if a.version > 0 {
                     let bytes = a.encode();
-                    let _ = reports.send_to(&bytes, root);
+                    let Some(body) = out.get_mut(..bytes.len()) else {
+                        tracing::error!(stage = a.stage, "the assignment exceeds a datagram");
+                        continue;
+                    };
+                    body.copy_from_slice(&bytes);
+                    // One signed datagram for every receiver (each keeps its own window).
+                    let Some(n) = seal.seal(&mut out, bytes.len()) else {
+                        continue;
+                    };
+                    let _ = reports.send_to(&out[..n], root);
                     for m in a.members.iter().filter(|m| m.live) {
                         let to = SocketAddrV4::new(*m.addr.ip(), CONTROL_PORT);
-                        let _ = reports.send_to(&bytes, to);
+                        let _ = reports.send_to(&out[..n], to);
                     }
                 }
             }
@@ -343,10 +380,17 @@ fn persist(
     )))
 }
 
-fn status(cores: &[Stage], now: u64) -> Status {
+fn status(cores: &[Stage], opener: &Opener, now: u64) -> Status {
     let mut out = Status {
         stages: Vec::new(),
         instances: Vec::new(),
+        auth_accepted: opener.accepted(),
+        auth_rejected: opener
+            .rejected()
+            .by_name()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
     };
     for (stage, core) in (0u32..).zip(cores) {
         let ctl = &core.ctl;
@@ -381,7 +425,7 @@ fn status(cores: &[Stage], now: u64) -> Status {
     out
 }
 
-fn serve_commands(listener: &UnixListener, cores: &mut [Stage], now: u64) {
+fn serve_commands(listener: &UnixListener, cores: &mut [Stage], opener: &Opener, now: u64) {
     for _ in 0..16 {
         let Ok((stream, _)) = listener.accept() else {
             return;
@@ -394,7 +438,7 @@ fn serve_commands(listener: &UnixListener, cores: &mut [Stage], now: u64) {
         let answer = match reader.read_line(&mut line) {
             Ok(_) => match serde_json::from_str::<Command>(line.trim()) {
                 Ok(Command::Status) => {
-                    serde_json::to_value(status(cores, now)).map_err(|e| e.to_string())
+                    serde_json::to_value(status(cores, opener, now)).map_err(|e| e.to_string())
                 }
                 Ok(Command::Scale { n, stage }) => match cores.get_mut(stage as usize) {
                     Some(c) => c

@@ -34,6 +34,7 @@
 //!   forwarded by an XDP program on the ports, taught by the instances' output
 //!   ([`crate::fast`]); what reaches this loop is the rest.
 
+use crate::auth::{KeyRing, Role, Sealer, Sender, TRAILER_LEN};
 use crate::config::{ClusterSection, CONTROLLER_PORT, CONTROL_PORT};
 use crate::fast::{FastStats, RootFastPath};
 use crate::log::{LogStats, Output, PacketLog, Released, HELD};
@@ -57,6 +58,10 @@ use std::time::{Duration, Instant};
 
 /// Largest frame the root carries.
 const MAX_FRAME: usize = 2048;
+/// Largest datagram to or from an instance.
+const DATAGRAM: usize = meta::HEADER_LEN + MAX_FRAME + TRAILER_LEN;
+/// How often a role looks whether its key file changed.
+pub(crate) const KEY_CHECK: Duration = Duration::from_secs(1);
 
 /// Bits of a logical clock below the root's epoch: 2^48 packets per root (325 days at
 /// 10 Mpps), 2^16 roots.
@@ -118,6 +123,12 @@ pub struct RootStats {
     pub order_checked: u64,
     /// Frames from instances that are not ours.
     pub bad_frames: u64,
+    /// Whether datagrams between roles are authenticated (not `[cluster] unauthenticated`).
+    pub authenticated: bool,
+    /// Datagrams from instances and the controller taken ([`crate::auth`]).
+    pub auth_accepted: u64,
+    /// Datagrams refused, by reason ([`crate::auth::Rejected`]).
+    pub auth_rejected: std::collections::BTreeMap<&'static str, u64>,
     /// The moves (of every stage).
     #[serde(flatten)]
     pub steer: SteerStats,
@@ -164,6 +175,8 @@ pub struct RootOptions {
     pub stats: crate::StatsSink,
     /// This root's epoch ([`take_epoch`]): its clocks start at [`first_clock`] of it.
     pub epoch: u64,
+    /// The keys that sign and check every datagram between roles.
+    pub keys: KeyRing,
 }
 
 /// One stage as the root steers it.
@@ -266,6 +279,8 @@ impl OrderCheck {
 struct Out {
     fd: std::os::fd::RawFd,
     tx: Datagrams,
+    /// Signs every datagram to the instances.
+    seal: Sealer,
     stats: RootStats,
     fast: Option<RootFastPath>,
     order: OrderCheck,
@@ -320,7 +335,15 @@ impl Out {
 
     /// Queues a frame for an instance (sending the queue first when it is full).
     fn queue(&mut self, m: &Meta, payload: &[u8], to: SocketAddrV4) {
-        push(&mut self.tx, self.fd, &mut self.stats, m, payload, to);
+        push(
+            &mut self.tx,
+            self.fd,
+            &self.seal,
+            &mut self.stats,
+            m,
+            payload,
+            to,
+        );
     }
 
     /// Sends the queued frames, in order.
@@ -343,6 +366,7 @@ impl Out {
         let Out {
             fd,
             tx,
+            seal,
             stats,
             fast,
             log,
@@ -361,7 +385,7 @@ impl Out {
                 clock,
                 replay: true,
             };
-            push(tx, *fd, stats, &m, frame, to);
+            push(tx, *fd, seal, stats, &m, frame, to);
         });
         for h in &held {
             // (The order check noted the partition when the frame was held.)
@@ -412,6 +436,7 @@ impl Out {
 fn push(
     tx: &mut Datagrams,
     fd: std::os::fd::RawFd,
+    seal: &Sealer,
     stats: &mut RootStats,
     m: &Meta,
     payload: &[u8],
@@ -424,9 +449,9 @@ fn push(
         let Some(h) = meta::write(buf, m) else {
             return 0;
         };
-        let n = (h + payload.len()).min(buf.len());
+        let n = (h + payload.len()).min(buf.len() - TRAILER_LEN);
         buf[h..n].copy_from_slice(&payload[..n - h]);
-        n
+        seal.seal(buf, n).unwrap_or(0)
     });
     if m.kind == Kind::Data {
         stats.to_instances += 1;
@@ -531,7 +556,8 @@ pub fn run_root(
     let control = udp_socket(SocketAddrV4::new(s.address, CONTROL_PORT))?;
     let mut out = Out {
         fd: raw(&data),
-        tx: Datagrams::new(256, meta::HEADER_LEN + MAX_FRAME),
+        tx: Datagrams::new(256, DATAGRAM),
+        seal: o.keys.sealer(Sender::ROOT, wall_ns()),
         stats: RootStats::default(),
         fast,
         order: OrderCheck::new(),
@@ -539,11 +565,16 @@ pub fn run_root(
     };
     let mut batch = PacketBatch::new(64, MAX_FRAME);
     let mut rbuf = vec![0u8; 65536];
-    let mut rx = Datagrams::new(256, meta::HEADER_LEN + MAX_FRAME);
+    let mut rx = Datagrams::new(256, DATAGRAM);
+    let mut opener = o.keys.opener(s.clock_skew.as_nanos() as u64);
+    let lag_seal = out.seal.clone();
+    let mut lag_buf = vec![0u8; 65536];
+    let mut next_keys = Instant::now();
     // An output the packet log released, on its way on.
     let mut kept = Vec::with_capacity(MAX_FRAME);
     let mut clock = first_clock(o.epoch);
     out.stats.root_epoch = o.epoch;
+    out.stats.authenticated = o.keys.authenticated();
     out.stats.pid = std::process::id();
     let mut next_stats = Instant::now();
     let mut next_tick = Instant::now();
@@ -559,7 +590,14 @@ pub fn run_root(
         loop {
             match control.recv_from(&mut rbuf) {
                 Ok((len, _)) => {
-                    if let Ok(a) = Assignment::decode(&rbuf[..len]) {
+                    let Ok((from, body)) = opener.open(&rbuf[..len], now) else {
+                        continue;
+                    };
+                    if from != Sender::CONTROLLER {
+                        opener.refuse();
+                        continue;
+                    }
+                    if let Ok(a) = Assignment::decode(body) {
                         if let Some(st) = path.get_mut(a.stage as usize) {
                             st.steer.apply(&a, now, &mut st.ctl);
                         }
@@ -601,6 +639,9 @@ pub fn run_root(
             }
             for i in 0..rx.len() {
                 let (datagram, from) = rx.get(i);
+                let Ok((sender, datagram)) = opener.open(datagram, now) else {
+                    continue;
+                };
                 let Ok((m, payload)) = meta::read(datagram) else {
                     out.stats.bad_frames += 1;
                     continue;
@@ -610,6 +651,11 @@ pub fn run_root(
                     out.stats.bad_frames += 1;
                     continue;
                 };
+                // Only the stage's members send its output and answers.
+                if sender.role != Role::Instance || !st.steer.is_member(sender.id) {
+                    opener.refuse();
+                    continue;
+                }
                 match m.kind {
                     Kind::Done => {
                         // Delete requests: an NF dropped these packets, their state is stored.
@@ -656,8 +702,9 @@ pub fn run_root(
                     }
                     _ => {}
                 }
-                let Some(id) = st.steer.member_at(from) else {
-                    out.stats.bad_frames += 1;
+                // A move's answer comes from the member's published address too.
+                let Some(id) = st.steer.member_at(from).filter(|&id| id == sender.id) else {
+                    opener.refuse();
                     continue;
                 };
                 // The old owner's output went before its Released: send it out first.
@@ -697,17 +744,29 @@ pub fn run_root(
             next_lag = Instant::now() + s.heartbeat;
             out.log.set_now(wall_ns());
             for lag in lags(&mut out.log, &path) {
-                let _ = control.send_to(&lag.encode(), controller);
+                let body = lag.encode();
+                lag_buf[..body.len()].copy_from_slice(&body);
+                if let Some(n) = lag_seal.seal(&mut lag_buf, body.len()) {
+                    let _ = control.send_to(&lag_buf[..n], controller);
+                }
             }
+        }
+        if Instant::now() >= next_keys {
+            next_keys = Instant::now() + KEY_CHECK;
+            o.keys.reload_if_changed();
         }
         if Instant::now() >= next_stats {
             next_stats += Duration::from_millis(200);
+            out.stats.auth_accepted = opener.accepted();
+            out.stats.auth_rejected = opener.rejected().by_name();
             out.stats.clock = clock;
             fill(&mut out, &path, &shared);
             o.stats.publish(&out.stats);
         }
     }
     out.stats.clock = clock;
+    out.stats.auth_accepted = opener.accepted();
+    out.stats.auth_rejected = opener.rejected().by_name();
     fill(&mut out, &path, &shared);
     o.stats.publish(&out.stats);
     Ok(out.stats)

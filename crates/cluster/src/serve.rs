@@ -3,6 +3,7 @@
 //! protocol; applies the controller's assignments; reports to the controller every heartbeat
 //! (HashMVT §IV-C: load η = busy / total time, Eq. 1).
 
+use crate::auth::{KeyRing, Sealer, Sender, TRAILER_LEN};
 use crate::config::{ClusterSection, CONTROLLER_PORT, CONTROL_PORT};
 use crate::instance::{Instance, InstanceConfig, InstanceStats};
 use crate::meta::{self, Kind, Meta};
@@ -24,7 +25,7 @@ const BATCH: usize = 64;
 /// Batches taken before the loop looks at its timers again.
 const TURN_BATCHES: usize = 4;
 /// Largest datagram.
-const MAX_DATAGRAM: usize = meta::HEADER_LEN + 2048;
+const MAX_DATAGRAM: usize = meta::HEADER_LEN + 2048 + TRAILER_LEN;
 
 /// What an instance's process needs.
 #[derive(Debug, Clone)]
@@ -43,6 +44,8 @@ pub struct ServeOptions {
     pub retain_ops: usize,
     /// Where its counters go (every heartbeat and at the end).
     pub stats: crate::StatsSink,
+    /// The keys that sign and check every datagram between roles.
+    pub keys: KeyRing,
 }
 
 /// What the stats file holds.
@@ -67,6 +70,12 @@ struct Snapshot {
     replayed: u64,
     replay_committed: u64,
     drop_reasons: std::collections::BTreeMap<&'static str, u64>,
+    /// Whether datagrams between roles are authenticated.
+    authenticated: bool,
+    /// Datagrams from the root and the controller taken ([`crate::auth`]).
+    auth_accepted: u64,
+    /// Datagrams refused, by reason.
+    auth_rejected: std::collections::BTreeMap<&'static str, u64>,
     /// Each NF's packets in, forwarded and dropped by reason, as in a box's summary.
     nfs: Vec<NfSnapshot>,
     assignment_version: u64,
@@ -104,22 +113,28 @@ pub fn run_instance(
     let data = udp_socket(SocketAddrV4::new(o.address, meta::PORT))?;
     let control = udp_socket(SocketAddrV4::new(o.address, CONTROL_PORT))?;
     let controller = SocketAddrV4::new(s.address, CONTROLLER_PORT);
+    let seal = o.keys.sealer(Sender::instance(o.id), wall_ns());
+    let mut opener = o.keys.opener(s.clock_skew.as_nanos() as u64);
     let root = Root {
         socket: &data,
         addr: SocketAddrV4::new(s.address, meta::PORT),
         stage: o.stage,
         logs: s.log_packets > 0,
+        seal: &seal,
     };
     let fds = [data.as_raw_fd(), control.as_raw_fd()];
     let data_fd = data.as_raw_fd();
     let mut dg = Datagrams::new(BATCH, MAX_DATAGRAM);
     let mut fwd = [false; BATCH];
+    // Per datagram of a batch: its length without the trailer, when the root signed it.
+    let mut body: [Option<usize>; BATCH] = [None; BATCH];
     let mut cbuf = vec![0u8; 65536];
-    let mut reply = [0u8; meta::HEADER_LEN];
+    let mut reply = [0u8; meta::HEADER_LEN + TRAILER_LEN];
     let heartbeat = s.heartbeat;
     let lease = heartbeat * s.missed;
     let mut applied = 0u64;
-    let beat = Heartbeat::start(data.try_clone()?, controller, heartbeat)?;
+    let beat = Heartbeat::start(data.try_clone()?, controller, heartbeat, seal.clone())?;
+    let mut next_keys = Instant::now();
     let mut busy = Duration::ZERO;
     let mut window = Instant::now();
     let mut last_load = 0.0;
@@ -142,7 +157,14 @@ pub fn run_instance(
         loop {
             match control.recv_from(&mut cbuf) {
                 Ok((n, _)) => {
-                    if let Ok(a) = Assignment::decode(&cbuf[..n]) {
+                    let Ok((from, msg)) = opener.open(&cbuf[..n], now) else {
+                        continue;
+                    };
+                    if from != Sender::CONTROLLER {
+                        opener.refuse();
+                        continue;
+                    }
+                    if let Ok(a) = Assignment::decode(msg) {
                         if a.stage == o.stage && a.version > applied {
                             inst.apply(&a, wall_ns());
                             applied = a.version;
@@ -163,18 +185,30 @@ pub fn run_instance(
                 break;
             }
             work = true;
+            for (j, b) in body.iter_mut().enumerate().take(got) {
+                *b = match opener.open(dg.get(j).0, now) {
+                    Ok((Sender::ROOT, msg)) => Some(msg.len()),
+                    Ok(_) => {
+                        opener.refuse();
+                        None
+                    }
+                    Err(_) => None,
+                };
+            }
             // Datagrams from `first` on are not committed and sent yet.
             let mut first = 0;
             let mut i = 0;
             while i < got {
                 fwd[i] = false;
-                let Ok((m, _)) = meta::read(dg.get(i).0) else {
+                let Some(Ok((m, _))) = signed(&dg, &body, i).map(meta::read) else {
                     i += 1;
                     continue;
                 };
                 match m.kind {
                     Kind::Data => {
-                        fwd[i] = inst.process(&m, &mut dg.get_mut(i)[meta::HEADER_LEN..], now);
+                        let n = body[i].unwrap_or(0);
+                        let payload = dg.get_mut(i).get_mut(meta::HEADER_LEN..n);
+                        fwd[i] = payload.is_some_and(|p| inst.process(&m, p, now));
                         i += 1;
                     }
                     Kind::Claim | Kind::Release => {
@@ -190,20 +224,22 @@ pub fn run_instance(
                         // their ownership records).
                         let mut end = i + 1;
                         if m.kind == Kind::Claim {
-                            while end < got && is_claim(dg.get(end).0) {
+                            while end < got && signed(&dg, &body, end).is_some_and(is_claim) {
                                 fwd[end] = false;
                                 end += 1;
                             }
                         }
                         let requests: Vec<Meta> = (i..end)
-                            .filter_map(|j| meta::read(dg.get(j).0).ok().map(|(m, _)| m))
+                            .filter_map(|j| signed(&dg, &body, j).and_then(|f| meta::read(f).ok()))
+                            .map(|(m, _)| m)
                             .collect();
                         let from = dg.get(i).1;
                         let mut send = |r: &Meta, answer: Result<Kind, ClusterError>| match answer {
                             Ok(kind) => {
                                 let a = Meta { kind, ..*r };
-                                if let Some(h) = meta::write(&mut reply, &a) {
-                                    let _ = data.send_to(&reply[..h], from);
+                                let h = meta::write(&mut reply, &a);
+                                if let Some(n) = h.and_then(|h| seal.seal(&mut reply, h)) {
+                                    let _ = data.send_to(&reply[..n], from);
                                 }
                             }
                             // No answer: the root asks again after its move timeout.
@@ -244,6 +280,10 @@ pub fn run_instance(
             }
             inst.expire_leaving(now, 2 * s.move_timeout.as_nanos() as u64);
         }
+        if Instant::now() >= next_keys {
+            next_keys = Instant::now() + crate::root::KEY_CHECK;
+            o.keys.reload_if_changed();
+        }
         if Instant::now() >= next_report {
             next_report = Instant::now() + heartbeat;
             let total = window.elapsed();
@@ -252,12 +292,14 @@ pub fn run_instance(
             window = Instant::now();
             let r = report(o, &inst, last_load, applied);
             beat.update(r);
-            o.stats.publish(&snapshot(o, &inst, last_load, applied));
+            o.stats
+                .publish(&snapshot(o, &inst, &opener, last_load, applied));
         }
         beat.alive();
     }
     beat.stop();
-    o.stats.publish(&snapshot(o, &inst, last_load, applied));
+    o.stats
+        .publish(&snapshot(o, &inst, &opener, last_load, applied));
     Ok(inst.stats())
 }
 
@@ -279,7 +321,13 @@ fn report(o: &ServeOptions, inst: &Instance, load: f64, applied: u64) -> Report 
     }
 }
 
-fn snapshot(o: &ServeOptions, inst: &Instance, load: f64, applied: u64) -> Snapshot {
+fn snapshot(
+    o: &ServeOptions,
+    inst: &Instance,
+    opener: &crate::auth::Opener,
+    load: f64,
+    applied: u64,
+) -> Snapshot {
     let st = inst.stats();
     Snapshot {
         id: o.id,
@@ -301,6 +349,9 @@ fn snapshot(o: &ServeOptions, inst: &Instance, load: f64, applied: u64) -> Snaps
         replayed: st.replayed,
         replay_committed: st.replay_committed,
         drop_reasons: inst.drop_reasons(),
+        authenticated: o.keys.authenticated(),
+        auth_accepted: opener.accepted(),
+        auth_rejected: opener.rejected().by_name(),
         nfs: inst
             .nf_counters()
             .into_iter()
@@ -313,6 +364,11 @@ fn snapshot(o: &ServeOptions, inst: &Instance, load: f64, applied: u64) -> Snaps
             .collect(),
         assignment_version: applied,
     }
+}
+
+/// Datagram `j` of `dg` without its trailer, when it verified as the root's (`body`).
+fn signed<'a>(dg: &'a Datagrams, body: &[Option<usize>], j: usize) -> Option<&'a [u8]> {
+    body[j].map(|n| &dg.get(j).0[..n])
 }
 
 /// Whether `datagram` is a claim.
@@ -328,6 +384,8 @@ struct Root<'a> {
     /// Whether the root logs packets (`[cluster] log_packets`): it then takes outputs ahead
     /// of their commit and waits for the commit's notice.
     logs: bool,
+    /// Signs every datagram this instance sends.
+    seal: &'a Sealer,
 }
 
 impl Root<'_> {
@@ -346,13 +404,16 @@ impl Root<'_> {
         let Some(h) = meta::write(&mut buf, &m) else {
             return;
         };
-        for chunk in packets.chunks((buf.len() - h) / meta::NOTICE_ENTRY) {
+        for chunk in packets.chunks((buf.len() - h - TRAILER_LEN) / meta::NOTICE_ENTRY) {
             let mut n = h;
             for &(clock, epoch) in chunk {
                 if meta::write_notice(&mut buf[n..], clock, epoch).is_some() {
                     n += meta::NOTICE_ENTRY;
                 }
             }
+            let Some(n) = self.seal.seal(&mut buf, n) else {
+                return;
+            };
             if let Err(e) = self.socket.send_to(&buf[..n], self.addr) {
                 tracing::warn!("cannot send {kind:?} notices to the root: {e}");
             }
@@ -367,13 +428,20 @@ fn finish(
     inst: &mut Instance,
     root: &Root<'_>,
     dg: &mut Datagrams,
-    pick: impl FnMut(usize) -> bool,
+    pick: impl Fn(usize) -> bool,
     now: u64,
 ) {
     if dg.is_empty() {
         return;
     }
-    let send = |dg: &mut Datagrams, pick| {
+    let send = |dg: &mut Datagrams, pick: &dyn Fn(usize) -> bool| {
+        // Each output goes back in the datagram it came in, signed by this instance over
+        // the root's trailer.
+        for j in (0..dg.len()).filter(|&j| pick(j)) {
+            let d = dg.get_mut(j);
+            let n = d.len() - TRAILER_LEN;
+            root.seal.seal(d, n);
+        }
         if let Err(e) = dg.send(root.socket.as_raw_fd(), pick) {
             tracing::warn!("cannot send to the root: {e}");
         }
@@ -389,7 +457,7 @@ fn finish(
         }
     };
     if root.logs {
-        send(dg, pick);
+        send(dg, &pick);
         if !commit(inst) {
             return; // the notices wait for the next commit, which covers this batch too
         }
@@ -397,7 +465,7 @@ fn finish(
         root.notify(Kind::Committed, released);
         root.notify(Kind::Done, done);
     } else if commit(inst) {
-        send(dg, pick);
+        send(dg, &pick);
     }
     inst.clear_notices();
 }
@@ -422,6 +490,7 @@ impl Heartbeat {
         socket: std::net::UdpSocket,
         to: SocketAddrV4,
         every: Duration,
+        seal: Sealer,
     ) -> Result<Heartbeat, ClusterError> {
         let report = Arc::new(std::sync::Mutex::new(None::<Report>));
         let turned = Arc::new(AtomicU64::new(0));
@@ -431,6 +500,7 @@ impl Heartbeat {
             .name("heartbeat".into())
             .spawn(move || {
                 let mut seq = 0u64;
+                let mut buf = vec![0u8; 65536];
                 loop {
                     std::thread::sleep(every);
                     let last = t.load(Ordering::Relaxed);
@@ -446,8 +516,12 @@ impl Heartbeat {
                         }),
                         _ => None,
                     };
-                    if let Some(m) = msg {
-                        let _ = socket.send_to(&m, to);
+                    let Some(m) = msg.filter(|m| m.len() + TRAILER_LEN <= buf.len()) else {
+                        continue;
+                    };
+                    buf[..m.len()].copy_from_slice(&m);
+                    if let Some(n) = seal.seal(&mut buf, m.len()) {
+                        let _ = socket.send_to(&buf[..n], to);
                     }
                 }
             })?;

@@ -219,7 +219,13 @@ impl Steer {
         self.members.iter().any(|m| m.id == id && m.live)
     }
 
-    /// The sender of a frame from `addr`, if it is a member.
+    /// Whether instance `id` is listed by the assignment applied (live, draining or dead: a
+    /// dead member's late output is still the log's to judge by epoch).
+    pub(crate) fn is_member(&self, id: u32) -> bool {
+        self.members.iter().any(|m| m.id == id)
+    }
+
+    /// The member whose published address is `addr`.
     pub(crate) fn member_at(&self, addr: SocketAddrV4) -> Option<u32> {
         self.members.iter().find(|m| m.addr == addr).map(|m| m.id)
     }
