@@ -48,7 +48,12 @@
 //!   packet takes one more hop through the root and one more instance). What the root's
 //!   packet log (CHC §5: a copy of every packet and of every output it holds until the
 //!   commit's notice) costs: `ratios.slow_path_goodput_log_vs_no_log`, the one-instance
-//!   cluster without the fast path against the same with `log_packets = 0`.
+//!   cluster without the fast path against the same with `log_packets = 0`. What signing
+//!   and checking every datagram between the roles costs ([`flowstate_cluster::auth`]):
+//!   `ratios.authenticated_vs_plain_slow_path_goodput`, the one-instance cluster without the
+//!   fast path against the same with `unauthenticated = true`, and, in this process,
+//!   `metrics.auth_seal_open_ns_{64,1514}` (one datagram signed and checked, HMAC-SHA-256)
+//!   beside `metrics.auth_plain_seal_open_ns_{64,1514}` (the same trailer, no tag).
 //!
 //! Needs root, iproute2, curl, iperf3, python3, keepalived and conntrackd
 //! (scripts/setup-live); without them the report carries `params.error`.
@@ -168,11 +173,16 @@ fn measure(lab: &ClusterLab, p: &Params, report: &mut Report) -> Result<(), Stri
     }
     // A one-instance cluster without the root's fast path and without its packet log, then
     // without the fast path, then with it (the default, which then goes on to the failover).
-    let mut cluster_bps = [0.0; 3];
+    let mut cluster_bps = [0.0; 4];
     let variants = [
         ("cluster_slow_path_no_log", false, "log_packets = 0\n"),
         ("cluster_slow_path", false, ""),
         ("cluster", true, ""),
+        (
+            "cluster_slow_path_unauthenticated",
+            false,
+            "unauthenticated = true\n",
+        ),
     ];
     for (i, (name, fast, log)) in variants.into_iter().enumerate() {
         eprintln!("failover: goodput through a one-instance cluster ({name})");
@@ -198,6 +208,11 @@ fn measure(lab: &ClusterLab, p: &Params, report: &mut Report) -> Result<(), Stri
         "slow_path_goodput_log_vs_no_log",
         ratio(cluster_bps[1], cluster_bps[0]),
     );
+    report.ratio(
+        "authenticated_vs_plain_slow_path_goodput",
+        ratio(cluster_bps[1], cluster_bps[3]),
+    );
+    auth_cost(report);
     let staged_bps = staged_goodput(lab, p, report);
     // The one-stage cluster goes on to the failover: bring it back.
     lab.cluster_up("cluster", &cluster_config(1, "claim", true))?;
@@ -467,5 +482,30 @@ fn downloads(report: &mut Report, prefix: &str, r: &LoadResult, total: usize) {
     );
     for (i, f) in r.failed.iter().take(5).enumerate() {
         report.param(&format!("{prefix}failed_download_{i}"), f.clone());
+    }
+}
+
+/// Nanoseconds to sign and check one datagram of `len` bytes, with and without a key
+/// (`metrics.auth_seal_open_ns_LEN`, `metrics.auth_plain_seal_open_ns_LEN`), in this process.
+fn auth_cost(report: &mut Report) {
+    use flowstate_cluster::auth::{KeyRing, Keys, Sender, TRAILER_LEN};
+    let keyed = Keys::parse(&format!("1 {}", "5a".repeat(32))).expect("a key");
+    for (name, ring) in [
+        ("auth", KeyRing::fixed(keyed)),
+        ("auth_plain", KeyRing::fixed(Keys::unauthenticated())),
+    ] {
+        for len in [64, 1514] {
+            let seal = ring.sealer(Sender::ROOT, 1);
+            let mut open = ring.opener(0);
+            let mut buf = vec![0u8; len + TRAILER_LEN];
+            let n = 200_000;
+            let start = Instant::now();
+            for _ in 0..n {
+                let m = seal.seal(&mut buf, len).unwrap_or(0);
+                let _ = std::hint::black_box(open.open(&buf[..m], u64::MAX / 2));
+            }
+            let ns = start.elapsed().as_nanos() as f64 / f64::from(n);
+            report.metric(&format!("{name}_seal_open_ns_{len}"), ns);
+        }
     }
 }

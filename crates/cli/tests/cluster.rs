@@ -1275,3 +1275,64 @@ fn forged_datagrams_from_a_host_without_the_key_change_nothing() {
     });
     check_downloads(c.downloads(2), &want);
 }
+
+/// A key rotation under 50 downloads, as the operator's guide has it (`flowstate cluster key
+/// add`, `use`, `remove` on the deployment's own key file, each step read by every role within
+/// a second): no datagram is refused on the way, every download completes, and every role
+/// ends signing with the new key alone.
+#[test]
+fn a_key_rotation_breaks_no_connection() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let keys = std::env::temp_dir().join(format!("fs-rotation-{}.key", std::process::id()));
+    let _ = std::fs::remove_file(&keys);
+    let new = Command::new(FLOWSTATE)
+        .args(["cluster", "key", "new", keys.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(new.status.success(), "{}", text(&new));
+    let config = format!(
+        "[input]\ninterface = \"fs-in\"\naddress = \"10.0.0.1\"\nfast_path = false\n\
+         [output]\ninterface = \"fs-out\"\naddress = \"{BOX_OUTSIDE}\"\n\
+         [runtime]\ninside = [\"10.0.0.0/24\"]\n\
+         [state]\nbackend = \"store\"\nurl = \"192.0.2.1:7878\"\n\
+         [cluster]\npartitions = 16\ninstances = 2\nstore = \"managed\"\nkey_file = \"{}\"\n\
+         [[chain]]\nnf = \"firewall\"\ndefault_outbound = \"allow\"\ndefault_inbound = \"deny\"\n\
+         [[chain]]\nnf = \"nat\"\nexternal = [\"{BOX_OUTSIDE}\"]\nports = \"20000-59999\"\n",
+        keys.display()
+    );
+    let mut c = Cluster::up_with("k", &config, 2);
+    let want = content(1_500_000, 5);
+    c.serve_paced(&want, 150_000);
+    let mut downloads = c.downloads(50);
+    std::thread::sleep(Duration::from_millis(500));
+    let key = |action: &str, id: &[&str]| {
+        let out = Command::new(FLOWSTATE)
+            .args(["cluster", "key", action, keys.to_str().unwrap()])
+            .args(id)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "key {action}: {}", text(&out));
+        // Every role looks at the file every second.
+        std::thread::sleep(Duration::from_millis(1500));
+    };
+    key("add", &[]);
+    key("use", &["2"]);
+    key("remove", &["1"]);
+    still_transferring(&mut downloads, want.len());
+    check_downloads(downloads, &want);
+    std::thread::sleep(Duration::from_millis(500));
+    let s = c.status();
+    let root = c.root();
+    let _ = std::fs::remove_file(&keys);
+    let mut roles = vec![("controller", s), ("root", root)];
+    roles.extend(c.instance_stats().into_iter().map(|i| ("instance", i)));
+    assert_eq!(roles.len(), 4);
+    for (role, stats) in &roles {
+        assert_eq!(rejected(stats), 0, "{role}: {stats:#}");
+        assert_eq!(stats["keys"], serde_json::json!([2]), "{role}: {stats:#}");
+    }
+}

@@ -618,6 +618,11 @@ impl Opener {
     pub fn accepted(&self) -> u64 {
         self.accepted
     }
+
+    /// The ids of the keys in use, the signing one first.
+    pub fn keys(&self) -> Vec<u8> {
+        self.ring.ids()
+    }
 }
 
 #[cfg(test)]

@@ -112,6 +112,9 @@ pub struct Status {
     pub stages: Vec<StageStatus>,
     /// The instances of every stage, by stage and id.
     pub instances: Vec<InstanceStatus>,
+    /// The ids of the controller's keys, the one that signs first.
+    #[serde(default)]
+    pub keys: Vec<u8>,
     /// Reports and lag reports taken ([`crate::auth`]).
     #[serde(default)]
     pub auth_accepted: u64,
@@ -384,6 +387,7 @@ fn status(cores: &[Stage], opener: &Opener, now: u64) -> Status {
     let mut out = Status {
         stages: Vec::new(),
         instances: Vec::new(),
+        keys: opener.keys(),
         auth_accepted: opener.accepted(),
         auth_rejected: opener
             .rejected()

@@ -125,6 +125,8 @@ pub struct RootStats {
     pub bad_frames: u64,
     /// Whether datagrams between roles are authenticated (not `[cluster] unauthenticated`).
     pub authenticated: bool,
+    /// The ids of the keys in use, the one that signs first.
+    pub keys: Vec<u8>,
     /// Datagrams from instances and the controller taken ([`crate::auth`]).
     pub auth_accepted: u64,
     /// Datagrams refused, by reason ([`crate::auth::Rejected`]).
@@ -759,6 +761,7 @@ pub fn run_root(
             next_stats += Duration::from_millis(200);
             out.stats.auth_accepted = opener.accepted();
             out.stats.auth_rejected = opener.rejected().by_name();
+            out.stats.keys = o.keys.ids();
             out.stats.clock = clock;
             fill(&mut out, &path, &shared);
             o.stats.publish(&out.stats);

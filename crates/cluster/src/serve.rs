@@ -72,6 +72,8 @@ struct Snapshot {
     drop_reasons: std::collections::BTreeMap<&'static str, u64>,
     /// Whether datagrams between roles are authenticated.
     authenticated: bool,
+    /// The ids of the keys in use, the one that signs first.
+    keys: Vec<u8>,
     /// Datagrams from the root and the controller taken ([`crate::auth`]).
     auth_accepted: u64,
     /// Datagrams refused, by reason.
@@ -350,6 +352,7 @@ fn snapshot(
         replay_committed: st.replay_committed,
         drop_reasons: inst.drop_reasons(),
         authenticated: o.keys.authenticated(),
+        keys: o.keys.ids(),
         auth_accepted: opener.accepted(),
         auth_rejected: opener.rejected().by_name(),
         nfs: inst
