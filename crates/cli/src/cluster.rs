@@ -1,6 +1,8 @@
 //! `flowstate cluster up|down|status|scale|drain|kill`: a root, a controller and NF instances
-//! in the lab's namespaces ([`flowstate_cluster`]), and the roles' own commands, which `up`
-//! and the controller start (`cluster root|instance|controller`, hidden).
+//! in the lab's namespaces ([`flowstate_cluster`]), the roles of [`crate::roles`] started as
+//! `cluster root|instance|controller` (hidden: the same roles with the lab's files and
+//! addresses); `status`, `scale` and `drain` also reach a controller started on its own
+//! (`--socket`); `cluster key` manages key files ([`crate::key`]).
 //!
 //! Everything a cluster leaves on the machine lives under the lab's state directory,
 //! `/run/flowstate-lab/{prefix}/cluster/`: each process's pid file, command line (checked
@@ -8,17 +10,13 @@
 //! the instances' counters (`root.json`, `instance-K.json`), the controller's command socket
 //! and, with `store = "managed"`, the store's data.
 
-use crate::telemetry::{ClusterRoleProvider, INSTANCE_GAUGES, ROOT_GAUGES};
+use crate::roles::{self, Deployment};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use flowstate_cluster::{
-    assignment_key, request, run_controller, Command, ControllerOptions, Launcher, Status,
-};
-use flowstate_cluster::{ClusterSection, StoreMode};
-use flowstate_deploy::config::{BackendKind, Input, Output};
-use flowstate_deploy::Config;
+use flowstate_cluster::StoreMode;
+use flowstate_cluster::{request, Command, Launcher, Status};
+use flowstate_deploy::config::BackendKind;
 use flowstate_lab::Lab;
-use flowstate_router::Stop;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -34,6 +32,10 @@ pub(crate) struct ClusterArgs {
     /// The lab's prefix (its namespaces `{prefix}nf`, `{prefix}i1`, ...).
     #[arg(long, global = true, default_value = "fs-")]
     prefix: String,
+    /// The command socket of a controller started on its own (`flowstate controller
+    /// --socket`), for status, scale and drain; default: the lab's.
+    #[arg(long, global = true)]
+    socket: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -130,19 +132,23 @@ enum Action {
 struct Dir {
     lab: Lab,
     path: PathBuf,
+    /// The controller's command socket, when not the lab's.
+    socket: Option<PathBuf>,
 }
 
 impl Dir {
-    fn new(prefix: &str) -> Result<Dir> {
+    fn new(prefix: &str, socket: Option<PathBuf>) -> Result<Dir> {
         let lab = Lab::new(prefix)?;
         let path = lab.state_dir().join("cluster");
-        Ok(Dir { lab, path })
+        Ok(Dir { lab, path, socket })
     }
     fn file(&self, name: &str) -> PathBuf {
         self.path.join(name)
     }
     fn socket(&self) -> PathBuf {
-        self.file("control.sock")
+        self.socket
+            .clone()
+            .unwrap_or_else(|| self.file("control.sock"))
     }
     /// The running process of `role`, as its pid file records it: a pid whose command line
     /// is still the one started (`{role}.cmdline`; a reused pid is not ours to signal).
@@ -228,50 +234,11 @@ fn exe() -> Result<String> {
         .into_owned())
 }
 
-struct Deployment {
-    config: Config,
-    section: ClusterSection,
-    /// The deployment file's directory (relative paths in it are from there).
-    base: PathBuf,
-}
-
-impl Deployment {
-    /// The keys of the roles: `[cluster] key_file`, else the lab's own (made by `up`); none
-    /// with `unauthenticated`.
-    fn keys(&self, dir: &Dir) -> Result<flowstate_cluster::auth::KeyRing> {
-        use flowstate_cluster::auth::{KeyRing, Keys};
-        if self.section.unauthenticated {
-            tracing::warn!("cluster.unauthenticated: datagrams between roles are not authenticated: anyone on the cluster network can steer traffic");
-            return Ok(KeyRing::fixed(Keys::unauthenticated()));
-        }
-        let path = self
-            .section
-            .key_path(&self.base)
-            .unwrap_or_else(|| dir.key_file());
-        KeyRing::open(&path).context("cluster.key_file")
-    }
-}
-
-fn load(path: &Path) -> Result<Deployment> {
-    let loaded = crate::check::load(path)?;
-    let Some(section) = loaded.config.cluster.clone() else {
-        bail!(
-            "{}: no [cluster] section: this is not a cluster deployment (see examples/cluster.toml)",
-            path.display()
-        );
-    };
-    Ok(Deployment {
-        config: loaded.config,
-        section,
-        base: crate::check::base_dir(path),
-    })
-}
-
 pub(crate) fn run(a: &ClusterArgs) -> Result<()> {
     if let Action::Key { action } = &a.action {
         return crate::key::run(action);
     }
-    let dir = Dir::new(&a.prefix)?;
+    let dir = Dir::new(&a.prefix, a.socket.clone())?;
     match &a.action {
         Action::Up { config, timeout } => up(&dir, config, Duration::from_secs(*timeout)),
         Action::Down => down(&dir),
@@ -312,14 +279,23 @@ pub(crate) fn run(a: &ClusterArgs) -> Result<()> {
             Ok(())
         }
         Action::Key { .. } => unreachable!("handled above"),
-        Action::Root { config } => role_root(&dir, config),
-        Action::Instance { config, id, stage } => role_instance(&dir, config, *id, *stage),
+        Action::Root { config } => roles::root(config, &files(&dir, "root.json")),
+        Action::Instance { config, id, stage } => {
+            if !(1..=flowstate_lab::MAX_INSTANCES).contains(id) {
+                bail!(
+                    "--id: the lab's instances are numbered 1 to {}",
+                    flowstate_lab::MAX_INSTANCES
+                );
+            }
+            let f = files(&dir, &format!("instance-{id}.json"));
+            roles::instance(config, *id, *stage, flowstate_lab::instance_addr(*id), &f)
+        }
         Action::Controller { config, fresh } => role_controller(&dir, config, *fresh),
     }
 }
 
 fn up(dir: &Dir, path: &Path, timeout: Duration) -> Result<()> {
-    let d = load(path)?;
+    let d = Deployment::load(path)?;
     let config_arg = std::fs::canonicalize(path)?.to_string_lossy().into_owned();
     let nf = dir.lab.nf_ns();
     let present = flowstate_lab::Lab::in_ns(&nf, &["true"]);
@@ -609,126 +585,6 @@ fn status(dir: &Dir, json: bool) -> Result<()> {
     Ok(())
 }
 
-fn role_root(dir: &Dir, path: &Path) -> Result<()> {
-    let d = load(path)?;
-    Stop::on_signals().context("catching SIGINT/SIGTERM")?;
-    let (Input::Interface(inside), Output::Interface(outside)) =
-        (&d.config.input, &d.config.output)
-    else {
-        unreachable!("load() checked the ports");
-    };
-    // A new epoch: this root's clocks continue above every earlier root's.
-    let mut store = connector_when_up(&d.config)?.connect()?;
-    let epoch = flowstate_cluster::take_epoch(store.as_mut())?;
-    drop(store);
-    let (stats, _server) = stats_sink(dir.file("root.json"), &d.config, "root", ROOT_GAUGES)?;
-    let o = flowstate_cluster::RootOptions {
-        section: d.section.clone(),
-        inside: inside.clone(),
-        outside: outside.clone(),
-        inside_prefixes: d.config.runtime.inside_prefixes(),
-        stats,
-        epoch,
-        keys: d.keys(dir)?,
-    };
-    let stages = d.config.stage_factories()?;
-    let stats = flowstate_cluster::run_root(&o, &stages, Stop::new())?;
-    eprintln!("root stopped: {stats:?}");
-    Ok(())
-}
-
-/// Where a role's stats go: its file for `cluster status`, and with `[telemetry] listen` a
-/// metrics listener in the role's own namespace (each has its own loopback), served while
-/// the returned server is kept.
-fn stats_sink(
-    file: PathBuf,
-    config: &Config,
-    role: &'static str,
-    gauges: &'static [&'static str],
-) -> Result<(
-    flowstate_cluster::StatsSink,
-    Option<flowstate_telemetry::Server>,
-)> {
-    let mut sink = flowstate_cluster::StatsSink {
-        file: Some(file),
-        slot: None,
-    };
-    let Some(addr) = config.telemetry.listen else {
-        return Ok((sink, None));
-    };
-    let slot = std::sync::Arc::new(arc_swap::ArcSwapOption::empty());
-    let provider = ClusterRoleProvider {
-        role,
-        gauges,
-        slot: slot.clone(),
-    };
-    let provider: std::sync::Arc<dyn flowstate_telemetry::Provider> = std::sync::Arc::new(provider);
-    // A role restarted after a crash may find its predecessor's listener still closing (a
-    // SIGKILLed root's socket outlived its process by a moment in the lab): wait for it.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let server = loop {
-        match flowstate_telemetry::Server::start(addr, provider.clone()) {
-            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            r => break crate::telemetry::serve_started(addr, r)?,
-        }
-    };
-    sink.slot = Some(slot);
-    Ok((sink, Some(server)))
-}
-
-/// Opens the store, retrying while it starts (a managed store comes up beside the roles).
-fn connector_when_up(config: &Config) -> Result<std::sync::Arc<dyn flowstate_state::Connector>> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let attempt = crate::backends::connector(config)
-            .map_err(anyhow::Error::from)
-            .and_then(|c| c.connect().map(|_| c).map_err(anyhow::Error::from));
-        match attempt {
-            Ok(c) => return Ok(c),
-            Err(e) if Instant::now() > deadline => return Err(e.context("cannot reach the store")),
-            Err(_) => std::thread::sleep(Duration::from_millis(100)),
-        }
-    }
-}
-
-fn role_instance(dir: &Dir, path: &Path, id: u32, stage: u32) -> Result<()> {
-    let d = load(path)?;
-    if !(1..=flowstate_lab::MAX_INSTANCES).contains(&id) {
-        bail!(
-            "--id: instances are numbered 1 to {}",
-            flowstate_lab::MAX_INSTANCES
-        );
-    }
-    let Some(chain) = d.config.stage_factories()?.into_iter().nth(stage as usize) else {
-        bail!(
-            "--stage: the chain has {} stage(s), numbered from 0",
-            d.config.stages()
-        );
-    };
-    Stop::on_signals().context("catching SIGINT/SIGTERM")?;
-    let connector = connector_when_up(&d.config)?;
-    let (stats, _server) = stats_sink(
-        dir.file(&format!("instance-{id}.json")),
-        &d.config,
-        "instance",
-        INSTANCE_GAUGES,
-    )?;
-    let o = flowstate_cluster::ServeOptions {
-        section: d.section.clone(),
-        id,
-        stage,
-        address: flowstate_lab::instance_addr(id),
-        flush_interval: d.config.state.flush_interval,
-        retain_ops: d.config.state.retain_ops,
-        stats,
-        keys: d.keys(dir)?,
-    };
-    flowstate_cluster::run_instance(&o, chain, connector, Stop::new())?;
-    Ok(())
-}
-
 /// Starts instances in their lab namespaces.
 struct NamespaceLauncher<'a> {
     dir: &'a Dir,
@@ -799,30 +655,26 @@ impl Launcher for NamespaceLauncher<'_> {
 }
 
 fn role_controller(dir: &Dir, path: &Path, fresh: bool) -> Result<()> {
-    let d = load(path)?;
-    Stop::on_signals().context("catching SIGINT/SIGTERM")?;
-    let connector = connector_when_up(&d.config)?;
-    let mut store = connector.connect()?;
-    if fresh {
-        let mut replies = Vec::new();
-        let ops: Vec<_> = (0..d.config.stages())
-            .map(|k| flowstate_state::Op::Delete {
-                key: assignment_key(k),
-            })
-            .collect();
-        store.execute(&ops, &mut replies)?;
-    }
+    let d = Deployment::load(path)?;
     let mut launcher = NamespaceLauncher {
         dir,
         exe: exe()?,
         config: std::fs::canonicalize(path)?.to_string_lossy().into_owned(),
         children: HashMap::new(),
     };
-    let o = ControllerOptions {
-        section: d.section.clone(),
-        socket: dir.socket(),
-        keys: d.keys(dir)?,
-    };
-    run_controller(&o, store, &mut launcher, d.config.stages(), Stop::new())?;
-    Ok(())
+    roles::controller(
+        &d,
+        &dir.socket(),
+        fresh,
+        Some(&dir.key_file()),
+        &mut launcher,
+    )
+}
+
+/// What a role of this lab writes where.
+fn files(dir: &Dir, stats: &str) -> roles::Files {
+    roles::Files {
+        stats: Some(dir.file(stats)),
+        lab_key: Some(dir.key_file()),
+    }
 }

@@ -11,6 +11,7 @@ mod inspect;
 mod key;
 mod lab;
 mod report;
+mod roles;
 mod run;
 mod state;
 mod store;
@@ -84,6 +85,15 @@ enum Command {
     /// Many instances on a shared store, a root that steers, a controller: failover and
     /// scale out/in without a broken connection (in the lab's namespaces).
     Cluster(cluster::ClusterArgs),
+    /// A cluster's root, on the host that has the box's ports: steers each packet to the
+    /// instance owning its partition and sends their output on.
+    Root(roles::RootArgs),
+    /// A cluster's NF instance, on any host: joins by reporting to the controller, serves the
+    /// partitions it is given.
+    Instance(roles::InstanceArgs),
+    /// A cluster's controller: admits instances, gives each partition one owner, fails over,
+    /// drains.
+    Controller(roles::ControllerArgs),
     /// Look at NF state: `state list` prints the NAT's sessions, the firewall's connections,
     /// the LB's flows, from a running box or a store.
     State(state::StateArgs),
@@ -234,6 +244,9 @@ fn main() {
         Command::Lab(a) => lab::run(&a),
         Command::Store(a) => store::run(&a),
         Command::Cluster(a) => cluster::run(&a),
+        Command::Root(a) => roles::root_command(&a),
+        Command::Instance(a) => roles::instance_command(&a),
+        Command::Controller(a) => roles::controller_command(&a),
         Command::State(a) => state::run(&a),
         Command::Top(a) => top::run(&a),
     };

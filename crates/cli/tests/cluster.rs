@@ -1336,3 +1336,73 @@ fn a_key_rotation_breaks_no_connection() {
         assert_eq!(stats["keys"], serde_json::json!([2]), "{role}: {stats:#}");
     }
 }
+
+/// An instance started by hand on a host of the cluster network (`flowstate instance`, as a
+/// supervisor would start it) while 50 downloads run: it joins, takes a share of the
+/// partitions, and every download completes.
+#[test]
+fn an_instance_started_by_hand_joins_and_takes_a_share() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let keys = std::env::temp_dir().join(format!("fs-join-{}.key", std::process::id()));
+    let _ = std::fs::remove_file(&keys);
+    let new = Command::new(FLOWSTATE)
+        .args(["cluster", "key", "new", keys.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(new.status.success(), "{}", text(&new));
+    let config = format!(
+        "[input]\ninterface = \"fs-in\"\naddress = \"10.0.0.1\"\nfast_path = false\n\
+         [output]\ninterface = \"fs-out\"\naddress = \"{BOX_OUTSIDE}\"\n\
+         [runtime]\ninside = [\"10.0.0.0/24\"]\n\
+         [state]\nbackend = \"store\"\nurl = \"192.0.2.1:7878\"\n\
+         [cluster]\npartitions = 16\ninstances = 2\nstore = \"managed\"\nkey_file = \"{}\"\n\
+         [[chain]]\nnf = \"firewall\"\ndefault_outbound = \"allow\"\ndefault_inbound = \"deny\"\n\
+         [[chain]]\nnf = \"nat\"\nexternal = [\"{BOX_OUTSIDE}\"]\nports = \"20000-59999\"\n",
+        keys.display()
+    );
+    let mut c = Cluster::up_with("j", &config, 3);
+    let want = content(1_000_000, 9);
+    c.serve_paced(&want, 150_000);
+    let mut downloads = c.downloads(50);
+    std::thread::sleep(Duration::from_millis(500));
+    let stats = c.dir.path().join("instance-3.json");
+    let address = flowstate_lab::instance_addr(3).to_string();
+    let joined = c
+        .in_ns(
+            &c.lab.instance_ns(3),
+            &[
+                FLOWSTATE,
+                "instance",
+                c.config.to_str().unwrap(),
+                "--id",
+                "3",
+                "--address",
+                &address,
+                "--stats",
+                stats.to_str().unwrap(),
+            ],
+        )
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    c.background.push(joined);
+    c.wait_for(20, "instance 3 live with a share", |s| {
+        live(s) == vec![1, 2, 3]
+            && owned(s) == 16
+            && s["instances"].as_array().unwrap().iter().all(|i| {
+                let n = i["partitions"].as_array().unwrap().len();
+                (5..=6).contains(&n)
+            })
+    });
+    still_transferring(&mut downloads, want.len());
+    check_downloads(downloads, &want);
+    let _ = std::fs::remove_file(&keys);
+    let i3: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    assert!(i3["packets"].as_u64().unwrap() > 0, "{i3:#}");
+    assert_eq!(rejected(&i3), 0, "{i3:#}");
+}

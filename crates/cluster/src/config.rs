@@ -8,7 +8,8 @@
 //! instances = 2            # instances `cluster up` starts
 //! min_instances = 1        # bounds of `cluster scale` and of scaling on load
 //! max_instances = 16
-//! address = "192.0.2.1"    # the root's and the controller's address on the cluster network
+//! address = "192.0.2.1"    # the root's address on the cluster network
+//! controller = "192.0.2.1" # the controller's (default: the root's)
 //! heartbeat = "50ms"       # instances report this often
 //! missed = 3               # reports missed before an instance is declared dead
 //! move_timeout = "500ms"   # how long the root waits for an old owner to release
@@ -26,6 +27,11 @@
 //!                          # signed and checked with (`flowstate cluster key new FILE`; mode
 //!                          # 0600); relative to this file's directory. Left out, `cluster up`
 //!                          # uses the lab's own key.
+//! start_command = "systemctl start flowstate-instance@{id}"  # how the controller scales out
+//!                          # where nobody else starts instances ({id}, {stage} replaced; run
+//!                          # by `sh -c`); left out, instances are started by their hosts and
+//!                          # join, and `flowstate controller` starts none
+//! stop_command = "systemctl stop flowstate-instance@{id}"     # a drained instance's end
 //! clock_skew = "60s"       # how far ahead of a receiver's clock a sender's numbering may be
 //! unauthenticated = false  # true: trailers carry no tag (measuring the cost in a lab only)
 //! moves = "claim"          # a move hands ownership over, the state stays in the store;
@@ -92,8 +98,10 @@ pub struct ClusterSection {
     pub max_instances: u32,
     /// `[[cluster.stage]]`: the stages that have tables of their own, in stage order.
     pub stages: Vec<StageSection>,
-    /// The root's and the controller's address.
+    /// The root's address.
     pub address: Ipv4Addr,
+    /// The controller's address, when not the root's.
+    pub controller: Option<Ipv4Addr>,
     /// Report interval.
     pub heartbeat: Duration,
     /// Reports missed before an instance is dead.
@@ -124,6 +132,10 @@ pub struct ClusterSection {
     pub clock_skew: Duration,
     /// Datagrams carry no tag: nothing is authenticated (a lab measuring the cost).
     pub unauthenticated: bool,
+    /// The command that starts instance `{id}` of stage `{stage}` (`flowstate controller`).
+    pub start_command: Option<String>,
+    /// The command that stops a drained instance `{id}`.
+    pub stop_command: Option<String>,
 }
 
 impl Default for ClusterSection {
@@ -134,6 +146,7 @@ impl Default for ClusterSection {
             min_instances: 1,
             max_instances: 16,
             address: Ipv4Addr::new(192, 0, 2, 1),
+            controller: None,
             heartbeat: Duration::from_millis(50),
             missed: 3,
             move_timeout: Duration::from_millis(500),
@@ -148,6 +161,8 @@ impl Default for ClusterSection {
             key_file: None,
             clock_skew: Duration::from_secs(60),
             unauthenticated: false,
+            start_command: None,
+            stop_command: None,
             stages: Vec::new(),
         }
     }
@@ -200,6 +215,13 @@ impl ClusterSection {
                     .ok_or_else(|| {
                         err(k, format!("expected an IPv4 address like \"192.0.2.1\", got {v}"))
                     }),
+                "controller" => v
+                    .as_str()
+                    .and_then(|s| s.parse().ok())
+                    .map(|a| c.controller = Some(a))
+                    .ok_or_else(|| {
+                        err(k, format!("expected an IPv4 address like \"192.0.2.2\", got {v}"))
+                    }),
                 "heartbeat" => dur(k, v).map(|d| c.heartbeat = d),
                 "missed" => int(k, v, 1, 1000).map(|n| c.missed = n as u32),
                 "move_timeout" => dur(k, v).map(|d| c.move_timeout = d),
@@ -220,6 +242,21 @@ impl ClusterSection {
                     _ => Err(err(k, format!("expected a file name, got {v}"))),
                 },
                 "clock_skew" => dur(k, v).map(|d| c.clock_skew = d),
+                "start_command" | "stop_command" => match v.as_str() {
+                    Some(cmd) if cmd.contains("{id}") => {
+                        let cmd = Some(cmd.to_string());
+                        if k == "start_command" {
+                            c.start_command = cmd;
+                        } else {
+                            c.stop_command = cmd;
+                        }
+                        Ok(())
+                    }
+                    _ => Err(err(
+                        k,
+                        format!("expected a command naming the instance as {{id}}, got {v}"),
+                    )),
+                },
                 "unauthenticated" => v
                     .as_bool()
                     .map(|b| c.unauthenticated = b)
@@ -250,7 +287,7 @@ impl ClusterSection {
                 },
                 _ => Err(err(
                     k,
-                    "unknown key; expected partitions, instances, min_instances, max_instances, address, heartbeat, missed, move_timeout, hold, log_packets, straggler, auto_scale, scale_out_load, scale_in_load, store, moves, key_file, clock_skew, unauthenticated or stage".into(),
+                    "unknown key; expected partitions, instances, min_instances, max_instances, address, controller, heartbeat, missed, move_timeout, hold, log_packets, straggler, auto_scale, scale_out_load, scale_in_load, store, moves, key_file, clock_skew, unauthenticated, start_command, stop_command or stage".into(),
                 )),
             };
             if let Err(e) = done {
@@ -301,6 +338,11 @@ impl ClusterSection {
         } else {
             Err(errors)
         }
+    }
+
+    /// Where the controller takes reports: `controller`, else the root's `address`.
+    pub fn controller_at(&self) -> std::net::SocketAddrV4 {
+        std::net::SocketAddrV4::new(self.controller.unwrap_or(self.address), CONTROLLER_PORT)
     }
 
     /// The key file's path: `key_file` as written, relative to `base` (the deployment file's
@@ -485,6 +527,7 @@ mod tests {
             ("heartbeat = \"soon\"", "cluster.heartbeat"),
             ("heartbeat = \"0ms\"", "cluster.heartbeat"),
             ("address = \"::1\"", "cluster.address"),
+            ("controller = \"here\"", "cluster.controller"),
             ("store = \"mine\"", "cluster.store"),
             ("instances = 20", "cluster.instances"),
             (
@@ -497,6 +540,11 @@ mod tests {
             ("key_file = 3", "cluster.key_file"),
             ("key_file = \"\"", "cluster.key_file"),
             ("clock_skew = \"0s\"", "cluster.clock_skew"),
+            (
+                "start_command = \"systemctl start x\"",
+                "cluster.start_command",
+            ),
+            ("stop_command = 1", "cluster.stop_command"),
             ("unauthenticated = \"yes\"", "cluster.unauthenticated"),
             (
                 "unauthenticated = true\nkey_file = \"k\"",

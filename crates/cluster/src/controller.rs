@@ -16,7 +16,7 @@
 //!   `{"cmd":"status"}`, `{"cmd":"scale","n":3,"stage":0}`, `{"cmd":"drain","id":2}`.
 
 use crate::auth::{KeyRing, Opener, Role, Sender};
-use crate::config::{ClusterSection, CONTROLLER_PORT, CONTROL_PORT};
+use crate::config::{ClusterSection, CONTROL_PORT};
 use crate::{udp_socket, wall_ns, ClusterError};
 use flowstate_control::cluster::{Assignment, Controller, Decision, Lag, MemberState, Report};
 use flowstate_router::Stop;
@@ -35,8 +35,13 @@ pub trait Launcher {
     /// Stops instance `id` (drained: SIGTERM), if its process is known.
     fn stop(&mut self, id: u32);
     /// Makes sure a failed instance's process is gone (SIGKILL: a hung one must not come
-    /// back and act on partitions it lost).
+    /// back and act on partitions it lost), where the launcher can.
     fn reap(&mut self, id: u32);
+    /// Whether it starts instances at all: a controller whose instances are started by their
+    /// hosts (and join) starts none and scales out only as they join.
+    fn starts(&self) -> bool {
+        true
+    }
 }
 
 /// The key of stage `stage`'s assignment.
@@ -190,7 +195,7 @@ pub fn run_controller(
     stop: Stop,
 ) -> Result<(), ClusterError> {
     let s = &o.section;
-    let reports = udp_socket(SocketAddrV4::new(s.address, CONTROLLER_PORT))?;
+    let reports = udp_socket(s.controller_at())?;
     let _ = std::fs::remove_file(&o.socket);
     let commands = UnixListener::bind(&o.socket).map_err(|e| {
         std::io::Error::new(e.kind(), format!("cannot bind {}: {e}", o.socket.display()))
@@ -202,7 +207,7 @@ pub fn run_controller(
         let restored = load(store.as_mut(), k)?;
         let stored = restored.as_ref().map(|(_, b)| b.clone());
         let mut ctl = Controller::new(s.controller(k), restored.map(|(a, _)| a), now);
-        if stored.is_none() {
+        if stored.is_none() && launcher.starts() {
             let st = s.stage(k);
             ctl.scale(st.instances, now)
                 .map_err(|e| ClusterError::Config(format!("stage {k}: {e}")))?;
@@ -262,7 +267,7 @@ pub fn run_controller(
                 Err(e) => return Err(e.into()),
             }
         }
-        serve_commands(&commands, &mut cores, &opener, now);
+        serve_commands(&commands, &mut cores, &opener, launcher.starts(), now);
         if Instant::now() >= next_keys {
             next_keys = Instant::now() + crate::root::KEY_CHECK;
             o.keys.reload_if_changed();
@@ -429,7 +434,13 @@ fn status(cores: &[Stage], opener: &Opener, now: u64) -> Status {
     out
 }
 
-fn serve_commands(listener: &UnixListener, cores: &mut [Stage], opener: &Opener, now: u64) {
+fn serve_commands(
+    listener: &UnixListener,
+    cores: &mut [Stage],
+    opener: &Opener,
+    starts: bool,
+    now: u64,
+) {
     for _ in 0..16 {
         let Ok((stream, _)) = listener.accept() else {
             return;
@@ -445,6 +456,10 @@ fn serve_commands(listener: &UnixListener, cores: &mut [Stage], opener: &Opener,
                     serde_json::to_value(status(cores, opener, now)).map_err(|e| e.to_string())
                 }
                 Ok(Command::Scale { n, stage }) => match cores.get_mut(stage as usize) {
+                    Some(c) if !starts && n > c.ctl.target() => Err(format!(
+                        "stage {stage}: this controller starts no instance (no [cluster] \
+                         start_command): start instances on their hosts, they join"
+                    )),
                     Some(c) => c
                         .ctl
                         .scale(n, now)

@@ -35,7 +35,7 @@
 //!   ([`crate::fast`]); what reaches this loop is the rest.
 
 use crate::auth::{KeyRing, Role, Sealer, Sender, TRAILER_LEN};
-use crate::config::{ClusterSection, CONTROLLER_PORT, CONTROL_PORT};
+use crate::config::{ClusterSection, CONTROL_PORT};
 use crate::fast::{FastStats, RootFastPath};
 use crate::log::{LogStats, Output, PacketLog, Released, HELD};
 use crate::meta::{self, Kind, Meta};
@@ -581,7 +581,7 @@ pub fn run_root(
     let mut next_stats = Instant::now();
     let mut next_tick = Instant::now();
     let mut next_lag = Instant::now();
-    let controller = SocketAddrV4::new(s.address, CONTROLLER_PORT);
+    let controller = s.controller_at();
     let fds: Vec<_> = source.fds().chain([raw(&data), raw(&control)]).collect();
     tracing::info!(stages = n, partitions = offset, address = %s.address, "root up");
     while !stop.stopped() {

@@ -4,7 +4,7 @@
 //! (HashMVT §IV-C: load η = busy / total time, Eq. 1).
 
 use crate::auth::{KeyRing, Sealer, Sender, TRAILER_LEN};
-use crate::config::{ClusterSection, CONTROLLER_PORT, CONTROL_PORT};
+use crate::config::{ClusterSection, CONTROL_PORT};
 use crate::instance::{Instance, InstanceConfig, InstanceStats};
 use crate::meta::{self, Kind, Meta};
 use crate::udp::Datagrams;
@@ -114,7 +114,7 @@ pub fn run_instance(
     )?;
     let data = udp_socket(SocketAddrV4::new(o.address, meta::PORT))?;
     let control = udp_socket(SocketAddrV4::new(o.address, CONTROL_PORT))?;
-    let controller = SocketAddrV4::new(s.address, CONTROLLER_PORT);
+    let controller = s.controller_at();
     let seal = o.keys.sealer(Sender::instance(o.id), wall_ns());
     let mut opener = o.keys.opener(s.clock_skew.as_nanos() as u64);
     let root = Root {
@@ -502,7 +502,8 @@ impl Heartbeat {
         let thread = std::thread::Builder::new()
             .name("heartbeat".into())
             .spawn(move || {
-                let mut seq = 0u64;
+                // From the wall clock: a restarted process's reports go on above its old ones.
+                let mut seq = wall_ns();
                 let mut buf = vec![0u8; 65536];
                 loop {
                     std::thread::sleep(every);
