@@ -224,6 +224,13 @@ fn spawn(dir: &Dir, ns: &str, role: &str, argv: &[String]) -> Result<Child> {
     // before the pid is signalled.
     std::fs::write(dir.file(&format!("{role}.cmdline")), argv.join("\n"))?;
     std::fs::write(dir.file(&format!("{role}.pid")), child.id().to_string())?;
+    // Until `ip` has exec'd, the child still has this process's command line: wait, so the
+    // pid file is good once this returns (or the process is gone).
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while dir.pid(role).is_none() && flowstate_lab::running(child.id()) && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(2));
+    }
     Ok(child)
 }
 
