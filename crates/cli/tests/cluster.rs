@@ -24,6 +24,8 @@ struct Cluster {
     dir: tempfile::TempDir,
     config: PathBuf,
     background: Vec<Child>,
+    /// The controller's command socket, when it was started on its own.
+    socket: Option<PathBuf>,
 }
 
 impl Cluster {
@@ -43,6 +45,14 @@ impl Cluster {
 
     /// The lab with `namespaces` instance namespaces and a cluster deployed by `config`.
     fn up_with(name: &str, config: &str, namespaces: u32) -> Cluster {
+        let c = Cluster::lab_with(name, config, namespaces);
+        let out = c.flowstate(&["cluster", "up", c.config.to_str().unwrap()]);
+        assert!(out.status.success(), "cluster up: {}", text(&out));
+        c
+    }
+
+    /// The lab with `namespaces` instance namespaces and `config` written, nothing started.
+    fn lab_with(name: &str, config: &str, namespaces: u32) -> Cluster {
         let prefix = format!("fc-{name}{}-", std::process::id() % 10_000);
         let lab = Lab::new(&prefix)
             .unwrap()
@@ -53,41 +63,52 @@ impl Cluster {
         let path = dir.path().join("cluster.toml");
         std::fs::write(&path, config).unwrap();
         let config = path;
-        let c = Cluster {
+        Cluster {
             lab,
             dir,
             config,
             background: Vec::new(),
-        };
-        let out = c.flowstate(&["cluster", "up", c.config.to_str().unwrap()]);
-        assert!(out.status.success(), "cluster up: {}", text(&out));
-        c
+            socket: None,
+        }
     }
 
     fn flowstate(&self, args: &[&str]) -> Output {
+        let socket = self
+            .socket
+            .iter()
+            .flat_map(|s| ["--socket".as_ref(), s.as_os_str()]);
         Command::new(FLOWSTATE)
             .args(args)
             .args(["--prefix", self.lab.prefix()])
+            .args(socket)
             .stdin(Stdio::null())
             .output()
             .unwrap()
     }
 
     fn status(&self) -> serde_json::Value {
-        let out = self.flowstate(&["cluster", "status", "--json"]);
-        assert!(out.status.success(), "cluster status: {}", text(&out));
-        serde_json::from_slice(&out.stdout).unwrap()
+        self.try_status()
+            .unwrap_or_else(|e| panic!("cluster status: {e}"))
     }
 
-    /// Waits until `ok` holds for the status (at most `secs`).
+    fn try_status(&self) -> Result<serde_json::Value, String> {
+        let out = self.flowstate(&["cluster", "status", "--json"]);
+        if !out.status.success() {
+            return Err(text(&out));
+        }
+        serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())
+    }
+
+    /// Waits until `ok` holds for the status (at most `secs`; a controller that does not
+    /// answer yet is waited for too).
     fn wait_for(&self, secs: u64, what: &str, ok: impl Fn(&serde_json::Value) -> bool) {
         let deadline = Instant::now() + Duration::from_secs(secs);
         loop {
-            let s = self.status();
-            if ok(&s) {
+            let s = self.try_status();
+            if s.as_ref().is_ok_and(&ok) {
                 return;
             }
-            assert!(Instant::now() < deadline, "{what}: never; status {s:#}");
+            assert!(Instant::now() < deadline, "{what}: never; status {s:#?}");
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -1405,4 +1426,131 @@ fn an_instance_started_by_hand_joins_and_takes_a_share() {
         serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
     assert!(i3["packets"].as_u64().unwrap() > 0, "{i3:#}");
     assert_eq!(rejected(&i3), 0, "{i3:#}");
+}
+
+/// Every role started on its own, as a supervisor on each host would (`flowstate store`,
+/// `flowstate controller` on its own host of the cluster network, `flowstate root`, `flowstate
+/// instance` on two hosts), with the deployment's key file and the store's token: the
+/// instances join, the partitions are shared, downloads go through; the controller, which has
+/// no `start_command`, refuses to scale out and says how instances come.
+#[test]
+fn roles_started_on_their_own_hosts_form_a_cluster() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let controller = flowstate_lab::instance_addr(3);
+    let mut c = Cluster::lab_with("o", "", 3);
+    let keys = c.dir.path().join("cluster.key");
+    let new = Command::new(FLOWSTATE)
+        .args(["cluster", "key", "new", keys.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(new.status.success(), "{}", text(&new));
+    let token = c.dir.path().join("store.token");
+    std::fs::write(&token, "s3cret-token\n").unwrap();
+    let config = format!(
+        "[input]\ninterface = \"fs-in\"\naddress = \"10.0.0.1\"\n\
+         [output]\ninterface = \"fs-out\"\naddress = \"{BOX_OUTSIDE}\"\n\
+         [runtime]\ninside = [\"10.0.0.0/24\"]\n\
+         [state]\nbackend = \"store\"\nurl = \"192.0.2.1:7878\"\ntoken_file = \"{}\"\n\
+         [cluster]\npartitions = 16\naddress = \"192.0.2.1\"\ncontroller = \"{controller}\"\n\
+         store = \"external\"\nkey_file = \"cluster.key\"\n\
+         [[chain]]\nnf = \"firewall\"\ndefault_outbound = \"allow\"\ndefault_inbound = \"deny\"\n\
+         [[chain]]\nnf = \"nat\"\nexternal = [\"{BOX_OUTSIDE}\"]\nports = \"20000-59999\"\n",
+        token.display()
+    );
+    std::fs::write(&c.config, config).unwrap();
+    let check = Command::new(FLOWSTATE)
+        .args(["check", c.config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(check.status.success(), "check: {}", text(&check));
+    let cfg = c.config.to_str().unwrap().to_owned();
+    let socket = c.dir.path().join("controller.sock");
+    let data = c.dir.path().join("store-data");
+    let root_stats = c.lab.state_dir().join("cluster/root.json");
+    std::fs::create_dir_all(root_stats.parent().unwrap()).unwrap();
+    let nf = c.lab.nf_ns();
+    let starts: Vec<(String, Vec<String>)> = vec![
+        (
+            nf.clone(),
+            [
+                "store",
+                "--listen",
+                "192.0.2.1:7878",
+                "--data-dir",
+                data.to_str().unwrap(),
+                "--token-file",
+                token.to_str().unwrap(),
+            ]
+            .map(String::from)
+            .to_vec(),
+        ),
+        (
+            c.lab.instance_ns(3),
+            ["controller", &cfg, "--socket", socket.to_str().unwrap()]
+                .map(String::from)
+                .to_vec(),
+        ),
+        (
+            nf.clone(),
+            ["root", &cfg, "--stats", root_stats.to_str().unwrap()]
+                .map(String::from)
+                .to_vec(),
+        ),
+    ]
+    .into_iter()
+    .chain((1..=2u32).map(|k| {
+        let a = flowstate_lab::instance_addr(k).to_string();
+        (
+            c.lab.instance_ns(k),
+            [
+                "instance",
+                cfg.as_str(),
+                "--id",
+                &k.to_string(),
+                "--address",
+                &a,
+            ]
+            .map(String::from)
+            .to_vec(),
+        )
+    }))
+    .collect();
+    for (ns, args) in &starts {
+        let mut argv = vec![FLOWSTATE];
+        argv.extend(args.iter().map(String::as_str));
+        let child = c
+            .in_ns(ns, &argv)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        c.background.push(child);
+    }
+    c.socket = Some(socket);
+    c.wait_for(
+        30,
+        "two instances joined, every partition owned, the root steady",
+        |s| {
+            live(s) == vec![1, 2]
+                && owned(s) == 16
+                && s["root"]["moving"] == 0
+                && s["root"]["assignment_versions"][0].as_u64()
+                    >= s["stages"][0]["version"].as_u64()
+        },
+    );
+    let want = content(300_000, 4);
+    let http_peers = c.serve_paced(&want, 1_000_000);
+    check_downloads(c.downloads(20), &want);
+    server_saw_only_the_nat(&http_peers);
+    let s = c.status();
+    assert_eq!(rejected(&s), 0, "{s:#}");
+    assert_eq!(s["keys"], serde_json::json!([1]), "{s:#}");
+    // No start_command: scaling out is the hosts' job.
+    let out = c.flowstate(&["cluster", "scale", "3"]);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("start_command"), "{}", text(&out));
 }
