@@ -286,7 +286,7 @@ pub(crate) fn run(a: &ClusterArgs) -> Result<()> {
             Ok(())
         }
         Action::Key { .. } => unreachable!("handled above"),
-        Action::Root { config } => roles::root(config, &files(&dir, "root.json")),
+        Action::Root { config } => roles::root(config, &files(&dir, "root.json", config)?),
         Action::Instance { config, id, stage } => {
             if !(1..=flowstate_lab::MAX_INSTANCES).contains(id) {
                 bail!(
@@ -294,7 +294,7 @@ pub(crate) fn run(a: &ClusterArgs) -> Result<()> {
                     flowstate_lab::MAX_INSTANCES
                 );
             }
-            let f = files(&dir, &format!("instance-{id}.json"));
+            let f = files(&dir, &format!("instance-{id}.json"), config)?;
             roles::instance(config, *id, *stage, flowstate_lab::instance_addr(*id), &f)
         }
         Action::Controller { config, fresh } => role_controller(&dir, config, *fresh),
@@ -448,10 +448,26 @@ fn read_json(path: &Path) -> Option<serde_json::Value> {
     serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
 }
 
+/// Starts the managed store with the credentials `[state]` names, or the lab's own (made
+/// here; the roles are given them): our store with its token (`--token-file`), Redis with a
+/// password (`requirepass` in a configuration file of mode 0600) and its protected mode on.
 fn start_store(dir: &Dir, d: &Deployment, exe: &str, path: &Path) -> Result<()> {
     let a = d.section.address;
     let url = d.config.state.url.clone().unwrap_or_default();
     let nf = dir.lab.nf_ns();
+    // The secret: `[state]`'s, else the lab's (kept across `up`s while the store's data is).
+    let (key, lab_file) = store_secret(dir, d).context("a managed store")?;
+    let secret = match configured_secret(d, key)? {
+        Some(s) => s,
+        None => match std::fs::read_to_string(&lab_file) {
+            Ok(s) if !s.trim().is_empty() => s.trim().to_owned(),
+            _ => {
+                let s = flowstate_cluster::auth::random_secret()?;
+                write_secret(&lab_file, &format!("{s}\n"))?;
+                s
+            }
+        },
+    };
     match d.config.state.backend {
         BackendKind::Store => {
             let want = format!("{a}:7878");
@@ -460,6 +476,8 @@ fn start_store(dir: &Dir, d: &Deployment, exe: &str, path: &Path) -> Result<()> 
             }
             let data = dir.file("store-data");
             std::fs::create_dir_all(&data)?;
+            let token = dir.file("store-server.token");
+            write_secret(&token, &format!("{secret}\n"))?;
             let argv = vec![
                 exe.to_owned(),
                 "store".into(),
@@ -467,6 +485,8 @@ fn start_store(dir: &Dir, d: &Deployment, exe: &str, path: &Path) -> Result<()> 
                 want,
                 "--data-dir".into(),
                 data.to_string_lossy().into_owned(),
+                "--token-file".into(),
+                token.to_string_lossy().into_owned(),
             ];
             spawn(dir, &nf, "store", &argv)?;
         }
@@ -475,24 +495,15 @@ fn start_store(dir: &Dir, d: &Deployment, exe: &str, path: &Path) -> Result<()> 
             if url.trim_end_matches('/') != want {
                 bail!("{}: state.url: a managed Redis listens at {want}; set url = \"{want}\"", path.display());
             }
-            let argv: Vec<String> = [
-                "redis-server",
-                "--bind",
-                &a.to_string(),
-                "--port",
-                "6379",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--protected-mode",
-                "no",
-                "--dir",
-                &dir.path.to_string_lossy(),
-            ]
-            .iter()
-            .map(|s| (*s).to_owned())
-            .collect();
+            let conf = dir.file("redis.conf");
+            write_secret(
+                &conf,
+                &format!(
+                    "bind {a}\nport 6379\nprotected-mode yes\nrequirepass {secret}\nsave \"\"\nappendonly no\ndir {}\n",
+                    dir.path.display()
+                ),
+            )?;
+            let argv = vec!["redis-server".to_owned(), conf.to_string_lossy().into_owned()];
             spawn(dir, &nf, "store", &argv)
                 .context("starting redis-server (scripts/redis installs it)")?;
         }
@@ -662,7 +673,8 @@ impl Launcher for NamespaceLauncher<'_> {
 }
 
 fn role_controller(dir: &Dir, path: &Path, fresh: bool) -> Result<()> {
-    let d = Deployment::load(path)?;
+    let mut d = Deployment::load(path)?;
+    d.use_secret(store_secret(dir, &d).as_ref());
     let mut launcher = NamespaceLauncher {
         dir,
         exe: exe()?,
@@ -679,9 +691,53 @@ fn role_controller(dir: &Dir, path: &Path, fresh: bool) -> Result<()> {
 }
 
 /// What a role of this lab writes where.
-fn files(dir: &Dir, stats: &str) -> roles::Files {
-    roles::Files {
+fn files(dir: &Dir, stats: &str, path: &Path) -> Result<roles::Files> {
+    let d = Deployment::load(path)?;
+    Ok(roles::Files {
         stats: Some(dir.file(stats)),
         lab_key: Some(dir.key_file()),
+        store_secret: store_secret(dir, &d),
+    })
+}
+
+/// The managed store's secret when the deployment names none: the lab's (a `[state]` key and
+/// its file, made by `up`).
+fn store_secret(dir: &Dir, d: &Deployment) -> Option<(&'static str, PathBuf)> {
+    if d.section.store != StoreMode::Managed {
+        return None;
     }
+    match d.config.state.backend {
+        BackendKind::Store => Some(("token_file", dir.file("store.token"))),
+        BackendKind::Redis => Some(("password_file", dir.file("redis.password"))),
+        _ => None,
+    }
+}
+
+/// Writes `text` to `file`, mode 0600 (a secret), replacing what was there.
+fn write_secret(file: &Path, text: &str) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::remove_file(file);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(file)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .with_context(|| format!("writing {}", file.display()))
+}
+
+/// The first line of the secret `[state]` names as `key` (inline or a file).
+fn configured_secret(d: &Deployment, key: &str) -> Result<Option<String>> {
+    let o = &d.config.state.options;
+    if key == "token_file" {
+        if let Some(t) = o.get("token").and_then(|v| v.as_str()) {
+            return Ok(Some(t.to_owned()));
+        }
+    }
+    let Some(file) = o.get(key).and_then(|v| v.as_str()) else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(file).with_context(|| format!("state.{key}: {file}"))?;
+    Ok(text.lines().next().map(str::to_owned))
 }

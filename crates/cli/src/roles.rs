@@ -112,6 +112,20 @@ impl Deployment {
         })
     }
 
+    /// Connects with `secret` (a `[state]` key and a file) unless `[state]` names credentials
+    /// of its own.
+    pub(crate) fn use_secret(&mut self, secret: Option<&(&'static str, PathBuf)>) {
+        let o = &mut self.config.state.options;
+        if let Some((key, file)) = secret {
+            if !["token", "token_file", "password_file"]
+                .iter()
+                .any(|k| o.contains_key(*k))
+            {
+                o.insert((*key).into(), file.to_string_lossy().into_owned().into());
+            }
+        }
+    }
+
     /// The keys of the roles: `[cluster] key_file`, else `fallback` (the lab's own key); none
     /// with `unauthenticated`.
     pub(crate) fn keys(&self, fallback: Option<&Path>) -> Result<KeyRing> {
@@ -130,12 +144,14 @@ impl Deployment {
     }
 }
 
-/// What a role writes where: its counters' file, and the key to use when the deployment names
-/// none (the lab's).
+/// What a role writes where: its counters' file, the key to use when the deployment names
+/// none (the lab's), and the lab's managed store's secret (`[state]` key and file) when the
+/// deployment names none.
 #[derive(Debug, Default)]
 pub(crate) struct Files {
     pub(crate) stats: Option<PathBuf>,
     pub(crate) lab_key: Option<PathBuf>,
+    pub(crate) store_secret: Option<(&'static str, PathBuf)>,
 }
 
 pub(crate) fn root_command(a: &RootArgs) -> Result<()> {
@@ -143,7 +159,7 @@ pub(crate) fn root_command(a: &RootArgs) -> Result<()> {
         &a.config,
         &Files {
             stats: a.stats.clone(),
-            lab_key: None,
+            ..Files::default()
         },
     )
 }
@@ -151,7 +167,7 @@ pub(crate) fn root_command(a: &RootArgs) -> Result<()> {
 pub(crate) fn instance_command(a: &InstanceArgs) -> Result<()> {
     let files = Files {
         stats: a.stats.clone(),
-        lab_key: None,
+        ..Files::default()
     };
     instance(&a.config, a.id, a.stage, a.address, &files)
 }
@@ -171,7 +187,8 @@ pub(crate) fn controller_command(a: &ControllerArgs) -> Result<()> {
 
 /// The root of the deployment at `path`, until SIGINT/SIGTERM.
 pub(crate) fn root(path: &Path, files: &Files) -> Result<()> {
-    let d = Deployment::load(path)?;
+    let mut d = Deployment::load(path)?;
+    d.use_secret(files.store_secret.as_ref());
     Stop::on_signals().context("catching SIGINT/SIGTERM")?;
     let (Input::Interface(inside), Output::Interface(outside)) =
         (&d.config.input, &d.config.output)
@@ -207,7 +224,8 @@ pub(crate) fn instance(
     address: Ipv4Addr,
     files: &Files,
 ) -> Result<()> {
-    let d = Deployment::load(path)?;
+    let mut d = Deployment::load(path)?;
+    d.use_secret(files.store_secret.as_ref());
     let Some(chain) = d.config.stage_factories()?.into_iter().nth(stage as usize) else {
         bail!(
             "--stage: the chain has {} stage(s), numbered from 0",

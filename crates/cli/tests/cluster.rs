@@ -398,6 +398,37 @@ fn failover(name: &str, state: &str, fast_path: bool) {
     // The fast path carried the downloads (or, off, nothing).
     let fast = root["fast_path_packets"].as_u64().unwrap();
     assert_eq!(fast > 10_000, fast_path, "{root:#}");
+    // The managed store takes only clients with the lab's credentials.
+    let nf = c.lab.nf_ns();
+    let anonymous = if state.contains("redis") {
+        let out = c
+            .in_ns(&nf, &["redis-cli", "-h", "192.0.2.1", "ping"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).contains("NOAUTH")
+    } else {
+        let ns = format!("/run/netns/{nf}");
+        std::thread::spawn(move || {
+            use flowstate_state::{Backend, Kind, ObjectKey, Op};
+            use std::os::fd::AsRawFd;
+            let f = std::fs::File::open(&ns).unwrap();
+            // SAFETY: a namespace file descriptor; only this thread changes namespace.
+            assert_eq!(unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) }, 0);
+            let op = Op::Get {
+                key: ObjectKey::shared("x", Kind::Value, "y"),
+            };
+            flowstate_driver_store::StoreConnector::new("192.0.2.1:7878")
+                .open()
+                .and_then(|mut b| b.execute(&[op], &mut Vec::new()))
+                .is_err()
+        })
+        .join()
+        .unwrap()
+    };
+    assert!(
+        anonymous,
+        "the managed store served a client without credentials"
+    );
     eprintln!("after the failover: {s:#}");
     eprintln!(
         "{}",
@@ -819,12 +850,20 @@ impl Cluster {
     fn store_counter(&self, nf: &str, id: &str) -> i64 {
         use flowstate_state::{Backend, Kind, ObjectKey, Op, Reply};
         let ns = format!("/run/netns/{}", self.lab.nf_ns());
+        // The managed store's token, which the lab made.
+        let token = self.lab.state_dir().join("cluster/store.token");
         let mut b = std::thread::spawn(move || {
             use std::os::fd::AsRawFd;
             let f = std::fs::File::open(&ns).unwrap();
             // SAFETY: a namespace file descriptor; only this thread changes namespace.
             assert_eq!(unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) }, 0);
-            flowstate_driver_store::StoreConnector::new("192.0.2.1:7878").open()
+            let token = token.to_string_lossy().into_owned();
+            flowstate_driver_store::StoreConnector::from_config(
+                Some("192.0.2.1:7878"),
+                [("token_file", token.as_str())],
+            )
+            .unwrap()
+            .open()
         })
         .join()
         .unwrap()

@@ -316,6 +316,11 @@ impl Keys {
 
 /// A new key file's line: `ID HEX` of 32 bytes from the system's random source.
 pub fn generate_line(id: u8) -> Result<String, KeyError> {
+    Ok(format!("{id} {}", random_secret()?))
+}
+
+/// 32 bytes from the system's random source, in hexadecimal (a key, a token, a password).
+pub fn random_secret() -> Result<String, KeyError> {
     use ring::rand::SecureRandom;
     let mut key = [0u8; KEY_LEN];
     ring::rand::SystemRandom::new()
@@ -324,8 +329,7 @@ pub fn generate_line(id: u8) -> Result<String, KeyError> {
             path: PathBuf::from("(system random source)"),
             error: std::io::Error::other("no random bytes"),
         })?;
-    let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
-    Ok(format!("{id} {hex}"))
+    Ok(key.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 fn decode_hex(s: &str) -> Option<[u8; KEY_LEN]> {
