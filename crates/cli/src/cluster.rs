@@ -61,12 +61,17 @@ enum Action {
     Down,
     /// The instances (id, pid, state, partitions, load) and the root's counters.
     #[command(
-        after_help = "Examples:\n  flowstate cluster status\n  flowstate cluster status --json"
+        after_help = "Examples:\n  flowstate cluster status\n  flowstate cluster status --json\n  \
+                            flowstate cluster status --controller 192.0.2.2:9465   (flowstate controller --metrics)"
     )]
     Status {
         /// As JSON.
         #[arg(long)]
         json: bool,
+        /// Ask the controller's listener (`flowstate controller --metrics ADDR`,
+        /// `/api/v1/cluster`) instead of its command socket: from any host.
+        #[arg(long)]
+        controller: Option<std::net::SocketAddr>,
     },
     /// Run N instances in a stage (start new ones, or drain the newest).
     #[command(after_help = "Examples:\n  flowstate cluster scale 3\n  \
@@ -249,7 +254,7 @@ pub(crate) fn run(a: &ClusterArgs) -> Result<()> {
     match &a.action {
         Action::Up { config, timeout } => up(&dir, config, Duration::from_secs(*timeout)),
         Action::Down => down(&dir),
-        Action::Status { json } => status(&dir, *json),
+        Action::Status { json, controller } => status(&dir, *json, *controller),
         Action::Scale { n, stage } => {
             let v = request(
                 &dir.socket(),
@@ -544,8 +549,22 @@ fn current_status(dir: &Dir) -> Result<Status> {
     Ok(serde_json::from_value(v)?)
 }
 
-fn status(dir: &Dir, json: bool) -> Result<()> {
-    let s = current_status(dir)?;
+fn status(dir: &Dir, json: bool, controller: Option<std::net::SocketAddr>) -> Result<()> {
+    let s = match controller {
+        None => current_status(dir)?,
+        Some(addr) => {
+            let r =
+                flowstate_telemetry::client::get(addr, "/api/v1/cluster", Duration::from_secs(5))
+                    .with_context(|| format!("asking the controller's listener at {addr}"))?;
+            if r.status != 200 {
+                bail!(
+                    "{addr}/api/v1/cluster: HTTP {}: is it a controller's --metrics listener?",
+                    r.status
+                );
+            }
+            serde_json::from_str(&r.text()).with_context(|| format!("{addr}/api/v1/cluster"))?
+        }
+    };
     let root = read_json(&dir.file("root.json"));
     if json {
         let mut v = serde_json::to_value(&s)?;
@@ -686,6 +705,7 @@ fn role_controller(dir: &Dir, path: &Path, fresh: bool) -> Result<()> {
         &dir.socket(),
         fresh,
         Some(&dir.key_file()),
+        None,
         &mut launcher,
     )
 }

@@ -2,7 +2,7 @@
 //! operator starts on a host of their choice (under systemd: `packaging/systemd/`), reading
 //! the same deployment file. The lab's `cluster up` starts the same roles in its namespaces.
 
-use crate::telemetry::{ClusterRoleProvider, INSTANCE_GAUGES, ROOT_GAUGES};
+use crate::telemetry::{ClusterRoleProvider, CONTROLLER_GAUGES, INSTANCE_GAUGES, ROOT_GAUGES};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use flowstate_cluster::auth::{KeyRing, Keys};
@@ -80,6 +80,10 @@ pub(crate) struct ControllerArgs {
     /// Forget a stored assignment (a new deployment, no instance running).
     #[arg(long)]
     fresh: bool,
+    /// Serve its status (`/api/v1/cluster`, what `cluster status --controller ADDR` reads
+    /// from any host) and metrics on this address (e.g. `0.0.0.0:9465`).
+    #[arg(long, value_parser = flowstate_telemetry::parse_listen)]
+    metrics: Option<std::net::SocketAddr>,
 }
 
 /// A cluster deployment file, loaded.
@@ -182,7 +186,7 @@ pub(crate) fn controller_command(a: &ControllerArgs) -> Result<()> {
         stop: d.section.stop_command.clone(),
         running: Vec::new(),
     };
-    controller(&d, &a.socket, a.fresh, None, &mut launcher)
+    controller(&d, &a.socket, a.fresh, None, a.metrics, &mut launcher)
 }
 
 /// The root of the deployment at `path`, until SIGINT/SIGTERM.
@@ -200,7 +204,8 @@ pub(crate) fn root(path: &Path, files: &Files) -> Result<()> {
     let mut store = connector_when_up(&d.config)?.connect()?;
     let epoch = flowstate_cluster::take_epoch(store.as_mut())?;
     drop(store);
-    let (stats, _server) = stats_sink(files.stats.clone(), &d.config, "root", ROOT_GAUGES)?;
+    let listen = d.config.telemetry.listen;
+    let (stats, _server) = stats_sink(files.stats.clone(), listen, "root", ROOT_GAUGES)?;
     let o = flowstate_cluster::RootOptions {
         section: d.section.clone(),
         inside: inside.clone(),
@@ -235,7 +240,8 @@ pub(crate) fn instance(
     let keys = d.keys(files.lab_key.as_deref())?;
     Stop::on_signals().context("catching SIGINT/SIGTERM")?;
     let connector = connector_when_up(&d.config)?;
-    let (stats, _server) = stats_sink(files.stats.clone(), &d.config, "instance", INSTANCE_GAUGES)?;
+    let listen = d.config.telemetry.listen;
+    let (stats, _server) = stats_sink(files.stats.clone(), listen, "instance", INSTANCE_GAUGES)?;
     let o = flowstate_cluster::ServeOptions {
         section: d.section.clone(),
         id,
@@ -256,12 +262,14 @@ pub(crate) fn controller(
     socket: &Path,
     fresh: bool,
     lab_key: Option<&Path>,
+    metrics: Option<std::net::SocketAddr>,
     launcher: &mut dyn Launcher,
 ) -> Result<()> {
     let keys = d.keys(lab_key)?;
     Stop::on_signals().context("catching SIGINT/SIGTERM")?;
     let connector = connector_when_up(&d.config)?;
     let mut store = connector.connect()?;
+    let (stats, _server) = stats_sink(None, metrics, "controller", CONTROLLER_GAUGES)?;
     if fresh {
         let mut replies = Vec::new();
         let ops: Vec<_> = (0..d.config.stages())
@@ -275,17 +283,19 @@ pub(crate) fn controller(
         section: d.section.clone(),
         socket: socket.to_path_buf(),
         keys,
+        stats,
     };
     run_controller(&o, store, launcher, d.config.stages(), Stop::new())?;
     Ok(())
 }
 
-/// Where a role's stats go: its file (if any), and with `[telemetry] listen` a metrics
-/// listener (in the lab, in the role's own namespace: each has its own loopback), served while
-/// the returned server is kept.
+/// Where a role's stats go: its file (if any), and with `listen` (the root's and the
+/// instances' `[telemetry] listen`, the controller's `--metrics`) a metrics listener (in the
+/// lab, in the role's own namespace: each has its own loopback), served while the returned
+/// server is kept.
 fn stats_sink(
     file: Option<PathBuf>,
-    config: &Config,
+    listen: Option<std::net::SocketAddr>,
     role: &'static str,
     gauges: &'static [&'static str],
 ) -> Result<(
@@ -293,12 +303,17 @@ fn stats_sink(
     Option<flowstate_telemetry::Server>,
 )> {
     let mut sink = flowstate_cluster::StatsSink { file, slot: None };
-    let Some(addr) = config.telemetry.listen else {
+    let Some(addr) = listen else {
         return Ok((sink, None));
     };
     let slot = Arc::new(arc_swap::ArcSwapOption::empty());
     let provider = ClusterRoleProvider {
         role,
+        document: if role == "controller" {
+            "cluster"
+        } else {
+            "stats"
+        },
         gauges,
         slot: slot.clone(),
     };

@@ -436,6 +436,8 @@ impl Provider for PipelineProvider {
 /// a gauge per stage. `pid`, `id` and `stage` are labels of `<role>_info`.
 pub(crate) struct ClusterRoleProvider {
     pub(crate) role: &'static str,
+    /// The `/api/v1/NAME` document of the stats (`stats`; the controller's `cluster`).
+    pub(crate) document: &'static str,
     pub(crate) gauges: &'static [&'static str],
     pub(crate) slot: Arc<arc_swap::ArcSwapOption<serde_json::Value>>,
 }
@@ -453,11 +455,14 @@ pub(crate) const ROOT_GAUGES: &[&str] = &[
 /// An instance's stats that are levels.
 pub(crate) const INSTANCE_GAUGES: &[&str] = &["load", "assignment_version"];
 
+/// The controller's numbers that are levels (its document is `cluster status`'s).
+pub(crate) const CONTROLLER_GAUGES: &[&str] = &[];
+
 impl Provider for ClusterRoleProvider {
     fn info(&self) -> Info {
         Info {
             role: self.role.into(),
-            document: "stats".into(),
+            document: self.document.into(),
         }
     }
 
@@ -506,7 +511,7 @@ impl Provider for ClusterRoleProvider {
                         items.len() as i64,
                     );
                 }
-                serde_json::Value::Array(items) => {
+                serde_json::Value::Array(items) if k == "assignment_versions" => {
                     for (i, n) in items.iter().enumerate() {
                         let stage = i.to_string();
                         m.gauge(&name, &help, &[("stage", &stage)], n.as_i64().unwrap_or(0));
@@ -519,7 +524,7 @@ impl Provider for ClusterRoleProvider {
 
     fn api(&self, name: &str) -> Option<String> {
         let stats = self.slot.load_full();
-        (name == "stats").then(|| {
+        (name == self.document).then(|| {
             let v = stats.as_deref().cloned().unwrap_or(serde_json::Value::Null);
             serde_json::to_string_pretty(&v).ok()
         })?

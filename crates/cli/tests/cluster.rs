@@ -1529,9 +1529,16 @@ fn roles_started_on_their_own_hosts_form_a_cluster() {
         ),
         (
             c.lab.instance_ns(3),
-            ["controller", &cfg, "--socket", socket.to_str().unwrap()]
-                .map(String::from)
-                .to_vec(),
+            [
+                "controller",
+                &cfg,
+                "--socket",
+                socket.to_str().unwrap(),
+                "--metrics",
+                "0.0.0.0:9465",
+            ]
+            .map(String::from)
+            .to_vec(),
         ),
         (
             nf.clone(),
@@ -1588,6 +1595,26 @@ fn roles_started_on_their_own_hosts_form_a_cluster() {
     let s = c.status();
     assert_eq!(rejected(&s), 0, "{s:#}");
     assert_eq!(s["keys"], serde_json::json!([1]), "{s:#}");
+    // The same status from another host, through the controller's telemetry listener.
+    let at = format!("{controller}:9465");
+    let remote = c
+        .in_ns(
+            &nf,
+            &[
+                FLOWSTATE,
+                "cluster",
+                "status",
+                "--json",
+                "--controller",
+                &at,
+            ],
+        )
+        .output()
+        .unwrap();
+    assert!(remote.status.success(), "{}", text(&remote));
+    let remote: serde_json::Value = serde_json::from_slice(&remote.stdout).unwrap();
+    assert_eq!(live(&remote), vec![1, 2], "{remote:#}");
+    assert_eq!(remote["stages"], s["stages"], "{remote:#}");
     // No start_command: scaling out is the hosts' job.
     let out = c.flowstate(&["cluster", "scale", "3"]);
     assert!(!out.status.success(), "{}", text(&out));

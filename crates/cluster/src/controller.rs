@@ -150,6 +150,9 @@ pub struct ControllerOptions {
     pub socket: PathBuf,
     /// The keys that sign and check every datagram between roles.
     pub keys: KeyRing,
+    /// Where its status goes (every 200 ms): what `cluster status` answers, for a listener
+    /// another host reads (`/api/v1/cluster`).
+    pub stats: crate::StatsSink,
 }
 
 /// Reads stage `stage`'s assignment kept in the store.
@@ -226,6 +229,7 @@ pub fn run_controller(
     let seal = o.keys.sealer(Sender::CONTROLLER, now);
     let mut opener = o.keys.opener(s.clock_skew.as_nanos() as u64);
     let mut next_keys = Instant::now();
+    let mut next_stats = Instant::now();
     let mut next_tick = Instant::now();
     let mut next_send = Instant::now();
     while !stop.stopped() {
@@ -271,6 +275,10 @@ pub fn run_controller(
         if Instant::now() >= next_keys {
             next_keys = Instant::now() + crate::root::KEY_CHECK;
             o.keys.reload_if_changed();
+        }
+        if Instant::now() >= next_stats {
+            next_stats = Instant::now() + Duration::from_millis(200);
+            o.stats.publish(&status(&cores, &opener, now));
         }
         if Instant::now() >= next_tick {
             next_tick = Instant::now() + Duration::from_millis(10);
