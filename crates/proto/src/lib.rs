@@ -121,12 +121,24 @@ pub enum Command<B = Vec<u8>> {
         /// The next owner.
         to: u32,
     },
+    /// The batch's condition: the rest of its batch runs only if the value under `key` is
+    /// `value` now (a cluster instance's ownership record, its fencing token). Replies `Bool`;
+    /// on `false`, every later operation of the batch is refused without running, on every
+    /// shard, atomically with the check for the operations in the fence key's shard.
+    Fence {
+        /// The value that must hold.
+        key: B,
+        /// What it must hold.
+        value: B,
+    },
 }
 
 /// Opcode of [`Command::Claim`]: the first after the state API's ([`Op::code`]).
 const CLAIM: u8 = 22;
 /// Opcode of [`Command::Handover`].
 const HANDOVER: u8 = 23;
+/// Opcode of [`Command::Fence`].
+const FENCE: u8 = 24;
 const _: () = assert!(flowstate_objects::OP_NAMES.len() == CLAIM as usize);
 
 impl<B> From<Op<B>> for Command<B> {
@@ -147,7 +159,9 @@ impl<B: AsRef<[u8]>> Command<B> {
     pub fn key(&self) -> &[u8] {
         match self {
             Command::Op(op) => op.key().as_ref(),
-            Command::Claim { key, .. } | Command::Handover { key, .. } => key.as_ref(),
+            Command::Claim { key, .. }
+            | Command::Handover { key, .. }
+            | Command::Fence { key, .. } => key.as_ref(),
         }
     }
 
@@ -177,6 +191,10 @@ impl<B: AsRef<[u8]>> Command<B> {
                 from: *from,
                 to: *to,
             },
+            Command::Fence { key, value } => Command::Fence {
+                key: f(key),
+                value: f(value),
+            },
         }
     }
 
@@ -187,6 +205,7 @@ impl<B: AsRef<[u8]>> Command<B> {
             Command::Op(op) => op.code(),
             Command::Claim { .. } => CLAIM,
             Command::Handover { .. } => HANDOVER,
+            Command::Fence { .. } => FENCE,
         }
     }
 
@@ -195,6 +214,7 @@ impl<B: AsRef<[u8]>> Command<B> {
     pub fn is_read(&self) -> bool {
         match self {
             Command::Op(op) => op.is_read(),
+            Command::Fence { .. } => true,
             Command::Claim { .. } | Command::Handover { .. } => false,
         }
     }
@@ -205,16 +225,16 @@ impl<B: AsRef<[u8]>> Command<B> {
     pub fn action(&self) -> Option<Action<'_>> {
         match self {
             Command::Op(op) => op.action(),
-            Command::Claim { .. } | Command::Handover { .. } => None,
+            Command::Claim { .. } | Command::Handover { .. } | Command::Fence { .. } => None,
         }
     }
 }
 
 /// Names of the opcodes, indexed by [`Command::code`]: the state API's
-/// ([`flowstate_objects::OP_NAMES`]), then `claim` and `handover`.
-pub const OP_NAMES: [&str; 24] = {
+/// ([`flowstate_objects::OP_NAMES`]), then `claim`, `handover` and `fence`.
+pub const OP_NAMES: [&str; 25] = {
     let state = flowstate_objects::OP_NAMES;
-    let mut names = [""; 24];
+    let mut names = [""; 25];
     let mut i = 0;
     while i < state.len() {
         names[i] = state[i];
@@ -222,6 +242,7 @@ pub const OP_NAMES: [&str; 24] = {
     }
     names[CLAIM as usize] = "claim";
     names[HANDOVER as usize] = "handover";
+    names[FENCE as usize] = "fence";
     names
 };
 
@@ -938,6 +959,10 @@ impl<B: AsRef<[u8]>> Encode for Command<B> {
                 put_u32(w, *from);
                 put_u32(w, *to);
             }
+            Command::Fence { key, value } => {
+                put_head(w, FENCE, key.as_ref(), instance, clock);
+                put_bytes(w, value.as_ref());
+            }
         }
     }
 }
@@ -1144,6 +1169,10 @@ impl<'a> Rd<'a> {
                 key,
                 from: self.u32()?,
                 to: self.u32()?,
+            },
+            FENCE => Command::Fence {
+                key,
+                value: self.bytes()?,
             },
             _ => Command::Op(self.op(code, key)?),
         };

@@ -72,6 +72,7 @@ fn command() -> impl Strategy<Value = Command> {
             from,
             to
         }),
+        1 => (k(), k()).prop_map(|(key, value)| Command::Fence { key, value }),
     ]
 }
 

@@ -19,7 +19,8 @@
 use crate::shard::{self, Spare};
 use crate::worker::{mark, Fwd, Worker};
 use flowstate_proto::{
-    self as proto, DecodeError, ErrorCode, Frame, Header, Message, Reply, Request, HEADER_LEN,
+    self as proto, Command, DecodeError, ErrorCode, Failure, Frame, Header, Message, Reply,
+    Request, HEADER_LEN,
 };
 use std::collections::VecDeque;
 
@@ -56,6 +57,22 @@ pub(crate) struct Pending {
     duplicate: bool,
     /// The whole answer, when it is not made of parts.
     ready: Option<Message>,
+    /// A fenced batch's parts on other shards than the fence's, held until the fence's part
+    /// answers ([`Command::Fence`]): run if it holds, refused if not.
+    parked: Option<Box<Parked>>,
+}
+
+/// A fenced batch's parts waiting for its fence ([`Pending::parked`]), then released to be
+/// run ([`Conn::part`]).
+pub(crate) struct Parked {
+    /// The request's sequence number.
+    pub(crate) seq: u64,
+    /// Its client and op id (for the parts' deduplication) and whether it wants only an ack.
+    pub(crate) client: u64,
+    pub(crate) op_id: u64,
+    pub(crate) ack_only: bool,
+    /// The parts, by shard.
+    pub(crate) parts: Vec<(usize, Vec<(u32, Request)>)>,
 }
 
 impl Pending {
@@ -309,6 +326,7 @@ impl Conn {
                 keys: Vec::new(),
                 duplicate: false,
                 ready: Some(msg),
+                parked: None,
             });
         }
     }
@@ -319,19 +337,31 @@ impl Conn {
     }
 
     /// Merges a part of the answer to request `seq`, then sends every answer now complete at
-    /// the front.
-    pub(crate) fn part(&mut self, seq: u64, body: PartBody) {
-        let Some(p) = seq
+    /// the front. The part of a fenced batch's fence releases its parked parts: returned to
+    /// be run if the fence holds; refused here if not.
+    pub(crate) fn part(&mut self, seq: u64, body: PartBody) -> Option<Box<Parked>> {
+        let p = seq
             .checked_sub(self.front)
             .and_then(|i| usize::try_from(i).ok())
-            .and_then(|i| self.pending.get_mut(i))
-        else {
-            return;
-        };
+            .and_then(|i| self.pending.get_mut(i))?;
         p.parts = p.parts.saturating_sub(1);
+        let mut released = None;
         match body {
             PartBody::Replies { replies, duplicate } => {
                 p.duplicate |= duplicate;
+                if let Some(parked) = p.parked.take() {
+                    // The fence's part (the fence is the batch's first operation).
+                    let holds = replies
+                        .iter()
+                        .any(|(i, r)| *i == 0 && *r == Reply::Bool(true));
+                    if holds {
+                        // Each part answers as any part does.
+                        p.parts += parked.parts.len() as u32;
+                        released = Some(parked);
+                    } else if p.shape == Shape::Replies {
+                        refuse_parts(&mut p.replies, &parked.parts);
+                    }
+                }
                 if p.shape == Shape::Replies {
                     for (i, r) in replies {
                         if let Some(slot) = p.replies.get_mut(i as usize) {
@@ -342,7 +372,17 @@ impl Conn {
             }
             PartBody::Keys(k) => p.keys.extend(k),
         }
-        while self.pending.front().is_some_and(|p| p.parts == 0) {
+        self.send_complete();
+        released
+    }
+
+    /// Sends every answer now complete at the front.
+    pub(crate) fn send_complete(&mut self) {
+        while self
+            .pending
+            .front()
+            .is_some_and(|p| p.parts == 0 && p.parked.is_none())
+        {
             let Some(p) = self.pending.pop_front() else {
                 break;
             };
@@ -594,6 +634,7 @@ impl Worker {
                         keys,
                         duplicate: false,
                         ready: None,
+                        parked: None,
                     });
                     for s in (0..n).filter(|s| *s != self.index) {
                         self.forwards[s].push((
@@ -651,6 +692,7 @@ impl Worker {
             keys: Vec::new(),
             duplicate: false,
             ready: None,
+            parked: None,
         });
         seq
     }
@@ -762,6 +804,7 @@ impl Worker {
                 keys: Vec::new(),
                 duplicate,
                 ready: None,
+                parked: None,
             };
             if c.pending.is_empty() {
                 proto::encode(&p.into_frame(), &mut c.out);
@@ -800,6 +843,59 @@ impl Worker {
         };
         let mut duplicate = false;
         let mut remote = 0u32;
+        // A fenced batch: the fence's part first, the others once it holds.
+        let fence = ops
+            .first()
+            .filter(|r| matches!(r.op, Command::Fence { .. }))
+            .map(|r| self.shared.shard_of(r.op.key()));
+        let mut parked = None;
+        if let Some(f) = fence {
+            let waiting: Vec<(usize, Vec<(u32, Request)>)> = parts
+                .iter_mut()
+                .enumerate()
+                .filter(|(s, part)| *s != f && !part.is_empty())
+                .map(|(s, part)| (s, std::mem::take(part)))
+                .collect();
+            if f == me {
+                // Run the fence's part here and now; the rest goes on only if it holds.
+                let mut replies = std::mem::take(&mut self.replies);
+                replies.clear();
+                duplicate |= self.run_batch(
+                    c.id,
+                    client,
+                    op_id,
+                    ack_only,
+                    parts[f].iter().map(|(i, r)| (*i, r.borrowed())),
+                    &mut replies,
+                    t,
+                );
+                let holds = replies
+                    .iter()
+                    .any(|(i, r)| *i == 0 && *r == Reply::Bool(true));
+                for (i, r) in replies.drain(..) {
+                    if let Some(slot) = slots.get_mut(i as usize) {
+                        *slot = r;
+                    }
+                }
+                self.replies = replies;
+                parts[f].clear();
+                if holds {
+                    for (s, part) in waiting {
+                        parts[s] = part;
+                    }
+                } else {
+                    refuse_parts(&mut slots, &waiting);
+                }
+            } else if !waiting.is_empty() {
+                parked = Some(Box::new(Parked {
+                    seq,
+                    client,
+                    op_id,
+                    ack_only,
+                    parts: waiting,
+                }));
+            }
+        }
         for (s, part) in parts.iter_mut().enumerate() {
             if part.is_empty() {
                 continue;
@@ -847,7 +943,10 @@ impl Worker {
             keys: Vec::new(),
             duplicate,
             ready: None,
+            parked,
         });
+        // A fence refused here leaves nothing to wait for.
+        c.send_complete();
     }
 }
 
@@ -875,6 +974,18 @@ fn kind_name(m: &Message) -> &'static str {
         Message::Subscribe { .. } => "Subscribe",
         Message::Unsubscribe { .. } => "Unsubscribe",
         Message::Notify(_) => "Notify",
+    }
+}
+
+/// The replies of a fenced batch's parts that its fence refused: each operation not applied.
+fn refuse_parts(replies: &mut [Reply], parts: &[(usize, Vec<(u32, Request)>)]) {
+    for (i, r) in parts.iter().flat_map(|(_, ops)| ops) {
+        if let Some(slot) = replies.get_mut(*i as usize) {
+            *slot = Reply::Error(Failure::Refused(format!(
+                "{}: not applied: the batch's fence does not hold",
+                String::from_utf8_lossy(r.op.key())
+            )));
+        }
     }
 }
 

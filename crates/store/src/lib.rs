@@ -253,6 +253,8 @@ pub(crate) struct Shared {
     /// The TLS configuration of every connection, when [`Config::tls`] is set.
     pub(crate) tls: Option<Arc<rustls::ServerConfig>>,
     pub(crate) shards: Vec<ShardHandle>,
+    /// Objects of one partition are placed together ([`Shared::shard_of`]).
+    by_partition: bool,
     pub(crate) metrics: Arc<Metrics>,
     recovered_records: u64,
     /// Time the recovery from the data directory took, µs.
@@ -260,18 +262,41 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// The shard that owns `key` (FNV-1a: stable across restarts, as the log needs).
+    /// The shard that owns `key` (FNV-1a: stable across restarts, as the log needs). Every
+    /// object of one partition, `nf@I@C@Kind@id` whatever its NF, hashes by its `@I@C@`
+    /// alone, so a partition's commit (a cluster instance's, with its ownership record,
+    /// `cluster@I@C@Value@owner`) runs on one shard, atomically with its fence
+    /// ([`flowstate_proto::Command::Fence`]); other keys hash whole.
     pub(crate) fn shard_of(&self, key: &[u8]) -> usize {
         if self.shards.len() == 1 {
             return 0;
         }
+        let hashed = match self.by_partition {
+            true => partition_tag(key).unwrap_or(key),
+            false => key,
+        };
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in key {
+        for b in hashed {
             h ^= u64::from(*b);
             h = h.wrapping_mul(0x0100_0000_01b3);
         }
         (h % self.shards.len() as u64) as usize
     }
+}
+
+/// The `@I@C@` of a partition's key `nf@I@C@Kind@id` (two decimal numbers), if it is one.
+fn partition_tag(key: &[u8]) -> Option<&[u8]> {
+    let number = |b: &[u8]| !b.is_empty() && b.len() <= 10 && b.iter().all(u8::is_ascii_digit);
+    let start = key.iter().position(|&b| b == b'@')?;
+    let mut at = start + 1;
+    for _ in 0..2 {
+        let len = key.get(at..)?.iter().position(|&b| b == b'@')?;
+        if !number(&key[at..at + len]) {
+            return None;
+        }
+        at += len + 1;
+    }
+    key.get(start..at)
 }
 
 /// Wall-clock time since the Unix epoch: deadlines and leases persist across restarts.
@@ -428,6 +453,7 @@ impl Server {
         if let Some(&cpu) = config.cpus.iter().find(|&&c| !cpu_allowed(c)) {
             return Err(StartError::Cpu(cpu));
         }
+        let mut by_partition = true;
         let mut shards = if config.shards == 0 {
             std::thread::available_parallelism()
                 .map(|n| n.get())
@@ -442,7 +468,18 @@ impl Server {
                 source,
             })?;
             match wal::stored_shards(dir)? {
-                Some(n) if n > 0 => shards = n,
+                Some((n, placed)) if n > 0 => {
+                    shards = n;
+                    by_partition = placed;
+                    if !placed && n > 1 {
+                        tracing::warn!(
+                            "{}: objects placed by whole key (written by an older version): a \
+                             cluster instance's fenced commit is atomic only on one shard; \
+                             move the data to a new directory to place them by partition",
+                            dir.display()
+                        );
+                    }
+                }
                 _ => wal::store_shards(dir, shards)?,
             }
         }
@@ -508,6 +545,7 @@ impl Server {
         let shared = Arc::new(Shared {
             config,
             tls,
+            by_partition,
             shards: handles,
             metrics,
             recovered_records,
@@ -703,6 +741,32 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>, stop: Arc<AtomicBool>
             .is_err()
         {
             m.connections.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::partition_tag;
+
+    #[test]
+    fn a_partition_s_keys_share_a_tag_whatever_their_nf() {
+        let tag =
+            |k: &str| partition_tag(k.as_bytes()).map(|t| String::from_utf8_lossy(t).into_owned());
+        assert_eq!(tag("nat@0@3@Map@flows").as_deref(), Some("@0@3@"));
+        assert_eq!(tag("firewall@0@3@Value@x@y").as_deref(), Some("@0@3@"));
+        assert_eq!(tag("cluster@0@3@Value@owner").as_deref(), Some("@0@3@"));
+        assert_ne!(tag("nat@0@4@Map@flows"), tag("nat@0@3@Map@flows"));
+        // Shared objects and foreign keys hash whole.
+        for k in [
+            "counter@Counter@packets",
+            "nat@x@3@Map@f",
+            "key-1",
+            "a@1",
+            "@@@",
+            "n@12345678901@1@Value@v",
+        ] {
+            assert_eq!(tag(k), None, "{k}");
         }
     }
 }

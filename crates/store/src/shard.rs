@@ -5,7 +5,7 @@
 //! subscriptions (CHC §4.3 callbacks) and expiry notifications (StatelessNF §4.1).
 
 pub(crate) use flowstate_objects::Spare;
-use flowstate_objects::{Absent, Fault, Leases, Outcome, Stored};
+use flowstate_objects::{Absent, Action, Fault, Leases, Outcome, Stored};
 use flowstate_proto::{Command, Failure, Kind, Object, Op, Reply, Request};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
@@ -249,7 +249,7 @@ impl Objects {
         let key = op.key();
         let outcome = match op {
             Command::Claim { kind, .. } => return self.create_and_run(req, *kind, now),
-            Command::Handover { .. } => Outcome::Bool(false),
+            Command::Handover { .. } | Command::Fence { .. } => Outcome::Bool(false),
             Command::Op(lease @ (Op::Lock { .. } | Op::Unlock { .. })) => {
                 return (self.lease(lease, now), false)
             }
@@ -442,6 +442,17 @@ fn run_on(e: &mut Entry, op: &Command<&[u8]>, now: Duration, spare: &mut Spare) 
                 e.owner = Some(to);
             }
             Outcome::Bool(owned)
+        }
+        Command::Fence { value, .. } => {
+            let (now_holds, _) = e.object.run(&Action::Get, now, spare);
+            match now_holds {
+                Outcome::Value(Some(v)) => {
+                    let holds = v == value;
+                    spare.put(v);
+                    Outcome::Bool(holds)
+                }
+                _ => Outcome::Bool(false),
+            }
         }
         Command::Op(o) => match o.action() {
             Some(action) => {

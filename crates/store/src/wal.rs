@@ -165,27 +165,36 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> RecoveryError + '_ {
     }
 }
 
-/// The number of shards the data in `dir` was written with, if any (stored in `shards`).
-pub(crate) fn stored_shards(dir: &Path) -> Result<Option<usize>, RecoveryError> {
+/// The number of shards the data in `dir` was written with and whether objects were placed
+/// by partition ([`crate::Shared::shard_of`]), if any (stored in `shards`: `N`, or `N
+/// by-partition`).
+pub(crate) fn stored_shards(dir: &Path) -> Result<Option<(usize, bool)>, RecoveryError> {
     let p = dir.join("shards");
     match fs::read_to_string(&p) {
-        Ok(s) => s
-            .trim()
-            .parse()
-            .map(Some)
-            .map_err(|_| RecoveryError::Corrupt {
-                path: p,
-                reason: format!("{s:?} is not a shard count"),
-            }),
+        Ok(s) => {
+            let mut words = s.split_whitespace();
+            let n = words.next().and_then(|n| n.parse().ok());
+            match (n, words.next(), words.next()) {
+                (Some(n), None, None) => Ok(Some((n, false))),
+                (Some(n), Some(BY_PARTITION), None) => Ok(Some((n, true))),
+                _ => Err(RecoveryError::Corrupt {
+                    path: p,
+                    reason: format!("{s:?} is not a shard count and placement"),
+                }),
+            }
+        }
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(io_err(&p)(e)),
     }
 }
 
-/// Records the shard count of a new data directory.
+/// The `shards` file's word for objects placed by partition.
+const BY_PARTITION: &str = "by-partition";
+
+/// Records the shard count of a new data directory (its objects placed by partition).
 pub(crate) fn store_shards(dir: &Path, n: usize) -> Result<(), RecoveryError> {
     let p = dir.join("shards");
-    fs::write(&p, format!("{n}\n")).map_err(io_err(&p))?;
+    fs::write(&p, format!("{n} {BY_PARTITION}\n")).map_err(io_err(&p))?;
     sync_dir(dir);
     Ok(())
 }
@@ -430,6 +439,20 @@ fn load_checkpoint(data: &[u8], o: &mut Objects) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_data_directory_keeps_its_placement() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(stored_shards(dir.path()).unwrap().is_none());
+        store_shards(dir.path(), 4).unwrap();
+        assert_eq!(stored_shards(dir.path()).unwrap(), Some((4, true)));
+        // Written by an older version: objects placed by whole key.
+        std::fs::write(dir.path().join("shards"), "4\n").unwrap();
+        assert_eq!(stored_shards(dir.path()).unwrap(), Some((4, false)));
+        std::fs::write(dir.path().join("shards"), "4 sideways\n").unwrap();
+        assert!(stored_shards(dir.path()).is_err());
+    }
+
     use super::*;
     use flowstate_proto::{Kind, Op, Reply};
 

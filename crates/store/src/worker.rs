@@ -12,12 +12,12 @@
 //! Nothing is sent to a client, and no answer leaves for another shard, before the log
 //! records of the operations it acknowledges are written.
 
-use crate::conn::{Conn, PartBody};
+use crate::conn::{Conn, Parked, PartBody};
 use crate::shard::{Objects, Sub, REPLY_CACHE};
 use crate::wal::Wal;
 use crate::{now, Shared};
 use flowstate_objects::Spare;
-use flowstate_proto::{Failure, Kind, Message, Notification, Reply, Request, OP_NAMES};
+use flowstate_proto::{Command, Failure, Kind, Message, Notification, Reply, Request, OP_NAMES};
 use mio::{Events, Interest, Poll, Registry, Token};
 use std::io::ErrorKind;
 use std::sync::atomic::Ordering;
@@ -287,7 +287,7 @@ impl Worker {
             }
             Msg::Answers(items) => {
                 for (conn, seq, body) in items {
-                    self.answer(conn, seq, body);
+                    self.answer(conn, seq, body, t);
                 }
             }
             Msg::Pushes(items) => {
@@ -473,7 +473,7 @@ impl Worker {
     }
 
     /// Merges another shard's part of the answer to request `seq` of connection `conn`.
-    fn answer(&mut self, conn: u64, seq: u64, body: PartBody) {
+    fn answer(&mut self, conn: u64, seq: u64, body: PartBody, t: Duration) {
         let Some(&slot) = self.by_id.get(&conn) else {
             return;
         };
@@ -481,12 +481,53 @@ impl Worker {
             return;
         };
         let was_held = self.held_back(&c);
-        c.part(seq, body);
+        if let Some(parked) = c.part(seq, body) {
+            self.release(&mut c, *parked, t);
+        }
         if was_held && !self.held_back(&c) {
             queue_slot(&mut self.again, &mut c);
         }
         mark(&mut self.dirty, &mut c);
         self.conns[slot] = Some(c);
+    }
+
+    /// Runs the parts of a fenced batch whose fence held: this shard's here (its answer merged
+    /// as any part's), the others' sent to their shards.
+    fn release(&mut self, c: &mut Conn, parked: Parked, t: Duration) {
+        let Parked {
+            seq,
+            client,
+            op_id,
+            ack_only,
+            parts,
+        } = parked;
+        for (s, ops) in parts {
+            if s == self.index {
+                let mut replies = Vec::with_capacity(ops.len());
+                let duplicate = self.run_batch(
+                    c.id,
+                    client,
+                    op_id,
+                    ack_only,
+                    ops.iter().map(|(i, r)| (*i, r.borrowed())),
+                    &mut replies,
+                    t,
+                );
+                // No fence in this part: it releases nothing more.
+                let _ = c.part(seq, PartBody::Replies { replies, duplicate });
+            } else {
+                self.forwards[s].push((
+                    c.id,
+                    Fwd::Batch {
+                        seq,
+                        client,
+                        op_id,
+                        ack_only,
+                        ops,
+                    },
+                ));
+            }
+        }
     }
 
     pub(crate) fn subscribe(&mut self, conn: u64, shard: usize, key: Vec<u8>, instance: u32) {
@@ -568,7 +609,8 @@ impl Worker {
 
     /// Applies operations in order on this shard's objects, handing each reply (with its
     /// index in the frame, and the shard's spare buffers to return it to) to `reply`, and
-    /// records the updates for the log.
+    /// records the updates for the log. After a [`Command::Fence`] that does not hold, the
+    /// rest is refused without running.
     pub(crate) fn apply_ops<'a>(
         &mut self,
         conn: u64,
@@ -579,8 +621,24 @@ impl Worker {
         t: Duration,
     ) {
         let mut writes = false;
+        let mut fenced_at = None;
         for (i, req) in ops.clone() {
+            if fenced_at.is_some() {
+                let msg = format!(
+                    "{}: not applied: the batch's fence does not hold",
+                    String::from_utf8_lossy(req.op.key())
+                );
+                reply(
+                    i,
+                    Reply::Error(Failure::Refused(msg)),
+                    &mut self.objects.spare,
+                );
+                continue;
+            }
             let (r, changed) = self.objects.apply_ref(&req, t);
+            if matches!(req.op, Command::Fence { .. }) && r == Reply::Bool(false) {
+                fenced_at = Some(i);
+            }
             if changed && !self.subs.is_empty() && self.subs.contains_key(req.op.key()) {
                 self.touched.push((req.op.key().to_vec(), conn));
             }
@@ -593,7 +651,9 @@ impl Worker {
                     t,
                     client,
                     op_id,
-                    ops.map(|(_, r)| r).filter(|r| !r.op.is_read()),
+                    ops.take_while(|(i, _)| fenced_at.is_none_or(|f| *i < f))
+                        .map(|(_, r)| r)
+                        .filter(|r| !r.op.is_read()),
                 );
             }
         }
