@@ -1414,14 +1414,19 @@ fn an_instance_started_by_hand_joins_and_takes_a_share() {
         .output()
         .unwrap();
     assert!(new.status.success(), "{}", text(&new));
+    // The deployment names the managed store's token, as one on real hosts does: the
+    // instance started by hand has it too.
+    let token = keys.with_extension("token");
+    std::fs::write(&token, "join-token\n").unwrap();
     let config = format!(
         "[input]\ninterface = \"fs-in\"\naddress = \"10.0.0.1\"\nfast_path = false\n\
          [output]\ninterface = \"fs-out\"\naddress = \"{BOX_OUTSIDE}\"\n\
          [runtime]\ninside = [\"10.0.0.0/24\"]\n\
-         [state]\nbackend = \"store\"\nurl = \"192.0.2.1:7878\"\n\
+         [state]\nbackend = \"store\"\nurl = \"192.0.2.1:7878\"\ntoken_file = \"{}\"\n\
          [cluster]\npartitions = 16\ninstances = 2\nstore = \"managed\"\nkey_file = \"{}\"\n\
          [[chain]]\nnf = \"firewall\"\ndefault_outbound = \"allow\"\ndefault_inbound = \"deny\"\n\
          [[chain]]\nnf = \"nat\"\nexternal = [\"{BOX_OUTSIDE}\"]\nports = \"20000-59999\"\n",
+        token.display(),
         keys.display()
     );
     let mut c = Cluster::up_with("j", &config, 3);
@@ -1461,6 +1466,7 @@ fn an_instance_started_by_hand_joins_and_takes_a_share() {
     still_transferring(&mut downloads, want.len());
     check_downloads(downloads, &want);
     let _ = std::fs::remove_file(&keys);
+    let _ = std::fs::remove_file(&token);
     let i3: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
     assert!(i3["packets"].as_u64().unwrap() > 0, "{i3:#}");

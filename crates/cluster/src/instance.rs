@@ -9,9 +9,15 @@
 //!   store. A NAT's ports are split among partitions ([`flowstate_nf::nat::port_owner`]), so
 //!   the pool moves with the partition: one table, no migration (HashMVT §III-D, §IV-D2).
 //! * **Exactly one owner.** An instance serves a partition only after it took the
-//!   partition's ownership record (`cluster@Value@owner.<stage>.<p>`: instance and epoch) by
+//!   partition's ownership record (`cluster@<stage>@<p>@Value@owner`: instance and epoch) by
 //!   compare-and-set, and only packets stamped with the epoch it claimed. A newer epoch in the
 //!   record or in the controller's assignment ends its ownership at once.
+//! * **Fenced commits.** On a store that fences ([`flowstate_state::Connector::fences`], our
+//!   own), every write of a partition carries the ownership record as the instance took it,
+//!   and the store refuses the whole write, atomically, once the record says otherwise: an
+//!   instance cut off from the others (its link down, its process alive) cannot change a
+//!   partition that has moved, whatever the network does. A refused commit is counted
+//!   (`fenced_commits`), its outputs never leave (no notice), and the partition is dropped.
 //! * **Output commit.** [`Instance::commit`] waits until every change the batch made is in the
 //!   store; the batch's packets leave the cluster only then (sent to the root after the
 //!   commit, or, with the root's packet log, before it and passed on by the root when the
@@ -41,8 +47,8 @@ use flowstate_control::cluster::Assignment;
 use flowstate_nf::stage::{Item, NfCounters, Stage};
 use flowstate_nf::{NfFactory, Placement};
 use flowstate_state::{
-    Access, Backend, Connector, Kind as ObjKind, Nanos, Object, ObjectKey, Op, Partition, Reply,
-    Scope, StateConfig, Value,
+    Access, Backend, BackendError, Connector, Fence, FencedBackend, Kind as ObjKind, Nanos, Object,
+    ObjectKey, Op, Owner, Partition, Reply, Scope, StateConfig, Value,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -88,6 +94,10 @@ pub struct InstanceStats {
     pub fenced: u64,
     /// Commits the store failed (the batch's packets are then dropped).
     pub commit_errors: u64,
+    /// Partitions' commits the store refused because their ownership record had moved on
+    /// (fenced): nothing of them was applied, their outputs never leave, the partition is
+    /// dropped.
+    pub fenced_commits: u64,
     /// Bytes of state copied by moves (`copy_on_move`).
     pub copied_bytes: u64,
     /// Packets the root replayed to this instance (their first owner failed).
@@ -113,6 +123,32 @@ struct Owned {
     skip: Vec<u64>,
 }
 
+/// Notices for the root, each with its partition (a fenced partition's are taken back).
+#[derive(Default)]
+struct Notices {
+    list: Vec<Notice>,
+    partitions: Vec<u16>,
+}
+
+impl Notices {
+    fn push(&mut self, n: Notice, partition: u16) {
+        self.list.push(n);
+        self.partitions.push(partition);
+    }
+
+    /// Forgets partition `p`'s notices.
+    fn drop_partition(&mut self, p: u16) {
+        let mut keep = self.partitions.iter().map(|&q| q != p);
+        self.list.retain(|_| keep.next().unwrap_or(true));
+        self.partitions.retain(|&q| q != p);
+    }
+
+    fn clear(&mut self) {
+        self.list.clear();
+        self.partitions.clear();
+    }
+}
+
 /// Connections an instance keeps open for its next claims (see [`Instance::tick`]).
 const SPARE_CONNECTIONS: usize = 8;
 
@@ -135,8 +171,8 @@ pub struct Instance {
     replies: Vec<Reply>,
     /// The packets (clock, epoch) the next commit finishes: those the chain dropped, and
     /// those whose outputs went to the root ahead of the commit (see [`Instance::commit`]).
-    done: Vec<Notice>,
-    released: Vec<Notice>,
+    done: Notices,
+    released: Notices,
 }
 
 impl std::fmt::Debug for Instance {
@@ -148,9 +184,11 @@ impl std::fmt::Debug for Instance {
     }
 }
 
-/// The key of partition `p`'s ownership record.
+/// The key of partition `p`'s ownership record, `cluster@STAGE@P@Value@owner`: a key of the
+/// partition, placed with its objects, so the store checks a commit's fence on it atomically
+/// with the commit ([`flowstate_state::FencedBackend`]).
 pub(crate) fn record_key(stage: u32, p: u32) -> ObjectKey {
-    ObjectKey::shared("cluster", ObjKind::Value, &format!("owner.{stage}.{p}"))
+    ObjectKey::partitioned(&Owner::new("cluster", stage, p), ObjKind::Value, "owner")
 }
 
 fn record(id: u32, epoch: u32) -> Vec<u8> {
@@ -182,6 +220,13 @@ impl Instance {
         let records = connector
             .connect()
             .map_err(|e| ClusterError::Store(e.to_string()))?;
+        if !connector.fences() {
+            tracing::warn!(
+                backend = connector.name(),
+                "this store cannot fence commits: an instance cut off from the others could \
+                 still write a partition that has moved (use backend = \"store\" for fencing)"
+            );
+        }
         let mut inst = Instance {
             owned: (0..config.partitions).map(|_| None).collect(),
             assigned: vec![0; config.partitions as usize],
@@ -193,8 +238,8 @@ impl Instance {
             retired: Vec::new(),
             replies: Vec::new(),
             spare: Vec::new(),
-            done: Vec::new(),
-            released: Vec::new(),
+            done: Notices::default(),
+            released: Notices::default(),
         };
         while inst.spare.len() < inst.spare_target() {
             inst.warm()?;
@@ -282,13 +327,13 @@ impl Instance {
             if o.skip.contains(&meta.clock) {
                 // Its output (if any) is at the root already: the notice releases it.
                 self.stats.replay_committed += 1;
-                self.released.push((meta.clock, meta.epoch));
+                self.released.push((meta.clock, meta.epoch), meta.partition);
                 return false;
             }
         }
         let Ok(d) = flowstate_wire::dissect(frame) else {
             self.stats.malformed += 1;
-            self.done.push((meta.clock, meta.epoch));
+            self.done.push((meta.clock, meta.epoch), meta.partition);
             return false;
         };
         o.dirty = true;
@@ -300,11 +345,11 @@ impl Instance {
         o.stage.run(frame, &mut item, meta.direction);
         if !item[0].alive {
             self.stats.dropped += 1;
-            self.done.push((meta.clock, meta.epoch));
+            self.done.push((meta.clock, meta.epoch), meta.partition);
             return false;
         }
         self.stats.forwarded += 1;
-        self.released.push((meta.clock, meta.epoch));
+        self.released.push((meta.clock, meta.epoch), meta.partition);
         true
     }
 
@@ -316,22 +361,46 @@ impl Instance {
     pub fn commit(&mut self, now: Nanos) -> Result<(), ClusterError> {
         // Every partition's writes go at once (each has its own connection), then the answers.
         let mut result = Ok(());
-        for o in self.owned.iter_mut().flatten().filter(|o| o.dirty) {
+        let mut fenced = Vec::new();
+        let dirty = |o: &Option<Owned>| o.as_ref().is_some_and(|o| o.dirty);
+        for (p, slot) in self.owned.iter_mut().enumerate().filter(|(_, o)| dirty(o)) {
+            let Some(o) = slot else { continue };
             // Declared last, so written last: in the store only with everything before it.
             o.committed.set_nowait(encode_clocks(&o.batch));
-            if let Err(e) = o.state.begin_flush_all(now) {
-                result = Err(ClusterError::Store(e.to_string()));
+            match o.state.begin_flush_all(now) {
+                Err(e) if is_fenced(&e) => fenced.push(p),
+                Err(e) => result = Err(ClusterError::Store(e.to_string())),
+                Ok(()) => {}
             }
         }
-        for o in self.owned.iter_mut().flatten().filter(|o| o.dirty) {
+        for (p, slot) in self.owned.iter_mut().enumerate().filter(|(_, o)| dirty(o)) {
+            let Some(o) = slot else { continue };
             match o.state.end_flush_all() {
                 Ok(()) if result.is_ok() => {
                     o.dirty = false;
                     o.batch.clear();
                 }
                 Ok(()) => {}
+                Err(e) if is_fenced(&e) => {
+                    if !fenced.contains(&p) {
+                        fenced.push(p);
+                    }
+                }
                 Err(e) => result = Err(ClusterError::Store(e.to_string())),
             }
+        }
+        // The store refused these partitions' commits: another instance owns them now. Nothing
+        // of theirs was applied; their outputs never leave (no notice), and they are dropped.
+        for p in fenced {
+            tracing::warn!(
+                partition = p,
+                "commit refused by the store (fenced): the partition has another owner; dropped"
+            );
+            retire(&mut self.retired, &mut self.owned[p]);
+            self.stats.fenced_commits += 1;
+            self.stats.fenced += 1;
+            self.released.drop_partition(p as u16);
+            self.done.drop_partition(p as u16);
         }
         if result.is_err() {
             // Not durable yet. The engine sends the failed writes again ahead of the next
@@ -346,7 +415,7 @@ impl Instance {
     /// on ([`Kind::Committed`]) and those the chain dropped ([`Kind::Done`]), as (clock,
     /// epoch), until [`Instance::clear_notices`]; valid after a successful commit.
     pub fn notices(&self) -> (&[Notice], &[Notice]) {
-        (&self.released, &self.done)
+        (&self.released.list, &self.done.list)
     }
 
     /// Forgets the notices sent.
@@ -575,13 +644,22 @@ impl Instance {
     }
 
     fn build(&mut self, p: u32, epoch: u32, now: Nanos) -> Result<Owned, ClusterError> {
-        let backend = match self.spare.pop() {
+        let mut backend = match self.spare.pop() {
             Some(b) => b,
             None => self
                 .connector
                 .connect()
                 .map_err(|e| ClusterError::Store(e.to_string()))?,
         };
+        if self.connector.fences() {
+            // Every write of the partition carries its ownership record as it is now: the
+            // store refuses them once the record names another owner or epoch.
+            let fence = Fence {
+                key: record_key(self.config.stage, p),
+                value: record(self.config.id, epoch),
+            };
+            backend = Box::new(FencedBackend::new(backend, fence));
+        }
         let mut state = Partition::with_backend(
             backend,
             self.connector.as_ref(),
@@ -714,6 +792,14 @@ impl Instance {
     }
 }
 
+/// Whether the store refused a fenced batch ([`BackendError::Fenced`]).
+fn is_fenced(e: &flowstate_state::StateError) -> bool {
+    matches!(
+        e,
+        flowstate_state::StateError::Backend(BackendError::Fenced { .. })
+    )
+}
+
 /// Takes a partition's state away from `slot`, adding what its NFs counted to `retired`.
 fn retire(retired: &mut Vec<NfCounters>, slot: &mut Option<Owned>) -> Option<Owned> {
     let o = slot.take()?;
@@ -802,6 +888,9 @@ mod tests {
         }
         fn connect(&self) -> Result<Box<dyn Backend>, flowstate_state::BackendError> {
             self.0.connect()
+        }
+        fn fences(&self) -> bool {
+            true
         }
     }
 
@@ -925,6 +1014,59 @@ mod tests {
         )
         .unwrap();
         assert_eq!(replies, vec![Reply::Int(6)]);
+    }
+
+    /// An instance cut off from the others (it never hears that its partition moved) keeps
+    /// processing and committing: the store refuses its commit once another instance has
+    /// claimed the partition; none of its changes lands, none of its outputs is released, and
+    /// it drops the partition. Its other partitions go on.
+    #[test]
+    fn a_cut_off_instance_s_commit_is_refused_by_the_store() {
+        let store = Arc::new(Shared(LocalStore::new()));
+        let mut chain =
+            vec![flowstate_nf::registry::factory("counter", &toml::Table::new()).unwrap()];
+        chain.extend(nat_chain());
+        let connector = Arc::clone(&store) as Arc<dyn Connector>;
+        let config = |id| InstanceConfig {
+            id,
+            stage: 0,
+            partitions: 4,
+            flush_interval: Duration::from_millis(1),
+            retain_ops: 1000,
+            copy_on_move: false,
+        };
+        let mut a = Instance::new(config(1), chain.clone(), Arc::clone(&connector)).unwrap();
+        let mut b = Instance::new(config(2), chain, connector).unwrap();
+        assert_eq!(a.claim(2, 1, 0).unwrap(), Kind::Ready);
+        assert_eq!(a.claim(3, 1, 0).unwrap(), Kind::Ready);
+        assert!(a.process(&data(2, 1, 1, false), &mut udp(5000), 1));
+        a.commit(1).unwrap();
+        a.clear_notices();
+        // Partition 2 moves to `b` (epoch 2) while `a` is cut off.
+        assert_eq!(b.claim(2, 2, 2).unwrap(), Kind::Ready);
+        // (A flow it knows: a new one would need the store, which refuses it already.)
+        assert!(a.process(&data(2, 1, 2, false), &mut udp(5000), 3));
+        assert!(a.process(&data(3, 1, 3, false), &mut udp(5002), 3));
+        a.commit(3).unwrap();
+        let st = a.stats();
+        assert_eq!((st.fenced_commits, st.fenced), (1, 1), "{st:?}");
+        assert_eq!(a.owned_partitions(), vec![3]);
+        // Only partition 3's packet is released; partition 2's output never leaves.
+        assert_eq!(a.notices(), (&[(3, 1)][..], &[][..]));
+        // In the store: one packet of partition 2 (the first) and the one of partition 3.
+        let mut conn = store.connect().unwrap();
+        let mut replies = Vec::new();
+        conn.execute(
+            &[Op::GetCounter {
+                key: ObjectKey::shared("counter", ObjKind::Counter, "packets"),
+            }],
+            &mut replies,
+        )
+        .unwrap();
+        assert_eq!(replies, vec![Reply::Int(2)]);
+        // Later packets of the lost partition are not its any more.
+        assert!(!a.process(&data(2, 1, 4, false), &mut udp(5003), 4));
+        assert_eq!(a.stats().misdirected, 1);
     }
 
     fn translated_port(frame: &[u8]) -> u16 {

@@ -60,6 +60,25 @@ pub enum BackendError {
         /// What happened.
         reason: String,
     },
+    /// A fenced batch ([`Backend::execute_fenced`]) was refused: its fence no longer holds,
+    /// and none of its operations ran. It never will: nothing sends it again.
+    #[error("{backend}: fenced: {key} no longer holds this writer's token")]
+    Fenced {
+        /// Backend name.
+        backend: &'static str,
+        /// The fence's key.
+        key: String,
+    },
+}
+
+/// The condition of a fenced batch: `key` holds exactly `value` (a cluster instance's
+/// ownership record, naming it and its epoch: its fencing token).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    /// The value's key.
+    pub key: ObjectKey,
+    /// What it must hold.
+    pub value: Bytes,
 }
 
 /// A driver setting (a key under `[state]`) that cannot be used. Drivers build their
@@ -93,6 +112,23 @@ pub trait Backend: Send {
     /// take effect in the order given; a read sees every earlier update (CHC §4.3).
     fn execute(&mut self, ops: &[Op], replies: &mut Vec<Reply>) -> Result<(), BackendError>;
 
+    /// Runs `ops` as [`Backend::execute`] does, only if `fence` holds when they run, checked
+    /// atomically with the operations on the objects of the fence's partition (the store
+    /// places a partition's objects together); [`BackendError::Fenced`] when it does not hold
+    /// (no operation ran). Stores that cannot fence say so ([`Connector::fences`]).
+    fn execute_fenced(
+        &mut self,
+        fence: &Fence,
+        ops: &[Op],
+        replies: &mut Vec<Reply>,
+    ) -> Result<(), BackendError> {
+        let _ = (fence, ops, replies);
+        Err(BackendError::Protocol {
+            backend: self.name(),
+            reason: "this store cannot fence a batch".into(),
+        })
+    }
+
     /// Keys of every partition of object `id` of kind `kind` of NF `nf` (every
     /// `nf@instance@core@Kind@id`, plus the shared `nf@Kind@id` if it exists): what merging
     /// functions combine.
@@ -118,4 +154,55 @@ pub trait Connector: Send + Sync {
 
     /// A new connection.
     fn connect(&self) -> Result<Box<dyn Backend>, BackendError>;
+
+    /// Whether its connections run fenced batches ([`Backend::execute_fenced`]).
+    fn fences(&self) -> bool {
+        false
+    }
+}
+
+/// A connection whose every batch that writes is fenced by `fence` ([`Backend::execute_fenced`]):
+/// what a cluster instance's partition writes through, so a store refuses its writes once the
+/// partition has another owner, whatever the network did. Batches that only read are not.
+pub struct FencedBackend {
+    inner: Box<dyn Backend>,
+    fence: Fence,
+}
+
+impl FencedBackend {
+    /// `inner`'s batches fenced by `fence`.
+    pub fn new(inner: Box<dyn Backend>, fence: Fence) -> FencedBackend {
+        FencedBackend { inner, fence }
+    }
+}
+
+impl Backend for FencedBackend {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn execute(&mut self, ops: &[Op], replies: &mut Vec<Reply>) -> Result<(), BackendError> {
+        if ops.iter().all(Op::is_read) {
+            return self.inner.execute(ops, replies);
+        }
+        self.inner.execute_fenced(&self.fence, ops, replies)
+    }
+
+    fn execute_fenced(
+        &mut self,
+        fence: &Fence,
+        ops: &[Op],
+        replies: &mut Vec<Reply>,
+    ) -> Result<(), BackendError> {
+        self.inner.execute_fenced(fence, ops, replies)
+    }
+
+    fn partitions(
+        &mut self,
+        nf: &str,
+        kind: Kind,
+        id: &str,
+    ) -> Result<Vec<ObjectKey>, BackendError> {
+        self.inner.partitions(nf, kind, id)
+    }
 }

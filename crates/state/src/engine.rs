@@ -85,6 +85,9 @@ pub struct LinkStats {
     /// Operations given up: beyond [`StateConfig::retain_ops`] while the store was down, or
     /// still unsent when the partition closed.
     pub lost_ops: AtomicU64,
+    /// Operations not sent because the store refused this partition's fenced writes
+    /// ([`crate::FencedBackend`]): its writer lost it.
+    pub fenced_ops: AtomicU64,
     /// How long the state thread's calls to a remote store took (flushes and round trips,
     /// failed ones included): bucket `i` counts calls of `(2^(i-1), 2^i]` µs, bucket 0 those
     /// of at most 1 µs, the last the longer ones. An in-process store is called inline and
@@ -324,6 +327,9 @@ impl Link {
 struct Retained {
     batches: VecDeque<Vec<Op>>,
     ops: usize,
+    /// The store refused a fenced batch ([`BackendError::Fenced`]): this partition's writer
+    /// has lost it; nothing more is sent, every request gets this error.
+    fenced: Option<BackendError>,
     limit: usize,
     next_try: Instant,
     backoff: Duration,
@@ -364,6 +370,19 @@ impl Retained {
         }
     }
 
+    /// Takes the store's refusal of a fenced batch: what is kept is dropped (it would be
+    /// refused too), and so is everything after.
+    fn fence(&mut self, e: BackendError, stats: &LinkStats) {
+        let dropped = self.ops as u64;
+        stats.fenced_ops.fetch_add(dropped, Ordering::Relaxed);
+        self.batches.clear();
+        self.ops = 0;
+        if self.fenced.is_none() {
+            eprintln!("flowstate: {e}; this partition's writes stop");
+        }
+        self.fenced = Some(e);
+    }
+
     /// Sends the kept flushes again, oldest first; `false` if the store still fails.
     fn resend(
         &mut self,
@@ -374,6 +393,10 @@ impl Retained {
         while let Some(ops) = self.batches.front() {
             replies.clear();
             if let Err(e) = timed_execute(backend, ops, replies, stats) {
+                if matches!(e, BackendError::Fenced { .. }) {
+                    self.fence(e, stats);
+                    return true;
+                }
                 self.failed(stats, &e);
                 return false;
             }
@@ -401,6 +424,7 @@ fn state_thread(
     let mut kept = Retained {
         batches: VecDeque::new(),
         ops: 0,
+        fenced: None,
         limit: retain_ops,
         next_try: Instant::now(),
         backoff: RETRY_FIRST,
@@ -420,6 +444,15 @@ fn state_thread(
             }
         };
         let Some(req) = req else { break };
+        if let Some(e) = &kept.fenced {
+            stats
+                .fenced_ops
+                .fetch_add(req.ops.len() as u64, Ordering::Relaxed);
+            if let Some(tx) = req.reply {
+                let _ = tx.send(Err(e.clone()));
+            }
+            continue;
+        }
         // A caller waiting is worth a try before the backoff is over.
         let clear = kept.batches.is_empty()
             || ((req.reply.is_some() || Instant::now() >= kept.next_try)
@@ -439,18 +472,36 @@ fn state_thread(
                         ),
                     })
                 };
-                if result.is_err() && req.keep > 0 {
-                    let mut ops = req.ops;
-                    ops.truncate(req.keep);
-                    kept.keep(ops, &stats);
+                match &result {
+                    Err(e @ BackendError::Fenced { .. }) => {
+                        stats
+                            .fenced_ops
+                            .fetch_add(req.ops.len() as u64, Ordering::Relaxed);
+                        kept.fence(e.clone(), &stats);
+                    }
+                    Err(_) if req.keep > 0 => {
+                        let mut ops = req.ops;
+                        ops.truncate(req.keep);
+                        kept.keep(ops, &stats);
+                    }
+                    _ => {}
                 }
-                let _ = tx.send(result);
+                let _ = tx.send(result.map_err(|e| kept.fenced.clone().unwrap_or(e)));
             }
             None if clear => {
                 replies.clear();
-                if let Err(e) = timed_execute(backend.as_mut(), &req.ops, &mut replies, &stats) {
-                    kept.keep(req.ops, &stats);
-                    kept.failed(&stats, &e);
+                match timed_execute(backend.as_mut(), &req.ops, &mut replies, &stats) {
+                    Err(e @ BackendError::Fenced { .. }) => {
+                        stats
+                            .fenced_ops
+                            .fetch_add(req.ops.len() as u64, Ordering::Relaxed);
+                        kept.fence(e, &stats);
+                    }
+                    Err(e) => {
+                        kept.keep(req.ops, &stats);
+                        kept.failed(&stats, &e);
+                    }
+                    Ok(()) => {}
                 }
             }
             None => kept.keep(req.ops, &stats),

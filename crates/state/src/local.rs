@@ -451,6 +451,32 @@ impl Backend for LocalBackend {
         Ok(())
     }
 
+    /// The fence is checked, then the operations run; in one process the check and the
+    /// operations are not one step against another thread's writes (a cluster never runs on
+    /// this store: its instances need one they all reach).
+    fn execute_fenced(
+        &mut self,
+        fence: &crate::Fence,
+        ops: &[Op],
+        replies: &mut Vec<Reply>,
+    ) -> Result<(), BackendError> {
+        let mut now = Vec::with_capacity(1);
+        self.store.execute(
+            &[Op::Get {
+                key: fence.key.clone(),
+            }],
+            &mut now,
+        );
+        if now.pop() != Some(Reply::Value(Some(fence.value.clone()))) {
+            return Err(BackendError::Fenced {
+                backend: "local",
+                key: fence.key.to_string(),
+            });
+        }
+        self.store.execute(ops, replies);
+        Ok(())
+    }
+
     fn partitions(
         &mut self,
         nf: &str,

@@ -38,7 +38,8 @@
 
 use flowstate_proto::{self as proto, Command, Failure, Frame, Limits, Message, Notification};
 use flowstate_state::{
-    Backend, BackendError, Connector, Kind, Object, ObjectKey, Op, OpError, Reply, SettingError,
+    Backend, BackendError, Connector, Fence, Kind, Object, ObjectKey, Op, OpError, Reply,
+    SettingError,
 };
 use std::collections::VecDeque;
 use std::io::{Read, Write};
@@ -240,7 +241,7 @@ impl StoreConnector {
             BackendError::Protocol { reason, .. } if reason.contains("Unauthorized") => {
                 self.token_key
             }
-            BackendError::Protocol { .. } => "url",
+            BackendError::Protocol { .. } | BackendError::Fenced { .. } => "url",
         };
         let hint = match key {
             "token" | "token_file" if self.settings.token.is_none() => " (the store wants a token)",
@@ -311,6 +312,10 @@ impl Connector for StoreConnector {
 
     fn connect(&self) -> Result<Box<dyn Backend>, BackendError> {
         Ok(Box::new(self.open()?))
+    }
+
+    fn fences(&self) -> bool {
+        true
     }
 }
 
@@ -1108,6 +1113,66 @@ fn take_buffered(c: &mut Conn, limits: &Limits) -> Result<Option<Frame>, Fail> {
 impl Backend for StoreBackend {
     fn name(&self) -> &'static str {
         NAME
+    }
+
+    /// Each frame begins with the fence ([`proto::Command::Fence`]), which the store checks
+    /// atomically with the frame's operations on the fence's partition (a batch longer than
+    /// a frame is fenced frame by frame).
+    fn execute_fenced(
+        &mut self,
+        fence: &Fence,
+        ops: &[Op],
+        replies: &mut Vec<Reply>,
+    ) -> Result<(), BackendError> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        let check = proto::Command::Fence {
+            key: fence.key.as_bytes(),
+            value: fence.value.as_slice(),
+        };
+        self.out.clear();
+        self.sent.clear();
+        for chunk in ops.chunks(self.settings.max_batch.max(2) - 1) {
+            let id = self.next_req;
+            self.next_req += 1;
+            let op_id = self.next_op;
+            self.next_op += 1;
+            let start = self.out.len();
+            let frame = proto::begin_batch(&mut self.out, id, op_id, false, chunk.len() as u32 + 1);
+            proto::put_request(&mut self.out, &check, None, None);
+            for op in chunk {
+                proto::put_request(&mut self.out, op, None, None);
+            }
+            proto::finish(&mut self.out, frame);
+            self.sent.push(Sent {
+                id,
+                range: start..self.out.len(),
+                answered: false,
+            });
+        }
+        self.run_prepared()?;
+        let before = replies.len();
+        for a in self.answers.drain(..) {
+            let mut a = a
+                .ok_or_else(|| protocol("a batch was not answered"))?
+                .into_iter();
+            if a.next() != Some(proto::Reply::Bool(true)) {
+                replies.truncate(before);
+                return Err(BackendError::Fenced {
+                    backend: NAME,
+                    key: fence.key.to_string(),
+                });
+            }
+            replies.extend(a.map(reply_from));
+        }
+        if replies.len() - before != ops.len() {
+            replies.truncate(before);
+            return Err(protocol(
+                "the store answered a different number of operations",
+            ));
+        }
+        Ok(())
     }
 
     fn execute(&mut self, ops: &[Op], replies: &mut Vec<Reply>) -> Result<(), BackendError> {

@@ -551,3 +551,84 @@ fn the_state_engine_keeps_going_while_the_store_is_down_and_catches_up() {
     assert_eq!(total, 200, "every update reached the store once");
     s.stop();
 }
+
+/// A fenced connection's writes land while its fence holds, and none lands after (nor does
+/// anything it sends later); its reads are not fenced; a batch longer than a frame is fenced
+/// frame by frame.
+#[test]
+fn fenced_writes_stop_when_the_fence_moves() {
+    use flowstate_state::{BackendError, Fence, FencedBackend};
+    let s = server();
+    let record = ObjectKey::partitioned(&Owner::new("cluster", 0, 5), Kind::Value, "owner");
+    let mut admin = client(&s);
+    let set_record = |b: &mut StoreBackend, v: &[u8]| {
+        exec(
+            b,
+            &[Op::Set {
+                key: record.clone(),
+                value: v.to_vec(),
+            }],
+        )
+    };
+    set_record(&mut admin, b"A:1");
+    let settings = Settings {
+        addr: s.local_addr().to_string(),
+        max_batch: 4,
+        ..Settings::default()
+    };
+    let inner = StoreConnector::with_settings(settings).open().unwrap();
+    let mut fenced = FencedBackend::new(
+        Box::new(inner),
+        Fence {
+            key: record.clone(),
+            value: b"A:1".to_vec(),
+        },
+    );
+    let counter = ObjectKey::partitioned(&Owner::new("nat", 0, 5), Kind::Counter, "n");
+    let shared = ObjectKey::shared("counter", Kind::Counter, "packets");
+    // Ten additions: three frames of at most four operations, each with its fence.
+    let adds: Vec<Op> = (0..10)
+        .map(|i| Op::Add {
+            key: if i % 2 == 0 {
+                counter.clone()
+            } else {
+                shared.clone()
+            },
+            delta: 1,
+        })
+        .collect();
+    let mut r = Vec::new();
+    fenced.execute(&adds, &mut r).unwrap();
+    assert_eq!(r.len(), 10);
+    let read = |b: &mut StoreBackend| {
+        exec(
+            b,
+            &[
+                Op::GetCounter {
+                    key: counter.clone(),
+                },
+                Op::GetCounter {
+                    key: shared.clone(),
+                },
+            ],
+        )
+    };
+    assert_eq!(read(&mut admin), vec![Reply::Int(5), Reply::Int(5)]);
+    set_record(&mut admin, b"C:2");
+    let mut r = Vec::new();
+    let e = fenced.execute(&adds, &mut r).unwrap_err();
+    assert!(matches!(e, BackendError::Fenced { .. }), "{e}");
+    assert!(r.is_empty());
+    assert_eq!(read(&mut admin), vec![Reply::Int(5), Reply::Int(5)]);
+    // Reads are not fenced.
+    let mut r = Vec::new();
+    fenced
+        .execute(
+            &[Op::GetCounter {
+                key: counter.clone(),
+            }],
+            &mut r,
+        )
+        .unwrap();
+    assert_eq!(r, vec![Reply::Int(5)]);
+}
