@@ -1347,8 +1347,8 @@ fn a_key_rotation_breaks_no_connection() {
         eprintln!("skipped: needs root");
         return;
     }
-    let keys = std::env::temp_dir().join(format!("fs-rotation-{}.key", std::process::id()));
-    let _ = std::fs::remove_file(&keys);
+    let keydir = tempfile::tempdir().unwrap();
+    let keys = keydir.path().join("cluster.key");
     let new = Command::new(FLOWSTATE)
         .args(["cluster", "key", "new", keys.to_str().unwrap()])
         .output()
@@ -1387,7 +1387,6 @@ fn a_key_rotation_breaks_no_connection() {
     std::thread::sleep(Duration::from_millis(500));
     let s = c.status();
     let root = c.root();
-    let _ = std::fs::remove_file(&keys);
     let mut roles = vec![("controller", s), ("root", root)];
     roles.extend(c.instance_stats().into_iter().map(|i| ("instance", i)));
     assert_eq!(roles.len(), 4);
@@ -1407,8 +1406,8 @@ fn an_instance_started_by_hand_joins_and_takes_a_share() {
         eprintln!("skipped: needs root");
         return;
     }
-    let keys = std::env::temp_dir().join(format!("fs-join-{}.key", std::process::id()));
-    let _ = std::fs::remove_file(&keys);
+    let keydir = tempfile::tempdir().unwrap();
+    let keys = keydir.path().join("cluster.key");
     let new = Command::new(FLOWSTATE)
         .args(["cluster", "key", "new", keys.to_str().unwrap()])
         .output()
@@ -1465,8 +1464,6 @@ fn an_instance_started_by_hand_joins_and_takes_a_share() {
     });
     still_transferring(&mut downloads, want.len());
     check_downloads(downloads, &want);
-    let _ = std::fs::remove_file(&keys);
-    let _ = std::fs::remove_file(&token);
     let i3: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
     assert!(i3["packets"].as_u64().unwrap() > 0, "{i3:#}");
