@@ -100,6 +100,10 @@ enum Action {
         id: u32,
     },
     /// Manage the key file every datagram between the roles is signed and checked with.
+    #[command(
+        after_help = "Examples:\n  flowstate cluster key new /etc/flowstate/cluster.key\n  \
+                            flowstate cluster key add /etc/flowstate/cluster.key   (a rotation's first step)"
+    )]
     Key {
         #[command(subcommand)]
         action: crate::key::KeyAction,

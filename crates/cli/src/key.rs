@@ -23,11 +23,12 @@ pub(crate) enum KeyAction {
     },
     /// Add a new random key that every role accepts but none signs with yet (a rotation's
     /// first step: do it on every host).
-    #[command(after_help = "A rotation without a refused datagram:\n  \
-        1. flowstate cluster key add FILE        (on one host, then copy FILE to every host)\n  \
-        2. flowstate cluster key use FILE NEW_ID (copy to every host: they sign with the new key)\n  \
-        3. flowstate cluster key remove FILE OLD_ID (copy to every host)\n\
-        Running roles read the file again within a second of a change.")]
+    #[command(after_help = "Examples:\n  \
+        flowstate cluster key add FILE          (1. then copy FILE to every host)\n  \
+        flowstate cluster key use FILE NEW_ID   (2. copy to every host: they sign with the new key)\n  \
+        flowstate cluster key remove FILE OLD_ID (3. copy to every host)\n\
+        A rotation without a refused datagram; running roles read the file again within a \
+        second of a change.")]
     Add {
         /// The file.
         file: PathBuf,
