@@ -8,6 +8,10 @@
 //!
 //! The nf namespace keeps `ip_forward=0`: the instances reach 192.0.2.1 and each other across
 //! the bridge, nothing else.
+//!
+//! With [`Lab::with_routed`] (`lab up --instances N --routed`) the same addresses are hosts on
+//! links of their own to a router instead of one bridge (the `routed` module); [`Lab::up`]
+//! replaces one kind of network with the other.
 
 use std::net::Ipv4Addr;
 
@@ -60,8 +64,13 @@ impl Lab {
         Some(digits.parse().unwrap_or(u64::MAX))
     }
 
-    /// The commands that make the cluster bridge in the nf namespace (the nf namespace exists).
+    /// The commands that make the cluster network but its instances (the nf namespace exists):
+    /// the cluster bridge in the nf namespace, or with [`Lab::with_routed`] the router, the
+    /// store's namespace and their links ([`Lab::routed_plan`]).
     pub fn cluster_plan(&self) -> Vec<Cmd> {
+        if self.routed {
+            return self.routed_plan();
+        }
         let n = self.nf_ns();
         vec![
             Cmd::new(&[
@@ -110,8 +119,12 @@ impl Lab {
         ]
     }
 
-    /// The commands that make instance `k`'s namespace and join it to the cluster bridge.
+    /// The commands that make instance `k`'s namespace and join it to the cluster bridge (or
+    /// with [`Lab::with_routed`] link it to the router: [`Lab::routed_instance_plan`]).
     pub fn instance_plan(&self, k: u32) -> Vec<Cmd> {
+        if self.routed {
+            return self.routed_instance_plan(k);
+        }
         let (n, i) = (self.nf_ns(), self.instance_ns(k));
         let port = instance_port(k);
         let ethtool_off = |ns: &str, dev: &str| {
@@ -210,7 +223,8 @@ impl Lab {
     }
 
     /// Makes the instance namespaces match [`Lab::instances`] (the lab's three namespaces
-    /// exist); whether anything was made or removed.
+    /// exist), on the kind of cluster network [`Lab::routed`] asks for; whether anything was
+    /// made or removed.
     pub(crate) fn reconcile_instances(
         &self,
         exec: &mut dyn Exec,
@@ -222,22 +236,38 @@ impl Lab {
             .filter_map(|ns| self.instance_index(ns).map(|k| (k, ns.clone())))
             .collect();
         let nf = self.nf_ns();
-        // The nf namespace's end of the veth first: deleting a namespace destroys its links
-        // asynchronously, and an instance made again at once would find `fs-cl{k}` still there.
+        let rt = self.cluster_router_ns();
+        let routed_present = present.iter().any(|ns| self.routed_index(ns));
+        let routed = self.routed;
+        // The peer's end of the veth first: deleting a namespace destroys its links
+        // asynchronously, and an instance made again at once would find `fs-cl{k}` (or the
+        // router's `rt-i{k}`) still there.
         let del = |exec: &mut dyn Exec, k: u64, ns: &str| -> Result<(), LabError> {
             if let Ok(k) = u32::try_from(k) {
                 exec.run(
                     &Cmd::new(&["ip", "-n", &nf, "link", "del", &instance_port(k)]).may_fail(),
                 )?;
+                if routed && (1..=MAX_INSTANCES).contains(&k) {
+                    let port = crate::RoutedHost::Instance(k).router_port();
+                    exec.run(&Cmd::new(&["ip", "-n", &rt, "link", "del", &port]).may_fail())?;
+                }
             }
             exec.run(&Cmd::new(&["ip", "netns", "del", ns]).may_fail())?;
             Ok(())
         };
         let del_bridge =
             Cmd::new(&["ip", "-n", &self.nf_ns(), "link", "del", CLUSTER_BRIDGE]).may_fail();
+        let mut made = false;
+        if routed_present && !routed {
+            // A routed network where a bridged one (or none) is asked for.
+            for cmd in self.routed_down_plan() {
+                exec.run(&cmd)?;
+            }
+            made = true;
+        }
         if n == 0 {
             if found.is_empty() {
-                return Ok(false);
+                return Ok(made);
             }
             for (k, ns) in &found {
                 del(exec, *k, ns)?;
@@ -245,18 +275,34 @@ impl Lab {
             exec.run(&del_bridge)?;
             return Ok(true);
         }
-        let mut made = false;
         let mut keep: Vec<u32> = Vec::new();
-        if self.bridge_ok(exec)? {
+        let net_ok = if routed {
+            routed_present && self.routed_ok(exec)?
+        } else {
+            self.bridge_ok(exec)?
+        };
+        if net_ok {
             for (k, _) in &found {
                 if let Ok(k) = u32::try_from(*k) {
-                    if (1..=n).contains(&k) && self.instance_ok(exec, k)? {
+                    if (1..=n).contains(&k)
+                        && (if routed {
+                            self.routed_instance_ok(exec, k)?
+                        } else {
+                            self.instance_ok(exec, k)?
+                        })
+                    {
                         keep.push(k);
                     }
                 }
             }
         } else {
-            // A new bridge: every instance is joined to it anew.
+            // A new network: every instance is joined to it anew.
+            if routed {
+                // (A bridge of a lab made without --routed goes too.)
+                for cmd in self.routed_down_plan() {
+                    exec.run(&cmd)?;
+                }
+            }
             exec.run(&del_bridge)?;
             for cmd in self.cluster_plan() {
                 exec.run(&cmd)?;
@@ -284,6 +330,9 @@ impl Lab {
     pub(crate) fn describe_instances(&self) -> String {
         if self.instances == 0 {
             return String::new();
+        }
+        if self.routed {
+            return self.describe_routed();
         }
         let list: Vec<String> = (1..=self.instances)
             .map(|k| format!("{} {}", self.instance_ns(k), instance_addr(k)))

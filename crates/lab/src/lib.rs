@@ -27,7 +27,7 @@
 //! * The commands run through the [`Exec`] trait (`ip`, `ethtool`, `sysctl`, `nft`, the
 //!   servers), so the plans are tested without privileges; [`System`] runs them for real.
 //!
-//! Two additions, each optional:
+//! Two additions, each optional (the first with a variant):
 //! * **Instance namespaces** ([`Lab::with_instances`], `flowstate lab up --instances N`): a
 //!   cluster network [`CLUSTER_NET`] inside the nf namespace, where a bridge `fs-cl` holds
 //!   [`ROOT_ADDR`] (the root, the controller and a managed store listen there), and N
@@ -43,6 +43,21 @@
 //!
 //!   [`Lab::up`] reconciles the instances without touching the rest: a lab that is up with
 //!   another count gets the missing instance namespaces added and the extra ones removed.
+//!
+//!   **Routed** ([`Lab::with_routed`], `flowstate lab up --instances N --routed`): no segment
+//!   shared between roles. A router namespace `{prefix}rt` (`ip_forward=1`) has a link of its
+//!   own, 10.200.K.0/30 (router .1, host .2, MTU 9000), to each host: the nf namespace
+//!   ([`ROOT_ADDR`], K = 0), a store namespace `{prefix}st` ([`STORE_ADDR`], where a managed
+//!   store listens; K = 100) and each instance namespace ([`instance_addr`]`(k)`, K = k). Each
+//!   host holds its role's address as a /32 with `192.0.2.0/24 via` the router, the router a
+//!   /32 route to each; reverse-path filters are off. GENEVE between the root and the
+//!   instances is routed (see the `routed` module and [`RoutedHost`]).
+//!
+//!   ```text
+//!   nf ns fs-rt 10.200.0.2/30 + 192.0.2.1/32  ──veth── rt-nf  ┐
+//!   {prefix}st fs-st 10.200.100.2/30 + .5/32  ──veth── rt-st  ├ {prefix}rt: router
+//!   {prefix}i{k} fs-i 10.200.k.2/30 + .(10+k)/32 ─veth─ rt-i{k} ┘  (/32 routes to each)
+//!   ```
 //! * **Linux's own HA NAT** ([`Lab::kernel_ha`], `flowstate lab up --kernel-ha`): the peer for
 //!   failover. Two router namespaces `{prefix}r1` (primary) and `{prefix}r2` (backup) with
 //!   nftables SNAT to [`BOX_OUTSIDE`], keepalived (VRRP) moving [`BOX_INSIDE`] and
@@ -59,6 +74,7 @@ use std::process::{Child, Command, Stdio};
 
 mod cluster;
 mod ha;
+mod routed;
 
 pub use cluster::{
     instance_addr, instance_port, CLUSTER_BRIDGE, CLUSTER_BRIDGE_MAC, CLUSTER_MTU, CLUSTER_NET,
@@ -69,6 +85,7 @@ pub use ha::{
     HA_INSIDE_IF, HA_NAT_TABLE, HA_OUTSIDE_BRIDGE, HA_OUTSIDE_IF, HA_ROUTERS, HA_SYNC_IF,
     HA_SYNC_NET, HA_SYNC_PORT,
 };
+pub use routed::{RoutedHost, NF_ROUTED_IF, ROUTED_LINKS, STORE_ADDR, STORE_IF};
 
 /// The client's address.
 pub const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
@@ -143,6 +160,9 @@ pub enum LabError {
     /// More instances than [`MAX_INSTANCES`] were asked for.
     #[error("{0} instances asked for: a lab has at most {MAX_INSTANCES}")]
     Instances(u32),
+    /// A routed lab ([`Lab::with_routed`]) without instances.
+    #[error("lab {0}: a routed cluster network needs instances (--instances N with --routed)")]
+    RoutedWithoutInstances(String),
     /// The lab (or the part of it an operation needs) is not up.
     #[error("lab {prefix}: {what} is not up (run `flowstate lab up{flag}` first)")]
     NotUp {
@@ -350,6 +370,7 @@ pub struct Lab {
     prefix: String,
     state_dir: PathBuf,
     instances: u32,
+    routed: bool,
 }
 
 /// What [`Lab::status`] found.
@@ -364,8 +385,12 @@ pub struct Status {
     pub instances: Vec<String>,
     /// The kernel-HA router namespaces that exist (`{prefix}r1`, `{prefix}r2`).
     pub routers: Vec<String>,
+    /// Whether the routed cluster network's router namespace (`{prefix}rt`) exists: the lab
+    /// was made with [`Lab::with_routed`].
+    pub routed: bool,
     /// Whether every namespace exists and every server runs, including instances 1 to
-    /// [`Lab::instances`] with their links and, when a router namespace exists, every
+    /// [`Lab::instances`] with their links (routed ones with [`Lab::with_routed`], with the
+    /// router and the store's namespace) and, when a router namespace exists, every
     /// kernel-HA daemon. (More instances than asked for do not make it incomplete; `up` trims
     /// them.)
     pub complete: bool,
@@ -392,6 +417,7 @@ impl Lab {
             prefix: prefix.to_owned(),
             state_dir: root.join(prefix),
             instances: 0,
+            routed: false,
         })
     }
 
@@ -408,6 +434,20 @@ impl Lab {
     /// How many instance namespaces this lab has.
     pub fn instances(&self) -> u32 {
         self.instances
+    }
+
+    /// The same lab with (`true`) or without (the default) a routed cluster network: the root's
+    /// host (the nf namespace), a store namespace `{prefix}st` and each instance namespace on a
+    /// link of its own to a router `{prefix}rt`, instead of one bridge (see the `routed`
+    /// module). Needs instances ([`Lab::with_instances`]); [`Lab::up`] says so otherwise.
+    pub fn with_routed(mut self, routed: bool) -> Lab {
+        self.routed = routed;
+        self
+    }
+
+    /// Whether this lab's cluster network is routed.
+    pub fn routed(&self) -> bool {
+        self.routed
     }
 
     /// The prefix.
@@ -632,7 +672,8 @@ impl Lab {
     }
 
     /// The commands that remove the namespaces in `present` (those of this lab only: its
-    /// three, any instance namespace `{prefix}i<digits>`, its routers).
+    /// three, any instance namespace `{prefix}i<digits>`, its routers, the routed network's
+    /// router and store).
     pub fn down_plan(&self, present: &[String]) -> Vec<Cmd> {
         present
             .iter()
@@ -646,6 +687,7 @@ impl Lab {
         self.namespaces().iter().any(|n| n == ns)
             || self.instance_index(ns).is_some()
             || self.router_index(ns).is_some()
+            || self.routed_index(ns)
     }
 
     /// The commands that make (`on`) or remove Linux's own router in the nf namespace: the
@@ -731,7 +773,8 @@ impl Lab {
     }
 
     /// Which of this lab's namespaces exist: its three (in the order they are made), then its
-    /// instance namespaces (by k), then its routers.
+    /// instance namespaces (by k), then its kernel-HA routers, then the routed network's router
+    /// and store.
     pub fn present(&self, exec: &mut dyn Exec) -> Result<Vec<String>, LabError> {
         let out = exec.run(&Cmd::new(&["ip", "netns", "list"]))?;
         let names: Vec<&str> = out
@@ -756,6 +799,11 @@ impl Lab {
             .collect();
         routers.sort_unstable();
         v.extend(routers.into_iter().map(str::to_owned));
+        for ns in [self.cluster_router_ns(), self.store_ns()] {
+            if names.contains(&ns.as_str()) {
+                v.push(ns);
+            }
+        }
         Ok(v)
     }
 
@@ -807,13 +855,22 @@ impl Lab {
             .filter(|ns| self.router_index(ns).is_some())
             .cloned()
             .collect();
+        let routed = namespaces.contains(&self.cluster_router_ns());
         let mut complete = self.base_complete(&namespaces, &servers);
         if complete && self.instances > 0 {
-            complete = self.bridge_ok(exec)?;
+            complete = if self.routed {
+                routed && namespaces.contains(&self.store_ns()) && self.routed_ok(exec)?
+            } else {
+                self.bridge_ok(exec)?
+            };
             for k in 1..=self.instances {
                 complete = complete
                     && namespaces.contains(&self.instance_ns(k))
-                    && self.instance_ok(exec, k)?;
+                    && if self.routed {
+                        self.routed_instance_ok(exec, k)?
+                    } else {
+                        self.instance_ok(exec, k)?
+                    };
             }
         }
         if complete && !routers.is_empty() {
@@ -825,6 +882,7 @@ impl Lab {
             servers,
             instances,
             routers,
+            routed,
             complete,
         })
     }
@@ -835,9 +893,14 @@ impl Lab {
     /// The lab itself (its three namespaces and servers) is left as it is when complete and
     /// made anew when not (a rebuild removes kernel HA too); then the instance namespaces are
     /// reconciled with [`Lab::instances`]: missing or broken ones are made, extra ones removed,
-    /// complete ones left alone (all are remade only if the cluster bridge itself was broken).
+    /// complete ones left alone (all are remade only if the cluster bridge itself, or with
+    /// [`Lab::with_routed`] the router or a link of the root's or the store's host, was
+    /// broken; a lab made with the other kind of cluster network gets it replaced).
     /// On any failure everything is removed.
     pub fn up(&self, exec: &mut dyn Exec) -> Result<bool, LabError> {
+        if self.routed && self.instances == 0 {
+            return Err(LabError::RoutedWithoutInstances(self.prefix.clone()));
+        }
         let made = self.up_inner(exec);
         if made.is_err() {
             // Leave nothing half made.
@@ -912,8 +975,8 @@ impl Lab {
     }
 
     /// Removes the lab (see the crate promises): also its instance namespaces (any
-    /// `{prefix}i<digits>`, whatever count it was made with) and its kernel-HA routers and
-    /// their daemons.
+    /// `{prefix}i<digits>`, whatever count it was made with), its kernel-HA routers and
+    /// their daemons, and the routed network's router and store namespaces (routed or not).
     pub fn down(&self, exec: &mut dyn Exec) -> Result<(), LabError> {
         self.stop_ha_daemons(exec)?;
         for (_, pid, argv0) in self.read_pids() {
@@ -1469,6 +1532,241 @@ mod tests {
             assert!(l.contains(&want.to_owned()), "{want}: {l:?}");
         }
         assert!(!l.contains(&"ip netns del fs-u-nf".to_owned()));
+    }
+
+    #[test]
+    fn routed_hosts_each_have_a_link_of_their_own_to_the_router() {
+        let (lab, _d) = lab();
+        let lab = lab.with_instances(2).unwrap().with_routed(true);
+        assert!(lab.routed());
+        assert_eq!(lab.cluster_router_ns(), "fs-u-rt");
+        assert_eq!(lab.store_ns(), "fs-u-st");
+        assert_eq!(STORE_ADDR.to_string(), "192.0.2.5");
+        let mut plan = lab.cluster_plan();
+        assert_eq!(plan, lab.routed_plan());
+        plan.extend(lab.instance_plan(1));
+        plan.extend(lab.instance_plan(2));
+        assert_eq!(lab.instance_plan(2), lab.routed_instance_plan(2));
+        assert_prefixed(&lab, &plan);
+        let l = lines(&plan);
+        for want in [
+            "ip netns add fs-u-rt",
+            "ip netns add fs-u-st",
+            "ip netns add fs-u-i2",
+            "ip netns exec fs-u-rt sysctl -qw net.ipv4.ip_forward=1",
+            "ip netns exec fs-u-rt sysctl -qw net.ipv4.conf.all.rp_filter=0",
+            "ip netns exec fs-u-nf sysctl -qw net.ipv4.conf.all.rp_filter=0",
+            "ip netns exec fs-u-st sysctl -qw net.ipv4.conf.all.rp_filter=0",
+            "ip netns exec fs-u-i1 sysctl -qw net.ipv4.conf.all.rp_filter=0",
+            "ip netns exec fs-u-rt sysctl -qw net.ipv4.conf.rt-i1.rp_filter=0",
+            "ip netns exec fs-u-i1 sysctl -qw net.ipv4.conf.fs-i.rp_filter=0",
+            "ip netns exec fs-u-i1 sysctl -qw net.ipv4.conf.fs-i.arp_announce=2",
+            // The root's host: its own link, 192.0.2.1 as a /32, the cluster net via the router.
+            "ip link add fs-rt mtu 9000 netns fs-u-nf type veth peer name rt-nf mtu 9000 netns fs-u-rt",
+            "ip -n fs-u-rt addr add 10.200.0.1/30 dev rt-nf",
+            "ip -n fs-u-nf addr add 10.200.0.2/30 dev fs-rt",
+            "ip -n fs-u-nf addr add 192.0.2.1/32 dev fs-rt",
+            "ip -n fs-u-nf route add 192.0.2.0/24 via 10.200.0.1 dev fs-rt src 192.0.2.1",
+            "ip -n fs-u-rt route add 192.0.2.1/32 via 10.200.0.2 dev rt-nf",
+            // The store's.
+            "ip link add fs-st mtu 9000 netns fs-u-st type veth peer name rt-st mtu 9000 netns fs-u-rt",
+            "ip -n fs-u-st addr add 192.0.2.5/32 dev fs-st",
+            "ip -n fs-u-st route add 192.0.2.0/24 via 10.200.100.1 dev fs-st src 192.0.2.5",
+            "ip -n fs-u-rt route add 192.0.2.5/32 via 10.200.100.2 dev rt-st",
+            // Instance 2's.
+            "ip link add fs-i mtu 9000 netns fs-u-i2 type veth peer name rt-i2 mtu 9000 netns fs-u-rt",
+            "ip -n fs-u-rt addr add 10.200.2.1/30 dev rt-i2",
+            "ip -n fs-u-i2 addr add 10.200.2.2/30 dev fs-i",
+            "ip -n fs-u-i2 addr add 192.0.2.12/32 dev fs-i",
+            "ip -n fs-u-i2 link set fs-i up",
+            "ip -n fs-u-i2 route add 192.0.2.0/24 via 10.200.2.1 dev fs-i src 192.0.2.12",
+            "ip -n fs-u-rt route add 192.0.2.12/32 via 10.200.2.2 dev rt-i2",
+            "ip -n fs-u-rt link set rt-i2 up",
+        ] {
+            assert!(l.contains(&want.to_owned()), "{want}: {l:#?}");
+        }
+        // Offloads off on both ends of every link.
+        for (ns, dev) in [
+            ("fs-u-nf", "fs-rt"),
+            ("fs-u-rt", "rt-nf"),
+            ("fs-u-st", "fs-st"),
+            ("fs-u-rt", "rt-st"),
+            ("fs-u-i1", "fs-i"),
+            ("fs-u-rt", "rt-i1"),
+        ] {
+            assert!(
+                l.contains(&format!(
+                    "ip netns exec {ns} ethtool -K {dev} tx off rx off gro off"
+                )),
+                "{ns} {dev}"
+            );
+        }
+        // Every veth is 9000 on both ends, one end in the router; no bridge, nothing shared.
+        let veths: Vec<&String> = l.iter().filter(|x| x.starts_with("ip link add")).collect();
+        assert_eq!(veths.len(), 4, "{veths:?}");
+        for v in veths {
+            assert_eq!(v.matches("mtu 9000").count(), 2, "{v}");
+            assert!(v.ends_with("netns fs-u-rt"), "{v}");
+        }
+        assert!(!l
+            .iter()
+            .any(|x| x.contains("bridge") || x.contains("master")));
+        assert!(!l.iter().any(|x| x.contains(&format!("{}/24", ROOT_ADDR))));
+        // Only the router forwards, and it knows no route beyond the cluster's hosts.
+        let fwd: Vec<&String> = l.iter().filter(|x| x.contains("ip_forward")).collect();
+        assert_eq!(fwd.len(), 1, "{fwd:?}");
+        assert!(!l
+            .iter()
+            .any(|x| x.starts_with("ip -n fs-u-rt route add") && !x.contains("/32 via 10.200.")));
+        let d = lab.describe();
+        assert!(
+            d.contains("routed") && d.contains("fs-u-st 192.0.2.5"),
+            "{d}"
+        );
+        assert!(
+            d.contains("fs-u-i2 192.0.2.12 (fs-i 10.200.2.2/30, via 10.200.2.1)"),
+            "{d}"
+        );
+        assert_eq!(
+            RoutedHost::Instance(16).link().1,
+            Ipv4Addr::new(10, 200, 16, 2)
+        );
+        assert_eq!(RoutedHost::Store.link().0, Ipv4Addr::new(10, 200, 100, 1));
+    }
+
+    #[test]
+    fn a_routed_lab_needs_instances() {
+        let (lab, _d) = lab();
+        let mut fake = Fake {
+            listen: true,
+            ..Fake::default()
+        };
+        assert!(matches!(
+            lab.clone().with_routed(true).up(&mut fake),
+            Err(LabError::RoutedWithoutInstances(_))
+        ));
+        assert!(fake.ran.is_empty() && fake.netns.is_empty());
+    }
+
+    #[test]
+    fn routed_up_reconciles_and_down_removes_the_router_and_the_store() {
+        let (lab, _d) = lab();
+        let routed = |n| lab.clone().with_instances(n).unwrap().with_routed(true);
+        let three = routed(3);
+        let mut fake = Fake {
+            listen: true,
+            netns: vec!["other".into(), "fs-rt".into()],
+            ..Fake::default()
+        };
+        assert!(three.up(&mut fake).unwrap());
+        let st = three.status(&mut fake).unwrap();
+        assert!(st.complete && st.routed, "{st:?}");
+        assert_eq!(
+            st.namespaces,
+            [
+                "fs-u-client",
+                "fs-u-nf",
+                "fs-u-server",
+                "fs-u-i1",
+                "fs-u-i2",
+                "fs-u-i3",
+                "fs-u-rt",
+                "fs-u-st"
+            ]
+        );
+        // The same lab without --routed is not complete (its instances are not on a bridge).
+        assert!(
+            !lab.clone()
+                .with_instances(3)
+                .unwrap()
+                .status(&mut fake)
+                .unwrap()
+                .complete
+        );
+
+        // Complete: nothing is made, only looked at.
+        let before = fake.ran.len();
+        assert!(!three.up(&mut fake).unwrap());
+        for c in &fake.ran[before..] {
+            let l = c.line();
+            assert!(
+                l == "ip netns list" || l.contains(" -br -4 addr show "),
+                "{l}"
+            );
+        }
+
+        // Trimmed to one: i2 and i3 go with the router's ends of their links.
+        let before = fake.ran.len();
+        assert!(routed(1).up(&mut fake).unwrap());
+        let dels: Vec<String> = fake.ran[before..]
+            .iter()
+            .map(Cmd::line)
+            .filter(|l| l.contains(" del") || l.contains(" add "))
+            .collect();
+        assert_eq!(
+            dels,
+            vec![
+                "ip -n fs-u-nf link del fs-cl2",
+                "ip -n fs-u-rt link del rt-i2",
+                "ip netns del fs-u-i2",
+                "ip -n fs-u-nf link del fs-cl3",
+                "ip -n fs-u-rt link del rt-i3",
+                "ip netns del fs-u-i3"
+            ]
+        );
+
+        // A broken router: the network and every instance are made anew.
+        fake.links.retain(|(ns, _, _)| ns != "fs-u-rt");
+        assert!(!routed(2).status(&mut fake).unwrap().complete);
+        let before = fake.ran.len();
+        assert!(routed(2).up(&mut fake).unwrap());
+        let l = lines(&fake.ran[before..]);
+        for want in [
+            "ip -n fs-u-nf link del fs-rt",
+            "ip netns del fs-u-rt",
+            "ip netns del fs-u-st",
+            "ip netns add fs-u-rt",
+            "ip netns add fs-u-st",
+            "ip netns del fs-u-i1",
+            "ip netns add fs-u-i1",
+            "ip netns add fs-u-i2",
+        ] {
+            assert!(l.contains(&want.to_owned()), "{want}: {l:#?}");
+        }
+        assert!(!l.contains(&"ip netns del fs-u-nf".to_owned()));
+        assert!(routed(2).status(&mut fake).unwrap().complete);
+
+        // Without --routed: the router and the store go, a bridge comes, the instances are
+        // made anew on it; and back.
+        let bridged = lab.clone().with_instances(2).unwrap();
+        let before = fake.ran.len();
+        assert!(bridged.up(&mut fake).unwrap());
+        let l = lines(&fake.ran[before..]);
+        for want in [
+            "ip -n fs-u-nf link del fs-rt",
+            "ip netns del fs-u-rt",
+            "ip netns del fs-u-st",
+            "ip -n fs-u-nf addr add 192.0.2.1/24 dev fs-cl",
+            "ip netns del fs-u-i1",
+            "ip -n fs-u-i1 addr add 192.0.2.11/24 dev fs-i",
+        ] {
+            assert!(l.contains(&want.to_owned()), "{want}: {l:#?}");
+        }
+        let st = bridged.status(&mut fake).unwrap();
+        assert!(st.complete && !st.routed, "{st:?}");
+        let before = fake.ran.len();
+        assert!(routed(2).up(&mut fake).unwrap());
+        let l = lines(&fake.ran[before..]);
+        assert!(
+            l.contains(&"ip -n fs-u-nf link del fs-cl".to_owned()),
+            "{l:#?}"
+        );
+        assert!(l.contains(&"ip netns add fs-u-rt".to_owned()), "{l:#?}");
+        assert!(routed(2).status(&mut fake).unwrap().complete);
+
+        // Down (routed or not) removes all of it, and nothing else.
+        lab.down(&mut fake).unwrap();
+        assert_eq!(fake.netns, vec!["other".to_owned(), "fs-rt".to_owned()]);
     }
 
     #[test]
