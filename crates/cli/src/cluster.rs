@@ -363,10 +363,14 @@ fn up(dir: &Dir, path: &Path, timeout: Duration) -> Result<()> {
         })?;
     }
     let exe = exe()?;
+    // A routed lab (`lab up --routed`): its store has a namespace of its own.
+    let routed = listed
+        .lines()
+        .any(|l| l.split_whitespace().next() == Some(dir.lab.cluster_router_ns().as_str()));
     let instances_running =
         (1..=flowstate_lab::MAX_INSTANCES).any(|k| dir.pid(&format!("instance-{k}")).is_some());
     if d.section.store == StoreMode::Managed && dir.pid("store").is_none() {
-        start_store(dir, &d, &exe, path)?;
+        start_store(dir, &d, &exe, path, routed)?;
     }
     if dir.pid("controller").is_none() {
         let mut argv = vec![
@@ -460,10 +464,23 @@ fn read_json(path: &Path) -> Option<serde_json::Value> {
 /// Starts the managed store with the credentials `[state]` names, or the lab's own (made
 /// here; the roles are given them): our store with its token (`--token-file`), Redis with a
 /// password (`requirepass` in a configuration file of mode 0600) and its protected mode on.
-fn start_store(dir: &Dir, d: &Deployment, exe: &str, path: &Path) -> Result<()> {
-    let a = d.section.address;
+/// It runs in the nf namespace at the root's address, or in a `routed` lab in the store's
+/// namespace at [`flowstate_lab::STORE_ADDR`].
+fn start_store(dir: &Dir, d: &Deployment, exe: &str, path: &Path, routed: bool) -> Result<()> {
+    let (a, ns, host) = if routed {
+        (
+            flowstate_lab::STORE_ADDR,
+            dir.lab.store_ns(),
+            format!(
+                " (the routed lab {} runs its store on a host of its own, {})",
+                dir.lab.prefix(),
+                dir.lab.store_ns()
+            ),
+        )
+    } else {
+        (d.section.address, dir.lab.nf_ns(), String::new())
+    };
     let url = d.config.state.url.clone().unwrap_or_default();
-    let nf = dir.lab.nf_ns();
     // The secret: `[state]`'s, else the lab's (kept across `up`s while the store's data is).
     let (key, lab_file) = store_secret(dir, d).context("a managed store")?;
     let secret = match configured_secret(d, key)? {
@@ -481,7 +498,7 @@ fn start_store(dir: &Dir, d: &Deployment, exe: &str, path: &Path) -> Result<()> 
         BackendKind::Store => {
             let want = format!("{a}:7878");
             if url.trim_start_matches("tcp://") != want {
-                bail!("{}: state.url: a managed store listens at {want}; set url = \"{want}\"", path.display());
+                bail!("{}: state.url: a managed store listens at {want}{host}; set url = \"{want}\"", path.display());
             }
             let data = dir.file("store-data");
             std::fs::create_dir_all(&data)?;
@@ -497,12 +514,12 @@ fn start_store(dir: &Dir, d: &Deployment, exe: &str, path: &Path) -> Result<()> 
                 "--token-file".into(),
                 token.to_string_lossy().into_owned(),
             ];
-            spawn(dir, &nf, "store", &argv)?;
+            spawn(dir, &ns, "store", &argv)?;
         }
         BackendKind::Redis => {
             let want = format!("redis://{a}:6379");
             if url.trim_end_matches('/') != want {
-                bail!("{}: state.url: a managed Redis listens at {want}; set url = \"{want}\"", path.display());
+                bail!("{}: state.url: a managed Redis listens at {want}{host}; set url = \"{want}\"", path.display());
             }
             let conf = dir.file("redis.conf");
             write_secret(
@@ -513,7 +530,7 @@ fn start_store(dir: &Dir, d: &Deployment, exe: &str, path: &Path) -> Result<()> 
                 ),
             )?;
             let argv = vec!["redis-server".to_owned(), conf.to_string_lossy().into_owned()];
-            spawn(dir, &nf, "store", &argv)
+            spawn(dir, &ns, "store", &argv)
                 .context("starting redis-server (scripts/redis installs it)")?;
         }
         other => bail!(

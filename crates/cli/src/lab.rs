@@ -2,19 +2,20 @@
 
 use anyhow::Result;
 use clap::{Args, ValueEnum};
-use flowstate_lab::{instance_addr, Lab, System, MAX_INSTANCES};
+use flowstate_lab::{instance_addr, Lab, System, MAX_INSTANCES, STORE_ADDR};
 
 /// Options of `flowstate lab`.
 #[derive(Debug, Args)]
 #[command(
     after_help = "Examples:\n  flowstate lab up --instances 4   (4 instance namespaces, for flowstate cluster)\n  \
+                        flowstate lab up --instances 4 --routed   (each role's host on its own link to a router)\n  \
                         flowstate lab status\n  flowstate lab down"
 )]
 pub(crate) struct LabArgs {
     /// What to do.
     action: Action,
     /// Prefix of every name the lab makes (namespaces `{prefix}client`, `{prefix}nf`,
-    /// `{prefix}server`, `{prefix}i1`.., `{prefix}r1`, `{prefix}r2`).
+    /// `{prefix}server`, `{prefix}i1`.., `{prefix}r1`, `{prefix}r2`, `{prefix}rt`, `{prefix}st`).
     #[arg(long, default_value = "fs-")]
     prefix: String,
     /// `up` only: switch on Linux's own NAT in the box (nftables masquerade) instead of
@@ -26,6 +27,13 @@ pub(crate) struct LabArgs {
     /// is up with another count gets instances added or removed; `down` removes them all.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=i64::from(MAX_INSTANCES)))]
     instances: u32,
+    /// `up` only, with `--instances`: a routed cluster network instead of one bridge: a router
+    /// namespace `{prefix}rt` with a link of its own (10.200.K.0/30, MTU 9000) to the nf
+    /// namespace (root 192.0.2.1), a store namespace `{prefix}st` (192.0.2.5, where a managed
+    /// store runs) and each instance (192.0.2.(10+k)), each address a /32 routed by the router.
+    /// `up` without it makes the bridge again; `down` removes it.
+    #[arg(long)]
+    routed: bool,
     /// `up` only: Linux's own HA NAT instead of a box: routers `{prefix}r1` (primary) and
     /// `{prefix}r2` (backup) with nftables SNAT, keepalived (VRRP) and conntrackd (FTFW); the nf
     /// namespace becomes a switch. `up` without it switches it off; `down` removes it.
@@ -49,7 +57,9 @@ enum Action {
 }
 
 pub(crate) fn run(a: &LabArgs) -> Result<()> {
-    let lab = Lab::new(&a.prefix)?.with_instances(a.instances)?;
+    let lab = Lab::new(&a.prefix)?
+        .with_instances(a.instances)?
+        .with_routed(a.routed);
     let mut exec = System::default();
     match a.action {
         Action::Up => {
@@ -87,9 +97,10 @@ pub(crate) fn run(a: &LabArgs) -> Result<()> {
             let n = u32::try_from(s.instances.len())
                 .unwrap_or(MAX_INSTANCES)
                 .min(MAX_INSTANCES);
-            let lab = lab.with_instances(n)?;
+            let lab = lab.with_instances(n)?.with_routed(s.routed && n > 0);
             let s = lab.status(&mut exec)?;
             let state = match (s.complete, s.namespaces.is_empty() && s.servers.is_empty()) {
+                (true, _) if s.routed => "up (routed)",
                 (true, _) => "up",
                 (false, true) => "down",
                 (false, false) => "partial (run `flowstate lab up` or `down`)",
@@ -119,6 +130,13 @@ pub(crate) fn run(a: &LabArgs) -> Result<()> {
                     })
                     .collect();
                 println!("instances   {}", list.join(", "));
+            }
+            if s.routed {
+                println!(
+                    "routed      router {}, store {} at {STORE_ADDR}: every role's host on its own link",
+                    lab.cluster_router_ns(),
+                    lab.store_ns()
+                );
             }
             if !s.routers.is_empty() {
                 let master = lab.ha_master(&mut exec)?;

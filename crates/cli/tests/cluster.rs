@@ -7,7 +7,7 @@
 mod common;
 
 use common::content;
-use flowstate_lab::{Lab, System, BOX_OUTSIDE, CLIENT, SERVER};
+use flowstate_lab::{Lab, RoutedHost, System, BOX_OUTSIDE, CLIENT, SERVER, STORE_ADDR};
 use flowstate_testkit::is_root;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
@@ -53,11 +53,17 @@ impl Cluster {
 
     /// The lab with `namespaces` instance namespaces and `config` written, nothing started.
     fn lab_with(name: &str, config: &str, namespaces: u32) -> Cluster {
+        Cluster::lab_routed(name, config, namespaces, false)
+    }
+
+    /// [`Cluster::lab_with`], the cluster network `routed` (`lab up --routed`) or not.
+    fn lab_routed(name: &str, config: &str, namespaces: u32, routed: bool) -> Cluster {
         let prefix = format!("fc-{name}{}-", std::process::id() % 10_000);
         let lab = Lab::new(&prefix)
             .unwrap()
             .with_instances(namespaces)
-            .unwrap();
+            .unwrap()
+            .with_routed(routed);
         lab.up(&mut System::default()).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("cluster.toml");
@@ -1622,4 +1628,233 @@ fn roles_started_on_their_own_hosts_form_a_cluster() {
     let out = c.flowstate(&["cluster", "scale", "3"]);
     assert!(!out.status.success(), "{}", text(&out));
     assert!(text(&out).contains("start_command"), "{}", text(&out));
+}
+
+/// `/proc/net/snmp`'s `Ip:` counters in namespace `ns`.
+fn ip_counters(c: &Cluster, ns: &str) -> std::collections::HashMap<String, u64> {
+    let out = c.in_ns(ns, &["cat", "/proc/net/snmp"]).output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let ip: Vec<&str> = text.lines().filter(|l| l.starts_with("Ip:")).collect();
+    assert_eq!(ip.len(), 2, "{text}");
+    ip[0]
+        .split_whitespace()
+        .zip(ip[1].split_whitespace())
+        .skip(1)
+        .map(|(k, v)| (k.to_owned(), v.parse().unwrap()))
+        .collect()
+}
+
+/// The lab routed (`lab up --instances 4 --routed`): the root's host, the store's and each
+/// instance's on links of their own to a router. A managed store must be at the store's host
+/// (192.0.2.5) and runs there; no two roles share a segment (each host's only neighbour is
+/// the router, and one hop separates it from the root); 50 downloads through firewall -> NAT,
+/// every packet through the instances, complete byte for byte while instance 1 is killed; and
+/// the full-size GENEVE datagrams cross the router whole (none fragmented anywhere, none
+/// refused, the root's sends all succeed).
+#[test]
+fn a_routed_lab_keeps_every_download_through_a_failover_and_fragments_nothing() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let config = |url: &str| {
+        format!(
+            "[input]\ninterface = \"fs-in\"\naddress = \"10.0.0.1\"\nfast_path = false\n\
+             [output]\ninterface = \"fs-out\"\naddress = \"{BOX_OUTSIDE}\"\n\
+             [runtime]\ninside = [\"10.0.0.0/24\"]\n\
+             [state]\nbackend = \"store\"\nurl = \"{url}\"\n\
+             [cluster]\npartitions = 16\ninstances = 3\nstore = \"managed\"\n\
+             [[chain]]\nnf = \"firewall\"\ndefault_outbound = \"allow\"\ndefault_inbound = \"deny\"\n\
+             [[chain]]\nnf = \"nat\"\nexternal = [\"{BOX_OUTSIDE}\"]\nports = \"20000-59999\"\n"
+        )
+    };
+    let mut c = Cluster::lab_routed("rt", &config("192.0.2.1:7878"), 4, true);
+    let cfg = c.config.to_str().unwrap().to_owned();
+    // The root's address is not the store's host in a routed lab.
+    let out = c.flowstate(&["cluster", "up", &cfg]);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("state.url") && text(&out).contains("192.0.2.5:7878"),
+        "{}",
+        text(&out)
+    );
+    std::fs::write(&c.config, config(&format!("{STORE_ADDR}:7878"))).unwrap();
+    let out = c.flowstate(&["cluster", "up", &cfg]);
+    assert!(out.status.success(), "cluster up: {}", text(&out));
+    let lab_status = c.flowstate(&["lab", "status"]);
+    assert!(
+        text(&lab_status).contains("up (routed)"),
+        "{}",
+        text(&lab_status)
+    );
+
+    // Our store runs in the store's namespace, listening at its address, and nowhere else.
+    let (rt, st, nf) = (c.lab.cluster_router_ns(), c.lab.store_ns(), c.lab.nf_ns());
+    let pid = std::fs::read_to_string(c.lab.state_dir().join("cluster/store.pid")).unwrap();
+    let ns = Command::new("ip")
+        .args(["netns", "identify", pid.trim()])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&ns.stdout).trim(), st);
+    let listening = |ns: &str| {
+        String::from_utf8(c.in_ns(ns, &["ss", "-Hltn"]).output().unwrap().stdout).unwrap()
+    };
+    assert!(
+        listening(&st).contains("192.0.2.5:7878"),
+        "{}",
+        listening(&st)
+    );
+    assert!(!listening(&nf).contains(":7878"), "{}", listening(&nf));
+
+    // Full-size datagrams the router forwards (the nftables counter, in the router only).
+    let nft = c.dir.path().join("count.nft");
+    std::fs::write(
+        &nft,
+        "table ip fs_test {\n chain count {\n  type filter hook forward priority 0; policy accept;\n  \
+         ip length > 1500 counter\n }\n}\n",
+    )
+    .unwrap();
+    let added = c
+        .in_ns(&rt, &["nft", "-f", nft.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(added.status.success(), "{}", text(&added));
+
+    let want = content(1_000_000, 11);
+    let http_peers = c.serve_paced(&want, 200_000);
+    let s = c.status();
+    assert_eq!(live(&s), vec![1, 2, 3], "{s:#}");
+    assert_eq!(owned(&s), 16, "{s:#}");
+    let lost = s["instances"][0]["partitions"].as_array().unwrap().len() as u64;
+    assert!(lost > 0, "{s:#}");
+    let mut downloads = c.downloads(50);
+    std::thread::sleep(Duration::from_millis(1000));
+    c.wait_for(
+        10,
+        "an entry for every connection at the firewall and the NAT",
+        |s| {
+            let entries: u64 = s["instances"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i["entries"].as_u64().unwrap_or(0))
+                .sum();
+            entries >= 100
+        },
+    );
+    still_transferring(&mut downloads, want.len());
+    let out = c.flowstate(&["cluster", "kill", "1"]);
+    assert!(out.status.success(), "{}", text(&out));
+    check_downloads(downloads, &want);
+    server_saw_only_the_nat(&http_peers);
+    let s = c.status();
+    assert_eq!(owned(&s), 16, "{s:#}");
+    let root = c.root();
+    assert_eq!(root["reordered"], 0, "{root:#}");
+    assert_eq!(root["send_errors"], 0, "{root:#}");
+    assert!(root["moves_done"].as_u64().unwrap() >= lost, "{root:#}");
+
+    // (1) No segment shared between roles: each host's neighbours on its link are the router's
+    // end only, never another role's address; every other role is one routed hop away.
+    let hosts: Vec<(String, RoutedHost)> = [
+        (nf.clone(), RoutedHost::Root),
+        (st.clone(), RoutedHost::Store),
+    ]
+    .into_iter()
+    .chain((1..=4).map(|k| (c.lab.instance_ns(k), RoutedHost::Instance(k))))
+    .collect();
+    for (ns, h) in &hosts {
+        let (gw, _) = h.link();
+        let out = c
+            .in_ns(ns, &["ip", "-4", "neigh", "show"])
+            .output()
+            .unwrap();
+        let neigh = String::from_utf8(out.stdout).unwrap();
+        let on_link: Vec<&str> = neigh
+            .lines()
+            .filter(|l| l.contains(&format!(" dev {} ", h.interface())))
+            .collect();
+        assert!(
+            on_link.iter().all(|l| l.starts_with(&format!("{gw} "))),
+            "{ns}: {neigh}"
+        );
+        assert!(!neigh.contains("192.0.2."), "{ns}: {neigh}");
+        let target = if *h == RoutedHost::Root {
+            flowstate_lab::instance_addr(4)
+        } else {
+            flowstate_lab::ROOT_ADDR
+        };
+        let route = c
+            .in_ns(ns, &["ip", "route", "get", &target.to_string()])
+            .output()
+            .unwrap();
+        let route = String::from_utf8(route.stdout).unwrap();
+        assert!(route.contains(&format!(" via {gw} ")), "{ns}: {route}");
+        let ping = c
+            .in_ns(ns, &["ping", "-c", "1", "-W", "2", &target.to_string()])
+            .output()
+            .unwrap();
+        assert!(
+            String::from_utf8_lossy(&ping.stdout).contains("ttl=63"),
+            "{ns}: {}",
+            text(&ping)
+        );
+    }
+    // The running instances and the root did resolve the router (the check above is not empty).
+    for ns in [nf.clone(), c.lab.instance_ns(2), c.lab.instance_ns(3)] {
+        let out = c
+            .in_ns(&ns, &["ip", "-4", "neigh", "show"])
+            .output()
+            .unwrap();
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains(" lladdr "),
+            "{ns}: {}",
+            text(&out)
+        );
+    }
+    let bridges = c
+        .in_ns(&nf, &["ip", "-o", "link", "show", "type", "bridge"])
+        .output()
+        .unwrap();
+    assert!(bridges.stdout.is_empty(), "{}", text(&bridges));
+
+    // (3) The full-size frames crossed whole: nothing fragmented, reassembled or refused for
+    // its size on any host since the lab was made (its namespaces' counters start at 0), and
+    // the router forwarded datagrams over 1500 bytes (a full-size frame in GENEVE) at least as
+    // many as the downloads' bytes make in full-size segments (each data segment crosses it
+    // twice, to its instance and back; the paced server's last segment of each 16 kB write is
+    // short).
+    let hosts_and_router = [nf.clone(), rt.clone(), st.clone()]
+        .into_iter()
+        .chain((1..=4).map(|k| c.lab.instance_ns(k)));
+    for ns in hosts_and_router {
+        let now = ip_counters(&c, &ns);
+        for key in ["FragCreates", "FragFails", "FragOKs", "ReasmReqds"] {
+            assert_eq!(now[key], 0, "{ns}: {key} {now:?}");
+        }
+    }
+    let listed = c
+        .in_ns(&rt, &["nft", "list", "table", "ip", "fs_test"])
+        .output()
+        .unwrap();
+    let listed = String::from_utf8(listed.stdout).unwrap();
+    let big: u64 = listed
+        .split_whitespace()
+        .skip_while(|w| *w != "packets")
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{listed}"));
+    let forwarded = ip_counters(&c, &rt)["ForwDatagrams"];
+    eprintln!("the router forwarded {forwarded} datagrams, {big} of them over 1500 bytes");
+    let segments = (50 * want.len() / 1500) as u64;
+    assert!(big >= segments, "{big} datagrams over 1500 bytes: {listed}");
+    let links = c
+        .in_ns(&rt, &["ip", "-o", "link", "show"])
+        .output()
+        .unwrap();
+    let links = String::from_utf8(links.stdout).unwrap();
+    let ports: Vec<&str> = links.lines().filter(|l| l.contains(": rt-")).collect();
+    assert_eq!(ports.len(), 6, "{links}");
+    assert!(ports.iter().all(|l| l.contains(" mtu 9000 ")), "{links}");
 }
