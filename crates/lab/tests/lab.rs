@@ -4,7 +4,7 @@
 
 use flowstate_lab::{
     failover_gap, instance_addr, ping_reply_times, Cmd, Exec, Lab, System, BOX_OUTSIDE, CLIENT_IF,
-    HTTP_PORT, ROOT_ADDR, SERVER,
+    HTTP_PORT, ROOT_ADDR, SERVER, STORE_ADDR,
 };
 use flowstate_testkit::is_root;
 use std::process::{Child, Command, Stdio};
@@ -155,6 +155,91 @@ fn instances_reach_the_root_and_each_other_and_go_away() {
     assert_eq!(namespaces_with(&prefix), Vec::<String>::new());
     drop(guard);
     eprintln!("instances test: {:?}", t0.elapsed());
+}
+
+/// The routed cluster network on the real system: every host reaches every other through the
+/// router (one hop, TTL 63), a 9000-byte datagram with DF crosses whole, the cluster network
+/// reaches neither the client nor the server, and the lab switches to the bridge and back and
+/// goes away leaving nothing.
+#[test]
+fn routed_hosts_reach_each_other_through_the_router_only() {
+    if !is_root() {
+        eprintln!("skipped: the lab needs root");
+        return;
+    }
+    let prefix = format!("fq{}-", std::process::id() % 100_000);
+    let lab = Lab::new(&prefix)
+        .unwrap()
+        .with_instances(2)
+        .unwrap()
+        .with_routed(true);
+    let guard = Guard(lab.clone());
+    let mut exec = System::default();
+    assert!(lab.up(&mut exec).unwrap(), "made");
+    let status = lab.status(&mut exec).unwrap();
+    assert!(status.complete && status.routed, "{status:?}");
+    assert!(!lab.up(&mut exec).unwrap(), "second up makes nothing");
+    let ping = |exec: &mut System, ns: &str, args: &[&str]| {
+        let mut argv = vec!["ping", "-c1", "-W1"];
+        argv.extend(args);
+        exec.run(&Cmd {
+            argv: Lab::in_ns(ns, &argv),
+            may_fail: true,
+        })
+        .unwrap()
+    };
+    let hosts = [
+        (lab.nf_ns(), ROOT_ADDR),
+        (lab.store_ns(), STORE_ADDR),
+        (lab.instance_ns(1), instance_addr(1)),
+        (lab.instance_ns(2), instance_addr(2)),
+    ];
+    for (from, _) in &hosts {
+        for (to, addr) in &hosts {
+            if from != to {
+                let out = ping(&mut exec, from, &[&addr.to_string()]);
+                assert!(out.contains("ttl=63"), "{from} -> {to}: {out}");
+            }
+        }
+    }
+    // A full 9000-byte datagram, not to be fragmented, crosses two links and the router.
+    let out = ping(
+        &mut exec,
+        &lab.instance_ns(1),
+        &["-M", "do", "-s", "8972", &ROOT_ADDR.to_string()],
+    );
+    assert!(out.contains(" 1 received"), "{out}");
+    let out = ping(
+        &mut exec,
+        &lab.instance_ns(1),
+        &["-M", "do", "-s", "8973", &ROOT_ADDR.to_string()],
+    );
+    assert!(!out.contains(" 1 received"), "more than the MTU: {out}");
+    // Only the router forwards, and not to the client's or the server's side.
+    let router = lab.cluster_router_ns();
+    let fwd = |exec: &mut System, ns: &str| {
+        sh(
+            exec,
+            Lab::in_ns(ns, &["sysctl", "-n", "net.ipv4.ip_forward"]),
+        )
+    };
+    assert_eq!(fwd(&mut exec, &router).trim(), "1");
+    assert_eq!(fwd(&mut exec, &lab.nf_ns()).trim(), "0");
+    assert!(!ping(&mut exec, &lab.instance_ns(1), &[&SERVER.to_string()]).contains(" 1 received"));
+
+    // Without --routed: the bridge again (one hop less); routed again; then nothing left.
+    let bridged = Lab::new(&prefix).unwrap().with_instances(2).unwrap();
+    assert!(bridged.up(&mut exec).unwrap());
+    assert!(!bridged.status(&mut exec).unwrap().routed);
+    assert!(!namespaces_with(&prefix).contains(&router));
+    let out = ping(&mut exec, &lab.instance_ns(2), &[&ROOT_ADDR.to_string()]);
+    assert!(out.contains("ttl=64"), "{out}");
+    assert!(lab.up(&mut exec).unwrap());
+    let out = ping(&mut exec, &lab.instance_ns(2), &[&ROOT_ADDR.to_string()]);
+    assert!(out.contains("ttl=63"), "{out}");
+    lab.down(&mut exec).unwrap();
+    assert_eq!(namespaces_with(&prefix), Vec::<String>::new());
+    drop(guard);
 }
 
 /// Stops the processes a test started however it ends.
