@@ -184,6 +184,16 @@ impl Dir {
         (flowstate_lab::running(pid) && (same || retitled)).then_some(pid)
     }
 
+    /// Whether the process `role`'s pid file names still runs, whatever it runs yet (a role
+    /// just started may still be `ip netns exec` on a loaded machine): for waiting on it, not
+    /// for signalling it ([`Dir::pid`]).
+    fn started(&self, role: &str) -> bool {
+        std::fs::read_to_string(self.file(&format!("{role}.pid")))
+            .ok()
+            .and_then(|p| p.trim().parse().ok())
+            .is_some_and(flowstate_lab::running)
+    }
+
     /// The key file of a lab cluster whose deployment names none (`cluster up` makes it).
     fn key_file(&self) -> PathBuf {
         self.file("cluster.key")
@@ -432,7 +442,7 @@ fn up(dir: &Dir, path: &Path, timeout: Duration) -> Result<()> {
             return Ok(());
         }
         for role in ["controller", "root"] {
-            if dir.pid(role).is_none() {
+            if !dir.started(role) {
                 bail!(
                     "the {role} exited: {}",
                     tail(&dir.file(&format!("{role}.log")))
