@@ -816,6 +816,42 @@ impl Worker {
         self.replies = replies;
     }
 
+    /// Runs this shard's part of a batch now, its replies put in their `slots`; whether the
+    /// batch was a duplicate, and whether its first operation answered yes (a fence held).
+    #[allow(clippy::too_many_arguments)]
+    fn run_here(
+        &mut self,
+        conn: u64,
+        client: u64,
+        op_id: u64,
+        ack_only: bool,
+        part: &[(u32, Request)],
+        slots: &mut [Reply],
+        t: Duration,
+    ) -> (bool, bool) {
+        let mut replies = std::mem::take(&mut self.replies);
+        replies.clear();
+        let duplicate = self.run_batch(
+            conn,
+            client,
+            op_id,
+            ack_only,
+            part.iter().map(|(i, r)| (*i, r.borrowed())),
+            &mut replies,
+            t,
+        );
+        let holds = replies
+            .iter()
+            .any(|(i, r)| *i == 0 && *r == Reply::Bool(true));
+        for (i, r) in replies.drain(..) {
+            if let Some(slot) = slots.get_mut(i as usize) {
+                *slot = r;
+            }
+        }
+        self.replies = replies;
+        (duplicate, holds)
+    }
+
     /// Serves a batch over the shards that own its operations: this shard's part now, the
     /// others' sent to them (owned copies); the answer waits for every part.
     fn split_batch(
@@ -858,26 +894,9 @@ impl Worker {
                 .collect();
             if f == me {
                 // Run the fence's part here and now; the rest goes on only if it holds.
-                let mut replies = std::mem::take(&mut self.replies);
-                replies.clear();
-                duplicate |= self.run_batch(
-                    c.id,
-                    client,
-                    op_id,
-                    ack_only,
-                    parts[f].iter().map(|(i, r)| (*i, r.borrowed())),
-                    &mut replies,
-                    t,
-                );
-                let holds = replies
-                    .iter()
-                    .any(|(i, r)| *i == 0 && *r == Reply::Bool(true));
-                for (i, r) in replies.drain(..) {
-                    if let Some(slot) = slots.get_mut(i as usize) {
-                        *slot = r;
-                    }
-                }
-                self.replies = replies;
+                let (dup, holds) =
+                    self.run_here(c.id, client, op_id, ack_only, &parts[f], &mut slots, t);
+                duplicate |= dup;
                 parts[f].clear();
                 if holds {
                     for (s, part) in waiting {
@@ -901,23 +920,9 @@ impl Worker {
                 continue;
             }
             if s == me {
-                let mut replies = std::mem::take(&mut self.replies);
-                replies.clear();
-                duplicate |= self.run_batch(
-                    c.id,
-                    client,
-                    op_id,
-                    ack_only,
-                    part.iter().map(|(i, r)| (*i, r.borrowed())),
-                    &mut replies,
-                    t,
-                );
-                for (i, r) in replies.drain(..) {
-                    if let Some(slot) = slots.get_mut(i as usize) {
-                        *slot = r;
-                    }
-                }
-                self.replies = replies;
+                duplicate |= self
+                    .run_here(c.id, client, op_id, ack_only, part, &mut slots, t)
+                    .0;
                 part.clear();
             } else {
                 remote += 1;
