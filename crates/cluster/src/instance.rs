@@ -953,9 +953,13 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_replayed_packet_whose_changes_were_committed_is_not_counted_twice() {
+    /// A store and two instances (1 and 2) of counter → NAT on it.
+    fn counting_pair() -> (Arc<Shared>, Instance, Instance) {
         let store = Arc::new(Shared(LocalStore::new()));
+        let mut chain =
+            vec![flowstate_nf::registry::factory("counter", &toml::Table::new()).unwrap()];
+        chain.extend(nat_chain());
+        let connector = Arc::clone(&store) as Arc<dyn Connector>;
         let config = |id| InstanceConfig {
             id,
             stage: 0,
@@ -964,12 +968,14 @@ mod tests {
             retain_ops: 1000,
             copy_on_move: false,
         };
-        let mut chain =
-            vec![flowstate_nf::registry::factory("counter", &toml::Table::new()).unwrap()];
-        chain.extend(nat_chain());
-        let connector = Arc::clone(&store) as Arc<dyn Connector>;
-        let mut a = Instance::new(config(1), chain.clone(), Arc::clone(&connector)).unwrap();
-        let mut b = Instance::new(config(2), chain, connector).unwrap();
+        let a = Instance::new(config(1), chain.clone(), Arc::clone(&connector)).unwrap();
+        let b = Instance::new(config(2), chain, connector).unwrap();
+        (store, a, b)
+    }
+
+    #[test]
+    fn a_replayed_packet_whose_changes_were_committed_is_not_counted_twice() {
+        let (store, mut a, mut b) = counting_pair();
         a.claim(2, 1, 0).unwrap();
         // Clocks 1 and 2: committed, output sent. 3 and 4: committed, then `a` fails before
         // their output leaves. 5: processed, never committed.
@@ -1022,21 +1028,7 @@ mod tests {
     /// it drops the partition. Its other partitions go on.
     #[test]
     fn a_cut_off_instance_s_commit_is_refused_by_the_store() {
-        let store = Arc::new(Shared(LocalStore::new()));
-        let mut chain =
-            vec![flowstate_nf::registry::factory("counter", &toml::Table::new()).unwrap()];
-        chain.extend(nat_chain());
-        let connector = Arc::clone(&store) as Arc<dyn Connector>;
-        let config = |id| InstanceConfig {
-            id,
-            stage: 0,
-            partitions: 4,
-            flush_interval: Duration::from_millis(1),
-            retain_ops: 1000,
-            copy_on_move: false,
-        };
-        let mut a = Instance::new(config(1), chain.clone(), Arc::clone(&connector)).unwrap();
-        let mut b = Instance::new(config(2), chain, connector).unwrap();
+        let (store, mut a, mut b) = counting_pair();
         assert_eq!(a.claim(2, 1, 0).unwrap(), Kind::Ready);
         assert_eq!(a.claim(3, 1, 0).unwrap(), Kind::Ready);
         assert!(a.process(&data(2, 1, 1, false), &mut udp(5000), 1));
