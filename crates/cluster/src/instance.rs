@@ -953,6 +953,23 @@ mod tests {
         }
     }
 
+    /// The packets the counter NF counted, as the store has them.
+    fn counted(store: &Shared) -> i64 {
+        let mut conn = store.connect().unwrap();
+        let mut replies = Vec::new();
+        conn.execute(
+            &[Op::GetCounter {
+                key: ObjectKey::shared("counter", ObjKind::Counter, "packets"),
+            }],
+            &mut replies,
+        )
+        .unwrap();
+        match replies.pop() {
+            Some(Reply::Int(n)) => n,
+            other => panic!("the counter: {other:?}"),
+        }
+    }
+
     /// A store and two instances (1 and 2) of counter → NAT on it.
     fn counting_pair() -> (Arc<Shared>, Instance, Instance) {
         let store = Arc::new(Shared(LocalStore::new()));
@@ -1010,16 +1027,7 @@ mod tests {
         let st = b.stats();
         assert_eq!((st.replayed, st.replay_committed), (3, 2));
         // Six packets, each counted once.
-        let mut conn = store.connect().unwrap();
-        let mut replies = Vec::new();
-        conn.execute(
-            &[Op::GetCounter {
-                key: ObjectKey::shared("counter", ObjKind::Counter, "packets"),
-            }],
-            &mut replies,
-        )
-        .unwrap();
-        assert_eq!(replies, vec![Reply::Int(6)]);
+        assert_eq!(counted(&store), 6);
     }
 
     /// An instance cut off from the others (it never hears that its partition moved) keeps
@@ -1046,16 +1054,7 @@ mod tests {
         // Only partition 3's packet is released; partition 2's output never leaves.
         assert_eq!(a.notices(), (&[(3, 1)][..], &[][..]));
         // In the store: one packet of partition 2 (the first) and the one of partition 3.
-        let mut conn = store.connect().unwrap();
-        let mut replies = Vec::new();
-        conn.execute(
-            &[Op::GetCounter {
-                key: ObjectKey::shared("counter", ObjKind::Counter, "packets"),
-            }],
-            &mut replies,
-        )
-        .unwrap();
-        assert_eq!(replies, vec![Reply::Int(2)]);
+        assert_eq!(counted(&store), 2);
         // Later packets of the lost partition are not its any more.
         assert!(!a.process(&data(2, 1, 4, false), &mut udp(5003), 4));
         assert_eq!(a.stats().misdirected, 1);
