@@ -62,6 +62,15 @@ pub(crate) const CONTROLLER_PORT: u16 = 7900;
 pub(crate) const CONTROL_PORT: u16 = 7901;
 /// Most partitions.
 pub(crate) const MAX_PARTITIONS: u32 = 4096;
+/// How far ahead of the last one seen an assignment version or a partition's epoch may be:
+/// each publish adds one to the version, each owner change one to an epoch, so a real one
+/// is never this far ahead; a value beyond is refused, not adopted.
+pub(crate) const MAX_STEP: u64 = 1 << 20;
+
+/// Whether `next` is within [`MAX_STEP`] of `last`.
+pub(crate) fn within_step(last: u64, next: u64) -> bool {
+    next <= last.saturating_add(MAX_STEP)
+}
 
 /// Whether `cluster up` starts the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

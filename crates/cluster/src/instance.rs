@@ -516,6 +516,17 @@ impl Instance {
                     self.stats.refused += 1;
                     Some(Ok(Kind::Refused))
                 }
+                // An epoch far ahead of any the assignments gave is refused, not written into
+                // the ownership record (where it would refuse every real claim after it).
+                Some(_)
+                    if !crate::config::within_step(
+                        self.assigned[p as usize].into(),
+                        epoch.into(),
+                    ) =>
+                {
+                    self.stats.refused += 1;
+                    Some(Ok(Kind::Refused))
+                }
                 Some(_) => None,
             })
             .collect();
@@ -1196,6 +1207,20 @@ mod tests {
     /// before the claim, and the root, claiming at the new owner directly, will send no
     /// release. Taken, the partition would stay owned here for good, its timers racing the
     /// new owner's.
+    /// A claim with an epoch far beyond any assignment (2^32 − 1, from a buggy or hostile
+    /// key holder) is refused and leaves the ownership record alone: the real claim after it
+    /// is granted.
+    #[test]
+    fn a_claim_far_ahead_of_the_assignments_is_refused_not_recorded() {
+        let store = Arc::new(Shared(LocalStore::new()));
+        let mut a = instance(1, &store);
+        assert_eq!(a.claim(1, u32::MAX, 0).unwrap(), Kind::Refused);
+        assert_eq!(a.stats().refused, 1);
+        assert!(a.owned_partitions().is_empty());
+        let mut b = instance(2, &store);
+        assert_eq!(b.claim(1, 1, 1).unwrap(), Kind::Ready);
+    }
+
     #[test]
     fn a_claim_the_assignment_superseded_is_refused() {
         let store = Arc::new(Shared(LocalStore::new()));

@@ -236,6 +236,14 @@ impl Steer {
         if a.version <= self.version && self.version != 0 {
             return;
         }
+        if self.version != 0 && !crate::config::within_step(self.version, a.version) {
+            tracing::warn!(
+                have = self.version,
+                got = a.version,
+                "an assignment far ahead of the one applied is refused, not adopted"
+            );
+            return;
+        }
         self.version = a.version;
         self.members = a
             .members
@@ -533,6 +541,21 @@ mod tests {
             let id = live.iter().copied().find(|&i| addr(i) == c.to).unwrap();
             st.on_control(id, Kind::Ready, c.partition, c.epoch, 0, &mut Vec::new());
         }
+    }
+
+    /// An assignment whose version is far beyond the one applied (a buggy or hostile key
+    /// holder) is refused: nothing moves, and the real next one still applies.
+    #[test]
+    fn an_assignment_far_ahead_is_refused_not_adopted() {
+        let mut st = Steer::new(1, SteerConfig::default());
+        steady(&mut st, &[(1, 1)], &[1, 2]);
+        let mut out = Vec::new();
+        st.apply(&assignment(1 << 62, &[(2, 2)], &[1, 2], &[]), MS, &mut out);
+        assert!(out.is_empty());
+        assert_eq!(st.version(), 1);
+        st.apply(&assignment(2, &[(2, 2)], &[1, 2], &[]), 2 * MS, &mut out);
+        assert_eq!(st.version(), 2);
+        assert_eq!(out.len(), 1);
     }
 
     #[test]
