@@ -618,12 +618,21 @@ impl StoreBackend {
         count: usize,
         ops: impl Iterator<Item = (&'a Op, Option<u32>, Option<u64>)>,
         ack_only: bool,
+        fence: Option<&Fence>,
     ) -> u64 {
         let id = self.next_req;
         self.next_req += 1;
         let op_id = self.next_op;
         self.next_op += 1;
-        let start = proto::begin_batch(&mut self.out, id, op_id, ack_only, count as u32);
+        let head = u32::from(fence.is_some());
+        let start = proto::begin_batch(&mut self.out, id, op_id, ack_only, count as u32 + head);
+        if let Some(f) = fence {
+            let check = proto::Command::Fence {
+                key: f.key.as_bytes(),
+                value: f.value.as_slice(),
+            };
+            proto::put_request(&mut self.out, &check, None, None);
+        }
         for (op, instance, clock) in ops.take(count) {
             proto::put_request(&mut self.out, op, instance, clock);
         }
@@ -750,18 +759,20 @@ impl StoreBackend {
         r
     }
 
-    fn prepare<'a, I>(&mut self, n: usize, mut ops: I)
+    /// Frames of at most `max_batch` operations, each headed by `fence` if there is one.
+    fn prepare<'a, I>(&mut self, n: usize, mut ops: I, fence: Option<&Fence>)
     where
         I: Iterator<Item = (&'a Op, Option<u32>, Option<u64>)>,
     {
         self.out.clear();
         self.sent.clear();
-        let max = self.settings.max_batch.max(1);
+        let head = usize::from(fence.is_some());
+        let max = self.settings.max_batch.max(1 + head) - head;
         let mut first = 0;
         while first < n {
             let k = (n - first).min(max);
             let start = self.out.len();
-            let id = self.encode_batch(k, ops.by_ref(), false);
+            let id = self.encode_batch(k, ops.by_ref(), false, fence);
             self.sent.push(Sent {
                 id,
                 range: start..self.out.len(),
@@ -771,9 +782,52 @@ impl StoreBackend {
         }
     }
 
+    /// Runs `ops` in frames (each headed by `fence`, if any) and appends their replies; a
+    /// frame whose fence did not hold fails the call ([`BackendError::Fenced`]).
+    fn run_batches(
+        &mut self,
+        ops: &[Op],
+        replies: &mut Vec<Reply>,
+        fence: Option<&Fence>,
+    ) -> Result<(), BackendError> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        self.prepare(ops.len(), ops.iter().map(|o| (o, None, None)), fence);
+        self.run_prepared()?;
+        replies.reserve(ops.len());
+        let before = replies.len();
+        for a in self.answers.drain(..) {
+            let mut a = a
+                .ok_or_else(|| protocol("a batch was not answered"))?
+                .into_iter();
+            if let Some(f) = fence {
+                if a.next() != Some(proto::Reply::Bool(true)) {
+                    replies.truncate(before);
+                    return Err(BackendError::Fenced {
+                        backend: NAME,
+                        key: f.key.to_string(),
+                    });
+                }
+            }
+            replies.extend(a.map(reply_from));
+        }
+        if replies.len() - before != ops.len() {
+            replies.truncate(before);
+            return Err(protocol(
+                "the store answered a different number of operations",
+            ));
+        }
+        Ok(())
+    }
+
     /// Runs operations with CHC tags (CHC §5.1, §5.3): one reply per operation.
     pub fn execute_tagged(&mut self, ops: &[Tagged]) -> Result<Vec<TaggedReply>, BackendError> {
-        self.prepare(ops.len(), ops.iter().map(|t| (&t.op, t.instance, t.clock)));
+        self.prepare(
+            ops.len(),
+            ops.iter().map(|t| (&t.op, t.instance, t.clock)),
+            None,
+        );
         self.run_prepared()?;
         let mut out = Vec::with_capacity(ops.len());
         for a in self.answers.drain(..) {
@@ -856,6 +910,7 @@ impl StoreBackend {
             ops.len(),
             ops.iter().map(|t| (&t.op, t.instance, t.clock)),
             true,
+            None,
         );
         // Kept until acknowledged; `out` keeps its capacity for the next call.
         let bytes = self.out.split_off(0);
@@ -1124,76 +1179,11 @@ impl Backend for StoreBackend {
         ops: &[Op],
         replies: &mut Vec<Reply>,
     ) -> Result<(), BackendError> {
-        if ops.is_empty() {
-            return Ok(());
-        }
-        let check = proto::Command::Fence {
-            key: fence.key.as_bytes(),
-            value: fence.value.as_slice(),
-        };
-        self.out.clear();
-        self.sent.clear();
-        for chunk in ops.chunks(self.settings.max_batch.max(2) - 1) {
-            let id = self.next_req;
-            self.next_req += 1;
-            let op_id = self.next_op;
-            self.next_op += 1;
-            let start = self.out.len();
-            let frame = proto::begin_batch(&mut self.out, id, op_id, false, chunk.len() as u32 + 1);
-            proto::put_request(&mut self.out, &check, None, None);
-            for op in chunk {
-                proto::put_request(&mut self.out, op, None, None);
-            }
-            proto::finish(&mut self.out, frame);
-            self.sent.push(Sent {
-                id,
-                range: start..self.out.len(),
-                answered: false,
-            });
-        }
-        self.run_prepared()?;
-        let before = replies.len();
-        for a in self.answers.drain(..) {
-            let mut a = a
-                .ok_or_else(|| protocol("a batch was not answered"))?
-                .into_iter();
-            if a.next() != Some(proto::Reply::Bool(true)) {
-                replies.truncate(before);
-                return Err(BackendError::Fenced {
-                    backend: NAME,
-                    key: fence.key.to_string(),
-                });
-            }
-            replies.extend(a.map(reply_from));
-        }
-        if replies.len() - before != ops.len() {
-            replies.truncate(before);
-            return Err(protocol(
-                "the store answered a different number of operations",
-            ));
-        }
-        Ok(())
+        self.run_batches(ops, replies, Some(fence))
     }
 
     fn execute(&mut self, ops: &[Op], replies: &mut Vec<Reply>) -> Result<(), BackendError> {
-        if ops.is_empty() {
-            return Ok(());
-        }
-        self.prepare(ops.len(), ops.iter().map(|o| (o, None, None)));
-        self.run_prepared()?;
-        replies.reserve(ops.len());
-        let before = replies.len();
-        for a in self.answers.drain(..) {
-            let a = a.ok_or_else(|| protocol("a batch was not answered"))?;
-            replies.extend(a.into_iter().map(reply_from));
-        }
-        if replies.len() - before != ops.len() {
-            replies.truncate(before);
-            return Err(protocol(
-                "the store answered a different number of operations",
-            ));
-        }
-        Ok(())
+        self.run_batches(ops, replies, None)
     }
 
     fn partitions(
