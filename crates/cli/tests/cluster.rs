@@ -235,6 +235,24 @@ impl Cluster {
         (c, log)
     }
 
+    /// Waits (at most 10 s) until the instances hold `n` per-flow entries between them: each
+    /// connection is one at the firewall and one at the NAT of its partition's owner.
+    fn wait_for_entries(&self, n: u64) {
+        self.wait_for(
+            10,
+            "an entry for every connection at the firewall and the NAT",
+            |s| {
+                let entries: u64 = s["instances"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|i| i["entries"].as_u64().unwrap_or(0))
+                    .sum();
+                entries >= n
+            },
+        );
+    }
+
     fn root(&self) -> serde_json::Value {
         self.status()["root"].clone()
     }
@@ -372,19 +390,7 @@ fn failover(name: &str, state: &str, fast_path: bool) {
     // Each connection is an entry of the firewall and of the NAT at its partition's owner
     // (100 curls take a while to connect on a loaded machine; the instances report on their
     // own schedule).
-    c.wait_for(
-        10,
-        "an entry for every connection at the firewall and the NAT",
-        |s| {
-            let entries: u64 = s["instances"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|i| i["entries"].as_u64().unwrap_or(0))
-                .sum();
-            entries >= 200
-        },
-    );
+    c.wait_for_entries(200);
     still_transferring(&mut downloads, want.len());
     let killed_at = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -1730,19 +1736,7 @@ fn a_routed_lab_keeps_every_download_through_a_failover_and_fragments_nothing() 
     assert!(lost > 0, "{s:#}");
     let mut downloads = c.downloads(50);
     std::thread::sleep(Duration::from_millis(1000));
-    c.wait_for(
-        10,
-        "an entry for every connection at the firewall and the NAT",
-        |s| {
-            let entries: u64 = s["instances"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|i| i["entries"].as_u64().unwrap_or(0))
-                .sum();
-            entries >= 100
-        },
-    );
+    c.wait_for_entries(100);
     still_transferring(&mut downloads, want.len());
     let out = c.flowstate(&["cluster", "kill", "1"]);
     assert!(out.status.success(), "{}", text(&out));
