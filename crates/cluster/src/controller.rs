@@ -225,7 +225,6 @@ pub fn run_controller(
     }
     let root = SocketAddrV4::new(s.address, CONTROL_PORT);
     let mut buf = vec![0u8; 65536];
-    let mut out = vec![0u8; 65536];
     let seal = o.keys.sealer(Sender::CONTROLLER, now);
     let mut opener = o.keys.opener(s.clock_skew.as_nanos() as u64);
     let mut next_keys = Instant::now();
@@ -333,20 +332,12 @@ pub fn run_controller(
             for core in &cores {
                 let a = core.ctl.assignment();
                 if a.version > 0 {
-                    let bytes = a.encode();
-                    let Some(body) = out.get_mut(..bytes.len()) else {
-                        tracing::error!(stage = a.stage, "the assignment exceeds a datagram");
-                        continue;
-                    };
-                    body.copy_from_slice(&bytes);
                     // One signed datagram for every receiver (each keeps its own window).
-                    let Some(n) = seal.seal(&mut out, bytes.len()) else {
-                        continue;
-                    };
-                    let _ = reports.send_to(&out[..n], root);
+                    let d = seal.sealed(a.encode());
+                    let _ = reports.send_to(&d, root);
                     for m in a.members.iter().filter(|m| m.live) {
                         let to = SocketAddrV4::new(*m.addr.ip(), CONTROL_PORT);
-                        let _ = reports.send_to(&out[..n], to);
+                        let _ = reports.send_to(&d, to);
                     }
                 }
             }

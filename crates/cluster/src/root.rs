@@ -569,8 +569,6 @@ pub fn run_root(
     let mut rbuf = vec![0u8; 65536];
     let mut rx = Datagrams::new(256, DATAGRAM);
     let mut opener = o.keys.opener(s.clock_skew.as_nanos() as u64);
-    let lag_seal = out.seal.clone();
-    let mut lag_buf = vec![0u8; 65536];
     let mut next_keys = Instant::now();
     // An output the packet log released, on its way on.
     let mut kept = Vec::with_capacity(MAX_FRAME);
@@ -746,11 +744,7 @@ pub fn run_root(
             next_lag = Instant::now() + s.heartbeat;
             out.log.set_now(wall_ns());
             for lag in lags(&mut out.log, &path) {
-                let body = lag.encode();
-                lag_buf[..body.len()].copy_from_slice(&body);
-                if let Some(n) = lag_seal.seal(&mut lag_buf, body.len()) {
-                    let _ = control.send_to(&lag_buf[..n], controller);
-                }
+                let _ = control.send_to(&out.seal.sealed(lag.encode()), controller);
             }
         }
         if Instant::now() >= next_keys {

@@ -507,7 +507,6 @@ impl Heartbeat {
             .spawn(move || {
                 // From the wall clock: a restarted process's reports go on above its old ones.
                 let mut seq = wall_ns();
-                let mut buf = vec![0u8; 65536];
                 loop {
                     std::thread::sleep(every);
                     let last = t.load(Ordering::Relaxed);
@@ -523,12 +522,8 @@ impl Heartbeat {
                         }),
                         _ => None,
                     };
-                    let Some(m) = msg.filter(|m| m.len() + TRAILER_LEN <= buf.len()) else {
-                        continue;
-                    };
-                    buf[..m.len()].copy_from_slice(&m);
-                    if let Some(n) = seal.seal(&mut buf, m.len()) {
-                        let _ = socket.send_to(&buf[..n], to);
+                    if let Some(m) = msg {
+                        let _ = socket.send_to(&seal.sealed(m), to);
                     }
                 }
             })?;

@@ -31,6 +31,9 @@ fn a_sealed_datagram_opens_once_with_its_sender_and_payload() {
     assert_eq!(o.rejected().get(Rejected::Replayed), 1);
     // No room for the trailer: nothing is written.
     assert_eq!(s.seal(&mut [0u8; 10], 5), None);
+    // A message built on its own gets its trailer appended.
+    let d = s.sealed(b"report".to_vec());
+    assert_eq!(o.open(&d, NOW), Ok((Sender::instance(7), &b"report"[..])));
 }
 
 #[test]
