@@ -499,7 +499,7 @@ fn start_store(dir: &Dir, d: &Deployment, exe: &str, path: &Path, routed: bool) 
             Ok(s) if !s.trim().is_empty() => s.trim().to_owned(),
             _ => {
                 let s = flowstate_cluster::auth::random_secret()?;
-                write_secret(&lab_file, &format!("{s}\n"))?;
+                crate::key::write_private(&lab_file, &format!("{s}\n"))?;
                 s
             }
         },
@@ -513,7 +513,7 @@ fn start_store(dir: &Dir, d: &Deployment, exe: &str, path: &Path, routed: bool) 
             let data = dir.file("store-data");
             std::fs::create_dir_all(&data)?;
             let token = dir.file("store-server.token");
-            write_secret(&token, &format!("{secret}\n"))?;
+            crate::key::write_private(&token, &format!("{secret}\n"))?;
             let argv = vec![
                 exe.to_owned(),
                 "store".into(),
@@ -532,7 +532,7 @@ fn start_store(dir: &Dir, d: &Deployment, exe: &str, path: &Path, routed: bool) 
                 bail!("{}: state.url: a managed Redis listens at {want}{host}; set url = \"{want}\"", path.display());
             }
             let conf = dir.file("redis.conf");
-            write_secret(
+            crate::key::write_private(
                 &conf,
                 &format!(
                     "bind {a}\nport 6379\nprotected-mode yes\nrequirepass {secret}\nsave \"\"\nappendonly no\ndir {}\n",
@@ -762,20 +762,6 @@ fn store_secret(dir: &Dir, d: &Deployment) -> Option<(&'static str, PathBuf)> {
         BackendKind::Redis => Some(("password_file", dir.file("redis.password"))),
         _ => None,
     }
-}
-
-/// Writes `text` to `file`, mode 0600 (a secret), replacing what was there.
-fn write_secret(file: &Path, text: &str) -> Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let _ = std::fs::remove_file(file);
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(file)
-        .and_then(|mut f| f.write_all(text.as_bytes()))
-        .with_context(|| format!("writing {}", file.display()))
 }
 
 /// The first line of the secret `[state]` names as `key` (inline or a file).

@@ -145,6 +145,12 @@ fn find(file: &Path, lines: &[String], id: u8) -> Result<usize> {
 fn write(file: &Path, lines: &[String]) -> Result<()> {
     let text = lines.join("\n") + "\n";
     Keys::parse(&text).map_err(|(line, reason)| anyhow::anyhow!("line {line}: {reason}"))?;
+    write_private(file, &text)
+}
+
+/// Replaces `file` with `text`, mode 0600 from its creation on (a key, a token, a password),
+/// through a temporary file and a rename: a reader never sees half of it.
+pub(crate) fn write_private(file: &Path, text: &str) -> Result<()> {
     let tmp = file.with_extension("tmp");
     let _ = std::fs::remove_file(&tmp);
     let mut f = std::fs::OpenOptions::new()
