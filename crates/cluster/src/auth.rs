@@ -166,11 +166,6 @@ impl RejectCounts {
         self.0[why as usize]
     }
 
-    /// Every refusal.
-    pub fn total(&self) -> u64 {
-        self.0.iter().sum()
-    }
-
     /// Reasons with a count, by name (for stats files).
     pub fn by_name(&self) -> std::collections::BTreeMap<&'static str, u64> {
         Rejected::ALL
@@ -486,11 +481,6 @@ impl Sealer {
         // Room for the trailer was just made: this cannot fail.
         let _ = self.seal(&mut body, len);
         body
-    }
-
-    /// Who this sealer signs as.
-    pub fn sender(&self) -> Sender {
-        self.from
     }
 }
 
