@@ -1482,6 +1482,126 @@ fn an_instance_started_by_hand_joins_and_takes_a_share() {
     assert_eq!(rejected(&i3), 0, "{i3:#}");
 }
 
+/// Where a cluster started by hand runs its store and controller.
+struct ByHand<'a> {
+    /// The store's namespace and address (it listens on port 7878).
+    store: (String, &'a str),
+    /// The controller's namespace, the address the deployment names for it (`None`: the
+    /// root's) and its extra arguments.
+    controller: (String, Option<&'a str>, &'a [&'a str]),
+    instances: u32,
+}
+
+impl Cluster {
+    /// Starts every role on its own, as each host's supervisor would (the controller starts
+    /// nothing): a fresh key and store token, one deployment file, the store, the controller,
+    /// the root in the box's namespace, instances `1..=n` on their hosts (stats in
+    /// `instance-K.json`, logs in `NAMESPACE.log`, both in the test's directory). Waits until
+    /// every instance joined and every partition is owned.
+    fn start_by_hand(&mut self, h: ByHand) {
+        let dir = self.dir.path().to_path_buf();
+        let keys = dir.join("cluster.key");
+        let new = Command::new(FLOWSTATE)
+            .args(["cluster", "key", "new", keys.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(new.status.success(), "{}", text(&new));
+        let token = dir.join("store.token");
+        std::fs::write(&token, "s3cret-token\n").unwrap();
+        let (store_ns, store_at) = h.store;
+        let (controller_ns, controller, controller_args) = h.controller;
+        let named = controller.map_or(String::new(), |a| format!("controller = \"{a}\"\n"));
+        let config = format!(
+            "[input]\ninterface = \"fs-in\"\naddress = \"10.0.0.1\"\nfast_path = false\n\
+             [output]\ninterface = \"fs-out\"\naddress = \"{BOX_OUTSIDE}\"\n\
+             [runtime]\ninside = [\"10.0.0.0/24\"]\n\
+             [state]\nbackend = \"store\"\nurl = \"{store_at}:7878\"\ntoken_file = \"{}\"\n\
+             [cluster]\npartitions = 16\naddress = \"192.0.2.1\"\n{named}\
+             store = \"external\"\nkey_file = \"cluster.key\"\n\
+             [[chain]]\nnf = \"firewall\"\ndefault_outbound = \"allow\"\ndefault_inbound = \"deny\"\n\
+             [[chain]]\nnf = \"nat\"\nexternal = [\"{BOX_OUTSIDE}\"]\nports = \"20000-59999\"\n",
+            token.display()
+        );
+        std::fs::write(&self.config, config).unwrap();
+        let check = Command::new(FLOWSTATE)
+            .args(["check", self.config.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(check.status.success(), "check: {}", text(&check));
+        let cfg = self.config.to_str().unwrap().to_owned();
+        let socket = dir.join("controller.sock");
+        let data = dir.join("store-data");
+        let root_stats = self.lab.state_dir().join("cluster/root.json");
+        std::fs::create_dir_all(root_stats.parent().unwrap()).unwrap();
+        let listen = format!("{store_at}:7878");
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let mut starts = vec![
+            (
+                store_ns,
+                args(&[
+                    "store",
+                    "--listen",
+                    &listen,
+                    "--data-dir",
+                    data.to_str().unwrap(),
+                    "--token-file",
+                    token.to_str().unwrap(),
+                ]),
+            ),
+            (controller_ns, {
+                let mut a = args(&["controller", &cfg, "--socket", socket.to_str().unwrap()]);
+                a.extend(args(controller_args));
+                a
+            }),
+            (
+                self.lab.nf_ns(),
+                args(&["root", &cfg, "--stats", root_stats.to_str().unwrap()]),
+            ),
+        ];
+        for k in 1..=h.instances {
+            let stats = dir.join(format!("instance-{k}.json"));
+            starts.push((
+                self.lab.instance_ns(k),
+                args(&[
+                    "instance",
+                    &cfg,
+                    "--id",
+                    &k.to_string(),
+                    "--address",
+                    &flowstate_lab::instance_addr(k).to_string(),
+                    "--stats",
+                    stats.to_str().unwrap(),
+                ]),
+            ));
+        }
+        for (ns, args) in &starts {
+            let mut argv = vec![FLOWSTATE];
+            argv.extend(args.iter().map(String::as_str));
+            let log = std::fs::File::create(dir.join(format!("{ns}.log"))).unwrap();
+            let child = self
+                .in_ns(ns, &argv)
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .unwrap();
+            self.background.push(child);
+        }
+        self.socket = Some(socket);
+        let all: Vec<u64> = (1..=u64::from(h.instances)).collect();
+        self.wait_for(
+            30,
+            "every instance joined, every partition owned, the root steady",
+            |s| {
+                live(s) == all
+                    && owned(s) == 16
+                    && s["root"]["moving"] == 0
+                    && s["root"]["assignment_versions"][0].as_u64()
+                        >= s["stages"][0]["version"].as_u64()
+            },
+        );
+    }
+}
+
 /// Every role started on its own, as a supervisor on each host would (`flowstate store`,
 /// `flowstate controller` on its own host of the cluster network, `flowstate root`, `flowstate
 /// instance` on two hosts), with the deployment's key file and the store's token: the
@@ -1494,115 +1614,18 @@ fn roles_started_on_their_own_hosts_form_a_cluster() {
         eprintln!("skipped: needs root");
         return;
     }
-    let controller = flowstate_lab::instance_addr(3);
+    let controller = flowstate_lab::instance_addr(3).to_string();
     let mut c = Cluster::lab_with("o", "", 3);
-    let keys = c.dir.path().join("cluster.key");
-    let new = Command::new(FLOWSTATE)
-        .args(["cluster", "key", "new", keys.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(new.status.success(), "{}", text(&new));
-    let token = c.dir.path().join("store.token");
-    std::fs::write(&token, "s3cret-token\n").unwrap();
-    let config = format!(
-        "[input]\ninterface = \"fs-in\"\naddress = \"10.0.0.1\"\n\
-         [output]\ninterface = \"fs-out\"\naddress = \"{BOX_OUTSIDE}\"\n\
-         [runtime]\ninside = [\"10.0.0.0/24\"]\n\
-         [state]\nbackend = \"store\"\nurl = \"192.0.2.1:7878\"\ntoken_file = \"{}\"\n\
-         [cluster]\npartitions = 16\naddress = \"192.0.2.1\"\ncontroller = \"{controller}\"\n\
-         store = \"external\"\nkey_file = \"cluster.key\"\n\
-         [[chain]]\nnf = \"firewall\"\ndefault_outbound = \"allow\"\ndefault_inbound = \"deny\"\n\
-         [[chain]]\nnf = \"nat\"\nexternal = [\"{BOX_OUTSIDE}\"]\nports = \"20000-59999\"\n",
-        token.display()
-    );
-    std::fs::write(&c.config, config).unwrap();
-    let check = Command::new(FLOWSTATE)
-        .args(["check", c.config.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(check.status.success(), "check: {}", text(&check));
-    let cfg = c.config.to_str().unwrap().to_owned();
-    let socket = c.dir.path().join("controller.sock");
-    let data = c.dir.path().join("store-data");
-    let root_stats = c.lab.state_dir().join("cluster/root.json");
-    std::fs::create_dir_all(root_stats.parent().unwrap()).unwrap();
     let nf = c.lab.nf_ns();
-    let starts: Vec<(String, Vec<String>)> = vec![
-        (
-            nf.clone(),
-            [
-                "store",
-                "--listen",
-                "192.0.2.1:7878",
-                "--data-dir",
-                data.to_str().unwrap(),
-                "--token-file",
-                token.to_str().unwrap(),
-            ]
-            .map(String::from)
-            .to_vec(),
-        ),
-        (
+    c.start_by_hand(ByHand {
+        store: (nf.clone(), "192.0.2.1"),
+        controller: (
             c.lab.instance_ns(3),
-            [
-                "controller",
-                &cfg,
-                "--socket",
-                socket.to_str().unwrap(),
-                "--metrics",
-                "0.0.0.0:9465",
-            ]
-            .map(String::from)
-            .to_vec(),
+            Some(&controller),
+            &["--metrics", "0.0.0.0:9465"],
         ),
-        (
-            nf.clone(),
-            ["root", &cfg, "--stats", root_stats.to_str().unwrap()]
-                .map(String::from)
-                .to_vec(),
-        ),
-    ]
-    .into_iter()
-    .chain((1..=2u32).map(|k| {
-        let a = flowstate_lab::instance_addr(k).to_string();
-        (
-            c.lab.instance_ns(k),
-            [
-                "instance",
-                cfg.as_str(),
-                "--id",
-                &k.to_string(),
-                "--address",
-                &a,
-            ]
-            .map(String::from)
-            .to_vec(),
-        )
-    }))
-    .collect();
-    for (ns, args) in &starts {
-        let mut argv = vec![FLOWSTATE];
-        argv.extend(args.iter().map(String::as_str));
-        let child = c
-            .in_ns(ns, &argv)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        c.background.push(child);
-    }
-    c.socket = Some(socket);
-    c.wait_for(
-        30,
-        "two instances joined, every partition owned, the root steady",
-        |s| {
-            live(s) == vec![1, 2]
-                && owned(s) == 16
-                && s["root"]["moving"] == 0
-                && s["root"]["assignment_versions"][0].as_u64()
-                    >= s["stages"][0]["version"].as_u64()
-        },
-    );
+        instances: 2,
+    });
     let want = content(300_000, 4);
     let http_peers = c.serve_paced(&want, 1_000_000);
     check_downloads(c.downloads(20), &want);
@@ -1851,4 +1874,109 @@ fn a_routed_lab_keeps_every_download_through_a_failover_and_fragments_nothing() 
     let ports: Vec<&str> = links.lines().filter(|l| l.contains(": rt-")).collect();
     assert_eq!(ports.len(), 6, "{links}");
     assert!(ports.iter().all(|l| l.contains(" mtu 9000 ")), "{links}");
+}
+
+/// A host cut off in a routed lab, every role started on its own (as a supervisor would: the
+/// controller kills nothing): instance 1's link goes down under 60 downloads, its processes
+/// alive, while a commit of packets it has taken is on the wire (its way to the store went
+/// 100 ms before the rest). The others take its partitions; when the link comes back, that
+/// commit reaches the store after the partitions moved and is refused (fenced), none of its
+/// outputs leaves, and the instance rejoins as a member and takes partitions again.
+/// Every download completes byte for byte.
+#[test]
+fn a_host_cut_off_has_its_commits_refused_and_rejoins() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let store_at = flowstate_lab::STORE_ADDR.to_string();
+    let mut c = Cluster::lab_routed("x", "", 3, true);
+    c.start_by_hand(ByHand {
+        store: (c.lab.store_ns(), &store_at),
+        controller: (c.lab.nf_ns(), None, &[]),
+        instances: 3,
+    });
+    let dir = c.dir.path().to_path_buf();
+    let stats = |k: u32| dir.join(format!("instance-{k}.json"));
+    let want = content(1_500_000, 6);
+    let http_peers = c.serve_paced(&want, 200_000);
+    let mut downloads = c.downloads(60);
+    std::thread::sleep(Duration::from_millis(1500));
+    // The cut: instance 1's link, at the router.
+    let router = c.lab.cluster_router_ns();
+    let port = flowstate_lab::RoutedHost::Instance(1).router_port();
+    // A cable cut: the router forwards nothing from or to the host (an interface set down
+    // would also drop the router's route to it, which nothing puts back).
+    let link = |state: &str| {
+        let chain = "{ type filter hook forward priority -10 ; }";
+        let commands: Vec<Vec<&str>> = match state {
+            "store" => vec![
+                vec!["add", "table", "inet", "cut"],
+                vec!["add", "chain", "inet", "cut", "forward", chain],
+                vec![
+                    "add", "rule", "inet", "cut", "forward", "iifname", &port, "ip", "daddr",
+                    &store_at, "counter", "drop",
+                ],
+            ],
+            "down" => vec![
+                vec![
+                    "add", "rule", "inet", "cut", "forward", "iifname", &port, "drop",
+                ],
+                vec![
+                    "add", "rule", "inet", "cut", "forward", "oifname", &port, "drop",
+                ],
+            ],
+            _ => vec![vec!["delete", "table", "inet", "cut"]],
+        };
+        for cmd in commands {
+            let mut argv = vec!["nft"];
+            argv.extend(&cmd);
+            let out = c.in_ns(&router, &argv).output().unwrap();
+            assert!(out.status.success(), "{argv:?}: {}", text(&out));
+        }
+    };
+    // The cut begins with the instance's way to the store, so that a commit of packets it
+    // has taken is on the wire when the rest goes: the store gets it only after the link is
+    // back, when the partitions have moved.
+    link("store");
+    std::thread::sleep(Duration::from_millis(300));
+    link("down");
+    c.wait_for(
+        10,
+        "instance 1 failed over, its partitions with 2 and 3",
+        |s| live(s) == vec![2, 3] && owned(s) == 16,
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    link("up");
+    c.wait_for(20, "instance 1 back as a member with partitions", |s| {
+        live(s) == vec![1, 2, 3]
+            && owned(s) == 16
+            && s["instances"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|i| i["id"] == 1 && !i["partitions"].as_array().unwrap().is_empty())
+    });
+    still_transferring(&mut downloads, want.len());
+    check_downloads(downloads, &want);
+    server_saw_only_the_nat(&http_peers);
+    // Its stats once its loop turns again (the commit it was in waits for TCP to send again).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let i1 = loop {
+        let i1: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(stats(1)).unwrap()).unwrap();
+        if i1["fenced_commits"].as_u64() > Some(0) || Instant::now() > deadline {
+            break i1;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let root = c.root();
+    let log = std::fs::read_to_string(dir.join(format!("{}.log", c.lab.instance_ns(1))))
+        .unwrap_or_default();
+    assert!(
+        i1["fenced_commits"].as_u64().unwrap() > 0,
+        "no commit of the cut-off instance was refused: {i1:#}\n{log}"
+    );
+    assert_eq!(root["reordered"], 0, "{root:#}");
 }

@@ -119,7 +119,8 @@ pub trait NetworkFunction {
 
     /// Entries of its per-flow table this instance holds now (sessions, connections, flows):
     /// what a cluster instance reports as its load's size (HashMVT §IV-C). Default 0, for NFs
-    /// without one.
+    /// without one. Cheap and local: never a round trip to the store (an instance's loop asks
+    /// at every heartbeat).
     fn entries(&self) -> u64 {
         0
     }

@@ -667,7 +667,8 @@ impl<T: NatTable> NetworkFunction for Translator<T> {
     }
 
     fn entries(&self) -> u64 {
-        self.table.counts().0.max(0) as u64
+        // Not `counts`: a pool's free ports may be a round trip to the store.
+        self.table.sessions() as u64
     }
 
     fn list(&self, table: &str, now: Nanos, out: &mut Vec<Row>) {
