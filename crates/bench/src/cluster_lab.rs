@@ -161,9 +161,20 @@ impl ClusterLab {
     /// Makes lab `fb{tag}{pid}-` with `instances` instance namespaces and starts the echo
     /// server.
     pub(crate) fn up(tag: &str, instances: u32) -> Result<ClusterLab, String> {
+        ClusterLab::with(tag, instances, false)
+    }
+
+    /// [`ClusterLab::up`] of a routed lab (`lab up --routed`): the root's host, each
+    /// instance's host and the store's host on subnets of their own behind a router.
+    pub(crate) fn up_routed(tag: &str, instances: u32) -> Result<ClusterLab, String> {
+        ClusterLab::with(tag, instances, true)
+    }
+
+    fn with(tag: &str, instances: u32, routed: bool) -> Result<ClusterLab, String> {
         let prefix = format!("fb{tag}{}-", std::process::id() % 100_000);
         let lab = Lab::new(&prefix)
             .and_then(|l| l.with_instances(instances))
+            .map(|l| l.with_routed(routed))
             .map_err(|e| e.to_string())?;
         let exe = std::env::current_exe().map_err(|e| format!("finding this binary: {e}"))?;
         if let Err(e) = lab.up(&mut System::default()) {

@@ -55,6 +55,22 @@
 //!   `metrics.auth_seal_open_ns_{64,1514}` (one datagram signed and checked, HMAC-SHA-256)
 //!   beside `metrics.auth_plain_seal_open_ns_{64,1514}` (the same trailer, no tag).
 //!
+//! * **Hosts in a routed lab** (`lab up --routed`: the root's, each instance's and the
+//!   store's host on subnets of their own behind a router; the lab's launcher acts as each
+//!   host's supervisor, starting an instance only where none runs and killing none): three
+//!   instances, every packet through them (no fast path), the same downloads twice. While
+//!   the first run goes, the fourth host, which holds no key, sends every kind of datagram
+//!   the roles take ([`flowstate_lab::forger`]): `metrics.forged_sent`, `forged_refused` (the
+//!   roles' refusal counters meanwhile), `forged_accepted` (sent, not refused: 0) and
+//!   `forged_members` (the made-up instance among the members: 0). Half-way, the host of the
+//!   instance owning the most partitions dies (every process of it killed, then its link
+//!   cut at the router): `metrics.host_kill_failed_downloads`. In the second run that host
+//!   is cut off instead, its processes alive (its way to the store 300 ms before the rest,
+//!   so that a commit is on the wire), and put back once its partitions moved:
+//!   `metrics.host_cut_failed_downloads`, `metrics.fenced_commits` (the cut-off instance's
+//!   commits the store refused), `host_cut_failover_ms`, `host_cut_rejoined` (1 when it came
+//!   back as a member with partitions) and `host_cut_rejoin_ms`.
+//!
 //! Needs root, iproute2, curl, iperf3, python3, keepalived and conntrackd
 //! (scripts/setup-live); without them the report carries `params.error`.
 
@@ -124,7 +140,10 @@ pub(crate) fn run(effort: Effort) -> Report {
         report.metric("loadavg_1m_start", load);
     }
     let started = Instant::now();
-    let result = ClusterLab::up("f", 4).and_then(|lab| measure(&lab, &p, &mut report));
+    let result = ClusterLab::up("f", 4)
+        .and_then(|lab| measure(&lab, &p, &mut report))
+        .and_then(|()| ClusterLab::up_routed("r", 4))
+        .and_then(|lab| host_faults(&lab, &p, &mut report));
     report.metric("run_secs", started.elapsed().as_secs_f64());
     if let Err(e) = result {
         eprintln!("failover: {e}");
@@ -347,18 +366,236 @@ fn measure(lab: &ClusterLab, p: &Params, report: &mut Report) -> Result<(), Stri
     Ok(())
 }
 
+/// Hosts killed and cut off in a routed lab, every packet through the instances (no fast
+/// path), three instance hosts and a fourth holding no key.
+fn host_faults(lab: &ClusterLab, p: &Params, report: &mut Report) -> Result<(), String> {
+    let want = content(p.file_bytes);
+    let _server = lab.serve_paced(Arc::clone(&want), p.rate)?;
+    let spec = LoadSpec {
+        want,
+        concurrency: p.concurrency,
+        total: Some(p.downloads),
+        stall_secs: 20,
+    };
+    let config = cluster_config(3, "claim", false).replace(
+        &format!("url = \"{}:7878\"", flowstate_lab::ROOT_ADDR),
+        &format!("url = \"{}:7878\"", flowstate_lab::STORE_ADDR),
+    );
+    let dl_dir = lab.scratch("downloads");
+    std::fs::create_dir_all(&dl_dir).map_err(|e| format!("{}: {e}", dl_dir.display()))?;
+
+    eprintln!("failover: routed lab, datagrams forged by a host without the key");
+    lab.cluster_up("host-kill", &config)?;
+    let before = lab.wait_settled(3, 30)?;
+    let load = Load::start(&lab.lab, &dl_dir, spec.clone());
+    wait_half(&load, p.downloads);
+    forged(lab, &before, report)?;
+    eprintln!("failover: routed lab, a host killed (its processes, then its link)");
+    let victim = most_partitions(&lab.status()?)?;
+    kill_host(lab, victim)?;
+    let result = load.wait();
+    downloads(report, "host_kill_", &result, p.downloads);
+    lab.cluster_down()?;
+    cut(lab, victim, Cut::None)?;
+
+    eprintln!("failover: routed lab, a host cut off (its processes alive), then back");
+    lab.cluster_up("host-cut", &config)?;
+    lab.wait_settled(3, 30)?;
+    let load = Load::start(&lab.lab, &dl_dir, spec);
+    wait_half(&load, p.downloads);
+    let victim = most_partitions(&lab.status()?)?;
+    // Its way to the store first, so that a commit of packets it has taken is on the wire
+    // when the rest goes: the store gets that commit only after the partitions moved.
+    cut(lab, victim, Cut::Store)?;
+    std::thread::sleep(Duration::from_millis(300));
+    cut(lab, victim, Cut::All)?;
+    let cut_at = Instant::now();
+    lab.wait_for(
+        20,
+        "the cut-off instance's partitions with the others",
+        |s| !live(s).contains(&victim) && owned(s) == crate::cluster_lab::PARTITIONS as usize,
+    )?;
+    report.metric("host_cut_failover_ms", cut_at.elapsed().as_secs_f64() * 1e3);
+    std::thread::sleep(Duration::from_millis(500));
+    cut(lab, victim, Cut::None)?;
+    let back = Instant::now();
+    let rejoined = lab.wait_for(30, "the cut-off instance back with partitions", |s| {
+        live(s).contains(&victim)
+            && (0..crate::cluster_lab::PARTITIONS).any(|q| owner_of(s, q) == Some(victim))
+    });
+    report.metric("host_cut_rejoined", f64::from(u8::from(rejoined.is_ok())));
+    report.metric("host_cut_rejoin_ms", back.elapsed().as_secs_f64() * 1e3);
+    let result = load.wait();
+    downloads(report, "host_cut_", &result, p.downloads);
+    let fenced = lab
+        .instance_file(victim as u32)
+        .and_then(|v| v["fenced_commits"].as_u64())
+        .unwrap_or(0);
+    report.metric("fenced_commits", fenced as f64);
+    lab.cluster_down()
+}
+
+/// The partitions owned in a status.
+fn owned(s: &serde_json::Value) -> usize {
+    (0..crate::cluster_lab::PARTITIONS)
+        .filter(|&q| owner_of(s, q).is_some())
+        .count()
+}
+
+/// The live instance owning the most partitions.
+fn most_partitions(s: &serde_json::Value) -> Result<u64, String> {
+    live(s)
+        .into_iter()
+        .max_by_key(|&id| {
+            (0..crate::cluster_lab::PARTITIONS)
+                .filter(|&q| owner_of(s, q) == Some(id))
+                .count()
+        })
+        .ok_or_else(|| "no live instance".into())
+}
+
+/// Datagrams of every kind the roles take, sent by the routed lab's fourth host, which holds
+/// no key ([`flowstate_lab::forger`]): `metrics.forged_sent`, `metrics.forged_refused` (what
+/// the controller, the root and the instances counted as refused meanwhile) and
+/// `metrics.forged_accepted`, those sent and not refused.
+fn forged(lab: &ClusterLab, before: &serde_json::Value, report: &mut Report) -> Result<(), String> {
+    let refused = |s: &serde_json::Value| -> Result<u64, String> {
+        let sum = |v: &serde_json::Value| {
+            v["auth_rejected"]
+                .as_object()
+                .map_or(0, |m| m.values().filter_map(|v| v.as_u64()).sum::<u64>())
+        };
+        let instances: u64 = (1..=3)
+            .filter_map(|k| lab.instance_file(k))
+            .map(|v| sum(&v))
+            .sum();
+        Ok(sum(s) + sum(&s["root"]) + instances)
+    };
+    let first = refused(before)?;
+    let script = flowstate_lab::forger(
+        flowstate_lab::instance_addr(4),
+        flowstate_lab::instance_addr(1),
+    );
+    let out = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &lab.lab.instance_ns(4),
+            "python3",
+            "-c",
+            &script,
+        ])
+        .output()
+        .map_err(|e| format!("the forger: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "the forger: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let sent: u64 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .map_err(|e| format!("the forger's count: {e}"))?;
+    // The roles publish their counters every 200 ms.
+    std::thread::sleep(Duration::from_millis(600));
+    let now = lab.status()?;
+    let got = refused(&now)? - first;
+    report.metric("forged_sent", sent as f64);
+    report.metric("forged_refused", got as f64);
+    report.metric("forged_accepted", sent.saturating_sub(got) as f64);
+    report.metric(
+        "forged_members",
+        now["instances"]
+            .as_array()
+            .map_or(0, |a| a.iter().filter(|i| i["id"] == 9).count()) as f64,
+    );
+    Ok(())
+}
+
+/// Kills every process of instance host `k` at once, then cuts its link (as a host that
+/// dies does).
+fn kill_host(lab: &ClusterLab, k: u64) -> Result<(), String> {
+    let ns = lab.lab.instance_ns(k as u32);
+    let out = std::process::Command::new("ip")
+        .args(["netns", "pids", &ns])
+        .output()
+        .map_err(|e| format!("ip netns pids {ns}: {e}"))?;
+    for pid in String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter_map(|p| p.parse::<libc::pid_t>().ok())
+    {
+        // SAFETY: a signal to a process of the lab's own host namespace.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+        }
+    }
+    cut(lab, k, Cut::All)
+}
+
+/// How much of an instance host's link the router forwards.
+enum Cut {
+    /// Nothing from the host to the store.
+    Store,
+    /// Nothing from or to the host (a cable pulled).
+    All,
+    /// Everything again.
+    None,
+}
+
+/// Cuts instance host `k`'s link at the router with nftables (setting the router's port down
+/// would also take the route to the host away, which nothing puts back).
+fn cut(lab: &ClusterLab, k: u64, how: Cut) -> Result<(), String> {
+    let port = flowstate_lab::RoutedHost::Instance(k as u32).router_port();
+    let store = flowstate_lab::STORE_ADDR.to_string();
+    let chain = "{ type filter hook forward priority -10 ; }";
+    let rules: Vec<Vec<&str>> = match how {
+        Cut::Store => vec![
+            vec!["add", "table", "inet", "fs_cut"],
+            vec!["add", "chain", "inet", "fs_cut", "forward", chain],
+            vec![
+                "add", "rule", "inet", "fs_cut", "forward", "iifname", &port, "ip", "daddr",
+                &store, "drop",
+            ],
+        ],
+        Cut::All => vec![
+            vec!["add", "table", "inet", "fs_cut"],
+            vec!["add", "chain", "inet", "fs_cut", "forward", chain],
+            vec![
+                "add", "rule", "inet", "fs_cut", "forward", "iifname", &port, "drop",
+            ],
+            vec![
+                "add", "rule", "inet", "fs_cut", "forward", "oifname", &port, "drop",
+            ],
+        ],
+        Cut::None => vec![
+            vec!["add", "table", "inet", "fs_cut"],
+            vec!["delete", "table", "inet", "fs_cut"],
+        ],
+    };
+    let ns = lab.lab.cluster_router_ns();
+    for r in rules {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", &ns, "nft"])
+            .args(&r)
+            .output()
+            .map_err(|e| format!("nft in {ns}: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "nft {}: {}",
+                r.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Kills (SIGKILL) the live instance owning the most partitions, as `flowstate cluster kill`
 /// does: its id, which partitions it owned, and the kill's time (seconds since the epoch).
 fn kill_one(lab: &ClusterLab) -> Result<(u64, Vec<bool>, f64), String> {
     let before = lab.status()?;
-    let victim = live(&before)
-        .into_iter()
-        .max_by_key(|&id| {
-            (0..crate::cluster_lab::PARTITIONS)
-                .filter(|&q| owner_of(&before, q) == Some(id))
-                .count()
-        })
-        .ok_or("no live instance")?;
+    let victim = most_partitions(&before)?;
     let moved: Vec<bool> = (0..crate::cluster_lab::PARTITIONS)
         .map(|q| owner_of(&before, q) == Some(victim))
         .collect();

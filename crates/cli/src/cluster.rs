@@ -151,6 +151,13 @@ impl Dir {
         let path = lab.state_dir().join("cluster");
         Ok(Dir { lab, path, socket })
     }
+
+    /// Whether the lab is routed (`lab up --routed`): its router's namespace exists.
+    fn routed(&self) -> bool {
+        Path::new("/run/netns")
+            .join(self.lab.cluster_router_ns())
+            .exists()
+    }
     fn file(&self, name: &str) -> PathBuf {
         self.path.join(name)
     }
@@ -374,9 +381,7 @@ fn up(dir: &Dir, path: &Path, timeout: Duration) -> Result<()> {
     }
     let exe = exe()?;
     // A routed lab (`lab up --routed`): its store has a namespace of its own.
-    let routed = listed
-        .lines()
-        .any(|l| l.split_whitespace().next() == Some(dir.lab.cluster_router_ns().as_str()));
+    let routed = dir.routed();
     let instances_running =
         (1..=flowstate_lab::MAX_INSTANCES).any(|k| dir.pid(&format!("instance-{k}")).is_some());
     if d.section.store == StoreMode::Managed && dir.pid("store").is_none() {
@@ -653,12 +658,16 @@ fn status(dir: &Dir, json: bool, controller: Option<std::net::SocketAddr>) -> Re
     Ok(())
 }
 
-/// Starts instances in their lab namespaces.
+/// Starts instances in their lab namespaces. In a routed lab each namespace stands for a host
+/// of its own, and the launcher acts as that host's supervisor would (`systemctl start
+/// flowstate-instance@N`): it starts an instance only where none runs, and never kills a
+/// failed one (the store fences it; it rejoins when its host is back).
 struct NamespaceLauncher<'a> {
     dir: &'a Dir,
     exe: String,
     config: String,
     children: HashMap<u32, Child>,
+    routed: bool,
 }
 
 impl NamespaceLauncher<'_> {
@@ -682,6 +691,9 @@ impl Launcher for NamespaceLauncher<'_> {
             )));
         }
         if let Some(pid) = self.pid(id) {
+            if self.routed {
+                return Ok(pid); // it runs on its host: the supervisor has nothing to start
+            }
             kill_and_wait(pid); // a stale process of this id must not act for it
         }
         let ns = self.dir.lab.instance_ns(id);
@@ -715,8 +727,15 @@ impl Launcher for NamespaceLauncher<'_> {
     }
 
     fn reap(&mut self, id: u32) {
-        if let Some(pid) = self.pid(id) {
-            kill_and_wait(pid);
+        match self.pid(id) {
+            Some(_) if self.routed => {
+                tracing::info!(
+                    id,
+                    "a failed instance on a host of its own: fenced, not killed"
+                )
+            }
+            Some(pid) => kill_and_wait(pid),
+            None => {}
         }
         self.reap_exited();
     }
@@ -730,6 +749,7 @@ fn role_controller(dir: &Dir, path: &Path, fresh: bool) -> Result<()> {
         exe: exe()?,
         config: std::fs::canonicalize(path)?.to_string_lossy().into_owned(),
         children: HashMap::new(),
+        routed: dir.routed(),
     };
     roles::controller(
         &d,

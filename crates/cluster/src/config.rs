@@ -388,6 +388,7 @@ impl ClusterSection {
             scale_out_load: self.scale_out_load,
             scale_in_load: self.scale_in_load,
             straggler: self.straggler.as_nanos() as u64,
+            clock_skew: self.clock_skew.as_nanos() as u64,
             ..flowstate_control::cluster::ClusterConfig::default()
         }
     }

@@ -405,6 +405,9 @@ pub struct ClusterConfig {
     /// How long an instance's packets may wait before it is a straggler, ns (default 250 ms;
     /// 0: never).
     pub straggler: Nanos,
+    /// How far ahead of this controller's clock a report's `seq` may be (instances number
+    /// their reports from their wall clock, ns); one further ahead is refused, not adopted.
+    pub clock_skew: Nanos,
 }
 
 impl Default for ClusterConfig {
@@ -422,6 +425,7 @@ impl Default for ClusterConfig {
             scale_in_load: 0.2,
             scale_periods: 5,
             straggler: 250_000_000,
+            clock_skew: 60_000_000_000,
         }
     }
 }
@@ -672,8 +676,12 @@ impl Controller {
     /// started by this controller raises the target to count it (up to `max_instances`).
     /// Reports not newer (by `seq`) than the last accepted one of a live member are ignored, and
     /// so are those of a stopped instance's process (the same pid; any pid if it was stopped
-    /// before it reported) until its id is started again.
+    /// before it reported) until its id is started again, and those numbered more than
+    /// `clock_skew` ahead of `now` (which would make the member's real reports look old).
     pub fn on_report(&mut self, r: &Report, now: Nanos) {
+        if r.seq > now.saturating_add(self.config.clock_skew) {
+            return;
+        }
         if r.id == NO_OWNER
             || !self.members.contains_key(&r.id)
                 && self

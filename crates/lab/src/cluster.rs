@@ -358,3 +358,17 @@ pub(crate) fn parse_brief(out: &str) -> Vec<(String, String, Vec<String>)> {
         })
         .collect()
 }
+
+/// A Python script for a host on the cluster network that holds no key, at address `own`:
+/// it sends every kind of datagram the roles take (a Report for a made-up instance 9, a Lag,
+/// Assignments, Claims and Releases with the largest epoch to `instance`, Data with and
+/// without a plausible clock, notices), each bare and with a made-up trailer, three rounds
+/// 200 ms apart, and prints how many it sent. Per round the controller gets 2 kinds, the root
+/// 5 and `instance` 33, each twice; none may be taken.
+pub fn forger(own: Ipv4Addr, instance: Ipv4Addr) -> String {
+    include_str!("forger.py")
+        .replace("{ROOT}", &ROOT_ADDR.to_string())
+        .replace("{I1}", &instance.to_string())
+        .replace("{I}", &own.to_string())
+        .replace("{SERVER}", &crate::SERVER.to_string())
+}

@@ -77,8 +77,8 @@ mod ha;
 mod routed;
 
 pub use cluster::{
-    instance_addr, instance_port, CLUSTER_BRIDGE, CLUSTER_BRIDGE_MAC, CLUSTER_MTU, CLUSTER_NET,
-    INSTANCE_IF, MAX_INSTANCES, ROOT_ADDR,
+    forger, instance_addr, instance_port, CLUSTER_BRIDGE, CLUSTER_BRIDGE_MAC, CLUSTER_MTU,
+    CLUSTER_NET, INSTANCE_IF, MAX_INSTANCES, ROOT_ADDR,
 };
 pub use ha::{
     failover_gap, ping_reply_times, Daemon, GapProbe, HaRouter, HA_ADVERT_INT_MS, HA_INSIDE_BRIDGE,

@@ -1028,3 +1028,36 @@ fn stages_share_one_id_space_and_never_start_each_others_ids() {
     assert!(d.contains(&Decision::Start { id: 5 }), "{d:?}");
     assert!(published(&d).iter().all(|a| a.stage == 0));
 }
+
+#[test]
+fn a_report_numbered_far_ahead_of_the_clock_is_refused_not_adopted() {
+    let mut s = Sim::cluster(2);
+    let skew = ClusterConfig::default().clock_skew;
+    let mut far = s.report(2);
+    far.seq = s.now + skew + 1;
+    far.addr = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 99), 1);
+    s.c.on_report(&far, s.now);
+    let at = |s: &Sim| {
+        s.c.status(s.now)
+            .iter()
+            .find(|m| m.id == 2)
+            .and_then(|m| m.addr)
+    };
+    assert_eq!(at(&s), Some(addr(2)), "the far report was taken");
+    // The real ones still count (none looks old beside it).
+    let mut real = s.report(2);
+    real.addr = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 42), 1);
+    s.c.on_report(&real, s.now);
+    assert_eq!(at(&s), real.addr.into());
+    // A stranger's id numbered far ahead does not join either.
+    let mut stranger = s.report(9);
+    stranger.seq = u64::MAX;
+    s.c.on_report(&stranger, s.now);
+    assert!(s.c.status(s.now).iter().all(|m| m.id != 9));
+    // Within the skew: taken.
+    let mut near = s.report(2);
+    near.seq = s.now + skew;
+    near.addr = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 43), 1);
+    s.c.on_report(&near, s.now);
+    assert_eq!(at(&s), Some(near.addr));
+}
