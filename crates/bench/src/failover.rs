@@ -79,7 +79,7 @@ use crate::cluster_lab::{
     staged_config, ClusterLab, CpuMeter, Load, LoadResult, LoadSpec, Probe,
 };
 use crate::{Effort, Report};
-use flowstate_lab::System;
+use flowstate_lab::{Cut, RoutedHost, System};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -392,7 +392,9 @@ fn host_faults(lab: &ClusterLab, p: &Params, report: &mut Report) -> Result<(), 
     forged(lab, &before, report)?;
     eprintln!("failover: routed lab, a host killed (its processes, then its link)");
     let victim = most_partitions(&lab.status()?)?;
-    kill_host(lab, victim)?;
+    lab.lab
+        .kill_host(&mut System::default(), RoutedHost::Instance(victim as u32))
+        .map_err(|e| e.to_string())?;
     let result = load.wait();
     downloads(report, "host_kill_", &result, p.downloads);
     lab.cluster_down()?;
@@ -513,82 +515,11 @@ fn forged(lab: &ClusterLab, before: &serde_json::Value, report: &mut Report) -> 
     Ok(())
 }
 
-/// Kills every process of instance host `k` at once, then cuts its link (as a host that
-/// dies does).
-fn kill_host(lab: &ClusterLab, k: u64) -> Result<(), String> {
-    let ns = lab.lab.instance_ns(k as u32);
-    let out = std::process::Command::new("ip")
-        .args(["netns", "pids", &ns])
-        .output()
-        .map_err(|e| format!("ip netns pids {ns}: {e}"))?;
-    for pid in String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .filter_map(|p| p.parse::<libc::pid_t>().ok())
-    {
-        // SAFETY: a signal to a process of the lab's own host namespace.
-        unsafe {
-            libc::kill(pid, libc::SIGKILL);
-        }
-    }
-    cut(lab, k, Cut::All)
-}
-
-/// How much of an instance host's link the router forwards.
-enum Cut {
-    /// Nothing from the host to the store.
-    Store,
-    /// Nothing from or to the host (a cable pulled).
-    All,
-    /// Everything again.
-    None,
-}
-
-/// Cuts instance host `k`'s link at the router with nftables (setting the router's port down
-/// would also take the route to the host away, which nothing puts back).
+/// Cuts instance host `k`'s link at the router as `how` says ([`flowstate_lab::Lab::cut`]).
 fn cut(lab: &ClusterLab, k: u64, how: Cut) -> Result<(), String> {
-    let port = flowstate_lab::RoutedHost::Instance(k as u32).router_port();
-    let store = flowstate_lab::STORE_ADDR.to_string();
-    let chain = "{ type filter hook forward priority -10 ; }";
-    let rules: Vec<Vec<&str>> = match how {
-        Cut::Store => vec![
-            vec!["add", "table", "inet", "fs_cut"],
-            vec!["add", "chain", "inet", "fs_cut", "forward", chain],
-            vec![
-                "add", "rule", "inet", "fs_cut", "forward", "iifname", &port, "ip", "daddr",
-                &store, "drop",
-            ],
-        ],
-        Cut::All => vec![
-            vec!["add", "table", "inet", "fs_cut"],
-            vec!["add", "chain", "inet", "fs_cut", "forward", chain],
-            vec![
-                "add", "rule", "inet", "fs_cut", "forward", "iifname", &port, "drop",
-            ],
-            vec![
-                "add", "rule", "inet", "fs_cut", "forward", "oifname", &port, "drop",
-            ],
-        ],
-        Cut::None => vec![
-            vec!["add", "table", "inet", "fs_cut"],
-            vec!["delete", "table", "inet", "fs_cut"],
-        ],
-    };
-    let ns = lab.lab.cluster_router_ns();
-    for r in rules {
-        let out = std::process::Command::new("ip")
-            .args(["netns", "exec", &ns, "nft"])
-            .args(&r)
-            .output()
-            .map_err(|e| format!("nft in {ns}: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "nft {}: {}",
-                r.join(" "),
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-    }
-    Ok(())
+    lab.lab
+        .cut(&mut System::default(), RoutedHost::Instance(k as u32), how)
+        .map_err(|e| e.to_string())
 }
 
 /// Kills (SIGKILL) the live instance owning the most partitions, as `flowstate cluster kill`

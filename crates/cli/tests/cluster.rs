@@ -7,7 +7,7 @@
 mod common;
 
 use common::content;
-use flowstate_lab::{Lab, RoutedHost, System, BOX_OUTSIDE, CLIENT, SERVER, STORE_ADDR};
+use flowstate_lab::{Cut, Lab, RoutedHost, System, BOX_OUTSIDE, CLIENT, SERVER, STORE_ADDR};
 use flowstate_testkit::is_root;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
@@ -45,7 +45,12 @@ impl Cluster {
 
     /// The lab with `namespaces` instance namespaces and a cluster deployed by `config`.
     fn up_with(name: &str, config: &str, namespaces: u32) -> Cluster {
-        let c = Cluster::lab_with(name, config, namespaces);
+        Cluster::up_on(name, config, namespaces, false)
+    }
+
+    /// [`Cluster::up_with`], the cluster network `routed` (`lab up --routed`) or not.
+    fn up_on(name: &str, config: &str, namespaces: u32, routed: bool) -> Cluster {
+        let c = Cluster::lab_routed(name, config, namespaces, routed);
         let out = c.flowstate(&["cluster", "up", c.config.to_str().unwrap()]);
         assert!(out.status.success(), "cluster up: {}", text(&out));
         c
@@ -859,26 +864,51 @@ impl Cluster {
 
     /// The value of the shared counter `nf@Counter@id` in the cluster's store (ours, in the
     /// instances' namespace: connected from a thread that joins it).
+    /// Counter `nf@id` in the managed store the deployment's `[state]` names (our store or
+    /// Redis), read from the box's namespace.
     fn store_counter(&self, nf: &str, id: &str) -> i64 {
-        use flowstate_state::{Backend, Kind, ObjectKey, Op, Reply};
+        use flowstate_state::{Backend, Connector, Kind, ObjectKey, Op, Reply};
+        let config = std::fs::read_to_string(&self.config).unwrap();
+        let url = config
+            .lines()
+            .find_map(|l| l.strip_prefix("url = \""))
+            .and_then(|u| u.strip_suffix('"'))
+            .expect("a [state] url")
+            .to_owned();
+        let redis = config.contains("backend = \"redis\"");
         let ns = format!("/run/netns/{}", self.lab.nf_ns());
-        // The managed store's token, which the lab made.
-        let token = self.lab.state_dir().join("cluster/store.token");
-        let mut b = std::thread::spawn(move || {
+        // The managed store's secret, which the lab made.
+        let secret = self.lab.state_dir().join(if redis {
+            "cluster/redis.password"
+        } else {
+            "cluster/store.token"
+        });
+        let mut b = std::thread::spawn(move || -> Box<dyn Backend> {
             use std::os::fd::AsRawFd;
             let f = std::fs::File::open(&ns).unwrap();
             // SAFETY: a namespace file descriptor; only this thread changes namespace.
             assert_eq!(unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) }, 0);
-            let token = token.to_string_lossy().into_owned();
-            flowstate_driver_store::StoreConnector::from_config(
-                Some("192.0.2.1:7878"),
-                [("token_file", token.as_str())],
-            )
-            .unwrap()
-            .open()
+            let secret = secret.to_string_lossy().into_owned();
+            if redis {
+                let password = std::fs::read_to_string(&secret).unwrap();
+                let url = url.replace("redis://", &format!("redis://:{}@", password.trim()));
+                flowstate_driver_redis::RedisConnector::new(&url)
+                    .unwrap()
+                    .connect()
+                    .unwrap()
+            } else {
+                Box::new(
+                    flowstate_driver_store::StoreConnector::from_config(
+                        Some(&url),
+                        [("token_file", secret.as_str())],
+                    )
+                    .unwrap()
+                    .open()
+                    .unwrap(),
+                )
+            }
         })
         .join()
-        .unwrap()
         .unwrap();
         let mut replies = Vec::new();
         b.execute(
@@ -987,18 +1017,41 @@ fn scrape_the_roles(c: &Cluster, count: u32) {
 }
 
 fn under_a_stream(name: &str, cluster: &str, disturb: impl FnOnce(&Cluster)) -> StreamRun {
+    under_a_stream_on(name, BRIDGED, cluster, disturb)
+}
+
+/// Where a stream's cluster runs: `routed` lab or not, and its managed store's `[state]`.
+#[derive(Clone, Copy)]
+struct Site {
+    routed: bool,
+    state: &'static str,
+}
+
+const BRIDGED: Site = Site {
+    routed: false,
+    state: "backend = \"store\"\nurl = \"192.0.2.1:7878\"",
+};
+
+/// [`under_a_stream`] at `site`.
+fn under_a_stream_on(
+    name: &str,
+    site: Site,
+    cluster: &str,
+    disturb: impl FnOnce(&Cluster),
+) -> StreamRun {
+    let state = site.state;
     let config = format!(
         "[input]\ninterface = \"fs-in\"\naddress = \"10.0.0.1\"\nfast_path = false\n\
          [output]\ninterface = \"fs-out\"\naddress = \"{BOX_OUTSIDE}\"\n\
          [runtime]\ninside = [\"10.0.0.0/24\"]\n\
-         [state]\nbackend = \"store\"\nurl = \"192.0.2.1:7878\"\n\
+         [state]\n{state}\n\
          [telemetry]\nlisten = \"127.0.0.1:9464\"\n\
          [cluster]\npartitions = 16\ninstances = 3\nstore = \"managed\"\n{cluster}\n\
          [[chain]]\nnf = \"counter\"\n\
          [[chain]]\nnf = \"firewall\"\ndefault_outbound = \"allow\"\ndefault_inbound = \"deny\"\n\
          [[chain]]\nnf = \"nat\"\nexternal = [\"{BOX_OUTSIDE}\"]\nports = \"20000-59999\"\n"
     );
-    let mut c = Cluster::up_with(name, &config, 4);
+    let mut c = Cluster::up_on(name, &config, 4, site.routed);
     let (count, rate) = (12_000, 4_000);
     let (mut sender, log) = c.numbered_stream(count, rate);
     std::thread::sleep(Duration::from_millis(1000));
@@ -1070,6 +1123,52 @@ fn a_killed_instance_loses_no_packet_and_counts_none_twice() {
 /// CHC §7.3 R2: partitions move twice (scale out to 4, back in to 3) under the stream: no
 /// datagram lost or duplicated, none counted twice, nothing replayed (a planned move hands
 /// every packet over).
+/// A host of the routed lab dies under the numbered stream (every process of instance 1's
+/// host killed at once, then its link cut at the router), with the root's packet log: nothing
+/// is lost or counted twice, with the state in our store and again in Redis, each on the
+/// store's own host.
+#[test]
+fn a_killed_host_loses_no_packet_and_counts_none_twice_on_our_store_and_on_redis() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let kill_host_1 = |c: &Cluster| {
+        c.lab
+            .kill_host(&mut System::default(), RoutedHost::Instance(1))
+            .unwrap()
+    };
+    for (name, state) in [
+        ("hs", "backend = \"store\"\nurl = \"192.0.2.5:7878\""),
+        (
+            "hr",
+            "backend = \"redis\"\nurl = \"redis://192.0.2.5:6379\"",
+        ),
+    ] {
+        let site = Site {
+            routed: true,
+            state,
+        };
+        let r = under_a_stream_on(name, site, "", kill_host_1);
+        let root = &r.root;
+        eprintln!(
+            "{state}: lost {}, counted {}, committed replays {}, root {root:#}",
+            r.lost, r.counted, r.committed
+        );
+        assert!(root["replayed"].as_u64().unwrap() > 0, "{state}: {root:#}");
+        for key in [
+            "log_evicted",
+            "log_abandoned",
+            "unlogged_outputs",
+            "outputs_missing",
+        ] {
+            assert_eq!(root[key], 0, "{state}: {key}: {root:#}");
+        }
+        assert_eq!((r.lost, r.counted), (0, 12_001), "{state}: {root:#}");
+    }
+}
+
 #[test]
 fn moves_under_a_stream_lose_and_repeat_nothing() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -1857,51 +1956,24 @@ fn a_host_cut_off_has_its_commits_refused_and_rejoins() {
     let mut downloads = c.downloads(60);
     std::thread::sleep(Duration::from_millis(1500));
     // The cut: instance 1's link, at the router.
-    let router = c.lab.cluster_router_ns();
-    let port = flowstate_lab::RoutedHost::Instance(1).router_port();
-    // A cable cut: the router forwards nothing from or to the host (an interface set down
-    // would also drop the router's route to it, which nothing puts back).
-    let link = |state: &str| {
-        let chain = "{ type filter hook forward priority -10 ; }";
-        let commands: Vec<Vec<&str>> = match state {
-            "store" => vec![
-                vec!["add", "table", "inet", "cut"],
-                vec!["add", "chain", "inet", "cut", "forward", chain],
-                vec![
-                    "add", "rule", "inet", "cut", "forward", "iifname", &port, "ip", "daddr",
-                    &store_at, "counter", "drop",
-                ],
-            ],
-            "down" => vec![
-                vec![
-                    "add", "rule", "inet", "cut", "forward", "iifname", &port, "drop",
-                ],
-                vec![
-                    "add", "rule", "inet", "cut", "forward", "oifname", &port, "drop",
-                ],
-            ],
-            _ => vec![vec!["delete", "table", "inet", "cut"]],
-        };
-        for cmd in commands {
-            let mut argv = vec!["nft"];
-            argv.extend(&cmd);
-            let out = c.in_ns(&router, &argv).output().unwrap();
-            assert!(out.status.success(), "{argv:?}: {}", text(&out));
-        }
+    let link = |how| {
+        c.lab
+            .cut(&mut System::default(), RoutedHost::Instance(1), how)
+            .unwrap()
     };
     // The cut begins with the instance's way to the store, so that a commit of packets it
     // has taken is on the wire when the rest goes: the store gets it only after the link is
     // back, when the partitions have moved.
-    link("store");
+    link(Cut::Store);
     std::thread::sleep(Duration::from_millis(300));
-    link("down");
+    link(Cut::All);
     c.wait_for(
         10,
         "instance 1 failed over, its partitions with 2 and 3",
         |s| live(s) == vec![2, 3] && owned(s) == 16,
     );
     std::thread::sleep(Duration::from_millis(500));
-    link("up");
+    link(Cut::None);
     c.wait_for(20, "instance 1 back as a member with partitions", |s| {
         live(s) == vec![1, 2, 3]
             && owned(s) == 16

@@ -488,7 +488,7 @@ impl Lab {
                 .all(|d| daemons.iter().any(|(n, _)| *n == d.name))
     }
 
-    fn ns_pids(exec: &mut dyn Exec, ns: &str) -> Result<Vec<String>, LabError> {
+    pub(crate) fn ns_pids(exec: &mut dyn Exec, ns: &str) -> Result<Vec<String>, LabError> {
         let out = exec.run(&Cmd::new(&["ip", "netns", "pids", ns]).may_fail())?;
         Ok(out
             .split_whitespace()

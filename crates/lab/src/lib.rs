@@ -85,7 +85,7 @@ pub use ha::{
     HA_INSIDE_IF, HA_NAT_TABLE, HA_OUTSIDE_BRIDGE, HA_OUTSIDE_IF, HA_ROUTERS, HA_SYNC_IF,
     HA_SYNC_NET, HA_SYNC_PORT,
 };
-pub use routed::{RoutedHost, NF_ROUTED_IF, ROUTED_LINKS, STORE_ADDR, STORE_IF};
+pub use routed::{Cut, RoutedHost, NF_ROUTED_IF, ROUTED_LINKS, STORE_ADDR, STORE_IF};
 
 /// The client's address.
 pub const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);

@@ -104,7 +104,83 @@ impl RoutedHost {
     }
 }
 
+/// How much of a routed host's link the router forwards ([`Lab::cut`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cut {
+    /// Nothing from the host to the store ([`STORE_ADDR`]).
+    Store,
+    /// Nothing from or to the host: a cable pulled.
+    All,
+    /// Everything again.
+    None,
+}
+
+/// The router's nftables table of cuts.
+const CUT_TABLE: &str = "fs_cut";
+
 impl Lab {
+    /// The commands that make the router forward of `host`'s link only what `how` says, with
+    /// nftables in the router's namespace (setting the router's port down would also take its
+    /// route to the host away, which nothing puts back). Cuts add up until [`Cut::None`].
+    pub fn cut_plan(&self, host: RoutedHost, how: Cut) -> Vec<Cmd> {
+        let ns = self.cluster_router_ns();
+        let port = host.router_port();
+        let store = STORE_ADDR.to_string();
+        let nft = |args: &[&str]| {
+            let mut argv = vec!["nft"];
+            argv.extend(args);
+            Cmd::new(&Lab::in_ns(&ns, &argv))
+        };
+        let mut plan = vec![
+            nft(&["add", "table", "inet", CUT_TABLE]),
+            nft(&[
+                "add",
+                "chain",
+                "inet",
+                CUT_TABLE,
+                "forward",
+                "{ type filter hook forward priority -10 ; }",
+            ]),
+        ];
+        let rule = |args: &[&str]| {
+            let mut a = vec!["add", "rule", "inet", CUT_TABLE, "forward"];
+            a.extend(args);
+            nft(&a)
+        };
+        match how {
+            Cut::Store => plan.push(rule(&["iifname", &port, "ip", "daddr", &store, "drop"])),
+            Cut::All => {
+                plan.push(rule(&["iifname", &port, "drop"]));
+                plan.push(rule(&["oifname", &port, "drop"]));
+            }
+            Cut::None => plan.push(nft(&["delete", "table", "inet", CUT_TABLE])),
+        }
+        plan
+    }
+
+    /// Runs [`Lab::cut_plan`].
+    pub fn cut(&self, exec: &mut dyn Exec, host: RoutedHost, how: Cut) -> Result<(), LabError> {
+        for cmd in self.cut_plan(host, how) {
+            exec.run(&cmd)?;
+        }
+        Ok(())
+    }
+
+    /// Kills `host` as a host dies: every process in its namespace at once (SIGKILL), then its
+    /// link cut ([`Cut::All`]).
+    pub fn kill_host(&self, exec: &mut dyn Exec, host: RoutedHost) -> Result<(), LabError> {
+        let pids = Lab::ns_pids(exec, &self.routed_host_ns(host))?;
+        if !pids.is_empty() {
+            let mut argv = vec!["kill".to_owned(), "-KILL".to_owned()];
+            argv.extend(pids);
+            exec.run(&Cmd {
+                argv,
+                may_fail: true,
+            })?;
+        }
+        self.cut(exec, host, Cut::All)
+    }
+
     /// The routed lab's router namespace, `{prefix}rt`.
     pub fn cluster_router_ns(&self) -> String {
         format!("{}rt", self.prefix)
@@ -384,5 +460,41 @@ impl Lab {
             host(RoutedHost::Store),
             list.join(", "),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(plan: &[Cmd]) -> Vec<String> {
+        plan.iter().map(|c| c.argv.join(" ")).collect()
+    }
+
+    #[test]
+    fn a_cut_drops_at_the_router_what_it_names_and_none_puts_everything_back() {
+        let lab = Lab::new("t-").unwrap();
+        let nft = "ip netns exec t-rt nft";
+        let head = [
+            format!("{nft} add table inet fs_cut"),
+            format!(
+                "{nft} add chain inet fs_cut forward {{ type filter hook forward priority -10 ; }}"
+            ),
+        ];
+        let rule = |r: &str| format!("{nft} add rule inet fs_cut forward {r}");
+        let with = |tail: &[String]| [&head[..], tail].concat();
+        let host = RoutedHost::Instance(2);
+        assert_eq!(
+            lines(&lab.cut_plan(host, Cut::Store)),
+            with(&[rule("iifname rt-i2 ip daddr 192.0.2.5 drop")])
+        );
+        assert_eq!(
+            lines(&lab.cut_plan(host, Cut::All)),
+            with(&[rule("iifname rt-i2 drop"), rule("oifname rt-i2 drop")])
+        );
+        assert_eq!(
+            lines(&lab.cut_plan(host, Cut::None)),
+            with(&[format!("{nft} delete table inet fs_cut")])
+        );
     }
 }
