@@ -176,19 +176,7 @@ impl Dir {
             .ok()?;
         let argv = std::fs::read_to_string(self.file(&format!("{role}.cmdline"))).ok()?;
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-        let started: Vec<&[u8]> = argv.lines().map(str::as_bytes).collect();
-        let now: Vec<&[u8]> = cmdline
-            .strip_suffix(&[0])
-            .unwrap_or(&cmdline)
-            .split(|&b| b == 0)
-            .collect();
-        // A process that rewrites its title (redis-server) keeps the program's name first.
-        let retitled = now.len() == 1
-            && now[0].contains(&b' ')
-            && started.first().is_some_and(|p| now[0].starts_with(p));
-        // (`ip netns exec NS` until it becomes the command.)
-        let same = !started.is_empty() && now.ends_with(&started);
-        (flowstate_lab::running(pid) && (same || retitled)).then_some(pid)
+        (flowstate_lab::running(pid) && runs(&argv, &cmdline)).then_some(pid)
     }
 
     /// Whether the process `role`'s pid file names still runs, whatever it runs yet (a role
@@ -658,6 +646,20 @@ fn status(dir: &Dir, json: bool, controller: Option<std::net::SocketAddr>) -> Re
     Ok(())
 }
 
+/// Whether a process whose `/proc/PID/cmdline` is `cmdline` runs the command `argv` (one
+/// argument a line) was started with: its arguments end with `argv`'s (`ip netns exec NS`
+/// until it becomes the command), or it rewrote its title (redis-server: one string, padded
+/// with NULs) and the title begins with the program's name.
+fn runs(argv: &str, cmdline: &[u8]) -> bool {
+    let started: Vec<&[u8]> = argv.lines().map(str::as_bytes).collect();
+    let end = cmdline.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    let now: Vec<&[u8]> = cmdline[..end].split(|&b| b == 0).collect();
+    let retitled = now.len() == 1
+        && now[0].contains(&b' ')
+        && started.first().is_some_and(|p| now[0].starts_with(p));
+    !started.is_empty() && (now.ends_with(&started) || retitled)
+}
+
 /// Starts instances in their lab namespaces. In a routed lab each namespace stands for a host
 /// of its own, and the launcher acts as that host's supervisor would (`systemctl start
 /// flowstate-instance@N`): it starts an instance only where none runs, and never kills a
@@ -797,4 +799,28 @@ fn configured_secret(d: &Deployment, key: &str) -> Result<Option<String>> {
     };
     let text = std::fs::read_to_string(file).with_context(|| format!("state.{key}: {file}"))?;
     Ok(text.lines().next().map(str::to_owned))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::runs;
+
+    #[test]
+    fn a_pid_is_ours_only_while_it_runs_the_command_started() {
+        let argv = "redis-server\n/run/lab/cluster/redis.conf\n";
+        // As started, through `ip netns exec`.
+        let exec = b"ip\0netns\0exec\0fs-st\0redis-server\0/run/lab/cluster/redis.conf\0";
+        assert!(runs(argv, exec));
+        assert!(runs(argv, b"redis-server\0/run/lab/cluster/redis.conf\0"));
+        // Retitled by redis-server itself: one string padded with NULs.
+        let mut title = b"redis-server 192.0.2.1:6379".to_vec();
+        title.resize(61, 0);
+        assert!(runs(argv, &title));
+        // A reused pid: another program, or the same one with other arguments.
+        assert!(!runs(argv, b"sleep\0100\0"));
+        assert!(!runs(argv, b"redis-server\0/etc/redis/redis.conf\0"));
+        assert!(!runs(argv, b"nginx: worker process\0\0\0"));
+        assert!(!runs("", b"redis-server 1:2\0"));
+        assert!(!runs(argv, b""));
+    }
 }

@@ -451,6 +451,15 @@ fn failover(name: &str, state: &str, fast_path: bool) {
         "{}",
         std::fs::read_to_string(c.lab.state_dir().join("cluster/controller.log")).unwrap()
     );
+    // `cluster down` stops every process it started, the managed store included (a Redis
+    // server rewrites its title).
+    let store = store_pid(&c);
+    let down = c.flowstate(&["cluster", "down"]);
+    assert!(down.status.success(), "{}", text(&down));
+    assert!(
+        flowstate_lab::wait_stopped(store.parse().unwrap(), Duration::from_secs(10)),
+        "cluster down left the managed store (pid {store}) running"
+    );
 }
 
 #[test]
