@@ -817,7 +817,7 @@ mod tests {
         title.resize(61, 0);
         assert!(runs(argv, &title));
         // A reused pid: another program, or the same one with other arguments.
-        assert!(!runs(argv, b"sleep\0100\0"));
+        assert!(!runs(argv, b"sleep\x00100\x00"));
         assert!(!runs(argv, b"redis-server\0/etc/redis/redis.conf\0"));
         assert!(!runs(argv, b"nginx: worker process\0\0\0"));
         assert!(!runs("", b"redis-server 1:2\0"));
