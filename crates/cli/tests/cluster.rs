@@ -968,6 +968,8 @@ struct StreamRun {
     committed: u64,
     /// What the controller logged.
     controller_log: String,
+    /// The instances' stats files, by id.
+    instances: Vec<serde_json::Value>,
 }
 
 /// CHC §7.3 R2/R6: a numbered UDP stream of 12,000 datagrams on 32 flows through counter →
@@ -1091,6 +1093,7 @@ fn under_a_stream_on(
         root: c.root(),
         controller_log: std::fs::read_to_string(c.lab.state_dir().join("cluster/controller.log"))
             .unwrap_or_default(),
+        instances: c.instance_stats(),
     }
 }
 
@@ -1176,6 +1179,63 @@ fn a_killed_host_loses_no_packet_and_counts_none_twice_on_our_store_and_on_redis
         }
         assert_eq!((r.lost, r.counted), (0, 12_001), "{state}: {root:#}");
     }
+}
+
+/// A host of the routed lab cut off under the numbered stream, its processes alive (its way
+/// to the store 300 ms before the rest, so that a commit is on the wire), and back once its
+/// partitions moved: the store refuses that commit, none of its outputs leaves the box (no
+/// datagram arrives twice), nothing is lost or counted twice, and it rejoins with partitions.
+#[test]
+fn a_host_cut_off_under_a_stream_loses_and_repeats_nothing() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let cut_host_1 = |c: &Cluster| {
+        let link = |how| {
+            c.lab
+                .cut(&mut System::default(), RoutedHost::Instance(1), how)
+                .unwrap()
+        };
+        link(Cut::Store);
+        std::thread::sleep(Duration::from_millis(300));
+        link(Cut::All);
+        c.wait_for(10, "instance 1's partitions with the others", |s| {
+            !live(s).contains(&1) && owned(s) == 16
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        link(Cut::None);
+        c.wait_for(20, "instance 1 back with partitions", |s| {
+            live(s).contains(&1)
+                && s["instances"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|i| i["id"] == 1 && !i["partitions"].as_array().unwrap().is_empty())
+        });
+    };
+    let site = Site {
+        routed: true,
+        state: "backend = \"store\"\nurl = \"192.0.2.5:7878\"",
+    };
+    let r = under_a_stream_on("hc", site, "", cut_host_1);
+    let root = &r.root;
+    let i1 = r.instances.iter().find(|i| i["id"] == 1).unwrap();
+    eprintln!(
+        "lost {}, counted {}, committed replays {}, root {root:#}, instance 1 {i1:#}",
+        r.lost, r.counted, r.committed
+    );
+    assert!(i1["fenced_commits"].as_u64() > Some(0), "{i1:#}");
+    for key in [
+        "log_evicted",
+        "log_abandoned",
+        "unlogged_outputs",
+        "outputs_missing",
+    ] {
+        assert_eq!(root[key], 0, "{key}: {root:#}");
+    }
+    assert_eq!((r.lost, r.counted), (0, 12_001), "{root:#}");
 }
 
 #[test]
