@@ -1998,7 +1998,7 @@ fn a_routed_lab_keeps_every_download_through_a_failover_and_fragments_nothing() 
 }
 
 /// A host cut off in a routed lab, every role started on its own (as a supervisor would: the
-/// controller kills nothing): instance 1's link goes down under 60 downloads, its processes
+/// controller kills nothing): instance 1's link goes down under 100 downloads, its processes
 /// alive, while a commit of packets it has taken is on the wire (its way to the store went
 /// 100 ms before the rest). The others take its partitions; when the link comes back, that
 /// commit reaches the store after the partitions moved and is refused (fenced), none of its
@@ -2022,7 +2022,7 @@ fn a_host_cut_off_has_its_commits_refused_and_rejoins() {
     let stats = |k: u32| dir.join(format!("instance-{k}.json"));
     let want = content(1_500_000, 6);
     let http_peers = c.serve_paced(&want, 200_000);
-    let mut downloads = c.downloads(60);
+    let mut downloads = c.downloads(100);
     std::thread::sleep(Duration::from_millis(1500));
     // The cut: instance 1's link, at the router.
     let link = |how| {
