@@ -54,7 +54,8 @@
 //!   fast path against the same with `unauthenticated = true` (two runs each, in the order
 //!   signed, unsigned, unsigned, signed; the ratio of the sums; the slow path's goodput in
 //!   the other ratios is the signed runs' mean), and, in this process,
-//!   `metrics.auth_seal_open_ns_{64,1514}` (one datagram signed and checked, HMAC-SHA-256)
+//!   `metrics.auth_seal_open_ns_{64,1514}` (one datagram signed and checked, a
+//!   ChaCha20-Poly1305 tag over it: see flowstate_cluster::auth)
 //!   beside `metrics.auth_plain_seal_open_ns_{64,1514}` (the same trailer, no tag).
 //!
 //! * **Hosts in a routed lab** (`lab up --routed`: the root's, each instance's and the
@@ -677,7 +678,7 @@ fn auth_cost(report: &mut Report) {
         ("auth_plain", KeyRing::fixed(Keys::unauthenticated())),
     ] {
         for len in [64, 1514] {
-            let seal = ring.sealer(Sender::ROOT, 1);
+            let seal = ring.sealer(Sender::ROOT, 1).expect("random bytes");
             let mut open = ring.opener(0);
             let mut buf = vec![0u8; len + TRAILER_LEN];
             let n = 200_000;

@@ -225,7 +225,7 @@ pub fn run_controller(
     }
     let root = SocketAddrV4::new(s.address, CONTROL_PORT);
     let mut buf = vec![0u8; 65536];
-    let seal = o.keys.sealer(Sender::CONTROLLER, now);
+    let seal = o.keys.sealer(Sender::CONTROLLER, now)?;
     let mut opener = o.keys.opener(s.clock_skew.as_nanos() as u64);
     let mut next_keys = Instant::now();
     let mut next_stats = Instant::now();

@@ -559,7 +559,7 @@ pub fn run_root(
     let mut out = Out {
         fd: raw(&data),
         tx: Datagrams::new(256, DATAGRAM),
-        seal: o.keys.sealer(Sender::ROOT, wall_ns()),
+        seal: o.keys.sealer(Sender::ROOT, wall_ns())?,
         stats: RootStats::default(),
         fast,
         order: OrderCheck::new(),

@@ -116,7 +116,7 @@ pub fn run_instance(
     let data = udp_socket(SocketAddrV4::new(o.address, meta::PORT))?;
     let control = udp_socket(SocketAddrV4::new(o.address, CONTROL_PORT))?;
     let controller = s.controller_at();
-    let seal = o.keys.sealer(Sender::instance(o.id), wall_ns());
+    let seal = o.keys.sealer(Sender::instance(o.id), wall_ns())?;
     let mut opener = o.keys.opener(s.clock_skew.as_nanos() as u64);
     let root = Root {
         socket: &data,

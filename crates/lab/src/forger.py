@@ -35,7 +35,9 @@ s.bind((I, 6081))
 n = 0
 for _ in range(3):
     for to, body, role in sends:
-        trailer = struct.pack(">BBHIQ", role, 1, 0, 9, time.time_ns()) + os.urandom(32)
+        # role, key 1, reserved, sender 9, nonce prefix, sequence number, tag (36 bytes)
+        trailer = struct.pack(">BBHIIQ", role, 1, 0, 9, int.from_bytes(os.urandom(4), "big"),
+                              time.time_ns()) + os.urandom(16)
         for d in (body, body + trailer):
             s.sendto(d, to); n += 1
     time.sleep(0.2)

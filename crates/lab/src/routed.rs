@@ -21,7 +21,7 @@
 //!   role's address via the host's end. A host's only neighbour is the router's end of its
 //!   link (10.200.K.1): every datagram between two roles crosses the router (one TTL).
 //! * Every link has MTU [`CLUSTER_MTU`] (9000) on both ends: a root's GENEVE datagram (a
-//!   1514-byte frame, 50 bytes of headers, the 48-byte trailer) is never fragmented.
+//!   1514-byte frame, 50 bytes of headers, the 36-byte trailer) is never fragmented.
 //! * Reverse-path filtering is off (`rp_filter=0`: `all` and each link's, `default` in the
 //!   namespaces made here) in the router and on every host, and hosts ask ARP from their link
 //!   address (`arp_announce=2` on the link), so neither the routed sources nor neighbour

@@ -22,7 +22,7 @@ fn sealed(s: &Sealer, payload: &[u8]) -> Vec<u8> {
 #[test]
 fn a_sealed_datagram_opens_once_with_its_sender_and_payload() {
     let r = ring(K1);
-    let s = r.sealer(Sender::instance(7), NOW - 1000);
+    let s = r.sealer(Sender::instance(7), NOW - 1000).unwrap();
     let mut o = r.opener(SKEW);
     let d = sealed(&s, b"hello");
     assert_eq!(o.open(&d, NOW), Ok((Sender::instance(7), &b"hello"[..])));
@@ -39,7 +39,7 @@ fn a_sealed_datagram_opens_once_with_its_sender_and_payload() {
 #[test]
 fn every_changed_byte_is_refused() {
     let r = ring(K1);
-    let s = r.sealer(Sender::ROOT, NOW - 1000);
+    let s = r.sealer(Sender::ROOT, NOW - 1000).unwrap();
     let d = sealed(&s, b"a frame of the chain");
     for i in 0..d.len() {
         let mut o = r.opener(SKEW);
@@ -60,13 +60,183 @@ fn every_changed_byte_is_refused() {
     assert!(o.open(&d[..d.len() - 1], NOW).is_err());
 }
 
+/// The trailer's nonce prefix and sequence number.
+fn nonce_of(d: &[u8]) -> ([u8; 4], u64) {
+    let h = &d[d.len() - TRAILER_LEN..];
+    let mut seq = [0u8; 8];
+    seq.copy_from_slice(&h[12..20]);
+    ([h[8], h[9], h[10], h[11]], u64::from_be_bytes(seq))
+}
+
+#[test]
+fn every_flipped_bit_is_refused_for_its_reason() {
+    let r = ring(K1);
+    let s = r.sealer(Sender::instance(9), NOW - 1000).unwrap();
+    let payload = b"a frame of the chain, longer than one block of anything";
+    let d = sealed(&s, payload);
+    let t = payload.len();
+    for i in 0..d.len() {
+        for bit in 0..8 {
+            let mut o = r.opener(SKEW);
+            let mut bad = d.clone();
+            bad[i] ^= 1 << bit;
+            let got = o.open(&bad, NOW);
+            let want = match i - t.min(i) {
+                // The role: another role's tag, or no role at all.
+                0 if i >= t => {
+                    if bad[i] == Role::Controller as u8 {
+                        Rejected::BadTag
+                    } else {
+                        Rejected::Malformed
+                    }
+                }
+                1 if i >= t => Rejected::UnknownKey,
+                // The datagram, reserved, sender, nonce prefix, sequence number, tag.
+                _ => Rejected::BadTag,
+            };
+            assert_eq!(got, Err(want), "byte {i} bit {bit}");
+            assert_eq!(o.rejected().get(want), 1);
+            assert_eq!(o.accepted(), 0);
+        }
+    }
+    assert!(r.opener(SKEW).open(&d, NOW).is_ok());
+}
+
+#[test]
+fn a_tag_from_another_key_under_the_same_id_is_refused() {
+    let mine = ring(K1);
+    let theirs = ring("1 0f0102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f");
+    let s = mine.sealer(Sender::ROOT, NOW - 100).unwrap();
+    let d = sealed(&s, b"x");
+    // The same trailer signed by the other key: only the tag differs.
+    let mut forged = d.clone();
+    let keys = theirs.inner.keys.load();
+    let key = &keys.keys[0].1;
+    let (prefix, seq) = nonce_of(&d);
+    let (signed, tag) = forged.split_at_mut(d.len() - TAG_LEN);
+    let t = key
+        .seal_in_place_separate_tag(nonce(prefix, seq), aead::Aad::from(&*signed), &mut [])
+        .unwrap();
+    tag.copy_from_slice(t.as_ref());
+    assert_ne!(forged, d);
+    assert_eq!(mine.opener(SKEW).open(&forged, NOW), Err(Rejected::BadTag));
+    assert!(theirs.opener(SKEW).open(&forged, NOW).is_ok());
+    assert_eq!(theirs.opener(SKEW).open(&d, NOW), Err(Rejected::BadTag));
+}
+
+#[test]
+fn two_sealers_of_one_sender_never_share_a_nonce() {
+    // A cut-off instance and its replacement, started on the same clock reading.
+    let r = ring(K1);
+    let old = r.sealer(Sender::instance(4), NOW - 1000).unwrap();
+    let new = r.sealer(Sender::instance(4), NOW - 1000).unwrap();
+    let (a, b) = (sealed(&old, b"same"), sealed(&new, b"same"));
+    let ((pa, sa), (pb, sb)) = (nonce_of(&a), nonce_of(&b));
+    assert_eq!(sa, sb);
+    // Fails once in 2^32 runs: both drew the same prefix.
+    assert_ne!(pa, pb);
+    assert_ne!(a[a.len() - TAG_LEN..], b[b.len() - TAG_LEN..]);
+    for d in [&a, &b] {
+        assert_eq!(
+            r.opener(SKEW).open(d, NOW),
+            Ok((Sender::instance(4), &b"same"[..]))
+        );
+    }
+    // One receiver still takes a sender's number once, whatever the nonce.
+    let mut o = r.opener(SKEW);
+    assert!(o.open(&a, NOW).is_ok());
+    assert_eq!(o.open(&b, NOW), Err(Rejected::Replayed));
+    // Clones share the prefix and the numbers.
+    let c = sealed(&old.clone(), b"same");
+    assert_eq!(nonce_of(&c), (pa, sa + 1));
+}
+
+#[test]
+fn sequence_numbers_strictly_increase_whatever_the_clock_does() {
+    let r = ring(K1);
+    let s = r.sealer(Sender::ROOT, NOW).unwrap();
+    // Two threads on clones of one sealer: every number once, rising in each thread.
+    let seqs: Vec<Vec<u64>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..2)
+            .map(|_| {
+                let s = s.clone();
+                sc.spawn(move || {
+                    (0..5000)
+                        .map(|_| nonce_of(&sealed(&s, b"p")).1)
+                        .collect::<Vec<u64>>()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for v in &seqs {
+        assert!(v.windows(2).all(|w| w[0] < w[1]));
+    }
+    let all: BTreeSet<u64> = seqs.iter().flatten().copied().collect();
+    assert_eq!(all.len(), 10_000);
+    assert_eq!(all.first(), Some(&NOW));
+    assert_eq!(all.last(), Some(&(NOW + 9_999)));
+    // The clock steps back a second: a sealer made now numbers from below, but on a nonce
+    // prefix of its own, so no nonce repeats; its sealer's numbers keep rising.
+    let later = r.sealer(Sender::ROOT, NOW - 1_000_000_000).unwrap();
+    let (p_later, first) = nonce_of(&sealed(&later, b"p"));
+    assert_eq!(first, NOW - 1_000_000_000);
+    assert_ne!(p_later, nonce_of(&sealed(&s, b"p")).0);
+    let mut last = first;
+    for _ in 0..1000 {
+        let (p, seq) = nonce_of(&sealed(&later, b"p"));
+        assert_eq!(p, p_later);
+        assert!(seq > last);
+        last = seq;
+    }
+}
+
+#[test]
+fn a_sealer_stops_before_its_numbers_wrap() {
+    let r = ring(K1);
+    let s = r.sealer(Sender::ROOT, u64::MAX - 1).unwrap();
+    let mut buf = [0u8; 8 + TRAILER_LEN];
+    assert_eq!(s.seal(&mut buf, 8), Some(buf.len()));
+    assert_eq!(nonce_of(&buf).1, u64::MAX - 1);
+    assert_eq!(s.seal(&mut buf, 8), Some(buf.len()));
+    assert_eq!(nonce_of(&buf).1, u64::MAX);
+    for _ in 0..3 {
+        assert_eq!(s.seal(&mut buf, 8), None);
+    }
+}
+
+#[test]
+fn the_trailer_is_laid_out_as_documented() {
+    let r = ring(K1);
+    let s = r.sealer(Sender::instance(0x0102_0304), NOW).unwrap();
+    let d = sealed(&s, b"body");
+    assert_eq!(TRAILER_LEN, 36);
+    assert_eq!(d.len(), 4 + 36);
+    let h = &d[4..];
+    assert_eq!(h[..8], [2, 1, 0, 0, 1, 2, 3, 4]);
+    assert_eq!(nonce_of(&d).1, NOW);
+    assert_eq!(h[12..20], NOW.to_be_bytes());
+    // Unauthenticated: the same trailer, a zero tag.
+    let plain = KeyRing::fixed(Keys::unauthenticated());
+    let d = sealed(&plain.sealer(Sender::ROOT, NOW).unwrap(), b"body");
+    assert_eq!(d.len(), 4 + 36);
+    assert_eq!(d[4..12], [1, 0, 0, 0, 0, 0, 0, 0]);
+    assert!(d[4 + 20..].iter().all(|&b| b == 0));
+}
+
 #[test]
 fn a_stranger_with_another_key_is_refused() {
     let theirs = ring("1 ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff");
-    let d = sealed(&theirs.sealer(Sender::CONTROLLER, NOW - 10), b"assignment");
+    let d = sealed(
+        &theirs.sealer(Sender::CONTROLLER, NOW - 10).unwrap(),
+        b"assignment",
+    );
     let mut o = ring(K1).opener(SKEW);
     assert_eq!(o.open(&d, NOW), Err(Rejected::BadTag));
-    let other_id = sealed(&ring(K2).sealer(Sender::CONTROLLER, NOW - 10), b"x");
+    let other_id = sealed(
+        &ring(K2).sealer(Sender::CONTROLLER, NOW - 10).unwrap(),
+        b"x",
+    );
     assert_eq!(o.open(&other_id, NOW), Err(Rejected::UnknownKey));
 }
 
@@ -78,8 +248,8 @@ fn a_rotation_refuses_nothing() {
     let new_first = ring(&format!("{K2}\n{K1}\n"));
     let mut at_old = old_first.opener(SKEW);
     let mut at_new = new_first.opener(SKEW);
-    let a = old_first.sealer(Sender::instance(1), NOW - 100);
-    let b = new_first.sealer(Sender::instance(2), NOW - 100);
+    let a = old_first.sealer(Sender::instance(1), NOW - 100).unwrap();
+    let b = new_first.sealer(Sender::instance(2), NOW - 100).unwrap();
     for s in [&a, &b] {
         let d = sealed(s, b"x");
         assert!(at_old.open(&d, NOW).is_ok());
@@ -95,14 +265,14 @@ fn a_rotation_refuses_nothing() {
 fn a_sequence_far_ahead_is_refused_not_adopted() {
     let r = ring(K1);
     let mut o = r.opener(SKEW);
-    let real = r.sealer(Sender::instance(3), NOW - 50);
+    let real = r.sealer(Sender::instance(3), NOW - 50).unwrap();
     assert!(o.open(&sealed(&real, b"1"), NOW).is_ok());
-    let liar = r.sealer(Sender::instance(3), u64::MAX - 5);
+    let liar = r.sealer(Sender::instance(3), u64::MAX - 5).unwrap();
     assert_eq!(o.open(&sealed(&liar, b"2"), NOW), Err(Rejected::Ahead));
     // The real sender goes on.
     assert!(o.open(&sealed(&real, b"3"), NOW).is_ok());
     // Within the skew is taken.
-    let fast_clock = r.sealer(Sender::instance(4), NOW + SKEW);
+    let fast_clock = r.sealer(Sender::instance(4), NOW + SKEW).unwrap();
     assert!(o.open(&sealed(&fast_clock, b"4"), NOW).is_ok());
 }
 
@@ -110,11 +280,11 @@ fn a_sequence_far_ahead_is_refused_not_adopted() {
 fn a_restarted_sender_continues_above_its_old_numbers() {
     let r = ring(K1);
     let mut o = r.opener(SKEW);
-    let first = r.sealer(Sender::instance(5), NOW - 10_000);
+    let first = r.sealer(Sender::instance(5), NOW - 10_000).unwrap();
     for _ in 0..3 {
         assert!(o.open(&sealed(&first, b"x"), NOW).is_ok());
     }
-    let again = r.sealer(Sender::instance(5), NOW - 5_000);
+    let again = r.sealer(Sender::instance(5), NOW - 5_000).unwrap();
     assert!(o.open(&sealed(&again, b"x"), NOW).is_ok());
     // The old process's numbers are now below the window.
     assert_eq!(o.open(&sealed(&first, b"x"), NOW), Err(Rejected::TooOld));
@@ -123,7 +293,7 @@ fn a_restarted_sender_continues_above_its_old_numbers() {
 #[test]
 fn reordering_within_the_window_is_taken_once() {
     let r = ring(K1);
-    let s = r.sealer(Sender::ROOT, NOW - 1_000_000);
+    let s = r.sealer(Sender::ROOT, NOW - 1_000_000).unwrap();
     let ds: Vec<Vec<u8>> = (0..300).map(|_| sealed(&s, b"p")).collect();
     let mut o = r.opener(SKEW);
     assert!(o.open(&ds[299], NOW).is_ok());
@@ -140,9 +310,9 @@ fn reordering_within_the_window_is_taken_once() {
 fn unauthenticated_checks_the_sequence_only() {
     let r = KeyRing::fixed(Keys::unauthenticated());
     assert!(!r.authenticated());
-    let s = r.sealer(Sender::ROOT, NOW - 10);
+    let s = r.sealer(Sender::ROOT, NOW - 10).unwrap();
     let d = sealed(&s, b"x");
-    assert!(d[d.len() - 32..].iter().all(|&b| b == 0));
+    assert!(d[d.len() - TAG_LEN..].iter().all(|&b| b == 0));
     let mut o = r.opener(SKEW);
     assert!(o.open(&d, NOW).is_ok());
     assert_eq!(o.open(&d, NOW), Err(Rejected::Replayed));
@@ -156,10 +326,13 @@ fn senders_are_bounded() {
     let mut o = r.opener(SKEW);
     for id in 0..MAX_SENDERS as u32 {
         assert!(o
-            .open(&sealed(&r.sealer(Sender::instance(id), 1), b""), NOW)
+            .open(
+                &sealed(&r.sealer(Sender::instance(id), 1).unwrap(), b""),
+                NOW
+            )
             .is_ok());
     }
-    let one_more = sealed(&r.sealer(Sender::instance(u32::MAX), 1), b"");
+    let one_more = sealed(&r.sealer(Sender::instance(u32::MAX), 1).unwrap(), b"");
     assert_eq!(o.open(&one_more, NOW), Err(Rejected::TooManySenders));
     assert_eq!(o.rejected().by_name().get("too_many_senders"), Some(&1));
 }
@@ -211,16 +384,16 @@ fn a_changed_key_file_reaches_every_sealer() {
     };
     write(&format!("{K1}\n"));
     let r = KeyRing::open(&path).unwrap();
-    let s = r.sealer(Sender::ROOT, NOW - 100);
+    let s = r.sealer(Sender::ROOT, NOW - 100).unwrap();
     let d = sealed(&s, b"x");
-    assert_eq!(d[d.len() - 47], 1);
+    assert_eq!(d[d.len() - TRAILER_LEN + 1], 1);
     // The modification time must differ from the first read's.
     std::thread::sleep(std::time::Duration::from_millis(20));
     write(&format!("{K2}\n{K1}\n"));
     r.reload_if_changed();
     assert_eq!(r.ids(), vec![2, 1]);
     let d = sealed(&s, b"x");
-    assert_eq!(d[d.len() - 47], 2);
+    assert_eq!(d[d.len() - TRAILER_LEN + 1], 2);
     // A broken file keeps the keys in use.
     std::thread::sleep(std::time::Duration::from_millis(20));
     write("1 nonsense\n");
