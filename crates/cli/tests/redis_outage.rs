@@ -67,7 +67,7 @@ fn nat_maps(port: u16) -> usize {
         .and_then(|c| c.get_connection())
         .and_then(|mut c| {
             redis::cmd("KEYS")
-                .arg("nat@*@Map@*")
+                .arg("{*}@nat@Map@*")
                 .query::<Vec<String>>(&mut c)
         })
         .map_or(0, |k| k.len())
@@ -92,7 +92,7 @@ fn translated_in_store(port: u16) -> i64 {
         .and_then(|c| c.get_connection())
         .expect("connect to redis");
     let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("nat@*@Counter@packets_*")
+        .arg("{*}@nat@Counter@packets_*")
         .query(&mut c)
         .expect("KEYS");
     keys.iter()

@@ -12,9 +12,10 @@
 //!   partition's ownership record (`cluster@<stage>@<p>@Value@owner`: instance and epoch) by
 //!   compare-and-set, and only packets stamped with the epoch it claimed. A newer epoch in the
 //!   record or in the controller's assignment ends its ownership at once.
-//! * **Fenced commits.** On a store that fences ([`flowstate_state::Connector::fences`], our
-//!   own), every write of a partition carries the ownership record as the instance took it,
-//!   and the store refuses the whole write, atomically, once the record says otherwise: an
+//! * **Fenced commits.** On a store that fences ([`flowstate_state::Connector::fences`]: our
+//!   own, Redis and Redis Cluster; not Cassandra), every write of a partition carries the
+//!   ownership record as the instance took it, and the store refuses the whole write,
+//!   atomically, once the record says otherwise: an
 //!   instance cut off from the others (its link down, its process alive) cannot change a
 //!   partition that has moved, whatever the network does. A refused commit is counted
 //!   (`fenced_commits`), its outputs never leave (no notice), and the partition is dropped.
@@ -31,8 +32,11 @@
 //!   packets it covers (`cluster@<stage>@<p>@Value@committed`, the last write of the commit):
 //!   a new owner reads it at its claim and does not process again a replayed packet whose
 //!   state changes are already in the store (counted in `replay_committed`). On a
-//!   store that applies a commit whole (our own: one batch frame) no replayed packet counts
-//!   twice; on Redis a failure in the middle of a commit's writes can apply part of it.
+//!   store that applies a commit whole (our own: one batch frame; Redis: one script with the
+//!   fence) no replayed packet counts twice. On Redis Cluster the writes of shared objects
+//!   (`nf@Type@id`, another hash slot) follow the partition's script, so a failure between
+//!   the two applies the partition's part alone; on Cassandra a failure in the middle of a
+//!   commit's writes can apply part of it.
 //!   An instance sends a batch's outputs to the root before it commits, and, once the commit
 //!   is acknowledged, notices of the packets it finished ([`Instance::notices`]): the root
 //!   passes the outputs on only then ([`crate::log`]). When an owner fails after its commit
@@ -224,7 +228,8 @@ impl Instance {
             tracing::warn!(
                 backend = connector.name(),
                 "this store cannot fence commits: an instance cut off from the others could \
-                 still write a partition that has moved (use backend = \"store\" for fencing)"
+                 still write a partition that has moved (backends \"store\", \"redis\" and \
+                 \"redis-cluster\" fence)"
             );
         }
         let mut inst = Instance {

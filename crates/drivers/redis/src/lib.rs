@@ -10,9 +10,20 @@
 //!   master touched in a cluster (FlexState §III-A2 batching of store requests). Operations
 //!   that must be atomic on the server (compare-and-set, locks with leases, map-field time to
 //!   live) run as Lua scripts inside that pipeline.
-//! * Keys are exactly `nf@instance@core@Type@id` (`nf@Type@id` for shared objects) on a single
-//!   server. On a cluster the owner part is a hash tag, `{nf@instance@core}@Type@id` and
-//!   `{nf}@Type@id`, so one partition's objects share a hash slot.
+//! * Keys are `{instance@core}@nf@Type@id` for an object of one partition and `{nf}@Type@id`
+//!   for a shared one, on a single server and on a cluster alike (`ops.rs`). The braces are
+//!   the Redis Cluster hash tag: every object of one partition, whatever its NF, and the
+//!   partition's ownership record (`{stage@p}@cluster@Value@owner`, a cluster instance's
+//!   fence) share one hash slot.
+//! * Both backends fence ([`Connector::fences`]): [`Backend::execute_fenced`] is one Lua
+//!   script (`fenced.rs`) that checks the fence's key and runs the operations only if it holds,
+//!   atomically, in one round trip (two for a server that lacks the script: `NOSCRIPT`, then
+//!   `SCRIPT LOAD`); otherwise [`BackendError::Fenced`] and no operation ran. On
+//!   a single server every operation of the batch is in the script. On a cluster the script
+//!   holds the operations on the fence's hash slot (its partition's objects); the others
+//!   (shared objects, another partition's) are sent after it, as [`Backend::execute`] sends
+//!   them, only once the fence held: ordered after the check, not atomic with it (as our
+//!   store's parts of a fenced batch on other shards are).
 //! * Time to live uses Redis expiry (`PEXPIRE`); map fields, which Redis 7.0 cannot expire, get
 //!   a companion sorted set of deadlines purged by the scripts of every map operation (see
 //!   [`ops`]); locks are `~lock~<key>` strings with a `PX` lease.
@@ -64,12 +75,16 @@
 //! for a client certificate the server refuses, `url` (or `nodes`) for a server that does not
 //! answer.
 
+mod fenced;
+
 mod ops;
 
 mod security;
 
-use flowstate_state::{Backend, BackendError, Connector, Kind, ObjectKey, Op, Reply, SettingError};
-use ops::{Answer, Layout};
+use flowstate_state::{
+    Backend, BackendError, Connector, Fence, Kind, ObjectKey, Op, Reply, SettingError,
+};
+use ops::{Answer, Call};
 use redis::{Cmd, Connection, ConnectionLike, Value};
 use security::Security;
 
@@ -177,6 +192,11 @@ impl Connector for RedisConnector {
             timeout: self.timeout,
             conn: Some(conn),
         }))
+    }
+
+    /// Fenced batches are one script (`fenced.rs`).
+    fn fences(&self) -> bool {
+        true
     }
 }
 
@@ -322,6 +342,11 @@ impl Connector for RedisClusterConnector {
         b.refresh()?;
         Ok(Box::new(b))
     }
+
+    /// Fenced batches are one script on the fence's hash slot (`fenced.rs`).
+    fn fences(&self) -> bool {
+        true
+    }
 }
 
 fn parse_url(key: &str, url: &str) -> Result<redis::ConnectionInfo, SettingError> {
@@ -435,17 +460,17 @@ fn answer(v: Value) -> Answer {
     }
 }
 
-/// Builds the commands of a batch: `Ok(cmd)` to send, `Err(reply)` answered without Redis.
-fn commands(layout: Layout, ops: &[Op]) -> Vec<Result<Cmd, Reply>> {
-    ops.iter().map(|op| ops::command(layout, op)).collect()
+/// Builds the commands of a batch: `Ok(call)` to send, `Err(reply)` answered without Redis.
+fn commands(ops: &[Op]) -> Vec<Result<Call, Reply>> {
+    ops.iter().map(ops::command).collect()
 }
 
 /// Turns answers into replies; `WRONGTYPE` answers get a follow-up `TYPE` to name the kind
 /// found (a second round trip only on that error path).
 fn finish(
-    layout: Layout,
+    backend: &'static str,
     ops: &[Op],
-    built: Vec<Result<Cmd, Reply>>,
+    built: Vec<Result<Call, Reply>>,
     mut answers: Vec<Option<Answer>>,
     replies: &mut Vec<Reply>,
     mut run: impl FnMut(&[(usize, Cmd)]) -> Result<Vec<Answer>, BackendError>,
@@ -459,7 +484,7 @@ fn finish(
         })
         .map(|(i, _)| {
             let mut c = redis::cmd("TYPE");
-            c.arg(layout.key(ops[i].key()));
+            c.arg(ops::key(ops[i].key()));
             (i, c)
         })
         .collect();
@@ -478,7 +503,7 @@ fn finish(
                 Some(a) => ops::reply(op, a, types.get(&i).map(String::as_str)),
                 None => {
                     return Err(BackendError::Protocol {
-                        backend: layout.backend(),
+                        backend,
                         reason: format!("no reply to operation #{i}"),
                     })
                 }
@@ -522,14 +547,49 @@ impl Backend for RedisBackend {
     }
 
     fn execute(&mut self, ops: &[Op], replies: &mut Vec<Reply>) -> Result<(), BackendError> {
-        let built = commands(Layout::Plain, ops);
-        let cmds: Vec<&Cmd> = built.iter().filter_map(|b| b.as_ref().ok()).collect();
+        let built = commands(ops);
+        let cmds: Vec<&Cmd> = built
+            .iter()
+            .filter_map(|b| Some(&b.as_ref().ok()?.cmd))
+            .collect();
         let mut it = self.run(&cmds)?.into_iter();
         let answers = built
             .iter()
             .map(|b| if b.is_ok() { it.next() } else { None })
             .collect();
-        finish(Layout::Plain, ops, built, answers, replies, |cmds| {
+        finish("redis", ops, built, answers, replies, |cmds| {
+            let refs: Vec<&Cmd> = cmds.iter().map(|(_, c)| c).collect();
+            self.run(&refs)
+        })
+    }
+
+    /// Every operation in one script with the fence's check ([`fenced`]): one round trip
+    /// (two when the server does not have the script yet).
+    fn execute_fenced(
+        &mut self,
+        fence: &Fence,
+        ops: &[Op],
+        replies: &mut Vec<Reply>,
+    ) -> Result<(), BackendError> {
+        let built = commands(ops);
+        let call = fenced::call(&ops::key(&fence.key), &fence.value, &built, |_| true);
+        let mut got = self.run(&[&call.cmd])?;
+        if matches!(got.first(), Some(Answer::Error { code, .. }) if code == "NOSCRIPT") {
+            // Nothing ran: load the script and call it again, in one round trip.
+            got = self.run(&[&fenced::load(), &call.cmd])?;
+            if let Some(Answer::Error { code, detail }) = got.first() {
+                return Err(BackendError::Protocol {
+                    backend: "redis",
+                    reason: format!("SCRIPT LOAD: {code} {detail}"),
+                });
+            }
+        }
+        let answer = got.pop().ok_or_else(|| BackendError::Protocol {
+            backend: "redis",
+            reason: "no answer to a fenced batch".into(),
+        })?;
+        let answers = fenced_answers("redis", fence, ops, &call.inside, answer)?;
+        finish("redis", ops, built, answers, replies, |cmds| {
             let refs: Vec<&Cmd> = cmds.iter().map(|(_, c)| c).collect();
             self.run(&refs)
         })
@@ -541,7 +601,7 @@ impl Backend for RedisBackend {
         kind: Kind,
         id: &str,
     ) -> Result<Vec<ObjectKey>, BackendError> {
-        let pattern = Layout::Plain.pattern(nf, kind, id);
+        let pattern = ops::pattern(nf, kind, id);
         let mut found = Vec::new();
         let mut cursor = b"0".to_vec();
         loop {
@@ -552,7 +612,7 @@ impl Backend for RedisBackend {
                 .arg("COUNT")
                 .arg(1000);
             let a = self.run(&[&c])?;
-            cursor = scan_step(a, Layout::Plain, nf, kind, id, &mut found, "redis")?;
+            cursor = scan_step(a, nf, kind, id, &mut found, "redis")?;
             if cursor == b"0" {
                 break;
             }
@@ -563,10 +623,38 @@ impl Backend for RedisBackend {
     }
 }
 
+/// The answers to a fenced batch's operations from its script's `answer` (`None` for those not
+/// `inside` it); [`BackendError::Fenced`] when the fence did not hold.
+fn fenced_answers(
+    backend: &'static str,
+    fence: &Fence,
+    ops: &[Op],
+    inside: &[usize],
+    answer: Answer,
+) -> Result<Vec<Option<Answer>>, BackendError> {
+    let protocol = |reason: String| BackendError::Protocol { backend, reason };
+    match fenced::answers(answer, ops, inside) {
+        fenced::Outcome::Ran(got) => {
+            let mut answers = vec![None; ops.len()];
+            for (&i, a) in inside.iter().zip(got) {
+                answers[i] = Some(a);
+            }
+            Ok(answers)
+        }
+        fenced::Outcome::Fenced => Err(BackendError::Fenced {
+            backend,
+            key: fence.key.to_string(),
+        }),
+        fenced::Outcome::NoScript => Err(protocol(
+            "the fenced batch's script is still unknown after SCRIPT LOAD".into(),
+        )),
+        fenced::Outcome::Bad(reason) => Err(protocol(reason)),
+    }
+}
+
 /// Reads one `SCAN` reply: adds the matching keys to `found`, returns the next cursor.
 fn scan_step(
     answers: Vec<Answer>,
-    layout: Layout,
     nf: &str,
     kind: Kind,
     id: &str,
@@ -588,7 +676,7 @@ fn scan_step(
     if let Some(Value::Array(keys)) = keys {
         for k in keys {
             let Value::BulkString(raw) = k else { continue };
-            if let Some(key) = layout.object(&raw) {
+            if let Some(key) = ops::object(&raw) {
                 let ours = key
                     .parse()
                     .is_some_and(|p| p.nf == nf && p.kind == kind && p.id == id);
@@ -853,6 +941,50 @@ impl ClusterBackend {
         }
     }
 
+    /// Runs a fenced batch's script (`EVALSHA`, routed by `key`, the fence's), loading it
+    /// first on every master if the node answers `NOSCRIPT` (nothing ran).
+    fn run_fenced(&mut self, cmd: Cmd, key: Vec<u8>) -> Result<Answer, BackendError> {
+        let (cmds, keys) = ([(0, cmd)], [key]);
+        let mut answer = self.run(&cmds, &keys)?.pop();
+        if matches!(&answer, Some(Answer::Error { code, .. }) if code == "NOSCRIPT") {
+            // Every master: a node taking the slot over (`ASK`, `MOVED`) needs it too.
+            let load = fenced::load();
+            for addr in self.masters() {
+                let conn = self.conn(&addr)?;
+                match pipeline(conn, &[&load]) {
+                    Ok(a) => {
+                        if let Some(Answer::Error { code, detail }) = a.first() {
+                            return Err(BackendError::Protocol {
+                                backend: "redis-cluster",
+                                reason: format!("{addr}: SCRIPT LOAD: {code} {detail}"),
+                            });
+                        }
+                    }
+                    Err(e) => {
+                        self.drop_node(&addr);
+                        return Err(unreachable("redis-cluster", format!("{addr}: {e}")));
+                    }
+                }
+            }
+            answer = self.run(&cmds, &keys)?.pop();
+        }
+        answer.ok_or_else(|| unreachable("redis-cluster", "a fenced batch got no answer"))
+    }
+
+    /// [`finish`] for this backend: the follow-up `TYPE`s routed as any command.
+    fn finish(
+        &mut self,
+        ops: &[Op],
+        built: Vec<Result<Call, Reply>>,
+        answers: Vec<Option<Answer>>,
+        replies: &mut Vec<Reply>,
+    ) -> Result<(), BackendError> {
+        finish("redis-cluster", ops, built, answers, replies, |cmds| {
+            let keys: Vec<Vec<u8>> = cmds.iter().map(|(i, _)| ops::key(ops[*i].key())).collect();
+            self.run(cmds, &keys)
+        })
+    }
+
     fn drop_node(&mut self, addr: &str) {
         self.nodes.remove(addr);
         // The map may be stale too: learn it again before the next batch.
@@ -898,6 +1030,12 @@ fn redirect(a: &Answer) -> Option<Redirect> {
     }
 }
 
+/// Whether keys are all on `key`'s hash slot: the operations a cluster's fenced script holds.
+fn on_slot(key: &[u8]) -> impl Fn(&[&[u8]]) -> bool {
+    let slot = ops::slot(key);
+    move |keys| keys.iter().all(|k| ops::slot(k) == slot)
+}
+
 /// The slot map from a `CLUSTER SLOTS` reply: `[[start, end, [host, port, ..], ..], ..]`.
 fn slot_map(v: Value) -> Option<Vec<Option<String>>> {
     let Value::Array(ranges) = v else { return None };
@@ -931,13 +1069,13 @@ impl Backend for ClusterBackend {
     }
 
     fn execute(&mut self, ops: &[Op], replies: &mut Vec<Reply>) -> Result<(), BackendError> {
-        let built = commands(Layout::Tagged, ops);
+        let built = commands(ops);
         let mut cmds = Vec::with_capacity(ops.len());
         let mut keys = Vec::with_capacity(ops.len());
         for (i, (op, b)) in ops.iter().zip(&built).enumerate() {
             if let Ok(c) = b {
-                cmds.push((i, c.clone()));
-                keys.push(Layout::Tagged.key(op.key()));
+                cmds.push((i, c.cmd.clone()));
+                keys.push(ops::key(op.key()));
             }
         }
         let got = self.run(&cmds, &keys)?;
@@ -945,13 +1083,37 @@ impl Backend for ClusterBackend {
         for ((i, _), a) in cmds.iter().zip(got) {
             answers[*i] = Some(a);
         }
-        finish(Layout::Tagged, ops, built, answers, replies, |cmds| {
-            let keys: Vec<Vec<u8>> = cmds
-                .iter()
-                .map(|(i, _)| Layout::Tagged.key(ops[*i].key()))
-                .collect();
-            self.run(cmds, &keys)
-        })
+        self.finish(ops, built, answers, replies)
+    }
+
+    /// The operations on the fence's hash slot in one script with the fence's check
+    /// ([`fenced`]) on the node serving it; then, only if the fence held, the others as
+    /// [`Backend::execute`] sends them (see the crate's documentation).
+    fn execute_fenced(
+        &mut self,
+        fence: &Fence,
+        ops: &[Op],
+        replies: &mut Vec<Reply>,
+    ) -> Result<(), BackendError> {
+        let built = commands(ops);
+        let fence_key = ops::key(&fence.key);
+        let call = fenced::call(&fence_key, &fence.value, &built, on_slot(&fence_key));
+        let answer = self.run_fenced(call.cmd, fence_key)?;
+        let mut answers = fenced_answers("redis-cluster", fence, ops, &call.inside, answer)?;
+        let mut rest = Vec::new();
+        let mut keys = Vec::new();
+        for (i, (op, b)) in ops.iter().zip(&built).enumerate() {
+            if let (Ok(c), None) = (b, &answers[i]) {
+                rest.push((i, c.cmd.clone()));
+                keys.push(ops::key(op.key()));
+            }
+        }
+        if !rest.is_empty() {
+            for ((i, _), a) in rest.iter().zip(self.run(&rest, &keys)?) {
+                answers[*i] = Some(a);
+            }
+        }
+        self.finish(ops, built, answers, replies)
     }
 
     fn partitions(
@@ -963,7 +1125,7 @@ impl Backend for ClusterBackend {
         if self.slots.is_empty() {
             self.refresh()?;
         }
-        let pattern = Layout::Tagged.pattern(nf, kind, id);
+        let pattern = ops::pattern(nf, kind, id);
         let mut found = Vec::new();
         for addr in self.masters() {
             let mut cursor = b"0".to_vec();
@@ -982,7 +1144,7 @@ impl Backend for ClusterBackend {
                         return Err(unreachable("redis-cluster", format!("{addr}: {e}")));
                     }
                 };
-                cursor = scan_step(a, Layout::Tagged, nf, kind, id, &mut found, "redis-cluster")?;
+                cursor = scan_step(a, nf, kind, id, &mut found, "redis-cluster")?;
                 if cursor == b"0" {
                     break;
                 }
@@ -1036,6 +1198,44 @@ mod tests {
         let e = RedisClusterConnector::from_settings(None, [("nodes", Setting::Other("integer"))])
             .unwrap_err();
         assert_eq!(e.key, "nodes");
+    }
+
+    #[test]
+    fn a_clusters_fenced_script_holds_its_partitions_operations() {
+        use flowstate_state::Owner;
+        let part =
+            |nf: &str, p: u32, kind: Kind| ObjectKey::partitioned(&Owner::new(nf, 3, p), kind, "x");
+        let fence = ops::key(&part("cluster", 9, Kind::Value));
+        let ops = [
+            Op::Add {
+                key: part("nat", 9, Kind::Counter),
+                delta: 1,
+            },
+            // Two keys: the map and its deadlines.
+            Op::MapSet {
+                key: part("firewall", 9, Kind::Map),
+                field: b"f".to_vec(),
+                value: b"v".to_vec(),
+            },
+            Op::Add {
+                key: ObjectKey::shared("counter", Kind::Counter, "packets"),
+                delta: 1,
+            },
+            Op::Lock {
+                key: part("lb", 9, Kind::Set),
+                owner: 1,
+                lease: Duration::from_secs(1),
+            },
+            Op::Add {
+                key: part("nat", 10, Kind::Counter),
+                delta: 1,
+            },
+        ];
+        let built = commands(&ops);
+        let call = fenced::call(&fence, b"v", &built, on_slot(&fence));
+        assert_eq!(call.inside, vec![0, 1, 3]);
+        // A single server's holds them all.
+        assert_eq!(fenced::call(&fence, b"v", &built, |_| true).inside.len(), 5);
     }
 
     #[test]

@@ -26,67 +26,53 @@ pub(crate) const TTL_PREFIX: &str = "~ttl~";
 /// Prefix of a lock's string.
 pub(crate) const LOCK_PREFIX: &str = "~lock~";
 
-/// Where an object's keys live: plain (one server) or hash-tagged (cluster).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Layout {
-    /// Keys exactly `nf@instance@core@Type@id` / `nf@Type@id`.
-    Plain,
-    /// `{nf@instance@core}@Type@id` / `{nf}@Type@id`: one partition's objects (and their
-    /// helper keys) share a hash slot, so multi-key scripts stay within one slot.
-    Tagged,
+/// The Redis key of an object: `{instance@core}@nf@Type@id` for an object of one partition,
+/// `{nf}@Type@id` for a shared one; any other key as it is. The part in braces is the key's
+/// hash tag (Redis Cluster specification, "Hash tags": only it is hashed), so every object
+/// of one partition, whatever its NF, shares one hash slot with its helper keys (`~ttl~`,
+/// `~lock~`) and with the partition's ownership record (`{stage@p}@cluster@Value@owner`): a
+/// fenced batch ([`crate::fenced`]) is one script on one node. A partition's tag is two
+/// decimal numbers and `@`, whatever the NF's name holds; a shared object's is its NF.
+pub(crate) fn key(key: &ObjectKey) -> Vec<u8> {
+    let Some(parts) = key.parse() else {
+        return key.as_bytes().to_vec();
+    };
+    let (kind, id) = (parts.kind.name(), parts.id);
+    match parts.partition {
+        Some((i, c)) => format!("{{{i}@{c}}}@{}@{kind}@{id}", parts.nf),
+        None => format!("{{{}}}@{kind}@{id}", parts.nf),
+    }
+    .into_bytes()
 }
 
-impl Layout {
-    /// The backend that uses this layout.
-    pub(crate) fn backend(self) -> &'static str {
-        match self {
-            Layout::Plain => "redis",
-            Layout::Tagged => "redis-cluster",
-        }
-    }
-
-    /// The Redis key of an object.
-    pub(crate) fn key(self, key: &ObjectKey) -> Vec<u8> {
-        match self {
-            Layout::Plain => key.as_bytes().to_vec(),
-            Layout::Tagged => {
-                let Some(parts) = key.parse() else {
-                    return key.as_bytes().to_vec();
-                };
-                let owner = match parts.partition {
-                    Some((i, c)) => format!("{}@{i}@{c}", parts.nf),
-                    None => parts.nf.to_owned(),
-                };
-                format!("{{{owner}}}@{}@{}", parts.kind.name(), parts.id).into_bytes()
+/// The object key a Redis key names, if it is one of ours ([`key`] of it is `raw`).
+pub(crate) fn object(raw: &[u8]) -> Option<ObjectKey> {
+    let text = std::str::from_utf8(raw).ok()?;
+    let rest = text.strip_prefix('{')?;
+    let ours = |k: String| ObjectKey::from_raw(&k).filter(|k| key(k) == raw);
+    // A partition's: the tag `I@C`, then `@nf@Type@id` (an NF's name holds no `@`).
+    if let Some((tag, tail)) = rest.split_once("}@") {
+        if let (Some((i, c)), Some((nf, tail))) = (tag.split_once('@'), tail.split_once('@')) {
+            if let Some(k) = ours(format!("{nf}@{i}@{c}@{tail}")) {
+                return Some(k);
             }
         }
     }
+    // A shared one: the NF may itself hold `}`: the split that encodes back to `raw`.
+    rest.match_indices('}')
+        .find_map(|(at, _)| ours(format!("{}{}", &rest[..at], &rest[at + 1..])))
+}
 
-    /// The object key a Redis key names, if it is one of ours.
-    pub(crate) fn object(self, raw: &[u8]) -> Option<ObjectKey> {
-        let text = std::str::from_utf8(raw).ok()?;
-        match self {
-            Layout::Plain => ObjectKey::from_raw(text),
-            Layout::Tagged => {
-                // The owner may itself hold `}`: take the split that encodes back to `raw`.
-                let rest = text.strip_prefix('{')?;
-                rest.match_indices('}').find_map(|(at, _)| {
-                    let key = ObjectKey::from_raw(&format!("{}{}", &rest[..at], &rest[at + 1..]))?;
-                    (self.key(&key) == raw).then_some(key)
-                })
-            }
-        }
-    }
-
-    /// The `SCAN MATCH` pattern that finds every partition of an object (a superset: callers
-    /// filter with [`Layout::object`]).
-    pub(crate) fn pattern(self, nf: &str, kind: Kind, id: &str) -> Vec<u8> {
-        let head = match self {
-            Layout::Plain => format!("{}@", glob_escape(nf)),
-            Layout::Tagged => format!("\\{{{}", glob_escape(nf)),
-        };
-        format!("{head}*{}@{}", kind.name(), glob_escape(id)).into_bytes()
-    }
+/// The `SCAN MATCH` pattern that finds every partition of an object, `{I@C}@nf@Type@id` and
+/// `{nf}@Type@id` (a superset: callers filter with [`object`]).
+pub(crate) fn pattern(nf: &str, kind: Kind, id: &str) -> Vec<u8> {
+    format!(
+        "\\{{*{}*@{}@{}",
+        glob_escape(nf),
+        kind.name(),
+        glob_escape(id)
+    )
+    .into_bytes()
 }
 
 /// `s` with Redis glob metacharacters escaped.
@@ -168,23 +154,153 @@ return 0
 const UNLOCK: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
      redis.call('DEL', KEYS[1]) return 1 end return 0";
 
+/// The scripts [`command`] runs, by name: with `EVAL`, or as functions of the fenced batch's
+/// script ([`crate::fenced`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Script {
+    Delete,
+    MapGet,
+    MapSet,
+    MapDelete,
+    MapLen,
+    MapAll,
+    FieldExpire,
+    Expire,
+    Cas,
+    Lock,
+    Unlock,
+}
+
+impl Script {
+    /// Every script, in the order of its variants.
+    pub(crate) const ALL: [Script; 11] = [
+        Script::Delete,
+        Script::MapGet,
+        Script::MapSet,
+        Script::MapDelete,
+        Script::MapLen,
+        Script::MapAll,
+        Script::FieldExpire,
+        Script::Expire,
+        Script::Cas,
+        Script::Lock,
+        Script::Unlock,
+    ];
+
+    /// Its name: a Lua identifier in lower case (the commands of [`command`] are in upper
+    /// case: the fenced script tells a function from a command by it).
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Script::Delete => "delete",
+            Script::MapGet => "map_get",
+            Script::MapSet => "map_set",
+            Script::MapDelete => "map_delete",
+            Script::MapLen => "map_len",
+            Script::MapAll => "map_all",
+            Script::FieldExpire => "field_expire",
+            Script::Expire => "expire",
+            Script::Cas => "cas",
+            Script::Lock => "lock",
+            Script::Unlock => "unlock",
+        }
+    }
+
+    /// Its body, and whether expired map fields are purged first ([`PURGE`]).
+    fn body(self) -> (&'static str, bool) {
+        match self {
+            Script::Delete => (DELETE, false),
+            Script::MapGet => (MAP_GET, true),
+            Script::MapSet => (MAP_SET, false),
+            Script::MapDelete => (MAP_DELETE, true),
+            Script::MapLen => (MAP_LEN, true),
+            Script::MapAll => (MAP_ALL, true),
+            Script::FieldExpire => (FIELD_EXPIRE, true),
+            Script::Expire => (EXPIRE, false),
+            Script::Cas => (CAS, false),
+            Script::Lock => (LOCK, false),
+            Script::Unlock => (UNLOCK, false),
+        }
+    }
+
+    /// Its whole text (`KEYS[1..]`, `ARGV[1..]`).
+    pub(crate) fn text(self) -> &'static str {
+        static TEXTS: std::sync::LazyLock<Vec<String>> = std::sync::LazyLock::new(|| {
+            Script::ALL
+                .iter()
+                .map(|s| match s.body() {
+                    (body, true) => format!("{PURGE}{body}"),
+                    (body, false) => body.to_owned(),
+                })
+                .collect()
+        });
+        &TEXTS[self as usize]
+    }
+}
+
 /// A script run with `EVAL` (Redis caches it by its digest; no `SCRIPT LOAD` state to lose
 /// when a server restarts or a slot moves).
-fn eval(body: &str, purge: bool, keys: &[&[u8]], args: &[&[u8]]) -> Cmd {
+fn eval(script: Script, keys: &[&[u8]], args: &[&[u8]]) -> Call {
     let mut cmd = redis::cmd("EVAL");
-    if purge {
-        cmd.arg(format!("{PURGE}{body}"));
-    } else {
-        cmd.arg(body);
-    }
-    cmd.arg(keys.len());
+    cmd.arg(script.text()).arg(keys.len());
     for k in keys {
         cmd.arg(*k);
     }
     for a in args {
         cmd.arg(*a);
     }
-    cmd
+    Call {
+        cmd,
+        script: Some(script),
+    }
+}
+
+/// The command that performs one operation.
+#[derive(Debug, Clone)]
+pub(crate) struct Call {
+    /// A Redis command whose first argument is the object's key, or `EVAL` of `script`.
+    pub(crate) cmd: Cmd,
+    /// The script `cmd` runs, if it is one.
+    pub(crate) script: Option<Script>,
+}
+
+impl From<Cmd> for Call {
+    fn from(cmd: Cmd) -> Call {
+        Call { cmd, script: None }
+    }
+}
+
+/// A [`Call`] taken apart: the command's (or script's) name, its keys and its arguments.
+pub(crate) struct Parts<'a> {
+    pub(crate) name: &'a [u8],
+    pub(crate) keys: Vec<&'a [u8]>,
+    pub(crate) args: Vec<&'a [u8]>,
+}
+
+impl Call {
+    /// Its name, keys and arguments.
+    pub(crate) fn parts(&self) -> Parts<'_> {
+        let mut words = self.cmd.args_iter().filter_map(|a| match a {
+            redis::Arg::Simple(w) => Some(w),
+            _ => None,
+        });
+        let name = words.next().unwrap_or_default();
+        let (name, keys) = match self.script {
+            // EVAL, the text, the number of keys, the keys.
+            Some(script) => {
+                let n = words
+                    .nth(1)
+                    .and_then(|n| std::str::from_utf8(n).ok()?.parse().ok())
+                    .unwrap_or(0);
+                (script.name().as_bytes(), words.by_ref().take(n).collect())
+            }
+            None => (name, words.next().into_iter().collect()),
+        };
+        Parts {
+            name,
+            keys,
+            args: words.collect(),
+        }
+    }
 }
 
 /// Whole milliseconds, rounded up: a time to live never ends early.
@@ -193,9 +309,9 @@ fn millis(d: std::time::Duration) -> u64 {
 }
 
 /// The command that performs `op`, or the reply when no command is needed.
-pub(crate) fn command(layout: Layout, op: &Op) -> Result<Cmd, Reply> {
-    let key = layout.key(op.key());
-    let k = key.as_slice();
+pub(crate) fn command(op: &Op) -> Result<Call, Reply> {
+    let redis_key = key(op.key());
+    let k = redis_key.as_slice();
     let ttl_key = || prefixed(TTL_PREFIX, k);
     let one = |name: &str| {
         let mut c = redis::cmd(name);
@@ -208,39 +324,38 @@ pub(crate) fn command(layout: Layout, op: &Op) -> Result<Cmd, Reply> {
         c
     };
     Ok(match op {
-        Op::Get { .. } | Op::GetCounter { .. } => one("GET"),
+        Op::Get { .. } | Op::GetCounter { .. } => one("GET").into(),
         Op::Set { value, .. } => {
             let mut c = with("SET", value);
             c.arg("GET");
-            c
+            c.into()
         }
         Op::SetCounter { value, .. } => {
             let mut c = with("SET", value.to_string().as_bytes());
             c.arg("GET");
-            c
+            c.into()
         }
-        Op::Delete { .. } => eval(DELETE, false, &[k, &ttl_key()], &[]),
-        Op::Add { delta, .. } => with("INCRBY", delta.to_string().as_bytes()),
-        Op::Push { item, .. } => with("RPUSH", item),
-        Op::Pop { .. } => one("LPOP"),
-        Op::Insert { member, .. } => with("SADD", member),
-        Op::Remove { member, .. } => with("SREM", member),
-        Op::Contains { member, .. } => with("SISMEMBER", member),
-        Op::MapGet { field, .. } => eval(MAP_GET, true, &[k, &ttl_key()], &[field]),
-        Op::MapSet { field, value, .. } => eval(MAP_SET, false, &[k, &ttl_key()], &[field, value]),
-        Op::MapDelete { field, .. } => eval(MAP_DELETE, true, &[k, &ttl_key()], &[field]),
+        Op::Delete { .. } => eval(Script::Delete, &[k, &ttl_key()], &[]),
+        Op::Add { delta, .. } => with("INCRBY", delta.to_string().as_bytes()).into(),
+        Op::Push { item, .. } => with("RPUSH", item).into(),
+        Op::Pop { .. } => one("LPOP").into(),
+        Op::Insert { member, .. } => with("SADD", member).into(),
+        Op::Remove { member, .. } => with("SREM", member).into(),
+        Op::Contains { member, .. } => with("SISMEMBER", member).into(),
+        Op::MapGet { field, .. } => eval(Script::MapGet, &[k, &ttl_key()], &[field]),
+        Op::MapSet { field, value, .. } => eval(Script::MapSet, &[k, &ttl_key()], &[field, value]),
+        Op::MapDelete { field, .. } => eval(Script::MapDelete, &[k, &ttl_key()], &[field]),
         Op::MapAdd { field, delta, .. } => {
             let mut c = with("HINCRBY", field);
             c.arg(delta.to_string());
-            c
+            c.into()
         }
-        Op::MapGetCounter { field, .. } => with("HGET", field),
+        Op::MapGetCounter { field, .. } => with("HGET", field).into(),
         Op::CompareAndSet { expected, new, .. } => {
             let flag = |o: &Option<Vec<u8>>| if o.is_some() { b"1" } else { b"0" };
             let empty: &[u8] = b"";
             eval(
-                CAS,
-                false,
+                Script::Cas,
                 &[k],
                 &[
                     flag(expected),
@@ -253,8 +368,7 @@ pub(crate) fn command(layout: Layout, op: &Op) -> Result<Cmd, Reply> {
         Op::Expire {
             field: None, ttl, ..
         } => eval(
-            EXPIRE,
-            false,
+            Script::Expire,
             &[k, &ttl_key()],
             &[millis(*ttl).to_string().as_bytes()],
         ),
@@ -263,16 +377,15 @@ pub(crate) fn command(layout: Layout, op: &Op) -> Result<Cmd, Reply> {
             ttl,
             ..
         } => eval(
-            FIELD_EXPIRE,
-            true,
+            Script::FieldExpire,
             &[k, &ttl_key()],
             &[field, millis(*ttl).to_string().as_bytes()],
         ),
         Op::Len { kind, .. } => match kind {
-            Kind::List => one("LLEN"),
-            Kind::Set => one("SCARD"),
-            Kind::Map => eval(MAP_LEN, true, &[k, &ttl_key()], &[]),
-            Kind::CounterMap => one("HLEN"),
+            Kind::List => one("LLEN").into(),
+            Kind::Set => one("SCARD").into(),
+            Kind::Map => eval(Script::MapLen, &[k, &ttl_key()], &[]),
+            Kind::CounterMap => one("HLEN").into(),
             Kind::Value | Kind::Counter => {
                 return Err(Reply::Error(OpError::Refused(format!(
                     "{}: Len needs a collection kind, not {}",
@@ -282,19 +395,18 @@ pub(crate) fn command(layout: Layout, op: &Op) -> Result<Cmd, Reply> {
             }
         },
         Op::ReadAll { kind, .. } => match kind {
-            Kind::Value | Kind::Counter => one("GET"),
+            Kind::Value | Kind::Counter => one("GET").into(),
             Kind::List => {
                 let mut c = one("LRANGE");
                 c.arg(0).arg(-1);
-                c
+                c.into()
             }
-            Kind::Set => one("SMEMBERS"),
-            Kind::Map => eval(MAP_ALL, true, &[k, &ttl_key()], &[]),
-            Kind::CounterMap => one("HGETALL"),
+            Kind::Set => one("SMEMBERS").into(),
+            Kind::Map => eval(Script::MapAll, &[k, &ttl_key()], &[]),
+            Kind::CounterMap => one("HGETALL").into(),
         },
         Op::Lock { owner, lease, .. } => eval(
-            LOCK,
-            false,
+            Script::Lock,
             &[&prefixed(LOCK_PREFIX, k)],
             &[
                 owner.to_string().as_bytes(),
@@ -302,8 +414,7 @@ pub(crate) fn command(layout: Layout, op: &Op) -> Result<Cmd, Reply> {
             ],
         ),
         Op::Unlock { owner, .. } => eval(
-            UNLOCK,
-            false,
+            Script::Unlock,
             &[&prefixed(LOCK_PREFIX, k)],
             &[owner.to_string().as_bytes()],
         ),
@@ -626,32 +737,57 @@ mod tests {
         assert_eq!(slot(b"{}x"), 10595);
         assert_eq!(slot(b"foo{bar}{zap}"), 5061);
         assert_eq!(slot(b"{nat@1@3}@Map@flows"), 6239);
-        assert_eq!(slot(b"~ttl~{nat@1@3}@Map@flows"), 6239);
+        assert_eq!(slot(b"{1@3}@nat@Map@flows"), 14697);
+        assert_eq!(slot(b"~ttl~{1@3}@nat@Map@flows"), 14697);
     }
 
     #[test]
-    fn tagged_keys_share_a_partitions_slot() {
+    fn a_partitions_keys_share_a_slot_whatever_the_nf() {
         let o = Owner::new("nat", 1, 3);
         let a = ObjectKey::partitioned(&o, Kind::Map, "flows");
         let b = ObjectKey::partitioned(&o, Kind::Counter, "bytes@x");
-        let (ka, kb) = (Layout::Tagged.key(&a), Layout::Tagged.key(&b));
-        assert_eq!(ka, b"{nat@1@3}@Map@flows");
-        assert_eq!(slot(&ka), slot(&kb));
-        assert_eq!(slot(&ka), slot(&prefixed(TTL_PREFIX, &ka)));
-        assert_eq!(Layout::Tagged.object(&kb), Some(b));
+        let record = ObjectKey::partitioned(&Owner::new("cluster", 1, 3), Kind::Value, "owner");
+        let odd = ObjectKey::partitioned(&Owner::new("n}f{", 1, 3), Kind::Map, "}@x");
+        let (ka, kb) = (key(&a), key(&b));
+        assert_eq!(ka, b"{1@3}@nat@Map@flows");
+        assert_eq!(key(&record), b"{1@3}@cluster@Value@owner");
+        assert_eq!(key(&odd), b"{1@3}@n}f{@Map@}@x");
+        for k in [&kb, &key(&record), &key(&odd), &prefixed(TTL_PREFIX, &ka)] {
+            assert_eq!(slot(k), slot(&ka), "{}", String::from_utf8_lossy(k));
+        }
+        assert_eq!(object(&kb), Some(b));
+        assert_eq!(object(&key(&odd)), Some(odd));
         let s = ObjectKey::shared("nat", Kind::Set, "p}o{ol");
-        assert_eq!(Layout::Tagged.key(&s), b"{nat}@Set@p}o{ol");
-        assert_eq!(
-            Layout::Tagged.object(&Layout::Tagged.key(&s)),
-            Some(s.clone())
-        );
-        let odd = ObjectKey::partitioned(&Owner::new("n}f{", 2, 0), Kind::Map, "}@x");
-        assert_eq!(Layout::Tagged.object(&Layout::Tagged.key(&odd)), Some(odd));
-        assert_eq!(Layout::Plain.key(&s), s.as_bytes());
-        assert_eq!(Layout::Plain.object(s.as_bytes()), Some(s));
-        // Helper keys never belong to an NF's objects.
-        let lock = Layout::Plain.object(b"~lock~nat@Set@x");
-        assert!(lock.is_none_or(|k| k.parse().is_none_or(|p| p.nf != "nat")));
+        assert_eq!(key(&s), b"{nat}@Set@p}o{ol");
+        assert_eq!(object(&key(&s)), Some(s));
+        let s = ObjectKey::shared("n}f", Kind::Value, "@1@2}@x");
+        assert_eq!(object(&key(&s)), Some(s));
+        // Another partition: another tag.
+        let other = ObjectKey::partitioned(&Owner::new("nat", 1, 4), Kind::Map, "flows");
+        assert_eq!(key(&other), b"{1@4}@nat@Map@flows");
+        // Helper keys and others' keys are never an NF's objects.
+        for raw in [
+            &b"~lock~{nat}@Set@x"[..],
+            b"~ttl~{1@3}@nat@Map@flows",
+            b"nat@1@3@Map@flows",
+            b"{01@3}@nat@Map@flows",
+            b"{1@3}nat@Map@flows",
+            b"{x}",
+        ] {
+            assert_eq!(object(raw), None, "{}", String::from_utf8_lossy(raw));
+        }
+    }
+
+    #[test]
+    fn scripts_are_listed_in_order_under_lower_case_names() {
+        for (i, s) in Script::ALL.into_iter().enumerate() {
+            assert_eq!(s as usize, i);
+            assert!(s
+                .name()
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b == b'_'));
+            assert!(s.text().contains("KEYS[1]"), "{s:?}");
+        }
     }
 
     #[test]
@@ -667,10 +803,10 @@ mod tests {
     #[test]
     fn patterns_escape_glob_characters() {
         assert_eq!(
-            Layout::Plain.pattern("n*", Kind::Counter, "a[b]?"),
-            b"n\\*@*Counter@a\\[b\\]\\?"
+            pattern("n*", Kind::Counter, "a[b]?"),
+            b"\\{*n\\**@Counter@a\\[b\\]\\?"
         );
-        assert_eq!(Layout::Tagged.pattern("n", Kind::Map, "x"), b"\\{n*Map@x");
+        assert_eq!(pattern("n", Kind::Map, "x"), b"\\{*n*@Map@x");
     }
 
     #[test]

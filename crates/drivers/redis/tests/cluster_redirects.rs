@@ -165,11 +165,13 @@ fn follows_ask_and_moved_during_a_slot_migration_over_tls() {
 fn follow(connector: &flowstate_driver_redis::RedisClusterConnector, cl: &Cluster) {
     let ports = &cl.ports;
     let nf = format!("redirect-{}", std::process::id());
-    let o = Owner::new(&nf, 0, 0);
+    // A partition of its own: the slot moved holds the keys of partition `{I@C}`.
+    let (i, c) = (8000, std::process::id());
+    let o = Owner::new(&nf, i, c);
     let v = ObjectKey::partitioned(&o, Kind::Value, "v");
     let n = ObjectKey::partitioned(&o, Kind::Counter, "n");
     let m = ObjectKey::partitioned(&o, Kind::Map, "m");
-    let physical = format!("{{{nf}@0@0}}@Value@v");
+    let physical = format!("{{{i}@{c}}}@{nf}@Value@v");
     let slot: i64 = redis::cmd("CLUSTER")
         .arg("KEYSLOT")
         .arg(&physical)
