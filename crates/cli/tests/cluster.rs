@@ -1184,9 +1184,10 @@ fn a_killed_host_loses_no_packet_and_counts_none_twice_on_our_store_and_on_redis
 /// A host of the routed lab cut off under the numbered stream, its processes alive (its way
 /// to the store 300 ms before the rest, so that a commit is on the wire), and back once its
 /// partitions moved: the store refuses that commit, none of its outputs leaves the box (no
-/// datagram arrives twice), nothing is lost or counted twice, and it rejoins with partitions.
+/// datagram arrives twice), nothing is lost or counted twice, and it rejoins with partitions;
+/// with the state in our store and again in Redis, each on the store's own host.
 #[test]
-fn a_host_cut_off_under_a_stream_loses_and_repeats_nothing() {
+fn a_host_cut_off_under_a_stream_loses_and_repeats_nothing_on_our_store_and_on_redis() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     if !is_root() {
         eprintln!("skipped: needs root");
@@ -1215,27 +1216,35 @@ fn a_host_cut_off_under_a_stream_loses_and_repeats_nothing() {
                     .any(|i| i["id"] == 1 && !i["partitions"].as_array().unwrap().is_empty())
         });
     };
-    let site = Site {
-        routed: true,
-        state: "backend = \"store\"\nurl = \"192.0.2.5:7878\"",
-    };
-    let r = under_a_stream_on("hc", site, "", cut_host_1);
-    let root = &r.root;
-    let i1 = r.instances.iter().find(|i| i["id"] == 1).unwrap();
-    eprintln!(
-        "lost {}, counted {}, committed replays {}, root {root:#}, instance 1 {i1:#}",
-        r.lost, r.counted, r.committed
-    );
-    assert!(i1["fenced_commits"].as_u64() > Some(0), "{i1:#}");
-    for key in [
-        "log_evicted",
-        "log_abandoned",
-        "unlogged_outputs",
-        "outputs_missing",
+    for (name, state) in [
+        ("cs", "backend = \"store\"\nurl = \"192.0.2.5:7878\""),
+        (
+            "cr",
+            "backend = \"redis\"\nurl = \"redis://192.0.2.5:6379\"",
+        ),
     ] {
-        assert_eq!(root[key], 0, "{key}: {root:#}");
+        let site = Site {
+            routed: true,
+            state,
+        };
+        let r = under_a_stream_on(name, site, "", cut_host_1);
+        let root = &r.root;
+        let i1 = r.instances.iter().find(|i| i["id"] == 1).unwrap();
+        eprintln!(
+            "{state}: lost {}, counted {}, committed replays {}, root {root:#}, instance 1 {i1:#}",
+            r.lost, r.counted, r.committed
+        );
+        assert!(i1["fenced_commits"].as_u64() > Some(0), "{state}: {i1:#}");
+        for key in [
+            "log_evicted",
+            "log_abandoned",
+            "unlogged_outputs",
+            "outputs_missing",
+        ] {
+            assert_eq!(root[key], 0, "{state}: {key}: {root:#}");
+        }
+        assert_eq!((r.lost, r.counted), (0, 12_001), "{state}: {root:#}");
     }
-    assert_eq!((r.lost, r.counted), (0, 12_001), "{root:#}");
 }
 
 #[test]
