@@ -319,6 +319,20 @@ pub(crate) fn summary(l: &Loaded) -> Vec<(&'static str, String)> {
                 None => "ChaCha20-Poly1305 tags, the lab's key (`cluster up` makes it)".into(),
             },
         ));
+        s.push((
+            "fencing",
+            match c.state.backend {
+                flowstate_deploy::config::BackendKind::Cassandra if cl.unfenced_store => {
+                    "none: cassandra cannot fence commits (cluster.unfenced_store)".into()
+                }
+                flowstate_deploy::config::BackendKind::Cassandra => {
+                    "none: cassandra cannot fence commits, and instances refuse to start \
+                     without cluster.unfenced_store = true"
+                        .into()
+                }
+                _ => "every commit fenced by the store".to_owned(),
+            },
+        ));
     }
     if let Some(a) = c.telemetry.listen {
         s.push(("metrics", format!("http://{a}/metrics")));

@@ -34,6 +34,8 @@
 //! stop_command = "systemctl stop flowstate-instance@{id}"     # a drained instance's end
 //! clock_skew = "60s"       # how far ahead of a receiver's clock a sender's numbering may be
 //! unauthenticated = false  # true: trailers carry no tag (measuring the cost in a lab only)
+//! unfenced_store = false   # true: run on a store that cannot fence commits (cassandra),
+//!                          # where a cut-off instance can still write a partition that moved
 //! moves = "claim"          # a move hands ownership over, the state stays in the store;
 //!                          # "copy": the whole partition's state is copied too (OpenNF-style
 //!                          # baseline, CHC §7.3 R2)
@@ -141,6 +143,9 @@ pub struct ClusterSection {
     pub clock_skew: Duration,
     /// Datagrams carry no tag: nothing is authenticated (a lab measuring the cost).
     pub unauthenticated: bool,
+    /// Instances run on a store that cannot fence their commits (cassandra), knowing that one
+    /// cut off from the others can still write a partition that moved.
+    pub unfenced_store: bool,
     /// The command that starts instance `{id}` of stage `{stage}` (`flowstate controller`).
     pub start_command: Option<String>,
     /// The command that stops a drained instance `{id}`.
@@ -170,6 +175,7 @@ impl Default for ClusterSection {
             key_file: None,
             clock_skew: Duration::from_secs(60),
             unauthenticated: false,
+            unfenced_store: false,
             start_command: None,
             stop_command: None,
             stages: Vec::new(),
@@ -270,6 +276,10 @@ impl ClusterSection {
                     .as_bool()
                     .map(|b| c.unauthenticated = b)
                     .ok_or_else(|| err(k, format!("expected true or false, got {v}"))),
+                "unfenced_store" => v
+                    .as_bool()
+                    .map(|b| c.unfenced_store = b)
+                    .ok_or_else(|| err(k, format!("expected true or false, got {v}"))),
                 "scale_out_load" => load(k, v).map(|x| c.scale_out_load = x),
                 "scale_in_load" => load(k, v).map(|x| c.scale_in_load = x),
                 "store" => match v.as_str() {
@@ -296,7 +306,7 @@ impl ClusterSection {
                 },
                 _ => Err(err(
                     k,
-                    "unknown key; expected partitions, instances, min_instances, max_instances, address, controller, heartbeat, missed, move_timeout, hold, log_packets, straggler, auto_scale, scale_out_load, scale_in_load, store, moves, key_file, clock_skew, unauthenticated, start_command, stop_command or stage".into(),
+                    "unknown key; expected partitions, instances, min_instances, max_instances, address, controller, heartbeat, missed, move_timeout, hold, log_packets, straggler, auto_scale, scale_out_load, scale_in_load, store, moves, key_file, clock_skew, unauthenticated, unfenced_store, start_command, stop_command or stage".into(),
                 )),
             };
             if let Err(e) = done {
@@ -556,6 +566,7 @@ mod tests {
             ),
             ("stop_command = 1", "cluster.stop_command"),
             ("unauthenticated = \"yes\"", "cluster.unauthenticated"),
+            ("unfenced_store = 1", "cluster.unfenced_store"),
             (
                 "unauthenticated = true\nkey_file = \"k\"",
                 "cluster.unauthenticated",

@@ -73,6 +73,8 @@ pub struct InstanceConfig {
     /// Copy a partition's whole state on every move (the OpenNF-style baseline of CHC §7.3
     /// R2) instead of moving its ownership alone.
     pub copy_on_move: bool,
+    /// Run on a store that cannot fence commits (`[cluster] unfenced_store`); refused otherwise.
+    pub unfenced_store: bool,
 }
 
 /// Counters of an instance.
@@ -225,11 +227,18 @@ impl Instance {
             .connect()
             .map_err(|e| ClusterError::Store(e.to_string()))?;
         if !connector.fences() {
+            if !config.unfenced_store {
+                return Err(ClusterError::Config(format!(
+                    "state.backend: {} cannot fence commits, so an instance cut off from the \
+                     others could still write a partition that moved; choose store, redis or \
+                     redis-cluster, or set [cluster] unfenced_store = true to run anyway",
+                    connector.name()
+                )));
+            }
             tracing::warn!(
                 backend = connector.name(),
-                "this store cannot fence commits: an instance cut off from the others could \
-                 still write a partition that has moved (backends \"store\", \"redis\" and \
-                 \"redis-cluster\" fence)"
+                "unfenced_store: this store cannot fence commits: an instance cut off from the \
+                 others could still write a partition that has moved"
             );
         }
         let mut inst = Instance {
@@ -928,6 +937,7 @@ mod tests {
             flush_interval: Duration::from_millis(1),
             retain_ops: 1000,
             copy_on_move,
+            unfenced_store: false,
         };
         Instance::new(config, nat_chain(), Arc::clone(store) as Arc<dyn Connector>).unwrap()
     }
@@ -1000,6 +1010,7 @@ mod tests {
             flush_interval: Duration::from_millis(1),
             retain_ops: 1000,
             copy_on_move: false,
+            unfenced_store: false,
         };
         let a = Instance::new(config(1), chain.clone(), Arc::clone(&connector)).unwrap();
         let b = Instance::new(config(2), chain, connector).unwrap();
@@ -1359,8 +1370,40 @@ mod tests {
             flush_interval: Duration::from_millis(1),
             retain_ops: 1,
             copy_on_move: false,
+            unfenced_store: false,
         };
         let e = Instance::new(config, nat_chain(), c).unwrap_err();
         assert!(e.to_string().contains("state.backend"), "{e}");
+    }
+
+    /// A shared store that cannot fence (as cassandra).
+    struct Unfenced(Shared);
+
+    impl Connector for Unfenced {
+        fn name(&self) -> &'static str {
+            "unfenced"
+        }
+        fn connect(&self) -> Result<Box<dyn Backend>, flowstate_state::BackendError> {
+            self.0.connect()
+        }
+    }
+
+    #[test]
+    fn a_store_that_cannot_fence_is_refused_unless_the_deployment_accepts_it() {
+        let c: Arc<dyn Connector> = Arc::new(Unfenced(Shared(LocalStore::new())));
+        let config = |unfenced_store| InstanceConfig {
+            id: 1,
+            stage: 0,
+            partitions: 4,
+            flush_interval: Duration::from_millis(1),
+            retain_ops: 1,
+            copy_on_move: false,
+            unfenced_store,
+        };
+        let e = Instance::new(config(false), nat_chain(), Arc::clone(&c)).unwrap_err();
+        let e = e.to_string();
+        assert!(e.contains("state.backend: unfenced cannot fence"), "{e}");
+        assert!(e.contains("unfenced_store = true"), "{e}");
+        assert!(Instance::new(config(true), nat_chain(), c).is_ok());
     }
 }

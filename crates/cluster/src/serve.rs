@@ -109,6 +109,7 @@ pub fn run_instance(
             flush_interval: o.flush_interval,
             retain_ops: o.retain_ops,
             copy_on_move: s.copy_on_move,
+            unfenced_store: s.unfenced_store,
         },
         chain,
         connector,
