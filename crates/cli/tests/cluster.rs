@@ -1194,6 +1194,36 @@ fn on_both_stores(tag: &str, disturb: impl Fn(&Cluster), more: impl Fn(&str, &St
     }
 }
 
+/// Cuts instance 1's host off at the router, its processes alive, and puts it back once its
+/// partitions moved; waits until it is a member with partitions again. The cut begins with
+/// the host's way to the store, 300 ms before the rest, so that a commit of packets it has
+/// taken is on the wire: the store gets it only after the link is back, when the partitions
+/// have moved.
+fn cut_host_1_and_back(c: &Cluster) {
+    let link = |how| {
+        c.lab
+            .cut(&mut System::default(), RoutedHost::Instance(1), how)
+            .unwrap()
+    };
+    link(Cut::Store);
+    std::thread::sleep(Duration::from_millis(300));
+    link(Cut::All);
+    c.wait_for(10, "instance 1's partitions with the others", |s| {
+        !live(s).contains(&1) && owned(s) == 16
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    link(Cut::None);
+    c.wait_for(20, "instance 1 back as a member with partitions", |s| {
+        live(s).contains(&1)
+            && owned(s) == 16
+            && s["instances"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|i| i["id"] == 1 && !i["partitions"].as_array().unwrap().is_empty())
+    });
+}
+
 /// A host of the routed lab cut off under the numbered stream, its processes alive (its way
 /// to the store 300 ms before the rest, so that a commit is on the wire), and back once its
 /// partitions moved: the store refuses that commit, none of its outputs leaves the box (no
@@ -1206,30 +1236,7 @@ fn a_host_cut_off_under_a_stream_loses_and_repeats_nothing_on_our_store_and_on_r
         eprintln!("skipped: needs root");
         return;
     }
-    let cut_host_1 = |c: &Cluster| {
-        let link = |how| {
-            c.lab
-                .cut(&mut System::default(), RoutedHost::Instance(1), how)
-                .unwrap()
-        };
-        link(Cut::Store);
-        std::thread::sleep(Duration::from_millis(300));
-        link(Cut::All);
-        c.wait_for(10, "instance 1's partitions with the others", |s| {
-            !live(s).contains(&1) && owned(s) == 16
-        });
-        std::thread::sleep(Duration::from_millis(500));
-        link(Cut::None);
-        c.wait_for(20, "instance 1 back with partitions", |s| {
-            live(s).contains(&1)
-                && s["instances"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .any(|i| i["id"] == 1 && !i["partitions"].as_array().unwrap().is_empty())
-        });
-    };
-    on_both_stores("c", cut_host_1, |state, r| {
+    on_both_stores("c", cut_host_1_and_back, |state, r| {
         let i1 = r.instances.iter().find(|i| i["id"] == 1).unwrap();
         assert!(i1["fenced_commits"].as_u64() > Some(0), "{state}: {i1:#}");
     });
@@ -2021,34 +2028,7 @@ fn a_host_cut_off_has_its_commits_refused_and_rejoins() {
     let http_peers = c.serve_paced(&want, 200_000);
     let mut downloads = c.downloads(100);
     std::thread::sleep(Duration::from_millis(1500));
-    // The cut: instance 1's link, at the router.
-    let link = |how| {
-        c.lab
-            .cut(&mut System::default(), RoutedHost::Instance(1), how)
-            .unwrap()
-    };
-    // The cut begins with the instance's way to the store, so that a commit of packets it
-    // has taken is on the wire when the rest goes: the store gets it only after the link is
-    // back, when the partitions have moved.
-    link(Cut::Store);
-    std::thread::sleep(Duration::from_millis(300));
-    link(Cut::All);
-    c.wait_for(
-        10,
-        "instance 1 failed over, its partitions with 2 and 3",
-        |s| live(s) == vec![2, 3] && owned(s) == 16,
-    );
-    std::thread::sleep(Duration::from_millis(500));
-    link(Cut::None);
-    c.wait_for(20, "instance 1 back as a member with partitions", |s| {
-        live(s) == vec![1, 2, 3]
-            && owned(s) == 16
-            && s["instances"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|i| i["id"] == 1 && !i["partitions"].as_array().unwrap().is_empty())
-    });
+    cut_host_1_and_back(&c);
     still_transferring(&mut downloads, want.len());
     check_downloads(downloads, &want);
     server_saw_only_the_nat(&http_peers);
