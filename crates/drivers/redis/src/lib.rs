@@ -539,6 +539,20 @@ impl RedisBackend {
             }
         }
     }
+
+    /// [`finish`] for this backend: the follow-up `TYPE`s on the same connection.
+    fn finish(
+        &mut self,
+        ops: &[Op],
+        built: Vec<Result<Call, Reply>>,
+        answers: Vec<Option<Answer>>,
+        replies: &mut Vec<Reply>,
+    ) -> Result<(), BackendError> {
+        finish("redis", ops, built, answers, replies, |cmds| {
+            let refs: Vec<&Cmd> = cmds.iter().map(|(_, c)| c).collect();
+            self.run(&refs)
+        })
+    }
 }
 
 impl Backend for RedisBackend {
@@ -557,10 +571,7 @@ impl Backend for RedisBackend {
             .iter()
             .map(|b| if b.is_ok() { it.next() } else { None })
             .collect();
-        finish("redis", ops, built, answers, replies, |cmds| {
-            let refs: Vec<&Cmd> = cmds.iter().map(|(_, c)| c).collect();
-            self.run(&refs)
-        })
+        self.finish(ops, built, answers, replies)
     }
 
     /// Every operation in one script with the fence's check ([`fenced`]): one round trip
@@ -589,10 +600,7 @@ impl Backend for RedisBackend {
             reason: "no answer to a fenced batch".into(),
         })?;
         let answers = fenced_answers("redis", fence, ops, &call.inside, answer)?;
-        finish("redis", ops, built, answers, replies, |cmds| {
-            let refs: Vec<&Cmd> = cmds.iter().map(|(_, c)| c).collect();
-            self.run(&refs)
-        })
+        self.finish(ops, built, answers, replies)
     }
 
     fn partitions(
