@@ -488,6 +488,20 @@ impl Lab {
                 .all(|d| daemons.iter().any(|(n, _)| *n == d.name))
     }
 
+    /// Kills (SIGKILL) every process in namespace `ns`, at once.
+    pub(crate) fn kill_all_in(exec: &mut dyn Exec, ns: &str) -> Result<(), LabError> {
+        let pids = Lab::ns_pids(exec, ns)?;
+        if !pids.is_empty() {
+            let mut argv = vec!["kill".to_owned(), "-KILL".into()];
+            argv.extend(pids);
+            exec.run(&Cmd {
+                argv,
+                may_fail: true,
+            })?;
+        }
+        Ok(())
+    }
+
     pub(crate) fn ns_pids(exec: &mut dyn Exec, ns: &str) -> Result<Vec<String>, LabError> {
         let out = exec.run(&Cmd::new(&["ip", "netns", "pids", ns]).may_fail())?;
         Ok(out
@@ -508,15 +522,7 @@ impl Lab {
             .filter(|ns| self.router_index(ns).is_some())
             .collect();
         for ns in routers {
-            let pids = Lab::ns_pids(exec, &ns)?;
-            if !pids.is_empty() {
-                let mut argv = vec!["kill".to_owned(), "-KILL".into()];
-                argv.extend(pids);
-                exec.run(&Cmd {
-                    argv,
-                    may_fail: true,
-                })?;
-            }
+            Lab::kill_all_in(exec, &ns)?;
         }
         Ok(())
     }

@@ -169,15 +169,7 @@ impl Lab {
     /// Kills `host` as a host dies: every process in its namespace at once (SIGKILL), then its
     /// link cut ([`Cut::All`]).
     pub fn kill_host(&self, exec: &mut dyn Exec, host: RoutedHost) -> Result<(), LabError> {
-        let pids = Lab::ns_pids(exec, &self.routed_host_ns(host))?;
-        if !pids.is_empty() {
-            let mut argv = vec!["kill".to_owned(), "-KILL".to_owned()];
-            argv.extend(pids);
-            exec.run(&Cmd {
-                argv,
-                may_fail: true,
-            })?;
-        }
+        Lab::kill_all_in(exec, &self.routed_host_ns(host))?;
         self.cut(exec, host, Cut::All)
     }
 
