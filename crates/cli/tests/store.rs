@@ -332,6 +332,123 @@ fn after_kill_9_and_restart_the_store_holds_every_acknowledged_update_once() {
     drop(server);
 }
 
+/// Crash test of a fenced batch's atomicity: each batch adds 1 to a counter placed with its
+/// fence (a cluster partition's objects) and 1 to a shared counter, on another shard for about
+/// half of the partitions. Writers give up at the kill, as an instance whose partition moved
+/// to another owner does, and after each of several `kill -9`s and restarts every pair of
+/// counters is equal: a batch is applied whole or not at all, whatever shards it spans.
+#[test]
+fn after_kill_9_a_fenced_batch_over_several_shards_is_applied_whole_or_not_at_all() {
+    use flowstate_driver_store::{Settings, StoreConnector};
+    use flowstate_state::{Backend, Fence, Kind, ObjectKey, Op, Owner, Reply};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    const PARTITIONS: u32 = 8;
+    let listen = format!("127.0.0.1:{}", free_port());
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap().to_owned();
+    let args = ["--data-dir", data.as_str(), "--shards", "2"];
+    let record = |p| ObjectKey::partitioned(&Owner::new("cluster", 0, p), Kind::Value, "owner");
+    let own = |p| ObjectKey::partitioned(&Owner::new("crash", 0, p), Kind::Counter, "own");
+    let shared = |p| ObjectKey::shared("crash", Kind::Counter, &format!("shared-{p}"));
+    let connect = |addr: &str| {
+        StoreConnector::with_settings(Settings {
+            addr: addr.to_owned(),
+            retry_for: Duration::from_millis(50),
+            ..Settings::default()
+        })
+        .open()
+        .unwrap()
+    };
+    let mut applied = vec![0i64; PARTITIONS as usize];
+    let mut rolled_forward = 0;
+    for cycle in 0..12 {
+        let mut server = StoreProcess::start_on(&listen, &args);
+        let acked: Arc<Vec<AtomicU64>> =
+            Arc::new((0..PARTITIONS).map(|_| AtomicU64::new(0)).collect());
+        let writers: Vec<_> = (0..PARTITIONS)
+            .map(|p| {
+                let (acked, mut b) = (acked.clone(), connect(&listen));
+                std::thread::spawn(move || {
+                    let fence = Fence {
+                        key: record(p),
+                        value: b"owner".to_vec().into(),
+                    };
+                    let mut r = Vec::new();
+                    b.execute(
+                        &[Op::Set {
+                            key: fence.key.clone(),
+                            value: fence.value.clone(),
+                        }],
+                        &mut r,
+                    )
+                    .unwrap();
+                    let ops = [
+                        Op::Add {
+                            key: own(p),
+                            delta: 1,
+                        },
+                        Op::Add {
+                            key: shared(p),
+                            delta: 1,
+                        },
+                    ];
+                    // Until the kill: the batch then in flight is given up.
+                    loop {
+                        r.clear();
+                        if b.execute_fenced(&fence, &ops, &mut r).is_err() {
+                            return;
+                        }
+                        assert!(r.iter().all(|r| matches!(r, Reply::Int(_))), "{r:?}");
+                        acked[p as usize].fetch_add(1, Ordering::SeqCst);
+                    }
+                })
+            })
+            .collect();
+        while acked.iter().any(|a| a.load(Ordering::SeqCst) < 50) {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        server.child.kill().unwrap();
+        server.child.wait().unwrap();
+        for w in writers {
+            w.join().unwrap();
+        }
+        server = StoreProcess::start_on(&listen, &args);
+        let mut b = connect(&server.addr);
+        let stats: std::collections::HashMap<String, u64> =
+            b.stats().unwrap().into_iter().collect();
+        rolled_forward += stats["recovered_parts"];
+        for p in 0..PARTITIONS {
+            let mut r = Vec::new();
+            b.execute(
+                &[
+                    Op::GetCounter { key: own(p) },
+                    Op::GetCounter { key: shared(p) },
+                ],
+                &mut r,
+            )
+            .unwrap();
+            let (Reply::Int(own), Reply::Int(shared)) = (&r[0], &r[1]) else {
+                panic!("{r:?}")
+            };
+            let acked = applied[p as usize] + acked[p as usize].load(Ordering::SeqCst) as i64;
+            assert_eq!(
+                own, shared,
+                "cycle {cycle}, partition {p}: a batch applied in part"
+            );
+            assert!(
+                (acked..=acked + 1).contains(own),
+                "cycle {cycle}, partition {p}: {own} applied, {acked} acknowledged"
+            );
+            applied[p as usize] = *own;
+        }
+        drop(server);
+    }
+    // The kills cut batches between their shards: the case this test is for happened.
+    assert!(rolled_forward > 0, "no batch was cut off by a kill");
+}
+
 /// `flowstate store stats` as text and JSON.
 fn stats(addr: &str, json: bool) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_flowstate"))

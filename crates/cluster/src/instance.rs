@@ -32,8 +32,9 @@
 //!   packets it covers (`cluster@<stage>@<p>@Value@committed`, the last write of the commit):
 //!   a new owner reads it at its claim and does not process again a replayed packet whose
 //!   state changes are already in the store (counted in `replay_committed`). On a
-//!   store that applies a commit whole (our own: one batch frame; Redis: one script with the
-//!   fence) no replayed packet counts twice. On Redis Cluster the writes of shared objects
+//!   store that applies a commit whole, also across its own crash (our own: one batch frame,
+//!   over every shard; Redis: one script with the fence), no replayed packet counts twice or
+//!   is lost. On Redis Cluster the writes of shared objects
 //!   (`nf@Type@id`, another hash slot) follow the partition's script, so a failure between
 //!   the two applies the partition's part alone; on Cassandra a failure in the middle of a
 //!   commit's writes can apply part of it.

@@ -17,6 +17,7 @@
 //! frames are left unread (in the kernel's buffer, then the client's: TCP backpressure).
 
 use crate::shard::{self, Spare};
+use crate::wal::Part;
 use crate::worker::{mark, Fwd, Worker};
 use flowstate_proto::{
     self as proto, Command, DecodeError, ErrorCode, Failure, Frame, Header, Message, Reply,
@@ -72,7 +73,9 @@ pub(crate) struct Parked {
     pub(crate) op_id: u64,
     pub(crate) ack_only: bool,
     /// The parts, by shard.
-    pub(crate) parts: Vec<(usize, Vec<(u32, Request)>)>,
+    pub(crate) parts: Vec<Part>,
+    /// The fence's shard, to be told once each part is logged (with a log and an op id).
+    pub(crate) fence: Option<usize>,
 }
 
 impl Pending {
@@ -748,6 +751,7 @@ impl Worker {
                 c.client,
                 0,
                 numbered,
+                &[],
                 |_, r, spare| {
                     proto::put_reply(out, &r);
                     shard::reclaim(spare, r);
@@ -765,6 +769,7 @@ impl Worker {
             op_id,
             ack_only,
             ops.iter().enumerate().map(|(i, r)| (i as u32, *r)),
+            &[],
             &mut replies,
             t,
         );
@@ -816,8 +821,9 @@ impl Worker {
         self.replies = replies;
     }
 
-    /// Runs this shard's part of a batch now, its replies put in their `slots`; whether the
-    /// batch was a duplicate, and whether its first operation answered yes (a fence held).
+    /// Runs this shard's part of a batch now (with `rest` as in [`Worker::run_batch`]), its
+    /// replies put in their `slots`; whether the batch was a duplicate, and whether its first
+    /// operation answered yes (a fence held).
     #[allow(clippy::too_many_arguments)]
     fn run_here(
         &mut self,
@@ -826,6 +832,7 @@ impl Worker {
         op_id: u64,
         ack_only: bool,
         part: &[(u32, Request)],
+        rest: &[Part],
         slots: &mut [Reply],
         t: Duration,
     ) -> (bool, bool) {
@@ -837,6 +844,7 @@ impl Worker {
             op_id,
             ack_only,
             part.iter().map(|(i, r)| (*i, r.borrowed())),
+            rest,
             &mut replies,
             t,
         );
@@ -879,26 +887,33 @@ impl Worker {
         };
         let mut duplicate = false;
         let mut remote = 0u32;
-        // A fenced batch: the fence's part first, the others once it holds.
+        // A fenced batch: the fence's part first, logged with the others (which makes the
+        // batch whole across a crash, see `wal`), the others once it holds.
         let fence = ops
             .first()
             .filter(|r| matches!(r.op, Command::Fence { .. }))
             .map(|r| self.shared.shard_of(r.op.key()));
         let mut parked = None;
+        // The fence's shard to tell once a part is logged.
+        let mut tell = None;
+        let mut rest = Vec::new();
         if let Some(f) = fence {
-            let waiting: Vec<(usize, Vec<(u32, Request)>)> = parts
+            let waiting: Vec<Part> = parts
                 .iter_mut()
                 .enumerate()
                 .filter(|(s, part)| *s != f && !part.is_empty())
                 .map(|(s, part)| (s, std::mem::take(part)))
                 .collect();
+            let logged = self.wal.is_some() && op_id != 0 && !waiting.is_empty();
             if f == me {
                 // Run the fence's part here and now; the rest goes on only if it holds.
-                let (dup, holds) =
-                    self.run_here(c.id, client, op_id, ack_only, &parts[f], &mut slots, t);
+                let (dup, holds) = self.run_here(
+                    c.id, client, op_id, ack_only, &parts[f], &waiting, &mut slots, t,
+                );
                 duplicate |= dup;
                 parts[f].clear();
                 if holds {
+                    tell = logged.then_some(me);
                     for (s, part) in waiting {
                         parts[s] = part;
                     }
@@ -906,12 +921,16 @@ impl Worker {
                     refuse_parts(&mut slots, &waiting);
                 }
             } else if !waiting.is_empty() {
+                if logged {
+                    rest.clone_from(&waiting);
+                }
                 parked = Some(Box::new(Parked {
                     seq,
                     client,
                     op_id,
                     ack_only,
                     parts: waiting,
+                    fence: logged.then_some(f),
                 }));
             }
         }
@@ -921,12 +940,15 @@ impl Worker {
             }
             if s == me {
                 duplicate |= self
-                    .run_here(c.id, client, op_id, ack_only, part, &mut slots, t)
+                    .run_here(c.id, client, op_id, ack_only, part, &[], &mut slots, t)
                     .0;
                 part.clear();
             } else {
                 remote += 1;
                 let ops = std::mem::take(part);
+                // The fence's part carries the rest (when the fence is elsewhere), each other
+                // part the fence's shard to tell (when the fence ran here).
+                let is_fence = fence == Some(s);
                 self.forwards[s].push((
                     c.id,
                     Fwd::Batch {
@@ -935,6 +957,12 @@ impl Worker {
                         op_id,
                         ack_only,
                         ops,
+                        rest: if is_fence {
+                            std::mem::take(&mut rest)
+                        } else {
+                            Vec::new()
+                        },
+                        fence: if is_fence { None } else { tell },
                     },
                 ));
             }
@@ -983,7 +1011,7 @@ fn kind_name(m: &Message) -> &'static str {
 }
 
 /// The replies of a fenced batch's parts that its fence refused: each operation not applied.
-fn refuse_parts(replies: &mut [Reply], parts: &[(usize, Vec<(u32, Request)>)]) {
+fn refuse_parts(replies: &mut [Reply], parts: &[Part]) {
     for (i, r) in parts.iter().flat_map(|(_, ops)| ops) {
         if let Some(slot) = replies.get_mut(*i as usize) {
             *slot = Reply::Error(Failure::Refused(format!(

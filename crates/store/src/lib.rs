@@ -50,6 +50,9 @@
 //!   Idempotency state (each client's last op id) is logged and checkpointed; the answers
 //!   kept for retransmissions are not, so a batch applied before a crash and sent again after
 //!   it is answered [`Failure::Duplicate`](flowstate_proto::Failure::Duplicate) per operation.
+//!   A fenced batch over several shards (with an op id) is applied whole or not at all across
+//!   a crash: the record of its fence's shard carries its other parts, and the start applies
+//!   those a crash cut off (`recovered_parts`).
 //! * **Security**: [`Config::default`] binds 127.0.0.1; with [`Config::token`] a client must
 //!   present the token in its first frame or is refused; connections, frame size, batch size,
 //!   in-flight requests and unsent output per connection are limited. With [`Config::tls`] the
@@ -257,6 +260,8 @@ pub(crate) struct Shared {
     by_partition: bool,
     pub(crate) metrics: Arc<Metrics>,
     recovered_records: u64,
+    /// Parts of fenced batches applied at the start (their shard had not logged them).
+    recovered_parts: u64,
     /// Time the recovery from the data directory took, µs.
     recovery_us: u64,
 }
@@ -311,7 +316,9 @@ pub(crate) fn now() -> Duration {
 /// `connections_total`, `objects`, `memory_bytes` (resident set), `wal_lag_bytes` (log bytes a
 /// restart would replay), `checkpoints`, `errors` (error frames sent), `duplicates`
 /// (retransmitted batches not applied again), `notifications`, `shards`, `uptime_ms`,
-/// `recovered_records`, `recovery_us` (the time reading the data directory took at start).
+/// `recovered_records`, `recovered_parts` (parts of fenced batches over several shards a crash
+/// had cut off, applied at the start), `recovery_us` (the time reading the data directory took
+/// at start).
 pub(crate) fn stats(shared: &Shared) -> Vec<(String, u64)> {
     let m = &shared.metrics;
     let mut v = Vec::with_capacity(64);
@@ -356,6 +363,7 @@ pub(crate) fn stats(shared: &Shared) -> Vec<(String, u64)> {
         u64::try_from(m.started.elapsed().as_millis()).unwrap_or(u64::MAX),
     ));
     v.push(("recovered_records".into(), shared.recovered_records));
+    v.push(("recovered_parts".into(), shared.recovered_parts));
     v.push(("recovery_us".into(), shared.recovery_us));
     v
 }
@@ -501,6 +509,7 @@ impl Server {
         let per_shard = config.max_objects.map(|m| m.div_ceil(shards).max(1));
         let mut states = Vec::with_capacity(shards);
         let mut recovered_records = 0;
+        let mut logged_parts = Vec::new();
         let recovering = Instant::now();
         for i in 0..shards {
             let mut objects = shard::Objects {
@@ -511,6 +520,7 @@ impl Server {
                 Some(dir) => {
                     let r = wal::recover(dir, i, config.sync, &mut objects)?;
                     recovered_records += r.records;
+                    logged_parts.extend(r.parts);
                     if r.torn_bytes > 0 {
                         tracing::warn!(
                             "shard {i}: cut {} bytes of a torn, unacknowledged log record",
@@ -523,6 +533,20 @@ impl Server {
             };
             metrics.objects[i].store(objects.len() as u64, Ordering::Relaxed);
             states.push((objects, wal));
+        }
+        let recovered_parts = match &config.data_dir {
+            Some(dir) => wal::roll_forward(&mut states, logged_parts).map_err(|source| {
+                RecoveryError::Io {
+                    path: dir.clone(),
+                    source,
+                }
+            })?,
+            None => 0,
+        };
+        if recovered_parts > 0 {
+            tracing::warn!(
+                "{recovered_parts} parts of fenced batches cut off by a crash applied at the start"
+            );
         }
         let listener = TcpListener::bind(config.listen).map_err(|source| StartError::Bind {
             addr: config.listen,
@@ -549,6 +573,7 @@ impl Server {
             shards: handles,
             metrics,
             recovered_records,
+            recovered_parts,
             recovery_us: recovering.elapsed().as_micros() as u64,
         });
         let mut workers = Vec::with_capacity(shards);

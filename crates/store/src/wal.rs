@@ -8,10 +8,20 @@
 //! * `shard-i-g.wal`: records of the batches applied since.
 //!
 //! A record is `length u32 | crc32c u32 | now u64 | client u64 | op id u64 | count u32 |
-//! requests` (the requests encoded as in a batch frame). Recovery loads the newest checkpoint,
-//! replays its log with each record's own time (so time to live and leases replay exactly),
-//! and cuts the log at the first torn or corrupt record: only the tail that was never
-//! acknowledged can be torn, since a batch is answered after its record is written.
+//! requests [| parts u32 | (shard u32 | count u32 | requests)*]` (the requests encoded as in a
+//! batch frame). Recovery loads the newest checkpoint, replays its log with each record's own
+//! time (so time to live and leases replay exactly), and cuts the log at the first torn or
+//! corrupt record: only the tail that was never acknowledged can be torn, since a batch is
+//! answered after its record is written.
+//!
+//! A fenced batch over several shards is applied whole or not at all across a crash. The
+//! fence's shard applies its part first and its record carries the batch's other parts (the
+//! optional tail above); the other shards apply theirs only after that record is written, and
+//! log them as usual. Recovery rolls forward every such part whose shard's log does not show it
+//! applied (the shard's last op id of that client is lower: a client's fenced batches all pass
+//! its fence's shard, so they reach every other shard in op id order). The fence's shard keeps
+//! a part until its shard says it applied it, and writes the parts still open at a checkpoint
+//! into the new log, so a part is never covered by nothing.
 //!
 //! The log is written with one `write` per group of batches (one turn of the shard's event
 //! loop) before their answers go out: acknowledged updates survive the store process being
@@ -52,32 +62,68 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
+/// A batch's operations on one shard: (shard, operations with their index in the frame).
+pub(crate) type Part = (usize, Vec<(u32, Request)>);
+
+/// Appends a log record to `buf`: `ops` applied here, and the updates of `rest`, the parts a
+/// fenced batch has on other shards (see the module documentation).
+pub(crate) fn encode_record<B: AsRef<[u8]>>(
+    buf: &mut Vec<u8>,
+    now: Duration,
+    client: u64,
+    op_id: u64,
+    ops: impl Iterator<Item = Request<B>>,
+    rest: &[Part],
+) {
+    let start = buf.len();
+    buf.extend_from_slice(&[0; 8]);
+    proto::put_u64(buf, nanos(now));
+    proto::put_u64(buf, client);
+    proto::put_u64(buf, op_id);
+    put_requests(buf, ops);
+    let updating = |ops: &&Part| ops.1.iter().any(|(_, r)| !r.op.is_read());
+    let parts = rest.iter().filter(updating).count();
+    if parts > 0 {
+        proto::put_u32(buf, parts as u32);
+        for (shard, ops) in rest.iter().filter(updating) {
+            proto::put_u32(buf, *shard as u32);
+            put_requests(buf, ops.iter().map(|(_, r)| r).filter(|r| !r.op.is_read()));
+        }
+    }
+    let len = (buf.len() - start - 8) as u32;
+    let crc = proto::crc32c(0, &buf[start + 8..]);
+    buf[start..start + 4].copy_from_slice(&len.to_le_bytes());
+    buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// `count u32 | requests`.
+fn put_requests<R: std::borrow::Borrow<Request<B>>, B: AsRef<[u8]>>(
+    buf: &mut Vec<u8>,
+    ops: impl Iterator<Item = R>,
+) {
+    let count_at = buf.len();
+    proto::put_u32(buf, 0);
+    let mut n = 0u32;
+    for r in ops {
+        let r = r.borrow();
+        proto::put_request(buf, &r.op, r.instance, r.clock);
+        n += 1;
+    }
+    buf[count_at..count_at + 4].copy_from_slice(&n.to_le_bytes());
+}
+
 impl Wal {
-    /// Appends the record of one batch (its updating operations) to the pending group.
+    /// Appends the record of one batch (its updating operations, and a fenced batch's parts
+    /// on other shards) to the pending group.
     pub(crate) fn record<B: AsRef<[u8]>>(
         &mut self,
         now: Duration,
         client: u64,
         op_id: u64,
         ops: impl Iterator<Item = Request<B>>,
+        rest: &[Part],
     ) {
-        let start = self.buf.len();
-        self.buf.extend_from_slice(&[0; 8]);
-        proto::put_u64(&mut self.buf, nanos(now));
-        proto::put_u64(&mut self.buf, client);
-        proto::put_u64(&mut self.buf, op_id);
-        let count_at = self.buf.len();
-        proto::put_u32(&mut self.buf, 0);
-        let mut n = 0u32;
-        for r in ops {
-            proto::put_request(&mut self.buf, &r.op, r.instance, r.clock);
-            n += 1;
-        }
-        self.buf[count_at..count_at + 4].copy_from_slice(&n.to_le_bytes());
-        let len = (self.buf.len() - start - 8) as u32;
-        let crc = proto::crc32c(0, &self.buf[start + 8..]);
-        self.buf[start..start + 4].copy_from_slice(&len.to_le_bytes());
-        self.buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+        encode_record(&mut self.buf, now, client, op_id, ops, rest);
     }
 
     /// Writes the pending group; the caller answers only after this returns `Ok`.
@@ -98,8 +144,14 @@ impl Wal {
     }
 
     /// Writes a checkpoint of `objects` as generation `gen + 1`, starts that generation's
-    /// log and removes the previous generation's files.
-    pub(crate) fn checkpoint(&mut self, objects: &Objects, now: Duration) -> io::Result<()> {
+    /// log with the records `carry` (the parts of fenced batches still open) and removes the
+    /// previous generation's files.
+    pub(crate) fn checkpoint(
+        &mut self,
+        objects: &Objects,
+        now: Duration,
+        carry: &[u8],
+    ) -> io::Result<()> {
         self.flush()?;
         let next = self.gen + 1;
         let body = encode_checkpoint(objects, now);
@@ -115,15 +167,19 @@ impl Wal {
             f.sync_all()?;
         }
         fs::rename(&tmp, ckpt_path(&self.dir, self.shard, next))?;
-        let file = OpenOptions::new()
+        let mut file = OpenOptions::new()
             .create(true)
             .append(true)
             .open(wal_path(&self.dir, self.shard, next))?;
+        file.write_all(carry)?;
+        if self.sync {
+            file.sync_data()?;
+        }
         sync_dir(&self.dir);
         let old = self.gen;
         self.gen = next;
         self.file = file;
-        self.bytes = 0;
+        self.bytes = carry.len() as u64;
         let _ = fs::remove_file(wal_path(&self.dir, self.shard, old));
         let _ = fs::remove_file(ckpt_path(&self.dir, self.shard, old));
         Ok(())
@@ -204,6 +260,48 @@ pub(crate) struct Recovered {
     pub(crate) wal: Wal,
     pub(crate) records: u64,
     pub(crate) torn_bytes: u64,
+    /// The other shards' parts of the fenced batches in the log, for [`roll_forward`].
+    pub(crate) parts: Vec<LoggedPart>,
+}
+
+/// A part of a fenced batch, as the log of its fence's shard has it.
+pub(crate) struct LoggedPart {
+    now: Duration,
+    client: u64,
+    op_id: u64,
+    shard: usize,
+    ops: Vec<Request>,
+}
+
+/// Applies on each shard the logged parts its own log does not show applied (its last op id
+/// of the part's client is lower), in op id order, and logs them there; how many.
+pub(crate) fn roll_forward(
+    shards: &mut [(Objects, Option<Wal>)],
+    mut parts: Vec<LoggedPart>,
+) -> io::Result<u64> {
+    parts.sort_by_key(|p| (p.client, p.op_id));
+    let mut applied = 0;
+    for p in parts {
+        let Some((objects, wal)) = shards.get_mut(p.shard) else {
+            continue;
+        };
+        let d = objects.clients.entry(p.client).or_default();
+        if p.op_id <= d.last {
+            continue;
+        }
+        d.last = p.op_id;
+        for r in &p.ops {
+            objects.apply_ref(&r.borrowed(), p.now);
+        }
+        if let Some(w) = wal {
+            w.record(p.now, p.client, p.op_id, p.ops.into_iter(), &[]);
+        }
+        applied += 1;
+    }
+    for w in shards.iter_mut().filter_map(|(_, w)| w.as_mut()) {
+        w.flush()?;
+    }
+    Ok(applied)
 }
 
 /// Loads shard `shard` from `dir` into `objects` and opens its log for appending.
@@ -247,13 +345,14 @@ pub(crate) fn recover(
     }
     let mut at = 0usize;
     let mut records = 0;
+    let mut parts = Vec::new();
     while let Some(rec) = data.get(at..at + 8) {
         let len = u32::from_le_bytes([rec[0], rec[1], rec[2], rec[3]]) as usize;
         let crc = u32::from_le_bytes([rec[4], rec[5], rec[6], rec[7]]);
         let Some(body) = data.get(at + 8..at + 8 + len) else {
             break;
         };
-        if proto::crc32c(0, body) != crc || replay(body, objects).is_err() {
+        if proto::crc32c(0, body) != crc || replay(body, objects, &mut parts).is_err() {
             break;
         }
         records += 1;
@@ -291,21 +390,37 @@ pub(crate) fn recover(
         },
         records,
         torn_bytes: torn,
+        parts,
     })
 }
 
-fn replay(body: &[u8], objects: &mut Objects) -> Result<(), DecodeError> {
+fn replay(
+    body: &[u8],
+    objects: &mut Objects,
+    parts: &mut Vec<LoggedPart>,
+) -> Result<(), DecodeError> {
     let mut r = Rd::new(body);
     let now = Duration::from_nanos(r.u64()?);
     let client = r.u64()?;
     let op_id = r.u64()?;
-    let n = r.u32()?;
     // Decode the whole record before applying any of it.
-    let mut reqs = Vec::with_capacity((n as usize).min(body.len() / 6));
-    for _ in 0..n {
-        reqs.push(r.request_ref()?);
+    let reqs = requests(&mut r)?;
+    let found = parts.len();
+    if !r.is_empty() {
+        for _ in 0..r.count(8)? {
+            let shard = r.u32()? as usize;
+            let ops = requests(&mut r)?.iter().map(Request::owned).collect();
+            parts.push(LoggedPart {
+                now,
+                client,
+                op_id,
+                shard,
+                ops,
+            });
+        }
     }
     if !r.is_empty() {
+        parts.truncate(found);
         return Err(DecodeError::Malformed("trailing bytes in a log record"));
     }
     for req in &reqs {
@@ -316,6 +431,16 @@ fn replay(body: &[u8], objects: &mut Objects) -> Result<(), DecodeError> {
         d.last = d.last.max(op_id);
     }
     Ok(())
+}
+
+/// `count u32 | requests`, decoded.
+fn requests<'a>(r: &mut Rd<'a>) -> Result<Vec<Request<&'a [u8]>>, DecodeError> {
+    let n = r.count(2)?;
+    let mut reqs = Vec::with_capacity(n);
+    for _ in 0..n {
+        reqs.push(r.request_ref()?);
+    }
+    Ok(reqs)
 }
 
 fn encode_checkpoint(o: &Objects, now: Duration) -> Vec<u8> {
@@ -459,7 +584,7 @@ mod tests {
     fn apply(o: &mut Objects, wal: &mut Wal, now: Duration, op: Op) -> Reply {
         let req: Request = op.into();
         let r = o.apply(&req, now).0;
-        wal.record(now, 1, 0, std::iter::once(req.borrowed()));
+        wal.record(now, 1, 0, std::iter::once(req.borrowed()), &[]);
         wal.flush().unwrap();
         r
     }
@@ -489,7 +614,7 @@ mod tests {
                 item: k("a"),
             },
         );
-        wal.checkpoint(&o, t).unwrap();
+        wal.checkpoint(&o, t, &[]).unwrap();
         apply(
             &mut o,
             &mut wal,
@@ -547,5 +672,75 @@ mod tests {
             back.apply(&read, t + Duration::from_secs(6)).0,
             Reply::Value(None)
         );
+    }
+
+    /// Shard 0's log carries the parts of a fenced batch (client 7, op 2) on shards 1 and 2;
+    /// shard 1 logged its part before the crash, shard 2 did not: only shard 2's is rolled
+    /// forward, once, also from a checkpoint's carried records.
+    #[test]
+    fn a_fenced_batch_cut_off_by_a_crash_is_rolled_forward_where_its_part_is_missing() {
+        let t = Duration::from_secs(100);
+        let add = |key: &str| -> Vec<(u32, Request)> {
+            let op = Op::Add {
+                key: key.as_bytes().to_vec(),
+                delta: 5,
+            };
+            vec![(1, op.into())]
+        };
+        let read = |o: &mut Objects, key: &str| {
+            let req = Request::from(Op::GetCounter {
+                key: key.as_bytes().to_vec(),
+            });
+            o.apply(&req, t).0
+        };
+        let rest = [(1, add("b")), (2, add("c"))];
+        let recover_all = |dir: &Path| {
+            let mut states: Vec<(Objects, Option<Wal>)> = Vec::new();
+            let mut parts = Vec::new();
+            for i in 0..3 {
+                let mut o = Objects::default();
+                let r = recover(dir, i, false, &mut o).unwrap();
+                parts.extend(r.parts);
+                states.push((o, Some(r.wal)));
+            }
+            let n = roll_forward(&mut states, parts).unwrap();
+            (states, n)
+        };
+        for carried in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let (mut states, _) = recover_all(dir.path());
+            let fence_part = add("a");
+            let (o0, w0) = &mut states[0];
+            o0.apply(&fence_part[0].1, t);
+            let w0 = w0.as_mut().unwrap();
+            let own = fence_part.iter().map(|(_, r)| r.borrowed());
+            w0.record(t, 7, 2, own, &rest);
+            w0.flush().unwrap();
+            if carried {
+                let mut carry = Vec::new();
+                encode_record(&mut carry, t, 7, 2, std::iter::empty::<Request>(), &rest);
+                w0.checkpoint(o0, t, &carry).unwrap();
+            }
+            let (o1, w1) = &mut states[1];
+            o1.apply(&rest[0].1[0].1, t);
+            let w1 = w1.as_mut().unwrap();
+            w1.record(t, 7, 2, rest[0].1.iter().map(|(_, r)| r.borrowed()), &[]);
+            w1.flush().unwrap();
+            drop(states);
+            let (mut states, n) = recover_all(dir.path());
+            assert_eq!(n, 1, "carried: {carried}");
+            for (i, key) in ["a", "b", "c"].into_iter().enumerate() {
+                assert_eq!(
+                    read(&mut states[i].0, key),
+                    Reply::Int(5),
+                    "{key}, {carried}"
+                );
+            }
+            drop(states);
+            // Logged where it was rolled forward: nothing more the next time.
+            let (mut states, n) = recover_all(dir.path());
+            assert_eq!(n, 0);
+            assert_eq!(read(&mut states[2].0, "c"), Reply::Int(5));
+        }
     }
 }

@@ -14,7 +14,7 @@
 
 use crate::conn::{Conn, Parked, PartBody};
 use crate::shard::{Objects, Sub, REPLY_CACHE};
-use crate::wal::Wal;
+use crate::wal::{Part, Wal};
 use crate::{now, Shared};
 use flowstate_objects::Spare;
 use flowstate_proto::{Command, Failure, Kind, Message, Notification, Reply, Request, OP_NAMES};
@@ -43,6 +43,12 @@ pub(crate) enum Msg {
     Answers(Vec<(u64, u64, PartBody)>),
     /// Frames to push to this shard's connections (notifications).
     Pushes(Vec<(u64, Message)>),
+    /// Shard `from` applied (and logged) its parts of these fenced batches (client, op id)
+    /// whose fence is on this shard.
+    Applied {
+        from: usize,
+        batches: Vec<(u64, u64)>,
+    },
     /// A connection closed: drop its subscriptions.
     Disconnect(u64),
     /// Close every connection, write a final checkpoint and stop.
@@ -58,6 +64,10 @@ pub(crate) enum Fwd {
         ack_only: bool,
         /// Operations with their index in the frame.
         ops: Vec<(u32, Request)>,
+        /// A fenced batch's parts on other shards, logged with this part (its fence's).
+        rest: Vec<Part>,
+        /// The shard of the fenced batch's fence, to be told once this part is logged.
+        fence: Option<usize>,
     },
     Partitions {
         seq: u64,
@@ -106,6 +116,12 @@ pub(crate) struct Worker {
     pub(crate) dirty: Vec<usize>,
     /// What goes to each other shard at the end of the turn.
     pub(crate) forwards: Vec<Vec<(u64, Fwd)>>,
+    /// Fenced batches whose parts this shard applied, by the shard of their fence.
+    pub(crate) applied: Vec<Vec<(u64, u64)>>,
+    /// Fenced batches with their fence on this shard whose parts on other shards are not known
+    /// to be logged yet, by (client, op id): those shards, and the batch's parts as a log record
+    /// (written again into a new log at a checkpoint).
+    open: foldhash::HashMap<(u64, u64), (Vec<usize>, Vec<u8>)>,
     answers: Vec<Vec<(u64, u64, PartBody)>>,
     pushes: Vec<Vec<(u64, Message)>>,
     /// Operations counted in this turn, added to the shared counters once per turn.
@@ -144,6 +160,8 @@ impl Worker {
             again: Vec::new(),
             dirty: Vec::new(),
             forwards: (0..n).map(|_| Vec::new()).collect(),
+            applied: (0..n).map(|_| Vec::new()).collect(),
+            open: Default::default(),
             answers: (0..n).map(|_| Vec::new()).collect(),
             pushes: (0..n).map(|_| Vec::new()).collect(),
             op_counts: [0; OP_NAMES.len()],
@@ -265,7 +283,8 @@ impl Worker {
             if w.bytes == 0 {
                 return;
             }
-            if let Err(e) = w.checkpoint(&self.objects, now()) {
+            let carry: Vec<u8> = self.open.values().flat_map(|(_, r)| r).copied().collect();
+            if let Err(e) = w.checkpoint(&self.objects, now(), &carry) {
                 // The log goes on; the next checkpoint tries again.
                 tracing::error!("shard {}: checkpoint failed: {e}", self.index);
             } else {
@@ -293,6 +312,16 @@ impl Worker {
             Msg::Pushes(items) => {
                 for (conn, msg) in items {
                     self.push_local(conn, &msg);
+                }
+            }
+            Msg::Applied { from, batches } => {
+                for b in batches {
+                    if let Some((shards, _)) = self.open.get_mut(&b) {
+                        shards.retain(|&s| s != from);
+                        if shards.is_empty() {
+                            self.open.remove(&b);
+                        }
+                    }
                 }
             }
             Msg::Disconnect(conn) => self.drop_subs(conn),
@@ -431,6 +460,8 @@ impl Worker {
                 op_id,
                 ack_only,
                 ops,
+                rest,
+                fence,
             } => {
                 let mut replies = Vec::with_capacity(ops.len());
                 let duplicate = self.run_batch(
@@ -439,9 +470,13 @@ impl Worker {
                     op_id,
                     ack_only,
                     ops.iter().map(|(i, r)| (*i, r.borrowed())),
+                    &rest,
                     &mut replies,
                     t,
                 );
+                if let Some(f) = fence {
+                    self.applied[f].push((client, op_id));
+                }
                 (seq, PartBody::Replies { replies, duplicate })
             }
             Fwd::Partitions { seq, nf, kind, id } => (
@@ -500,6 +535,7 @@ impl Worker {
             op_id,
             ack_only,
             parts,
+            fence,
         } = parked;
         for (s, ops) in parts {
             if s == self.index {
@@ -510,9 +546,13 @@ impl Worker {
                     op_id,
                     ack_only,
                     ops.iter().map(|(i, r)| (*i, r.borrowed())),
+                    &[],
                     &mut replies,
                     t,
                 );
+                if let Some(f) = fence {
+                    self.applied[f].push((client, op_id));
+                }
                 // No fence in this part: it releases nothing more.
                 let _ = c.part(seq, PartBody::Replies { replies, duplicate });
             } else {
@@ -524,6 +564,8 @@ impl Worker {
                         op_id,
                         ack_only,
                         ops,
+                        rest: Vec::new(),
+                        fence,
                     },
                 ));
             }
@@ -557,8 +599,9 @@ impl Worker {
     }
 
     /// Applies a batch's operations on this shard's objects (or answers a retransmission as
-    /// the first time) and records its updates for the log. Replies go to `replies` with their
-    /// index in the frame; returns whether the batch was a duplicate.
+    /// the first time) and records its updates for the log, with `rest`, a fenced batch's parts
+    /// on other shards when these are its fence's. Replies go to `replies` with their index in
+    /// the frame; returns whether the batch was a duplicate.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn run_batch<'a>(
         &mut self,
@@ -567,6 +610,7 @@ impl Worker {
         op_id: u64,
         ack_only: bool,
         ops: impl Iterator<Item = (u32, Request<&'a [u8]>)> + Clone,
+        rest: &[Part],
         replies: &mut Vec<(u32, Reply)>,
         t: Duration,
     ) -> bool {
@@ -589,7 +633,15 @@ impl Worker {
             }
         }
         let first = replies.len();
-        self.apply_ops(conn, client, op_id, ops, |i, r, _| replies.push((i, r)), t);
+        self.apply_ops(
+            conn,
+            client,
+            op_id,
+            ops,
+            rest,
+            |i, r, _| replies.push((i, r)),
+            t,
+        );
         if op_id != 0 {
             let d = self.objects.clients.entry(client).or_default();
             d.last = op_id;
@@ -610,13 +662,17 @@ impl Worker {
     /// Applies operations in order on this shard's objects, handing each reply (with its
     /// index in the frame, and the shard's spare buffers to return it to) to `reply`, and
     /// records the updates for the log. After a [`Command::Fence`] that does not hold, the
-    /// rest is refused without running.
+    /// rest is refused without running. If the fence holds, the batch's parts on other shards
+    /// (`rest`) go in the record too, and stay open until those shards have logged them (only
+    /// with an op id: how recovery tells whether a shard applied its part).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn apply_ops<'a>(
         &mut self,
         conn: u64,
         client: u64,
         op_id: u64,
         ops: impl Iterator<Item = (u32, Request<&'a [u8]>)> + Clone,
+        rest: &[Part],
         mut reply: impl FnMut(u32, Reply, &mut Spare),
         t: Duration,
     ) {
@@ -645,17 +701,34 @@ impl Worker {
             writes |= !req.op.is_read();
             reply(i, r, &mut self.objects.spare);
         }
-        if writes {
-            if let Some(w) = &mut self.wal {
-                w.record(
-                    t,
-                    client,
-                    op_id,
-                    ops.take_while(|(i, _)| fenced_at.is_none_or(|f| *i < f))
-                        .map(|(_, r)| r)
-                        .filter(|r| !r.op.is_read()),
-                );
-            }
+        let rest = match fenced_at.is_none() && op_id != 0 {
+            true => rest,
+            false => &[],
+        };
+        let Some(w) = self.wal.as_mut().filter(|_| writes || !rest.is_empty()) else {
+            return;
+        };
+        w.record(
+            t,
+            client,
+            op_id,
+            ops.take_while(|(i, _)| fenced_at.is_none_or(|f| *i < f))
+                .map(|(_, r)| r)
+                .filter(|r| !r.op.is_read()),
+            rest,
+        );
+        if !rest.is_empty() {
+            let mut record = Vec::new();
+            crate::wal::encode_record(
+                &mut record,
+                t,
+                client,
+                op_id,
+                std::iter::empty::<Request>(),
+                rest,
+            );
+            let shards = rest.iter().map(|(s, _)| *s).collect();
+            self.open.insert((client, op_id), (shards, record));
         }
     }
 
@@ -790,7 +863,8 @@ impl Worker {
             if s == self.index
                 || (self.forwards[s].is_empty()
                     && self.answers[s].is_empty()
-                    && self.pushes[s].is_empty())
+                    && self.pushes[s].is_empty()
+                    && self.applied[s].is_empty())
             {
                 continue;
             }
@@ -824,6 +898,11 @@ impl Worker {
             if !self.pushes[s].is_empty() {
                 let items = std::mem::take(&mut self.pushes[s]);
                 sent |= handle.tx.send(Msg::Pushes(items)).is_ok();
+            }
+            if !self.applied[s].is_empty() {
+                let batches = std::mem::take(&mut self.applied[s]);
+                let from = self.index;
+                sent |= handle.tx.send(Msg::Applied { from, batches }).is_ok();
             }
             if sent {
                 let _ = handle.waker.wake();
