@@ -373,7 +373,7 @@ fn after_kill_9_a_fenced_batch_over_several_shards_is_applied_whole_or_not_at_al
                 std::thread::spawn(move || {
                     let fence = Fence {
                         key: record(p),
-                        value: b"owner".to_vec().into(),
+                        value: b"owner".to_vec(),
                     };
                     let mut r = Vec::new();
                     b.execute(
