@@ -596,6 +596,17 @@ fn status(dir: &Dir, json: bool, controller: Option<std::net::SocketAddr>) -> Re
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
+    match &s.leader {
+        Some(l) if l.me => println!(
+            "controller {} at {}: leading, term {}",
+            l.index, l.address, l.term
+        ),
+        Some(l) => println!(
+            "this controller stands by; leader: controller {} at {}, term {}",
+            l.index, l.address, l.term
+        ),
+        None => println!("this controller stands by; no leader known yet"),
+    }
     for st in &s.stages {
         println!(
             "cluster {} stage {}: assignment v{}, {} partitions, target {} instances",

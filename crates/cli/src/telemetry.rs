@@ -433,7 +433,7 @@ impl Provider for PipelineProvider {
 /// `flowstate cluster status` reads from its file): each number becomes
 /// `flowstate_<role>_<field>`, a gauge if `gauges` names it, else a counter; a map of numbers
 /// (`drop_reasons`) a labelled counter; `partitions` the number owned; `assignment_versions`
-/// a gauge per stage. `pid`, `id` and `stage` are labels of `<role>_info`.
+/// and `assignment_terms` a gauge per stage. `pid`, `id` and `stage` are labels of `<role>_info`.
 pub(crate) struct ClusterRoleProvider {
     pub(crate) role: &'static str,
     /// The `/api/v1/NAME` document of the stats (`stats`; the controller's `cluster`).
@@ -511,7 +511,9 @@ impl Provider for ClusterRoleProvider {
                         items.len() as i64,
                     );
                 }
-                serde_json::Value::Array(items) if k == "assignment_versions" => {
+                serde_json::Value::Array(items)
+                    if k == "assignment_versions" || k == "assignment_terms" =>
+                {
                     for (i, n) in items.iter().enumerate() {
                         let stage = i.to_string();
                         m.gauge(&name, &help, &[("stage", &stage)], n.as_i64().unwrap_or(0));

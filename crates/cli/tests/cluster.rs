@@ -1611,9 +1611,9 @@ fn an_instance_started_by_hand_joins_and_takes_a_share() {
 struct ByHand<'a> {
     /// The store's namespace and address (it listens on port 7878).
     store: (String, &'a str),
-    /// The controller's namespace, the address the deployment names for it (`None`: the
-    /// root's) and its extra arguments.
-    controller: (String, Option<&'a str>, &'a [&'a str]),
+    /// The controllers' namespaces, the addresses the deployment names for them (`None`: the
+    /// root's) and their extra arguments; the first leads (it starts first).
+    controllers: Vec<(String, Option<&'a str>, &'a [&'a str])>,
     instances: u32,
 }
 
@@ -1634,8 +1634,12 @@ impl Cluster {
         let token = dir.join("store.token");
         std::fs::write(&token, "s3cret-token\n").unwrap();
         let (store_ns, store_at) = h.store;
-        let (controller_ns, controller, controller_args) = h.controller;
-        let named = controller.map_or(String::new(), |a| format!("controller = \"{a}\"\n"));
+        let named: Vec<String> = h
+            .controllers
+            .iter()
+            .map(|(_, a, _)| format!("\"{}\"", a.unwrap_or("192.0.2.1")))
+            .collect();
+        let named = format!("controller = [{}]\n", named.join(", "));
         let config = format!(
             "[input]\ninterface = \"fs-in\"\naddress = \"10.0.0.1\"\nfast_path = false\n\
              [output]\ninterface = \"fs-out\"\naddress = \"{BOX_OUTSIDE}\"\n\
@@ -1654,7 +1658,7 @@ impl Cluster {
             .unwrap();
         assert!(check.status.success(), "check: {}", text(&check));
         let cfg = self.config.to_str().unwrap().to_owned();
-        let socket = dir.join("controller.sock");
+        let socket = dir.join("controller-0.sock");
         let data = dir.join("store-data");
         let root_stats = self.lab.state_dir().join("cluster/root.json");
         std::fs::create_dir_all(root_stats.parent().unwrap()).unwrap();
@@ -1673,11 +1677,6 @@ impl Cluster {
                     token.to_str().unwrap(),
                 ]),
             ),
-            (controller_ns, {
-                let mut a = args(&["controller", &cfg, "--socket", socket.to_str().unwrap()]);
-                a.extend(args(controller_args));
-                a
-            }),
             (
                 self.lab.nf_ns(),
                 args(&["root", &cfg, "--stats", root_stats.to_str().unwrap()]),
@@ -1699,7 +1698,15 @@ impl Cluster {
                 ]),
             ));
         }
-        for (ns, args) in &starts {
+        for (i, (ns, controller_args)) in (0..).zip(h.controllers.iter().map(|(ns, _, a)| (ns, a)))
+        {
+            let socket = dir.join(format!("controller-{i}.sock"));
+            let mut a = args(&["controller", &cfg, "--socket", socket.to_str().unwrap()]);
+            a.extend(args(controller_args));
+            // The first leads: the others start once it holds the lease.
+            starts.insert(1 + i as usize, (ns.clone(), a));
+        }
+        for (k, (ns, args)) in starts.iter().enumerate() {
             let mut argv = vec![FLOWSTATE];
             argv.extend(args.iter().map(String::as_str));
             let log = std::fs::File::create(dir.join(format!("{ns}.log"))).unwrap();
@@ -1710,8 +1717,13 @@ impl Cluster {
                 .spawn()
                 .unwrap();
             self.background.push(child);
+            if k == 1 {
+                self.socket = Some(socket.clone());
+                self.wait_for(10, "the first controller leads", |s| {
+                    s["leader"]["me"] == true
+                });
+            }
         }
-        self.socket = Some(socket);
         let all: Vec<u64> = (1..=u64::from(h.instances)).collect();
         self.wait_for(
             30,
@@ -1744,11 +1756,11 @@ fn roles_started_on_their_own_hosts_form_a_cluster() {
     let nf = c.lab.nf_ns();
     c.start_by_hand(ByHand {
         store: (nf.clone(), "192.0.2.1"),
-        controller: (
+        controllers: vec![(
             c.lab.instance_ns(3),
             Some(&controller),
             &["--metrics", "0.0.0.0:9465"],
-        ),
+        )],
         instances: 2,
     });
     let want = content(300_000, 4);
@@ -2001,6 +2013,92 @@ fn a_routed_lab_keeps_every_download_through_a_failover_and_fragments_nothing() 
     assert!(ports.iter().all(|l| l.contains(" mtu 9000 ")), "{links}");
 }
 
+/// Two controllers on two hosts of a routed lab, the first leading: killed (-9) under 100
+/// downloads, the standby takes the lease in the next term and leads with the same owners and
+/// epochs (the root applies its term); an instance killed right after is failed over by the
+/// new leader. Every download completes byte for byte.
+#[test]
+fn a_killed_leading_controller_is_replaced_by_its_standby_with_the_same_assignment() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let store_at = flowstate_lab::STORE_ADDR.to_string();
+    let standby = flowstate_lab::instance_addr(3).to_string();
+    let mut c = Cluster::lab_routed("e", "", 3, true);
+    c.start_by_hand(ByHand {
+        store: (c.lab.store_ns(), &store_at),
+        controllers: vec![
+            (c.lab.nf_ns(), None, &[]),
+            (c.lab.instance_ns(3), Some(&standby), &[]),
+        ],
+        instances: 2,
+    });
+    let dir = c.dir.path().to_path_buf();
+    let want = content(1_500_000, 6);
+    let http_peers = c.serve_paced(&want, 200_000);
+    let mut downloads = c.downloads(100);
+    std::thread::sleep(Duration::from_millis(1000));
+    let before = c.status();
+    assert_eq!(before["leader"]["term"], 1, "{before:#}");
+    let owners = |s: &serde_json::Value| -> Vec<(u64, serde_json::Value)> {
+        let mut v: Vec<_> = s["instances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| (i["id"].as_u64().unwrap(), i["partitions"].clone()))
+            .collect();
+        v.sort_by_key(|(id, _)| *id);
+        v
+    };
+    let killed = Instant::now();
+    let sock = dir.join("controller-0.sock");
+    assert!(Command::new("pkill")
+        .args(["-9", "-f", sock.to_str().unwrap()])
+        .status()
+        .unwrap()
+        .success());
+    c.socket = Some(dir.join("controller-1.sock"));
+    c.wait_for(10, "the standby leads", |s| {
+        s["leader"]["me"] == true
+            && s["leader"]["term"] == 2
+            && s["root"]["assignment_terms"][0] == 2
+    });
+    eprintln!(
+        "the standby led {} ms after the kill",
+        killed.elapsed().as_millis()
+    );
+    let after = c.status();
+    assert_eq!(
+        owners(&after),
+        owners(&before),
+        "the same owners: {after:#}"
+    );
+    // The root took the new term's assignment and moved nothing.
+    assert_eq!(after["root"]["moving"], 0, "{after:#}");
+    let moves = after["root"]["moves_done"].clone();
+    // An instance killed right after: the new leader fails it over.
+    let stats = dir.join("instance-1.json");
+    assert!(Command::new("pkill")
+        .args(["-9", "-f", stats.to_str().unwrap()])
+        .status()
+        .unwrap()
+        .success());
+    c.wait_for(10, "instance 1 failed over by the new leader", |s| {
+        live(s) == [2] && owned(s) == 16 && s["root"]["moving"] == 0
+    });
+    still_transferring(&mut downloads, want.len());
+    check_downloads(downloads, &want);
+    server_saw_only_the_nat(&http_peers);
+    let end = c.status();
+    assert_eq!(end["leader"]["term"], 2, "{end:#}");
+    assert_ne!(
+        end["root"]["moves_done"], moves,
+        "instance 1's partitions moved: {end:#}"
+    );
+}
+
 /// A host cut off in a routed lab, every role started on its own (as a supervisor would: the
 /// controller kills nothing): instance 1's link goes down under 100 downloads, its processes
 /// alive, while a commit of packets it has taken is on the wire (its way to the store went
@@ -2019,7 +2117,7 @@ fn a_host_cut_off_has_its_commits_refused_and_rejoins() {
     let mut c = Cluster::lab_routed("x", "", 3, true);
     c.start_by_hand(ByHand {
         store: (c.lab.store_ns(), &store_at),
-        controller: (c.lab.nf_ns(), None, &[]),
+        controllers: vec![(c.lab.nf_ns(), None, &[])],
         instances: 3,
     });
     let dir = c.dir.path().to_path_buf();

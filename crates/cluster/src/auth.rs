@@ -110,7 +110,7 @@ pub enum Role {
 pub struct Sender {
     /// Its role.
     pub role: Role,
-    /// Its id in the role (an instance's id; 0 for the root and the controller).
+    /// Its id in the role (an instance's id, a controller's index; 0 for the root).
     pub id: u32,
 }
 
@@ -120,11 +120,13 @@ impl Sender {
         role: Role::Root,
         id: 0,
     };
-    /// The controller.
-    pub const CONTROLLER: Sender = Sender {
-        role: Role::Controller,
-        id: 0,
-    };
+    /// Controller `index` (its place in `[cluster] controller`).
+    pub fn controller(index: u32) -> Sender {
+        Sender {
+            role: Role::Controller,
+            id: index,
+        }
+    }
 
     /// Instance `id`.
     pub fn instance(id: u32) -> Sender {

@@ -9,7 +9,10 @@
 //! min_instances = 1        # bounds of `cluster scale` and of scaling on load
 //! max_instances = 16
 //! address = "192.0.2.1"    # the root's address on the cluster network
-//! controller = "192.0.2.1" # the controller's (default: the root's)
+//! controller = "192.0.2.1" # the controller's address (default: the root's), or a list of
+//!                          # them: one leads (a lease in the store), the others stand by
+//! lease = "1s"             # the leader's lease: a standby takes over this long after the
+//!                          # leader last renewed it
 //! heartbeat = "50ms"       # instances report this often
 //! missed = 3               # reports missed before an instance is declared dead
 //! move_timeout = "500ms"   # how long the root waits for an old owner to release
@@ -74,6 +77,32 @@ pub(crate) fn within_step(last: u64, next: u64) -> bool {
     next <= last.saturating_add(MAX_STEP)
 }
 
+/// What a receiver that applied the assignment (`term`, `version`) does with `a`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fresh {
+    /// Apply it.
+    Newer,
+    /// Ignore it: not newer, or of a term a newer leader ended.
+    Old,
+    /// Refuse it: its version or term is further ahead than any real one can be.
+    FarAhead,
+}
+
+/// Whether `a` is newer than the assignment (`term`, `version`) applied (version 0: none).
+pub(crate) fn freshness(
+    term: u64,
+    version: u64,
+    a: &flowstate_control::cluster::Assignment,
+) -> Fresh {
+    if a.term < term || (version != 0 && a.version <= version) {
+        Fresh::Old
+    } else if version != 0 && !(within_step(version, a.version) && within_step(term, a.term)) {
+        Fresh::FarAhead
+    } else {
+        Fresh::Newer
+    }
+}
+
 /// Whether `cluster up` starts the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreMode {
@@ -111,8 +140,10 @@ pub struct ClusterSection {
     pub stages: Vec<StageSection>,
     /// The root's address.
     pub address: Ipv4Addr,
-    /// The controller's address, when not the root's.
-    pub controller: Option<Ipv4Addr>,
+    /// The controllers' addresses (empty: one, at the root's): one leads, the others stand by.
+    pub controllers: Vec<Ipv4Addr>,
+    /// How long the leading controller's lease lasts without a renewal.
+    pub lease: Duration,
     /// Report interval.
     pub heartbeat: Duration,
     /// Reports missed before an instance is dead.
@@ -160,7 +191,8 @@ impl Default for ClusterSection {
             min_instances: 1,
             max_instances: 16,
             address: Ipv4Addr::new(192, 0, 2, 1),
-            controller: None,
+            controllers: Vec::new(),
+            lease: Duration::from_secs(1),
             heartbeat: Duration::from_millis(50),
             missed: 3,
             move_timeout: Duration::from_millis(500),
@@ -230,13 +262,21 @@ impl ClusterSection {
                     .ok_or_else(|| {
                         err(k, format!("expected an IPv4 address like \"192.0.2.1\", got {v}"))
                     }),
-                "controller" => v
-                    .as_str()
-                    .and_then(|s| s.parse().ok())
-                    .map(|a| c.controller = Some(a))
-                    .ok_or_else(|| {
-                        err(k, format!("expected an IPv4 address like \"192.0.2.2\", got {v}"))
-                    }),
+                "controller" => {
+                    let list = match v {
+                        toml::Value::Array(a) => a.iter().collect(),
+                        one => vec![one],
+                    };
+                    list.iter()
+                        .map(|a| a.as_str().and_then(|s| s.parse().ok()))
+                        .collect::<Option<Vec<Ipv4Addr>>>()
+                        .filter(|l| !l.is_empty())
+                        .map(|l| c.controllers = l)
+                        .ok_or_else(|| {
+                            err(k, format!("expected an IPv4 address like \"192.0.2.2\" or a list of them, got {v}"))
+                        })
+                }
+                "lease" => dur(k, v).map(|d| c.lease = d),
                 "heartbeat" => dur(k, v).map(|d| c.heartbeat = d),
                 "missed" => int(k, v, 1, 1000).map(|n| c.missed = n as u32),
                 "move_timeout" => dur(k, v).map(|d| c.move_timeout = d),
@@ -306,7 +346,7 @@ impl ClusterSection {
                 },
                 _ => Err(err(
                     k,
-                    "unknown key; expected partitions, instances, min_instances, max_instances, address, controller, heartbeat, missed, move_timeout, hold, log_packets, straggler, auto_scale, scale_out_load, scale_in_load, store, moves, key_file, clock_skew, unauthenticated, unfenced_store, start_command, stop_command or stage".into(),
+                    "unknown key; expected partitions, instances, min_instances, max_instances, address, controller, lease, heartbeat, missed, move_timeout, hold, log_packets, straggler, auto_scale, scale_out_load, scale_in_load, store, moves, key_file, clock_skew, unauthenticated, unfenced_store, start_command, stop_command or stage".into(),
                 )),
             };
             if let Err(e) = done {
@@ -359,9 +399,16 @@ impl ClusterSection {
         }
     }
 
-    /// Where the controller takes reports: `controller`, else the root's `address`.
-    pub fn controller_at(&self) -> std::net::SocketAddrV4 {
-        std::net::SocketAddrV4::new(self.controller.unwrap_or(self.address), CONTROLLER_PORT)
+    /// Where the controllers take reports: `controller`, else the root's `address`.
+    pub fn controllers_at(&self) -> Vec<std::net::SocketAddrV4> {
+        let one = [self.address];
+        let list = match self.controllers.is_empty() {
+            true => &one[..],
+            false => &self.controllers,
+        };
+        list.iter()
+            .map(|a| std::net::SocketAddrV4::new(*a, CONTROLLER_PORT))
+            .collect()
     }
 
     /// The key file's path: `key_file` as written, relative to `base` (the deployment file's
@@ -514,6 +561,20 @@ mod tests {
     }
 
     #[test]
+    fn one_controller_or_several() {
+        let at = |c: &ClusterSection| -> Vec<String> {
+            c.controllers_at().iter().map(|a| a.to_string()).collect()
+        };
+        let one = parse("address = \"192.0.2.9\"").unwrap();
+        assert_eq!(at(&one), ["192.0.2.9:7900"]);
+        let named = parse("controller = \"192.0.2.2\"").unwrap();
+        assert_eq!(at(&named), ["192.0.2.2:7900"]);
+        let two = parse("controller = [\"192.0.2.2\", \"192.0.2.3\"]\nlease = \"2s\"").unwrap();
+        assert_eq!(at(&two), ["192.0.2.2:7900", "192.0.2.3:7900"]);
+        assert_eq!(two.lease, Duration::from_secs(2));
+    }
+
+    #[test]
     fn stages_take_their_own_tables_or_the_defaults() {
         let c = parse("partitions = 32\ninstances = 2\n[[stage]]\n[[stage]]\npartitions = 8\ninstances = 1\nmax_instances = 3\n")
             .unwrap();
@@ -548,6 +609,9 @@ mod tests {
             ("heartbeat = \"0ms\"", "cluster.heartbeat"),
             ("address = \"::1\"", "cluster.address"),
             ("controller = \"here\"", "cluster.controller"),
+            ("controller = []", "cluster.controller"),
+            ("controller = [\"192.0.2.2\", 3]", "cluster.controller"),
+            ("lease = \"0s\"", "cluster.lease"),
             ("store = \"mine\"", "cluster.store"),
             ("instances = 20", "cluster.instances"),
             (

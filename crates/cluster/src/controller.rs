@@ -14,9 +14,16 @@
 //!   (it knows namespaces and command lines).
 //! * Operators talk to it over a UNIX socket, one JSON request per connection:
 //!   `{"cmd":"status"}`, `{"cmd":"scale","n":3,"stage":0}`, `{"cmd":"drain","id":2}`.
+//! * Any number of controllers run (`[cluster] controller` lists their addresses); one leads,
+//!   holding the lease of [`crate::lease`], the others stand by. Only the leader decides,
+//!   writes and sends assignments. A standby that takes the lease resumes the stored
+//!   assignments as a restarted controller does and publishes them again, owners unchanged, in
+//!   its term; a leader that loses the lease (or cannot write an assignment) stops at once and
+//!   stands by. Each takeover and each loss is logged once with its reason.
 
 use crate::auth::{KeyRing, Opener, Role, Sender};
 use crate::config::{ClusterSection, CONTROL_PORT};
+use crate::lease::{Change, Lease};
 use crate::{udp_socket, wall_ns, ClusterError};
 use flowstate_control::cluster::{Assignment, Controller, Decision, Lag, MemberState, Report};
 use flowstate_router::Stop;
@@ -117,6 +124,9 @@ pub struct Status {
     pub stages: Vec<StageStatus>,
     /// The instances of every stage, by stage and id.
     pub instances: Vec<InstanceStatus>,
+    /// The leading controller, as this one last knew it (none: no lease seen yet).
+    #[serde(default)]
+    pub leader: Option<LeaderStatus>,
     /// The ids of the controller's keys, the one that signs first.
     #[serde(default)]
     pub keys: Vec<u8>,
@@ -128,16 +138,30 @@ pub struct Status {
     pub auth_rejected: std::collections::BTreeMap<String, u64>,
 }
 
+/// The leading controller in a status answer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct LeaderStatus {
+    /// Its term.
+    pub term: u64,
+    /// Its index in `[cluster] controller`.
+    pub index: u32,
+    /// Its address.
+    pub address: String,
+    /// Whether the answering controller is the leader.
+    pub me: bool,
+}
+
 impl Status {
     /// Whether every stage runs its target of live instances, every partition has an owner
     /// and an assignment was published.
     pub fn ready(&self) -> bool {
-        self.stages.iter().all(|st| {
-            let of = || self.instances.iter().filter(|i| i.stage == st.stage);
-            let live = of().filter(|i| i.state == "live").count() as u32;
-            let owned: usize = of().map(|i| i.partitions.len()).sum();
-            live >= st.target && owned == st.partitions as usize && st.version > 0
-        })
+        !self.stages.is_empty()
+            && self.stages.iter().all(|st| {
+                let of = || self.instances.iter().filter(|i| i.stage == st.stage);
+                let live = of().filter(|i| i.state == "live").count() as u32;
+                let owned: usize = of().map(|i| i.partitions.len()).sum();
+                live >= st.target && owned == st.partitions as usize && st.version > 0
+            })
     }
 }
 
@@ -188,26 +212,38 @@ struct Stage {
     stored: Option<Vec<u8>>,
 }
 
-/// Runs the controller of `stages` chain stages until `stop`. A stage whose store holds no
-/// assignment yet starts its `[[cluster.stage]]` (or `[cluster]`) `instances`.
-pub fn run_controller(
+/// Binds the first of `[cluster] controller`'s addresses this host has; its index and socket.
+fn bind_own(s: &ClusterSection) -> Result<(u32, std::net::UdpSocket), ClusterError> {
+    let all = s.controllers_at();
+    for (i, a) in (0u32..).zip(&all) {
+        match udp_socket(*a) {
+            Ok(sock) => return Ok((i, sock)),
+            Err(ClusterError::Io(e)) if e.kind() == ErrorKind::AddrNotAvailable => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(ClusterError::Config(format!(
+        "cluster.controller: none of {:?} is an address of this host",
+        all.iter().map(|a| a.ip().to_string()).collect::<Vec<_>>()
+    )))
+}
+
+/// Takes over: the stored assignments resumed (a stage without one starts its
+/// `[[cluster.stage]]` (or `[cluster]`) `instances` when the launcher starts any), published
+/// again in `term` (raised above any term they carry).
+fn take_over(
     o: &ControllerOptions,
-    mut store: Box<dyn Backend>,
-    launcher: &mut dyn Launcher,
+    store: &mut dyn Backend,
+    launcher: &dyn Launcher,
     stages: u32,
-    stop: Stop,
-) -> Result<(), ClusterError> {
+    lease: &mut Lease,
+    term: u64,
+    now: u64,
+) -> Result<Vec<Stage>, ClusterError> {
     let s = &o.section;
-    let reports = udp_socket(s.controller_at())?;
-    let _ = std::fs::remove_file(&o.socket);
-    let commands = UnixListener::bind(&o.socket).map_err(|e| {
-        std::io::Error::new(e.kind(), format!("cannot bind {}: {e}", o.socket.display()))
-    })?;
-    commands.set_nonblocking(true)?;
-    let now = wall_ns();
     let mut cores = Vec::new();
     for k in 0..stages {
-        let restored = load(store.as_mut(), k)?;
+        let restored = load(store, k)?;
         let stored = restored.as_ref().map(|(_, b)| b.clone());
         let mut ctl = Controller::new(s.controller(k), restored.map(|(a, _)| a), now);
         if stored.is_none() && launcher.starts() {
@@ -223,14 +259,52 @@ pub fn run_controller(
         }
         cores.push(Stage { ctl, stored });
     }
+    // An assignment of a later term than the lease's (the lease record was lost): lead above it.
+    let newest = cores
+        .iter()
+        .map(|c| c.ctl.assignment().term)
+        .max()
+        .unwrap_or(0);
+    let term = term.max(newest + 1);
+    lease.raise(term);
+    for (k, core) in (0u32..).zip(cores.iter_mut()) {
+        if core.stored.is_some() {
+            let a = core.ctl.lead(term);
+            persist(store, k, &mut core.stored, a.encode())?;
+        }
+    }
+    Ok(cores)
+}
+
+/// Runs a controller of `stages` chain stages until `stop`: standing by until it holds the
+/// leader's lease, then leading while it holds it.
+pub fn run_controller(
+    o: &ControllerOptions,
+    mut store: Box<dyn Backend>,
+    launcher: &mut dyn Launcher,
+    stages: u32,
+    stop: Stop,
+) -> Result<(), ClusterError> {
+    let s = &o.section;
+    let (index, reports) = bind_own(s)?;
+    let me = *s.controllers_at()[index as usize].ip();
+    let _ = std::fs::remove_file(&o.socket);
+    let commands = UnixListener::bind(&o.socket).map_err(|e| {
+        std::io::Error::new(e.kind(), format!("cannot bind {}: {e}", o.socket.display()))
+    })?;
+    commands.set_nonblocking(true)?;
+    let mut lease = Lease::new(index, me, s.lease);
+    // The stages' decision cores while this controller leads; empty while it stands by.
+    let mut cores: Vec<Stage> = Vec::new();
     let root = SocketAddrV4::new(s.address, CONTROL_PORT);
     let mut buf = vec![0u8; 65536];
-    let seal = o.keys.sealer(Sender::CONTROLLER, now)?;
+    let seal = o.keys.sealer(Sender::controller(index), wall_ns())?;
     let mut opener = o.keys.opener(s.clock_skew.as_nanos() as u64);
     let mut next_keys = Instant::now();
     let mut next_stats = Instant::now();
     let mut next_tick = Instant::now();
     let mut next_send = Instant::now();
+    tracing::info!(index, address = %me, "controller up, standing by until it holds the lease");
     while !stop.stopped() {
         flowstate_io::afpacket::wait_readable(
             &[std::os::fd::AsRawFd::as_raw_fd(&reports)],
@@ -238,6 +312,37 @@ pub fn run_controller(
         )
         .map_err(|e| ClusterError::Io(std::io::Error::other(e.to_string())))?;
         let now = wall_ns();
+        match lease.step(store.as_mut()) {
+            Change::None => {}
+            Change::Elected { term, from } => {
+                match take_over(o, store.as_mut(), launcher, stages, &mut lease, term, now) {
+                    Ok(c) => {
+                        let term = lease.leading(Instant::now()).unwrap_or(term);
+                        match from {
+                            Some(h) => tracing::warn!(
+                                term,
+                                previous = %h.addr,
+                                previous_term = h.term,
+                                "leading: took the lease the previous leader stopped renewing"
+                            ),
+                            None => tracing::info!(term, "leading: no controller held the lease"),
+                        }
+                        cores = c;
+                        next_send = Instant::now();
+                    }
+                    Err(e) => {
+                        tracing::error!(
+                            "standing by: took the lease but cannot resume the assignment: {e}"
+                        );
+                        lease = Lease::new(index, me, s.lease);
+                    }
+                }
+            }
+            Change::Deposed { reason } => {
+                tracing::warn!("standing by: {reason}");
+                cores.clear();
+            }
+        }
         loop {
             match reports.recv_from(&mut buf) {
                 Ok((n, _)) => {
@@ -247,11 +352,13 @@ pub fn run_controller(
                     match (from.role, Report::decode(msg), Lag::decode(msg)) {
                         // An instance reports for itself only.
                         (Role::Instance, Ok(r), _) if r.id == from.id => {
+                            let leading = !cores.is_empty();
                             match cores.get_mut(r.stage as usize) {
                                 Some(c) => c.ctl.on_report(&r, now),
-                                None => {
+                                None if leading => {
                                     tracing::debug!(stage = r.stage, "a report of no stage of ours")
                                 }
+                                None => {}
                             }
                         }
                         // The root's measure of how long packets wait at each instance.
@@ -270,61 +377,38 @@ pub fn run_controller(
                 Err(e) => return Err(e.into()),
             }
         }
-        serve_commands(&commands, &mut cores, &opener, launcher.starts(), now);
+        let leader = leader_status(&lease, index);
+        serve_commands(
+            &commands,
+            &mut cores,
+            &opener,
+            &leader,
+            launcher.starts(),
+            now,
+        );
         if Instant::now() >= next_keys {
             next_keys = Instant::now() + crate::root::KEY_CHECK;
             o.keys.reload_if_changed();
         }
         if Instant::now() >= next_stats {
             next_stats = Instant::now() + Duration::from_millis(200);
-            o.stats.publish(&status(&cores, &opener, now));
+            o.stats.publish(&status(&cores, &opener, &leader, now));
+        }
+        // Acts only within its lease.
+        if lease.leading(Instant::now()).is_none() {
+            if !cores.is_empty() {
+                tracing::warn!("standing by: the lease ran out");
+                cores.clear();
+            }
+            continue;
         }
         if Instant::now() >= next_tick {
             next_tick = Instant::now() + Duration::from_millis(10);
-            for k in 0..cores.len() {
-                // The ids the other stages know are not this stage's to start.
-                let taken: Vec<u32> = (0..cores.len())
-                    .filter(|&j| j != k)
-                    .flat_map(|j| cores[j].ctl.ids())
-                    .collect();
-                let core = &mut cores[k];
-                core.ctl.set_taken(taken);
-                let stage = k as u32;
-                for d in core.ctl.tick(now) {
-                    match d {
-                        Decision::Publish(a) => {
-                            persist(store.as_mut(), stage, &mut core.stored, a.encode())?;
-                            tracing::info!(stage, version = a.version, "assignment published");
-                            next_send = Instant::now();
-                        }
-                        Decision::Start { id } => match launcher.start(stage, id) {
-                            Ok(pid) => tracing::info!(stage, id, pid, "instance started"),
-                            Err(e) => tracing::error!(stage, id, "cannot start instance: {e}"),
-                        },
-                        Decision::Stop { id } => {
-                            tracing::info!(stage, id, "instance drained: stopping it");
-                            launcher.stop(id);
-                        }
-                        Decision::Failed { id } => {
-                            tracing::warn!(
-                                stage,
-                                id,
-                                "instance failed: its partitions go to the others"
-                            );
-                            launcher.reap(id);
-                        }
-                        Decision::Straggler { id, lag_ns } => {
-                            tracing::warn!(
-                                stage,
-                                id,
-                                lag_ms = lag_ns as f64 / 1e6,
-                                "instance is a straggler (its packets wait too long): failed \
-                                 over, its unfinished packets replayed to the others"
-                            );
-                            launcher.reap(id);
-                        }
-                    }
-                }
+            if let Err(e) = tick(&mut cores, store.as_mut(), launcher, now, &mut next_send) {
+                tracing::warn!("standing by: {e}");
+                cores.clear();
+                lease = Lease::new(index, me, s.lease);
+                continue;
             }
         }
         if Instant::now() >= next_send {
@@ -344,6 +428,72 @@ pub fn run_controller(
         }
     }
     let _ = std::fs::remove_file(&o.socket);
+    Ok(())
+}
+
+fn leader_status(lease: &Lease, index: u32) -> Option<LeaderStatus> {
+    lease.holder().map(|h| LeaderStatus {
+        term: h.term,
+        index: h.index,
+        address: h.addr.to_string(),
+        me: h.index == index && lease.leading(Instant::now()).is_some(),
+    })
+}
+
+/// One decision round of every stage: assignments persisted, instances started and stopped.
+/// An error (an assignment that cannot be written) ends this controller's leadership.
+fn tick(
+    cores: &mut [Stage],
+    store: &mut dyn Backend,
+    launcher: &mut dyn Launcher,
+    now: u64,
+    next_send: &mut Instant,
+) -> Result<(), ClusterError> {
+    for k in 0..cores.len() {
+        // The ids the other stages know are not this stage's to start.
+        let taken: Vec<u32> = (0..cores.len())
+            .filter(|&j| j != k)
+            .flat_map(|j| cores[j].ctl.ids())
+            .collect();
+        let core = &mut cores[k];
+        core.ctl.set_taken(taken);
+        let stage = k as u32;
+        for d in core.ctl.tick(now) {
+            match d {
+                Decision::Publish(a) => {
+                    persist(store, stage, &mut core.stored, a.encode())?;
+                    tracing::info!(stage, version = a.version, "assignment published");
+                    *next_send = Instant::now();
+                }
+                Decision::Start { id } => match launcher.start(stage, id) {
+                    Ok(pid) => tracing::info!(stage, id, pid, "instance started"),
+                    Err(e) => tracing::error!(stage, id, "cannot start instance: {e}"),
+                },
+                Decision::Stop { id } => {
+                    tracing::info!(stage, id, "instance drained: stopping it");
+                    launcher.stop(id);
+                }
+                Decision::Failed { id } => {
+                    tracing::warn!(
+                        stage,
+                        id,
+                        "instance failed: its partitions go to the others"
+                    );
+                    launcher.reap(id);
+                }
+                Decision::Straggler { id, lag_ns } => {
+                    tracing::warn!(
+                        stage,
+                        id,
+                        lag_ms = lag_ns as f64 / 1e6,
+                        "instance is a straggler (its packets wait too long): failed over, its \
+                         unfinished packets replayed to the others"
+                    );
+                    launcher.reap(id);
+                }
+            }
+        }
+    }
     Ok(())
 }
 
@@ -387,8 +537,9 @@ fn persist(
     )))
 }
 
-fn status(cores: &[Stage], opener: &Opener, now: u64) -> Status {
+fn status(cores: &[Stage], opener: &Opener, leader: &Option<LeaderStatus>, now: u64) -> Status {
     let mut out = Status {
+        leader: leader.clone(),
         stages: Vec::new(),
         instances: Vec::new(),
         keys: opener.keys(),
@@ -437,6 +588,7 @@ fn serve_commands(
     listener: &UnixListener,
     cores: &mut [Stage],
     opener: &Opener,
+    leader: &Option<LeaderStatus>,
     starts: bool,
     now: u64,
 ) {
@@ -451,9 +603,15 @@ fn serve_commands(
         let stages = cores.len();
         let answer = match reader.read_line(&mut line) {
             Ok(_) => match serde_json::from_str::<Command>(line.trim()) {
-                Ok(Command::Status) => {
-                    serde_json::to_value(status(cores, opener, now)).map_err(|e| e.to_string())
-                }
+                Ok(Command::Status) => serde_json::to_value(status(cores, opener, leader, now))
+                    .map_err(|e| e.to_string()),
+                Ok(_) if cores.is_empty() => Err(match leader {
+                    Some(l) => format!(
+                        "this controller stands by: the leader is controller {} at {} (term {})",
+                        l.index, l.address, l.term
+                    ),
+                    None => "this controller stands by and knows no leader yet".into(),
+                }),
                 Ok(Command::Scale { n, stage }) => match cores.get_mut(stage as usize) {
                     Some(c) if !starts && n > c.ctl.target() => Err(format!(
                         "stage {stage}: this controller starts no instance (no [cluster] \

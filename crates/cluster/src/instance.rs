@@ -1189,6 +1189,7 @@ mod tests {
         };
         let a3 = Assignment {
             version: 9,
+            term: 0,
             stage: 0,
             slots: (0..4)
                 .map(|_| Slot {
@@ -1210,6 +1211,7 @@ mod tests {
         b.apply(
             &Assignment {
                 version: 10,
+                term: 0,
                 members: vec![member(2, false)],
                 ..a3
             },
@@ -1255,6 +1257,7 @@ mod tests {
         a.apply(
             &Assignment {
                 version: 2,
+                term: 0,
                 stage: 0,
                 slots: vec![slot(1, 1), slot(3, 2), slot(1, 1), slot(1, 1)],
                 members: vec![member(1), member(3)],

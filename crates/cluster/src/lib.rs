@@ -33,6 +33,7 @@ mod config;
 mod controller;
 mod fast;
 mod instance;
+pub mod lease;
 mod log;
 pub mod meta;
 mod root;

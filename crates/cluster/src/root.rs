@@ -138,6 +138,8 @@ pub struct RootStats {
     pub moving: u64,
     /// The newest assignment applied, per stage.
     pub assignment_versions: Vec<u64>,
+    /// The term of the controller whose assignment each stage applied last.
+    pub assignment_terms: Vec<u64>,
     /// This root's epoch ([`take_epoch`]).
     pub root_epoch: u64,
     /// The last logical clock it gave a packet.
@@ -579,7 +581,7 @@ pub fn run_root(
     let mut next_stats = Instant::now();
     let mut next_tick = Instant::now();
     let mut next_lag = Instant::now();
-    let controller = s.controller_at();
+    let controllers = s.controllers_at();
     let fds: Vec<_> = source.fds().chain([raw(&data), raw(&control)]).collect();
     tracing::info!(stages = n, partitions = offset, address = %s.address, "root up");
     while !stop.stopped() {
@@ -593,7 +595,7 @@ pub fn run_root(
                     let Ok((from, body)) = opener.open(&rbuf[..len], now) else {
                         continue;
                     };
-                    if from != Sender::CONTROLLER {
+                    if from.role != Role::Controller {
                         opener.refuse();
                         continue;
                     }
@@ -744,7 +746,10 @@ pub fn run_root(
             next_lag = Instant::now() + s.heartbeat;
             out.log.set_now(wall_ns());
             for lag in lags(&mut out.log, &path) {
-                let _ = control.send_to(&out.seal.sealed(lag.encode()), controller);
+                let d = out.seal.sealed(lag.encode());
+                for to in &controllers {
+                    let _ = control.send_to(&d, to);
+                }
             }
         }
         if Instant::now() >= next_keys {
@@ -877,6 +882,7 @@ fn fill(out: &mut Out, path: &[Stage], shared: &Shared) {
     stats.log = out.log.stats();
     stats.moving = path.iter().map(|st| st.steer.moving() as u64).sum();
     stats.assignment_versions = path.iter().map(|st| st.steer.version()).collect();
+    stats.assignment_terms = path.iter().map(|st| st.steer.term()).collect();
     let mut times: Vec<u64> = path.iter().flat_map(|st| st.steer.move_times()).collect();
     times.sort_unstable();
     stats.move_ms_p50 = times.get(times.len() / 2).map_or(0.0, |&t| t as f64 / 1e6);

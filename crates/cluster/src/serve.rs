@@ -3,7 +3,7 @@
 //! protocol; applies the controller's assignments; reports to the controller every heartbeat
 //! (HashMVT §IV-C: load η = busy / total time, Eq. 1).
 
-use crate::auth::{KeyRing, Sealer, Sender, TRAILER_LEN};
+use crate::auth::{KeyRing, Role, Sealer, Sender, TRAILER_LEN};
 use crate::config::{ClusterSection, CONTROL_PORT};
 use crate::instance::{Instance, InstanceConfig, InstanceStats};
 use crate::meta::{self, Kind, Meta};
@@ -116,7 +116,7 @@ pub fn run_instance(
     )?;
     let data = udp_socket(SocketAddrV4::new(o.address, meta::PORT))?;
     let control = udp_socket(SocketAddrV4::new(o.address, CONTROL_PORT))?;
-    let controller = s.controller_at();
+    let controllers = s.controllers_at();
     let seal = o.keys.sealer(Sender::instance(o.id), wall_ns())?;
     let mut opener = o.keys.opener(s.clock_skew.as_nanos() as u64);
     let root = Root {
@@ -136,8 +136,8 @@ pub fn run_instance(
     let mut reply = [0u8; meta::HEADER_LEN + TRAILER_LEN];
     let heartbeat = s.heartbeat;
     let lease = heartbeat * s.missed;
-    let mut applied = 0u64;
-    let beat = Heartbeat::start(data.try_clone()?, controller, heartbeat, seal.clone())?;
+    let (mut term, mut applied) = (0u64, 0u64);
+    let beat = Heartbeat::start(data.try_clone()?, controllers, heartbeat, seal.clone())?;
     let mut next_keys = Instant::now();
     let mut busy = Duration::ZERO;
     let mut window = Instant::now();
@@ -164,15 +164,15 @@ pub fn run_instance(
                     let Ok((from, msg)) = opener.open(&cbuf[..n], now) else {
                         continue;
                     };
-                    if from != Sender::CONTROLLER {
+                    if from.role != Role::Controller {
                         opener.refuse();
                         continue;
                     }
                     if let Ok(a) = Assignment::decode(msg) {
-                        let sane = applied == 0 || crate::config::within_step(applied, a.version);
-                        if a.stage == o.stage && a.version > applied && sane {
+                        let fresh = crate::config::freshness(term, applied, &a);
+                        if a.stage == o.stage && fresh == crate::config::Fresh::Newer {
                             inst.apply(&a, wall_ns());
-                            applied = a.version;
+                            (term, applied) = (a.term, a.version);
                         }
                     }
                 }
@@ -495,7 +495,7 @@ struct Heartbeat {
 impl Heartbeat {
     fn start(
         socket: std::net::UdpSocket,
-        to: SocketAddrV4,
+        to: Vec<SocketAddrV4>,
         every: Duration,
         seal: Sealer,
     ) -> Result<Heartbeat, ClusterError> {
@@ -524,7 +524,11 @@ impl Heartbeat {
                         _ => None,
                     };
                     if let Some(m) = msg {
-                        let _ = socket.send_to(&seal.sealed(m), to);
+                        // Every controller: the leader acts on it, the others stand by.
+                        let d = seal.sealed(m);
+                        for to in &to {
+                            let _ = socket.send_to(&d, to);
+                        }
                     }
                 }
             })?;

@@ -19,6 +19,7 @@
 //! answer within `move_timeout`, the root claims at once: what the old owner had not
 //! processed is lost as it would be in any crash, and counted.
 
+use crate::config::Fresh;
 use crate::meta::Kind;
 use flowstate_control::cluster::Assignment;
 use flowstate_nf::Direction;
@@ -151,6 +152,8 @@ pub(crate) struct Steer {
     slots: Vec<Slot>,
     members: Vec<Member>,
     version: u64,
+    /// The term of the controller whose assignment was applied last.
+    term: u64,
     stats: SteerStats,
     /// Durations of finished moves, ns (the newest 4096).
     move_times: VecDeque<Nanos>,
@@ -176,6 +179,7 @@ impl Steer {
                 .collect(),
             members: Vec::new(),
             version: 0,
+            term: 0,
             stats: SteerStats::default(),
             move_times: VecDeque::new(),
             spare: Vec::new(),
@@ -185,6 +189,11 @@ impl Steer {
     /// The newest assignment version applied.
     pub(crate) fn version(&self) -> u64 {
         self.version
+    }
+
+    /// The term of the controller that published it.
+    pub(crate) fn term(&self) -> u64 {
+        self.term
     }
 
     /// The counters.
@@ -233,18 +242,21 @@ impl Steer {
     /// Applies a newer assignment (an older or equal version is ignored): starts a move for
     /// every partition whose owner changed.
     pub(crate) fn apply(&mut self, a: &Assignment, now: Nanos, out: &mut Vec<Control>) {
-        if a.version <= self.version && self.version != 0 {
-            return;
-        }
-        if self.version != 0 && !crate::config::within_step(self.version, a.version) {
-            tracing::warn!(
-                have = self.version,
-                got = a.version,
-                "an assignment far ahead of the one applied is refused, not adopted"
-            );
-            return;
+        match crate::config::freshness(self.term, self.version, a) {
+            Fresh::Newer => {}
+            Fresh::Old => return,
+            Fresh::FarAhead => {
+                tracing::warn!(
+                    have = self.version,
+                    got = a.version,
+                    term = a.term,
+                    "an assignment far ahead of the one applied is refused, not adopted"
+                );
+                return;
+            }
         }
         self.version = a.version;
+        self.term = a.term;
         self.members = a
             .members
             .iter()
@@ -492,6 +504,7 @@ mod tests {
         }));
         Assignment {
             version,
+            term: 0,
             stage: 0,
             slots: owners
                 .iter()

@@ -48,7 +48,7 @@ const ASSIGNMENT_MAGIC: &[u8; 4] = b"FSAS";
 const REPORT_MAGIC: &[u8; 4] = b"FSRP";
 const LAG_MAGIC: &[u8; 4] = b"FSLG";
 /// The format version of [`Assignment`] and [`Report`] this code writes and reads.
-pub const FORMAT_VERSION: u8 = 2;
+pub const FORMAT_VERSION: u8 = 3;
 
 /// One traffic partition's owner and ownership epoch (incremented every time the owner changes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,16 +78,20 @@ pub struct MemberAddr {
 /// caller and sent to the root and every instance.
 ///
 /// ```text
-/// magic "FSAS" | format u8 (2) | version u64 | stage u32
+/// magic "FSAS" | format u8 (3) | version u64 | term u64 | stage u32
 /// | slot count u32 | count × (owner u32 (0 = none), epoch u32)
 /// | member count u32 | count × (id u32, ipv4 [4], port u16, flags u8 (1 live, 2 draining))
 /// ```
 ///
-/// All integers big-endian.
+/// All integers big-endian. Format 2 (written before controllers had terms) has no term and
+/// reads as term 0.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Assignment {
     /// Strictly increasing per publish; 0 is the empty assignment nothing was published for.
     pub version: u64,
+    /// The term of the leading controller that published it (its lease's fencing number):
+    /// receivers refuse an assignment of a lower term than one they applied.
+    pub term: u64,
     /// The chain stage whose partitions these are (each stage has its own pool of instances
     /// and its own controller core).
     pub stage: u32,
@@ -100,7 +104,7 @@ pub struct Assignment {
 /// What an instance reports every heartbeat interval (UDP).
 ///
 /// ```text
-/// magic "FSRP" | format u8 (2) | stage u32 | id u32 | ipv4 [4] | port u16 | pid u32 | seq u64
+/// magic "FSRP" | format u8 (3) | stage u32 | id u32 | ipv4 [4] | port u16 | pid u32 | seq u64
 /// | load f64 (IEEE 754 bits) | packets u64 | drops u64 | entries u64
 /// | assignment_version u64 | partition count u32 | count × u32
 /// ```
@@ -157,6 +161,7 @@ impl Assignment {
     pub fn empty(stage: u32, partitions: u32) -> Assignment {
         Assignment {
             version: 0,
+            term: 0,
             stage,
             slots: vec![
                 Slot {
@@ -190,6 +195,7 @@ impl Assignment {
         out.extend_from_slice(ASSIGNMENT_MAGIC);
         out.push(FORMAT_VERSION);
         out.extend_from_slice(&self.version.to_be_bytes());
+        out.extend_from_slice(&self.term.to_be_bytes());
         out.extend_from_slice(&self.stage.to_be_bytes());
         out.extend_from_slice(&(self.slots.len() as u32).to_be_bytes());
         for s in &self.slots {
@@ -207,8 +213,9 @@ impl Assignment {
 
     /// Decodes `b`; never panics.
     pub fn decode(b: &[u8]) -> Result<Assignment, DecodeError> {
-        let mut r = Reader::open(b, ASSIGNMENT_MAGIC)?;
+        let (mut r, format) = Reader::open_any(b, ASSIGNMENT_MAGIC, &[2, FORMAT_VERSION])?;
         let version = r.u64()?;
+        let term = if format == 2 { 0 } else { r.u64()? };
         let stage = r.u32()?;
         let n = r.count(8)?;
         let mut slots = Vec::with_capacity(n);
@@ -241,6 +248,7 @@ impl Assignment {
         r.finish()?;
         Ok(Assignment {
             version,
+            term,
             stage,
             slots,
             members,
@@ -323,12 +331,16 @@ struct Reader<'a>(&'a [u8]);
 
 impl<'a> Reader<'a> {
     fn open(b: &'a [u8], magic: &[u8; 4]) -> Result<Self, DecodeError> {
+        Ok(Reader::open_any(b, magic, &[FORMAT_VERSION])?.0)
+    }
+    /// Opens `b` in one of the `formats`; which.
+    fn open_any(b: &'a [u8], magic: &[u8; 4], formats: &[u8]) -> Result<(Self, u8), DecodeError> {
         let mut r = Reader(b);
         if r.take(4)? != magic {
             return Err(DecodeError::Magic);
         }
         match r.u8()? {
-            FORMAT_VERSION => Ok(r),
+            v if formats.contains(&v) => Ok((r, v)),
             v => Err(DecodeError::Version(v)),
         }
     }
@@ -911,6 +923,15 @@ impl Controller {
         &self.assignment
     }
 
+    /// Starts leading in `term` (a controller that took the leader's lease): the current
+    /// assignment, owners and epochs unchanged, published again as a new version of that term,
+    /// so that receivers take this controller's assignments and refuse the previous leader's.
+    pub fn lead(&mut self, term: u64) -> Assignment {
+        self.assignment.term = term;
+        self.assignment.version = self.assignment.version.saturating_add(1);
+        self.assignment.clone()
+    }
+
     /// Every known instance, by id.
     pub fn status(&self, now: Nanos) -> Vec<MemberStatus> {
         self.members
@@ -1101,6 +1122,7 @@ impl Controller {
             .collect();
         self.assignment = Assignment {
             version: a.version.saturating_add(1),
+            term: a.term,
             stage: a.stage,
             slots,
             members,

@@ -228,13 +228,13 @@ fn the_trailer_is_laid_out_as_documented() {
 fn a_stranger_with_another_key_is_refused() {
     let theirs = ring("1 ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff");
     let d = sealed(
-        &theirs.sealer(Sender::CONTROLLER, NOW - 10).unwrap(),
+        &theirs.sealer(Sender::controller(0), NOW - 10).unwrap(),
         b"assignment",
     );
     let mut o = ring(K1).opener(SKEW);
     assert_eq!(o.open(&d, NOW), Err(Rejected::BadTag));
     let other_id = sealed(
-        &ring(K2).sealer(Sender::CONTROLLER, NOW - 10).unwrap(),
+        &ring(K2).sealer(Sender::controller(0), NOW - 10).unwrap(),
         b"x",
     );
     assert_eq!(o.open(&other_id, NOW), Err(Rejected::UnknownKey));

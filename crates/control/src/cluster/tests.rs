@@ -174,6 +174,7 @@ proptest! {
 fn assignment_round_trips_and_rejects_garbage() {
     let a = Assignment {
         version: 7,
+        term: 4,
         stage: 1,
         slots: vec![
             Slot {
@@ -227,86 +228,34 @@ fn assignment_round_trips_and_rejects_garbage() {
         Err(DecodeError::Invalid("member flags"))
     );
     assert_eq!(Assignment::decode(&[]), Err(DecodeError::Truncated));
+    // Format 2, as stored before terms: the same without the term, read as term 0.
+    let mut two = b.clone();
+    two[4] = 2;
+    two.drain(13..21);
+    assert_eq!(
+        Assignment::decode(&two),
+        Ok(Assignment {
+            term: 0,
+            ..a.clone()
+        })
+    );
     let mut magic = b;
     magic[0] = b'X';
     assert_eq!(Assignment::decode(&magic), Err(DecodeError::Magic));
 }
 
 #[test]
-fn report_round_trips_and_rejects_garbage() {
-    let mut s = Sim::new(ClusterConfig::default());
-    let mut r = s.report(3);
-    r.partitions = vec![1, 4, 15];
-    r.load = 0.75;
-    let b = r.encode();
-    assert_eq!(Report::decode(&b), Ok(r.clone()));
-    for cut in 0..b.len() {
-        assert!(Report::decode(&b[..cut]).is_err(), "cut at {cut}");
-    }
-    assert_eq!(
-        Assignment::decode(&b),
-        Err(DecodeError::Magic),
-        "a report is not an assignment"
-    );
-    for bad in [f64::NAN, -0.1, 1.5, f64::INFINITY] {
-        let mut x = r.clone();
-        x.load = bad;
-        assert_eq!(
-            Report::decode(&x.encode()),
-            Err(DecodeError::Invalid("load"))
-        );
-    }
-    let mut zero = r;
-    zero.id = 0;
-    assert_eq!(
-        Report::decode(&zero.encode()),
-        Err(DecodeError::Invalid("instance id 0"))
-    );
-}
-
-#[test]
-fn fresh_start_starts_min_instances_and_gives_the_first_to_report_everything() {
-    let mut s = Sim::new(ClusterConfig::default());
-    assert_eq!(s.c.target(), 1);
-    assert_eq!(s.c.tick(0), vec![Decision::Start { id: 1 }]);
-    assert_eq!(state_of(&s.c, 1, 0), Some(MemberState::Starting));
-    assert!(
-        s.step(&[]).is_empty(),
-        "nobody reported: nothing to publish"
-    );
-    let d = s.step(&[1]);
-    let a = published(&d);
-    assert_eq!(d.len(), 1);
-    assert_eq!(a[0].version, 1);
-    assert!(a[0].slots.iter().all(|s| *s
-        == Slot {
-            owner: Some(1),
-            epoch: 1
-        }));
-    assert_eq!(
-        a[0].members,
-        vec![MemberAddr {
-            id: 1,
-            addr: addr(1),
-            live: true,
-            draining: false
-        }]
-    );
-}
-
-#[test]
-fn instances_joining_together_get_partitions_round_robin() {
-    let mut s = Sim::new(ClusterConfig::default());
-    s.c.tick(0);
-    // 1 was started; 2 and 3 were started by someone else: the target counts them.
-    let d = s.step(&[1, 2, 3]);
-    assert_eq!(s.c.target(), 3);
-    assert_eq!(d.len(), 1, "no Start, no Stop: {d:?}");
-    let a = published(&d)[0];
-    for (p, slot) in a.slots.iter().enumerate() {
-        assert_eq!(slot.owner, Some(p as u32 % 3 + 1));
-        assert_eq!(slot.epoch, 1);
-    }
+fn a_new_leader_publishes_the_same_owners_in_its_term() {
+    let mut s = Sim::cluster(3);
+    let before = s.c.assignment().clone();
+    let a = s.c.lead(before.term + 1);
+    assert_eq!((a.term, a.version), (before.term + 1, before.version + 1));
+    assert_eq!((&a.slots, &a.members), (&before.slots, &before.members));
+    assert!(s.step(&[1, 2, 3]).is_empty(), "nothing else changes");
+    // Later changes keep the term: instance 3 stops reporting.
+    let d = (0..10).flat_map(|_| s.step(&[1, 2])).collect::<Vec<_>>();
+    let last = *published(&d).last().expect("3 failed over");
+    assert_eq!((last.term, last.owned_by(3)), (before.term + 1, vec![]));
 }
 
 #[test]
@@ -949,6 +898,7 @@ proptest! {
     ) {
         let a = Assignment {
             version,
+            term: version / 3,
             stage: version as u32,
             slots: slots
                 .into_iter()
