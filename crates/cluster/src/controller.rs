@@ -268,8 +268,7 @@ fn take_over(
     let term = term.max(newest + 1);
     lease.raise(term);
     for (k, core) in (0u32..).zip(cores.iter_mut()) {
-        if core.stored.is_some() {
-            let a = core.ctl.lead(term);
+        if let Some(a) = core.ctl.lead(term) {
             persist(store, k, &mut core.stored, a.encode())?;
         }
     }
@@ -319,6 +318,11 @@ pub fn run_controller(
                     Ok(c) => {
                         let term = lease.leading(Instant::now()).unwrap_or(term);
                         match from {
+                            Some(h) if h.index == index => tracing::warn!(
+                                term,
+                                "leading again: the store answered before any other controller \
+                                 took the lease"
+                            ),
                             Some(h) => tracing::warn!(
                                 term,
                                 previous = %h.addr,

@@ -11,7 +11,9 @@
 //! * The leader renews every `lease / 4` and leads until `lease` after it *sent* the last
 //!   renewal that succeeded. A standby's clock starts no earlier than that renewal landed, so
 //!   two controllers never lead at once. A renewal refused (the record changed) ends the term
-//!   at once; one that fails (the store unreachable) ends it when the lease runs out.
+//!   at once; one that fails (the store unreachable) ends it when the lease runs out. A leader
+//!   whose lease ran out keeps renewing its last value: if that still stands when the store
+//!   answers again, nobody took over (taking over changes it), and it leads again at once.
 //! * The term is the fencing number: assignments carry it
 //!   ([`flowstate_control::cluster::Assignment::term`]) and receivers refuse older terms.
 
@@ -95,6 +97,8 @@ enum State {
         value: Vec<u8>,
         /// The end of the lease: `lease` after the last successful renewal was sent.
         until: Instant,
+        /// The lease ran out (the store did not answer): not leading, renewing still.
+        lapsed: bool,
     },
 }
 
@@ -125,7 +129,12 @@ impl Lease {
     /// The term this controller leads in, if it leads at `now`.
     pub fn leading(&self, now: Instant) -> Option<u64> {
         match &self.state {
-            State::Leading { holder, until, .. } if now < *until => Some(holder.term),
+            State::Leading {
+                holder,
+                until,
+                lapsed: false,
+                ..
+            } if now < *until => Some(holder.term),
             _ => None,
         }
     }
@@ -149,9 +158,12 @@ impl Lease {
     /// Reads, takes or renews the lease when it is time to; what changed.
     pub fn step(&mut self, store: &mut dyn Backend) -> Change {
         let now = Instant::now();
-        if let State::Leading { until, .. } = &self.state {
-            if now >= *until {
-                return self.depose("the lease ran out: the store did not answer in time".into());
+        if let State::Leading { until, lapsed, .. } = &mut self.state {
+            if now >= *until && !*lapsed {
+                *lapsed = true;
+                return Change::Deposed {
+                    reason: "the lease ran out: the store did not answer in time".into(),
+                };
             }
         }
         if now < self.next {
@@ -176,9 +188,16 @@ impl Lease {
     }
 
     fn renew(&mut self, store: &mut dyn Backend, sent: Instant) -> Change {
-        let State::Leading { holder, value, .. } = &self.state else {
+        let State::Leading {
+            holder,
+            value,
+            lapsed,
+            ..
+        } = &self.state
+        else {
             return Change::None;
         };
+        let was_lapsed = *lapsed;
         let next = Holder {
             renewal: holder.renewal + 1,
             ..*holder
@@ -190,7 +209,18 @@ impl Lease {
                     holder: next,
                     value: next.encode(),
                     until: sent + self.lease,
+                    lapsed: false,
                 };
+                match was_lapsed {
+                    true => Change::Elected {
+                        term: next.term,
+                        from: Some(next),
+                    },
+                    false => Change::None,
+                }
+            }
+            Ok(false) if was_lapsed => {
+                self.state = State::Standby { seen: None };
                 Change::None
             }
             Ok(false) => self.depose("another controller took the lease".into()),
@@ -242,6 +272,7 @@ impl Lease {
                     holder: mine,
                     value: mine.encode(),
                     until: sent + self.lease,
+                    lapsed: false,
                 };
                 self.next = sent + self.lease / 4;
                 Change::Elected {
@@ -388,6 +419,13 @@ mod tests {
             "{changes:?}"
         );
         assert_eq!(a.leading(cut + LEASE), None);
+        // The store back, nobody took over: it leads again in the same term.
+        let changes = step_until(&mut a, c.connect().unwrap().as_mut(), LEASE);
+        assert!(
+            matches!(changes[..], [Change::Elected { term: 1, from: Some(h) }] if h.index == 0),
+            "{changes:?}"
+        );
+        assert_eq!(a.leading(Instant::now()), Some(1));
     }
 
     #[test]

@@ -926,10 +926,14 @@ impl Controller {
     /// Starts leading in `term` (a controller that took the leader's lease): the current
     /// assignment, owners and epochs unchanged, published again as a new version of that term,
     /// so that receivers take this controller's assignments and refuse the previous leader's.
-    pub fn lead(&mut self, term: u64) -> Assignment {
+    /// (Before any assignment was published, nothing is: the first one carries the term.)
+    pub fn lead(&mut self, term: u64) -> Option<Assignment> {
         self.assignment.term = term;
+        if self.assignment.version == 0 {
+            return None;
+        }
         self.assignment.version = self.assignment.version.saturating_add(1);
-        self.assignment.clone()
+        Some(self.assignment.clone())
     }
 
     /// Every known instance, by id.

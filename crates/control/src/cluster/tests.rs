@@ -248,7 +248,7 @@ fn assignment_round_trips_and_rejects_garbage() {
 fn a_new_leader_publishes_the_same_owners_in_its_term() {
     let mut s = Sim::cluster(3);
     let before = s.c.assignment().clone();
-    let a = s.c.lead(before.term + 1);
+    let a = s.c.lead(before.term + 1).expect("published");
     assert_eq!((a.term, a.version), (before.term + 1, before.version + 1));
     assert_eq!((&a.slots, &a.members), (&before.slots, &before.members));
     assert!(s.step(&[1, 2, 3]).is_empty(), "nothing else changes");
