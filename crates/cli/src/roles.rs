@@ -269,13 +269,18 @@ pub(crate) fn controller(
     Stop::on_signals().context("catching SIGINT/SIGTERM")?;
     let connector = connector_when_up(&d.config)?;
     let mut store = connector.connect()?;
+    let lease_store = connector.connect()?;
     let (stats, _server) = stats_sink(None, metrics, "controller", CONTROLLER_GAUGES)?;
     if fresh {
+        // A new cluster: no assignment, and no lease of an earlier one to wait out.
         let mut replies = Vec::new();
         let ops: Vec<_> = (0..d.config.stages())
             .map(|k| flowstate_state::Op::Delete {
                 key: assignment_key(k),
             })
+            .chain([flowstate_state::Op::Delete {
+                key: flowstate_cluster::lease::lease_key(),
+            }])
             .collect();
         store.execute(&ops, &mut replies)?;
     }
@@ -285,7 +290,14 @@ pub(crate) fn controller(
         keys,
         stats,
     };
-    run_controller(&o, store, launcher, d.config.stages(), Stop::new())?;
+    run_controller(
+        &o,
+        store,
+        lease_store,
+        launcher,
+        d.config.stages(),
+        Stop::new(),
+    )?;
     Ok(())
 }
 

@@ -1309,6 +1309,10 @@ fn a_killed_store_loses_no_packet_and_counts_none_twice() {
         assert_ne!(store_pid(c), pid, "the store was started again");
     });
     let root = &r.root;
+    eprintln!(
+        "CTL LOG:\n{}\nINSTANCES: {:#?}",
+        r.controller_log, r.instances
+    );
     assert_eq!((r.lost, r.counted), (0, 12_001), "{root:#}");
     for key in ["log_evicted", "outputs_missing", "reordered"] {
         assert_eq!(root[key], 0, "{key}: {root:#}");

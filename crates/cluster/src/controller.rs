@@ -23,7 +23,7 @@
 
 use crate::auth::{KeyRing, Opener, Role, Sender};
 use crate::config::{ClusterSection, CONTROL_PORT};
-use crate::lease::{Change, Lease};
+use crate::lease::{Change, Leadership, Lease};
 use crate::{udp_socket, wall_ns, ClusterError};
 use flowstate_control::cluster::{Assignment, Controller, Decision, Lag, MemberState, Report};
 use flowstate_router::Stop;
@@ -236,10 +236,10 @@ fn take_over(
     store: &mut dyn Backend,
     launcher: &dyn Launcher,
     stages: u32,
-    lease: &mut Lease,
+    lease: &Leadership,
     term: u64,
     now: u64,
-) -> Result<Vec<Stage>, ClusterError> {
+) -> Result<(Vec<Stage>, u64), ClusterError> {
     let s = &o.section;
     let mut cores = Vec::new();
     for k in 0..stages {
@@ -272,7 +272,7 @@ fn take_over(
             persist(store, k, &mut core.stored, a.encode())?;
         }
     }
-    Ok(cores)
+    Ok((cores, term))
 }
 
 /// Runs a controller of `stages` chain stages until `stop`: standing by until it holds the
@@ -280,6 +280,7 @@ fn take_over(
 pub fn run_controller(
     o: &ControllerOptions,
     mut store: Box<dyn Backend>,
+    lease_store: Box<dyn Backend>,
     launcher: &mut dyn Launcher,
     stages: u32,
     stop: Stop,
@@ -292,7 +293,7 @@ pub fn run_controller(
         std::io::Error::new(e.kind(), format!("cannot bind {}: {e}", o.socket.display()))
     })?;
     commands.set_nonblocking(true)?;
-    let mut lease = Lease::new(index, me, s.lease);
+    let lease = Leadership::start(Lease::new(index, me, s.lease), lease_store)?;
     // The stages' decision cores while this controller leads; empty while it stands by.
     let mut cores: Vec<Stage> = Vec::new();
     let root = SocketAddrV4::new(s.address, CONTROL_PORT);
@@ -311,12 +312,12 @@ pub fn run_controller(
         )
         .map_err(|e| ClusterError::Io(std::io::Error::other(e.to_string())))?;
         let now = wall_ns();
-        match lease.step(store.as_mut()) {
-            Change::None => {}
-            Change::Elected { term, from } => {
-                match take_over(o, store.as_mut(), launcher, stages, &mut lease, term, now) {
-                    Ok(c) => {
-                        let term = lease.leading(Instant::now()).unwrap_or(term);
+        match lease.change() {
+            None => {}
+            Some(Change::None) => {}
+            Some(Change::Elected { term, from }) => {
+                match take_over(o, store.as_mut(), launcher, stages, &lease, term, now) {
+                    Ok((c, term)) => {
                         match from {
                             Some(h) if h.index == index => tracing::warn!(
                                 term,
@@ -338,11 +339,11 @@ pub fn run_controller(
                         tracing::error!(
                             "standing by: took the lease but cannot resume the assignment: {e}"
                         );
-                        lease = Lease::new(index, me, s.lease);
+                        lease.resign();
                     }
                 }
             }
-            Change::Deposed { reason } => {
+            Some(Change::Deposed { reason }) => {
                 tracing::warn!("standing by: {reason}");
                 cores.clear();
             }
@@ -399,7 +400,7 @@ pub fn run_controller(
             o.stats.publish(&status(&cores, &opener, &leader, now));
         }
         // Acts only within its lease.
-        if lease.leading(Instant::now()).is_none() {
+        if lease.leading().is_none() {
             if !cores.is_empty() {
                 tracing::warn!("standing by: the lease ran out");
                 cores.clear();
@@ -411,7 +412,7 @@ pub fn run_controller(
             if let Err(e) = tick(&mut cores, store.as_mut(), launcher, now, &mut next_send) {
                 tracing::warn!("standing by: {e}");
                 cores.clear();
-                lease = Lease::new(index, me, s.lease);
+                lease.resign();
                 continue;
             }
         }
@@ -435,12 +436,12 @@ pub fn run_controller(
     Ok(())
 }
 
-fn leader_status(lease: &Lease, index: u32) -> Option<LeaderStatus> {
+fn leader_status(lease: &Leadership, index: u32) -> Option<LeaderStatus> {
     lease.holder().map(|h| LeaderStatus {
         term: h.term,
         index: h.index,
         address: h.addr.to_string(),
-        me: h.index == index && lease.leading(Instant::now()).is_some(),
+        me: h.index == index && lease.leading().is_some(),
     })
 }
 

@@ -16,9 +16,15 @@
 //!   answers again, nobody took over (taking over changes it), and it leads again at once.
 //! * The term is the fencing number: assignments carry it
 //!   ([`flowstate_control::cluster::Assignment::term`]) and receivers refuse older terms.
+//! * [`Leadership`] runs the lease on a thread of its own with its own store connection, so a
+//!   store that is slow or away never stalls the controller's loop (whose reports and lag
+//!   measures would go stale meanwhile), and the loop's check of its lease is two atomics.
 
 use flowstate_state::{Backend, Kind, ObjectKey, Op, Reply};
 use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const MAGIC: &[u8; 4] = b"FSLD";
@@ -142,6 +148,25 @@ impl Lease {
     /// The holder as last known (this controller's own record when it leads).
     pub fn holder(&self) -> Option<Holder> {
         self.last
+    }
+
+    /// Stops leading now (it could not act on its lease): stands by, as a new controller.
+    pub fn resign(&mut self) {
+        self.state = State::Standby { seen: None };
+        self.next = Instant::now();
+    }
+
+    /// When the lease (of the term returned) ends, while this controller leads.
+    fn lease_end(&self) -> Option<(u64, Instant)> {
+        match &self.state {
+            State::Leading {
+                holder,
+                until,
+                lapsed: false,
+                ..
+            } => Some((holder.term, *until)),
+            _ => None,
+        }
     }
 
     /// Raises the term this controller leads in to at least `term` (a term some assignment
@@ -289,6 +314,118 @@ impl Lease {
     }
 }
 
+/// A [`Lease`] stepped on a thread of its own (see the module documentation).
+pub struct Leadership {
+    shared: Arc<Shared>,
+    changes: Receiver<Change>,
+    orders: Sender<Order>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// What the controller's loop asks of the lease's thread.
+enum Order {
+    Raise(u64),
+    Resign,
+}
+
+struct Shared {
+    epoch: Instant,
+    term: AtomicU64,
+    /// The end of the lease, ns after `epoch`; 0: not leading.
+    until: AtomicU64,
+    holder: Mutex<Option<Holder>>,
+    stop: AtomicBool,
+}
+
+impl Leadership {
+    /// Runs `lease` against `store` until dropped.
+    pub fn start(mut lease: Lease, mut store: Box<dyn Backend>) -> std::io::Result<Leadership> {
+        let shared = Arc::new(Shared {
+            epoch: Instant::now(),
+            term: AtomicU64::new(0),
+            until: AtomicU64::new(0),
+            holder: Mutex::new(None),
+            stop: AtomicBool::new(false),
+        });
+        let (tx, changes) = std::sync::mpsc::channel();
+        let (orders, ordered) = std::sync::mpsc::channel();
+        let sh = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("lease".into())
+            .spawn(move || {
+                while !sh.stop.load(Ordering::Relaxed) {
+                    while let Ok(o) = ordered.try_recv() {
+                        match o {
+                            Order::Raise(t) => lease.raise(t),
+                            Order::Resign => lease.resign(),
+                        }
+                    }
+                    let change = lease.step(store.as_mut());
+                    // The state first, then the change: whoever sees the change sees its state.
+                    let (term, until) = lease.lease_end().map_or((0, 0), |(t, u)| {
+                        (
+                            t,
+                            u.saturating_duration_since(sh.epoch).as_nanos().max(1) as u64,
+                        )
+                    });
+                    sh.term.store(term, Ordering::SeqCst);
+                    sh.until.store(until, Ordering::SeqCst);
+                    if let Ok(mut h) = sh.holder.lock() {
+                        *h = lease.holder();
+                    }
+                    if change != Change::None && tx.send(change).is_err() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            })?;
+        Ok(Leadership {
+            shared,
+            changes,
+            orders,
+            thread: Some(thread),
+        })
+    }
+
+    /// The term this controller leads in, if its lease has not ended.
+    pub fn leading(&self) -> Option<u64> {
+        let until = self.shared.until.load(Ordering::SeqCst);
+        let now = self.shared.epoch.elapsed().as_nanos() as u64;
+        let term = self.shared.term.load(Ordering::SeqCst);
+        (until != 0 && now < until).then_some(term)
+    }
+
+    /// The next change, if any.
+    pub fn change(&self) -> Option<Change> {
+        self.changes.try_recv().ok()
+    }
+
+    /// As [`Lease::holder`].
+    pub fn holder(&self) -> Option<Holder> {
+        self.shared.holder.lock().ok().and_then(|h| *h)
+    }
+
+    /// As [`Lease::raise`].
+    pub fn raise(&self, term: u64) {
+        let _ = self.orders.send(Order::Raise(term));
+    }
+
+    /// As [`Lease::resign`]; not leading from now on.
+    pub fn resign(&self) {
+        self.shared.until.store(0, Ordering::SeqCst);
+        let _ = self.orders.send(Order::Resign);
+    }
+}
+
+impl Drop for Leadership {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 fn read(store: &mut dyn Backend) -> Result<Option<Vec<u8>>, String> {
     let mut replies = Vec::new();
     store
@@ -426,6 +563,35 @@ mod tests {
             "{changes:?}"
         );
         assert_eq!(a.leading(Instant::now()), Some(1));
+    }
+
+    #[test]
+    fn leadership_on_its_own_thread_leads_and_resigns() {
+        let c = LocalStore::new();
+        let l = Leadership::start(
+            Lease::new(0, Ipv4Addr::LOCALHOST, LEASE),
+            c.connect().unwrap(),
+        )
+        .unwrap();
+        let end = Instant::now() + 2 * LEASE;
+        let change = loop {
+            if let Some(ch) = l.change() {
+                break ch;
+            }
+            assert!(Instant::now() < end, "never elected");
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        assert_eq!(
+            change,
+            Change::Elected {
+                term: 1,
+                from: None
+            }
+        );
+        assert_eq!(l.leading(), Some(1));
+        assert_eq!(l.holder().map(|h| h.index), Some(0));
+        l.resign();
+        assert_eq!(l.leading(), None);
     }
 
     #[test]
