@@ -313,13 +313,13 @@ pub fn run_controller(
         .map_err(|e| ClusterError::Io(std::io::Error::other(e.to_string())))?;
         let now = wall_ns();
         match lease.change() {
-            None => {}
-            Some(Change::None) => {}
+            None | Some(Change::None) => {}
             Some(Change::Elected { term, from }) => {
                 match take_over(o, store.as_mut(), launcher, stages, &lease, term, now) {
                     Ok((c, term)) => {
                         match from {
-                            Some(h) if h.index == index => tracing::warn!(
+                            // Its own lease, renewed after it ran out: the same term.
+                            Some(h) if h.index == index && h.term == term => tracing::warn!(
                                 term,
                                 "leading again: the store answered before any other controller \
                                  took the lease"
