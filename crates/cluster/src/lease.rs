@@ -334,6 +334,8 @@ struct Shared {
     /// The end of the lease, ns after `epoch`; 0: not leading.
     until: AtomicU64,
     holder: Mutex<Option<Holder>>,
+    /// A resignation is on its way to the thread: not leading, whatever it last published.
+    resigning: AtomicBool,
     stop: AtomicBool,
 }
 
@@ -345,6 +347,7 @@ impl Leadership {
             term: AtomicU64::new(0),
             until: AtomicU64::new(0),
             holder: Mutex::new(None),
+            resigning: AtomicBool::new(false),
             stop: AtomicBool::new(false),
         });
         let (tx, changes) = std::sync::mpsc::channel();
@@ -357,7 +360,10 @@ impl Leadership {
                     while let Ok(o) = ordered.try_recv() {
                         match o {
                             Order::Raise(t) => lease.raise(t),
-                            Order::Resign => lease.resign(),
+                            Order::Resign => {
+                                lease.resign();
+                                sh.resigning.store(false, Ordering::SeqCst);
+                            }
                         }
                     }
                     let change = lease.step(store.as_mut());
@@ -389,6 +395,9 @@ impl Leadership {
 
     /// The term this controller leads in, if its lease has not ended.
     pub fn leading(&self) -> Option<u64> {
+        if self.shared.resigning.load(Ordering::SeqCst) {
+            return None;
+        }
         let until = self.shared.until.load(Ordering::SeqCst);
         let now = self.shared.epoch.elapsed().as_nanos() as u64;
         let term = self.shared.term.load(Ordering::SeqCst);
@@ -412,7 +421,7 @@ impl Leadership {
 
     /// As [`Lease::resign`]; not leading from now on.
     pub fn resign(&self) {
-        self.shared.until.store(0, Ordering::SeqCst);
+        self.shared.resigning.store(true, Ordering::SeqCst);
         let _ = self.orders.send(Order::Resign);
     }
 }
