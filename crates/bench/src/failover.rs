@@ -678,7 +678,7 @@ fn auth_cost(report: &mut Report) {
         ("auth_plain", KeyRing::fixed(Keys::unauthenticated())),
     ] {
         for len in [64, 1514] {
-            let seal = ring.sealer(Sender::ROOT, 1).expect("random bytes");
+            let seal = ring.sealer(Sender::root(0), 1).expect("random bytes");
             let mut open = ring.opener(0);
             let mut buf = vec![0u8; len + TRAILER_LEN];
             let n = 200_000;

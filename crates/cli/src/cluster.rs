@@ -354,7 +354,7 @@ fn up(dir: &Dir, path: &Path, timeout: Duration) -> Result<()> {
             most.min(flowstate_lab::MAX_INSTANCES).max(starts)
         );
     }
-    if d.section.address != flowstate_lab::ROOT_ADDR {
+    if d.section.address() != flowstate_lab::ROOT_ADDR {
         bail!(
             "{}: cluster.address: the lab's cluster network has the root at {}",
             path.display(),
@@ -481,7 +481,7 @@ fn start_store(dir: &Dir, d: &Deployment, exe: &str, path: &Path, routed: bool) 
             ),
         )
     } else {
-        (d.section.address, dir.lab.nf_ns(), String::new())
+        (d.section.address(), dir.lab.nf_ns(), String::new())
     };
     let url = d.config.state.url.clone().unwrap_or_default();
     // The secret: `[state]`'s, else the lab's (kept across `up`s while the store's data is).

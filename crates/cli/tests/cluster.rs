@@ -2172,3 +2172,167 @@ fn a_host_cut_off_has_its_commits_refused_and_rejoins() {
     );
     assert_eq!(root["reordered"], 0, "{root:#}");
 }
+
+/// A root's counters from its stats file.
+fn read_json(path: &std::path::Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap_or_default())
+        .unwrap_or(serde_json::Value::Null)
+}
+
+/// CHC §4.1's several roots, behind the upstream's ECMP (the routed lab's second root host,
+/// [`Lab::second_root`]): `cluster up` starts root 0, root 1 is started on its own host with
+/// the same deployment; the client and the server hash their flows over both. Under 100
+/// downloads and a numbered UDP stream through counter → firewall → NAT, root 0 is killed
+/// (-9): the upstream's path check takes its path away and its flows hash to root 1. (The
+/// instances' failure detection is relaxed: two cores carry both roots, the instances, the
+/// store and 100 downloads, and this test is about the roots.) Every
+/// download completes byte for byte; no datagram arrives twice, each flow keeps its NAT port,
+/// and what is missing went to the dead root before its path went (one stretch, none in the
+/// stream's last two seconds); the counter NF counted every delivered datagram and the
+/// downloads' packets, and at most what root 0 had in the chain when it died beyond them.
+#[test]
+fn one_of_two_roots_killed_breaks_no_download_and_repeats_nothing() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let roots = format!(
+        "address = [\"{}\", \"{}\"]",
+        flowstate_lab::ROOT_ADDR,
+        flowstate_lab::ROOT2_ADDR
+    );
+    let config = format!(
+        "[input]\ninterface = \"fs-in\"\naddress = \"10.0.0.1\"\nfast_path = false\n\
+         [output]\ninterface = \"fs-out\"\naddress = \"{BOX_OUTSIDE}\"\n\
+         [runtime]\ninside = [\"10.0.0.0/24\"]\n\
+         [state]\nbackend = \"store\"\nurl = \"{STORE_ADDR}:7878\"\n\
+         [cluster]\npartitions = 16\ninstances = 3\nstore = \"managed\"\n{roots}\nmissed = 10\nstraggler = \"0s\"\n\
+         [[chain]]\nnf = \"counter\"\n\
+         [[chain]]\nnf = \"firewall\"\ndefault_outbound = \"allow\"\ndefault_inbound = \"deny\"\n\
+         [[chain]]\nnf = \"nat\"\nexternal = [\"{BOX_OUTSIDE}\"]\nports = \"20000-59999\"\n"
+    );
+    let mut c = Cluster::up_on("m", &config, 3, true);
+    c.lab.second_root(&mut System::default(), true).unwrap();
+    // Root 1's host has the deployment with the lab's key and store token at hand.
+    let lab_files = c.lab.state_dir().join("cluster");
+    let second = config
+        .replace(
+            "[state]\n",
+            &format!(
+                "[state]\ntoken_file = \"{}\"\n",
+                lab_files.join("store.token").display()
+            ),
+        )
+        .replace(
+            "[cluster]\n",
+            &format!(
+                "[cluster]\nkey_file = \"{}\"\n",
+                lab_files.join("cluster.key").display()
+            ),
+        );
+    let second_config = c.dir.path().join("root-1.toml");
+    std::fs::write(&second_config, second).unwrap();
+    let stats1 = c.dir.path().join("root-1.json");
+    let log = std::fs::File::create(c.dir.path().join("root-1.log")).unwrap();
+    let root1 = c
+        .in_ns(
+            &c.lab.second_root_ns(),
+            &[
+                FLOWSTATE,
+                "root",
+                second_config.to_str().unwrap(),
+                "--stats",
+                stats1.to_str().unwrap(),
+            ],
+        )
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    c.background.push(root1);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while read_json(&stats1)["ready_ms"].as_f64().unwrap_or(0.0) == 0.0 {
+        assert!(
+            Instant::now() < deadline,
+            "root 1 not ready: {}",
+            read_json(&stats1)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let r1 = read_json(&stats1);
+    assert_eq!(r1["root_index"], 1, "{r1:#}");
+    assert_ne!(
+        r1["root_epoch"],
+        c.root()["root_epoch"],
+        "a clock space of its own"
+    );
+    let want = content(1_500_000, 8);
+    let http_peers = c.serve_paced(&want, 200_000);
+    let mut downloads = c.downloads(100);
+    let (count, rate) = (24_000, 4_000);
+    let (mut sender, stream) = c.numbered_stream(count, rate);
+    std::thread::sleep(Duration::from_millis(1500));
+    let root0 = c.root();
+    let before = read_json(&stats1)["received"].as_u64().unwrap();
+    assert!(
+        root0["received"].as_u64().unwrap() > 0 && before > 0,
+        "both roots take traffic: root 0 {root0:#}, root 1 took {before}"
+    );
+    let pid = root0["pid"].as_u64().unwrap();
+    assert!(Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+    still_transferring(&mut downloads, want.len());
+    assert!(sender.wait().unwrap().success());
+    check_downloads(downloads, &want);
+    server_saw_only_the_nat(&http_peers);
+    std::thread::sleep(Duration::from_millis(1000));
+    let (times, ports) = stream_received(&stream, count);
+    let twice: Vec<usize> = (0..times.len()).filter(|&i| times[i] > 1).collect();
+    assert!(twice.is_empty(), "datagrams received twice: {twice:?}");
+    for (flow, p) in ports.iter().enumerate() {
+        assert_eq!(p.len(), 1, "flow {flow} came from the NAT ports {p:?}");
+    }
+    let missing: Vec<usize> = (0..times.len()).filter(|&i| times[i] == 0).collect();
+    let delivered = count as usize - missing.len();
+    let log = std::fs::read_to_string(c.lab.state_dir().join("cluster/controller.log"));
+    eprintln!("controller: {}", log.unwrap_or_default());
+    let r1 = read_json(&stats1);
+    eprintln!(
+        "lost {} datagrams ({:?}..={:?}); root 1 took {} before the kill, {} in all: {r1:#}",
+        missing.len(),
+        missing.first(),
+        missing.last(),
+        before,
+        r1["received"]
+    );
+    assert!(
+        missing
+            .last()
+            .is_none_or(|&l| l < count as usize - 2 * rate as usize),
+        "the dead root's flows came back through root 1 before the stream's last two seconds"
+    );
+    assert!(r1["received"].as_u64().unwrap() > before, "{r1:#}");
+    for key in ["log_evicted", "log_abandoned", "outputs_missing"] {
+        assert_eq!(r1[key], 0, "{key}: {r1:#}");
+    }
+    // Each delivered datagram was counted; beyond them, the downloads' packets and at most
+    // what root 0 had in the chain when it died.
+    let counted = c.store_counter("counter", "packets");
+    assert!(
+        counted > delivered as i64,
+        "{counted} counted, {delivered} delivered"
+    );
+    let instances = c.instance_stats();
+    let processed: u64 = instances
+        .iter()
+        .map(|i| i["forwarded"].as_u64().unwrap() + i["dropped"].as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        counted as u64, processed,
+        "the counter agrees with what the instances processed: {instances:#?}"
+    );
+}

@@ -110,16 +110,19 @@ pub enum Role {
 pub struct Sender {
     /// Its role.
     pub role: Role,
-    /// Its id in the role (an instance's id, a controller's index; 0 for the root).
+    /// Its id in the role (an instance's id, a root's or a controller's index).
     pub id: u32,
 }
 
 impl Sender {
-    /// The root.
-    pub const ROOT: Sender = Sender {
-        role: Role::Root,
-        id: 0,
-    };
+    /// Root `index` (its place in `[cluster] address`).
+    pub fn root(index: u32) -> Sender {
+        Sender {
+            role: Role::Root,
+            id: index,
+        }
+    }
+
     /// Controller `index` (its place in `[cluster] controller`).
     pub fn controller(index: u32) -> Sender {
         Sender {

@@ -8,7 +8,9 @@
 //! instances = 2            # instances `cluster up` starts
 //! min_instances = 1        # bounds of `cluster scale` and of scaling on load
 //! max_instances = 16
-//! address = "192.0.2.1"    # the root's address on the cluster network
+//! address = "192.0.2.1"    # the root's address on the cluster network, or a list of them:
+//!                          # several roots at once (CHC §4.1), the upstream spreads flows
+//!                          # over them (ECMP); each runs where its address is
 //! controller = "192.0.2.1" # the controller's address (default: the root's), or a list of
 //!                          # them: one leads (a lease in the store), the others stand by
 //! lease = "1s"             # the leader's lease: a standby takes over this long after the
@@ -103,6 +105,20 @@ pub(crate) fn freshness(
     }
 }
 
+/// An address or a non-empty list of distinct ones.
+fn addresses(v: &toml::Value) -> Option<Vec<Ipv4Addr>> {
+    let list = match v {
+        toml::Value::Array(a) => a.iter().collect(),
+        one => vec![one],
+    };
+    let l = list
+        .iter()
+        .map(|a| a.as_str().and_then(|s| s.parse().ok()))
+        .collect::<Option<Vec<Ipv4Addr>>>()?;
+    let distinct = l.iter().collect::<std::collections::BTreeSet<_>>().len() == l.len();
+    (!l.is_empty() && distinct).then_some(l)
+}
+
 /// Whether `cluster up` starts the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreMode {
@@ -138,8 +154,9 @@ pub struct ClusterSection {
     pub max_instances: u32,
     /// `[[cluster.stage]]`: the stages that have tables of their own, in stage order.
     pub stages: Vec<StageSection>,
-    /// The root's address.
-    pub address: Ipv4Addr,
+    /// The roots' addresses (at least one): several take traffic at once, each in its own
+    /// clock space ([`crate::take_epoch`]).
+    pub roots: Vec<Ipv4Addr>,
     /// The controllers' addresses (empty: one, at the root's): one leads, the others stand by.
     pub controllers: Vec<Ipv4Addr>,
     /// How long the leading controller's lease lasts without a renewal.
@@ -190,7 +207,7 @@ impl Default for ClusterSection {
             instances: 2,
             min_instances: 1,
             max_instances: 16,
-            address: Ipv4Addr::new(192, 0, 2, 1),
+            roots: vec![Ipv4Addr::new(192, 0, 2, 1)],
             controllers: Vec::new(),
             lease: Duration::from_secs(1),
             heartbeat: Duration::from_millis(50),
@@ -255,27 +272,12 @@ impl ClusterSection {
                 "instances" => int(k, v, 1, 1024).map(|n| c.instances = n as u32),
                 "min_instances" => int(k, v, 1, 1024).map(|n| c.min_instances = n as u32),
                 "max_instances" => int(k, v, 1, 1024).map(|n| c.max_instances = n as u32),
-                "address" => v
-                    .as_str()
-                    .and_then(|s| s.parse().ok())
-                    .map(|a| c.address = a)
-                    .ok_or_else(|| {
-                        err(k, format!("expected an IPv4 address like \"192.0.2.1\", got {v}"))
-                    }),
-                "controller" => {
-                    let list = match v {
-                        toml::Value::Array(a) => a.iter().collect(),
-                        one => vec![one],
-                    };
-                    list.iter()
-                        .map(|a| a.as_str().and_then(|s| s.parse().ok()))
-                        .collect::<Option<Vec<Ipv4Addr>>>()
-                        .filter(|l| !l.is_empty())
-                        .map(|l| c.controllers = l)
-                        .ok_or_else(|| {
-                            err(k, format!("expected an IPv4 address like \"192.0.2.2\" or a list of them, got {v}"))
-                        })
-                }
+                "address" => addresses(v).map(|l| c.roots = l).ok_or_else(|| {
+                    err(k, format!("expected an IPv4 address like \"192.0.2.1\" or a list of distinct ones, got {v}"))
+                }),
+                "controller" => addresses(v).map(|l| c.controllers = l).ok_or_else(|| {
+                    err(k, format!("expected an IPv4 address like \"192.0.2.2\" or a list of distinct ones, got {v}"))
+                }),
                 "lease" => dur(k, v).map(|d| c.lease = d),
                 "heartbeat" => dur(k, v).map(|d| c.heartbeat = d),
                 "missed" => int(k, v, 1, 1000).map(|n| c.missed = n as u32),
@@ -399,9 +401,14 @@ impl ClusterSection {
         }
     }
 
-    /// Where the controllers take reports: `controller`, else the root's `address`.
+    /// The first root's address (the managed store's and, by default, the controller's).
+    pub fn address(&self) -> Ipv4Addr {
+        self.roots[0]
+    }
+
+    /// Where the controllers take reports: `controller`, else the first root's `address`.
     pub fn controllers_at(&self) -> Vec<std::net::SocketAddrV4> {
-        let one = [self.address];
+        let one = [self.address()];
         let list = match self.controllers.is_empty() {
             true => &one[..],
             false => &self.controllers,
@@ -567,6 +574,14 @@ mod tests {
         };
         let one = parse("address = \"192.0.2.9\"").unwrap();
         assert_eq!(at(&one), ["192.0.2.9:7900"]);
+        assert_eq!(one.roots, [Ipv4Addr::new(192, 0, 2, 9)]);
+        let roots = parse("address = [\"192.0.2.1\", \"192.0.2.2\"]").unwrap();
+        assert_eq!(roots.roots.len(), 2);
+        assert_eq!(
+            at(&roots),
+            ["192.0.2.1:7900"],
+            "the first root's host by default"
+        );
         let named = parse("controller = \"192.0.2.2\"").unwrap();
         assert_eq!(at(&named), ["192.0.2.2:7900"]);
         let two = parse("controller = [\"192.0.2.2\", \"192.0.2.3\"]\nlease = \"2s\"").unwrap();
@@ -608,6 +623,11 @@ mod tests {
             ("heartbeat = \"soon\"", "cluster.heartbeat"),
             ("heartbeat = \"0ms\"", "cluster.heartbeat"),
             ("address = \"::1\"", "cluster.address"),
+            ("address = []", "cluster.address"),
+            (
+                "address = [\"192.0.2.1\", \"192.0.2.1\"]",
+                "cluster.address",
+            ),
             ("controller = \"here\"", "cluster.controller"),
             ("controller = []", "cluster.controller"),
             ("controller = [\"192.0.2.2\", 3]", "cluster.controller"),

@@ -24,7 +24,7 @@
 use crate::auth::{KeyRing, Opener, Role, Sender};
 use crate::config::{ClusterSection, CONTROL_PORT};
 use crate::lease::{Change, Leadership, Lease};
-use crate::{udp_socket, wall_ns, ClusterError};
+use crate::{wall_ns, ClusterError};
 use flowstate_control::cluster::{Assignment, Controller, Decision, Lag, MemberState, Report};
 use flowstate_router::Stop;
 use flowstate_state::{Backend, Kind, ObjectKey, Op, Reply};
@@ -212,22 +212,6 @@ struct Stage {
     stored: Option<Vec<u8>>,
 }
 
-/// Binds the first of `[cluster] controller`'s addresses this host has; its index and socket.
-fn bind_own(s: &ClusterSection) -> Result<(u32, std::net::UdpSocket), ClusterError> {
-    let all = s.controllers_at();
-    for (i, a) in (0u32..).zip(&all) {
-        match udp_socket(*a) {
-            Ok(sock) => return Ok((i, sock)),
-            Err(ClusterError::Io(e)) if e.kind() == ErrorKind::AddrNotAvailable => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Err(ClusterError::Config(format!(
-        "cluster.controller: none of {:?} is an address of this host",
-        all.iter().map(|a| a.ip().to_string()).collect::<Vec<_>>()
-    )))
-}
-
 /// Takes over: the stored assignments resumed (a stage without one starts its
 /// `[[cluster.stage]]` (or `[cluster]`) `instances` when the launcher starts any), published
 /// again in `term` (raised above any term they carry).
@@ -286,7 +270,7 @@ pub fn run_controller(
     stop: Stop,
 ) -> Result<(), ClusterError> {
     let s = &o.section;
-    let (index, reports) = bind_own(s)?;
+    let (index, reports) = crate::bind_first_own(&s.controllers_at(), "cluster.controller")?;
     let me = *s.controllers_at()[index as usize].ip();
     let _ = std::fs::remove_file(&o.socket);
     let commands = UnixListener::bind(&o.socket).map_err(|e| {
@@ -296,7 +280,11 @@ pub fn run_controller(
     let lease = Leadership::start(Lease::new(index, me, s.lease), lease_store)?;
     // The stages' decision cores while this controller leads; empty while it stands by.
     let mut cores: Vec<Stage> = Vec::new();
-    let root = SocketAddrV4::new(s.address, CONTROL_PORT);
+    let roots: Vec<SocketAddrV4> = s
+        .roots
+        .iter()
+        .map(|a| SocketAddrV4::new(*a, CONTROL_PORT))
+        .collect();
     let mut buf = vec![0u8; 65536];
     let seal = o.keys.sealer(Sender::controller(index), wall_ns())?;
     let mut opener = o.keys.opener(s.clock_skew.as_nanos() as u64);
@@ -423,7 +411,9 @@ pub fn run_controller(
                 if a.version > 0 {
                     // One signed datagram for every receiver (each keeps its own window).
                     let d = seal.sealed(a.encode());
-                    let _ = reports.send_to(&d, root);
+                    for root in &roots {
+                        let _ = reports.send_to(&d, root);
+                    }
                     for m in a.members.iter().filter(|m| m.live) {
                         let to = SocketAddrV4::new(*m.addr.ip(), CONTROL_PORT);
                         let _ = reports.send_to(&d, to);

@@ -101,6 +101,27 @@ pub fn udp_socket(addr: SocketAddrV4) -> Result<std::net::UdpSocket, ClusterErro
     Ok(s)
 }
 
+/// Binds the first of `addrs` this host has (a role listed by address runs where its address
+/// is); its index in `addrs` and the socket. `key` names the list in the error.
+pub(crate) fn bind_first_own(
+    addrs: &[SocketAddrV4],
+    key: &str,
+) -> Result<(u32, std::net::UdpSocket), ClusterError> {
+    for (i, a) in (0u32..).zip(addrs) {
+        match udp_socket(*a) {
+            Ok(sock) => return Ok((i, sock)),
+            Err(ClusterError::Io(e)) if e.kind() == std::io::ErrorKind::AddrNotAvailable => {
+                continue
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(ClusterError::Config(format!(
+        "{key}: none of {:?} is an address of this host",
+        addrs.iter().map(|a| a.ip().to_string()).collect::<Vec<_>>()
+    )))
+}
+
 /// Where a role's counters go as it runs: a file (JSON, replaced atomically) that `flowstate
 /// cluster status` reads, and a slot the role's metrics listener reads (no lock: a pointer
 /// swap).

@@ -142,6 +142,8 @@ pub struct RootStats {
     pub assignment_terms: Vec<u64>,
     /// This root's epoch ([`take_epoch`]).
     pub root_epoch: u64,
+    /// Its place in `[cluster] address`.
+    pub root_index: u32,
     /// The last logical clock it gave a packet.
     pub clock: u64,
     /// From its start until it had every stage's assignment and every partition's owner
@@ -556,12 +558,18 @@ pub fn run_root(
         64,
         MAX_FRAME,
     );
-    let data = udp_socket(SocketAddrV4::new(s.address, meta::PORT))?;
-    let control = udp_socket(SocketAddrV4::new(s.address, CONTROL_PORT))?;
+    let at = |port| -> Vec<SocketAddrV4> {
+        s.roots
+            .iter()
+            .map(|a| SocketAddrV4::new(*a, port))
+            .collect()
+    };
+    let (index, data) = crate::bind_first_own(&at(meta::PORT), "cluster.address")?;
+    let control = udp_socket(at(CONTROL_PORT)[index as usize])?;
     let mut out = Out {
         fd: raw(&data),
         tx: Datagrams::new(256, DATAGRAM),
-        seal: o.keys.sealer(Sender::ROOT, wall_ns())?,
+        seal: o.keys.sealer(Sender::root(index), wall_ns())?,
         stats: RootStats::default(),
         fast,
         order: OrderCheck::new(),
@@ -576,6 +584,7 @@ pub fn run_root(
     let mut kept = Vec::with_capacity(MAX_FRAME);
     let mut clock = first_clock(o.epoch);
     out.stats.root_epoch = o.epoch;
+    out.stats.root_index = index;
     out.stats.authenticated = o.keys.authenticated();
     out.stats.pid = std::process::id();
     let mut next_stats = Instant::now();
@@ -583,7 +592,8 @@ pub fn run_root(
     let mut next_lag = Instant::now();
     let controllers = s.controllers_at();
     let fds: Vec<_> = source.fds().chain([raw(&data), raw(&control)]).collect();
-    tracing::info!(stages = n, partitions = offset, address = %s.address, "root up");
+    let address = s.roots[index as usize];
+    tracing::info!(stages = n, partitions = offset, %address, index, epoch = o.epoch, "root up");
     while !stop.stopped() {
         flowstate_io::afpacket::wait_readable(&fds, Duration::from_millis(5)).map_err(io)?;
         let now = wall_ns();

@@ -119,9 +119,11 @@ pub fn run_instance(
     let controllers = s.controllers_at();
     let seal = o.keys.sealer(Sender::instance(o.id), wall_ns())?;
     let mut opener = o.keys.opener(s.clock_skew.as_nanos() as u64);
-    let root = Root {
+    let mut root = Root {
         socket: &data,
-        addr: SocketAddrV4::new(s.address, meta::PORT),
+        roots: s.roots.clone(),
+        seen: Vec::with_capacity(MAX_ROOTS_SEEN),
+        next: 0,
         stage: o.stage,
         logs: s.log_packets > 0,
         seal: &seal,
@@ -132,6 +134,8 @@ pub fn run_instance(
     let mut fwd = [false; BATCH];
     // Per datagram of a batch: its length without the trailer, when the root signed it.
     let mut body: [Option<usize>; BATCH] = [None; BATCH];
+    // Per datagram of a batch: the root that signed it (its index).
+    let mut sender = [0u32; BATCH];
     let mut cbuf = vec![0u8; 65536];
     let mut reply = [0u8; meta::HEADER_LEN + TRAILER_LEN];
     let heartbeat = s.heartbeat;
@@ -192,7 +196,10 @@ pub fn run_instance(
             work = true;
             for (j, b) in body.iter_mut().enumerate().take(got) {
                 *b = match opener.open(dg.get(j).0, now) {
-                    Ok((Sender::ROOT, msg)) => Some(msg.len()),
+                    Ok((from, msg)) if from.role == Role::Root && root.knows(from.id) => {
+                        sender[j] = from.id;
+                        Some(msg.len())
+                    }
                     Ok(_) => {
                         opener.refuse();
                         None
@@ -211,6 +218,7 @@ pub fn run_instance(
                 };
                 match m.kind {
                     Kind::Data => {
+                        root.saw(m.clock, sender[i]);
                         let n = body[i].unwrap_or(0);
                         let payload = dg.get_mut(i).get_mut(meta::HEADER_LEN..n);
                         fwd[i] = payload.is_some_and(|p| inst.process(&m, p, now));
@@ -383,10 +391,21 @@ fn is_claim(datagram: &[u8]) -> bool {
     meta::read(datagram).is_ok_and(|(m, _)| m.kind == Kind::Claim)
 }
 
-/// Where the root takes this instance's frames.
+/// Root clock epochs an instance remembers the root of.
+const MAX_ROOTS_SEEN: usize = 16;
+
+/// Where the roots take this instance's frames. A frame's output goes back to the address it
+/// came from; a commit's notices go to the root whose clocks they carry: each root numbers
+/// its packets in its own epoch (a clock's high bits, [`crate::root::CLOCK_BITS`]), learned
+/// here from the packets it signed.
 struct Root<'a> {
     socket: &'a std::net::UdpSocket,
-    addr: SocketAddrV4,
+    /// `[cluster] address`: the roots, by index.
+    roots: Vec<Ipv4Addr>,
+    /// (clock epoch, root index) of the roots seen, at most [`MAX_ROOTS_SEEN`].
+    seen: Vec<(u64, u32)>,
+    /// The entry of `seen` a new epoch replaces when it is full (the oldest learned).
+    next: usize,
     stage: u32,
     /// Whether the root logs packets (`[cluster] log_packets`): it then takes outputs ahead
     /// of their commit and waits for the commit's notice.
@@ -396,8 +415,43 @@ struct Root<'a> {
 }
 
 impl Root<'_> {
-    /// Sends a notice of `kind` about `packets` (as many frames as they take).
+    /// Whether root `index` is one of `[cluster] address`.
+    fn knows(&self, index: u32) -> bool {
+        (index as usize) < self.roots.len()
+    }
+
+    /// Root `index` sent a packet of `clock`.
+    fn saw(&mut self, clock: u64, index: u32) {
+        let epoch = clock >> crate::root::CLOCK_BITS;
+        if let Some(e) = self.seen.iter_mut().find(|e| e.0 == epoch) {
+            e.1 = index;
+        } else if self.seen.len() < MAX_ROOTS_SEEN {
+            self.seen.push((epoch, index));
+        } else {
+            self.seen[self.next] = (epoch, index);
+            self.next = (self.next + 1) % MAX_ROOTS_SEEN;
+        }
+    }
+
+    /// Sends a notice of `kind` about `packets` to the roots whose clocks they carry (as many
+    /// frames as they take); one of an epoch no root sent here is dropped (a root restarted
+    /// since, its log gone).
     fn notify(&self, kind: Kind, packets: &[meta::Notice]) {
+        for &(epoch, index) in &self.seen {
+            let to = SocketAddrV4::new(self.roots[index as usize], meta::PORT);
+            let of = |n: &&meta::Notice| n.0 >> crate::root::CLOCK_BITS == epoch;
+            if packets.iter().any(|n| of(&n)) {
+                self.notify_root(kind, packets.iter().filter(of), to);
+            }
+        }
+    }
+
+    fn notify_root<'n>(
+        &self,
+        kind: Kind,
+        mut packets: impl Iterator<Item = &'n meta::Notice>,
+        to: SocketAddrV4,
+    ) {
         let m = Meta {
             kind,
             stage: self.stage,
@@ -411,18 +465,22 @@ impl Root<'_> {
         let Some(h) = meta::write(&mut buf, &m) else {
             return;
         };
-        for chunk in packets.chunks((buf.len() - h - TRAILER_LEN) / meta::NOTICE_ENTRY) {
+        let per_frame = (buf.len() - h - TRAILER_LEN) / meta::NOTICE_ENTRY;
+        loop {
             let mut n = h;
-            for &(clock, epoch) in chunk {
+            for &(clock, epoch) in packets.by_ref().take(per_frame) {
                 if meta::write_notice(&mut buf[n..], clock, epoch).is_some() {
                     n += meta::NOTICE_ENTRY;
                 }
             }
+            if n == h {
+                return;
+            }
             let Some(n) = self.seal.seal(&mut buf, n) else {
                 return;
             };
-            if let Err(e) = self.socket.send_to(&buf[..n], self.addr) {
-                tracing::warn!("cannot send {kind:?} notices to the root: {e}");
+            if let Err(e) = self.socket.send_to(&buf[..n], to) {
+                tracing::warn!("cannot send {kind:?} notices to the root at {to}: {e}");
             }
         }
     }

@@ -73,6 +73,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 mod cluster;
+mod ecmp;
 mod ha;
 mod routed;
 
@@ -80,6 +81,7 @@ pub use cluster::{
     forger, instance_addr, instance_port, CLUSTER_BRIDGE, CLUSTER_BRIDGE_MAC, CLUSTER_MTU,
     CLUSTER_NET, INSTANCE_IF, MAX_INSTANCES, ROOT_ADDR,
 };
+pub use ecmp::{CLIENT2_IF, ROOT2_ADDR, SERVER2_IF};
 pub use ha::{
     failover_gap, ping_reply_times, Daemon, GapProbe, HaRouter, HA_ADVERT_INT_MS, HA_INSIDE_BRIDGE,
     HA_INSIDE_IF, HA_NAT_TABLE, HA_OUTSIDE_BRIDGE, HA_OUTSIDE_IF, HA_ROUTERS, HA_SYNC_IF,
@@ -799,7 +801,7 @@ impl Lab {
             .collect();
         routers.sort_unstable();
         v.extend(routers.into_iter().map(str::to_owned));
-        for ns in [self.cluster_router_ns(), self.store_ns()] {
+        for ns in self.routed_namespaces() {
             if names.contains(&ns.as_str()) {
                 v.push(ns);
             }
@@ -979,6 +981,7 @@ impl Lab {
     /// their daemons, and the routed network's router and store namespaces (routed or not).
     pub fn down(&self, exec: &mut dyn Exec) -> Result<(), LabError> {
         self.stop_ha_daemons(exec)?;
+        self.stop_checkers(exec);
         for (_, pid, argv0) in self.read_pids() {
             if exec.alive(pid, &argv0) {
                 exec.kill(pid);

@@ -32,6 +32,7 @@
 use std::net::Ipv4Addr;
 
 use crate::cluster::{instance_addr, CLUSTER_MTU, CLUSTER_NET, INSTANCE_IF, ROOT_ADDR};
+use crate::ecmp::ROOT2_ADDR;
 use crate::{Cmd, Exec, Lab, LabError};
 
 /// The store's address in a routed lab (its namespace `{prefix}st`): a managed store listens
@@ -50,6 +51,8 @@ pub const STORE_IF: &str = "fs-st";
 pub enum RoutedHost {
     /// The nf namespace: the root and the controller ([`ROOT_ADDR`]).
     Root,
+    /// The second root's namespace `{prefix}nf2` ([`ROOT2_ADDR`], [`Lab::second_root`]).
+    SecondRoot,
     /// The store namespace ([`STORE_ADDR`]).
     Store,
     /// Instance `k`'s namespace ([`instance_addr`]`(k)`).
@@ -62,6 +65,7 @@ impl RoutedHost {
     fn net(self) -> u8 {
         match self {
             RoutedHost::Root => 0,
+            RoutedHost::SecondRoot => 200,
             RoutedHost::Store => 100,
             RoutedHost::Instance(k) => {
                 let _ = instance_addr(k); // checks k
@@ -80,6 +84,7 @@ impl RoutedHost {
     pub fn addr(self) -> Ipv4Addr {
         match self {
             RoutedHost::Root => ROOT_ADDR,
+            RoutedHost::SecondRoot => ROOT2_ADDR,
             RoutedHost::Store => STORE_ADDR,
             RoutedHost::Instance(k) => instance_addr(k),
         }
@@ -88,7 +93,7 @@ impl RoutedHost {
     /// Its interface (in its own namespace).
     pub fn interface(self) -> &'static str {
         match self {
-            RoutedHost::Root => NF_ROUTED_IF,
+            RoutedHost::Root | RoutedHost::SecondRoot => NF_ROUTED_IF,
             RoutedHost::Store => STORE_IF,
             RoutedHost::Instance(_) => INSTANCE_IF,
         }
@@ -98,6 +103,7 @@ impl RoutedHost {
     pub fn router_port(self) -> String {
         match self {
             RoutedHost::Root => "rt-nf".into(),
+            RoutedHost::SecondRoot => "rt-nf2".into(),
             RoutedHost::Store => "rt-st".into(),
             RoutedHost::Instance(k) => format!("rt-i{k}"),
         }
@@ -187,18 +193,28 @@ impl Lab {
     pub fn routed_host_ns(&self, h: RoutedHost) -> String {
         match h {
             RoutedHost::Root => self.nf_ns(),
+            RoutedHost::SecondRoot => self.second_root_ns(),
             RoutedHost::Store => self.store_ns(),
             RoutedHost::Instance(k) => self.instance_ns(k),
         }
     }
 
-    /// Whether `ns` is the routed lab's router or store namespace.
+    /// Whether `ns` is the routed lab's router, store or second root's namespace.
     pub(crate) fn routed_index(&self, ns: &str) -> bool {
-        ns == self.cluster_router_ns() || ns == self.store_ns()
+        self.routed_namespaces().iter().any(|n| n == ns)
+    }
+
+    /// The routed lab's own namespaces: the router, the store's, the second root's.
+    pub(crate) fn routed_namespaces(&self) -> [String; 3] {
+        [
+            self.cluster_router_ns(),
+            self.store_ns(),
+            self.second_root_ns(),
+        ]
     }
 
     /// The commands that make a new namespace `ns` for the routed network: IPv4 only, `lo` up.
-    fn routed_ns_plan(ns: &str) -> Vec<Cmd> {
+    pub(crate) fn routed_ns_plan(ns: &str) -> Vec<Cmd> {
         vec![
             Cmd::new(&["ip", "netns", "add", ns]),
             Cmd::new(&Lab::in_ns(
@@ -216,7 +232,7 @@ impl Lab {
     }
 
     /// `sysctl -qw` of each of `kv` in `ns`.
-    fn sysctls(ns: &str, kv: &[&str]) -> Vec<Cmd> {
+    pub(crate) fn sysctls(ns: &str, kv: &[&str]) -> Vec<Cmd> {
         kv.iter()
             .map(|kv| Cmd::new(&Lab::in_ns(ns, &["sysctl", "-qw", kv])))
             .collect()
@@ -225,7 +241,7 @@ impl Lab {
     /// The sysctls of a namespace of the routed network (before its link is made): no
     /// reverse-path filter (a link's own is set with it; the kernel takes the larger of `all`
     /// and the link's).
-    fn routed_host_sysctls(ns: &str) -> Vec<Cmd> {
+    pub(crate) fn routed_host_sysctls(ns: &str) -> Vec<Cmd> {
         Lab::sysctls(
             ns,
             &[

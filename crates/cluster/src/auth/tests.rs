@@ -39,7 +39,7 @@ fn a_sealed_datagram_opens_once_with_its_sender_and_payload() {
 #[test]
 fn every_changed_byte_is_refused() {
     let r = ring(K1);
-    let s = r.sealer(Sender::ROOT, NOW - 1000).unwrap();
+    let s = r.sealer(Sender::root(0), NOW - 1000).unwrap();
     let d = sealed(&s, b"a frame of the chain");
     for i in 0..d.len() {
         let mut o = r.opener(SKEW);
@@ -106,7 +106,7 @@ fn every_flipped_bit_is_refused_for_its_reason() {
 fn a_tag_from_another_key_under_the_same_id_is_refused() {
     let mine = ring(K1);
     let theirs = ring("1 0f0102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f");
-    let s = mine.sealer(Sender::ROOT, NOW - 100).unwrap();
+    let s = mine.sealer(Sender::root(0), NOW - 100).unwrap();
     let d = sealed(&s, b"x");
     // The same trailer signed by the other key: only the tag differs.
     let mut forged = d.clone();
@@ -154,7 +154,7 @@ fn two_sealers_of_one_sender_never_share_a_nonce() {
 #[test]
 fn sequence_numbers_strictly_increase_whatever_the_clock_does() {
     let r = ring(K1);
-    let s = r.sealer(Sender::ROOT, NOW).unwrap();
+    let s = r.sealer(Sender::root(0), NOW).unwrap();
     // Two threads on clones of one sealer: every number once, rising in each thread.
     let seqs: Vec<Vec<u64>> = std::thread::scope(|sc| {
         let hs: Vec<_> = (0..2)
@@ -178,7 +178,7 @@ fn sequence_numbers_strictly_increase_whatever_the_clock_does() {
     assert_eq!(all.last(), Some(&(NOW + 9_999)));
     // The clock steps back a second: a sealer made now numbers from below, but on a nonce
     // prefix of its own, so no nonce repeats; its sealer's numbers keep rising.
-    let later = r.sealer(Sender::ROOT, NOW - 1_000_000_000).unwrap();
+    let later = r.sealer(Sender::root(0), NOW - 1_000_000_000).unwrap();
     let (p_later, first) = nonce_of(&sealed(&later, b"p"));
     assert_eq!(first, NOW - 1_000_000_000);
     assert_ne!(p_later, nonce_of(&sealed(&s, b"p")).0);
@@ -194,7 +194,7 @@ fn sequence_numbers_strictly_increase_whatever_the_clock_does() {
 #[test]
 fn a_sealer_stops_before_its_numbers_wrap() {
     let r = ring(K1);
-    let s = r.sealer(Sender::ROOT, u64::MAX - 1).unwrap();
+    let s = r.sealer(Sender::root(0), u64::MAX - 1).unwrap();
     let mut buf = [0u8; 8 + TRAILER_LEN];
     assert_eq!(s.seal(&mut buf, 8), Some(buf.len()));
     assert_eq!(nonce_of(&buf).1, u64::MAX - 1);
@@ -218,7 +218,7 @@ fn the_trailer_is_laid_out_as_documented() {
     assert_eq!(h[12..20], NOW.to_be_bytes());
     // Unauthenticated: the same trailer, a zero tag.
     let plain = KeyRing::fixed(Keys::unauthenticated());
-    let d = sealed(&plain.sealer(Sender::ROOT, NOW).unwrap(), b"body");
+    let d = sealed(&plain.sealer(Sender::root(0), NOW).unwrap(), b"body");
     assert_eq!(d.len(), 4 + 36);
     assert_eq!(d[4..12], [1, 0, 0, 0, 0, 0, 0, 0]);
     assert!(d[4 + 20..].iter().all(|&b| b == 0));
@@ -293,7 +293,7 @@ fn a_restarted_sender_continues_above_its_old_numbers() {
 #[test]
 fn reordering_within_the_window_is_taken_once() {
     let r = ring(K1);
-    let s = r.sealer(Sender::ROOT, NOW - 1_000_000).unwrap();
+    let s = r.sealer(Sender::root(0), NOW - 1_000_000).unwrap();
     let ds: Vec<Vec<u8>> = (0..300).map(|_| sealed(&s, b"p")).collect();
     let mut o = r.opener(SKEW);
     assert!(o.open(&ds[299], NOW).is_ok());
@@ -310,7 +310,7 @@ fn reordering_within_the_window_is_taken_once() {
 fn unauthenticated_checks_the_sequence_only() {
     let r = KeyRing::fixed(Keys::unauthenticated());
     assert!(!r.authenticated());
-    let s = r.sealer(Sender::ROOT, NOW - 10).unwrap();
+    let s = r.sealer(Sender::root(0), NOW - 10).unwrap();
     let d = sealed(&s, b"x");
     assert!(d[d.len() - TAG_LEN..].iter().all(|&b| b == 0));
     let mut o = r.opener(SKEW);
@@ -384,7 +384,7 @@ fn a_changed_key_file_reaches_every_sealer() {
     };
     write(&format!("{K1}\n"));
     let r = KeyRing::open(&path).unwrap();
-    let s = r.sealer(Sender::ROOT, NOW - 100).unwrap();
+    let s = r.sealer(Sender::root(0), NOW - 100).unwrap();
     let d = sealed(&s, b"x");
     assert_eq!(d[d.len() - TRAILER_LEN + 1], 1);
     // The modification time must differ from the first read's.
