@@ -198,9 +198,10 @@ fn redis(state: &StateSection) -> Result<Backend, SettingError> {
         ) {
             (Some(s), _) => Setting::Str(s),
             (None, Some((_, l))) => Setting::List(l),
-            (None, None) => match value.as_bool() {
-                Some(b) => Setting::Bool(b),
-                None => Setting::Other(value.type_str()),
+            (None, None) => match (value.as_bool(), value.as_integer()) {
+                (Some(b), _) => Setting::Bool(b),
+                (_, Some(n)) => Setting::Int(n),
+                _ => Setting::Other(value.type_str()),
             },
         };
         (key.as_str(), v)

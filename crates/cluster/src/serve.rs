@@ -226,6 +226,7 @@ pub fn run_instance(
                     }
                     Kind::Claim | Kind::Release => {
                         // What came before the request is answered first (its output, then this).
+                        beat.in_store(true);
                         finish(
                             &mut inst,
                             &root,
@@ -233,6 +234,7 @@ pub fn run_instance(
                             |j| j >= first && j < i && fwd[j],
                             now,
                         );
+                        beat.in_store(false);
                         // Claims that came together are taken together (one round trip for
                         // their ownership records).
                         let mut end = i + 1;
@@ -276,7 +278,9 @@ pub fn run_instance(
                 }
             }
             // End of a batch: commit, then let its output go.
+            beat.in_store(true);
             finish(&mut inst, &root, &mut dg, |j| j >= first && fwd[j], now);
+            beat.in_store(false);
             if got < BATCH {
                 break;
             }
@@ -331,6 +335,7 @@ fn report(o: &ServeOptions, inst: &Instance, load: f64, applied: u64) -> Report 
         drops: st.dropped + st.malformed + st.misdirected,
         entries: inst.entries(),
         assignment_version: applied,
+        store_trouble: st.commit_errors,
     }
 }
 
@@ -546,6 +551,9 @@ struct Heartbeat {
     report: Arc<std::sync::Mutex<Option<Report>>>,
     /// When the main loop last turned, ns since `epoch`; `u64::MAX`: stop.
     turned: Arc<AtomicU64>,
+    /// When the main loop's commit began, ns since `epoch` plus one; 0: not in a commit. A
+    /// commit held longer than an interval adds one to the report's `store_trouble`.
+    in_store: Arc<AtomicU64>,
     epoch: Instant,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -559,25 +567,52 @@ impl Heartbeat {
     ) -> Result<Heartbeat, ClusterError> {
         let report = Arc::new(std::sync::Mutex::new(None::<Report>));
         let turned = Arc::new(AtomicU64::new(0));
+        let in_store = Arc::new(AtomicU64::new(0));
         let epoch = Instant::now();
-        let (r, t) = (Arc::clone(&report), Arc::clone(&turned));
+        let (r, t, s) = (
+            Arc::clone(&report),
+            Arc::clone(&turned),
+            Arc::clone(&in_store),
+        );
         let thread = std::thread::Builder::new()
             .name("heartbeat".into())
             .spawn(move || {
                 // From the wall clock: a restarted process's reports go on above its old ones.
                 let mut seq = wall_ns();
+                // Commits held longer than an interval, and the last one counted.
+                let (mut held, mut counted) = (0u64, 0u64);
+                let mut tick = epoch.elapsed().as_nanos() as u64;
                 loop {
                     std::thread::sleep(every);
                     let last = t.load(Ordering::Relaxed);
                     if last == u64::MAX {
                         return;
                     }
-                    let stalled = epoch.elapsed().as_nanos() as u64 - last.min(u64::MAX - 1)
-                        > STALL_LIMIT.as_nanos() as u64;
+                    let now = epoch.elapsed().as_nanos() as u64;
+                    let stalled = now - last.min(u64::MAX - 1) > STALL_LIMIT.as_nanos() as u64;
+                    // This thread overslept: the whole process was paused (a stopped VM, a
+                    // straggler), not held by the store.
+                    let paused = now - tick > 2 * every.as_nanos() as u64;
+                    tick = now;
+                    let began = s.load(Ordering::Relaxed);
+                    if !paused
+                        && began != 0
+                        && began != counted
+                        && now + 1 - began > every.as_nanos() as u64
+                    {
+                        held += 1;
+                        counted = began;
+                    }
                     let msg = match r.lock() {
                         Ok(g) if !stalled => g.as_ref().map(|rep| {
                             seq += 1;
-                            Report { seq, ..rep.clone() }.encode()
+                            let store_trouble = rep.store_trouble + held;
+                            Report {
+                                seq,
+                                store_trouble,
+                                ..rep.clone()
+                            }
+                            .encode()
                         }),
                         _ => None,
                     };
@@ -593,6 +628,7 @@ impl Heartbeat {
         Ok(Heartbeat {
             report,
             turned,
+            in_store,
             epoch,
             thread: Some(thread),
         })
@@ -604,6 +640,15 @@ impl Heartbeat {
             *g = Some(r);
         }
         self.alive();
+    }
+
+    /// The main loop begins (`true`) or ends a commit.
+    fn in_store(&self, now: bool) {
+        let at = match now {
+            true => self.epoch.elapsed().as_nanos() as u64 + 1,
+            false => 0,
+        };
+        self.in_store.store(at, Ordering::Relaxed);
     }
 
     /// The main loop turned.

@@ -47,8 +47,10 @@ pub const NO_OWNER: InstanceId = 0;
 const ASSIGNMENT_MAGIC: &[u8; 4] = b"FSAS";
 const REPORT_MAGIC: &[u8; 4] = b"FSRP";
 const LAG_MAGIC: &[u8; 4] = b"FSLG";
-/// The format version of [`Assignment`] and [`Report`] this code writes and reads.
+/// The format version of [`Assignment`] and [`Lag`] this code writes and reads.
 pub const FORMAT_VERSION: u8 = 3;
+/// The format version of [`Report`] this code writes (it reads 3 too: no `store_trouble`).
+pub const REPORT_FORMAT: u8 = 4;
 
 /// One traffic partition's owner and ownership epoch (incremented every time the owner changes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,6 +136,9 @@ pub struct Report {
     pub entries: u64,
     /// The newest assignment version it has applied.
     pub assignment_version: u64,
+    /// Commits the store failed, or held longer than a report interval, so far: its packets
+    /// wait for the store meanwhile, which does not make it a straggler.
+    pub store_trouble: u64,
 }
 
 /// Why bytes are not an [`Assignment`] or a [`Report`].
@@ -259,9 +264,9 @@ impl Assignment {
 impl Report {
     /// The encoded report.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(71 + 4 * self.partitions.len());
+        let mut out = Vec::with_capacity(79 + 4 * self.partitions.len());
         out.extend_from_slice(REPORT_MAGIC);
-        out.push(FORMAT_VERSION);
+        out.push(REPORT_FORMAT);
         out.extend_from_slice(&self.stage.to_be_bytes());
         out.extend_from_slice(&self.id.to_be_bytes());
         put_addr(&mut out, self.addr);
@@ -273,6 +278,7 @@ impl Report {
             self.drops,
             self.entries,
             self.assignment_version,
+            self.store_trouble,
         ] {
             out.extend_from_slice(&v.to_be_bytes());
         }
@@ -285,7 +291,7 @@ impl Report {
 
     /// Decodes `b`; never panics.
     pub fn decode(b: &[u8]) -> Result<Report, DecodeError> {
-        let mut r = Reader::open(b, REPORT_MAGIC)?;
+        let (mut r, format) = Reader::open_any(b, REPORT_MAGIC, &[3, REPORT_FORMAT])?;
         let stage = r.u32()?;
         let id = r.u32()?;
         if id == NO_OWNER {
@@ -300,6 +306,7 @@ impl Report {
         }
         let (packets, drops, entries, assignment_version) =
             (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
+        let store_trouble = if format >= 4 { r.u64()? } else { 0 };
         let n = r.count(4)?;
         let mut partitions = Vec::with_capacity(n);
         for _ in 0..n {
@@ -318,6 +325,7 @@ impl Report {
             drops,
             entries,
             assignment_version,
+            store_trouble,
         })
     }
 }
@@ -604,6 +612,8 @@ struct Member {
     /// last wait reported.
     slow: u32,
     lag: Nanos,
+    /// When its reports last showed more failed commits: its packets wait for the store.
+    store_trouble: Option<Nanos>,
 }
 
 impl Member {
@@ -617,6 +627,7 @@ impl Member {
             drained_at: None,
             slow: 0,
             lag: 0,
+            store_trouble: None,
         }
     }
 
@@ -712,6 +723,12 @@ impl Controller {
                 m.addr = Some(r.addr);
                 m.seen = now;
                 m.heard = Some(now);
+                if m.report
+                    .as_ref()
+                    .is_some_and(|l| r.store_trouble > l.store_trouble)
+                {
+                    m.store_trouble = Some(now);
+                }
                 m.report = Some(r.clone());
             }
             _ => {
@@ -728,9 +745,18 @@ impl Controller {
         }
     }
 
-    /// Takes the root's [`Lag`] report of this controller's stage.
-    pub fn on_lag(&mut self, lag: &Lag) {
+    /// Takes the root's [`Lag`] report of this controller's stage at `now`. An instance whose
+    /// store was in trouble (commits failed or held) while its oldest waiting packet waited,
+    /// or within two straggler thresholds (or failure deadlines) before, is not slow: its
+    /// packets wait for the store (a master failing over, then the backlog), and another
+    /// instance would wait as long.
+    pub fn on_lag(&mut self, lag: &Lag, now: Nanos) {
         let threshold = self.config.straggler;
+        let deadline = self
+            .config
+            .interval
+            .saturating_mul(u64::from(self.config.missed));
+        let recent = threshold.max(deadline).saturating_mul(2);
         for &(id, ns) in &lag.lags {
             if let Some(m) = self
                 .members
@@ -738,7 +764,10 @@ impl Controller {
                 .filter(|m| m.state == MemberState::Live)
             {
                 m.lag = ns;
-                m.slow = if threshold > 0 && ns >= threshold {
+                let store = m
+                    .store_trouble
+                    .is_some_and(|t| now.saturating_sub(t) <= ns.saturating_add(recent));
+                m.slow = if threshold > 0 && ns >= threshold && !store {
                     m.slow.saturating_add(1)
                 } else {
                     0

@@ -238,8 +238,12 @@ mod tests {
         let lines: Vec<String> = lab.second_root_plan(true).iter().map(Cmd::line).collect();
         let has = |s: &str| lines.iter().any(|l| l.contains(s));
         assert!(has("ip netns add unf2"), "{lines:#?}");
-        assert!(has("fs-c2 netns uclient type veth peer name fs-in netns unf2"));
-        assert!(has("fs-s2 netns userver type veth peer name fs-out netns unf2"));
+        assert!(has(
+            "fs-c2 netns uclient type veth peer name fs-in netns unf2"
+        ));
+        assert!(has(
+            "fs-s2 netns userver type veth peer name fs-out netns unf2"
+        ));
         // Its link to the cluster router, at its own address.
         assert!(has("192.0.2.2/32 dev fs-rt"));
         assert!(has("route add 192.0.2.2/32 via 10.200.200.2 dev rt-nf2"));

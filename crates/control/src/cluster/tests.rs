@@ -48,6 +48,8 @@ struct Sim {
     now: Nanos,
     seq: BTreeMap<InstanceId, u64>,
     load: f64,
+    /// The store errors every instance reports.
+    store_trouble: u64,
 }
 
 impl Sim {
@@ -57,6 +59,7 @@ impl Sim {
             now: 0,
             seq: BTreeMap::new(),
             load: 0.5,
+            store_trouble: 0,
         }
     }
 
@@ -77,6 +80,7 @@ impl Sim {
             drops: 1,
             entries: 5,
             assignment_version: a.version,
+            store_trouble: self.store_trouble,
         }
     }
 
@@ -120,11 +124,11 @@ fn a_straggler_is_failed_over_when_another_instance_keeps_up() {
     };
     // Instance 2's packets wait 300 ms in two root reports, then a fast one: nothing yet.
     for waits in [300, 300, 1, 300, 300] {
-        s.c.on_lag(&lag(&[(1, MS), (2, waits * MS), (3, MS)]));
+        s.c.on_lag(&lag(&[(1, MS), (2, waits * MS), (3, MS)]), s.now);
         assert!(s.step(&[1, 2, 3]).is_empty());
     }
     // The third slow report in a row: failed over (its partitions to 1 and 3), replaced.
-    s.c.on_lag(&lag(&[(1, MS), (2, 300 * MS), (3, MS)]));
+    s.c.on_lag(&lag(&[(1, MS), (2, 300 * MS), (3, MS)]), s.now);
     let d = s.step(&[1, 2, 3]);
     assert_eq!(
         d[0],
@@ -142,14 +146,22 @@ fn a_straggler_is_failed_over_when_another_instance_keeps_up() {
     // A stage that is slow as a whole loses nobody (it needs more instances, not fewer).
     let mut s = Sim::cluster(2);
     for _ in 0..5 {
-        s.c.on_lag(&lag(&[(1, 400 * MS), (2, 400 * MS)]));
+        s.c.on_lag(&lag(&[(1, 400 * MS), (2, 400 * MS)]), s.now);
         assert!(s.step(&[1, 2]).is_empty());
+    }
+    // Packets that wait for the store (its commits failing: a master failing over) do not
+    // make a straggler.
+    let mut s = Sim::cluster(3);
+    for _ in 0..5 {
+        s.store_trouble += 1;
+        s.c.on_lag(&lag(&[(1, MS), (2, 300 * MS), (3, MS)]), s.now);
+        assert!(s.step(&[1, 2, 3]).is_empty());
     }
     // Off: never.
     let mut s = Sim::cluster(2);
     s.c.config.straggler = 0;
     for _ in 0..5 {
-        s.c.on_lag(&lag(&[(1, MS), (2, 10_000 * MS)]));
+        s.c.on_lag(&lag(&[(1, MS), (2, 10_000 * MS)]), s.now);
         assert!(s.step(&[1, 2]).is_empty());
     }
 }
@@ -785,6 +797,7 @@ proptest! {
                         drops: 0,
                         entries: 0,
                         assignment_version: a.version,
+                        store_trouble: 0,
                     };
                     c.on_report(&r, now);
                 }
@@ -928,6 +941,7 @@ proptest! {
             drops,
             entries,
             assignment_version,
+            store_trouble: packets / 3,
         };
         let (ab, rb) = (a.encode(), r.encode());
         prop_assert_eq!(Assignment::decode(&ab), Ok(a));

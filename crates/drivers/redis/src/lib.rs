@@ -24,6 +24,17 @@
 //!   (shared objects, another partition's) are sent after it, as [`Backend::execute`] sends
 //!   them, only once the fence held: ordered after the check, not atomic with it (as our
 //!   store's parts of a fenced batch on other shards are).
+//! * **Durable commits** (`wait_replicas = N`, default 0): every pipeline ends with `ROLE` and
+//!   `WAIT N` on its server (on a cluster, on each master it touched), so a batch is
+//!   acknowledged only once N replicas hold it, and survives its master's loss (the replica
+//!   promoted has it; Redis replication is otherwise asynchronous, and a failover loses what
+//!   the master acknowledged last). A master that has fewer than N replicas connected (one
+//!   promoted in place of a lost master has none until an operator adds one) acknowledges
+//!   with those it has, logged once per master, rather than stopping every commit: durability
+//!   degrades to what the cluster can give. A `WAIT` that counts fewer replicas than the
+//!   master has is asked again until `timeout`; then the batch fails as unreachable though
+//!   its master applied it, and it is sent again: its counter additions may count twice (as
+//!   after a lost connection).
 //! * Time to live uses Redis expiry (`PEXPIRE`); map fields, which Redis 7.0 cannot expire, get
 //!   a companion sorted set of deadlines purged by the scripts of every map operation (see
 //!   [`ops`]); locks are `~lock~<key>` strings with a `PX` lease.
@@ -75,12 +86,15 @@
 //! for a client certificate the server refuses, `url` (or `nodes`) for a server that does not
 //! answer.
 
+mod durable;
+
 mod fenced;
 
 mod ops;
 
 mod security;
 
+use durable::Replication;
 use flowstate_state::{
     Backend, BackendError, Connector, Fence, Kind, ObjectKey, Op, Reply, SettingError,
 };
@@ -108,6 +122,8 @@ pub struct RedisConnector {
     url: String,
     timeout: Duration,
     security: Security,
+    /// Replicas every batch waits for (`wait_replicas`).
+    replicas: u32,
 }
 
 impl RedisConnector {
@@ -121,6 +137,7 @@ impl RedisConnector {
             // Without its password: the connector is printed with `{:?}`.
             url: redact(url),
             timeout: DEFAULT_TIMEOUT,
+            replicas: 0,
         })
     }
 
@@ -136,12 +153,13 @@ impl RedisConnector {
         for (key, value) in options {
             match key {
                 "timeout" => c.timeout = timeout(value)?,
+                "wait_replicas" => c.replicas = wait_replicas(value)?,
                 k if keys.take(k, value)? => {}
                 other => {
                     return Err(SettingError::new(
                         other,
                         format!(
-                            "unknown key; backend \"redis\" takes url, timeout, {}",
+                            "unknown key; backend \"redis\" takes url, timeout, wait_replicas, {}",
                             security::KEYS
                         ),
                     ))
@@ -190,6 +208,7 @@ impl Connector for RedisConnector {
             info: self.info.clone(),
             security: self.security.clone(),
             timeout: self.timeout,
+            replication: Replication::new(self.replicas, self.timeout),
             conn: Some(conn),
         }))
     }
@@ -206,6 +225,8 @@ pub struct RedisClusterConnector {
     seeds: Vec<redis::ConnectionInfo>,
     timeout: Duration,
     security: Security,
+    /// Replicas every batch waits for, on each master it touched (`wait_replicas`).
+    replicas: u32,
 }
 
 /// A driver setting's value, as the binary hands it over.
@@ -217,6 +238,8 @@ pub enum Setting<'a> {
     List(&'a [String]),
     /// A boolean.
     Bool(bool),
+    /// An integer.
+    Int(i64),
     /// Anything else (described for the error message).
     Other(&'a str),
 }
@@ -249,6 +272,7 @@ impl RedisClusterConnector {
             seeds,
             timeout: DEFAULT_TIMEOUT,
             security,
+            replicas: 0,
         })
     }
 
@@ -265,6 +289,7 @@ impl RedisClusterConnector {
             seeds: self.seeds.clone(),
             security: self.security.clone(),
             timeout: self.timeout,
+            replication: Replication::new(self.replicas, self.timeout),
             nodes: HashMap::new(),
             slots: Vec::new(),
         }
@@ -278,6 +303,7 @@ impl RedisClusterConnector {
     ) -> Result<Self, SettingError> {
         let mut nodes: Option<Vec<String>> = None;
         let mut t = DEFAULT_TIMEOUT;
+        let mut replicas = 0;
         let mut keys = security::Keys::default();
         for (key, value) in options {
             match (key, value) {
@@ -292,12 +318,13 @@ impl RedisClusterConnector {
                     ))
                 }
                 ("timeout", v) => t = timeout(v)?,
+                ("wait_replicas", v) => replicas = wait_replicas(v)?,
                 (k, v) if keys.take(k, v)? => {}
                 (other, _) => {
                     return Err(SettingError::new(
                         other,
                         format!(
-                            "unknown key; backend \"redis-cluster\" takes url, nodes, timeout, {}",
+                            "unknown key; backend \"redis-cluster\" takes url, nodes, timeout, wait_replicas, {}",
                             security::KEYS
                         ),
                     ))
@@ -321,6 +348,7 @@ impl RedisClusterConnector {
             ..e
         })?;
         c.timeout = t;
+        c.replicas = replicas;
         c.security = keys.apply(&mut c.seeds, key)?;
         Ok(c)
     }
@@ -389,7 +417,21 @@ fn timeout(v: Setting<'_>) -> Result<Duration, SettingError> {
     Ok(d)
 }
 
-fn unreachable(backend: &'static str, e: impl std::fmt::Display) -> BackendError {
+/// `wait_replicas`: an integer from 0 to [`MAX_WAIT_REPLICAS`].
+fn wait_replicas(v: Setting<'_>) -> Result<u32, SettingError> {
+    match v {
+        Setting::Int(n) if (0..=i64::from(MAX_WAIT_REPLICAS)).contains(&n) => Ok(n as u32),
+        _ => Err(SettingError::new(
+            "wait_replicas",
+            format!("expected the replicas a batch waits for, 0 to {MAX_WAIT_REPLICAS}"),
+        )),
+    }
+}
+
+/// Most replicas `wait_replicas` may ask for.
+const MAX_WAIT_REPLICAS: u32 = 16;
+
+pub(crate) fn unreachable(backend: &'static str, e: impl std::fmt::Display) -> BackendError {
     BackendError::Unreachable {
         backend,
         reason: e.to_string(),
@@ -415,7 +457,7 @@ fn open(
 
 /// Sends `cmds` as one pipeline and reads one answer per command. `Err` only when the
 /// connection failed (nothing is known of which commands ran).
-fn pipeline(conn: &mut Connection, cmds: &[&Cmd]) -> redis::RedisResult<Vec<Answer>> {
+pub(crate) fn pipeline(conn: &mut Connection, cmds: &[&Cmd]) -> redis::RedisResult<Vec<Answer>> {
     if cmds.is_empty() {
         return Ok(Vec::new());
     }
@@ -518,6 +560,8 @@ struct RedisBackend {
     info: redis::ConnectionInfo,
     security: Security,
     timeout: Duration,
+    /// `wait_replicas`.
+    replication: Replication,
     conn: Option<Connection>,
 }
 
@@ -530,14 +574,30 @@ impl RedisBackend {
                     .map_err(|e| e.into_backend("redis"))?,
             ),
         };
-        match pipeline(conn, cmds) {
-            Ok(a) => Ok(a),
-            Err(e) => {
-                // The connection's state is unknown: start afresh next time.
-                self.conn = None;
-                Err(unreachable("redis", format!("{}: {e}", self.info.addr())))
-            }
+        let addr = self.info.addr().to_string();
+        let durable = self.replication.on() && !cmds.is_empty();
+        let tail = self.replication.tail(&addr);
+        let all: Vec<&Cmd> = cmds
+            .iter()
+            .copied()
+            .chain(tail.iter().filter(|_| durable))
+            .collect();
+        let result = pipeline(conn, &all)
+            .map_err(|e| unreachable("redis", format!("{addr}: {e}")))
+            .and_then(|mut a| {
+                if durable {
+                    let nil = || Answer::Value(Value::Nil);
+                    let acked = a.pop().unwrap_or_else(nil);
+                    let role = a.pop().unwrap_or_else(nil);
+                    self.replication.settle("redis", &addr, conn, role, acked)?;
+                }
+                Ok(a)
+            });
+        if result.is_err() {
+            // The connection's state is unknown: start afresh next time.
+            self.conn = None;
         }
+        result
     }
 
     /// [`finish`] for this backend: the follow-up `TYPE`s on the same connection.
@@ -702,6 +762,8 @@ struct ClusterBackend {
     seeds: Vec<redis::ConnectionInfo>,
     security: Security,
     timeout: Duration,
+    /// `wait_replicas`, for each master's pipeline.
+    replication: Replication,
     /// By address `host:port`.
     nodes: HashMap<String, Connection>,
     /// Address serving each of the 16384 slots (empty until learned).
@@ -838,6 +900,11 @@ impl ClusterBackend {
             for &j in idx {
                 cmds[j].1.write_packed_command(&mut packed);
             }
+            if self.replication.on() {
+                for c in self.replication.tail(addr) {
+                    c.write_packed_command(&mut packed);
+                }
+            }
             let conn = self.conn(addr)?;
             if let Err(e) = conn.send_packed_command(&packed) {
                 self.drop_node(addr);
@@ -860,6 +927,19 @@ impl ClusterBackend {
                         self.drop_node(addr);
                         return Err(unreachable("redis-cluster", format!("{addr}: {e}")));
                     }
+                }
+            }
+            if self.replication.on() {
+                let conn = self.conn(addr)?;
+                let acked = match (conn.recv_response(), conn.recv_response()) {
+                    (Ok(role), Ok(acked)) => self.durable(addr, answer(role), answer(acked)),
+                    (Err(e), _) | (_, Err(e)) => {
+                        Err(unreachable("redis-cluster", format!("{addr}: {e}")))
+                    }
+                };
+                if let Err(e) = acked {
+                    self.drop_node(addr);
+                    return Err(e);
                 }
             }
         }
@@ -919,17 +999,33 @@ impl ClusterBackend {
                 None => break,
             };
             let asking_cmd = redis::cmd("ASKING");
+            let durable = self.replication.on();
+            let tail = self.replication.tail(&addr);
             let conn = self.conn(&addr)?;
-            let result = if asking {
-                pipeline(conn, &[&asking_cmd, cmd]).map(|mut a| a.pop())
-            } else {
-                pipeline(conn, &[cmd]).map(|mut a| a.pop())
-            };
+            let mut sent: Vec<&Cmd> = Vec::with_capacity(4);
+            if asking {
+                sent.push(&asking_cmd);
+            }
+            sent.push(cmd);
+            if durable {
+                sent.extend(&tail);
+            }
+            let result = pipeline(conn, &sent)
+                .map_err(|e| unreachable("redis-cluster", format!("{addr}: {e}")))
+                .and_then(|mut a| {
+                    if durable {
+                        let nil = || Answer::Value(Value::Nil);
+                        let acked = a.pop().unwrap_or_else(nil);
+                        let role = a.pop().unwrap_or_else(nil);
+                        self.durable(&addr, role, acked)?;
+                    }
+                    Ok(a.pop())
+                });
             match result {
                 Ok(a) => last = a,
                 Err(e) => {
                     self.drop_node(&addr);
-                    return Err(unreachable("redis-cluster", format!("{addr}: {e}")));
+                    return Err(e);
                 }
             }
             if matches!(last.as_ref().and_then(redirect), Some(Redirect::Moved(_))) {
@@ -947,6 +1043,17 @@ impl ClusterBackend {
                 ),
             )),
         }
+    }
+
+    /// [`Replication::settle`] on the connection to `addr`, whose pipeline's `ROLE` and
+    /// `WAIT` answered `role` and `acked`.
+    fn durable(&mut self, addr: &str, role: Answer, acked: Answer) -> Result<(), BackendError> {
+        let conn = self
+            .nodes
+            .get_mut(addr)
+            .ok_or_else(|| unreachable("redis-cluster", format!("{addr}: connection lost")))?;
+        self.replication
+            .settle("redis-cluster", addr, conn, role, acked)
     }
 
     /// Runs a fenced batch's script (`EVALSHA`, routed by `key`, the fence's), loading it
