@@ -101,10 +101,16 @@ impl Replication {
             }
             let mut a = pipeline(conn, &[&redis::cmd("ROLE"), &wait(need)])
                 .map_err(|e| unreachable(backend, format!("{addr}: {e}")))?;
-            acked = a.pop().unwrap_or(Answer::Value(Value::Nil));
-            role = a.pop().unwrap_or(Answer::Value(Value::Nil));
+            (role, acked) = take_tail(&mut a);
         }
     }
+}
+
+/// The answers to a pipeline's [`Replication::tail`], taken off its end: (`ROLE`, `WAIT`).
+pub(crate) fn take_tail(answers: &mut Vec<Answer>) -> (Answer, Answer) {
+    let nil = || Answer::Value(Value::Nil);
+    let acked = answers.pop().unwrap_or_else(nil);
+    (answers.pop().unwrap_or_else(nil), acked)
 }
 
 /// `WAIT replicas` for at most [`WAIT_STEP`].

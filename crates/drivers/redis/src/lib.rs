@@ -586,9 +586,7 @@ impl RedisBackend {
             .map_err(|e| unreachable("redis", format!("{addr}: {e}")))
             .and_then(|mut a| {
                 if durable {
-                    let nil = || Answer::Value(Value::Nil);
-                    let acked = a.pop().unwrap_or_else(nil);
-                    let role = a.pop().unwrap_or_else(nil);
+                    let (role, acked) = durable::take_tail(&mut a);
                     self.replication.settle("redis", &addr, conn, role, acked)?;
                 }
                 Ok(a)
@@ -1014,9 +1012,7 @@ impl ClusterBackend {
                 .map_err(|e| unreachable("redis-cluster", format!("{addr}: {e}")))
                 .and_then(|mut a| {
                     if durable {
-                        let nil = || Answer::Value(Value::Nil);
-                        let acked = a.pop().unwrap_or_else(nil);
-                        let role = a.pop().unwrap_or_else(nil);
+                        let (role, acked) = durable::take_tail(&mut a);
                         self.durable(&addr, role, acked)?;
                     }
                     Ok(a.pop())
