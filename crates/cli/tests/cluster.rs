@@ -1437,7 +1437,7 @@ fn forged_datagrams_from_a_host_without_the_key_change_nothing() {
         return;
     }
     let mut c = Cluster::up("f", "backend = \"store\"\nurl = \"192.0.2.1:7878\"", 2, "");
-    let want = content(500_000, 3);
+    let want = content(1_500_000, 3);
     let http_peers = c.serve_paced(&want, 200_000);
     let (udp, udp_peers) = c.udp_flow(60);
     let mut downloads = c.downloads(50);
