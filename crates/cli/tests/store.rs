@@ -374,6 +374,7 @@ fn after_kill_9_a_fenced_batch_over_several_shards_is_applied_whole_or_not_at_al
                     let fence = Fence {
                         key: record(p),
                         value: b"owner".to_vec(),
+                        batch: 0,
                     };
                     let mut r = Vec::new();
                     b.execute(

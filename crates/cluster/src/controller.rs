@@ -390,8 +390,12 @@ pub fn run_controller(
         // Acts only within its lease.
         if lease.leading().is_none() {
             if !cores.is_empty() {
+                // The lease's thread may be held up in a store call that later renews the
+                // lease in this term: resigning makes it stand by and lead again only in a new
+                // term, through a takeover that resumes the stages.
                 tracing::warn!("standing by: the lease ran out");
                 cores.clear();
+                lease.resign();
             }
             continue;
         }

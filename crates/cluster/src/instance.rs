@@ -36,8 +36,9 @@
 //!   over every shard; Redis: one script with the fence), no replayed packet counts twice or
 //!   is lost. On Redis Cluster the writes of shared objects
 //!   (`nf@Type@id`, another hash slot) follow the partition's script, so a failure between
-//!   the two applies the partition's part alone; on Cassandra a failure in the middle of a
-//!   commit's writes can apply part of it.
+//!   the two applies the partition's part alone: the rest is sent again until it lands, once
+//!   (`BackendError::Partial`, the batches' marks), also after the partition moved; on
+//!   Cassandra a failure in the middle of a commit's writes can apply part of it.
 //!   An instance sends a batch's outputs to the root before it commits, and, once the commit
 //!   is acknowledged, notices of the packets it finished ([`Instance::notices`]): the root
 //!   passes the outputs on only then ([`crate::log`]). When an owner fails after its commit
@@ -664,6 +665,8 @@ impl Instance {
                 .execute(&ops, &mut self.replies)
                 .map_err(|e| ClusterError::Store(e.to_string()))?;
         }
+        // A partition claimed again at a newer epoch: what the old one counted is kept.
+        retire(&mut self.retired, &mut self.owned[p as usize]);
         self.owned[p as usize] = Some(owned);
         self.stats.claims += 1;
         Ok(Kind::Ready)
@@ -683,6 +686,7 @@ impl Instance {
             let fence = Fence {
                 key: record_key(self.config.stage, p),
                 value: record(self.config.id, epoch),
+                batch: 0,
             };
             backend = Box::new(FencedBackend::new(backend, fence));
         }

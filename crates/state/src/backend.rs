@@ -41,7 +41,8 @@ pub enum OpError {
     Refused(String),
 }
 
-/// Why a whole batch failed: nothing can be assumed about which operations ran.
+/// Why a whole batch failed: nothing can be assumed about which operations ran (but for
+/// [`BackendError::Partial`], which says).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BackendError {
     /// The store cannot be reached.
@@ -69,6 +70,20 @@ pub enum BackendError {
         /// The fence's key.
         key: String,
     },
+    /// A fenced batch that spans several places of a store without one atomic step over them
+    /// (Redis Cluster's hash slots): its fence held and the operations checked with it ran;
+    /// the others (indices `rest` into the batch) may not have. They belong to a batch the
+    /// store accepted while its writer held the fence, so they are sent again without it
+    /// ([`Backend::execute_rest`]), even after the writer lost the fence.
+    #[error("{backend}: {} operations of a fenced batch left to apply: {reason}", rest.len())]
+    Partial {
+        /// Backend name.
+        backend: &'static str,
+        /// The operations left, as indices into the batch, in order.
+        rest: Vec<usize>,
+        /// Why they failed.
+        reason: String,
+    },
 }
 
 /// The condition of a fenced batch: `key` holds exactly `value` (a cluster instance's
@@ -79,6 +94,19 @@ pub struct Fence {
     pub key: ObjectKey,
     /// What it must hold.
     pub value: Bytes,
+    /// The batch's number under this fence, the same each time it is sent again (0: none).
+    /// A store whose answer can be lost after it ran a batch (a broken connection, a failed
+    /// over Redis master) marks it with this number and does not run it twice.
+    pub batch: u64,
+}
+
+/// A batch as the state engine sends it ([`Backend::execute_batch`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Batch {
+    /// Its number on this connection, the same each time it is sent again.
+    pub number: u64,
+    /// What a fenced batch the store accepted left ([`BackendError::Partial`]).
+    pub rest: bool,
 }
 
 /// A driver setting (a key under `[state]`) that cannot be used. Drivers build their
@@ -127,6 +155,31 @@ pub trait Backend: Send {
             backend: self.name(),
             reason: "this store cannot fence a batch".into(),
         })
+    }
+
+    /// Runs what a fenced batch under `fence` left ([`BackendError::Partial`]) as
+    /// [`Backend::execute`] does, without checking the fence: it held when the batch was
+    /// accepted. Stores that mark batches ([`Fence::batch`]) run each part once.
+    fn execute_rest(
+        &mut self,
+        fence: &Fence,
+        ops: &[Op],
+        replies: &mut Vec<Reply>,
+    ) -> Result<(), BackendError> {
+        let _ = fence;
+        self.execute(ops, replies)
+    }
+
+    /// Runs `batch`'s `ops` as [`Backend::execute`] does; a connection that fences its
+    /// batches ([`FencedBackend`]) numbers them, and sends what one left without the fence.
+    fn execute_batch(
+        &mut self,
+        batch: Batch,
+        ops: &[Op],
+        replies: &mut Vec<Reply>,
+    ) -> Result<(), BackendError> {
+        let _ = batch;
+        self.execute(ops, replies)
     }
 
     /// Keys of every partition of object `id` of kind `kind` of NF `nf` (every
@@ -182,10 +235,27 @@ impl Backend for FencedBackend {
     }
 
     fn execute(&mut self, ops: &[Op], replies: &mut Vec<Reply>) -> Result<(), BackendError> {
+        self.fence.batch = 0;
         if ops.iter().all(Op::is_read) {
             return self.inner.execute(ops, replies);
         }
         self.inner.execute_fenced(&self.fence, ops, replies)
+    }
+
+    fn execute_batch(
+        &mut self,
+        batch: Batch,
+        ops: &[Op],
+        replies: &mut Vec<Reply>,
+    ) -> Result<(), BackendError> {
+        self.fence.batch = batch.number;
+        if batch.rest {
+            self.inner.execute_rest(&self.fence, ops, replies)
+        } else if ops.iter().all(Op::is_read) {
+            self.inner.execute(ops, replies)
+        } else {
+            self.inner.execute_fenced(&self.fence, ops, replies)
+        }
     }
 
     fn execute_fenced(
@@ -195,6 +265,15 @@ impl Backend for FencedBackend {
         replies: &mut Vec<Reply>,
     ) -> Result<(), BackendError> {
         self.inner.execute_fenced(fence, ops, replies)
+    }
+
+    fn execute_rest(
+        &mut self,
+        fence: &Fence,
+        ops: &[Op],
+        replies: &mut Vec<Reply>,
+    ) -> Result<(), BackendError> {
+        self.inner.execute_rest(fence, ops, replies)
     }
 
     fn partitions(

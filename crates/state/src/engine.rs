@@ -12,7 +12,7 @@
 //! Shared objects still go to that store, called in place rather than through a state thread:
 //! an in-memory operation costs less than a thread hand-off.
 
-use crate::backend::{BackendError, Connector, Op, Reply};
+use crate::backend::{BackendError, Batch, Connector, Op, Reply};
 use crate::key::{Kind, ObjectKey, Owner};
 use crate::scope::{Access, Scope, Strategy};
 use crate::StateError;
@@ -114,15 +114,16 @@ impl LinkStats {
     }
 }
 
-/// `backend.execute`, timed into `stats`.
+/// `backend.execute_batch`, timed into `stats`.
 fn timed_execute(
     backend: &mut dyn crate::Backend,
     ops: &[Op],
+    batch: Batch,
     replies: &mut Vec<Reply>,
     stats: &LinkStats,
 ) -> Result<(), BackendError> {
     let t = Instant::now();
-    let r = backend.execute(ops, replies);
+    let r = backend.execute_batch(batch, ops, replies);
     stats.record_call(t.elapsed());
     r
 }
@@ -130,6 +131,10 @@ fn timed_execute(
 /// How long a state thread waits before sending failed flushes again, at first and at most.
 const RETRY_FIRST: Duration = Duration::from_millis(10);
 const RETRY_MAX: Duration = Duration::from_secs(1);
+/// How long a closed partition's state thread goes on sending what fenced batches the store
+/// accepted left ([`BackendError::Partial`]): they are part of commits whose packets have
+/// left, so they are not given up while a store failover may still end.
+const REST_RETRY_FOR: Duration = Duration::from_secs(30);
 
 /// A call handed over whose replies are not read yet.
 struct Pending {
@@ -325,7 +330,7 @@ impl Link {
 
 /// Flushes the store failed, kept in order to be sent again before anything newer.
 struct Retained {
-    batches: VecDeque<Vec<Op>>,
+    batches: VecDeque<Kept>,
     ops: usize,
     /// The store refused a fenced batch ([`BackendError::Fenced`]): this partition's writer
     /// has lost it; nothing more is sent, every request gets this error.
@@ -334,6 +339,18 @@ struct Retained {
     next_try: Instant,
     backoff: Duration,
     last_log: Option<Instant>,
+}
+
+/// A failed flush kept to send again.
+struct Kept {
+    ops: Vec<Op>,
+    /// Its number, as first sent (a store may have run it: see [`crate::Fence::batch`]), and
+    /// whether it is what a fenced batch the store accepted left ([`BackendError::Partial`]):
+    /// sent without the fence, kept when the writer loses it.
+    batch: Batch,
+    /// Whether it was sent: the store may have run it (its answer lost). Sent again with its
+    /// number, a store that marks batches says so, even to a writer that lost the fence.
+    sent: bool,
 }
 
 impl Retained {
@@ -355,28 +372,68 @@ impl Retained {
         self.backoff = (self.backoff * 2).min(RETRY_MAX);
     }
 
-    /// Keeps `ops` to send again, giving up the oldest beyond `limit`.
-    fn keep(&mut self, ops: Vec<Op>, stats: &LinkStats) {
-        self.ops += ops.len();
-        self.batches.push_back(ops);
+    /// Keeps what of `ops` the store failed (`e`) to send again: the first `keep` of them,
+    /// or only those a fenced batch left ([`BackendError::Partial`]).
+    fn keep_failed(
+        &mut self,
+        mut ops: Vec<Op>,
+        keep: usize,
+        number: u64,
+        sent: bool,
+        e: &BackendError,
+        stats: &LinkStats,
+    ) {
+        let kept = match e {
+            BackendError::Partial { rest, .. } => Kept {
+                ops: rest
+                    .iter()
+                    .filter(|&&i| i < keep.min(ops.len()))
+                    .map(|&i| ops[i].clone())
+                    .collect(),
+                batch: Batch { number, rest: true },
+                sent,
+            },
+            _ => {
+                ops.truncate(keep);
+                Kept {
+                    ops,
+                    batch: Batch {
+                        number,
+                        rest: false,
+                    },
+                    sent,
+                }
+            }
+        };
+        if !kept.ops.is_empty() {
+            self.keep(kept, stats);
+        }
+    }
+
+    /// Keeps a batch to send again, giving up the oldest beyond `limit`.
+    fn keep(&mut self, kept: Kept, stats: &LinkStats) {
+        self.ops += kept.ops.len();
+        self.batches.push_back(kept);
         while self.ops > self.limit {
             let Some(old) = self.batches.pop_front() else {
                 break;
             };
-            self.ops -= old.len();
+            self.ops -= old.ops.len();
             stats
                 .lost_ops
-                .fetch_add(old.len() as u64, Ordering::Relaxed);
+                .fetch_add(old.ops.len() as u64, Ordering::Relaxed);
         }
     }
 
     /// Takes the store's refusal of a fenced batch: what is kept is dropped (it would be
-    /// refused too), and so is everything after.
+    /// refused too), and so is everything after; what accepted batches left is still sent.
     fn fence(&mut self, e: BackendError, stats: &LinkStats) {
-        let dropped = self.ops as u64;
-        stats.fenced_ops.fetch_add(dropped, Ordering::Relaxed);
-        self.batches.clear();
-        self.ops = 0;
+        let before = self.ops;
+        self.batches.retain(|k| k.batch.rest);
+        self.ops = self.batches.iter().map(|k| k.ops.len()).sum();
+        stats
+            .fenced_ops
+            .fetch_add((before - self.ops) as u64, Ordering::Relaxed);
         if self.fenced.is_none() {
             eprintln!("flowstate: {e}; this partition's writes stop");
         }
@@ -390,18 +447,27 @@ impl Retained {
         replies: &mut Vec<Reply>,
         stats: &LinkStats,
     ) -> bool {
-        while let Some(ops) = self.batches.front() {
+        while let Some(k) = self.batches.front_mut() {
             replies.clear();
-            if let Err(e) = timed_execute(backend, ops, replies, stats) {
-                if matches!(e, BackendError::Fenced { .. }) {
-                    self.fence(e, stats);
-                    return true;
+            match timed_execute(backend, &k.ops, k.batch, replies, stats) {
+                Ok(()) => {
+                    self.ops -= k.ops.len();
+                    self.batches.pop_front();
                 }
-                self.failed(stats, &e);
-                return false;
+                Err(e @ BackendError::Fenced { .. }) => self.fence(e, stats),
+                Err(e) => {
+                    if let BackendError::Partial { rest, .. } = &e {
+                        let left: Vec<Op> =
+                            rest.iter().filter_map(|&i| k.ops.get(i).cloned()).collect();
+                        self.ops -= k.ops.len() - left.len();
+                        k.ops = left;
+                        k.batch.rest = true;
+                    }
+                    k.sent = true;
+                    self.failed(stats, &e);
+                    return false;
+                }
             }
-            self.ops -= ops.len();
-            self.batches.pop_front();
         }
         self.backoff = RETRY_FIRST;
         true
@@ -411,9 +477,10 @@ impl Retained {
 /// Runs requests in order. A flush the store fails is kept and sent again (with backoff)
 /// before anything newer, so the store ends with every update once it answers again; a
 /// synchronous call while earlier flushes wait fails rather than read around them. A flush
-/// whose fate is unknown (the connection broke mid-batch) is sent again whole: assignments
-/// are idempotent, but on Redis and Cassandra its counter additions may count twice (the
-/// `store` backend deduplicates by operation id).
+/// whose fate is unknown (the connection broke mid-batch) is sent again whole, with its number
+/// ([`Batch`]): the `store` backend deduplicates by operation id, and Redis runs a numbered
+/// fenced batch once ([`crate::Fence::batch`]); elsewhere (Cassandra, Redis unfenced) its
+/// counter additions may count twice.
 fn state_thread(
     mut backend: Box<dyn crate::Backend>,
     rx: Receiver<Request>,
@@ -430,6 +497,7 @@ fn state_thread(
         backoff: RETRY_FIRST,
         last_log: None,
     };
+    let mut numbers = 1u64..;
     loop {
         let req = if kept.batches.is_empty() {
             rx.recv().ok()
@@ -444,6 +512,11 @@ fn state_thread(
             }
         };
         let Some(req) = req else { break };
+        let number = numbers.next().unwrap_or(u64::MAX);
+        let whole = Batch {
+            number,
+            rest: false,
+        };
         if let Some(e) = &kept.fenced {
             stats
                 .fenced_ops
@@ -461,7 +534,7 @@ fn state_thread(
             Some(tx) => {
                 let result = if clear {
                     replies.clear();
-                    timed_execute(backend.as_mut(), &req.ops, &mut replies, &stats)
+                    timed_execute(backend.as_mut(), &req.ops, whole, &mut replies, &stats)
                         .map(|()| std::mem::take(&mut replies))
                 } else {
                     Err(BackendError::Unreachable {
@@ -479,18 +552,14 @@ fn state_thread(
                             .fetch_add(req.ops.len() as u64, Ordering::Relaxed);
                         kept.fence(e.clone(), &stats);
                     }
-                    Err(_) if req.keep > 0 => {
-                        let mut ops = req.ops;
-                        ops.truncate(req.keep);
-                        kept.keep(ops, &stats);
-                    }
-                    _ => {}
+                    Err(e) => kept.keep_failed(req.ops, req.keep, number, clear, e, &stats),
+                    Ok(_) => {}
                 }
                 let _ = tx.send(result.map_err(|e| kept.fenced.clone().unwrap_or(e)));
             }
             None if clear => {
                 replies.clear();
-                match timed_execute(backend.as_mut(), &req.ops, &mut replies, &stats) {
+                match timed_execute(backend.as_mut(), &req.ops, whole, &mut replies, &stats) {
                     Err(e @ BackendError::Fenced { .. }) => {
                         stats
                             .fenced_ops
@@ -498,22 +567,37 @@ fn state_thread(
                         kept.fence(e, &stats);
                     }
                     Err(e) => {
-                        kept.keep(req.ops, &stats);
+                        let n = req.ops.len();
+                        kept.keep_failed(req.ops, n, number, true, &e, &stats);
                         kept.failed(&stats, &e);
                     }
                     Ok(()) => {}
                 }
             }
-            None => kept.keep(req.ops, &stats),
+            None => kept.keep(
+                Kept {
+                    ops: req.ops,
+                    batch: whole,
+                    sent: false,
+                },
+                &stats,
+            ),
         }
     }
-    // The partition is gone: one last try for what waits, then it is lost.
-    if !kept.batches.is_empty() && !kept.resend(backend.as_mut(), &mut replies, &stats) {
-        stats.lost_ops.fetch_add(kept.ops as u64, Ordering::Relaxed);
-        eprintln!(
-            "flowstate: {} state operations could not reach the store and are lost",
-            kept.ops
-        );
+    // The partition is gone: one last try for what waits; a batch the store may have run, or
+    // what one it ran left, is tried for a while longer (the store says whether it ran);
+    // then the rest is lost: it never ran.
+    let give_up = Instant::now() + REST_RETRY_FOR;
+    while !kept.batches.is_empty() && !kept.resend(backend.as_mut(), &mut replies, &stats) {
+        if !kept.batches.iter().any(|k| k.batch.rest || k.sent) || Instant::now() >= give_up {
+            stats.lost_ops.fetch_add(kept.ops as u64, Ordering::Relaxed);
+            eprintln!(
+                "flowstate: {} state operations could not reach the store and are lost",
+                kept.ops
+            );
+            break;
+        }
+        std::thread::sleep(kept.next_try.saturating_duration_since(Instant::now()));
     }
 }
 

@@ -39,8 +39,8 @@ mod scope;
 mod table;
 
 pub use backend::{
-    Backend, BackendError, Bytes, Connector, Fence, FencedBackend, Object, Op, OpError, Reply,
-    SettingError,
+    Backend, BackendError, Batch, Bytes, Connector, Fence, FencedBackend, Object, Op, OpError,
+    Reply, SettingError,
 };
 pub use codec::{Codec, CodecError};
 pub use engine::{Declare, LinkStats, Nanos, Partition, StateConfig, CALL_BUCKETS};

@@ -687,3 +687,148 @@ fn map_entries_expire_in_deadline_order_whatever_came_before() {
         assert_eq!(m.len().unwrap(), model.len() as u64);
     }
 }
+
+/// A store with two places and no atomic step over both, as Redis Cluster's hash slots: a
+/// fenced batch's operations on the fence's place (here: every key but the `shared` NF's) run
+/// with the check; the others run after, and fail while `rest_down` is set
+/// ([`BackendError::Partial`]). `fence_holds` cleared: the writer has lost its fence.
+#[derive(Clone, Default)]
+struct Split {
+    store: LocalStore,
+    rest_down: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    fence_lost: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+struct SplitBackend {
+    inner: Box<dyn Backend>,
+    split: Split,
+}
+
+impl Backend for SplitBackend {
+    fn name(&self) -> &'static str {
+        "split"
+    }
+    fn execute(
+        &mut self,
+        ops: &[flowstate_state::Op],
+        replies: &mut Vec<flowstate_state::Reply>,
+    ) -> Result<(), BackendError> {
+        if self.split.rest_down.load(Ordering::SeqCst)
+            && ops.iter().any(|o| o.key().as_str().starts_with("shared@"))
+        {
+            return Err(BackendError::Unreachable {
+                backend: "split",
+                reason: "the other place is down".into(),
+            });
+        }
+        self.inner.execute(ops, replies)
+    }
+    fn execute_fenced(
+        &mut self,
+        _fence: &flowstate_state::Fence,
+        ops: &[flowstate_state::Op],
+        replies: &mut Vec<flowstate_state::Reply>,
+    ) -> Result<(), BackendError> {
+        if self.split.fence_lost.load(Ordering::SeqCst) {
+            return Err(BackendError::Fenced {
+                backend: "split",
+                key: "owner".into(),
+            });
+        }
+        let (rest, inside): (Vec<usize>, Vec<usize>) =
+            (0..ops.len()).partition(|&i| ops[i].key().as_str().starts_with("shared@"));
+        let pick = |idx: &[usize]| idx.iter().map(|&i| ops[i].clone()).collect::<Vec<_>>();
+        let mut first = Vec::new();
+        self.inner.execute(&pick(&inside), &mut first)?;
+        if !rest.is_empty() && self.split.rest_down.load(Ordering::SeqCst) {
+            return Err(BackendError::Partial {
+                backend: "split",
+                rest,
+                reason: "the other place is down".into(),
+            });
+        }
+        let mut second = Vec::new();
+        self.inner.execute(&pick(&rest), &mut second)?;
+        let (mut first, mut second) = (first.into_iter(), second.into_iter());
+        for i in 0..ops.len() {
+            let from = if rest.contains(&i) {
+                &mut second
+            } else {
+                &mut first
+            };
+            replies.push(from.next().unwrap());
+        }
+        Ok(())
+    }
+    fn partitions(
+        &mut self,
+        nf: &str,
+        kind: flowstate_state::Kind,
+        id: &str,
+    ) -> Result<Vec<flowstate_state::ObjectKey>, BackendError> {
+        self.inner.partitions(nf, kind, id)
+    }
+}
+
+impl Connector for Split {
+    fn name(&self) -> &'static str {
+        "split"
+    }
+    fn connect(&self) -> Result<Box<dyn Backend>, BackendError> {
+        let plain = SplitBackend {
+            inner: self.store.connect()?,
+            split: self.clone(),
+        };
+        let fence = flowstate_state::Fence {
+            key: flowstate_state::ObjectKey::from_raw("cluster@0@0@Value@owner").unwrap(),
+            value: b"1:1".to_vec(),
+            batch: 0,
+        };
+        Ok(Box::new(flowstate_state::FencedBackend::new(
+            Box::new(plain),
+            fence,
+        )))
+    }
+}
+
+/// A fenced batch whose fence's part ran and whose other part failed: only the other part is
+/// sent again (nothing counted twice), without the fence, and still after the writer lost
+/// the fence and closed the partition (nothing of an accepted batch lost).
+#[test]
+fn what_an_accepted_fenced_batch_left_is_sent_again_once_even_after_the_fence_is_lost() {
+    let split = Split::default();
+    let mut p = part(&split, 0);
+    let own = p
+        .declare("own")
+        .counter("c", Scope::PerFlow, Access::WriteMostly)
+        .unwrap();
+    let shared = p
+        .declare("shared")
+        .counter("c", Scope::Shared, Access::WriteMostly)
+        .unwrap();
+    split.rest_down.store(true, Ordering::SeqCst);
+    own.add_nowait(1);
+    shared.add_nowait(10);
+    assert!(p.flush_all(S).is_err(), "the shared part failed");
+    split.rest_down.store(false, Ordering::SeqCst);
+    assert_eq!(own.add(0).unwrap(), 1, "the fence's part ran once");
+    let mut b = split.store.connect().unwrap();
+    assert_eq!(merge::counter_sum(b.as_mut(), "shared", "c").unwrap(), 10);
+
+    split.rest_down.store(true, Ordering::SeqCst);
+    own.add_nowait(1);
+    shared.add_nowait(10);
+    assert!(p.flush_all(2 * S).is_err());
+    split.fence_lost.store(true, Ordering::SeqCst);
+    drop((own, shared, p));
+    split.rest_down.store(false, Ordering::SeqCst);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while merge::counter_sum(b.as_mut(), "shared", "c").unwrap() != 20 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the rest never landed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(merge::counter_sum(b.as_mut(), "own", "c").unwrap(), 2);
+}

@@ -15,6 +15,14 @@
 //! * The script's `KEYS` are the fence's key and every key the operations touch (helper keys
 //!   included), as Redis Cluster requires of a script: all in one hash slot, the fence's
 //!   partition's ([`ops::key`]). The caller chooses which operations go in (`inside`).
+//! * Once: a numbered batch ([`Fence::batch`](flowstate_state::Fence::batch)) sets its mark
+//!   in the same script: a key on the fence's slot, one per writer (`{tag}@~batch~@` and the
+//!   fence's key), holding the fence's value and the number. Sent again (its answer lost with
+//!   a connection or a failed-over master), a batch whose mark is there runs nothing and
+//!   answers `APPLIED`, even if the fence has moved on since: the mark is checked first, so
+//!   `FENCED` means the batch never ran. On Redis Cluster, what a batch left on other slots runs the same way,
+//!   without the check: one script per slot, each with its own mark there. Each part of a
+//!   batch runs once, however often it is sent; marks are bounded by writers × slots.
 //! * It is sent by its SHA-1 (`EVALSHA`); a server that answers `NOSCRIPT` (a restart, a
 //!   failover, a node new to the slot: nothing ran) is sent `SCRIPT LOAD` and the call again.
 //! * Counters: Lua numbers are doubles, which would round a counter beyond 2^53 on its way back,
@@ -28,10 +36,18 @@ use std::sync::LazyLock;
 /// The script's check and its table of functions; then each of [`ops::Script`] is added to
 /// `S` (see [`SCRIPT`]), then [`COUNTERS`] and [`RUN`].
 const CHECK: &str = r"
--- A fenced batch (crates/drivers/redis/src/fenced.rs). KEYS[1] is the fence's key, ARGV[1]
--- the value it must hold, else nothing runs.
-if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
+-- A fenced batch (crates/drivers/redis/src/fenced.rs). KEYS[2] is the batch's mark, ARGV[2]
+-- its value ('': none): a batch whose mark is there already ran (its fence held then), and
+-- does not run again. KEYS[1] is the fence's key, ARGV[1] the value it must hold, else
+-- nothing runs ('': no check, for what a batch whose fence held left).
+if ARGV[2] ~= '' and redis.pcall('GET', KEYS[2]) == ARGV[2] then
+  return redis.error_reply('APPLIED the batch ran before')
+end
+if ARGV[1] ~= '' and redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
   return redis.error_reply('FENCED the fence key does not hold the expected value')
+end
+if ARGV[2] ~= '' then
+  redis.pcall('SET', KEYS[2], ARGV[2])
 end
 local S = {}
 ";
@@ -50,9 +66,9 @@ end
 
 /// Runs the operations and answers their replies in order.
 const RUN: &str = r"
--- Each operation, in ARGV[2..]: its name (a Redis command, or a function of S), its number
+-- Each operation, in ARGV[3..]: its name (a Redis command, or a function of S), its number
 -- of keys (the next ones of KEYS), its number of arguments, its arguments.
-local out, k, a, n = {}, 2, 2, #ARGV
+local out, k, a, n = {}, 3, 3, #ARGV
 while a <= n do
   local name, nk, na = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local r
@@ -108,6 +124,25 @@ pub(crate) fn sha() -> &'static str {
 
 /// The error code of a fence that does not hold.
 const FENCED: &str = "FENCED";
+/// The error code of a marked batch that ran before.
+const APPLIED: &str = "APPLIED";
+
+/// The key marking the batches a writer fenced by `fence_key` (a Redis key) ran on the hash
+/// slot of `tag` (`{...}`, a Redis key's hash tag): in that slot, one per writer and slot.
+pub(crate) fn mark_key(tag: &[u8], fence_key: &[u8]) -> Vec<u8> {
+    let mut k = tag.to_vec();
+    k.extend_from_slice(b"@~batch~@");
+    k.extend_from_slice(fence_key);
+    k
+}
+
+/// A mark's value: the fence's value (its writer) and the batch's number.
+pub(crate) fn mark_value(fence_value: &[u8], batch: u64) -> Vec<u8> {
+    let mut v = fence_value.to_vec();
+    v.push(b'#');
+    v.extend_from_slice(batch.to_string().as_bytes());
+    v
+}
 
 /// One fenced call: the `EVALSHA` and the operations it runs.
 pub(crate) struct Fenced {
@@ -117,12 +152,14 @@ pub(crate) struct Fenced {
     pub(crate) inside: Vec<usize>,
 }
 
-/// The call that checks `fence_key` (a Redis key) holds `value` and then runs the operations
-/// whose calls `inside` accepts (given their keys), in order. Operations without a call
-/// (answered without Redis) are never inside.
+/// The call that checks `fence_key` (a Redis key) holds `value` (no check if empty), then,
+/// given a `mark` (key, value), runs nothing if the mark is there already and sets it
+/// otherwise, then runs the operations whose calls `inside` accepts (given their keys), in
+/// order. Operations without a call (answered without Redis) are never inside.
 pub(crate) fn call(
     fence_key: &[u8],
     value: &[u8],
+    mark: Option<(&[u8], &[u8])>,
     calls: &[Result<Call, Reply>],
     inside: impl Fn(&[&[u8]]) -> bool,
 ) -> Fenced {
@@ -134,13 +171,14 @@ pub(crate) fn call(
         .collect();
     let mut cmd = redis::cmd("EVALSHA");
     let keys: usize = parts.iter().map(|(_, p)| p.keys.len()).sum();
-    cmd.arg(sha()).arg(1 + keys).arg(fence_key);
+    let (mark_key, mark_value) = mark.unwrap_or((fence_key, b""));
+    cmd.arg(sha()).arg(2 + keys).arg(fence_key).arg(mark_key);
     for (_, p) in &parts {
         for k in &p.keys {
             cmd.arg(*k);
         }
     }
-    cmd.arg(value);
+    cmd.arg(value).arg(mark_value);
     for (_, p) in &parts {
         let name = match p.name {
             b"INCRBY" => &b"incrby"[..],
@@ -165,6 +203,8 @@ pub(crate) enum Outcome {
     Ran(Vec<Answer>),
     /// The fence did not hold; nothing ran.
     Fenced,
+    /// The batch's mark was there: it ran before, nothing ran now.
+    Applied,
     /// The server does not have the script; nothing ran.
     NoScript,
     /// An answer of the wrong shape.
@@ -177,6 +217,7 @@ pub(crate) enum Outcome {
 pub(crate) fn answers(answer: Answer, ops: &[Op], inside: &[usize]) -> Outcome {
     let values = match answer {
         Answer::Error { code, .. } if code == FENCED => return Outcome::Fenced,
+        Answer::Error { code, .. } if code == APPLIED => return Outcome::Applied,
         Answer::Error { code, .. } if code == "NOSCRIPT" => return Outcome::NoScript,
         e @ Answer::Error { .. } => return Outcome::Ran(vec![e; inside.len()]),
         Answer::Value(Value::Array(v)) if v.len() == inside.len() => v,
@@ -233,7 +274,15 @@ mod tests {
             },
         ];
         let calls: Vec<_> = ops.iter().map(ops::command).collect();
-        let f = call(b"{0@5}@cluster@Value@owner", b"id", &calls, |_| true);
+        let mark = mark_key(b"{0@5}", b"{0@5}@cluster@Value@owner");
+        assert_eq!(mark, b"{0@5}@~batch~@{0@5}@cluster@Value@owner");
+        let f = call(
+            b"{0@5}@cluster@Value@owner",
+            b"id",
+            Some((&mark, b"id#7")),
+            &calls,
+            |_| true,
+        );
         // The Len of a value is answered without Redis.
         assert_eq!(f.inside, vec![0, 2]);
         let words: Vec<Vec<u8>> = f
@@ -250,12 +299,14 @@ mod tests {
             [
                 &b"EVALSHA"[..],
                 sha().as_bytes(),
-                b"4",
+                b"5",
                 b"{0@5}@cluster@Value@owner",
+                b"{0@5}@~batch~@{0@5}@cluster@Value@owner",
                 b"{0@5}@nat@Counter@n",
                 b"{0@5}@nat@Map@m",
                 b"~ttl~{0@5}@nat@Map@m",
                 b"id",
+                b"id#7",
                 b"incrby",
                 b"1",
                 b"1",

@@ -566,6 +566,44 @@ struct RedisBackend {
 }
 
 impl RedisBackend {
+    /// Every operation of `ops` in one script ([`fenced`]), with the fence's check if
+    /// `checked`, marked by the fence's batch number.
+    fn script(
+        &mut self,
+        fence: &Fence,
+        checked: bool,
+        ops: &[Op],
+        replies: &mut Vec<Reply>,
+    ) -> Result<(), BackendError> {
+        let built = commands(ops);
+        let fence_key = ops::key(&fence.key);
+        let mark = mark(fence, &fence_key, &fence_key);
+        let call = fenced::call(
+            &fence_key,
+            if checked { &fence.value } else { b"" },
+            mark.as_ref().map(|(k, v)| (&k[..], &v[..])),
+            &built,
+            |_| true,
+        );
+        let mut got = self.run(&[&call.cmd])?;
+        if matches!(got.first(), Some(Answer::Error { code, .. }) if code == "NOSCRIPT") {
+            // Nothing ran: load the script and call it again, in one round trip.
+            got = self.run(&[&fenced::load(), &call.cmd])?;
+            if let Some(Answer::Error { code, detail }) = got.first() {
+                return Err(BackendError::Protocol {
+                    backend: "redis",
+                    reason: format!("SCRIPT LOAD: {code} {detail}"),
+                });
+            }
+        }
+        let answer = got.pop().ok_or_else(|| BackendError::Protocol {
+            backend: "redis",
+            reason: "no answer to a fenced batch".into(),
+        })?;
+        let answers = fenced_answers("redis", fence, ops, &call.inside, answer)?;
+        self.finish(ops, built, answers, replies)
+    }
+
     fn run(&mut self, cmds: &[&Cmd]) -> Result<Vec<Answer>, BackendError> {
         let conn = match &mut self.conn {
             Some(c) => c,
@@ -640,25 +678,18 @@ impl Backend for RedisBackend {
         ops: &[Op],
         replies: &mut Vec<Reply>,
     ) -> Result<(), BackendError> {
-        let built = commands(ops);
-        let call = fenced::call(&ops::key(&fence.key), &fence.value, &built, |_| true);
-        let mut got = self.run(&[&call.cmd])?;
-        if matches!(got.first(), Some(Answer::Error { code, .. }) if code == "NOSCRIPT") {
-            // Nothing ran: load the script and call it again, in one round trip.
-            got = self.run(&[&fenced::load(), &call.cmd])?;
-            if let Some(Answer::Error { code, detail }) = got.first() {
-                return Err(BackendError::Protocol {
-                    backend: "redis",
-                    reason: format!("SCRIPT LOAD: {code} {detail}"),
-                });
-            }
-        }
-        let answer = got.pop().ok_or_else(|| BackendError::Protocol {
-            backend: "redis",
-            reason: "no answer to a fenced batch".into(),
-        })?;
-        let answers = fenced_answers("redis", fence, ops, &call.inside, answer)?;
-        self.finish(ops, built, answers, replies)
+        self.script(fence, true, ops, replies)
+    }
+
+    /// A batch runs whole here: what one left is all of it, the same script without the
+    /// check, skipped if the batch's mark is there.
+    fn execute_rest(
+        &mut self,
+        fence: &Fence,
+        ops: &[Op],
+        replies: &mut Vec<Reply>,
+    ) -> Result<(), BackendError> {
+        self.script(fence, false, ops, replies)
     }
 
     fn partitions(
@@ -707,6 +738,16 @@ fn fenced_answers(
             }
             Ok(answers)
         }
+        fenced::Outcome::Applied => {
+            let mut answers = vec![None; ops.len()];
+            for &i in inside {
+                answers[i] = Some(Answer::Error {
+                    code: "APPLIED".into(),
+                    detail: "the batch ran before".into(),
+                });
+            }
+            Ok(answers)
+        }
         fenced::Outcome::Fenced => Err(BackendError::Fenced {
             backend,
             key: fence.key.to_string(),
@@ -716,6 +757,16 @@ fn fenced_answers(
         )),
         fenced::Outcome::Bad(reason) => Err(protocol(reason)),
     }
+}
+
+/// The mark of `fence`'s batch on the hash slot of `key` (a Redis key), if it is numbered
+/// and `key` has a hash tag (see [`fenced::call`]).
+fn mark(fence: &Fence, fence_key: &[u8], key: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
+    let tag = ops::tag(key).filter(|_| fence.batch != 0)?;
+    Some((
+        fenced::mark_key(tag, fence_key),
+        fenced::mark_value(&fence.value, fence.batch),
+    ))
 }
 
 /// Reads one `SCAN` reply: adds the matching keys to `found`, returns the next cursor.
@@ -1082,6 +1133,65 @@ impl ClusterBackend {
         answer.ok_or_else(|| unreachable("redis-cluster", "a fenced batch got no answer"))
     }
 
+    /// Runs the operations `rest` of a fenced batch whose fence held, off the fence's slot:
+    /// a numbered batch's as one script per hash slot that runs them only if the batch's mark
+    /// on that slot is not there yet (each runs once, however often it is sent); their
+    /// answers into `answers`.
+    fn run_rest(
+        &mut self,
+        fence: &Fence,
+        fence_key: &[u8],
+        ops: &[Op],
+        built: &[Result<Call, Reply>],
+        rest: &[usize],
+        answers: &mut [Option<Answer>],
+    ) -> Result<(), BackendError> {
+        let mut plain = Vec::new();
+        let mut left: Vec<usize> = rest.to_vec();
+        while let Some(&first) = left.first() {
+            let key = ops::key(ops[first].key());
+            let slot = ops::slot(&key);
+            let (here, others): (Vec<usize>, Vec<usize>) = left
+                .iter()
+                .partition(|&&i| ops::slot(&ops::key(ops[i].key())) == slot);
+            left = others;
+            let Some((mark_key, mark_value)) = mark(fence, fence_key, &key) else {
+                plain.extend(here);
+                continue;
+            };
+            let call = fenced::call(
+                &mark_key,
+                b"",
+                Some((&mark_key, &mark_value)),
+                built,
+                |keys| keys.iter().all(|k| ops::slot(k) == slot),
+            );
+            let answer = self.run_fenced(call.cmd, mark_key)?;
+            let got = fenced_answers("redis-cluster", fence, ops, &call.inside, answer)?;
+            for (i, a) in got.into_iter().enumerate() {
+                if a.is_some() {
+                    answers[i] = a;
+                }
+            }
+            // Operations whose keys span slots run as plain commands.
+            plain.extend(here.into_iter().filter(|&i| answers[i].is_none()));
+        }
+        if !plain.is_empty() {
+            let mut cmds = Vec::new();
+            let mut keys = Vec::new();
+            for i in plain {
+                if let Ok(c) = &built[i] {
+                    cmds.push((i, c.cmd.clone()));
+                    keys.push(ops::key(ops[i].key()));
+                }
+            }
+            for ((i, _), a) in cmds.iter().zip(self.run(&cmds, &keys)?) {
+                answers[*i] = Some(a);
+            }
+        }
+        Ok(())
+    }
+
     /// [`finish`] for this backend: the follow-up `TYPE`s routed as any command.
     fn finish(
         &mut self,
@@ -1208,22 +1318,50 @@ impl Backend for ClusterBackend {
     ) -> Result<(), BackendError> {
         let built = commands(ops);
         let fence_key = ops::key(&fence.key);
-        let call = fenced::call(&fence_key, &fence.value, &built, on_slot(&fence_key));
-        let answer = self.run_fenced(call.cmd, fence_key)?;
+        let mark = mark(fence, &fence_key, &fence_key);
+        let call = fenced::call(
+            &fence_key,
+            &fence.value,
+            mark.as_ref().map(|(k, v)| (&k[..], &v[..])),
+            &built,
+            on_slot(&fence_key),
+        );
+        let answer = self.run_fenced(call.cmd, fence_key.clone())?;
         let mut answers = fenced_answers("redis-cluster", fence, ops, &call.inside, answer)?;
-        let mut rest = Vec::new();
-        let mut keys = Vec::new();
-        for (i, (op, b)) in ops.iter().zip(&built).enumerate() {
-            if let (Ok(c), None) = (b, &answers[i]) {
-                rest.push((i, c.cmd.clone()));
-                keys.push(ops::key(op.key()));
-            }
-        }
+        let rest: Vec<usize> = (0..ops.len())
+            .filter(|&i| built[i].is_ok() && answers[i].is_none())
+            .collect();
         if !rest.is_empty() {
-            for ((i, _), a) in rest.iter().zip(self.run(&rest, &keys)?) {
-                answers[*i] = Some(a);
-            }
+            // The fence held and its slot's part ran (now or before): the others must run
+            // too, whoever holds the fence by then (the state engine sends them again without
+            // it).
+            self.run_rest(fence, &fence_key, ops, &built, &rest, &mut answers)
+                .map_err(|e| BackendError::Partial {
+                    backend: "redis-cluster",
+                    rest,
+                    reason: e.to_string(),
+                })?;
         }
+        self.finish(ops, built, answers, replies)
+    }
+
+    fn execute_rest(
+        &mut self,
+        fence: &Fence,
+        ops: &[Op],
+        replies: &mut Vec<Reply>,
+    ) -> Result<(), BackendError> {
+        let built = commands(ops);
+        let rest: Vec<usize> = (0..ops.len()).filter(|&i| built[i].is_ok()).collect();
+        let mut answers = vec![None; ops.len()];
+        self.run_rest(
+            fence,
+            &ops::key(&fence.key),
+            ops,
+            &built,
+            &rest,
+            &mut answers,
+        )?;
         self.finish(ops, built, answers, replies)
     }
 
@@ -1343,10 +1481,15 @@ mod tests {
             },
         ];
         let built = commands(&ops);
-        let call = fenced::call(&fence, b"v", &built, on_slot(&fence));
+        let call = fenced::call(&fence, b"v", None, &built, on_slot(&fence));
         assert_eq!(call.inside, vec![0, 1, 3]);
         // A single server's holds them all.
-        assert_eq!(fenced::call(&fence, b"v", &built, |_| true).inside.len(), 5);
+        assert_eq!(
+            fenced::call(&fence, b"v", None, &built, |_| true)
+                .inside
+                .len(),
+            5
+        );
     }
 
     #[test]

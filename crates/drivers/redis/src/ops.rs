@@ -45,6 +45,13 @@ pub(crate) fn key(key: &ObjectKey) -> Vec<u8> {
     .into_bytes()
 }
 
+/// A Redis key's hash tag with its braces (`{...}`), when the key starts with one: every key
+/// that starts with it is on the same hash slot.
+pub(crate) fn tag(key: &[u8]) -> Option<&[u8]> {
+    let close = key.iter().position(|&b| b == b'}')?;
+    (key.first() == Some(&b'{') && close > 1).then(|| &key[..=close])
+}
+
 /// The object key a Redis key names, if it is one of ours ([`key`] of it is `raw`).
 pub(crate) fn object(raw: &[u8]) -> Option<ObjectKey> {
     let text = std::str::from_utf8(raw).ok()?;

@@ -259,6 +259,7 @@ fn same_replies_as_execute(c: &dyn Connector) {
     let fence = Fence {
         key: record(s, pid),
         value: b"\x00\x00\x00\x01\x00\x00\x00\x07".to_vec(),
+        batch: 0,
     };
     claim(b.as_mut(), &fence.key, None, Some(&fence.value));
     let (here, there) = (Objects::new(s, pid), Objects::new(t, pid));
@@ -350,6 +351,7 @@ fn refused_once_the_record_moves(c: &dyn Connector) {
         Fence {
             key: key.clone(),
             value: mine.to_vec(),
+            batch: 0,
         },
     );
     let batch = writes(&o, &shared);
@@ -399,6 +401,7 @@ fn refused_once_the_record_moves(c: &dyn Connector) {
             &Fence {
                 key: key.clone(),
                 value: mine.to_vec(),
+                batch: 0,
             },
             &batch,
             &mut r,
@@ -436,6 +439,7 @@ fn redis_cluster_fences_many_objects_of_one_partition() {
     let fence = Fence {
         key: record(s, pid),
         value: b"owner-1".to_vec(),
+        batch: 0,
     };
     let mut b = c.connect().expect("connect");
     claim(b.as_mut(), &fence.key, None, Some(&fence.value));
@@ -470,10 +474,11 @@ fn redis_cluster_fences_many_objects_of_one_partition() {
     assert_eq!(exec(b.as_mut(), &reads), want);
     // Refused whole, the objects elsewhere too.
     claim(b.as_mut(), &fence.key, Some(&fence.value), Some(b"owner-2"));
-    assert!(matches!(
-        fenced(b.as_mut(), &fence, &adds),
-        Err(BackendError::Fenced { .. })
-    ));
+    let refused = fenced(b.as_mut(), &fence, &adds);
+    assert!(
+        matches!(refused, Err(BackendError::Fenced { .. })),
+        "{refused:?}"
+    );
     assert_eq!(exec(b.as_mut(), &reads), want);
     let mut del: Vec<Op> = keys.into_iter().map(|key| Op::Delete { key }).collect();
     del.push(Op::Delete { key: fence.key });
@@ -488,6 +493,7 @@ fn loads_the_script_again(c: &dyn Connector, ports: &[u16]) {
     let fence = Fence {
         key: record(s, pid),
         value: b"owner".to_vec(),
+        batch: 0,
     };
     let n = ObjectKey::partitioned(&Owner::new("nat", s, pid), Kind::Counter, "n");
     let add = [Op::Add {
@@ -558,6 +564,7 @@ fn a_refused_batch_leaves_maps_and_their_deadlines_alone() {
     let fence = Fence {
         key: key.clone(),
         value: b"a".to_vec(),
+        batch: 0,
     };
     fenced(b.as_mut(), &fence, &[set("kept")]).expect("fence holds");
     claim(b.as_mut(), &key, Some(b"a"), Some(b"b"));
@@ -589,4 +596,78 @@ fn a_refused_batch_leaves_maps_and_their_deadlines_alone() {
         )])))]
     );
     exec(b.as_mut(), &[Op::Delete { key: m }, Op::Delete { key }]);
+}
+
+/// A numbered fenced batch (`Fence::batch`) sent again (its answer lost) does not run again:
+/// its partition's counter and a shared counter (another hash slot on the cluster) count it
+/// once; what it left sent again without the fence (`execute_rest`) runs once too, also after
+/// the fence moved on; the next number runs.
+fn numbered_batches_run_once(c: &dyn Connector) {
+    let pid = std::process::id();
+    let s = stage();
+    let mut fence = Fence {
+        key: record(s, pid),
+        value: b"owner-1".to_vec(),
+        batch: 41,
+    };
+    let mut b = c.connect().expect("connect");
+    claim(b.as_mut(), &fence.key, None, Some(&fence.value));
+    let own = ObjectKey::partitioned(&Owner::new("nat", s, pid), Kind::Counter, "n");
+    let shared = ObjectKey::shared(&format!("numbered{s}-{pid}"), Kind::Counter, "n");
+    let add = |key: &ObjectKey| Op::Add {
+        key: key.clone(),
+        delta: 1,
+    };
+    let batch = [add(&own), add(&shared)];
+    let get = |b: &mut dyn Backend, key: &ObjectKey| {
+        exec(
+            b,
+            &[Op::Add {
+                key: key.clone(),
+                delta: 0,
+            }],
+        )
+    };
+    for _ in 0..3 {
+        fenced(b.as_mut(), &fence, &batch).expect("fence holds");
+    }
+    assert_eq!(get(b.as_mut(), &own), vec![Reply::Int(1)]);
+    assert_eq!(get(b.as_mut(), &shared), vec![Reply::Int(1)]);
+    fence.batch = 42;
+    fenced(b.as_mut(), &fence, &batch).expect("fence holds");
+    // What batch 42 left, sent again after another writer took the partition.
+    claim(b.as_mut(), &fence.key, Some(b"owner-1"), Some(b"owner-2"));
+    let mut r = Vec::new();
+    b.execute_rest(&fence, &[add(&shared)], &mut r)
+        .expect("rest");
+    fence.batch = 43;
+    b.execute_rest(&fence, &[add(&shared)], &mut r)
+        .expect("rest");
+    assert_eq!(get(b.as_mut(), &own), vec![Reply::Int(2)]);
+    assert_eq!(get(b.as_mut(), &shared), vec![Reply::Int(3)]);
+    fence.batch = 44;
+    assert!(matches!(
+        fenced(b.as_mut(), &fence, &batch),
+        Err(BackendError::Fenced { .. })
+    ));
+    exec(
+        b.as_mut(),
+        &[
+            Op::Delete { key: fence.key },
+            Op::Delete { key: own },
+            Op::Delete { key: shared },
+        ],
+    );
+}
+
+#[test]
+fn redis_runs_a_numbered_batch_once() {
+    let Some(c) = common::redis() else { return };
+    numbered_batches_run_once(&c);
+}
+
+#[test]
+fn redis_cluster_runs_a_numbered_batch_and_its_rest_once() {
+    let Some(c) = common::cluster() else { return };
+    numbered_batches_run_once(&c);
 }

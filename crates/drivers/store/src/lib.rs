@@ -241,7 +241,9 @@ impl StoreConnector {
             BackendError::Protocol { reason, .. } if reason.contains("Unauthorized") => {
                 self.token_key
             }
-            BackendError::Protocol { .. } | BackendError::Fenced { .. } => "url",
+            BackendError::Protocol { .. }
+            | BackendError::Fenced { .. }
+            | BackendError::Partial { .. } => "url",
         };
         let hint = match key {
             "token" | "token_file" if self.settings.token.is_none() => " (the store wants a token)",

@@ -582,6 +582,7 @@ fn fenced_writes_stop_when_the_fence_moves() {
         Fence {
             key: record.clone(),
             value: b"A:1".to_vec(),
+            batch: 0,
         },
     );
     let counter = ObjectKey::partitioned(&Owner::new("nat", 0, 5), Kind::Counter, "n");
