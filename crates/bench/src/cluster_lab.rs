@@ -381,12 +381,19 @@ impl ClusterLab {
     /// iperf3 TCP for `secs` from the client to the lab's iperf3 server: the receiver's
     /// bits per second and the sender's retransmits.
     pub(crate) fn iperf3(&self, secs: u32) -> Result<(f64, f64), String> {
+        self.iperf3_streams(secs, 1)
+    }
+
+    /// [`ClusterLab::iperf3`] with `streams` parallel connections (`-P`): flows an upstream
+    /// hashing on the 5-tuple spreads over several roots.
+    pub(crate) fn iperf3_streams(&self, secs: u32, streams: u32) -> Result<(f64, f64), String> {
         let t = secs.to_string();
+        let p = streams.to_string();
         let server = SERVER.to_string();
         for _ in 0..20 {
             let out = Command::new("ip")
                 .args(["netns", "exec", &self.lab.client_ns()])
-                .args(["iperf3", "-c", &server, "--json", "-t", &t])
+                .args(["iperf3", "-c", &server, "--json", "-t", &t, "-P", &p])
                 .stdin(Stdio::null())
                 .output()
                 .map_err(|e| format!("iperf3: {e}"))?;

@@ -647,13 +647,13 @@ fn max_outage_ms(replies: &[Vec<f64>], moved: &[bool], kill_at: f64) -> f64 {
 }
 
 /// Waits until half the downloads have started.
-fn wait_half(load: &Load, total: usize) {
+pub(crate) fn wait_half(load: &Load, total: usize) {
     while load.started() < total.div_ceil(2) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
 
-fn downloads(report: &mut Report, prefix: &str, r: &LoadResult, total: usize) {
+pub(crate) fn downloads(report: &mut Report, prefix: &str, r: &LoadResult, total: usize) {
     let failed = total.saturating_sub(r.ok);
     report.metric(&format!("{prefix}failed_downloads"), failed as f64);
     report.metric(&format!("{prefix}completed_downloads"), r.ok as f64);

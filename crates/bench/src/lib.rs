@@ -12,6 +12,8 @@ mod chc;
 mod cluster_lab;
 #[cfg(target_os = "linux")]
 mod failover;
+#[cfg(target_os = "linux")]
+mod ha;
 mod flexstate_counter;
 mod flow_cache;
 mod hashing;
@@ -106,6 +108,12 @@ pub const BENCHES: &[Bench] = &[
         name: "store-batching",
         about: "per-operation cost through the store driver: single requests vs multi-op frames of 100 (StatelessNF §5.3)",
         run: store_ops::run_batching,
+    },
+    #[cfg(target_os = "linux")]
+    Bench {
+        name: "ha",
+        about: "in the routed netns lab: no single point of failure — one of two roots, the leading controller and a Redis Cluster master each killed under 100 verified downloads (failed downloads, failover gaps, takeover time, lost or doubled updates); two roots vs one and durable vs async commits goodput (CHC §4-5, StatelessNF §4.2; needs root)",
+        run: ha::run,
     },
     #[cfg(target_os = "linux")]
     Bench {

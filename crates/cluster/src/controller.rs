@@ -357,7 +357,7 @@ pub fn run_controller(
                         // The root's measure of how long packets wait at each instance.
                         (Role::Root, _, Ok(l)) => {
                             if let Some(c) = cores.get_mut(l.stage as usize) {
-                                c.ctl.on_lag(&l, now);
+                                c.ctl.on_lag(from.id, &l, now);
                             }
                         }
                         (_, Err(e), Err(_)) => {

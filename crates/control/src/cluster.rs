@@ -608,9 +608,10 @@ struct Member {
     report: Option<Report>,
     /// Draining and owning nothing since this assignment version.
     drained_at: Option<u64>,
-    /// Consecutive root reports in which its packets waited `straggler` or longer, and the
-    /// last wait reported.
-    slow: u32,
+    /// Consecutive reports of each root (by its index) in which its packets waited
+    /// `straggler` or longer (roots measure apart: each its own packets), and the last wait
+    /// reported.
+    slow: BTreeMap<u32, u32>,
     lag: Nanos,
     /// When its reports last showed more failed commits: its packets wait for the store.
     store_trouble: Option<Nanos>,
@@ -625,7 +626,7 @@ impl Member {
             heard: None,
             report: None,
             drained_at: None,
-            slow: 0,
+            slow: BTreeMap::new(),
             lag: 0,
             store_trouble: None,
         }
@@ -745,12 +746,12 @@ impl Controller {
         }
     }
 
-    /// Takes the root's [`Lag`] report of this controller's stage at `now`. An instance whose
+    /// Takes root `root`'s [`Lag`] report of this controller's stage at `now`. An instance whose
     /// store was in trouble (commits failed or held) while its oldest waiting packet waited,
     /// or within two straggler thresholds (or failure deadlines) before, is not slow: its
     /// packets wait for the store (a master failing over, then the backlog), and another
     /// instance would wait as long.
-    pub fn on_lag(&mut self, lag: &Lag, now: Nanos) {
+    pub fn on_lag(&mut self, root: u32, lag: &Lag, now: Nanos) {
         let threshold = self.config.straggler;
         let deadline = self
             .config
@@ -767,11 +768,12 @@ impl Controller {
                 let store = m
                     .store_trouble
                     .is_some_and(|t| now.saturating_sub(t) <= ns.saturating_add(recent));
-                m.slow = if threshold > 0 && ns >= threshold && !store {
-                    m.slow.saturating_add(1)
+                if threshold > 0 && ns >= threshold && !store {
+                    let k = m.slow.entry(root).or_default();
+                    *k = k.saturating_add(1);
                 } else {
-                    0
-                };
+                    m.slow.remove(&root);
+                }
             }
         }
     }
@@ -802,17 +804,18 @@ impl Controller {
                 failed.push(Decision::Failed { id: *id });
             }
         }
-        // Stragglers (CHC §5.3): slow for `missed` root reports while another live instance
-        // keeps up (a stage that is slow as a whole needs more instances, not fewer).
+        // Stragglers (CHC §5.3): slow for `missed` reports of one root while another live
+        // instance keeps up (a stage that is slow as a whole needs more instances, not fewer).
         let keeps_up = self
             .members
             .values()
-            .any(|m| m.state == MemberState::Live && m.slow == 0);
+            .any(|m| m.state == MemberState::Live && m.slow.is_empty());
         if keeps_up {
             for (id, m) in &mut self.members {
-                if m.state == MemberState::Live && m.slow >= self.config.missed.max(1) {
+                let slow = m.slow.values().copied().max().unwrap_or(0);
+                if m.state == MemberState::Live && slow >= self.config.missed.max(1) {
                     m.state = MemberState::Dead;
-                    m.slow = 0;
+                    m.slow.clear();
                     failed.push(Decision::Straggler {
                         id: *id,
                         lag_ns: m.lag,

@@ -124,11 +124,11 @@ fn a_straggler_is_failed_over_when_another_instance_keeps_up() {
     };
     // Instance 2's packets wait 300 ms in two root reports, then a fast one: nothing yet.
     for waits in [300, 300, 1, 300, 300] {
-        s.c.on_lag(&lag(&[(1, MS), (2, waits * MS), (3, MS)]), s.now);
+        s.c.on_lag(0, &lag(&[(1, MS), (2, waits * MS), (3, MS)]), s.now);
         assert!(s.step(&[1, 2, 3]).is_empty());
     }
     // The third slow report in a row: failed over (its partitions to 1 and 3), replaced.
-    s.c.on_lag(&lag(&[(1, MS), (2, 300 * MS), (3, MS)]), s.now);
+    s.c.on_lag(0, &lag(&[(1, MS), (2, 300 * MS), (3, MS)]), s.now);
     let d = s.step(&[1, 2, 3]);
     assert_eq!(
         d[0],
@@ -146,7 +146,7 @@ fn a_straggler_is_failed_over_when_another_instance_keeps_up() {
     // A stage that is slow as a whole loses nobody (it needs more instances, not fewer).
     let mut s = Sim::cluster(2);
     for _ in 0..5 {
-        s.c.on_lag(&lag(&[(1, 400 * MS), (2, 400 * MS)]), s.now);
+        s.c.on_lag(0, &lag(&[(1, 400 * MS), (2, 400 * MS)]), s.now);
         assert!(s.step(&[1, 2]).is_empty());
     }
     // Packets that wait for the store (its commits failing: a master failing over) do not
@@ -154,14 +154,22 @@ fn a_straggler_is_failed_over_when_another_instance_keeps_up() {
     let mut s = Sim::cluster(3);
     for _ in 0..5 {
         s.store_trouble += 1;
-        s.c.on_lag(&lag(&[(1, MS), (2, 300 * MS), (3, MS)]), s.now);
+        s.c.on_lag(0, &lag(&[(1, MS), (2, 300 * MS), (3, MS)]), s.now);
         assert!(s.step(&[1, 2, 3]).is_empty());
+    }
+    // Two roots measure apart: root 1's fast reports do not hide root 0's slow ones.
+    let mut s = Sim::cluster(3);
+    for (i, root) in [0, 1, 0, 1, 0].into_iter().enumerate() {
+        let waits = if root == 0 { 300 } else { 1 };
+        s.c.on_lag(root, &lag(&[(1, MS), (2, waits * MS), (3, MS)]), s.now);
+        let d = s.step(&[1, 2, 3]);
+        assert_eq!(d.is_empty(), i < 4, "{d:?}");
     }
     // Off: never.
     let mut s = Sim::cluster(2);
     s.c.config.straggler = 0;
     for _ in 0..5 {
-        s.c.on_lag(&lag(&[(1, MS), (2, 10_000 * MS)]), s.now);
+        s.c.on_lag(0, &lag(&[(1, MS), (2, 10_000 * MS)]), s.now);
         assert!(s.step(&[1, 2]).is_empty());
     }
 }
