@@ -33,7 +33,8 @@
 //!   killed (-9) and its replica promoted. The counter must equal the packets the root logged
 //!   that ran through the chain: `lost_updates` counts those missing from it, `double_updates`
 //!   those beyond every packet the root logged. New connections whose state the failover
-//!   withheld are refused by the firewall (fail closed): `store_node_kill_refused_packets`.
+//!   withheld are refused (fail closed) by the firewall or the NAT:
+//!   `store_node_kill_refused_packets`.
 //!
 //! Needs root, iproute2, curl, iperf3, python3 and redis-server (scripts/setup-live,
 //! scripts/setup); without them the report carries `params.error`.
@@ -271,7 +272,10 @@ fn kill_pid(pid: u32) -> Result<f64, String> {
 }
 
 fn roots_and_controllers(lab: &ClusterLab, p: &Params, report: &mut Report) -> Result<(), String> {
-    eprintln!("ha: goodput through one root ({} iperf3 streams)", p.streams);
+    eprintln!(
+        "ha: goodput through one root ({} iperf3 streams)",
+        p.streams
+    );
     lab.cluster_up("one-root", &config(false, &our_store(), "managed"))?;
     lab.wait_settled(3, 30)?;
     let (one, _) = lab.iperf3_streams(p.iperf_secs, p.streams)?;
@@ -302,7 +306,10 @@ fn roots_and_controllers(lab: &ClusterLab, p: &Params, report: &mut Report) -> R
     std::fs::create_dir_all(&dl_dir).map_err(|e| format!("{}: {e}", dl_dir.display()))?;
     let ports = probe_ports()?;
 
-    eprintln!("ha: one of two roots killed under {} downloads", p.downloads);
+    eprintln!(
+        "ha: one of two roots killed under {} downloads",
+        p.downloads
+    );
     let load = Load::start(&lab.lab, &dl_dir, spec.clone());
     let probe = Probe::start(&lab.lab, &ports, PROBE_EVERY)?;
     wait_half(&load, p.downloads);
@@ -315,10 +322,16 @@ fn roots_and_controllers(lab: &ClusterLab, p: &Params, report: &mut Report) -> R
     second.kill_root();
     std::thread::sleep(PROBE_AFTER_KILL);
     let replies = probe.finish()?;
-    report.metric("root_kill_failover_gap_ms", largest_gap_ms(&replies, kill_at));
+    report.metric(
+        "root_kill_failover_gap_ms",
+        largest_gap_ms(&replies, kill_at),
+    );
     downloads(report, "root_kill_", &load.wait(), p.downloads);
 
-    eprintln!("ha: the leading controller killed under {} downloads", p.downloads);
+    eprintln!(
+        "ha: the leading controller killed under {} downloads",
+        p.downloads
+    );
     let load = Load::start(&lab.lab, &dl_dir, spec);
     let probe = Probe::start(&lab.lab, &ports, PROBE_EVERY)?;
     wait_half(&load, p.downloads);
@@ -422,7 +435,10 @@ impl<'a> RedisCluster<'a> {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/redis-cluster");
         let out = Command::new("ip")
             .args(["netns", "exec", &self.lab.lab.store_ns(), "env"])
-            .arg(format!("REDIS_CLUSTER_ADDRESS={}", flowstate_lab::STORE_ADDR))
+            .arg(format!(
+                "REDIS_CLUSTER_ADDRESS={}",
+                flowstate_lab::STORE_ADDR
+            ))
             .arg(format!("FLOWSTATE_RUN_DIR={}", self.run.display()))
             .args(["bash", script, action])
             .stdin(Stdio::null())
@@ -494,10 +510,16 @@ fn store_node(lab: &ClusterLab, p: &Params, report: &mut Report) -> Result<(), S
     let mut goodput = [0.0; 2];
     for (i, wait) in [0, 1].into_iter().enumerate() {
         eprintln!("ha: goodput on Redis Cluster, wait_replicas = {wait}");
-        lab.cluster_up(&format!("redis-wait-{wait}"), &config(false, &state(wait), "external"))?;
+        lab.cluster_up(
+            &format!("redis-wait-{wait}"),
+            &config(false, &state(wait), "external"),
+        )?;
         lab.wait_settled(3, 30)?;
         let (bps, _) = lab.iperf3_streams(p.iperf_secs, p.streams)?;
-        report.metric(&format!("redis_cluster_wait_{wait}_goodput_mbps"), bps / 1e6);
+        report.metric(
+            &format!("redis_cluster_wait_{wait}_goodput_mbps"),
+            bps / 1e6,
+        );
         goodput[i] = bps;
         if wait == 0 {
             lab.cluster_down()?;
@@ -508,7 +530,10 @@ fn store_node(lab: &ClusterLab, p: &Params, report: &mut Report) -> Result<(), S
         ratio(goodput[1], goodput[0]),
     );
 
-    eprintln!("ha: a Redis Cluster master killed under {} downloads", p.downloads);
+    eprintln!(
+        "ha: a Redis Cluster master killed under {} downloads",
+        p.downloads
+    );
     let slot: u64 = redis
         .cli(7001, &["cluster", "keyslot", "counter"])
         .trim()
@@ -578,7 +603,10 @@ fn store_node(lab: &ClusterLab, p: &Params, report: &mut Report) -> Result<(), S
     );
     let refused: u64 = (1..=3)
         .filter_map(|k| lab.instance_file(k))
-        .filter_map(|i| i["drop_reasons"]["connection state unavailable"].as_u64())
+        .flat_map(|i| {
+            ["connection state unavailable", "nat: state error"]
+                .map(|why| i["drop_reasons"][why].as_u64().unwrap_or(0))
+        })
         .sum();
     report.metric("store_node_kill_refused_packets", refused as f64);
     lab.cluster_down()?;

@@ -12,10 +12,10 @@ mod chc;
 mod cluster_lab;
 #[cfg(target_os = "linux")]
 mod failover;
-#[cfg(target_os = "linux")]
-mod ha;
 mod flexstate_counter;
 mod flow_cache;
+#[cfg(target_os = "linux")]
+mod ha;
 mod hashing;
 mod hashmvt;
 pub mod html;

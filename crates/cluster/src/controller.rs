@@ -300,7 +300,19 @@ pub fn run_controller(
         )
         .map_err(|e| ClusterError::Io(std::io::Error::other(e.to_string())))?;
         let now = wall_ns();
-        match lease.change() {
+        let change = match lease.change() {
+            // Leading with no stages: this loop stood by when the lease ran out, and the
+            // lease's thread, held in a store call meanwhile, renewed it in the same term
+            // (nobody took it over): lead again.
+            None | Some(Change::None) if cores.is_empty() => {
+                lease.leading().map(|term| Change::Elected {
+                    term,
+                    from: lease.holder(),
+                })
+            }
+            other => other,
+        };
+        match change {
             None | Some(Change::None) => {}
             Some(Change::Elected { term, from }) => {
                 match take_over(o, store.as_mut(), launcher, stages, &lease, term, now) {
@@ -390,12 +402,8 @@ pub fn run_controller(
         // Acts only within its lease.
         if lease.leading().is_none() {
             if !cores.is_empty() {
-                // The lease's thread may be held up in a store call that later renews the
-                // lease in this term: resigning makes it stand by and lead again only in a new
-                // term, through a takeover that resumes the stages.
                 tracing::warn!("standing by: the lease ran out");
                 cores.clear();
-                lease.resign();
             }
             continue;
         }

@@ -131,9 +131,10 @@ fn timed_execute(
 /// How long a state thread waits before sending failed flushes again, at first and at most.
 const RETRY_FIRST: Duration = Duration::from_millis(10);
 const RETRY_MAX: Duration = Duration::from_secs(1);
-/// How long a closed partition's state thread goes on sending what fenced batches the store
-/// accepted left ([`BackendError::Partial`]): they are part of commits whose packets have
-/// left, so they are not given up while a store failover may still end.
+/// How long a closed partition's state thread goes on sending a batch the store may have run
+/// (sent, its answer lost) or what one it accepted left ([`BackendError::Partial`]): once
+/// run, they are part of commits whose packets may have left, so they are not given up while
+/// a store failover may still end (a batch that never ran is refused by its fence).
 const REST_RETRY_FOR: Duration = Duration::from_secs(30);
 
 /// A call handed over whose replies are not read yet.
@@ -497,7 +498,6 @@ fn state_thread(
         backoff: RETRY_FIRST,
         last_log: None,
     };
-    let mut numbers = 1u64..;
     loop {
         let req = if kept.batches.is_empty() {
             rx.recv().ok()
@@ -512,7 +512,7 @@ fn state_thread(
             }
         };
         let Some(req) = req else { break };
-        let number = numbers.next().unwrap_or(u64::MAX);
+        let number = next_batch_number();
         let whole = Batch {
             number,
             rest: false,
@@ -599,6 +599,22 @@ fn state_thread(
         }
         std::thread::sleep(kept.next_try.saturating_duration_since(Instant::now()));
     }
+}
+
+/// A batch number no other batch of this process, nor of an earlier one, was given: numbers
+/// count up from the wall clock's nanoseconds at the first. A store marks a writer's batches
+/// by number ([`crate::Fence::batch`]); a partition taken again under the same ownership
+/// record must not meet the marks of its predecessor's batches.
+fn next_batch_number() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    static START: std::sync::Once = std::sync::Once::new();
+    START.call_once(|| {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64);
+        NEXT.store(now.max(1), Ordering::Relaxed);
+    });
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 /// Lets the calling thread run on every CPU the process may use. A state thread is started

@@ -671,3 +671,54 @@ fn redis_cluster_runs_a_numbered_batch_and_its_rest_once() {
     let Some(c) = common::cluster() else { return };
     numbered_batches_run_once(&c);
 }
+
+/// A partition taken again under the same ownership record (a claim sent again whose first
+/// answer was lost) writes through a new state thread: its batches' numbers are not its
+/// predecessor's, so none of them is mistaken for one that ran.
+fn taken_again_under_the_same_record(c: &dyn Connector) {
+    use flowstate_state::{Access, Partition, Scope, StateConfig};
+    let pid = std::process::id();
+    let s = stage();
+    let fence = Fence {
+        key: record(s, pid),
+        value: b"owner-1".to_vec(),
+        batch: 0,
+    };
+    let mut b = c.connect().expect("connect");
+    claim(b.as_mut(), &fence.key, None, Some(&fence.value));
+    let config = StateConfig {
+        stage: s,
+        partition: pid,
+        ..StateConfig::default()
+    };
+    let key = ObjectKey::partitioned(&Owner::new("nat", s, pid), Kind::Counter, "again");
+    for round in 1..=2 {
+        let conn = FencedBackend::new(c.connect().expect("connect"), fence.clone());
+        let mut p = Partition::with_backend(Box::new(conn), c, config.clone()).expect("partition");
+        let n = p
+            .declare("nat")
+            .counter("again", Scope::PerFlow, Access::WriteMostly)
+            .expect("counter");
+        // One batch each time: the second, numbered as the first was, would meet its mark.
+        n.add_nowait(1);
+        p.flush_all(round).expect("flush");
+        let read = Op::GetCounter { key: key.clone() };
+        assert_eq!(exec(b.as_mut(), &[read]), vec![Reply::Int(round as i64)]);
+    }
+    exec(
+        b.as_mut(),
+        &[Op::Delete { key: fence.key }, Op::Delete { key }],
+    );
+}
+
+#[test]
+fn redis_runs_the_batches_of_a_partition_taken_again() {
+    let Some(c) = common::redis() else { return };
+    taken_again_under_the_same_record(&c);
+}
+
+#[test]
+fn redis_cluster_runs_the_batches_of_a_partition_taken_again() {
+    let Some(c) = common::cluster() else { return };
+    taken_again_under_the_same_record(&c);
+}
