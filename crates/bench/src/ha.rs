@@ -7,7 +7,8 @@
 //! * **Roots scale** (`ratios.two_roots_vs_one_goodput`): iperf3 TCP with `streams` parallel
 //!   connections through one root, then through two (`Lab::second_root`: a second root host,
 //!   the client's and the server's routes multipath, hashed on the 5-tuple), each its own
-//!   clock space and packet log; the goal is 1.6.
+//!   clock space and packet log; the goal is 1.6. The cores each role used meanwhile are
+//!   `metrics.{one_root,two_roots}_cores_ROLE`.
 //! * **A root killed** (`metrics.root_kill_failed_downloads`, goal 0;
 //!   `metrics.root_kill_failover_gap_ms`): `downloads` verified HTTP downloads and 16 UDP
 //!   probe flows (a datagram every 10 ms each) through both roots; half-way, the second root's
@@ -29,8 +30,8 @@
 //! * **A store node killed** (`metrics.store_node_kill_failed_downloads`, goal 0;
 //!   `metrics.store_node_kill_lost_updates` and `store_node_kill_double_updates`, goal 0;
 //!   `metrics.store_node_kill_failover_gap_ms`): on the durable Redis Cluster, the downloads,
-//!   the probes and a numbered UDP stream; half-way the master serving the counter's total is
-//!   killed (-9) and its replica promoted. The counter must equal the packets the root logged
+//!   the probes (for 10 s after this kill) and a numbered UDP stream; half-way the master
+//!   serving the counter's total is killed (-9) and its replica promoted. The counter must equal the packets the root logged
 //!   that ran through the chain: `lost_updates` counts those missing from it, `double_updates`
 //!   those beyond every packet the root logged. New connections whose state the failover
 //!   withheld are refused (fail closed) by the firewall or the NAT:
@@ -40,8 +41,8 @@
 //! scripts/setup); without them the report carries `params.error`.
 
 use crate::cluster_lab::{
-    content, live, now_secs, owner_of, probe_ports, ratio, ClusterLab, Load, LoadSpec, Probe,
-    Stream, PARTITIONS,
+    content, live, now_secs, owner_of, probe_ports, ratio, ClusterLab, CpuMeter, Load, LoadSpec,
+    Probe, Stream, PARTITIONS,
 };
 use crate::failover::{downloads, wait_half};
 use crate::{Effort, Report};
@@ -54,8 +55,10 @@ use std::time::{Duration, Instant};
 
 /// Probe datagrams: one every 10 ms on each flow.
 const PROBE_EVERY: Duration = Duration::from_millis(10);
-/// How long the probes run after a kill.
+/// How long the probes run after a kill of a root or a controller.
 const PROBE_AFTER_KILL: Duration = Duration::from_secs(4);
+/// How long they run after a store node's kill (Redis Cluster's failover takes seconds).
+const PROBE_AFTER_STORE_KILL: Duration = Duration::from_secs(10);
 
 struct Params {
     downloads: usize,
@@ -278,8 +281,7 @@ fn roots_and_controllers(lab: &ClusterLab, p: &Params, report: &mut Report) -> R
     );
     lab.cluster_up("one-root", &config(false, &our_store(), "managed"))?;
     lab.wait_settled(3, 30)?;
-    let (one, _) = lab.iperf3_streams(p.iperf_secs, p.streams)?;
-    report.metric("one_root_goodput_mbps", one / 1e6);
+    let one = goodput(lab, p, &[], "one_root", report)?;
     lab.cluster_down()?;
 
     eprintln!("ha: goodput through two roots");
@@ -290,8 +292,8 @@ fn roots_and_controllers(lab: &ClusterLab, p: &Params, report: &mut Report) -> R
         .map_err(|e| e.to_string())?;
     let mut second = SecondHost::start(lab, &text)?;
     lab.wait_settled(3, 30)?;
-    let (two, _) = lab.iperf3_streams(p.iperf_secs, p.streams)?;
-    report.metric("two_roots_goodput_mbps", two / 1e6);
+    let root1 = second.root.as_ref().map(|c| ("root-1".to_owned(), c.id()));
+    let two = goodput(lab, p, root1.as_slice(), "two_roots", report)?;
     report.ratio("two_roots_vs_one_goodput", ratio(two, one));
 
     let want = content(p.file_bytes);
@@ -389,6 +391,25 @@ fn roots_and_controllers(lab: &ClusterLab, p: &Params, report: &mut Report) -> R
         .map_err(|e| e.to_string())
 }
 
+/// iperf3 goodput (`NAME_goodput_mbps`) and the cores each role used meanwhile
+/// (`NAME_cores_ROLE`, `more` beside the lab's own roles): what bounds it.
+fn goodput(
+    lab: &ClusterLab,
+    p: &Params,
+    more: &[(String, u32)],
+    name: &str,
+    report: &mut Report,
+) -> Result<f64, String> {
+    let roles = || [lab.roles(), more.to_vec()].concat();
+    let meter = CpuMeter::start(&roles());
+    let (bps, _) = lab.iperf3_streams(p.iperf_secs, p.streams)?;
+    for (group, cores) in meter.cores(&roles()) {
+        report.metric(&format!("{name}_cores_{group}"), cores);
+    }
+    report.metric(&format!("{name}_goodput_mbps"), bps / 1e6);
+    Ok(bps)
+}
+
 /// Polls the status of the controller at `socket` until `ok` holds (at most `secs`).
 fn poll(
     socket: &Path,
@@ -481,6 +502,16 @@ impl<'a> RedisCluster<'a> {
         })
     }
 
+    /// Empties every master (and so its replica): the next deployment starts afresh, as a
+    /// new cluster would.
+    fn flush(&self) {
+        for port in 7001..=7006 {
+            if self.cli(port, &["role"]).starts_with("master") {
+                self.cli(port, &["flushall"]);
+            }
+        }
+    }
+
     fn pid(&self, port: u16) -> Result<u32, String> {
         let f = self.run.join(format!("redis-cluster-{port}/redis.pid"));
         std::fs::read_to_string(&f)
@@ -510,17 +541,14 @@ fn store_node(lab: &ClusterLab, p: &Params, report: &mut Report) -> Result<(), S
     let mut goodput = [0.0; 2];
     for (i, wait) in [0, 1].into_iter().enumerate() {
         eprintln!("ha: goodput on Redis Cluster, wait_replicas = {wait}");
+        redis.flush();
         lab.cluster_up(
             &format!("redis-wait-{wait}"),
             &config(false, &state(wait), "external"),
         )?;
         lab.wait_settled(3, 30)?;
-        let (bps, _) = lab.iperf3_streams(p.iperf_secs, p.streams)?;
-        report.metric(
-            &format!("redis_cluster_wait_{wait}_goodput_mbps"),
-            bps / 1e6,
-        );
-        goodput[i] = bps;
+        let name = format!("redis_cluster_wait_{wait}");
+        goodput[i] = self::goodput(lab, p, &[], &name, report)?;
         if wait == 0 {
             lab.cluster_down()?;
         }
@@ -542,10 +570,37 @@ fn store_node(lab: &ClusterLab, p: &Params, report: &mut Report) -> Result<(), S
     let victim = redis
         .master_of(7001, slot)
         .ok_or("no master serves the counter's slot")?;
+    // What the cluster counted and logged so far (the goodput runs'): the kill's are beyond.
+    let counter = || -> Result<u64, String> {
+        let at = redis
+            .master_of(7001, slot)
+            .or_else(|| redis.master_of(7002, slot))
+            .ok_or("no master serves the counter's slot")?;
+        let got = redis.cli(at, &["-c", "get", "{counter}@Counter@packets"]);
+        got.trim()
+            .parse()
+            .map_err(|e| format!("the counter ({got:?}): {e}"))
+    };
+    let root_counts = |s: &Value| {
+        let at = |k: &str| s["root"][k].as_u64().unwrap_or(0);
+        let ran = at("log_finished") + at("log_deleted") + at("outputs_missing");
+        (at("log_packets"), ran)
+    };
+    let settled = |lab: &ClusterLab| -> Result<(u64, u64), String> {
+        lab.wait_for(30, "every packet finished", |s| {
+            s["root"]["log_live"] == 0 && s["root"]["moving"] == 0
+        })?;
+        // The root's counters as its stats file has them a while after the last packet.
+        std::thread::sleep(Duration::from_secs(1));
+        Ok(root_counts(&lab.status()?))
+    };
+    let (logged0, ran0) = settled(lab)?;
+    let counted0 = counter()?;
     let want = content(p.file_bytes);
     let _server = lab.serve_paced(Arc::clone(&want), p.rate)?;
     let dl_dir = lab.scratch("downloads");
     std::fs::create_dir_all(&dl_dir).map_err(|e| format!("{}: {e}", dl_dir.display()))?;
+    let probe = Probe::start(&lab.lab, &probe_ports()?, PROBE_EVERY)?;
     let load = Load::start(
         &lab.lab,
         &dl_dir,
@@ -556,11 +611,10 @@ fn store_node(lab: &ClusterLab, p: &Params, report: &mut Report) -> Result<(), S
             stall_secs: 20,
         },
     );
-    let probe = Probe::start(&lab.lab, &probe_ports()?, PROBE_EVERY)?;
     let stream = Stream::start(&lab.lab, p.stream_count, p.stream_rate, 16)?;
     wait_half(&load, p.downloads);
     let kill_at = kill_pid(redis.pid(victim)?)?;
-    std::thread::sleep(PROBE_AFTER_KILL);
+    std::thread::sleep(PROBE_AFTER_STORE_KILL);
     let replies = probe.finish()?;
     report.metric(
         "store_node_kill_failover_gap_ms",
@@ -573,24 +627,9 @@ fn store_node(lab: &ClusterLab, p: &Params, report: &mut Report) -> Result<(), S
         "store_node_kill_stream_duplicates",
         f64::from(streamed.duplicates),
     );
-    let survivor = if victim == 7001 { 7002 } else { 7001 };
-    let promoted = redis
-        .master_of(survivor, slot)
-        .ok_or("no replica took the counter's slot")?;
-    // Every packet through, every commit settled.
-    let s = lab.wait_for(30, "every packet finished", |s| {
-        s["root"]["log_live"] == 0 && s["root"]["moving"] == 0
-    })?;
-    std::thread::sleep(Duration::from_secs(1));
-    let root = &s["root"];
-    let at = |k: &str| root[k].as_u64().unwrap_or(0);
-    let logged = at("log_packets");
-    let ran = at("log_finished") + at("log_deleted") + at("outputs_missing");
-    let counted: u64 = redis
-        .cli(promoted, &["-c", "get", "{counter}@Counter@packets"])
-        .trim()
-        .parse()
-        .map_err(|e| format!("the counter: {e}"))?;
+    let (logged, ran) = settled(lab)?;
+    let (logged, ran) = (logged - logged0, ran - ran0);
+    let counted = counter()?.saturating_sub(counted0);
     report.metric("store_node_kill_logged_packets", logged as f64);
     report.metric("store_node_kill_counted_packets", counted as f64);
     report.metric(
