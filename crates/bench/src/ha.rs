@@ -10,13 +10,15 @@
 //!   clock space and packet log; the goal is 1.6. The cores each role used meanwhile are
 //!   `metrics.{one_root,two_roots}_cores_ROLE`.
 //! * **A root killed** (`metrics.root_kill_failed_downloads`, goal 0;
-//!   `metrics.root_kill_failover_gap_ms`): `downloads` verified HTTP downloads and 16 UDP
-//!   probe flows (a datagram every 10 ms each) through both roots; half-way, the second root's
-//!   process is killed (-9). Its flows move to the first when the upstream's path check
-//!   (ARP every 100 ms, 3 misses) takes its path out. The gap is the longest a probe flow
-//!   waited for a reply after the kill ([`flowstate_lab::failover_gap`]), over every flow.
+//!   `metrics.root_kill_failover_gap_ms`, `root_kill_outage_ms`): `downloads` verified HTTP
+//!   downloads and 16 UDP probe flows (a datagram every 10 ms each, for 10 s after each kill)
+//!   through both roots; half-way, the second root's process is killed (-9). Its flows move
+//!   to the first when the upstream's path check (ARP every 100 ms, 3 misses) takes its path
+//!   out. Each failure's gap is the largest over the probe flows of the time from the kill to
+//!   the reply that ends a flow's longest silence after it ([`flowstate_lab::failover_gap`]),
+//!   its outage the longest silence itself.
 //! * **The leading controller killed** (`metrics.controller_takeover_ms`,
-//!   `metrics.controller_kill_failed_downloads`, `metrics.controller_kill_failover_gap_ms`):
+//!   `metrics.controller_kill_failed_downloads`, `controller_kill_{failover_gap,outage}_ms`):
 //!   the same cluster with a standby controller on the second root's host; the leader is
 //!   killed (-9) under the same downloads and probes; the takeover is the time from the kill
 //!   to the standby leading in the next term with the root applying that term's assignment
@@ -29,9 +31,9 @@
 //!   against the same without (`wait_replicas = 0`).
 //! * **A store node killed** (`metrics.store_node_kill_failed_downloads`, goal 0;
 //!   `metrics.store_node_kill_lost_updates` and `store_node_kill_double_updates`, goal 0;
-//!   `metrics.store_node_kill_failover_gap_ms`): on the durable Redis Cluster, the downloads,
-//!   the probes (for 10 s after this kill) and a numbered UDP stream; half-way the master
-//!   serving the counter's total is killed (-9) and its replica promoted. The counter must equal the packets the root logged
+//!   `store_node_kill_{failover_gap,outage}_ms`): on the durable Redis Cluster, the downloads,
+//!   the probes and a numbered UDP stream; half-way the master serving the counter's total is
+//!   killed (-9) and its replica promoted. The counter must equal the packets the root logged
 //!   that ran through the chain: `lost_updates` counts those missing from it, `double_updates`
 //!   those beyond every packet the root logged. New connections whose state the failover
 //!   withheld are refused (fail closed) by the firewall or the NAT:
@@ -41,8 +43,8 @@
 //! scripts/setup); without them the report carries `params.error`.
 
 use crate::cluster_lab::{
-    content, live, now_secs, owner_of, probe_ports, ratio, ClusterLab, CpuMeter, Load, LoadSpec,
-    Probe, Stream, PARTITIONS,
+    content, live, longest_gap_after, now_secs, owner_of, probe_ports, ratio, ClusterLab,
+    CpuMeter, Load, LoadSpec, Probe, Stream, PARTITIONS,
 };
 use crate::failover::{downloads, wait_half};
 use crate::{Effort, Report};
@@ -55,10 +57,8 @@ use std::time::{Duration, Instant};
 
 /// Probe datagrams: one every 10 ms on each flow.
 const PROBE_EVERY: Duration = Duration::from_millis(10);
-/// How long the probes run after a kill of a root or a controller.
-const PROBE_AFTER_KILL: Duration = Duration::from_secs(4);
-/// How long they run after a store node's kill (Redis Cluster's failover takes seconds).
-const PROBE_AFTER_STORE_KILL: Duration = Duration::from_secs(10);
+/// How long the probes run after a kill (Redis Cluster's failover takes seconds).
+const PROBE_AFTER_KILL: Duration = Duration::from_secs(10);
 
 struct Params {
     downloads: usize,
@@ -324,10 +324,7 @@ fn roots_and_controllers(lab: &ClusterLab, p: &Params, report: &mut Report) -> R
     second.kill_root();
     std::thread::sleep(PROBE_AFTER_KILL);
     let replies = probe.finish()?;
-    report.metric(
-        "root_kill_failover_gap_ms",
-        largest_gap_ms(&replies, kill_at),
-    );
+    gaps(report, "root_kill_", &replies, kill_at);
     downloads(report, "root_kill_", &load.wait(), p.downloads);
 
     eprintln!(
@@ -360,10 +357,7 @@ fn roots_and_controllers(lab: &ClusterLab, p: &Params, report: &mut Report) -> R
     );
     std::thread::sleep(PROBE_AFTER_KILL);
     let replies = probe.finish()?;
-    report.metric(
-        "controller_kill_failover_gap_ms",
-        largest_gap_ms(&replies, kill_at),
-    );
+    gaps(report, "controller_kill_", &replies, kill_at);
     let victim = (1..=3u64)
         .find(|&k| lab.role_pid(&format!("instance-{k}")).is_some())
         .ok_or("no instance runs")?;
@@ -614,12 +608,9 @@ fn store_node(lab: &ClusterLab, p: &Params, report: &mut Report) -> Result<(), S
     let stream = Stream::start(&lab.lab, p.stream_count, p.stream_rate, 16)?;
     wait_half(&load, p.downloads);
     let kill_at = kill_pid(redis.pid(victim)?)?;
-    std::thread::sleep(PROBE_AFTER_STORE_KILL);
+    std::thread::sleep(PROBE_AFTER_KILL);
     let replies = probe.finish()?;
-    report.metric(
-        "store_node_kill_failover_gap_ms",
-        largest_gap_ms(&replies, kill_at),
-    );
+    gaps(report, "store_node_kill_", &replies, kill_at);
     downloads(report, "store_node_kill_", &load.wait(), p.downloads);
     let streamed = stream.finish(Duration::from_secs(1))?;
     report.metric("store_node_kill_stream_lost", f64::from(streamed.lost));
@@ -653,15 +644,20 @@ fn store_node(lab: &ClusterLab, p: &Params, report: &mut Report) -> Result<(), S
     Ok(())
 }
 
-/// The largest failover gap over the probe flows, ms; a flow never answered after the kill
-/// counts the whole probe time after it (a lower bound).
-fn largest_gap_ms(replies: &[Vec<f64>], kill_at: f64) -> f64 {
-    replies
-        .iter()
-        .map(|r| {
-            flowstate_lab::failover_gap(r, kill_at)
-                .map(|d| d.as_secs_f64() * 1e3)
-                .unwrap_or(PROBE_AFTER_KILL.as_secs_f64() * 1e3)
-        })
-        .fold(0.0, f64::max)
+/// Over the probe flows, the largest failover gap (`PREFIXfailover_gap_ms`: from the kill
+/// to the reply ending a flow's longest silence after it; for a flow that never stopped, the
+/// time until its longest hiccup, however short) and the longest silence itself
+/// (`PREFIXoutage_ms`: what a client saw), ms. A flow never answered after the kill counts
+/// the whole probe time after it (a lower bound).
+fn gaps(report: &mut Report, prefix: &str, replies: &[Vec<f64>], kill_at: f64) {
+    let never = PROBE_AFTER_KILL.as_secs_f64() * 1e3;
+    let (mut gap, mut outage) = (0.0f64, 0.0f64);
+    for r in replies {
+        gap = gap.max(
+            flowstate_lab::failover_gap(r, kill_at).map_or(never, |d| d.as_secs_f64() * 1e3),
+        );
+        outage = outage.max(longest_gap_after(r, kill_at).map_or(never, |(s, _)| s * 1e3));
+    }
+    report.metric(&format!("{prefix}failover_gap_ms"), gap);
+    report.metric(&format!("{prefix}outage_ms"), outage);
 }
