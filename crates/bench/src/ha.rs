@@ -644,15 +644,20 @@ fn store_node(lab: &ClusterLab, p: &Params, report: &mut Report) -> Result<(), S
     Ok(())
 }
 
-/// Over the probe flows, the largest failover gap (`PREFIXfailover_gap_ms`: from the kill
-/// to the reply ending a flow's longest silence after it; for a flow that never stopped, the
-/// time until its longest hiccup, however short) and the longest silence itself
-/// (`PREFIXoutage_ms`: what a client saw), ms. A flow never answered after the kill counts
-/// the whole probe time after it (a lower bound).
+/// Over the probe flows answered before the kill, the largest failover gap
+/// (`PREFIXfailover_gap_ms`: from the kill to the reply ending a flow's longest silence after
+/// it; for a flow that never stopped, the time until its longest hiccup, however short) and
+/// the longest silence itself (`PREFIXoutage_ms`: what a client saw), ms. A flow never
+/// answered after the kill counts the whole probe time after it (a lower bound). Flows not
+/// answered before the kill are counted apart (`PREFIXprobe_flows_new`).
 fn gaps(report: &mut Report, prefix: &str, replies: &[Vec<f64>], kill_at: f64) {
     let never = PROBE_AFTER_KILL.as_secs_f64() * 1e3;
-    let (mut gap, mut outage) = (0.0f64, 0.0f64);
+    let (mut gap, mut outage, mut new) = (0.0f64, 0.0f64, 0);
     for r in replies {
+        if !r.first().is_some_and(|&t| t <= kill_at) {
+            new += 1;
+            continue;
+        }
         gap = gap.max(
             flowstate_lab::failover_gap(r, kill_at).map_or(never, |d| d.as_secs_f64() * 1e3),
         );
@@ -660,4 +665,5 @@ fn gaps(report: &mut Report, prefix: &str, replies: &[Vec<f64>], kill_at: f64) {
     }
     report.metric(&format!("{prefix}failover_gap_ms"), gap);
     report.metric(&format!("{prefix}outage_ms"), outage);
+    report.metric(&format!("{prefix}probe_flows_new"), f64::from(new));
 }
