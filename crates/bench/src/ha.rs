@@ -43,8 +43,8 @@
 //! scripts/setup); without them the report carries `params.error`.
 
 use crate::cluster_lab::{
-    content, live, longest_gap_after, now_secs, owner_of, probe_ports, ratio, ClusterLab,
-    CpuMeter, Load, LoadSpec, Probe, Stream, PARTITIONS,
+    content, live, longest_gap_after, now_secs, owner_of, probe_ports, ratio, ClusterLab, CpuMeter,
+    Load, LoadSpec, Probe, Stream, PARTITIONS,
 };
 use crate::failover::{downloads, wait_half};
 use crate::{Effort, Report};
@@ -658,9 +658,8 @@ fn gaps(report: &mut Report, prefix: &str, replies: &[Vec<f64>], kill_at: f64) {
             new += 1;
             continue;
         }
-        gap = gap.max(
-            flowstate_lab::failover_gap(r, kill_at).map_or(never, |d| d.as_secs_f64() * 1e3),
-        );
+        gap = gap
+            .max(flowstate_lab::failover_gap(r, kill_at).map_or(never, |d| d.as_secs_f64() * 1e3));
         outage = outage.max(longest_gap_after(r, kill_at).map_or(never, |(s, _)| s * 1e3));
     }
     report.metric(&format!("{prefix}failover_gap_ms"), gap);
