@@ -138,6 +138,12 @@ pub const FIGURES: &[Figure] = &[
         refs: &[],
     },
     Figure {
+        bench: "ha",
+        figure: "CHC §4.1, §5.4; StatelessNF §4.2 (no figure: issue #36)",
+        shows: "downloads kept, outages and updates counted while a root, the leading controller and a store node fail; goodput of two roots and of durable commits",
+        refs: &[],
+    },
+    Figure {
         bench: "scale",
         figure: "StatelessNF §7.4 (Fig. 9), CHC §7.3 R2",
         shows: "goodput while scaling out and in under load",
