@@ -2453,9 +2453,16 @@ fn one_of_two_roots_killed_breaks_no_download_and_repeats_nothing() {
         .iter()
         .map(|i| i["forwarded"].as_u64().unwrap() + i["dropped"].as_u64().unwrap())
         .sum();
-    assert_eq!(
-        counted as u64, processed,
-        "the counter agrees with what the instances processed: {instances:#?}"
+    // Packets of partitions dropped before their commit (refused by the fence once a loaded
+    // instance's partitions moved) were processed again by the next owner: counted once.
+    let uncommitted: u64 = instances
+        .iter()
+        .map(|i| i["uncommitted"].as_u64().unwrap())
+        .sum();
+    assert!(
+        (processed - uncommitted..=processed).contains(&(counted as u64)),
+        "the counter agrees with what the instances processed: {counted} counted, \
+         {processed} processed, {uncommitted} of them uncommitted: {instances:#?}"
     );
 }
 

@@ -106,6 +106,10 @@ pub struct InstanceStats {
     /// (fenced): nothing of them was applied, their outputs never leave, the partition is
     /// dropped.
     pub fenced_commits: u64,
+    /// Packets processed in partitions dropped before their changes were committed (a
+    /// refused commit, a lost partition): the root replays them to the next owner, which
+    /// processes them again.
+    pub uncommitted: u64,
     /// Bytes of state copied by moves (`copy_on_move`).
     pub copied_bytes: u64,
     /// Packets the root replayed to this instance (their first owner failed).
@@ -412,7 +416,11 @@ impl Instance {
                 partition = p,
                 "commit refused by the store (fenced): the partition has another owner; dropped"
             );
-            retire(&mut self.retired, &mut self.owned[p]);
+            retire(
+                &mut self.retired,
+                &mut self.stats.uncommitted,
+                &mut self.owned[p],
+            );
             self.stats.fenced_commits += 1;
             self.stats.fenced += 1;
             self.released.drop_partition(p as u16);
@@ -586,7 +594,11 @@ impl Instance {
                     .is_some_and(|(_, e)| e > epoch)
                 {
                     self.stats.refused += 1;
-                    retire(&mut self.retired, &mut self.owned[p as usize]);
+                    retire(
+                        &mut self.retired,
+                        &mut self.stats.uncommitted,
+                        &mut self.owned[p as usize],
+                    );
                     answers[i] = Some(Ok(Kind::Refused));
                     continue;
                 }
@@ -617,7 +629,11 @@ impl Instance {
                 None if granted[i] => self.take(p, epoch, now),
                 None => {
                     self.stats.refused += 1;
-                    retire(&mut self.retired, &mut self.owned[p as usize]);
+                    retire(
+                        &mut self.retired,
+                        &mut self.stats.uncommitted,
+                        &mut self.owned[p as usize],
+                    );
                     Ok(Kind::Refused)
                 }
             };
@@ -666,7 +682,11 @@ impl Instance {
                 .map_err(|e| ClusterError::Store(e.to_string()))?;
         }
         // A partition claimed again at a newer epoch: what the old one counted is kept.
-        retire(&mut self.retired, &mut self.owned[p as usize]);
+        retire(
+            &mut self.retired,
+            &mut self.stats.uncommitted,
+            &mut self.owned[p as usize],
+        );
         self.owned[p as usize] = Some(owned);
         self.stats.claims += 1;
         Ok(Kind::Ready)
@@ -740,7 +760,9 @@ impl Instance {
     pub fn release(&mut self, p: u32, epoch: u32, now: Nanos) -> Result<Kind, ClusterError> {
         if let Some(slot) = self.owned.get_mut(p as usize) {
             if slot.as_ref().is_some_and(|o| o.epoch == epoch) {
-                if let Some(mut o) = retire(&mut self.retired, slot) {
+                // Flushed below, not dropped: not counted as uncommitted.
+                let mut flushed = 0;
+                if let Some(mut o) = retire(&mut self.retired, &mut flushed, slot) {
                     let started = std::time::Instant::now();
                     o.state
                         .flush_all(now)
@@ -777,7 +799,7 @@ impl Instance {
         for (p, slot) in self.owned.iter_mut().enumerate() {
             let Some(o) = slot else { continue };
             if dead {
-                retire(&mut self.retired, slot);
+                retire(&mut self.retired, &mut self.stats.uncommitted, slot);
                 self.stats.fenced += 1;
                 continue;
             }
@@ -799,7 +821,7 @@ impl Instance {
                 .and_then(|o| o.leaving)
                 .is_some_and(|t| now.saturating_sub(t) > grace)
             {
-                retire(&mut self.retired, slot);
+                retire(&mut self.retired, &mut self.stats.uncommitted, slot);
                 self.stats.fenced += 1;
             }
         }
@@ -814,7 +836,11 @@ impl Instance {
                 .as_ref()
                 .map(|o| (self.config.id, o.epoch));
             if rec.as_deref().and_then(parse_record) != mine {
-                retire(&mut self.retired, &mut self.owned[p as usize]);
+                retire(
+                    &mut self.retired,
+                    &mut self.stats.uncommitted,
+                    &mut self.owned[p as usize],
+                );
                 self.stats.fenced += 1;
             }
         }
@@ -831,8 +857,15 @@ fn is_fenced(e: &flowstate_state::StateError) -> bool {
 }
 
 /// Takes a partition's state away from `slot`, adding what its NFs counted to `retired`.
-fn retire(retired: &mut Vec<NfCounters>, slot: &mut Option<Owned>) -> Option<Owned> {
+fn retire(
+    retired: &mut Vec<NfCounters>,
+    uncommitted: &mut u64,
+    slot: &mut Option<Owned>,
+) -> Option<Owned> {
     let o = slot.take()?;
+    if o.dirty {
+        *uncommitted += o.batch.len() as u64;
+    }
     let counters = o.stage.counters();
     if retired.len() < counters.len() {
         retired.resize(counters.len(), NfCounters::default());
@@ -1082,6 +1115,7 @@ mod tests {
         a.commit(3).unwrap();
         let st = a.stats();
         assert_eq!((st.fenced_commits, st.fenced), (1, 1), "{st:?}");
+        assert!(st.uncommitted > 0, "its processed packets count as uncommitted: {st:?}");
         assert_eq!(a.owned_partitions(), vec![3]);
         // Only partition 3's packet is released; partition 2's output never leaves.
         assert_eq!(a.notices(), (&[(3, 1)][..], &[][..]));
