@@ -1115,7 +1115,10 @@ mod tests {
         a.commit(3).unwrap();
         let st = a.stats();
         assert_eq!((st.fenced_commits, st.fenced), (1, 1), "{st:?}");
-        assert!(st.uncommitted > 0, "its processed packets count as uncommitted: {st:?}");
+        assert!(
+            st.uncommitted > 0,
+            "its processed packets count as uncommitted: {st:?}"
+        );
         assert_eq!(a.owned_partitions(), vec![3]);
         // Only partition 3's packet is released; partition 2's output never leaves.
         assert_eq!(a.notices(), (&[(3, 1)][..], &[][..]));
