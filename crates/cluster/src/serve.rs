@@ -268,7 +268,12 @@ pub fn run_instance(
                                 .iter()
                                 .map(|r| (u32::from(r.partition), r.epoch))
                                 .collect();
-                            inst.claim_many(&claims, now, |k, a| send(&requests[k], a));
+                            beat.building(true);
+                            inst.claim_many(&claims, now, |k, a| {
+                                send(&requests[k], a);
+                                beat.building(true);
+                            });
+                            beat.building(false);
                         } else {
                             send(&m, inst.release(u32::from(m.partition), m.epoch, now));
                         }
@@ -542,9 +547,16 @@ fn finish(
     inst.clear_notices();
 }
 
-/// How long the main loop may go without a turn before the heartbeat stops: a claim that
-/// builds a large partition takes a while, a loop stuck for longer is failed over.
+/// How long the main loop may go without a turn before the heartbeat stops: a loop stuck for
+/// longer is failed over.
 const STALL_LIMIT: Duration = Duration::from_secs(2);
+
+/// How long the main loop may spend building one claimed partition before the heartbeat
+/// stops. Building waits on the store: its ownership record, the partition's first reads and,
+/// on a store that creates its schema on first use (Cassandra: a keyspace and tables, each a
+/// schema change the whole cluster agrees on, hundreds of milliseconds), longer than
+/// [`STALL_LIMIT`]. Another instance would wait as long.
+const BUILD_LIMIT: Duration = Duration::from_secs(30);
 
 /// The heartbeat: a thread that sends the main loop's latest report every interval while the
 /// loop keeps turning (HashMVT §IV-C). A crashed or stopped process goes silent at once; one
@@ -556,6 +568,9 @@ struct Heartbeat {
     /// When the main loop's commit began, ns since `epoch` plus one; 0: not in a commit. A
     /// commit held longer than an interval adds one to the report's `store_trouble`.
     in_store: Arc<AtomicU64>,
+    /// When the main loop began building a claimed partition, ns since `epoch` plus one; 0:
+    /// not building. Up to [`BUILD_LIMIT`] is not a stall.
+    building: Arc<AtomicU64>,
     epoch: Instant,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -570,11 +585,13 @@ impl Heartbeat {
         let report = Arc::new(std::sync::Mutex::new(None::<Report>));
         let turned = Arc::new(AtomicU64::new(0));
         let in_store = Arc::new(AtomicU64::new(0));
+        let building = Arc::new(AtomicU64::new(0));
         let epoch = Instant::now();
-        let (r, t, s) = (
+        let (r, t, s, b) = (
             Arc::clone(&report),
             Arc::clone(&turned),
             Arc::clone(&in_store),
+            Arc::clone(&building),
         );
         let thread = std::thread::Builder::new()
             .name("heartbeat".into())
@@ -591,7 +608,9 @@ impl Heartbeat {
                         return;
                     }
                     let now = epoch.elapsed().as_nanos() as u64;
-                    let stalled = now - last.min(u64::MAX - 1) > STALL_LIMIT.as_nanos() as u64;
+                    let built = b.load(Ordering::Relaxed);
+                    let stalled = now - last.min(u64::MAX - 1) > STALL_LIMIT.as_nanos() as u64
+                        && (built == 0 || now + 1 - built > BUILD_LIMIT.as_nanos() as u64);
                     // This thread overslept: the whole process was paused (a stopped VM, a
                     // straggler), not held by the store.
                     let paused = now - tick > 2 * every.as_nanos() as u64;
@@ -631,6 +650,7 @@ impl Heartbeat {
             report,
             turned,
             in_store,
+            building,
             epoch,
             thread: Some(thread),
         })
@@ -646,11 +666,20 @@ impl Heartbeat {
 
     /// The main loop begins (`true`) or ends a commit.
     fn in_store(&self, now: bool) {
-        let at = match now {
+        self.in_store.store(self.mark(now), Ordering::Relaxed);
+    }
+
+    /// The main loop begins (`true`) building a claimed partition, or ends the claims.
+    fn building(&self, now: bool) {
+        self.building.store(self.mark(now), Ordering::Relaxed);
+    }
+
+    /// Now as ns since `epoch` plus one if `on`, else 0.
+    fn mark(&self, on: bool) -> u64 {
+        match on {
             true => self.epoch.elapsed().as_nanos() as u64 + 1,
             false => 0,
-        };
-        self.in_store.store(at, Ordering::Relaxed);
+        }
     }
 
     /// The main loop turned.

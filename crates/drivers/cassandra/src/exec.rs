@@ -10,9 +10,12 @@ use futures_util::StreamExt;
 use scylla::client::execution_profile::ExecutionProfile;
 use scylla::client::session::Session;
 use scylla::client::session_builder::SessionBuilder;
+use scylla::cluster::{ClusterState, NodeRef};
 use scylla::deserialize::row::DeserializeRow;
 use scylla::errors::{DbError, ExecutionError, PrepareError, RequestAttemptError};
+use scylla::policies::load_balancing::{FallbackPlan, LoadBalancingPolicy, RoutingInfo};
 use scylla::response::query_result::QueryResult;
+use scylla::routing::Shard;
 use scylla::serialize::batch::BatchValues;
 use scylla::serialize::row::SerializeRow;
 use scylla::statement::batch::{Batch, BatchType};
@@ -21,7 +24,7 @@ use scylla::statement::unprepared::Statement;
 use scylla::value::{Counter, CqlValue, Row};
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::runtime::Runtime;
 
@@ -39,6 +42,36 @@ const DDL_TIMEOUT: Duration = Duration::from_secs(120);
 const DROPS_AT_ONCE: usize = 4;
 /// Cassandra's longest time to live (20 years).
 const MAX_TTL: u128 = 630_720_000;
+
+/// Where schema changes go: the node with the lowest host id, then the others in that order
+/// (the driver skips those it has no connection to), so that every flowstate process sends
+/// its schema changes to the same node while it is up. Cassandra serialises schema changes on each node,
+/// but two `CREATE TABLE IF NOT EXISTS` of one table on two nodes at once may both create it,
+/// with different table ids, and writes then fail on the nodes that kept the other one
+/// (CASSANDRA-10699); instances writing an NF's shared objects for the first time do exactly
+/// that.
+#[derive(Debug)]
+struct SchemaCoordinator;
+
+impl LoadBalancingPolicy for SchemaCoordinator {
+    fn pick<'a>(
+        &'a self,
+        request: &'a RoutingInfo,
+        cluster: &'a ClusterState,
+    ) -> Option<(NodeRef<'a>, Option<Shard>)> {
+        self.fallback(request, cluster).next()
+    }
+
+    fn fallback<'a>(&'a self, _: &'a RoutingInfo, cluster: &'a ClusterState) -> FallbackPlan<'a> {
+        let mut nodes: Vec<NodeRef<'a>> = cluster.get_nodes_info().iter().collect();
+        nodes.sort_by_key(|n| n.host_id);
+        Box::new(nodes.into_iter().map(|n| (n, None)))
+    }
+
+    fn name(&self) -> String {
+        "flowstate schema coordinator".into()
+    }
+}
 
 /// Why one statement did not give a result.
 #[derive(Debug)]
@@ -369,10 +402,12 @@ impl Shared {
     }
 
     /// A schema change: Cassandra applies them one at a time and waits for the cluster to
-    /// agree, so they get a longer time limit than reads and writes.
+    /// agree, so they get a longer time limit than reads and writes. Sent to the
+    /// [`SchemaCoordinator`].
     async fn ddl(&self, cql: &str) -> R<()> {
         let mut statement = Statement::new(cql);
         statement.set_request_timeout(Some(DDL_TIMEOUT));
+        statement.set_load_balancing_policy(Some(Arc::new(SchemaCoordinator)));
         self.session
             .query_unpaged(statement, ())
             .await
