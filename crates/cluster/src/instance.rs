@@ -435,6 +435,12 @@ impl Instance {
         result
     }
 
+    /// Whether a partition holds changes no commit made durable (between batches: the last
+    /// commit failed).
+    pub fn uncommitted(&self) -> bool {
+        self.owned.iter().flatten().any(|o| o.dirty)
+    }
+
     /// What the commits so far finished, for the root: the packets whose outputs it may send
     /// on ([`Kind::Committed`]) and those the chain dropped ([`Kind::Done`]), as (clock,
     /// epoch), until [`Instance::clear_notices`]; valid after a successful commit.
@@ -967,15 +973,23 @@ mod tests {
         instance_with(id, store, false)
     }
 
-    fn instance_with(id: u32, store: &Arc<Shared>, copy_on_move: bool) -> Instance {
-        let config = InstanceConfig {
+    /// Instance `id` of stage 0, 4 partitions, flushing every millisecond.
+    fn config(id: u32) -> InstanceConfig {
+        InstanceConfig {
             id,
             stage: 0,
             partitions: 4,
             flush_interval: Duration::from_millis(1),
             retain_ops: 1000,
-            copy_on_move,
+            copy_on_move: false,
             unfenced_store: false,
+        }
+    }
+
+    fn instance_with(id: u32, store: &Arc<Shared>, copy_on_move: bool) -> Instance {
+        let config = InstanceConfig {
+            copy_on_move,
+            ..config(id)
         };
         Instance::new(config, nat_chain(), Arc::clone(store) as Arc<dyn Connector>).unwrap()
     }
@@ -1018,7 +1032,7 @@ mod tests {
     }
 
     /// The packets the counter NF counted, as the store has them.
-    fn counted(store: &Shared) -> i64 {
+    fn counted(store: &dyn Connector) -> i64 {
         let mut conn = store.connect().unwrap();
         let mut replies = Vec::new();
         conn.execute(
@@ -1041,15 +1055,6 @@ mod tests {
             vec![flowstate_nf::registry::factory("counter", &toml::Table::new()).unwrap()];
         chain.extend(nat_chain());
         let connector = Arc::clone(&store) as Arc<dyn Connector>;
-        let config = |id| InstanceConfig {
-            id,
-            stage: 0,
-            partitions: 4,
-            flush_interval: Duration::from_millis(1),
-            retain_ops: 1000,
-            copy_on_move: false,
-            unfenced_store: false,
-        };
         let a = Instance::new(config(1), chain.clone(), Arc::clone(&connector)).unwrap();
         let b = Instance::new(config(2), chain, connector).unwrap();
         (store, a, b)
@@ -1092,7 +1097,7 @@ mod tests {
         let st = b.stats();
         assert_eq!((st.replayed, st.replay_committed), (3, 2));
         // Six packets, each counted once.
-        assert_eq!(counted(&store), 6);
+        assert_eq!(counted(store.as_ref()), 6);
     }
 
     /// An instance cut off from the others (it never hears that its partition moved) keeps
@@ -1123,7 +1128,7 @@ mod tests {
         // Only partition 3's packet is released; partition 2's output never leaves.
         assert_eq!(a.notices(), (&[(3, 1)][..], &[][..]));
         // In the store: one packet of partition 2 (the first) and the one of partition 3.
-        assert_eq!(counted(&store), 2);
+        assert_eq!(counted(store.as_ref()), 2);
         // Later packets of the lost partition are not its any more.
         assert!(!a.process(&data(2, 1, 4, false), &mut udp(5003), 4));
         assert_eq!(a.stats().misdirected, 1);
@@ -1408,16 +1413,7 @@ mod tests {
     #[test]
     fn a_local_store_is_refused() {
         let c: Arc<dyn Connector> = Arc::new(LocalStore::new());
-        let config = InstanceConfig {
-            id: 1,
-            stage: 0,
-            partitions: 4,
-            flush_interval: Duration::from_millis(1),
-            retain_ops: 1,
-            copy_on_move: false,
-            unfenced_store: false,
-        };
-        let e = Instance::new(config, nat_chain(), c).unwrap_err();
+        let e = Instance::new(config(1), nat_chain(), c).unwrap_err();
         assert!(e.to_string().contains("state.backend"), "{e}");
     }
 
@@ -1437,18 +1433,112 @@ mod tests {
     fn a_store_that_cannot_fence_is_refused_unless_the_deployment_accepts_it() {
         let c: Arc<dyn Connector> = Arc::new(Unfenced(Shared(LocalStore::new())));
         let config = |unfenced_store| InstanceConfig {
-            id: 1,
-            stage: 0,
-            partitions: 4,
-            flush_interval: Duration::from_millis(1),
-            retain_ops: 1,
-            copy_on_move: false,
             unfenced_store,
+            ..config(1)
         };
         let e = Instance::new(config(false), nat_chain(), Arc::clone(&c)).unwrap_err();
         let e = e.to_string();
         assert!(e.contains("state.backend: unfenced cannot fence"), "{e}");
         assert!(e.contains("unfenced_store = true"), "{e}");
         assert!(Instance::new(config(true), nat_chain(), c).is_ok());
+    }
+
+    /// The shared local store behind a switch: while `down`, every batch fails as an
+    /// unreachable store's would (a killed Cassandra node, a Redis master failing over).
+    struct Outage {
+        store: LocalStore,
+        down: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    struct OutageBackend {
+        inner: Box<dyn Backend>,
+        down: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl OutageBackend {
+        fn up(&self) -> Result<(), flowstate_state::BackendError> {
+            match self.down.load(std::sync::atomic::Ordering::SeqCst) {
+                true => Err(flowstate_state::BackendError::Unreachable {
+                    backend: "outage",
+                    reason: "down".into(),
+                }),
+                false => Ok(()),
+            }
+        }
+    }
+
+    impl Backend for OutageBackend {
+        fn name(&self) -> &'static str {
+            "outage"
+        }
+        fn execute(
+            &mut self,
+            ops: &[Op],
+            replies: &mut Vec<Reply>,
+        ) -> Result<(), flowstate_state::BackendError> {
+            self.up()?;
+            self.inner.execute(ops, replies)
+        }
+        fn execute_fenced(
+            &mut self,
+            fence: &flowstate_state::Fence,
+            ops: &[Op],
+            replies: &mut Vec<Reply>,
+        ) -> Result<(), flowstate_state::BackendError> {
+            self.up()?;
+            self.inner.execute_fenced(fence, ops, replies)
+        }
+        fn partitions(
+            &mut self,
+            nf: &str,
+            kind: ObjKind,
+            id: &str,
+        ) -> Result<Vec<ObjectKey>, flowstate_state::BackendError> {
+            self.inner.partitions(nf, kind, id)
+        }
+    }
+
+    impl Connector for Outage {
+        fn name(&self) -> &'static str {
+            "outage"
+        }
+        fn connect(&self) -> Result<Box<dyn Backend>, flowstate_state::BackendError> {
+            Ok(Box::new(OutageBackend {
+                inner: self.store.connect()?,
+                down: Arc::clone(&self.down),
+            }))
+        }
+        fn fences(&self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn a_failed_commit_stays_uncommitted_with_its_notices_until_one_goes_through() {
+        let down = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let store = Arc::new(Outage {
+            store: LocalStore::new(),
+            down: Arc::clone(&down),
+        });
+        let chain = vec![flowstate_nf::registry::factory("counter", &toml::Table::new()).unwrap()];
+        let mut a =
+            Instance::new(config(1), chain, Arc::clone(&store) as Arc<dyn Connector>).unwrap();
+        a.claim(2, 1, 0).unwrap();
+        assert!(!a.uncommitted());
+        assert!(a.process(&data(2, 1, 7, false), &mut udp(5000), 1));
+        assert!(a.uncommitted(), "processed, not yet committed");
+        down.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(a.commit(2).is_err());
+        assert!(
+            a.uncommitted(),
+            "a failed commit leaves its partition to commit"
+        );
+        assert_eq!(a.stats().commit_errors, 1);
+        down.store(false, std::sync::atomic::Ordering::SeqCst);
+        a.commit(3).unwrap();
+        assert!(!a.uncommitted());
+        // The packet's notice went out with the commit that made it durable, and it counted once.
+        assert_eq!(a.notices().0, &[(7, 1)]);
+        assert_eq!(counted(store.as_ref()), 1);
     }
 }

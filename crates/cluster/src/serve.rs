@@ -149,6 +149,7 @@ pub fn run_instance(
     let mut last_load = 0.0;
     let mut next_report = Instant::now();
     let mut next_tick = Instant::now();
+    let mut next_retry = Instant::now();
     let mut last_turn = Instant::now();
     tracing::info!(id = o.id, stage = o.stage, address = %o.address, "instance up");
     beat.update(report(o, &inst, 0.0, 0));
@@ -302,6 +303,12 @@ pub fn run_instance(
                 tracing::debug!(tick_us = t.elapsed().as_micros() as u64, "slow tick");
             }
             inst.expire_leaving(now, 2 * s.move_timeout.as_nanos() as u64);
+            if inst.uncommitted() && Instant::now() >= next_retry {
+                next_retry = Instant::now() + COMMIT_RETRY;
+                beat.in_store(true);
+                commit(&mut inst, &root, now);
+                beat.in_store(false);
+            }
         }
         if Instant::now() >= next_keys {
             next_keys = Instant::now() + crate::root::KEY_CHECK;
@@ -526,26 +533,34 @@ fn finish(
     // Nothing leaves the cluster that the store does not hold: on a failed commit the root
     // keeps the outputs until a later commit's notices (without a log, they are dropped and
     // the senders retransmit).
-    let commit = |inst: &mut Instance| match inst.commit(now) {
-        Ok(()) => true,
-        Err(e) => {
-            tracing::warn!("commit failed, the batch's packets do not leave the cluster: {e}");
-            false
-        }
-    };
     if root.logs {
         send(dg, &pick);
-        if !commit(inst) {
-            return; // the notices wait for the next commit, which covers this batch too
-        }
+        commit(inst, root, now);
+    } else if commit(inst, root, now) {
+        send(dg, &pick);
+    }
+}
+
+/// Commits what the partitions changed and, when the root logs packets, sends the notices of
+/// every packet the commit made durable; whether it went through. A failed commit keeps its
+/// notices for the next one, which covers its batch too.
+fn commit(inst: &mut Instance, root: &Root<'_>, now: u64) -> bool {
+    if let Err(e) = inst.commit(now) {
+        tracing::warn!("commit failed, the batch's packets do not leave the cluster: {e}");
+        return false;
+    }
+    if root.logs {
         let (released, done) = inst.notices();
         root.notify(Kind::Committed, released);
         root.notify(Kind::Done, done);
-    } else if commit(inst) {
-        send(dg, &pick);
     }
     inst.clear_notices();
+    true
 }
+
+/// How often a failed commit is tried again while no packet comes to try it with: the root
+/// holds its packets' outputs until it goes through.
+const COMMIT_RETRY: Duration = Duration::from_millis(100);
 
 /// How long the main loop may go without a turn before the heartbeat stops: a loop stuck for
 /// longer is failed over.

@@ -87,7 +87,7 @@ pub use ha::{
     HA_INSIDE_IF, HA_NAT_TABLE, HA_OUTSIDE_BRIDGE, HA_OUTSIDE_IF, HA_ROUTERS, HA_SYNC_IF,
     HA_SYNC_NET, HA_SYNC_PORT,
 };
-pub use routed::{Cut, RoutedHost, NF_ROUTED_IF, ROUTED_LINKS, STORE_ADDR, STORE_IF, STORE_NODES};
+pub use routed::{Cut, RoutedHost, NF_ROUTED_IF, ROUTED_LINKS, STORE_ADDR, STORE_IF};
 
 /// The client's address.
 pub const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
@@ -1576,9 +1576,6 @@ mod tests {
             "ip -n fs-u-st addr add 192.0.2.5/32 dev fs-st",
             "ip -n fs-u-st route add 192.0.2.0/24 via 10.200.100.1 dev fs-st src 192.0.2.5",
             "ip -n fs-u-rt route add 192.0.2.5/32 via 10.200.100.2 dev rt-st",
-            // A three-node store's other nodes.
-            "ip -n fs-u-st addr add 192.0.2.7/32 dev fs-st",
-            "ip -n fs-u-rt route add 192.0.2.7/32 via 10.200.100.2 dev rt-st",
             // Instance 2's.
             "ip link add fs-i mtu 9000 netns fs-u-i2 type veth peer name rt-i2 mtu 9000 netns fs-u-rt",
             "ip -n fs-u-rt addr add 10.200.2.1/30 dev rt-i2",

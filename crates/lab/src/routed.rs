@@ -38,14 +38,6 @@ use crate::{Cmd, Exec, Lab, LabError};
 /// The store's address in a routed lab (its namespace `{prefix}st`): a managed store listens
 /// there.
 pub const STORE_ADDR: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 5);
-/// The addresses of a three-node store's nodes on the store host ([`STORE_ADDR`] first), one
-/// per node for stores whose nodes each need an address of their own (Cassandra:
-/// `scripts/cassandra-cluster`).
-pub const STORE_NODES: [Ipv4Addr; 3] = [
-    STORE_ADDR,
-    Ipv4Addr::new(192, 0, 2, 6),
-    Ipv4Addr::new(192, 0, 2, 7),
-];
 /// The routed lab's links: host `K`'s link to the router is 10.200.K.0/30 (see
 /// [`RoutedHost::link`]).
 pub const ROUTED_LINKS: &str = "10.200.0.0/16";
@@ -121,7 +113,7 @@ impl RoutedHost {
 /// How much of a routed host's link the router forwards ([`Lab::cut`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cut {
-    /// Nothing from the host to the store ([`STORE_NODES`]).
+    /// Nothing from the host to the store ([`STORE_ADDR`]).
     Store,
     /// Nothing from or to the host: a cable pulled.
     All,
@@ -139,7 +131,7 @@ impl Lab {
     pub fn cut_plan(&self, host: RoutedHost, how: Cut) -> Vec<Cmd> {
         let ns = self.cluster_router_ns();
         let port = host.router_port();
-        let store = format!("{{ {} }}", STORE_NODES.map(|a| a.to_string()).join(", "));
+        let store = STORE_ADDR.to_string();
         let nft = |args: &[&str]| {
             let mut argv = vec!["nft"];
             argv.extend(args);
@@ -368,33 +360,6 @@ impl Lab {
                 &port,
             ]),
         ]);
-        if h == RoutedHost::Store {
-            for node in &STORE_NODES[1..] {
-                let node = node.to_string();
-                p.push(Cmd::new(&[
-                    "ip",
-                    "-n",
-                    &ns,
-                    "addr",
-                    "add",
-                    &format!("{node}/32"),
-                    "dev",
-                    dev,
-                ]));
-                p.push(Cmd::new(&[
-                    "ip",
-                    "-n",
-                    &rt,
-                    "route",
-                    "add",
-                    &format!("{node}/32"),
-                    "via",
-                    &me,
-                    "dev",
-                    &port,
-                ]));
-            }
-        }
         p
     }
 
@@ -455,19 +420,17 @@ impl Lab {
     /// Whether host `h`'s link is up with its addresses on both ends.
     fn routed_link_ok(&self, exec: &mut dyn Exec, h: RoutedHost) -> Result<bool, LabError> {
         let (gw, me) = h.link();
-        let mut want = vec![format!("{me}/30"), format!("{}/32", h.addr())];
-        if h == RoutedHost::Store {
-            want.extend(STORE_NODES[1..].iter().map(|a| format!("{a}/32")));
-        }
-        Ok(
-            Lab::link_has(exec, &self.routed_host_ns(h), h.interface(), &want)?
-                && Lab::link_has(
-                    exec,
-                    &self.cluster_router_ns(),
-                    &h.router_port(),
-                    &[format!("{gw}/30")],
-                )?,
-        )
+        Ok(Lab::link_has(
+            exec,
+            &self.routed_host_ns(h),
+            h.interface(),
+            &[format!("{me}/30"), format!("{}/32", h.addr())],
+        )? && Lab::link_has(
+            exec,
+            &self.cluster_router_ns(),
+            &h.router_port(),
+            &[format!("{gw}/30")],
+        )?)
     }
 
     /// Whether the router and the links of the root's host and the store's are up.
@@ -531,9 +494,7 @@ mod tests {
         let host = RoutedHost::Instance(2);
         assert_eq!(
             lines(&lab.cut_plan(host, Cut::Store)),
-            with(&[rule(
-                "iifname rt-i2 ip daddr { 192.0.2.5, 192.0.2.6, 192.0.2.7 } drop"
-            )])
+            with(&[rule("iifname rt-i2 ip daddr 192.0.2.5 drop")])
         );
         assert_eq!(
             lines(&lab.cut_plan(host, Cut::All)),

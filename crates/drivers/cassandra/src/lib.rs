@@ -28,6 +28,9 @@
 //!   lightweight transactions (`IF NOT EXISTS`, `IF owner = ?`) and a `USING TTL` lease; a
 //!   lock named like an object neither sees nor changes it. [`Op::CompareAndSet`] is a
 //!   lightweight transaction too.
+//! * **Schema changes** (keyspaces, tables) all go to one node, the lowest host id the driver
+//!   reaches, and wait for the cluster to agree: concurrent `CREATE TABLE IF NOT EXISTS` of one
+//!   table on two nodes could create it twice under two ids (CASSANDRA-10699).
 //! * **Time to live** is `USING TTL` in whole seconds, rounded up, plus the second Cassandra
 //!   truncates from the write's time: an object lives at least its time to live and at most
 //!   a second longer (FlexState §VI-B "TIMERS").
