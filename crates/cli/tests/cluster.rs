@@ -2296,24 +2296,12 @@ fn read_json(path: &std::path::Path) -> serde_json::Value {
         .unwrap_or(serde_json::Value::Null)
 }
 
-/// CHC §4.1's several roots, behind the upstream's ECMP (the routed lab's second root host,
-/// [`Lab::second_root`]): `cluster up` starts root 0, root 1 is started on its own host with
-/// the same deployment; the client and the server hash their flows over both. Under 100
-/// downloads and a numbered UDP stream through counter → firewall → NAT, root 0 is killed
-/// (-9): the upstream's path check takes its path away and its flows hash to root 1. (The
-/// instances' failure detection is relaxed: two cores carry both roots, the instances, the
-/// store and 100 downloads, and this test is about the roots.) Every
-/// download completes byte for byte; no datagram arrives twice, each flow keeps its NAT port,
-/// and less than a fifth of the stream is missing (what went to the dead root before its path
-/// went, and what a loaded root drops on the wire); the store's counter equals the packets the
-/// instances processed (none counted twice or lost), more than the datagrams delivered.
-#[test]
-fn one_of_two_roots_killed_breaks_no_download_and_repeats_nothing() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+/// CHC §4.1's several roots behind the upstream's ECMP, in the routed lab with its second root
+/// host ([`Lab::second_root`]): `cluster up` starts root 0 with 3 instances of counter →
+/// firewall → NAT on our store (`cluster` adds to `[cluster]`; `hosts` instance hosts), root 1
+/// starts on its own host with the same deployment; returns once root 1 is ready, with its
+/// stats file.
+fn two_roots(name: &str, cluster: &str, hosts: u32) -> (Cluster, PathBuf) {
     let roots = format!(
         "address = [\"{}\", \"{}\"]",
         flowstate_lab::ROOT_ADDR,
@@ -2324,12 +2312,12 @@ fn one_of_two_roots_killed_breaks_no_download_and_repeats_nothing() {
          [output]\ninterface = \"fs-out\"\naddress = \"{BOX_OUTSIDE}\"\n\
          [runtime]\ninside = [\"10.0.0.0/24\"]\n\
          [state]\nbackend = \"store\"\nurl = \"{STORE_ADDR}:7878\"\n\
-         [cluster]\npartitions = 16\ninstances = 3\nstore = \"managed\"\n{roots}\nmissed = 10\nstraggler = \"0s\"\n\
+         [cluster]\npartitions = 16\ninstances = 3\nstore = \"managed\"\n{roots}\n{cluster}\
          [[chain]]\nnf = \"counter\"\n\
          [[chain]]\nnf = \"firewall\"\ndefault_outbound = \"allow\"\ndefault_inbound = \"deny\"\n\
          [[chain]]\nnf = \"nat\"\nexternal = [\"{BOX_OUTSIDE}\"]\nports = \"20000-59999\"\n"
     );
-    let mut c = Cluster::up_on("m", &config, 3, true);
+    let mut c = Cluster::up_on(name, &config, hosts, true);
     c.lab.second_root(&mut System::default(), true).unwrap();
     // Root 1's host has the deployment with the lab's key and store token at hand.
     let lab_files = c.lab.state_dir().join("cluster");
@@ -2384,6 +2372,28 @@ fn one_of_two_roots_killed_breaks_no_download_and_repeats_nothing() {
         c.root()["root_epoch"],
         "a clock space of its own"
     );
+    (c, stats1)
+}
+
+/// CHC §4.1's several roots, behind the upstream's ECMP (the routed lab's second root host,
+/// [`Lab::second_root`]): `cluster up` starts root 0, root 1 is started on its own host with
+/// the same deployment; the client and the server hash their flows over both. Under 100
+/// downloads and a numbered UDP stream through counter → firewall → NAT, root 0 is killed
+/// (-9): the upstream's path check takes its path away and its flows hash to root 1. (The
+/// instances' failure detection is relaxed: two cores carry both roots, the instances, the
+/// store and 100 downloads, and this test is about the roots.) Every
+/// download completes byte for byte; no datagram arrives twice, each flow keeps its NAT port,
+/// and less than a fifth of the stream is missing (what went to the dead root before its path
+/// went, and what a loaded root drops on the wire); the store's counter equals the packets the
+/// instances processed (none counted twice or lost), more than the datagrams delivered.
+#[test]
+fn one_of_two_roots_killed_breaks_no_download_and_repeats_nothing() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let (mut c, stats1) = two_roots("m", "missed = 10\nstraggler = \"0s\"\n", 3);
     let want = content(1_500_000, 8);
     let http_peers = c.serve_paced(&want, 200_000);
     let mut downloads = c.downloads(100);
@@ -2463,6 +2473,76 @@ fn one_of_two_roots_killed_breaks_no_download_and_repeats_nothing() {
         (processed - uncommitted..=processed).contains(&(counted as u64)),
         "the counter agrees with what the instances processed: {counted} counted, \
          {processed} processed, {uncommitted} of them uncommitted: {instances:#?}"
+    );
+}
+
+/// Scale out and in (4 instances, then 3) under a numbered stream whose flows the upstream
+/// spreads over two roots: each root hands its own flows' packets over in every move (CHC
+/// §4.1, §5.1), so no datagram is lost or arrives twice, each flow keeps its NAT port, both
+/// roots moved partitions, and the store's counter equals the packets the instances
+/// processed.
+#[test]
+fn moves_under_two_roots_lose_and_repeat_nothing() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let (mut c, stats1) = two_roots("w", "", 4);
+    let (count, rate) = (12_000, 2_000);
+    let (mut sender, stream) = c.numbered_stream(count, rate);
+    std::thread::sleep(Duration::from_millis(1000));
+    for n in ["4", "3"] {
+        let out = c.flowstate(&["cluster", "scale", n]);
+        assert!(out.status.success(), "{}", text(&out));
+        c.wait_for(20, "the scale done", |s| {
+            live(s).len() == n.parse::<usize>().unwrap()
+                && s["root"]["moving"] == 0
+                && read_json(&stats1)["moving"] == 0
+        });
+    }
+    assert!(sender.wait().unwrap().success());
+    std::thread::sleep(Duration::from_millis(1000));
+    let (times, ports) = stream_received(&stream, count);
+    let missing: Vec<usize> = (0..times.len()).filter(|&i| times[i] == 0).collect();
+    let twice: Vec<usize> = (0..times.len()).filter(|&i| times[i] > 1).collect();
+    let (r0, r1) = (c.root(), read_json(&stats1));
+    eprintln!(
+        "root 0 took {} packets and did {} moves, root 1 {} and {}",
+        r0["received"], r0["moves_done"], r1["received"], r1["moves_done"]
+    );
+    assert!(
+        missing.is_empty() && twice.is_empty(),
+        "lost {missing:?}, twice {twice:?}; root 0 {r0:#}, root 1 {r1:#}"
+    );
+    for (flow, p) in ports.iter().enumerate() {
+        assert_eq!(p.len(), 1, "flow {flow} came from the NAT ports {p:?}");
+    }
+    for (i, r) in [&r0, &r1].into_iter().enumerate() {
+        assert!(
+            r["received"].as_u64() > Some(0),
+            "root {i} took no packet: {r:#}"
+        );
+        assert!(r["moves_done"].as_u64() >= Some(4), "root {i}: {r:#}");
+        for key in [
+            "replayed",
+            "log_evicted",
+            "log_abandoned",
+            "hold_dropped",
+            "reordered",
+        ] {
+            assert_eq!(r[key], 0, "root {i}: {key}: {r:#}");
+        }
+    }
+    let instances = c.instance_stats();
+    let processed: u64 = instances
+        .iter()
+        .map(|i| i["forwarded"].as_u64().unwrap() + i["dropped"].as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        c.store_counter("counter", "packets") as u64,
+        processed,
+        "{instances:#?}"
     );
 }
 
