@@ -439,6 +439,48 @@ fn check_passes_every_example_and_says_what_it_would_run() {
         .starts_with("16 partitions, 2 instances"));
 }
 
+/// A duration too long for any timer (it would overflow the clock it is added to) is refused by
+/// `check` and by `run`, naming the key; nothing panics.
+#[test]
+fn a_duration_beyond_the_longest_is_refused_by_check_and_run() {
+    let dir = tempfile::tempdir().unwrap();
+    for (section, key) in [
+        ("[state]\nbackend = \"store\"\ntimeout", "state.timeout"),
+        (
+            "[[chain]]\nnf = \"nat\"\nexternal = [\"203.0.113.1\"]\nudp",
+            "chain[0].nat.udp",
+        ),
+        ("[cluster]\nheartbeat", "cluster.heartbeat"),
+        ("[cluster]\nmove_timeout", "cluster.move_timeout"),
+    ] {
+        let path = dir.path().join("long.toml");
+        std::fs::write(
+            &path,
+            format!(
+                "[input]\nsynthetic = {{ profile = \"mixed\", flows = 10 }}\n\n{section} = \"584542046090y\"\n"
+            ),
+        )
+        .unwrap();
+        let file = path.to_str().unwrap();
+        for action in ["check", "run"] {
+            let out = flowstate(&[action, file]);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                matches!(out.status.code(), Some(1 | 2)),
+                "{action} {key}: {:?} {err}",
+                out.status
+            );
+            assert!(
+                err.contains(&format!(
+                    "{key}: \"584542046090y\" is longer than the longest"
+                )),
+                "{action} {key}: {err}"
+            );
+            assert!(!err.contains("panicked"), "{err}");
+        }
+    }
+}
+
 #[test]
 fn check_reports_every_error_of_a_file_with_its_line() {
     let dir = tempfile::tempdir().unwrap();

@@ -51,19 +51,31 @@ pub fn is_bare_number(s: &str) -> bool {
     !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit() || b == b'.')
 }
 
+/// The longest duration any key takes: 100 years. Every timer adds durations to a monotonic
+/// clock or multiplies them by a small count; bounded here, none of that can overflow.
+pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 86_400);
+
 /// Parses a duration: a number and a unit, several of them summed (`"30s"`, `"2h4m"`,
 /// `"1ms"`, `"250us"`, `"1.5s"`; units ns, us/µs, ms, s, m/min, h, d, and
-/// [`humantime`]'s longer spellings). A number without a unit is an error suggesting one.
+/// [`humantime`]'s longer spellings), at most [`MAX_DURATION`]. A number without a unit is an
+/// error suggesting one.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
     if is_bare_number(t) {
         return Err(unit_needed(t));
     }
-    humantime::parse_duration(t).map_err(|e| {
+    let d = humantime::parse_duration(t).map_err(|e| {
         format!(
             "{s:?} is not a duration ({e}); expected a number and a unit, like \"30s\", \"2h4m\", \"1ms\" or \"250us\""
         )
-    })
+    })?;
+    if d > MAX_DURATION {
+        return Err(format!(
+            "{s:?} is longer than the longest duration taken ({})",
+            format_duration(MAX_DURATION)
+        ));
+    }
+    Ok(d)
 }
 
 /// `d` as [`parse_duration`] reads it back (`"1ms"`, `"2h 4m"`).
@@ -399,6 +411,25 @@ mod tests {
         ] {
             assert_eq!(parse_duration(&format_duration(d)), Ok(d));
         }
+    }
+
+    #[test]
+    fn a_duration_longer_than_the_longest_taken_is_refused() {
+        assert_eq!(parse_duration("36500d"), Ok(MAX_DURATION));
+        assert_eq!(
+            parse_duration(&format_duration(MAX_DURATION)),
+            Ok(MAX_DURATION)
+        );
+        for long in ["36501d", "101y", "584542046090y"] {
+            let e = parse_duration(long).unwrap_err();
+            assert!(
+                e.contains("longer than the longest duration taken"),
+                "{long}: {e}"
+            );
+        }
+        // Bounded, a duration added to now or multiplied by a count of beats cannot overflow.
+        let now = std::time::Instant::now();
+        assert!(now.checked_add(MAX_DURATION * 1000).is_some());
     }
 
     #[test]
