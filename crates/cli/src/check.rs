@@ -40,7 +40,7 @@ pub(crate) struct Loaded {
 
 /// Loads `path` as `run` and `cluster up` do: every error of the file, in its order.
 pub(crate) fn load(path: &Path) -> Result<Loaded, ConfigErrors> {
-    let text = std::fs::read_to_string(path)
+    let text = flowstate_config::read_text(path)
         .map_err(|e| ConfigError::new(path, "", format!("cannot read: {e}")))?;
     let at = |key: String, reason: String| ConfigError {
         file: path.to_owned(),

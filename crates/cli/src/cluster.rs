@@ -808,7 +808,7 @@ fn configured_secret(d: &Deployment, key: &str) -> Result<Option<String>> {
     let Some(file) = o.get(key).and_then(|v| v.as_str()) else {
         return Ok(None);
     };
-    let text = std::fs::read_to_string(file).with_context(|| format!("state.{key}: {file}"))?;
+    let text = flowstate_config::read_text(file).with_context(|| format!("state.{key}: {file}"))?;
     Ok(text.lines().next().map(str::to_owned))
 }
 

@@ -120,7 +120,7 @@ pub(crate) fn run(a: &KeyAction) -> Result<()> {
 /// The keys of `file` and its lines.
 fn read(file: &Path) -> Result<(Keys, Vec<String>)> {
     let keys = Keys::read(file)?;
-    let text = std::fs::read_to_string(file)?;
+    let text = flowstate_config::read_text(file)?;
     Ok((keys, text.lines().map(str::to_string).collect()))
 }
 

@@ -118,7 +118,7 @@ fn at_least(min: u64) -> clap::builder::RangedU64ValueParser<usize> {
 /// The token from the option, its file or the environment (an empty one is none).
 fn token(option: &Option<String>, file: &Option<PathBuf>) -> Result<Option<String>> {
     if let Some(path) = file {
-        let text = std::fs::read_to_string(path)
+        let text = flowstate_config::read_text(path)
             .with_context(|| format!("--token-file: {}", path.display()))?;
         let line = text.lines().next().unwrap_or_default();
         if line.is_empty() {

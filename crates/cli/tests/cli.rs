@@ -481,6 +481,34 @@ fn a_duration_beyond_the_longest_is_refused_by_check_and_run() {
     }
 }
 
+/// A file that never ends (`/dev/zero`) given as the deployment or as a rule set is refused
+/// once it passes 64 MiB, naming it; memory stays bounded.
+#[test]
+fn an_endless_file_is_refused_not_read_into_memory() {
+    let out = flowstate(&["check", "/dev/zero"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("/dev/zero: cannot read: larger than 64 MiB"),
+        "{err}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ips.toml");
+    std::fs::write(
+        &path,
+        "[input]\nsynthetic = { profile = \"mixed\", flows = 10 }\n\n\
+         [[chain]]\nnf = \"ips\"\nrules = [\"/dev/zero\"]\n",
+    )
+    .unwrap();
+    let out = flowstate(&["check", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("chain[0].ips.rules: cannot read /dev/zero: larger than 64 MiB"),
+        "{err}"
+    );
+}
+
 #[test]
 fn check_reports_every_error_of_a_file_with_its_line() {
     let dir = tempfile::tempdir().unwrap();

@@ -329,7 +329,7 @@ impl Keys {
                 mode,
             });
         }
-        let text = std::fs::read_to_string(path).map_err(io)?;
+        let text = flowstate_config::read_text(path).map_err(io)?;
         Keys::parse(&text).map_err(|(line, reason)| KeyError::Format {
             path: path.to_path_buf(),
             line,

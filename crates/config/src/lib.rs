@@ -32,6 +32,33 @@ use std::time::Duration;
 pub use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 // ---------------------------------------------------------------------------------------------
+// Files
+
+/// The most bytes flowstate reads of any file it is given (a deployment, a rule set, a key or
+/// secret file): 64 MiB, above the largest public rule sets.
+pub const MAX_FILE_BYTES: u64 = 64 << 20;
+
+/// The text of the file at `path`, refused (`InvalidData`) when it holds more than
+/// [`MAX_FILE_BYTES`] (`/dev/zero` given as a rule file ends here, not in memory exhaustion).
+pub fn read_text(path: impl AsRef<std::path::Path>) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(MAX_FILE_BYTES + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_FILE_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "larger than {} MiB, the most read of a file",
+                MAX_FILE_BYTES >> 20
+            ),
+        ));
+    }
+    Ok(text)
+}
+
+// ---------------------------------------------------------------------------------------------
 // Durations
 
 /// The message for a number given where a duration is expected: the same number as seconds,

@@ -597,7 +597,7 @@ impl Config {
     /// Reads and validates the file at `path`: every error it has (see [`Config::parse`]).
     pub fn load(path: impl AsRef<Path>) -> Result<Config, ConfigErrors> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path)
+        let text = flowstate_config::read_text(path)
             .map_err(|e| ConfigError::new(path, "", format!("cannot read: {e}")))?;
         Config::parse(&text, path)
     }

@@ -97,7 +97,7 @@ impl FastpathConfig {
                 continue;
             };
             let key = format!("fastpath.table[{i}].prefixes");
-            let text = std::fs::read_to_string(path)
+            let text = flowstate_config::read_text(path)
                 .map_err(|e| (key.clone(), format!("{}: {e}", path.display())))?;
             for (n, line) in text.lines().enumerate() {
                 let line = line.trim();
@@ -190,7 +190,7 @@ pub const MAX_RULES: usize = 4_000_000;
 impl FastpathConfig {
     /// Reads the `[fastpath]` section of the TOML file `file`.
     pub fn from_file(file: &Path) -> Result<FastpathConfig, ConfigError> {
-        let text = std::fs::read_to_string(file).map_err(|e| ConfigError {
+        let text = flowstate_config::read_text(file).map_err(|e| ConfigError {
             file: file.to_owned(),
             key: String::new(),
             reason: format!("cannot read: {e}"),

@@ -155,7 +155,7 @@ impl Config {
         };
         let mut all = RuleSet::default();
         for path in &self.rules {
-            let text = std::fs::read_to_string(path)
+            let text = flowstate_config::read_text(path)
                 .map_err(|e| config_err("rules", format!("cannot read {}: {e}", path.display())))?;
             let set = crate::rules::parse(&path.to_string_lossy(), &text, &o)
                 .map_err(|e| config_err("rules", e.to_string()))?;

@@ -777,8 +777,9 @@ fn number<T: std::str::FromStr>(key: &str, v: &str) -> Result<T, Refusal> {
         .map_err(|_| bad(format!("`{key}`: {v:?} is not a number in range")))
 }
 
-/// Variables may refer to variables; a cycle stops here.
-const MAX_DEPTH: usize = 8;
+/// How deep lists, negations and variables may nest (Suricata's own rules nest four or five
+/// levels: `!$HOME_NET`, a variable holding a list); a variable cycle stops here too.
+const MAX_DEPTH: usize = 16;
 
 /// The `[...]` items of a list, split at top-level commas.
 fn list_items(s: &str) -> Result<Vec<&str>, Refusal> {
@@ -824,13 +825,26 @@ fn var<'v>(s: &str, vars: &'v Vars, depth: usize) -> Result<Option<&'v str>, Ref
         .ok_or_else(|| bad(format!("variable ${name} is not defined")))
 }
 
+/// Refuses a list, negation or variable nested [`MAX_DEPTH`] deep: the parser and the matcher
+/// recurse once per level.
+fn nested(s: &str, depth: usize) -> Result<(), Refusal> {
+    match depth > MAX_DEPTH {
+        true => Err(bad(format!(
+            "{:?}...: lists, negations and variables nest more than {MAX_DEPTH} deep",
+            s.chars().take(24).collect::<String>()
+        ))),
+        false => Ok(()),
+    }
+}
+
 fn addr(s: &str, vars: &Vars, depth: usize) -> Result<Addr, Refusal> {
     let s = s.trim();
+    nested(s, depth)?;
     if let Some(v) = var(s, vars, depth)? {
         return addr(v, vars, depth + 1);
     }
     if let Some(rest) = s.strip_prefix('!') {
-        let inner = addr(rest, vars, depth)?;
+        let inner = addr(rest, vars, depth + 1)?;
         if inner == Addr::Any {
             return Err(bad(format!("{s:?} matches no address")));
         }
@@ -842,7 +856,7 @@ fn addr(s: &str, vars: &Vars, depth: usize) -> Result<Addr, Refusal> {
     if s.starts_with('[') {
         return list_items(s)?
             .into_iter()
-            .map(|i| addr(i, vars, depth))
+            .map(|i| addr(i, vars, depth + 1))
             .collect::<Result<_, _>>()
             .map(Addr::List);
     }
@@ -870,11 +884,12 @@ fn addr(s: &str, vars: &Vars, depth: usize) -> Result<Addr, Refusal> {
 
 fn port(s: &str, vars: &Vars, depth: usize) -> Result<Port, Refusal> {
     let s = s.trim();
+    nested(s, depth)?;
     if let Some(v) = var(s, vars, depth)? {
         return port(v, vars, depth + 1);
     }
     if let Some(rest) = s.strip_prefix('!') {
-        let inner = port(rest, vars, depth)?;
+        let inner = port(rest, vars, depth + 1)?;
         if inner == Port::Any {
             return Err(bad(format!("{s:?} matches no port")));
         }
@@ -886,7 +901,7 @@ fn port(s: &str, vars: &Vars, depth: usize) -> Result<Port, Refusal> {
     if s.starts_with('[') {
         return list_items(s)?
             .into_iter()
-            .map(|i| port(i, vars, depth))
+            .map(|i| port(i, vars, depth + 1))
             .collect::<Result<_, _>>()
             .map(Port::List);
     }
@@ -1040,6 +1055,29 @@ mod tests {
             "{:?}",
             set.skipped[1]
         );
+    }
+
+    #[test]
+    fn nesting_is_bounded_not_a_stack_overflow() {
+        let o = Options::default();
+        // Deep enough for a real rule set's addresses...
+        let fine = "alert tcp ![1.2.3.4,![5.6.7.8,[9.9.9.9]]] ![1,[2,![3]]] -> any any (sid:1;)";
+        assert_eq!(parse("t.rules", fine, &o).unwrap().rules.len(), 1);
+        // ...and a refusal, not a crash, for 30,000 levels of lists or negations.
+        for deep in [
+            format!("{}1.2.3.4{}", "[".repeat(30_000), "]".repeat(30_000)),
+            format!("{}1.2.3.4", "!".repeat(30_000)),
+        ] {
+            let text = format!("alert tcp {deep} any -> any any (sid:1;)");
+            let e = parse("t.rules", &text, &o).unwrap_err();
+            assert!(e.to_string().contains("nest more than 16 deep"), "{e}");
+            let text = format!(
+                "alert tcp any {} -> any any (sid:1;)",
+                deep.replace("1.2.3.4", "80")
+            );
+            let e = parse("t.rules", &text, &o).unwrap_err();
+            assert!(e.to_string().contains("nest more than 16 deep"), "{e}");
+        }
     }
 
     #[test]

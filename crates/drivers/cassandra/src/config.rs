@@ -178,7 +178,7 @@ impl CassandraConfig {
             (Some(p), None) => Some(Secret(p)),
             (None, Some(path)) => {
                 c.password_key = "password_file";
-                let t = std::fs::read_to_string(&path)
+                let t = flowstate_config::read_text(&path)
                     .map_err(|e| SettingError::new("password_file", format!("{path}: {e}")))?;
                 match t.lines().next() {
                     Some(l) if !l.is_empty() => Some(Secret(l.to_owned())),

@@ -142,7 +142,7 @@ fn read_key(key: &str, path: &str) -> Result<Vec<u8>, SettingError> {
 
 /// The first line of a password file.
 fn read_password(path: &str) -> Result<String, SettingError> {
-    let text = std::fs::read_to_string(path)
+    let text = flowstate_config::read_text(path)
         .map_err(|e| SettingError::new("password_file", format!("{path}: {e}")))?;
     let line = text.lines().next().unwrap_or_default();
     if line.is_empty() {

@@ -176,7 +176,7 @@ impl StoreConnector {
                     s.token = Some(value.to_owned());
                 }
                 "token_file" => {
-                    let text = std::fs::read_to_string(value)
+                    let text = flowstate_config::read_text(value)
                         .map_err(|e| SettingError::new(key, format!("{value}: {e}")))?;
                     match text.lines().next() {
                         Some(t) if !t.is_empty() => {
