@@ -201,7 +201,7 @@ fn serve(a: &StoreArgs) -> Result<()> {
 fn stats(q: &StatsArgs) -> Result<()> {
     let connector = StoreConnector::with_tls_settings(Settings {
         addr: q.url.clone(),
-        token: token(&q.token, &q.token_file)?,
+        token: token(&q.token, &q.token_file)?.map(flowstate_config::Secret::new),
         retry_for: Duration::ZERO,
         ca_file: q.ca_file.clone(),
         ..Settings::default()

@@ -32,6 +32,32 @@ use std::time::Duration;
 pub use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 // ---------------------------------------------------------------------------------------------
+// Secrets
+
+/// A password or token: compared and cloned, never printed (`Debug` shows `***`), so that a
+/// setting logged or shown in an error does not give it away.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps `s`.
+    pub fn new(s: impl Into<String>) -> Self {
+        Secret(s.into())
+    }
+
+    /// The secret itself.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Files
 
 /// The most bytes flowstate reads of any file it is given (a deployment, a rule set, a key or

@@ -20,27 +20,7 @@ pub const KEYS: &[&str] = &[
     "ca_file",
 ];
 
-/// A password: compared and cloned, never printed (`Debug` shows `***`).
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    /// Wraps `s`.
-    pub fn new(s: impl Into<String>) -> Self {
-        Secret(s.into())
-    }
-
-    /// The secret itself.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("***")
-    }
-}
+pub use flowstate_config::Secret;
 
 /// How to reach a Cassandra cluster and how to store state in it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -175,13 +155,13 @@ impl CassandraConfig {
                     "give the password in password or in password_file, not both",
                 ))
             }
-            (Some(p), None) => Some(Secret(p)),
+            (Some(p), None) => Some(Secret::new(p)),
             (None, Some(path)) => {
                 c.password_key = "password_file";
                 let t = flowstate_config::read_text(&path)
                     .map_err(|e| SettingError::new("password_file", format!("{path}: {e}")))?;
                 match t.lines().next() {
-                    Some(l) if !l.is_empty() => Some(Secret(l.to_owned())),
+                    Some(l) if !l.is_empty() => Some(Secret::new(l)),
                     _ => {
                         return Err(SettingError::new(
                             "password_file",

@@ -36,6 +36,7 @@
 //!   [`StoreConnector::check`] names the `[state]` key to fix: `ca_file`, `token` (or
 //!   `token_file`), or `url` for a store that does not answer within `timeout`.
 
+use flowstate_config::Secret;
 use flowstate_proto::{self as proto, Command, Failure, Frame, Limits, Message, Notification};
 use flowstate_state::{
     Backend, BackendError, Connector, Fence, Kind, Object, ObjectKey, Op, OpError, Reply,
@@ -55,8 +56,8 @@ const NAME: &str = "store";
 pub struct Settings {
     /// `host:port` of the store.
     pub addr: String,
-    /// The shared token, if the store wants one.
-    pub token: Option<String>,
+    /// The shared token, if the store wants one (never printed).
+    pub token: Option<Secret>,
     /// How long one connection attempt, and one wait for an answer, may take.
     pub timeout: Duration,
     /// How long a call keeps reconnecting before it fails.
@@ -173,14 +174,14 @@ impl StoreConnector {
                     if value.is_empty() {
                         return Err(SettingError::new("token", "expected a non-empty token"));
                     }
-                    s.token = Some(value.to_owned());
+                    s.token = Some(Secret::new(value));
                 }
                 "token_file" => {
                     let text = flowstate_config::read_text(value)
                         .map_err(|e| SettingError::new(key, format!("{value}: {e}")))?;
                     match text.lines().next() {
                         Some(t) if !t.is_empty() => {
-                            s.token = Some(t.to_owned());
+                            s.token = Some(Secret::new(t));
                             token_key = "token_file";
                         }
                         _ => {
@@ -589,7 +590,11 @@ impl StoreBackend {
                             id,
                             msg: Message::Hello {
                                 client: self.client,
-                                token: s.token.clone().unwrap_or_default().into_bytes(),
+                                token: s
+                                    .token
+                                    .as_ref()
+                                    .map(|t| t.expose().as_bytes().to_vec())
+                                    .unwrap_or_default(),
                             },
                         },
                         &mut hello,
@@ -1342,7 +1347,12 @@ mod tests {
         let c = StoreConnector::from_config(Some("store://10.0.0.1:9000"), [("token", "s3cret")])
             .unwrap();
         assert_eq!(c.settings().addr, "10.0.0.1:9000");
-        assert_eq!(c.settings().token.as_deref(), Some("s3cret"));
+        assert_eq!(c.settings().token, Some(Secret::new("s3cret")));
+        let shown = format!("{:?}", c.settings());
+        assert!(
+            !shown.contains("s3cret") && shown.contains("***"),
+            "{shown}"
+        );
         let e = StoreConnector::from_config(Some("nowhere"), []).unwrap_err();
         assert_eq!(e.key, "url");
         let e = StoreConnector::from_config(None, [("colour", "red")]).unwrap_err();
