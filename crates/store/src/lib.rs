@@ -471,7 +471,7 @@ impl Server {
             config.shards
         };
         if let Some(dir) = &config.data_dir {
-            wal::create_private_dir(dir).map_err(|source| RecoveryError::Io {
+            std::fs::create_dir_all(dir).map_err(|source| RecoveryError::Io {
                 path: dir.clone(),
                 source,
             })?;
