@@ -575,7 +575,8 @@ const BUILD_LIMIT: Duration = Duration::from_secs(30);
 
 /// The heartbeat: a thread that sends the main loop's latest report every interval while the
 /// loop keeps turning (HashMVT §IV-C). A crashed or stopped process goes silent at once; one
-/// whose loop is stuck, after [`STALL_LIMIT`].
+/// whose loop is stuck, after [`STALL_LIMIT`] ([`BUILD_LIMIT`] while it builds a claimed
+/// partition).
 struct Heartbeat {
     report: Arc<std::sync::Mutex<Option<Report>>>,
     /// When the main loop last turned, ns since `epoch`; `u64::MAX`: stop.
