@@ -238,7 +238,7 @@ mod tests {
         assert!(e.reason.contains("unreachable"), "{e}");
         let server = flowstate_store::Server::start(flowstate_store::Config {
             listen: "127.0.0.1:0".parse().unwrap(),
-            token: Some("t".into()),
+            token: Some(flowstate_store::Secret::new("t")),
             ..flowstate_store::Config::default()
         })
         .unwrap();

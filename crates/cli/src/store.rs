@@ -30,10 +30,8 @@ pub(crate) struct StoreArgs {
     /// only.
     #[arg(long)]
     data_dir: Option<PathBuf>,
-    /// Shared token clients must present (also read from FLOWSTATE_STORE_TOKEN).
-    #[arg(long, conflicts_with = "token_file")]
-    token: Option<String>,
-    /// Read the token from this file's first line (keeps it off the command line).
+    /// The shared token clients must present: this file's first line (or the environment's
+    /// FLOWSTATE_STORE_TOKEN; never on the command line, where `ps` shows it).
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
     /// Serve TLS only, with this certificate chain (PEM); needs --tls-key.
@@ -65,9 +63,27 @@ pub(crate) struct StoreArgs {
     /// CPUs to pin the shard threads to, comma separated (shard i on the i-th, round robin).
     #[arg(long, value_delimiter = ',')]
     cpus: Vec<usize>,
-    /// Most objects the store holds.
+    /// Most objects the store holds (0: no limit).
+    #[arg(long, default_value_t = 10_000_000)]
+    max_objects: usize,
+    /// Close a connection that sent no whole first frame (with a token: no hello with it)
+    /// within this time.
+    #[arg(long, default_value = "10s", value_parser = positive_duration)]
+    handshake_timeout: Duration,
+    /// Close a connection idle this long (nothing sent, no answer owed, no subscription); 0:
+    /// never. The store driver reconnects.
+    #[arg(long, default_value = "0s", value_parser = flowstate_config::parse_duration)]
+    idle_timeout: Duration,
+    /// Most bytes of answers kept to answer retransmitted batches again, over all clients.
+    #[arg(long, default_value_t = 64 << 20)]
+    max_reply_cache: usize,
+    /// Most client ids whose idempotency state is kept (the least recently active go first).
+    #[arg(long, default_value_t = 65_536, value_parser = at_least(1))]
+    max_clients: usize,
+    /// Start even if a log is damaged before its end: keep the records before the damage,
+    /// cut the rest, keep the whole damaged log beside it as `.wal.corrupt`.
     #[arg(long)]
-    max_objects: Option<usize>,
+    salvage_log: bool,
     /// Time between checkpoints ("60s", "150ms"; at least 1ms).
     #[arg(long, default_value = "60s", value_parser = checkpoint_interval)]
     checkpoint_interval: Duration,
@@ -96,10 +112,8 @@ struct StatsArgs {
     /// The store's address.
     #[arg(long, default_value = "127.0.0.1:7878")]
     url: String,
-    /// Its shared token, if it wants one (also read from FLOWSTATE_STORE_TOKEN).
-    #[arg(long, conflicts_with = "token_file")]
-    token: Option<String>,
-    /// Read the token from this file's first line.
+    /// Its shared token, if it wants one: this file's first line (or the environment's
+    /// FLOWSTATE_STORE_TOKEN).
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
     /// Connect with TLS, trusting the CA certificates of this PEM file.
@@ -115,8 +129,8 @@ fn at_least(min: u64) -> clap::builder::RangedU64ValueParser<usize> {
     clap::builder::RangedU64ValueParser::new().range(min..)
 }
 
-/// The token from the option, its file or the environment (an empty one is none).
-fn token(option: &Option<String>, file: &Option<PathBuf>) -> Result<Option<String>> {
+/// The token from its file or the environment (an empty one is none).
+fn token(file: &Option<PathBuf>) -> Result<Option<flowstate_config::Secret>> {
     if let Some(path) = file {
         let text = flowstate_config::read_text(path)
             .with_context(|| format!("--token-file: {}", path.display()))?;
@@ -127,12 +141,12 @@ fn token(option: &Option<String>, file: &Option<PathBuf>) -> Result<Option<Strin
                 path.display()
             );
         }
-        return Ok(Some(line.to_owned()));
+        return Ok(Some(flowstate_config::Secret::new(line)));
     }
-    Ok(option
-        .clone()
-        .or_else(|| std::env::var("FLOWSTATE_STORE_TOKEN").ok())
-        .filter(|t| !t.is_empty()))
+    Ok(std::env::var("FLOWSTATE_STORE_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty())
+        .map(flowstate_config::Secret::new))
 }
 
 /// Serves (or runs the query given).
@@ -151,7 +165,7 @@ fn serve(a: &StoreArgs) -> Result<()> {
     let config = Config {
         listen: a.listen,
         data_dir: a.data_dir.clone(),
-        token: token(&a.token, &a.token_file)?,
+        token: token(&a.token_file)?,
         shards: a.shards,
         limits: flowstate_proto::Limits {
             max_frame: a.max_frame,
@@ -161,7 +175,12 @@ fn serve(a: &StoreArgs) -> Result<()> {
         max_inflight: a.max_inflight,
         max_output: a.max_output,
         cpus: a.cpus.clone(),
-        max_objects: a.max_objects,
+        max_objects: (a.max_objects > 0).then_some(a.max_objects),
+        handshake_timeout: a.handshake_timeout,
+        idle_timeout: (!a.idle_timeout.is_zero()).then_some(a.idle_timeout),
+        max_reply_cache: a.max_reply_cache,
+        max_clients: a.max_clients,
+        salvage_log: a.salvage_log,
         checkpoint_interval: a.checkpoint_interval,
         sync: a.sync,
         tls: match (&a.tls_cert, &a.tls_key) {
@@ -201,7 +220,7 @@ fn serve(a: &StoreArgs) -> Result<()> {
 fn stats(q: &StatsArgs) -> Result<()> {
     let connector = StoreConnector::with_tls_settings(Settings {
         addr: q.url.clone(),
-        token: token(&q.token, &q.token_file)?.map(flowstate_config::Secret::new),
+        token: token(&q.token_file)?,
         retry_for: Duration::ZERO,
         ca_file: q.ca_file.clone(),
         ..Settings::default()
@@ -223,6 +242,15 @@ fn stats(q: &StatsArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A duration above zero.
+fn positive_duration(s: &str) -> Result<Duration, String> {
+    let d = flowstate_config::parse_duration(s)?;
+    if d.is_zero() {
+        return Err(format!("above zero, got {s:?}"));
+    }
+    Ok(d)
 }
 
 /// A checkpoint interval: a duration of at least 1 ms.

@@ -26,8 +26,22 @@ impl StoreProcess {
         StoreProcess::start_on("127.0.0.1:0", extra)
     }
 
+    /// A store whose clients must present `token` (given as the environment's
+    /// FLOWSTATE_STORE_TOKEN: the command line takes no token).
+    fn with_token(token: &str) -> StoreProcess {
+        StoreProcess::spawn("127.0.0.1:0", &[], Some(token))
+    }
+
     fn start_on(listen: &str, extra: &[&str]) -> StoreProcess {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_flowstate"))
+        StoreProcess::spawn(listen, extra, None)
+    }
+
+    fn spawn(listen: &str, extra: &[&str], token: Option<&str>) -> StoreProcess {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_flowstate"));
+        if let Some(t) = token {
+            command.env("FLOWSTATE_STORE_TOKEN", t);
+        }
+        let mut child = command
             .args(["store", "--listen", listen])
             .args(extra)
             .stdout(Stdio::piped())
@@ -141,7 +155,7 @@ fn packets(pcap: &[u8]) -> Vec<Vec<u8>> {
 
 #[test]
 fn every_nf_runs_on_the_store() {
-    let server = StoreProcess::start(&["--token", "s3cret"]);
+    let server = StoreProcess::with_token("s3cret");
     let dir = tempfile::tempdir().unwrap();
     for example in ["firewall", "lb", "chain"] {
         let text =
@@ -169,7 +183,7 @@ fn every_nf_runs_on_the_store() {
 
 #[test]
 fn a_wrong_token_is_a_clear_error() {
-    let server = StoreProcess::start(&["--token", "right"]);
+    let server = StoreProcess::with_token("right");
     let dir = tempfile::tempdir().unwrap();
     let text = std::fs::read_to_string(root().join("examples/nat-store.toml"))
         .unwrap()
@@ -330,6 +344,63 @@ fn after_kill_9_and_restart_the_store_holds_every_acknowledged_update_once() {
         );
     }
     drop(server);
+}
+
+#[test]
+fn a_log_damaged_before_its_end_stops_the_start_and_salvage_keeps_what_precedes() {
+    use flowstate_driver_store::StoreConnector;
+    use flowstate_state::{Backend, Kind, ObjectKey, Op};
+
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap().to_owned();
+    let args = ["--data-dir", data.as_str(), "--shards", "1"];
+    let mut server = StoreProcess::start(&args);
+    let mut b = StoreConnector::new(server.addr.clone()).open().unwrap();
+    for i in 0..1000 {
+        let set = Op::Set {
+            key: ObjectKey::shared("wal", Kind::Value, &format!("k{i:04}")),
+            value: vec![b'v'; 20],
+        };
+        b.execute(&[set], &mut Vec::new()).unwrap();
+    }
+    drop(b);
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    // One bit flipped a tenth of the way into the log of 1,000 equal acknowledged records.
+    let wal = dir.path().join("shard-0-0.wal");
+    let mut log = std::fs::read(&wal).unwrap();
+    let (at, record) = (log.len() / 10, log.len() / 1000);
+    log[at] ^= 0x10;
+    std::fs::write(&wal, &log).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_flowstate"))
+        .args(["store", "--listen", "127.0.0.1:0"])
+        .args(args)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    let offset = at / record * record;
+    assert!(
+        err.contains(&format!("at byte {offset} is corrupt")) && err.contains("--salvage-log"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read(&wal).unwrap(),
+        log,
+        "the log is kept as it is"
+    );
+    // Salvaged: the records before the damage, the whole log kept beside.
+    let server = StoreProcess::start(&[&args[..], &["--salvage-log"]].concat());
+    let stats = stats_json(&server.addr);
+    assert_eq!(stats["objects"].as_u64().unwrap() as usize, at / record);
+    assert_eq!(
+        stats["log_bytes_cut"].as_u64().unwrap() as usize,
+        log.len() - offset
+    );
+    assert_eq!(
+        std::fs::read(dir.path().join("shard-0-0.wal.corrupt")).unwrap(),
+        log
+    );
 }
 
 /// Crash test of a fenced batch's atomicity: each batch adds 1 to a counter placed with its

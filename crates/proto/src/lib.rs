@@ -340,6 +340,9 @@ pub enum ErrorCode {
     Unavailable = 7,
     /// The connection limit is reached.
     TooManyConnections = 8,
+    /// The connection sent no whole first frame (or no hello with the token) in time, or
+    /// nothing for too long; the connection closes.
+    TimedOut = 9,
 }
 
 impl ErrorCode {
@@ -353,6 +356,7 @@ impl ErrorCode {
             6 => ErrorCode::UnexpectedKind,
             7 => ErrorCode::Unavailable,
             8 => ErrorCode::TooManyConnections,
+            9 => ErrorCode::TimedOut,
             _ => return None,
         })
     }
@@ -1002,6 +1006,29 @@ pub fn put_reply(w: &mut Vec<u8>, r: &Reply) {
             put_bytes(w, msg.as_bytes());
         }
         Reply::Error(Failure::Duplicate) => w.push(8),
+    }
+}
+
+/// The bytes [`put_reply`] writes for `r`.
+pub fn reply_len(r: &Reply) -> usize {
+    let bytes = |b: &[u8]| 4 + b.len();
+    match r {
+        Reply::Done | Reply::Error(Failure::Duplicate) => 1,
+        Reply::Value(None) | Reply::Bool(_) => 2,
+        Reply::Value(Some(v)) => 2 + bytes(v),
+        Reply::Int(_) | Reply::Len(_) => 9,
+        Reply::Object(None) => 2,
+        Reply::Object(Some(o)) => {
+            3 + match o {
+                Object::Value(v) => bytes(v),
+                Object::Counter(_) => 8,
+                Object::List(v) | Object::Set(v) => 4 + v.iter().map(|x| bytes(x)).sum::<usize>(),
+                Object::Map(v) => 4 + v.iter().map(|(f, x)| bytes(f) + bytes(x)).sum::<usize>(),
+                Object::CounterMap(v) => 4 + v.iter().map(|(f, _)| bytes(f) + 8).sum::<usize>(),
+            }
+        }
+        Reply::Error(Failure::WrongKind { key, .. }) => 3 + bytes(key),
+        Reply::Error(Failure::Refused(msg)) => 1 + bytes(msg.as_bytes()),
     }
 }
 

@@ -127,6 +127,7 @@ fn code() -> impl Strategy<Value = ErrorCode> {
         Just(ErrorCode::UnexpectedKind),
         Just(ErrorCode::Unavailable),
         Just(ErrorCode::TooManyConnections),
+        Just(ErrorCode::TimedOut),
     ]
 }
 
@@ -181,6 +182,13 @@ proptest! {
         let (b, used2) = decode(&buf[used..], &l).unwrap().unwrap();
         prop_assert_eq!(used + used2, buf.len());
         prop_assert_eq!(b, g);
+    }
+
+    #[test]
+    fn a_reply_s_length_is_what_it_encodes_to(r in reply()) {
+        let mut buf = Vec::new();
+        put_reply(&mut buf, &r);
+        prop_assert_eq!(reply_len(&r), buf.len());
     }
 
     #[test]

@@ -27,6 +27,10 @@ use std::collections::VecDeque;
 
 /// The kind byte of a batch frame.
 const BATCH: u8 = 3;
+/// The largest frame an unauthenticated connection may send (a hello with its token).
+pub(crate) const FIRST_FRAME_MAX: usize = 64 * 1024;
+/// The most input buffer reserved ahead of a large frame's bytes.
+const RESERVE_AHEAD: usize = 1 << 20;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -140,6 +144,12 @@ pub(crate) struct Conn {
     pub(crate) dead: bool,
     /// The client's side hung up or the socket reported an error: read on to the end.
     pub(crate) hup: bool,
+    /// When the connection was accepted and when it last sent something (the turn's time):
+    /// for [`crate::Config::handshake_timeout`] and [`crate::Config::idle_timeout`].
+    pub(crate) opened: Duration,
+    pub(crate) last_input: Duration,
+    /// It subscribed to a key (waits for pushes, so is never idle).
+    pub(crate) subscribed: bool,
 }
 
 impl Conn {
@@ -149,6 +159,7 @@ impl Conn {
         stream: mio::net::TcpStream,
         tls: Option<Box<rustls::ServerConnection>>,
         authed: bool,
+        now: Duration,
     ) -> Conn {
         Conn {
             id,
@@ -173,7 +184,16 @@ impl Conn {
             closing: false,
             dead: false,
             hup: false,
+            opened: now,
+            last_input: now,
+            subscribed: false,
         }
+    }
+
+    /// Whether the connection sent its first whole frame (and, with a token, a hello with
+    /// it).
+    pub(crate) fn greeted_in_time(&self) -> bool {
+        !self.first && self.authed
     }
 
     /// Whether the connection is TLS.
@@ -474,8 +494,11 @@ impl Worker {
         let inbuf = std::mem::take(&mut c.inbuf);
         let missing = self.frames_in(c, &inbuf, t);
         c.inbuf = inbuf;
-        // Make room for the rest of a large frame at once.
-        c.inbuf.reserve(missing);
+        // Make room for the rest of a large frame, up to a bound: memory follows what the
+        // client sent, not what it announced.
+        if c.authed {
+            c.inbuf.reserve(missing.min(RESERVE_AHEAD));
+        }
     }
 
     /// Serves the whole frames of `inbuf[c.start..]`; the bytes still missing of a frame that
@@ -525,6 +548,18 @@ impl Worker {
                     break;
                 }
             };
+            if !c.authed && h.total > FIRST_FRAME_MAX {
+                // Before the token, only a hello is taken: a large frame is not waited for
+                // (nor is room made for it).
+                self.error(
+                    c,
+                    h.id,
+                    ErrorCode::TooLarge,
+                    format!("a frame before the token is at most {FIRST_FRAME_MAX} bytes"),
+                );
+                c.closing = true;
+                break;
+            }
             if avail.len() < h.total {
                 return h.total - avail.len();
             }
@@ -552,7 +587,7 @@ impl Worker {
         0
     }
 
-    fn error(&mut self, c: &mut Conn, id: u64, code: ErrorCode, message: String) {
+    pub(crate) fn error(&mut self, c: &mut Conn, id: u64, code: ErrorCode, message: String) {
         self.shared.metrics.errors.fetch_add(1, Ordering::Relaxed);
         c.reply(id, Message::Error { code, message });
     }
@@ -573,7 +608,7 @@ impl Worker {
                 return e.recoverable() && c.authed;
             }
         };
-        let want = self.shared.config.token.as_deref();
+        let want = self.shared.config.token.as_ref().map(crate::Secret::expose);
         if !c.authed {
             return match msg {
                 Message::Hello { client, token } if c.token_ok(want, &token) => {
@@ -653,6 +688,7 @@ impl Worker {
                 }
             }
             Message::Subscribe { key, instance } => {
+                c.subscribed = true;
                 let s = self.shared.shard_of(&key);
                 if s == self.index {
                     self.subscribe(c.id, s, key, instance);
@@ -752,6 +788,7 @@ impl Worker {
                 0,
                 numbered,
                 &[],
+                self.shared.config.limits.max_frame as usize,
                 |_, r, spare| {
                     proto::put_reply(out, &r);
                     shard::reclaim(spare, r);

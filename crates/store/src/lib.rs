@@ -53,9 +53,18 @@
 //!   A fenced batch over several shards (with an op id) is applied whole or not at all across
 //!   a crash: the record of its fence's shard carries its other parts, and the start applies
 //!   those a crash cut off (`recovered_parts`).
-//! * **Security**: [`Config::default`] binds 127.0.0.1; with [`Config::token`] a client must
-//!   present the token in its first frame or is refused; connections, frame size, batch size,
-//!   in-flight requests and unsent output per connection are limited. With [`Config::tls`] the
+//! * **Security**: [`Config::default`] binds 127.0.0.1 (beyond loopback without a token, the
+//!   start warns); with [`Config::token`] a client must present the token in its first frame
+//!   (at most 64 KiB, nothing reserved for a larger one) or is refused.
+//! * **Bounded memory**: connections, frame size, batch size, in-flight requests and unsent
+//!   output per connection are limited; the answer of one batch is at most one frame
+//!   ([`flowstate_proto::Limits::max_frame`]: the operations after the one that passes it are
+//!   not run and answered so); a connection without its first frame after
+//!   [`Config::handshake_timeout`] is closed (and, optionally, one idle for
+//!   [`Config::idle_timeout`]); the idempotency state kept for client ids
+//!   ([`Config::max_clients`], [`Config::max_reply_cache`]) and the objects
+//!   ([`Config::max_objects`]) are bounded. Per connection the store holds at most about
+//!   `max_frame` of input, `max_output + max_frame` of output and `max_inflight` requests. With [`Config::tls`] the
 //!   store serves TLS only (rustls, TLS 1.2 and 1.3, its certificate chain and key from PEM
 //!   files, read at start: a bad file stops the start with an error naming it); the token
 //!   works beside it, inside the TLS session. A client that speaks the plain protocol to a TLS
@@ -63,11 +72,13 @@
 //! * **Metrics**: a `Stats` request answers ops/s by type, connections, objects, memory and
 //!   WAL lag ([`Server::stats`]).
 
+mod clients;
 mod conn;
 mod shard;
 mod wal;
 mod worker;
 
+pub use flowstate_config::Secret;
 pub use wal::RecoveryError;
 
 use flowstate_proto::{ErrorCode, Frame, Limits, Message, OP_NAMES};
@@ -86,8 +97,9 @@ pub struct Config {
     pub listen: SocketAddr,
     /// Where the log and checkpoints go; `None`: in memory only.
     pub data_dir: Option<PathBuf>,
-    /// A shared token clients must present; `None`: no authentication.
-    pub token: Option<String>,
+    /// A shared token clients must present; `None`: no authentication (warned about when
+    /// the store listens beyond loopback without TLS).
+    pub token: Option<Secret>,
     /// Shard threads (0: one per core, at most 8). A data directory keeps the count it was
     /// created with.
     pub shards: usize,
@@ -106,8 +118,28 @@ pub struct Config {
     /// CPUs to pin the shard threads to (shard `i` on `cpus[i % cpus.len()]`, Linux only);
     /// empty: not pinned.
     pub cpus: Vec<usize>,
-    /// Most objects (spread evenly over the shards); `None`: no limit.
+    /// Most objects (spread evenly over the shards; default 10,000,000); `None`: no limit.
     pub max_objects: Option<usize>,
+    /// A connection that has not sent a whole first frame (with [`Config::token`]: a hello
+    /// with the token) by then is closed (default 10 s): silent connections cannot hold the
+    /// connection limit.
+    pub handshake_timeout: Duration,
+    /// A connection that sent nothing for this long and waits for nothing (no answer owed, no
+    /// subscription) is closed; `None` (the default): never. The store driver reconnects.
+    pub idle_timeout: Option<Duration>,
+    /// Most bytes of answers kept to answer retransmitted batches again, over all clients
+    /// (spread evenly over the shards; default 64 MiB); beyond it the oldest are dropped, and
+    /// a retransmission of a batch whose answer was dropped is answered
+    /// [`Failure::Duplicate`](flowstate_proto::Failure::Duplicate) per operation, as after a
+    /// restart.
+    pub max_reply_cache: usize,
+    /// Most client ids whose idempotency state (last op id, kept answers) is held (spread
+    /// evenly over the shards; default 65,536); beyond it the least recently active are
+    /// forgotten, and such a client's retransmission of a batch would be applied again.
+    pub max_clients: usize,
+    /// Start even when a log is damaged before its end: keep its records before the damage,
+    /// cut the rest and keep the whole damaged file beside (`….wal.corrupt`).
+    pub salvage_log: bool,
     /// Time between checkpoints of a shard that has logged something.
     pub checkpoint_interval: Duration,
     /// Log size that triggers a checkpoint.
@@ -139,7 +171,12 @@ impl Default for Config {
             max_inflight: 4096,
             max_output: 4 << 20,
             cpus: Vec::new(),
-            max_objects: None,
+            max_objects: Some(10_000_000),
+            handshake_timeout: Duration::from_secs(10),
+            idle_timeout: None,
+            max_reply_cache: 64 << 20,
+            max_clients: 65_536,
+            salvage_log: false,
             checkpoint_interval: Duration::from_secs(60),
             checkpoint_bytes: 256 << 20,
             sync: false,
@@ -225,12 +262,23 @@ pub(crate) struct Metrics {
     pub(crate) ops: [AtomicU64; OP_NAMES.len()],
     pub(crate) objects: Vec<AtomicU64>,
     pub(crate) wal_bytes: Vec<AtomicU64>,
+    /// Per shard: client ids with idempotency state, bytes of answers kept for them.
+    pub(crate) clients: Vec<AtomicU64>,
+    pub(crate) kept_answer_bytes: Vec<AtomicU64>,
     pub(crate) connections: AtomicUsize,
     pub(crate) connections_total: AtomicU64,
     pub(crate) errors: AtomicU64,
     pub(crate) duplicates: AtomicU64,
     pub(crate) notifications: AtomicU64,
     pub(crate) checkpoints: AtomicU64,
+    /// Connections closed by the handshake or idle timeout.
+    pub(crate) timeouts: AtomicU64,
+    /// Batches whose answers passed the largest frame (their later operations not run).
+    pub(crate) answers_cut: AtomicU64,
+    /// Answers kept for retransmissions dropped to stay under [`Config::max_reply_cache`].
+    pub(crate) replies_dropped: AtomicU64,
+    /// Client ids whose idempotency state was forgotten ([`Config::max_clients`]).
+    pub(crate) clients_forgotten: AtomicU64,
     /// Op counts and time of the previous stats request, for rates.
     last: Mutex<(Instant, [u64; OP_NAMES.len()])>,
     started: Instant,
@@ -260,6 +308,8 @@ pub(crate) struct Shared {
     by_partition: bool,
     pub(crate) metrics: Arc<Metrics>,
     recovered_records: u64,
+    /// Bytes cut from the logs at the start (torn tails, or salvaged damage).
+    log_bytes_cut: u64,
     /// Parts of fenced batches applied at the start (their shard had not logged them).
     recovered_parts: u64,
     /// Time the recovery from the data directory took, µs.
@@ -314,9 +364,14 @@ pub(crate) fn now() -> Duration {
 /// The numbers a `Stats` request answers: `ops_<type>` (total), `ops_per_sec_<type>` and
 /// `ops_per_sec` (since the previous stats request, or the start), `connections`,
 /// `connections_total`, `objects`, `memory_bytes` (resident set), `wal_lag_bytes` (log bytes a
-/// restart would replay), `checkpoints`, `errors` (error frames sent), `duplicates`
-/// (retransmitted batches not applied again), `notifications`, `shards`, `uptime_ms`,
-/// `recovered_records`, `recovered_parts` (parts of fenced batches over several shards a crash
+/// restart would replay), `clients` and `kept_answer_bytes` (client ids with idempotency
+/// state, and the bytes of answers kept for their retransmissions), `checkpoints`, `errors` (error frames sent), `duplicates`
+/// (retransmitted batches not applied again), `notifications`, `timeouts` (connections closed
+/// by the handshake or idle timeout), `answers_cut` (batches whose answers passed the largest
+/// frame), `replies_dropped` and `clients_forgotten` (idempotency state let go to stay
+/// bounded), `shards`, `uptime_ms`,
+/// `recovered_records`, `log_bytes_cut` (bytes cut from the logs at the start: torn tails, or
+/// damage salvaged), `recovered_parts` (parts of fenced batches over several shards a crash
 /// had cut off, applied at the start), `recovery_us` (the time reading the data directory took
 /// at start).
 pub(crate) fn stats(shared: &Shared) -> Vec<(String, u64)> {
@@ -350,6 +405,8 @@ pub(crate) fn stats(shared: &Shared) -> Vec<(String, u64)> {
     v.push(("objects".into(), sum(&m.objects)));
     v.push(("memory_bytes".into(), resident_bytes()));
     v.push(("wal_lag_bytes".into(), sum(&m.wal_bytes)));
+    v.push(("clients".into(), sum(&m.clients)));
+    v.push(("kept_answer_bytes".into(), sum(&m.kept_answer_bytes)));
     v.push(("checkpoints".into(), m.checkpoints.load(Ordering::Relaxed)));
     v.push(("errors".into(), m.errors.load(Ordering::Relaxed)));
     v.push(("duplicates".into(), m.duplicates.load(Ordering::Relaxed)));
@@ -357,12 +414,21 @@ pub(crate) fn stats(shared: &Shared) -> Vec<(String, u64)> {
         "notifications".into(),
         m.notifications.load(Ordering::Relaxed),
     ));
+    for (name, c) in [
+        ("timeouts", &m.timeouts),
+        ("answers_cut", &m.answers_cut),
+        ("replies_dropped", &m.replies_dropped),
+        ("clients_forgotten", &m.clients_forgotten),
+    ] {
+        v.push((name.into(), c.load(Ordering::Relaxed)));
+    }
     v.push(("shards".into(), shared.shards.len() as u64));
     v.push((
         "uptime_ms".into(),
         u64::try_from(m.started.elapsed().as_millis()).unwrap_or(u64::MAX),
     ));
     v.push(("recovered_records".into(), shared.recovered_records));
+    v.push(("log_bytes_cut".into(), shared.log_bytes_cut));
     v.push(("recovered_parts".into(), shared.recovered_parts));
     v.push(("recovery_us".into(), shared.recovery_us));
     v
@@ -497,36 +563,42 @@ impl Server {
             ops: std::array::from_fn(|_| AtomicU64::new(0)),
             objects: (0..shards).map(|_| AtomicU64::new(0)).collect(),
             wal_bytes: (0..shards).map(|_| AtomicU64::new(0)).collect(),
+            clients: (0..shards).map(|_| AtomicU64::new(0)).collect(),
+            kept_answer_bytes: (0..shards).map(|_| AtomicU64::new(0)).collect(),
             connections: AtomicUsize::new(0),
             connections_total: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             duplicates: AtomicU64::new(0),
             notifications: AtomicU64::new(0),
             checkpoints: AtomicU64::new(0),
+            timeouts: AtomicU64::new(0),
+            answers_cut: AtomicU64::new(0),
+            replies_dropped: AtomicU64::new(0),
+            clients_forgotten: AtomicU64::new(0),
             last: Mutex::new((Instant::now(), [0; OP_NAMES.len()])),
             started: Instant::now(),
         });
         let per_shard = config.max_objects.map(|m| m.div_ceil(shards).max(1));
         let mut states = Vec::with_capacity(shards);
         let mut recovered_records = 0;
+        let mut log_bytes_cut = 0;
         let mut logged_parts = Vec::new();
         let recovering = Instant::now();
         for i in 0..shards {
             let mut objects = shard::Objects {
                 max_objects: per_shard,
+                clients: clients::Clients::bounded(
+                    config.max_clients.div_ceil(shards),
+                    config.max_reply_cache / shards,
+                ),
                 ..Default::default()
             };
             let wal = match &config.data_dir {
                 Some(dir) => {
-                    let r = wal::recover(dir, i, config.sync, &mut objects)?;
+                    let r = wal::recover(dir, i, config.sync, config.salvage_log, &mut objects)?;
                     recovered_records += r.records;
+                    log_bytes_cut += r.torn_bytes;
                     logged_parts.extend(r.parts);
-                    if r.torn_bytes > 0 {
-                        tracing::warn!(
-                            "shard {i}: cut {} bytes of a torn, unacknowledged log record",
-                            r.torn_bytes
-                        );
-                    }
                     Some(r.wal)
                 }
                 None => None,
@@ -556,6 +628,17 @@ impl Server {
             addr: config.listen,
             source,
         })?;
+        if !addr.ip().is_loopback() && config.token.is_none() {
+            tracing::warn!(
+                "listening on {addr}, beyond loopback, without a token: anyone who reaches this \
+                 address can read and change every object; give the store a token \
+                 (--token-file){}",
+                match config.tls {
+                    None => " and TLS (--tls-cert, --tls-key)",
+                    Some(_) => "",
+                }
+            );
+        }
         let mut handles = Vec::with_capacity(shards);
         let mut loops = Vec::with_capacity(shards);
         for _ in 0..shards {
@@ -573,6 +656,7 @@ impl Server {
             shards: handles,
             metrics,
             recovered_records,
+            log_bytes_cut,
             recovered_parts,
             recovery_us: recovering.elapsed().as_micros() as u64,
         });

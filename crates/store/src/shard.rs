@@ -4,18 +4,16 @@
 //! so the two pass the same conformance suite; on top come ownership (CHC §5.1), clock tags (CHC §5.3), idempotent batches,
 //! subscriptions (CHC §4.3 callbacks) and expiry notifications (StatelessNF §4.1).
 
+use crate::clients::Clients;
 pub(crate) use flowstate_objects::Spare;
 use flowstate_objects::{Absent, Action, Fault, Leases, Outcome, Stored};
 use flowstate_proto::{Command, Failure, Kind, Object, Op, Reply, Request};
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 /// How many clock tags an object remembers per instance (CHC §5.3: duplicates come from
 /// straggler clones and replays, which trail the original by a bounded number of packets).
 pub(crate) const TAG_WINDOW: usize = 4096;
-/// How many answered batches per client a shard keeps to answer a retransmission (a driver
-/// retransmits only the frames of the call in progress; ack-only batches need no answer kept).
-pub(crate) const REPLY_CACHE: usize = 64;
 
 pub(crate) struct Entry {
     /// The object and its time to live ([`flowstate_objects`]: what every operation does).
@@ -33,15 +31,6 @@ pub(crate) struct Entry {
 // An entry sits in its shard's table beside its key: its size is the table's memory per
 // object (a million objects take two million buckets) and what every lookup reads.
 const _: () = assert!(std::mem::size_of::<Entry>() <= 80);
-
-/// Idempotency state of one client in one shard.
-#[derive(Default)]
-pub(crate) struct Dedup {
-    /// Highest op id applied.
-    pub(crate) last: u64,
-    /// Replies of the last batches, to answer a retransmission the same way.
-    pub(crate) recent: VecDeque<(u64, Vec<(u32, Reply)>)>,
-}
 
 /// Where a subscriber's pushes go.
 pub(crate) struct Sub {
@@ -106,7 +95,7 @@ pub(crate) struct Objects {
     /// Objects by their earliest deadline (object or field): what the expiry sweep visits,
     /// from the front, touching only what is due.
     pub(crate) index: BTreeSet<(Duration, Vec<u8>)>,
-    pub(crate) clients: foldhash::HashMap<u64, Dedup>,
+    pub(crate) clients: Clients,
     /// Most objects this shard holds; `None`: no limit.
     pub(crate) max_objects: Option<usize>,
     /// Expiries found while running operations, to notify after the batch.

@@ -9,10 +9,14 @@
 //!
 //! A record is `length u32 | crc32c u32 | now u64 | client u64 | op id u64 | count u32 |
 //! requests [| parts u32 | (shard u32 | count u32 | requests)*]` (the requests encoded as in a
-//! batch frame). Recovery loads the newest checkpoint, replays its log with each record's own
-//! time (so time to live and leases replay exactly), and cuts the log at the first torn or
-//! corrupt record: only the tail that was never acknowledged can be torn, since a batch is
-//! answered after its record is written.
+//! batch frame). Recovery loads the newest checkpoint and replays its log with each record's own
+//! time (so time to live and leases replay exactly). A bad record (short, or its checksum or
+//! content wrong) with no good record after it is a torn tail, the last write cut short by a
+//! crash: never acknowledged (a batch is answered after its record is written), so it is cut.
+//! A bad record with a good one after it is damage to acknowledged data: the start stops with
+//! [`RecoveryError::CorruptLog`] naming the byte, and the file is left as it is (Redis refuses
+//! a damaged append-only file the same way). Starting with `salvage` keeps the records before
+//! the damage, cuts the rest and keeps the whole damaged file beside as `….wal.corrupt`.
 //!
 //! A fenced batch over several shards is applied whole or not at all across a crash. The
 //! fence's shard applies its part first and its record carries the batch's other parts (the
@@ -28,7 +32,7 @@
 //! killed (`kill -9`). With `sync` each write is also `fdatasync`ed, for surviving the
 //! machine's crash.
 
-use crate::shard::{Dedup, Entry, Objects};
+use crate::shard::{Entry, Objects};
 use flowstate_objects::{Lease, Obj, Stored};
 use flowstate_proto::{self as proto, DecodeError, Rd, Request};
 use std::collections::{BTreeSet, HashMap};
@@ -203,6 +207,25 @@ pub enum RecoveryError {
         /// What happened.
         source: io::Error,
     },
+    /// A log is damaged before its end: acknowledged updates follow the damage. Nothing was
+    /// changed on disk.
+    #[error(
+        "{path}: log record {record} at byte {offset} is corrupt ({reason}) and good records \
+         follow it: acknowledged updates would be lost, so the store does not start and the \
+         file is kept as it is; to start with the {record} records before it and lose the \
+         rest, start once with --salvage-log (the whole file is kept beside as \
+         {path}.corrupt)"
+    )]
+    CorruptLog {
+        /// The log file.
+        path: PathBuf,
+        /// Where the bad record starts.
+        offset: u64,
+        /// Its number (the good records before it).
+        record: u64,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
     /// A checkpoint is corrupt (checkpoints are written whole and renamed, so this is damage
     /// from outside).
     #[error("{path}: corrupt checkpoint: {reason}")]
@@ -285,11 +308,10 @@ pub(crate) fn roll_forward(
         let Some((objects, wal)) = shards.get_mut(p.shard) else {
             continue;
         };
-        let d = objects.clients.entry(p.client).or_default();
-        if p.op_id <= d.last {
+        if objects.clients.last(p.client).is_some_and(|l| p.op_id <= l) {
             continue;
         }
-        d.last = p.op_id;
+        objects.clients.applied(p.client, p.op_id);
         for r in &p.ops {
             objects.apply_ref(&r.borrowed(), p.now);
         }
@@ -304,11 +326,14 @@ pub(crate) fn roll_forward(
     Ok(applied)
 }
 
-/// Loads shard `shard` from `dir` into `objects` and opens its log for appending.
+/// Loads shard `shard` from `dir` into `objects` and opens its log for appending; with
+/// `salvage`, a log damaged before its end is cut at the damage (see the module
+/// documentation).
 pub(crate) fn recover(
     dir: &Path,
     shard: usize,
     sync: bool,
+    salvage: bool,
     objects: &mut Objects,
 ) -> Result<Recovered, RecoveryError> {
     // The newest generation with a checkpoint (or 0).
@@ -346,17 +371,41 @@ pub(crate) fn recover(
     let mut at = 0usize;
     let mut records = 0;
     let mut parts = Vec::new();
-    while let Some(rec) = data.get(at..at + 8) {
-        let len = u32::from_le_bytes([rec[0], rec[1], rec[2], rec[3]]) as usize;
-        let crc = u32::from_le_bytes([rec[4], rec[5], rec[6], rec[7]]);
-        let Some(body) = data.get(at + 8..at + 8 + len) else {
-            break;
+    let mut salvaged = false;
+    while at < data.len() {
+        let bad = match record_at(&data, at) {
+            Ok(body) => match replay(body, objects, &mut parts) {
+                Ok(()) => {
+                    records += 1;
+                    at += 8 + body.len();
+                    continue;
+                }
+                Err(_) => "its content does not decode",
+            },
+            Err(why) => why,
         };
-        if proto::crc32c(0, body) != crc || replay(body, objects, &mut parts).is_err() {
-            break;
+        if (at + 1..data.len()).any(|from| record_at(&data, from).is_ok()) {
+            if !salvage {
+                return Err(RecoveryError::CorruptLog {
+                    path: wp,
+                    offset: at as u64,
+                    record: records,
+                    reason: bad,
+                });
+            }
+            let kept = wp.with_extension("wal.corrupt");
+            fs::write(&kept, &data).map_err(io_err(&kept))?;
+            tracing::warn!(
+                "{}: salvaged: {records} records kept; record {records} at byte {at} is \
+                 corrupt ({bad}), it and the {} bytes after it are cut (the whole file is kept \
+                 as {})",
+                wp.display(),
+                data.len() - at,
+                kept.display()
+            );
+            salvaged = true;
         }
-        records += 1;
-        at += 8 + len;
+        break;
     }
     let torn = (data.len() - at) as u64;
     let file = OpenOptions::new()
@@ -366,11 +415,14 @@ pub(crate) fn recover(
         .open(&wp)
         .map_err(io_err(&wp))?;
     if torn > 0 {
-        tracing::warn!(
-            "{}: cutting {torn} bytes of an unacknowledged torn record",
-            wp.display()
-        );
+        if !salvaged {
+            tracing::warn!(
+                "{}: cutting {torn} bytes of an unacknowledged torn record",
+                wp.display()
+            );
+        }
         file.set_len(at as u64).map_err(io_err(&wp))?;
+        file.sync_all().map_err(io_err(&wp))?;
     }
     drop(file);
     let file = OpenOptions::new()
@@ -392,6 +444,26 @@ pub(crate) fn recover(
         torn_bytes: torn,
         parts,
     })
+}
+
+/// The body of the record at `data[at..]` if it is whole and its checksum holds; what is
+/// wrong if not.
+fn record_at(data: &[u8], at: usize) -> Result<&[u8], &'static str> {
+    let head = data.get(at..at + 8).ok_or("it is cut short")?;
+    let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+    let crc = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
+    // The smallest record: its time, client, op id and operation count (so that zeros, as a
+    // crash can leave at the end of a file, are never a record).
+    if len < 28 {
+        return Err("its length is impossible");
+    }
+    let body = data
+        .get(at + 8..(at + 8).saturating_add(len))
+        .ok_or("it is cut short")?;
+    match proto::crc32c(0, body) == crc {
+        true => Ok(body),
+        false => Err("its checksum does not match"),
+    }
 }
 
 fn replay(
@@ -427,8 +499,7 @@ fn replay(
         objects.apply_ref(req, now);
     }
     if op_id != 0 {
-        let d = objects.clients.entry(client).or_default();
-        d.last = d.last.max(op_id);
+        objects.clients.applied(client, op_id);
     }
     Ok(())
 }
@@ -447,9 +518,9 @@ fn encode_checkpoint(o: &Objects, now: Duration) -> Vec<u8> {
     let mut w = Vec::with_capacity(64 * 1024);
     proto::put_u64(&mut w, nanos(now));
     proto::put_u32(&mut w, o.clients.len() as u32);
-    for (c, d) in &o.clients {
-        proto::put_u64(&mut w, *c);
-        proto::put_u64(&mut w, d.last);
+    for (c, last) in o.clients.iter() {
+        proto::put_u64(&mut w, c);
+        proto::put_u64(&mut w, last);
     }
     proto::put_u32(&mut w, o.objects.len() as u32);
     for (k, e) in &o.objects {
@@ -502,13 +573,7 @@ fn load_checkpoint(data: &[u8], o: &mut Objects) -> Result<(), String> {
     for _ in 0..n {
         let c = r.u64().map_err(e)?;
         let last = r.u64().map_err(e)?;
-        o.clients.insert(
-            c,
-            Dedup {
-                last,
-                recent: Default::default(),
-            },
-        );
+        o.clients.applied(c, last);
     }
     let n = r.count(4).map_err(e)?;
     for _ in 0..n {
@@ -594,7 +659,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let t = Duration::from_secs(100);
         let mut o = Objects::default();
-        let mut wal = recover(dir.path(), 0, false, &mut o).unwrap().wal;
+        let mut wal = recover(dir.path(), 0, false, false, &mut o).unwrap().wal;
         let k = |s: &str| s.as_bytes().to_vec();
         apply(
             &mut o,
@@ -651,7 +716,7 @@ mod tests {
         f.write_all(&[40, 0, 0, 0, 1, 2]).unwrap();
         drop(f);
         let mut back = Objects::default();
-        let rec = recover(dir.path(), 0, false, &mut back).unwrap();
+        let rec = recover(dir.path(), 0, false, false, &mut back).unwrap();
         assert_eq!(rec.records, 3);
         assert_eq!(rec.torn_bytes, 6);
         for key in ["c", "l", "m"] {
@@ -672,6 +737,76 @@ mod tests {
             back.apply(&read, t + Duration::from_secs(6)).0,
             Reply::Value(None)
         );
+    }
+
+    /// A log of 1,000 acknowledged sets.
+    fn thousand_sets(dir: &Path) -> (PathBuf, Vec<u8>) {
+        let mut o = Objects::default();
+        let mut wal = recover(dir, 0, false, false, &mut o).unwrap().wal;
+        for i in 0..1000 {
+            let set = Op::Set {
+                key: format!("k{i:04}").into_bytes(),
+                value: vec![b'v'; 20],
+            };
+            apply(&mut o, &mut wal, Duration::from_secs(100), set);
+        }
+        drop(wal);
+        let wp = wal_path(dir, 0, 0);
+        let data = std::fs::read(&wp).unwrap();
+        (wp, data)
+    }
+
+    #[test]
+    fn damage_before_the_end_stops_the_start_keeps_the_file_and_salvage_keeps_the_good_part() {
+        let dir = tempfile::tempdir().unwrap();
+        let (wp, mut data) = thousand_sets(dir.path());
+        // One bit flipped a tenth of the way in: inside record 100 (records are equal).
+        let at = data.len() / 10;
+        data[at] ^= 0x10;
+        std::fs::write(&wp, &data).unwrap();
+        let record = data.len() / 1000;
+        match recover(dir.path(), 0, false, false, &mut Objects::default()) {
+            Err(RecoveryError::CorruptLog {
+                offset, record: n, ..
+            }) => {
+                assert_eq!(n as usize, at / record);
+                assert_eq!(offset as usize, n as usize * record);
+            }
+            Err(e) => panic!("wrong error: {e}"),
+            Ok(_) => panic!("a damaged log was accepted"),
+        }
+        assert_eq!(
+            std::fs::read(&wp).unwrap(),
+            data,
+            "the log is kept as it is"
+        );
+        // Salvage: the records before the damage, the whole file kept beside.
+        let mut o = Objects::default();
+        let rec = recover(dir.path(), 0, false, true, &mut o).unwrap();
+        assert_eq!(rec.records as usize, at / record);
+        assert_eq!(o.len(), at / record);
+        assert_eq!(
+            std::fs::read(wp.with_extension("wal.corrupt")).unwrap(),
+            data
+        );
+        assert_eq!(std::fs::read(&wp).unwrap().len(), at / record * record);
+    }
+
+    #[test]
+    fn a_torn_or_zeroed_tail_is_cut_and_the_start_goes_on() {
+        for tail in [&[0u8; 4096][..], &[200, 0, 0, 0, 1, 2, 3][..]] {
+            let dir = tempfile::tempdir().unwrap();
+            let (wp, mut data) = thousand_sets(dir.path());
+            // The last record damaged as a crash leaves it: cut short, then garbage or zeros.
+            data.truncate(data.len() - 5);
+            data.extend_from_slice(tail);
+            std::fs::write(&wp, &data).unwrap();
+            let mut o = Objects::default();
+            let rec = recover(dir.path(), 0, false, false, &mut o).unwrap();
+            assert_eq!(rec.records, 999);
+            assert_eq!(o.len(), 999);
+            assert!(!wp.with_extension("wal.corrupt").exists());
+        }
     }
 
     /// Shard 0's log carries the parts of a fenced batch (client 7, op 2) on shards 1 and 2;
@@ -699,7 +834,7 @@ mod tests {
             let mut parts = Vec::new();
             for i in 0..3 {
                 let mut o = Objects::default();
-                let r = recover(dir, i, false, &mut o).unwrap();
+                let r = recover(dir, i, false, false, &mut o).unwrap();
                 parts.extend(r.parts);
                 states.push((o, Some(r.wal)));
             }

@@ -13,7 +13,7 @@
 //! records of the operations it acknowledges are written.
 
 use crate::conn::{Conn, Parked, PartBody};
-use crate::shard::{Objects, Sub, REPLY_CACHE};
+use crate::shard::{self, Objects, Sub};
 use crate::wal::{Part, Wal};
 use crate::{now, Shared};
 use flowstate_objects::Spare;
@@ -92,6 +92,8 @@ const TICK: Duration = Duration::from_millis(20);
 const READ_BUDGET: usize = 256 * 1024;
 /// Size of a read.
 const CHUNK: usize = 64 * 1024;
+/// How often a shard looks for connections past their handshake or idle time.
+const REAP: Duration = Duration::from_millis(250);
 
 pub(crate) struct Worker {
     pub(crate) index: usize,
@@ -186,7 +188,7 @@ impl Worker {
         // The time of the current turn: one clock read per turn, for the operations (wall
         // clock: deadlines persist) and for the shard's own timers.
         let mut t = now();
-        let (mut last_sweep, mut last_ckpt) = (t, t);
+        let (mut last_sweep, mut last_ckpt, mut last_reap) = (t, t, t);
         loop {
             // Sleep without a timer when nothing is timed: no deadline to sweep, nothing logged
             // to checkpoint.
@@ -200,10 +202,9 @@ impl Worker {
                     .as_ref()
                     .filter(|w| w.bytes > 0)
                     .map(|_| checkpoint_interval.saturating_sub(t.saturating_sub(last_ckpt)));
-                match (sweep, ckpt) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                }
+                let reap = (!self.by_id.is_empty())
+                    .then(|| REAP.saturating_sub(t.saturating_sub(last_reap)));
+                [sweep, ckpt, reap].into_iter().flatten().min()
             };
             if let Err(e) = poll.poll(&mut events, timeout) {
                 if e.kind() != ErrorKind::Interrupted {
@@ -215,6 +216,7 @@ impl Worker {
             // A wall clock set back must not hold the timers back.
             last_sweep = last_sweep.min(t);
             last_ckpt = last_ckpt.min(t);
+            last_reap = last_reap.min(t);
             for ev in events.iter() {
                 if ev.token() == WAKER {
                     continue;
@@ -250,6 +252,10 @@ impl Worker {
                 last_sweep = t;
                 self.objects.sweep(t);
             }
+            if t.saturating_sub(last_reap) >= REAP {
+                last_reap = t;
+                self.reap(t);
+            }
             self.commit(t);
             self.send_out();
             self.write_out();
@@ -263,6 +269,9 @@ impl Worker {
             }
             let m = &self.shared.metrics;
             m.objects[self.index].store(self.objects.len() as u64, Ordering::Relaxed);
+            let clients = &self.objects.clients;
+            m.clients[self.index].store(clients.len() as u64, Ordering::Relaxed);
+            m.kept_answer_bytes[self.index].store(clients.bytes() as u64, Ordering::Relaxed);
             if let Some(w) = &self.wal {
                 m.wal_bytes[self.index].store(w.bytes, Ordering::Relaxed);
             }
@@ -298,7 +307,7 @@ impl Worker {
 
     fn message(&mut self, m: Msg, t: Duration) {
         match m {
-            Msg::Conn { id, stream } => self.add_conn(id, stream),
+            Msg::Conn { id, stream } => self.add_conn(id, stream, t),
             Msg::Forward { from, items } => {
                 for (conn, f) in items {
                     self.forwarded(from, conn, f, t);
@@ -329,7 +338,7 @@ impl Worker {
         }
     }
 
-    fn add_conn(&mut self, id: u64, stream: std::net::TcpStream) {
+    fn add_conn(&mut self, id: u64, stream: std::net::TcpStream, t: Duration) {
         let mut stream = mio::net::TcpStream::from_std(stream);
         let slot = self.free.pop().unwrap_or(self.conns.len());
         if let Err(e) = self.registry.register(
@@ -367,7 +376,7 @@ impl Worker {
             },
             None => None,
         };
-        let c = Conn::new(id, slot, stream, tls, !token_needed);
+        let c = Conn::new(id, slot, stream, tls, !token_needed, t);
         if slot == self.conns.len() {
             self.conns.push(None);
         }
@@ -409,6 +418,7 @@ impl Worker {
                     }
                 }
                 Ok(n) => {
+                    c.last_input = t;
                     c.inbuf.extend_from_slice(&self.chunk[..n]);
                     budget = budget.saturating_sub(n);
                     // (Not over TLS: a short read of plaintext says nothing of the socket.)
@@ -615,46 +625,53 @@ impl Worker {
         t: Duration,
     ) -> bool {
         // An idempotent batch seen before: answer it as the first time, apply nothing.
-        if op_id != 0 {
-            if let Some(d) = self.objects.clients.get(&client) {
-                if op_id <= d.last {
-                    match d.recent.iter().find(|(id, _)| *id == op_id) {
-                        Some((_, r)) => replies.extend(r.iter().cloned()),
-                        None => {
-                            replies.extend(ops.map(|(i, _)| (i, Reply::Error(Failure::Duplicate))))
-                        }
-                    }
-                    self.shared
-                        .metrics
-                        .duplicates
-                        .fetch_add(1, Ordering::Relaxed);
-                    return true;
-                }
+        let clients = &self.objects.clients;
+        if op_id != 0 && clients.last(client).is_some_and(|last| op_id <= last) {
+            match clients.answer(client, op_id) {
+                Some(r) => replies.extend(r.iter().cloned()),
+                None => replies.extend(ops.map(|(i, _)| (i, Reply::Error(Failure::Duplicate)))),
             }
+            self.shared
+                .metrics
+                .duplicates
+                .fetch_add(1, Ordering::Relaxed);
+            return true;
         }
         let first = replies.len();
+        // An ack-only batch's answers are not sent: the values it read are let go at once.
+        let budget = match ack_only {
+            true => usize::MAX,
+            false => self.shared.config.limits.max_frame as usize,
+        };
         self.apply_ops(
             conn,
             client,
             op_id,
             ops,
             rest,
-            |i, r, _| replies.push((i, r)),
+            budget,
+            |i, r, spare| match ack_only
+                && matches!(r, Reply::Value(Some(_)) | Reply::Object(Some(_)))
+            {
+                true => {
+                    shard::reclaim(spare, r);
+                    replies.push((i, Reply::Done));
+                }
+                false => replies.push((i, r)),
+            },
             t,
         );
         if op_id != 0 {
-            let d = self.objects.clients.entry(client).or_default();
-            d.last = op_id;
+            let clients = &mut self.objects.clients;
+            clients.applied(client, op_id);
             if !ack_only {
-                // The oldest answer kept makes room for this one (and lends its allocation).
-                let mut kept = match d.recent.len() >= REPLY_CACHE {
-                    true => d.recent.pop_front().map(|(_, v)| v).unwrap_or_default(),
-                    false => Vec::new(),
-                };
-                kept.clear();
-                kept.extend_from_slice(&replies[first..]);
-                d.recent.push_back((op_id, kept));
+                clients.keep(client, op_id, &replies[first..]);
             }
+            let gone = clients.bound();
+            let m = &self.shared.metrics;
+            m.replies_dropped.fetch_add(gone.answers, Ordering::Relaxed);
+            m.clients_forgotten
+                .fetch_add(gone.clients, Ordering::Relaxed);
         }
         false
     }
@@ -673,15 +690,27 @@ impl Worker {
         op_id: u64,
         ops: impl Iterator<Item = (u32, Request<&'a [u8]>)> + Clone,
         rest: &[Part],
+        budget: usize,
         mut reply: impl FnMut(u32, Reply, &mut Spare),
         t: Duration,
     ) {
         let mut writes = false;
+        // Where the batch stopped running: at a fence that does not hold, or once its answers
+        // passed `budget` bytes (a 20-byte `Get` can answer megabytes).
         let mut fenced_at = None;
+        let mut full_at = None;
+        let mut answered = 0usize;
         for (i, req) in ops.clone() {
-            if fenced_at.is_some() {
+            if fenced_at.is_some() || full_at.is_some() {
+                let why = match fenced_at {
+                    Some(_) => "the batch's fence does not hold".to_owned(),
+                    None => format!(
+                        "the batch's answers passed {budget} bytes, the largest frame \
+                         (max_frame): send it in smaller batches"
+                    ),
+                };
                 let msg = format!(
-                    "{}: not applied: the batch's fence does not hold",
+                    "{}: not applied: {why}",
                     String::from_utf8_lossy(req.op.key())
                 );
                 reply(
@@ -699,8 +728,18 @@ impl Worker {
                 self.touched.push((req.op.key().to_vec(), conn));
             }
             writes |= !req.op.is_read();
+            answered = answered.saturating_add(flowstate_proto::reply_len(&r));
+            if answered > budget {
+                // The operations after this one are not run.
+                full_at = Some(i + 1);
+                self.shared
+                    .metrics
+                    .answers_cut
+                    .fetch_add(1, Ordering::Relaxed);
+            }
             reply(i, r, &mut self.objects.spare);
         }
+        let stop = fenced_at.or(full_at);
         let rest = match fenced_at.is_none() && op_id != 0 {
             true => rest,
             false => &[],
@@ -712,7 +751,7 @@ impl Worker {
             t,
             client,
             op_id,
-            ops.take_while(|(i, _)| fenced_at.is_none_or(|f| *i < f))
+            ops.take_while(|(i, _)| stop.is_none_or(|f| *i < f))
                 .map(|(_, r)| r)
                 .filter(|r| !r.op.is_read()),
             rest,
@@ -955,6 +994,42 @@ impl Worker {
         }
         self.dirty = dirty;
         self.dirty.clear();
+    }
+
+    /// Closes the connections past [`crate::Config::handshake_timeout`] without their first
+    /// frame (telling them why), and those idle past [`crate::Config::idle_timeout`].
+    fn reap(&mut self, t: Duration) {
+        let config = &self.shared.config;
+        let (handshake, idle) = (config.handshake_timeout, config.idle_timeout);
+        for slot in 0..self.conns.len() {
+            let Some(mut c) = self.conns.get_mut(slot).and_then(Option::take) else {
+                continue;
+            };
+            let open = !c.closing && !c.dead;
+            if open && !c.greeted_in_time() && t.saturating_sub(c.opened) >= handshake {
+                tracing::debug!("connection {}: closed, no first frame in time", c.id);
+                self.shared.metrics.timeouts.fetch_add(1, Ordering::Relaxed);
+                let message = match self.shared.config.token.is_some() {
+                    true => format!("no hello with the token within {handshake:?}"),
+                    false => format!("no whole frame within {handshake:?}"),
+                };
+                self.error(&mut c, 0, flowstate_proto::ErrorCode::TimedOut, message);
+                c.closing = true;
+                mark(&mut self.dirty, &mut c);
+            } else if open
+                && idle.is_some_and(|idle| t.saturating_sub(c.last_input) >= idle)
+                && !c.subscribed
+                && c.pending.is_empty()
+                && c.out_pos == c.out.len()
+                && c.start == c.inbuf.len()
+            {
+                tracing::debug!("connection {}: closed, idle", c.id);
+                self.shared.metrics.timeouts.fetch_add(1, Ordering::Relaxed);
+                c.closing = true;
+                mark(&mut self.dirty, &mut c);
+            }
+            self.conns[slot] = Some(c);
+        }
     }
 
     /// Closes connection `conn` at the end of the turn, without sending what it waits for.

@@ -262,7 +262,7 @@ fn random_bytes_truncated_frames_and_hangups_never_hurt_other_clients() {
 fn a_token_is_required_when_configured() {
     let server = Server::start(Config {
         listen: "127.0.0.1:0".parse().unwrap(),
-        token: Some("s3cret".into()),
+        token: Some(flowstate_store::Secret::new("s3cret")),
         ..Config::default()
     })
     .unwrap();

@@ -37,7 +37,9 @@
 //!   `token_file`), or `url` for a store that does not answer within `timeout`.
 
 use flowstate_config::Secret;
-use flowstate_proto::{self as proto, Command, Failure, Frame, Limits, Message, Notification};
+use flowstate_proto::{
+    self as proto, Command, ErrorCode, Failure, Frame, Limits, Message, Notification,
+};
 use flowstate_state::{
     Backend, BackendError, Connector, Fence, Kind, Object, ObjectKey, Op, OpError, Reply,
     SettingError,
@@ -707,6 +709,10 @@ impl StoreBackend {
                         self.control_answer = Some(msg);
                         left -= 1;
                     }
+                    Message::Error {
+                        code: ErrorCode::TimedOut,
+                        message,
+                    } => return Err(Fail::Conn(message)),
                     Message::Error { code, message } => {
                         return Err(Fail::Fatal(protocol(format!(
                             "the store refused a request ({code:?}): {message}"
@@ -745,6 +751,11 @@ impl StoreBackend {
                 });
                 Ok(())
             }
+            // The store closed a connection it found idle: connect again.
+            Message::Error {
+                code: ErrorCode::TimedOut,
+                message,
+            } => Err(Fail::Conn(message)),
             Message::Error { code, message } => Err(Fail::Fatal(protocol(format!(
                 "the store sent an error ({code:?}): {message}"
             )))),

@@ -37,7 +37,7 @@ fn start(tls: bool, token: Option<&str>, shards: usize) -> Server {
     Server::start(Config {
         listen: "127.0.0.1:0".parse().unwrap(),
         shards,
-        token: token.map(str::to_owned),
+        token: token.map(flowstate_store::Secret::new),
         tls: tls.then(|| TlsFiles {
             cert: certs().join("server.pem"),
             key: certs().join("server.key"),
