@@ -537,7 +537,7 @@ impl Server {
             config.shards
         };
         if let Some(dir) = &config.data_dir {
-            std::fs::create_dir_all(dir).map_err(|source| RecoveryError::Io {
+            wal::create_private_dir(dir).map_err(|source| RecoveryError::Io {
                 path: dir.clone(),
                 source,
             })?;

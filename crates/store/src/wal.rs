@@ -163,7 +163,11 @@ impl Wal {
             .dir
             .join(format!("shard-{}-{next}.ckpt.tmp", self.shard));
         {
-            let mut f = File::create(&tmp)?;
+            let mut f = private()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&tmp)?;
             f.write_all(CKPT_MAGIC)?;
             f.write_all(&(body.len() as u64).to_le_bytes())?;
             f.write_all(&proto::crc32c(0, &body).to_le_bytes())?;
@@ -171,7 +175,7 @@ impl Wal {
             f.sync_all()?;
         }
         fs::rename(&tmp, ckpt_path(&self.dir, self.shard, next))?;
-        let mut file = OpenOptions::new()
+        let mut file = private()
             .create(true)
             .append(true)
             .open(wal_path(&self.dir, self.shard, next))?;
@@ -267,13 +271,41 @@ pub(crate) fn stored_shards(dir: &Path) -> Result<Option<(usize, bool)>, Recover
     }
 }
 
+/// Options that create a file readable and writable by its owner only (0600): the data
+/// directory holds every NF's state.
+fn private() -> OpenOptions {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut o = OpenOptions::new();
+    o.mode(0o600);
+    o
+}
+
+/// Writes `data` to a new file at `path` (0600), replacing any.
+fn write_private(path: &Path, data: &[u8]) -> io::Result<()> {
+    private()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)?
+        .write_all(data)
+}
+
+/// Creates the data directory `dir` (and its parents) readable by its owner only (0700).
+pub(crate) fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
 /// The `shards` file's word for objects placed by partition.
 const BY_PARTITION: &str = "by-partition";
 
 /// Records the shard count of a new data directory (its objects placed by partition).
 pub(crate) fn store_shards(dir: &Path, n: usize) -> Result<(), RecoveryError> {
     let p = dir.join("shards");
-    fs::write(&p, format!("{n} {BY_PARTITION}\n")).map_err(io_err(&p))?;
+    write_private(&p, format!("{n} {BY_PARTITION}\n").as_bytes()).map_err(io_err(&p))?;
     sync_dir(dir);
     Ok(())
 }
@@ -394,7 +426,7 @@ pub(crate) fn recover(
                 });
             }
             let kept = wp.with_extension("wal.corrupt");
-            fs::write(&kept, &data).map_err(io_err(&kept))?;
+            write_private(&kept, &data).map_err(io_err(&kept))?;
             tracing::warn!(
                 "{}: salvaged: {records} records kept; record {records} at byte {at} is \
                  corrupt ({bad}), it and the {} bytes after it are cut (the whole file is kept \
@@ -408,7 +440,7 @@ pub(crate) fn recover(
         break;
     }
     let torn = (data.len() - at) as u64;
-    let file = OpenOptions::new()
+    let file = private()
         .create(true)
         .write(true)
         .truncate(false)
@@ -710,6 +742,13 @@ mod tests {
             },
         );
         drop(wal);
+        // Nothing of the data is readable by others.
+        for f in fs::read_dir(dir.path()).unwrap() {
+            use std::os::unix::fs::PermissionsExt;
+            let f = f.unwrap();
+            let mode = f.metadata().unwrap().permissions().mode();
+            assert_eq!(mode & 0o077, 0, "{:?}: {mode:o}", f.path());
+        }
         // A torn record at the end (never acknowledged).
         let wp = wal_path(dir.path(), 0, 1);
         let mut f = OpenOptions::new().append(true).open(&wp).unwrap();
