@@ -34,6 +34,7 @@ mod report;
 #[cfg(target_os = "linux")]
 mod scale;
 pub mod soak;
+mod store_abuse;
 pub mod store_ops;
 
 pub use report::{Machine, Report};
@@ -103,6 +104,11 @@ pub const BENCHES: &[Bench] = &[
         name: "store-ops",
         about: "our store vs redis-server: ops/s, p50/p99 and ops per server CPU second at pipeline depths 1, 16, 64 (CHC §7.1)",
         run: store_ops::run_ops,
+    },
+    Bench {
+        name: "store-abuse",
+        about: "a well-behaved store client's ops/s and p99 alone vs beside adversaries (amplifying batches, fresh client ids, slow partial frames, idle connections at the limit), and the store's peak memory vs the bound its limits set (issue #37)",
+        run: store_abuse::run,
     },
     Bench {
         name: "store-batching",
