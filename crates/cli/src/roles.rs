@@ -205,7 +205,7 @@ pub(crate) fn root(path: &Path, files: &Files) -> Result<()> {
     let epoch = flowstate_cluster::take_epoch(store.as_mut())?;
     drop(store);
     let listen = d.config.telemetry.listen;
-    let (stats, _server) = stats_sink(files.stats.clone(), listen, "root", ROOT_GAUGES)?;
+    let (stats, _server) = stats_sink(files.stats.clone(), listen, &d.config, "root", ROOT_GAUGES)?;
     let o = flowstate_cluster::RootOptions {
         section: d.section.clone(),
         inside: inside.clone(),
@@ -241,7 +241,13 @@ pub(crate) fn instance(
     Stop::on_signals().context("catching SIGINT/SIGTERM")?;
     let connector = connector_when_up(&d.config)?;
     let listen = d.config.telemetry.listen;
-    let (stats, _server) = stats_sink(files.stats.clone(), listen, "instance", INSTANCE_GAUGES)?;
+    let (stats, _server) = stats_sink(
+        files.stats.clone(),
+        listen,
+        &d.config,
+        "instance",
+        INSTANCE_GAUGES,
+    )?;
     let o = flowstate_cluster::ServeOptions {
         section: d.section.clone(),
         id,
@@ -270,7 +276,7 @@ pub(crate) fn controller(
     let connector = connector_when_up(&d.config)?;
     let mut store = connector.connect()?;
     let lease_store = connector.connect()?;
-    let (stats, _server) = stats_sink(None, metrics, "controller", CONTROLLER_GAUGES)?;
+    let (stats, _server) = stats_sink(None, metrics, &d.config, "controller", CONTROLLER_GAUGES)?;
     if fresh {
         // A new cluster: no assignment, and no lease of an earlier one to wait out.
         let mut replies = Vec::new();
@@ -304,10 +310,11 @@ pub(crate) fn controller(
 /// Where a role's stats go: its file (if any), and with `listen` (the root's and the
 /// instances' `[telemetry] listen`, the controller's `--metrics`) a metrics listener (in the
 /// lab, in the role's own namespace: each has its own loopback), served while the returned
-/// server is kept.
+/// server is kept, requiring `config`'s `[telemetry] token_file` if it names one.
 fn stats_sink(
     file: Option<PathBuf>,
     listen: Option<std::net::SocketAddr>,
+    config: &Config,
     role: &'static str,
     gauges: &'static [&'static str],
 ) -> Result<(
@@ -330,11 +337,12 @@ fn stats_sink(
         slot: slot.clone(),
     };
     let provider: Arc<dyn flowstate_telemetry::Provider> = Arc::new(provider);
+    let options = crate::telemetry::options(config.telemetry.token_file.as_deref())?;
     // A role restarted after a crash may find its predecessor's listener still closing (a
     // SIGKILLed root's socket outlived its process by a moment in the lab): wait for it.
     let deadline = Instant::now() + Duration::from_secs(10);
     let server = loop {
-        match flowstate_telemetry::Server::start(addr, provider.clone()) {
+        match flowstate_telemetry::Server::start_with(addr, provider.clone(), options.clone()) {
             Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(100));
             }

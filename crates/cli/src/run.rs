@@ -73,6 +73,7 @@ pub(crate) fn run(args: &RunArgs) -> Result<()> {
                     Some(crate::telemetry::serve(
                         addr,
                         std::sync::Arc::new(provider),
+                        config.telemetry.token_file.as_deref(),
                     )?)
                 }
                 None => None,
@@ -116,7 +117,11 @@ pub(crate) fn run(args: &RunArgs) -> Result<()> {
             ));
             (
                 Some(observer),
-                Some(crate::telemetry::serve(addr, provider)?),
+                Some(crate::telemetry::serve(
+                    addr,
+                    provider,
+                    config.telemetry.token_file.as_deref(),
+                )?),
             )
         }
         None => (None, None),

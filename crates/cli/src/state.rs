@@ -77,6 +77,10 @@ struct ListArgs {
     /// Print the tables as JSON (one document per table, in an array).
     #[arg(long)]
     json: bool,
+    /// With ADDR: present the token in FILE to the box's listener (its `[telemetry]
+    /// token_file`).
+    #[arg(long, value_name = "FILE", conflicts_with = "config")]
+    token_file: Option<PathBuf>,
 }
 
 pub(crate) fn run(a: &StateArgs) -> Result<()> {
@@ -98,7 +102,14 @@ fn list(a: &ListArgs) -> Result<()> {
         None => (what.as_str(), None),
     };
     let mut tables = match addr {
-        Some(addr) => from_box(addr, nf, table)?,
+        Some(addr) => {
+            let token = a
+                .token_file
+                .as_deref()
+                .map(|f| crate::telemetry::read_token(f, "--token-file"))
+                .transpose()?;
+            from_box(addr, nf, table, token.as_ref())?
+        }
         None => from_store(a, nf, table)?,
     };
     for t in &mut tables {
@@ -120,14 +131,19 @@ fn list(a: &ListArgs) -> Result<()> {
 }
 
 /// The tables of a running box, over its telemetry listener.
-fn from_box(addr: &str, nf: &str, table: Option<&str>) -> Result<Vec<Value>> {
+fn from_box(
+    addr: &str,
+    nf: &str,
+    table: Option<&str>,
+    token: Option<&flowstate_telemetry::Token>,
+) -> Result<Vec<Value>> {
     let addr = flowstate_telemetry::parse_listen(addr)
         .map_err(|e| anyhow::anyhow!("ADDR: {e}"))
         .context("the first argument is a running box's telemetry address")?;
     let names: Vec<String> = match table {
         Some(t) => vec![t.to_owned()],
         None => {
-            let all: Value = serde_json::from_str(&get(addr, "/api/v1/tables")?)
+            let all: Value = serde_json::from_str(&get(addr, "/api/v1/tables", token)?)
                 .context("the box's table list is not JSON")?;
             let chain = all.as_array().cloned().unwrap_or_default();
             let Some(entry) = chain.iter().find(|e| e["nf"] == nf) else {
@@ -147,12 +163,7 @@ fn from_box(addr: &str, nf: &str, table: Option<&str>) -> Result<Vec<Value>> {
     };
     let mut out = Vec::new();
     for t in names {
-        let text = get(addr, &format!("/api/v1/tables/{nf}/{t}"))?;
-        let doc: Value = serde_json::from_str(&text)
-            .with_context(|| format!("{nf}.{t}: the box's answer is not JSON"))?;
-        if let Some(e) = doc["error"].as_str() {
-            bail!("{e}");
-        }
+        let doc = whole_table(addr, nf, &t, token)?;
         if doc["answered"] != doc["workers"] {
             eprintln!(
                 "flowstate: {nf}.{t}: only {} of {} workers answered in time",
@@ -162,6 +173,66 @@ fn from_box(addr: &str, nf: &str, table: Option<&str>) -> Result<Vec<Value>> {
         out.push(doc);
     }
     Ok(out)
+}
+
+/// Every row of table `nf.t` of a running box, a page at a time: one document as the box
+/// answers it, its `rows` those of every page, `answered` the fewest workers of any page.
+fn whole_table(
+    addr: SocketAddr,
+    nf: &str,
+    t: &str,
+    token: Option<&flowstate_telemetry::Token>,
+) -> Result<Value> {
+    let limit = flowstate_telemetry::page::MAX_ROWS;
+    let mut whole: Option<Value> = None;
+    let mut rows = Vec::new();
+    let mut after = String::new();
+    loop {
+        let text = get(
+            addr,
+            &format!("/api/v1/tables/{nf}/{t}?limit={limit}{after}"),
+            token,
+        )?;
+        let mut doc: Value = serde_json::from_str(&text)
+            .with_context(|| format!("{nf}.{t}: the box's answer is not JSON"))?;
+        if let Some(e) = doc["error"].as_str() {
+            bail!("{e}");
+        }
+        if !doc.is_object() {
+            bail!("{nf}.{t}: the box's answer is not a table document");
+        }
+        if let Some(Value::Array(page)) = doc.get_mut("rows").map(Value::take) {
+            rows.extend(page);
+        }
+        let next = doc["next"].as_str().map(str::to_owned);
+        whole = Some(match whole.take() {
+            None => doc,
+            Some(mut first) => {
+                if doc["answered"].as_u64() < first["answered"].as_u64() {
+                    first["answered"] = doc["answered"].take();
+                }
+                first
+            }
+        });
+        match next {
+            // A cursor is hex digits: nothing to escape in a query.
+            Some(c) if !c.bytes().all(|b| b.is_ascii_hexdigit()) => {
+                bail!("{nf}.{t}: the box's next-page cursor {c:?} is not hex")
+            }
+            Some(c) if after.ends_with(&format!("={c}")) => {
+                bail!("{nf}.{t}: the box answered the same page twice")
+            }
+            Some(c) => after = format!("&after={c}"),
+            None => break,
+        }
+    }
+    let mut doc = whole.unwrap_or_default();
+    if let Some(o) = doc.as_object_mut() {
+        o.remove("next");
+        o.remove("total");
+        o.insert("rows".into(), Value::Array(rows));
+    }
+    Ok(doc)
 }
 
 /// The tables kept in the store `a.config` names (or `--backend`/`--url`).
@@ -351,14 +422,86 @@ fn print_table(out: &mut impl Write, t: &Value) -> std::io::Result<()> {
 }
 
 /// `GET path` from a telemetry listener: the body of a `200` answer.
-fn get(addr: SocketAddr, path: &str) -> Result<String> {
+fn get(addr: SocketAddr, path: &str, token: Option<&flowstate_telemetry::Token>) -> Result<String> {
     // The box's workers have `TABLE_WAIT` to answer.
     let wait = crate::telemetry::TABLE_WAIT + Duration::from_secs(5);
-    let r = flowstate_telemetry::client::get(addr, path, wait).map_err(|e| {
+    let r = flowstate_telemetry::client::get_with(addr, path, wait, token).map_err(|e| {
         anyhow::anyhow!("http://{addr}{path}: {e} (is the box running with --metrics {addr}?)")
     })?;
+    if r.status == 401 {
+        bail!(
+            "http://{addr}{path}: {}: the box wants its token ([telemetry] token_file): give \
+             --token-file FILE",
+            r.text().trim()
+        );
+    }
     if r.status != 200 {
         bail!("http://{addr}{path}: {}: {}", r.status, r.text().trim());
     }
     Ok(r.text())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flowstate_telemetry::{Metrics, Options, Page, Provider, Server, Token};
+    use std::sync::Arc;
+
+    /// A box whose `nat.sessions` holds `ROWS` rows, answered a page at a time.
+    struct Sessions;
+    const ROWS: usize = 2 * flowstate_telemetry::page::MAX_ROWS + 5;
+    impl Provider for Sessions {
+        fn metrics(&self, _: &mut Metrics) {}
+        fn api(&self, name: &str) -> Option<String> {
+            self.api_page(name, &Page::default())
+        }
+        fn api_page(&self, name: &str, page: &Page) -> Option<String> {
+            (name == "tables/nat/sessions").then(|| {
+                let rows: Vec<Value> = (0..ROWS)
+                    .map(|i| json!(["tcp", format!("10.0.{}.{}:80", i / 256, i % 256), 30.0]))
+                    .collect();
+                let doc = json!({"nf": "nat", "table": "sessions", "about": "a session",
+                    "columns": ["proto", "inside", "timeout"], "rows": rows,
+                    "workers": 2, "answered": 2});
+                crate::telemetry::page_of_table(doc, page).to_string()
+            })
+        }
+    }
+
+    #[test]
+    fn a_box_table_is_read_whole_a_page_at_a_time_with_the_token() {
+        let token = Token::new("t0ken").unwrap();
+        let options = Options {
+            token: Some(token.clone()),
+            ..Options::default()
+        };
+        let server =
+            Server::start_with("127.0.0.1:0".parse().unwrap(), Arc::new(Sessions), options)
+                .unwrap();
+        let a = server.local_addr();
+        // One request answers a page, not the table.
+        let page: Value =
+            serde_json::from_str(&get(a, "/api/v1/tables/nat/sessions", Some(&token)).unwrap())
+                .unwrap();
+        assert_eq!(
+            page["rows"].as_array().unwrap().len(),
+            flowstate_telemetry::page::DEFAULT_ROWS
+        );
+        assert_eq!(page["total"], ROWS);
+        assert!(page["next"].is_string());
+        // `state list` pages through all of it.
+        let whole = whole_table(a, "nat", "sessions", Some(&token)).unwrap();
+        let rows = whole["rows"].as_array().unwrap();
+        assert_eq!(rows.len(), ROWS);
+        let mut inside: Vec<&str> = rows.iter().map(|r| r[1].as_str().unwrap()).collect();
+        inside.sort_unstable();
+        inside.dedup();
+        assert_eq!(inside.len(), ROWS, "every row once");
+        assert_eq!(whole["answered"], 2);
+        assert!(whole.get("next").is_none());
+        // Without the token: refused, and the error says what to give.
+        let e = whole_table(a, "nat", "sessions", None).unwrap_err();
+        assert!(e.to_string().contains("--token-file"), "{e}");
+        server.stop();
+    }
 }

@@ -197,6 +197,7 @@ fn serve(a: &StoreArgs) -> Result<()> {
         Some(addr) => Some(crate::telemetry::serve(
             addr,
             std::sync::Arc::new(crate::telemetry::StoreProvider(server.counters())),
+            None,
         )?),
         None => None,
     };

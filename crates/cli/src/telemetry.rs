@@ -8,13 +8,35 @@
 use anyhow::{Context, Result};
 use flowstate_chain::observe::{Observer, BATCH_BUCKETS};
 use flowstate_chain::Summary;
-use flowstate_telemetry::{Histogram, Info, Metrics, Provider, Server};
+use flowstate_telemetry::{Histogram, Info, Metrics, Options, Page, Provider, Server, Token};
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 
-/// Starts the listener and says where it is on stderr.
-pub(crate) fn serve(addr: SocketAddr, provider: Arc<dyn Provider>) -> Result<Server> {
-    serve_started(addr, Server::start(addr, provider))
+/// Starts the listener, requiring the token in `token_file` (`[telemetry] token_file`) if
+/// there is one, and says where it is on stderr.
+pub(crate) fn serve(
+    addr: SocketAddr,
+    provider: Arc<dyn Provider>,
+    token_file: Option<&Path>,
+) -> Result<Server> {
+    let options = options(token_file)?;
+    serve_started(addr, Server::start_with(addr, provider, options))
+}
+
+/// The listener's options: the defaults, and the token in `token_file` if there is one.
+pub(crate) fn options(token_file: Option<&Path>) -> Result<Options> {
+    Ok(Options {
+        token: token_file
+            .map(|f| read_token(f, "[telemetry] token_file"))
+            .transpose()?,
+        ..Options::default()
+    })
+}
+
+/// The token in `file`, which `key` (a configuration key or a flag) names.
+pub(crate) fn read_token(file: &Path, key: &str) -> Result<Token> {
+    Token::read(file).with_context(|| format!("{key} {}: no telemetry token", file.display()))
 }
 
 /// [`serve`] for a listener already started (or not).
@@ -65,9 +87,14 @@ impl Provider for ChainProvider {
         }
     }
 
-    /// `summary`; `tables` (the chain's NFs and their tables); `tables/NF/TABLE` (the rows
-    /// every worker holds now, or `{"error": ...}` for an NF or table the chain lacks).
     fn api(&self, name: &str) -> Option<String> {
+        self.api_page(name, &Page::default())
+    }
+
+    /// `summary`; `tables` (the chain's NFs and their tables); `tables/NF/TABLE` (a page of
+    /// the rows every worker holds now, [`page_of_table`], or `{"error": ...}` for an NF or
+    /// table the chain lacks).
+    fn api_page(&self, name: &str, page: &Page) -> Option<String> {
         if name == "summary" {
             let s = self.0.summary().unwrap_or_default();
             return serde_json::to_string_pretty(&s).ok();
@@ -89,11 +116,46 @@ impl Provider for ChainProvider {
         }
         let (nf, table) = name.strip_prefix("tables/")?.split_once('/')?;
         let doc = match self.0.table(nf, table, TABLE_WAIT) {
-            Ok(t) => serde_json::to_value(&t).ok()?,
+            Ok(t) => page_of_table(serde_json::to_value(&t).ok()?, page),
             Err(e) => serde_json::json!({ "error": e.to_string() }),
         };
         serde_json::to_string_pretty(&doc).ok()
     }
+}
+
+/// A table document (`rows` an array of rows) with only the rows of `page`, and `total` (the
+/// rows the table holds now) and `next` (the `after` of the next page; `null` after the last).
+///
+/// A row's key for paging is its text cells (protocol, endpoints, addresses, state names):
+/// what an entry is, not its counts or time left, which change from one page to the next.
+pub(crate) fn page_of_table(mut doc: serde_json::Value, page: &Page) -> serde_json::Value {
+    if !doc.is_object() {
+        return doc;
+    }
+    let rows = match doc.get_mut("rows").map(serde_json::Value::take) {
+        Some(serde_json::Value::Array(rows)) => rows,
+        _ => Vec::new(),
+    };
+    let total = rows.len();
+    let keyed = rows
+        .into_iter()
+        .map(|row| {
+            let mut key = Vec::new();
+            for cell in row.as_array().into_iter().flatten() {
+                if let Some(text) = cell.as_str() {
+                    key.extend_from_slice(text.as_bytes());
+                }
+                // Cells apart, whatever their text: a separator below every printable byte.
+                key.push(0);
+            }
+            (key, row)
+        })
+        .collect();
+    let (rows, next) = page.select(keyed);
+    doc["rows"] = serde_json::Value::Array(rows);
+    doc["total"] = total.into();
+    doc["next"] = next.map(|c| c.encode()).into();
+    doc
 }
 
 /// How long `/api/v1/tables/NF/TABLE` waits for every worker's rows.
@@ -649,6 +711,45 @@ impl Provider for StoreProvider {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_table_is_answered_a_page_at_a_time_keyed_by_its_text_cells() {
+        let rows: Vec<serde_json::Value> = (0..25)
+            .map(|i| serde_json::json!(["tcp", format!("10.0.0.{i}:1"), 25 - i]))
+            .collect();
+        let doc = serde_json::json!({"nf": "nat", "rows": rows, "workers": 1});
+        let first = page_of_table(doc.clone(), &Page::default());
+        assert_eq!(first["rows"].as_array().unwrap().len(), 25);
+        assert_eq!(
+            (first["total"].as_u64(), first["next"].is_null()),
+            (Some(25), true)
+        );
+        let mut page = Page::parse(Some("limit=10")).unwrap();
+        let mut seen = Vec::new();
+        loop {
+            // Counts change between pages; the order does not.
+            let mut now = doc.clone();
+            for r in now["rows"].as_array_mut().unwrap() {
+                r[2] = serde_json::json!(r[2].as_i64().unwrap() - 1);
+            }
+            let p = page_of_table(now, &page);
+            assert!(p["rows"].as_array().unwrap().len() <= 10);
+            seen.extend(p["rows"].as_array().unwrap().iter().map(|r| r[1].clone()));
+            match p["next"].as_str() {
+                Some(c) => page = Page::parse(Some(&format!("limit=10&after={c}"))).unwrap(),
+                None => break,
+            }
+        }
+        assert_eq!(seen.len(), 25);
+        let mut want: Vec<_> = rows.iter().map(|r| r[1].clone()).collect();
+        want.sort_by(|a, b| a.as_str().cmp(&b.as_str()));
+        assert_eq!(seen, want);
+        // Not a table: as it is, no panic.
+        assert_eq!(
+            page_of_table(serde_json::json!([1]), &page),
+            serde_json::json!([1])
+        );
+    }
 
     #[test]
     fn a_summary_becomes_labelled_metrics() {

@@ -15,7 +15,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use flowstate_telemetry::client;
+use flowstate_telemetry::{client, Token};
 use serde_json::Value;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -39,6 +39,9 @@ pub(crate) struct TopArgs {
     /// Print one view as plain text (two readings one interval apart, for the rates) and exit.
     #[arg(long)]
     pub(crate) once: bool,
+    /// Present the token in FILE to the listener (its `[telemetry] token_file`).
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<std::path::PathBuf>,
 }
 
 fn interval(s: &str) -> Result<Duration, String> {
@@ -67,8 +70,13 @@ fn resolve(addr: &str) -> Result<SocketAddr> {
 /// Runs the view until a quit key or signal.
 pub(crate) fn run(a: &TopArgs) -> Result<()> {
     let addr = resolve(&a.addr)?;
+    let token = a
+        .token_file
+        .as_deref()
+        .map(|f| crate::telemetry::read_token(f, "--token-file"))
+        .transpose()?;
     if a.once {
-        return once(addr, a.interval);
+        return once(addr, a.interval, token);
     }
     use std::io::IsTerminal;
     if !std::io::stdout().is_terminal() {
@@ -77,7 +85,7 @@ pub(crate) fn run(a: &TopArgs) -> Result<()> {
     if let Err(e) = flowstate_router::Stop::on_signals() {
         tracing::warn!("cannot catch SIGINT/SIGTERM: {e}");
     }
-    let readings = spawn_reader(addr, a.interval);
+    let readings = spawn_reader(addr, a.interval, token);
     // ratatui's init: raw mode, the alternate screen, and a panic hook that restores both.
     let mut terminal = ratatui::try_init().context("cannot set up the terminal")?;
     let result = ui(&mut terminal, addr, a.interval, &readings);
@@ -91,10 +99,14 @@ type Polled = std::result::Result<(String, Value), String>;
 
 /// Reads the document every `every` on a thread of its own (the screen answers keys while a
 /// reading waits); the thread ends once the receiver is gone.
-fn spawn_reader(addr: SocketAddr, every: Duration) -> mpsc::Receiver<(Instant, Polled)> {
+fn spawn_reader(
+    addr: SocketAddr,
+    every: Duration,
+    token: Option<Token>,
+) -> mpsc::Receiver<(Instant, Polled)> {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
-        let mut source = Source::new(addr, every.max(Duration::from_secs(2)));
+        let mut source = Source::new(addr, every.max(Duration::from_secs(2)), token);
         loop {
             let started = Instant::now();
             let got = source.read();
@@ -113,19 +125,28 @@ struct Source {
     timeout: Duration,
     /// Role and document path, once `/api/v1/info` answered.
     info: Option<(String, String)>,
+    /// What the listener wants in `Authorization: Bearer`, if anything.
+    token: Option<Token>,
 }
 
 impl Source {
-    fn new(addr: SocketAddr, timeout: Duration) -> Self {
+    fn new(addr: SocketAddr, timeout: Duration, token: Option<Token>) -> Self {
         Source {
             addr,
             timeout,
             info: None,
+            token,
         }
     }
 
     fn get(&self, path: &str) -> std::result::Result<Value, String> {
-        let r = client::get(self.addr, path, self.timeout).map_err(|e| e.to_string())?;
+        let r = client::get_with(self.addr, path, self.timeout, self.token.as_ref())
+            .map_err(|e| e.to_string())?;
+        if r.status == 401 {
+            return Err(format!(
+                "{path}: HTTP 401: the listener wants its token: give --token-file FILE"
+            ));
+        }
         if r.status != 200 {
             return Err(format!("{path}: HTTP {}", r.status));
         }
@@ -160,8 +181,8 @@ impl Source {
 }
 
 /// `--once`: two readings one interval apart, printed as text.
-fn once(addr: SocketAddr, every: Duration) -> Result<()> {
-    let mut source = Source::new(addr, every.max(Duration::from_secs(2)));
+fn once(addr: SocketAddr, every: Duration, token: Option<Token>) -> Result<()> {
+    let mut source = Source::new(addr, every.max(Duration::from_secs(2)), token);
     let read = |s: &mut Source| {
         s.read()
             .map_err(|e| anyhow::anyhow!("{addr}: {e}"))

@@ -187,6 +187,10 @@ pub struct TelemetrySection {
     /// `listen`: the address of the metrics and JSON API listener (`None`: no listener).
     /// `"HOST:PORT"` as given, or a bare port (`"9464"`), which means loopback.
     pub listen: Option<std::net::SocketAddr>,
+    /// `token_file`: a file holding the bearer token every endpoint but `/healthz` then
+    /// requires (`None`: anyone who reaches the listener is answered). Read when the listener
+    /// starts.
+    pub token_file: Option<PathBuf>,
 }
 
 /// A listener address: `HOST:PORT`, or a bare port (`9464`, `:9464`) meaning loopback.
@@ -460,6 +464,7 @@ struct OnlyTelemetry {
 #[serde(deny_unknown_fields)]
 struct RawTelemetry {
     listen: Option<String>,
+    token_file: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -674,6 +679,12 @@ impl Config {
                     Ok(a) => telemetry.listen = Some(a),
                     Err(reason) => r.error("telemetry.listen", reason),
                 }
+            }
+            match t.token_file {
+                Some(f) if f.is_empty() => {
+                    r.error("telemetry.token_file", "expected a file name, got \"\"")
+                }
+                f => telemetry.token_file = f.map(PathBuf::from),
             }
         }
 
@@ -1569,6 +1580,21 @@ mod tests {
         }
         let e = Config::parse(&format!("{input}[telemetry]\nport = 1\n"), "f.toml").unwrap_err();
         assert!(e.to_string().contains("port"), "{e}");
+        let c = Config::parse(
+            &format!("{input}[telemetry]\ntoken_file = \"/etc/flowstate/token\"\n"),
+            "f.toml",
+        )
+        .unwrap();
+        assert_eq!(
+            c.telemetry.token_file,
+            Some(PathBuf::from("/etc/flowstate/token"))
+        );
+        let e = Config::parse(
+            &format!("{input}[telemetry]\ntoken_file = \"\"\n"),
+            "f.toml",
+        )
+        .unwrap_err();
+        assert_eq!(e[0].key, "telemetry.token_file", "{e}");
     }
 
     #[test]

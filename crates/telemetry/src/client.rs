@@ -10,6 +10,7 @@
 //! * Nothing a server sends makes it panic: a malformed answer is an
 //!   [`std::io::ErrorKind::InvalidData`] error.
 
+use crate::Token;
 use std::io::{Error, ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
@@ -36,6 +37,16 @@ impl Reply {
 /// `GET path` from `addr`; any status is a [`Reply`], a failure to connect, send or read (or
 /// the timeout passing) an error.
 pub fn get(addr: SocketAddr, path: &str, timeout: Duration) -> std::io::Result<Reply> {
+    get_with(addr, path, timeout, None)
+}
+
+/// [`get`], presenting `token` (`Authorization: Bearer`) when there is one.
+pub fn get_with(
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+    token: Option<&Token>,
+) -> std::io::Result<Reply> {
     let deadline = Instant::now() + timeout;
     let left = || {
         let d = deadline.saturating_duration_since(Instant::now());
@@ -47,8 +58,11 @@ pub fn get(addr: SocketAddr, path: &str, timeout: Duration) -> std::io::Result<R
     };
     let mut conn = TcpStream::connect_timeout(&addr, left()?)?;
     conn.set_write_timeout(Some(left()?))?;
+    let authorization = token
+        .map(|t| format!("Authorization: {}\r\n", t.authorization()))
+        .unwrap_or_default();
     conn.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: flowstate\r\nAccept: */*\r\nConnection: close\r\n\r\n")
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: flowstate\r\nAccept: */*\r\n{authorization}Connection: close\r\n\r\n")
             .as_bytes(),
     )?;
     let mut buf = Vec::new();
@@ -203,6 +217,24 @@ mod tests {
             crate::Server::start("127.0.0.1:0".parse().unwrap(), std::sync::Arc::new(P)).unwrap();
         let r = get(server.local_addr(), "/healthz", Duration::from_secs(5)).unwrap();
         assert_eq!((r.status, r.text().as_str()), (200, "ok\n"));
+        server.stop();
+        let token = crate::Token::new("t0ken").unwrap();
+        let options = crate::Options {
+            token: Some(token.clone()),
+            ..crate::Options::default()
+        };
+        let server = crate::Server::start_with(
+            "127.0.0.1:0".parse().unwrap(),
+            std::sync::Arc::new(P),
+            options,
+        )
+        .unwrap();
+        let (a, t) = (server.local_addr(), Duration::from_secs(5));
+        assert_eq!(get(a, "/metrics", t).unwrap().status, 401);
+        assert_eq!(
+            get_with(a, "/metrics", t, Some(&token)).unwrap().status,
+            200
+        );
         server.stop();
     }
 

@@ -2,7 +2,7 @@
 //! its request line parsed; the answer always closes the connection.
 //!
 //! Only what a scraper, `curl` and a browser send is needed: `GET` (and `HEAD`) of a path,
-//! headers ignored, no body. Anything else is answered with an error status; nothing a peer
+//! no body; of the headers only `Authorization` is read. Anything else is answered with an error status; nothing a peer
 //! sends can make the parser panic (property-tested below).
 
 /// The longest request head read (request line and headers, up to the blank line).
@@ -17,6 +17,19 @@ pub struct Request {
     pub path: String,
     /// The query string after `?`, if any (not decoded).
     pub query: Option<String>,
+    /// The `Authorization` header's value, if it has one that is visible ASCII.
+    pub authorization: Option<String>,
+}
+
+impl Request {
+    /// The token of an `Authorization: Bearer TOKEN` header (RFC 6750 §2.1; the scheme's case
+    /// does not matter, RFC 9110 §11.1).
+    pub fn bearer(&self) -> Option<&str> {
+        let (scheme, token) = self.authorization.as_deref()?.split_once(' ')?;
+        scheme
+            .eq_ignore_ascii_case("bearer")
+            .then(|| token.trim_start_matches(' '))
+    }
 }
 
 /// Why a request head cannot be served.
@@ -102,7 +115,35 @@ pub fn parse(buf: &[u8]) -> Result<Request, ParseError> {
         method: method.to_owned(),
         path: path.to_owned(),
         query,
+        authorization: header(&head[line_end + 1..], b"authorization")?,
     })
+}
+
+/// The value of header `name` (lowercase) among the header lines `fields`; the same header
+/// twice is malformed (which credentials would count?). A value that is not visible ASCII
+/// counts as absent.
+fn header(fields: &[u8], name: &[u8]) -> Result<Option<String>, ParseError> {
+    let mut found = None;
+    for line in fields.split(|&b| b == b'\n') {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let Some(colon) = line.iter().position(|&b| b == b':') else {
+            continue;
+        };
+        if !line[..colon].eq_ignore_ascii_case(name) {
+            continue;
+        }
+        if found.is_some() {
+            return Err(ParseError::Malformed);
+        }
+        let value = line[colon + 1..].trim_ascii();
+        found = Some(
+            std::str::from_utf8(value)
+                .ok()
+                .filter(|v| v.bytes().all(|b| (b' '..=b'~').contains(&b)))
+                .map(str::to_owned),
+        );
+    }
+    Ok(found.flatten())
 }
 
 fn is_tchar(b: u8) -> bool {
@@ -120,8 +161,9 @@ pub struct Response {
     pub content_type: &'static str,
     /// The body.
     pub body: Vec<u8>,
-    /// `Allow` header (for 405).
-    pub allow: Option<&'static str>,
+    /// Headers besides those every answer has (`Allow` of a 405, `WWW-Authenticate` of a
+    /// 401).
+    pub headers: Vec<(&'static str, &'static str)>,
 }
 
 impl Response {
@@ -132,7 +174,7 @@ impl Response {
             reason: "OK",
             content_type,
             body: body.into(),
-            allow: None,
+            headers: Vec::new(),
         }
     }
 
@@ -143,8 +185,21 @@ impl Response {
             reason,
             content_type: "text/plain; charset=utf-8",
             body: format!("{status} {reason}\n").into_bytes(),
-            allow: None,
+            headers: Vec::new(),
         }
+    }
+
+    /// An error status whose plain-text body says why (`400 Bad Request: limit: ...`).
+    pub fn error_saying(status: u16, reason: &'static str, why: &str) -> Self {
+        let mut r = Response::error(status, reason);
+        r.body = format!("{status} {reason}: {why}\n").into_bytes();
+        r
+    }
+
+    /// This answer with header `name: value` added.
+    pub fn with_header(mut self, name: &'static str, value: &'static str) -> Self {
+        self.headers.push((name, value));
+        self
     }
 
     /// The bytes on the wire; `head_only` leaves the body out (a `HEAD` request).
@@ -157,8 +212,8 @@ impl Response {
             self.body.len()
         )
         .into_bytes();
-        if let Some(allow) = self.allow {
-            out.extend_from_slice(format!("Allow: {allow}\r\n").as_bytes());
+        for (name, value) in &self.headers {
+            out.extend_from_slice(format!("{name}: {value}\r\n").as_bytes());
         }
         out.extend_from_slice(b"\r\n");
         if !head_only {

@@ -16,7 +16,8 @@
 //!   (`application/openmetrics-text; version=1.0.0`), every name prefixed `flowstate_`,
 //!   counters ending in `_total` ([`Metrics`]).
 //! * `GET /api/v1/NAME`: a JSON document the provider answers ([`Provider::api`]); a live box
-//!   answers `summary` (its run summary so far), the store `stats`.
+//!   answers `summary` (its run summary so far), `tables` and `tables/NF/TABLE` (paged,
+//!   [`Provider::api_page`]), the store `stats`.
 //! * `GET /api/v1/info`: what the process is and which document holds its numbers
 //!   (`{"role":"chain","document":"summary"}`, from [`Provider::info`]), so a client knows what
 //!   to poll.
@@ -27,11 +28,28 @@
 //!
 //! Promises:
 //! * The listener is loopback unless an address is given explicitly
-//!   ([`parse_listen`], [`DEFAULT_LISTEN`]).
+//!   ([`parse_listen`], [`DEFAULT_LISTEN`]); one beyond loopback without a token is warned
+//!   about at start.
+//! * The accepting thread never reads from a peer: each connection is read and answered on a
+//!   thread of its own, so a slow or silent peer delays nobody. At most
+//!   [`MAX_OPEN_CONNECTIONS`] (256, [`Options::max_open`]) connections are open at once and
+//!   more are answered `503`; a peer has [`READ_TIMEOUT`] (5 s, [`Options::read_timeout`]) to
+//!   send its request head, so a silent one holds one of those places that long at most.
 //! * Nothing a peer sends makes the server panic: request heads are bounded
-//!   ([`http::MAX_HEAD`]), reads and writes have timeouts, a request line that is not
-//!   `GET|HEAD /path HTTP/1.x` gets a 4xx/5xx status, at most [`MAX_CONNECTIONS`] requests are
-//!   served at once (more get `503`), and a provider that panics gives a `500`.
+//!   ([`http::MAX_HEAD`], 8 KiB), writes have a timeout ([`WRITE_TIMEOUT`], 5 s), a request
+//!   line that is not `GET|HEAD /path HTTP/1.x` gets a 4xx/5xx status, at most
+//!   [`MAX_CONNECTIONS`] (8, [`Options::max_answering`]) requests are answered at once (more
+//!   get `503`), and a provider that panics gives a `500`.
+//! * A document of rows (a table) is answered a page at a time ([`page`]):
+//!   `?limit=N&after=CURSOR`, at most [`page::DEFAULT_ROWS`] (1000) rows without `limit`, never
+//!   more than [`page::MAX_ROWS`] (10,000); the answer's `next` is the cursor of the next page
+//!   (`null` after the last). A bad `limit` or `after` gets a `400` naming it.
+//! * With a token ([`Options::token`], [`Token`]), every endpoint but `/healthz` answers only a
+//!   request with `Authorization: Bearer TOKEN` (compared in constant time); others get `401`
+//!   with `WWW-Authenticate: Bearer`.
+//! * How connections ended is counted on `/metrics`:
+//!   `flowstate_telemetry_connections_total{result="answered|refused|unauthorized|timed_out|closed"}`,
+//!   and `flowstate_telemetry_open_connections`.
 //! * Every answer closes its connection (`Connection: close`): a scrape is one request.
 //!
 //! ```
@@ -62,13 +80,17 @@
 pub mod client;
 pub mod http;
 pub mod metrics;
+pub mod page;
+pub mod token;
 
 pub use metrics::{Histogram, Metrics};
+pub use page::Page;
+pub use token::Token;
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -77,8 +99,12 @@ use std::time::{Duration, Instant};
 pub const DEFAULT_LISTEN: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 9464);
 
-/// Requests served at once; more are answered `503` and closed.
+/// Requests answered at once (the provider asked); more are answered `503` and closed.
 pub const MAX_CONNECTIONS: usize = 8;
+
+/// Connections open at once (each read on a thread of its own); more are answered `503` and
+/// closed.
+pub const MAX_OPEN_CONNECTIONS: usize = 256;
 
 /// How long a peer has to send its request head.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
@@ -172,6 +198,15 @@ pub trait Provider: Send + Sync + 'static {
     /// server's own ([`Provider::info`]): `api` is not asked for it.
     fn api(&self, name: &str) -> Option<String>;
 
+    /// [`Provider::api`] for a request that may ask for a page of a long document
+    /// (`?limit=N&after=CURSOR`, read into `page`): a document of rows answers at most
+    /// `page.limit` of them and the cursor of the next page ([`page::Page::select`]). Other
+    /// documents ignore `page`, as this default does.
+    fn api_page(&self, name: &str, page: &Page) -> Option<String> {
+        let _ = page;
+        self.api(name)
+    }
+
     /// What the process is and which [`Provider::api`] document holds its numbers.
     fn info(&self) -> Info {
         Info::default()
@@ -195,6 +230,36 @@ pub fn parse_listen(s: &str) -> Result<SocketAddr, String> {
     }
 }
 
+/// How a [`Server`] bounds its work and who it answers.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Connections open at once, each on a thread of its own while it is read and answered;
+    /// more are answered `503` and closed ([`MAX_OPEN_CONNECTIONS`]).
+    pub max_open: usize,
+    /// Requests answered at once (the provider asked); more are answered `503`
+    /// ([`MAX_CONNECTIONS`]).
+    pub max_answering: usize,
+    /// How long a peer has to send its request head ([`READ_TIMEOUT`]); a silent peer holds
+    /// one connection slot that long at most.
+    pub read_timeout: Duration,
+    /// How long writing an answer may take ([`WRITE_TIMEOUT`]).
+    pub write_timeout: Duration,
+    /// When set, every endpoint but `/healthz` wants `Authorization: Bearer TOKEN`.
+    pub token: Option<Token>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            max_open: MAX_OPEN_CONNECTIONS,
+            max_answering: MAX_CONNECTIONS,
+            read_timeout: READ_TIMEOUT,
+            write_timeout: WRITE_TIMEOUT,
+            token: None,
+        }
+    }
+}
+
 /// A running HTTP listener. Stops when [`Server::stop`] is called or it is dropped.
 pub struct Server {
     addr: SocketAddr,
@@ -209,18 +274,47 @@ impl std::fmt::Debug for Server {
 }
 
 impl Server {
-    /// Binds `addr` (port 0 picks a free port) and serves `provider` on a thread of its own.
+    /// Binds `addr` (port 0 picks a free port) and serves `provider` on a thread of its own,
+    /// with the default [`Options`] (no token).
     pub fn start(addr: SocketAddr, provider: Arc<dyn Provider>) -> std::io::Result<Server> {
+        Server::start_with(addr, provider, Options::default())
+    }
+
+    /// [`Server::start`] with `options`.
+    pub fn start_with(
+        addr: SocketAddr,
+        provider: Arc<dyn Provider>,
+        options: Options,
+    ) -> std::io::Result<Server> {
         let listener = TcpListener::bind(addr)?;
         let addr = listener.local_addr()?;
         if !addr.ip().is_loopback() {
-            tracing::warn!(%addr, "the telemetry listener is reachable from other hosts");
+            if options.token.is_none() {
+                tracing::warn!(
+                    %addr,
+                    "the telemetry listener is reachable from other hosts and answers anyone \
+                     (its tables hold inside addresses): set [telemetry] token_file"
+                );
+            } else {
+                tracing::warn!(
+                    %addr,
+                    "the telemetry listener is reachable from other hosts; its token travels \
+                     in clear text (plain HTTP)"
+                );
+            }
         }
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
+        let shared = Arc::new(Shared {
+            provider,
+            options,
+            open: AtomicUsize::new(0),
+            answering: AtomicUsize::new(0),
+            ended: Default::default(),
+        });
         let thread = std::thread::Builder::new()
             .name("flowstate-telemetry".into())
-            .spawn(move || accept_loop(listener, provider, flag))?;
+            .spawn(move || accept_loop(listener, shared, flag))?;
         tracing::info!(%addr, "telemetry: / (dashboard), /metrics, /api/v1/..., /healthz");
         Ok(Server {
             addr,
@@ -234,8 +328,8 @@ impl Server {
         self.addr
     }
 
-    /// Stops accepting and waits for the accepting thread (requests being served finish on
-    /// their own threads).
+    /// Stops accepting and waits for the accepting thread (connections already accepted end
+    /// on their own threads).
     pub fn stop(mut self) {
         self.shutdown();
     }
@@ -265,8 +359,108 @@ impl Drop for Server {
     }
 }
 
-fn accept_loop(listener: TcpListener, provider: Arc<dyn Provider>, stop: Arc<AtomicBool>) {
-    let active = Arc::new(AtomicUsize::new(0));
+/// How a connection ended, counted in `flowstate_telemetry_connections_total{result}`.
+#[derive(Debug, Clone, Copy)]
+enum Ended {
+    /// Answered (any status but those below).
+    Answered,
+    /// `503`: too many connections open or requests being answered.
+    Refused,
+    /// `401`: no token, or a wrong one.
+    Unauthorized,
+    /// No complete request head within the read timeout: closed without an answer.
+    TimedOut,
+    /// The peer closed, or the connection failed, before its request head was complete.
+    Closed,
+}
+
+impl Ended {
+    const ALL: [(Ended, &'static str); 5] = [
+        (Ended::Answered, "answered"),
+        (Ended::Refused, "refused"),
+        (Ended::Unauthorized, "unauthorized"),
+        (Ended::TimedOut, "timed_out"),
+        (Ended::Closed, "closed"),
+    ];
+}
+
+/// What the accepting thread and the connections' threads share.
+struct Shared {
+    provider: Arc<dyn Provider>,
+    options: Options,
+    /// Connections accepted and not yet closed.
+    open: AtomicUsize,
+    /// Requests whose answer is being made.
+    answering: AtomicUsize,
+    /// Connections ended, by [`Ended`].
+    ended: [AtomicU64; 5],
+}
+
+impl Shared {
+    fn count(&self, e: Ended) {
+        self.ended[e as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The listener's own metrics.
+    fn metrics(&self, m: &mut Metrics) {
+        for (e, name) in Ended::ALL {
+            m.counter(
+                "telemetry_connections",
+                "Connections to the telemetry listener, by how they ended.",
+                &[("result", name)],
+                self.ended[e as usize].load(Ordering::Relaxed),
+            );
+        }
+        let open = self.open.load(Ordering::Relaxed);
+        m.gauge(
+            "telemetry_open_connections",
+            "Connections to the telemetry listener open now (this one included).",
+            &[],
+            i64::try_from(open).unwrap_or(i64::MAX),
+        );
+    }
+}
+
+/// One of a bounded number of places, given back when dropped.
+struct Slot<'a>(&'a AtomicUsize);
+
+impl<'a> Slot<'a> {
+    fn take(count: &'a AtomicUsize, max: usize) -> Option<Slot<'a>> {
+        count
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < max).then(|| n + 1)
+            })
+            .ok()
+            .map(|_| Slot(count))
+    }
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A connection's place among [`Options::max_open`], given back when dropped.
+struct Open(Arc<Shared>);
+
+impl Open {
+    fn take(shared: &Arc<Shared>) -> Option<Open> {
+        let slot = Slot::take(&shared.open, shared.options.max_open)?;
+        std::mem::forget(slot);
+        Some(Open(Arc::clone(shared)))
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Accepts connections and hands each to a thread of its own: the accepting thread never
+/// reads from a peer, so a slow or silent one delays nobody.
+fn accept_loop(listener: TcpListener, shared: Arc<Shared>, stop: Arc<AtomicBool>) {
     for conn in listener.incoming() {
         if stop.load(Ordering::SeqCst) {
             break;
@@ -280,43 +474,28 @@ fn accept_loop(listener: TcpListener, provider: Arc<dyn Provider>, stop: Arc<Ato
                 continue;
             }
         };
-        // Most requests (a scraper's, curl's) arrive with the connection: read and answer
-        // them on this thread, which saves a thread per scrape. A head not complete within
-        // INLINE_WAIT goes on on a thread of its own, so a slow peer delays others that long
-        // at most.
-        let mut buf = Vec::with_capacity(1024);
-        match read_head(&mut conn, &mut buf, Instant::now() + INLINE_WAIT) {
-            Head::Gone => continue,
-            Head::Done(parsed) => {
-                let _ = conn.set_write_timeout(Some(INLINE_WAIT * 10));
-                answer(conn, parsed, &*provider);
-                continue;
-            }
-            Head::Pending => {}
-        }
-        let _ = conn.set_write_timeout(Some(WRITE_TIMEOUT));
-        if active.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
-            active.fetch_sub(1, Ordering::SeqCst);
-            let _ =
-                conn.write_all(&http::Response::error(503, "Service Unavailable").to_bytes(false));
+        let Some(open) = Open::take(&shared) else {
+            refuse(&mut conn, &shared);
             continue;
-        }
-        let provider = Arc::clone(&provider);
-        let count = Arc::clone(&active);
+        };
+        // If the thread cannot start, the closure is dropped with the connection and its slot.
         let spawned = std::thread::Builder::new()
             .name("flowstate-telemetry-conn".into())
-            .spawn(move || {
-                serve(conn, buf, &*provider);
-                count.fetch_sub(1, Ordering::SeqCst);
-            });
-        if spawned.is_err() {
-            active.fetch_sub(1, Ordering::SeqCst);
+            .spawn(move || serve(conn, &open.0));
+        if let Err(e) = spawned {
+            tracing::debug!(error = %e, "telemetry: cannot start a connection thread");
+            shared.count(Ended::Refused);
         }
     }
 }
 
-/// How long the accepting thread waits for a request head itself.
-const INLINE_WAIT: Duration = Duration::from_millis(50);
+/// Answers `503` without waiting: a fresh connection's send buffer takes the few bytes, and
+/// if it does not, the peer gets nothing.
+fn refuse(conn: &mut TcpStream, shared: &Shared) {
+    shared.count(Ended::Refused);
+    let _ = conn.set_nonblocking(true);
+    let _ = conn.write(&http::Response::error(503, "Service Unavailable").to_bytes(false));
+}
 
 /// Where reading a request head got to.
 enum Head {
@@ -357,44 +536,50 @@ fn read_head(conn: &mut TcpStream, buf: &mut Vec<u8>, deadline: Instant) -> Head
     }
 }
 
-/// Reads the rest of a request head (bounded in size and time) and answers it.
-fn serve(mut conn: TcpStream, mut buf: Vec<u8>, provider: &dyn Provider) {
-    match read_head(&mut conn, &mut buf, Instant::now() + READ_TIMEOUT) {
-        Head::Done(parsed) => answer(conn, parsed, provider),
-        Head::Pending | Head::Gone => {}
-    }
-}
-
-/// Writes the answer to a request head and closes.
-fn answer(
-    mut conn: TcpStream,
-    parsed: Result<http::Request, http::ParseError>,
-    provider: &dyn Provider,
-) {
-    let (response, head_only) = match parsed {
-        Ok(req) => {
-            let head = req.method == "HEAD";
-            (respond(&req, provider), head)
-        }
-        Err(e) => {
+/// Reads a request head (bounded in size and time), answers it and closes.
+fn serve(mut conn: TcpStream, shared: &Shared) {
+    let _ = conn.set_write_timeout(Some(shared.options.write_timeout));
+    let mut buf = Vec::with_capacity(1024);
+    let deadline = Instant::now() + shared.options.read_timeout;
+    let (response, head_only) = match read_head(&mut conn, &mut buf, deadline) {
+        Head::Pending => return shared.count(Ended::TimedOut),
+        Head::Gone => return shared.count(Ended::Closed),
+        Head::Done(Err(e)) => {
             let (code, reason) = e.status();
             (http::Response::error(code, reason), false)
         }
+        Head::Done(Ok(req)) => {
+            let head_only = req.method == "HEAD";
+            match Slot::take(&shared.answering, shared.options.max_answering) {
+                Some(_answering) => (respond(&req, shared), head_only),
+                None => (http::Response::error(503, "Service Unavailable"), false),
+            }
+        }
     };
+    shared.count(match response.status {
+        503 => Ended::Refused,
+        401 => Ended::Unauthorized,
+        _ => Ended::Answered,
+    });
     let _ = conn.write_all(&response.to_bytes(head_only));
     let _ = conn.flush();
     let _ = conn.shutdown(std::net::Shutdown::Write);
 }
 
 /// The answer to a parsed request.
-pub fn respond(req: &http::Request, provider: &dyn Provider) -> http::Response {
+fn respond(req: &http::Request, shared: &Shared) -> http::Response {
     use http::Response;
+    let provider = &*shared.provider;
     if req.method != "GET" && req.method != "HEAD" {
-        let mut r = Response::error(405, "Method Not Allowed");
-        r.allow = Some("GET, HEAD");
-        return r;
+        return Response::error(405, "Method Not Allowed").with_header("Allow", "GET, HEAD");
     }
     let path = req.path.as_str();
+    if let Some(token) = &shared.options.token {
+        // Liveness stays open: a load balancer's or orchestrator's probe carries no secret.
+        if path != "/healthz" && !req.bearer().is_some_and(|b| token.matches(b)) {
+            return Response::error(401, "Unauthorized").with_header("WWW-Authenticate", "Bearer");
+        }
+    }
     let guarded = |f: &dyn Fn() -> Response| {
         catch_unwind(AssertUnwindSafe(f))
             .unwrap_or_else(|_| Response::error(500, "Internal Server Error"))
@@ -403,6 +588,7 @@ pub fn respond(req: &http::Request, provider: &dyn Provider) -> http::Response {
         "/metrics" => guarded(&|| {
             let mut m = Metrics::new();
             provider.metrics(&mut m);
+            shared.metrics(&mut m);
             Response::ok(OPENMETRICS, m.encode())
         }),
         "/healthz" => Response::ok("text/plain; charset=utf-8", "ok\n"),
@@ -412,10 +598,13 @@ pub fn respond(req: &http::Request, provider: &dyn Provider) -> http::Response {
         }
         "/api/v1/info" => guarded(&|| Response::ok("application/json", provider.info().to_json())),
         _ => match path.strip_prefix("/api/v1/") {
-            Some(name) if !name.is_empty() => guarded(&|| match provider.api(name) {
-                Some(json) => Response::ok("application/json", json),
-                None => Response::error(404, "Not Found"),
-            }),
+            Some(name) if !name.is_empty() => match Page::parse(req.query.as_deref()) {
+                Err(why) => Response::error_saying(400, "Bad Request", &why),
+                Ok(page) => guarded(&|| match provider.api_page(name, &page) {
+                    Some(json) => Response::ok("application/json", json),
+                    None => Response::error(404, "Not Found"),
+                }),
+            },
             _ => Response::error(404, "Not Found"),
         },
     }
@@ -507,13 +696,230 @@ mod tests {
         let a = server.local_addr();
         let mut slow = TcpStream::connect(a).unwrap();
         slow.write_all(b"GET /heal").unwrap();
-        // Past the accepting thread's own wait: the slow request moves to a thread.
-        std::thread::sleep(INLINE_WAIT * 3);
         assert!(get(a, b"GET /healthz HTTP/1.1\r\n\r\n").ends_with("ok\n"));
         slow.write_all(b"thz HTTP/1.1\r\n\r\n").unwrap();
         let mut s = String::new();
         slow.read_to_string(&mut s).unwrap();
         assert!(s.starts_with("HTTP/1.1 200") && s.ends_with("ok\n"), "{s}");
+        server.stop();
+    }
+
+    /// Whether `c` has neither been answered nor closed by the server.
+    fn untouched(c: &mut TcpStream) -> bool {
+        c.set_nonblocking(true).unwrap();
+        let mut b = [0u8; 64];
+        let r = c.read(&mut b);
+        c.set_nonblocking(false).unwrap();
+        matches!(r, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    }
+
+    /// The value of an unlabelled sample `name` in an exposition.
+    fn sample(page: &str, name: &str) -> Option<u64> {
+        page.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    #[test]
+    fn a_request_is_answered_while_200_silent_peers_are_still_waiting() {
+        // A read timeout far beyond the test: every silent peer is still being waited for
+        // when the real request is answered, whatever the machine's load.
+        let options = Options {
+            read_timeout: Duration::from_secs(600),
+            ..Options::default()
+        };
+        let server =
+            Server::start_with("127.0.0.1:0".parse().unwrap(), Arc::new(Fixed), options).unwrap();
+        let a = server.local_addr();
+        let mut silent: Vec<TcpStream> = (0..200).map(|_| TcpStream::connect(a).unwrap()).collect();
+        // Accepted after all of them (the accept queue is in order of arrival).
+        let m = get(a, b"GET /metrics HTTP/1.1\r\n\r\n");
+        assert!(m.starts_with("HTTP/1.1 200 OK\r\n"), "{m}");
+        assert!(
+            m.contains("flowstate_requests_total{kind=\"get\"} 3\n"),
+            "{m}"
+        );
+        assert_eq!(
+            sample(&m, "flowstate_telemetry_open_connections"),
+            Some(201),
+            "{m}"
+        );
+        for (i, c) in silent.iter_mut().enumerate() {
+            assert!(untouched(c), "silent peer {i} was answered or closed");
+        }
+        drop(silent);
+        server.stop();
+    }
+
+    #[test]
+    fn beyond_the_open_connections_bound_a_peer_gets_503_and_it_is_counted() {
+        let options = Options {
+            max_open: 2,
+            read_timeout: Duration::from_secs(600),
+            ..Options::default()
+        };
+        let server =
+            Server::start_with("127.0.0.1:0".parse().unwrap(), Arc::new(Fixed), options).unwrap();
+        let a = server.local_addr();
+        let mut first = TcpStream::connect(a).unwrap();
+        let _second = TcpStream::connect(a).unwrap();
+        // Refused as soon as accepted; it sends nothing, so that the close is not a reset for
+        // unread bytes.
+        let mut third = TcpStream::connect(a).unwrap();
+        let mut s = String::new();
+        third.read_to_string(&mut s).unwrap();
+        assert!(s.starts_with("HTTP/1.1 503"), "{s}");
+        assert!(untouched(&mut first));
+        // The first one still gets its answer, which counts the refusal.
+        first.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
+        let mut m = String::new();
+        first.read_to_string(&mut m).unwrap();
+        assert!(
+            m.contains("flowstate_telemetry_connections_total{result=\"refused\"} 1\n"),
+            "{m}"
+        );
+        server.stop();
+    }
+
+    #[test]
+    fn a_peer_silent_past_the_read_timeout_is_closed_and_counted() {
+        let options = Options {
+            read_timeout: Duration::from_millis(50),
+            ..Options::default()
+        };
+        let server =
+            Server::start_with("127.0.0.1:0".parse().unwrap(), Arc::new(Fixed), options).unwrap();
+        let a = server.local_addr();
+        let mut silent = TcpStream::connect(a).unwrap();
+        let mut s = Vec::new();
+        silent.read_to_end(&mut s).unwrap();
+        assert!(s.is_empty(), "{s:?}");
+        // Counted once its thread is done with it: ask until it is.
+        let mut metrics = String::new();
+        for _ in 0..1000 {
+            metrics = get(a, b"GET /metrics HTTP/1.1\r\n\r\n");
+            if metrics.contains("{result=\"timed_out\"} 1\n") {
+                break;
+            }
+            std::thread::yield_now();
+        }
+        assert!(metrics.contains("{result=\"timed_out\"} 1\n"), "{metrics}");
+        server.stop();
+    }
+
+    #[test]
+    fn with_a_token_only_healthz_answers_without_it() {
+        let options = Options {
+            token: Some(Token::new("s3cret").unwrap()),
+            ..Options::default()
+        };
+        let server =
+            Server::start_with("127.0.0.1:0".parse().unwrap(), Arc::new(Fixed), options).unwrap();
+        let a = server.local_addr();
+        for path in [
+            "/metrics",
+            "/api/v1/summary",
+            "/api/v1/info",
+            "/",
+            "/endpoints",
+            "/nope",
+        ] {
+            for auth in [
+                "",
+                "Authorization: Bearer wrong\r\n",
+                "Authorization: Basic s3cret\r\n",
+            ] {
+                let r = get(a, format!("GET {path} HTTP/1.1\r\n{auth}\r\n").as_bytes());
+                assert!(
+                    r.starts_with("HTTP/1.1 401 Unauthorized\r\n"),
+                    "{path} {auth}: {r}"
+                );
+                assert!(r.contains("WWW-Authenticate: Bearer\r\n"), "{r}");
+                assert!(!r.contains("\"a\":1"), "{r}");
+            }
+        }
+        let ok = get(
+            a,
+            b"GET /api/v1/summary HTTP/1.1\r\nAuthorization: Bearer s3cret\r\n\r\n",
+        );
+        assert!(
+            ok.starts_with("HTTP/1.1 200") && ok.ends_with("{\"a\":1}"),
+            "{ok}"
+        );
+        let ok = get(
+            a,
+            b"GET /metrics HTTP/1.1\r\nauthorization: bearer s3cret\r\n\r\n",
+        );
+        assert!(ok.contains("{result=\"unauthorized\"} 18\n"), "{ok}");
+        assert!(get(a, b"GET /healthz HTTP/1.1\r\n\r\n").ends_with("ok\n"));
+        let twice = get(
+            a,
+            b"GET /metrics HTTP/1.1\r\nAuthorization: Bearer s3cret\r\nAuthorization: Bearer x\r\n\r\n",
+        );
+        assert!(twice.starts_with("HTTP/1.1 400"), "{twice}");
+        server.stop();
+    }
+
+    /// A provider of one long document, `rows`: the numbers 0..25 as strings.
+    struct Rows;
+    impl Provider for Rows {
+        fn metrics(&self, _: &mut Metrics) {}
+        fn api(&self, name: &str) -> Option<String> {
+            self.api_page(name, &Page::default())
+        }
+        fn api_page(&self, name: &str, page: &Page) -> Option<String> {
+            (name == "rows").then(|| {
+                let rows = (0..25).map(|i| (format!("{i:02}").into_bytes(), i.to_string()));
+                let (rows, next) = page.select(rows.collect());
+                let next = next.map_or("null".to_owned(), |c| json_string(&c.encode()));
+                format!("{{\"rows\":[{}],\"next\":{next}}}", rows.join(","))
+            })
+        }
+    }
+
+    #[test]
+    fn a_long_document_is_answered_a_page_at_a_time() {
+        let server = Server::start("127.0.0.1:0".parse().unwrap(), Arc::new(Rows)).unwrap();
+        let a = server.local_addr();
+        let body = |r: String| r.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap();
+        let first = body(get(a, b"GET /api/v1/rows?limit=10 HTTP/1.1\r\n\r\n"));
+        assert!(
+            first.starts_with("{\"rows\":[0,1,2,3,4,5,6,7,8,9],\"next\":\""),
+            "{first}"
+        );
+        let mut all = Vec::new();
+        let mut after = String::new();
+        loop {
+            let r = body(get(
+                a,
+                format!("GET /api/v1/rows?limit=10{after} HTTP/1.1\r\n\r\n").as_bytes(),
+            ));
+            let (rows, next) = r.split_once("],\"next\":").unwrap();
+            all.extend(
+                rows.trim_start_matches("{\"rows\":[")
+                    .split(',')
+                    .map(str::to_owned),
+            );
+            match next.trim_end_matches('}') {
+                "null" => break,
+                c => after = format!("&after={}", c.trim_matches('"')),
+            }
+        }
+        assert_eq!(all, (0..25).map(|i| i.to_string()).collect::<Vec<_>>());
+        for (query, names) in [
+            ("limit=x", "limit"),
+            ("limit=0", "limit"),
+            ("after=zz", "after"),
+        ] {
+            let r = get(
+                a,
+                format!("GET /api/v1/rows?{query} HTTP/1.1\r\n\r\n").as_bytes(),
+            );
+            assert!(r.starts_with("HTTP/1.1 400"), "{query}: {r}");
+            assert!(
+                r.contains(&format!("400 Bad Request: {names}: ")),
+                "{query}: {r}"
+            );
+        }
         server.stop();
     }
 
