@@ -2,7 +2,10 @@
 //! expendable (never answered, or ended) rather than being refused. [`Candidates`] remembers
 //! the keys of entries that are, or may become, expendable, oldest first; whether one still is
 //! is checked when it is taken, so a key may be remembered twice or go stale at no cost.
+//! [`Cap`] is one table's cap built on them, shared by every NF's per-flow tables.
 
+use crate::{BuildError, Placement};
+use flowstate_state::{Access, Counter, Declare, Scope, StateError};
 use std::collections::VecDeque;
 
 /// Keys remembered per table, at most (the oldest is forgotten beyond).
@@ -52,5 +55,118 @@ impl<K> Candidates<K> {
             }
         }
         false
+    }
+}
+
+/// Default cap of a per-flow table, shared by a stage's workers: 262,144 entries, Linux
+/// conntrack's `nf_conntrack_max` on a machine this size (and the firewall's
+/// `max_connections`).
+pub(crate) const DEFAULT_MAX: u64 = 1 << 18;
+
+pub(crate) fn default_max() -> u64 {
+    DEFAULT_MAX
+}
+
+pub(crate) fn default_early_drop() -> bool {
+    true
+}
+
+/// Checks a cap key (`max_flows`, `max_connections`): at least 1.
+pub(crate) fn check_max(nf: &'static str, key: &str, max: u64, errors: &mut Vec<BuildError>) {
+    if max == 0 {
+        errors.push(BuildError::config(nf, key, "expected at least 1"));
+    }
+}
+
+/// What a capped table holds, which names its counters and its cap's gauge.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Unit {
+    /// Flows (`flows_early_dropped`, `flows_table_full`, `max_flows`).
+    Flows,
+}
+
+impl Unit {
+    /// The early-drop counter's, the table-full counter's and the cap gauge's names.
+    const fn names(self) -> [&'static str; 3] {
+        match self {
+            Unit::Flows => ["flows_early_dropped", "flows_table_full", "max_flows"],
+        }
+    }
+}
+
+/// The cap of one worker's per-flow table: at most its share of the configured maximum; a
+/// new entry at the cap ends the oldest expendable one with early drop (as conntrack's
+/// `early_drop`), else it is refused (as conntrack's "table full, dropping packet"). Both are
+/// counted (state counters, so they add up over workers).
+pub(crate) struct Cap<K> {
+    limit: usize,
+    candidates: Candidates<K>,
+    early_dropped: Counter,
+    full: Counter,
+    unit: Unit,
+}
+
+impl<K> Cap<K> {
+    /// Declares the counters of a table of `unit`s holding at most `max` over the workers,
+    /// with early drop `early_drop`.
+    pub(crate) fn declare(
+        state: &mut Declare<'_>,
+        unit: Unit,
+        max: u64,
+        early_drop: bool,
+        worker: Placement,
+    ) -> Result<Cap<K>, StateError> {
+        let [dropped, full, _] = unit.names();
+        Ok(Cap {
+            limit: usize::try_from(max.div_ceil(u64::from(worker.partitions.max(1))))
+                .unwrap_or(usize::MAX),
+            candidates: Candidates::new(early_drop),
+            early_dropped: state.counter(dropped, Scope::CrossFlow(&[]), Access::WriteMostly)?,
+            full: state.counter(full, Scope::CrossFlow(&[]), Access::WriteMostly)?,
+            unit,
+        })
+    }
+
+    /// Remembers an entry just put in the table (or one that became expendable): early
+    /// drop's candidates are taken oldest first.
+    #[inline]
+    pub(crate) fn remember(&mut self, key: K) {
+        self.candidates.remember(key);
+    }
+
+    /// Whether a new entry may go into the table, which holds `len` entries: below the cap,
+    /// or at it once `end` (which ends a candidate if it still is expendable, and says
+    /// whether it did) made room. Counts the entries ended and the ones refused.
+    #[inline]
+    pub(crate) fn admit(&mut self, len: usize, end: impl FnMut(K) -> bool) -> bool {
+        if len < self.limit {
+            return true;
+        }
+        if self.candidates.make_room(end) {
+            self.early_dropped.add_nowait(1);
+            true
+        } else {
+            self.full.add_nowait(1);
+            false
+        }
+    }
+
+    /// Entries ended early, over the workers (-1: unreadable).
+    pub(crate) fn early_dropped(&self) -> i64 {
+        self.early_dropped.get().unwrap_or(-1)
+    }
+
+    /// New entries refused, over the workers (-1: unreadable).
+    pub(crate) fn table_full(&self) -> i64 {
+        self.full.get().unwrap_or(-1)
+    }
+
+    /// The counters and this worker's cap (a gauge), for
+    /// [`crate::NetworkFunction::report`].
+    pub(crate) fn report(&self, out: &mut Vec<(&'static str, i64)>) {
+        let [dropped, full, max] = self.unit.names();
+        out.push((dropped, self.early_dropped()));
+        out.push((full, self.table_full()));
+        out.push((max, self.limit as i64));
     }
 }
