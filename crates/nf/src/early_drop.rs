@@ -83,6 +83,8 @@ pub(crate) fn check_max(nf: &'static str, key: &str, max: u64, errors: &mut Vec<
 pub(crate) enum Unit {
     /// Flows (`flows_early_dropped`, `flows_table_full`, `max_flows`).
     Flows,
+    /// Connections (`conns_early_dropped`, `conns_table_full`, `max_connections`).
+    Conns,
 }
 
 impl Unit {
@@ -90,6 +92,7 @@ impl Unit {
     const fn names(self) -> [&'static str; 3] {
         match self {
             Unit::Flows => ["flows_early_dropped", "flows_table_full", "max_flows"],
+            Unit::Conns => ["conns_early_dropped", "conns_table_full", "max_connections"],
         }
     }
 }
