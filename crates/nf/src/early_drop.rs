@@ -85,6 +85,8 @@ pub(crate) enum Unit {
     Flows,
     /// Connections (`conns_early_dropped`, `conns_table_full`, `max_connections`).
     Conns,
+    /// TCP reassembly streams (`streams_early_dropped`, `streams_table_full`, `max_streams`).
+    Streams,
 }
 
 impl Unit {
@@ -93,6 +95,7 @@ impl Unit {
         match self {
             Unit::Flows => ["flows_early_dropped", "flows_table_full", "max_flows"],
             Unit::Conns => ["conns_early_dropped", "conns_table_full", "max_connections"],
+            Unit::Streams => ["streams_early_dropped", "streams_table_full", "max_streams"],
         }
     }
 }

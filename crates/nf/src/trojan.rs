@@ -897,7 +897,9 @@ impl NetworkFunction for Trojan {
         match fed {
             Fed::Malformed => self.malformed += 1,
             Fed::Unavailable => self.state_errors += 1,
-            Fed::NotTcp | Fed::Tcp(_) => {}
+            // Full: the stream is not read (counted as `streams_table_full`); the packet's
+            // other events still count.
+            Fed::NotTcp | Fed::Tcp(_) | Fed::Full => {}
         }
         let host = inside_host(&flow, pkt.direction);
         let (remote, host_port, remote_port) = if host == flow.src {
