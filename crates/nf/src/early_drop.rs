@@ -87,6 +87,9 @@ pub(crate) enum Unit {
     Conns,
     /// TCP reassembly streams (`streams_early_dropped`, `streams_table_full`, `max_streams`).
     Streams,
+    /// The trojan detector's partial lines (`lines_early_dropped`, `lines_table_full`,
+    /// `max_lines`).
+    Lines,
 }
 
 impl Unit {
@@ -96,6 +99,7 @@ impl Unit {
             Unit::Flows => ["flows_early_dropped", "flows_table_full", "max_flows"],
             Unit::Conns => ["conns_early_dropped", "conns_table_full", "max_connections"],
             Unit::Streams => ["streams_early_dropped", "streams_table_full", "max_streams"],
+            Unit::Lines => ["lines_early_dropped", "lines_table_full", "max_lines"],
         }
     }
 }

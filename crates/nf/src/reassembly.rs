@@ -1146,6 +1146,14 @@ impl TcpStreams {
         }
     }
 
+    /// Whether the connection `flow` (either direction) belongs to is not tracked, or may be
+    /// ended early ([`Connection::expendable`]); `false` when its state cannot be read.
+    pub fn expendable(&self, flow: &FlowKey) -> bool {
+        self.conns
+            .with(&flow.canonical(), |c| c.is_none_or(Connection::expendable))
+            .unwrap_or(false)
+    }
+
     /// Forgets the connection `flow` (either direction) belongs to, returning its buffers to
     /// the budget (its flow was ended early by the NF).
     pub fn forget(&mut self, flow: &FlowKey) {
@@ -1168,6 +1176,12 @@ impl TcpStreams {
             }
         }
         self.published = self.engine.counters;
+    }
+
+    /// The cap's counters and this worker's cap (`streams_early_dropped`,
+    /// `streams_table_full`, `max_streams`).
+    pub(crate) fn report_cap(&self, out: &mut Vec<(&'static str, i64)>) {
+        self.cap.report(out);
     }
 
     /// Counters worth showing an operator.
