@@ -35,8 +35,8 @@
 //!   answered, an ended one) with `early_drop = true` (the default, as conntrack's early
 //!   drop; `conns_early_dropped`), else it is dropped as `"table full"`
 //!   (`denied_table_full`, `conns_table_full`). So a SYN flood from spoofed sources evicts
-//!   only its own entries while established connections go on (tested in the lab). The cap
-//!   is the one every NF's per-flow table has (`early_drop.rs`), shared with the other NFs' per-flow tables.
+//!   only its own entries while established connections go on (tested in the lab). Every
+//!   NF's per-flow table has the same cap (`early_drop.rs`).
 //!
 //! **Two maps, one lookup a packet** (issue #22). TCP connections are entries of `conns`
 //! ([`TcpConn`]: the [`Conn`] and both directions' [`Window`]s inline, two 64-byte cache lines
