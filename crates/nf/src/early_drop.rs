@@ -180,3 +180,74 @@ impl<K> Cap<K> {
         out.push((max, self.limit as i64));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flowstate_state::local::LocalStore;
+    use flowstate_state::{Partition, StateConfig};
+    use std::collections::BTreeSet;
+
+    fn worker(partitions: u32) -> Placement {
+        Placement {
+            stage: 0,
+            partition: 0,
+            partitions,
+        }
+    }
+
+    /// A table of `u32` keys (even: expendable) under a cap of `max` over `partitions`.
+    fn run(max: u64, partitions: u32, early_drop: bool, keys: &[u32]) -> (BTreeSet<u32>, [i64; 3]) {
+        let mut part = Partition::new(&LocalStore::new(), StateConfig::default()).unwrap();
+        let mut cap = Cap::declare(
+            &mut part.declare("t"),
+            Unit::Flows,
+            max,
+            early_drop,
+            worker(partitions),
+        )
+        .unwrap();
+        let mut table = BTreeSet::new();
+        for &k in keys {
+            if cap.admit(table.len(), |old| old % 2 == 0 && table.remove(&old)) {
+                table.insert(k);
+                cap.remember(k);
+            }
+            assert!(table.len() <= cap.limit);
+        }
+        let mut out = Vec::new();
+        cap.report(&mut out);
+        let get = |n: &str| out.iter().find(|(k, _)| *k == n).unwrap().1;
+        (
+            table,
+            [
+                get("flows_early_dropped"),
+                get("flows_table_full"),
+                get("max_flows"),
+            ],
+        )
+    }
+
+    #[test]
+    fn a_cap_ends_the_oldest_expendable_entry_or_refuses() {
+        // 1 and 3 are never expendable; 2, 4, 6, 8 are.
+        let keys = [1, 2, 3, 4, 6, 8];
+        let (table, counts) = run(3, 1, true, &keys);
+        assert_eq!(table, BTreeSet::from([1, 3, 8]));
+        assert_eq!(counts, [3, 0, 3]);
+        let (table, counts) = run(3, 1, false, &keys);
+        assert_eq!(table, BTreeSet::from([1, 2, 3]));
+        assert_eq!(counts, [0, 3, 3]);
+        // Nothing expendable: even early drop refuses.
+        let (table, counts) = run(2, 1, true, &[1, 3, 5, 7]);
+        assert_eq!(table, BTreeSet::from([1, 3]));
+        assert_eq!(counts, [0, 2, 2]);
+    }
+
+    #[test]
+    fn the_maximum_is_shared_by_the_workers() {
+        assert_eq!(run(10, 4, true, &[]).1[2], 3);
+        assert_eq!(run(1, 8, true, &[]).1[2], 1);
+        assert_eq!(run(DEFAULT_MAX, 1, true, &[]).1[2], 262_144);
+    }
+}
