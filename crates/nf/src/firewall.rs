@@ -33,8 +33,10 @@
 //!   an established or answered connection: a packet that would open one more ends the oldest
 //!   expendable connection (a SYN unanswered, a half-open handshake, a UDP or ICMP flow never
 //!   answered, an ended one) with `early_drop = true` (the default, as conntrack's early
-//!   drop), else it is dropped as `"table full"`. So a SYN flood from spoofed sources evicts
-//!   only its own entries while established connections go on (tested in the lab).
+//!   drop; `conns_early_dropped`), else it is dropped as `"table full"`
+//!   (`denied_table_full`, `conns_table_full`). So a SYN flood from spoofed sources evicts
+//!   only its own entries while established connections go on (tested in the lab). Every
+//!   NF's per-flow table has the same cap (`early_drop.rs`).
 //!
 //! **Two maps, one lookup a packet** (issue #22). TCP connections are entries of `conns`
 //! ([`TcpConn`]: the [`Conn`] and both directions' [`Window`]s inline, two 64-byte cache lines
@@ -50,7 +52,7 @@
 
 pub mod window;
 
-use crate::early_drop::Candidates;
+use crate::early_drop::{self, Cap, Unit};
 use crate::listing::{Cell, Row, StoreReader, TableInfo};
 use crate::{
     BuildError, Context, Direction, NetworkFunction, NfFactory, Packet, Placement, Verdict,
@@ -223,7 +225,7 @@ pub struct Config {
     /// Connections tracked at most, shared evenly by the workers (default 262,144, as
     /// conntrack's `nf_conntrack_max` on a machine this size). At the limit a packet that
     /// would open a connection is dropped (`"table full"`) unless early drop makes room.
-    #[serde(default = "default_max_connections")]
+    #[serde(default = "early_drop::default_max")]
     pub max_connections: u64,
     /// Whether a new connection at the limit may end the oldest expendable one (conntrack's
     /// early drop): one not established (a SYN unanswered, a half-open handshake, a UDP or
@@ -237,10 +239,6 @@ fn default_liberal() -> bool {
     true
 }
 
-fn default_max_connections() -> u64 {
-    1 << 18
-}
-
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -249,7 +247,7 @@ impl Default for Config {
             default_inbound: Action::Deny,
             timeouts: Timeouts::default(),
             liberal: default_liberal(),
-            max_connections: default_max_connections(),
+            max_connections: early_drop::default_max(),
             early_drop: true,
         }
     }
@@ -264,9 +262,9 @@ impl Config {
     /// its dotted name (`rules[2].src`, `timeouts.udp_replied`).
     pub fn from_table(table: &toml::Table) -> Result<Config, BuildError> {
         let config: Config = crate::read_config(NF, table)?;
-        if config.max_connections == 0 {
-            return Err(config_err("max_connections", "expected at least 1"));
-        }
+        let mut errors = Vec::new();
+        early_drop::check_max(NF, "max_connections", config.max_connections, &mut errors);
+        BuildError::all(errors)?;
         Ok(config)
     }
 }
@@ -1023,16 +1021,13 @@ impl Factory {
         worker: Placement,
     ) -> Result<Firewall, BuildError> {
         Ok(Firewall {
-            limit: self
-                .0
-                .max_connections
-                .div_ceil(u64::from(worker.partitions.max(1))) as usize,
-            candidates: RefCell::new(Candidates::new(self.0.early_drop)),
-            early_dropped: state.counter(
-                "conns_early_dropped",
-                Scope::CrossFlow(&[]),
-                Access::WriteMostly,
-            )?,
+            cap: RefCell::new(Cap::declare(
+                state,
+                Unit::Conns,
+                self.0.max_connections,
+                self.0.early_drop,
+                worker,
+            )?),
             cfg: Arc::clone(&self.0),
             conns: state.map("conns", Scope::PerFlow, Access::ReadWrite)?,
             datagrams: state.map("datagrams", Scope::PerFlow, Access::ReadWrite)?,
@@ -1145,12 +1140,9 @@ pub struct Firewall {
     opened: Counter,
     /// Entries that timed out.
     expired: Counter,
-    /// This worker's share of `max_connections`.
-    limit: usize,
-    /// Connections that may be expendable (opened, or ended): early drop's candidates.
-    candidates: RefCell<Candidates<FlowKey>>,
-    /// Connections ended early to make room.
-    early_dropped: Counter,
+    /// This worker's share of `max_connections`, with early drop's candidates (connections
+    /// opened, or ended) and its counters.
+    cap: RefCell<Cap<FlowKey>>,
 }
 
 impl ConnState {
@@ -1280,13 +1272,13 @@ impl Firewall {
     /// Remembers a connection that is, or may become, expendable.
     #[inline]
     fn candidate(&self, key: FlowKey) {
-        self.candidates.borrow_mut().remember(key);
+        self.cap.borrow_mut().remember(key);
     }
 
-    /// Early drop: ends the oldest expendable connection among the next candidates, TCP or
-    /// not.
-    fn make_room(&self) -> bool {
-        self.candidates.borrow_mut().make_room(|k| {
+    /// Whether a new connection may be tracked: below the cap, or early drop ended the oldest
+    /// expendable connection among the next candidates, TCP or not.
+    fn admit(&self) -> bool {
+        self.cap.borrow_mut().admit(self.tracked(), |k| {
             if k.proto == proto::TCP {
                 self.end_early(&self.conns, &k)
             } else {
@@ -1302,7 +1294,6 @@ impl Firewall {
         };
         if state.expendable() && map.remove_nowait(k).is_some() {
             self.gauge(state, -1);
-            self.early_dropped.add_nowait(1);
             return true;
         }
         false
@@ -1361,7 +1352,7 @@ impl Firewall {
         // Replacing an ended connection (TIME_WAIT, CLOSE) takes it out of its state.
         if let Some(old) = map.remove_nowait(&key) {
             self.gauge(old.conn().state, -1);
-        } else if self.tracked() >= self.limit && !self.make_room() {
+        } else if !self.admit() {
             return false;
         }
         map.insert_nowait(key, value);
@@ -1933,11 +1924,7 @@ impl NetworkFunction for Firewall {
         }
         out.push(("conns_opened", self.opened.get().unwrap_or(-1)));
         out.push(("conns_expired", self.expired.get().unwrap_or(-1)));
-        out.push((
-            "conns_early_dropped",
-            self.early_dropped.get().unwrap_or(-1),
-        ));
-        out.push(("max_connections", self.limit as i64));
+        self.cap.borrow().report(&mut out);
         out
     }
 

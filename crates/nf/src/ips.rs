@@ -14,6 +14,9 @@
 //! memcap = 268435456                 # stream bytes one worker buffers over all flows
 //! udp_timeout = "5m"                 # idle time before a UDP (or other) flow is forgotten
 //! reassembly = { policy = "first" }  # TCP reassembly (crate::reassembly::TableConfig)
+//! max_flows = 262144                 # flows (and TCP streams) kept at most, shared by the workers
+//! early_drop = true                  # at the cap, a new flow ends the oldest unestablished one
+//! exception_policy = "drop"          # state unavailable or table full: "drop" or "pass" the packet
 //! ```
 //!
 //! # Matching
@@ -57,7 +60,25 @@
 //! buffer; plus the reassembly's own per-flow state. So a flow moved to another instance keeps
 //! its partial matches, its alerts-once and its block. On an external store the buffers are
 //! written with the flow's other state: `depth` is what each flush may carry per direction.
+//!
+//! # Limits and failures
+//!
+//! * **Caps.** The flow table (`flows`) and the reassembly's (`tcp_streams`) each hold at most
+//!   `max_flows` entries (default 262,144, conntrack's `nf_conntrack_max` on a machine this
+//!   size), shared evenly by the workers. At the cap a new flow ends the oldest expendable one
+//!   with `early_drop = true` (the default, as conntrack's early drop): a flow not established
+//!   and not blocked (a blocked flow is never forgotten, or it would be let through); a
+//!   stream not started both ways, or ended. Else the new flow is refused. Counted as
+//!   `flows_early_dropped`, `flows_table_full`, `streams_early_dropped`,
+//!   `streams_table_full`; the caps are the gauges `max_flows` and `max_streams`.
+//! * **Exception policy** (Suricata's `exception-policy`, applied as to its
+//!   `flow.memcap-policy` and `stream.memcap-policy`): when a packet's state cannot be read
+//!   (`state_unavailable`) or its flow was refused for a full table, `exception_policy`
+//!   says what happens to it: `drop` (the default; Suricata's `drop-packet`: the IPS fails
+//!   closed, as the firewall and the load balancer do) or `pass` (Suricata's `pass-packet`:
+//!   forwarded uninspected). Counted as `exception_dropped` and `exception_passed`.
 
+use crate::early_drop::{self, Cap, Unit};
 use crate::reassembly::{Event, Fed, Origin, TableConfig, TcpStreams};
 use crate::rules::{Action, Options, Rule, RuleSet, Vars};
 use crate::{BuildError, Context, NetworkFunction, NfFactory, Packet, Placement, Verdict};
@@ -103,6 +124,38 @@ pub struct Config {
     pub udp_timeout: Duration,
     /// TCP reassembly.
     pub reassembly: TableConfig,
+    /// Flows kept at most, and TCP streams reassembled at most, shared evenly by the workers
+    /// (default 262,144).
+    pub max_flows: u64,
+    /// Whether a new flow at the cap ends the oldest flow not established (default `true`).
+    pub early_drop: bool,
+    /// What happens to a packet whose state is unavailable or whose flow found the table
+    /// full (default `drop`).
+    pub exception_policy: ExceptionPolicy,
+}
+
+/// What the IPS does with a packet it cannot inspect for want of state (Suricata's
+/// `exception-policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExceptionPolicy {
+    /// Drop the packet (Suricata's `drop-packet`): fail closed.
+    #[default]
+    Drop,
+    /// Forward it uninspected (Suricata's `pass-packet`): fail open.
+    Pass,
+}
+
+/// Drop reasons.
+pub mod reason {
+    /// A `drop` rule matched this packet.
+    pub const DROP_RULE: &str = "ips: drop rule";
+    /// A `drop` rule matched the flow earlier.
+    pub const BLOCKED: &str = "ips: blocked flow";
+    /// The flow's state could not be read (`exception_policy = "drop"`).
+    pub const STATE: &str = "ips: state unavailable";
+    /// The flow found its table full (`exception_policy = "drop"`).
+    pub const TABLE_FULL: &str = "ips: table full";
 }
 
 impl Default for Config {
@@ -115,6 +168,9 @@ impl Default for Config {
             memcap: 256 << 20,
             udp_timeout: Duration::from_secs(300),
             reassembly: TableConfig::default(),
+            max_flows: early_drop::default_max(),
+            early_drop: true,
+            exception_policy: ExceptionPolicy::Drop,
         }
     }
 }
@@ -136,6 +192,7 @@ impl Config {
             ));
         }
         crate::positive(NF, "udp_timeout", c.udp_timeout, &mut errors);
+        early_drop::check_max(NF, "max_flows", c.max_flows, &mut errors);
         if let Err((k, r)) = c.reassembly.validate() {
             errors.push(config_err(format!("reassembly.{k}"), r));
         }
@@ -333,6 +390,12 @@ impl FlowState {
     pub fn blocked(&self) -> bool {
         self.blocked
     }
+
+    /// Whether the flow may be ended early to make room: not established (conntrack's early
+    /// drop takes entries not assured) and not blocked.
+    fn expendable(&self) -> bool {
+        self.seen & ESTABLISHED == 0 && !self.blocked
+    }
 }
 
 impl Codec for FlowState {
@@ -453,9 +516,9 @@ impl Factory {
         &self.engine
     }
 
-    /// One worker's IPS, its state declared through `state`.
-    pub fn build_ips(&self, state: &mut Declare<'_>) -> Result<Ips, BuildError> {
-        Ips::declare(&self.config, Arc::clone(&self.engine), state)
+    /// The IPS of `worker`, its state declared through `state`.
+    pub fn build_ips(&self, state: &mut Declare<'_>, worker: Placement) -> Result<Ips, BuildError> {
+        Ips::declare(&self.config, Arc::clone(&self.engine), state, worker)
     }
 }
 
@@ -472,9 +535,9 @@ impl NfFactory for Factory {
     fn build(
         &self,
         state: &mut Declare<'_>,
-        _worker: Placement,
+        worker: Placement,
     ) -> Result<Box<dyn NetworkFunction>, BuildError> {
-        Ok(Box::new(self.build_ips(state)?))
+        Ok(Box::new(self.build_ips(state, worker)?))
     }
 }
 
@@ -505,6 +568,8 @@ struct Stats {
     memcap_reached: u64,
     unavailable: u64,
     malformed: u64,
+    exception_dropped: u64,
+    exception_passed: u64,
 }
 
 /// One worker's IPS.
@@ -526,18 +591,30 @@ pub struct Ips {
     /// What else the packet at hand did to each stream.
     ends: [StreamEnd; 2],
     stats: Stats,
+    /// The cap of `flows`.
+    cap: Cap<FlowKey>,
+    exception: ExceptionPolicy,
 }
 
 impl Ips {
-    /// Declares the state of one worker's IPS.
+    /// Declares the state of the IPS of `worker`.
     pub fn declare(
         cfg: &Config,
         engine: Arc<Engine>,
         state: &mut Declare<'_>,
+        worker: Placement,
     ) -> Result<Ips, BuildError> {
         let rules = engine.rules.len();
         Ok(Ips {
-            streams: TcpStreams::declare(state, &cfg.reassembly)?,
+            streams: TcpStreams::declare_capped(
+                state,
+                &cfg.reassembly,
+                cfg.max_flows,
+                cfg.early_drop,
+                worker,
+            )?,
+            cap: Cap::declare(state, Unit::Flows, cfg.max_flows, cfg.early_drop, worker)?,
+            exception: cfg.exception_policy,
             flows: state.map("flows", Scope::PerFlow, Access::ReadWrite)?,
             by_sid: state.counter_map(
                 "alerts_by_sid",
@@ -561,6 +638,30 @@ impl Ips {
     /// A copy of the IPS's state of the flow `flow` belongs to.
     pub fn flow(&self, flow: &FlowKey) -> Option<FlowState> {
         self.flows.get(&flow.canonical()).ok().flatten()
+    }
+
+    /// Flows this worker holds.
+    pub fn flows(&self) -> usize {
+        self.flows.cached_len()
+    }
+
+    /// TCP streams this worker reassembles.
+    pub fn streams(&self) -> usize {
+        self.streams.connections()
+    }
+
+    /// A packet that cannot be inspected for want of state (`why`): the exception policy.
+    fn exception(&mut self, why: &'static str) -> Verdict {
+        match self.exception {
+            ExceptionPolicy::Drop => {
+                self.stats.exception_dropped += 1;
+                Verdict::Drop(why)
+            }
+            ExceptionPolicy::Pass => {
+                self.stats.exception_passed += 1;
+                Verdict::Forward
+            }
+        }
     }
 }
 
@@ -614,7 +715,11 @@ impl NetworkFunction for Ips {
             match fed {
                 Fed::Tcp(o) => origin = Some(o),
                 Fed::Malformed => self.stats.malformed += 1,
-                Fed::Unavailable => self.stats.unavailable += 1,
+                Fed::Unavailable => {
+                    self.stats.unavailable += 1;
+                    return self.exception(reason::STATE);
+                }
+                Fed::Full => return self.exception(reason::TABLE_FULL),
                 Fed::NotTcp => {}
             }
         }
@@ -651,6 +756,8 @@ impl NetworkFunction for Ips {
             fresh,
             ends,
             stats,
+            cap,
+            streams,
             ..
         } = self;
         let mut inspect = |f: &mut FlowState| {
@@ -659,7 +766,7 @@ impl NetworkFunction for Ips {
                 f.renewed = now;
             }
             if f.blocked {
-                return (Verdict::Drop("ips: blocked flow"), renew);
+                return (Verdict::Drop(reason::BLOCKED), renew);
             }
             let before = f.seen;
             f.seen |= 1 << side;
@@ -736,7 +843,7 @@ impl NetworkFunction for Ips {
                 }
                 if rule.action == Action::Drop {
                     f.blocked = true;
-                    verdict = Verdict::Drop("ips: drop rule");
+                    verdict = Verdict::Drop(reason::DROP_RULE);
                 }
                 if f.fired.len() >= MAX_FIRED {
                     stats.suppressed += 1;
@@ -762,23 +869,42 @@ impl NetworkFunction for Ips {
             }
             (verdict, renew)
         };
-        // One lookup for a known flow; a new one is inserted first.
+        // One lookup for a known flow; a new one is inserted first, if there is room.
         let mut outcome = flows.with_mut(&key, |f| f.map(&mut inspect));
+        let (mut full, mut freed) = (false, 0u64);
         if let Ok(None) = outcome {
-            let f = FlowState {
-                client: side,
-                renewed: now,
-                ..FlowState::default()
-            };
-            flows.insert_nowait(key, f);
-            flows.expire_after(&key, ttl, now);
-            outcome = flows.with_mut(&key, |f| f.map(&mut inspect));
+            let room = cap.admit(flows.cached_len(), |k| {
+                let Ok(Some(true)) = flows.with(&k, |f| f.map(FlowState::expendable)) else {
+                    return false;
+                };
+                let Some(f) = flows.remove_nowait(&k) else {
+                    return false;
+                };
+                freed += f.streams.iter().map(|s| s.len() as u64).sum::<u64>();
+                streams.forget(&k);
+                true
+            });
+            if room {
+                let f = FlowState {
+                    client: side,
+                    renewed: now,
+                    ..FlowState::default()
+                };
+                flows.insert_nowait(key, f);
+                flows.expire_after(&key, ttl, now);
+                cap.remember(key);
+                outcome = flows.with_mut(&key, |f| f.map(&mut inspect));
+            } else {
+                full = true;
+            }
         }
+        self.used = self.used.saturating_sub(freed);
         let (verdict, renew) = match outcome {
             Ok(Some(v)) => v,
+            Ok(None) if full => return self.exception(reason::TABLE_FULL),
             Ok(None) | Err(_) => {
                 self.stats.unavailable += 1;
-                return Verdict::Forward;
+                return self.exception(reason::STATE);
             }
         };
         if renew {
@@ -811,14 +937,23 @@ impl NetworkFunction for Ips {
             ("stream_memcap_reached", s.memcap_reached as i64),
             ("stream_bytes_buffered", self.used as i64),
             ("state_unavailable", s.unavailable as i64),
+            ("exception_dropped", s.exception_dropped as i64),
+            ("exception_passed", s.exception_passed as i64),
             ("malformed_tcp", s.malformed as i64),
         ];
+        self.cap.report(&mut out);
         out.extend(self.streams.report());
         out
     }
 
     fn gauges(&self) -> &'static [&'static str] {
-        &["stream_bytes_buffered", "buffered_bytes", "connections"]
+        &[
+            "stream_bytes_buffered",
+            "buffered_bytes",
+            "connections",
+            "max_flows",
+            "max_streams",
+        ]
     }
 
     fn entries(&self) -> u64 {

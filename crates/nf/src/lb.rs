@@ -19,7 +19,16 @@
 //!   that the last ACK still reaches the backend.
 //! * Packets neither for a VIP service nor from one of its backends pass untouched. The
 //!   direction a packet came from does not matter.
+//! * **A full table** (`max_connections`, default 262,144 as conntrack's `nf_conntrack_max`,
+//!   shared by the workers): a new connection ends the oldest expendable one — never answered
+//!   by its backend, or ended — with `early_drop = true` (the default, as conntrack's early
+//!   drop; counted as `conns_early_dropped`); else, or when nothing among the oldest is
+//!   expendable, it gets no entry (`conns_table_full`): with least-loaded it is dropped
+//!   ([`reason::TABLE_FULL`]), with Maglev it is forwarded to the backend the lookup table
+//!   gives, without an entry (Maglev §3.3: consistent hashing keeps a connection on its
+//!   backend when its entry is missing). Established connections are never ended early.
 
+use crate::early_drop::{self, Cap, Unit};
 use crate::listing::{Cell, Row, StoreReader, TableInfo};
 use crate::nat::{be16, checksum_update};
 use crate::{
@@ -33,6 +42,7 @@ use flowstate_wire::dissect::{Dissection, Fragment, Transport};
 use flowstate_wire::flow::{proto, FLOW_KEY_MAX_BYTES};
 use flowstate_wire::{ipv4, ipv6, tcp, udp, FlowKey};
 use serde::Deserialize;
+use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -243,6 +253,14 @@ pub struct Config {
     /// Idle timeouts.
     #[serde(default)]
     pub timeouts: Timeouts,
+    /// Connections tracked at most, shared evenly by the workers (default 262,144, as the
+    /// firewall's).
+    #[serde(default = "early_drop::default_max")]
+    pub max_connections: u64,
+    /// Whether a new connection at the limit may end the oldest one never answered by its
+    /// backend, or ended (default `true`).
+    #[serde(default = "early_drop::default_early_drop")]
+    pub early_drop: bool,
 }
 
 fn config_err(key: impl Into<String>, reason: impl Into<String>) -> BuildError {
@@ -253,7 +271,11 @@ impl Config {
     /// Parses a `[[chain]]` table (without `nf`); every key that is wrong is reported, by
     /// its dotted name (`vips[1].port`, `timeouts.udp`).
     pub fn from_table(table: &toml::Table) -> Result<Config, BuildError> {
-        crate::read_config(NF, table)
+        let config: Config = crate::read_config(NF, table)?;
+        let mut errors = Vec::new();
+        early_drop::check_max(NF, "max_connections", config.max_connections, &mut errors);
+        BuildError::all(errors)?;
+        Ok(config)
     }
 }
 
@@ -305,6 +327,10 @@ struct Compiled {
     tcp: Duration,
     tcp_fin: Duration,
     udp: Duration,
+    /// [`Config::max_connections`].
+    max_connections: u64,
+    /// [`Config::early_drop`].
+    early_drop: bool,
 }
 
 fn parse_backend(s: &str, vip: IpAddr, port: u16) -> Result<Backend, String> {
@@ -426,6 +452,8 @@ impl Factory {
             tcp: t.tcp,
             tcp_fin: t.tcp_fin,
             udp: t.udp,
+            max_connections: config.max_connections,
+            early_drop: config.early_drop,
         };
         for (i, vip) in vips.into_iter().enumerate() {
             if c.services
@@ -462,9 +490,16 @@ impl Factory {
     pub fn build_lb(
         &self,
         state: &mut Declare<'_>,
-        _worker: Placement,
+        worker: Placement,
     ) -> Result<LoadBalancer, BuildError> {
         Ok(LoadBalancer {
+            cap: RefCell::new(Cap::declare(
+                state,
+                Unit::Conns,
+                self.0.max_connections,
+                self.0.early_drop,
+                worker,
+            )?),
             cfg: Arc::clone(&self.0),
             affinity: state.map("affinity", Scope::PerFlow, Access::ReadMostly)?,
             active: state.counter_map("active", Scope::CrossFlow(&[]), Access::ReadWrite)?,
@@ -635,12 +670,30 @@ pub struct Affinity {
 const FIN_CLIENT: u8 = 1;
 const FIN_BACKEND: u8 = 2;
 const CLOSED: u8 = 4;
+/// The backend has answered (conntrack's "seen reply").
+const ANSWERED: u8 = 8;
 
 impl Affinity {
     /// Whether the connection has ended (FINs both ways or a RST); the entry stays until its
     /// short timeout so the last packets still reach the backend.
     pub fn closed(&self) -> bool {
         self.flags & CLOSED != 0
+    }
+
+    /// Whether the backend has answered.
+    pub fn answered(&self) -> bool {
+        self.flags & ANSWERED != 0
+    }
+
+    /// Whether the connection may be ended early to make room (as conntrack's early drop:
+    /// never answered, or ended).
+    fn expendable(&self) -> bool {
+        !self.answered() || self.closed()
+    }
+
+    /// Whether a FIN or RST was seen (the short timeout applies).
+    fn ending(&self) -> bool {
+        self.flags & (FIN_CLIENT | FIN_BACKEND | CLOSED) != 0
     }
 
     /// Records a segment's FIN/RST from one end; returns whether this closed the connection.
@@ -663,7 +716,7 @@ impl Codec for Affinity {
     }
     fn decode(input: &mut &[u8]) -> Result<Self, CodecError> {
         let (backend, flags) = <(u16, u8)>::decode(input)?;
-        if flags & !(FIN_CLIENT | FIN_BACKEND | CLOSED) != 0 {
+        if flags & !(FIN_CLIENT | FIN_BACKEND | CLOSED | ANSWERED) != 0 {
             return Err(CodecError::Invalid("lb affinity flags"));
         }
         Ok(Affinity { backend, flags })
@@ -693,6 +746,9 @@ pub mod reason {
     pub const STATE: &str = "lb: state unavailable";
     /// The headers to rewrite could not be read.
     pub const MALFORMED: &str = "lb: malformed";
+    /// A new least-loaded connection found the table full (`max_connections`) and nothing
+    /// to end early.
+    pub const TABLE_FULL: &str = "lb: table full";
 }
 
 /// One worker's load balancer.
@@ -708,6 +764,8 @@ pub struct LoadBalancer {
     bytes: CounterMap<BackendAddr>,
     /// Packets from a backend's service port that belong to no tracked flow (passed untouched).
     untracked_replies: Counter,
+    /// The cap of `affinity`.
+    cap: RefCell<Cap<FlowKey>>,
 }
 
 /// One backend's counters.
@@ -796,13 +854,23 @@ impl LoadBalancer {
     fn timeout(&self, a: &Affinity, proto: u8) -> Duration {
         match proto {
             proto::UDP => self.cfg.udp,
-            _ if a.flags != 0 => self.cfg.tcp_fin,
+            _ if a.ending() => self.cfg.tcp_fin,
             _ => self.cfg.tcp,
         }
     }
 
-    /// A new connection of `flow` on backend `b`: stores the choice and counts it.
-    fn assign(&self, flow: FlowKey, vip: &Vip, b: u16, now: Nanos) {
+    /// A new connection of `flow` on backend `b`: stores the choice and counts it; `false`
+    /// if the table is full (a `reused` entry, an ended connection's, is replaced whatever
+    /// the count).
+    fn assign(&self, flow: FlowKey, vip: &Vip, b: u16, now: Nanos, reused: bool) -> bool {
+        if !reused
+            && !self
+                .cap
+                .borrow_mut()
+                .admit(self.affinity.cached_len(), |k| self.end_early(&k))
+        {
+            return false;
+        }
         let a = Affinity {
             backend: b,
             flags: 0,
@@ -810,9 +878,35 @@ impl LoadBalancer {
         self.affinity.insert_nowait(flow, a);
         self.affinity
             .expire_after(&flow, self.timeout(&a, flow.proto), now);
+        self.cap.borrow_mut().remember(flow);
         let key = vip.backends[usize::from(b)].key();
         self.active.add_to_nowait(&key, 1);
         self.connections.add_to_nowait(&key, 1);
+        true
+    }
+
+    /// Ends the connection `k` if it is expendable (early drop); whether it did.
+    fn end_early(&self, k: &FlowKey) -> bool {
+        let Ok(Some(true)) = self.affinity.with(k, |a| a.map(Affinity::expendable)) else {
+            return false;
+        };
+        let Some(a) = self.affinity.remove_nowait(k) else {
+            return false;
+        };
+        if !a.closed() {
+            self.release(k, &a);
+        }
+        true
+    }
+
+    /// Takes an open connection off its backend's active count.
+    fn release(&self, k: &FlowKey, a: &Affinity) {
+        let Some(&vi) = self.cfg.services.get(&(k.dst, k.dst_port, k.proto)) else {
+            return;
+        };
+        if let Some(b) = self.cfg.vips[vi].backends.get(usize::from(a.backend)) {
+            self.active.add_to_nowait(&b.key(), -1);
+        }
     }
 
     /// Client → VIP.
@@ -831,12 +925,14 @@ impl LoadBalancer {
             let closed_now = a.note(seg.fin, seg.rst, true);
             (self.timeout(a, flow.proto), Some((*a, closed_now)))
         });
+        let reused = matches!(found, Ok(Some(None)));
         let b = match found.map(Option::flatten) {
             Err(_) => return Verdict::Drop(reason::STATE),
             Ok(Some((a, closed_now))) => {
                 if closed_now {
                     self.active
                         .add_to_nowait(&vip.backends[usize::from(a.backend)].key(), -1);
+                    self.cap.borrow_mut().remember(flow);
                 }
                 a.backend
             }
@@ -845,7 +941,12 @@ impl LoadBalancer {
                 match vip.method {
                     _ if starts => {
                         let b = self.choose(vip, &flow);
-                        self.assign(flow, vip, b, now);
+                        // Maglev: without room the table still gives the backend (§3.3).
+                        if !self.assign(flow, vip, b, now, reused)
+                            && vip.method == Method::LeastLoaded
+                        {
+                            return Verdict::Drop(reason::TABLE_FULL);
+                        }
                         b
                     }
                     Method::LeastLoaded => return Verdict::Drop(reason::NO_CONNECTION),
@@ -855,7 +956,7 @@ impl LoadBalancer {
                     Method::Maglev => {
                         let b = self.choose(vip, &flow);
                         if !(seg.fin || seg.rst) {
-                            self.assign(flow, vip, b, now);
+                            self.assign(flow, vip, b, now, reused);
                         }
                         b
                     }
@@ -888,6 +989,9 @@ impl LoadBalancer {
             let client = FlowKey::new(flow.dst, vip.addr, flow.dst_port, vip.port, flow.proto);
             let found = self.affinity.with_mut(&client, |a| match a {
                 Some(a) if a.backend == bi => {
+                    if !a.answered() {
+                        a.flags |= ANSWERED;
+                    }
                     let closed_now = a.note(seg.fin, seg.rst, false);
                     Some((*a, closed_now))
                 }
@@ -901,6 +1005,7 @@ impl LoadBalancer {
             let key = vip.backends[usize::from(bi)].key();
             if closed_now {
                 self.active.add_to_nowait(&key, -1);
+                self.cap.borrow_mut().remember(client);
             }
             // Replies renew the choice too, without a store write unless a flag changed.
             self.affinity
@@ -1149,16 +1254,10 @@ impl NetworkFunction for LoadBalancer {
     }
 
     fn on_tick(&mut self, now: Nanos) {
-        let (cfg, active) = (&self.cfg, &self.active);
-        self.affinity.expire(now, |k, a| {
-            if a.closed() {
-                return;
-            }
-            let Some(&vi) = cfg.services.get(&(k.dst, k.dst_port, k.proto)) else {
-                return;
-            };
-            if let Some(b) = cfg.vips[vi].backends.get(usize::from(a.backend)) {
-                active.add_to_nowait(&b.key(), -1);
+        let this = &*self;
+        this.affinity.expire(now, |k, a| {
+            if !a.closed() {
+                this.release(&k, &a);
             }
         });
     }
@@ -1182,17 +1281,19 @@ impl NetworkFunction for LoadBalancer {
     }
 
     fn report(&self) -> Vec<(&'static str, i64)> {
-        vec![
+        let mut out = vec![
             ("flows", self.affinity.cached_len() as i64),
             (
                 "untracked_replies",
                 self.untracked_replies.get().unwrap_or(-1),
             ),
-        ]
+        ];
+        self.cap.borrow().report(&mut out);
+        out
     }
 
     fn gauges(&self) -> &'static [&'static str] {
-        &["flows"]
+        &["flows", "max_connections"]
     }
 
     /// Per backend: `backend_active` (gauge), `backend_connections`, `backend_bytes`.

@@ -40,7 +40,14 @@
 //!   before its block ends).
 //! * `pending`: per attempt (the SYN's 5-tuple), the time it was made and the direction it came
 //!   from — per flow, with a TTL of
-//!   `attempt_timeout`; its expiry callback is the unanswered-attempt failure.
+//!   `attempt_timeout`; its expiry callback is the unanswered-attempt failure. At most
+//!   `max_flows` attempts (default 262,144, conntrack's `nf_conntrack_max` on a machine this
+//!   size, shared evenly by the workers) are pending: at the cap a new first contact ends the
+//!   oldest pending attempt with `early_drop = true` (the default; every pending attempt is
+//!   unanswered, which is what conntrack's early drop ends), else it is not observed (nor
+//!   recorded as contacted). An attempt ended early is forgotten, not counted as a failure
+//!   (its outcome is unknown, as when conntrack drops an entry early). Counted as
+//!   `flows_early_dropped` and `flows_table_full`; the cap is the gauge `max_flows`.
 //! * `contacted`: the (source, destination, port) triples already tried — cross-flow, scoped by
 //!   source; each expires `source_timeout` after it was made, and at most `max_contacts` are
 //!   kept per worker (first contacts beyond that are not observed, and counted), so the set is
@@ -61,6 +68,7 @@
 //!
 //! `fast_path()` is `false`: the detector must see every SYN, SYN/ACK and RST.
 
+use crate::early_drop::{self, Cap, Unit};
 use crate::{
     BuildError, Context, Direction, NetworkFunction, NfFactory, Packet, Placement, Verdict,
 };
@@ -70,6 +78,7 @@ use flowstate_state::{
 use flowstate_wire::dissect::Transport;
 use flowstate_wire::{icmp, tcp, FlowKey};
 use serde::Deserialize;
+use std::cell::RefCell;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -205,6 +214,10 @@ pub struct Config {
     pub block_time: Duration,
     /// Most recorded first contacts per worker (1,000,000).
     pub max_contacts: i64,
+    /// Most pending attempts, shared evenly by the workers (262,144).
+    pub max_flows: u64,
+    /// Whether a new first contact at `max_flows` ends the oldest pending attempt (true).
+    pub early_drop: bool,
 }
 
 impl Default for Config {
@@ -220,6 +233,8 @@ impl Default for Config {
             block: false,
             block_time: Duration::from_secs(3600),
             max_contacts: 1_000_000,
+            max_flows: early_drop::default_max(),
+            early_drop: true,
         }
     }
 }
@@ -232,7 +247,11 @@ impl Config {
     /// Parses a `[[chain]]` table (without `nf`); every key that is wrong is reported, by
     /// name.
     pub fn from_table(table: &toml::Table) -> Result<Config, BuildError> {
-        crate::read_config(NF, table)
+        let c: Config = crate::read_config(NF, table)?;
+        let mut errors = Vec::new();
+        early_drop::check_max(NF, "max_flows", c.max_flows, &mut errors);
+        BuildError::all(errors)?;
+        Ok(c)
     }
 }
 
@@ -398,6 +417,8 @@ struct Compiled {
     block: bool,
     block_time: Duration,
     max_contacts: usize,
+    max_flows: u64,
+    early_drop: bool,
 }
 
 impl Factory {
@@ -453,6 +474,8 @@ impl Factory {
             block: config.block,
             block_time: positive("block_time", config.block_time)?,
             max_contacts,
+            max_flows: config.max_flows,
+            early_drop: config.early_drop,
         })))
     }
 
@@ -465,10 +488,17 @@ impl Factory {
     pub fn build_portscan(
         &self,
         state: &mut Declare<'_>,
-        _worker: Placement,
+        worker: Placement,
     ) -> Result<Portscan, BuildError> {
         const BY_SRC: Scope = Scope::CrossFlow(&[Field::SrcIp]);
         Ok(Portscan {
+            cap: RefCell::new(Cap::declare(
+                state,
+                Unit::Flows,
+                self.0.max_flows,
+                self.0.early_drop,
+                worker,
+            )?),
             cfg: Arc::clone(&self.0),
             sources: state.map("sources", BY_SRC, Access::ReadWrite)?,
             pending: state.map("pending", Scope::PerFlow, Access::ReadWrite)?,
@@ -558,6 +588,8 @@ pub struct Portscan {
     contacted: Map<(IpAddr, IpAddr, u16), bool>,
     /// Counts by [`Event`] code.
     events: CounterMap<u8>,
+    /// The cap of `pending`.
+    cap: RefCell<Cap<FlowKey>>,
     /// Alerts raised.
     alerts: Counter,
 }
@@ -646,6 +678,14 @@ impl Portscan {
         if self.contacted.cached_len() >= self.cfg.max_contacts {
             return Err(Event::ContactsFull);
         }
+        let mut cap = self.cap.borrow_mut();
+        let pending = &self.pending;
+        if !cap.admit(pending.cached_len(), |k| {
+            pending.remove_nowait(&k).is_some()
+        }) {
+            return Ok(()); // not observed: counted by the cap
+        }
+        cap.remember(*flow);
         self.contacted.insert_nowait(triple, true);
         self.contacted
             .expire_after(&triple, self.cfg.source_timeout, now);
@@ -887,11 +927,17 @@ impl NetworkFunction for Portscan {
         for e in Event::ALL {
             out.push((e.report_name(), self.counted(e)));
         }
+        self.cap.borrow().report(&mut out);
         out
     }
 
     fn gauges(&self) -> &'static [&'static str] {
-        &["sources_tracked", "attempts_pending", "contacts"]
+        &[
+            "sources_tracked",
+            "attempts_pending",
+            "contacts",
+            "max_flows",
+        ]
     }
 }
 

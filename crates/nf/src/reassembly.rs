@@ -67,7 +67,8 @@
 //! validate segments and to find gaps sooner), and conflicts with data already reported are not
 //! detected (its bytes are not kept).
 
-use crate::Packet;
+use crate::early_drop::{self, Cap, Unit};
+use crate::{Packet, Placement};
 use flowstate_state::{
     Access, Codec, CodecError, CounterMap, Declare, Map, Nanos, Scope, StateError,
 };
@@ -743,6 +744,12 @@ impl Connection {
         self.streams.iter().all(|s| s.ended().is_some())
     }
 
+    /// Whether the connection may be ended early to make room (conntrack's early drop takes
+    /// entries not assured): one side has not started (a SYN never answered), or it ended.
+    pub fn expendable(&self) -> bool {
+        !self.streams.iter().all(Stream::started) || self.ended()
+    }
+
     /// Handles a segment sent by the side with index `side` (0: the canonical source), calling
     /// `emit` with the events of its direction (and, for an RST, the other's end). Returns who
     /// sent it.
@@ -990,6 +997,8 @@ pub enum Fed {
     Malformed,
     /// The connection's state could not be read from the store.
     Unavailable,
+    /// A new connection found the table at its cap with nothing to end early: not tracked.
+    Full,
     /// Handled; sent by this end.
     Tcp(Origin),
 }
@@ -998,9 +1007,15 @@ pub enum Fed {
 /// per-flow map (keyed by the canonical flow key, expiring when idle), so it is flushed to the
 /// store, and a worker that takes the flow over (failover, a move) continues where this one
 /// stopped.
+///
+/// The map is capped ([`TcpStreams::declare_capped`]; `max_streams`, counted as
+/// `streams_early_dropped` and `streams_table_full`): at the cap a new connection ends the
+/// oldest one that is expendable — not both directions started (a SYN never answered), or
+/// both ended — with early drop (as conntrack's), else it is not tracked ([`Fed::Full`]).
 pub struct TcpStreams {
     engine: Reassembler,
     conns: Map<FlowKey, Connection>,
+    cap: Cap<FlowKey>,
     stats: CounterMap<u8>,
     published: Counters,
     timeout: Duration,
@@ -1010,11 +1025,29 @@ pub struct TcpStreams {
 
 impl TcpStreams {
     /// Declares the state (`tcp_streams`, per flow; `tcp_reassembly`, counters) in the NF's
-    /// namespace.
+    /// namespace, with the default cap (262,144 connections) and early drop.
     pub fn declare(state: &mut Declare<'_>, cfg: &TableConfig) -> Result<TcpStreams, StateError> {
+        let one = Placement {
+            stage: 0,
+            partition: 0,
+            partitions: 1,
+        };
+        TcpStreams::declare_capped(state, cfg, early_drop::DEFAULT_MAX, true, one)
+    }
+
+    /// [`TcpStreams::declare`] for `worker`, holding at most its share of `max` connections,
+    /// with early drop `early_drop`.
+    pub fn declare_capped(
+        state: &mut Declare<'_>,
+        cfg: &TableConfig,
+        max: u64,
+        early_drop: bool,
+        worker: Placement,
+    ) -> Result<TcpStreams, StateError> {
         Ok(TcpStreams {
             engine: Reassembler::new(cfg.core(), cfg.memcap),
             conns: state.map("tcp_streams", Scope::PerFlow, Access::ReadWrite)?,
+            cap: Cap::declare(state, Unit::Streams, max, early_drop, worker)?,
             stats: state.counter_map(
                 "tcp_reassembly",
                 Scope::CrossFlow(&[]),
@@ -1075,7 +1108,7 @@ impl TcpStreams {
         let key = flow.canonical();
         let engine = &mut self.engine;
         let (open, new, closed) = (self.timeout, self.timeout_new, self.timeout_closed);
-        let mut run = |c: &mut Connection| {
+        let mut run = |engine: &mut Reassembler, c: &mut Connection| {
             let o = c.segment(engine, side, seg, &mut emit);
             let ttl = if c.ended() {
                 closed
@@ -1086,16 +1119,46 @@ impl TcpStreams {
             };
             (ttl, o)
         };
-        match self.conns.renew_with(&key, now, &mut run) {
+        let conns = &self.conns;
+        match conns.renew_with(&key, now, |c| run(engine, c)) {
             Ok(Some(o)) => Fed::Tcp(o),
             Ok(None) => {
+                let room = self.cap.admit(conns.cached_len(), |k| {
+                    let Ok(Some(true)) = conns.with(&k, |c| c.map(Connection::expendable)) else {
+                        return false;
+                    };
+                    conns
+                        .remove_nowait(&k)
+                        .map(|mut c| c.forget(engine))
+                        .is_some()
+                });
+                if !room {
+                    return Fed::Full;
+                }
                 let mut c = Connection::default();
-                let (ttl, o) = run(&mut c);
-                self.conns.insert_nowait(key, c);
-                self.conns.expire_after(&key, ttl, now);
+                let (ttl, o) = run(engine, &mut c);
+                conns.insert_nowait(key, c);
+                conns.expire_after(&key, ttl, now);
+                self.cap.remember(key);
                 Fed::Tcp(o)
             }
             Err(_) => Fed::Unavailable,
+        }
+    }
+
+    /// Whether the connection `flow` (either direction) belongs to is not tracked, or may be
+    /// ended early ([`Connection::expendable`]); `false` when its state cannot be read.
+    pub fn expendable(&self, flow: &FlowKey) -> bool {
+        self.conns
+            .with(&flow.canonical(), |c| c.is_none_or(Connection::expendable))
+            .unwrap_or(false)
+    }
+
+    /// Forgets the connection `flow` (either direction) belongs to, returning its buffers to
+    /// the budget (its flow was ended early by the NF).
+    pub fn forget(&mut self, flow: &FlowKey) {
+        if let Some(mut c) = self.conns.remove_nowait(&flow.canonical()) {
+            c.forget(&mut self.engine);
         }
     }
 
@@ -1115,6 +1178,12 @@ impl TcpStreams {
         self.published = self.engine.counters;
     }
 
+    /// The cap's counters and this worker's cap (`streams_early_dropped`,
+    /// `streams_table_full`, `max_streams`).
+    pub(crate) fn report_cap(&self, out: &mut Vec<(&'static str, i64)>) {
+        self.cap.report(out);
+    }
+
     /// Counters worth showing an operator.
     pub fn report(&self) -> Vec<(&'static str, i64)> {
         let mut out: Vec<(&'static str, i64)> = self
@@ -1126,6 +1195,7 @@ impl TcpStreams {
             .collect();
         out.push(("buffered_bytes", self.engine.used as i64));
         out.push(("connections", self.conns.cached_len() as i64));
+        self.cap.report(&mut out);
         out
     }
 }

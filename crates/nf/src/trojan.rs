@@ -84,7 +84,20 @@
 //! ([`NfFactory::partition`]) is the inside host's, so all of a host's flows, in both
 //! directions, reach the worker (or cluster partition) that owns its state. Reassembly and the
 //! partial command lines are per flow. No fast path: the detector must see every packet.
+//!
+//! # Caps
+//!
+//! The per-flow tables hold at most `max_flows` entries each (default 262,144, conntrack's
+//! `nf_conntrack_max` on a machine this size), shared evenly by the workers: the reassembly's
+//! streams (`tcp_streams`: at the cap a new connection ends the oldest one never answered, or
+//! ended, with `early_drop = true`, the default, as conntrack's early drop; else its bytes are
+//! not read; `streams_early_dropped`, `streams_table_full`, gauge `max_streams`) and the
+//! partial lines (`lines`: at the cap a new partial line ends the oldest one whose stream is
+//! gone, never answered or ended, with early drop; else it is not kept and the command it
+//! began is missed; `lines_early_dropped`, `lines_table_full`, gauge `max_lines`). Packets are forwarded either way; the SYN events
+//! (SSH and IRC ports) do not need the tables.
 
+use crate::early_drop::{self, Cap, Unit};
 use crate::reassembly::{Event, Fed, TableConfig, TcpStreams};
 use crate::{
     BuildError, Context, Direction, NetworkFunction, NfFactory, Packet, Placement, Verdict,
@@ -140,6 +153,12 @@ pub struct Config {
     pub extensions: Vec<String>,
     /// TCP reassembly options (see [`TableConfig`]).
     pub reassembly: TableConfig,
+    /// Streams reassembled at most, and partial lines kept at most, shared evenly by the
+    /// workers (default 262,144).
+    pub max_flows: u64,
+    /// Whether a new stream at the cap ends the oldest one never answered or ended, and a
+    /// new partial line the oldest one of such a stream (default `true`).
+    pub early_drop: bool,
 }
 
 impl Default for Config {
@@ -151,6 +170,8 @@ impl Default for Config {
             irc_ports: (6660..=6669).chain([6697]).collect(),
             extensions: ["html", "htm", "zip", "exe"].map(String::from).to_vec(),
             reassembly: TableConfig::default(),
+            max_flows: early_drop::default_max(),
+            early_drop: true,
         }
     }
 }
@@ -170,6 +191,9 @@ impl Config {
 
     /// Checks the values; the error names the key.
     pub fn validate(&self) -> Result<(), BuildError> {
+        if self.max_flows == 0 {
+            return Err(config_err("max_flows", "expected at least 1"));
+        }
         if self.window.is_zero() {
             return Err(config_err(
                 "window",
@@ -667,9 +691,9 @@ impl NfFactory for Factory {
     fn build(
         &self,
         state: &mut Declare<'_>,
-        _worker: Placement,
+        worker: Placement,
     ) -> Result<Box<dyn NetworkFunction>, BuildError> {
-        Ok(Box::new(Trojan::declare(&self.0, state)?))
+        Ok(Box::new(Trojan::declare_on(&self.0, state, worker)?))
     }
 
     /// The inside host's partition: its state is keyed by its address (CHC §4.1), and all
@@ -703,6 +727,8 @@ pub struct Trojan {
     streams: TcpStreams,
     /// Incomplete lines, per direction (by the sender's flow key).
     lines: Map<FlowKey, Line>,
+    /// The cap of `lines`.
+    lines_cap: Cap<FlowKey>,
     /// Per inside host.
     hosts: Map<IpAddr, HostState>,
     /// Announced FTP data connections: (inside host, FTP server, listening port).
@@ -721,8 +747,22 @@ pub struct Trojan {
 
 impl Trojan {
     /// Declares the detector's state (`hosts`, `lines`, `alerts`, event counters and the
-    /// reassembly's) for one worker.
+    /// reassembly's) for the only worker.
     pub fn declare(cfg: &Config, state: &mut Declare<'_>) -> Result<Trojan, StateError> {
+        let one = Placement {
+            stage: 0,
+            partition: 0,
+            partitions: 1,
+        };
+        Trojan::declare_on(cfg, state, one)
+    }
+
+    /// [`Trojan::declare`] for `worker`, which holds its share of `max_flows`.
+    pub fn declare_on(
+        cfg: &Config,
+        state: &mut Declare<'_>,
+        worker: Placement,
+    ) -> Result<Trojan, StateError> {
         // Keyed by the inside host: the source address of its outbound packets.
         let host_scope = Scope::CrossFlow(&[Field::SrcIp]);
         let total = || Scope::CrossFlow(&[]);
@@ -732,8 +772,15 @@ impl Trojan {
             ftp_ports: cfg.ftp_ports.clone(),
             irc_ports: cfg.irc_ports.clone(),
             extensions: cfg.extensions.clone(),
-            streams: TcpStreams::declare(state, &cfg.reassembly)?,
+            streams: TcpStreams::declare_capped(
+                state,
+                &cfg.reassembly,
+                cfg.max_flows,
+                cfg.early_drop,
+                worker,
+            )?,
             lines: state.map("lines", Scope::PerFlow, Access::ReadWrite)?,
+            lines_cap: Cap::declare(state, Unit::Lines, cfg.max_flows, cfg.early_drop, worker)?,
             hosts: state.map("hosts", host_scope, Access::ReadWrite)?,
             expected: state.map("ftp_data", host_scope, Access::ReadWrite)?,
             unannounced: state.map("ftp_data_early", host_scope, Access::ReadWrite)?,
@@ -845,6 +892,8 @@ impl NetworkFunction for Trojan {
             from_client: flow.src_port > flow.dst_port,
         };
         let (lines, extensions) = (&self.lines, &self.extensions);
+        // A line begun by this packet: put in `lines` after the feed, if there is room.
+        let mut begun: Option<Line> = None;
         let mut errors = 0;
         let now = cx.now;
         let mut announced = None;
@@ -870,6 +919,10 @@ impl NetworkFunction for Trojan {
                     l.skipping = false;
                 }
             };
+            if let Some(l) = &mut begun {
+                run(l);
+                return;
+            }
             match lines.with_mut(&flow, |l| l.map(|l| (run(l), l.idle()).1)) {
                 Ok(Some(true)) => {
                     lines.remove_nowait(&flow);
@@ -885,19 +938,30 @@ impl NetworkFunction for Trojan {
                         l.start = offset;
                     }
                     run(&mut l);
-                    if !l.idle() {
-                        lines.insert_nowait(flow, l);
-                        lines.expire_after(&flow, LINE_TTL, now);
-                    }
+                    begun = Some(l);
                 }
                 Err(_) => errors += 1,
             }
         });
         self.state_errors += errors;
+        if let Some(l) = begun.filter(|l| !l.idle()) {
+            // A line whose stream is gone, never answered or ended may be ended early.
+            let (streams, lines) = (&self.streams, &self.lines);
+            let room = self.lines_cap.admit(lines.cached_len(), |k| {
+                streams.expendable(&k) && lines.remove_nowait(&k).is_some()
+            });
+            if room {
+                lines.insert_nowait(flow, l);
+                lines.expire_after(&flow, LINE_TTL, now);
+                self.lines_cap.remember(flow);
+            }
+        }
         match fed {
             Fed::Malformed => self.malformed += 1,
             Fed::Unavailable => self.state_errors += 1,
-            Fed::NotTcp | Fed::Tcp(_) => {}
+            // Full: the stream is not read (counted as `streams_table_full`); the packet's
+            // other events still count.
+            Fed::NotTcp | Fed::Tcp(_) | Fed::Full => {}
         }
         let host = inside_host(&flow, pkt.direction);
         let (remote, host_port, remote_port) = if host == flow.src {
@@ -984,7 +1048,7 @@ impl NetworkFunction for Trojan {
 
     fn report(&self) -> Vec<(&'static str, i64)> {
         let get = |c: &Counter| c.get().unwrap_or(-1);
-        vec![
+        let mut out = vec![
             ("alerts", get(&self.alerts)),
             ("ssh_events", get(&self.ssh_events)),
             ("ftp_events", get(&self.ftp_events)),
@@ -993,11 +1057,21 @@ impl NetworkFunction for Trojan {
             ("tcp_connections", self.streams.connections() as i64),
             ("malformed", self.malformed),
             ("state_errors", self.state_errors),
-        ]
+            ("lines", self.lines.cached_len() as i64),
+        ];
+        self.streams.report_cap(&mut out);
+        self.lines_cap.report(&mut out);
+        out
     }
 
     fn gauges(&self) -> &'static [&'static str] {
-        &["hosts", "tcp_connections"]
+        &[
+            "hosts",
+            "tcp_connections",
+            "lines",
+            "max_streams",
+            "max_lines",
+        ]
     }
 }
 

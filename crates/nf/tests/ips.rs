@@ -3,13 +3,23 @@
 //! flow both ways, a flow taken over by a new worker on the same store (its partial match goes
 //! on), configuration and rule-file errors naming what is wrong, and garbage.
 
-use flowstate_nf::ips::{Config, Factory, Ips};
+use flowstate_nf::ips::{reason, Config, Factory, Ips};
 use flowstate_nf::{BuildError, Context, Direction, NetworkFunction, Packet, Placement, Verdict};
 use flowstate_state::local::LocalStore;
-use flowstate_state::{Backend, BackendError, Connector, Partition, StateConfig};
+use flowstate_state::{
+    Backend, BackendError, Connector, Kind, ObjectKey, Op, Partition, Reply, StateConfig,
+};
 use flowstate_testkit::{tcp4, udp4};
 use flowstate_wire::{dissect, FlowKey};
 use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+const ONE: Placement = Placement {
+    stage: 0,
+    partition: 0,
+    partitions: 1,
+};
 
 const SYN: u8 = 0x02;
 const ACK: u8 = 0x10;
@@ -61,7 +71,7 @@ impl Rig {
         let (dir, table) = config(rules, "");
         let f = Factory::new(Config::from_table(&table).unwrap()).unwrap();
         let mut part = Partition::new(store, StateConfig::default()).unwrap();
-        let nf = f.build_ips(&mut part.declare("ips")).unwrap();
+        let nf = f.build_ips(&mut part.declare("ips"), ONE).unwrap();
         Rig {
             part,
             nf,
@@ -283,7 +293,7 @@ fn a_stream_is_inspected_up_to_its_depth() {
     let f = Factory::new(Config::from_table(&table).unwrap()).unwrap();
     let mut part = Partition::new(&LocalStore::new(), StateConfig::default()).unwrap();
     let mut r = Rig {
-        nf: f.build_ips(&mut part.declare("ips")).unwrap(),
+        nf: f.build_ips(&mut part.declare("ips"), ONE).unwrap(),
         part,
         now: 1,
         _dir: dir,
@@ -394,4 +404,238 @@ fn the_factory_is_the_registry_s() {
         )
         .unwrap();
     assert_eq!(nf.name(), "ips");
+}
+
+impl Rig {
+    /// An IPS with `rules` and the options `extra` on `store`.
+    fn with(store: &dyn Connector, rules: &str, extra: &str) -> Rig {
+        let (dir, table) = config(rules, extra);
+        let f = Factory::new(Config::from_table(&table).unwrap()).unwrap();
+        let mut part = Partition::new(store, StateConfig::default()).unwrap();
+        let nf = f.build_ips(&mut part.declare("ips"), ONE).unwrap();
+        Rig {
+            part,
+            nf,
+            now: 1_700_000_000_000_000_000,
+            _dir: dir,
+        }
+    }
+}
+
+/// A UDP datagram from client port `i` to the server (`back`: the server's answer).
+fn udp_flow(i: u16, back: bool) -> Vec<u8> {
+    let client = (CLIENT.0, 10_000 + i);
+    let server = (SERVER.0, 53);
+    if back {
+        udp4(server, client, b"answer")
+    } else {
+        udp4(client, server, b"query")
+    }
+}
+
+fn udp_key(i: u16) -> FlowKey {
+    FlowKey::new(CLIENT.0.into(), SERVER.0.into(), 10_000 + i, 53, 17)
+}
+
+/// `max_flows` bounds the flow table: at the cap a new flow ends the oldest flow not
+/// established (early drop), else it is refused and the exception policy applies to its
+/// packet; established and blocked flows are never ended.
+#[test]
+fn the_flow_table_holds_at_most_max_flows_and_ends_unestablished_ones_first() {
+    const CAP: usize = 3;
+    const EXTRA: u16 = 5;
+    let block = "drop udp any any -> any 53 (content:\"blockme\"; sid:9;)\n";
+    for (extra, early_drop) in [
+        ("", true),
+        ("early_drop = false", false),
+        ("early_drop = false\nexception_policy = \"pass\"", false),
+    ] {
+        let pass = extra.contains("pass");
+        let mut r = Rig::with(
+            &LocalStore::new(),
+            block,
+            &format!("max_flows = {CAP}\n{extra}"),
+        );
+        assert_eq!(r.counter("max_flows"), CAP as i64);
+        // Flow 0 is established (both sides sent), flow 1 is blocked, flow 2 is neither.
+        assert_eq!(r.feed(udp_flow(0, false)), Verdict::Forward);
+        assert_eq!(r.feed(udp_flow(0, true)), Verdict::Forward);
+        assert_eq!(
+            r.feed(udp4((CLIENT.0, 10_001), (SERVER.0, 53), b"blockme")),
+            Verdict::Drop(reason::DROP_RULE)
+        );
+        assert_eq!(r.feed(udp_flow(2, false)), Verdict::Forward);
+        for i in 0..EXTRA {
+            let v = r.feed(udp_flow(100 + i, false));
+            let want = if early_drop || pass {
+                Verdict::Forward
+            } else {
+                Verdict::Drop(reason::TABLE_FULL)
+            };
+            assert_eq!(v, want, "{extra:?}");
+            assert!(r.nf.flows() <= CAP, "{extra:?}");
+        }
+        assert_eq!(r.nf.flows(), CAP, "{extra:?}");
+        let excess = i64::from(EXTRA);
+        if early_drop {
+            assert_eq!(r.counter("flows_early_dropped"), excess);
+            assert_eq!(r.counter("flows_table_full"), 0);
+            assert_eq!(r.counter("exception_dropped"), 0);
+        } else {
+            assert_eq!(r.counter("flows_early_dropped"), 0);
+            assert_eq!(r.counter("flows_table_full"), excess);
+            let (dropped, passed) = if pass { (0, excess) } else { (excess, 0) };
+            assert_eq!(r.counter("exception_dropped"), dropped, "{extra:?}");
+            assert_eq!(r.counter("exception_passed"), passed, "{extra:?}");
+        }
+        // The established flow and the blocked one were kept; the blocked one still drops.
+        assert!(r.nf.flow(&udp_key(0)).is_some(), "{extra:?}");
+        assert!(r.nf.flow(&udp_key(1)).is_some_and(|f| f.blocked()));
+        assert_eq!(
+            r.feed(udp_flow(1, false)),
+            Verdict::Drop(reason::BLOCKED),
+            "{extra:?}"
+        );
+    }
+}
+
+/// The reassembly's table has the same cap: SYNs never answered make room for new ones, an
+/// established connection keeps its stream and its flow.
+#[test]
+fn tcp_streams_hold_at_most_max_flows_and_established_ones_stay() {
+    const EXTRA: i64 = 3;
+    let mut r = Rig::with(&LocalStore::new(), EVIL, "max_flows = 2");
+    for f in client_stream(&[]) {
+        assert_eq!(r.feed(f), Verdict::Forward);
+    }
+    let syn = |port: u16| tcp((CLIENT.0, port), SERVER, 7, SYN, b"");
+    assert_eq!(r.feed(syn(50_000)), Verdict::Forward);
+    for i in 0..EXTRA as u16 {
+        assert_eq!(r.feed(syn(50_001 + i)), Verdict::Forward);
+        assert!(r.nf.streams() <= 2 && r.nf.flows() <= 2);
+    }
+    assert_eq!(r.counter("max_streams"), 2);
+    assert_eq!(r.counter("streams_early_dropped"), EXTRA);
+    assert_eq!(r.counter("flows_early_dropped"), EXTRA);
+    assert_eq!((r.nf.streams(), r.nf.flows()), (2, 2));
+    let k = FlowKey::new(CLIENT.0.into(), SERVER.0.into(), CLIENT.1, SERVER.1, 6);
+    assert!(r.nf.flow(&k).is_some());
+    // Its stream goes on where it was: the pattern alerts.
+    for f in client_stream(&[(0, b"GET /evil.php HTTP/1.0\r\n")]).split_off(3) {
+        r.feed(f);
+    }
+    assert_eq!(r.counter("alerts"), 1);
+}
+
+/// A store that can be taken down: every operation fails while it is.
+struct Switch {
+    store: LocalStore,
+    down: Arc<AtomicBool>,
+}
+
+struct SwitchBackend {
+    inner: Box<dyn Backend>,
+    down: Arc<AtomicBool>,
+}
+
+impl SwitchBackend {
+    fn check(&self) -> Result<(), BackendError> {
+        if self.down.load(Ordering::Relaxed) {
+            return Err(BackendError::Unreachable {
+                backend: "switch",
+                reason: "down".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Backend for SwitchBackend {
+    fn name(&self) -> &'static str {
+        "switch"
+    }
+    fn execute(&mut self, ops: &[Op], replies: &mut Vec<Reply>) -> Result<(), BackendError> {
+        self.check()?;
+        self.inner.execute(ops, replies)
+    }
+    fn partitions(
+        &mut self,
+        nf: &str,
+        kind: Kind,
+        id: &str,
+    ) -> Result<Vec<ObjectKey>, BackendError> {
+        self.check()?;
+        self.inner.partitions(nf, kind, id)
+    }
+}
+
+impl Connector for Switch {
+    fn name(&self) -> &'static str {
+        "switch"
+    }
+    fn connect(&self) -> Result<Box<dyn Backend>, BackendError> {
+        Ok(Box::new(SwitchBackend {
+            inner: self.store.connect()?,
+            down: Arc::clone(&self.down),
+        }))
+    }
+}
+
+/// State that cannot be read: the packet is dropped and counted by default
+/// (`exception_policy = "drop"`, Suricata's drop-packet), forwarded and counted with `pass`.
+#[test]
+fn the_exception_policy_decides_packets_whose_state_is_unavailable() {
+    for (extra, pass) in [
+        ("", false),
+        ("exception_policy = \"drop\"", false),
+        ("exception_policy = \"pass\"", true),
+    ] {
+        let down = Arc::new(AtomicBool::new(false));
+        let store = Switch {
+            store: LocalStore::new(),
+            down: Arc::clone(&down),
+        };
+        let mut r = Rig::with(&store, EVIL, extra);
+        down.store(true, Ordering::Relaxed);
+        let frames = [
+            udp_flow(0, false),
+            tcp(CLIENT, SERVER, 1000, SYN, b""),
+            tcp(CLIENT, SERVER, 1001, ACK | PSH, b"GET /evil.php"),
+        ];
+        let n = frames.len() as i64;
+        for f in frames {
+            let want = if pass {
+                Verdict::Forward
+            } else {
+                Verdict::Drop(reason::STATE)
+            };
+            assert_eq!(r.feed(f), want, "{extra:?}");
+        }
+        assert_eq!(r.counter("state_unavailable"), n, "{extra:?}");
+        let (dropped, passed) = if pass { (0, n) } else { (n, 0) };
+        assert_eq!(r.counter("exception_dropped"), dropped, "{extra:?}");
+        assert_eq!(r.counter("exception_passed"), passed, "{extra:?}");
+        // The store is back: packets are inspected again.
+        down.store(false, Ordering::Relaxed);
+        assert_eq!(r.feed(udp_flow(0, false)), Verdict::Forward);
+        assert_eq!(r.counter("exception_dropped"), dropped, "{extra:?}");
+    }
+}
+
+#[test]
+fn cap_and_exception_keys_are_checked() {
+    for (extra, key) in [
+        ("max_flows = 0", "max_flows"),
+        ("max_flows = -5", "max_flows"),
+        ("early_drop = \"no\"", "early_drop"),
+        ("exception_policy = \"bypass\"", "exception_policy"),
+        ("exception_policy = 1", "exception_policy"),
+    ] {
+        let (_dir, table) = config(EVIL, extra);
+        match Config::from_table(&table) {
+            Err(BuildError::Config { key: k, .. }) => assert_eq!(k, key, "{extra}"),
+            Err(e) => panic!("{extra}: {e}"),
+            Ok(_) => panic!("{extra}: accepted"),
+        }
+    }
 }

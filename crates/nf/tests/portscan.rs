@@ -420,3 +420,56 @@ fn hostile_packets_never_panic() {
     assert!(fed > 1000, "only {fed} frames dissected");
     assert!(rig.nf.contacts() <= 50);
 }
+
+/// `max_flows` bounds the pending attempts: at the cap a new first contact ends the oldest
+/// pending attempt (early drop: all are unanswered), which is then forgotten, not failed;
+/// without early drop the new one is not observed (nor recorded). Answered attempts leave
+/// the table at once.
+#[test]
+fn pending_attempts_hold_at_most_max_flows() {
+    const CAP: i64 = 3;
+    const EXTRA: u16 = 4;
+    let src = "198.51.100.9";
+    for early_drop in [true, false] {
+        let mut rig = portscan(&format!("max_flows = {CAP}\nearly_drop = {early_drop}"));
+        assert_eq!(rig.report("max_flows"), CAP);
+        attempt(&mut rig, src, INSIDE, 1, SYN | ACK); // answered: not pending
+        let total = CAP as u16 + EXTRA;
+        for port in 0..total {
+            attempt(&mut rig, src, INSIDE, 100 + port, 0);
+            assert!(rig.nf.pending_attempts() <= CAP as usize);
+        }
+        assert_eq!(rig.nf.pending_attempts(), CAP as usize);
+        let excess = i64::from(EXTRA);
+        let (dropped, full) = if early_drop { (excess, 0) } else { (0, excess) };
+        assert_eq!(rig.report("flows_early_dropped"), dropped, "{early_drop}");
+        assert_eq!(rig.report("flows_table_full"), full, "{early_drop}");
+        assert_eq!(rig.nf.contacts() as i64, 1 + CAP + dropped);
+        // Early drop kept the newest attempts, else the oldest: their answers are observed;
+        // the others' are not, and nothing counted as failed.
+        let (kept, lost) = if early_drop {
+            (100 + total - 1, 100)
+        } else {
+            (100, 100 + total - 1)
+        };
+        assert!(rig.passes(&answer(src, 40000, INSIDE, kept, SYN | ACK), OUT));
+        assert!(rig.passes(&answer(src, 40000, INSIDE, lost, SYN | ACK), OUT));
+        assert_eq!(rig.report("attempts_succeeded"), 2, "{early_drop}");
+        assert_eq!(rig.report("attempts_failed_timeout"), 0);
+    }
+}
+
+#[test]
+fn cap_keys_are_checked() {
+    for (toml_text, want) in [
+        ("max_flows = 0", "max_flows"),
+        ("max_flows = 1.5", "max_flows"),
+        ("early_drop = \"sure\"", "early_drop"),
+    ] {
+        match Config::from_table(&table(toml_text)) {
+            Err(BuildError::Config { key, .. }) => assert_eq!(key, want, "{toml_text}"),
+            Err(e) => panic!("{toml_text}: {e}"),
+            Ok(_) => panic!("{toml_text}: accepted"),
+        }
+    }
+}

@@ -623,3 +623,80 @@ fn profile_slow_ftp_path_needs_the_clocks() {
     let arrival_only = detect_concrete(delivered.into_iter().map(|(_, _, f)| (0, f)).collect(), 2);
     assert!(arrival_only.is_empty(), "{arrival_only:?}");
 }
+
+impl Det {
+    fn report(&self, name: &str) -> i64 {
+        self.nf
+            .report()
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| *v)
+            .unwrap_or_else(|| panic!("{name} reported"))
+    }
+}
+
+/// `max_flows` bounds the reassembly's streams and the partial lines: at the cap a new stream
+/// ends the oldest one never answered (early drop), and a new line the oldest line of such a
+/// stream, else they are refused; an answered connection keeps its stream and its half
+/// command.
+#[test]
+fn streams_and_lines_hold_at_most_max_flows() {
+    const CAP: i64 = 3;
+    const FLOOD: u16 = 5;
+    let excess = i64::from(FLOOD) - (CAP - 1);
+    for early_drop in [true, false] {
+        let mut d = Det::new(&format!("max_flows = {CAP}\nearly_drop = {early_drop}"));
+        assert_eq!(d.report("max_streams"), CAP);
+        assert_eq!(d.report("max_lines"), CAP);
+        // An answered FTP control connection with half a command.
+        let a = me(40001);
+        for f in [
+            frame(a, FTP, 100, SYN, b""),
+            frame(FTP, a, 500, SYN | ACK, b""),
+            frame(a, FTP, 101, ACK, b""),
+            frame(a, FTP, 101, PSH | ACK, b"RETR x."),
+        ] {
+            assert_eq!(d.feed(f, 0), Verdict::Forward);
+        }
+        // Streams picked up midstream, never answered, each with half a line.
+        for i in 0..FLOOD {
+            let f = frame(me(41000 + i), WEB, 100, PSH | ACK, b"NICK ab");
+            assert_eq!(d.feed(f, 0), Verdict::Forward);
+            assert!(d.report("tcp_connections") <= CAP);
+            assert!(d.report("lines") <= CAP);
+        }
+        assert_eq!(d.report("tcp_connections"), CAP);
+        assert_eq!(d.report("lines"), CAP);
+        if early_drop {
+            assert_eq!(d.report("streams_early_dropped"), excess);
+            assert_eq!(d.report("lines_early_dropped"), excess);
+            assert_eq!(d.report("streams_table_full"), 0);
+        } else {
+            assert_eq!(d.report("streams_early_dropped"), 0);
+            assert_eq!(d.report("lines_early_dropped"), 0);
+            assert_eq!(d.report("streams_table_full"), excess);
+        }
+        // The answered connection's command completes: its stream and line were kept.
+        assert_eq!(
+            d.feed(frame(a, FTP, 108, PSH | ACK, b"zip\r\n"), 0),
+            Verdict::Forward
+        );
+        assert_eq!(d.report("ftp_events"), 1, "early_drop = {early_drop}");
+    }
+}
+
+#[test]
+fn cap_keys_are_checked() {
+    for (toml, key) in [
+        ("max_flows = 0", "max_flows"),
+        ("max_flows = \"lots\"", "max_flows"),
+        ("early_drop = 0", "early_drop"),
+    ] {
+        let table: toml::Table = toml.parse().unwrap();
+        match Config::from_table(&table) {
+            Err(BuildError::Config { key: k, .. }) => assert_eq!(k, key, "{toml}"),
+            Err(e) => panic!("{toml}: {e}"),
+            Ok(_) => panic!("{toml}: accepted"),
+        }
+    }
+}

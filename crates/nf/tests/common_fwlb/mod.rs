@@ -325,3 +325,46 @@ pub(crate) fn icmp6(src: &str, dst: &str, kind: u8) -> Vec<u8> {
     let (s, d) = (src.parse().unwrap(), dst.parse().unwrap());
     flowstate_testkit::icmp6(s, d, 255, &[kind, 0, 0, 0, 0, 0, 0, 0])
 }
+
+/// An NF built by name through the registry, as the runtime builds it.
+pub(crate) struct Built(pub(crate) Box<dyn NetworkFunction>);
+
+impl NetworkFunction for Built {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+    fn process(&mut self, pkt: &mut Packet<'_>, cx: &Context) -> Verdict {
+        self.0.process(pkt, cx)
+    }
+    fn on_tick(&mut self, now: flowstate_state::Nanos) {
+        self.0.on_tick(now)
+    }
+    fn report(&self) -> Vec<(&'static str, i64)> {
+        self.0.report()
+    }
+    fn gauges(&self) -> &'static [&'static str] {
+        self.0.gauges()
+    }
+}
+
+/// NF `nf` configured by `config` (its `[[chain]]` table without `nf`) on a fresh local
+/// store.
+pub(crate) fn built(nf: &'static str, config: &str) -> Rig<Built> {
+    let f = flowstate_nf::registry::factory(nf, &table(config)).expect("config is valid");
+    rig(&LocalStore::new(), nf, 0, |d, w| {
+        Built(f.build(d, w).expect("builds"))
+    })
+}
+
+/// The error naming `key` that NF `nf` gives for `config`.
+pub(crate) fn config_error(nf: &str, config: &str) -> (String, String) {
+    match flowstate_nf::registry::factory(nf, &table(config)) {
+        Ok(_) => panic!("{nf}: {config:?} was accepted"),
+        Err(flowstate_nf::BuildError::Config { key, reason, .. }) => (key, reason),
+        Err(flowstate_nf::BuildError::Configs(all)) => match all.into_iter().next() {
+            Some(flowstate_nf::BuildError::Config { key, reason, .. }) => (key, reason),
+            other => panic!("{nf}: {other:?}"),
+        },
+        Err(e) => panic!("{nf}: {e}"),
+    }
+}
