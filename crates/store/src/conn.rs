@@ -65,6 +65,8 @@ pub(crate) struct Pending {
     /// A fenced batch's parts on other shards than the fence's, held until the fence's part
     /// answers ([`Command::Fence`]): run if it holds, refused if not.
     parked: Option<Box<Parked>>,
+    /// Its operations (counted in [`Conn::waiting_ops`] until it is answered).
+    ops: usize,
 }
 
 /// A fenced batch's parts waiting for its fence ([`Pending::parked`]), then released to be
@@ -127,6 +129,10 @@ pub(crate) struct Conn {
     pub(crate) out_pos: usize,
     /// Requests not answered yet, in order; the first has sequence number `front`.
     pub(crate) pending: VecDeque<Pending>,
+    /// The operations of those requests' batches: bounded by
+    /// [`crate::Config::max_inflight`] as the requests are (a batch of thousands of reads
+    /// on other shards weighs what it costs them).
+    pub(crate) waiting_ops: usize,
     front: u64,
     /// The socket took everything written so far (no `WouldBlock` since the last writable
     /// event).
@@ -176,6 +182,7 @@ impl Conn {
             out: Vec::with_capacity(64 * 1024),
             out_pos: 0,
             pending: VecDeque::new(),
+            waiting_ops: 0,
             front: 0,
             writable: true,
             queued: false,
@@ -251,14 +258,15 @@ impl Conn {
         }
     }
 
-    /// Writes output waiting to be sent, as far as the socket takes it: `Err(WouldBlock)` when
-    /// it is full. A TLS connection encrypts at most 64 KiB ahead of what the socket took, so
+    /// Writes output waiting to be sent, at most `budget` bytes (plain) and as far as the socket
+    /// takes it: `Err(WouldBlock)` when it is full. A TLS connection encrypts at most 64 KiB ahead of what the socket took, so
     /// that what a client does not read stays in `out` (and counts against `max_output`).
-    pub(crate) fn write_output(&mut self) -> std::io::Result<()> {
+    pub(crate) fn write_output(&mut self, budget: usize) -> std::io::Result<()> {
         use std::io::{ErrorKind, Write};
+        let stop = self.out.len().min(self.out_pos.saturating_add(budget));
         let Some(tls) = self.tls.as_mut() else {
-            while self.out_pos < self.out.len() {
-                match self.stream.write(&self.out[self.out_pos..]) {
+            while self.out_pos < stop {
+                match self.stream.write(&self.out[self.out_pos..stop]) {
                     Ok(0) => return Err(ErrorKind::WriteZero.into()),
                     Ok(n) => self.out_pos += n,
                     Err(e) if e.kind() == ErrorKind::Interrupted => {}
@@ -350,6 +358,7 @@ impl Conn {
                 duplicate: false,
                 ready: Some(msg),
                 parked: None,
+                ops: 0,
             });
         }
     }
@@ -410,6 +419,7 @@ impl Conn {
                 break;
             };
             self.front += 1;
+            self.waiting_ops -= p.ops;
             proto::encode(&p.into_frame(), &mut self.out);
         }
     }
@@ -673,6 +683,7 @@ impl Worker {
                         duplicate: false,
                         ready: None,
                         parked: None,
+                        ops: 0,
                     });
                     for s in (0..n).filter(|s| *s != self.index) {
                         self.forwards[s].push((
@@ -732,6 +743,7 @@ impl Worker {
             duplicate: false,
             ready: None,
             parked: None,
+            ops: 0,
         });
         seq
     }
@@ -847,10 +859,12 @@ impl Worker {
                 duplicate,
                 ready: None,
                 parked: None,
+                ops: count,
             };
             if c.pending.is_empty() {
                 proto::encode(&p.into_frame(), &mut c.out);
             } else {
+                c.waiting_ops += count;
                 c.pending.push_back(p);
             }
         }
@@ -1014,7 +1028,9 @@ impl Worker {
             duplicate,
             ready: None,
             parked,
+            ops: count,
         });
+        c.waiting_ops += count;
         // A fence refused here leaves nothing to wait for.
         c.send_complete();
     }

@@ -55,7 +55,11 @@
 //!   those a crash cut off (`recovered_parts`).
 //! * **Security**: [`Config::default`] binds 127.0.0.1 (beyond loopback without a token, the
 //!   start warns); with [`Config::token`] a client must present the token in its first frame
-//!   (at most 64 KiB, nothing reserved for a larger one) or is refused.
+//!   (at most 64 KiB, nothing reserved for a larger one) or is refused. With [`Config::tls`]
+//!   the store serves TLS only (rustls, TLS 1.2 and 1.3, its certificate chain and key from
+//!   PEM files, read at start: a bad file stops the start with an error naming it); the token
+//!   works beside it, inside the TLS session. A client that speaks the plain protocol to a TLS
+//!   store gets one plain error frame saying so and is closed; other connections go on.
 //! * **Bounded memory**: connections, frame size, batch size, in-flight requests and unsent
 //!   output per connection are limited; the answer of one batch is at most one frame
 //!   ([`flowstate_proto::Limits::max_frame`]: the operations after the one that passes it are
@@ -64,11 +68,8 @@
 //!   [`Config::idle_timeout`]); the idempotency state kept for client ids
 //!   ([`Config::max_clients`], [`Config::max_reply_cache`]) and the objects
 //!   ([`Config::max_objects`]) are bounded. Per connection the store holds at most about
-//!   `max_frame` of input, `max_output + max_frame` of output and `max_inflight` requests. With [`Config::tls`] the
-//!   store serves TLS only (rustls, TLS 1.2 and 1.3, its certificate chain and key from PEM
-//!   files, read at start: a bad file stops the start with an error naming it); the token
-//!   works beside it, inside the TLS session. A client that speaks the plain protocol to a TLS
-//!   store gets one plain error frame saying so and is closed; other connections go on.
+//!   `max_frame` of input, `max_output + max_frame` of output and `max_inflight` requests
+//!   (and operations of their batches) waiting.
 //! * **Metrics**: a `Stats` request answers ops/s by type, connections, objects, memory and
 //!   WAL lag ([`Server::stats`]).
 
@@ -107,8 +108,9 @@ pub struct Config {
     pub limits: Limits,
     /// Most open connections.
     pub max_connections: usize,
-    /// Most requests of one connection waiting for other shards' answers; the connection's
-    /// further requests are not read until some are answered.
+    /// Most requests of one connection, and most operations of their batches, waiting for
+    /// other shards' answers (or behind one that does); the connection's further requests are
+    /// not read until some are answered.
     pub max_inflight: usize,
     /// Most bytes of answers and pushes waiting to be sent to one connection before the store
     /// stops reading that connection's requests (backpressure on a client that does not

@@ -92,6 +92,9 @@ const TICK: Duration = Duration::from_millis(20);
 const READ_BUDGET: usize = 256 * 1024;
 /// Size of a read.
 const CHUNK: usize = 64 * 1024;
+/// Most bytes written to one connection in one turn (fairness: megabytes of answers to one
+/// client go out a piece per turn, between the others' requests).
+const WRITE_BUDGET: usize = 256 * 1024;
 /// How often a shard looks for connections past their handshake or idle time.
 const REAP: Duration = Duration::from_millis(250);
 
@@ -457,7 +460,9 @@ impl Worker {
     /// Whether the connection's requests must wait: too many waiting on other shards, or too
     /// much output the client has not read.
     pub(crate) fn held_back(&self, c: &Conn) -> bool {
-        c.pending.len() >= self.shared.config.max_inflight.max(1)
+        let max_inflight = self.shared.config.max_inflight.max(1);
+        c.pending.len() >= max_inflight
+            || c.waiting_ops >= max_inflight
             || c.out.len() - c.out_pos > self.shared.config.max_output
     }
 
@@ -952,7 +957,13 @@ impl Worker {
     /// Writes each marked connection's output (one `write` when the socket takes it all) and
     /// closes the connections that are done.
     fn write_out(&mut self) {
-        let dirty = std::mem::take(&mut self.dirty);
+        let mut dirty = std::mem::take(&mut self.dirty);
+        // Small answers first: a client owed a few bytes does not wait while megabytes for
+        // another go through the socket layer.
+        let conns = &self.conns;
+        dirty.sort_by_cached_key(|&slot| {
+            conns[slot].as_ref().map_or(0, |c| c.out.len() - c.out_pos)
+        });
         for &slot in &dirty {
             let Some(mut c) = self.conns.get_mut(slot).and_then(Option::take) else {
                 continue;
@@ -960,7 +971,11 @@ impl Worker {
             c.dirty = false;
             let was_held = self.held_back(&c);
             if !c.dead && c.writable && (c.out_pos < c.out.len() || c.tls_pending()) {
-                match c.write_output() {
+                match c.write_output(WRITE_BUDGET) {
+                    // More left: written in the next turn, after the others have been served.
+                    Ok(()) if c.out_pos < c.out.len() && !c.is_tls() => {
+                        queue_slot(&mut self.again, &mut c)
+                    }
                     Ok(()) => {}
                     Err(e) if e.kind() == ErrorKind::WouldBlock => c.writable = false,
                     Err(e) => {
