@@ -88,7 +88,15 @@ pub(crate) fn run(a: &LabArgs) -> Result<()> {
             }
         }
         Action::Down => {
-            lab.down(&mut exec)?;
+            let stopped = lab.down(&mut exec)?;
+            if !stopped.is_empty() {
+                let pids: Vec<String> = stopped.iter().map(u32::to_string).collect();
+                println!(
+                    "lab {}: stopped what ran in its namespaces (pids {})",
+                    lab.prefix(),
+                    pids.join(" ")
+                );
+            }
             println!("lab {}: down", lab.prefix());
         }
         Action::Status => {

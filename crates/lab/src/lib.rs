@@ -71,6 +71,7 @@ use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 mod cluster;
 mod ecmp;
@@ -336,6 +337,9 @@ impl Exec for System {
             if !matches!(c.try_wait(), Ok(None)) {
                 return false;
             }
+        }
+        if !running(pid) {
+            return false;
         }
         match std::fs::read(format!("/proc/{pid}/cmdline")) {
             Ok(cmdline) => cmdline
@@ -979,7 +983,7 @@ impl Lab {
     /// Removes the lab (see the crate promises): also its instance namespaces (any
     /// `{prefix}i<digits>`, whatever count it was made with), its kernel-HA routers and
     /// their daemons, and the routed network's router and store namespaces (routed or not).
-    pub fn down(&self, exec: &mut dyn Exec) -> Result<(), LabError> {
+    pub fn down(&self, exec: &mut dyn Exec) -> Result<Vec<u32>, LabError> {
         self.stop_ha_daemons(exec)?;
         self.stop_checkers(exec);
         for (_, pid, argv0) in self.read_pids() {
@@ -988,17 +992,52 @@ impl Lab {
             }
         }
         let present = self.present(exec)?;
+        let stopped = self.stop_inside(exec, &present)?;
         for cmd in self.down_plan(&present) {
             exec.run(&cmd)?;
         }
         match std::fs::remove_dir_all(&self.state_dir) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Ok(()) => Ok(stopped),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(stopped),
             Err(source) => Err(LabError::Io {
                 path: self.state_dir.clone(),
                 source,
             }),
         }
+    }
+
+    /// Stops every process still running in the lab's namespaces among `present` (a cluster's
+    /// roles, a shell): SIGTERM, up to [`STOP_GRACE`] to end, then SIGKILL. A process left in
+    /// a deleted namespace would run on, unreachable and unseen. The pids signalled.
+    fn stop_inside(&self, exec: &mut dyn Exec, present: &[String]) -> Result<Vec<u32>, LabError> {
+        let mut pids = Vec::new();
+        for ns in present.iter().filter(|ns| self.owns(ns)) {
+            let out = exec.run(&Cmd::new(&["ip", "netns", "pids", ns]).may_fail())?;
+            pids.extend(out.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
+        }
+        pids.sort_unstable();
+        pids.dedup();
+        for &pid in &pids {
+            exec.kill(pid);
+        }
+        let deadline = Instant::now() + STOP_GRACE;
+        while pids.iter().any(|&p| exec.alive(p, "")) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let left: Vec<String> = pids
+            .iter()
+            .filter(|&&p| exec.alive(p, ""))
+            .map(u32::to_string)
+            .collect();
+        if !left.is_empty() {
+            let mut argv = vec!["kill".to_owned(), "-KILL".to_owned()];
+            argv.extend(left);
+            exec.run(&Cmd {
+                argv,
+                may_fail: true,
+            })?;
+        }
+        Ok(pids)
     }
 
     /// Switches Linux's own NAT in the nf namespace on or off ([`Lab::kernel_nat_plan`]).
@@ -1047,6 +1086,9 @@ impl Lab {
         )
     }
 }
+
+/// How long `down` lets the processes in the lab's namespaces end on SIGTERM before SIGKILL.
+pub const STOP_GRACE: Duration = Duration::from_secs(3);
 
 /// Whether process `pid` runs: it exists and is not a zombie (a killed process its parent
 /// has not reaped yet runs nothing, though its pid still answers).

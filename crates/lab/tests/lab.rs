@@ -75,7 +75,39 @@ fn lab_comes_up_idempotently_and_goes_away() {
         .unwrap();
     assert!(!ping.contains(" 0% packet loss"), "{ping}");
 
-    lab.down(&mut exec).unwrap();
+    // Processes left in its namespaces go with the lab: one that ends on SIGTERM, one that
+    // ignores it (and its child, which inherits that).
+    let inside = |ns: String, argv: &[&str]| -> Child {
+        Command::new("ip")
+            .args(["netns", "exec", &ns])
+            .args(argv)
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut left = [
+        inside(lab.client_ns(), &["sleep", "600"]),
+        inside(lab.server_ns(), &["sh", "-c", "trap '' TERM; sleep 600; :"]),
+    ];
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let netns_pids = ["ip", "netns", "pids", &lab.server_ns()].map(str::to_owned);
+    while sh(&mut exec, netns_pids.to_vec())
+        .split_whitespace()
+        .count()
+        < 2
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stopped = lab.down(&mut exec).unwrap();
+    for c in &mut left {
+        assert!(stopped.contains(&c.id()), "{stopped:?} {}", c.id());
+        c.wait().unwrap();
+    }
+    assert!(stopped.len() >= 3, "the shell's sleep too: {stopped:?}");
+    for pid in &stopped {
+        assert!(!flowstate_lab::running(*pid), "{pid} still runs");
+    }
     let status = lab.status(&mut exec).unwrap();
     assert!(
         status.namespaces.is_empty() && status.servers.is_empty(),
