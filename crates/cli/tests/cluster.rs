@@ -636,6 +636,58 @@ fn kill_store(c: &Cluster) -> String {
     pid
 }
 
+/// A root whose port is deleted under it (as when the namespace at the other end of its link
+/// goes) ends with an error naming it instead of running on; then `lab down` stops every role
+/// still running in the lab's namespaces before deleting them: no process is left.
+#[test]
+fn a_root_whose_port_is_deleted_exits_naming_it_and_lab_down_leaves_no_process() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let state = "backend = \"store\"\nurl = \"192.0.2.1:7878\"";
+    let c = Cluster::up("g", state, 1, "fast_path = false");
+    let dir = c.lab.state_dir().join("cluster");
+    let pid = |role: &str| -> u32 {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            match std::fs::read_to_string(dir.join(format!("{role}.pid"))) {
+                Ok(p) => return p.trim().parse().unwrap(),
+                Err(e) if Instant::now() > deadline => panic!("{role}.pid: {e}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    };
+    let root = pid("root");
+    let others = [pid("controller"), pid("store"), pid("instance-1")];
+    let del = Command::new("ip")
+        .args(["-n", &c.lab.nf_ns(), "link", "del", "fs-in"])
+        .status()
+        .unwrap();
+    assert!(del.success());
+    assert!(
+        flowstate_lab::wait_stopped(root, Duration::from_secs(10)),
+        "the root runs on without its port"
+    );
+    let log = std::fs::read_to_string(dir.join("root.log")).unwrap();
+    assert!(log.contains("interface fs-in is gone"), "{log}");
+    assert!(others.iter().all(|&p| flowstate_lab::running(p)));
+    let out = Command::new(FLOWSTATE)
+        .args(["lab", "down", "--prefix", c.lab.prefix()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("stopped what ran in its namespaces"),
+        "{}",
+        text(&out)
+    );
+    for p in others {
+        assert!(!flowstate_lab::running(p), "{p} outlived lab down");
+    }
+}
+
 /// The store is killed (SIGKILL) under downloads and a UDP flow, and `cluster up` starts it
 /// again from its log: meanwhile the instances' commits wait (the driver reconnects for up to
 /// `[state] retry`) and no packet leaves; afterwards every download completes and the UDP flow

@@ -394,6 +394,7 @@ pub fn run_controller(
         if Instant::now() >= next_keys {
             next_keys = Instant::now() + crate::root::KEY_CHECK;
             o.keys.reload_if_changed();
+            crate::still_here(me, &[])?;
         }
         if Instant::now() >= next_stats {
             next_stats = Instant::now() + Duration::from_millis(200);

@@ -49,7 +49,7 @@ pub use instance::{Instance, InstanceConfig, InstanceStats};
 pub use root::{run_root, take_epoch, RootOptions};
 pub use serve::{run_instance, ServeOptions};
 
-use std::net::SocketAddrV4;
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::Path;
 
 /// Why a cluster role cannot go on.
@@ -75,6 +75,24 @@ pub fn wall_ns() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// Whether a role's address and interfaces are still there: an error naming the first one
+/// gone. A role whose namespace or link was removed under it ends rather than spin on a dead
+/// socket.
+pub(crate) fn still_here(address: Ipv4Addr, interfaces: &[&str]) -> Result<(), ClusterError> {
+    use flowstate_io::afpacket::{address_assigned, interface_exists};
+    let gone =
+        |what: String| ClusterError::Io(std::io::Error::new(std::io::ErrorKind::NotFound, what));
+    if let Some(i) = interfaces.iter().find(|i| !interface_exists(i)) {
+        return Err(gone(format!("interface {i} is gone: stopping")));
+    }
+    if !address.is_unspecified() && address_assigned(address) == Some(false) {
+        return Err(gone(format!(
+            "address {address} is no longer on any interface of this host: stopping"
+        )));
+    }
+    Ok(())
 }
 
 /// A non-blocking UDP socket bound to `addr` with 4 MiB buffers (a burst of a partition's

@@ -765,6 +765,7 @@ pub fn run_root(
         if Instant::now() >= next_keys {
             next_keys = Instant::now() + KEY_CHECK;
             o.keys.reload_if_changed();
+            crate::still_here(address, &[&o.inside.interface, &o.outside.interface])?;
         }
         if Instant::now() >= next_stats {
             next_stats += Duration::from_millis(200);

@@ -313,6 +313,7 @@ pub fn run_instance(
         if Instant::now() >= next_keys {
             next_keys = Instant::now() + crate::root::KEY_CHECK;
             o.keys.reload_if_changed();
+            crate::still_here(o.address, &[])?;
         }
         if Instant::now() >= next_report {
             next_report = Instant::now() + heartbeat;

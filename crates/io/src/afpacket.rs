@@ -734,5 +734,71 @@ pub fn wait_readable(fds: &[RawFd], timeout: Duration) -> Result<bool> {
             source: e,
         });
     }
-    Ok(r > 0)
+    let mut readable = false;
+    for p in &pfds[..n] {
+        if p.revents & libc::POLLNVAL != 0 {
+            return Err(Error::Device {
+                device: "poll".into(),
+                what: format!("descriptor {} is not open", p.fd).into(),
+                source: io::Error::from_raw_os_error(libc::EBADF),
+            });
+        }
+        if p.revents & libc::POLLERR != 0 {
+            // A socket error (an AF_PACKET socket's link went down or away: ENETDOWN) keeps
+            // the socket polling ready until it is read: read it, so that the next wait
+            // waits instead of spinning. (A port whose interface is gone is the role's to
+            // notice: `interface_exists`.)
+            let mut err: libc::c_int = 0;
+            let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            // SAFETY: SO_ERROR writes one c_int into `err`, `len` its size.
+            unsafe {
+                libc::getsockopt(
+                    p.fd,
+                    libc::SOL_SOCKET,
+                    libc::SO_ERROR,
+                    (&mut err as *mut libc::c_int).cast(),
+                    &mut len,
+                )
+            };
+        }
+        readable |= p.revents & libc::POLLIN != 0;
+    }
+    Ok(readable)
+}
+
+/// Whether a network interface called `name` exists in this network namespace (a veth whose
+/// peer's namespace was deleted is gone with it).
+pub fn interface_exists(name: &str) -> bool {
+    let Ok(name) = std::ffi::CString::new(name) else {
+        return false;
+    };
+    // SAFETY: a NUL-terminated name; if_nametoindex only reads it.
+    unsafe { libc::if_nametoindex(name.as_ptr()) != 0 }
+}
+
+/// Whether `addr` is assigned to an interface of this network namespace (`None`: the list of
+/// addresses cannot be read).
+pub fn address_assigned(addr: std::net::Ipv4Addr) -> Option<bool> {
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `list` on success; it is freed below with freeifaddrs.
+    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+        return None;
+    }
+    let want = u32::from(addr).to_be();
+    let mut found = false;
+    let mut at = list;
+    while !at.is_null() {
+        // SAFETY: `at` is an element of the list getifaddrs made; an AF_INET address is a
+        // sockaddr_in.
+        unsafe {
+            let a = (*at).ifa_addr;
+            if !a.is_null() && i32::from((*a).sa_family) == libc::AF_INET {
+                found |= (*a.cast::<libc::sockaddr_in>()).sin_addr.s_addr == want;
+            }
+            at = (*at).ifa_next;
+        }
+    }
+    // SAFETY: the list getifaddrs made, freed once.
+    unsafe { libc::freeifaddrs(list) };
+    Some(found)
 }

@@ -330,3 +330,16 @@ fn af_xdp_receives_what_the_peer_sends_and_sends_back() {
         assert_eq!(back, 3000);
     });
 }
+
+#[test]
+fn interfaces_and_addresses_are_found_and_missing_ones_are_not() {
+    use flowstate_io::afpacket::{address_assigned, interface_exists};
+    assert!(interface_exists("lo"));
+    assert!(!interface_exists("fs-no-such-if"));
+    assert!(!interface_exists("bad\0name"));
+    assert_eq!(address_assigned("127.0.0.1".parse().unwrap()), Some(true));
+    assert_eq!(
+        address_assigned("192.0.2.254".parse().unwrap()),
+        Some(false)
+    );
+}
