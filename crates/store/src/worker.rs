@@ -957,13 +957,7 @@ impl Worker {
     /// Writes each marked connection's output (one `write` when the socket takes it all) and
     /// closes the connections that are done.
     fn write_out(&mut self) {
-        let mut dirty = std::mem::take(&mut self.dirty);
-        // Small answers first: a client owed a few bytes does not wait while megabytes for
-        // another go through the socket layer.
-        let conns = &self.conns;
-        dirty.sort_by_cached_key(|&slot| {
-            conns[slot].as_ref().map_or(0, |c| c.out.len() - c.out_pos)
-        });
+        let dirty = std::mem::take(&mut self.dirty);
         for &slot in &dirty {
             let Some(mut c) = self.conns.get_mut(slot).and_then(Option::take) else {
                 continue;
