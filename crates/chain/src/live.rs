@@ -268,7 +268,8 @@ fn run_ports<R: Port, T: Port>(
         mtu: interface_mtu(&p.interface),
     });
     let shared = Arc::new(Shared::default());
-    let source = LiveSource::new(rx_ports, addrs, Arc::clone(&shared), stop);
+    let source = LiveSource::new(rx_ports, addrs, Arc::clone(&shared), stop)
+        .watch([inside.interface.clone(), outside.interface.clone()]);
     let sink = LiveSink::new(
         tx_ports,
         addrs,

@@ -16,7 +16,7 @@ use flowstate_testkit::is_root;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -486,6 +486,35 @@ fn a_missing_interface_is_a_clear_error() {
         err.contains("no such interface") || err.contains("CAP_NET_RAW"),
         "says what is missing: {err}"
     );
+}
+
+/// A box whose port is deleted while it runs (the namespace at the other end of its link
+/// gone) ends with an error naming the interface instead of running on.
+#[test]
+fn a_box_whose_port_is_deleted_ends_naming_it() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let mut live = Live::up("gone");
+    live.start_box(&config(&nat_chain()), SERVER);
+    let del = live.run_in(&live.lab.nf_ns(), &["ip", "link", "del", "fs-out"]);
+    assert!(
+        del.status.success(),
+        "{}",
+        String::from_utf8_lossy(&del.stderr)
+    );
+    let mut child = live.flowstate.take().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("fs-out") && err.contains("gone"), "{err}");
 }
 
 #[test]

@@ -491,6 +491,9 @@ pub struct LiveSource<P: Port> {
     pub poll: Duration,
     /// The last `recv` found nothing within [`IDLE_TICK`] (and the box is not stopping).
     idle: bool,
+    /// The ports' interfaces, checked every second while the box waits ([`LiveSource::watch`]),
+    /// and when next.
+    watched: Option<([String; 2], Instant)>,
 }
 
 impl<P: Port> std::fmt::Debug for LiveSource<P> {
@@ -518,7 +521,40 @@ impl<P: Port> LiveSource<P> {
             icmp_budget: IcmpBudget::default(),
             poll: Duration::from_millis(50),
             idle: false,
+            watched: None,
         }
+    }
+
+    /// Ends the box with an error naming the interface when one of `interfaces` (inside,
+    /// outside) is gone (its link deleted, the namespace at its other end removed), looked at
+    /// every second while the box waits for packets, rather than running on unreachable.
+    #[cfg(target_os = "linux")]
+    pub fn watch(mut self, interfaces: [String; 2]) -> Self {
+        self.watched = Some((interfaces, Instant::now()));
+        self
+    }
+
+    /// [`LiveSource::watch`]'s check, when due.
+    fn check_interfaces(&mut self) -> flowstate_io::Result<()> {
+        let Some((names, next)) = &mut self.watched else {
+            return Ok(());
+        };
+        if Instant::now() < *next {
+            return Ok(());
+        }
+        *next = Instant::now() + Duration::from_secs(1);
+        #[cfg(target_os = "linux")]
+        if let Some(gone) = names
+            .iter()
+            .find(|n| !flowstate_io::afpacket::interface_exists(n))
+        {
+            return Err(flowstate_io::Error::Device {
+                device: gone.clone(),
+                what: "the interface is gone: stopping".into(),
+                source: std::io::Error::from_raw_os_error(libc::ENODEV),
+            });
+        }
+        Ok(())
     }
 
     fn receive(&mut self, batch: &mut PacketBatch) -> flowstate_io::Result<()> {
@@ -654,6 +690,7 @@ impl<P: Port> LiveSource<P> {
             if !batch.is_empty() {
                 return Ok(batch.len());
             }
+            self.check_interfaces()?;
             let mut raw = [0; 2];
             let mut n = 0;
             for p in &self.ports {
