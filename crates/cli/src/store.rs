@@ -66,6 +66,9 @@ pub(crate) struct StoreArgs {
     /// Most objects the store holds (0: no limit).
     #[arg(long, default_value_t = 10_000_000)]
     max_objects: usize,
+    /// Most items of one object (list items, set members, map fields; 0: no limit).
+    #[arg(long, default_value_t = 16 << 20)]
+    max_items: usize,
     /// Close a connection that sent no whole first frame (with a token: no hello with it)
     /// within this time.
     #[arg(long, default_value = "10s", value_parser = positive_duration)]
@@ -176,6 +179,7 @@ fn serve(a: &StoreArgs) -> Result<()> {
         max_output: a.max_output,
         cpus: a.cpus.clone(),
         max_objects: (a.max_objects > 0).then_some(a.max_objects),
+        max_items: (a.max_items > 0).then_some(a.max_items),
         handshake_timeout: a.handshake_timeout,
         idle_timeout: (!a.idle_timeout.is_zero()).then_some(a.idle_timeout),
         max_reply_cache: a.max_reply_cache,

@@ -66,8 +66,8 @@
 //!   not run and answered so); a connection without its first frame after
 //!   [`Config::handshake_timeout`] is closed (and, optionally, one idle for
 //!   [`Config::idle_timeout`]); the idempotency state kept for client ids
-//!   ([`Config::max_clients`], [`Config::max_reply_cache`]) and the objects
-//!   ([`Config::max_objects`]) are bounded. Per connection the store holds at most about
+//!   ([`Config::max_clients`], [`Config::max_reply_cache`]), the objects
+//!   ([`Config::max_objects`]) and their items ([`Config::max_items`]) are bounded. Per connection the store holds at most about
 //!   `max_frame` of input, `max_output + max_frame` of output and `max_inflight` requests
 //!   (and operations of their batches) waiting.
 //! * **Metrics**: a `Stats` request answers ops/s by type, connections, objects, memory and
@@ -122,6 +122,10 @@ pub struct Config {
     pub cpus: Vec<usize>,
     /// Most objects (spread evenly over the shards; default 10,000,000); `None`: no limit.
     pub max_objects: Option<usize>,
+    /// Most items of one object (list items, set members, map fields; default 16,777,216); an
+    /// operation that would add one more is refused. `None`: no limit. (A value is at most one
+    /// frame.)
+    pub max_items: Option<usize>,
     /// A connection that has not sent a whole first frame (with [`Config::token`]: a hello
     /// with the token) by then is closed (default 10 s): silent connections cannot hold the
     /// connection limit.
@@ -174,6 +178,7 @@ impl Default for Config {
             max_output: 4 << 20,
             cpus: Vec::new(),
             max_objects: Some(10_000_000),
+            max_items: Some(16 << 20),
             handshake_timeout: Duration::from_secs(10),
             idle_timeout: None,
             max_reply_cache: 64 << 20,
@@ -587,8 +592,9 @@ impl Server {
         let mut logged_parts = Vec::new();
         let recovering = Instant::now();
         for i in 0..shards {
+            // (The limits on objects and items apply once the log is replayed: what was
+            // acknowledged comes back whole, whatever the limits are now.)
             let mut objects = shard::Objects {
-                max_objects: per_shard,
                 clients: clients::Clients::bounded(
                     config.max_clients.div_ceil(shards),
                     config.max_reply_cache / shards,
@@ -617,6 +623,10 @@ impl Server {
             })?,
             None => 0,
         };
+        for (objects, _) in &mut states {
+            objects.max_objects = per_shard;
+            objects.max_items = config.max_items;
+        }
         if recovered_parts > 0 {
             tracing::warn!(
                 "{recovered_parts} parts of fenced batches cut off by a crash applied at the start"

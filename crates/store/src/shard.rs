@@ -6,7 +6,7 @@
 
 use crate::clients::Clients;
 pub(crate) use flowstate_objects::Spare;
-use flowstate_objects::{Absent, Action, Fault, Leases, Outcome, Stored};
+use flowstate_objects::{Absent, Action, Fault, Leases, Obj, Outcome, Stored};
 use flowstate_proto::{Command, Failure, Kind, Object, Op, Reply, Request};
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
@@ -98,6 +98,8 @@ pub(crate) struct Objects {
     pub(crate) clients: Clients,
     /// Most objects this shard holds; `None`: no limit.
     pub(crate) max_objects: Option<usize>,
+    /// Most items (list items, set members, map fields) of one object; `None`: no limit.
+    pub(crate) max_items: Option<usize>,
     /// Expiries found while running operations, to notify after the batch.
     pub(crate) expired: Vec<Expired>,
     /// Byte buffers to reuse for reply values and list items.
@@ -215,8 +217,17 @@ impl Objects {
         }
         let key = op.key();
         let mut dead = false;
+        let max_items = self.max_items;
         if let Some(e) = self.objects.get_mut(key) {
             dead = e.object.due(now) && e.prune(key, now, &mut self.expired);
+            if !dead && max_items.is_some_and(|m| adds_past(&e.object.obj, op, m)) {
+                let msg = format!(
+                    "{}: holds {} items, the most an object may (max_items)",
+                    text(key),
+                    max_items.unwrap_or(0)
+                );
+                return (Reply::Error(Failure::Refused(msg)), false);
+            }
             if !dead {
                 let (reply, changed, gone) = on_live(e, req, now, &mut self.spare, &mut self.index);
                 if gone {
@@ -348,6 +359,23 @@ fn tag_update(e: &mut Entry, req: &Request<&[u8]>) {
 /// check (CHC §5.3) of an update, the operation, the update's clock tag and the entry's
 /// place in the deadline `index`. Returns the reply, whether the object may have changed,
 /// and whether the entry is now to be removed (deleted or emptied).
+/// Whether `op` adds an item to `obj`, which holds `max` or more already.
+fn adds_past(obj: &Obj, op: &Command<&[u8]>, max: usize) -> bool {
+    match (obj, op) {
+        (Obj::List(l), Command::Op(Op::Push { .. })) => l.len() >= max,
+        (Obj::Set(s), Command::Op(Op::Insert { member, .. })) => {
+            s.len() >= max && !s.contains(*member)
+        }
+        (Obj::Map(m), Command::Op(Op::MapSet { field, .. })) => {
+            m.len() >= max && m.get(field).is_none()
+        }
+        (Obj::CounterMap(m), Command::Op(Op::MapAdd { field, .. })) => {
+            m.len() >= max && !m.contains_key(*field)
+        }
+        _ => false,
+    }
+}
+
 fn on_live(
     e: &mut Entry,
     req: &Request<&[u8]>,

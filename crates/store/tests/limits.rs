@@ -327,3 +327,48 @@ fn an_idle_connection_is_closed_but_a_subscribed_one_stays() {
     assert!(matches!(pushed.msg, Message::Notify(_)), "{pushed:?}");
     server.stop();
 }
+
+#[test]
+fn an_object_holds_at_most_max_items_and_overwrites_still_go_through() {
+    let server = start(Config {
+        max_items: Some(3),
+        ..Config::default()
+    });
+    let mut s = connect(server.local_addr());
+    let b = |x: &str| x.as_bytes().to_vec();
+    let mut ops = Vec::new();
+    for i in 0..4 {
+        ops.push(Op::Push {
+            key: b("l"),
+            item: b("x"),
+        });
+        ops.push(Op::MapSet {
+            key: b("m"),
+            field: format!("f{i}").into_bytes(),
+            value: b("v"),
+        });
+        ops.push(Op::Insert {
+            key: b("s"),
+            member: format!("m{i}").into_bytes(),
+        });
+    }
+    // At the most: an overwrite and a member already there change nothing in size.
+    ops.push(Op::MapSet {
+        key: b("m"),
+        field: b("f0"),
+        value: b("w"),
+    });
+    ops.push(Op::Insert {
+        key: b("s"),
+        member: b("m0"),
+    });
+    send(&mut s, 1, batch(0, ops));
+    let r = replies(read(&mut s).unwrap());
+    let refused =
+        |r: &Reply| matches!(r, Reply::Error(Failure::Refused(m)) if m.contains("max_items"));
+    assert!(r[..9].iter().all(|r| !refused(r)), "{r:?}");
+    assert!(r[9..12].iter().all(refused), "{r:?}");
+    assert_eq!(r[12], Reply::Done);
+    assert_eq!(r[13], Reply::Bool(false));
+    server.stop();
+}
