@@ -42,7 +42,9 @@
 //!   `ratios.cluster_vs_box_goodput` (both as they run by default),
 //!   `ratios.cluster_vs_box_slow_path_goodput` (both without a fast path). The cores each of
 //!   the cluster's processes used meanwhile are `metrics.cluster_cores_*` and
-//!   `metrics.cluster_slow_path_cores_*`. The same chain cut into two stages (firewall, then
+//!   `metrics.cluster_slow_path_cores_*`; the root's CPU time per packet it took from its
+//!   ports, `metrics.root_ns_per_packet` (without the fast path; `metrics.NAME_root_ns_per_packet`
+//!   for each variant below). The same chain cut into two stages (firewall, then
 //!   NAT: `examples/cluster-stages.toml`), one instance each, without the fast path:
 //!   `ratios.two_stages_vs_one_slow_path_goodput` against the one-instance cluster (every
 //!   packet takes one more hop through the root and one more instance). What the root's
@@ -78,8 +80,8 @@
 //! (scripts/setup-live); without them the report carries `params.error`.
 
 use crate::cluster_lab::{
-    cluster_config, content, live, median, now_secs, owner_of, probe_ports, ratio, root_counter,
-    staged_config, ClusterLab, CpuMeter, Load, LoadResult, LoadSpec, Probe,
+    cluster_config, content, cpu_seconds, live, median, now_secs, owner_of, probe_ports, ratio,
+    root_counter, staged_config, ClusterLab, CpuMeter, Load, LoadResult, LoadSpec, Probe,
 };
 use crate::{Effort, Report};
 use flowstate_lab::{Cut, RoutedHost, System};
@@ -224,9 +226,21 @@ fn measure(lab: &ClusterLab, p: &Params, report: &mut Report) -> Result<(), Stri
         lab.cluster_up(name, &config)?;
         lab.wait_settled(1, 30)?;
         let meter = CpuMeter::start(&lab.roles());
+        let root = lab.role_pid("root").map(|pid| (pid, cpu_seconds(pid)));
+        let received = root_counter(&lab.status()?, "received");
         let (bps, retr) = lab.iperf3(p.iperf_secs)?;
         for (group, cores) in meter.cores(&lab.roles()) {
             report.metric(&format!("{name}_cores_{group}"), cores);
+        }
+        // The root's CPU time per packet it took from its ports (each also comes back from
+        // the instance and leaves by the other port).
+        if let Some((pid, cpu)) = root {
+            let packets = root_counter(&lab.status()?, "received") - received;
+            let ns = (cpu_seconds(pid) - cpu) * 1e9 / packets.max(1.0);
+            report.metric(&format!("{name}_root_ns_per_packet"), ns);
+            if name == "cluster_slow_path" {
+                report.metric("root_ns_per_packet", ns);
+            }
         }
         report.metric(&format!("{name}_goodput_mbps"), bps / 1e6);
         report.metric(&format!("{name}_tcp_retransmits"), retr);
