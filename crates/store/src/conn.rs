@@ -427,12 +427,8 @@ impl Conn {
     fn token_ok(&self, want: Option<&str>, token: &[u8]) -> bool {
         match want {
             None => true,
-            Some(t) => {
-                let t = t.as_bytes();
-                // Constant time in the token's content.
-                t.len() == token.len()
-                    && t.iter().zip(token).fold(0u8, |a, (x, y)| a | (x ^ y)) == 0
-            }
+            // Constant time in the token's content.
+            Some(t) => bool::from(subtle::ConstantTimeEq::ct_eq(t.as_bytes(), token)),
         }
     }
 }
