@@ -122,6 +122,12 @@ pub const FIGURES: &[Figure] = &[
         )],
     },
     Figure {
+        bench: "store-abuse",
+        figure: "issue #37 (no paper)",
+        shows: "a well-behaved store client's p99 latency beside adversarial clients against alone (goal: at most 3), and the store's peak memory against the bound its limits set",
+        refs: &[],
+    },
+    Figure {
         bench: "store-batching",
         figure: "StatelessNF §5.3",
         shows: "per-request cost of single requests against multi-requests of 100 objects",
