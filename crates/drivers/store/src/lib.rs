@@ -820,7 +820,7 @@ impl StoreBackend {
                 .ok_or_else(|| protocol("a batch was not answered"))?
                 .into_iter();
             if let Some(f) = fence {
-                if a.next() != Some(proto::Reply::Bool(true)) {
+                if refused_by_fence(a.next().as_ref()) {
                     replies.truncate(before);
                     return Err(BackendError::Fenced {
                         backend: NAME,
@@ -1227,6 +1227,19 @@ impl Backend for StoreBackend {
     }
 }
 
+/// Whether a fenced frame's first answer (its fence's) says the fence did not hold. A frame
+/// sent again after the store restarted, whose first sending the store had logged before it
+/// died, is answered `Duplicate` throughout: that says nothing of its fence (the original
+/// ran whole, or stopped at its fence), so it is not taken for a refusal: its operations
+/// answer "already applied", and the caller's next fenced batch finds out whether the fence
+/// holds.
+fn refused_by_fence(first: Option<&proto::Reply>) -> bool {
+    !matches!(
+        first,
+        Some(proto::Reply::Bool(true) | proto::Reply::Error(Failure::Duplicate))
+    )
+}
+
 /// The state API's reply for the store's: its failures worded as the state API's.
 fn reply_from(r: proto::Reply) -> Reply {
     r.map_err(|failure| match failure {
@@ -1252,6 +1265,19 @@ pub fn to_proto(op: &Op) -> proto::Op {
 mod tests {
     use super::*;
     use flowstate_state::Owner;
+
+    #[test]
+    fn only_a_fence_that_answers_no_refuses_a_frame() {
+        assert!(!refused_by_fence(Some(&proto::Reply::Bool(true))));
+        assert!(!refused_by_fence(Some(&proto::Reply::Error(
+            Failure::Duplicate
+        ))));
+        assert!(refused_by_fence(Some(&proto::Reply::Bool(false))));
+        assert!(refused_by_fence(Some(&proto::Reply::Error(
+            Failure::Refused("x".into())
+        ))));
+        assert!(refused_by_fence(None));
+    }
 
     fn all_ops() -> Vec<Op> {
         let key = ObjectKey::partitioned(&Owner::new("nf", 1, 2), Kind::Map, "x");
