@@ -68,16 +68,7 @@ impl Rig {
     }
 
     fn on(store: &dyn Connector, rules: &str) -> Rig {
-        let (dir, table) = config(rules, "");
-        let f = Factory::new(Config::from_table(&table).unwrap()).unwrap();
-        let mut part = Partition::new(store, StateConfig::default()).unwrap();
-        let nf = f.build_ips(&mut part.declare("ips"), ONE).unwrap();
-        Rig {
-            part,
-            nf,
-            now: 1_700_000_000_000_000_000,
-            _dir: dir,
-        }
+        Rig::with(store, rules, "")
     }
 
     fn feed(&mut self, mut f: Vec<u8>) -> Verdict {
