@@ -24,7 +24,9 @@
 //!   without the check: one script per slot, each with its own mark there. Each part of a
 //!   batch runs once, however often it is sent; marks are bounded by writers × slots.
 //! * It is sent by its SHA-1 (`EVALSHA`); a server that answers `NOSCRIPT` (a restart, a
-//!   failover, a node new to the slot: nothing ran) is sent `SCRIPT LOAD` and the call again.
+//!   failover, a node new to the slot: nothing ran) is sent the same call with the script's
+//!   text (`EVAL`, [`with_text`]), which cannot answer `NOSCRIPT` and leaves the script cached
+//!   for the next `EVALSHA`.
 //! * Counters: Lua numbers are doubles, which would round a counter beyond 2^53 on its way back,
 //!   so `INCRBY` and `HINCRBY` answer the stored decimal text, read back inside the script.
 
@@ -104,22 +106,27 @@ static SCRIPT: LazyLock<String> = LazyLock::new(|| {
     s
 });
 
-/// The script's SHA-1 in hexadecimal, as `SCRIPT LOAD` answers it and `EVALSHA` takes it.
+/// The script's SHA-1 in hexadecimal, as `EVALSHA` takes it.
 static SHA: LazyLock<String> = LazyLock::new(|| {
     let d = ring::digest::digest(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY, SCRIPT.as_bytes());
     d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
 });
 
-/// `SCRIPT LOAD` of the script.
-pub(crate) fn load() -> Cmd {
-    let mut c = redis::cmd("SCRIPT");
-    c.arg("LOAD").arg(SCRIPT.as_str());
-    c
-}
-
-/// The script's digest (tests compare it with what `SCRIPT LOAD` answers).
+/// The script's digest.
 pub(crate) fn sha() -> &'static str {
     &SHA
+}
+
+/// `call` (an `EVALSHA` of [`call`]) with the script's text instead of its digest (`EVAL`).
+pub(crate) fn with_text(call: &Cmd) -> Cmd {
+    let mut c = redis::cmd("EVAL");
+    c.arg(SCRIPT.as_str());
+    for a in call.args_iter().skip(2) {
+        if let redis::Arg::Simple(w) = a {
+            c.arg(w);
+        }
+    }
+    c
 }
 
 /// The error code of a fence that does not hold.
@@ -318,6 +325,16 @@ mod tests {
             ]
         );
         assert_eq!(sha().len(), 40);
+        let eval: Vec<Vec<u8>> = with_text(&f.cmd)
+            .args_iter()
+            .filter_map(|a| match a {
+                redis::Arg::Simple(w) => Some(w.to_vec()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(eval[0], b"EVAL");
+        assert_eq!(eval[1], SCRIPT.as_bytes());
+        assert_eq!(eval[2..], words[2..]);
     }
 
     #[test]

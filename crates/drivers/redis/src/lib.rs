@@ -18,7 +18,7 @@
 //! * Both backends fence ([`Connector::fences`]): [`Backend::execute_fenced`] is one Lua
 //!   script (`fenced.rs`) that checks the fence's key and runs the operations only if it holds,
 //!   atomically, in one round trip (two for a server that lacks the script: `NOSCRIPT`, then
-//!   `SCRIPT LOAD`); otherwise [`BackendError::Fenced`] and no operation ran. On
+//!   the script's text); otherwise [`BackendError::Fenced`] and no operation ran. On
 //!   a single server every operation of the batch is in the script. On a cluster the script
 //!   holds the operations on the fence's hash slot (its partition's objects); the others
 //!   (shared objects, another partition's) are sent after it, as [`Backend::execute`] sends
@@ -587,14 +587,8 @@ impl RedisBackend {
         );
         let mut got = self.run(&[&call.cmd])?;
         if matches!(got.first(), Some(Answer::Error { code, .. }) if code == "NOSCRIPT") {
-            // Nothing ran: load the script and call it again, in one round trip.
-            got = self.run(&[&fenced::load(), &call.cmd])?;
-            if let Some(Answer::Error { code, detail }) = got.first() {
-                return Err(BackendError::Protocol {
-                    backend: "redis",
-                    reason: format!("SCRIPT LOAD: {code} {detail}"),
-                });
-            }
+            // Nothing ran: the same call with the script's text.
+            got = self.run(&[&fenced::with_text(&call.cmd)])?;
         }
         let answer = got.pop().ok_or_else(|| BackendError::Protocol {
             backend: "redis",
@@ -753,7 +747,7 @@ fn fenced_answers(
             key: fence.key.to_string(),
         }),
         fenced::Outcome::NoScript => Err(protocol(
-            "the fenced batch's script is still unknown after SCRIPT LOAD".into(),
+            "the fenced batch's script is unknown to a server sent its text".into(),
         )),
         fenced::Outcome::Bad(reason) => Err(protocol(reason)),
     }
@@ -1103,31 +1097,14 @@ impl ClusterBackend {
             .settle("redis-cluster", addr, conn, role, acked)
     }
 
-    /// Runs a fenced batch's script (`EVALSHA`, routed by `key`, the fence's), loading it
-    /// first on every master if the node answers `NOSCRIPT` (nothing ran).
+    /// Runs a fenced batch's script (`EVALSHA`, routed by `key`, the fence's), sent again
+    /// with its text if the node answers `NOSCRIPT` (nothing ran).
     fn run_fenced(&mut self, cmd: Cmd, key: Vec<u8>) -> Result<Answer, BackendError> {
-        let (cmds, keys) = ([(0, cmd)], [key]);
+        let keys = [key];
+        let mut cmds = [(0, cmd)];
         let mut answer = self.run(&cmds, &keys)?.pop();
         if matches!(&answer, Some(Answer::Error { code, .. }) if code == "NOSCRIPT") {
-            // Every master: a node taking the slot over (`ASK`, `MOVED`) needs it too.
-            let load = fenced::load();
-            for addr in self.masters() {
-                let conn = self.conn(&addr)?;
-                match pipeline(conn, &[&load]) {
-                    Ok(a) => {
-                        if let Some(Answer::Error { code, detail }) = a.first() {
-                            return Err(BackendError::Protocol {
-                                backend: "redis-cluster",
-                                reason: format!("{addr}: SCRIPT LOAD: {code} {detail}"),
-                            });
-                        }
-                    }
-                    Err(e) => {
-                        self.drop_node(&addr);
-                        return Err(unreachable("redis-cluster", format!("{addr}: {e}")));
-                    }
-                }
-            }
+            cmds[0].1 = fenced::with_text(&cmds[0].1);
             answer = self.run(&cmds, &keys)?.pop();
         }
         answer.ok_or_else(|| unreachable("redis-cluster", "a fenced batch got no answer"))
