@@ -315,8 +315,8 @@ pub(crate) fn summary(l: &Loaded) -> Vec<(&'static str, String)> {
             "authentication",
             match cl.key_path(&base_dir(&l.config.file)) {
                 _ if cl.unauthenticated => "none (cluster.unauthenticated)".into(),
-                Some(p) => format!("ChaCha20-Poly1305 tags, keys in {}", p.display()),
-                None => "ChaCha20-Poly1305 tags, the lab's key (`cluster up` makes it)".into(),
+                Some(p) => format!("AES-256-GCM, keys in {}", p.display()),
+                None => "AES-256-GCM, the lab's key (`cluster up` makes it)".into(),
             },
         ));
         s.push((

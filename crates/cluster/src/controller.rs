@@ -351,7 +351,7 @@ pub fn run_controller(
         loop {
             match reports.recv_from(&mut buf) {
                 Ok((n, _)) => {
-                    let Ok((from, msg)) = opener.open(&buf[..n], now) else {
+                    let Ok((from, msg)) = opener.open(&mut buf[..n], now) else {
                         continue;
                     };
                     match (from.role, Report::decode(msg), Lag::decode(msg)) {

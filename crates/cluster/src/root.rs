@@ -602,7 +602,7 @@ pub fn run_root(
         loop {
             match control.recv_from(&mut rbuf) {
                 Ok((len, _)) => {
-                    let Ok((from, body)) = opener.open(&rbuf[..len], now) else {
+                    let Ok((from, body)) = opener.open(&mut rbuf[..len], now) else {
                         continue;
                     };
                     if from.role != Role::Controller {
@@ -650,8 +650,8 @@ pub fn run_root(
                 break;
             }
             for i in 0..rx.len() {
-                let (datagram, from) = rx.get(i);
-                let Ok((sender, datagram)) = opener.open(datagram, now) else {
+                let from = rx.get(i).1;
+                let Ok((sender, datagram)) = opener.open(rx.get_mut(i), now) else {
                     continue;
                 };
                 let Ok((m, payload)) = meta::read(datagram) else {

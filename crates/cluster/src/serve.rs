@@ -167,7 +167,7 @@ pub fn run_instance(
         loop {
             match control.recv_from(&mut cbuf) {
                 Ok((n, _)) => {
-                    let Ok((from, msg)) = opener.open(&cbuf[..n], now) else {
+                    let Ok((from, msg)) = opener.open(&mut cbuf[..n], now) else {
                         continue;
                     };
                     if from.role != Role::Controller {
@@ -197,7 +197,7 @@ pub fn run_instance(
             }
             work = true;
             for (j, b) in body.iter_mut().enumerate().take(got) {
-                *b = match opener.open(dg.get(j).0, now) {
+                *b = match opener.open(dg.get_mut(j), now) {
                     Ok((from, msg)) if from.role == Role::Root && root.knows(from.id) => {
                         sender[j] = from.id;
                         Some(msg.len())

@@ -25,15 +25,21 @@ fn a_sealed_datagram_opens_once_with_its_sender_and_payload() {
     let s = r.sealer(Sender::instance(7), NOW - 1000).unwrap();
     let mut o = r.opener(SKEW);
     let d = sealed(&s, b"hello");
-    assert_eq!(o.open(&d, NOW), Ok((Sender::instance(7), &b"hello"[..])));
-    assert_eq!(o.open(&d, NOW), Err(Rejected::Replayed));
+    assert_eq!(
+        o.open(&mut d.to_vec(), NOW),
+        Ok((Sender::instance(7), &b"hello"[..]))
+    );
+    assert_eq!(o.open(&mut d.to_vec(), NOW), Err(Rejected::Replayed));
     assert_eq!(o.accepted(), 1);
     assert_eq!(o.rejected().get(Rejected::Replayed), 1);
     // No room for the trailer: nothing is written.
     assert_eq!(s.seal(&mut [0u8; 10], 5), None);
     // A message built on its own gets its trailer appended.
     let d = s.sealed(b"report".to_vec());
-    assert_eq!(o.open(&d, NOW), Ok((Sender::instance(7), &b"report"[..])));
+    assert_eq!(
+        o.open(&mut d.to_vec(), NOW),
+        Ok((Sender::instance(7), &b"report"[..]))
+    );
 }
 
 #[test]
@@ -45,19 +51,24 @@ fn every_changed_byte_is_refused() {
         let mut o = r.opener(SKEW);
         let mut bad = d.clone();
         bad[i] ^= 0x40;
-        let got = o.open(&bad, NOW);
+        let got = o.open(&mut bad, NOW).err();
         assert!(
             matches!(
                 got,
-                Err(Rejected::BadTag | Rejected::UnknownKey | Rejected::Malformed)
+                Some(
+                    Rejected::BadTag | Rejected::UnknownKey | Rejected::Malformed | Rejected::Ahead
+                )
             ),
             "byte {i}: {got:?}"
         );
     }
     let mut o = r.opener(SKEW);
-    assert_eq!(o.open(&d[..TRAILER_LEN - 1], NOW), Err(Rejected::Malformed));
+    assert_eq!(
+        o.open(&mut d[..TRAILER_LEN - 1].to_vec(), NOW),
+        Err(Rejected::Malformed)
+    );
     // One byte short: the trailer is read one byte early.
-    assert!(o.open(&d[..d.len() - 1], NOW).is_err());
+    assert!(o.open(&mut d[..d.len() - 1].to_vec(), NOW).is_err());
 }
 
 /// The trailer's nonce prefix and sequence number.
@@ -80,7 +91,7 @@ fn every_flipped_bit_is_refused_for_its_reason() {
             let mut o = r.opener(SKEW);
             let mut bad = d.clone();
             bad[i] ^= 1 << bit;
-            let got = o.open(&bad, NOW);
+            let got = o.open(&mut bad.clone(), NOW).err();
             let want = match i - t.min(i) {
                 // The role: another role's tag, or no role at all.
                 0 if i >= t => {
@@ -91,15 +102,17 @@ fn every_flipped_bit_is_refused_for_its_reason() {
                     }
                 }
                 1 if i >= t => Rejected::UnknownKey,
+                // A sequence number beyond the allowed skew is refused before the tag.
+                12..20 if i >= t && nonce_of(&bad).1 > NOW + SKEW => Rejected::Ahead,
                 // The datagram, reserved, sender, nonce prefix, sequence number, tag.
                 _ => Rejected::BadTag,
             };
-            assert_eq!(got, Err(want), "byte {i} bit {bit}");
+            assert_eq!(got, Some(want), "byte {i} bit {bit}");
             assert_eq!(o.rejected().get(want), 1);
             assert_eq!(o.accepted(), 0);
         }
     }
-    assert!(r.opener(SKEW).open(&d, NOW).is_ok());
+    assert!(r.opener(SKEW).open(&mut d.to_vec(), NOW).is_ok());
 }
 
 #[test]
@@ -108,20 +121,28 @@ fn a_tag_from_another_key_under_the_same_id_is_refused() {
     let theirs = ring("1 0f0102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f");
     let s = mine.sealer(Sender::root(0), NOW - 100).unwrap();
     let d = sealed(&s, b"x");
-    // The same trailer signed by the other key: only the tag differs.
-    let mut forged = d.clone();
+    // The same datagram and trailer header sealed by the other key.
+    let mut forged = b"x".to_vec();
+    forged.extend_from_slice(&d[d.len() - TRAILER_LEN..]);
     let keys = theirs.inner.keys.load();
     let key = &keys.keys[0].1;
     let (prefix, seq) = nonce_of(&d);
-    let (signed, tag) = forged.split_at_mut(d.len() - TAG_LEN);
+    let (body, trailer) = forged.split_at_mut(1);
+    let (h, tag) = trailer.split_at_mut(TRAILER_LEN - TAG_LEN);
     let t = key
-        .seal_in_place_separate_tag(nonce(prefix, seq), aead::Aad::from(&*signed), &mut [])
+        .seal_in_place_separate_tag(nonce(prefix, seq), aead::Aad::from(&*h), body)
         .unwrap();
     tag.copy_from_slice(t.as_ref());
     assert_ne!(forged, d);
-    assert_eq!(mine.opener(SKEW).open(&forged, NOW), Err(Rejected::BadTag));
-    assert!(theirs.opener(SKEW).open(&forged, NOW).is_ok());
-    assert_eq!(theirs.opener(SKEW).open(&d, NOW), Err(Rejected::BadTag));
+    assert_eq!(
+        mine.opener(SKEW).open(&mut forged.to_vec(), NOW),
+        Err(Rejected::BadTag)
+    );
+    assert!(theirs.opener(SKEW).open(&mut forged.to_vec(), NOW).is_ok());
+    assert_eq!(
+        theirs.opener(SKEW).open(&mut d.to_vec(), NOW),
+        Err(Rejected::BadTag)
+    );
 }
 
 #[test]
@@ -138,14 +159,14 @@ fn two_sealers_of_one_sender_never_share_a_nonce() {
     assert_ne!(a[a.len() - TAG_LEN..], b[b.len() - TAG_LEN..]);
     for d in [&a, &b] {
         assert_eq!(
-            r.opener(SKEW).open(d, NOW),
+            r.opener(SKEW).open(&mut d.to_vec(), NOW),
             Ok((Sender::instance(4), &b"same"[..]))
         );
     }
     // One receiver still takes a sender's number once, whatever the nonce.
     let mut o = r.opener(SKEW);
-    assert!(o.open(&a, NOW).is_ok());
-    assert_eq!(o.open(&b, NOW), Err(Rejected::Replayed));
+    assert!(o.open(&mut a.to_vec(), NOW).is_ok());
+    assert_eq!(o.open(&mut b.to_vec(), NOW), Err(Rejected::Replayed));
     // Clones share the prefix and the numbers.
     let c = sealed(&old.clone(), b"same");
     assert_eq!(nonce_of(&c), (pa, sa + 1));
@@ -216,10 +237,18 @@ fn the_trailer_is_laid_out_as_documented() {
     assert_eq!(h[..8], [2, 1, 0, 0, 1, 2, 3, 4]);
     assert_eq!(nonce_of(&d).1, NOW);
     assert_eq!(h[12..20], NOW.to_be_bytes());
-    // Unauthenticated: the same trailer, a zero tag.
+    // The datagram is encrypted in place, and opens to what was sealed.
+    assert_ne!(d[..4], *b"body");
+    let mut opened = d.clone();
+    assert_eq!(
+        r.opener(SKEW).open(&mut opened, NOW),
+        Ok((Sender::instance(0x0102_0304), &b"body"[..]))
+    );
+    // Unauthenticated: the same trailer, a zero tag, the datagram as it was.
     let plain = KeyRing::fixed(Keys::unauthenticated());
     let d = sealed(&plain.sealer(Sender::root(0), NOW).unwrap(), b"body");
     assert_eq!(d.len(), 4 + 36);
+    assert_eq!(d[..4], *b"body");
     assert_eq!(d[4..12], [1, 0, 0, 0, 0, 0, 0, 0]);
     assert!(d[4 + 20..].iter().all(|&b| b == 0));
 }
@@ -232,12 +261,15 @@ fn a_stranger_with_another_key_is_refused() {
         b"assignment",
     );
     let mut o = ring(K1).opener(SKEW);
-    assert_eq!(o.open(&d, NOW), Err(Rejected::BadTag));
+    assert_eq!(o.open(&mut d.to_vec(), NOW), Err(Rejected::BadTag));
     let other_id = sealed(
         &ring(K2).sealer(Sender::controller(0), NOW - 10).unwrap(),
         b"x",
     );
-    assert_eq!(o.open(&other_id, NOW), Err(Rejected::UnknownKey));
+    assert_eq!(
+        o.open(&mut other_id.to_vec(), NOW),
+        Err(Rejected::UnknownKey)
+    );
 }
 
 #[test]
@@ -252,13 +284,16 @@ fn a_rotation_refuses_nothing() {
     let b = new_first.sealer(Sender::instance(2), NOW - 100).unwrap();
     for s in [&a, &b] {
         let d = sealed(s, b"x");
-        assert!(at_old.open(&d, NOW).is_ok());
-        assert!(at_new.open(&d, NOW).is_ok());
+        assert!(at_old.open(&mut d.to_vec(), NOW).is_ok());
+        assert!(at_new.open(&mut d.to_vec(), NOW).is_ok());
     }
     // Step 3: the old key is gone; what it signs is refused.
     let mut done = ring(K2).opener(SKEW);
-    assert!(done.open(&sealed(&b, b"y"), NOW).is_ok());
-    assert_eq!(done.open(&sealed(&a, b"y"), NOW), Err(Rejected::UnknownKey));
+    assert!(done.open(&mut sealed(&b, b"y"), NOW).is_ok());
+    assert_eq!(
+        done.open(&mut sealed(&a, b"y"), NOW),
+        Err(Rejected::UnknownKey)
+    );
 }
 
 #[test]
@@ -266,14 +301,14 @@ fn a_sequence_far_ahead_is_refused_not_adopted() {
     let r = ring(K1);
     let mut o = r.opener(SKEW);
     let real = r.sealer(Sender::instance(3), NOW - 50).unwrap();
-    assert!(o.open(&sealed(&real, b"1"), NOW).is_ok());
+    assert!(o.open(&mut sealed(&real, b"1"), NOW).is_ok());
     let liar = r.sealer(Sender::instance(3), u64::MAX - 5).unwrap();
-    assert_eq!(o.open(&sealed(&liar, b"2"), NOW), Err(Rejected::Ahead));
+    assert_eq!(o.open(&mut sealed(&liar, b"2"), NOW), Err(Rejected::Ahead));
     // The real sender goes on.
-    assert!(o.open(&sealed(&real, b"3"), NOW).is_ok());
+    assert!(o.open(&mut sealed(&real, b"3"), NOW).is_ok());
     // Within the skew is taken.
     let fast_clock = r.sealer(Sender::instance(4), NOW + SKEW).unwrap();
-    assert!(o.open(&sealed(&fast_clock, b"4"), NOW).is_ok());
+    assert!(o.open(&mut sealed(&fast_clock, b"4"), NOW).is_ok());
 }
 
 #[test]
@@ -282,12 +317,15 @@ fn a_restarted_sender_continues_above_its_old_numbers() {
     let mut o = r.opener(SKEW);
     let first = r.sealer(Sender::instance(5), NOW - 10_000).unwrap();
     for _ in 0..3 {
-        assert!(o.open(&sealed(&first, b"x"), NOW).is_ok());
+        assert!(o.open(&mut sealed(&first, b"x"), NOW).is_ok());
     }
     let again = r.sealer(Sender::instance(5), NOW - 5_000).unwrap();
-    assert!(o.open(&sealed(&again, b"x"), NOW).is_ok());
+    assert!(o.open(&mut sealed(&again, b"x"), NOW).is_ok());
     // The old process's numbers are now below the window.
-    assert_eq!(o.open(&sealed(&first, b"x"), NOW), Err(Rejected::TooOld));
+    assert_eq!(
+        o.open(&mut sealed(&first, b"x"), NOW),
+        Err(Rejected::TooOld)
+    );
 }
 
 #[test]
@@ -296,14 +334,16 @@ fn reordering_within_the_window_is_taken_once() {
     let s = r.sealer(Sender::root(0), NOW - 1_000_000).unwrap();
     let ds: Vec<Vec<u8>> = (0..300).map(|_| sealed(&s, b"p")).collect();
     let mut o = r.opener(SKEW);
-    assert!(o.open(&ds[299], NOW).is_ok());
-    assert!(o.open(&ds[299 - (WINDOW as usize - 1)], NOW).is_ok());
+    assert!(o.open(&mut ds[299].to_vec(), NOW).is_ok());
+    assert!(o
+        .open(&mut ds[299 - (WINDOW as usize - 1)].to_vec(), NOW)
+        .is_ok());
     assert_eq!(
-        o.open(&ds[299 - WINDOW as usize], NOW),
+        o.open(&mut ds[299 - WINDOW as usize].to_vec(), NOW),
         Err(Rejected::TooOld)
     );
-    assert!(o.open(&ds[200], NOW).is_ok());
-    assert_eq!(o.open(&ds[200], NOW), Err(Rejected::Replayed));
+    assert!(o.open(&mut ds[200].to_vec(), NOW).is_ok());
+    assert_eq!(o.open(&mut ds[200].to_vec(), NOW), Err(Rejected::Replayed));
 }
 
 #[test]
@@ -314,10 +354,10 @@ fn unauthenticated_checks_the_sequence_only() {
     let d = sealed(&s, b"x");
     assert!(d[d.len() - TAG_LEN..].iter().all(|&b| b == 0));
     let mut o = r.opener(SKEW);
-    assert!(o.open(&d, NOW).is_ok());
-    assert_eq!(o.open(&d, NOW), Err(Rejected::Replayed));
+    assert!(o.open(&mut d.to_vec(), NOW).is_ok());
+    assert_eq!(o.open(&mut d.to_vec(), NOW), Err(Rejected::Replayed));
     // A keyed receiver refuses it.
-    assert!(ring(K1).opener(SKEW).open(&d, NOW).is_err());
+    assert!(ring(K1).opener(SKEW).open(&mut d.to_vec(), NOW).is_err());
 }
 
 #[test]
@@ -327,13 +367,16 @@ fn senders_are_bounded() {
     for id in 0..MAX_SENDERS as u32 {
         assert!(o
             .open(
-                &sealed(&r.sealer(Sender::instance(id), 1).unwrap(), b""),
+                &mut sealed(&r.sealer(Sender::instance(id), 1).unwrap(), b""),
                 NOW
             )
             .is_ok());
     }
     let one_more = sealed(&r.sealer(Sender::instance(u32::MAX), 1).unwrap(), b"");
-    assert_eq!(o.open(&one_more, NOW), Err(Rejected::TooManySenders));
+    assert_eq!(
+        o.open(&mut one_more.to_vec(), NOW),
+        Err(Rejected::TooManySenders)
+    );
     assert_eq!(o.rejected().by_name().get("too_many_senders"), Some(&1));
 }
 
@@ -449,8 +492,8 @@ proptest! {
     #[test]
     fn any_bytes_are_refused_without_panic(b in proptest::collection::vec(any::<u8>(), 0..200)) {
         let mut o = ring(K1).opener(SKEW);
-        prop_assert!(o.open(&b, NOW).is_err());
+        prop_assert!(o.open(&mut b.to_vec(), NOW).is_err());
         let mut plain = KeyRing::fixed(Keys::unauthenticated()).opener(SKEW);
-        let _ = plain.open(&b, u64::MAX);
+        let _ = plain.open(&mut b.to_vec(), u64::MAX);
     }
 }
