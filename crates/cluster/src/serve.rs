@@ -482,11 +482,12 @@ impl Root<'_> {
             replay: false,
         };
         let mut buf = [0u8; MAX_DATAGRAM];
-        let Some(h) = meta::write(&mut buf, &m) else {
-            return;
-        };
-        let per_frame = (buf.len() - h - TRAILER_LEN) / meta::NOTICE_ENTRY;
         loop {
+            // Sealing encrypts the buffer: each datagram writes its header again.
+            let Some(h) = meta::write(&mut buf, &m) else {
+                return;
+            };
+            let per_frame = (buf.len() - h - TRAILER_LEN) / meta::NOTICE_ENTRY;
             let mut n = h;
             for &(clock, epoch) in packets.by_ref().take(per_frame) {
                 if meta::write_notice(&mut buf[n..], clock, epoch).is_some() {
