@@ -1,7 +1,8 @@
 //! The flow cache: a fast path in front of the chain, in the worker itself, for every driver
 //! (HyperSFC §III: a fast path caching NF table entries in front of a slow path that holds
 //! the full tables; the live box's XDP fast path, `flowstate_fastpath::flowcache`, is the same
-//! idea in the kernel, under the same contract).
+//! idea in the kernel, which keeps the NFs' timers by sending a flow's packet through the
+//! chain every half refresh instead).
 //!
 //! After the chain forwarded a packet of an established IPv4 TCP or UDP flow, the cache
 //! compares the packet as it came with the packet as the chain left it. When they differ only
@@ -19,19 +20,35 @@
 //! * **Control packets take the chain**: TCP SYN, FIN and RST, IPv4 fragments and options,
 //!   ICMP, IPv6, anything not TCP or UDP. A FIN or RST the chain forwarded forgets its flow in
 //!   both directions; a packet the chain dropped forgets its own entry.
-//! * **Bounded staleness**: an entry lives `refresh` after the chain last ran a packet of its
-//!   flow and direction. The first packet after half of that runs the chain again, which
-//!   renews every NF's idle timer and the entry. So with `refresh` shorter than the NFs'
-//!   timeouts no state expires under an active flow, and a decision of the chain that changes
-//!   (a backend gone, a rule added) reaches an active flow within `refresh / 2`.
+//! * **No chain re-entry for time**: an entry lives until its flow and direction has been idle
+//!   for `refresh` (each hit extends it), so an established flow's packets run the chain
+//!   only when its entry is missing. The NFs' idle timers are kept by the cache instead, as
+//!   Linux's flowtable keeps conntrack's (`net/netfilter/nf_flow_table_core.c` extends the
+//!   timeouts of offloaded connections and restores them on teardown): at a flow's first
+//!   hit in each `refresh`-long window of its own (offset by hash bits, so flows do not all
+//!   renew in one tick) the stage tells the NFs of it
+//!   ([`crate::NetworkFunction::active_until`], with the hit's time), and once its entry
+//!   ends (found by a sweep that visits every set once per `refresh`, or taken by a new
+//!   flow) the stage hands it back once with its last hit's time (to the tick). An NF never
+//!   moves a timer earlier for it. So with `refresh` below a third of every NF's idle
+//!   timeout no state expires under a cached flow, and the NFs' timers of a flow that left
+//!   end as if they had seen every packet.
+//! * **Bounded staleness**: the NFs hear of an active flow at least once per `refresh` plus
+//!   one gap between its packets; an NF that no longer holds the flow or would treat its
+//!   packets otherwise (a session gone, a rewrite changed) makes the entry go, and the next
+//!   packet runs the chain. So a changed decision reaches an active flow within about
+//!   `refresh`.
 //! * **Bounded memory, nothing allocated per packet**: `capacity` entries in four-way sets of
 //!   two adjacent cache lines (one 128-byte block, one page); a new flow takes an empty or
-//!   expired way, else the one that expires first.
+//!   ended way, else the least recently hit one (handed back). The flows for the NFs queue in
+//!   a kept buffer, at most one per packet of a batch or four per set swept, and the stage
+//!   passes them on after each batch and sweep.
 //! * Per-flow order is the chain's: a batch's packets leave in the order they came, whichever
 //!   path they took.
 //!
 //! Time is the runtime's (packet timestamps for captures and synthetic traffic), in ticks of
-//! 2^20 ns (about a millisecond), wrapping every 52 days: comparisons are of differences.
+//! 2^20 ns (about a millisecond), wrapping every 52 days: comparisons are of differences. The
+//! sweep runs from [`super::Stage::tick`], which the runtime calls every few milliseconds.
 
 use super::{Frames, Item};
 use crate::Direction;
@@ -75,7 +92,7 @@ struct Way {
     key: Key,
     /// The addresses and ports the chain gives the flow's packets, as on the wire.
     out: [u8; 12],
-    /// Until when (in ticks) the entry may be used.
+    /// Until when (in ticks) the entry may be used: its last hit (or install) plus `refresh`.
     deadline: u32,
 }
 
