@@ -14,7 +14,8 @@
 //!                     order when Inbound), then its reflected answers the same way;
 //!                     with [runtime] flow_cache, a segment's established flows first
 //!                     take the worker's flow cache (flowstate_nf::stage::FlowCache) and skip the NFs;
-//!                     on_tick + maybe_flush once per batch
+//!                     on_tick (after the cache handed back the flows it let go) + maybe_flush
+//!                     once per batch
 //!             | one bounded queue, FIFO per worker
 //!             v
 //!           output: forwarded packets (and replies) -> Sink; or discarded

@@ -35,6 +35,13 @@ pub struct Summary {
     /// [`flowstate_nf::stage::FlowCache`]): in `packets_out`, in no NF's `packets_in`.
     #[serde(skip_serializing_if = "is_zero")]
     pub flow_cache: u64,
+    /// Times the flow caches told the NFs of a flow they held, to renew its timers
+    /// ([`flowstate_nf::NetworkFunction::active_until`]).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub flow_cache_renewals: u64,
+    /// Flows the flow caches handed back to the NFs as their entries ended.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub flow_cache_handbacks: u64,
     /// Wall-clock processing time, seconds: from the moment every worker was ready until
     /// the last one had processed its last packet.
     pub wall_s: f64,
@@ -205,6 +212,18 @@ impl fmt::Display for Summary {
                 "  flow cache",
                 self.flow_cache,
                 "of them past the NFs, by the workers' flow caches ([runtime] flow_cache)",
+            )?;
+            line(
+                f,
+                "    renewals",
+                self.flow_cache_renewals,
+                "times the caches renewed the NFs' timers of a flow they held",
+            )?;
+            line(
+                f,
+                "    handed back",
+                self.flow_cache_handbacks,
+                "flows the caches handed back to the NFs as they went idle",
             )?;
         }
         line(f, "dropped", self.dropped_total, "by an NF, or malformed")?;
@@ -426,6 +445,8 @@ pub(crate) fn summarize(
         s.reflected += r.reflected;
         s.packets_out += r.out;
         s.flow_cache += r.stage.flow_cache;
+        s.flow_cache_renewals += r.stage.flow_cache_renewals;
+        s.flow_cache_handbacks += r.stage.flow_cache_handbacks;
         for (i, c) in r.stage.counters.iter().enumerate() {
             let Some(nf) = s.nfs.get_mut(i) else { continue };
             nf.packets_in += c.packets_in;

@@ -29,7 +29,9 @@
 //! fragments_held = 256          # wait for their first one (each a max_frame buffer)
 //! flow_cache = false            # a fast path in each worker (flowstate_nf::stage::FlowCache): established
 //! flow_cache_capacity = 1048576 # flows skip the NFs; needs every NF's consent, see there
-//! flow_cache_refresh = "1s"     # (the NFs run a flow's packet at least every refresh / 2)
+//! flow_cache_refresh = "1s"     # an entry ends when its flow is idle this long; the NFs hear of a
+//!                               # cached flow at least this often (keep it below a third of every
+//!                               # NF's idle timeout; their defaults are 30s and more)
 //!
 //! [state]                       # optional
 //! backend = "local"             # local | store | redis | redis-cluster | cassandra

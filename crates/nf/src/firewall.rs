@@ -1876,6 +1876,29 @@ impl NetworkFunction for Firewall {
         }
     }
 
+    /// The connection, renewed with its state's timeout, if the flow's packets come from the
+    /// side it expects; nothing rewritten. Only with `liberal = true` (the cache's condition,
+    /// [`Factory::fast_path`]): else every segment's window must be checked.
+    fn active_until(&mut self, flow: &mut FlowKey, direction: Direction, until: Nanos) -> bool {
+        if !self.cfg.liberal {
+            return false;
+        }
+        // A packet from the side the connection does not expect would be dropped.
+        match self.connection(flow) {
+            Some(c) if c.expected_direction(c.side_of(flow)) == direction => {}
+            _ => return false,
+        }
+        let key = canonical(flow);
+        let renewed = if key.proto == proto::TCP {
+            self.conns
+                .extend_with(&key, until, |c| (self.timeout(c.conn.state, key.proto), ()))
+        } else {
+            self.datagrams
+                .extend_with(&key, until, |c| (self.timeout(c.state, key.proto), ()))
+        };
+        matches!(renewed, Ok(Some(())))
+    }
+
     fn on_tick(&mut self, now: Nanos) {
         let (by_state, expired) = (&self.by_state, &self.expired);
         let gone = |c: &Conn| {

@@ -1253,6 +1253,53 @@ impl NetworkFunction for LoadBalancer {
         Verdict::Forward
     }
 
+    /// Client → VIP: the connection's backend choice, renewed; the destination becomes the
+    /// backend's. Backend → client: the client → VIP connection it answers, renewed; the
+    /// source becomes the VIP's. No such connection: `false`. Which one a flow is goes by its
+    /// addresses and ports, as in `process` (the direction does not matter); a flow neither
+    /// to a VIP nor from a backend passes untouched (`true`).
+    fn active_until(&mut self, flow: &mut FlowKey, direction: Direction, until: Nanos) -> bool {
+        let _ = direction;
+        let this: &Self = self;
+        let cfg = &*this.cfg;
+        if let Some(&vi) = cfg.services.get(&(flow.dst, flow.dst_port, flow.proto)) {
+            let proto = flow.proto;
+            let renewed = this
+                .affinity
+                .extend_with(flow, until, |a| (this.timeout(a, proto), a.backend));
+            let Ok(Some(b)) = renewed else { return false };
+            let Some(backend) = cfg.vips[vi].backends.get(usize::from(b)) else {
+                return false;
+            };
+            (flow.dst, flow.dst_port) = (backend.addr, backend.port);
+            return true;
+        }
+        let Some(candidates) = cfg.backends.get(&(flow.src, flow.src_port, flow.proto)) else {
+            return true;
+        };
+        for &(vi, bi) in candidates {
+            let vip = &cfg.vips[vi];
+            let client = FlowKey::new(flow.dst, vip.addr, flow.dst_port, vip.port, flow.proto);
+            match this.affinity.with(&client, |a| a.map(|a| a.backend == bi)) {
+                Ok(Some(true)) => {}
+                Ok(_) => continue,
+                Err(_) => return false,
+            }
+            let proto = flow.proto;
+            let renewed = this
+                .affinity
+                .extend_with(&client, until, |a| (this.timeout(a, proto), ()));
+            if !matches!(renewed, Ok(Some(()))) {
+                return false;
+            }
+            (flow.src, flow.src_port) = (vip.addr, vip.port);
+            return true;
+        }
+        // A reply of no tracked connection: it passes untouched, but the LB holds no such
+        // flow, so its next packet is the chain's.
+        false
+    }
+
     fn on_tick(&mut self, now: Nanos) {
         let this = &*self;
         this.affinity.expire(now, |k, a| {

@@ -94,6 +94,25 @@ pub trait NetworkFunction {
     /// Processes one packet.
     fn process(&mut self, pkt: &mut Packet<'_>, cx: &Context) -> Verdict;
 
+    /// The stage's flow cache ([`stage::FlowCache`]) forwarded packets of `flow` (its key as
+    /// such packets reach this NF going `direction`) past the NFs, the last at `until`. Renews
+    /// the flow's idle timers as such a packet would have (no TCP state is stepped: these
+    /// packets have no SYN, FIN or RST), but never makes a timer run out earlier than it
+    /// already does (`until` may be older than a packet of the other direction the chain
+    /// ran since), and writes into `flow` the addresses and ports this NF gives such packets
+    /// (as [`NetworkFunction::process`] would rewrite them), for the NFs after it.
+    ///
+    /// `false`: the NF holds no such flow or would no longer forward its packets unchanged;
+    /// the cache then forgets the flow, and its next packet runs the chain. Only NFs whose
+    /// factory allows the cache ([`NfFactory::fast_path`]) are asked. Linux's flowtable does
+    /// the same for conntrack: it extends the timeouts of the connections it offloaded and
+    /// hands them back on teardown (`net/netfilter/nf_flow_table_core.c`). Default, for NFs
+    /// without per-flow state: `true`, nothing changed.
+    fn active_until(&mut self, flow: &mut FlowKey, direction: Direction, until: Nanos) -> bool {
+        let _ = (flow, direction, until);
+        true
+    }
+
     /// Called regularly (at least every few milliseconds of runtime time): expire timers.
     fn on_tick(&mut self, now: Nanos) {
         let _ = now;
@@ -283,9 +302,11 @@ pub trait NfFactory: Send + Sync {
     /// `flowstate_fastpath::flowcache`). An NF says yes only when, once it forwarded a packet of a
     /// flow, it would forward every later packet of that flow and direction that has no SYN,
     /// FIN or RST with the same header changes (addresses, ports), leaving its payload alone,
-    /// and the only state such a packet changes is the flow's idle timer, renewed by the slow
-    /// path at least once per refresh interval. Its per-packet counters then count the slow
-    /// path's packets only. Default: no (the NF sees every packet).
+    /// and the only state such a packet changes is the flow's idle timer: renewed by the slow
+    /// path at least once per refresh interval (the XDP fast path), or through
+    /// [`NetworkFunction::active_until`] (the worker's flow cache), which such an NF with
+    /// per-flow state implements. Its per-packet counters then count the slow path's packets
+    /// only. Default: no (the NF sees every packet).
     fn fast_path(&self) -> bool {
         false
     }

@@ -20,6 +20,8 @@
 
 mod flowcache;
 
+use flowcache::Told;
+
 pub use flowcache::{
     FlowCache, DEFAULT_CAPACITY, DEFAULT_REFRESH, MAX_CAPACITY, MAX_REFRESH, MIN_CAPACITY,
 };
@@ -138,6 +140,10 @@ pub struct StageReport {
     pub labelled: Vec<Vec<Labelled>>,
     /// Packets the flow cache forwarded past the NFs.
     pub flow_cache: u64,
+    /// Times the flow cache told the NFs of a flow it held ([`FlowCache::renewals`]).
+    pub flow_cache_renewals: u64,
+    /// Flows the flow cache handed back to the NFs ([`FlowCache::handbacks`]).
+    pub flow_cache_handbacks: u64,
 }
 
 /// The size and refresh of a stage's flow cache ([`FlowCache`]).
@@ -145,7 +151,8 @@ pub struct StageReport {
 pub struct FlowCacheOptions {
     /// Entries (rounded up to a power of two).
     pub capacity: usize,
-    /// How long an entry lives after the chain last ran a packet of its flow.
+    /// How long an entry lives after its flow's last packet; the NFs hear of a cached flow
+    /// at least this often ([`FlowCache`]).
     pub refresh: Duration,
 }
 
@@ -164,8 +171,14 @@ pub struct Stage {
     nfs: Vec<Box<dyn NetworkFunction>>,
     counters: Vec<NfCounters>,
     flow_cache: Option<FlowCache>,
+    /// The flows the cache told of, being passed to the NFs (kept: nothing allocated).
+    told: Vec<Told>,
     partition: u32,
 }
+
+/// Sets the flow cache sweeps before the NFs hear of what it found: what a tick hands the
+/// NFs at once stays bounded (four flows a set) whatever the cache's size or the time since.
+const SWEEP_SETS: usize = 1024;
 
 impl std::fmt::Debug for Stage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -214,6 +227,7 @@ impl Stage {
             counters: vec![NfCounters::default(); nfs.len()],
             nfs,
             flow_cache: flow_cache.map(|c| FlowCache::new(c.capacity, c.refresh)),
+            told: Vec::new(),
             partition: at.partition,
         })
     }
@@ -278,13 +292,52 @@ impl Stage {
         if let Some(cache) = self.flow_cache.as_mut() {
             cache.after(frames, items, direction);
         }
+        self.tell_nfs();
     }
 
-    /// Runs every NF's timers up to `now`.
+    /// Runs every NF's timers up to `now`, after the flow cache handed back the flows whose
+    /// entries ended by then (so the NFs' timers count from their last packets).
     pub fn tick(&mut self, now: Nanos) {
+        while let Some(cache) = self.flow_cache.as_mut() {
+            let more = cache.sweep(now, SWEEP_SETS);
+            self.tell_nfs();
+            if !more {
+                break;
+            }
+        }
         for nf in &mut self.nfs {
             nf.on_tick(now);
         }
+    }
+
+    /// Passes the flows the cache told of to the NFs ([`NetworkFunction::active_until`]), NF
+    /// by NF in the flow's direction's order (last NF first when Inbound, as [`Stage::run`]),
+    /// each NF's rewrite of the flow's key given to the next. A flow an NF refuses, or whose
+    /// rewrite is no longer the entry's, leaves the cache.
+    fn tell_nfs(&mut self) {
+        let Stage {
+            nfs,
+            flow_cache,
+            told,
+            ..
+        } = self;
+        let Some(cache) = flow_cache.as_mut() else {
+            return;
+        };
+        cache.take_told(told);
+        let n = nfs.len();
+        for t in told.iter() {
+            let (mut flow, direction) = flowcache::flow_of(t.key);
+            let ok = (0..n).all(|k| {
+                let j = match direction {
+                    Direction::Outbound => k,
+                    Direction::Inbound => n - 1 - k,
+                };
+                nfs[j].active_until(&mut flow, direction, t.until)
+            });
+            cache.settle(t.key, ok.then_some(&flow));
+        }
+        told.clear();
     }
 
     /// The NFs, in chain order (for listings).
@@ -307,6 +360,16 @@ impl Stage {
         self.flow_cache.as_ref().map_or(0, FlowCache::hits)
     }
 
+    /// Times the flow cache told the NFs of a flow it held.
+    pub fn flow_cache_renewals(&self) -> u64 {
+        self.flow_cache.as_ref().map_or(0, FlowCache::renewals)
+    }
+
+    /// Flows the flow cache handed back to the NFs as their entries ended.
+    pub fn flow_cache_handbacks(&self) -> u64 {
+        self.flow_cache.as_ref().map_or(0, FlowCache::handbacks)
+    }
+
     /// Everything the stage counted, as it is now.
     pub fn report(&self) -> StageReport {
         StageReport {
@@ -315,6 +378,8 @@ impl Stage {
             gauges: self.nfs.iter().map(|nf| nf.gauges()).collect(),
             labelled: self.nfs.iter().map(|nf| nf.report_labelled()).collect(),
             flow_cache: self.flow_cache_hits(),
+            flow_cache_renewals: self.flow_cache_renewals(),
+            flow_cache_handbacks: self.flow_cache_handbacks(),
         }
     }
 }

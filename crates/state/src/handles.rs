@@ -882,6 +882,37 @@ impl<K: Codec + Hash + Ord + Clone + 'static, V: Codec + 'static> Map<K, V> {
     where
         V: Clone + PartialEq,
     {
+        self.renew_entry(k, now, false, f)
+    }
+
+    /// As [`Map::renew_with`] for what was seen elsewhere (a cache that forwarded the flow's
+    /// packets past the NF): `f` reads the entry for `k` and gives its time to live from
+    /// `now`, and the entry's deadline moves only if that is later. An entry without a
+    /// deadline keeps none. `Ok(None)` when there is no entry.
+    pub fn extend_with<R>(
+        &self,
+        k: &K,
+        now: Nanos,
+        f: impl FnOnce(&V) -> (Duration, R),
+    ) -> Result<Option<R>, StateError>
+    where
+        V: Clone + PartialEq,
+    {
+        self.renew_entry(k, now, true, |v| f(v))
+    }
+
+    /// [`Map::renew_with`], and with `later_only` [`Map::extend_with`].
+    #[inline(always)]
+    fn renew_entry<R>(
+        &self,
+        k: &K,
+        now: Nanos,
+        later_only: bool,
+        f: impl FnOnce(&mut V) -> (Duration, R),
+    ) -> Result<Option<R>, StateError>
+    where
+        V: Clone + PartialEq,
+    {
         let mut o = self.inner();
         let i = o.find_loaded(k)?;
         let o = &mut *o;
@@ -892,6 +923,9 @@ impl<K: Codec + Hash + Ord + Clone + 'static, V: Codec + 'static> Map<K, V> {
         let before = (!authoritative).then(|| slot.value.clone());
         let (ttl, r) = f(&mut slot.value);
         let deadline = now.saturating_add(ttl.as_nanos() as u64).max(1);
+        if later_only && (slot.deadline == 0 || deadline <= slot.deadline) {
+            return Ok(Some(r));
+        }
         // Every entry with a deadline has a timer node due no later than it: a node is pushed
         // for a first or an earlier deadline only; a later one is found when the node fires.
         let arm = slot.deadline == 0 || deadline < slot.deadline;
@@ -1397,5 +1431,34 @@ mod tests {
         assert_eq!(m.get(&1_500).unwrap(), None);
         // While the map is in use (inside a callback) a prefetch does nothing.
         m.with(&7, |_| m.prefetch(&8)).unwrap();
+    }
+
+    #[test]
+    fn extend_with_keeps_the_later_deadline() {
+        use std::time::Duration;
+        let store = LocalStore::new();
+        let mut part = Partition::new(&store, StateConfig::default()).unwrap();
+        let mut nf = part.declare("t");
+        let m = nf
+            .map::<u32, u32>("m", Scope::PerFlow, Access::ReadMostly)
+            .unwrap();
+        let s = Duration::from_secs(1);
+        m.insert_nowait(1, 10);
+        m.expire_after(&1, 10 * s, 100);
+        let ns = |d: Duration| d.as_nanos() as u64;
+        assert_eq!(m.deadline(&1), Some(100 + ns(10 * s)));
+        // Earlier: unchanged.
+        assert_eq!(m.extend_with(&1, 50, |v| (10 * s, *v)).unwrap(), Some(10));
+        assert_eq!(m.deadline(&1), Some(100 + ns(10 * s)));
+        // Later: moved, and the entry expires then, not at its first deadline.
+        assert_eq!(m.extend_with(&1, 200, |_| (10 * s, ())).unwrap(), Some(()));
+        assert_eq!(m.deadline(&1), Some(200 + ns(10 * s)));
+        assert_eq!(m.expire(100 + ns(10 * s), |_, _| {}), 0);
+        assert_eq!(m.expire(200 + ns(10 * s), |_, _| {}), 1);
+        // No entry; an entry without a deadline keeps none.
+        assert_eq!(m.extend_with(&1, 300, |_| (s, ())).unwrap(), None);
+        m.insert_nowait(2, 20);
+        assert_eq!(m.extend_with(&2, 300, |_| (s, ())).unwrap(), Some(()));
+        assert_eq!(m.deadline(&2), None);
     }
 }

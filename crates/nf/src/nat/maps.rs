@@ -326,6 +326,41 @@ impl NatTable for FlowTables {
         }
     }
 
+    fn extend_out(
+        &mut self,
+        flow: &FlowKey,
+        timeouts: &Timeouts,
+        until: Nanos,
+    ) -> Result<Option<(Ipv4Addr, u16)>, u8> {
+        self.out
+            .extend_with(flow, until, |s| {
+                (timeouts.of(flow.proto, s.tcp), (s.ext_ip, s.ext_port))
+            })
+            .map_err(|_| STATE_ERROR)
+    }
+
+    fn extend_in(
+        &mut self,
+        flow: &FlowKey,
+        extend: Option<(&Timeouts, Nanos)>,
+    ) -> Result<Option<(Ipv4Addr, u16)>, u8> {
+        let Some(s) = self.inb.get(flow).map_err(|_| STATE_ERROR)? else {
+            return Ok(None);
+        };
+        let ok = out_key(flow, &s);
+        let found = match extend {
+            Some((timeouts, until)) => self
+                .out
+                .extend_with(&ok, until, |o| (timeouts.of(ok.proto, o.tcp), ())),
+            None => self.out.with(&ok, |o| o.map(|_| ())),
+        };
+        match found {
+            Err(_) => Err(STATE_ERROR),
+            Ok(None) => Ok(None),
+            Ok(Some(())) => Ok(Some((s.inside_ip, s.inside_port))),
+        }
+    }
+
     fn peek_out(&self, flow: &FlowKey) -> Result<Option<(Ipv4Addr, u16)>, u8> {
         self.out
             .get(flow)

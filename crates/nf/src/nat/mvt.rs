@@ -326,6 +326,18 @@ impl MvtTable {
         }
     }
 
+    /// [`MvtTable::renew`] of session `out` from `until`, unless it runs out later already.
+    fn extend(&mut self, out: EntryId, key: &FlowKey, ttl: Duration, until: Nanos) {
+        let ttl_ns = ttl.as_nanos().min(u128::from(u64::MAX)) as u64;
+        let later = self
+            .table
+            .entry(out)
+            .is_some_and(|e| until.saturating_add(ttl_ns).max(1) > e.deadline());
+        if later {
+            self.renew(out, key, ttl, until, false);
+        }
+    }
+
     /// One turn of the prefetch pipeline: the row hinted `LAG` turns ago has arrived, so its
     /// first entry is prefetched; the entry prefetched `LAG` turns ago has arrived, so its
     /// partner is. `hint` (a new row) enters; the finds of a batch turn it on with none, so
@@ -615,6 +627,58 @@ impl NatTable for MvtTable {
             tcp,
             session: out,
         }))
+    }
+
+    fn extend_out(
+        &mut self,
+        flow: &FlowKey,
+        timeouts: &Timeouts,
+        until: Nanos,
+    ) -> Result<Option<(Ipv4Addr, u16)>, u8> {
+        let Some(id) = self.table.find(&flow_match(OUT, flow)) else {
+            return Ok(None);
+        };
+        let Some(NatValue::Out {
+            ext_ip,
+            ext_port,
+            tcp,
+            ..
+        }) = self.table.get(id).copied()
+        else {
+            return Err(STATE_ERROR);
+        };
+        self.extend(id, flow, timeouts.of(flow.proto, tcp), until);
+        Ok(Some((ext_ip, ext_port)))
+    }
+
+    fn extend_in(
+        &mut self,
+        flow: &FlowKey,
+        extend: Option<(&Timeouts, Nanos)>,
+    ) -> Result<Option<(Ipv4Addr, u16)>, u8> {
+        let Some(rid) = self.table.find(&flow_match(IN, flow)) else {
+            return Ok(None);
+        };
+        let Some(NatValue::In {
+            inside_ip,
+            inside_port,
+            out,
+        }) = self.table.get(rid).copied()
+        else {
+            return Err(STATE_ERROR);
+        };
+        let Some(NatValue::Out { tcp, .. }) = self.table.get(out).copied() else {
+            return Ok(None);
+        };
+        if let Some((timeouts, until)) = extend {
+            let s = InSession {
+                inside_ip,
+                inside_port,
+            };
+            let ttl = timeouts.of(flow.proto, tcp);
+            self.extend(out, &out_key(flow, &s), ttl, until);
+        }
+        Ok(Some((inside_ip, inside_port)))
     }
 
     fn peek_out(&self, flow: &FlowKey) -> Result<Option<(Ipv4Addr, u16)>, u8> {

@@ -159,6 +159,25 @@ pub trait NatTable {
         renew: Option<(&Timeouts, Nanos)>,
     ) -> Result<Option<Found<Self::Session>>, u8>;
 
+    /// The external endpoint of the session of outbound `flow`, its TCP state as it is, the
+    /// session renewed from `until` unless it runs out later already (for
+    /// [`NetworkFunction::active_until`]); `None`: no session.
+    fn extend_out(
+        &mut self,
+        flow: &FlowKey,
+        timeouts: &Timeouts,
+        until: Nanos,
+    ) -> Result<Option<(Ipv4Addr, u16)>, u8>;
+
+    /// The inside endpoint of the session inbound `flow` answers, its TCP state as it is and,
+    /// when `extend` gives the timeouts and a time, the session renewed from that time unless
+    /// it runs out later already; `None`: no session.
+    fn extend_in(
+        &mut self,
+        flow: &FlowKey,
+        extend: Option<(&Timeouts, Nanos)>,
+    ) -> Result<Option<(Ipv4Addr, u16)>, u8>;
+
     /// The external endpoint of the session of outbound `flow`, without renewing it.
     fn peek_out(&self, flow: &FlowKey) -> Result<Option<(Ipv4Addr, u16)>, u8>;
 
@@ -654,6 +673,45 @@ impl<T: NatTable> NetworkFunction for Translator<T> {
                     Fragment::None | Fragment::First => self.inbound(pkt, flow, cx.now),
                     Fragment::Tracked => self.fragment(pkt, flow, Direction::Inbound),
                     Fragment::Later => self.drop_packet(FRAGMENT),
+                }
+            }
+        }
+    }
+
+    /// Outbound: the session of the inside flow, renewed; the source becomes the external
+    /// endpoint. Inbound: the session the flow answers, renewed under `refresh = "both"`;
+    /// the destination becomes the inside endpoint. A hairpinned flow, or one `process`
+    /// would drop, is not the cache's (`false`). TCP and UDP only: what a flow cache holds.
+    fn active_until(&mut self, flow: &mut FlowKey, direction: Direction, until: Nanos) -> bool {
+        if !matches!(flow.proto, proto::TCP | proto::UDP)
+            || !matches!((flow.src, flow.dst), (IpAddr::V4(_), IpAddr::V4(_)))
+        {
+            return false;
+        }
+        match direction {
+            Direction::Outbound => {
+                if self.is_external(flow.src) || (self.hairpinning && self.is_external(flow.dst)) {
+                    return false;
+                }
+                match self.table.extend_out(flow, &self.timeouts, until) {
+                    Ok(Some((ip, port))) => {
+                        (flow.src, flow.src_port) = (IpAddr::V4(ip), port);
+                        true
+                    }
+                    _ => false,
+                }
+            }
+            Direction::Inbound => {
+                if !self.is_external(flow.dst) {
+                    return false;
+                }
+                let extend = self.inbound_refresh.then_some((&self.timeouts, until));
+                match self.table.extend_in(flow, extend) {
+                    Ok(Some((ip, port))) => {
+                        (flow.dst, flow.dst_port) = (IpAddr::V4(ip), port);
+                        true
+                    }
+                    _ => false,
                 }
             }
         }
