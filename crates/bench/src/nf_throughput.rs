@@ -30,11 +30,12 @@ const BATCH: usize = 32;
 
 /// The chains measured, by name, and their `[[chain]]` tables.
 pub(crate) fn chains() -> Vec<(&'static str, Vec<(&'static str, &'static str)>)> {
-    // Room for every flow: the default (262,144 connections) would early-drop the unanswered
-    // UDP flows of the million-flow runs, which then measure opening connections.
+    // Room for every flow: the defaults (262,144 connections) would early-drop the unanswered
+    // UDP flows of the million-flow runs (the LB's least-loaded method then drops their
+    // packets), which then measure opening connections.
     let fw = ("firewall", "max_connections = 2097152");
     let nat = ("nat", "external = [\"203.0.113.1\", \"203.0.113.2\", \"203.0.113.3\", \"203.0.113.4\", \"203.0.113.5\", \"203.0.113.6\", \"203.0.113.7\", \"203.0.113.8\", \"203.0.113.9\", \"203.0.113.10\", \"203.0.113.11\", \"203.0.113.12\", \"203.0.113.13\", \"203.0.113.14\", \"203.0.113.15\", \"203.0.113.16\", \"203.0.113.17\", \"203.0.113.18\", \"203.0.113.19\", \"203.0.113.20\", \"203.0.113.21\", \"203.0.113.22\", \"203.0.113.23\", \"203.0.113.24\"]\nports = \"1024-65535\"");
-    let lb = ("lb", "vips = [{ vip = \"198.51.100.10\", port = 53, proto = \"udp\", backends = [\"10.1.0.1\", \"10.1.0.2\", \"10.1.0.3\", \"10.1.0.4\"], method = \"least-loaded\" }]");
+    let lb = ("lb", "vips = [{ vip = \"198.51.100.10\", port = 53, proto = \"udp\", backends = [\"10.1.0.1\", \"10.1.0.2\", \"10.1.0.3\", \"10.1.0.4\"], method = \"least-loaded\" }]\nmax_connections = 2097152");
     vec![
         ("noop", vec![]),
         ("nat", vec![nat]),

@@ -1855,12 +1855,17 @@ impl NetworkFunction for Firewall {
             return;
         };
         if pkt.dissection.fragment != Fragment::Later {
-            let key = canonical(&flow);
-            if key.proto == proto::TCP {
-                self.conns.prefetch(&key);
-            } else {
-                self.datagrams.prefetch(&key);
-            }
+            self.prefetch_flow(&flow, pkt.direction);
+        }
+    }
+
+    #[inline]
+    fn prefetch_flow(&mut self, flow: &FlowKey, _: Direction) {
+        let key = canonical(flow);
+        if key.proto == proto::TCP {
+            self.conns.prefetch(&key);
+        } else {
+            self.datagrams.prefetch(&key);
         }
     }
 

@@ -1206,15 +1206,20 @@ impl NetworkFunction for LoadBalancer {
         let Some(flow) = pkt.dissection.flow else {
             return;
         };
-        if pkt.dissection.fragment != Fragment::None {
-            return;
+        if pkt.dissection.fragment == Fragment::None {
+            self.prefetch_flow(&flow, pkt.direction);
         }
+    }
+
+    /// The affinity entry of a client → VIP flow, or those a backend's answer may belong to.
+    #[inline]
+    fn prefetch_flow(&mut self, flow: &FlowKey, _: Direction) {
         let cfg = &self.cfg;
         if cfg
             .services
             .contains_key(&(flow.dst, flow.dst_port, flow.proto))
         {
-            self.affinity.prefetch(&flow);
+            self.affinity.prefetch(flow);
         } else if let Some(c) = cfg.backends.get(&(flow.src, flow.src_port, flow.proto)) {
             for &(vi, _) in c {
                 let vip = &cfg.vips[vi];

@@ -94,6 +94,14 @@ pub trait NetworkFunction {
     /// Processes one packet.
     fn process(&mut self, pkt: &mut Packet<'_>, cx: &Context) -> Verdict;
 
+    /// Starts loading the state [`NetworkFunction::active_until`] looks up first for `flow`
+    /// going `direction` (the flow cache calls it for a batch of flows before telling the NFs
+    /// of each, as the stage prefetches a batch's packets). Default: nothing.
+    #[inline]
+    fn prefetch_flow(&mut self, flow: &FlowKey, direction: Direction) {
+        let _ = (flow, direction);
+    }
+
     /// The stage's flow cache ([`stage::FlowCache`]) forwarded packets of `flow` (its key as
     /// such packets reach this NF going `direction`) past the NFs, the last at `until`. Renews
     /// the flow's idle timers as such a packet would have (no TCP state is stepped: these

@@ -31,7 +31,7 @@ use crate::{
     Verdict,
 };
 use flowstate_state::{Nanos, Partition};
-use flowstate_wire::Dissection;
+use flowstate_wire::{Dissection, FlowKey};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -173,12 +173,19 @@ pub struct Stage {
     flow_cache: Option<FlowCache>,
     /// The flows the cache told of, being passed to the NFs (kept: nothing allocated).
     told: Vec<Told>,
+    /// Each of a batch of them as the NFs so far left it, its direction, and whether every
+    /// NF so far held it.
+    telling: Vec<(FlowKey, Direction, bool)>,
     partition: u32,
 }
 
 /// Sets the flow cache sweeps before the NFs hear of what it found: what a tick hands the
 /// NFs at once stays bounded (four flows a set) whatever the cache's size or the time since.
 const SWEEP_SETS: usize = 1024;
+
+/// Flows the NFs hear of together, NF by NF with their state prefetched (as a batch of
+/// packets); a run passes them on once this many wait, a tick whatever waits.
+const TELL_BATCH: usize = 32;
 
 impl std::fmt::Debug for Stage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -228,6 +235,7 @@ impl Stage {
             nfs,
             flow_cache: flow_cache.map(|c| FlowCache::new(c.capacity, c.refresh)),
             told: Vec::new(),
+            telling: Vec::new(),
             partition: at.partition,
         })
     }
@@ -291,8 +299,10 @@ impl Stage {
         }
         if let Some(cache) = self.flow_cache.as_mut() {
             cache.after(frames, items, direction);
+            if cache.waiting() >= TELL_BATCH {
+                self.tell_nfs();
+            }
         }
-        self.tell_nfs();
     }
 
     /// Runs every NF's timers up to `now`, after the flow cache handed back the flows whose
@@ -310,15 +320,17 @@ impl Stage {
         }
     }
 
-    /// Passes the flows the cache told of to the NFs ([`NetworkFunction::active_until`]), NF
-    /// by NF in the flow's direction's order (last NF first when Inbound, as [`Stage::run`]),
-    /// each NF's rewrite of the flow's key given to the next. A flow an NF refuses, or whose
+    /// Passes the flows the cache told of to the NFs ([`NetworkFunction::active_until`]) in
+    /// batches of [`TELL_BATCH`]: NF by NF in each flow's direction's order (last NF first
+    /// when Inbound, as [`Stage::run`]), the batch's state prefetched before any is told,
+    /// each NF's rewrite of a flow's key given to the next. A flow an NF refuses, or whose
     /// rewrite is no longer the entry's, leaves the cache.
     fn tell_nfs(&mut self) {
         let Stage {
             nfs,
             flow_cache,
             told,
+            telling,
             ..
         } = self;
         let Some(cache) = flow_cache.as_mut() else {
@@ -326,16 +338,29 @@ impl Stage {
         };
         cache.take_told(told);
         let n = nfs.len();
-        for t in told.iter() {
-            let (mut flow, direction) = flowcache::flow_of(t.key);
-            let ok = (0..n).all(|k| {
-                let j = match direction {
-                    Direction::Outbound => k,
-                    Direction::Inbound => n - 1 - k,
-                };
-                nfs[j].active_until(&mut flow, direction, t.until)
-            });
-            cache.settle(t.key, ok.then_some(&flow));
+        let at = |k: usize, direction| match direction {
+            Direction::Outbound => k,
+            Direction::Inbound => n - 1 - k,
+        };
+        for batch in told.chunks(TELL_BATCH) {
+            telling.clear();
+            telling.extend(batch.iter().map(|t| {
+                let (flow, direction) = flowcache::flow_of(t.key);
+                (flow, direction, true)
+            }));
+            for k in 0..n {
+                for (flow, direction, _) in telling.iter().filter(|f| f.2) {
+                    nfs[at(k, *direction)].prefetch_flow(flow, *direction);
+                }
+                for (t, (flow, direction, held)) in batch.iter().zip(telling.iter_mut()) {
+                    if *held {
+                        *held = nfs[at(k, *direction)].active_until(flow, *direction, t.until);
+                    }
+                }
+            }
+            for (t, (flow, _, held)) in batch.iter().zip(telling.iter()) {
+                cache.settle(t.key, held.then_some(flow));
+            }
         }
         told.clear();
     }

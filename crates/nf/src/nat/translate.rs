@@ -636,8 +636,13 @@ impl<T: NatTable> NetworkFunction for Translator<T> {
     #[inline]
     fn prefetch(&mut self, pkt: &Packet<'_>) {
         if let (Network::Ipv4, Some(flow)) = (pkt.dissection.network, pkt.dissection.flow) {
-            self.table.prefetch(&flow, pkt.direction);
+            self.prefetch_flow(&flow, pkt.direction);
         }
+    }
+
+    #[inline]
+    fn prefetch_flow(&mut self, flow: &FlowKey, direction: Direction) {
+        self.table.prefetch(flow, direction);
     }
 
     fn process(&mut self, pkt: &mut Packet<'_>, cx: &Context) -> Verdict {

@@ -500,6 +500,11 @@ impl FlowCache {
         from + n < due
     }
 
+    /// Flows told of that the NFs have not heard of yet.
+    pub(super) fn waiting(&self) -> usize {
+        self.told.len()
+    }
+
     /// The flows to tell the NFs of since the last call (into `out`, which is cleared first;
     /// the buffers trade places, so nothing is allocated once both have grown).
     pub(super) fn take_told(&mut self, out: &mut Vec<Told>) {
