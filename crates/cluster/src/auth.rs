@@ -28,7 +28,7 @@
 //! one 16-byte block at a time, and hashes ChaCha20-Poly1305's either way with scalar
 //! Poly1305. One 1514-byte datagram sealed: 0.35 µs (AES-256-GCM, encrypting), 0.85 µs
 //! (ChaCha20-Poly1305 or AES-256-GCM with the datagram as associated data); 64 bytes: 0.13
-//! and 0.19 µs (Xeon with AES-NI, VAES and VPCLMULQDQ). The root seals and opens every packet
+//! and 0.19 µs (AMD EPYC with AES-NI, VAES and VPCLMULQDQ). The root seals and opens every packet
 //! once each way: the saving is about a microsecond of its time per packet. A repeated nonce
 //! would reveal GCM's hash key and the two plaintexts' XOR: hence the nonce's construction.
 //!

@@ -41,8 +41,9 @@
 //! * **Bounded memory, nothing allocated per packet**: `capacity` entries in four-way sets of
 //!   two adjacent cache lines (one 128-byte block, one page); a new flow takes an empty or
 //!   ended way, else the least recently hit one (handed back). The flows for the NFs queue in
-//!   a kept buffer, at most one per packet of a batch or four per set swept, and the stage
-//!   passes them on after each batch and sweep.
+//!   a kept buffer, at most one per packet of a batch or four per set swept; the stage
+//!   passes them on, 32 at a time with their state prefetched, once a batch leaves 32
+//!   waiting, and at every tick (before the NFs' timers run).
 //! * Per-flow order is the chain's: a batch's packets leave in the order they came, whichever
 //!   path they took.
 //!
