@@ -304,6 +304,21 @@ impl MvtTable {
         })
     }
 
+    /// The reverse entry inbound `flow` answers: the inside endpoint and its session.
+    fn answered(&self, flow: &FlowKey) -> Result<Option<(Ipv4Addr, u16, EntryId)>, u8> {
+        let Some(rid) = self.table.find(&flow_match(IN, flow)) else {
+            return Ok(None);
+        };
+        match self.table.get(rid).copied() {
+            Some(NatValue::In {
+                inside_ip,
+                inside_port,
+                out,
+            }) => Ok(Some((inside_ip, inside_port, out))),
+            _ => Err(STATE_ERROR),
+        }
+    }
+
     /// "renew" of a session with one timeout; arms the session's timer (one timer node per
     /// session, re-armed lazily, like the state API's TTLs). The reverse entry gets the same
     /// timestamp and timeout when the session is made (`both`) and, after that, when the
@@ -593,16 +608,8 @@ impl NatTable for MvtTable {
         renew: Option<(&Timeouts, Nanos)>,
     ) -> Result<Option<Found<EntryId>>, u8> {
         self.advance(None);
-        let Some(rid) = self.table.find(&flow_match(IN, flow)) else {
+        let Some((inside_ip, inside_port, out)) = self.answered(flow)? else {
             return Ok(None);
-        };
-        let Some(NatValue::In {
-            inside_ip,
-            inside_port,
-            out,
-        }) = self.table.get(rid).copied()
-        else {
-            return Err(STATE_ERROR);
         };
         let Some(Entry {
             value: NatValue::Out { tcp, .. },
@@ -656,16 +663,8 @@ impl NatTable for MvtTable {
         flow: &FlowKey,
         extend: Option<(&Timeouts, Nanos)>,
     ) -> Result<Option<(Ipv4Addr, u16)>, u8> {
-        let Some(rid) = self.table.find(&flow_match(IN, flow)) else {
+        let Some((inside_ip, inside_port, out)) = self.answered(flow)? else {
             return Ok(None);
-        };
-        let Some(NatValue::In {
-            inside_ip,
-            inside_port,
-            out,
-        }) = self.table.get(rid).copied()
-        else {
-            return Err(STATE_ERROR);
         };
         let Some(NatValue::Out { tcp, .. }) = self.table.get(out).copied() else {
             return Ok(None);
