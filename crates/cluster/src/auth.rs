@@ -692,18 +692,26 @@ impl Opener {
         }
         // The window is only looked at before the tag (a datagram taken before is not
         // decrypted twice), and moved only after it verified.
-        let window = self.windows.get(&from);
-        if let Some(w) = window {
-            w.check(seq)?;
-        } else if self.windows.len() >= MAX_SENDERS {
-            return Err(Rejected::TooManySenders);
+        let full = self.windows.len() >= MAX_SENDERS;
+        let window = self.windows.get_mut(&from);
+        match &window {
+            Some(w) => w.check(seq)?,
+            None if full => return Err(Rejected::TooManySenders),
+            None => {}
         }
         if let Some(key) = key {
             let tag = aead::Tag::try_from(tag).map_err(|_| Rejected::Malformed)?;
             key.open_in_place_separate_tag(nonce(prefix, seq), aead::Aad::from(h), tag, body, 0..)
                 .map_err(|_| Rejected::BadTag)?;
         }
-        self.windows.entry(from).or_default().take(seq);
+        match window {
+            Some(w) => w.take(seq),
+            None => {
+                let mut w = Window::default();
+                w.take(seq);
+                self.windows.insert(from, w);
+            }
+        }
         Ok((from, body))
     }
 
