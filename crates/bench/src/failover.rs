@@ -1,7 +1,9 @@
 //! `failover`: StatelessNF §7.3 (Fig. 8) in the namespace lab. HTTP downloads through a
 //! stateful firewall and a NAT (the chain of `examples/cluster.toml`) on a cluster of three
-//! instances whose state is in our store (`backend = "store"`, `store = "managed"`); one
-//! instance is killed (`flowstate cluster kill`, SIGKILL) half-way through. Then the same
+//! instances and a warm standby (`standby = 1`: the killed instance's partitions go to it,
+//! and its replacement stands by) whose state is in our store (`backend = "store"`,
+//! `store = "managed"`); one instance is killed (`flowstate cluster kill`, SIGKILL)
+//! half-way through. Then the same
 //! downloads through Linux's HA NAT (two routers: nftables SNAT, keepalived VRRP every 100 ms,
 //! conntrackd FTFW; [`flowstate_lab::Lab::kernel_ha`]) with its primary crashed half-way
 //! ([`flowstate_lab::Lab::kill_ha_primary`]).
@@ -262,8 +264,8 @@ fn measure(lab: &ClusterLab, p: &Params, report: &mut Report) -> Result<(), Stri
     );
     auth_cost(report);
     let staged_bps = staged_goodput(lab, p, report);
-    // The one-stage cluster goes on to the failover: bring it back.
-    lab.cluster_up("cluster", &cluster_config(1, "claim", true))?;
+    // The one-stage cluster goes on to the failover, with a warm standby: bring it back.
+    lab.cluster_up("cluster", &with_standby(&cluster_config(1, "claim", true)))?;
     lab.wait_settled(1, 30)?;
     report.ratio(
         "two_stages_vs_one_slow_path_goodput",
@@ -332,7 +334,7 @@ fn measure(lab: &ClusterLab, p: &Params, report: &mut Report) -> Result<(), Stri
     // are taken over).
     lab.cluster_down()?;
     eprintln!("failover: the kill again, without the root's fast path");
-    lab.cluster_up("slow", &cluster_config(3, "claim", false))?;
+    lab.cluster_up("slow", &with_standby(&cluster_config(3, "claim", false)))?;
     lab.wait_settled(3, 30)?;
     let probe = Probe::start(&lab.lab, &ports, PROBE_EVERY)?;
     std::thread::sleep(Duration::from_secs(1));
@@ -628,6 +630,13 @@ fn staged_goodput(lab: &ClusterLab, p: &Params, report: &mut Report) -> Result<f
     report.metric("staged_slow_path_tcp_retransmits", retr);
     lab.cluster_down()?;
     Ok(bps)
+}
+
+/// `config` with one warm standby instance (`[cluster] standby = 1`): a failover moves the
+/// failed instance's partitions once, to it, and starts no process meanwhile (Linux's HA
+/// pair, the peer, is an active router and a standby one).
+fn with_standby(config: &str) -> String {
+    config.replacen("[cluster]\n", "[cluster]\nstandby = 1\n", 1)
 }
 
 fn min(v: &[f64]) -> f64 {

@@ -345,7 +345,10 @@ fn up(dir: &Dir, path: &Path, timeout: Duration) -> Result<()> {
         .count() as u32;
     let pools = (0..d.config.stages()).map(|k| d.section.stage(k));
     let (starts, most) = pools.fold((0, 0), |(a, b), st| {
-        (a + st.instances, b + st.max_instances)
+        (
+            a + st.instances + st.standby,
+            b + st.max_instances + st.standby,
+        )
     });
     if have < starts {
         bail!(

@@ -8,6 +8,8 @@
 //! instances = 2            # instances `cluster up` starts
 //! min_instances = 1        # bounds of `cluster scale` and of scaling on load
 //! max_instances = 16
+//! standby = 0              # warm standby instances beyond these, owning nothing: a failed
+//!                          # instance's partitions go to one at once, then another starts
 //! address = "192.0.2.1"    # the root's address on the cluster network, or a list of them:
 //!                          # several roots at once (CHC §4.1), the upstream spreads flows
 //!                          # over them (ECMP); each runs where its address is
@@ -50,6 +52,7 @@
 //! instances = 1            # left out takes the value above
 //! min_instances = 1
 //! max_instances = 4
+//! standby = 1
 //! ```
 //!
 //! Every key is optional; an unknown key or a bad value is an error naming `cluster.KEY`
@@ -139,6 +142,8 @@ pub struct StageSection {
     pub min_instances: u32,
     /// Most instances.
     pub max_instances: u32,
+    /// Warm standby instances beyond the pool, owning nothing.
+    pub standby: u32,
 }
 
 /// `[cluster]`, validated.
@@ -152,6 +157,9 @@ pub struct ClusterSection {
     pub min_instances: u32,
     /// Most instances (per stage).
     pub max_instances: u32,
+    /// Warm standby instances (per stage): running, owning nothing, taking a failed
+    /// instance's partitions at once.
+    pub standby: u32,
     /// `[[cluster.stage]]`: the stages that have tables of their own, in stage order.
     pub stages: Vec<StageSection>,
     /// The roots' addresses (at least one): several take traffic at once, each in its own
@@ -207,6 +215,7 @@ impl Default for ClusterSection {
             instances: 2,
             min_instances: 1,
             max_instances: 16,
+            standby: 0,
             roots: vec![Ipv4Addr::new(192, 0, 2, 1)],
             controllers: Vec::new(),
             lease: Duration::from_secs(1),
@@ -272,6 +281,7 @@ impl ClusterSection {
                 "instances" => int(k, v, 1, 1024).map(|n| c.instances = n as u32),
                 "min_instances" => int(k, v, 1, 1024).map(|n| c.min_instances = n as u32),
                 "max_instances" => int(k, v, 1, 1024).map(|n| c.max_instances = n as u32),
+                "standby" => int(k, v, 0, 1024).map(|n| c.standby = n as u32),
                 "address" => addresses(v).map(|l| c.roots = l).ok_or_else(|| {
                     err(k, format!("expected an IPv4 address like \"192.0.2.1\" or a list of distinct ones, got {v}"))
                 }),
@@ -348,7 +358,7 @@ impl ClusterSection {
                 },
                 _ => Err(err(
                     k,
-                    "unknown key; expected partitions, instances, min_instances, max_instances, address, controller, lease, heartbeat, missed, move_timeout, hold, log_packets, straggler, auto_scale, scale_out_load, scale_in_load, store, moves, key_file, clock_skew, unauthenticated, unfenced_store, start_command, stop_command or stage".into(),
+                    "unknown key; expected partitions, instances, min_instances, max_instances, standby, address, controller, lease, heartbeat, missed, move_timeout, hold, log_packets, straggler, auto_scale, scale_out_load, scale_in_load, store, moves, key_file, clock_skew, unauthenticated, unfenced_store, start_command, stop_command or stage".into(),
                 )),
             };
             if let Err(e) = done {
@@ -360,6 +370,7 @@ impl ClusterSection {
             instances: c.instances,
             min_instances: c.min_instances,
             max_instances: c.max_instances,
+            standby: c.standby,
         };
         if let Err((k, r)) = check_pool(&defaults) {
             errors.push(err(k, r));
@@ -435,6 +446,7 @@ impl ClusterSection {
                 instances: self.instances,
                 min_instances: self.min_instances,
                 max_instances: self.max_instances,
+                standby: self.standby,
             })
     }
 
@@ -448,6 +460,7 @@ impl ClusterSection {
             missed: self.missed,
             min_instances: st.min_instances,
             max_instances: st.max_instances,
+            standby: st.standby,
             auto_scale: self.auto_scale,
             scale_out_load: self.scale_out_load,
             scale_in_load: self.scale_in_load,
@@ -477,10 +490,11 @@ fn stage(
         let (lo, hi) = match k.as_str() {
             "partitions" => (1, i64::from(MAX_PARTITIONS)),
             "instances" | "min_instances" | "max_instances" => (1, 1024),
+            "standby" => (0, 1024),
             _ => {
                 errors.push((
                     key(k),
-                    "unknown key; expected partitions, instances, min_instances or max_instances"
+                    "unknown key; expected partitions, instances, min_instances, max_instances or standby"
                         .into(),
                 ));
                 continue;
@@ -500,6 +514,7 @@ fn stage(
             "partitions" => st.partitions = n,
             "instances" => st.instances = n,
             "min_instances" => st.min_instances = n,
+            "standby" => st.standby = n,
             _ => st.max_instances = n,
         }
     }

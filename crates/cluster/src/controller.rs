@@ -576,6 +576,7 @@ fn status(cores: &[Stage], opener: &Opener, leader: &Option<LeaderStatus>, now: 
                 state: match m.state {
                     MemberState::Starting => "starting",
                     MemberState::Live => "live",
+                    MemberState::Standby => "standby",
                     MemberState::Draining => "draining",
                     MemberState::Dead => "dead",
                 }

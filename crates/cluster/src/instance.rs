@@ -733,8 +733,10 @@ impl Instance {
             partition: p,
             partitions: self.config.partitions,
         };
+        let t0 = std::time::Instant::now();
         let stage = Stage::build(&self.chain, &mut state, at, None)
             .map_err(|e| ClusterError::Build(e.error.to_string()))?;
+        let t1 = std::time::Instant::now();
         // After the NFs' objects: written last in every commit.
         let committed = state
             .declare("cluster")
@@ -744,11 +746,19 @@ impl Instance {
         state
             .flush_all(now)
             .map_err(|e| ClusterError::Store(e.to_string()))?;
+        let t2 = std::time::Instant::now();
         let skip = committed
             .get()
             .map_err(|e| ClusterError::Store(e.to_string()))?
             .map(|b| decode_clocks(&b))
             .unwrap_or_default();
+        tracing::debug!(
+            partition = p,
+            build_us = (t1 - t0).as_micros() as u64,
+            flush_us = (t2 - t1).as_micros() as u64,
+            get_us = t2.elapsed().as_micros() as u64,
+            "built"
+        );
         Ok(Owned {
             epoch,
             state,

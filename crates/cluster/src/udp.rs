@@ -1,9 +1,27 @@
 //! Batched UDP I/O: `recvmmsg` and `sendmmsg`, one system call per batch of datagrams, into
 //! and out of buffers allocated once.
+//!
+//! Sending uses UDP generic segmentation offload (`UDP_SEGMENT`, Linux 4.18, `udp(7)`): a run
+//! of datagrams to one peer with one length (the last may be shorter) goes down the stack as
+//! one buffer of segments, cut into datagrams by the device or at the receiving socket. The
+//! kernel walks its route, netfilter and device path once per run instead of once per
+//! datagram. Where the kernel or device refuses it, the datagrams go one by one from then on.
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::RawFd;
+
+/// `UDP_SEGMENT` of `linux/udp.h` (not in `libc` for glibc targets).
+const UDP_SEGMENT: libc::c_int = 103;
+/// Most segments in one send (`UDP_MAX_SEGMENTS` of Linux 6.1).
+const MAX_SEGMENTS: usize = 64;
+/// Most payload bytes in one send: an IPv4 datagram's 65,535 less its IP and UDP headers.
+const MAX_PAYLOAD: usize = 65_535 - 20 - 8;
+
+/// Room for one control message holding a `u16` (`CMSG_SPACE(2)` on 64-bit Linux).
+#[derive(Clone, Copy)]
+#[repr(C, align(8))]
+struct SegmentCmsg([u8; 24]);
 
 /// Datagram buffers with their lengths and peers.
 pub(crate) struct Datagrams {
@@ -12,6 +30,12 @@ pub(crate) struct Datagrams {
     peers: Vec<libc::sockaddr_in>,
     iov: Vec<libc::iovec>,
     hdrs: Vec<libc::mmsghdr>,
+    /// The segment size of each message of a send.
+    cmsgs: Vec<SegmentCmsg>,
+    /// Datagrams in each message of a send.
+    segments: Vec<usize>,
+    /// Whether sends use `UDP_SEGMENT` (until the kernel refuses it once).
+    gso: bool,
     n: usize,
 }
 
@@ -59,6 +83,9 @@ impl Datagrams {
             ],
             // SAFETY: mmsghdr is plain old data; all-zero is a valid (empty) value.
             hdrs: vec![unsafe { std::mem::zeroed() }; capacity],
+            cmsgs: vec![SegmentCmsg([0; 24]); capacity],
+            segments: vec![0; capacity],
+            gso: true,
             n: 0,
         }
     }
@@ -160,34 +187,100 @@ impl Datagrams {
         Ok(got)
     }
 
-    /// Sends the datagrams `pick` says yes to, each to its peer (they stay held until
-    /// [`Datagrams::clear`]); how many the kernel took (one it refused is lost, as on any
-    /// UDP path).
-    pub(crate) fn send(
+    /// Sends the datagrams `pick` says yes to, each to its peer and in order (they stay held
+    /// until [`Datagrams::clear`]); how many the kernel took (one it refused is lost, as on
+    /// any UDP path).
+    pub(crate) fn send(&mut self, fd: RawFd, pick: impl Fn(usize) -> bool) -> io::Result<usize> {
+        if self.gso {
+            match self.send_messages(fd, &pick, true) {
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EIO)) => {
+                    tracing::info!(
+                        "UDP segmentation offload refused ({e}): sending datagrams one by one"
+                    );
+                    self.gso = false;
+                }
+                r => return r,
+            }
+        }
+        self.send_messages(fd, &pick, false)
+    }
+
+    /// One `sendmmsg` call after another until every picked datagram is sent or the kernel
+    /// refuses one; with `gso`, runs of datagrams go as one message each.
+    fn send_messages(
         &mut self,
         fd: RawFd,
-        mut pick: impl FnMut(usize) -> bool,
+        pick: &impl Fn(usize) -> bool,
+        gso: bool,
     ) -> io::Result<usize> {
-        let mut k = 0;
+        let mut k = 0; // messages
+        let mut v = 0; // iovecs
+                       // The message being filled: its first datagram, segment size, payload and last length.
+        let mut run: Option<(usize, usize, usize, usize)> = None;
         for i in 0..self.n {
             if !pick(i) {
                 continue;
             }
-            self.iov[k] = libc::iovec {
+            let len = self.lens[i];
+            self.iov[v] = libc::iovec {
                 iov_base: self.bufs[i].as_mut_ptr().cast(),
-                iov_len: self.lens[i],
+                iov_len: len,
             };
+            v += 1;
+            if let Some((first, size, payload, last)) = run {
+                let (a, b) = (&self.peers[first], &self.peers[i]);
+                if gso
+                    && last == size
+                    && len <= size
+                    && a.sin_addr.s_addr == b.sin_addr.s_addr
+                    && a.sin_port == b.sin_port
+                    && self.segments[k - 1] < MAX_SEGMENTS
+                    && payload + len <= MAX_PAYLOAD
+                {
+                    self.hdrs[k - 1].msg_hdr.msg_iovlen += 1;
+                    self.segments[k - 1] += 1;
+                    run = Some((first, size, payload + len, len));
+                    continue;
+                }
+            }
             // SAFETY: as in `new`.
             self.hdrs[k] = unsafe { std::mem::zeroed() };
-            self.hdrs[k].msg_hdr.msg_name = (&mut self.peers[i] as *mut libc::sockaddr_in).cast();
-            self.hdrs[k].msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as u32;
-            self.hdrs[k].msg_hdr.msg_iov = &mut self.iov[k];
-            self.hdrs[k].msg_hdr.msg_iovlen = 1;
+            let h = &mut self.hdrs[k].msg_hdr;
+            h.msg_name = (&mut self.peers[i] as *mut libc::sockaddr_in).cast();
+            h.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as u32;
+            h.msg_iov = &mut self.iov[v - 1];
+            h.msg_iovlen = 1;
+            self.segments[k] = 1;
+            run = Some((i, len, len, len));
             k += 1;
         }
-        let mut sent = 0;
+        // Messages of several datagrams carry their segment size.
+        for m in 0..k {
+            if self.segments[m] < 2 {
+                continue;
+            }
+            let size = self.hdrs[m].msg_hdr.msg_iov;
+            // SAFETY: msg_iov points at the message's first iovec, written above.
+            let size = unsafe { (*size).iov_len } as u16;
+            let h = &mut self.hdrs[m].msg_hdr;
+            h.msg_control = self.cmsgs[m].0.as_mut_ptr().cast();
+            // SAFETY: CMSG_SPACE is a pure computation.
+            h.msg_controllen = unsafe { libc::CMSG_SPACE(2) } as usize;
+            // SAFETY: msg_control points at 24 bytes aligned for cmsghdr, room for one
+            // control message with 2 bytes of data (CMSG_SPACE(2)).
+            unsafe {
+                let c = libc::CMSG_FIRSTHDR(h);
+                (*c).cmsg_level = libc::SOL_UDP;
+                (*c).cmsg_type = UDP_SEGMENT;
+                (*c).cmsg_len = libc::CMSG_LEN(2) as usize;
+                std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), size);
+            }
+        }
+        let mut sent = 0; // messages
+        let mut datagrams = 0;
         while sent < k {
-            // SAFETY: hdrs[sent..k] point at live buffers and addresses of `self`.
+            // SAFETY: hdrs[sent..k] point at live buffers, iovecs, addresses and control
+            // messages of `self`.
             let r = unsafe {
                 libc::sendmmsg(
                     fd,
@@ -202,15 +295,17 @@ impl Datagrams {
                     continue;
                 }
                 // A full socket buffer or an unreachable peer: the rest is lost.
-                return if sent > 0 || e.kind() == io::ErrorKind::WouldBlock {
-                    Ok(sent)
+                return if datagrams > 0 || e.kind() == io::ErrorKind::WouldBlock {
+                    Ok(datagrams)
                 } else {
                     Err(e)
                 };
             }
-            sent += r as usize;
+            let r = r as usize;
+            datagrams += self.segments[sent..sent + r].iter().sum::<usize>();
+            sent += r;
         }
-        Ok(sent)
+        Ok(datagrams)
     }
 }
 
@@ -256,5 +351,54 @@ mod tests {
         assert_eq!(inp.get(0).0, &[9, 0, 0]);
         // Nothing more: no wait, no error.
         assert_eq!(inp.recv(b.as_raw_fd()).unwrap(), 0);
+    }
+
+    #[test]
+    fn runs_go_segmented_and_arrive_as_the_datagrams_sent() {
+        let a = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let to: Vec<_> = (0..2)
+            .map(|_| std::net::UdpSocket::bind("127.0.0.1:0").unwrap())
+            .collect();
+        let at: Vec<SocketAddrV4> = to
+            .iter()
+            .map(|s| match s.local_addr().unwrap() {
+                std::net::SocketAddr::V4(a) => a,
+                _ => panic!("IPv4 sockets"),
+            })
+            .collect();
+        // (peer, length): a run of 70 (more than one message holds), a short tail, a run to
+        // the other peer, a longer one that cannot join, single datagrams.
+        let mut plan: Vec<(usize, usize)> = (0..70).map(|_| (0, 900)).collect();
+        plan.extend([(0, 300), (0, 300), (1, 500), (1, 500), (1, 700), (0, 64)]);
+        let mut out = Datagrams::new(plan.len(), 1024);
+        for (i, &(peer, len)) in plan.iter().enumerate() {
+            assert!(out.push_with(at[peer], |buf| {
+                buf[..len].fill(i as u8);
+                buf[0] = i as u8;
+                len
+            }));
+        }
+        assert_eq!(out.send(a.as_raw_fd(), |_| true).unwrap(), plan.len());
+        assert!(out.gso, "the kernel took the segmented sends");
+        for (peer, sock) in to.iter().enumerate() {
+            sock.set_read_timeout(Some(std::time::Duration::from_secs(2)))
+                .unwrap();
+            let want: Vec<(u8, usize)> = plan
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| p.0 == peer)
+                .map(|(i, p)| (i as u8, p.1))
+                .collect();
+            let mut buf = [0u8; 2048];
+            let got: Vec<(u8, usize)> = want
+                .iter()
+                .map(|_| {
+                    let n = sock.recv(&mut buf).unwrap();
+                    assert!(buf[..n].iter().all(|&b| b == buf[0]));
+                    (buf[0], n)
+                })
+                .collect();
+            assert_eq!(got, want);
+        }
     }
 }

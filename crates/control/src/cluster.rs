@@ -414,6 +414,11 @@ pub struct ClusterConfig {
     pub min_instances: u32,
     /// Instances at most (default 16).
     pub max_instances: u32,
+    /// Warm standby instances kept running beyond the target, owning no partition (default
+    /// 0). A failed instance's partitions go to a standby at once, so that no process starts
+    /// while a failover runs (StatelessNF §4.2 starts a replacement); a new standby is then
+    /// started in its place.
+    pub standby: u32,
     /// Scale on load thresholds (default false: scale on command only).
     pub auto_scale: bool,
     /// Mean η of the live instances above which the target grows by one (default 0.8).
@@ -440,6 +445,7 @@ impl Default for ClusterConfig {
             start_timeout: 10_000_000_000,
             min_instances: 1,
             max_instances: 16,
+            standby: 0,
             auto_scale: false,
             scale_out_load: 0.8,
             scale_in_load: 0.2,
@@ -457,6 +463,9 @@ pub enum MemberState {
     Starting,
     /// Reporting; may own partitions.
     Live,
+    /// Reporting, owning nothing, beyond the target: promoted to live when a live instance
+    /// fails or the target grows ([`ClusterConfig::standby`]).
+    Standby,
     /// Reporting; its partitions go (or went) to others, then it is stopped.
     Draining,
     /// Missed its reports (or never started); its id is free.
@@ -633,7 +642,10 @@ impl Member {
     }
 
     fn serving(&self) -> bool {
-        matches!(self.state, MemberState::Live | MemberState::Draining)
+        matches!(
+            self.state,
+            MemberState::Live | MemberState::Standby | MemberState::Draining
+        )
     }
 }
 
@@ -659,7 +671,8 @@ pub struct Controller {
 impl Controller {
     /// A controller at `now`. `restored`: the assignment found in the store. A restarted
     /// controller resumes it: its live members are live (draining ones draining) as if just
-    /// heard from, so none is declared dead before `missed × interval` from now; the target is
+    /// heard from, so none is declared dead before `missed × interval` from now; live members
+    /// owning no partition are standbys again (up to [`ClusterConfig::standby`]); the target is
     /// the number of live, non-draining members (within the bounds); the next publish
     /// continues its version; nothing is published until something changes. Without one, the
     /// target is `min_instances` and the first instance to report gets every partition.
@@ -679,9 +692,15 @@ impl Controller {
         let (min, max) = c.bounds();
         c.target = min;
         if let Some(a) = restored {
+            let mut standbys = 0;
             for m in &a.members {
+                let owns = a.slots.iter().any(|s| s.owner == Some(m.id));
                 let state = match (m.live, m.draining) {
                     (false, _) => MemberState::Dead,
+                    (true, false) if !owns && standbys < c.config.standby => {
+                        standbys += 1;
+                        MemberState::Standby
+                    }
                     (true, false) => MemberState::Live,
                     (true, true) => MemberState::Draining,
                 };
@@ -694,9 +713,11 @@ impl Controller {
         c
     }
 
-    /// Takes an instance's report. A report from an instance that is not live or draining
-    /// (starting, dead, unknown) is a join: it becomes live and gets partitions by rebalancing
-    /// at the next tick (a dead one's old partitions are not given back). One that was not
+    /// Takes an instance's report. A report from an instance that is not live, standby or
+    /// draining (starting, dead, unknown) is a join: it becomes live and gets partitions by
+    /// rebalancing at the next tick (a dead one's old partitions are not given back), or a
+    /// standby when the target is met and standbys are missing. One that was not a standby and
+    /// not
     /// started by this controller raises the target to count it (up to `max_instances`).
     /// Reports not newer (by `seq`) than the last accepted one of a live member are ignored, and
     /// so are those of a stopped instance's process (the same pid; any pid if it was stopped
@@ -733,12 +754,20 @@ impl Controller {
                 m.report = Some(r.clone());
             }
             _ => {
-                let mut m = Member::new(MemberState::Live, Some(r.addr), now);
+                let started = prior == Some(MemberState::Starting);
+                let spare = self.count(MemberState::Live) >= self.target
+                    && self.count(MemberState::Standby) < self.config.standby;
+                let state = if spare {
+                    MemberState::Standby
+                } else {
+                    MemberState::Live
+                };
+                let mut m = Member::new(state, Some(r.addr), now);
                 m.heard = Some(now);
                 m.report = Some(r.clone());
                 self.members.insert(r.id, m);
-                self.rebalance = true;
-                if prior != Some(MemberState::Starting) {
+                self.rebalance |= !spare;
+                if !started && !spare {
                     let have = self.count(MemberState::Live) + self.count(MemberState::Starting);
                     self.target = self.target.max(have.min(self.bounds().1));
                 }
@@ -794,7 +823,7 @@ impl Controller {
             .saturating_mul(u64::from(self.config.missed));
         for (id, m) in &mut self.members {
             let limit = match m.state {
-                MemberState::Live | MemberState::Draining => deadline,
+                MemberState::Live | MemberState::Standby | MemberState::Draining => deadline,
                 MemberState::Starting => self.config.start_timeout,
                 MemberState::Dead => continue,
             };
@@ -842,35 +871,59 @@ impl Controller {
 
         self.auto_scale(now);
 
-        // Drive starting + live instances to the target (StatelessNF §4.2: launch or kill).
-        let starting = self.count(MemberState::Starting);
-        let live = self.count(MemberState::Live);
-        let have = starting + live;
-        if have < self.target {
-            for _ in have..self.target {
-                let id = self.free_id();
-                let addr = self.members.get(&id).and_then(|m| m.addr);
-                self.members
-                    .insert(id, Member::new(MemberState::Starting, addr, now));
-                self.stopped.remove(&id);
-                starts.push(Decision::Start { id });
+        // Standbys fill the target first (a failed instance's partitions go to one below),
+        // then processes start for what is missing (StatelessNF §4.2: launch or kill):
+        // starting instances become live while the target is not met, then standbys.
+        let ids: Vec<InstanceId> = self.members.keys().copied().collect();
+        let mut live = self.count(MemberState::Live);
+        for id in &ids {
+            if live >= self.target {
+                break;
             }
-        } else if have > self.target {
-            // Instances not started yet go first (they serve nothing), then the highest live.
-            let mut excess = have - self.target;
-            let ids: Vec<InstanceId> = self.members.keys().rev().copied().collect();
-            for state in [MemberState::Starting, MemberState::Live] {
-                for id in &ids {
-                    if excess > 0 && self.members.get(id).map(|m| m.state) == Some(state) {
-                        excess -= 1;
-                        if state == MemberState::Starting {
-                            self.members.remove(id);
-                            self.stopped.insert(*id, None);
-                            stops.push(Decision::Stop { id: *id });
-                        } else {
-                            self.start_drain(*id);
-                        }
-                    }
+            if let Some(m) = self.members.get_mut(id) {
+                if m.state == MemberState::Standby {
+                    m.state = MemberState::Live;
+                    live += 1;
+                    self.rebalance = true;
+                }
+            }
+        }
+        let standby = self.count(MemberState::Standby);
+        let starting = self.count(MemberState::Starting);
+        let wanted = self.target.saturating_sub(live) + self.config.standby.saturating_sub(standby);
+        for _ in starting..wanted {
+            let id = self.free_id();
+            let addr = self.members.get(&id).and_then(|m| m.addr);
+            self.members
+                .insert(id, Member::new(MemberState::Starting, addr, now));
+            self.stopped.remove(&id);
+            starts.push(Decision::Start { id });
+        }
+        // Too many: instances not started yet go first (they serve nothing), then standbys
+        // beyond their count, then the highest live ones drain.
+        let mut excess = [
+            (MemberState::Starting, starting.saturating_sub(wanted)),
+            (
+                MemberState::Standby,
+                standby.saturating_sub(self.config.standby),
+            ),
+            (MemberState::Live, live.saturating_sub(self.target)),
+        ];
+        for (state, excess) in &mut excess {
+            for id in ids.iter().rev() {
+                if *excess == 0 || self.members.get(id).map(|m| m.state) != Some(*state) {
+                    continue;
+                }
+                *excess -= 1;
+                if *state == MemberState::Live {
+                    self.start_drain(*id);
+                } else {
+                    let pid = self
+                        .members
+                        .remove(id)
+                        .and_then(|m| m.report.map(|r| r.pid));
+                    self.stopped.insert(*id, pid);
+                    stops.push(Decision::Stop { id: *id });
                 }
             }
         }
@@ -911,8 +964,9 @@ impl Controller {
 
     /// Drains live instance `id`: at the next tick its partitions go to the others (all at
     /// once, to those with the fewest); once it reports serving none, it is stopped. The target
-    /// goes down by one (not below `min_instances`: then a replacement starts). Draining a
-    /// draining instance does nothing.
+    /// goes down by one (not below `min_instances`: then a replacement starts). A drained
+    /// standby is stopped and another started in its place. Draining a draining instance does
+    /// nothing.
     pub fn drain(&mut self, id: InstanceId, now: Nanos) -> Result<(), ControlError> {
         let state = self
             .members
@@ -921,6 +975,10 @@ impl Controller {
             .state;
         match state {
             MemberState::Draining => return Ok(()),
+            MemberState::Standby => {
+                self.start_drain(id);
+                return Ok(());
+            }
             MemberState::Live => {}
             state => return Err(ControlError::NotLive { id, state }),
         }

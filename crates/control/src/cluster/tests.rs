@@ -369,6 +369,94 @@ fn a_silent_instance_is_failed_once_at_the_deadline_and_failed_over_in_the_same_
 }
 
 #[test]
+fn a_standby_takes_a_failed_instances_partitions_and_another_standby_starts() {
+    let mut s = Sim::new(ClusterConfig {
+        standby: 1,
+        ..ClusterConfig::default()
+    });
+    s.c.scale(3, 0).unwrap();
+    let starts: Vec<Decision> = (1..=4).map(|id| Decision::Start { id }).collect();
+    assert_eq!(s.c.tick(0), starts, "three for the target and a standby");
+    // The first three to report are live; the fourth, beyond the target, stands by.
+    let d = s.step(&[1, 2, 3, 4]);
+    assert_eq!(
+        counts(published(&d)[0]),
+        BTreeMap::from([(1, 6), (2, 5), (3, 5)])
+    );
+    assert_eq!(state_of(&s.c, 4, s.now), Some(MemberState::Standby));
+    assert!(
+        s.step(&[1, 2, 3, 4]).is_empty(),
+        "a standby changes nothing"
+    );
+    let before = s.c.assignment().clone();
+    // Instance 1 falls silent: its partitions, and only them, go to the standby (up to an even
+    // share, the rest to the fewest) in the tick that fails it; a new standby starts under the
+    // free id.
+    let mut d = Vec::new();
+    for _ in 0..4 {
+        d = s.step(&[2, 3, 4]);
+        if !d.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(d[0], Decision::Failed { id: 1 });
+    assert_eq!(d.last(), Some(&Decision::Start { id: 1 }), "{d:?}");
+    let a = published(&d)[0];
+    assert_eq!(counts(a), BTreeMap::from([(2, 6), (3, 5), (4, 5)]));
+    for (old, new) in before.slots.iter().zip(&a.slots) {
+        if old.owner != Some(1) {
+            assert_eq!(old, new, "only the failed instance's partitions move");
+        }
+    }
+    assert_eq!(state_of(&s.c, 4, s.now), Some(MemberState::Live));
+    // The new process stands by: no partition moves when it reports (the assignment lists
+    // it as live again).
+    let owned = owners(a);
+    let same_owners = |d: &[Decision]| published(d).iter().all(|a| owners(a) == owned);
+    assert!(same_owners(&s.step(&[1, 2, 3, 4])));
+    assert_eq!(state_of(&s.c, 1, s.now), Some(MemberState::Standby));
+    // A failed standby is only replaced; scaling out promotes the standby (and starts
+    // another); scaling in drains a live instance and keeps the standby.
+    let mut d = Vec::new();
+    for _ in 0..4 {
+        d = s.step(&[2, 3, 4]);
+        if !d.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(d[0], Decision::Failed { id: 1 });
+    assert_eq!(d.last(), Some(&Decision::Start { id: 1 }));
+    assert!(same_owners(&d));
+    assert!(same_owners(&s.step(&[1, 2, 3, 4])));
+    s.c.scale(4, s.now).unwrap();
+    let d = s.step(&[1, 2, 3, 4]);
+    assert_eq!(counts(published(&d)[0]).get(&1), Some(&4), "{d:?}");
+    assert_eq!(d.last(), Some(&Decision::Start { id: 5 }));
+    s.step(&[1, 2, 3, 4, 5]);
+    assert_eq!(state_of(&s.c, 5, s.now), Some(MemberState::Standby));
+    s.c.scale(3, s.now).unwrap();
+    s.step(&[1, 2, 3, 4, 5]);
+    assert_eq!(state_of(&s.c, 4, s.now), Some(MemberState::Draining));
+    assert_eq!(state_of(&s.c, 5, s.now), Some(MemberState::Standby));
+}
+
+#[test]
+fn a_restarted_controller_finds_its_standby_again() {
+    let config = ClusterConfig {
+        standby: 1,
+        ..ClusterConfig::default()
+    };
+    let mut s = Sim::new(config.clone());
+    s.c.scale(2, 0).unwrap();
+    s.c.tick(0);
+    s.step(&[1, 2, 3]);
+    assert_eq!(state_of(&s.c, 3, s.now), Some(MemberState::Standby));
+    let c = Controller::new(config, Some(s.c.assignment().clone()), s.now);
+    assert_eq!(c.target(), 2);
+    assert_eq!(state_of(&c, 3, s.now), Some(MemberState::Standby));
+}
+
+#[test]
 fn a_started_instance_never_heard_from_is_failed_and_its_id_is_free_again() {
     let mut s = Sim::cluster(1);
     s.c.scale(2, s.now).unwrap();
@@ -772,11 +860,13 @@ proptest! {
     fn the_assignment_stays_safe_under_any_sequence_of_events(
         partitions in 0u32..=9,
         auto_scale in any::<bool>(),
+        standby in 0u32..=2,
         ops in prop::collection::vec(op(), 1..150),
     ) {
         let config = ClusterConfig {
             partitions,
             auto_scale,
+            standby,
             max_instances: 5,
             scale_periods: 2,
             ..ClusterConfig::default()
@@ -860,23 +950,26 @@ proptest! {
                             None => prop_assert!(!anyone),
                         }
                     }
-                    // Starting and live instances meet the target, within the bounds.
+                    // Starting, live and standby instances meet the target and the standbys,
+                    // within the bounds.
                     let have = after
                         .values()
-                        .filter(|s| matches!(s, MemberState::Starting | MemberState::Live))
+                        .filter(|s| matches!(s, MemberState::Starting | MemberState::Live
+                            | MemberState::Standby))
                         .count() as u32;
-                    prop_assert_eq!(have, c.target());
+                    prop_assert_eq!(have, c.target() + standby);
                     prop_assert!((1..=5).contains(&c.target()));
                     for x in &d {
                         match x {
                             Decision::Failed { id } | Decision::Straggler { id, .. } => {
                                 prop_assert!(matches!(before.get(id),
                                     Some(MemberState::Starting | MemberState::Live
-                                        | MemberState::Draining)));
+                                        | MemberState::Standby | MemberState::Draining)));
                             }
                             Decision::Stop { id } => {
                                 prop_assert!(matches!(before.get(id),
-                                    Some(MemberState::Starting | MemberState::Draining)));
+                                    Some(MemberState::Starting | MemberState::Standby
+                                        | MemberState::Draining)));
                                 prop_assert!(!serving(after.get(id)));
                             }
                             Decision::Start { id } => {
