@@ -33,7 +33,12 @@ struct Cluster {
 impl Cluster {
     /// `input`: extra keys of `[input]` (the root's fast path).
     fn up(name: &str, state: &str, instances: u32, input: &str) -> Cluster {
-        let config = format!(
+        Cluster::up_with(name, &Cluster::config(state, instances, input), 4)
+    }
+
+    /// The deployment [`Cluster::up`] runs.
+    fn config(state: &str, instances: u32, input: &str) -> String {
+        format!(
             "[input]\ninterface = \"fs-in\"\naddress = \"10.0.0.1\"\n{input}\n\
              [output]\ninterface = \"fs-out\"\naddress = \"{BOX_OUTSIDE}\"\n\
              [runtime]\ninside = [\"10.0.0.0/24\"]\n\
@@ -41,8 +46,7 @@ impl Cluster {
              [cluster]\npartitions = 16\ninstances = {instances}\nstore = \"managed\"\n\
              [[chain]]\nnf = \"firewall\"\ndefault_outbound = \"allow\"\ndefault_inbound = \"deny\"\n\
              [[chain]]\nnf = \"nat\"\nexternal = [\"{BOX_OUTSIDE}\"]\nports = \"20000-59999\"\n"
-        );
-        Cluster::up_with(name, &config, 4)
+        )
     }
 
     /// The lab with `namespaces` instance namespaces and a cluster deployed by `config`.
@@ -389,16 +393,55 @@ fn owned(s: &serde_json::Value) -> usize {
         .sum()
 }
 
+/// Partitions of instance `id`.
+fn partitions_of(s: &serde_json::Value, id: u64) -> Vec<u64> {
+    s["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["id"] == id)
+        .flat_map(|i| i["partitions"].as_array().unwrap().iter())
+        .map(|p| p.as_u64().unwrap())
+        .collect()
+}
+
+fn in_state(s: &serde_json::Value, state: &str) -> Vec<u64> {
+    s["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["state"] == state)
+        .map(|i| i["id"].as_u64().unwrap())
+        .collect()
+}
+
 /// Kill -9 one of three instances under 100 downloads and a UDP flow, with the root's XDP
-/// fast path (the default) or every packet through the instances.
-fn failover(name: &str, state: &str, fast_path: bool) {
-    let mut c = Cluster::up(name, state, 3, &format!("fast_path = {fast_path}"));
+/// fast path (the default) or every packet through the instances; `standby`: with a warm
+/// standby (the instance that reported last), which takes the killed instance's partitions,
+/// while its replacement stands by.
+fn failover(name: &str, state: &str, fast_path: bool, standby: bool) {
+    let mut config = Cluster::config(state, 3, &format!("fast_path = {fast_path}"));
+    if standby {
+        config = config.replacen("[cluster]\n", "[cluster]\nstandby = 1\n", 1);
+    }
+    let mut c = Cluster::up_with(name, &config, 4);
     let want = content(1_000_000, 7);
     let http_peers = c.serve_paced(&want, 200_000);
-    let s = c.status();
-    assert_eq!(live(&s), vec![1, 2, 3], "{s:#}");
+    let mut s = c.status();
+    for _ in 0..50 {
+        if live(&s).len() + in_state(&s, "standby").len() == 3 + usize::from(standby) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        s = c.status();
+    }
+    let before = s.clone();
+    let spare = in_state(&s, "standby");
+    assert_eq!(live(&s).len(), 3, "{s:#}");
+    assert_eq!(spare.len(), usize::from(standby), "{s:#}");
     assert_eq!(owned(&s), 16);
-    let lost = s["instances"][0]["partitions"].as_array().unwrap().len() as u64;
+    let victim = live(&s)[0];
+    let lost = partitions_of(&s, victim).len() as u64;
     assert!(lost > 0, "{s:#}");
     let (udp, peers) = c.udp_flow(120);
     let mut downloads = c.downloads(100);
@@ -412,17 +455,45 @@ fn failover(name: &str, state: &str, fast_path: bool) {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs_f64();
-    let out = c.flowstate(&["cluster", "kill", "1"]);
+    let out = c.flowstate(&["cluster", "kill", &victim.to_string()]);
     assert!(out.status.success(), "{}", text(&out));
     check_downloads(downloads, &want);
     server_saw_only_the_nat(&http_peers);
     udp_kept_its_mapping(udp, &peers, killed_at);
-    // Instance 1's partitions went to the survivors; a replacement was started for it.
-    let s = c.status();
+    // The victim's partitions went to the survivors (with a standby: to it first, the others
+    // keeping theirs); a replacement was started for it (with a standby: it stands by, and no
+    // partition moved to it).
+    let mut s = c.status();
+    for _ in 0..100 {
+        if in_state(&s, "standby") == [victim] || !standby {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        s = c.status();
+    }
     assert_eq!(owned(&s), 16, "{s:#}");
     let root = c.root();
     assert_eq!(root["reordered"], 0, "{root:#}");
-    assert!(root["moves_done"].as_u64().unwrap() >= lost, "{root:#}");
+    let moves = root["moves_done"].as_u64().unwrap();
+    if standby {
+        let survivors: Vec<u64> = live(&before).into_iter().filter(|&i| i != victim).collect();
+        let mut serving = [survivors.clone(), spare.clone()].concat();
+        serving.sort_unstable();
+        assert_eq!(in_state(&s, "standby"), vec![victim], "{s:#}");
+        assert_eq!(live(&s), serving, "{s:#}");
+        assert!(
+            partitions_of(&s, spare[0]).len() as u64 >= lost - 1,
+            "{s:#}"
+        );
+        for id in survivors {
+            let kept = partitions_of(&before, id);
+            let now = partitions_of(&s, id);
+            assert!(kept.iter().all(|p| now.contains(p)), "{id} lost one: {s:#}");
+        }
+        assert_eq!(moves, lost, "only the failover's moves: {root:#}");
+    } else {
+        assert!(moves >= lost, "{root:#}");
+    }
     // The fast path carried the downloads (or, off, nothing).
     let fast = root["fast_path_packets"].as_u64().unwrap();
     assert_eq!(fast > 10_000, fast_path, "{root:#}");
@@ -474,13 +545,18 @@ fn failover(name: &str, state: &str, fast_path: bool) {
 }
 
 #[test]
-fn a_killed_instance_fails_over_without_a_broken_connection_on_our_store() {
+fn a_killed_instance_fails_over_to_a_standby_without_a_broken_connection_on_our_store() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     if !is_root() {
         eprintln!("skipped: needs root");
         return;
     }
-    failover("s", "backend = \"store\"\nurl = \"192.0.2.1:7878\"", true);
+    failover(
+        "s",
+        "backend = \"store\"\nurl = \"192.0.2.1:7878\"",
+        true,
+        true,
+    );
 }
 
 #[test]
@@ -493,6 +569,7 @@ fn a_killed_instance_fails_over_without_a_broken_connection_on_redis() {
     failover(
         "r",
         "backend = \"redis\"\nurl = \"redis://192.0.2.1:6379\"",
+        false,
         false,
     );
 }

@@ -30,10 +30,12 @@ pub(crate) struct Datagrams {
     peers: Vec<libc::sockaddr_in>,
     iov: Vec<libc::iovec>,
     hdrs: Vec<libc::mmsghdr>,
-    /// The segment size of each message of a send.
+    /// The control message (segment size) of each message of a send.
     cmsgs: Vec<SegmentCmsg>,
-    /// Datagrams in each message of a send.
-    segments: Vec<usize>,
+    /// Datagrams in each message of the last send, and their segment size.
+    segments: Vec<(usize, usize)>,
+    /// Messages of the last send.
+    messages: usize,
     /// Whether sends use `UDP_SEGMENT` (until the kernel refuses it once).
     gso: bool,
     n: usize,
@@ -84,7 +86,8 @@ impl Datagrams {
             // SAFETY: mmsghdr is plain old data; all-zero is a valid (empty) value.
             hdrs: vec![unsafe { std::mem::zeroed() }; capacity],
             cmsgs: vec![SegmentCmsg([0; 24]); capacity],
-            segments: vec![0; capacity],
+            segments: vec![(0, 0); capacity],
+            messages: 0,
             gso: true,
             n: 0,
         }
@@ -193,7 +196,10 @@ impl Datagrams {
     pub(crate) fn send(&mut self, fd: RawFd, pick: impl Fn(usize) -> bool) -> io::Result<usize> {
         if self.gso {
             match self.send_messages(fd, &pick, true) {
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EIO)) => {
+                Err(e)
+                    if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EIO))
+                        && self.segments[..self.messages].iter().any(|s| s.0 > 1) =>
+                {
                     tracing::info!(
                         "UDP segmentation offload refused ({e}): sending datagrams one by one"
                     );
@@ -213,10 +219,9 @@ impl Datagrams {
         pick: &impl Fn(usize) -> bool,
         gso: bool,
     ) -> io::Result<usize> {
-        let mut k = 0; // messages
-        let mut v = 0; // iovecs
-                       // The message being filled: its first datagram, segment size, payload and last length.
-        let mut run: Option<(usize, usize, usize, usize)> = None;
+        let (mut k, mut v) = (0, 0); // messages, iovecs
+                                     // The message being filled: its first datagram, payload and last length.
+        let mut run: Option<(usize, usize, usize)> = None;
         for i in 0..self.n {
             if !pick(i) {
                 continue;
@@ -227,19 +232,20 @@ impl Datagrams {
                 iov_len: len,
             };
             v += 1;
-            if let Some((first, size, payload, last)) = run {
+            if let Some((first, payload, last)) = run {
                 let (a, b) = (&self.peers[first], &self.peers[i]);
+                let (count, size) = self.segments[k - 1];
                 if gso
                     && last == size
                     && len <= size
                     && a.sin_addr.s_addr == b.sin_addr.s_addr
                     && a.sin_port == b.sin_port
-                    && self.segments[k - 1] < MAX_SEGMENTS
+                    && count < MAX_SEGMENTS
                     && payload + len <= MAX_PAYLOAD
                 {
                     self.hdrs[k - 1].msg_hdr.msg_iovlen += 1;
-                    self.segments[k - 1] += 1;
-                    run = Some((first, size, payload + len, len));
+                    self.segments[k - 1].0 += 1;
+                    run = Some((first, payload + len, len));
                     continue;
                 }
             }
@@ -250,18 +256,17 @@ impl Datagrams {
             h.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as u32;
             h.msg_iov = &mut self.iov[v - 1];
             h.msg_iovlen = 1;
-            self.segments[k] = 1;
-            run = Some((i, len, len, len));
+            self.segments[k] = (1, len);
+            run = Some((i, len, len));
             k += 1;
         }
+        self.messages = k;
         // Messages of several datagrams carry their segment size.
         for m in 0..k {
-            if self.segments[m] < 2 {
+            let (count, size) = self.segments[m];
+            if count < 2 {
                 continue;
             }
-            let size = self.hdrs[m].msg_hdr.msg_iov;
-            // SAFETY: msg_iov points at the message's first iovec, written above.
-            let size = unsafe { (*size).iov_len } as u16;
             let h = &mut self.hdrs[m].msg_hdr;
             h.msg_control = self.cmsgs[m].0.as_mut_ptr().cast();
             // SAFETY: CMSG_SPACE is a pure computation.
@@ -273,7 +278,7 @@ impl Datagrams {
                 (*c).cmsg_level = libc::SOL_UDP;
                 (*c).cmsg_type = UDP_SEGMENT;
                 (*c).cmsg_len = libc::CMSG_LEN(2) as usize;
-                std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), size);
+                std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), size as u16);
             }
         }
         let mut sent = 0; // messages
@@ -302,7 +307,10 @@ impl Datagrams {
                 };
             }
             let r = r as usize;
-            datagrams += self.segments[sent..sent + r].iter().sum::<usize>();
+            datagrams += self.segments[sent..sent + r]
+                .iter()
+                .map(|s| s.0)
+                .sum::<usize>();
             sent += r;
         }
         Ok(datagrams)
@@ -374,7 +382,6 @@ mod tests {
         for (i, &(peer, len)) in plan.iter().enumerate() {
             assert!(out.push_with(at[peer], |buf| {
                 buf[..len].fill(i as u8);
-                buf[0] = i as u8;
                 len
             }));
         }

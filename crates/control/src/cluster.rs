@@ -901,7 +901,7 @@ impl Controller {
         }
         // Too many: instances not started yet go first (they serve nothing), then standbys
         // beyond their count, then the highest live ones drain.
-        let mut excess = [
+        let mut surplus = [
             (MemberState::Starting, starting.saturating_sub(wanted)),
             (
                 MemberState::Standby,
@@ -909,7 +909,7 @@ impl Controller {
             ),
             (MemberState::Live, live.saturating_sub(self.target)),
         ];
-        for (state, excess) in &mut excess {
+        for (state, excess) in &mut surplus {
             for id in ids.iter().rev() {
                 if *excess == 0 || self.members.get(id).map(|m| m.state) != Some(*state) {
                     continue;

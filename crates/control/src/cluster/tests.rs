@@ -98,6 +98,18 @@ impl Sim {
         self.c.tick(self.now)
     }
 
+    /// Steps with `ids` reporting until a tick decides something (at most the failure
+    /// deadline and one interval); what it decided.
+    fn step_until_decided(&mut self, ids: &[InstanceId]) -> Vec<Decision> {
+        for _ in 0..=DEADLINE / I {
+            let d = self.step(ids);
+            if !d.is_empty() {
+                return d;
+            }
+        }
+        Vec::new()
+    }
+
     /// Instances 1..=n live with balanced partitions, started by the controller.
     fn cluster(n: u32) -> Sim {
         let mut s = Sim::new(ClusterConfig::default());
@@ -392,13 +404,7 @@ fn a_standby_takes_a_failed_instances_partitions_and_another_standby_starts() {
     // Instance 1 falls silent: its partitions, and only them, go to the standby (up to an even
     // share, the rest to the fewest) in the tick that fails it; a new standby starts under the
     // free id.
-    let mut d = Vec::new();
-    for _ in 0..4 {
-        d = s.step(&[2, 3, 4]);
-        if !d.is_empty() {
-            break;
-        }
-    }
+    let d = s.step_until_decided(&[2, 3, 4]);
     assert_eq!(d[0], Decision::Failed { id: 1 });
     assert_eq!(d.last(), Some(&Decision::Start { id: 1 }), "{d:?}");
     let a = published(&d)[0];
@@ -417,13 +423,7 @@ fn a_standby_takes_a_failed_instances_partitions_and_another_standby_starts() {
     assert_eq!(state_of(&s.c, 1, s.now), Some(MemberState::Standby));
     // A failed standby is only replaced; scaling out promotes the standby (and starts
     // another); scaling in drains a live instance and keeps the standby.
-    let mut d = Vec::new();
-    for _ in 0..4 {
-        d = s.step(&[2, 3, 4]);
-        if !d.is_empty() {
-            break;
-        }
-    }
+    let d = s.step_until_decided(&[2, 3, 4]);
     assert_eq!(d[0], Decision::Failed { id: 1 });
     assert_eq!(d.last(), Some(&Decision::Start { id: 1 }));
     assert!(same_owners(&d));
