@@ -375,13 +375,7 @@ fn server_saw_only_the_nat(peers: &std::path::Path) {
 }
 
 fn live(s: &serde_json::Value) -> Vec<u64> {
-    s["instances"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|i| i["state"] == "live")
-        .map(|i| i["id"].as_u64().unwrap())
-        .collect()
+    in_state(s, "live")
 }
 
 fn owned(s: &serde_json::Value) -> usize {
@@ -405,6 +399,7 @@ fn partitions_of(s: &serde_json::Value, id: u64) -> Vec<u64> {
         .collect()
 }
 
+/// Ids of the instances in `state` (`live`, `standby`, ...).
 fn in_state(s: &serde_json::Value, state: &str) -> Vec<u64> {
     s["instances"]
         .as_array()
@@ -477,7 +472,7 @@ fn failover(name: &str, state: &str, fast_path: bool, standby: bool) {
     let moves = root["moves_done"].as_u64().unwrap();
     if standby {
         let survivors: Vec<u64> = live(&before).into_iter().filter(|&i| i != victim).collect();
-        let mut serving = [survivors.clone(), spare.clone()].concat();
+        let mut serving = [&survivors[..], &spare[..]].concat();
         serving.sort_unstable();
         assert_eq!(in_state(&s, "standby"), vec![victim], "{s:#}");
         assert_eq!(live(&s), serving, "{s:#}");
