@@ -118,13 +118,18 @@ impl Cluster {
     }
 
     /// Waits until `ok` holds for the status (at most `secs`; a controller that does not
-    /// answer yet is waited for too).
-    fn wait_for(&self, secs: u64, what: &str, ok: impl Fn(&serde_json::Value) -> bool) {
+    /// answer yet is waited for too), and returns that status.
+    fn wait_for(
+        &self,
+        secs: u64,
+        what: &str,
+        ok: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
         let deadline = Instant::now() + Duration::from_secs(secs);
         loop {
             let s = self.try_status();
             if s.as_ref().is_ok_and(&ok) {
-                return;
+                return s.unwrap();
             }
             assert!(Instant::now() < deadline, "{what}: never; status {s:#?}");
             std::thread::sleep(Duration::from_millis(100));
@@ -399,6 +404,11 @@ fn partitions_of(s: &serde_json::Value, id: u64) -> Vec<u64> {
         .collect()
 }
 
+/// What the lab's controller logged.
+fn controller_log(c: &Cluster) -> String {
+    std::fs::read_to_string(c.lab.state_dir().join("cluster/controller.log")).unwrap_or_default()
+}
+
 /// Ids of the instances in `state` (`live`, `standby`, ...).
 fn in_state(s: &serde_json::Value, state: &str) -> Vec<u64> {
     s["instances"]
@@ -422,22 +432,10 @@ fn failover(name: &str, state: &str, fast_path: bool, standby: bool) {
     let mut c = Cluster::up_with(name, &config, 4);
     let want = content(1_000_000, 7);
     let http_peers = c.serve_paced(&want, 200_000);
-    let mut s = c.status();
-    for _ in 0..50 {
-        if live(&s).len() + in_state(&s, "standby").len() == 3 + usize::from(standby) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-        s = c.status();
-    }
-    let before = s.clone();
-    let spare = in_state(&s, "standby");
-    assert_eq!(live(&s).len(), 3, "{s:#}");
-    assert_eq!(spare.len(), usize::from(standby), "{s:#}");
-    assert_eq!(owned(&s), 16);
-    let victim = live(&s)[0];
-    let lost = partitions_of(&s, victim).len() as u64;
-    assert!(lost > 0, "{s:#}");
+    let settled = |s: &serde_json::Value| {
+        live(s).len() == 3 && in_state(s, "standby").len() == usize::from(standby) && owned(s) == 16
+    };
+    c.wait_for(5, "three live instances owning every partition", settled);
     let (udp, peers) = c.udp_flow(120);
     let mut downloads = c.downloads(100);
     std::thread::sleep(Duration::from_millis(1000));
@@ -446,6 +444,14 @@ fn failover(name: &str, state: &str, fast_path: bool, standby: bool) {
     // own schedule).
     c.wait_for_entries(200);
     still_transferring(&mut downloads, want.len());
+    // The cluster just before the kill (on a loaded machine an instance may have been failed
+    // over meanwhile: then its replacement has joined).
+    let before = c.wait_for(10, "the cluster settled before the kill", settled);
+    let spare = in_state(&before, "standby");
+    let victim = live(&before)[0];
+    let lost = partitions_of(&before, victim).len() as u64;
+    assert!(lost > 0, "{before:#}");
+    let moves_before = before["root"]["moves_done"].as_u64().unwrap();
     let killed_at = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -469,7 +475,7 @@ fn failover(name: &str, state: &str, fast_path: bool, standby: bool) {
     assert_eq!(owned(&s), 16, "{s:#}");
     let root = c.root();
     assert_eq!(root["reordered"], 0, "{root:#}");
-    let moves = root["moves_done"].as_u64().unwrap();
+    let moves = root["moves_done"].as_u64().unwrap() - moves_before;
     if standby {
         let survivors: Vec<u64> = live(&before).into_iter().filter(|&i| i != victim).collect();
         let mut serving = [&survivors[..], &spare[..]].concat();
@@ -483,7 +489,11 @@ fn failover(name: &str, state: &str, fast_path: bool, standby: bool) {
         for id in survivors {
             let kept = partitions_of(&before, id);
             let now = partitions_of(&s, id);
-            assert!(kept.iter().all(|p| now.contains(p)), "{id} lost one: {s:#}");
+            assert!(
+                kept.iter().all(|p| now.contains(p)),
+                "{id} lost one of {kept:?}: before {before:#}\nafter {s:#}\n{}",
+                controller_log(&c)
+            );
         }
         assert_eq!(moves, lost, "only the failover's moves: {root:#}");
     } else {
@@ -524,10 +534,7 @@ fn failover(name: &str, state: &str, fast_path: bool, standby: bool) {
         "the managed store served a client without credentials"
     );
     eprintln!("after the failover: {s:#}");
-    eprintln!(
-        "{}",
-        std::fs::read_to_string(c.lab.state_dir().join("cluster/controller.log")).unwrap()
-    );
+    eprintln!("{}", controller_log(&c));
     // `cluster down` stops every process it started, the managed store included (a Redis
     // server rewrites its title).
     let store = store_pid(&c);
@@ -1245,8 +1252,7 @@ fn under_a_stream_on(
             .sum(),
         counted: c.store_counter("counter", "packets"),
         root: c.root(),
-        controller_log: std::fs::read_to_string(c.lab.state_dir().join("cluster/controller.log"))
-            .unwrap_or_default(),
+        controller_log: controller_log(&c),
         instances: c.instance_stats(),
     }
 }
@@ -2549,8 +2555,7 @@ fn one_of_two_roots_killed_breaks_no_download_and_repeats_nothing() {
     }
     let missing: Vec<usize> = (0..times.len()).filter(|&i| times[i] == 0).collect();
     let delivered = count as usize - missing.len();
-    let log = std::fs::read_to_string(c.lab.state_dir().join("cluster/controller.log"));
-    eprintln!("controller: {}", log.unwrap_or_default());
+    eprintln!("controller: {}", controller_log(&c));
     let r1 = read_json(&stats1);
     eprintln!(
         "lost {} datagrams ({:?}..={:?}); root 1 took {} before the kill, {} in all: {r1:#}",
