@@ -2021,3 +2021,157 @@ fn a_syn_flood_fills_the_firewall_table_and_downloads_go_on() {
         }
     }
 }
+
+/// Port forwarding through a live box with two workers: an outside client downloads from an
+/// inside web server published at the box's external address, byte for byte, and is seen by
+/// the server as itself; an inside client reaches the same server through the external
+/// address (hairpinning) and is seen as its own external endpoint; `state list nat.forwards`
+/// counts the rules' sessions.
+#[test]
+fn a_forwarded_inside_server_is_reached_from_outside_and_by_hairpinning() {
+    if !is_root() {
+        eprintln!("skipped: live tests need root");
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut live = Live::up("pf");
+    let script = live.dir.path().join("peer.py");
+    std::fs::write(&script, NAT_PEER_PY).unwrap();
+    let peer = "10.0.0.3";
+    let o = live.client(&["ip", "addr", "add", &format!("{peer}/24"), "dev", CLIENT_IF]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // The inside servers: a web server on the client host, and one that tells each TCP client
+    // where it came from.
+    let www = live.dir.path().join("www");
+    std::fs::create_dir(&www).unwrap();
+    let body = content(2_000_000, 9);
+    std::fs::write(www.join("f.bin"), &body).unwrap();
+    let client_ns = live.lab.client_ns();
+    let web = live.spawn_in(
+        &client_ns,
+        &[
+            "python3",
+            "-m",
+            "http.server",
+            "8080",
+            "--bind",
+            &CLIENT.to_string(),
+            "--directory",
+            path(&www),
+        ],
+    );
+    live.others.push(web);
+    let whoami = live.spawn_in(&client_ns, &["python3", path(&script), "whoami", "7000"]);
+    live.others.push(whoami);
+    let listening = || {
+        let o = live.client(&["ss", "-Hltn", "( sport = :8080 or sport = :7000 )"]);
+        String::from_utf8_lossy(&o.stdout).lines().count() == 2
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !listening() {
+        assert!(
+            Instant::now() < deadline,
+            "the inside servers never listened"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let ext = BOX_OUTSIDE.to_string();
+    let chain = format!(
+        "[[chain]]\nnf = \"nat\"\nexternal = [\"{ext}\"]\nports = \"20000-59999\"\n\
+         forward = [\n\
+           {{ proto = \"tcp\", external = \"{ext}:80\", internal = \"{CLIENT}:8080\" }},\n\
+           {{ proto = \"tcp\", external = \"{ext}:7000\", internal = \"{CLIENT}:7000\" }},\n\
+         ]\n"
+    );
+    let metrics = "127.0.0.1:9465";
+    live.start_box_with(&config(&chain), SERVER, &["--metrics", metrics]);
+
+    let fetch = |ns: &str, from: &str, name: &str| -> Vec<u8> {
+        let to = live.dir.path().join(name);
+        let url = format!("http://{ext}/f.bin");
+        let o = live.run_in(
+            ns,
+            &[
+                "curl",
+                "-sSf",
+                "-m",
+                "60",
+                "--interface",
+                from,
+                "-o",
+                path(&to),
+                &url,
+            ],
+        );
+        assert!(
+            o.status.success(),
+            "curl from {from}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        std::fs::read(&to).unwrap()
+    };
+    let ask = |ns: &str, from: &str| -> String {
+        let o = live.run_in(
+            ns,
+            &["python3", path(&script), "tcp-ask", from, "0", &ext, "7000"],
+        );
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap().trim().to_string()
+    };
+    let server_ns = live.lab.server_ns();
+    // From outside: the server sees the real client.
+    assert!(
+        fetch(&server_ns, &SERVER.to_string(), "outside") == body,
+        "outside download differs"
+    );
+    let seen = ask(&server_ns, &SERVER.to_string());
+    assert!(
+        seen.starts_with(&format!("{SERVER}:")),
+        "the inside server saw {seen}"
+    );
+    // From inside, through the external address: the server sees the client's external
+    // endpoint (RFC 4787 REQ-9b), never its inside address.
+    assert!(
+        fetch(&client_ns, peer, "hairpin") == body,
+        "hairpinned download differs"
+    );
+    let seen = ask(&client_ns, peer);
+    assert!(
+        seen.starts_with(&format!("{ext}:")),
+        "the inside server saw {seen}"
+    );
+
+    let o = live.run_in(
+        &live.lab.nf_ns(),
+        &[
+            env!("CARGO_BIN_EXE_flowstate"),
+            "state",
+            "list",
+            metrics,
+            "nat.forwards",
+            "--json",
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let tables: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let rows = tables[0]["rows"].as_array().unwrap();
+    let row = |port: u16| {
+        rows.iter()
+            .find(|r| r[1] == format!("{ext}:{port}"))
+            .unwrap_or_else(|| panic!("no forward of port {port}: {tables}"))
+    };
+    assert_eq!(rows.len(), 2, "{tables}");
+    assert_eq!(row(80)[2], format!("{CLIENT}:8080"), "{tables}");
+    assert_eq!(row(7000)[2], format!("{CLIENT}:7000"), "{tables}");
+    // Two connections to each, closed and waiting out `tcp_transitory`.
+    assert_eq!(
+        (row(80)[3].as_i64(), row(7000)[3].as_i64()),
+        (Some(2), Some(2)),
+        "{tables}"
+    );
+
+    let s = live.stop_box();
+    let nat = nf_of(&s, "nat");
+    assert!(nat["report"]["hairpinned"].as_i64() > Some(0), "{s}");
+    assert_eq!(s["dropped"]["nat.filtered"].as_u64().unwrap_or(0), 0, "{s}");
+}

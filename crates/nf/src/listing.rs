@@ -41,6 +41,8 @@ pub enum Cell {
     Proto(u8),
     /// An address and port (ICMP echo: identifier).
     Endpoint(SocketAddr),
+    /// An address and the ports from its port to the second (inclusive).
+    Ports(SocketAddr, u16),
     /// An address.
     Addr(IpAddr),
     /// A count.
@@ -89,6 +91,8 @@ impl Serialize for Cell {
                 None => s.serialize_u8(*p),
             },
             Cell::Endpoint(e) => s.collect_str(e),
+            Cell::Ports(e, hi) if *hi == e.port() => s.collect_str(e),
+            Cell::Ports(e, hi) => s.collect_str(&format_args!("{e}-{hi}")),
             Cell::Addr(a) => s.collect_str(a),
             Cell::Int(n) => s.serialize_i64(*n),
             Cell::Timeout(d) => s.serialize_f64((d.as_secs_f64() * 1e3).round() / 1e3),

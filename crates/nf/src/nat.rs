@@ -17,6 +17,10 @@
 //! max_sessions = 2097152                      # at most, shared by the workers; new ones dropped beyond
 //! early_drop = true                           # out of ports or sessions: end the oldest unanswered or closed one
 //! port_parity = false                         # true: even inside ports get even external ports, odd odd
+//! forward = [                                 # port forwarding: publish inside servers
+//!   { proto = "tcp", external = "203.0.113.1:80", internal = "10.0.0.10:8080" },
+//!   { proto = "udp", external = "203.0.113.1:5000-5009", internal = "10.0.0.11:6000" },
+//! ]
 //! ```
 //!
 //! # Behaviour
@@ -39,6 +43,15 @@
 //!   (`"nat: no mapping"`); inbound packets to addresses that are not external are dropped too
 //!   (`"nat: not an external address"`): the NAT answers for its external addresses only, and
 //!   letting other traffic through would route the outside into the inside untranslated.
+//! * **Port forwarding** (`forward`, static mappings: VPP's `nat44 add static mapping`, an
+//!   nftables `dnat`): an inside endpoint published at an external endpoint (a range maps
+//!   port `lo + k` to internal port `internal + k`). It is the inside endpoint's mapping from
+//!   the start: a UDP packet or TCP SYN from anywhere to the external endpoint opens a
+//!   session whatever `filtering` says, and the inside endpoint's own flows go out from the
+//!   external endpoint. Forwarded ports never enter the pools. Inside clients reach a
+//!   forwarded server through the external address by hairpinning, and it sees their
+//!   external endpoints. In a cluster (or over workers) both directions of a forwarded
+//!   session go to the partition of the inside endpoint.
 //! * **Hairpinning** (RFC 4787 REQ-9, RFC 5382 REQ-8; `hairpinning = true`, the default): an
 //!   inside packet to an external endpoint is translated outbound, then goes back in as an
 //!   inbound packet from its new source, filtered as one: the other inside host sees the
@@ -186,11 +199,13 @@ use std::time::Duration;
 
 const NF: &str = "nat";
 
+mod forward;
 mod maps;
 pub mod mvt; // the same NAT on a Match-Value Table (`table = "mvt"`)
 mod rewrite;
 pub mod translate;
 
+pub use forward::{Forward, Forwards, Ports};
 pub use maps::FlowTables;
 pub(crate) use rewrite::{be16, checksum_update};
 pub use translate::{NatTable, Translator};
@@ -383,6 +398,9 @@ pub struct Config {
     /// pooled apart, and the other parity is used only when one runs out.
     #[serde(default)]
     pub port_parity: bool,
+    /// Port forwarding rules (default none; see the module docs).
+    #[serde(default)]
+    pub forward: Forwards,
 }
 
 fn default_max_sessions() -> u64 {
@@ -421,6 +439,7 @@ pub const CONFIG_KEYS: &[&str] = &[
     "max_sessions",
     "early_drop",
     "port_parity",
+    "forward",
 ];
 
 fn config_error(key: &'static str, reason: impl Into<String>) -> BuildError {
@@ -448,6 +467,7 @@ impl Config {
             max_sessions: default_max_sessions(),
             early_drop: true,
             port_parity: false,
+            forward: Forwards::default(),
         }
     }
 
@@ -507,6 +527,9 @@ impl Config {
             ("icmp", self.icmp),
         ] {
             crate::positive(NF, key, d, &mut errors);
+        }
+        for (i, why) in self.forward.problems(&self.external) {
+            errors.push(config_error_at(format!("forward[{i}]"), why));
         }
         BuildError::all(errors)
     }
@@ -616,18 +639,21 @@ pub struct Mapping {
     pub ext_port: u16,
     /// Sessions using the mapping; the port returns to the pool when it reaches 0.
     pub sessions: u32,
+    /// Whether it is a port forwarding's (never taken from or returned to a pool).
+    pub forwarded: bool,
 }
 
 impl Codec for Mapping {
     fn encode(&self, out: &mut Vec<u8>) {
-        (self.ext_ip, self.ext_port, self.sessions).encode(out);
+        (self.ext_ip, self.ext_port, self.sessions, self.forwarded).encode(out);
     }
     fn decode(input: &mut &[u8]) -> Result<Self, CodecError> {
-        let (ext_ip, ext_port, sessions) = <(Ipv4Addr, u16, u32)>::decode(input)?;
+        let (ext_ip, ext_port, sessions, forwarded) = <(Ipv4Addr, u16, u32, bool)>::decode(input)?;
         Ok(Mapping {
             ext_ip,
             ext_port,
             sessions,
+            forwarded,
         })
     }
 }
@@ -773,6 +799,14 @@ impl NfFactory for Factory {
                     out.push(mapping_row(e, &m));
                 }
             }
+            "forwards" => {
+                let sessions: Vec<Row> = store
+                    .map::<FlowKey, OutSession>("out")?
+                    .into_iter()
+                    .map(|(k, s)| session_row(&k, s.ext_ip, s.ext_port, s.tcp, Cell::None))
+                    .collect();
+                out.extend(forward_rows(self.0.forward.rules(), &sessions));
+            }
             _ => return Ok(false),
         }
         Ok(true)
@@ -795,7 +829,43 @@ pub(crate) const TABLES: &[TableInfo] = &[
         columns: &["proto", "inside", "external", "sessions"],
         summed: false,
     },
+    TableInfo {
+        name: "forwards",
+        about: "a port forwarding (`forward`): protocol, external endpoint, the inside endpoint \
+                it is published for, sessions on it",
+        columns: &["proto", "external", "internal", "sessions"],
+        summed: true,
+    },
 ];
+
+/// The rows of `forwards`, each with the sessions of `sessions` (rows of the `sessions`
+/// table) that go out from its external endpoints.
+pub(crate) fn forward_rows(rules: &[Forward], sessions: &[Row]) -> Vec<Row> {
+    rules
+        .iter()
+        .map(|f| {
+            let on = sessions
+                .iter()
+                .filter(|r| {
+                    matches!((&r[0], &r[3]), (Cell::Proto(p), Cell::Endpoint(e))
+                        if *p == f.proto
+                            && e.ip() == IpAddr::V4(f.external.addr)
+                            && f.external.ports.contains(e.port()))
+                })
+                .count();
+            let (lo, hi) = f.internal_ports();
+            vec![
+                Cell::Proto(f.proto),
+                Cell::Ports(
+                    (f.external.addr, f.external.ports.lo).into(),
+                    f.external.ports.hi,
+                ),
+                Cell::Ports((*f.internal.ip(), lo).into(), hi as u16),
+                Cell::Int(on as i64),
+            ]
+        })
+        .collect()
+}
 
 /// A session as `flowstate state list nat.sessions` shows it.
 pub(crate) fn session_row(
@@ -847,7 +917,8 @@ impl Config {
     /// The partition that holds a packet's NAT state (see [`NfFactory::partition`]):
     /// * inbound to an external address: the owner of its destination port
     ///   ([`port_owner`]); an ICMP error quoting a translated packet: the owner of the quoted
-    ///   source port;
+    ///   source port; to (or quoting) a forwarded external endpoint: the partition of its
+    ///   inside endpoint, where the inside endpoint's own packets go;
     /// * outbound IPv4 TCP, UDP or ICMP echo: the partition of its inside endpoint (address,
     ///   port, protocol), the scope of the `eim` mapping, so every flow of one endpoint meets
     ///   its one mapping (RFC 4787 REQ-1, endpoint-independent mapping, holds across
@@ -860,12 +931,21 @@ impl Config {
         direction: Direction,
         partitions: u32,
     ) -> Option<u32> {
-        let external = |ip: IpAddr| matches!(ip, IpAddr::V4(a) if self.external.contains(&a));
+        let owner = |ip: IpAddr, port: u16, p: u8| {
+            let IpAddr::V4(a) = ip else { return None };
+            if !self.external.contains(&a) {
+                return None;
+            }
+            Some(match self.forward.inside_of(a, port, p) {
+                Some((i, ip)) => crate::endpoint_partition(IpAddr::V4(i), ip, p, partitions),
+                None => port_owner(port, self.ports.lo, partitions),
+            })
+        };
         if let Some(q) = quoted {
-            return external(q.src).then(|| port_owner(q.src_port, self.ports.lo, partitions));
+            return owner(q.src, q.src_port, q.proto);
         }
-        if external(flow.dst) {
-            return Some(port_owner(flow.dst_port, self.ports.lo, partitions));
+        if let Some(w) = owner(flow.dst, flow.dst_port, flow.proto) {
+            return Some(w);
         }
         let translated = matches!(flow.proto, proto::TCP | proto::UDP | proto::ICMP);
         (direction == Direction::Outbound && flow.src.is_ipv4() && translated)
@@ -942,6 +1022,7 @@ mod tests {
             ext_ip: Ipv4Addr::new(203, 0, 113, 1),
             ext_port: 9,
             sessions: 7,
+            forwarded: true,
         };
         assert_eq!(Mapping::from_bytes(&m.to_bytes()), Ok(m));
         assert!(Mapping::from_bytes(&m.to_bytes()[..5]).is_err());

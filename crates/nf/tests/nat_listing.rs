@@ -90,6 +90,6 @@ fn a_nat_lists_its_sessions_and_a_store_holds_the_same() {
         .unwrap());
     assert_eq!(
         factory.tables().iter().map(|t| t.name).collect::<Vec<_>>(),
-        ["sessions", "mappings"]
+        ["sessions", "mappings", "forwards"]
     );
 }

@@ -1,5 +1,6 @@
 //! The NAT on a Match-Value Table (`table = "mvt"`) against the default NAT: the same random
-//! traffic (valid, mutated, garbage, ICMP errors, hairpinned packets, time passing) through both,
+//! traffic (valid, mutated, garbage, ICMP errors, hairpinned packets, time passing, port
+//! forwardings in the pool's range) through both,
 //! under every filtering mode, refresh direction and port parity setting, must give the same verdicts, the same output
 //! bytes and the same report, for one worker and for a worker of two. (About 60% of the cases
 //! hairpin a packet and about 17% filter one.)
@@ -21,7 +22,11 @@ tcp_established = "50s"
 tcp_transitory = "10s"
 udp = "20s"
 icmp = "5s"
-max_sessions = 12"#;
+max_sessions = 12
+forward = [
+  { proto = "tcp", external = "203.0.113.1:1026", internal = "10.0.0.3:80" },
+  { proto = "udp", external = "203.0.113.2:1025-1026", internal = "10.0.0.2:53" },
+]"#;
 
 const INSIDE: [Ipv4Addr; 3] = [
     Ipv4Addr::new(10, 0, 0, 1),
@@ -420,7 +425,9 @@ proptest! {
         run.mvt.advance(1000);
         run.same_reports()?;
         prop_assert_eq!(run.mvt.report("active_sessions"), 0);
-        prop_assert_eq!(run.mvt.report("pool_free"), if two_workers { 2 * 3 } else { 2 * 7 });
+        // Every port back, and none forwarded: 1026 of .1, 1025 and 1026 of .2 (worker 1 of
+        // two has 1025, 1027 and 1029 of each).
+        prop_assert_eq!(run.mvt.report("pool_free"), if two_workers { 3 + 2 } else { 6 + 5 });
     }
 }
 

@@ -86,12 +86,14 @@ impl FlowTables {
         let print = pool_fingerprint(config, worker);
         match init.get()? {
             None => {
-                for (_, pools) in &t.pools {
+                for (a, pools) in &t.pools {
                     let first = u32::from(config.ports.lo) + worker.partition;
                     for p in
                         (first..=u32::from(config.ports.hi)).step_by(worker.partitions as usize)
                     {
-                        pools[t.list_of(p as u16)].push_nowait(p as u16);
+                        if !config.forward.reserves(*a, p as u16) {
+                            pools[t.list_of(p as u16)].push_nowait(p as u16);
+                        }
                     }
                 }
                 init.set_nowait(print);
@@ -169,15 +171,19 @@ impl FlowTables {
             return;
         };
         let ep: Endpoint = (inside, out_key.src_port, out_key.proto);
+        // Whether it was the last session of its mapping, and the mapping a forwarding's.
         let last = self.eim.with_mut(&ep, |m| match m {
-            Some(m) => {
+            Some(m) if (m.ext_ip, m.ext_port) == (s.ext_ip, s.ext_port) => {
                 m.sessions = m.sessions.saturating_sub(1);
-                m.sessions == 0
+                (m.sessions == 0).then_some(m.forwarded)
             }
-            None => false,
+            _ => None,
         });
-        if let Ok(true) = last {
+        if let Ok(Some(forwarded)) = last {
             self.eim.remove_nowait(&ep);
+            if forwarded {
+                return;
+            }
             if self.filtering != Filtering::AddressAndPortDependent {
                 self.ext
                     .remove_nowait(&(s.ext_ip, s.ext_port, out_key.proto));
@@ -227,6 +233,7 @@ impl NatTable for FlowTables {
         tcp: u8,
         timeouts: &Timeouts,
         now: Nanos,
+        forwarded: Option<(Ipv4Addr, u16)>,
     ) -> Result<(Ipv4Addr, u16), u8> {
         let IpAddr::V4(inside) = flow.src else {
             return Err(MALFORMED);
@@ -242,16 +249,20 @@ impl NatTable for FlowTables {
             Err(_) => return Err(STATE_ERROR),
             Ok(Some(e)) => e,
             Ok(None) => {
-                let (ip, port) = self.take(inside, flow.src_port)?;
+                let (ip, port) = match forwarded {
+                    Some(e) => e,
+                    None => self.take(inside, flow.src_port)?,
+                };
                 self.eim.insert_nowait(
                     ep,
                     Mapping {
                         ext_ip: ip,
                         ext_port: port,
                         sessions: 1,
+                        forwarded: forwarded.is_some(),
                     },
                 );
-                if self.filtering != Filtering::AddressAndPortDependent {
+                if forwarded.is_none() && self.filtering != Filtering::AddressAndPortDependent {
                     self.ext
                         .insert_nowait((ip, port, flow.proto), (inside, flow.src_port));
                 }
@@ -490,6 +501,11 @@ fn pool_fingerprint(config: &Config, worker: Placement) -> u32 {
     }
     if config.port_parity {
         crc = hash::crc32c_append(crc, b"parity");
+    }
+    for f in config.forward.rules() {
+        crc = hash::crc32c_append(crc, &f.external.addr.octets());
+        crc = hash::crc32c_append(crc, &f.external.ports.lo.to_be_bytes());
+        crc = hash::crc32c_append(crc, &f.external.ports.hi.to_be_bytes());
     }
     crc
 }

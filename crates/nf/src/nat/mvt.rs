@@ -144,6 +144,9 @@ pub enum NatValue {
         ext_ip: Ipv4Addr,
         /// External port (ICMP: identifier).
         ext_port: u16,
+        /// Whether it is a port forwarding's: made for its first session and removed after
+        /// its last, never in the pool.
+        forwarded: bool,
     },
     /// A session, keyed by the inside 5-tuple.
     Out {
@@ -279,9 +282,13 @@ impl MvtTable {
         for a in &config.external {
             let first = u32::from(config.ports.lo) + worker.partition;
             for p in (first..=u32::from(config.ports.hi)).step_by(worker.partitions as usize) {
+                if config.forward.reserves(*a, p as u16) {
+                    continue;
+                }
                 let v = NatValue::Resource {
                     ext_ip: *a,
                     ext_port: p as u16,
+                    forwarded: false,
                 };
                 let list = u8::from(config.port_parity) & (p & 1) as u8;
                 table
@@ -431,16 +438,24 @@ impl MvtTable {
         }
         let back = match self.table.entry_mut(res) {
             Some(Entry {
-                value: NatValue::Resource { ext_ip, ext_port },
+                value:
+                    NatValue::Resource {
+                        ext_ip,
+                        ext_port,
+                        forwarded,
+                    },
                 aux,
                 ..
             }) => {
                 *aux = aux.saturating_sub(1);
-                (*aux == 0).then_some((*ext_ip, *ext_port))
+                (*aux == 0).then_some((*ext_ip, *ext_port, *forwarded))
             }
             _ => None,
         };
-        if let Some((ip, port)) = back {
+        if let Some((.., true)) = back {
+            self.table.remove(res);
+            self.mappings -= 1;
+        } else if let Some((ip, port, _)) = back {
             let list = u8::from(self.parity) & (port & 1) as u8;
             if self.table.rematch(res, pool_match(ip, list)).is_ok() {
                 self.mappings -= 1;
@@ -507,14 +522,28 @@ impl NatTable for MvtTable {
         tcp: u8,
         timeouts: &Timeouts,
         now: Nanos,
+        forwarded: Option<(Ipv4Addr, u16)>,
     ) -> Result<(Ipv4Addr, u16), u8> {
         let IpAddr::V4(inside) = flow.src else {
             return Err(MALFORMED);
         };
         let eim = eim_match(inside, flow.src_port, flow.proto);
-        let (res, fresh) = match self.table.find(&eim) {
-            Some(id) => (id, false),
-            None => {
+        let (res, fresh) = match (self.table.find(&eim), forwarded) {
+            (Some(id), _) => (id, false),
+            (None, Some((ext_ip, ext_port))) => {
+                let v = NatValue::Resource {
+                    ext_ip,
+                    ext_port,
+                    forwarded: true,
+                };
+                let id = self
+                    .table
+                    .insert(Entry::new(eim, v, 0, NEVER, 0))
+                    .map_err(|_| STATE_ERROR)?;
+                self.mappings += 1;
+                (id, false)
+            }
+            (None, None) => {
                 // Paired pooling (RFC 4787 REQ-2), as in the default NAT.
                 let i = hash::crc32c(&inside.octets()) as usize % self.external.len();
                 let want = u8::from(self.parity) & (flow.src_port & 1) as u8;
@@ -530,7 +559,10 @@ impl NatTable for MvtTable {
         };
         let (ext_ip, ext_port) = match self.table.entry_mut(res) {
             Some(Entry {
-                value: NatValue::Resource { ext_ip, ext_port },
+                value:
+                    NatValue::Resource {
+                        ext_ip, ext_port, ..
+                    },
                 aux,
                 ..
             }) => {
@@ -755,7 +787,9 @@ impl NatTable for MvtTable {
     fn mapping(&self, inside: Endpoint) -> Option<(Ipv4Addr, u16)> {
         let id = self.table.find(&eim_match(inside.0, inside.1, inside.2))?;
         match self.table.get(id) {
-            Some(NatValue::Resource { ext_ip, ext_port }) => Some((*ext_ip, *ext_port)),
+            Some(NatValue::Resource {
+                ext_ip, ext_port, ..
+            }) => Some((*ext_ip, *ext_port)),
             _ => None,
         }
     }
@@ -792,28 +826,37 @@ impl NatTable for MvtTable {
                     ext_ip,
                     ext_port,
                     tcp,
+                    res,
                     ..
-                } => Some((key, ext_ip, ext_port, tcp, e.deadline())),
+                } => Some((key, ext_ip, ext_port, tcp, e.deadline(), res)),
                 _ => None,
             }
         });
         match table {
             "sessions" => {
-                for (k, ip, port, tcp, deadline) in sessions {
+                for (k, ip, port, tcp, deadline, _) in sessions {
                     let left = Cell::timeout(Some(deadline), now);
                     out.push(session_row(k, ip, port, tcp, left));
                 }
             }
             "mappings" => {
                 let mut by_inside: BTreeMap<Endpoint, Mapping> = BTreeMap::new();
-                for (k, ext_ip, ext_port, ..) in sessions {
+                for (k, ext_ip, ext_port, _, _, res) in sessions {
                     let IpAddr::V4(ip) = k.src else { continue };
+                    let forwarded = matches!(
+                        self.table.get(res),
+                        Some(NatValue::Resource {
+                            forwarded: true,
+                            ..
+                        })
+                    );
                     by_inside
                         .entry((ip, k.src_port, k.proto))
                         .or_insert(Mapping {
                             ext_ip,
                             ext_port,
                             sessions: 0,
+                            forwarded,
                         })
                         .sessions += 1;
                 }

@@ -139,13 +139,16 @@ pub trait NatTable {
     ) -> Result<Option<(Ipv4Addr, u16)>, u8>;
 
     /// Creates the session of outbound `flow` in TCP state `tcp`, renewed, with its inside
-    /// endpoint's mapping (a port from the pool of the paired address unless it has one).
+    /// endpoint's mapping. When it has none, the mapping is `forwarded` (a port forwarding's
+    /// external endpoint, never taken from or returned to a pool) or a port from the pool of
+    /// the paired address.
     fn open(
         &mut self,
         flow: &FlowKey,
         tcp: u8,
         timeouts: &Timeouts,
         now: Nanos,
+        forwarded: Option<(Ipv4Addr, u16)>,
     ) -> Result<(Ipv4Addr, u16), u8>;
 
     /// The session inbound `flow` answers, its TCP state stepped for `flags` and, when `renew`
@@ -225,6 +228,7 @@ pub struct Translator<T> {
     ipv6: Ipv6Policy,
     /// The external addresses, sorted (for [`Translator::is_external`]).
     external: Vec<u32>,
+    forwards: super::Forwards,
     translations: Counter,
     packets_out: Counter,
     packets_in: Counter,
@@ -287,6 +291,7 @@ impl<T: NatTable> Translator<T> {
             candidates: Candidates::new(config.early_drop),
             ipv6: config.ipv6,
             external,
+            forwards: config.forward.clone(),
             translations: state.counter("translations", part, Access::WriteMostly)?,
             packets_out: state.counter("packets_out", part, Access::WriteMostly)?,
             packets_in: state.counter("packets_in", part, Access::WriteMostly)?,
@@ -451,23 +456,29 @@ impl<T: NatTable> Translator<T> {
     /// session, may open one on the mapping of its destination. Only UDP and a TCP SYN open
     /// sessions from outside; under endpoint-independent filtering any remote may, under
     /// address-dependent filtering one the inside endpoint has a session with.
+    /// A forwarded external endpoint (`forward`) admits any remote.
     fn admit(&mut self, flow: &FlowKey, kind: Kind, now: Nanos) -> Result<Found<T::Session>, u8> {
         let opens = match kind {
             Kind::Udp => true,
             Kind::Tcp(f) => f.contains(tcp::Flags::SYN) && !f.contains(tcp::Flags::ACK),
             Kind::Echo { .. } => false,
         };
-        if !opens || self.filtering == Filtering::AddressAndPortDependent {
-            return Err(NO_MAPPING);
-        }
         let (IpAddr::V4(ext), IpAddr::V4(remote)) = (flow.dst, flow.src) else {
             return Err(MALFORMED);
         };
-        let (ip, port) = self
-            .table
-            .mapped((ext, flow.dst_port, flow.proto))?
-            .ok_or(NO_MAPPING)?;
-        if self.filtering == Filtering::AddressDependent
+        let forwarded = self.forwards.inside_of(ext, flow.dst_port, flow.proto);
+        if !opens || forwarded.is_none() && self.filtering == Filtering::AddressAndPortDependent {
+            return Err(NO_MAPPING);
+        }
+        let (ip, port) = match forwarded {
+            Some(inside) => inside,
+            None => self
+                .table
+                .mapped((ext, flow.dst_port, flow.proto))?
+                .ok_or(NO_MAPPING)?,
+        };
+        if forwarded.is_none()
+            && self.filtering == Filtering::AddressDependent
             && !self.table.talks_to((ip, port, flow.proto), remote)?
         {
             return Err(FILTERED);
@@ -490,9 +501,13 @@ impl<T: NatTable> Translator<T> {
         if self.table.sessions() >= self.max_sessions && !self.make_room(false) {
             return Err(SESSION_LIMIT);
         }
-        let e = match self.table.open(flow, tcp, &self.timeouts, now) {
+        let forwarded = match flow.src {
+            IpAddr::V4(a) => self.forwards.outside_of(a, flow.src_port, flow.proto),
+            IpAddr::V6(_) => None,
+        };
+        let e = match self.table.open(flow, tcp, &self.timeouts, now, forwarded) {
             Err(POOL_EXHAUSTED) if self.make_room(true) => {
-                self.table.open(flow, tcp, &self.timeouts, now)?
+                self.table.open(flow, tcp, &self.timeouts, now, forwarded)?
             }
             r => r?,
         };
@@ -734,8 +749,14 @@ impl<T: NatTable> NetworkFunction for Translator<T> {
         self.table.sessions() as u64
     }
 
+    /// `forwards`: every rule with the sessions this worker holds on it.
     fn list(&self, table: &str, now: Nanos, out: &mut Vec<Row>) {
-        self.table.list(table, now, out);
+        if table != "forwards" {
+            return self.table.list(table, now, out);
+        }
+        let mut sessions = Vec::new();
+        self.table.list("sessions", now, &mut sessions);
+        out.extend(super::forward_rows(self.forwards.rules(), &sessions));
     }
 
     fn report(&self) -> Vec<(&'static str, i64)> {
