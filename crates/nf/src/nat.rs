@@ -17,6 +17,7 @@
 //! max_sessions = 2097152                      # at most, shared by the workers; new ones dropped beyond
 //! early_drop = true                           # out of ports or sessions: end the oldest unanswered or closed one
 //! port_parity = false                         # true: even inside ports get even external ports, odd odd
+//! events = { ipfix = "192.0.2.50:4739" }       # NAT event logging (RFC 8158), or json = "file"
 //! forward = [                                 # port forwarding: publish inside servers
 //!   { proto = "tcp", external = "203.0.113.1:80", internal = "10.0.0.10:8080" },
 //!   { proto = "udp", external = "203.0.113.1:5000-5009", internal = "10.0.0.11:6000" },
@@ -90,6 +91,10 @@
 //!   passes or is dropped (`"nat: ipv6"`) as configured.
 //! * An outbound packet *from* an external address is dropped (`"nat: outbound from an external address"`): no inside host owns one, and a
 //!   session for it would translate inbound packets back to the NAT's own address.
+//!
+//! * **Events** (`events`, [`events`] has the details): session and mapping create and
+//!   delete, ports exhausted, session limit reached, as IPFIX to a collector and/or JSON
+//!   lines, never blocking a worker (`events_lost` counts what a full queue refused).
 //!
 //! # Sessions and timeouts
 //!
@@ -172,6 +177,7 @@
 //! | RFC 5508 REQ-1 | ICMP echo from the inside with its replies; query timeout ≥ 60 s, configurable | ✔ identifiers mapped like ports; `icmp = "60s"` |
 //! | RFC 5508 (errors the NAT originates) | TTL exceeded and the like sent by the NAT itself | ✔ time exceeded and fragmentation needed, from the box's port address to the sender as it sent (no host unreachable yet) |
 //! | RFC 7857 §2.2 | TCP established on SYNs in both directions | ✔ established once each side sent a SYN or an ACK |
+//! | RFC 8158 §4.1, RFC 7011 | NAT events over IPFIX | ◐ NAT44 session and BIB create and delete, NAT ports exhausted, quota exceeded (maximum session entries), templates resent on schedule over UDP; no address-exhausted, threshold or port-block events (nothing here allocates addresses or port blocks) |
 //!
 //! # Ports per worker
 //!
@@ -199,12 +205,15 @@ use std::time::Duration;
 
 const NF: &str = "nat";
 
+mod events;
 mod forward;
+mod ipfix;
 mod maps;
 pub mod mvt; // the same NAT on a Match-Value Table (`table = "mvt"`)
 mod rewrite;
 pub mod translate;
 
+pub use events::{Event, EventKind, EventsConfig};
 pub use forward::{Forward, Forwards, Ports};
 pub use maps::FlowTables;
 pub(crate) use rewrite::{be16, checksum_update};
@@ -214,13 +223,14 @@ pub use translate::{NatTable, Translator};
 pub type Nat = Translator<FlowTables>;
 
 impl Nat {
-    /// Declares the NAT's state for `worker` and fills its port pools (see the module docs).
+    /// Declares the NAT's state for `worker` and fills its port pools (see the module docs);
+    /// no event log.
     pub fn new(
         config: &Config,
         state: &mut Declare<'_>,
         worker: Placement,
     ) -> Result<Nat, BuildError> {
-        Translator::build(config, state, worker, |state| {
+        Translator::build(config, state, worker, None, |state| {
             FlowTables::new(config, state, worker)
         })
     }
@@ -401,6 +411,9 @@ pub struct Config {
     /// Port forwarding rules (default none; see the module docs).
     #[serde(default)]
     pub forward: Forwards,
+    /// Event logging (default off; see [`events`]).
+    #[serde(default)]
+    pub events: Option<EventsConfig>,
 }
 
 fn default_max_sessions() -> u64 {
@@ -440,6 +453,7 @@ pub const CONFIG_KEYS: &[&str] = &[
     "early_drop",
     "port_parity",
     "forward",
+    "events",
 ];
 
 fn config_error(key: &'static str, reason: impl Into<String>) -> BuildError {
@@ -468,6 +482,7 @@ impl Config {
             early_drop: true,
             port_parity: false,
             forward: Forwards::default(),
+            events: None,
         }
     }
 
@@ -531,8 +546,18 @@ impl Config {
         for (i, why) in self.forward.problems(&self.external) {
             errors.push(config_error_at(format!("forward[{i}]"), why));
         }
+        for (key, why) in self.events.iter().flat_map(EventsConfig::problems) {
+            errors.push(config_error_at(format!("events.{key}"), why));
+        }
         BuildError::all(errors)
     }
+}
+
+/// The index of the external address (of `n`, in configuration order) paired with inside
+/// address `inside` (RFC 4787 REQ-2): a hash, so every worker and instance agrees.
+#[inline]
+fn paired(inside: Ipv4Addr, n: usize) -> usize {
+    flowstate_wire::hash::crc32c(&inside.octets()) as usize % n.max(1)
 }
 
 /// The worker that owns external `port` when the range starting at `lo` is split among `count`
@@ -740,13 +765,34 @@ fn out_key(in_key: &FlowKey, s: &InSession) -> FlowKey {
 // ------------------------------------------------------------------------------------------
 // Factory
 
-/// Builds NATs.
-#[derive(Debug, Clone)]
-pub struct Factory(pub Config);
+/// Builds NATs: the configuration, and the event log its workers share.
+#[derive(Debug)]
+pub struct Factory {
+    /// The configuration.
+    pub config: Config,
+    events: Option<events::EventLog>,
+}
+
+impl Factory {
+    /// The factory of `config` (its event log starts with the first worker built).
+    pub fn new(config: Config) -> Factory {
+        let events = config.events.clone().map(events::EventLog::new);
+        Factory { config, events }
+    }
+
+    /// A worker's event handle, if events are logged (the first starts the exporter).
+    fn worker_events(&self) -> Result<Option<events::WorkerEvents>, BuildError> {
+        self.events
+            .as_ref()
+            .map(events::EventLog::worker)
+            .transpose()
+            .map_err(|(key, why)| config_error_at(format!("events.{key}"), why))
+    }
+}
 
 /// The factory for a `[[chain]]` table.
 pub fn factory(table: &toml::Table) -> Result<Arc<dyn NfFactory>, BuildError> {
-    Ok(Arc::new(Factory(Config::from_table(table)?)))
+    Ok(Arc::new(Factory::new(Config::from_table(table)?)))
 }
 
 impl NfFactory for Factory {
@@ -759,7 +805,14 @@ impl NfFactory for Factory {
         state: &mut Declare<'_>,
         worker: Placement,
     ) -> Result<Box<dyn NetworkFunction>, BuildError> {
-        Ok(Box::new(Nat::new(&self.0, state, worker)?))
+        let events = self.worker_events()?;
+        Ok(Box::new(Translator::build(
+            &self.config,
+            state,
+            worker,
+            events,
+            |state| FlowTables::new(&self.config, state, worker),
+        )?))
     }
 
     /// Yes: an established flow's packets without SYN, FIN or RST change nothing but its
@@ -775,7 +828,7 @@ impl NfFactory for Factory {
         direction: Direction,
         partitions: u32,
     ) -> Option<u32> {
-        self.0.partition(flow, quoted, direction, partitions)
+        self.config.partition(flow, quoted, direction, partitions)
     }
 
     fn tables(&self) -> &'static [TableInfo] {
@@ -805,7 +858,7 @@ impl NfFactory for Factory {
                     .into_iter()
                     .map(|(k, s)| session_row(&k, s.ext_ip, s.ext_port, s.tcp, Cell::None))
                     .collect();
-                out.extend(forward_rows(self.0.forward.rules(), &sessions));
+                out.extend(forward_rows(self.config.forward.rules(), &sessions));
             }
             _ => return Ok(false),
         }

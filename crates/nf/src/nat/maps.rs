@@ -1,7 +1,7 @@
 //! The NAT's table on the state API (`table = "state"`, the default): maps and lists a store
 //! holds, so sessions survive a worker's restart and move with their partition.
 
-use super::translate::{Found, NatTable, Timeouts};
+use super::translate::{Ended, Found, NatTable, Timeouts};
 use super::{
     expendable, in_key, mapping_row, out_key, session_row, step_in, tcp_step, Config, Endpoint,
     Filtering, InSession, Mapping, OutSession, MALFORMED, POOL_EXHAUSTED, STATE_ERROR,
@@ -113,7 +113,7 @@ impl FlowTables {
     /// The pools of the external address paired with `inside` (RFC 4787 REQ-2).
     #[inline]
     fn paired(&self, inside: Ipv4Addr) -> &(Ipv4Addr, [List<u16>; 2]) {
-        let i = hash::crc32c(&inside.octets()) as usize % self.pools.len();
+        let i = super::paired(inside, self.pools.len());
         &self.pools[i]
     }
 
@@ -150,8 +150,8 @@ impl FlowTables {
     }
 
     /// Ends a session: removes its `in` entry and releases its mapping, returning the port to
-    /// the pool when it was the mapping's last session.
-    fn release(&self, out_key: &FlowKey, s: &OutSession) {
+    /// the pool when it was the mapping's last session. Whether the mapping ended.
+    fn release(&self, out_key: &FlowKey, s: &OutSession) -> bool {
         self.inb.remove_nowait(&in_key(out_key, s));
         if self.filtering == Filtering::AddressDependent {
             if let Some(p) = Self::peer(out_key) {
@@ -168,7 +168,7 @@ impl FlowTables {
             }
         }
         let IpAddr::V4(inside) = out_key.src else {
-            return;
+            return false;
         };
         let ep: Endpoint = (inside, out_key.src_port, out_key.proto);
         // Whether it was the last session of its mapping, and the mapping a forwarding's.
@@ -179,11 +179,11 @@ impl FlowTables {
             }
             _ => None,
         });
-        if let Ok(Some(forwarded)) = last {
-            self.eim.remove_nowait(&ep);
-            if forwarded {
-                return;
-            }
+        let Ok(Some(forwarded)) = last else {
+            return false;
+        };
+        self.eim.remove_nowait(&ep);
+        if !forwarded {
             if self.filtering != Filtering::AddressAndPortDependent {
                 self.ext
                     .remove_nowait(&(s.ext_ip, s.ext_port, out_key.proto));
@@ -192,6 +192,7 @@ impl FlowTables {
                 pools[self.list_of(s.ext_port)].push_nowait(s.ext_port);
             }
         }
+        true
     }
 }
 
@@ -234,7 +235,7 @@ impl NatTable for FlowTables {
         timeouts: &Timeouts,
         now: Nanos,
         forwarded: Option<(Ipv4Addr, u16)>,
-    ) -> Result<(Ipv4Addr, u16), u8> {
+    ) -> Result<((Ipv4Addr, u16), bool), u8> {
         let IpAddr::V4(inside) = flow.src else {
             return Err(MALFORMED);
         };
@@ -245,6 +246,7 @@ impl NatTable for FlowTables {
                 (m.ext_ip, m.ext_port)
             })
         });
+        let fresh = matches!(known, Ok(None));
         let (ext_ip, ext_port) = match known {
             Err(_) => return Err(STATE_ERROR),
             Ok(Some(e)) => e,
@@ -294,7 +296,7 @@ impl NatTable for FlowTables {
         );
         self.out.insert_nowait(*flow, s);
         self.refresh(flow, &reverse, timeouts.of(flow.proto, tcp), now);
-        Ok((ext_ip, ext_port))
+        Ok(((ext_ip, ext_port), fresh))
     }
 
     fn find_in(
@@ -397,11 +399,16 @@ impl NatTable for FlowTables {
             .map_err(|_| STATE_ERROR)
     }
 
-    fn expire(&mut self, now: Nanos) -> u64 {
-        let mut ended = 0;
+    fn expire(&mut self, now: Nanos, ended: &mut dyn FnMut(&FlowKey, Ended)) {
         self.out.expire(now, |k, s| {
-            self.release(&k, &s);
-            ended += 1;
+            let mapping = self.release(&k, &s);
+            ended(
+                &k,
+                Ended {
+                    ext: (s.ext_ip, s.ext_port),
+                    mapping,
+                },
+            );
         });
         // Outbound packets renew only the `out` entry, so an `in` entry can come due while its
         // session lives on: it then takes the `out` entry's time again. Otherwise its session
@@ -416,13 +423,18 @@ impl NatTable for FlowTables {
                 }
                 _ => {
                     if let Some(o) = self.out.remove_nowait(&ok) {
-                        self.release(&ok, &o);
-                        ended += 1;
+                        let mapping = self.release(&ok, &o);
+                        ended(
+                            &ok,
+                            Ended {
+                                ext: (o.ext_ip, o.ext_port),
+                                mapping,
+                            },
+                        );
                     }
                 }
             }
         });
-        ended
     }
 
     fn mapping(&self, inside: Endpoint) -> Option<(Ipv4Addr, u16)> {
@@ -455,27 +467,26 @@ impl NatTable for FlowTables {
         self.out.cached_len()
     }
 
-    fn early_drop(&mut self, flow: &FlowKey, for_port: bool) -> bool {
-        let Ok(Some(s)) = self.out.get(flow) else {
-            return false;
-        };
+    fn early_drop(&mut self, flow: &FlowKey, for_port: bool) -> Option<Ended> {
+        let s = self.out.get(flow).ok()??;
         if !expendable(s.tcp) {
-            return false;
+            return None;
         }
         if for_port {
             let IpAddr::V4(inside) = flow.src else {
-                return false;
+                return None;
             };
             let last = self.eim.get(&(inside, flow.src_port, flow.proto));
             if !matches!(last, Ok(Some(m)) if m.sessions <= 1) {
-                return false;
+                return None;
             }
         }
-        if self.out.remove_nowait(flow).is_none() {
-            return false;
-        }
-        self.release(flow, &s);
-        true
+        self.out.remove_nowait(flow)?;
+        let mapping = self.release(flow, &s);
+        Some(Ended {
+            ext: (s.ext_ip, s.ext_port),
+            mapping,
+        })
     }
 
     fn list(&self, table: &str, now: Nanos, out: &mut Vec<Row>) {

@@ -46,7 +46,7 @@
 //! for how the two relate): it is not flushed to a store, so a restarted worker starts with an
 //! empty table. Counters still go through the state API (same ids as the default NAT).
 
-use super::translate::{Found, NatTable, Timeouts, Translator};
+use super::translate::{Ended, Found, NatTable, Timeouts, Translator};
 use super::{
     config_error, expendable, in_key, mapping_row, out_key, session_row, step_in, tcp_step, Config,
     Endpoint, Filtering, InSession, Mapping, OutSession, MALFORMED, NF, POOL_EXHAUSTED,
@@ -58,7 +58,7 @@ use flowstate_mvt::{
     Entry, EntryHint, EntryId, FindHint, Hasher, Key, Match, Mvt, KEY_BITS, NEVER,
 };
 use flowstate_state::{Declare, Nanos};
-use flowstate_wire::{hash, tcp, FlowKey};
+use flowstate_wire::{tcp, FlowKey};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::fmt;
@@ -83,12 +83,14 @@ pub fn select_factory(table: &toml::Table) -> Result<Arc<dyn NfFactory>, BuildEr
 
 /// The factory of the MVT NAT for a `[[chain]]` table (without `table`).
 pub fn factory(table: &toml::Table) -> Result<Arc<dyn NfFactory>, BuildError> {
-    Ok(Arc::new(Factory(Config::from_table(table)?)))
+    Ok(Arc::new(Factory(super::Factory::new(Config::from_table(
+        table,
+    )?))))
 }
 
-/// Builds MVT NATs.
-#[derive(Debug, Clone)]
-pub struct Factory(pub Config);
+/// Builds MVT NATs (the default NAT's factory, another table).
+#[derive(Debug)]
+pub struct Factory(pub super::Factory);
 
 impl NfFactory for Factory {
     fn name(&self) -> &'static str {
@@ -100,7 +102,15 @@ impl NfFactory for Factory {
         state: &mut Declare<'_>,
         worker: Placement,
     ) -> Result<Box<dyn NetworkFunction>, BuildError> {
-        Ok(Box::new(MvtNat::new(&self.0, state, worker)?))
+        let config = &self.0.config;
+        let events = self.0.worker_events()?;
+        Ok(Box::new(Translator::build(
+            config,
+            state,
+            worker,
+            events,
+            |_| MvtTable::new(config, worker),
+        )?))
     }
 
     fn partition(
@@ -110,7 +120,7 @@ impl NfFactory for Factory {
         direction: Direction,
         partitions: u32,
     ) -> Option<u32> {
-        self.0.partition(flow, quoted, direction, partitions)
+        self.0.config.partition(flow, quoted, direction, partitions)
     }
 
     /// Its Match-Value Table lives in the worker, not in the store (see the module docs).
@@ -230,7 +240,9 @@ impl MvtNat {
         state: &mut Declare<'_>,
         worker: Placement,
     ) -> Result<MvtNat, BuildError> {
-        Translator::build(config, state, worker, |_| MvtTable::new(config, worker))
+        Translator::build(config, state, worker, None, |_| {
+            MvtTable::new(config, worker)
+        })
     }
 
     /// The table (this worker's partition).
@@ -420,14 +432,20 @@ impl MvtTable {
     }
 
     /// Ends a session: "timeout", removal of it and its reverse entry, and the return of its
-    /// resource to the end of the pool when it was the resource's last session.
-    fn release(&mut self, id: EntryId, key: &FlowKey) {
+    /// resource to the end of the pool when it was the resource's last session. The session's
+    /// external endpoint and whether its mapping ended.
+    fn release(&mut self, id: EntryId, key: &FlowKey) -> Option<Ended> {
         self.table.invalidate(id);
-        let Some(e) = self.table.remove(id) else {
-            return;
-        };
-        let NatValue::Out { res, rev, .. } = e.value else {
-            return;
+        let e = self.table.remove(id)?;
+        let NatValue::Out {
+            res,
+            rev,
+            ext_ip,
+            ext_port,
+            ..
+        } = e.value
+        else {
+            return None;
         };
         self.table.remove(rev);
         self.sessions -= 1;
@@ -452,6 +470,7 @@ impl MvtTable {
             }
             _ => None,
         };
+        let ended = back.is_some();
         if let Some((.., true)) = back {
             self.table.remove(res);
             self.mappings -= 1;
@@ -467,6 +486,10 @@ impl MvtTable {
                 }
             }
         }
+        Some(Ended {
+            ext: (ext_ip, ext_port),
+            mapping: ended,
+        })
     }
 }
 
@@ -523,13 +546,14 @@ impl NatTable for MvtTable {
         timeouts: &Timeouts,
         now: Nanos,
         forwarded: Option<(Ipv4Addr, u16)>,
-    ) -> Result<(Ipv4Addr, u16), u8> {
+    ) -> Result<((Ipv4Addr, u16), bool), u8> {
         let IpAddr::V4(inside) = flow.src else {
             return Err(MALFORMED);
         };
         let eim = eim_match(inside, flow.src_port, flow.proto);
-        let (res, fresh) = match (self.table.find(&eim), forwarded) {
-            (Some(id), _) => (id, false),
+        // The resource, whether it is new, and whether it came from the pool.
+        let (res, fresh, pooled) = match (self.table.find(&eim), forwarded) {
+            (Some(id), _) => (id, false, false),
             (None, Some((ext_ip, ext_port))) => {
                 let v = NatValue::Resource {
                     ext_ip,
@@ -541,11 +565,11 @@ impl NatTable for MvtTable {
                     .insert(Entry::new(eim, v, 0, NEVER, 0))
                     .map_err(|_| STATE_ERROR)?;
                 self.mappings += 1;
-                (id, false)
+                (id, true, false)
             }
             (None, None) => {
                 // Paired pooling (RFC 4787 REQ-2), as in the default NAT.
-                let i = hash::crc32c(&inside.octets()) as usize % self.external.len();
+                let i = super::paired(inside, self.external.len());
                 let want = u8::from(self.parity) & (flow.src_port & 1) as u8;
                 let id = [want, 1 - want]
                     .into_iter()
@@ -554,7 +578,7 @@ impl NatTable for MvtTable {
                 self.table.rematch(id, eim).map_err(|_| STATE_ERROR)?;
                 self.mappings += 1;
                 self.free -= 1;
-                (id, true)
+                (id, true, true)
             }
         };
         let (ext_ip, ext_port) = match self.table.entry_mut(res) {
@@ -571,7 +595,7 @@ impl NatTable for MvtTable {
             }
             _ => return Err(STATE_ERROR),
         };
-        if fresh && self.filtering != Filtering::AddressAndPortDependent {
+        if pooled && self.filtering != Filtering::AddressAndPortDependent {
             let back = NatValue::Ext {
                 inside_ip: inside,
                 inside_port: flow.src_port,
@@ -630,7 +654,7 @@ impl NatTable for MvtTable {
         }
         self.sessions += 1;
         self.renew(id, flow, timeouts.of(flow.proto, tcp), now, true);
-        Ok((ext_ip, ext_port))
+        Ok(((ext_ip, ext_port), fresh))
     }
 
     fn find_in(
@@ -748,8 +772,7 @@ impl NatTable for MvtTable {
         Ok(peer_match(&key).is_some_and(|m| self.table.find(&m).is_some()))
     }
 
-    fn expire(&mut self, now: Nanos) -> u64 {
-        let mut ended = 0;
+    fn expire(&mut self, now: Nanos, ended: &mut dyn FnMut(&FlowKey, Ended)) {
         while let Some(Reverse((at, key, id))) = self.timers.peek().copied() {
             if at > now {
                 break;
@@ -778,10 +801,10 @@ impl NatTable for MvtTable {
                 }
                 continue;
             }
-            self.release(id, &key);
-            ended += 1;
+            if let Some(end) = self.release(id, &key) {
+                ended(&key, end);
+            }
         }
-        ended
     }
 
     fn mapping(&self, inside: Endpoint) -> Option<(Ipv4Addr, u16)> {
@@ -802,18 +825,15 @@ impl NatTable for MvtTable {
         self.sessions
     }
 
-    fn early_drop(&mut self, flow: &FlowKey, for_port: bool) -> bool {
-        let Some(id) = self.table.find(&flow_match(OUT, flow)) else {
-            return false;
-        };
+    fn early_drop(&mut self, flow: &FlowKey, for_port: bool) -> Option<Ended> {
+        let id = self.table.find(&flow_match(OUT, flow))?;
         let Some(NatValue::Out { tcp, res, .. }) = self.table.get(id).copied() else {
-            return false;
+            return None;
         };
         if !expendable(tcp) || (for_port && self.table.entry(res).is_none_or(|e| e.aux > 1)) {
-            return false;
+            return None;
         }
-        self.release(id, flow);
-        true
+        self.release(id, flow)
     }
 
     /// Sessions are found through their timers (each live session has exactly one node whose

@@ -4,6 +4,7 @@
 //! hairpinned or dropped, and how) is decided here; a table only finds, creates, renews and
 //! ends entries.
 
+use super::events::{Event, EventKind, WorkerEvents};
 use super::rewrite::{is_icmp_error, quoted, rewrite, rewrite_quoted, tcp_flags};
 use super::{
     in_key, out_key, tcp_established, tcp_step, Config, Endpoint, Filtering, Ipv6Policy, Refresh,
@@ -113,6 +114,15 @@ pub struct Found<S> {
     pub session: S,
 }
 
+/// A session a table ended: its external endpoint, and whether its mapping ended with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ended {
+    /// The session's external endpoint.
+    pub ext: (Ipv4Addr, u16),
+    /// Whether it was its mapping's last session.
+    pub mapping: bool,
+}
+
 /// The table a NAT keeps its sessions, mappings and free ports in. Errors are indices into
 /// [`DROP_REASONS`].
 ///
@@ -142,6 +152,7 @@ pub trait NatTable {
     /// endpoint's mapping. When it has none, the mapping is `forwarded` (a port forwarding's
     /// external endpoint, never taken from or returned to a pool) or a port from the pool of
     /// the paired address.
+    /// Returns the external endpoint and whether the mapping is new.
     fn open(
         &mut self,
         flow: &FlowKey,
@@ -149,7 +160,7 @@ pub trait NatTable {
         timeouts: &Timeouts,
         now: Nanos,
         forwarded: Option<(Ipv4Addr, u16)>,
-    ) -> Result<(Ipv4Addr, u16), u8>;
+    ) -> Result<((Ipv4Addr, u16), bool), u8>;
 
     /// The session inbound `flow` answers, its TCP state stepped for `flags` and, when `renew`
     /// gives the timeouts and the time now, the session renewed (its outbound entry: the
@@ -194,8 +205,8 @@ pub trait NatTable {
     /// Whether `inside` has a session with `remote` (kept under address-dependent filtering).
     fn talks_to(&self, inside: Endpoint, remote: Ipv4Addr) -> Result<bool, u8>;
 
-    /// Ends the sessions whose time has come; how many.
-    fn expire(&mut self, now: Nanos) -> u64;
+    /// Ends the sessions whose time has come, telling `ended` of each (by its outbound key).
+    fn expire(&mut self, now: Nanos, ended: &mut dyn FnMut(&FlowKey, Ended));
 
     /// The external endpoint `inside` is mapped to.
     fn mapping(&self, inside: Endpoint) -> Option<(Ipv4Addr, u16)>;
@@ -208,7 +219,7 @@ pub trait NatTable {
 
     /// Ends the session of outbound `flow` if it is expendable (see `early_drop`) and, when
     /// `for_port`, it is the last session of its mapping (so its port goes back to the pool).
-    fn early_drop(&mut self, flow: &FlowKey, for_port: bool) -> bool;
+    fn early_drop(&mut self, flow: &FlowKey, for_port: bool) -> Option<Ended>;
 
     /// The rows of listing `table` (see [`super::TABLES`]).
     fn list(&self, table: &str, now: Nanos, out: &mut Vec<Row>);
@@ -229,6 +240,11 @@ pub struct Translator<T> {
     /// The external addresses, sorted (for [`Translator::is_external`]).
     external: Vec<u32>,
     forwards: super::Forwards,
+    /// The external addresses in configuration order (address pairing).
+    pool_addrs: Vec<Ipv4Addr>,
+    /// The session limit of the whole NAT (quota events).
+    session_limit: u32,
+    events: Option<WorkerEvents>,
     translations: Counter,
     packets_out: Counter,
     packets_in: Counter,
@@ -249,11 +265,12 @@ impl<T: fmt::Debug> fmt::Debug for Translator<T> {
 
 impl<T: NatTable> Translator<T> {
     /// Checks `config` and `worker`, builds the table with `table`, and declares the
-    /// counters (the same ids whatever the table).
+    /// counters (the same ids whatever the table); events go to `events`.
     pub(super) fn build(
         config: &Config,
         state: &mut Declare<'_>,
         worker: Placement,
+        events: Option<WorkerEvents>,
         table: impl FnOnce(&mut Declare<'_>) -> Result<T, BuildError>,
     ) -> Result<Self, BuildError> {
         config.validate()?;
@@ -292,6 +309,9 @@ impl<T: NatTable> Translator<T> {
             ipv6: config.ipv6,
             external,
             forwards: config.forward.clone(),
+            pool_addrs: config.external.clone(),
+            session_limit: u32::try_from(config.max_sessions).unwrap_or(u32::MAX),
+            events,
             translations: state.counter("translations", part, Access::WriteMostly)?,
             packets_out: state.counter("packets_out", part, Access::WriteMostly)?,
             packets_in: state.counter("packets_in", part, Access::WriteMostly)?,
@@ -498,22 +518,66 @@ impl<T: NatTable> Translator<T> {
     /// Opens the session of outbound `flow` unless the worker holds its share of
     /// `max_sessions` already.
     fn open(&mut self, flow: &FlowKey, tcp: u8, now: Nanos) -> Result<(Ipv4Addr, u16), u8> {
-        if self.table.sessions() >= self.max_sessions && !self.make_room(false) {
+        if self.table.sessions() >= self.max_sessions && !self.make_room(false, now) {
+            self.resource_event(SESSION_LIMIT, flow, now);
             return Err(SESSION_LIMIT);
         }
         let forwarded = match flow.src {
             IpAddr::V4(a) => self.forwards.outside_of(a, flow.src_port, flow.proto),
             IpAddr::V6(_) => None,
         };
-        let e = match self.table.open(flow, tcp, &self.timeouts, now, forwarded) {
-            Err(POOL_EXHAUSTED) if self.make_room(true) => {
-                self.table.open(flow, tcp, &self.timeouts, now, forwarded)?
+        let opened = match self.table.open(flow, tcp, &self.timeouts, now, forwarded) {
+            Err(POOL_EXHAUSTED) if self.make_room(true, now) => {
+                self.table.open(flow, tcp, &self.timeouts, now, forwarded)
             }
-            r => r?,
+            r => r,
+        };
+        let (e, fresh) = match opened {
+            Ok(o) => o,
+            Err(why) => {
+                self.resource_event(why, flow, now);
+                return Err(why);
+            }
         };
         self.translations.add_nowait(1);
         self.candidate(*flow);
+        if let Some(ev) = self.events.as_mut() {
+            ev.send(session_event(EventKind::SessionCreate, flow, e, now));
+            if fresh {
+                ev.send(session_event(EventKind::MappingCreate, flow, e, now));
+            }
+        }
         Ok(e)
+    }
+
+    /// The event of a new session refused for lack of a port or over the session limit (at
+    /// most one per worker and second).
+    #[cold]
+    fn resource_event(&mut self, why: u8, flow: &FlowKey, now: Nanos) {
+        let Some(ev) = self.events.as_mut() else {
+            return;
+        };
+        let IpAddr::V4(inside) = flow.src else { return };
+        let mut e = session_event(
+            EventKind::QuotaExceeded,
+            flow,
+            (Ipv4Addr::UNSPECIFIED, 0),
+            now,
+        );
+        match why {
+            POOL_EXHAUSTED => {
+                e.kind = EventKind::PortsExhausted;
+                let i = super::paired(inside, self.pool_addrs.len());
+                e.external.0 = self
+                    .pool_addrs
+                    .get(i)
+                    .copied()
+                    .unwrap_or(Ipv4Addr::UNSPECIFIED);
+            }
+            SESSION_LIMIT => e.limit = self.session_limit,
+            _ => return,
+        }
+        ev.send_limited(e);
     }
 
     /// Remembers a session that is, or may become, expendable.
@@ -524,11 +588,17 @@ impl<T: NatTable> Translator<T> {
 
     /// Early drop: ends the oldest expendable session among the next candidates (one whose
     /// mapping it is the last session of, when a port is `for_port`).
-    fn make_room(&mut self, for_port: bool) -> bool {
-        let table = &mut self.table;
-        let ended = self
-            .candidates
-            .make_room(|k| table.early_drop(&k, for_port));
+    fn make_room(&mut self, for_port: bool, now: Nanos) -> bool {
+        let (table, events) = (&mut self.table, &mut self.events);
+        let ended = self.candidates.make_room(|k| {
+            let Some(end) = table.early_drop(&k, for_port) else {
+                return false;
+            };
+            if let Some(ev) = events.as_mut() {
+                ended_events(ev, &k, end, now);
+            }
+            true
+        });
         if ended {
             self.early_dropped.add_nowait(1);
         }
@@ -738,9 +808,16 @@ impl<T: NatTable> NetworkFunction for Translator<T> {
     }
 
     fn on_tick(&mut self, now: Nanos) {
-        let ended = self.table.expire(now);
+        let mut ended = 0;
+        let events = &mut self.events;
+        self.table.expire(now, &mut |k, end| {
+            ended += 1;
+            if let Some(ev) = events.as_mut() {
+                ended_events(ev, k, end, now);
+            }
+        });
         if ended > 0 {
-            self.expired.add_nowait(ended as i64);
+            self.expired.add_nowait(ended);
         }
     }
 
@@ -776,6 +853,9 @@ impl<T: NatTable> NetworkFunction for Translator<T> {
         for (i, (_, name)) in DROP_REASONS.iter().enumerate() {
             r.push((name, self.drops.get(&(i as u8)).unwrap_or(-1)));
         }
+        if let Some(ev) = &self.events {
+            r.push(("events_lost", ev.lost as i64));
+        }
         r
     }
 
@@ -786,5 +866,31 @@ impl<T: NatTable> NetworkFunction for Translator<T> {
             "pool_free",
             "session_limit",
         ]
+    }
+}
+
+/// The event `kind` of the session of outbound `flow` on external endpoint `ext`.
+#[inline]
+fn session_event(kind: EventKind, flow: &FlowKey, ext: (Ipv4Addr, u16), now: Nanos) -> Event {
+    let v4 = |a: IpAddr| match a {
+        IpAddr::V4(a) => a,
+        IpAddr::V6(_) => Ipv4Addr::UNSPECIFIED,
+    };
+    Event {
+        kind,
+        at: now,
+        proto: flow.proto,
+        inside: (v4(flow.src), flow.src_port),
+        remote: (v4(flow.dst), flow.dst_port),
+        external: ext,
+        limit: 0,
+    }
+}
+
+/// The events of a session that ended: its own, and its mapping's when that ended with it.
+fn ended_events(ev: &mut WorkerEvents, k: &FlowKey, end: Ended, now: Nanos) {
+    ev.send(session_event(EventKind::SessionDelete, k, end.ext, now));
+    if end.mapping {
+        ev.send(session_event(EventKind::MappingDelete, k, end.ext, now));
     }
 }

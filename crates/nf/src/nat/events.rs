@@ -1,0 +1,493 @@
+//! NAT event logging: who had which external endpoint when, as carrier-grade NATs must keep it
+//! (RFC 8158 over IPFIX, RFC 7011, to a UDP collector; and/or JSON lines to a file).
+//!
+//! ```toml
+//! events = { ipfix = "192.0.2.50:4739", json = "/var/log/flowstate/nat.jsonl" }
+//! # queue = 65536              events waiting between the workers and the exporter, at most
+//! # template_interval = "60s"  IPFIX templates sent again this often (RFC 7011 §10.3.6)
+//! # observation_domain = 1
+//! # path_mtu = 1400            IPFIX message size, at most
+//! ```
+//!
+//! Events: session create and delete, mapping (BIB) create and delete, ports exhausted (the
+//! paired address has no free port; at most one per worker and second), quota exceeded (the
+//! session limit; the same). A worker hands each event to a bounded queue without waiting;
+//! when the queue is full the event is lost and counted (`events_lost`), so logging never
+//! slows or blocks the data path. One exporter thread per NAT drains the queue every 10 ms,
+//! packs IPFIX messages up to `path_mtu`, writes JSON lines, and flushes both at least every
+//! 100 ms and when the NAT stops. The JSON file is appended to; rotate it with logrotate's
+//! `copytruncate`.
+
+use super::ipfix::Encoder;
+use flowstate_state::Nanos;
+use serde::Deserialize;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
+use std::path::PathBuf;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError};
+use std::sync::{Arc, Mutex, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// `events = { ... }` of a NAT.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventsConfig {
+    /// The IPFIX collector (UDP).
+    #[serde(default)]
+    pub ipfix: Option<SocketAddr>,
+    /// A file to append JSON lines to.
+    #[serde(default)]
+    pub json: Option<PathBuf>,
+    /// Events waiting for the exporter, at most (default 65,536).
+    #[serde(default = "default_queue")]
+    pub queue: usize,
+    /// How often IPFIX templates are sent again (default 60 s).
+    #[serde(
+        default = "default_template_interval",
+        deserialize_with = "flowstate_config::deserialize_duration"
+    )]
+    pub template_interval: Duration,
+    /// The IPFIX observation domain (default 1).
+    #[serde(default = "default_domain")]
+    pub observation_domain: u32,
+    /// IPFIX message size, at most (default 1,400 bytes).
+    #[serde(default = "default_path_mtu")]
+    pub path_mtu: u16,
+}
+
+fn default_queue() -> usize {
+    65_536
+}
+fn default_template_interval() -> Duration {
+    Duration::from_secs(60)
+}
+fn default_domain() -> u32 {
+    1
+}
+fn default_path_mtu() -> u16 {
+    1400
+}
+
+impl EventsConfig {
+    /// What is wrong with it: `(key under events, reason)`.
+    pub fn problems(&self) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        if self.ipfix.is_none() && self.json.is_none() {
+            out.push((
+                "ipfix",
+                "expected a collector (ipfix = \"host:port\") or a file (json = \"path\")".into(),
+            ));
+        }
+        if !(1..=1 << 24).contains(&self.queue) {
+            out.push(("queue", "expected 1 to 16,777,216 events".into()));
+        }
+        if !(128..=65_000).contains(&self.path_mtu) {
+            out.push(("path_mtu", "expected 128 to 65,000 bytes".into()));
+        }
+        if self.template_interval.is_zero() {
+            out.push(("template_interval", "expected a duration above zero".into()));
+        }
+        out
+    }
+}
+
+/// What happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    /// A session was created.
+    SessionCreate,
+    /// A session ended (timed out, or ended early to make room).
+    SessionDelete,
+    /// An inside endpoint got its external endpoint.
+    MappingCreate,
+    /// An inside endpoint's mapping ended with its last session.
+    MappingDelete,
+    /// A new mapping found no free port of its paired address.
+    PortsExhausted,
+    /// A new session found the session limit reached.
+    QuotaExceeded,
+}
+
+impl EventKind {
+    /// Its name in JSON lines.
+    pub fn name(self) -> &'static str {
+        match self {
+            EventKind::SessionCreate => "session-create",
+            EventKind::SessionDelete => "session-delete",
+            EventKind::MappingCreate => "mapping-create",
+            EventKind::MappingDelete => "mapping-delete",
+            EventKind::PortsExhausted => "ports-exhausted",
+            EventKind::QuotaExceeded => "quota-exceeded",
+        }
+    }
+}
+
+/// One NAT event. Fields an event kind has no use for are zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Event {
+    /// What happened.
+    pub kind: EventKind,
+    /// When (the NAT's clock: ns since the Unix epoch on a live box).
+    pub at: Nanos,
+    /// IP protocol.
+    pub proto: u8,
+    /// The inside endpoint.
+    pub inside: (Ipv4Addr, u16),
+    /// The remote endpoint (sessions).
+    pub remote: (Ipv4Addr, u16),
+    /// The external endpoint (ports exhausted: the address).
+    pub external: (Ipv4Addr, u16),
+    /// The session limit (quota exceeded).
+    pub limit: u32,
+}
+
+/// A worker's side: hands events to the exporter without waiting, counts those the queue had
+/// no room for.
+#[derive(Debug)]
+pub(super) struct WorkerEvents {
+    tx: SyncSender<Event>,
+    /// Events lost to a full queue.
+    pub(super) lost: u64,
+    last_exhausted: Option<Nanos>,
+    last_quota: Option<Nanos>,
+    /// Declared after `tx`, so dropped after it: the last worker to go waits for the
+    /// exporter to drain and flush.
+    _exporter: Arc<Exporter>,
+}
+
+/// Ports exhausted and quota exceeded are sent at most this often per worker.
+const RESOURCE_EVENT_GAP: Nanos = 1_000_000_000;
+
+impl WorkerEvents {
+    /// Hands `e` over (lost and counted when the queue is full).
+    #[inline]
+    pub(super) fn send(&mut self, e: Event) {
+        if self.tx.try_send(e).is_err() {
+            self.lost += 1;
+        }
+    }
+
+    /// Hands `e` over unless one of its kind went within the last second (a flood of new flows
+    /// against a full table is one fact, not one per packet).
+    pub(super) fn send_limited(&mut self, e: Event) {
+        let last = match e.kind {
+            EventKind::PortsExhausted => &mut self.last_exhausted,
+            _ => &mut self.last_quota,
+        };
+        if last.is_some_and(|t| e.at < t.saturating_add(RESOURCE_EVENT_GAP)) {
+            return;
+        }
+        *last = Some(e.at);
+        self.send(e);
+    }
+}
+
+/// A NAT's event log: the exporter thread, started by the first worker built and stopped
+/// (drained and flushed) when the last worker goes.
+#[derive(Debug)]
+pub(super) struct EventLog {
+    config: EventsConfig,
+    exporter: Mutex<Weak<Exporter>>,
+}
+
+/// The running exporter, shared by the workers' handles.
+#[derive(Debug)]
+struct Exporter {
+    tx: Option<SyncSender<Event>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for Exporter {
+    /// Every worker's sender is gone: with this one, the exporter drains, flushes and ends.
+    fn drop(&mut self) {
+        drop(self.tx.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl EventLog {
+    /// The log `config` asks for; nothing starts until [`EventLog::worker`].
+    pub(super) fn new(config: EventsConfig) -> EventLog {
+        EventLog {
+            config,
+            exporter: Mutex::new(Weak::new()),
+        }
+    }
+
+    /// A worker's handle, starting the exporter (its socket, its file) unless one runs.
+    /// Errors name the key (`json`, `ipfix`) and say why.
+    pub(super) fn worker(&self) -> Result<WorkerEvents, (&'static str, String)> {
+        let mut running = self.exporter.lock().unwrap_or_else(|e| e.into_inner());
+        let exporter = match running.upgrade() {
+            Some(e) => e,
+            None => {
+                let out = Outputs::open(&self.config)?;
+                let (tx, rx) = sync_channel(self.config.queue);
+                let config = self.config.clone();
+                let thread = std::thread::Builder::new()
+                    .name("nat-events".into())
+                    .spawn(move || export(rx, out, &config))
+                    .map_err(|e| ("ipfix", format!("cannot start the exporter: {e}")))?;
+                let e = Arc::new(Exporter {
+                    tx: Some(tx),
+                    thread: Some(thread),
+                });
+                *running = Arc::downgrade(&e);
+                e
+            }
+        };
+        let tx = exporter
+            .tx
+            .clone()
+            .ok_or(("ipfix", "the exporter stopped".to_string()))?;
+        Ok(WorkerEvents {
+            tx,
+            lost: 0,
+            last_exhausted: None,
+            last_quota: None,
+            _exporter: exporter,
+        })
+    }
+}
+
+/// Where events go.
+struct Outputs {
+    ipfix: Option<UdpSocket>,
+    json: Option<std::io::BufWriter<std::fs::File>>,
+}
+
+impl Outputs {
+    fn open(config: &EventsConfig) -> Result<Outputs, (&'static str, String)> {
+        let ipfix = match config.ipfix {
+            None => None,
+            Some(collector) => {
+                let any: SocketAddr = if collector.is_ipv4() {
+                    "0.0.0.0:0".parse().unwrap_or(collector)
+                } else {
+                    "[::]:0".parse().unwrap_or(collector)
+                };
+                let s = UdpSocket::bind(any)
+                    .and_then(|s| s.connect(collector).map(|()| s))
+                    .map_err(|e| ("ipfix", format!("cannot send to {collector}: {e}")))?;
+                Some(s)
+            }
+        };
+        let json = match &config.json {
+            None => None,
+            Some(path) => Some(std::io::BufWriter::new(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .map_err(|e| ("json", format!("cannot open {}: {e}", path.display())))?,
+            )),
+        };
+        Ok(Outputs { ipfix, json })
+    }
+}
+
+fn unix_secs() -> u32 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as u32)
+}
+
+/// The exporter: drains `rx` until every sender is gone, then flushes and returns.
+fn export(rx: Receiver<Event>, mut out: Outputs, config: &EventsConfig) {
+    let mut enc = Encoder::new(config.observation_domain, usize::from(config.path_mtu));
+    let mut next_templates = Instant::now();
+    let mut last_flush = Instant::now();
+    let mut line = String::with_capacity(256);
+    let mut send = |m: &[u8]| {
+        if let Some(s) = &out.ipfix {
+            // A collector that is down refuses datagrams; events are not held for it.
+            let _ = s.send(m);
+        }
+    };
+    loop {
+        if out.ipfix.is_some() && Instant::now() >= next_templates {
+            send(&enc.templates(unix_secs()));
+            next_templates = Instant::now() + config.template_interval;
+        }
+        let mut done = false;
+        let mut got = 0;
+        while got < 4096 {
+            match rx.try_recv() {
+                Ok(e) => {
+                    got += 1;
+                    if out.ipfix.is_some() {
+                        enc.push(&e, unix_secs(), &mut send);
+                    }
+                    if let Some(j) = out.json.as_mut() {
+                        line.clear();
+                        json_line(&e, &mut line);
+                        let _ = j.write_all(line.as_bytes());
+                    }
+                }
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    done = true;
+                    break;
+                }
+            }
+        }
+        if done || last_flush.elapsed() >= Duration::from_millis(100) {
+            enc.finish(&mut send);
+            if let Some(j) = out.json.as_mut() {
+                let _ = j.flush();
+            }
+            last_flush = Instant::now();
+        }
+        if done {
+            return;
+        }
+        if got == 0 {
+            // Polled, not woken: a sender never pays for waking this thread.
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// `e` as one JSON line.
+pub(super) fn json_line(e: &Event, out: &mut String) {
+    let proto = crate::listing::proto_name(e.proto).unwrap_or("other");
+    let _ = write!(
+        out,
+        "{{\"time_ms\":{},\"event\":\"{}\"",
+        e.at / 1_000_000,
+        e.kind.name()
+    );
+    match e.kind {
+        EventKind::PortsExhausted => {
+            let _ = write!(out, ",\"external\":\"{}\"", e.external.0);
+        }
+        EventKind::QuotaExceeded => {
+            let _ = write!(out, ",\"max_sessions\":{}", e.limit);
+        }
+        kind => {
+            let _ = write!(
+                out,
+                ",\"proto\":\"{proto}\",\"inside\":\"{}:{}\",\"external\":\"{}:{}\"",
+                e.inside.0, e.inside.1, e.external.0, e.external.1
+            );
+            if matches!(kind, EventKind::SessionCreate | EventKind::SessionDelete) {
+                let _ = write!(out, ",\"remote\":\"{}:{}\"", e.remote.0, e.remote.1);
+            }
+        }
+    }
+    out.push_str("}\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_lines_say_what_happened() {
+        let e = Event {
+            kind: EventKind::SessionCreate,
+            at: 1_700_000_000_123_456_789,
+            proto: 17,
+            inside: (Ipv4Addr::new(10, 0, 0, 2), 5353),
+            remote: (Ipv4Addr::new(198, 51, 100, 2), 53),
+            external: (Ipv4Addr::new(203, 0, 113, 1), 20001),
+            limit: 0,
+        };
+        let mut s = String::new();
+        json_line(&e, &mut s);
+        let v: serde_json::Value = serde_json::from_str(&s).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"time_ms": 1_700_000_000_123u64, "event": "session-create",
+                "proto": "udp", "inside": "10.0.0.2:5353", "external": "203.0.113.1:20001",
+                "remote": "198.51.100.2:53"})
+        );
+        s.clear();
+        json_line(
+            &Event {
+                kind: EventKind::QuotaExceeded,
+                limit: 9,
+                ..e
+            },
+            &mut s,
+        );
+        assert!(s.ends_with("\"max_sessions\":9}\n"), "{s}");
+    }
+
+    #[test]
+    fn a_full_queue_loses_events_and_counts_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = EventsConfig {
+            ipfix: None,
+            json: Some(dir.path().join("e.jsonl")),
+            queue: 4,
+            template_interval: Duration::from_secs(60),
+            observation_domain: 1,
+            path_mtu: 1400,
+        };
+        assert!(config.problems().is_empty());
+        let log = EventLog::new(config);
+        let mut w = log.worker().unwrap();
+        let e = Event {
+            kind: EventKind::SessionCreate,
+            at: 0,
+            proto: 6,
+            inside: (Ipv4Addr::LOCALHOST, 1),
+            remote: (Ipv4Addr::LOCALHOST, 2),
+            external: (Ipv4Addr::LOCALHOST, 3),
+            limit: 0,
+        };
+        for _ in 0..100_000 {
+            w.send(e);
+        }
+        let lost = w.lost;
+        assert!(lost > 0, "a queue of 4 never filled");
+        drop(log);
+        drop(w); // the last worker: the exporter drains and flushes
+        let written = std::fs::read_to_string(dir.path().join("e.jsonl")).unwrap();
+        assert_eq!(written.lines().count() as u64 + lost, 100_000);
+    }
+
+    #[test]
+    fn resource_events_go_at_most_once_a_second() {
+        let (tx, rx) = sync_channel(16);
+        let mut w = WorkerEvents {
+            tx,
+            lost: 0,
+            last_exhausted: None,
+            last_quota: None,
+            _exporter: Arc::new(Exporter {
+                tx: None,
+                thread: None,
+            }),
+        };
+        let e = |kind, at| Event {
+            kind,
+            at,
+            proto: 0,
+            inside: (Ipv4Addr::UNSPECIFIED, 0),
+            remote: (Ipv4Addr::UNSPECIFIED, 0),
+            external: (Ipv4Addr::UNSPECIFIED, 0),
+            limit: 0,
+        };
+        for ms in [0, 10, 999, 1000, 1500, 2100] {
+            w.send_limited(e(EventKind::PortsExhausted, ms * 1_000_000));
+        }
+        w.send_limited(e(EventKind::QuotaExceeded, 5));
+        let got: Vec<(EventKind, u64)> =
+            rx.try_iter().map(|e| (e.kind, e.at / 1_000_000)).collect();
+        assert_eq!(
+            got,
+            [
+                (EventKind::PortsExhausted, 0),
+                (EventKind::PortsExhausted, 1000),
+                (EventKind::PortsExhausted, 2100),
+                (EventKind::QuotaExceeded, 0)
+            ]
+        );
+    }
+}
