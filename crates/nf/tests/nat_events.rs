@@ -119,9 +119,8 @@ fn bad_events_tables_are_refused_naming_the_key() {
         assert!(e.contains(key), "{events}: {e}");
     }
     // A file that cannot be opened is refused when the first worker is built.
-    let t =
-        format!("external = [\"203.0.113.1\"]\nevents = {{ json = \"/nonexistent/dir/e.jsonl\" }}");
-    let factory = nat::factory(&table(&t)).unwrap();
+    let t = "external = [\"203.0.113.1\"]\nevents = { json = \"/nonexistent/dir/e.jsonl\" }";
+    let factory = nat::factory(&table(t)).unwrap();
     let store = flowstate_state::local::LocalStore::new();
     let mut part =
         flowstate_state::Partition::new(&store, flowstate_state::StateConfig::default()).unwrap();
