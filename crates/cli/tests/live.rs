@@ -1509,6 +1509,11 @@ elif cmd == "whoami":    # port: tell each TCP client the address it came from
 elif cmd == "tcp-serve": # ip port: tell one TCP client the address it came from
     s = tcp(args[0], args[1]); s.listen(1); s.settimeout(10)
     c, a = s.accept(); c.sendall(name(a).encode()); c.close()
+elif cmd == "tcp-many":  # src_ip dst_ip dst_port n first: n connections from ports first..,
+    for i in range(int(args[3])):  # one after another; per connection its port and the answer
+        s = tcp(args[0], int(args[4]) + i); s.settimeout(5)
+        s.connect((args[1], int(args[2])))
+        print(s.getsockname()[1], s.recv(100).decode(), flush=True); s.close()
 elif cmd == "tcp-ask":   # src_ip src_port dst_ip dst_port: print what the server says
     for _ in range(10):
         s = tcp(args[0], args[1]); s.settimeout(2)
@@ -2174,4 +2179,181 @@ fn a_forwarded_inside_server_is_reached_from_outside_and_by_hairpinning() {
     let nat = nf_of(&s, "nat");
     assert!(nat["report"]["hairpinned"].as_i64() > Some(0), "{s}");
     assert_eq!(s["dropped"]["nat.filtered"].as_u64().unwrap_or(0), 0, "{s}");
+}
+
+/// NAT event logging from a live box: 1,000 connections, each seen by the server from the
+/// external endpoint the NAT gave it. tshark decodes what the box sent its IPFIX collector
+/// (`cflow`): one session create and one delete, one mapping create and one delete, per
+/// connection, with the client's inside endpoint and the external endpoint the server saw; the
+/// JSON lines say the same.
+#[test]
+fn a_live_nat_logs_each_session_over_ipfix_as_tshark_decodes_it() {
+    if !is_root() || !flowstate_testkit::tshark_or_skip("ipfix") {
+        eprintln!("skipped: live tests need root");
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut live = Live::up("ix");
+    let script = live.dir.path().join("peer.py");
+    std::fs::write(&script, NAT_PEER_PY).unwrap();
+    let server_ns = live.lab.server_ns();
+    let whoami = live.spawn_in(&server_ns, &["python3", path(&script), "whoami", "7000"]);
+    live.others.push(whoami);
+    let nf = live.lab.nf_ns();
+    let capture = live.dir.path().join("ipfix.pcapng");
+    let mut tshark = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &nf,
+            "tshark",
+            "-q",
+            "-i",
+            "lo",
+            "-f",
+            "udp port 4739",
+            "-w",
+        ])
+        .arg(&capture)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // tshark says "Capturing on 'Loopback: lo'" once it captures.
+    let mut err = std::io::BufReader::new(tshark.stderr.take().unwrap());
+    let mut said = String::new();
+    while !said.contains("Capturing on") {
+        use std::io::BufRead;
+        assert!(err.read_line(&mut said).unwrap() > 0, "tshark: {said}");
+    }
+    let json = live.dir.path().join("nat.jsonl");
+    let chain = format!(
+        "[[chain]]\nnf = \"nat\"\nexternal = [\"{BOX_OUTSIDE}\"]\nports = \"20000-59999\"\n\
+         tcp_transitory = \"2s\"\n\
+         events = {{ ipfix = \"127.0.0.1:4739\", json = \"{}\", template_interval = \"1s\" }}\n",
+        json.display()
+    );
+    live.start_box(&config(&chain), SERVER);
+    let n = 1000;
+    let o = live.client(&[
+        "python3",
+        path(&script),
+        "tcp-many",
+        &CLIENT.to_string(),
+        &SERVER.to_string(),
+        "7000",
+        &n.to_string(),
+        "30000",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // The oracle: each connection's inside port and the external endpoint the server saw.
+    let seen: std::collections::BTreeSet<(u16, u16)> = String::from_utf8(o.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let (local, told) = l.split_once(' ').unwrap();
+            let (ip, port) = told.split_once(':').unwrap();
+            assert_eq!(ip, BOX_OUTSIDE.to_string());
+            (local.parse().unwrap(), port.parse().unwrap())
+        })
+        .collect();
+    assert_eq!(seen.len(), n);
+    // The sessions close, wait out `tcp_transitory` and end.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let deleted = || {
+        std::fs::read_to_string(&json)
+            .unwrap_or_default()
+            .matches("\"session-delete\"")
+            .count()
+    };
+    while deleted() < n {
+        assert!(
+            Instant::now() < deadline,
+            "{} of {n} sessions ended",
+            deleted()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let s = live.stop_box();
+    assert_eq!(nf_of(&s, "nat")["report"]["events_lost"], 0, "{s}");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &nf,
+            "kill",
+            "-INT",
+            &tshark.id().to_string()
+        ])
+        .status()
+        .unwrap()
+        .success());
+    tshark.wait().unwrap();
+
+    // What tshark decodes: per message, every record's event, inside and external endpoint.
+    let fields = [
+        "cflow.nat_event",
+        "cflow.srcaddr",
+        "cflow.srcport",
+        "cflow.post_natsource_ipv4_address",
+        "cflow.post_naptsource_transport_port",
+        "cflow.protocol",
+    ];
+    let mut argv = vec![
+        "-r",
+        path(&capture),
+        "-d",
+        "udp.port==4739,cflow",
+        "-T",
+        "fields",
+    ];
+    for f in &fields {
+        argv.extend(["-e", f]);
+    }
+    argv.extend(["-E", "occurrence=a", "-E", "separator=;"]);
+    let out = Command::new("tshark").args(&argv).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut records: std::collections::BTreeMap<(u8, u16, u16), usize> = Default::default();
+    let mut messages = 0;
+    for line in String::from_utf8(out.stdout).unwrap().lines() {
+        let cols: Vec<Vec<&str>> = line.split(';').map(|c| c.split(',').collect()).collect();
+        if cols[0] == [""] {
+            continue; // the templates
+        }
+        messages += 1;
+        for (i, event) in cols[0].iter().enumerate() {
+            if cols[5][i] != "6" {
+                continue; // the box's start-up probes (ICMP echo)
+            }
+            assert_eq!(cols[1][i], CLIENT.to_string(), "{line}");
+            assert_eq!(cols[3][i], BOX_OUTSIDE.to_string(), "{line}");
+            let key = (
+                event.parse().unwrap(),
+                cols[2][i].parse().unwrap(),
+                cols[4][i].parse().unwrap(),
+            );
+            *records.entry(key).or_default() += 1;
+        }
+    }
+    assert!(messages > 1, "several messages");
+    // Session create 4 and delete 5, mapping (BIB) create 8 and delete 9: once each per
+    // connection, on the endpoints the server saw, and nothing else.
+    for (inside, external) in &seen {
+        for event in [4, 5, 8, 9] {
+            assert_eq!(
+                records.get(&(event, *inside, *external)),
+                Some(&1),
+                "event {event} of {inside} as {external}"
+            );
+        }
+    }
+    assert_eq!(records.len(), 4 * n);
+    let lines = std::fs::read_to_string(&json).unwrap();
+    assert_eq!(lines.matches("\"proto\":\"tcp\"").count(), 4 * n);
 }

@@ -256,7 +256,9 @@ impl EventLog {
 
 /// Where events go.
 struct Outputs {
-    ipfix: Option<UdpSocket>,
+    /// A socket not connected to the collector (a connected one would refuse the next message
+    /// after the ICMP error of one the collector missed), and the collector.
+    ipfix: Option<(UdpSocket, SocketAddr)>,
     json: Option<std::io::BufWriter<std::fs::File>>,
 }
 
@@ -271,9 +273,8 @@ impl Outputs {
                     "[::]:0".parse().unwrap_or(collector)
                 };
                 let s = UdpSocket::bind(any)
-                    .and_then(|s| s.connect(collector).map(|()| s))
                     .map_err(|e| ("ipfix", format!("cannot send to {collector}: {e}")))?;
-                Some(s)
+                Some((s, collector))
             }
         };
         let json = match &config.json {
@@ -303,9 +304,9 @@ fn export(rx: Receiver<Event>, mut out: Outputs, config: &EventsConfig) {
     let mut last_flush = Instant::now();
     let mut line = String::with_capacity(256);
     let mut send = |m: &[u8]| {
-        if let Some(s) = &out.ipfix {
-            // A collector that is down refuses datagrams; events are not held for it.
-            let _ = s.send(m);
+        if let Some((s, to)) = &out.ipfix {
+            // Events are not held for a collector that is down.
+            let _ = s.send_to(m, to);
         }
     };
     loop {
