@@ -27,6 +27,7 @@ mod live_nat;
 mod metrics_overhead;
 #[cfg(target_os = "linux")]
 pub mod nat_churn;
+mod nat_events;
 mod nf_throughput;
 pub mod paper;
 mod remote;
@@ -87,6 +88,11 @@ pub const BENCHES: &[Bench] = &[
         name: "nf-throughput",
         about: "Mpps per core of no-op, NAT, firewall, LB and the chain on established flows (10k, 1M), 1 and 2 workers, vs plain hash-map lookups",
         run: nf_throughput::run,
+    },
+    Bench {
+        name: "nat-ipfix",
+        about: "sessions per second of a NAT creating and ending 1M sessions with IPFIX event logging (RFC 8158) to a loopback collector vs without, in one run (issue #39)",
+        run: nat_events::run,
     },
     #[cfg(target_os = "linux")]
     Bench {

@@ -241,7 +241,7 @@ fn lookup_baseline_mpps(keys: &[FlowKey], passes: usize) -> (f64, f64) {
 /// Throughput per CPU-second counts only the time a worker ran: on a machine shared with other
 /// work, a thread that waits for a core is not measured as slow (it still pays for caches it
 /// shares).
-fn thread_cpu_seconds() -> f64 {
+pub(crate) fn thread_cpu_seconds() -> f64 {
     #[cfg(target_os = "linux")]
     {
         #[repr(C)]
@@ -432,7 +432,7 @@ pub(crate) fn chain_run(
 }
 
 /// Nanoseconds since `origin` on the NFs' clock (never 0: that means "no time" to timers).
-fn now_since(origin: Instant) -> u64 {
+pub(crate) fn now_since(origin: Instant) -> u64 {
     origin.elapsed().as_nanos() as u64 + 1
 }
 
@@ -452,7 +452,7 @@ impl Frames for Ring {
 /// Runs `passes` over the frames, in order and in batches, as the chain runtime does (each
 /// batch dissected, then run NF by NF by the stage engine: its flows are distinct, one
 /// segment); returns the packets forwarded.
-fn run_passes(
+pub(crate) fn run_passes(
     stage: &mut Stage,
     part: &mut Partition,
     frames: &[[u8; FRAME]],
