@@ -41,6 +41,27 @@ enum Action {
   flowstate state list --config examples/nat-redis.toml nat.sessions   the store the file names
   flowstate state list --config examples/lb.toml --backend redis --url redis://127.0.0.1:6379 lb.backends")]
     List(ListArgs),
+    /// Follow a running box's events as they happen, like `conntrack -E`: the NAT's sessions
+    /// and mappings created and destroyed, its ports exhausted and session limit reached. A
+    /// reader slower than the box loses events, and is told how many (`[LOST]`).
+    #[command(after_help = "Examples:
+  flowstate state events 127.0.0.1:9464            every NF's events (the box's --metrics address)
+  flowstate state events 127.0.0.1:9464 nat --json")]
+    Events(EventsArgs),
+}
+
+#[derive(Debug, Args)]
+struct EventsArgs {
+    /// The box's telemetry address (`--metrics`, `[telemetry] listen`).
+    addr: String,
+    /// Only this NF's events.
+    nf: Option<String>,
+    /// Print each event as the JSON line the box sends.
+    #[arg(long)]
+    json: bool,
+    /// Present the token in FILE to the box's listener (its `[telemetry] token_file`).
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -86,7 +107,67 @@ struct ListArgs {
 pub(crate) fn run(a: &StateArgs) -> Result<()> {
     match &a.action {
         Action::List(l) => list(l),
+        Action::Events(e) => events(e),
     }
+}
+
+/// Prints the box's events until it closes the stream (or this process is stopped).
+fn events(a: &EventsArgs) -> Result<()> {
+    let addr = flowstate_telemetry::parse_listen(&a.addr)
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .context("ADDR")?;
+    let token = a
+        .token_file
+        .as_deref()
+        .map(|f| crate::telemetry::read_token(f, "--token-file"))
+        .transpose()?;
+    let path = match &a.nf {
+        Some(nf) => format!("/api/v1/events?nf={nf}"),
+        None => "/api/v1/events".to_owned(),
+    };
+    let lines =
+        flowstate_telemetry::client::stream(addr, &path, Duration::from_secs(5), token.as_ref())
+            .with_context(|| format!("{addr}: cannot follow its events"))?;
+    let mut out = std::io::stdout().lock();
+    for line in lines {
+        let line = line.with_context(|| format!("{addr}: the event stream broke"))?;
+        if a.json {
+            writeln!(out, "{line}")?;
+        } else {
+            writeln!(out, "{}", event_text(&line))?;
+        }
+        out.flush()?;
+    }
+    Ok(())
+}
+
+/// An event line as `conntrack -E` would print it: `[NEW] nat tcp inside=... remote=...
+/// external=...`.
+fn event_text(line: &str) -> String {
+    let Ok(e) = serde_json::from_str::<Value>(line) else {
+        return line.to_owned();
+    };
+    let s = |k: &str| e[k].as_str().unwrap_or_default().to_owned();
+    let tag = match s("event").as_str() {
+        "session-create" => "[NEW]",
+        "session-delete" => "[DESTROY]",
+        "mapping-create" => "[NEW MAPPING]",
+        "mapping-delete" => "[DESTROY MAPPING]",
+        "ports-exhausted" => "[PORTS EXHAUSTED]",
+        "quota-exceeded" => "[SESSION LIMIT]",
+        "lost" => return format!("[LOST] {} events", e["count"]),
+        _ => return line.to_owned(),
+    };
+    let mut text = format!("{tag} {}", s("nf"));
+    for k in ["proto", "inside", "remote", "external", "max_sessions"] {
+        match &e[k] {
+            Value::String(v) if k == "proto" => text.push_str(&format!(" {v}")),
+            Value::String(v) => text.push_str(&format!(" {k}={v}")),
+            Value::Number(n) => text.push_str(&format!(" {k}={n}")),
+            _ => {}
+        }
+    }
+    text
 }
 
 fn list(a: &ListArgs) -> Result<()> {
@@ -446,6 +527,24 @@ mod tests {
     use super::*;
     use flowstate_telemetry::{Metrics, Options, Page, Provider, Server, Token};
     use std::sync::Arc;
+
+    #[test]
+    fn events_read_as_conntrack_prints_them() {
+        let line = r#"{"time_ms":1,"nf":"nat","event":"session-create","proto":"tcp","inside":"10.0.0.2:40000","external":"198.51.100.1:20001","remote":"198.51.100.2:80"}"#;
+        assert_eq!(
+            event_text(line),
+            "[NEW] nat tcp inside=10.0.0.2:40000 remote=198.51.100.2:80 external=198.51.100.1:20001"
+        );
+        assert_eq!(
+            event_text(r#"{"event":"lost","count":12}"#),
+            "[LOST] 12 events"
+        );
+        assert_eq!(
+            event_text(r#"{"nf":"nat","event":"quota-exceeded","max_sessions":4}"#),
+            "[SESSION LIMIT] nat max_sessions=4"
+        );
+        assert_eq!(event_text("not json"), "not json");
+    }
 
     /// A box whose `nat.sessions` holds `ROWS` rows, answered a page at a time.
     struct Sessions;

@@ -47,6 +47,24 @@ pub(crate) fn serve_started(addr: SocketAddr, started: std::io::Result<Server>) 
     Ok(server)
 }
 
+/// Lines a reader of `/api/v1/events` has not taken, at most: beyond, they are lost and the
+/// reader is told how many.
+const EVENTS_QUEUE: usize = 4096;
+
+/// A reader of the box's events, of the NF `?nf=NAME` names (every NF without).
+fn events_stream(
+    query: Option<&str>,
+) -> std::result::Result<std::sync::mpsc::Receiver<String>, String> {
+    let mut nf = None;
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("nf", v)) if !v.is_empty() => nf = Some(v),
+            _ => return Err(format!("unknown parameter {pair:?} (expected nf=NAME)")),
+        }
+    }
+    Ok(flowstate_nf::event_stream::hub().subscribe(nf, EVENTS_QUEUE))
+}
+
 /// A chain run (a live box, or any `flowstate run`) seen through its observer.
 pub(crate) struct ChainProvider(pub(crate) Arc<Observer>);
 
@@ -89,6 +107,15 @@ impl Provider for ChainProvider {
 
     fn api(&self, name: &str) -> Option<String> {
         self.api_page(name, &Page::default())
+    }
+
+    /// `events[?nf=NF]`: the NFs' events as they happen ([`flowstate_nf::event_stream`]).
+    fn stream(
+        &self,
+        name: &str,
+        query: Option<&str>,
+    ) -> Option<std::result::Result<std::sync::mpsc::Receiver<String>, String>> {
+        (name == "events").then(|| events_stream(query))
     }
 
     /// `summary`; `tables` (the chain's NFs and their tables); `tables/NF/TABLE` (a page of

@@ -2357,3 +2357,102 @@ fn a_live_nat_logs_each_session_over_ipfix_as_tshark_decodes_it() {
     let lines = std::fs::read_to_string(&json).unwrap();
     assert_eq!(lines.matches("\"proto\":\"tcp\"").count(), 4 * n);
 }
+
+/// `flowstate state events` on a live NAT box: a download's connection shows up as it opens
+/// (a session and a mapping created) and as it closes (destroyed once `tcp_transitory` has
+/// passed), with the client's inside endpoint and the server's.
+#[test]
+fn state_events_follows_a_download_opening_and_closing() {
+    if !is_root() {
+        eprintln!("skipped: live tests need root");
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut live = Live::up("ev");
+    let files = publish(&live.lab);
+    let chain = format!(
+        "[[chain]]\nnf = \"nat\"\nexternal = [\"{BOX_OUTSIDE}\"]\nports = \"20000-59999\"\n\
+         tcp_transitory = \"2s\"\n"
+    );
+    let metrics = "127.0.0.1:9466";
+    live.start_box_with(&config(&chain), SERVER, &["--metrics", metrics]);
+    let mut follower = Command::new("ip")
+        .args(["netns", "exec", &live.lab.nf_ns()])
+        .arg(env!("CARGO_BIN_EXE_flowstate"))
+        .args(["state", "events", metrics, "nat", "--json"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = follower.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<serde_json::Value>();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            let _ = tx.send(serde_json::from_str(&line).expect("a JSON line"));
+        }
+    });
+    // Following: the listener holds the stream's connection open (and this scrape's).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let page = live.get(metrics, "/metrics");
+        let open = parse_exposition(&page)
+            .get("flowstate_telemetry_open_connections")
+            .copied()
+            .unwrap_or(0.0);
+        if open >= 2.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the follower never connected");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (name, data) = files[1].clone();
+    let got = live.download(&format!("http://{SERVER}:{HTTP_PORT}/{name}"));
+    assert!(got == data, "the download is whole");
+    let remote = format!("{SERVER}:{HTTP_PORT}");
+    let mut seen: Vec<serde_json::Value> = Vec::new();
+    let mut inside = None;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let destroyed = |seen: &[serde_json::Value], inside: &Option<String>| {
+        ["session-delete", "mapping-delete"].iter().all(|kind| {
+            seen.iter()
+                .any(|e| e["event"] == *kind && inside.as_deref().is_some_and(|i| e["inside"] == i))
+        })
+    };
+    while !destroyed(&seen, &inside) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let e = rx
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("no end of the download's session in {seen:#?}"));
+        if e["event"] == "session-create" && e["remote"] == remote && e["proto"] == "tcp" {
+            assert!(inside.is_none(), "one connection, one session: {seen:#?}");
+            inside = e["inside"].as_str().map(str::to_owned);
+        }
+        seen.push(e);
+    }
+    let inside = inside.unwrap();
+    assert!(inside.starts_with(&format!("{CLIENT}:")), "{inside}");
+    let of = |kind: &str| {
+        seen.iter()
+            .filter(|e| e["event"] == kind && e["inside"] == inside.as_str())
+            .collect::<Vec<_>>()
+    };
+    for kind in [
+        "session-create",
+        "session-delete",
+        "mapping-create",
+        "mapping-delete",
+    ] {
+        assert_eq!(of(kind).len(), 1, "{kind}: {seen:#?}");
+    }
+    let create = of("session-create")[0];
+    let delete = of("session-delete")[0];
+    assert_eq!(create["external"], delete["external"]);
+    assert_eq!(delete["remote"], remote);
+    assert!(create["time_ms"].as_u64() < delete["time_ms"].as_u64());
+    let _ = follower.kill();
+    let _ = follower.wait();
+    live.stop_box();
+}

@@ -366,6 +366,7 @@ pub fn endpoint_partition(addr: std::net::IpAddr, port: u16, proto: u8, partitio
 pub mod counter;
 mod early_drop;
 mod eve;
+pub mod event_stream;
 pub mod firewall;
 pub mod ips;
 pub mod lb;

@@ -765,27 +765,32 @@ fn out_key(in_key: &FlowKey, s: &InSession) -> FlowKey {
 // ------------------------------------------------------------------------------------------
 // Factory
 
-/// Builds NATs: the configuration, and the event log its workers share.
+/// Builds NATs: the configuration, and the event log (or live stream) its workers share.
 #[derive(Debug)]
 pub struct Factory {
     /// The configuration.
     pub config: Config,
-    events: Option<events::EventLog>,
+    events: events::EventLog,
 }
 
 impl Factory {
-    /// The factory of `config` (its event log starts with the first worker built).
+    /// The factory of `config` (its event exporter starts with the first worker built).
     pub fn new(config: Config) -> Factory {
-        let events = config.events.clone().map(events::EventLog::new);
-        Factory { config, events }
+        let events = config
+            .events
+            .clone()
+            .unwrap_or_else(EventsConfig::stream_only);
+        Factory {
+            config,
+            events: events::EventLog::new(events),
+        }
     }
 
-    /// A worker's event handle, if events are logged (the first starts the exporter).
+    /// A worker's event handle (the first starts the exporter).
     fn worker_events(&self) -> Result<Option<events::WorkerEvents>, BuildError> {
         self.events
-            .as_ref()
-            .map(events::EventLog::worker)
-            .transpose()
+            .worker()
+            .map(Some)
             .map_err(|(key, why)| config_error_at(format!("events.{key}"), why))
     }
 }

@@ -91,6 +91,71 @@ pub fn get_with(
     parse(&buf)
 }
 
+/// The longest line [`stream`] reads.
+pub const MAX_LINE: usize = 64 * 1024;
+
+/// `GET path` of a live stream from `addr` (connecting and reading the head within
+/// `timeout`): its lines as they come, for as long as the server sends them. An answer other
+/// than `200` is an error saying the status and body.
+pub fn stream(
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+    token: Option<&Token>,
+) -> std::io::Result<Lines> {
+    let mut conn = TcpStream::connect_timeout(&addr, timeout)?;
+    conn.set_write_timeout(Some(timeout))?;
+    conn.set_read_timeout(Some(timeout))?;
+    let authorization = token
+        .map(|t| format!("Authorization: {}\r\n", t.authorization()))
+        .unwrap_or_default();
+    conn.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: flowstate\r\nAccept: application/x-ndjson\r\n{authorization}Connection: close\r\n\r\n")
+            .as_bytes(),
+    )?;
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while crate::http::head_end(&head).is_none() {
+        if conn.read(&mut byte)? == 0 || head.len() > crate::http::MAX_HEAD {
+            return Err(invalid("no answer head"));
+        }
+        head.push(byte[0]);
+    }
+    let status = String::from_utf8_lossy(&head);
+    if status.split_whitespace().nth(1) != Some("200") {
+        let mut rest = Vec::new();
+        let _ = conn.take(MAX_LINE as u64).read_to_end(&mut rest);
+        let line = status.lines().next().unwrap_or_default().to_owned();
+        return Err(Error::other(format!(
+            "{line}: {}",
+            String::from_utf8_lossy(&rest).trim()
+        )));
+    }
+    conn.set_read_timeout(None)?;
+    Ok(Lines(std::io::BufReader::new(conn)))
+}
+
+/// The lines of a stream ([`stream`]); ends when the server closes.
+#[derive(Debug)]
+pub struct Lines(std::io::BufReader<TcpStream>);
+
+impl Iterator for Lines {
+    type Item = std::io::Result<String>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        use std::io::BufRead;
+        let mut line = String::new();
+        match (&mut self.0).take(MAX_LINE as u64).read_line(&mut line) {
+            Ok(0) => None,
+            Ok(_) if !line.ends_with('\n') && line.len() >= MAX_LINE => {
+                Some(Err(invalid("a line longer than 64 KiB")))
+            }
+            Ok(_) => Some(Ok(line.trim_end().to_owned())),
+            Err(e) => Some(Err(e)),
+        }
+    }
+}
+
 fn invalid(what: &str) -> Error {
     Error::new(ErrorKind::InvalidData, what.to_owned())
 }

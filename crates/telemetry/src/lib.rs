@@ -18,6 +18,9 @@
 //! * `GET /api/v1/NAME`: a JSON document the provider answers ([`Provider::api`]); a live box
 //!   answers `summary` (its run summary so far), `tables` and `tables/NF/TABLE` (paged,
 //!   [`Provider::api_page`]), the store `stats`.
+//! * `GET /api/v1/NAME` of a live stream ([`Provider::stream`]; a live box's `events`): JSON
+//!   lines (`application/x-ndjson`) as they happen, until either side goes; at most
+//!   [`MAX_STREAMS`] (16) at once.
 //! * `GET /api/v1/info`: what the process is and which document holds its numbers
 //!   (`{"role":"chain","document":"summary"}`, from [`Provider::info`]), so a client knows what
 //!   to poll.
@@ -91,6 +94,7 @@ use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -101,6 +105,9 @@ pub const DEFAULT_LISTEN: SocketAddr =
 
 /// Requests answered at once (the provider asked); more are answered `503` and closed.
 pub const MAX_CONNECTIONS: usize = 8;
+
+/// Live streams ([`Provider::stream`]) served at once; more are answered `503`.
+pub const MAX_STREAMS: usize = 16;
 
 /// Connections open at once (each read on a thread of its own); more are answered `503` and
 /// closed.
@@ -211,6 +218,14 @@ pub trait Provider: Send + Sync + 'static {
     fn info(&self) -> Info {
         Info::default()
     }
+
+    /// The live stream `/api/v1/NAME?QUERY` answers (`None`: no such stream; `Err`: a bad
+    /// query, answered `400` with the reason): JSON objects, one per line, as the receiver
+    /// gets them. The stream ends when the sender goes or the peer does.
+    fn stream(&self, name: &str, query: Option<&str>) -> Option<Result<Receiver<String>, String>> {
+        let _ = (name, query);
+        None
+    }
 }
 
 /// An address for the listener: `HOST:PORT` as given (an explicit non-loopback address is
@@ -310,6 +325,7 @@ impl Server {
             options,
             open: AtomicUsize::new(0),
             answering: AtomicUsize::new(0),
+            streams: AtomicUsize::new(0),
             ended: Default::default(),
         });
         let thread = std::thread::Builder::new()
@@ -392,6 +408,8 @@ struct Shared {
     open: AtomicUsize,
     /// Requests whose answer is being made.
     answering: AtomicUsize,
+    /// Streams being served.
+    streams: AtomicUsize,
     /// Connections ended, by [`Ended`].
     ended: [AtomicU64; 5],
 }
@@ -549,6 +567,15 @@ fn serve(mut conn: TcpStream, shared: &Shared) {
             (http::Response::error(code, reason), false)
         }
         Head::Done(Ok(req)) => {
+            if let Some(opened) = open_stream(&req, shared) {
+                return match opened {
+                    Ok((rx, _streaming)) => stream(conn, &rx, shared),
+                    Err(response) => {
+                        shared.count(Ended::Refused);
+                        let _ = conn.write_all(&response.to_bytes(false));
+                    }
+                };
+            }
             let head_only = req.method == "HEAD";
             match Slot::take(&shared.answering, shared.options.max_answering) {
                 Some(_answering) => (respond(&req, shared), head_only),
@@ -566,6 +593,78 @@ fn serve(mut conn: TcpStream, shared: &Shared) {
     let _ = conn.shutdown(std::net::Shutdown::Write);
 }
 
+/// Whether `req` may be answered: no token is set, it presents the token, or it asks for
+/// `/healthz` (a load balancer's or orchestrator's probe carries no secret).
+fn authorized(req: &http::Request, shared: &Shared) -> bool {
+    shared.options.token.as_ref().is_none_or(|token| {
+        req.path == "/healthz" || req.bearer().is_some_and(|b| token.matches(b))
+    })
+}
+
+/// A stream `req` asks for and may have, with its place among [`MAX_STREAMS`], or the
+/// answer refusing it; `None`: not a stream (answered as a document).
+fn open_stream<'a>(
+    req: &http::Request,
+    shared: &'a Shared,
+) -> Option<Result<(Receiver<String>, Slot<'a>), http::Response>> {
+    if req.method != "GET" || !authorized(req, shared) {
+        return None;
+    }
+    let name = req.path.strip_prefix("/api/v1/")?;
+    Some(match shared.provider.stream(name, req.query.as_deref())? {
+        Err(why) => Err(http::Response::error_saying(400, "Bad Request", &why)),
+        Ok(rx) => match Slot::take(&shared.streams, MAX_STREAMS) {
+            Some(slot) => Ok((rx, slot)),
+            None => Err(http::Response::error(503, "Service Unavailable")),
+        },
+    })
+}
+
+/// Streams the lines of `rx` to `conn` (`application/x-ndjson`) until the sender goes or the
+/// peer does. A reader slower than the write timeout is dropped; the provider's queue for it
+/// counts what it missed meanwhile.
+fn stream(mut conn: TcpStream, rx: &Receiver<String>, shared: &Shared) {
+    shared.count(Ended::Answered);
+    let head = "HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n\
+                Cache-Control: no-store\r\nConnection: close\r\n\r\n";
+    if conn.write_all(head.as_bytes()).is_err() {
+        return;
+    }
+    let mut line = Vec::with_capacity(512);
+    loop {
+        match rx.recv_timeout(Duration::from_millis(500)) {
+            Ok(l) => {
+                line.clear();
+                line.extend_from_slice(l.as_bytes());
+                line.push(b'\n');
+                if conn.write_all(&line).is_err() {
+                    return;
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                if peer_closed(&conn) {
+                    return;
+                }
+            }
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+    }
+}
+
+/// Whether the peer closed its side (a reader says nothing after its request).
+fn peer_closed(conn: &TcpStream) -> bool {
+    if conn.set_nonblocking(true).is_err() {
+        return true;
+    }
+    let mut b = [0u8; 1];
+    let closed = match conn.peek(&mut b) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+    };
+    closed || conn.set_nonblocking(false).is_err()
+}
+
 /// The answer to a parsed request.
 fn respond(req: &http::Request, shared: &Shared) -> http::Response {
     use http::Response;
@@ -574,11 +673,8 @@ fn respond(req: &http::Request, shared: &Shared) -> http::Response {
         return Response::error(405, "Method Not Allowed").with_header("Allow", "GET, HEAD");
     }
     let path = req.path.as_str();
-    if let Some(token) = &shared.options.token {
-        // Liveness stays open: a load balancer's or orchestrator's probe carries no secret.
-        if path != "/healthz" && !req.bearer().is_some_and(|b| token.matches(b)) {
-            return Response::error(401, "Unauthorized").with_header("WWW-Authenticate", "Bearer");
-        }
+    if !authorized(req, shared) {
+        return Response::error(401, "Unauthorized").with_header("WWW-Authenticate", "Bearer");
     }
     let guarded = |f: &dyn Fn() -> Response| {
         catch_unwind(AssertUnwindSafe(f))
@@ -634,6 +730,71 @@ mod tests {
         let mut s = String::new();
         c.read_to_string(&mut s).unwrap();
         s
+    }
+
+    /// Streams three lines on `events`, then ends; refuses any query.
+    struct Lines;
+    impl Provider for Lines {
+        fn metrics(&self, _: &mut Metrics) {}
+        fn api(&self, _: &str) -> Option<String> {
+            None
+        }
+        fn stream(
+            &self,
+            name: &str,
+            query: Option<&str>,
+        ) -> Option<Result<Receiver<String>, String>> {
+            if name != "events" {
+                return None;
+            }
+            if let Some(q) = query {
+                return Some(Err(format!("unknown parameter {q}")));
+            }
+            let (tx, rx) = std::sync::mpsc::sync_channel(8);
+            std::thread::spawn(move || {
+                for i in 0..3 {
+                    std::thread::sleep(Duration::from_millis(50));
+                    let _ = tx.send(format!("{{\"n\":{i}}}"));
+                }
+            });
+            Some(Ok(rx))
+        }
+    }
+
+    #[test]
+    fn streams_lines_until_the_sender_goes_and_guards_them_like_documents() {
+        let token = Token::new("s3cret").unwrap();
+        let options = Options {
+            token: Some(token.clone()),
+            ..Options::default()
+        };
+        let s =
+            Server::start_with("127.0.0.1:0".parse().unwrap(), Arc::new(Lines), options).unwrap();
+        let a = s.local_addr();
+        let lines: Vec<String> =
+            client::stream(a, "/api/v1/events", Duration::from_secs(5), Some(&token))
+                .unwrap()
+                .map(Result::unwrap)
+                .collect();
+        assert_eq!(lines, ["{\"n\":0}", "{\"n\":1}", "{\"n\":2}"]);
+        let no_token = client::stream(a, "/api/v1/events", Duration::from_secs(5), None);
+        assert!(no_token.unwrap_err().to_string().contains("401"));
+        let bad = client::stream(
+            a,
+            "/api/v1/events?x=1",
+            Duration::from_secs(5),
+            Some(&token),
+        );
+        let e = bad.unwrap_err().to_string();
+        assert!(
+            e.contains("400") && e.contains("unknown parameter x=1"),
+            "{e}"
+        );
+        let raw = get(
+            a,
+            b"GET /api/v1/nope HTTP/1.1\r\nAuthorization: Bearer s3cret\r\n\r\n",
+        );
+        assert!(raw.starts_with("HTTP/1.1 404"), "{raw}");
     }
 
     #[test]

@@ -16,9 +16,12 @@
 //! slows or blocks the data path. One exporter thread per NAT drains the queue every 10 ms,
 //! packs IPFIX messages up to `path_mtu`, writes JSON lines, and flushes both at least every
 //! 100 ms and when the NAT stops. The JSON file is appended to; rotate it with logrotate's
-//! `copytruncate`.
+//! `copytruncate`. Without `events`, the same events feed the live stream
+//! ([`crate::event_stream`], `flowstate state events`) while it has readers.
 
 use super::ipfix::Encoder;
+use super::NF;
+use crate::event_stream;
 use flowstate_state::Nanos;
 use serde::Deserialize;
 use std::fmt::Write as _;
@@ -71,6 +74,23 @@ fn default_path_mtu() -> u16 {
 }
 
 impl EventsConfig {
+    /// No log, only the live stream (`flowstate state events`) when someone reads it.
+    pub(super) fn stream_only() -> EventsConfig {
+        EventsConfig {
+            ipfix: None,
+            json: None,
+            queue: default_queue(),
+            template_interval: default_template_interval(),
+            observation_domain: default_domain(),
+            path_mtu: default_path_mtu(),
+        }
+    }
+
+    /// Whether events are logged (not only streamed).
+    fn logs(&self) -> bool {
+        self.ipfix.is_some() || self.json.is_some()
+    }
+
     /// What is wrong with it: `(key under events, reason)`.
     pub fn problems(&self) -> Vec<(&'static str, String)> {
         let mut out = Vec::new();
@@ -148,6 +168,8 @@ pub struct Event {
 #[derive(Debug)]
 pub(super) struct WorkerEvents {
     tx: SyncSender<Event>,
+    /// Whether events are logged; else they are made only while the stream has readers.
+    logs: bool,
     /// Events lost to a full queue.
     pub(super) lost: u64,
     last_exhausted: Option<Nanos>,
@@ -164,9 +186,17 @@ impl WorkerEvents {
     /// Hands `e` over (lost and counted when the queue is full).
     #[inline]
     pub(super) fn send(&mut self, e: Event) {
+        if !self.logs && !event_stream::hub().active() {
+            return;
+        }
         if self.tx.try_send(e).is_err() {
             self.lost += 1;
         }
+    }
+
+    /// Whether events are logged (`events` configured), not only streamed.
+    pub(super) fn logs(&self) -> bool {
+        self.logs
     }
 
     /// Hands `e` over unless one of its kind went within the last second (a flood of new flows
@@ -246,6 +276,7 @@ impl EventLog {
             .ok_or(("ipfix", "the exporter stopped".to_string()))?;
         Ok(WorkerEvents {
             tx,
+            logs: self.config.logs(),
             lost: 0,
             last_exhausted: None,
             last_quota: None,
@@ -323,10 +354,16 @@ fn export(rx: Receiver<Event>, mut out: Outputs, config: &EventsConfig) {
                     if out.ipfix.is_some() {
                         enc.push(&e, unix_secs(), &mut send);
                     }
-                    if let Some(j) = out.json.as_mut() {
+                    let hub = event_stream::hub();
+                    if out.json.is_some() || hub.active() {
                         line.clear();
                         json_line(&e, &mut line);
+                    }
+                    if let Some(j) = out.json.as_mut() {
                         let _ = j.write_all(line.as_bytes());
+                    }
+                    if hub.active() {
+                        hub.publish(NF, line.trim_end());
                     }
                 }
                 Err(TryRecvError::Empty) => break,
@@ -358,7 +395,7 @@ pub(super) fn json_line(e: &Event, out: &mut String) {
     let proto = crate::listing::proto_name(e.proto).unwrap_or("other");
     let _ = write!(
         out,
-        "{{\"time_ms\":{},\"event\":\"{}\"",
+        "{{\"time_ms\":{},\"nf\":\"{NF}\",\"event\":\"{}\"",
         e.at / 1_000_000,
         e.kind.name()
     );
@@ -403,7 +440,7 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(&s).unwrap();
         assert_eq!(
             v,
-            serde_json::json!({"time_ms": 1_700_000_000_123u64, "event": "session-create",
+            serde_json::json!({"time_ms": 1_700_000_000_123u64, "nf": "nat", "event": "session-create",
                 "proto": "udp", "inside": "10.0.0.2:5353", "external": "203.0.113.1:20001",
                 "remote": "198.51.100.2:53"})
         );
@@ -458,6 +495,7 @@ mod tests {
         let (tx, rx) = sync_channel(16);
         let mut w = WorkerEvents {
             tx,
+            logs: true,
             lost: 0,
             last_exhausted: None,
             last_quota: None,

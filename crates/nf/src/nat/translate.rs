@@ -853,7 +853,7 @@ impl<T: NatTable> NetworkFunction for Translator<T> {
         for (i, (_, name)) in DROP_REASONS.iter().enumerate() {
             r.push((name, self.drops.get(&(i as u8)).unwrap_or(-1)));
         }
-        if let Some(ev) = &self.events {
+        if let Some(ev) = self.events.as_ref().filter(|e| e.logs()) {
             r.push(("events_lost", ev.lost as i64));
         }
         r
