@@ -45,6 +45,10 @@
 //! * [`Stop`] ends the source: the runtime then drains its workers and flushes their state,
 //!   which is the graceful stop `flowstate run` performs on SIGINT and SIGTERM.
 //!
+//! Jumbo frames (an MTU of 9,000 and more) cross on AF_PACKET when `[runtime] max_frame`
+//! holds them; a port whose MTU makes frames the box cannot hold is refused at start (AF_XDP's
+//! buffers hold 1,792 bytes).
+//!
 //! Limits: IPv4 only (IPv6 and VLAN-tagged frames are dropped as not for the box); no ICMP
 //! host unreachable for an unknown neighbour; no fragmentation; several workers go through the
 //! dispatcher and output threads (see above); time (NAT and firewall timeouts) advances
@@ -173,6 +177,7 @@ pub fn run(
 ) -> Result<crate::Summary, RunError> {
     use flowstate_io::afpacket::{AfPacket, AfPacketOptions};
     use flowstate_io::afxdp::{AfXdp, AfXdpOptions};
+    fits_frames(runtime, inside, outside)?;
     // The box's own frames need no queueing discipline (a veth has none anyway) and no copy
     // for the sending host's taps.
     let tx = AfPacketOptions {
@@ -231,6 +236,50 @@ pub fn run(
             run_ports(runtime, ports, rx_ports, tx_ports, learner, stop, progress)
         }
     }
+}
+
+/// Frames up to this many bytes fit an AF_XDP buffer: 2 KiB less the kernel's 256-byte XDP
+/// headroom.
+const AF_XDP_MAX_FRAME: usize = 2048 - 256;
+
+/// Refuses ports whose MTU makes frames the box could not hold (they would be dropped or
+/// truncated): jumbo frames need `driver = "af-packet"` with `[runtime] max_frame` at least
+/// the MTU plus an Ethernet header and a VLAN tag.
+fn fits_frames(
+    runtime: &crate::Runtime,
+    inside: &LivePort,
+    outside: &LivePort,
+) -> Result<(), RunError> {
+    for port in [inside, outside] {
+        let mtu = interface_mtu(&port.interface);
+        if mtu == u16::MAX {
+            continue; // not known: the port's own open says what is wrong
+        }
+        let frame = usize::from(mtu) + 18;
+        let (name, reason) = match port.driver {
+            Driver::AfXdp if frame > AF_XDP_MAX_FRAME => (
+                "driver",
+                format!(
+                    "{}: MTU {mtu} makes frames of up to {frame} bytes, and af-xdp buffers hold \
+                     {AF_XDP_MAX_FRAME}: use driver = \"af-packet\" (with [runtime] max_frame) \
+                     for jumbo frames",
+                    port.interface
+                ),
+            ),
+            Driver::AfPacket if frame > runtime.options().max_frame => (
+                "max_frame",
+                format!(
+                    "{}: MTU {mtu} makes frames of up to {frame} bytes, more than [runtime] \
+                     max_frame = {}: raise it to {frame}",
+                    port.interface,
+                    runtime.options().max_frame
+                ),
+            ),
+            _ => continue,
+        };
+        return Err(RunError::Port(flowstate_io::Error::Option { name, reason }));
+    }
+    Ok(())
 }
 
 /// The fast path of a box and its program on each port, when it is configured, the chain

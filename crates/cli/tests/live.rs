@@ -2456,3 +2456,85 @@ fn state_events_follows_a_download_opening_and_closing() {
     let _ = follower.wait();
     live.stop_box();
 }
+
+/// Jumbo frames: with every link of the lab at MTU 9,000, a box whose `max_frame` holds them
+/// carries a download in 9,000-byte frames, byte for byte (with the XDP fast path and without);
+/// a box that could not hold them (too small a `max_frame`, or AF_XDP's 2 KiB buffers) refuses
+/// to start, naming what to change.
+#[test]
+fn jumbo_frames_cross_the_box_and_a_box_that_cannot_hold_them_refuses_to_start() {
+    if !is_root() {
+        eprintln!("skipped: live tests need root");
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut live = Live::up("jm");
+    let files = publish(&live.lab);
+    let (client_ns, nf, server_ns) = (live.lab.client_ns(), live.lab.nf_ns(), live.lab.server_ns());
+    for (ns, port) in [
+        (&client_ns, CLIENT_IF),
+        (&nf, flowstate_lab::NF_INSIDE_IF),
+        (&nf, flowstate_lab::NF_OUTSIDE_IF),
+        (&server_ns, flowstate_lab::SERVER_IF),
+    ] {
+        let o = live.run_in(ns, &["ip", "link", "set", port, "mtu", "9000"]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let chain = nat_chain();
+    // Refused: frames the box could not hold.
+    let file = live.dir.path().join("refused.toml");
+    for (config, says) in [
+        (config(&chain), "max_frame = 2048: raise it to 9018"),
+        (
+            config(&chain)
+                .replace(
+                    "address = \"10.0.0.1\"",
+                    "address = \"10.0.0.1\"\ndriver = \"af-xdp\"",
+                )
+                .replace("[runtime]", "[runtime]\nmax_frame = 9018"),
+            "use driver = \"af-packet\"",
+        ),
+    ] {
+        std::fs::write(&file, &config).unwrap();
+        let o = live.run_in(&nf, &[env!("CARGO_BIN_EXE_flowstate"), "run", path(&file)]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(says), "{config}: {err}");
+        assert!(err.contains("MTU 9000"), "{err}");
+    }
+    let (name, data) = files.last().unwrap().clone();
+    let url = format!("http://{SERVER}:{HTTP_PORT}/{name}");
+    let rx = |live: &Live| -> (u64, u64) {
+        let o = live.client(&[
+            "cat",
+            "/sys/class/net/fs-c/statistics/rx_bytes",
+            "/sys/class/net/fs-c/statistics/rx_packets",
+        ]);
+        let v: Vec<u64> = String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(|l| l.trim().parse().unwrap())
+            .collect();
+        (v[0], v[1])
+    };
+    for fast_path in [true, false] {
+        let cfg = config(&chain)
+            .replace("workers = 2", "workers = 1")
+            .replace("[runtime]", "[runtime]\nmax_frame = 9018")
+            .replace(
+                "address = \"10.0.0.1\"",
+                &format!("address = \"10.0.0.1\"\nfast_path = {fast_path}"),
+            );
+        live.start_box(&cfg, SERVER);
+        let before = rx(&live);
+        assert!(
+            live.download(&url) == data,
+            "fast_path {fast_path}: the download differs"
+        );
+        let after = rx(&live);
+        let per_frame = (after.0 - before.0) / (after.1 - before.1).max(1);
+        assert!(
+            per_frame > 4_000,
+            "fast_path {fast_path}: {per_frame} bytes per frame reached the client"
+        );
+        live.stop_box();
+    }
+}
