@@ -177,6 +177,7 @@
 //! | RFC 5508 REQ-1 | ICMP echo from the inside with its replies; query timeout ≥ 60 s, configurable | ✔ identifiers mapped like ports; `icmp = "60s"` |
 //! | RFC 5508 (errors the NAT originates) | TTL exceeded and the like sent by the NAT itself | ✔ time exceeded and fragmentation needed, from the box's port address to the sender as it sent (no host unreachable yet) |
 //! | RFC 7857 §2.2 | TCP established on SYNs in both directions | ✔ established once each side sent a SYN or an ACK |
+//! | RFC 6146, RFC 6052, RFC 7915 | stateful NAT64: IPv6-only clients reach IPv4 servers through `64:ff9b::/96` | ✘ not yet: this NAT translates IPv4 to IPv4 only (`ipv6` passes or drops IPv6) |
 //! | RFC 8158 §4.1, RFC 7011 | NAT events over IPFIX | ◐ NAT44 session and BIB create and delete, NAT ports exhausted, quota exceeded (maximum session entries), templates resent on schedule over UDP; no address-exhausted, threshold or port-block events (nothing here allocates addresses or port blocks) |
 //!
 //! # Ports per worker

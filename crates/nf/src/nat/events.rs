@@ -3,7 +3,7 @@
 //!
 //! ```toml
 //! events = { ipfix = "192.0.2.50:4739", json = "/var/log/flowstate/nat.jsonl" }
-//! # queue = 65536              events waiting between the workers and the exporter, at most
+//! # queue = 65536              events waiting between a worker and the exporter, at most
 //! # template_interval = "60s"  IPFIX templates sent again this often (RFC 7011 §10.3.6)
 //! # observation_domain = 1
 //! # path_mtu = 1400            IPFIX message size, at most
@@ -11,8 +11,9 @@
 //!
 //! Events: session create and delete, mapping (BIB) create and delete, ports exhausted (the
 //! paired address has no free port; at most one per worker and second), quota exceeded (the
-//! session limit; the same). A worker hands each event to a bounded queue without waiting;
-//! when the queue is full the event is lost and counted (`events_lost`), so logging never
+//! session limit; the same). A worker gathers events in buffers of 256 and hands each full
+//! buffer (and at every tick what it has) to the exporter without waiting; when the exporter
+//! is `queue` events behind, events are lost and counted (`events_lost`), so logging never
 //! slows or blocks the data path. One exporter thread per NAT drains the queue every 10 ms,
 //! packs IPFIX messages up to `path_mtu`, writes JSON lines, and flushes both at least every
 //! 100 ms and when the NAT stops. The JSON file is appended to; rotate it with logrotate's
@@ -28,7 +29,7 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::path::PathBuf;
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -43,7 +44,7 @@ pub struct EventsConfig {
     /// A file to append JSON lines to.
     #[serde(default)]
     pub json: Option<PathBuf>,
-    /// Events waiting for the exporter, at most (default 65,536).
+    /// Events waiting for the exporter, at most, per worker (default 65,536).
     #[serde(default = "default_queue")]
     pub queue: usize,
     /// How often IPFIX templates are sent again (default 60 s).
@@ -79,7 +80,8 @@ impl EventsConfig {
         EventsConfig {
             ipfix: None,
             json: None,
-            queue: default_queue(),
+            // The stream's readers hold their own 4,096 lines.
+            queue: 4096,
             template_interval: default_template_interval(),
             observation_domain: default_domain(),
             path_mtu: default_path_mtu(),
@@ -163,14 +165,37 @@ pub struct Event {
     pub limit: u32,
 }
 
-/// A worker's side: hands events to the exporter without waiting, counts those the queue had
-/// no room for.
+/// Events a worker gathers before it hands them to the exporter at once (one exchange between
+/// the cores per batch, not per event).
+const EVENT_BATCH: usize = 256;
+
+/// Events on their way to the exporter, and where their buffer goes back to.
+struct Batch {
+    events: Vec<Event>,
+    back: SyncSender<Vec<Event>>,
+}
+
+impl std::fmt::Debug for Batch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batch")
+            .field("events", &self.events.len())
+            .finish()
+    }
+}
+
+/// A worker's side: gathers events in a buffer of its own and hands full buffers (and, at each
+/// tick, what it has) to the exporter without waiting. Buffers circulate between the two, so
+/// nothing is allocated after start; when none is free (the exporter is behind) or the
+/// exporter's queue is full, events are lost and counted.
 #[derive(Debug)]
 pub(super) struct WorkerEvents {
-    tx: SyncSender<Event>,
+    tx: SyncSender<Batch>,
+    back: SyncSender<Vec<Event>>,
+    spare: Receiver<Vec<Event>>,
+    buf: Vec<Event>,
     /// Whether events are logged; else they are made only while the stream has readers.
     logs: bool,
-    /// Events lost to a full queue.
+    /// Events lost because no buffer had room.
     pub(super) lost: u64,
     last_exhausted: Option<Nanos>,
     last_quota: Option<Nanos>,
@@ -183,14 +208,63 @@ pub(super) struct WorkerEvents {
 const RESOURCE_EVENT_GAP: Nanos = 1_000_000_000;
 
 impl WorkerEvents {
-    /// Hands `e` over (lost and counted when the queue is full).
+    /// A worker's handle on `tx`, with room for about `queue` events in flight.
+    fn new(tx: SyncSender<Batch>, queue: usize, logs: bool, exporter: Arc<Exporter>) -> Self {
+        let buffers = (queue / EVENT_BATCH).max(2);
+        let (back, spare) = sync_channel(buffers);
+        for _ in 1..buffers {
+            let _ = back.try_send(Vec::with_capacity(EVENT_BATCH));
+        }
+        WorkerEvents {
+            tx,
+            back,
+            spare,
+            buf: Vec::with_capacity(EVENT_BATCH),
+            logs,
+            lost: 0,
+            last_exhausted: None,
+            last_quota: None,
+            _exporter: exporter,
+        }
+    }
+
+    /// Takes `e` (lost and counted when no buffer has room).
     #[inline]
     pub(super) fn send(&mut self, e: Event) {
         if !self.logs && !event_stream::hub().active() {
             return;
         }
-        if self.tx.try_send(e).is_err() {
+        if self.buf.len() == EVENT_BATCH {
+            self.flush();
+        }
+        if self.buf.len() < EVENT_BATCH {
+            self.buf.push(e); // within its capacity: no allocation
+        } else {
             self.lost += 1;
+        }
+    }
+
+    /// Hands the events gathered so far to the exporter.
+    pub(super) fn flush(&mut self) {
+        if self.buf.is_empty() {
+            return;
+        }
+        let Ok(next) = self.spare.try_recv() else {
+            self.lost += self.buf.len() as u64;
+            self.buf.clear();
+            return;
+        };
+        let events = std::mem::replace(&mut self.buf, next);
+        let batch = Batch {
+            events,
+            back: self.back.clone(),
+        };
+        if let Err(TrySendError::Full(b) | TrySendError::Disconnected(b)) = self.tx.try_send(batch)
+        {
+            let mut events = b.events;
+            self.lost += events.len() as u64;
+            events.clear();
+            let _ = self.back.try_send(events);
         }
     }
 
@@ -199,7 +273,7 @@ impl WorkerEvents {
         self.logs
     }
 
-    /// Hands `e` over unless one of its kind went within the last second (a flood of new flows
+    /// Takes `e` unless one of its kind went within the last second (a flood of new flows
     /// against a full table is one fact, not one per packet).
     pub(super) fn send_limited(&mut self, e: Event) {
         let last = match e.kind {
@@ -214,6 +288,13 @@ impl WorkerEvents {
     }
 }
 
+impl Drop for WorkerEvents {
+    /// What is gathered goes to the exporter before the worker does.
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
+
 /// A NAT's event log: the exporter thread, started by the first worker built and stopped
 /// (drained and flushed) when the last worker goes.
 #[derive(Debug)]
@@ -225,7 +306,7 @@ pub(super) struct EventLog {
 /// The running exporter, shared by the workers' handles.
 #[derive(Debug)]
 struct Exporter {
-    tx: Option<SyncSender<Event>>,
+    tx: Option<SyncSender<Batch>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -256,7 +337,8 @@ impl EventLog {
             Some(e) => e,
             None => {
                 let out = Outputs::open(&self.config)?;
-                let (tx, rx) = sync_channel(self.config.queue);
+                // Room for every worker's buffers (16 workers' worth).
+                let (tx, rx) = sync_channel((self.config.queue / EVENT_BATCH).max(2) * 16);
                 let config = self.config.clone();
                 let thread = std::thread::Builder::new()
                     .name("nat-events".into())
@@ -274,14 +356,12 @@ impl EventLog {
             .tx
             .clone()
             .ok_or(("ipfix", "the exporter stopped".to_string()))?;
-        Ok(WorkerEvents {
+        Ok(WorkerEvents::new(
             tx,
-            logs: self.config.logs(),
-            lost: 0,
-            last_exhausted: None,
-            last_quota: None,
-            _exporter: exporter,
-        })
+            self.config.queue,
+            self.config.logs(),
+            exporter,
+        ))
     }
 }
 
@@ -329,7 +409,7 @@ fn unix_secs() -> u32 {
 }
 
 /// The exporter: drains `rx` until every sender is gone, then flushes and returns.
-fn export(rx: Receiver<Event>, mut out: Outputs, config: &EventsConfig) {
+fn export(rx: Receiver<Batch>, mut out: Outputs, config: &EventsConfig) {
     let mut enc = Encoder::new(config.observation_domain, usize::from(config.path_mtu));
     let mut next_templates = Instant::now();
     let mut last_flush = Instant::now();
@@ -347,24 +427,29 @@ fn export(rx: Receiver<Event>, mut out: Outputs, config: &EventsConfig) {
         }
         let mut done = false;
         let mut got = 0;
-        while got < 4096 {
+        while got < 64 {
             match rx.try_recv() {
-                Ok(e) => {
+                Ok(Batch { mut events, back }) => {
                     got += 1;
-                    if out.ipfix.is_some() {
-                        enc.push(&e, unix_secs(), &mut send);
-                    }
+                    let secs = unix_secs();
                     let hub = event_stream::hub();
-                    if out.json.is_some() || hub.active() {
-                        line.clear();
-                        json_line(&e, &mut line);
+                    for e in &events {
+                        if out.ipfix.is_some() {
+                            enc.push(e, secs, &mut send);
+                        }
+                        if out.json.is_some() || hub.active() {
+                            line.clear();
+                            json_line(e, &mut line);
+                        }
+                        if let Some(j) = out.json.as_mut() {
+                            let _ = j.write_all(line.as_bytes());
+                        }
+                        if hub.active() {
+                            hub.publish(NF, line.trim_end());
+                        }
                     }
-                    if let Some(j) = out.json.as_mut() {
-                        let _ = j.write_all(line.as_bytes());
-                    }
-                    if hub.active() {
-                        hub.publish(NF, line.trim_end());
-                    }
+                    events.clear();
+                    let _ = back.try_send(events);
                 }
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => {
@@ -457,7 +542,7 @@ mod tests {
     }
 
     #[test]
-    fn a_full_queue_loses_events_and_counts_them() {
+    fn an_exporter_behind_costs_events_and_counts_them() {
         let dir = tempfile::tempdir().unwrap();
         let config = EventsConfig {
             ipfix: None,
@@ -482,6 +567,7 @@ mod tests {
         for _ in 0..100_000 {
             w.send(e);
         }
+        w.flush();
         let lost = w.lost;
         assert!(lost > 0, "a queue of 4 never filled");
         drop(log);
@@ -493,17 +579,11 @@ mod tests {
     #[test]
     fn resource_events_go_at_most_once_a_second() {
         let (tx, rx) = sync_channel(16);
-        let mut w = WorkerEvents {
-            tx,
-            logs: true,
-            lost: 0,
-            last_exhausted: None,
-            last_quota: None,
-            _exporter: Arc::new(Exporter {
-                tx: None,
-                thread: None,
-            }),
-        };
+        let exporter = Arc::new(Exporter {
+            tx: None,
+            thread: None,
+        });
+        let mut w = WorkerEvents::new(tx, 1024, true, exporter);
         let e = |kind, at| Event {
             kind,
             at,
@@ -517,8 +597,12 @@ mod tests {
             w.send_limited(e(EventKind::PortsExhausted, ms * 1_000_000));
         }
         w.send_limited(e(EventKind::QuotaExceeded, 5));
-        let got: Vec<(EventKind, u64)> =
-            rx.try_iter().map(|e| (e.kind, e.at / 1_000_000)).collect();
+        w.flush();
+        let got: Vec<(EventKind, u64)> = rx
+            .try_iter()
+            .flat_map(|b| b.events)
+            .map(|e| (e.kind, e.at / 1_000_000))
+            .collect();
         assert_eq!(
             got,
             [

@@ -149,10 +149,9 @@ pub trait NatTable {
     ) -> Result<Option<(Ipv4Addr, u16)>, u8>;
 
     /// Creates the session of outbound `flow` in TCP state `tcp`, renewed, with its inside
-    /// endpoint's mapping. When it has none, the mapping is `forwarded` (a port forwarding's
-    /// external endpoint, never taken from or returned to a pool) or a port from the pool of
-    /// the paired address.
-    /// Returns the external endpoint and whether the mapping is new.
+    /// endpoint's mapping, and returns its external endpoint and whether the mapping is new.
+    /// A new mapping is `forwarded` (a port forwarding's external endpoint, never taken from
+    /// or returned to a pool) or a port from the pool of the paired address.
     fn open(
         &mut self,
         flow: &FlowKey,
@@ -818,6 +817,9 @@ impl<T: NatTable> NetworkFunction for Translator<T> {
         });
         if ended > 0 {
             self.expired.add_nowait(ended);
+        }
+        if let Some(ev) = self.events.as_mut() {
+            ev.flush();
         }
     }
 
