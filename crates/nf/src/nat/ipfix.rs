@@ -30,38 +30,38 @@ const POST_NAPT_DESTINATION_PORT: (u16, u16) = (228, 2);
 const NAT_QUOTA_EXCEEDED_EVENT: (u16, u16) = (466, 4);
 const MAX_SESSION_ENTRIES: (u16, u16) = (471, 4);
 
+/// A NAT44 BIB (mapping) record (RFC 8158 §4.1.3): the inside endpoint and its translation.
+const BIB_FIELDS: [(u16, u16); 8] = [
+    OBSERVATION_TIME_MS,
+    NAT_EVENT,
+    INGRESS_VRF_ID,
+    SOURCE_IPV4,
+    POST_NAT_SOURCE_IPV4,
+    PROTOCOL,
+    SOURCE_PORT,
+    POST_NAPT_SOURCE_PORT,
+];
+
+/// A NAT44 session record (RFC 8158 §4.1.1): a BIB record and the destination, before and
+/// after translation.
+const SESSION_FIELDS: [(u16, u16); 12] = {
+    let mut f = [(0, 0); 12];
+    let mut i = 0;
+    while i < BIB_FIELDS.len() {
+        f[i] = BIB_FIELDS[i];
+        i += 1;
+    }
+    f[8] = DESTINATION_IPV4;
+    f[9] = POST_NAT_DESTINATION_IPV4;
+    f[10] = DESTINATION_PORT;
+    f[11] = POST_NAPT_DESTINATION_PORT;
+    f
+};
+
 /// The templates: (template id, fields).
 const TEMPLATES: [(u16, &[(u16, u16)]); 4] = [
-    (
-        SESSION,
-        &[
-            OBSERVATION_TIME_MS,
-            NAT_EVENT,
-            INGRESS_VRF_ID,
-            SOURCE_IPV4,
-            POST_NAT_SOURCE_IPV4,
-            PROTOCOL,
-            SOURCE_PORT,
-            POST_NAPT_SOURCE_PORT,
-            DESTINATION_IPV4,
-            POST_NAT_DESTINATION_IPV4,
-            DESTINATION_PORT,
-            POST_NAPT_DESTINATION_PORT,
-        ],
-    ),
-    (
-        BIB,
-        &[
-            OBSERVATION_TIME_MS,
-            NAT_EVENT,
-            INGRESS_VRF_ID,
-            SOURCE_IPV4,
-            POST_NAT_SOURCE_IPV4,
-            PROTOCOL,
-            SOURCE_PORT,
-            POST_NAPT_SOURCE_PORT,
-        ],
-    ),
+    (SESSION, &SESSION_FIELDS),
+    (BIB, &BIB_FIELDS),
     (
         PORTS_EXHAUSTED,
         &[OBSERVATION_TIME_MS, NAT_EVENT, POST_NAT_SOURCE_IPV4],
