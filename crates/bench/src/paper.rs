@@ -112,6 +112,12 @@ pub const FIGURES: &[Figure] = &[
         refs: &[],
     },
     Figure {
+        bench: "nat-ipfix",
+        figure: "issue #39 (no paper figure)",
+        shows: "sessions per second of a NAT creating and ending 1M sessions with RFC 8158 event logging over IPFIX against without, in the same run (goal: at least 0.95)",
+        refs: &[],
+    },
+    Figure {
         bench: "store-ops",
         figure: "CHC §7.1 (Table 2)",
         shows: "operations per second of the state store against Redis",
