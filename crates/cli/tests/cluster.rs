@@ -131,9 +131,34 @@ impl Cluster {
             if s.as_ref().is_ok_and(&ok) {
                 return s.unwrap();
             }
-            assert!(Instant::now() < deadline, "{what}: never; status {s:#?}");
+            assert!(
+                Instant::now() < deadline,
+                "{what}: never; status {s:#?}\n{}",
+                self.role_logs()
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// The last lines of every role's log (for a failure's message).
+    fn role_logs(&self) -> String {
+        let dir = self.lab.state_dir().join("cluster");
+        let mut out = String::new();
+        let mut names: Vec<_> = std::fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "log"))
+            .collect();
+        names.sort();
+        for p in names {
+            let text = std::fs::read_to_string(&p).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = lines[lines.len().saturating_sub(40)..].join("\n");
+            out.push_str(&format!("--- {} (last 40 lines)\n{tail}\n", p.display()));
+        }
+        out
     }
 
     fn in_ns(&self, ns: &str, argv: &[&str]) -> Command {
