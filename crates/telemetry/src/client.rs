@@ -58,13 +58,7 @@ pub fn get_with(
     };
     let mut conn = TcpStream::connect_timeout(&addr, left()?)?;
     conn.set_write_timeout(Some(left()?))?;
-    let authorization = token
-        .map(|t| format!("Authorization: {}\r\n", t.authorization()))
-        .unwrap_or_default();
-    conn.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: flowstate\r\nAccept: */*\r\n{authorization}Connection: close\r\n\r\n")
-            .as_bytes(),
-    )?;
+    request(&mut conn, addr, path, "*/*", token)?;
     let mut buf = Vec::new();
     let mut chunk = [0u8; 16 * 1024];
     loop {
@@ -106,13 +100,7 @@ pub fn stream(
     let mut conn = TcpStream::connect_timeout(&addr, timeout)?;
     conn.set_write_timeout(Some(timeout))?;
     conn.set_read_timeout(Some(timeout))?;
-    let authorization = token
-        .map(|t| format!("Authorization: {}\r\n", t.authorization()))
-        .unwrap_or_default();
-    conn.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: flowstate\r\nAccept: application/x-ndjson\r\n{authorization}Connection: close\r\n\r\n")
-            .as_bytes(),
-    )?;
+    request(&mut conn, addr, path, "application/x-ndjson", token)?;
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while crate::http::head_end(&head).is_none() {
@@ -154,6 +142,23 @@ impl Iterator for Lines {
             Err(e) => Some(Err(e)),
         }
     }
+}
+
+/// Writes the request `GET path` accepting `accept`, presenting `token` when there is one.
+fn request(
+    conn: &mut TcpStream,
+    addr: SocketAddr,
+    path: &str,
+    accept: &str,
+    token: Option<&Token>,
+) -> std::io::Result<()> {
+    let authorization = token
+        .map(|t| format!("Authorization: {}\r\n", t.authorization()))
+        .unwrap_or_default();
+    conn.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: flowstate\r\nAccept: {accept}\r\n{authorization}Connection: close\r\n\r\n")
+            .as_bytes(),
+    )
 }
 
 fn invalid(what: &str) -> Error {

@@ -379,9 +379,9 @@ impl Outputs {
             None => None,
             Some(collector) => {
                 let any: SocketAddr = if collector.is_ipv4() {
-                    "0.0.0.0:0".parse().unwrap_or(collector)
+                    (Ipv4Addr::UNSPECIFIED, 0).into()
                 } else {
-                    "[::]:0".parse().unwrap_or(collector)
+                    (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
                 };
                 let s = UdpSocket::bind(any)
                     .map_err(|e| ("ipfix", format!("cannot send to {collector}: {e}")))?;

@@ -150,8 +150,12 @@ impl FlowTables {
     }
 
     /// Ends a session: removes its `in` entry and releases its mapping, returning the port to
-    /// the pool when it was the mapping's last session. Whether the mapping ended.
-    fn release(&self, out_key: &FlowKey, s: &OutSession) -> bool {
+    /// the pool when it was the mapping's last session.
+    fn release(&self, out_key: &FlowKey, s: &OutSession) -> Ended {
+        let ended = |mapping| Ended {
+            ext: (s.ext_ip, s.ext_port),
+            mapping,
+        };
         self.inb.remove_nowait(&in_key(out_key, s));
         if self.filtering == Filtering::AddressDependent {
             if let Some(p) = Self::peer(out_key) {
@@ -168,7 +172,7 @@ impl FlowTables {
             }
         }
         let IpAddr::V4(inside) = out_key.src else {
-            return false;
+            return ended(false);
         };
         let ep: Endpoint = (inside, out_key.src_port, out_key.proto);
         // Whether it was the last session of its mapping, and the mapping a forwarding's.
@@ -180,7 +184,7 @@ impl FlowTables {
             _ => None,
         });
         let Ok(Some(forwarded)) = last else {
-            return false;
+            return ended(false);
         };
         self.eim.remove_nowait(&ep);
         if !forwarded {
@@ -192,7 +196,7 @@ impl FlowTables {
                 pools[self.list_of(s.ext_port)].push_nowait(s.ext_port);
             }
         }
-        true
+        ended(true)
     }
 }
 
@@ -401,14 +405,7 @@ impl NatTable for FlowTables {
 
     fn expire(&mut self, now: Nanos, ended: &mut dyn FnMut(&FlowKey, Ended)) {
         self.out.expire(now, |k, s| {
-            let mapping = self.release(&k, &s);
-            ended(
-                &k,
-                Ended {
-                    ext: (s.ext_ip, s.ext_port),
-                    mapping,
-                },
-            );
+            ended(&k, self.release(&k, &s));
         });
         // Outbound packets renew only the `out` entry, so an `in` entry can come due while its
         // session lives on: it then takes the `out` entry's time again. Otherwise its session
@@ -423,14 +420,7 @@ impl NatTable for FlowTables {
                 }
                 _ => {
                     if let Some(o) = self.out.remove_nowait(&ok) {
-                        let mapping = self.release(&ok, &o);
-                        ended(
-                            &ok,
-                            Ended {
-                                ext: (o.ext_ip, o.ext_port),
-                                mapping,
-                            },
-                        );
+                        ended(&ok, self.release(&ok, &o));
                     }
                 }
             }
@@ -482,11 +472,7 @@ impl NatTable for FlowTables {
             }
         }
         self.out.remove_nowait(flow)?;
-        let mapping = self.release(flow, &s);
-        Some(Ended {
-            ext: (s.ext_ip, s.ext_port),
-            mapping,
-        })
+        Some(self.release(flow, &s))
     }
 
     fn list(&self, table: &str, now: Nanos, out: &mut Vec<Row>) {
