@@ -140,6 +140,33 @@ impl Cluster {
         }
     }
 
+    /// Every download completed with exactly `want` (a failure shows the cluster's status and
+    /// every role's log).
+    fn check_downloads(&self, downloads: Vec<(Child, PathBuf)>, want: &[u8]) {
+        let n = downloads.len();
+        let mut failed = Vec::new();
+        for (i, (child, to)) in downloads.into_iter().enumerate() {
+            let out = child.wait_with_output().unwrap();
+            let got = std::fs::read(&to).unwrap_or_default();
+            if !out.status.success() || got != want {
+                failed.push(format!(
+                    "#{i}: {} ({} of {} bytes) {}",
+                    out.status,
+                    got.len(),
+                    want.len(),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
+            }
+        }
+        assert!(
+            failed.is_empty(),
+            "{} of {n} downloads failed: {failed:#?}\nstatus {:#?}\n{}",
+            failed.len(),
+            self.try_status(),
+            self.role_logs()
+        );
+    }
+
     /// The last lines of every role's log (for a failure's message).
     fn role_logs(&self) -> String {
         let dir = self.lab.state_dir().join("cluster");
@@ -347,30 +374,6 @@ fn still_transferring(downloads: &mut [(Child, PathBuf)], len: usize) {
     }
 }
 
-/// Every download completed with exactly `want`.
-fn check_downloads(downloads: Vec<(Child, PathBuf)>, want: &[u8]) {
-    let n = downloads.len();
-    let mut failed = Vec::new();
-    for (i, (child, to)) in downloads.into_iter().enumerate() {
-        let out = child.wait_with_output().unwrap();
-        let got = std::fs::read(&to).unwrap_or_default();
-        if !out.status.success() || got != want {
-            failed.push(format!(
-                "#{i}: {} ({} of {} bytes) {}",
-                out.status,
-                got.len(),
-                want.len(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
-    }
-    assert!(
-        failed.is_empty(),
-        "{} of {n} downloads failed: {failed:#?}",
-        failed.len()
-    );
-}
-
 /// The UDP flow of [`Cluster::udp_flow`] kept its NAT mapping through what happened at
 /// `since` (seconds since the epoch): replies went on after it, and the server saw one peer,
 /// the NAT's address.
@@ -483,7 +486,7 @@ fn failover(name: &str, state: &str, fast_path: bool, standby: bool) {
         .as_secs_f64();
     let out = c.flowstate(&["cluster", "kill", &victim.to_string()]);
     assert!(out.status.success(), "{}", text(&out));
-    check_downloads(downloads, &want);
+    c.check_downloads(downloads, &want);
     server_saw_only_the_nat(&http_peers);
     udp_kept_its_mapping(udp, &peers, killed_at);
     // The victim's partitions went to the survivors (with a standby: to it first, the others
@@ -631,7 +634,7 @@ fn scaling_out_and_in_moves_partitions_without_loss_and_a_restarted_controller_c
     c.wait_for(20, "back to two instances", |s| {
         live(s).len() == 2 && owned(s) == 16 && s["root"]["moving"] == 0
     });
-    check_downloads(downloads, &want);
+    c.check_downloads(downloads, &want);
     server_saw_only_the_nat(&peers);
     let root = c.root();
     assert!(root["moves_done"].as_u64().unwrap() >= 10, "{root:#}");
@@ -710,7 +713,8 @@ fn scaling_out_and_in_moves_partitions_without_loss_and_a_restarted_controller_c
     );
     let out = c.flowstate(&["cluster", "up", c.config.to_str().unwrap()]);
     assert!(out.status.success(), "cluster up again: {}", text(&out));
-    check_downloads(c.downloads(2), &want);
+    let downloads = c.downloads(2);
+    c.check_downloads(downloads, &want);
     let new = c.root();
     assert_eq!(
         new["root_epoch"].as_u64(),
@@ -821,7 +825,7 @@ fn a_store_killed_and_restarted_under_load_breaks_no_connection() {
     let out = c.flowstate(&["cluster", "up", c.config.to_str().unwrap()]);
     assert!(out.status.success(), "cluster up again: {}", text(&out));
     assert_ne!(store_pid(&c), pid, "the store was started again");
-    check_downloads(downloads, &want);
+    c.check_downloads(downloads, &want);
     server_saw_only_the_nat(&http_peers);
     udp_kept_its_mapping(udp, &peers, restarted_at);
     let s = c.status();
@@ -871,7 +875,7 @@ fn a_hung_instance_is_failed_over_and_killed() {
         flowstate_lab::wait_stopped(pid as u32, Duration::from_secs(5)),
         "the hung instance was not killed"
     );
-    check_downloads(downloads, &want);
+    c.check_downloads(downloads, &want);
     server_saw_only_the_nat(&http_peers);
     let root = c.root();
     assert_eq!(root["reordered"], 0, "{root:#}");
@@ -976,7 +980,7 @@ fn a_chain_in_two_stages_fails_over_and_scales_each_stage_without_a_broken_conne
     let mut ids: Vec<u64> = [stage_of(&s, 0).0, stage_of(&s, 1).0].concat();
     ids.sort_unstable();
     assert_eq!(ids, [1, 2, 3, 4, 5, 6], "{s:#}");
-    check_downloads(downloads, &want);
+    c.check_downloads(downloads, &want);
     server_saw_only_the_nat(&http_peers);
     udp_kept_its_mapping(udp, &peers, killed_at);
     let root = c.root();
@@ -1609,7 +1613,7 @@ fn forged_datagrams_from_a_host_without_the_key_change_nothing() {
     assert!(out.status.success(), "forger: {}", text(&out));
     let sent: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
     still_transferring(&mut downloads, want.len());
-    check_downloads(downloads, &want);
+    c.check_downloads(downloads, &want);
     udp.wait_with_output().unwrap();
     server_saw_only_the_nat(&http_peers);
     let peers = std::fs::read_to_string(&udp_peers).unwrap();
@@ -1659,7 +1663,8 @@ fn forged_datagrams_from_a_host_without_the_key_change_nothing() {
                 .iter()
                 .any(|i| i["id"] == 3 && !i["partitions"].as_array().unwrap().is_empty())
     });
-    check_downloads(c.downloads(2), &want);
+    let downloads = c.downloads(2);
+    c.check_downloads(downloads, &want);
 }
 
 /// A key rotation under 50 downloads, as the operator's guide has it (`flowstate cluster key
@@ -1709,7 +1714,7 @@ fn a_key_rotation_breaks_no_connection() {
     key("use", &["2"]);
     key("remove", &["1"]);
     still_transferring(&mut downloads, want.len());
-    check_downloads(downloads, &want);
+    c.check_downloads(downloads, &want);
     std::thread::sleep(Duration::from_millis(500));
     let s = c.status();
     let root = c.root();
@@ -1789,7 +1794,7 @@ fn an_instance_started_by_hand_joins_and_takes_a_share() {
             })
     });
     still_transferring(&mut downloads, want.len());
-    check_downloads(downloads, &want);
+    c.check_downloads(downloads, &want);
     let i3: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
     assert!(i3["packets"].as_u64().unwrap() > 0, "{i3:#}");
@@ -2024,7 +2029,7 @@ fn a_root_restarted_by_its_supervisor_resumes_on_its_own() {
         "its clocks in its own epoch: {after:#}"
     );
     still_transferring(&mut downloads, want.len());
-    check_downloads(downloads, &want);
+    c.check_downloads(downloads, &want);
     server_saw_only_the_nat(&http_peers);
     let s = c.status();
     assert_eq!(owned(&s), 16, "{s:#}");
@@ -2058,7 +2063,8 @@ fn roles_started_on_their_own_hosts_form_a_cluster() {
     });
     let want = content(300_000, 4);
     let http_peers = c.serve_paced(&want, 1_000_000);
-    check_downloads(c.downloads(20), &want);
+    let downloads = c.downloads(20);
+    c.check_downloads(downloads, &want);
     server_saw_only_the_nat(&http_peers);
     let s = c.status();
     assert_eq!(rejected(&s), 0, "{s:#}");
@@ -2193,7 +2199,7 @@ fn a_routed_lab_keeps_every_download_through_a_failover_and_fragments_nothing() 
     still_transferring(&mut downloads, want.len());
     let out = c.flowstate(&["cluster", "kill", "1"]);
     assert!(out.status.success(), "{}", text(&out));
-    check_downloads(downloads, &want);
+    c.check_downloads(downloads, &want);
     server_saw_only_the_nat(&http_peers);
     let s = c.status();
     assert_eq!(owned(&s), 16, "{s:#}");
@@ -2383,7 +2389,7 @@ fn a_killed_leading_controller_is_replaced_by_its_standby_with_the_same_assignme
         live(s) == [2] && owned(s) == 16 && s["root"]["moving"] == 0
     });
     still_transferring(&mut downloads, want.len());
-    check_downloads(downloads, &want);
+    c.check_downloads(downloads, &want);
     server_saw_only_the_nat(&http_peers);
     let end = c.status();
     assert_eq!(end["leader"]["term"], 2, "{end:#}");
@@ -2423,7 +2429,7 @@ fn a_host_cut_off_has_its_commits_refused_and_rejoins() {
     std::thread::sleep(Duration::from_millis(1500));
     cut_host_1_and_back(&c);
     still_transferring(&mut downloads, want.len());
-    check_downloads(downloads, &want);
+    c.check_downloads(downloads, &want);
     server_saw_only_the_nat(&http_peers);
     // Its stats once its loop turns again (the commit it was in waits for TCP to send again).
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -2569,7 +2575,7 @@ fn one_of_two_roots_killed_breaks_no_download_and_repeats_nothing() {
         .success());
     still_transferring(&mut downloads, want.len());
     assert!(sender.wait().unwrap().success());
-    check_downloads(downloads, &want);
+    c.check_downloads(downloads, &want);
     server_saw_only_the_nat(&http_peers);
     std::thread::sleep(Duration::from_millis(1000));
     let (times, ports) = stream_received(&stream, count);
@@ -2831,7 +2837,7 @@ fn a_redis_cluster_master_killed_under_load_loses_no_acknowledged_commit() {
         .success());
     still_transferring(&mut downloads, want.len());
     assert!(sender.wait().unwrap().success());
-    check_downloads(downloads, &want);
+    c.check_downloads(downloads, &want);
     server_saw_only_the_nat(&http_peers);
     let survivor = if victim == 7001 { 7002 } else { 7001 };
     let promoted = redis

@@ -43,7 +43,8 @@
 //!   is acknowledged, notices of the packets it finished ([`Instance::notices`]): the root
 //!   passes the outputs on only then ([`crate::log`]). When an owner fails after its commit
 //!   and before its notice, its successor sends the notice for the replayed packets it finds
-//!   committed, and their outputs, kept at the root, go on: nothing is lost.
+//!   committed, and their outputs, kept at the root, go on: nothing is lost. Notices lost on
+//!   the way are covered by the partition's watermark ([`Instance::watermarks`]).
 //! * A pause longer than the failure-detection time (a hung process, a stopped VM) makes the
 //!   instance re-read its ownership records before it touches any partition again.
 
@@ -133,7 +134,39 @@ struct Owned {
     committed: Value<Vec<u8>>,
     /// The clocks the previous owner's last commit covered (read at the claim).
     skip: Vec<u64>,
+    /// Per root (its clock epoch): the newest clock committed, for [`Kind::Through`].
+    through: Vec<u64>,
+    /// [`Instance::watermarks`] calls since `through` last moved.
+    quiet: u8,
 }
+
+impl Owned {
+    /// The packet of `clock` is committed.
+    fn committed_through(&mut self, clock: u64) {
+        let root = |c: u64| c >> crate::root::CLOCK_BITS;
+        if let Some(c) = self.through.iter_mut().find(|c| root(**c) == root(clock)) {
+            if *c >= clock {
+                return;
+            }
+            *c = clock;
+        } else if self.through.len() < MAX_ROOTS {
+            self.through.push(clock);
+        } else {
+            // A root restarted many times: its oldest epoch goes.
+            self.through.sort_unstable();
+            self.through[0] = clock;
+        }
+        self.quiet = 0;
+    }
+}
+
+/// Roots (clock epochs) a partition's watermarks are kept for.
+const MAX_ROOTS: usize = 16;
+
+/// How many times [`Instance::watermarks`] repeats a partition's watermark after it last
+/// moved: at the instance's pace (every 200 ms), past the root's grace
+/// ([`crate::log::WATERMARK_GRACE`]).
+const WATERMARK_REPEATS: u8 = 10;
 
 /// Notices for the root, each with its partition (a fenced partition's are taken back).
 #[derive(Default)]
@@ -398,6 +431,9 @@ impl Instance {
             match o.state.end_flush_all() {
                 Ok(()) if result.is_ok() => {
                     o.dirty = false;
+                    for i in 0..o.batch.len() {
+                        o.committed_through(o.batch[i]);
+                    }
                     o.batch.clear();
                 }
                 Ok(()) => {}
@@ -416,15 +452,9 @@ impl Instance {
                 partition = p,
                 "commit refused by the store (fenced): the partition has another owner; dropped"
             );
-            retire(
-                &mut self.retired,
-                &mut self.stats.uncommitted,
-                &mut self.owned[p],
-            );
+            self.drop_owned(p);
             self.stats.fenced_commits += 1;
             self.stats.fenced += 1;
-            self.released.drop_partition(p as u16);
-            self.done.drop_partition(p as u16);
         }
         if result.is_err() {
             // Not durable yet. The engine sends the failed writes again ahead of the next
@@ -446,6 +476,22 @@ impl Instance {
     /// epoch), until [`Instance::clear_notices`]; valid after a successful commit.
     pub fn notices(&self) -> (&[Notice], &[Notice]) {
         (&self.released.list, &self.done.list)
+    }
+
+    /// Calls `f(partition, epoch, clock)` with each partition's newest committed clock of
+    /// each root, for [`Kind::Through`]: while a partition commits, and a few calls more
+    /// once it is quiet (its last notices may have been lost on the way: then nothing else
+    /// would end its packets at the root).
+    pub fn watermarks(&mut self, mut f: impl FnMut(u16, u32, u64)) {
+        for (p, o) in self.owned.iter_mut().enumerate() {
+            let Some(o) = o.as_mut().filter(|o| o.quiet < WATERMARK_REPEATS) else {
+                continue;
+            };
+            o.quiet += 1;
+            for &clock in &o.through {
+                f(p as u16, o.epoch, clock);
+            }
+        }
     }
 
     /// Forgets the notices sent.
@@ -600,11 +646,7 @@ impl Instance {
                     .is_some_and(|(_, e)| e > epoch)
                 {
                     self.stats.refused += 1;
-                    retire(
-                        &mut self.retired,
-                        &mut self.stats.uncommitted,
-                        &mut self.owned[p as usize],
-                    );
+                    self.drop_owned(p as usize);
                     answers[i] = Some(Ok(Kind::Refused));
                     continue;
                 }
@@ -635,11 +677,7 @@ impl Instance {
                 None if granted[i] => self.take(p, epoch, now),
                 None => {
                     self.stats.refused += 1;
-                    retire(
-                        &mut self.retired,
-                        &mut self.stats.uncommitted,
-                        &mut self.owned[p as usize],
-                    );
+                    self.drop_owned(p as usize);
                     Ok(Kind::Refused)
                 }
             };
@@ -688,11 +726,7 @@ impl Instance {
                 .map_err(|e| ClusterError::Store(e.to_string()))?;
         }
         // A partition claimed again at a newer epoch: what the old one counted is kept.
-        retire(
-            &mut self.retired,
-            &mut self.stats.uncommitted,
-            &mut self.owned[p as usize],
-        );
+        self.drop_owned(p as usize);
         self.owned[p as usize] = Some(owned);
         self.stats.claims += 1;
         Ok(Kind::Ready)
@@ -768,6 +802,8 @@ impl Instance {
             batch: Vec::new(),
             committed,
             skip,
+            through: Vec::new(),
+            quiet: WATERMARK_REPEATS,
         })
     }
 
@@ -812,13 +848,13 @@ impl Instance {
         for (known, s) in self.assigned.iter_mut().zip(&a.slots) {
             *known = (*known).max(s.epoch);
         }
-        for (p, slot) in self.owned.iter_mut().enumerate() {
-            let Some(o) = slot else { continue };
-            if dead {
-                retire(&mut self.retired, &mut self.stats.uncommitted, slot);
+        for p in 0..self.owned.len() {
+            if dead && self.drop_owned(p).is_some() {
                 self.stats.fenced += 1;
-                continue;
             }
+            let Some(o) = &mut self.owned[p] else {
+                continue;
+            };
             let mine = a
                 .slots
                 .get(p)
@@ -831,13 +867,13 @@ impl Instance {
 
     /// Drops leaving partitions the root did not release within `grace` (a lost release).
     pub fn expire_leaving(&mut self, now: Nanos, grace: Nanos) {
-        for slot in &mut self.owned {
-            if slot
+        for p in 0..self.owned.len() {
+            if self.owned[p]
                 .as_ref()
                 .and_then(|o| o.leaving)
                 .is_some_and(|t| now.saturating_sub(t) > grace)
             {
-                retire(&mut self.retired, &mut self.stats.uncommitted, slot);
+                self.drop_owned(p);
                 self.stats.fenced += 1;
             }
         }
@@ -852,15 +888,26 @@ impl Instance {
                 .as_ref()
                 .map(|o| (self.config.id, o.epoch));
             if rec.as_deref().and_then(parse_record) != mine {
-                retire(
-                    &mut self.retired,
-                    &mut self.stats.uncommitted,
-                    &mut self.owned[p as usize],
-                );
+                self.drop_owned(p as usize);
                 self.stats.fenced += 1;
             }
         }
         Ok(())
+    }
+}
+
+impl Instance {
+    /// Stops serving partition `p` without a commit: what it changed since its last commit
+    /// is lost (counted), and so are the notices waiting for that commit.
+    fn drop_owned(&mut self, p: usize) -> Option<Owned> {
+        let o = retire(
+            &mut self.retired,
+            &mut self.stats.uncommitted,
+            self.owned.get_mut(p)?,
+        )?;
+        self.released.drop_partition(p as u16);
+        self.done.drop_partition(p as u16);
+        Some(o)
     }
 }
 

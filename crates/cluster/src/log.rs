@@ -40,6 +40,10 @@ use serde::Serialize;
 /// The epoch of a logged packet the steering table holds (not sent yet).
 pub(crate) const HELD: u32 = u32::MAX;
 
+/// How long a packet waits at its owner, unanswered, before a watermark covering it gives it
+/// up ([`PacketLog::through`]), ns.
+pub(crate) const WATERMARK_GRACE: u64 = 1_000_000_000;
+
 /// One logged packet.
 #[derive(Debug)]
 struct Entry {
@@ -336,19 +340,15 @@ impl PacketLog {
             return None;
         }
         let slot = e.slot as usize;
-        while let Some(&front) = self.kept.get(slot).and_then(|q| q.front()) {
-            if front > clock {
-                break;
-            }
-            self.kept[slot].pop_front();
-            if front == clock {
-                break;
-            }
-            // Skipped if it moved on since (released, replayed to another owner, finished).
-            if let Some(r) = self.take_output(front, stage, epoch, output) {
-                self.stats.notices_lost += 1;
-                return Some((front, r));
-            }
+        if let Some(r) = self.kept_through(slot, clock - 1, stage, epoch, output) {
+            return Some(r);
+        }
+        if let Some(q) = self
+            .kept
+            .get_mut(slot)
+            .filter(|q| q.front() == Some(&clock))
+        {
+            q.pop_front();
         }
         let e = &mut self.entries[i];
         if !e.has_output {
@@ -361,6 +361,83 @@ impl PacketLog {
         // Answered there.
         self.take_output(clock, stage, epoch, output)
             .map(|r| (clock, r))
+    }
+
+    /// The oldest output `slot` keeps from `stage`'s owner at `epoch` for a packet up to
+    /// `clock`, moved into `output`: its notice was lost on the way (counted). `None` when
+    /// none is left.
+    fn kept_through(
+        &mut self,
+        slot: usize,
+        clock: u64,
+        stage: u32,
+        epoch: u32,
+        output: &mut Vec<u8>,
+    ) -> Option<(u64, Released)> {
+        while let Some(&front) = self.kept.get(slot).and_then(|q| q.front()) {
+            if front > clock {
+                break;
+            }
+            // Another owner's to release (a stale notice or watermark): left in place.
+            let e = &self.entries[(front & self.mask) as usize];
+            if e.clock == front && e.live && e.has_output && (e.stage, e.epoch) != (stage, epoch) {
+                break;
+            }
+            self.kept[slot].pop_front();
+            // Skipped if it moved on since (released, finished).
+            if let Some(r) = self.take_output(front, stage, epoch, output) {
+                self.stats.notices_lost += 1;
+                return Some((front, r));
+            }
+        }
+        None
+    }
+
+    /// `stage`'s owner at `epoch` of `slot` says it committed every packet of the slot it
+    /// took up to `clock` ([`crate::meta::Kind::Through`]: it repeats this for a while once
+    /// the slot is quiet, so the last notices of a burst lost on the way do not hold their
+    /// packets forever). The next output this releases, as [`PacketLog::committed`] does
+    /// (call again until `None`); then the slot's packets up to `clock` sent to that owner
+    /// more than [`WATERMARK_GRACE`] ago without an output are given up: their owner took
+    /// them and answered a newer one (the delete request lost), or never got them (lost on
+    /// the way, as in [`PacketLog::replay`]). The grace covers a packet of a later stage
+    /// that reaches its owner after newer ones (outputs of the stage before leave in the
+    /// order their commits end, not in clock order).
+    pub(crate) fn through(
+        &mut self,
+        stage: u32,
+        slot: u32,
+        epoch: u32,
+        clock: u64,
+        output: &mut Vec<u8>,
+    ) -> Option<(u64, Released)> {
+        // Another root's clock (a restarted one's), or none logged.
+        if !(self.first..=self.head).contains(&clock) || self.first == 0 {
+            return None;
+        }
+        let released = self.kept_through(slot as usize, clock, stage, epoch, output);
+        if released.is_some() {
+            return released;
+        }
+        for c in self.live_window() {
+            if c > clock {
+                break;
+            }
+            let e = &mut self.entries[(c & self.mask) as usize];
+            if e.clock == c
+                && e.live
+                && e.stage == stage
+                && e.slot == slot
+                && e.epoch == epoch
+                && !e.has_output
+                && self.now.saturating_sub(e.sent_ns) > WATERMARK_GRACE
+            {
+                e.live = false;
+                self.stats.log_live -= 1;
+                self.stats.lost_on_the_way += 1;
+            }
+        }
+        None
     }
 
     /// The kept output of the live packet of `clock` at `stage`'s owner at `epoch`, moved into
@@ -511,7 +588,7 @@ mod tests {
     }
 
     /// The output of `stage`'s owner at `epoch`, kept and released by its commit notice.
-    fn through(log: &mut PacketLog, clock: u64, stage: u32, epoch: u32, out: &[u8]) -> Vec<u8> {
+    fn committed(log: &mut PacketLog, clock: u64, stage: u32, epoch: u32, out: &[u8]) -> Vec<u8> {
         assert_eq!(log.output(clock, stage, epoch, out), Output::Kept);
         let mut buf = Vec::new();
         log.committed(clock, stage, epoch, &mut buf).unwrap();
@@ -541,7 +618,7 @@ mod tests {
         log.sent(1, 1, 9, 1, &buf);
         // Stage 0 sends its output again (a clone): a duplicate.
         assert_eq!(log.output(1, 0, 1, b"a'"), Output::Duplicate);
-        assert_eq!(through(&mut log, 1, 1, 1, b"a''"), b"a''");
+        assert_eq!(committed(&mut log, 1, 1, 1, b"a''"), b"a''");
         log.finish(1);
         assert_eq!(log.output(1, 1, 1, b"a''"), Output::Duplicate);
         let s = log.stats();
@@ -640,6 +717,58 @@ mod tests {
         );
     }
 
+    /// The last notices of a burst were lost and the partition went quiet: its owner's
+    /// watermark releases the kept outputs in clock order and gives up the packets it
+    /// answered without an output that came (a lost delete request, a lost output or packet);
+    /// newer packets, another partition's and another owner's stay.
+    #[test]
+    fn a_watermark_ends_what_lost_notices_left_of_a_quiet_partition() {
+        let mut log = PacketLog::new(16, 8);
+        for c in 1..=7 {
+            log.log(c, IN);
+            log.sent(c, 0, if c == 6 { 4 } else { 3 }, 1, &[c as u8]);
+        }
+        for c in [1, 2, 4, 6, 7] {
+            assert_eq!(log.output(c, 0, 1, &[c as u8, 0xaa]), Output::Kept);
+        }
+        let mut buf = Vec::new();
+        log.set_now(WATERMARK_GRACE);
+        assert_eq!(log.through(0, 3, 2, 5, &mut buf), None, "another epoch's");
+        assert_eq!(log.stats().log_live, 7);
+        let mut released = Vec::new();
+        while let Some((c, r)) = log.through(0, 3, 1, 5, &mut buf) {
+            assert_eq!(buf, [c as u8, 0xaa]);
+            released.push((c, r.slot));
+            log.finish(c);
+        }
+        assert_eq!(released, [(1, 3), (2, 3), (4, 3)]);
+        assert_eq!(
+            log.stats().log_live,
+            4,
+            "within the grace: 3 and 5 may still come"
+        );
+        log.set_now(WATERMARK_GRACE + 1);
+        assert_eq!(log.through(0, 3, 1, 5, &mut buf), None);
+        let s = log.stats();
+        assert_eq!(
+            (
+                s.log_finished,
+                s.lost_on_the_way,
+                s.notices_lost,
+                s.log_live
+            ),
+            (3, 2, 3, 2),
+            "3 and 5 given up; 6 (partition 4) and 7 (after the watermark) live"
+        );
+        // Another root's clocks: nothing.
+        assert_eq!(log.through(0, 4, 1, 1 << 48, &mut buf), None);
+        assert_eq!(log.stats().log_live, 2);
+        // Repeated: nothing more.
+        assert_eq!(log.through(0, 3, 1, 5, &mut buf), None);
+        assert_eq!(log.stats().log_live, 2);
+        assert_eq!(log.committed(7, 0, 1, &mut buf).map(|(c, _)| c), Some(7));
+    }
+
     /// Packet 2 never reached its owner, which answered 1 and 3: a replay (the owner failed)
     /// sends 4, still in flight, and leaves 2 out rather than send it after 3.
     #[test]
@@ -667,7 +796,7 @@ mod tests {
         }
         // 1 and 3 came back; 5 was dropped by an NF (a delete request).
         for c in [1, 3] {
-            through(&mut log, c, 0, 1, b"out");
+            committed(&mut log, c, 0, 1, b"out");
             log.finish(c);
         }
         assert!(!log.delete(5, 0, 2), "another owner's");
@@ -690,7 +819,7 @@ mod tests {
         assert_eq!(replayed(&mut log, 1, 3, 3), vec![]);
         // The first owner's late output is not taken; the new owner's is.
         assert_eq!(log.output(4, 0, 1, b"old"), Output::Duplicate);
-        through(&mut log, 4, 0, 2, b"new");
+        committed(&mut log, 4, 0, 2, b"new");
         log.finish(4);
         assert_eq!(log.output(4, 0, 2, b"new"), Output::Duplicate);
         assert_eq!(
@@ -699,7 +828,7 @@ mod tests {
             "held, not sent yet"
         );
         log.released(7, 2);
-        through(&mut log, 7, 0, 2, b"7");
+        committed(&mut log, 7, 0, 2, b"7");
         assert_eq!(log.stats().replayed, 3);
     }
 
@@ -714,7 +843,7 @@ mod tests {
         // Clock 1's output is passed on unchecked; clock 2's, once it finished and its entry
         // went to clock 6, is a duplicate.
         assert_eq!(log.output(1, 0, 1, b"1"), Output::Unlogged);
-        through(&mut log, 2, 0, 1, b"2");
+        committed(&mut log, 2, 0, 1, b"2");
         log.finish(2);
         log.log(6, IN);
         assert_eq!(log.output(2, 0, 1, b"2"), Output::Duplicate);
@@ -739,7 +868,7 @@ mod tests {
             log.sent(c, 0, c as u32 - 1, 1, b"x");
         }
         log.set_now(130);
-        through(&mut log, 1, 0, 1, b"y"); // answered after 30, and sent out
+        committed(&mut log, 1, 0, 1, b"y"); // answered after 30, and sent out
         log.finish(1);
         assert!(log.delete(2, 0, 1)); // after 30 too
         log.set_now(400); // 3 still waiting since 100

@@ -3,7 +3,8 @@
 //! carry the packet's Ethernet frame as payload; control frames (the move protocol, CHC §5.1,
 //! and the packet log's notices, CHC §5) set the O bit; only the notices ([`Kind::Done`],
 //! [`Kind::Committed`]) carry a payload: the packets they are about, 12 bytes each, the clock
-//! (8) and the epoch it was processed at (4), big-endian.
+//! (8) and the epoch it was processed at (4), big-endian. A watermark ([`Kind::Through`])
+//! says it all in the header.
 //!
 //! ```text
 //!  option data (16 bytes)
@@ -56,6 +57,11 @@ pub enum Kind {
     /// Instance → root: the state changes of these packets (the payload's) are in the store:
     /// send on the outputs it sent for them before its commit ([`crate::log`]).
     Committed = 7,
+    /// Instance → root: the partition's owner (at the header's epoch) committed every packet
+    /// of the partition it took up to the header's clock, of the root that numbered it. Sent
+    /// again while the partition is quiet: what the root still holds of those packets, their
+    /// notices lost on the way, goes on or is given up ([`crate::log::PacketLog::through`]).
+    Through = 8,
 }
 
 impl Kind {
@@ -69,6 +75,7 @@ impl Kind {
             5 => Kind::Refused,
             6 => Kind::Done,
             7 => Kind::Committed,
+            8 => Kind::Through,
             _ => return None,
         })
     }
@@ -195,7 +202,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn kind() -> impl Strategy<Value = Kind> {
-        (0u8..8).prop_map(|k| Kind::from_u8(k).unwrap())
+        (0u8..9).prop_map(|k| Kind::from_u8(k).unwrap())
     }
 
     proptest! {

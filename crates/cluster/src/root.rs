@@ -676,6 +676,21 @@ pub fn run_root(
                         }
                         continue;
                     }
+                    Kind::Through if u32::from(m.partition) < st.steer.partitions() => {
+                        // A quiet partition's watermark: what its lost notices held goes on.
+                        let slot = st.offset + u32::from(m.partition);
+                        while let Some((c, r)) =
+                            out.log.through(m.stage, slot, m.epoch, m.clock, &mut kept)
+                        {
+                            let hop = Hop {
+                                stage: k,
+                                clock: c,
+                                released: r,
+                            };
+                            deliver(&mut out, &mut path, &mut sink, hop, &kept).map_err(io)?;
+                        }
+                        continue;
+                    }
                     Kind::Committed => {
                         // The outputs these packets' commit held back go on.
                         for (clock, epoch) in meta::read_notice(payload) {

@@ -150,6 +150,7 @@ pub fn run_instance(
     let mut next_report = Instant::now();
     let mut next_tick = Instant::now();
     let mut next_retry = Instant::now();
+    let mut next_watermark = Instant::now();
     let mut last_turn = Instant::now();
     tracing::info!(id = o.id, stage = o.stage, address = %o.address, "instance up");
     beat.update(report(o, &inst, 0.0, 0));
@@ -309,6 +310,10 @@ pub fn run_instance(
                 commit(&mut inst, &root, now);
                 beat.in_store(false);
             }
+            if root.logs && Instant::now() >= next_watermark {
+                next_watermark = Instant::now() + WATERMARK_EVERY;
+                inst.watermarks(|p, epoch, clock| root.through(p, epoch, clock));
+            }
         }
         if Instant::now() >= next_keys {
             next_keys = Instant::now() + crate::root::KEY_CHECK;
@@ -466,6 +471,30 @@ impl Root<'_> {
         }
     }
 
+    /// Sends the watermark of [`Kind::Through`] to the root that numbered `clock`.
+    fn through(&self, partition: u16, epoch: u32, clock: u64) {
+        let root = clock >> crate::root::CLOCK_BITS;
+        let Some(&(_, index)) = self.seen.iter().find(|e| e.0 == root) else {
+            return;
+        };
+        let m = Meta {
+            kind: Kind::Through,
+            stage: self.stage,
+            partition,
+            epoch,
+            direction: flowstate_nf::Direction::Outbound,
+            clock,
+            replay: false,
+        };
+        let mut buf = [0u8; meta::HEADER_LEN + TRAILER_LEN];
+        let to = SocketAddrV4::new(self.roots[index as usize], meta::PORT);
+        if let Some(n) = meta::write(&mut buf, &m).and_then(|h| self.seal.seal(&mut buf, h)) {
+            if let Err(e) = self.socket.send_to(&buf[..n], to) {
+                tracing::warn!("cannot send a watermark to the root at {to}: {e}");
+            }
+        }
+    }
+
     fn notify_root<'n>(
         &self,
         kind: Kind,
@@ -563,6 +592,9 @@ fn commit(inst: &mut Instance, root: &Root<'_>, now: u64) -> bool {
 /// How often a failed commit is tried again while no packet comes to try it with: the root
 /// holds its packets' outputs until it goes through.
 const COMMIT_RETRY: Duration = Duration::from_millis(100);
+
+/// How often an instance sends its partitions' watermarks ([`Kind::Through`]) to the root.
+const WATERMARK_EVERY: Duration = Duration::from_millis(200);
 
 /// How long the main loop may go without a turn before the heartbeat stops: a loop stuck for
 /// longer is failed over.

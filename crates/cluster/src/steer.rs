@@ -214,6 +214,11 @@ impl Steer {
             .count()
     }
 
+    /// The partitions of the stage.
+    pub(crate) fn partitions(&self) -> u32 {
+        self.slots.len() as u32
+    }
+
     /// The owner and epoch of partition `p`.
     pub(crate) fn owner(&self, p: u32) -> Option<(u32, u32)> {
         let s = self.slots.get(p as usize)?;
