@@ -74,6 +74,7 @@ mod fragments;
 pub mod live;
 pub mod observe;
 pub mod reflect;
+pub mod reload;
 mod runtime;
 mod summary;
 

@@ -40,6 +40,7 @@
 use crate::fragments::{Admit, FragmentLimits, FragmentTracker};
 use crate::observe::{BatchTimes, Observer, Published, RunView, StateCallTimes, PUBLISH_EVERY};
 use crate::reflect::reflect;
+use crate::reload::Reload;
 use crate::summary::{summarize, Counts, Summary, WorkerReport};
 use arc_swap::ArcSwapOption;
 use flowstate_config::IpNet;
@@ -191,6 +192,7 @@ pub struct Runtime {
     chain: Vec<Arc<dyn NfFactory>>,
     connector: Arc<dyn Connector>,
     observer: Option<Arc<Observer>>,
+    reload: Option<Arc<Reload>>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -271,7 +273,14 @@ impl Runtime {
             chain,
             connector,
             observer: None,
+            reload: None,
         }
+    }
+
+    /// Lets `reload` replace the NFs' configurations while running ([`crate::reload`]).
+    pub fn with_reload(mut self, reload: Arc<Reload>) -> Self {
+        self.reload = Some(reload);
+        self
     }
 
     /// Publishes the workers' counters to `observer` while running ([`crate::observe`]).
@@ -668,6 +677,8 @@ impl Runtime {
         let publish = view.and_then(|v| Some((v, v.slots.get(index)?)));
         let mut next_publish = Instant::now();
         let mut last_query = 0;
+        // Built from the chain as it started: every reload since applies.
+        let mut reloads = 0;
         loop {
             let mut work = match &feed {
                 Feed::Queue(rx) => match rx.recv() {
@@ -713,6 +724,9 @@ impl Runtime {
             };
             if abort.load(Ordering::Relaxed) {
                 return Err(RunError::Stopped);
+            }
+            if let Some(configs) = self.reload.as_ref().and_then(|r| r.newer(&mut reloads)) {
+                w.stage.reconfigure(&configs);
             }
             let t0 = Instant::now();
             w.process(&mut work);

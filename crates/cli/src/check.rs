@@ -36,6 +36,8 @@ pub(crate) struct Loaded {
     pub(crate) config: Config,
     /// The store, its settings checked.
     pub(crate) backend: Backend,
+    /// The file as read.
+    pub(crate) text: String,
 }
 
 /// Loads `path` as `run` and `cluster up` do: every error of the file, in its order.
@@ -88,7 +90,11 @@ pub(crate) fn load(path: &Path) -> Result<Loaded, ConfigErrors> {
         }
     }
     match (config, backend) {
-        (Some(config), Some(backend)) if errors.is_empty() => Ok(Loaded { config, backend }),
+        (Some(config), Some(backend)) if errors.is_empty() => Ok(Loaded {
+            config,
+            backend,
+            text,
+        }),
         _ => {
             errors.sort_by_key(|e| e.line.unwrap_or(usize::MAX));
             Err(ConfigErrors(errors))

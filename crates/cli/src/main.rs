@@ -10,6 +10,7 @@ mod gen;
 mod inspect;
 mod key;
 mod lab;
+mod reload;
 mod report;
 mod roles;
 mod run;
@@ -100,6 +101,9 @@ enum Command {
     /// A live view of a running box or store in the terminal: packet rates per NF, drops by
     /// reason, table fill, state flushes and errors, read from its `--metrics` listener.
     Top(top::TopArgs),
+    /// Make a running box read its configuration file again (as `kill -HUP` does): the
+    /// firewall's rules, policies and timeouts change in place, no connection lost.
+    Reload(reload::ReloadArgs),
 }
 
 #[derive(Debug, Args)]
@@ -249,6 +253,7 @@ fn main() {
         Command::Controller(a) => roles::controller_command(&a),
         Command::State(a) => state::run(&a),
         Command::Top(a) => top::run(&a),
+        Command::Reload(a) => reload::run(&a),
     };
     if let Some(e) = &eve_handle {
         e.flush();

@@ -1,12 +1,14 @@
 //! `flowstate run CONFIG.toml`: runs a chain of NFs as a configuration file describes, and
 //! prints what happened.
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use flowstate_deploy::config::{Input, MAX_WORKERS};
+use flowstate_deploy::reload::Reloader;
 use flowstate_deploy::run_config_observed;
 use flowstate_deploy::Plan;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// Options of `flowstate run`.
 #[derive(Debug, Args)]
@@ -109,12 +111,26 @@ pub(crate) fn run(args: &RunArgs) -> Result<()> {
         }
         Plan::LiveBox { .. } | Plan::Offline => {}
     }
+    // A live box reloads its file on SIGHUP and `flowstate reload`.
+    let reload = matches!(config.plan(), Plan::LiveBox { .. })
+        .then(|| Arc::new(flowstate_chain::reload::Reload::default()));
+    let reloader = match &reload {
+        Some(r) => {
+            let reloader = Reloader::new(&config, &loaded.text, Arc::clone(r))
+                .map_err(|e| anyhow!(e.join("\n")))?;
+            let reloader = Arc::new(reloader);
+            reload_on_sighup(Arc::clone(&reloader))?;
+            Some(reloader)
+        }
+        None => None,
+    };
     let (observer, server) = match listen {
         Some(addr) => {
             let observer = flowstate_chain::observe::Observer::new();
-            let provider = std::sync::Arc::new(crate::telemetry::ChainProvider(
-                std::sync::Arc::clone(&observer),
-            ));
+            let provider = Arc::new(crate::telemetry::ChainProvider {
+                observer: Arc::clone(&observer),
+                reloader,
+            });
             (
                 Some(observer),
                 Some(crate::telemetry::serve(
@@ -126,12 +142,28 @@ pub(crate) fn run(args: &RunArgs) -> Result<()> {
         }
         None => (None, None),
     };
-    let summary = run_config_observed(&config, connector, Some(&progress), observer);
+    let summary = run_config_observed(&config, connector, Some(&progress), observer, reload);
     if let Some(s) = server {
         s.stop();
     }
     bar.finish_and_clear();
     print_summary(&summary?, args.json)
+}
+
+/// Reloads with `reloader` whenever the process gets SIGHUP (as nginx or HAProxy do), on a
+/// thread of its own; the outcome goes to the log.
+fn reload_on_sighup(reloader: Arc<Reloader>) -> Result<()> {
+    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGHUP])
+        .context("cannot catch SIGHUP")?;
+    std::thread::Builder::new()
+        .name("reload".into())
+        .spawn(move || {
+            for _ in signals.forever() {
+                let _ = crate::telemetry::reload_answer(&reloader);
+            }
+        })
+        .context("cannot start the reload thread")?;
+    Ok(())
 }
 
 /// Prints a run's summary: text, or one JSON object with `--json`.

@@ -65,17 +65,21 @@ fn events_stream(
     Ok(flowstate_nf::event_stream::hub().subscribe(nf, EVENTS_QUEUE))
 }
 
-/// A chain run (a live box, or any `flowstate run`) seen through its observer.
-pub(crate) struct ChainProvider(pub(crate) Arc<Observer>);
+/// A chain run (a live box, or any `flowstate run`) seen through its observer; a live box
+/// reloads its configuration file with `reloader`.
+pub(crate) struct ChainProvider {
+    pub(crate) observer: Arc<Observer>,
+    pub(crate) reloader: Option<Arc<flowstate_deploy::reload::Reloader>>,
+}
 
 impl Provider for ChainProvider {
     fn metrics(&self, m: &mut Metrics) {
         m.gauge("up", "1 while the process serves its metrics.", &[], 1);
-        let Some(s) = self.0.summary() else {
+        let Some(s) = self.observer.summary() else {
             return;
         };
         chain_metrics(&s, m);
-        for t in self.0.state_call_times() {
+        for t in self.observer.state_call_times() {
             if t.buckets.iter().all(|&n| n == 0) {
                 continue; // an in-process store: called inline, not timed
             }
@@ -87,7 +91,7 @@ impl Provider for ChainProvider {
                 Histogram::from_log2(&t.buckets, 1e-6, t.sum_s),
             );
         }
-        for t in self.0.batch_times() {
+        for t in self.observer.batch_times() {
             let w = t.worker.to_string();
             m.histogram(
                 "batch_duration_seconds",
@@ -123,12 +127,12 @@ impl Provider for ChainProvider {
     /// table the chain lacks).
     fn api_page(&self, name: &str, page: &Page) -> Option<String> {
         if name == "summary" {
-            let s = self.0.summary().unwrap_or_default();
+            let s = self.observer.summary().unwrap_or_default();
             return serde_json::to_string_pretty(&s).ok();
         }
         if name == "tables" {
             let chain: Vec<_> = self
-                .0
+                .observer
                 .tables()
                 .into_iter()
                 .map(|(nf, tables)| {
@@ -142,11 +146,38 @@ impl Provider for ChainProvider {
             return serde_json::to_string_pretty(&chain).ok();
         }
         let (nf, table) = name.strip_prefix("tables/")?.split_once('/')?;
-        let doc = match self.0.table(nf, table, TABLE_WAIT) {
+        let doc = match self.observer.table(nf, table, TABLE_WAIT) {
             Ok(t) => page_of_table(serde_json::to_value(&t).ok()?, page),
             Err(e) => serde_json::json!({ "error": e.to_string() }),
         };
         serde_json::to_string_pretty(&doc).ok()
+    }
+
+    /// `reload`: the configuration file read again ([`flowstate_deploy::reload`]).
+    fn post(&self, name: &str) -> Option<Result<String, String>> {
+        if name != "reload" {
+            return None;
+        }
+        Some(reload_answer(self.reloader.as_deref()?))
+    }
+}
+/// Reloads with `reloader`, logging the outcome: the JSON answer of `POST /api/v1/reload`
+/// (`{"changed": [...], "generation": N}`), or that of its refusal (`{"errors": [...]}`).
+pub(crate) fn reload_answer(
+    reloader: &flowstate_deploy::reload::Reloader,
+) -> Result<String, String> {
+    match reloader.reload() {
+        Ok(r) => {
+            tracing::info!(changed = ?r.changed, generation = r.generation, "reloaded {}", reloader.path().display());
+            Ok(serde_json::to_string(&r).unwrap_or_default())
+        }
+        Err(errors) => {
+            tracing::error!(
+                "reload refused, the configuration running stays: {}",
+                errors.join("; ")
+            );
+            Err(serde_json::json!({ "errors": errors }).to_string())
+        }
     }
 }
 

@@ -696,6 +696,7 @@ fn every_command_s_help_has_examples() {
         "state",
         "state list",
         "top",
+        "reload",
     ] {
         assert!(
             seen.iter().any(|s| s == expected),

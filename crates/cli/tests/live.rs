@@ -2538,3 +2538,120 @@ fn jumbo_frames_cross_the_box_and_a_box_that_cannot_hold_them_refuses_to_start()
         live.stop_box();
     }
 }
+
+/// A reload under 20 downloads (`flowstate reload`, then SIGHUP): a firewall rule that denies
+/// new connections to the web server takes effect at once, while every download that was
+/// running completes byte for byte; a file with an error and one changing what needs a
+/// restart are refused, each naming its key, and the box goes on with the rules it runs;
+/// SIGHUP with the first file back lets new connections through again.
+#[test]
+fn a_reload_changes_the_firewall_rules_without_breaking_a_download() {
+    if !is_root() {
+        eprintln!("skipped: live tests need root");
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut live = Live::up("rl");
+    let files = publish(&live.lab);
+    let (name, want) = files.last().unwrap();
+    let metrics = "127.0.0.1:19472";
+    let open =
+        "[[chain]]\nnf = \"firewall\"\ndefault_outbound = \"allow\"\ndefault_inbound = \"deny\"\n";
+    live.start_box_with(&config(open), SERVER, &["--metrics", metrics]);
+    let file = live.dir.path().join("box.toml");
+    let url = format!("http://{SERVER}:{HTTP_PORT}/f1000.bin");
+    let new_connection = |live: &Live| {
+        live.client(&["curl", "-sSf", "-m", "3", "-o", "/dev/null", &url])
+            .status
+            .success()
+    };
+    assert!(
+        new_connection(&live),
+        "the server is reachable before the reload"
+    );
+    let downloads: Vec<_> = (0..20)
+        .map(|i| live.slow_download_as(name, "400k", &i.to_string()))
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let reload = |live: &Live| {
+        live.run_in(
+            &live.lab.nf_ns(),
+            &[env!("CARGO_BIN_EXE_flowstate"), "reload", metrics],
+        )
+    };
+    let text = |o: &Output| {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+    // New connections to the web server denied from now on.
+    let deny = format!(
+        "{open}rules = [{{ action = \"deny\", proto = \"tcp\", dst = \"{SERVER}\", dport = {HTTP_PORT}, direction = \"outbound\" }}]\n"
+    );
+    std::fs::write(&file, config(&deny)).unwrap();
+    let o = reload(&live);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("reloaded: firewall (chain[0])"),
+        "{}",
+        text(&o)
+    );
+    assert!(
+        !new_connection(&live),
+        "the new rule denies a new connection"
+    );
+    // Refused: an error in the file, and a change that needs a restart. The rule stays.
+    std::fs::write(
+        &file,
+        config(&deny.replace("\"deny\", proto", "\"maybe\", proto")),
+    )
+    .unwrap();
+    let o = reload(&live);
+    assert!(
+        !o.status.success() && text(&o).contains("chain[0].firewall.rules[0].action"),
+        "{}",
+        text(&o)
+    );
+    std::fs::write(&file, config(&format!("{deny}max_connections = 1000\n"))).unwrap();
+    let o = reload(&live);
+    assert!(
+        !o.status.success()
+            && text(&o)
+                .contains("chain[0].max_connections (firewall): cannot change without a restart"),
+        "{}",
+        text(&o)
+    );
+    assert!(!new_connection(&live), "a refused reload changes nothing");
+    // SIGHUP with the first file: new connections pass again.
+    std::fs::write(&file, config(open)).unwrap();
+    let pid = live.flowstate.as_ref().unwrap().id().to_string();
+    assert!(Command::new("kill")
+        .args(["-HUP", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !new_connection(&live) {
+        assert!(Instant::now() < deadline, "SIGHUP never lifted the rule");
+    }
+    for (i, (child, to)) in downloads.into_iter().enumerate() {
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "download {i} broke: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            std::fs::read(&to).unwrap() == *want,
+            "download {i}: other bytes"
+        );
+    }
+    let s = live.stop_box();
+    let denied = s["dropped"].as_object().unwrap();
+    assert!(
+        denied.keys().any(|k| k.starts_with("firewall.")),
+        "the firewall dropped the denied connections' SYNs: {s}"
+    );
+}

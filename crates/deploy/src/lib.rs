@@ -18,6 +18,7 @@ pub mod config;
 #[cfg(target_os = "linux")]
 pub mod live_pipeline;
 pub mod pipeline;
+pub mod reload;
 
 pub use config::{Config, ConfigError, ConfigErrors};
 
@@ -121,21 +122,26 @@ pub fn run_config(
     connector: std::sync::Arc<dyn Connector>,
     progress: Option<Progress<'_>>,
 ) -> Result<Summary, Error> {
-    run_config_observed(config, connector, progress, None)
+    run_config_observed(config, connector, progress, None, None)
 }
 
 /// [`run_config`], publishing the run's counters to `observer` as it goes
-/// (`flowstate_chain::observe`): what `flowstate run --metrics` exports.
+/// (`flowstate_chain::observe`): what `flowstate run --metrics` exports; and taking the NF
+/// configurations `reload` publishes ([`reload`]).
 pub fn run_config_observed(
     config: &Config,
     connector: std::sync::Arc<dyn Connector>,
     progress: Option<Progress<'_>>,
     observer: Option<std::sync::Arc<flowstate_chain::observe::Observer>>,
+    reload: Option<std::sync::Arc<flowstate_chain::reload::Reload>>,
 ) -> Result<Summary, Error> {
     let factories: Vec<std::sync::Arc<dyn NfFactory>> = config.factories()?;
     let mut runtime = Runtime::new(config.runtime_options(), factories, connector);
     if let Some(o) = observer {
         runtime = runtime.with_observer(o);
+    }
+    if let Some(r) = reload {
+        runtime = runtime.with_reload(r);
     }
 
     #[cfg(target_os = "linux")]

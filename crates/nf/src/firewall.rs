@@ -55,7 +55,8 @@ pub mod window;
 use crate::early_drop::{self, Cap, Unit};
 use crate::listing::{Cell, Row, StoreReader, TableInfo};
 use crate::{
-    BuildError, Context, Direction, NetworkFunction, NfFactory, Packet, Placement, Verdict,
+    BuildError, Context, Direction, NetworkFunction, NfFactory, Packet, Placement, ReloadConfig,
+    Verdict,
 };
 use flowstate_config::{IpNet, PrefixMatch};
 use flowstate_state::{
@@ -1070,6 +1071,17 @@ impl NfFactory for Factory {
         self.0.liberal
     }
 
+    /// The rules, default policies and timeouts change in place: tracked connections go on
+    /// (as nftables' `ct state established accept` keeps them), new ones meet the new rules,
+    /// and a connection's next packet sets its deadline with the new timeouts.
+    fn reloadable(&self) -> &'static [&'static str] {
+        &["rules", "default_outbound", "default_inbound", "timeouts"]
+    }
+
+    fn reload_config(&self) -> Option<ReloadConfig> {
+        Some(self.0.clone())
+    }
+
     fn tables(&self) -> &'static [TableInfo] {
         &[TableInfo {
             name: "connections",
@@ -1845,6 +1857,12 @@ fn canonical(flow: &FlowKey) -> FlowKey {
 impl NetworkFunction for Firewall {
     fn name(&self) -> &str {
         NF
+    }
+
+    fn reconfigure(&mut self, config: &ReloadConfig) {
+        if let Ok(c) = Arc::clone(config).downcast::<Compiled>() {
+            self.cfg = c;
+        }
     }
 
     /// Prefetches the connection `process` looks up: the canonical form of the packet's flow

@@ -79,6 +79,10 @@ pub enum Verdict {
     Drop(DropReason),
 }
 
+/// A reloaded NF configuration on its way from the factory to the workers' instances (each
+/// NF knows its own type: [`NetworkFunction::reconfigure`] downcasts it).
+pub type ReloadConfig = std::sync::Arc<dyn std::any::Any + Send + Sync>;
+
 /// A network function: one instance per worker, built by its [`NfFactory`].
 pub trait NetworkFunction {
     /// The NF's name (its id in state keys).
@@ -93,6 +97,13 @@ pub trait NetworkFunction {
 
     /// Processes one packet.
     fn process(&mut self, pkt: &mut Packet<'_>, cx: &Context) -> Verdict;
+
+    /// Takes a reloaded configuration, what its factory's [`NfFactory::reload_config`] gave,
+    /// keeping every entry of its tables. Default: nothing (an NF without reloadable keys
+    /// gets none).
+    fn reconfigure(&mut self, config: &ReloadConfig) {
+        let _ = config;
+    }
 
     /// Starts loading the state [`NetworkFunction::active_until`] looks up first for `flow`
     /// going `direction` (the flow cache calls it for a batch of flows before telling the NFs
@@ -286,6 +297,19 @@ pub trait NfFactory: Send + Sync {
         state: &mut Declare<'_>,
         worker: Placement,
     ) -> Result<Box<dyn NetworkFunction>, BuildError>;
+
+    /// The keys of its `[[chain]]` table a reload may change in place ([`NfFactory::reload_config`]
+    /// carries them to every worker's instance); a change of any other key needs a restart.
+    /// Default: none.
+    fn reloadable(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// What a reload hands each worker's instance ([`NetworkFunction::reconfigure`]), when
+    /// the NF has reloadable keys. Default: `None`.
+    fn reload_config(&self) -> Option<ReloadConfig> {
+        None
+    }
 
     /// The tables an operator can list (`flowstate state list NF.TABLE`), the main one first.
     /// Default: none.

@@ -305,6 +305,15 @@ impl Stage {
         }
     }
 
+    /// Hands each NF its reloaded configuration (`None`: unchanged), in chain order.
+    pub fn reconfigure(&mut self, configs: &[Option<crate::ReloadConfig>]) {
+        for (nf, c) in self.nfs.iter_mut().zip(configs) {
+            if let Some(c) = c {
+                nf.reconfigure(c);
+            }
+        }
+    }
+
     /// Runs every NF's timers up to `now`, after the flow cache handed back the flows whose
     /// entries ended by then (so the NFs' timers count from their last packets).
     pub fn tick(&mut self, now: Nanos) {

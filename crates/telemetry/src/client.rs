@@ -47,6 +47,27 @@ pub fn get_with(
     timeout: Duration,
     token: Option<&Token>,
 ) -> std::io::Result<Reply> {
+    call(addr, "GET", path, timeout, token)
+}
+
+/// `POST path` (no body) to `addr`, presenting `token` when there is one: an action such as a
+/// live box's `/api/v1/reload`; any status is a [`Reply`].
+pub fn post_with(
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+    token: Option<&Token>,
+) -> std::io::Result<Reply> {
+    call(addr, "POST", path, timeout, token)
+}
+
+fn call(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    timeout: Duration,
+    token: Option<&Token>,
+) -> std::io::Result<Reply> {
     let deadline = Instant::now() + timeout;
     let left = || {
         let d = deadline.saturating_duration_since(Instant::now());
@@ -58,7 +79,7 @@ pub fn get_with(
     };
     let mut conn = TcpStream::connect_timeout(&addr, left()?)?;
     conn.set_write_timeout(Some(left()?))?;
-    request(&mut conn, addr, path, "*/*", token)?;
+    request(&mut conn, addr, method, path, "*/*", token)?;
     let mut buf = Vec::new();
     let mut chunk = [0u8; 16 * 1024];
     loop {
@@ -100,7 +121,7 @@ pub fn stream(
     let mut conn = TcpStream::connect_timeout(&addr, timeout)?;
     conn.set_write_timeout(Some(timeout))?;
     conn.set_read_timeout(Some(timeout))?;
-    request(&mut conn, addr, path, "application/x-ndjson", token)?;
+    request(&mut conn, addr, "GET", path, "application/x-ndjson", token)?;
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while crate::http::head_end(&head).is_none() {
@@ -144,10 +165,11 @@ impl Iterator for Lines {
     }
 }
 
-/// Writes the request `GET path` accepting `accept`, presenting `token` when there is one.
+/// Writes the request `METHOD path` accepting `accept`, presenting `token` when there is one.
 fn request(
     conn: &mut TcpStream,
     addr: SocketAddr,
+    method: &str,
     path: &str,
     accept: &str,
     token: Option<&Token>,
@@ -155,8 +177,13 @@ fn request(
     let authorization = token
         .map(|t| format!("Authorization: {}\r\n", t.authorization()))
         .unwrap_or_default();
+    let length = if method == "POST" {
+        "Content-Length: 0\r\n"
+    } else {
+        ""
+    };
     conn.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: flowstate\r\nAccept: {accept}\r\n{authorization}Connection: close\r\n\r\n")
+        format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: flowstate\r\nAccept: {accept}\r\n{authorization}{length}Connection: close\r\n\r\n")
             .as_bytes(),
     )
 }

@@ -21,6 +21,8 @@
 //! * `GET /api/v1/NAME` of a live stream ([`Provider::stream`]; a live box's `events`): JSON
 //!   lines (`application/x-ndjson`) as they happen, until either side goes; at most
 //!   [`MAX_STREAMS`] (16) at once.
+//! * `POST /api/v1/NAME`: an action ([`Provider::post`]); a live box's `reload` re-reads its
+//!   configuration file (`422` with the reasons when it is refused).
 //! * `GET /api/v1/info`: what the process is and which document holds its numbers
 //!   (`{"role":"chain","document":"summary"}`, from [`Provider::info`]), so a client knows what
 //!   to poll.
@@ -224,6 +226,13 @@ pub trait Provider: Send + Sync + 'static {
     /// gets them. The stream ends when the sender goes or the peer does.
     fn stream(&self, name: &str, query: Option<&str>) -> Option<Result<Receiver<String>, String>> {
         let _ = (name, query);
+        None
+    }
+
+    /// The action `POST /api/v1/NAME` asks for (`None`: no such action, `405`): its JSON
+    /// answer, or the JSON of why it was refused (`422`). A live box's `reload`.
+    fn post(&self, name: &str) -> Option<Result<String, String>> {
+        let _ = name;
         None
     }
 }
@@ -669,8 +678,10 @@ fn peer_closed(conn: &TcpStream) -> bool {
 fn respond(req: &http::Request, shared: &Shared) -> http::Response {
     use http::Response;
     let provider = &*shared.provider;
-    if req.method != "GET" && req.method != "HEAD" {
-        return Response::error(405, "Method Not Allowed").with_header("Allow", "GET, HEAD");
+    let not_allowed =
+        || Response::error(405, "Method Not Allowed").with_header("Allow", "GET, HEAD");
+    if !matches!(req.method.as_str(), "GET" | "HEAD" | "POST") {
+        return not_allowed();
     }
     let path = req.path.as_str();
     if !authorized(req, shared) {
@@ -680,6 +691,20 @@ fn respond(req: &http::Request, shared: &Shared) -> http::Response {
         catch_unwind(AssertUnwindSafe(f))
             .unwrap_or_else(|_| Response::error(500, "Internal Server Error"))
     };
+    if req.method == "POST" {
+        let Some(name) = path.strip_prefix("/api/v1/") else {
+            return not_allowed();
+        };
+        return guarded(&|| match provider.post(name) {
+            Some(Ok(json)) => Response::ok("application/json", json),
+            Some(Err(json)) => {
+                let mut r = Response::ok("application/json", json);
+                (r.status, r.reason) = (422, "Unprocessable Content");
+                r
+            }
+            None => not_allowed(),
+        });
+    }
     match path {
         "/metrics" => guarded(&|| {
             let mut m = Metrics::new();
@@ -719,6 +744,13 @@ mod tests {
             match name {
                 "summary" => Some("{\"a\":1}".into()),
                 "boom" => panic!("provider bug"),
+                _ => None,
+            }
+        }
+        fn post(&self, name: &str) -> Option<Result<String, String>> {
+            match name {
+                "reload" => Some(Ok("{\"ok\":1}".into())),
+                "refused" => Some(Err("{\"errors\":[\"x\"]}".into())),
                 _ => None,
             }
         }
@@ -831,6 +863,25 @@ mod tests {
         let p = get(a, b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n");
         assert!(p.starts_with("HTTP/1.1 405"), "{p}");
         assert!(p.contains("Allow: GET, HEAD\r\n"));
+        let post = |path: &str| {
+            get(
+                a,
+                format!("POST {path} HTTP/1.1\r\nContent-Length: 0\r\n\r\n").as_bytes(),
+            )
+        };
+        let r = post("/api/v1/reload");
+        assert!(
+            r.starts_with("HTTP/1.1 200") && r.ends_with("{\"ok\":1}"),
+            "{r}"
+        );
+        let r = post("/api/v1/refused");
+        assert!(
+            r.starts_with("HTTP/1.1 422 Unprocessable Content")
+                && r.ends_with("{\"errors\":[\"x\"]}"),
+            "{r}"
+        );
+        assert!(post("/api/v1/summary").starts_with("HTTP/1.1 405"));
+        assert!(get(a, b"DELETE /api/v1/reload HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 405"));
         assert!(get(a, b"GET /api/v1/boom HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 500"));
         assert!(get(a, b"garbage\r\n\r\n").starts_with("HTTP/1.1 400"));
         let h = get(a, b"HEAD /metrics HTTP/1.1\r\n\r\n");
