@@ -24,14 +24,7 @@ pub(crate) struct ReloadArgs {
 
 /// Asks the box at `ADDR` to reload; fails (exit status 1) with every reason when it refuses.
 pub(crate) fn run(a: &ReloadArgs) -> Result<()> {
-    let addr = flowstate_telemetry::parse_listen(&a.addr)
-        .map_err(|e| anyhow::anyhow!("{e}"))
-        .context("ADDR")?;
-    let token = a
-        .token_file
-        .as_deref()
-        .map(|f| crate::telemetry::read_token(f, "--token-file"))
-        .transpose()?;
+    let (addr, token) = crate::telemetry::box_at(&a.addr, a.token_file.as_deref())?;
     // A reload compiles the new rules of every NF: give it time.
     let reply = flowstate_telemetry::client::post_with(
         addr,

@@ -113,14 +113,7 @@ pub(crate) fn run(a: &StateArgs) -> Result<()> {
 
 /// Prints the box's events until it closes the stream (or this process is stopped).
 fn events(a: &EventsArgs) -> Result<()> {
-    let addr = flowstate_telemetry::parse_listen(&a.addr)
-        .map_err(|e| anyhow::anyhow!("{e}"))
-        .context("ADDR")?;
-    let token = a
-        .token_file
-        .as_deref()
-        .map(|f| crate::telemetry::read_token(f, "--token-file"))
-        .transpose()?;
+    let (addr, token) = crate::telemetry::box_at(&a.addr, a.token_file.as_deref())?;
     let path = match &a.nf {
         Some(nf) => format!("/api/v1/events?nf={nf}"),
         None => "/api/v1/events".to_owned(),

@@ -39,6 +39,17 @@ pub(crate) fn read_token(file: &Path, key: &str) -> Result<Token> {
     Token::read(file).with_context(|| format!("{key} {}: no telemetry token", file.display()))
 }
 
+/// A running box's listener as a command names it: `ADDR` and the token of `--token-file`.
+pub(crate) fn box_at(addr: &str, token_file: Option<&Path>) -> Result<(SocketAddr, Option<Token>)> {
+    let addr = flowstate_telemetry::parse_listen(addr)
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .context("ADDR")?;
+    let token = token_file
+        .map(|f| read_token(f, "--token-file"))
+        .transpose()?;
+    Ok((addr, token))
+}
+
 /// [`serve`] for a listener already started (or not).
 pub(crate) fn serve_started(addr: SocketAddr, started: std::io::Result<Server>) -> Result<Server> {
     let server = started.with_context(|| format!("--metrics {addr}: cannot listen"))?;
