@@ -2539,13 +2539,14 @@ fn jumbo_frames_cross_the_box_and_a_box_that_cannot_hold_them_refuses_to_start()
     }
 }
 
-/// A reload under 20 downloads (`flowstate reload`, then SIGHUP): a firewall rule that denies
-/// new connections to the web server takes effect at once, while every download that was
-/// running completes byte for byte; a file with an error and one changing what needs a
-/// restart are refused, each naming its key, and the box goes on with the rules it runs;
-/// SIGHUP with the first file back lets new connections through again.
+/// A reload under 20 downloads through a VIP (`flowstate reload`, then SIGHUP): a firewall
+/// rule that denies new connections straight to a web server takes effect at once, and so
+/// does the LB's backend list losing server b: new connections to the VIP go to a alone,
+/// while every download that was running, on b too, completes byte for byte. A file with an
+/// error and one changing what needs a restart are refused, each naming its key, and the box
+/// goes on with what it runs; SIGHUP with the first file puts everything back.
 #[test]
-fn a_reload_changes_the_firewall_rules_without_breaking_a_download() {
+fn a_reload_changes_firewall_rules_and_lb_backends_without_breaking_a_download() {
     if !is_root() {
         eprintln!("skipped: live tests need root");
         return;
@@ -2555,22 +2556,54 @@ fn a_reload_changes_the_firewall_rules_without_breaking_a_download() {
     let files = publish(&live.lab);
     let (name, want) = files.last().unwrap();
     let metrics = "127.0.0.1:19472";
-    let open =
+    let firewall =
         "[[chain]]\nnf = \"firewall\"\ndefault_outbound = \"allow\"\ndefault_inbound = \"deny\"\n";
-    live.start_box_with(&config(open), SERVER, &["--metrics", metrics]);
+    let lb = |backends: &str| {
+        format!("[[chain]]\nnf = \"lb\"\nvips = [{{ vip = \"{VIP}\", port = {HTTP_PORT}, backends = [{backends}] }}]\n")
+    };
+    let both = format!("\"{SERVER}\", \"{SERVER2}\"");
+    let open = format!("{firewall}{}", lb(&both));
+    live.start_box_with(&config(&open), SERVER, &["--metrics", metrics, "-v"]);
     let file = live.dir.path().join("box.toml");
-    let url = format!("http://{SERVER}:{HTTP_PORT}/f1000.bin");
+    let direct = format!("http://{SERVER}:{HTTP_PORT}/f1000.bin");
     let new_connection = |live: &Live| {
-        live.client(&["curl", "-sSf", "-m", "3", "-o", "/dev/null", &url])
+        live.client(&["curl", "-sSf", "-m", "3", "-o", "/dev/null", &direct])
             .status
             .success()
     };
-    assert!(
-        new_connection(&live),
-        "the server is reachable before the reload"
-    );
+    // Which backend answers a new connection to the VIP (`a` or `b`).
+    let backend = |live: &Live| {
+        let o = live.client(&[
+            "curl",
+            "-sSf",
+            "-m",
+            "3",
+            &format!("http://{VIP}:{HTTP_PORT}/backend"),
+        ]);
+        String::from_utf8_lossy(&o.stdout).trim().to_owned()
+    };
+    // The lab's web servers may still be starting.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !new_connection(&live) {
+        assert!(
+            Instant::now() < deadline,
+            "the server is reachable before the reload"
+        );
+    }
     let downloads: Vec<_> = (0..20)
-        .map(|i| live.slow_download_as(name, "400k", &i.to_string()))
+        .map(|i| {
+            let to = live.dir.path().join(format!("vip-{i}"));
+            let child = Command::new("ip")
+                .args(["netns", "exec", &live.lab.client_ns()])
+                .args(["curl", "-sSf", "-m", "60", "--limit-rate", "400k", "-o"])
+                .arg(&to)
+                .arg(format!("http://{VIP}:{HTTP_PORT}/{name}"))
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            (child, to)
+        })
         .collect();
     std::thread::sleep(Duration::from_millis(1500));
     let reload = |live: &Live| {
@@ -2586,15 +2619,16 @@ fn a_reload_changes_the_firewall_rules_without_breaking_a_download() {
             String::from_utf8_lossy(&o.stderr)
         )
     };
-    // New connections to the web server denied from now on.
+    // New connections straight to server a denied, and b out of the VIP's backends.
     let deny = format!(
-        "{open}rules = [{{ action = \"deny\", proto = \"tcp\", dst = \"{SERVER}\", dport = {HTTP_PORT}, direction = \"outbound\" }}]\n"
+        "{firewall}rules = [{{ action = \"deny\", proto = \"tcp\", dst = \"{SERVER}\", dport = {HTTP_PORT}, direction = \"outbound\" }}]\n{}",
+        lb(&format!("\"{SERVER}\""))
     );
     std::fs::write(&file, config(&deny)).unwrap();
     let o = reload(&live);
     assert!(o.status.success(), "{}", text(&o));
     assert!(
-        text(&o).contains("reloaded: firewall (chain[0])"),
+        text(&o).contains("reloaded: firewall (chain[0]), lb (chain[1])"),
         "{}",
         text(&o)
     );
@@ -2602,7 +2636,10 @@ fn a_reload_changes_the_firewall_rules_without_breaking_a_download() {
         !new_connection(&live),
         "the new rule denies a new connection"
     );
-    // Refused: an error in the file, and a change that needs a restart. The rule stays.
+    for _ in 0..8 {
+        assert_eq!(backend(&live), "a", "b takes no new connection");
+    }
+    // Refused: an error in the file, and a change that needs a restart. Both stay.
     std::fs::write(
         &file,
         config(&deny.replace("\"deny\", proto", "\"maybe\", proto")),
@@ -2614,28 +2651,21 @@ fn a_reload_changes_the_firewall_rules_without_breaking_a_download() {
         "{}",
         text(&o)
     );
-    std::fs::write(&file, config(&format!("{deny}max_connections = 1000\n"))).unwrap();
+    std::fs::write(
+        &file,
+        config(&deny.replace("nf = \"lb\"\n", "nf = \"lb\"\nmax_connections = 1000\n")),
+    )
+    .unwrap();
     let o = reload(&live);
     assert!(
         !o.status.success()
-            && text(&o)
-                .contains("chain[0].max_connections (firewall): cannot change without a restart"),
+            && text(&o).contains("chain[1].max_connections (lb): cannot change without a restart"),
         "{}",
         text(&o)
     );
     assert!(!new_connection(&live), "a refused reload changes nothing");
-    // SIGHUP with the first file: new connections pass again.
-    std::fs::write(&file, config(open)).unwrap();
-    let pid = live.flowstate.as_ref().unwrap().id().to_string();
-    assert!(Command::new("kill")
-        .args(["-HUP", &pid])
-        .status()
-        .unwrap()
-        .success());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !new_connection(&live) {
-        assert!(Instant::now() < deadline, "SIGHUP never lifted the rule");
-    }
+    assert_eq!(backend(&live), "a");
+    // Every download completes, those on b too.
     for (i, (child, to)) in downloads.into_iter().enumerate() {
         let out = child.wait_with_output().unwrap();
         assert!(
@@ -2648,6 +2678,34 @@ fn a_reload_changes_the_firewall_rules_without_breaking_a_download() {
             "download {i}: other bytes"
         );
     }
+    let on_b = std::fs::read_to_string(live.lab.log("http-b"))
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(&format!("GET /{name}")))
+        .count();
+    assert!(on_b > 0, "some downloads were on b");
+    // SIGHUP with the first file: new connections pass again, and b takes its share.
+    std::fs::write(&file, config(&open)).unwrap();
+    let pid = live.flowstate.as_ref().unwrap().id().to_string();
+    assert!(Command::new("kill")
+        .args(["-HUP", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !new_connection(&live) {
+        if Instant::now() > deadline {
+            let _ = Command::new("kill").args(["-TERM", &pid]).status();
+            let out = live.flowstate.take().unwrap().wait_with_output().unwrap();
+            panic!(
+                "SIGHUP never lifted the rule: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    let seen: std::collections::BTreeSet<String> = (0..16).map(|_| backend(&live)).collect();
+    assert_eq!(seen.into_iter().collect::<Vec<_>>(), ["a", "b"]);
     let s = live.stop_box();
     let denied = s["dropped"].as_object().unwrap();
     assert!(

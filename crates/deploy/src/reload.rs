@@ -1,7 +1,7 @@
 //! Reloading a live box's configuration file (`SIGHUP`, `flowstate reload ADDR`): the file is
 //! read again and checked whole; the keys its NFs can change in place
-//! ([`NfFactory::reloadable`]: the firewall's rules, policies and timeouts) reach every worker
-//! without losing an entry of any table.
+//! ([`NfFactory::reloadable`]: the firewall's rules, policies and timeouts, the LB's VIPs and
+//! backends) reach every worker without losing an entry of any table.
 //!
 //! Promises:
 //! * A file with errors is refused with every one of them; so is a change of anything that
@@ -20,10 +20,18 @@ use std::sync::{Arc, Mutex};
 /// Reloads one box's configuration file.
 pub struct Reloader {
     path: PathBuf,
-    /// The running configuration's file, parsed.
-    running: Mutex<toml::Table>,
+    running: Mutex<Running>,
+    /// The chain's NFs, as it started (what each may change in place).
     factories: Vec<Arc<dyn NfFactory>>,
     reload: Arc<Reload>,
+}
+
+/// The configuration running.
+struct Running {
+    /// Its file, parsed.
+    table: toml::Table,
+    /// Each NF's configuration as its workers run it (`None`: an NF without reloadable keys).
+    configs: Vec<Option<ReloadConfig>>,
 }
 
 impl std::fmt::Debug for Reloader {
@@ -49,13 +57,18 @@ impl Reloader {
     /// A reloader of `config`, the box's running configuration, which its file's `text`
     /// gave; the workers take what it publishes through `reload`.
     pub fn new(config: &Config, text: &str, reload: Arc<Reload>) -> Result<Reloader, Vec<String>> {
-        let running = parse_table(&config.file, text)?;
+        let table = parse_table(&config.file, text)?;
         let factories = config
             .factories()
             .map_err(|e| e.iter().map(ToString::to_string).collect::<Vec<_>>())?;
+        let configs = factories
+            .iter()
+            .map(|f| f.reload_config(None))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| vec![e])?;
         Ok(Reloader {
             path: config.file.clone(),
-            running: Mutex::new(running),
+            running: Mutex::new(Running { table, configs }),
             factories,
             reload,
         })
@@ -77,28 +90,34 @@ impl Reloader {
             .factories()
             .map_err(|e| e.iter().map(ToString::to_string).collect::<Vec<_>>())?;
         let new = parse_table(&self.path, &text)?;
-        let changed = changes(&running, &new, &self.factories).map_err(|why| {
+        let at = |why: Vec<String>| -> Vec<String> {
             why.iter()
                 .map(|w| format!("{}: {w}", self.path.display()))
-                .collect::<Vec<_>>()
-        })?;
+                .collect()
+        };
+        let changed = changes(&running.table, &new, &self.factories).map_err(at)?;
         let mut names = Vec::new();
-        let configs: Vec<Option<ReloadConfig>> = changed
-            .iter()
-            .zip(&factories)
-            .enumerate()
-            .map(|(i, (&c, f))| {
-                c.then(|| {
-                    names.push(format!("{} (chain[{i}])", f.name()));
-                    f.reload_config()
-                })
-                .flatten()
-            })
-            .collect();
+        let mut configs = vec![None; changed.len()];
+        let mut why = Vec::new();
+        for (i, f) in factories.iter().enumerate().filter(|&(i, _)| changed[i]) {
+            names.push(format!("{} (chain[{i}])", f.name()));
+            match f.reload_config(running.configs[i].as_ref()) {
+                Ok(c) => configs[i] = c,
+                Err(e) => why.push(format!("chain[{i}] ({}): {e}", f.name())),
+            }
+        }
+        if !why.is_empty() {
+            return Err(at(why));
+        }
         if !names.is_empty() {
+            for (run, new) in running.configs.iter_mut().zip(&configs) {
+                if new.is_some() {
+                    run.clone_from(new);
+                }
+            }
             self.reload.publish(configs);
         }
-        *running = new;
+        running.table = new;
         Ok(Reloaded {
             changed: names,
             generation: self.reload.generation(),

@@ -1078,8 +1078,8 @@ impl NfFactory for Factory {
         &["rules", "default_outbound", "default_inbound", "timeouts"]
     }
 
-    fn reload_config(&self) -> Option<ReloadConfig> {
-        Some(self.0.clone())
+    fn reload_config(&self, _: Option<&ReloadConfig>) -> Result<Option<ReloadConfig>, String> {
+        Ok(Some(self.0.clone()))
     }
 
     fn tables(&self) -> &'static [TableInfo] {

@@ -33,7 +33,7 @@ use crate::listing::{Cell, Row, StoreReader, TableInfo};
 use crate::nat::{be16, checksum_update};
 use crate::{
     BuildError, Context, Direction, Labelled, NetworkFunction, NfFactory, Packet, Placement,
-    Verdict,
+    ReloadConfig, Verdict,
 };
 use flowstate_state::{
     Access, Codec, CodecError, Counter, CounterMap, Declare, Map, Nanos, Scope, StateError,
@@ -282,7 +282,7 @@ impl Config {
 /// A backend server: address and port.
 pub type BackendAddr = (IpAddr, u16);
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Backend {
     addr: IpAddr,
     port: u16,
@@ -300,8 +300,33 @@ struct Vip {
     port: u16,
     proto: u8,
     method: Method,
+    /// Every backend a connection may be on: a flow's [`Affinity::backend`] indexes it, so a
+    /// reload keeps each at its place and appends new ones.
     backends: Vec<Backend>,
+    /// The backends new connections go to, in configuration order (indices in `backends`;
+    /// those a reload removed are left out and keep only their connections).
+    active: Vec<u16>,
+    /// Maglev's lookup table over `active`.
     table: Option<MaglevTable>,
+}
+
+impl Vip {
+    /// Builds the Maglev table over the active backends (`size`: its size), as `method` asks.
+    fn with_table(mut self, size: usize) -> Result<Vip, String> {
+        self.table = match self.method {
+            Method::LeastLoaded => None,
+            Method::Maglev if self.active.is_empty() => None,
+            Method::Maglev => {
+                let names: Vec<String> = self
+                    .active
+                    .iter()
+                    .map(|&i| SocketAddr::from(self.backends[usize::from(i)].key()).to_string())
+                    .collect();
+                Some(MaglevTable::new(&names, size)?)
+            }
+        };
+        Ok(self)
+    }
 }
 
 /// The hasher of the configuration's lookup maps, which every packet queries: foldhash, the
@@ -315,6 +340,8 @@ type Service = (IpAddr, u16, u8);
 #[derive(Debug)]
 struct Compiled {
     vips: Vec<Vip>,
+    /// Each VIP's Maglev table size.
+    sizes: Vec<usize>,
     /// `(vip, port, proto)` → index in `vips`.
     services: HashMap<Service, usize, FastHash>,
     /// `(backend, port, proto)` → every `(vip, backend)` index pair it serves.
@@ -350,7 +377,8 @@ fn parse_backend(s: &str, vip: IpAddr, port: u16) -> Result<Backend, String> {
     Ok(Backend { addr, port })
 }
 
-fn compile_vip(v: &VipConfig, i: usize) -> Result<Vip, BuildError> {
+/// Compiles VIP `i`; with the size of its Maglev table.
+fn compile_vip(v: &VipConfig, i: usize) -> Result<(Vip, usize), BuildError> {
     let at = |key: &str, e: String| config_err(format!("vips[{i}].{key}"), e);
     let addr: IpAddr = v
         .vip
@@ -386,36 +414,30 @@ fn compile_vip(v: &VipConfig, i: usize) -> Result<Vip, BuildError> {
         }
         backends.push(b);
     }
-    let table = match (v.method, v.table_size) {
-        (Method::LeastLoaded, None) => None,
+    let size = match (v.method, v.table_size) {
         (Method::LeastLoaded, Some(_)) => {
             return Err(at(
                 "table_size",
                 "only method = \"maglev\" has a table".into(),
             ))
         }
-        (Method::Maglev, size) => {
-            let size = match size {
-                None => MaglevTable::DEFAULT_SIZE,
-                Some(s) => {
-                    usize::try_from(s).map_err(|_| at("table_size", format!("{s} is negative")))?
-                }
-            };
-            let names: Vec<String> = backends
-                .iter()
-                .map(|b| SocketAddr::from(b.key()).to_string())
-                .collect();
-            Some(MaglevTable::new(&names, size).map_err(|e| at("table_size", e))?)
+        (_, None) => MaglevTable::DEFAULT_SIZE,
+        (Method::Maglev, Some(s)) => {
+            usize::try_from(s).map_err(|_| at("table_size", format!("{s} is negative")))?
         }
     };
-    Ok(Vip {
+    Vip {
         addr,
         port,
         proto,
         method: v.method,
+        active: (0..backends.len() as u16).collect(),
         backends,
-        table,
-    })
+        table: None,
+    }
+    .with_table(size)
+    .map(|v| (v, size))
+    .map_err(|e| at("table_size", e))
 }
 
 /// Builds load balancers; holds the compiled configuration (and Maglev tables), shared by
@@ -423,39 +445,20 @@ fn compile_vip(v: &VipConfig, i: usize) -> Result<Vip, BuildError> {
 #[derive(Debug, Clone)]
 pub struct Factory(Arc<Compiled>);
 
-impl Factory {
-    /// Compiles `config`, building each Maglev table once; errors name the key.
-    pub fn new(config: &Config) -> Result<Factory, BuildError> {
-        let mut errors = Vec::new();
-        if config.vips.is_empty() {
-            errors.push(config_err("vips", "no VIPs"));
-        }
-        let t = &config.timeouts;
-        for (key, d) in [("tcp", t.tcp), ("tcp_fin", t.tcp_fin), ("udp", t.udp)] {
-            crate::positive(NF, &format!("timeouts.{key}"), d, &mut errors);
-        }
-        let mut vips = Vec::with_capacity(config.vips.len());
-        for (i, v) in config.vips.iter().enumerate() {
-            match compile_vip(v, i) {
-                Ok(v) => vips.push(v),
-                Err(e) => errors.push(e),
-            }
-        }
-        BuildError::all(errors)?;
+impl Compiled {
+    /// The configuration with `vips` (and their Maglev tables' sizes), the rest as `like`.
+    fn with_vips(like: &Compiled, vips: Vec<(Vip, usize)>) -> Result<Compiled, BuildError> {
         let mut c = Compiled {
             vips: Vec::new(),
+            sizes: Vec::new(),
             services: HashMap::default(),
             backends: HashMap::default(),
             vip_hosts: HashSet::default(),
             backend_hosts: HashSet::default(),
             report: Vec::new(),
-            tcp: t.tcp,
-            tcp_fin: t.tcp_fin,
-            udp: t.udp,
-            max_connections: config.max_connections,
-            early_drop: config.early_drop,
+            ..*like
         };
-        for (i, vip) in vips.into_iter().enumerate() {
+        for (i, (vip, size)) in vips.into_iter().enumerate() {
             if c.services
                 .insert((vip.addr, vip.port, vip.proto), i)
                 .is_some()
@@ -477,8 +480,98 @@ impl Factory {
                 }
             }
             c.vips.push(vip);
+            c.sizes.push(size);
         }
-        Ok(Factory(Arc::new(c)))
+        Ok(c)
+    }
+
+    /// This configuration as a reload of `running` (what the workers run): a VIP that stays
+    /// keeps every backend at its place, those no longer listed taking no new connection
+    /// (their connections go on), new ones after them; a VIP no longer listed takes no new
+    /// connection, its connections go on.
+    fn fitted_to(&self, running: &Compiled) -> Result<Compiled, String> {
+        let mut vips = Vec::with_capacity(self.vips.len());
+        let service = |v: &Vip| (v.addr, v.port, v.proto);
+        for (i, (new, &size)) in self.vips.iter().zip(&self.sizes).enumerate() {
+            let old = running
+                .services
+                .get(&service(new))
+                .map(|&k| &running.vips[k]);
+            let mut backends: Vec<Backend> = old.map_or_else(Vec::new, |o| o.backends.clone());
+            let mut active = Vec::with_capacity(new.backends.len());
+            for b in &new.backends {
+                let at = match backends.iter().position(|o| o.key() == b.key()) {
+                    Some(at) => at,
+                    None => {
+                        backends.push(b.clone());
+                        backends.len() - 1
+                    }
+                };
+                active.push(u16::try_from(at).map_err(|_| {
+                    format!("vips[{i}].backends: more than 65535 since the start: restart")
+                })?);
+            }
+            let vip = Vip {
+                backends,
+                active,
+                table: None,
+                ..*new
+            };
+            vips.push((
+                vip.with_table(size)
+                    .map_err(|e| format!("vips[{i}]: {e}"))?,
+                size,
+            ));
+        }
+        for (old, &size) in running.vips.iter().zip(&running.sizes) {
+            if !self.services.contains_key(&service(old)) {
+                let vip = Vip {
+                    backends: old.backends.clone(),
+                    active: Vec::new(),
+                    table: None,
+                    ..*old
+                };
+                vips.push((vip, size));
+            }
+        }
+        Compiled::with_vips(self, vips).map_err(|e| e.to_string())
+    }
+}
+
+impl Factory {
+    /// Compiles `config`, building each Maglev table once; errors name the key.
+    pub fn new(config: &Config) -> Result<Factory, BuildError> {
+        let mut errors = Vec::new();
+        if config.vips.is_empty() {
+            errors.push(config_err("vips", "no VIPs"));
+        }
+        let t = &config.timeouts;
+        for (key, d) in [("tcp", t.tcp), ("tcp_fin", t.tcp_fin), ("udp", t.udp)] {
+            crate::positive(NF, &format!("timeouts.{key}"), d, &mut errors);
+        }
+        let mut vips = Vec::with_capacity(config.vips.len());
+        for (i, v) in config.vips.iter().enumerate() {
+            match compile_vip(v, i) {
+                Ok(v) => vips.push(v),
+                Err(e) => errors.push(e),
+            }
+        }
+        BuildError::all(errors)?;
+        let like = Compiled {
+            vips: Vec::new(),
+            sizes: Vec::new(),
+            services: HashMap::default(),
+            backends: HashMap::default(),
+            vip_hosts: HashSet::default(),
+            backend_hosts: HashSet::default(),
+            report: Vec::new(),
+            tcp: t.tcp,
+            tcp_fin: t.tcp_fin,
+            udp: t.udp,
+            max_connections: config.max_connections,
+            early_drop: config.early_drop,
+        };
+        Ok(Factory(Arc::new(Compiled::with_vips(&like, vips)?)))
     }
 
     /// The Maglev table of VIP `i` (in configuration order), if it uses Maglev.
@@ -526,6 +619,26 @@ pub fn factory(table: &toml::Table) -> Result<Arc<dyn NfFactory>, BuildError> {
 impl NfFactory for Factory {
     fn name(&self) -> &'static str {
         NF
+    }
+
+    /// The VIPs and their backends, and the timeouts, change in place: every connection
+    /// stays on its backend, also one a reload removed (it takes no new connection); a VIP
+    /// no longer listed takes no new connection, its connections go on.
+    fn reloadable(&self) -> &'static [&'static str] {
+        &["vips", "timeouts"]
+    }
+
+    fn reload_config(
+        &self,
+        running: Option<&ReloadConfig>,
+    ) -> Result<Option<ReloadConfig>, String> {
+        let Some(running) = running else {
+            return Ok(Some(self.0.clone()));
+        };
+        let running = running
+            .downcast_ref::<Compiled>()
+            .ok_or("lb: the running configuration is not an LB's")?;
+        Ok(Some(Arc::new(self.0.fitted_to(running)?)))
     }
 
     fn build(
@@ -580,7 +693,9 @@ impl NfFactory for Factory {
     }
 
     /// A connection's state (affinity, per-backend counts) is the client endpoint's: client →
-    /// VIP and backend → client both go to the partition of the client endpoint.
+    /// VIP and backend → client both go to the partition of the client endpoint. So does a
+    /// connection straight to a backend's service, both ways (its replies look like a VIP
+    /// connection's, and the NFs beside the LB must see both directions in one partition).
     fn partition(
         &self,
         flow: &FlowKey,
@@ -588,11 +703,8 @@ impl NfFactory for Factory {
         _direction: Direction,
         partitions: u32,
     ) -> Option<u32> {
-        let client = if self
-            .0
-            .services
-            .contains_key(&(flow.dst, flow.dst_port, flow.proto))
-        {
+        let to = (flow.dst, flow.dst_port, flow.proto);
+        let client = if self.0.services.contains_key(&to) || self.0.backends.contains_key(&to) {
             (flow.src, flow.src_port)
         } else if self
             .0
@@ -749,6 +861,8 @@ pub mod reason {
     /// A new least-loaded connection found the table full (`max_connections`) and nothing
     /// to end early.
     pub const TABLE_FULL: &str = "lb: table full";
+    /// A new connection to a VIP a reload removed (its connections go on).
+    pub const NO_BACKEND: &str = "lb: VIP removed";
 }
 
 /// One worker's load balancer.
@@ -831,24 +945,31 @@ impl LoadBalancer {
         n
     }
 
-    fn choose(&self, vip: &Vip, flow: &FlowKey) -> u16 {
+    /// The backend of a new connection of `flow` (an index in `vip.backends`); `None` when
+    /// the VIP takes none (a reload removed it).
+    fn choose(&self, vip: &Vip, flow: &FlowKey) -> Option<u16> {
         let h = flow_hash(flow);
-        match &vip.table {
-            Some(t) if vip.method == Method::Maglev => t.lookup(h) as u16,
+        let n = vip.active.len();
+        if n == 0 {
+            return None;
+        }
+        let i = match &vip.table {
+            Some(t) if vip.method == Method::Maglev => t.lookup(h),
             _ => {
-                let n = vip.backends.len();
                 let start = (h % n as u64) as usize;
                 let mut best = (i64::MAX, start);
                 for j in 0..n {
                     let i = (start + j) % n;
-                    let load = self.active.get(&vip.backends[i].key()).unwrap_or(0);
+                    let b = &vip.backends[usize::from(vip.active[i])];
+                    let load = self.active.get(&b.key()).unwrap_or(0);
                     if load < best.0 {
                         best = (load, i);
                     }
                 }
-                best.1 as u16
+                best.1
             }
-        }
+        };
+        vip.active.get(i).copied()
     }
 
     fn timeout(&self, a: &Affinity, proto: u8) -> Duration {
@@ -940,7 +1061,9 @@ impl LoadBalancer {
                 let starts = flow.proto != proto::TCP || seg.syn;
                 match vip.method {
                     _ if starts => {
-                        let b = self.choose(vip, &flow);
+                        let Some(b) = self.choose(vip, &flow) else {
+                            return Verdict::Drop(reason::NO_BACKEND);
+                        };
                         // Maglev: without room the table still gives the backend (§3.3).
                         if !self.assign(flow, vip, b, now, reused)
                             && vip.method == Method::LeastLoaded
@@ -954,7 +1077,9 @@ impl LoadBalancer {
                     // connection whose entry was lost carries on; a FIN or RST is passed on
                     // without creating one.
                     Method::Maglev => {
-                        let b = self.choose(vip, &flow);
+                        let Some(b) = self.choose(vip, &flow) else {
+                            return Verdict::Drop(reason::NO_BACKEND);
+                        };
                         if !(seg.fin || seg.rst) {
                             self.assign(flow, vip, b, now, reused);
                         }
@@ -1197,6 +1322,12 @@ fn rewrite_any(
 impl NetworkFunction for LoadBalancer {
     fn name(&self) -> &str {
         NF
+    }
+
+    fn reconfigure(&mut self, config: &ReloadConfig) {
+        if let Ok(c) = Arc::clone(config).downcast::<Compiled>() {
+            self.cfg = c;
+        }
     }
 
     /// Prefetches the affinity entries `process` looks up: the packet's flow for a client →

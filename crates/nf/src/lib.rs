@@ -306,9 +306,15 @@ pub trait NfFactory: Send + Sync {
     }
 
     /// What a reload hands each worker's instance ([`NetworkFunction::reconfigure`]), when
-    /// the NF has reloadable keys. Default: `None`.
-    fn reload_config(&self) -> Option<ReloadConfig> {
-        None
+    /// the NF has reloadable keys: this factory's configuration fitted to `running`, what
+    /// the workers run (the last reload's; `None`: the configuration they were built from,
+    /// when this factory is it). `Err`: it cannot be (why). Default: `Ok(None)`.
+    fn reload_config(
+        &self,
+        running: Option<&ReloadConfig>,
+    ) -> Result<Option<ReloadConfig>, String> {
+        let _ = running;
+        Ok(None)
     }
 
     /// The tables an operator can list (`flowstate state list NF.TABLE`), the main one first.

@@ -377,3 +377,37 @@ fn fragments_to_a_vip_or_from_a_backend_are_dropped() {
         assert!(rig.passes(&tcp_vip_udp_frag, Direction::Inbound));
     }
 }
+
+/// Every connection the LB sees goes to one partition both ways: to a VIP and back from its
+/// backend, and straight to a backend's service and back (its replies come from a backend's
+/// port: without the same rule for the way there, a firewall beside the LB would see them
+/// in another partition and drop them).
+#[test]
+fn both_ways_of_a_connection_share_a_partition() {
+    use flowstate_nf::NfFactory;
+    let f = flowstate_nf::lb::Factory::new(
+        &flowstate_nf::lb::Config::from_table(&table(CONFIG)).unwrap(),
+    )
+    .unwrap();
+    let part = |from: &str, to: &str| {
+        let (a, b) = (sa(from), sa(to));
+        let flow = flowstate_wire::FlowKey::new(a.ip(), b.ip(), a.port(), b.port(), 6);
+        f.partition(&flow, None, Direction::Inbound, 64)
+    };
+    let mut seen = std::collections::HashSet::new();
+    for p in 0..64 {
+        let c = client(40000 + p);
+        let there = part(&c, VIP).expect("a VIP connection is the LB's");
+        assert_eq!(
+            part("10.1.0.2:8080", &c),
+            Some(there),
+            "its backend's reply"
+        );
+        let straight = part(&c, "10.1.0.1:80").expect("one to a backend's service too");
+        assert_eq!(part("10.1.0.1:80", &c), Some(straight));
+        assert_eq!(straight, there, "both by the client endpoint");
+        seen.insert(there);
+    }
+    assert!(seen.len() > 16, "client endpoints spread: {seen:?}");
+    assert_eq!(part(&client(1), "192.0.2.9:80"), None, "not the LB's");
+}
