@@ -147,12 +147,23 @@ impl Live {
 
     /// [`Live::slow_download`] into a file of its own (`tag` tells the downloads apart).
     fn slow_download_as(&self, name: &str, rate: &str, tag: &str) -> (Child, PathBuf) {
+        self.slow_download_from(SERVER, name, rate, tag)
+    }
+
+    /// [`Live::slow_download_as`] from `host` (a server, or a VIP).
+    fn slow_download_from(
+        &self,
+        host: std::net::Ipv4Addr,
+        name: &str,
+        rate: &str,
+        tag: &str,
+    ) -> (Child, PathBuf) {
         let to = self.dir.path().join(format!("slow-{name}{tag}"));
         let child = Command::new("ip")
             .args(["netns", "exec", &self.lab.client_ns()])
             .args(["curl", "-sSf", "-m", "60", "--limit-rate", rate, "-o"])
             .arg(&to)
-            .arg(format!("http://{SERVER}:{HTTP_PORT}/{name}"))
+            .arg(format!("http://{host}:{HTTP_PORT}/{name}"))
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -2591,19 +2602,7 @@ fn a_reload_changes_firewall_rules_and_lb_backends_without_breaking_a_download()
         );
     }
     let downloads: Vec<_> = (0..20)
-        .map(|i| {
-            let to = live.dir.path().join(format!("vip-{i}"));
-            let child = Command::new("ip")
-                .args(["netns", "exec", &live.lab.client_ns()])
-                .args(["curl", "-sSf", "-m", "60", "--limit-rate", "400k", "-o"])
-                .arg(&to)
-                .arg(format!("http://{VIP}:{HTTP_PORT}/{name}"))
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap();
-            (child, to)
-        })
+        .map(|i| live.slow_download_from(VIP, name, "400k", &i.to_string()))
         .collect();
     std::thread::sleep(Duration::from_millis(1500));
     let reload = |live: &Live| {

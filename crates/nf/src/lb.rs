@@ -337,7 +337,7 @@ type FastHash = foldhash::fast::RandomState;
 /// An address, port and protocol: a VIP's or a backend's service.
 type Service = (IpAddr, u16, u8);
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct Compiled {
     vips: Vec<Vip>,
     /// Each VIP's Maglev table size.
@@ -449,14 +449,12 @@ impl Compiled {
     /// The configuration with `vips` (and their Maglev tables' sizes), the rest as `like`.
     fn with_vips(like: &Compiled, vips: Vec<(Vip, usize)>) -> Result<Compiled, BuildError> {
         let mut c = Compiled {
-            vips: Vec::new(),
-            sizes: Vec::new(),
-            services: HashMap::default(),
-            backends: HashMap::default(),
-            vip_hosts: HashSet::default(),
-            backend_hosts: HashSet::default(),
-            report: Vec::new(),
-            ..*like
+            tcp: like.tcp,
+            tcp_fin: like.tcp_fin,
+            udp: like.udp,
+            max_connections: like.max_connections,
+            early_drop: like.early_drop,
+            ..Compiled::default()
         };
         for (i, (vip, size)) in vips.into_iter().enumerate() {
             if c.services
@@ -558,18 +556,12 @@ impl Factory {
         }
         BuildError::all(errors)?;
         let like = Compiled {
-            vips: Vec::new(),
-            sizes: Vec::new(),
-            services: HashMap::default(),
-            backends: HashMap::default(),
-            vip_hosts: HashSet::default(),
-            backend_hosts: HashSet::default(),
-            report: Vec::new(),
             tcp: t.tcp,
             tcp_fin: t.tcp_fin,
             udp: t.udp,
             max_connections: config.max_connections,
             early_drop: config.early_drop,
+            ..Compiled::default()
         };
         Ok(Factory(Arc::new(Compiled::with_vips(&like, vips)?)))
     }
