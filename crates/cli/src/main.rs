@@ -102,7 +102,8 @@ enum Command {
     /// reason, table fill, state flushes and errors, read from its `--metrics` listener.
     Top(top::TopArgs),
     /// Make a running box read its configuration file again (as `kill -HUP` does): the
-    /// firewall's rules and the LB's backends change in place, no connection lost.
+    /// firewall's rules, the LB's backends and the IPS's rules change in place, no connection
+    /// lost.
     Reload(reload::ReloadArgs),
 }
 

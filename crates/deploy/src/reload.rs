@@ -1,7 +1,8 @@
 //! Reloading a live box's configuration file (`SIGHUP`, `flowstate reload ADDR`): the file is
 //! read again and checked whole; the keys its NFs can change in place
 //! ([`NfFactory::reloadable`]: the firewall's rules, policies and timeouts, the LB's VIPs and
-//! backends) reach every worker without losing an entry of any table.
+//! backends, the IPS's rules, whose files are read again every time) reach every worker
+//! without losing an entry of any table.
 //!
 //! Promises:
 //! * A file with errors is refused with every one of them; so is a change of anything that
@@ -99,10 +100,16 @@ impl Reloader {
         let mut names = Vec::new();
         let mut configs = vec![None; changed.len()];
         let mut why = Vec::new();
-        for (i, f) in factories.iter().enumerate().filter(|&(i, _)| changed[i]) {
-            names.push(format!("{} (chain[{i}])", f.name()));
+        for (i, f) in factories.iter().enumerate() {
+            if !changed[i] && !f.reload_rereads() {
+                continue;
+            }
             match f.reload_config(running.configs[i].as_ref()) {
-                Ok(c) => configs[i] = c,
+                Ok(None) => {}
+                Ok(c) => {
+                    names.push(format!("{} (chain[{i}])", f.name()));
+                    configs[i] = c;
+                }
                 Err(e) => why.push(format!("chain[{i}] ({}): {e}", f.name())),
             }
         }
@@ -266,5 +273,33 @@ mod tests {
         // Checked against the last reload that went through: the same file changes nothing.
         std::fs::write(&path, &deny).unwrap();
         assert_eq!(r.reload().unwrap().changed, Vec::<String>::new());
+    }
+
+    /// An IPS's rule file rewritten under an unchanged configuration file: read again and
+    /// published; read again unchanged: nothing.
+    #[test]
+    fn rule_files_are_read_again_at_every_reload() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, rules) = (dir.path().join("box.toml"), dir.path().join("t.rules"));
+        let rule =
+            |sid| format!("alert tcp any any -> any 80 (msg:\"x\"; content:\"x\"; sid:{sid};)\n");
+        std::fs::write(&rules, rule(1)).unwrap();
+        let text = format!(
+            "[input]\nsynthetic = {{ flows = 10, packets = 100 }}\n[[chain]]\nnf = \"ips\"\nrules = [{:?}]\n",
+            rules.to_str().unwrap()
+        );
+        std::fs::write(&path, &text).unwrap();
+        let reload = Arc::new(Reload::default());
+        let r = Reloader::new(
+            &Config::parse(&text, &path).unwrap(),
+            &text,
+            Arc::clone(&reload),
+        )
+        .unwrap();
+        assert_eq!(r.reload().unwrap().changed, Vec::<String>::new());
+        std::fs::write(&rules, rule(2)).unwrap();
+        assert_eq!(r.reload().unwrap().changed, ["ips (chain[0])"]);
+        assert_eq!(r.reload().unwrap().changed, Vec::<String>::new());
+        assert_eq!(reload.generation(), 1);
     }
 }

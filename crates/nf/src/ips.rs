@@ -81,7 +81,9 @@
 use crate::early_drop::{self, Cap, Unit};
 use crate::reassembly::{Event, Fed, Origin, TableConfig, TcpStreams};
 use crate::rules::{Action, Options, Rule, RuleSet, Vars};
-use crate::{BuildError, Context, NetworkFunction, NfFactory, Packet, Placement, Verdict};
+use crate::{
+    BuildError, Context, NetworkFunction, NfFactory, Packet, Placement, ReloadConfig, Verdict,
+};
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, AhoCorasickKind, MatchKind};
 use flowstate_state::{Access, Codec, CodecError, Counter, CounterMap, Declare, Map, Nanos, Scope};
 use flowstate_wire::dissect::Transport;
@@ -532,6 +534,28 @@ impl NfFactory for Factory {
         NF
     }
 
+    /// The rules change in place, as Suricata's rule reload does: each flow's next bytes meet
+    /// the new rules; a flow a `drop` rule blocked stays blocked, alerts already raised stay.
+    fn reloadable(&self) -> &'static [&'static str] {
+        &["rules", "skip_unsupported", "vars"]
+    }
+
+    /// The rule files are read again at every reload (`suricata-update` rewrites them in
+    /// place).
+    fn reload_rereads(&self) -> bool {
+        true
+    }
+
+    fn reload_config(
+        &self,
+        running: Option<&ReloadConfig>,
+    ) -> Result<Option<ReloadConfig>, String> {
+        let same = running
+            .and_then(|r| r.downcast_ref::<Engine>())
+            .is_some_and(|r| r.rules == self.engine.rules);
+        Ok((!same).then(|| Arc::clone(&self.engine) as ReloadConfig))
+    }
+
     fn build(
         &self,
         state: &mut Declare<'_>,
@@ -679,6 +703,13 @@ fn header_and_flow(rule: &Rule, flow: &FlowKey, to_server: bool, established: bo
 impl NetworkFunction for Ips {
     fn name(&self) -> &str {
         NF
+    }
+
+    fn reconfigure(&mut self, config: &ReloadConfig) {
+        if let Ok(engine) = Arc::clone(config).downcast::<Engine>() {
+            self.cands = Candidates::new(engine.rules.len());
+            self.engine = engine;
+        }
     }
 
     fn prefetch(&mut self, pkt: &Packet<'_>) {

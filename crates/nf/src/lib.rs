@@ -305,10 +305,17 @@ pub trait NfFactory: Send + Sync {
         &[]
     }
 
+    /// Whether a reload reads this NF's own files again (rule files) even when its table did
+    /// not change: [`NfFactory::reload_config`] then says whether they did. Default: no.
+    fn reload_rereads(&self) -> bool {
+        false
+    }
+
     /// What a reload hands each worker's instance ([`NetworkFunction::reconfigure`]), when
     /// the NF has reloadable keys: this factory's configuration fitted to `running`, what
     /// the workers run (the last reload's; `None`: the configuration they were built from,
-    /// when this factory is it). `Err`: it cannot be (why). Default: `Ok(None)`.
+    /// when this factory is it); `Ok(None)`: nothing to change. `Err`: it cannot be (why).
+    /// Default: `Ok(None)`.
     fn reload_config(
         &self,
         running: Option<&ReloadConfig>,

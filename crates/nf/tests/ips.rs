@@ -630,3 +630,49 @@ fn cap_and_exception_keys_are_checked() {
         }
     }
 }
+
+/// A reload with a rule file rewritten (`flowstate reload`): the next bytes of a flow meet the
+/// new rules, with more rules than before too; the alerts already raised stay, and the same
+/// rules again change nothing.
+#[test]
+fn reloaded_rules_meet_a_flow_s_next_bytes() {
+    use flowstate_nf::NfFactory;
+    let first = "alert tcp any any -> any 80 (msg:\"one\"; content:\"alpha\"; sid:1; rev:1;)\n";
+    let mut r = Rig::new(first);
+    let (dir, table) = config(first, "");
+    let running = Factory::new(Config::from_table(&table).unwrap())
+        .unwrap()
+        .reload_config(None)
+        .unwrap()
+        .expect("an IPS reloads its rules");
+    let mut off = 0u32;
+    let mut send = |r: &mut Rig, data: &[u8]| {
+        let v = r.feed(tcp(CLIENT, SERVER, 1001 + off, ACK | PSH, data));
+        off += data.len() as u32;
+        v
+    };
+    for f in client_stream(&[]) {
+        r.feed(f);
+    }
+    send(&mut r, b"alpha beta ");
+    assert!(r.fired(1) && !r.fired(2));
+    // The file rewritten with a second rule, and read again.
+    let second = format!(
+        "{first}alert tcp any any -> any 80 (msg:\"two\"; content:\"gamma\"; sid:2; rev:1;)\n\
+         alert tcp any any -> any 80 (msg:\"three\"; content:\"delta\"; sid:3; rev:1;)\n"
+    );
+    std::fs::write(dir.path().join("t.rules"), &second).unwrap();
+    let again = Factory::new(Config::from_table(&table).unwrap()).unwrap();
+    let reloaded = again
+        .reload_config(Some(&running))
+        .unwrap()
+        .expect("the rules changed");
+    assert!(
+        again.reload_config(Some(&reloaded)).unwrap().is_none(),
+        "the same rules: nothing to change"
+    );
+    r.nf.reconfigure(&reloaded);
+    send(&mut r, b"gamma delta ");
+    assert!(r.fired(1) && r.fired(2) && r.fired(3));
+    assert_eq!(r.counter("alerts"), 3);
+}
