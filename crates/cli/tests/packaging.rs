@@ -32,6 +32,7 @@ fn every_unit_verifies() {
     assert_eq!(
         names,
         [
+            "flowstate-box.service",
             "flowstate-controller.service",
             "flowstate-instance@.service",
             "flowstate-root.service",
@@ -199,6 +200,7 @@ fn the_container_image_has_no_base_runs_unprivileged_and_enters_the_binary() {
 fn the_container_image_documents_each_units_capabilities() {
     let text = packaging("container/Containerfile");
     for (role, unit) in [
+        ("box", "flowstate-box.service"),
         ("root", "flowstate-root.service"),
         ("controller", "flowstate-controller.service"),
         ("instance", "flowstate-instance@.service"),
