@@ -279,6 +279,7 @@ impl Runtime {
 
     /// Lets `reload` replace the NFs' configurations while running ([`crate::reload`]).
     pub fn with_reload(mut self, reload: Arc<Reload>) -> Self {
+        reload.start(&self.chain);
         self.reload = Some(reload);
         self
     }

@@ -879,6 +879,19 @@ impl Instance {
         }
     }
 
+    /// Stops serving partition `p` without a commit: what it changed since its last commit
+    /// is lost (counted), and so are the notices waiting for that commit.
+    fn drop_owned(&mut self, p: usize) -> Option<Owned> {
+        let o = retire(
+            &mut self.retired,
+            &mut self.stats.uncommitted,
+            self.owned.get_mut(p)?,
+        )?;
+        self.released.drop_partition(p as u16);
+        self.done.drop_partition(p as u16);
+        Some(o)
+    }
+
     /// After a pause: drops every partition whose ownership record names another owner or a
     /// newer epoch (see the module documentation).
     pub fn revalidate(&mut self) -> Result<(), ClusterError> {
@@ -893,21 +906,6 @@ impl Instance {
             }
         }
         Ok(())
-    }
-}
-
-impl Instance {
-    /// Stops serving partition `p` without a commit: what it changed since its last commit
-    /// is lost (counted), and so are the notices waiting for that commit.
-    fn drop_owned(&mut self, p: usize) -> Option<Owned> {
-        let o = retire(
-            &mut self.retired,
-            &mut self.stats.uncommitted,
-            self.owned.get_mut(p)?,
-        )?;
-        self.released.drop_partition(p as u16);
-        self.done.drop_partition(p as u16);
-        Some(o)
     }
 }
 

@@ -14,25 +14,17 @@
 
 use crate::config::Config;
 use flowstate_chain::reload::Reload;
-use flowstate_nf::{NfFactory, ReloadConfig};
+use flowstate_nf::NfFactory;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 /// Reloads one box's configuration file.
 pub struct Reloader {
     path: PathBuf,
-    running: Mutex<Running>,
-    /// The chain's NFs, as it started (what each may change in place).
-    factories: Vec<Arc<dyn NfFactory>>,
+    /// The running configuration's file, parsed.
+    running: Mutex<toml::Table>,
+    /// What the workers run, and where reloads go to them.
     reload: Arc<Reload>,
-}
-
-/// The configuration running.
-struct Running {
-    /// Its file, parsed.
-    table: toml::Table,
-    /// Each NF's configuration as its workers run it (`None`: an NF without reloadable keys).
-    configs: Vec<Option<ReloadConfig>>,
 }
 
 impl std::fmt::Debug for Reloader {
@@ -56,21 +48,11 @@ pub struct Reloaded {
 
 impl Reloader {
     /// A reloader of `config`, the box's running configuration, which its file's `text`
-    /// gave; the workers take what it publishes through `reload`.
+    /// gave; the workers (a runtime started with `reload`) take what it publishes.
     pub fn new(config: &Config, text: &str, reload: Arc<Reload>) -> Result<Reloader, Vec<String>> {
-        let table = parse_table(&config.file, text)?;
-        let factories = config
-            .factories()
-            .map_err(|e| e.iter().map(ToString::to_string).collect::<Vec<_>>())?;
-        let configs = factories
-            .iter()
-            .map(|f| f.reload_config(None))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| vec![e])?;
         Ok(Reloader {
             path: config.file.clone(),
-            running: Mutex::new(Running { table, configs }),
-            factories,
+            running: Mutex::new(parse_table(&config.file, text)?),
             reload,
         })
     }
@@ -96,7 +78,11 @@ impl Reloader {
                 .map(|w| format!("{}: {w}", self.path.display()))
                 .collect()
         };
-        let changed = changes(&running.table, &new, &self.factories).map_err(at)?;
+        let changed = changes(&running, &new, &factories).map_err(at)?;
+        let workers = self.reload.running();
+        if workers.len() != changed.len() {
+            return Err(at(vec!["the box is still starting: reload again".into()]));
+        }
         let mut names = Vec::new();
         let mut configs = vec![None; changed.len()];
         let mut why = Vec::new();
@@ -104,7 +90,7 @@ impl Reloader {
             if !changed[i] && !f.reload_rereads() {
                 continue;
             }
-            match f.reload_config(running.configs[i].as_ref()) {
+            match f.reload_config(workers[i].as_ref()) {
                 Ok(None) => {}
                 Ok(c) => {
                     names.push(format!("{} (chain[{i}])", f.name()));
@@ -117,14 +103,9 @@ impl Reloader {
             return Err(at(why));
         }
         if !names.is_empty() {
-            for (run, new) in running.configs.iter_mut().zip(&configs) {
-                if new.is_some() {
-                    run.clone_from(new);
-                }
-            }
             self.reload.publish(configs);
         }
-        running.table = new;
+        *running = new;
         Ok(Reloaded {
             changed: names,
             generation: self.reload.generation(),
@@ -144,15 +125,10 @@ fn changes(
     factories: &[Arc<dyn NfFactory>],
 ) -> Result<Vec<bool>, Vec<String>> {
     const RESTART: &str = "cannot change without a restart";
-    let mut why = Vec::new();
-    let mut sections: Vec<&String> = old.keys().chain(new.keys()).collect();
-    sections.sort();
-    sections.dedup();
-    for k in sections.into_iter().filter(|k| *k != "chain") {
-        if old.get(k) != new.get(k) {
-            why.push(format!("[{k}]: {RESTART}"));
-        }
-    }
+    let mut why: Vec<String> = differing(old, new)
+        .filter(|k| *k != "chain")
+        .map(|k| format!("[{k}]: {RESTART}"))
+        .collect();
     let entries = |t: &toml::Table| -> Vec<toml::Table> {
         t.get("chain")
             .and_then(toml::Value::as_array)
@@ -169,10 +145,7 @@ fn changes(
     }
     let mut changed = vec![false; old.len()];
     for (i, ((a, b), f)) in old.iter().zip(&new).zip(factories).enumerate() {
-        let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
-        keys.sort();
-        keys.dedup();
-        for k in keys.into_iter().filter(|k| a.get(*k) != b.get(*k)) {
+        for k in differing(a, b) {
             if f.reloadable().contains(&k.as_str()) {
                 changed[i] = true;
             } else {
@@ -185,6 +158,15 @@ fn changes(
     } else {
         Err(why)
     }
+}
+
+/// The keys whose values differ between `a` and `b` (in one only, or in both with other
+/// values), in order.
+fn differing<'t>(a: &'t toml::Table, b: &'t toml::Table) -> impl Iterator<Item = &'t String> {
+    let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    keys.into_iter().filter(|k| a.get(*k) != b.get(*k))
 }
 
 #[cfg(test)]
@@ -243,6 +225,14 @@ mod tests {
         let config = Config::parse(base, &path).unwrap();
         let reload = Arc::new(Reload::default());
         let r = Reloader::new(&config, base, Arc::clone(&reload)).unwrap();
+        assert_eq!(
+            r.reload().unwrap_err(),
+            [format!(
+                "{}: the box is still starting: reload again",
+                path.display()
+            )]
+        );
+        reload.start(&config.factories().unwrap());
         assert_eq!(r.reload().unwrap().changed, Vec::<String>::new());
         assert_eq!(reload.generation(), 0, "nothing changed: nothing published");
         let deny = format!("{base}rules = [{{ action = \"deny\", dport = 22 }}]\n");
@@ -289,13 +279,10 @@ mod tests {
             rules.to_str().unwrap()
         );
         std::fs::write(&path, &text).unwrap();
+        let config = Config::parse(&text, &path).unwrap();
         let reload = Arc::new(Reload::default());
-        let r = Reloader::new(
-            &Config::parse(&text, &path).unwrap(),
-            &text,
-            Arc::clone(&reload),
-        )
-        .unwrap();
+        reload.start(&config.factories().unwrap());
+        let r = Reloader::new(&config, &text, Arc::clone(&reload)).unwrap();
         assert_eq!(r.reload().unwrap().changed, Vec::<String>::new());
         std::fs::write(&rules, rule(2)).unwrap();
         assert_eq!(r.reload().unwrap().changed, ["ips (chain[0])"]);

@@ -306,13 +306,14 @@ struct Vip {
     /// The backends new connections go to, in configuration order (indices in `backends`;
     /// those a reload removed are left out and keep only their connections).
     active: Vec<u16>,
-    /// Maglev's lookup table over `active`.
+    /// Maglev's lookup table over `active`, of `size` entries.
     table: Option<MaglevTable>,
+    size: usize,
 }
 
 impl Vip {
-    /// Builds the Maglev table over the active backends (`size`: its size), as `method` asks.
-    fn with_table(mut self, size: usize) -> Result<Vip, String> {
+    /// Builds the Maglev table over the active backends, as `method` asks.
+    fn with_table(mut self) -> Result<Vip, String> {
         self.table = match self.method {
             Method::LeastLoaded => None,
             Method::Maglev if self.active.is_empty() => None,
@@ -322,7 +323,7 @@ impl Vip {
                     .iter()
                     .map(|&i| SocketAddr::from(self.backends[usize::from(i)].key()).to_string())
                     .collect();
-                Some(MaglevTable::new(&names, size)?)
+                Some(MaglevTable::new(&names, self.size)?)
             }
         };
         Ok(self)
@@ -340,8 +341,6 @@ type Service = (IpAddr, u16, u8);
 #[derive(Debug, Default)]
 struct Compiled {
     vips: Vec<Vip>,
-    /// Each VIP's Maglev table size.
-    sizes: Vec<usize>,
     /// `(vip, port, proto)` → index in `vips`.
     services: HashMap<Service, usize, FastHash>,
     /// `(backend, port, proto)` → every `(vip, backend)` index pair it serves.
@@ -377,8 +376,7 @@ fn parse_backend(s: &str, vip: IpAddr, port: u16) -> Result<Backend, String> {
     Ok(Backend { addr, port })
 }
 
-/// Compiles VIP `i`; with the size of its Maglev table.
-fn compile_vip(v: &VipConfig, i: usize) -> Result<(Vip, usize), BuildError> {
+fn compile_vip(v: &VipConfig, i: usize) -> Result<Vip, BuildError> {
     let at = |key: &str, e: String| config_err(format!("vips[{i}].{key}"), e);
     let addr: IpAddr = v
         .vip
@@ -434,9 +432,9 @@ fn compile_vip(v: &VipConfig, i: usize) -> Result<(Vip, usize), BuildError> {
         active: (0..backends.len() as u16).collect(),
         backends,
         table: None,
+        size,
     }
-    .with_table(size)
-    .map(|v| (v, size))
+    .with_table()
     .map_err(|e| at("table_size", e))
 }
 
@@ -446,8 +444,8 @@ fn compile_vip(v: &VipConfig, i: usize) -> Result<(Vip, usize), BuildError> {
 pub struct Factory(Arc<Compiled>);
 
 impl Compiled {
-    /// The configuration with `vips` (and their Maglev tables' sizes), the rest as `like`.
-    fn with_vips(like: &Compiled, vips: Vec<(Vip, usize)>) -> Result<Compiled, BuildError> {
+    /// The configuration with `vips`, the rest as `like`.
+    fn with_vips(like: &Compiled, vips: Vec<Vip>) -> Result<Compiled, BuildError> {
         let mut c = Compiled {
             tcp: like.tcp,
             tcp_fin: like.tcp_fin,
@@ -456,7 +454,7 @@ impl Compiled {
             early_drop: like.early_drop,
             ..Compiled::default()
         };
-        for (i, (vip, size)) in vips.into_iter().enumerate() {
+        for (i, vip) in vips.into_iter().enumerate() {
             if c.services
                 .insert((vip.addr, vip.port, vip.proto), i)
                 .is_some()
@@ -478,7 +476,6 @@ impl Compiled {
                 }
             }
             c.vips.push(vip);
-            c.sizes.push(size);
         }
         Ok(c)
     }
@@ -490,7 +487,7 @@ impl Compiled {
     fn fitted_to(&self, running: &Compiled) -> Result<Compiled, String> {
         let mut vips = Vec::with_capacity(self.vips.len());
         let service = |v: &Vip| (v.addr, v.port, v.proto);
-        for (i, (new, &size)) in self.vips.iter().zip(&self.sizes).enumerate() {
+        for (i, new) in self.vips.iter().enumerate() {
             let old = running
                 .services
                 .get(&service(new))
@@ -515,13 +512,9 @@ impl Compiled {
                 table: None,
                 ..*new
             };
-            vips.push((
-                vip.with_table(size)
-                    .map_err(|e| format!("vips[{i}]: {e}"))?,
-                size,
-            ));
+            vips.push(vip.with_table().map_err(|e| format!("vips[{i}]: {e}"))?);
         }
-        for (old, &size) in running.vips.iter().zip(&running.sizes) {
+        for old in &running.vips {
             if !self.services.contains_key(&service(old)) {
                 let vip = Vip {
                     backends: old.backends.clone(),
@@ -529,7 +522,7 @@ impl Compiled {
                     table: None,
                     ..*old
                 };
-                vips.push((vip, size));
+                vips.push(vip);
             }
         }
         Compiled::with_vips(self, vips).map_err(|e| e.to_string())
