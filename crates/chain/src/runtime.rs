@@ -530,6 +530,7 @@ impl Runtime {
                 let r = dispatch(
                     source,
                     steering,
+                    self.reload.as_deref(),
                     &in_txs,
                     &dispatcher_free,
                     abort,
@@ -1197,6 +1198,7 @@ impl Worker {
 fn dispatch(
     source: &mut dyn Source,
     steering: &Steering,
+    reload: Option<&Reload>,
     in_txs: &[SyncSender<WorkBatch>],
     free: &[Receiver<WorkBatch>],
     abort: &AtomicBool,
@@ -1204,12 +1206,16 @@ fn dispatch(
     counts: &mut Counts,
     publish: Option<&ArcSwapOption<Counts>>,
 ) -> Result<(), RunError> {
+    // Steered by the chain as it started, then by each reload's.
+    let mut steering = steering.clone();
+    let mut reloads = 0;
     let mut input = PacketBatch::new(o.batch.max(1), o.max_frame);
     let mut next_publish = Instant::now();
     let mut pending: Vec<Option<WorkBatch>> = (0..in_txs.len()).map(|_| None).collect();
     let mut fragments = FragmentTracker::new(o.fragments, o.max_frame);
     // Appends a packet to its worker's batch, handing the batch over when it is full.
-    let push = |pending: &mut [Option<WorkBatch>],
+    let push = |steering: &Steering,
+                pending: &mut [Option<WorkBatch>],
                 data: &[u8],
                 meta: &flowstate_io::PacketMeta,
                 d: Dissection,
@@ -1240,6 +1246,9 @@ fn dispatch(
             return Err(RunError::Stopped);
         }
         let got = source.recv(&mut input).map_err(RunError::Input)?;
+        if let Some(owners) = reload.and_then(|r| r.owners_newer(&mut reloads)) {
+            steering = steering.with_owners(owners);
+        }
         if let Some(slot) = publish {
             let now = Instant::now();
             if now >= next_publish {
@@ -1284,12 +1293,19 @@ fn dispatch(
             if d.fragment != Fragment::None && fragments.admit(data, meta, &mut d) != Admit::Pass {
                 continue; // held or dropped (counted)
             }
-            push(&mut pending, data, meta, d, direction)?;
+            push(&steering, &mut pending, data, meta, d, direction)?;
             // A first fragment releases the fragments that came before it: they follow it.
             let mut failed = Ok(());
             while failed.is_ok()
                 && fragments.pop_released(|data, meta, d| {
-                    failed = push(&mut pending, data, meta, d, steering.direction(&d));
+                    failed = push(
+                        &steering,
+                        &mut pending,
+                        data,
+                        meta,
+                        d,
+                        steering.direction(&d),
+                    );
                 })
             {}
             failed?;

@@ -194,6 +194,7 @@ pub(crate) fn root(path: &Path, files: &Files) -> Result<()> {
     let mut d = Deployment::load(path)?;
     d.use_secret(files.store_secret.as_ref());
     Stop::on_signals().context("catching SIGINT/SIGTERM")?;
+    crate::run::ignore_sighup("the root")?;
     let (Input::Interface(inside), Output::Interface(outside)) =
         (&d.config.input, &d.config.output)
     else {
@@ -239,6 +240,7 @@ pub(crate) fn instance(
     };
     let keys = d.keys(files.lab_key.as_deref())?;
     Stop::on_signals().context("catching SIGINT/SIGTERM")?;
+    crate::run::ignore_sighup("an instance")?;
     let connector = connector_when_up(&d.config)?;
     let listen = d.config.telemetry.listen;
     let (stats, _server) = stats_sink(
@@ -273,6 +275,7 @@ pub(crate) fn controller(
 ) -> Result<()> {
     let keys = d.keys(lab_key)?;
     Stop::on_signals().context("catching SIGINT/SIGTERM")?;
+    crate::run::ignore_sighup("the controller")?;
     let connector = connector_when_up(&d.config)?;
     let mut store = connector.connect()?;
     let lease_store = connector.connect()?;

@@ -153,16 +153,34 @@ pub(crate) fn run(args: &RunArgs) -> Result<()> {
 /// Reloads with `reloader` whenever the process gets SIGHUP (as nginx or HAProxy do), on a
 /// thread of its own; the outcome goes to the log.
 fn reload_on_sighup(reloader: Arc<Reloader>) -> Result<()> {
+    on_sighup(move || {
+        let _ = crate::telemetry::reload_answer(&reloader);
+    })
+}
+
+/// Makes SIGHUP harmless to a process that reloads nothing (a cluster role, a store server):
+/// logged that `what` reads its configuration at start only, where it would have ended it.
+pub(crate) fn ignore_sighup(what: &'static str) -> Result<()> {
+    on_sighup(move || {
+        tracing::warn!(
+            "SIGHUP: {what} reads its configuration at start only (nothing reloaded); \
+             restart it to apply a change"
+        );
+    })
+}
+
+/// Runs `then` on a thread of its own at every SIGHUP.
+fn on_sighup(mut then: impl FnMut() + Send + 'static) -> Result<()> {
     let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGHUP])
         .context("cannot catch SIGHUP")?;
     std::thread::Builder::new()
-        .name("reload".into())
+        .name("sighup".into())
         .spawn(move || {
             for _ in signals.forever() {
-                let _ = crate::telemetry::reload_answer(&reloader);
+                then();
             }
         })
-        .context("cannot start the reload thread")?;
+        .context("cannot start the SIGHUP thread")?;
     Ok(())
 }
 

@@ -165,6 +165,7 @@ pub(crate) fn run(a: &StoreArgs) -> Result<()> {
 /// once; the write-ahead log makes that safe too).
 fn serve(a: &StoreArgs) -> Result<()> {
     Stop::on_signals().context("catching SIGINT/SIGTERM")?;
+    crate::run::ignore_sighup("the store server")?;
     let config = Config {
         listen: a.listen,
         data_dir: a.data_dir.clone(),

@@ -748,7 +748,8 @@ fn kill_store(c: &Cluster) -> String {
 /// goes) ends with an error naming it instead of running on; then `lab down` stops every role
 /// still running in the lab's namespaces before deleting them: no process is left.
 #[test]
-fn a_root_whose_port_is_deleted_exits_naming_it_and_lab_down_leaves_no_process() {
+fn roles_live_through_sighup_a_root_whose_port_is_deleted_exits_naming_it_and_lab_down_leaves_no_process(
+) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     if !is_root() {
         eprintln!("skipped: needs root");
@@ -769,6 +770,21 @@ fn a_root_whose_port_is_deleted_exits_naming_it_and_lab_down_leaves_no_process()
     };
     let root = pid("root");
     let others = [pid("controller"), pid("store"), pid("instance-1")];
+    // SIGHUP (a `systemctl reload`, a closed terminal) is logged, not fatal: roles reload
+    // nothing.
+    for p in others.iter().chain([&root]) {
+        let hup = Command::new("kill").args(["-HUP", &p.to_string()]).status();
+        assert!(hup.unwrap().success());
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    for (role, p) in ["controller", "store", "instance-1", "root"]
+        .iter()
+        .zip(others.iter().chain([&root]))
+    {
+        assert!(flowstate_lab::running(*p), "{role} ended on SIGHUP");
+        let log = std::fs::read_to_string(dir.join(format!("{role}.log"))).unwrap();
+        assert!(log.contains("SIGHUP"), "{role}: {log}");
+    }
     let del = Command::new("ip")
         .args(["-n", &c.lab.nf_ns(), "link", "del", "fs-in"])
         .status()

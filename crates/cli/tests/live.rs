@@ -2102,9 +2102,9 @@ fn a_forwarded_inside_server_is_reached_from_outside_and_by_hairpinning() {
     let metrics = "127.0.0.1:9465";
     live.start_box_with(&config(&chain), SERVER, &["--metrics", metrics]);
 
-    let fetch = |ns: &str, from: &str, name: &str| -> Vec<u8> {
+    let fetch_from = |ns: &str, from: &str, name: &str, port: u16| -> Vec<u8> {
         let to = live.dir.path().join(name);
-        let url = format!("http://{ext}/f.bin");
+        let url = format!("http://{ext}:{port}/f.bin");
         let o = live.run_in(
             ns,
             &[
@@ -2126,6 +2126,7 @@ fn a_forwarded_inside_server_is_reached_from_outside_and_by_hairpinning() {
         );
         std::fs::read(&to).unwrap()
     };
+    let fetch = |ns: &str, from: &str, name: &str| fetch_from(ns, from, name, 80);
     let ask = |ns: &str, from: &str| -> String {
         let o = live.run_in(
             ns,
@@ -2185,6 +2186,49 @@ fn a_forwarded_inside_server_is_reached_from_outside_and_by_hairpinning() {
         (Some(2), Some(2)),
         "{tables}"
     );
+
+    // A reload moves the web server to port 8000 and unpublishes 7000: the new endpoint
+    // serves at once (both workers' dispatcher steers by it), the old one takes no new
+    // connection.
+    let moved = chain
+        .replace(&format!("\"{ext}:80\""), &format!("\"{ext}:8000\""))
+        .replace(
+            &format!(
+                "{{ proto = \"tcp\", external = \"{ext}:7000\", internal = \"{CLIENT}:7000\" }},\n"
+            ),
+            "",
+        );
+    assert!(
+        moved.contains(":8000") && !moved.contains(":7000"),
+        "{moved}"
+    );
+    std::fs::write(live.dir.path().join("box.toml"), config(&moved)).unwrap();
+    let o = live.run_in(
+        &live.lab.nf_ns(),
+        &[env!("CARGO_BIN_EXE_flowstate"), "reload", metrics],
+    );
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && said.contains("reloaded: nat (chain[0])"),
+        "{said}"
+    );
+    assert!(
+        fetch_from(&server_ns, &SERVER.to_string(), "moved", 8000) == body,
+        "download from the moved endpoint differs"
+    );
+    let old = live.run_in(
+        &server_ns,
+        &[
+            "curl",
+            "-sS",
+            "-m",
+            "3",
+            "-o",
+            "/dev/null",
+            &format!("http://{ext}/f.bin"),
+        ],
+    );
+    assert!(!old.status.success(), "the unpublished port still serves");
 
     let s = live.stop_box();
     let nat = nf_of(&s, "nat");

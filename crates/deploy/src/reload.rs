@@ -1,8 +1,9 @@
 //! Reloading a live box's configuration file (`SIGHUP`, `flowstate reload ADDR`): the file is
 //! read again and checked whole; the keys its NFs can change in place
 //! ([`NfFactory::reloadable`]: the firewall's rules, policies and timeouts, the LB's VIPs and
-//! backends, the IPS's rules, whose files are read again every time) reach every worker
-//! without losing an entry of any table.
+//! backends, the IPS's rules, whose files are read again every time, the NAT's forwardings
+//! and timeouts) reach every worker without losing an entry of any table; the dispatcher of
+//! a box with several workers steers by the new configuration.
 //!
 //! Promises:
 //! * A file with errors is refused with every one of them; so is a change of anything that
@@ -103,7 +104,7 @@ impl Reloader {
             return Err(at(why));
         }
         if !names.is_empty() {
-            self.reload.publish(configs);
+            self.reload.publish(configs, &factories);
         }
         *running = new;
         Ok(Reloaded {
@@ -210,6 +211,29 @@ mod tests {
         assert!(
             why[0].starts_with("chain: the NFs and their order"),
             "{why:?}"
+        );
+    }
+
+    /// A NAT's forwardings and timeouts change in place; its pools do not.
+    #[test]
+    fn a_nat_reloads_forwardings_and_timeouts_but_not_its_pools() {
+        let nat = "[[chain]]\nnf = \"nat\"\nexternal = [\"203.0.113.1\"]\n";
+        let f = vec![flowstate_nf::registry::factory(
+            "nat",
+            &table(&nat.replace("[[chain]]\nnf = \"nat\"\n", "")),
+        )
+        .unwrap()];
+        let old = table(nat);
+        let new = table(&format!(
+            "{nat}udp = \"1m\"\nforward = [{{ proto = \"tcp\", external = \"203.0.113.1:80\", internal = \"10.0.0.2:8080\" }}]\n"
+        ));
+        assert_eq!(changes(&old, &new, &f), Ok(vec![true]));
+        let pools = table(&format!("{nat}ports = \"2000-3000\"\n"));
+        assert_eq!(
+            changes(&old, &pools, &f),
+            Err(vec![
+                "chain[0].ports (nat): cannot change without a restart".to_string()
+            ])
         );
     }
 

@@ -133,7 +133,7 @@
 //! | `out` | `Map<FlowKey, OutSession>` | per-flow | read-mostly | inside 5-tuple → external endpoint, TCP state |
 //! | `in` | `Map<FlowKey, InSession>` | per-flow | read-mostly | reply 5-tuple (remote → external) → inside endpoint |
 //! | `eim` | `Map<(Ipv4Addr, u16, u8), Mapping>` | cross-flow (src ip, src port, proto) | read-write | inside endpoint → external endpoint, session count |
-//! | `ext` | `Map<(Ipv4Addr, u16, u8), (Ipv4Addr, u16)>` | cross-flow (dst ip, dst port, proto) | read-mostly | external endpoint → inside endpoint (not kept under address- and port-dependent filtering) |
+//! | `ext` | `Map<(Ipv4Addr, u16, u8), (Ipv4Addr, u16)>` | cross-flow (dst ip, dst port, proto) | read-mostly | external endpoint of a pool port's mapping → inside endpoint |
 //! | `peers` | `Map<(Ipv4Addr, u16, u8, Ipv4Addr), u32>` | cross-flow (src ip, src port, proto) | read-write | sessions of an inside endpoint with a remote address (address-dependent filtering only) |
 //! | `pool.<address>` | `List<u16>` | cross-flow `[]` (per worker) | read-write | free ports of this worker's chunk, one list per external address |
 //! | `pool_init` | `Value<u32>` | cross-flow `[]` (per worker) | read-write | fingerprint of the configuration the pools were filled for |
@@ -191,9 +191,14 @@
 //! The pools are filled when a worker is built, unless the store already holds pools filled for
 //! the same configuration (a restarted worker on a persistent store keeps its sessions and its
 //! pools); pools from a different configuration are an error rather than a silent mix.
+//!
+//! A reload ([`RELOADABLE`]) changes the forwardings in place: the ports a new one reserves
+//! leave the worker's pool, those no rule reserves any more join it once no mapping holds
+//! them, and a mapping that ends gives its port back only if the pool may hold it then
+//! (`pool::Share`), so no port is ever handed out twice.
 
 use crate::listing::{Cell, Row, StoreReader, TableInfo};
-use crate::{BuildError, Direction, NetworkFunction, NfFactory, Placement};
+use crate::{BuildError, Direction, NetworkFunction, NfFactory, Placement, ReloadConfig};
 use flowstate_state::{Codec, CodecError, Declare, StateError};
 use flowstate_wire::flow::proto;
 use flowstate_wire::{tcp, FlowKey};
@@ -211,6 +216,7 @@ mod forward;
 mod ipfix;
 mod maps;
 pub mod mvt; // the same NAT on a Match-Value Table (`table = "mvt"`)
+mod pool;
 mod rewrite;
 pub mod translate;
 
@@ -455,6 +461,21 @@ pub const CONFIG_KEYS: &[&str] = &[
     "port_parity",
     "forward",
     "events",
+];
+
+/// The keys a reload changes in place, in both tables: every session and mapping stays; a
+/// session's next packet renews it with the new timeouts. A forwarding added on a port a
+/// mapping holds takes new connections at once while that mapping's sessions go on; a
+/// forwarding removed takes no new connection, its sessions go on, and its ports join the
+/// pool when they end.
+pub const RELOADABLE: &[&str] = &[
+    "tcp_established",
+    "tcp_transitory",
+    "udp",
+    "icmp",
+    "refresh",
+    "hairpinning",
+    "forward",
 ];
 
 fn config_error(key: &'static str, reason: impl Into<String>) -> BuildError {
@@ -825,6 +846,14 @@ impl NfFactory for Factory {
     /// idle timer (see the module documentation).
     fn fast_path(&self) -> bool {
         true
+    }
+
+    fn reloadable(&self) -> &'static [&'static str] {
+        RELOADABLE
+    }
+
+    fn reload_config(&self, _: Option<&ReloadConfig>) -> Result<Option<ReloadConfig>, String> {
+        Ok(Some(Arc::new(self.config.clone())))
     }
 
     fn partition(

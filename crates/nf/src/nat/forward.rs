@@ -166,6 +166,20 @@ impl Forwards {
         hit.then(|| (r.external.addr, r.external.ports.lo.wrapping_add(port - lo)))
     }
 
+    /// Every published inside endpoint `(address, port, protocol)` with its external
+    /// endpoint.
+    pub fn endpoints(&self) -> impl Iterator<Item = ((Ipv4Addr, u16, u8), (Ipv4Addr, u16))> + '_ {
+        self.rules.iter().flat_map(|r| {
+            (r.external.ports.lo..=r.external.ports.hi).map(move |p| {
+                let k = p - r.external.ports.lo;
+                (
+                    (*r.internal.ip(), r.internal.port().wrapping_add(k), r.proto),
+                    (r.external.addr, p),
+                )
+            })
+        })
+    }
+
     /// Whether external `(address, port)` is forwarded for any protocol (kept out of the
     /// pools: a pool port is free for every protocol).
     pub fn reserves(&self, addr: Ipv4Addr, port: u16) -> bool {

@@ -1,15 +1,18 @@
 //! The NAT's table on the state API (`table = "state"`, the default): maps and lists a store
 //! holds, so sessions survive a worker's restart and move with their partition.
 
+use super::pool::Share;
 use super::translate::{Ended, Found, NatTable, Timeouts};
 use super::{
     expendable, in_key, mapping_row, out_key, session_row, step_in, tcp_step, Config, Endpoint,
-    Filtering, InSession, Mapping, OutSession, MALFORMED, POOL_EXHAUSTED, STATE_ERROR,
+    Filtering, Forwards, InSession, Mapping, OutSession, MALFORMED, NF, POOL_EXHAUSTED,
+    STATE_ERROR,
 };
 use crate::listing::{Cell, Row};
 use crate::{BuildError, Direction, Placement};
 use flowstate_state::{Access, Declare, Field, List, Map, Nanos, Scope, Value};
-use flowstate_wire::{hash, tcp, FlowKey};
+use flowstate_wire::flow::proto;
+use flowstate_wire::{tcp, FlowKey};
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
@@ -24,8 +27,7 @@ pub struct FlowTables {
     out: Map<FlowKey, OutSession>,
     inb: Map<FlowKey, InSession>,
     eim: Map<Endpoint, Mapping>,
-    /// External endpoint → inside endpoint (not kept under address- and port-dependent
-    /// filtering).
+    /// External endpoint → inside endpoint of every pool port's mapping.
     ext: Map<Endpoint, (Ipv4Addr, u16)>,
     /// Sessions per inside endpoint and remote address (kept under address-dependent
     /// filtering only).
@@ -33,7 +35,10 @@ pub struct FlowTables {
     /// Free-port lists per external address, in configuration order: even and odd ports
     /// with `port_parity`, else all in the first.
     pools: Vec<(Ipv4Addr, [List<u16>; 2])>,
-    parity: bool,
+    /// What the pools may hold.
+    share: Share,
+    /// The fingerprint of the share the pools were filled for.
+    pool_init: Value<u32>,
 }
 
 impl fmt::Debug for FlowTables {
@@ -80,23 +85,18 @@ impl FlowTables {
             )?,
             peers: state.map("peers", by_endpoint, Access::ReadWrite)?,
             pools,
-            parity: config.port_parity,
+            share: Share::new(config, worker),
+            pool_init: state.value("pool_init", part, Access::ReadWrite)?,
         };
-        let init: Value<u32> = state.value("pool_init", part, Access::ReadWrite)?;
-        let print = pool_fingerprint(config, worker);
-        match init.get()? {
+        let print = t.share.fingerprint();
+        match t.pool_init.get()? {
             None => {
-                for (a, pools) in &t.pools {
-                    let first = u32::from(config.ports.lo) + worker.partition;
-                    for p in
-                        (first..=u32::from(config.ports.hi)).step_by(worker.partitions as usize)
-                    {
-                        if !config.forward.reserves(*a, p as u16) {
-                            pools[t.list_of(p as u16)].push_nowait(p as u16);
-                        }
+                for (a, p) in t.share.endpoints() {
+                    if let Some((_, pools)) = t.pools.iter().find(|(x, _)| *x == a) {
+                        pools[t.share.list_of(p)].push_nowait(p);
                     }
                 }
-                init.set_nowait(print);
+                t.pool_init.set_nowait(print);
             }
             Some(p) if p == print => {} // a restarted worker: the store holds its pools
             Some(_) => {
@@ -117,16 +117,33 @@ impl FlowTables {
         &self.pools[i]
     }
 
-    /// Which of an address's lists port `p` is kept in.
-    #[inline]
-    fn list_of(&self, p: u16) -> usize {
-        usize::from(self.parity) & usize::from(p & 1)
+    /// The pool list of external `(a, p)`.
+    fn pool_of(&self, a: Ipv4Addr, p: u16) -> Option<&List<u16>> {
+        let (_, lists) = self.pools.iter().find(|(x, _)| *x == a)?;
+        Some(&lists[self.share.list_of(p)])
+    }
+
+    /// Whether a mapping holds external `(a, p)`: a forwarding's of `old`, or a pool port's
+    /// (of any protocol: a pool port is free for all). A store that cannot say holds it.
+    fn held(&self, old: &Forwards, a: Ipv4Addr, p: u16) -> bool {
+        let forwarded = [proto::TCP, proto::UDP].into_iter().any(|x| {
+            old.inside_of(a, p, x)
+                .is_some_and(|(i, ip)| match self.eim.get(&(i, ip, x)) {
+                    Ok(Some(m)) => (m.ext_ip, m.ext_port) == (a, p),
+                    Ok(None) => false,
+                    Err(_) => true,
+                })
+        });
+        forwarded
+            || [proto::TCP, proto::UDP, proto::ICMP]
+                .into_iter()
+                .any(|x| !matches!(self.ext.get(&(a, p, x)), Ok(None)))
     }
 
     /// A free port of the paired address for inside port `port`: of its parity first.
     fn take(&self, inside: Ipv4Addr, port: u16) -> Result<(Ipv4Addr, u16), u8> {
         let (ip, pools) = self.paired(inside);
-        let want = self.list_of(port);
+        let want = self.share.list_of(port);
         for l in [want, 1 - want] {
             if let Some(p) = pools[l].pop().map_err(|_| STATE_ERROR)? {
                 return Ok((*ip, p));
@@ -177,7 +194,7 @@ impl FlowTables {
         let ep: Endpoint = (inside, out_key.src_port, out_key.proto);
         // Whether it was the last session of its mapping, and the mapping a forwarding's.
         let last = self.eim.with_mut(&ep, |m| match m {
-            Some(m) if (m.ext_ip, m.ext_port) == (s.ext_ip, s.ext_port) => {
+            Some(m) if m.forwarded || (m.ext_ip, m.ext_port) == (s.ext_ip, s.ext_port) => {
                 m.sessions = m.sessions.saturating_sub(1);
                 (m.sessions == 0).then_some(m.forwarded)
             }
@@ -188,13 +205,14 @@ impl FlowTables {
         };
         self.eim.remove_nowait(&ep);
         if !forwarded {
-            if self.filtering != Filtering::AddressAndPortDependent {
-                self.ext
-                    .remove_nowait(&(s.ext_ip, s.ext_port, out_key.proto));
-            }
-            if let Some((_, pools)) = self.pools.iter().find(|(a, _)| *a == s.ext_ip) {
-                pools[self.list_of(s.ext_port)].push_nowait(s.ext_port);
-            }
+            self.ext
+                .remove_nowait(&(s.ext_ip, s.ext_port, out_key.proto));
+        }
+        if let Some(l) = self
+            .pool_of(s.ext_ip, s.ext_port)
+            .filter(|_| self.share.holds(s.ext_ip, s.ext_port))
+        {
+            l.push_nowait(s.ext_port);
         }
         ended(true)
     }
@@ -268,7 +286,7 @@ impl NatTable for FlowTables {
                         forwarded: forwarded.is_some(),
                     },
                 );
-                if forwarded.is_none() && self.filtering != Filtering::AddressAndPortDependent {
+                if forwarded.is_none() {
                     self.ext
                         .insert_nowait((ip, port, flow.proto), (inside, flow.src_port));
                 }
@@ -427,6 +445,54 @@ impl NatTable for FlowTables {
         });
     }
 
+    fn reforward(&mut self, forwards: &Forwards) {
+        let r = self.share.reforward(forwards);
+        for (a, lists) in &self.pools {
+            if !r.reserved.iter().any(|(x, _)| x == a) {
+                continue;
+            }
+            for l in lists {
+                // The list again, in its order, without the newly reserved ports.
+                let mut kept = Vec::new();
+                loop {
+                    match l.pop() {
+                        Ok(Some(p)) if r.reserved.contains(&(*a, p)) => {}
+                        Ok(Some(p)) => kept.push(p),
+                        Ok(None) => break,
+                        Err(e) => {
+                            tracing::warn!(nf = NF, "reload: a port pool was left as it was: {e}");
+                            break;
+                        }
+                    }
+                }
+                for p in kept {
+                    l.push_nowait(p);
+                }
+            }
+        }
+        for &(a, p) in &r.freed {
+            if !self.held(&r.old, a, p) {
+                if let Some(l) = self.pool_of(a, p) {
+                    l.push_nowait(p);
+                }
+            }
+        }
+        self.pool_init.set_nowait(self.share.fingerprint());
+        for (inside, ext) in forwards.endpoints() {
+            let was = self.eim.with_mut(&inside, |m| match m {
+                Some(m) if (m.ext_ip, m.ext_port) != ext => {
+                    let was = (m.ext_ip, m.ext_port, m.forwarded);
+                    (m.ext_ip, m.ext_port, m.forwarded) = (ext.0, ext.1, true);
+                    Some(was)
+                }
+                _ => None,
+            });
+            if let Ok(Some((ip, port, false))) = was {
+                self.ext.remove_nowait(&(ip, port, inside.2));
+            }
+        }
+    }
+
     fn mapping(&self, inside: Endpoint) -> Option<(Ipv4Addr, u16)> {
         self.eim
             .get(&inside)
@@ -485,24 +551,4 @@ impl NatTable for FlowTables {
             _ => {}
         }
     }
-}
-
-/// A fingerprint of what a worker's pools are filled from.
-fn pool_fingerprint(config: &Config, worker: Placement) -> u32 {
-    let mut crc = hash::crc32c(&worker.partition.to_be_bytes());
-    crc = hash::crc32c_append(crc, &worker.partitions.to_be_bytes());
-    crc = hash::crc32c_append(crc, &config.ports.lo.to_be_bytes());
-    crc = hash::crc32c_append(crc, &config.ports.hi.to_be_bytes());
-    for a in &config.external {
-        crc = hash::crc32c_append(crc, &a.octets());
-    }
-    if config.port_parity {
-        crc = hash::crc32c_append(crc, b"parity");
-    }
-    for f in config.forward.rules() {
-        crc = hash::crc32c_append(crc, &f.external.addr.octets());
-        crc = hash::crc32c_append(crc, &f.external.ports.lo.to_be_bytes());
-        crc = hash::crc32c_append(crc, &f.external.ports.hi.to_be_bytes());
-    }
-    crc
 }

@@ -46,10 +46,11 @@
 //! for how the two relate): it is not flushed to a store, so a restarted worker starts with an
 //! empty table. Counters still go through the state API (same ids as the default NAT).
 
+use super::pool::{Reforward, Share};
 use super::translate::{Ended, Found, NatTable, Timeouts, Translator};
 use super::{
     config_error, expendable, in_key, mapping_row, out_key, session_row, step_in, tcp_step, Config,
-    Endpoint, Filtering, InSession, Mapping, OutSession, MALFORMED, NF, POOL_EXHAUSTED,
+    Endpoint, Filtering, Forwards, InSession, Mapping, OutSession, MALFORMED, NF, POOL_EXHAUSTED,
     STATE_ERROR,
 };
 use crate::listing::{Cell, Row, TableInfo};
@@ -60,7 +61,7 @@ use flowstate_mvt::{
 use flowstate_state::{Declare, Nanos};
 use flowstate_wire::{tcp, FlowKey};
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
@@ -121,6 +122,17 @@ impl NfFactory for Factory {
         partitions: u32,
     ) -> Option<u32> {
         self.0.config.partition(flow, quoted, direction, partitions)
+    }
+
+    fn reloadable(&self) -> &'static [&'static str] {
+        self.0.reloadable()
+    }
+
+    fn reload_config(
+        &self,
+        running: Option<&crate::ReloadConfig>,
+    ) -> Result<Option<crate::ReloadConfig>, String> {
+        self.0.reload_config(running)
     }
 
     /// Its Match-Value Table lives in the worker, not in the store (see the module docs).
@@ -254,7 +266,8 @@ impl MvtNat {
 /// One worker's NAT table: a Match-Value Table and the timers of its sessions.
 pub struct MvtTable {
     filtering: Filtering,
-    parity: bool,
+    /// What the pool may hold.
+    share: Share,
     external: Vec<Ipv4Addr>,
     table: Mvt<NatValue>,
     /// Session timers: (deadline, inside 5-tuple, session entry), earliest first.
@@ -291,26 +304,15 @@ impl MvtTable {
         // The pool, and per session its entry and reverse entry: room for one session per
         // resource before the table grows.
         let mut table = Mvt::with_options(KEY_BITS, share * 3, 0, Hasher::Hardware);
-        for a in &config.external {
-            let first = u32::from(config.ports.lo) + worker.partition;
-            for p in (first..=u32::from(config.ports.hi)).step_by(worker.partitions as usize) {
-                if config.forward.reserves(*a, p as u16) {
-                    continue;
-                }
-                let v = NatValue::Resource {
-                    ext_ip: *a,
-                    ext_port: p as u16,
-                    forwarded: false,
-                };
-                let list = u8::from(config.port_parity) & (p & 1) as u8;
-                table
-                    .insert(Entry::new(pool_match(*a, list), v, 0, NEVER, 0))
-                    .map_err(|e| config_error("ports", e.to_string()))?;
-            }
+        let pool = Share::new(config, worker);
+        for (a, p) in pool.endpoints() {
+            table
+                .insert(Self::free_entry(&pool, a, p))
+                .map_err(|e| config_error("ports", e.to_string()))?;
         }
         Ok(MvtTable {
             filtering: config.filtering,
-            parity: config.port_parity,
+            share: pool,
             external: config.external.clone(),
             free: table.len(),
             table,
@@ -471,25 +473,73 @@ impl MvtTable {
             _ => None,
         };
         let ended = back.is_some();
-        if let Some((.., true)) = back {
-            self.table.remove(res);
-            self.mappings -= 1;
-        } else if let Some((ip, port, _)) = back {
-            let list = u8::from(self.parity) & (port & 1) as u8;
-            if self.table.rematch(res, pool_match(ip, list)).is_ok() {
-                self.mappings -= 1;
-                self.free += 1;
-            }
-            if self.filtering != Filtering::AddressAndPortDependent {
+        if let Some((ip, port, forwarded)) = back {
+            if !forwarded && self.filtering != Filtering::AddressAndPortDependent {
                 if let Some(x) = self.table.find(&ext_match((ip, port, key.proto))) {
                     self.table.remove(x);
                 }
+            }
+            if !self.share.holds(ip, port) {
+                self.table.remove(res);
+                self.mappings -= 1;
+            } else if self.table.rematch(res, self.pool_of(ip, port)).is_ok() {
+                self.mappings -= 1;
+                self.free += 1;
             }
         }
         Some(Ended {
             ext: (ext_ip, ext_port),
             mapping: ended,
         })
+    }
+    /// The pool entry of free external `(a, p)`.
+    fn free_entry(share: &Share, a: Ipv4Addr, p: u16) -> Entry<NatValue> {
+        let v = NatValue::Resource {
+            ext_ip: a,
+            ext_port: p,
+            forwarded: false,
+        };
+        Entry::new(pool_match(a, share.list_of(p) as u8), v, 0, NEVER, 0)
+    }
+
+    /// Takes the pool entries of the ports `r` reserves out of the table, and puts in those
+    /// of the ports it frees that no resource holds (one pass over the table).
+    fn repool(&mut self, r: &Reforward) {
+        let mut taken = Vec::new();
+        let mut held = BTreeSet::new();
+        for (id, e) in self.table.iter() {
+            let NatValue::Resource {
+                ext_ip, ext_port, ..
+            } = e.value
+            else {
+                continue;
+            };
+            let free = e.matching().bytes().first() == Some(&POOL);
+            if free && r.reserved.contains(&(ext_ip, ext_port)) {
+                taken.push(id);
+            } else if !free {
+                held.insert((ext_ip, ext_port));
+            }
+        }
+        for id in taken {
+            if self.table.remove(id).is_some() {
+                self.free -= 1;
+            }
+        }
+        for &(a, p) in r.freed.difference(&held) {
+            if self
+                .table
+                .insert(Self::free_entry(&self.share, a, p))
+                .is_ok()
+            {
+                self.free += 1;
+            }
+        }
+    }
+
+    /// The pool list external `(a, p)` belongs to.
+    fn pool_of(&self, a: Ipv4Addr, p: u16) -> Match {
+        pool_match(a, self.share.list_of(p) as u8)
     }
 }
 
@@ -570,7 +620,7 @@ impl NatTable for MvtTable {
             (None, None) => {
                 // Paired pooling (RFC 4787 REQ-2), as in the default NAT.
                 let i = super::paired(inside, self.external.len());
-                let want = u8::from(self.parity) & (flow.src_port & 1) as u8;
+                let want = self.share.list_of(flow.src_port) as u8;
                 let id = [want, 1 - want]
                     .into_iter()
                     .find_map(|l| self.table.find(&pool_match(self.external[i], l)))
@@ -883,6 +933,39 @@ impl NatTable for MvtTable {
                 out.extend(by_inside.iter().map(|(e, m)| mapping_row(*e, m)));
             }
             _ => {}
+        }
+    }
+
+    fn reforward(&mut self, forwards: &Forwards) {
+        let r = self.share.reforward(forwards);
+        if !r.reserved.is_empty() || !r.freed.is_empty() {
+            self.repool(&r);
+        }
+        for ((ip, port, proto), want) in forwards.endpoints() {
+            let Some(id) = self.table.find(&eim_match(ip, port, proto)) else {
+                continue;
+            };
+            let was = match self.table.entry_mut(id) {
+                Some(Entry {
+                    value:
+                        NatValue::Resource {
+                            ext_ip,
+                            ext_port,
+                            forwarded,
+                        },
+                    ..
+                }) if (*ext_ip, *ext_port) != want => {
+                    let was = (*ext_ip, *ext_port, *forwarded);
+                    (*ext_ip, *ext_port, *forwarded) = (want.0, want.1, true);
+                    Some(was)
+                }
+                _ => None,
+            };
+            if let Some((a, p, false)) = was {
+                if let Some(x) = self.table.find(&ext_match((a, p, proto))) {
+                    self.table.remove(x);
+                }
+            }
         }
     }
 }

@@ -13,7 +13,9 @@ use super::{
 };
 use crate::early_drop::Candidates;
 use crate::listing::Row;
-use crate::{BuildError, Context, Direction, NetworkFunction, Packet, Placement, Verdict};
+use crate::{
+    BuildError, Context, Direction, NetworkFunction, Packet, Placement, ReloadConfig, Verdict,
+};
 use flowstate_state::{Access, Counter, CounterMap, Declare, Nanos, Scope};
 use flowstate_wire::dissect::{Fragment, Network, Transport};
 use flowstate_wire::flow::proto;
@@ -222,6 +224,13 @@ pub trait NatTable {
 
     /// The rows of listing `table` (see [`super::TABLES`]).
     fn list(&self, table: &str, now: Nanos, out: &mut Vec<Row>);
+
+    /// Takes the `forward` rules `forwards` in place of the running ones: the ports they
+    /// reserve leave the pool (one a mapping holds does not go back when that ends), those
+    /// they no longer reserve join it (when no mapping holds one; else when that ends).
+    /// A published inside endpoint's mapping takes its forwarding's external endpoint (its
+    /// sessions keep theirs); a pool port it held stays out of the pool until a restart.
+    fn reforward(&mut self, forwards: &super::Forwards);
 }
 
 /// One worker's NAT over table `T`.
@@ -713,6 +722,21 @@ impl<T: NatTable> Translator<T> {
 impl<T: NatTable> NetworkFunction for Translator<T> {
     fn name(&self) -> &str {
         NF
+    }
+
+    /// Takes a reloaded configuration's timeouts, `refresh`, `hairpinning` and `forward`
+    /// ([`super::Factory::reloadable`]); every session and mapping stays.
+    fn reconfigure(&mut self, config: &ReloadConfig) {
+        let Some(c) = config.downcast_ref::<Config>() else {
+            return;
+        };
+        self.timeouts = Timeouts::new(c);
+        self.hairpinning = c.hairpinning;
+        self.inbound_refresh = c.refresh == Refresh::Both;
+        if c.forward != self.forwards {
+            self.table.reforward(&c.forward);
+            self.forwards = c.forward.clone();
+        }
     }
 
     /// Prefetches the session `process` looks up first: the outbound entry of an outbound
