@@ -7,7 +7,9 @@
 mod common;
 
 use common::content;
-use flowstate_lab::{Cut, Lab, RoutedHost, System, BOX_OUTSIDE, CLIENT, SERVER, STORE_ADDR};
+use flowstate_lab::{
+    Cut, Lab, RoutedHost, System, BOX_OUTSIDE, CLIENT, CLIENT_IF, SERVER, STORE_ADDR,
+};
 use flowstate_testkit::is_root;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
@@ -2919,4 +2921,102 @@ fn a_redis_cluster_master_killed_under_load_loses_no_acknowledged_commit() {
         (ran..=logged).contains(&counted),
         "counted {counted}, ran {ran}, logged {logged}: {instances:#?}"
     );
+}
+
+/// Port forwarding through the cluster: an inside web server published at the box's external
+/// address serves outside clients, byte for byte, and an inside client through the external
+/// address (hairpinning). Both directions of a forwarded connection go to the partition of
+/// the inside server, wherever an instance owns it.
+#[test]
+fn a_forwarded_inside_server_is_reached_through_the_cluster_from_outside_and_by_hairpinning() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let state = "backend = \"store\"\nurl = \"192.0.2.1:7878\"";
+    let config = Cluster::config(state, 2, "fast_path = false").replace(
+        "default_inbound = \"deny\"\n",
+        "default_inbound = \"deny\"\n\
+         rules = [{ action = \"allow\", proto = \"tcp\", dport = 8080, direction = \"inbound\" }]\n",
+    ) + &format!(
+        "forward = [{{ proto = \"tcp\", external = \"{BOX_OUTSIDE}:80\", internal = \"{CLIENT}:8080\" }}]\n"
+    );
+    let mut c = Cluster::up_with("pf", &config, 4);
+    c.wait_for(60, "every partition owned", |s| owned(s) == 16);
+    let www = c.dir.path().join("www");
+    std::fs::create_dir(&www).unwrap();
+    let body = content(1_500_000, 7);
+    std::fs::write(www.join("f.bin"), &body).unwrap();
+    let client_ns = c.lab.client_ns();
+    // http.server without its reverse lookup of the address it binds (which waits on DNS).
+    let serve = format!(
+        "import functools,http.server,socketserver\n\
+         class S(http.server.ThreadingHTTPServer):\n\
+         \x20def server_bind(self):\n\
+         \x20\x20socketserver.TCPServer.server_bind(self)\n\
+         \x20\x20self.server_name,self.server_port=self.server_address[:2]\n\
+         h=functools.partial(http.server.SimpleHTTPRequestHandler,directory='{}')\n\
+         S(('{CLIENT}',8080),h).serve_forever()\n",
+        www.display()
+    );
+    let web = c
+        .in_ns(&client_ns, &["python3", "-c", &serve])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(c.dir.path().join("web.log")).unwrap())
+        .spawn()
+        .unwrap();
+    c.background.push(web);
+    let peer = "10.0.0.3";
+    let add = c
+        .in_ns(
+            &client_ns,
+            &["ip", "addr", "add", &format!("{peer}/24"), "dev", CLIENT_IF],
+        )
+        .output()
+        .unwrap();
+    assert!(add.status.success(), "{}", text(&add));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !c
+        .in_ns(&client_ns, &["ss", "-Hltn", "sport = :8080"])
+        .output()
+        .is_ok_and(|o| !o.stdout.is_empty())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the inside server did not start: {}",
+            std::fs::read_to_string(c.dir.path().join("web.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let url = format!("http://{BOX_OUTSIDE}/f.bin");
+    let fetch = |ns: &str, from: &str, i: usize| {
+        let to = c.dir.path().join(format!("f{i}"));
+        let child = c
+            .in_ns(
+                ns,
+                &[
+                    "curl",
+                    "-sS",
+                    "-m",
+                    "60",
+                    "--interface",
+                    from,
+                    "-o",
+                    to.to_str().unwrap(),
+                    &url,
+                ],
+            )
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        (child, to)
+    };
+    let server_ns = c.lab.server_ns();
+    let downloads: Vec<_> = (0..8)
+        .map(|i| fetch(&server_ns, &SERVER.to_string(), i))
+        .chain((8..10).map(|i| fetch(&client_ns, peer, i)))
+        .collect();
+    c.check_downloads(downloads, &body);
 }

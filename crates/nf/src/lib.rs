@@ -47,7 +47,9 @@ pub struct Packet<'a> {
     pub data: &'a mut [u8],
     /// Where its layers are, and its flow key.
     pub dissection: Dissection,
-    /// Where it came from.
+    /// Where it came from. An NF that turns an outbound packet back inside (a NAT's
+    /// hairpinning) sets it to Inbound: the NFs before it then see the packet inbound
+    /// ([`stage::Stage::run`]).
     pub direction: Direction,
 }
 

@@ -57,7 +57,10 @@
 //!   inside packet to an external endpoint is translated outbound, then goes back in as an
 //!   inbound packet from its new source, filtered as one: the other inside host sees the
 //!   sender's external endpoint ("external source IP address and port", REQ-9b). The packet
-//!   leaves by the inside port (the box routes by the translated destination). A hairpinned
+//!   leaves by the inside port (the box routes by the translated destination), and inbound:
+//!   the NFs before the NAT in its stage see it as a packet from outside (a firewall in front
+//!   filters it by its inbound rules and tracks the connection the inside server answers, as
+//!   nftables' forward chain does after a DNAT), the NFs after it never see it. A hairpinned
 //!   packet the inbound half drops is left as it came, its outbound session kept (so a host
 //!   behind a stricter filter can punch first). With several workers, a hairpinned packet is
 //!   steered by its destination mapping's port, and its source gets a mapping at that worker:

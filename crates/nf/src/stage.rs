@@ -7,7 +7,8 @@
 //! * **NF by NF over the batch** ([`Stage::run`]): each NF prefetches the state of every
 //!   packet still going, as the NFs before it left the packet, then processes them in order
 //!   (the chain's order when Outbound, last NF first when Inbound). A packet an NF drops stops
-//!   there. So an NF after a NAT prefetches the entries it will look up, and each NF sees a
+//!   there. A packet an NF turns back inside ([`Packet::direction`] set to Inbound: a NAT's
+//!   hairpinning) meets the NFs before that one at once, inbound, and none after it. So an NF after a NAT prefetches the entries it will look up, and each NF sees a
 //!   flow's packets in the order they came, as long as the caller gives a batch of one
 //!   direction whose packets are of distinct flows (or in flow order).
 //! * **Counted once, named once**: every NF's packets in, forwarded and dropped by reason
@@ -69,6 +70,9 @@ pub struct Item {
     pub alive: bool,
     /// The flow cache forwarded it: the NFs skip it.
     pub fast: bool,
+    /// An NF turned it back inside (a NAT's hairpinning): the NFs before that one saw it
+    /// inbound, the NFs after it never see it.
+    pub hairpinned: bool,
     /// The caller's: what it pairs the item with (a reflected answer's request, ...).
     pub tag: usize,
 }
@@ -83,6 +87,7 @@ impl Item {
             clock: 0,
             alive: true,
             fast: false,
+            hairpinned: false,
             tag: index,
         }
     }
@@ -179,6 +184,27 @@ pub struct Stage {
     partition: u32,
 }
 
+/// `pkt` through `nf`, counted in `c`: whether it goes on.
+#[inline]
+fn process(
+    nf: &mut dyn NetworkFunction,
+    c: &mut NfCounters,
+    pkt: &mut Packet<'_>,
+    cx: &Context,
+) -> bool {
+    c.packets_in += 1;
+    match nf.process(pkt, cx) {
+        Verdict::Forward => {
+            c.forwarded += 1;
+            true
+        }
+        Verdict::Drop(reason) => {
+            c.drop(reason);
+            false
+        }
+    }
+}
+
 /// Sets the flow cache sweeps before the NFs hear of what it found: what a tick hands the
 /// NFs at once stays bounded (four flows a set) whatever the cache's size or the time since.
 const SWEEP_SETS: usize = 1024;
@@ -258,8 +284,10 @@ impl Stage {
                 Direction::Outbound => k,
                 Direction::Inbound => n - 1 - k,
             };
-            let nf = &mut self.nfs[j];
-            for it in items.iter().filter(|it| it.alive && !it.fast) {
+            let going = |it: &Item| it.alive && !it.fast && !it.hairpinned;
+            let (before, rest) = self.nfs.split_at_mut(j);
+            let nf = &mut rest[0];
+            for it in items.iter().filter(|it| going(it)) {
                 if let Some(data) = frames.frame_mut(it.index) {
                     nf.prefetch(&Packet {
                         data,
@@ -268,8 +296,8 @@ impl Stage {
                     });
                 }
             }
-            let c = &mut self.counters[j];
-            for it in items.iter_mut().filter(|it| it.alive && !it.fast) {
+            let (counters_before, counters_rest) = self.counters.split_at_mut(j);
+            for it in items.iter_mut().filter(|it| going(it)) {
                 let Some(data) = frames.frame_mut(it.index) else {
                     it.alive = false;
                     continue;
@@ -284,16 +312,23 @@ impl Stage {
                     dissection: it.dissection,
                     direction,
                 };
-                c.packets_in += 1;
-                match nf.process(&mut pkt, &cx) {
-                    Verdict::Forward => {
-                        c.forwarded += 1;
-                        it.dissection = pkt.dissection;
+                if !process(nf.as_mut(), &mut counters_rest[0], &mut pkt, &cx) {
+                    it.alive = false;
+                    continue;
+                }
+                it.dissection = pkt.dissection;
+                if pkt.direction == Direction::Inbound && direction == Direction::Outbound {
+                    // Turned back inside: it meets the NFs before this one as an inbound
+                    // packet, as one from outside would (nftables' forward chain sees a
+                    // hairpinned packet after its DNAT), and never those after it.
+                    it.hairpinned = true;
+                    for (nf, c) in before.iter_mut().zip(counters_before.iter_mut()).rev() {
+                        if !process(nf.as_mut(), c, &mut pkt, &cx) {
+                            it.alive = false;
+                            break;
+                        }
                     }
-                    Verdict::Drop(reason) => {
-                        c.drop(reason);
-                        it.alive = false;
-                    }
+                    it.dissection = pkt.dissection;
                 }
             }
         }

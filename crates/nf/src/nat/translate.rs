@@ -402,8 +402,8 @@ impl<T: NatTable> Translator<T> {
 
     /// Hairpinning (RFC 4787 REQ-9, RFC 5382 REQ-8): a packet from the inside to an external
     /// endpoint goes back in as if it had come from outside, from the mapping `ext` of its
-    /// source (REQ-9b: "External source IP address and port"), filtered as such. A packet
-    /// dropped is left as it came.
+    /// source (REQ-9b: "External source IP address and port"), filtered as such, and leaves
+    /// inbound (the NFs before the NAT see it so). A packet dropped is left as it came.
     fn hairpin(
         &mut self,
         pkt: &mut Packet<'_>,
@@ -430,6 +430,7 @@ impl<T: NatTable> Translator<T> {
         let v = self.deliver(pkt, &back, kind, &found);
         if v == Verdict::Forward {
             self.hairpinned.add_nowait(1);
+            pkt.direction = Direction::Inbound;
         }
         v
     }
@@ -655,6 +656,7 @@ impl<T: NatTable> Translator<T> {
             }
             self.packets_in.add_nowait(1);
             self.hairpinned.add_nowait(1);
+            pkt.direction = Direction::Inbound;
         }
         Verdict::Forward
     }

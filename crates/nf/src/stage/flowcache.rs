@@ -414,9 +414,10 @@ impl FlowCache {
         let pending = std::mem::take(&mut self.pending);
         for p in &pending {
             let it = &items[p.item];
+            // A hairpinned flow is not cached: the NFs before the NAT saw it the other way.
             let out = batch
                 .frame(it.index)
-                .filter(|_| it.alive)
+                .filter(|_| it.alive && !it.hairpinned)
                 .map(|data| (data, &it.dissection));
             if p.closing {
                 self.forget(p.key);
