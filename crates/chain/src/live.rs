@@ -49,7 +49,9 @@
 //! holds them; a port whose MTU makes frames the box cannot hold is refused at start (AF_XDP's
 //! buffers hold 1,792 bytes).
 //!
-//! Limits: IPv4 only (IPv6 and VLAN-tagged frames are dropped as not for the box); no ICMP
+//! VLAN-tagged frames (802.1Q, one tag) cross with their tag (`flowstate_router`).
+//!
+//! Limits: IPv4 only (IPv6 is dropped as not for the box); no ICMP
 //! host unreachable for an unknown neighbour; no fragmentation; several workers go through the
 //! dispatcher and output threads (see above); time (NAT and firewall timeouts) advances
 //! with packets, so an idle box expires nothing until traffic resumes, and a stage that fails

@@ -11,7 +11,9 @@ use common::{
     attr, chromium, content, elements, headless, pane_command, polled_dashboard, rows, screenshot,
     si, Tmux,
 };
-use flowstate_lab::{Lab, System, BOX_OUTSIDE, CLIENT, CLIENT_IF, HTTP_PORT, SERVER, SERVER2, VIP};
+use flowstate_lab::{
+    Lab, System, BOX_OUTSIDE, CLIENT, CLIENT_IF, HTTP_PORT, SERVER, SERVER2, SERVER_IF, VIP,
+};
 use flowstate_testkit::is_root;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -2754,5 +2756,156 @@ fn a_reload_changes_firewall_rules_and_lb_backends_without_breaking_a_download()
     assert!(
         denied.keys().any(|k| k.starts_with("firewall.")),
         "the firewall dropped the denied connections' SYNs: {s}"
+    );
+}
+
+/// A peer that speaks raw, VLAN-tagged Ethernet (the lab's kernel has no 802.1Q devices):
+/// `server IF IP VLAN SECONDS` answers tagged ARP for IP and echoes tagged UDP to IP:9000,
+/// printing each datagram's source and VLAN; `client IF IP PORT GW DST VLAN COUNT` asks the
+/// gateway's MAC in tagged ARP, sends COUNT tagged datagrams to DST:9000 and prints how many
+/// tagged answers came back from it.
+const VLAN_PEER_PY: &str = r#"
+import socket, struct, sys, time
+cmd, a = sys.argv[1], sys.argv[2:]
+ifname = a[0]
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
+s.bind((ifname, 0))
+mine = bytes.fromhex(open("/sys/class/net/%s/address" % ifname).read().strip().replace(":", ""))
+def csum(b):
+    t = sum(struct.unpack("!%dH" % (len(b) // 2), b))
+    while t >> 16: t = (t & 0xffff) + (t >> 16)
+    return ~t & 0xffff
+def eth(dst, vlan, et, body):
+    return dst + mine + struct.pack("!HHH", 0x8100, vlan, et) + body
+def arp(op, sha, spa, tha, tpa):
+    return struct.pack("!HHBBH", 1, 0x0800, 6, 4, op) + sha + socket.inet_aton(spa) + tha + socket.inet_aton(tpa)
+def udp(src, sport, dst, dport, data):
+    u = struct.pack("!HHHH", sport, dport, 8 + len(data), 0) + data
+    h = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(u), 0, 0x4000, 64, 17, 0, socket.inet_aton(src), socket.inet_aton(dst))
+    return h[:10] + struct.pack("!H", csum(h)) + h[12:] + u
+s.setsockopt(263, 8, 1)  # SOL_PACKET, PACKET_AUXDATA: the tag the kernel took out
+def frames(until):
+    while time.time() < until:
+        s.settimeout(max(0.01, until - time.time()))
+        try:
+            f, anc, _, _ = s.recvmsg(4096, socket.CMSG_SPACE(20))
+        except socket.timeout:
+            return
+        for lvl, typ, data in anc:
+            st, _, _, _, _, tci, _ = struct.unpack("IIIHHHH", data[:20])
+            if lvl == 263 and typ == 8 and st & 0x10 and len(f) >= 14:
+                yield f[0:6], f[6:12], tci & 0xfff, struct.unpack("!H", f[12:14])[0], f[14:]
+if cmd == "server":
+    ip, vlan, end = a[1], int(a[2]), time.time() + float(a[3])
+    for dst, src, v, et, b in frames(end):
+        if v != vlan: continue
+        if et == 0x0806 and b[6:8] == b"\x00\x01" and socket.inet_ntoa(b[24:28]) == ip:
+            s.send(eth(src, vlan, 0x0806, arp(2, mine, ip, b[8:14], socket.inet_ntoa(b[14:18]))))
+        elif et == 0x0800 and dst == mine and b[9] == 17 and socket.inet_ntoa(b[16:20]) == ip:
+            hl = (b[0] & 15) * 4
+            sport, dport = struct.unpack("!HH", b[hl:hl + 4])
+            if dport != 9000: continue
+            peer = socket.inet_ntoa(b[12:16])
+            print("%s:%d vlan %d" % (peer, sport, v), flush=True)
+            s.send(eth(src, vlan, 0x0800, udp(ip, 9000, peer, sport, b[hl + 8:])))
+elif cmd == "client":
+    ip, port, gw, dst, vlan, count = a[1], int(a[2]), a[3], a[4], int(a[5]), int(a[6])
+    s.send(eth(b"\xff" * 6, vlan, 0x0806, arp(1, mine, ip, b"\0" * 6, gw)))
+    box = None
+    for d, src, v, et, b in frames(time.time() + 3):
+        if v == vlan and et == 0x0806 and b[6:8] == b"\x00\x02" and socket.inet_ntoa(b[14:18]) == gw:
+            box = b[8:14]; break
+    if box is None:
+        print("no tagged ARP answer from", gw); sys.exit(1)
+    got = 0
+    for i in range(count):
+        s.send(eth(box, vlan, 0x0800, udp(ip, port, dst, 9000, b"%d" % i)))
+        for d, src, v, et, b in frames(time.time() + 0.2):
+            if v == vlan and et == 0x0800 and socket.inet_ntoa(b[12:16]) == dst and socket.inet_ntoa(b[16:20]) == ip:
+                got += 1; break
+    print("answers", got, flush=True)
+"#;
+
+/// VLAN-tagged frames through a live NAT box (IEEE 802.1Q, tags kept): a client on VLAN 100
+/// finds the box's MAC with tagged ARP, its tagged datagrams reach the server in VLAN 100
+/// from the NAT's address, and the answers come back tagged. The kernel takes the tag of every
+/// received frame out into its metadata: the box puts it back (AF_PACKET's ring), the peers
+/// read it beside the frame (`PACKET_AUXDATA`).
+#[test]
+fn vlan_tagged_traffic_crosses_a_live_nat_box_with_its_tags() {
+    if !is_root() {
+        eprintln!("skipped: live tests need root");
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for driver in ["af-packet", "af-xdp"] {
+        tagged_through(driver);
+    }
+}
+
+fn tagged_through(driver: &str) {
+    let mut live = Live::up("vl");
+    let script = live.dir.path().join("vlan.py");
+    std::fs::write(&script, VLAN_PEER_PY).unwrap();
+    let chain = format!("[[chain]]\nnf = \"nat\"\nexternal = [\"{BOX_OUTSIDE}\"]\n");
+    let cfg = config(&chain)
+        .replace("workers = 2", "workers = 1")
+        .replace(
+            "address = \"10.0.0.1\"\n",
+            &format!("address = \"10.0.0.1\"\ndriver = \"{driver}\"\n"),
+        );
+    live.start_box(&cfg, SERVER);
+    let server = live.spawn_in(
+        &live.lab.server_ns(),
+        &[
+            "python3",
+            path(&script),
+            "server",
+            SERVER_IF,
+            &SERVER.to_string(),
+            "100",
+            "15",
+        ],
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let o = live.client(&[
+        "python3",
+        path(&script),
+        "client",
+        CLIENT_IF,
+        &CLIENT.to_string(),
+        "47000",
+        "10.0.0.1",
+        &SERVER.to_string(),
+        "100",
+        "20",
+    ]);
+    let said = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(
+        o.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let answers: u32 = said
+        .trim()
+        .strip_prefix("answers ")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{said}"));
+    let _ = Command::new("kill").arg(server.id().to_string()).status();
+    let seen = String::from_utf8(server.wait_with_output().unwrap().stdout).unwrap();
+    assert!(
+        answers >= 19,
+        "{driver}: {answers} of 20 tagged answers; the server saw:\n{seen}"
+    );
+    for line in seen.lines() {
+        assert!(
+            line.starts_with(&format!("{BOX_OUTSIDE}:")) && line.ends_with(" vlan 100"),
+            "{seen}"
+        );
+    }
+    let s = live.stop_box();
+    assert!(
+        nf_of(&s, "nat")["report"]["translations"].as_i64() >= Some(1),
+        "{s}"
     );
 }

@@ -104,7 +104,18 @@ impl Reloader {
             return Err(at(why));
         }
         if !names.is_empty() {
-            self.reload.publish(configs, &factories);
+            // Steered as the workers run: by each NF's configuration after this reload.
+            let steering: Vec<Arc<dyn NfFactory>> = factories
+                .iter()
+                .zip(configs.iter().zip(&workers))
+                .map(|(f, (new, running))| {
+                    new.as_ref()
+                        .or(running.as_ref())
+                        .and_then(|c| f.steering(c))
+                        .unwrap_or_else(|| Arc::clone(f))
+                })
+                .collect();
+            self.reload.publish(configs, &steering);
         }
         *running = new;
         Ok(Reloaded {

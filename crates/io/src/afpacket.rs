@@ -20,7 +20,10 @@
 //! * Several sockets on one interface may share the traffic with `PACKET_FANOUT`
 //!   ([`Fanout`]), one per worker.
 //!
-//! Limits: VLAN tags the kernel strips into metadata are not put back; frames longer than the
+//! * A VLAN tag the kernel took out of a received frame into the ring's header (receive VLAN
+//!   offload) is put back in the frame, so the frame is as it was on the wire.
+//!
+//! Limits: frames longer than the
 //! batch's buffers are truncated (their `wire_len` says so). Checksums are as the interface
 //! delivers them: on virtual interfaces with transmit offloads on, frames sent by local stacks
 //! may carry partial checksums (the lab turns offloads off).
@@ -39,6 +42,11 @@ const TPACKET_V3: libc::c_int = 2;
 const TPACKET2_HDRLEN: usize = 32;
 const TP_STATUS_KERNEL: u32 = 0;
 const TP_STATUS_USER: u32 = 1;
+/// The kernel took the frame's outer VLAN tag into the header (`tp_vlan_tci`).
+const TP_STATUS_VLAN_VALID: u32 = 1 << 4;
+/// ... and its TPID (`tp_vlan_tpid`; else 802.1Q's 0x8100).
+const TP_STATUS_VLAN_TPID_VALID: u32 = 1 << 6;
+const ETH_P_8021Q: u16 = 0x8100;
 const PACKET_IGNORE_OUTGOING: libc::c_int = 23;
 const PACKET_OUTGOING: u8 = 4;
 const PACKET_QDISC_BYPASS: libc::c_int = 20;
@@ -460,6 +468,35 @@ unsafe fn ring_u32(p: *const u8) -> u32 {
     unsafe { std::ptr::read_volatile(p.cast::<u32>()) }
 }
 
+/// Puts back the VLAN tag the kernel took into the ring's header (receive VLAN offload): the
+/// MAC addresses move 4 bytes earlier and the tag follows them (IEEE 802.1Q §9). Returns the
+/// frame's new start, or `start` when fewer than 4 bytes lie between `free` and it, or the
+/// frame has no MAC addresses (left untagged).
+///
+/// # Safety
+/// `base + free .. base + end` must be writable memory of one ring slot or block, owned by the
+/// caller.
+unsafe fn retag(
+    base: *mut u8,
+    start: usize,
+    end: usize,
+    free: usize,
+    tci: u16,
+    tpid: u16,
+) -> usize {
+    if start < free + 4 || end < start + 12 {
+        return start;
+    }
+    // SAFETY: start - 4 .. end is inside the caller's memory (checked above and by the caller).
+    unsafe {
+        std::ptr::copy(base.add(start), base.add(start - 4), 12);
+        let tag = base.add(start + 8);
+        std::ptr::copy_nonoverlapping(tpid.to_be_bytes().as_ptr(), tag, 2);
+        std::ptr::copy_nonoverlapping(tci.to_be_bytes().as_ptr(), tag.add(2), 2);
+    }
+    start - 4
+}
+
 impl Port for AfPacket {
     fn mac(&self) -> [u8; 6] {
         self.mac
@@ -522,9 +559,29 @@ impl Ring {
                     std::ptr::read_volatile(h.add(TPACKET2_HDRLEN + 10)),
                 )
             };
-            let start = usize::from(mac);
+            let mut start = usize::from(mac);
             let end = start + snap as usize;
-            if start >= TPACKET2_HDRLEN && end <= self.frame_size && pkttype != PACKET_OUTGOING {
+            // The slot's bytes before the frame: the header and sockaddr_ll (20 bytes).
+            let free = TPACKET2_HDRLEN + 20;
+            if start >= free && end <= self.frame_size && pkttype != PACKET_OUTGOING {
+                if status & TP_STATUS_VLAN_VALID != 0 {
+                    // SAFETY: tp_vlan_tci at 24, tp_vlan_tpid at 26; start - 4 >= free is
+                    // checked by untag before it writes.
+                    let (tci, tpid) = unsafe {
+                        (
+                            std::ptr::read_volatile(h.add(24).cast::<u16>()),
+                            std::ptr::read_volatile(h.add(26).cast::<u16>()),
+                        )
+                    };
+                    let tpid = if status & TP_STATUS_VLAN_TPID_VALID != 0 {
+                        tpid
+                    } else {
+                        ETH_P_8021Q
+                    };
+                    // SAFETY: the slot is the user's until it is handed back; start..end is
+                    // inside it.
+                    start = unsafe { retag(h, start, end, free, tci, tpid) };
+                }
                 // SAFETY: start..end is inside this slot (checked above).
                 let frame = unsafe { std::slice::from_raw_parts(h.add(start), end - start) };
                 if keep(frame) {
@@ -595,7 +652,7 @@ impl Ring {
                         std::ptr::read_volatile(h.add(24).cast::<u16>()),
                     )
                 };
-                let start = r.next + usize::from(mac);
+                let mut start = r.next + usize::from(mac);
                 let end = start + snap as usize;
                 r.taken += 1;
                 if next == 0 {
@@ -614,6 +671,25 @@ impl Ring {
                 };
                 if pkttype == PACKET_OUTGOING {
                     continue;
+                }
+                // SAFETY: tpacket3_hdr: tp_status at 20, hv1.tp_vlan_tci at 32 (u32),
+                // hv1.tp_vlan_tpid at 36.
+                let (status, tci, tpid) = unsafe {
+                    (
+                        ring_u32(h.add(20)),
+                        ring_u32(h.add(32)) as u16,
+                        std::ptr::read_volatile(h.add(36).cast::<u16>()),
+                    )
+                };
+                if status & TP_STATUS_VLAN_VALID != 0 {
+                    let tpid = if status & TP_STATUS_VLAN_TPID_VALID != 0 {
+                        tpid
+                    } else {
+                        ETH_P_8021Q
+                    };
+                    // SAFETY: the block is the user's until it is handed back; the frame's
+                    // header and sockaddr_ll (48 + 20 bytes) come before `start`.
+                    start = unsafe { retag(block, start, end, r.next + 68, tci, tpid) };
                 }
                 // SAFETY: start..end is inside the block (checked above).
                 let frame = unsafe { std::slice::from_raw_parts(block.add(start), end - start) };

@@ -626,6 +626,13 @@ impl NfFactory for Factory {
         Ok(Some(Arc::new(self.0.fitted_to(running)?)))
     }
 
+    /// The running configuration's, which knows the backends a reload removed: their
+    /// connections go on, both ways on their client's partition.
+    fn steering(&self, config: &ReloadConfig) -> Option<Arc<dyn NfFactory>> {
+        let c = Arc::clone(config).downcast::<Compiled>().ok()?;
+        Some(Arc::new(Factory(c)))
+    }
+
     fn build(
         &self,
         state: &mut Declare<'_>,

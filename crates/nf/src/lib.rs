@@ -326,6 +326,14 @@ pub trait NfFactory: Send + Sync {
         Ok(None)
     }
 
+    /// The factory that steers packets ([`NfFactory::partition`]) as the workers running
+    /// `config` (a configuration of [`NfFactory::reload_config`]) need; `None`: this one
+    /// does. Default: `None`.
+    fn steering(&self, config: &ReloadConfig) -> Option<std::sync::Arc<dyn NfFactory>> {
+        let _ = config;
+        None
+    }
+
     /// The tables an operator can list (`flowstate state list NF.TABLE`), the main one first.
     /// Default: none.
     fn tables(&self) -> &'static [listing::TableInfo] {

@@ -859,6 +859,12 @@ impl NfFactory for Factory {
         Ok(Some(Arc::new(self.config.clone())))
     }
 
+    /// A reloaded `forward` moves the partition of the published endpoints.
+    fn steering(&self, config: &ReloadConfig) -> Option<Arc<dyn NfFactory>> {
+        let c = config.downcast_ref::<Config>()?;
+        Some(Arc::new(Factory::new(c.clone())))
+    }
+
     fn partition(
         &self,
         flow: &FlowKey,

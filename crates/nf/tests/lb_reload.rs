@@ -148,3 +148,28 @@ fn a_backend_removed_and_listed_again_keeps_its_connections() {
         (b("10.1.0.1:80"), true)
     );
 }
+
+/// Steering after a reload: a removed backend's answers still go to its client's partition,
+/// as a dispatcher with several workers needs (the new file alone no longer knows it).
+#[test]
+fn a_removed_backends_answers_are_steered_by_the_running_configuration() {
+    let started = factory(OLD).reload_config(None).unwrap().unwrap();
+    let fresh = factory(NEW);
+    let running = fresh.reload_config(Some(&started)).unwrap().unwrap();
+    let steering = fresh
+        .steering(&running)
+        .expect("the LB steers by its running config");
+    let answer = flowstate_wire::FlowKey::new(
+        "10.1.0.1".parse().unwrap(),
+        "198.51.100.1".parse().unwrap(),
+        80,
+        20000,
+        6,
+    );
+    let client = flowstate_nf::endpoint_partition("198.51.100.1".parse().unwrap(), 20000, 6, 8);
+    assert_eq!(
+        steering.partition(&answer, None, Direction::Outbound, 8),
+        Some(client)
+    );
+    assert_eq!(fresh.partition(&answer, None, Direction::Outbound, 8), None);
+}

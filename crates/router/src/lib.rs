@@ -8,6 +8,9 @@
 //!   they send (last one wins).
 //! * IPv4 frames addressed to a port's MAC go through the chain; every other frame (other
 //!   hosts' unicast, IPv6, LLDP, broadcasts that are not ARP) is counted and dropped.
+//! * A frame with one VLAN tag (IEEE 802.1Q or 802.1ad) is handled as an untagged one, and
+//!   what the box sends for it (an ARP answer or request, an ICMP error, the forwarded
+//!   frame) carries the same tag: tags are kept end to end.
 //! * A forwarded packet leaves by the inside port when its (translated) destination is in the
 //!   `inside` prefixes, by the outside port otherwise, towards the port's gateway if it has one,
 //!   else towards the destination itself. Its Ethernet addresses are rewritten, its TTL is
@@ -305,6 +308,54 @@ fn mac(b: &[u8], at: usize) -> Option<[u8; 6]> {
     Some([s[0], s[1], s[2], s[3], s[4], s[5]])
 }
 
+/// An Ethernet frame's link header: its VLAN tag (IEEE 802.1Q §9: TPID and TCI) if it has
+/// one, the EtherType after it, and where the network header starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Link {
+    tag: Option<[u8; 4]>,
+    ethertype: u16,
+    l3: usize,
+}
+
+const ETHERTYPE_VLAN: u16 = 0x8100;
+const ETHERTYPE_QINQ: u16 = 0x88a8;
+
+/// The link header of `f`; a second tag (802.1ad Q-in-Q) is not looked into: its
+/// EtherType is then the inner TPID, which is neither IPv4 nor ARP.
+#[inline]
+fn link(f: &[u8]) -> Option<Link> {
+    match be16(f, 12)? {
+        ETHERTYPE_VLAN | ETHERTYPE_QINQ => Some(Link {
+            tag: Some(f.get(12..16)?.try_into().ok()?),
+            ethertype: be16(f, 16)?,
+            l3: ETH_HLEN + 4,
+        }),
+        ethertype => Some(Link {
+            tag: None,
+            ethertype,
+            l3: ETH_HLEN,
+        }),
+    }
+}
+
+/// Writes with `write` an untagged frame into `buf`, then gives it `tag` (after the MAC
+/// addresses); returns its length (0: `write` wrote nothing, or `buf` is too small).
+fn tagged(buf: &mut [u8], tag: Option<[u8; 4]>, write: impl FnOnce(&mut [u8]) -> usize) -> usize {
+    let Some(tag) = tag else {
+        return write(buf);
+    };
+    let Some(room) = buf.get_mut(4..) else {
+        return 0;
+    };
+    let n = write(room);
+    if n < 12 {
+        return 0;
+    }
+    buf.copy_within(4..16, 0);
+    buf[12..16].copy_from_slice(&tag);
+    n + 4
+}
+
 /// Writes an ARP packet in an Ethernet frame into `buf`; returns its length (42), or 0 when
 /// `buf` is too small.
 fn write_arp(
@@ -349,11 +400,11 @@ impl Undeliverable {
     }
 }
 
-/// Whether IPv4 `frame` (received for forwarding) cannot be forwarded: its TTL is 1 or 0
-/// (the box decrements it), or it is larger than `next_mtu`.
+/// Whether IPv4 `frame` (received for forwarding; its IPv4 header at `l3`) cannot be
+/// forwarded: its TTL is 1 or 0 (the box decrements it), or it is larger than `next_mtu`.
 #[inline]
-fn undeliverable(frame: &[u8], next_mtu: u16) -> Option<Undeliverable> {
-    let ip = frame.get(ETH_HLEN..ETH_HLEN + 20)?;
+fn undeliverable(frame: &[u8], l3: usize, next_mtu: u16) -> Option<Undeliverable> {
+    let ip = frame.get(l3..l3 + 20)?;
     if ip[8] <= 1 {
         return Some(Undeliverable::TtlExpired);
     }
@@ -368,11 +419,11 @@ fn undeliverable(frame: &[u8], next_mtu: u16) -> Option<Undeliverable> {
 /// (RFC 1812 §4.3.2.3).
 const ICMP_ERROR_MAX: usize = ETH_HLEN + 576;
 
-/// Whether IPv4 `frame` may be answered with an ICMP error (RFC 1122 §3.2.2, RFC 1812
+/// Whether IPv4 `frame` (its IPv4 header at `l3`) may be answered with an ICMP error (RFC 1122 §3.2.2, RFC 1812
 /// §4.3.2.7): not an ICMP error itself, not a later fragment, from a unicast source, with a
 /// header that parses.
-fn answerable(frame: &[u8]) -> bool {
-    let Some(ip) = frame.get(ETH_HLEN..ETH_HLEN + 20) else {
+fn answerable(frame: &[u8], l3: usize) -> bool {
+    let Some(ip) = frame.get(l3..l3 + 20) else {
         return false;
     };
     let hl = usize::from(ip[0] & 0x0f) * 4;
@@ -381,12 +432,12 @@ fn answerable(frame: &[u8]) -> bool {
     let later_fragment = u16::from_be_bytes([ip[6], ip[7]]) & 0x1fff != 0;
     let icmp_error = ip[9] == 1
         && frame
-            .get(ETH_HLEN + hl)
+            .get(l3 + hl)
             .is_some_and(|&t| matches!(t, 3 | 4 | 5 | 11 | 12));
     ip[0] >> 4 == 4
         && hl >= 20
         && total >= hl
-        && frame.len() >= ETH_HLEN + hl
+        && frame.len() >= l3 + hl
         && !later_fragment
         && !icmp_error
         && !(src.is_broadcast() || src.is_multicast() || src.is_unspecified() || src.is_loopback())
@@ -399,11 +450,12 @@ fn answerable(frame: &[u8]) -> bool {
 fn write_icmp_error(
     buf: &mut [u8],
     frame: &[u8],
+    l3: usize,
     my_mac: [u8; 6],
     my_ip: Ipv4Addr,
     why: Undeliverable,
 ) -> usize {
-    let (Some(ip), Some(src_mac)) = (frame.get(ETH_HLEN..), mac(frame, 6)) else {
+    let (Some(ip), Some(src_mac)) = (frame.get(l3..), mac(frame, 6)) else {
         return 0;
     };
     if ip.len() < 20 {
@@ -569,15 +621,16 @@ impl<P: Port> LiveSource<P> {
             // this one, whose MTU the box then does not check).
             let next_mtu = self.addrs[1 - p].mtu;
             let mut keep = |f: &[u8]| -> bool {
-                let (Some(dst), Some(src), Some(et)) = (mac(f, 0), mac(f, 6), be16(f, 12)) else {
+                let (Some(dst), Some(src), Some(link)) = (mac(f, 0), mac(f, 6), link(f)) else {
                     stats.not_for_us.fetch_add(1, Ordering::Relaxed);
                     return false;
                 };
-                match et {
+                let l3 = link.l3;
+                match link.ethertype {
                     ETHERTYPE_IPV4 if dst == my_mac => {
-                        if let Some(s) = ip4(f, ETH_HLEN + 12) {
+                        if let Some(s) = ip4(f, l3 + 12) {
                             neigh.learn(s, src);
-                            let Some(error) = undeliverable(f, next_mtu) else {
+                            let Some(error) = undeliverable(f, l3, next_mtu) else {
                                 return true;
                             };
                             match error {
@@ -586,12 +639,14 @@ impl<P: Port> LiveSource<P> {
                             }
                             .fetch_add(1, Ordering::Relaxed);
                             if error.answered()
-                                && answerable(f)
+                                && answerable(f, l3)
                                 && !arp_out.is_full()
                                 && budget.take()
                             {
                                 let sent = arp_out.push_with(|buf, _| {
-                                    write_icmp_error(buf, f, my_mac, my_ip, error)
+                                    tagged(buf, link.tag, |b| {
+                                        write_icmp_error(b, f, l3, my_mac, my_ip, error)
+                                    })
                                 });
                                 if sent {
                                     stats.icmp_errors_sent.fetch_add(1, Ordering::Relaxed);
@@ -602,17 +657,19 @@ impl<P: Port> LiveSource<P> {
                     }
                     ETHERTYPE_ARP if dst == my_mac || dst == BROADCAST => {
                         if let (Some(op), Some(sha), Some(spa), Some(tpa)) = (
-                            be16(f, ETH_HLEN + 6),
-                            mac(f, ETH_HLEN + 8),
-                            ip4(f, ETH_HLEN + 14),
-                            ip4(f, ETH_HLEN + 24),
+                            be16(f, l3 + 6),
+                            mac(f, l3 + 8),
+                            ip4(f, l3 + 14),
+                            ip4(f, l3 + 24),
                         ) {
                             if !spa.is_unspecified() {
                                 neigh.learn(spa, sha);
                             }
                             if op == 1 && tpa == my_ip {
                                 let pushed = arp_out.push_with(|buf, _| {
-                                    write_arp(buf, 2, sha, my_mac, my_ip, sha, spa)
+                                    tagged(buf, link.tag, |b| {
+                                        write_arp(b, 2, sha, my_mac, my_ip, sha, spa)
+                                    })
                                 });
                                 if pushed {
                                     stats.arp_answered.fetch_add(1, Ordering::Relaxed);
@@ -822,11 +879,13 @@ impl<P: Port> LiveSink<P> {
     /// was dropped.
     fn route(&mut self, frame: &[u8]) -> flowstate_io::Result<Option<usize>> {
         let stats = &self.shared.stats;
-        let (Some(ETHERTYPE_IPV4), Some(dst), Some(ttl)) = (
-            be16(frame, 12),
-            ip4(frame, ETH_HLEN + 16),
-            frame.get(ETH_HLEN + 8).copied(),
-        ) else {
+        let Some(Link { tag, ethertype, l3 }) = link(frame) else {
+            stats.not_for_us.fetch_add(1, Ordering::Relaxed);
+            return Ok(None);
+        };
+        let (ETHERTYPE_IPV4, Some(dst), Some(ttl)) =
+            (ethertype, ip4(frame, l3 + 16), frame.get(l3 + 8).copied())
+        else {
             stats.not_for_us.fetch_add(1, Ordering::Relaxed);
             return Ok(None);
         };
@@ -847,7 +906,8 @@ impl<P: Port> LiveSink<P> {
                     self.drain(p)?;
                 }
                 let (m, a) = (self.macs[p], self.addrs[p].address);
-                if self.out[p].push_with(|buf, _| write_arp(buf, 1, BROADCAST, m, a, [0; 6], hop)) {
+                let ask = |b: &mut [u8]| write_arp(b, 1, BROADCAST, m, a, [0; 6], hop);
+                if self.out[p].push_with(|buf, _| tagged(buf, tag, ask)) {
                     self.shared.stats.arp_asked.fetch_add(1, Ordering::Relaxed);
                 }
             }
@@ -860,14 +920,15 @@ impl<P: Port> LiveSink<P> {
         self.out[p].push_with(|buf, _| {
             let n = frame.len().min(buf.len());
             buf[..n].copy_from_slice(&frame[..n]);
-            if n < ETH_HLEN + 20 {
+            if n < l3 + 20 {
                 return n;
             }
             let mut eth = ethernet::Frame::new_unchecked(&mut buf[..n]);
             eth.set_dst_addr(MacAddr(hop_mac));
             eth.set_src_addr(MacAddr(my_mac));
-            // TTL − 1 (RFC 1812 §5.3.1), the checksum updated incrementally (RFC 1624).
-            let mut ip = ipv4::Packet::new_unchecked(&mut buf[ETH_HLEN..n]);
+            // TTL − 1 (RFC 1812 §5.3.1), the checksum updated incrementally (RFC 1624). A
+            // tagged frame keeps its tag.
+            let mut ip = ipv4::Packet::new_unchecked(&mut buf[l3..n]);
             ip.set_ttl(ttl - 1);
             n
         });
@@ -1091,6 +1152,78 @@ mod tests {
         );
         stop.stop();
         assert_eq!(src.recv(&mut b).unwrap(), 0, "stopped: end of input");
+    }
+
+    /// `f` with 802.1Q tag `tci` after its MAC addresses.
+    fn tag(f: &[u8], tci: u16) -> Vec<u8> {
+        let mut t = f[..12].to_vec();
+        t.extend_from_slice(&ETHERTYPE_VLAN.to_be_bytes());
+        t.extend_from_slice(&tci.to_be_bytes());
+        t.extend_from_slice(&f[12..]);
+        t
+    }
+
+    /// Tagged frames (IEEE 802.1Q): ARP is answered in the requester's VLAN, an expired packet
+    /// with a time exceeded in its VLAN, and a routed packet leaves with its tag, its TTL
+    /// decremented in the header after the tag.
+    #[test]
+    fn tagged_frames_are_answered_and_routed_in_their_vlan() {
+        let (p, tx) = ports(
+            vec![
+                tag(&arp_request(CLIENT, "10.0.0.2", "10.0.0.1"), 100),
+                tag(&ipv4(BOX_IN, CLIENT, "10.0.0.2", "198.51.100.2", 1), 100),
+                tag(&ipv4(BOX_IN, CLIENT, "10.0.0.2", "198.51.100.2", 64), 100),
+            ],
+            vec![],
+        );
+        let shared = Arc::new(Shared::default());
+        let mut src = LiveSource::new(p, addrs(), Arc::clone(&shared), Stop::new());
+        let mut b = PacketBatch::new(32, 2048);
+        assert_eq!(src.recv(&mut b).unwrap(), 1, "the live IPv4 frame goes on");
+        let answers = tx[0].lock().unwrap().clone();
+        assert_eq!(answers.len(), 2, "{answers:?}");
+        for a in &answers {
+            assert_eq!(&a[0..6], &CLIENT);
+            assert_eq!(be16(a, 12), Some(ETHERTYPE_VLAN));
+            assert_eq!(be16(a, 14), Some(100));
+        }
+        let (arp, icmp) = (&answers[0], &answers[1]);
+        assert_eq!(be16(arp, 16), Some(ETHERTYPE_ARP));
+        assert_eq!(be16(arp, 18 + 6), Some(2));
+        assert_eq!(ip4(arp, 18 + 14), Some("10.0.0.1".parse().unwrap()));
+        assert_eq!(be16(icmp, 16), Some(ETHERTYPE_IPV4));
+        assert_eq!(icmp[18 + 20], icmp::v4::types::TIME_EXCEEDED);
+        assert_eq!(ip4(icmp, 18 + 16), Some("10.0.0.2".parse().unwrap()));
+
+        let (p, tx) = ports(vec![], vec![]);
+        let mut sink = LiveSink::new(p, addrs(), vec![], Arc::clone(&shared), 32, 2048);
+        shared.neighbours[1].learn("198.51.100.2".parse().unwrap(), SERVER);
+        let fwd = b.get(0).unwrap().0.to_vec();
+        b.clear();
+        b.push(&fwd, Default::default());
+        // And one to an unknown neighbour: the ARP request goes in the frame's VLAN.
+        b.push(
+            &tag(&ipv4(BOX_IN, CLIENT, "10.0.0.2", "198.51.100.9", 64), 7),
+            Default::default(),
+        );
+        sink.send(&b).unwrap();
+        let out = tx[1].lock().unwrap().clone();
+        assert_eq!(out.len(), 2, "{out:?}");
+        let o = &out[0];
+        assert_eq!((&o[0..6], &o[6..12]), (&SERVER[..], &BOX_OUT[..]));
+        assert_eq!(
+            (be16(o, 12), be16(o, 14)),
+            (Some(ETHERTYPE_VLAN), Some(100))
+        );
+        assert_eq!(o[18 + 8], 63, "TTL decremented");
+        assert_eq!(flowstate_wire::checksum::checksum(&o[18..38]), 0);
+        let ask = &out[1];
+        assert_eq!(&ask[0..6], &BROADCAST);
+        assert_eq!(
+            (be16(ask, 14), be16(ask, 16)),
+            (Some(7), Some(ETHERTYPE_ARP))
+        );
+        assert_eq!(ip4(ask, 18 + 24), Some("198.51.100.9".parse().unwrap()));
     }
 
     /// The box answers what it cannot forward (RFC 1812 §5.3.1, RFC 1191): time exceeded for

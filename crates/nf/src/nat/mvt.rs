@@ -135,6 +135,10 @@ impl NfFactory for Factory {
         self.0.reload_config(running)
     }
 
+    fn steering(&self, config: &crate::ReloadConfig) -> Option<Arc<dyn NfFactory>> {
+        self.0.steering(config)
+    }
+
     /// Its Match-Value Table lives in the worker, not in the store (see the module docs).
     fn private_state(&self) -> Option<(&'static str, &'static str)> {
         Some((
