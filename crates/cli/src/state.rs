@@ -42,8 +42,9 @@ enum Action {
   flowstate state list --config examples/lb.toml --backend redis --url redis://127.0.0.1:6379 lb.backends")]
     List(ListArgs),
     /// Follow a running box's events as they happen, like `conntrack -E`: the NAT's sessions
-    /// and mappings created and destroyed, its ports exhausted and session limit reached. A
-    /// reader slower than the box loses events, and is told how many (`[LOST]`).
+    /// and mappings created and destroyed, its ports exhausted and session limit reached; the
+    /// firewall's connections opened and ended. A reader slower than the box loses events,
+    /// and is told how many (`[LOST]`).
     #[command(after_help = "Examples:
   flowstate state events 127.0.0.1:9464            every NF's events (the box's --metrics address)
   flowstate state events 127.0.0.1:9464 nat --json")]
@@ -142,8 +143,8 @@ fn event_text(line: &str) -> String {
     };
     let s = |k: &str| e[k].as_str().unwrap_or_default().to_owned();
     let tag = match s("event").as_str() {
-        "session-create" => "[NEW]",
-        "session-delete" => "[DESTROY]",
+        "session-create" | "connection-new" => "[NEW]",
+        "session-delete" | "connection-destroy" => "[DESTROY]",
         "mapping-create" => "[NEW MAPPING]",
         "mapping-delete" => "[DESTROY MAPPING]",
         "ports-exhausted" => "[PORTS EXHAUSTED]",
@@ -152,9 +153,20 @@ fn event_text(line: &str) -> String {
         _ => return line.to_owned(),
     };
     let mut text = format!("{tag} {}", s("nf"));
-    for k in ["proto", "inside", "remote", "external", "max_sessions"] {
+    for k in [
+        "proto",
+        "state",
+        "src",
+        "dst",
+        "inside",
+        "remote",
+        "external",
+        "from",
+        "why",
+        "max_sessions",
+    ] {
         match &e[k] {
-            Value::String(v) if k == "proto" => text.push_str(&format!(" {v}")),
+            Value::String(v) if k == "proto" || k == "state" => text.push_str(&format!(" {v}")),
             Value::String(v) => text.push_str(&format!(" {k}={v}")),
             Value::Number(n) => text.push_str(&format!(" {k}={n}")),
             _ => {}
@@ -535,6 +547,11 @@ mod tests {
         assert_eq!(
             event_text(r#"{"nf":"nat","event":"quota-exceeded","max_sessions":4}"#),
             "[SESSION LIMIT] nat max_sessions=4"
+        );
+        let fw = r#"{"time_ms":2,"nf":"firewall","event":"connection-destroy","proto":"tcp","src":"10.0.0.2:40000","dst":"198.51.100.2:80","state":"TIME_WAIT","from":"inside","why":"expired"}"#;
+        assert_eq!(
+            event_text(fw),
+            "[DESTROY] firewall tcp TIME_WAIT src=10.0.0.2:40000 dst=198.51.100.2:80 from=inside why=expired"
         );
         assert_eq!(event_text("not json"), "not json");
     }

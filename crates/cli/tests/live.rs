@@ -2428,7 +2428,8 @@ fn state_events_follows_a_download_opening_and_closing() {
     let mut live = Live::up("ev");
     let files = publish(&live.lab);
     let chain = format!(
-        "[[chain]]\nnf = \"nat\"\nexternal = [\"{BOX_OUTSIDE}\"]\nports = \"20000-59999\"\n\
+        "[[chain]]\nnf = \"firewall\"\ntimeouts = {{ time_wait = \"2s\", close = \"2s\" }}\n\
+         [[chain]]\nnf = \"nat\"\nexternal = [\"{BOX_OUTSIDE}\"]\nports = \"20000-59999\"\n\
          tcp_transitory = \"2s\"\n"
     );
     let metrics = "127.0.0.1:9466";
@@ -2436,7 +2437,7 @@ fn state_events_follows_a_download_opening_and_closing() {
     let mut follower = Command::new("ip")
         .args(["netns", "exec", &live.lab.nf_ns()])
         .arg(env!("CARGO_BIN_EXE_flowstate"))
-        .args(["state", "events", metrics, "nat", "--json"])
+        .args(["state", "events", metrics, "--json"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -2473,10 +2474,15 @@ fn state_events_follows_a_download_opening_and_closing() {
     let mut inside = None;
     let deadline = Instant::now() + Duration::from_secs(30);
     let destroyed = |seen: &[serde_json::Value], inside: &Option<String>| {
-        ["session-delete", "mapping-delete"].iter().all(|kind| {
-            seen.iter()
-                .any(|e| e["event"] == *kind && inside.as_deref().is_some_and(|i| e["inside"] == i))
-        })
+        let Some(i) = inside.as_deref() else {
+            return false;
+        };
+        ["session-delete", "mapping-delete"]
+            .iter()
+            .all(|kind| seen.iter().any(|e| e["event"] == *kind && e["inside"] == i))
+            && seen
+                .iter()
+                .any(|e| e["event"] == "connection-destroy" && e["src"] == i)
     };
     while !destroyed(&seen, &inside) {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -2509,6 +2515,20 @@ fn state_events_follows_a_download_opening_and_closing() {
     assert_eq!(create["external"], delete["external"]);
     assert_eq!(delete["remote"], remote);
     assert!(create["time_ms"].as_u64() < delete["time_ms"].as_u64());
+    // The firewall's connection, opened from inside to the server, ended once timed out.
+    let conn = |kind: &str| {
+        seen.iter()
+            .filter(|e| e["nf"] == "firewall" && e["event"] == kind && e["src"] == inside.as_str())
+            .collect::<Vec<_>>()
+    };
+    let (new, end) = (conn("connection-new"), conn("connection-destroy"));
+    assert_eq!((new.len(), end.len()), (1, 1), "{seen:#?}");
+    assert_eq!(
+        (new[0]["dst"].as_str(), new[0]["from"].as_str()),
+        (Some(remote.as_str()), Some("inside"))
+    );
+    assert_eq!(new[0]["state"], "SYN_SENT");
+    assert_eq!(end[0]["why"], "expired");
     let _ = follower.kill();
     let _ = follower.wait();
     live.stop_box();

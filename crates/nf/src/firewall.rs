@@ -29,6 +29,8 @@
 //!   of the connection arriving from the wrong side is dropped (a spoofed inside address).
 //! * Every packet renews its entry's timer with its state's timeout (Linux's defaults,
 //!   configurable); [`NetworkFunction::on_tick`] expires entries.
+//! * While someone follows the box's events (`flowstate state events`, like `conntrack -E`),
+//!   each connection opened and ended is published at the next tick (`stream`).
 //! * **A full table** (`max_connections`, default 262,144, shared by the workers) never loses
 //!   an established or answered connection: a packet that would open one more ends the oldest
 //!   expendable connection (a SYN unanswered, a half-open handshake, a UDP or ICMP flow never
@@ -50,6 +52,7 @@
 //! they stored decode with their windows; their UDP and ICMP connections, stored in `conns`
 //! too, are moved to `datagrams` when an answer from outside would otherwise be refused.
 
+mod stream;
 pub mod window;
 
 use crate::early_drop::{self, Cap, Unit};
@@ -1041,6 +1044,7 @@ impl Factory {
             )?,
             opened: state.counter("conns_opened", Scope::CrossFlow(&[]), Access::WriteMostly)?,
             expired: state.counter("conns_expired", Scope::CrossFlow(&[]), Access::WriteMostly)?,
+            stream: RefCell::default(),
         })
     }
 }
@@ -1155,6 +1159,8 @@ pub struct Firewall {
     /// This worker's share of `max_connections`, with early drop's candidates (connections
     /// opened, or ended) and its counters.
     cap: RefCell<Cap<FlowKey>>,
+    /// Connections opened and ended since the last tick, for the live stream.
+    stream: RefCell<stream::Stream>,
 }
 
 impl ConnState {
@@ -1304,11 +1310,15 @@ impl Firewall {
         let Ok(Some(state)) = map.with(k, |c| c.map(|c| c.conn().state)) else {
             return false;
         };
-        if state.expendable() && map.remove_nowait(k).is_some() {
-            self.gauge(state, -1);
-            return true;
+        if !state.expendable() {
+            return false;
         }
-        false
+        let Some(old) = map.remove_nowait(k) else {
+            return false;
+        };
+        self.gauge(state, -1);
+        self.stream.borrow_mut().note(k, old.conn(), "early-drop");
+        true
     }
 
     fn gauge(&self, state: ConnState, delta: i64) {
@@ -1346,6 +1356,7 @@ impl Firewall {
                 }
                 self.gauge(state, 1);
                 self.opened.add_nowait(1);
+                self.stream.borrow_mut().note(&key, &conn, "");
                 r
             }
         }
@@ -1364,6 +1375,7 @@ impl Firewall {
         // Replacing an ended connection (TIME_WAIT, CLOSE) takes it out of its state.
         if let Some(old) = map.remove_nowait(&key) {
             self.gauge(old.conn().state, -1);
+            self.stream.borrow_mut().note(&key, old.conn(), "replaced");
         } else if !self.admit() {
             return false;
         }
@@ -1923,13 +1935,15 @@ impl NetworkFunction for Firewall {
     }
 
     fn on_tick(&mut self, now: Nanos) {
-        let (by_state, expired) = (&self.by_state, &self.expired);
-        let gone = |c: &Conn| {
+        let (by_state, expired, stream) = (&self.by_state, &self.expired, &self.stream);
+        let gone = |k: &FlowKey, c: &Conn| {
             by_state.add_to_nowait(&(c.state as u8), -1);
             expired.add_nowait(1);
+            stream.borrow_mut().note(k, c, "expired");
         };
-        self.conns.expire(now, |_, c| gone(&c.conn));
-        self.datagrams.expire(now, |_, c| gone(&c));
+        self.conns.expire(now, |k, c| gone(&k, &c.conn));
+        self.datagrams.expire(now, |k, c| gone(&k, &c));
+        self.stream.borrow_mut().publish(now);
     }
 
     fn entries(&self) -> u64 {
