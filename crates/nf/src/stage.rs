@@ -8,9 +8,11 @@
 //!   packet still going, as the NFs before it left the packet, then processes them in order
 //!   (the chain's order when Outbound, last NF first when Inbound). A packet an NF drops stops
 //!   there. A packet an NF turns back inside ([`Packet::direction`] set to Inbound: a NAT's
-//!   hairpinning) meets the NFs before that one at once, inbound, and none after it. So an NF after a NAT prefetches the entries it will look up, and each NF sees a
-//!   flow's packets in the order they came, as long as the caller gives a batch of one
-//!   direction whose packets are of distinct flows (or in flow order).
+//!   hairpinning) meets the NFs before that one at once, inbound, and none after it (in this
+//!   stage: a cluster's later stages see it as before). So an NF after a NAT prefetches the
+//!   entries it will look up, and each NF sees a flow's packets in the order they came, as
+//!   long as the caller gives a batch of one direction whose packets are of distinct flows
+//!   (or in flow order).
 //! * **Counted once, named once**: every NF's packets in, forwarded and dropped by reason
 //!   ([`NfCounters`]), its own report, gauges and labelled counts ([`StageReport`]), read the
 //!   same way on a box and in a cluster.
