@@ -51,7 +51,10 @@
 //!
 //! VLAN-tagged frames (802.1Q, one tag) cross with their tag (`flowstate_router`).
 //!
-//! Limits: IPv4 only (IPv6 is dropped as not for the box); no ICMP
+//! IPv6 crosses the ports given an IPv6 address (`flowstate_router`: neighbour discovery,
+//! ICMPv6 errors).
+//!
+//! Limits: IPv6 on a port without `address6` is dropped as not for the box; no ICMP
 //! host unreachable for an unknown neighbour; no fragmentation; several workers go through the
 //! dispatcher and output threads (see above); time (NAT and firewall timeouts) advances
 //! with packets, so an idle box expires nothing until traffic resumes, and a stage that fails
@@ -316,6 +319,8 @@ fn run_ports<R: Port, T: Port>(
     let addrs = [inside, outside].map(|p| PortAddr {
         address: p.address,
         gateway: p.gateway,
+        address6: p.address6,
+        gateway6: p.gateway6,
         mtu: interface_mtu(&p.interface),
     });
     let shared = Arc::new(Shared::default());

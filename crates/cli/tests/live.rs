@@ -2929,3 +2929,184 @@ fn tagged_through(driver: &str) {
         "{s}"
     );
 }
+
+/// An HTTP server on an IPv6 address (no reverse lookup of it: that waits on DNS).
+const HTTP6_PY: &str = r#"
+import functools, http.server, socket, socketserver, sys
+class S(http.server.ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+    def server_bind(self):
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.server_address[:2]
+h = functools.partial(http.server.SimpleHTTPRequestHandler, directory=sys.argv[3])
+S((sys.argv[1], int(sys.argv[2])), h).serve_forever()
+"#;
+
+/// IPv6 through a live box (RFC 4861 neighbour discovery, RFC 8200 forwarding): the client
+/// and the servers find the box by neighbour solicitation, `curl -6` downloads byte for byte
+/// through the firewall straight to a server and through the LB's IPv6 VIP to both backends;
+/// the firewall keeps an unsolicited IPv6 connection from outside out.
+#[test]
+fn curl_6_crosses_the_live_firewall_and_lb() {
+    if !is_root() {
+        eprintln!("skipped: live tests need root");
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut live = Live::up("v6");
+    let files = publish(&live.lab);
+    let (client_ns, server_ns) = (live.lab.client_ns(), live.lab.server_ns());
+    // The lab turns IPv6 off on its hosts' links (the box's namespace keeps it off).
+    let on = |dev: &str| format!("net.ipv6.conf.{dev}.disable_ipv6=0");
+    let (client_on, server_on) = (on(CLIENT_IF), on(SERVER_IF));
+    for (ns, argv) in [
+        (&client_ns, vec!["sysctl", "-qw", &client_on]),
+        (&server_ns, vec!["sysctl", "-qw", &server_on]),
+        (
+            &client_ns,
+            vec![
+                "ip",
+                "-6",
+                "addr",
+                "add",
+                "fd00:1::2/64",
+                "dev",
+                CLIENT_IF,
+                "nodad",
+            ],
+        ),
+        (
+            &client_ns,
+            vec!["ip", "-6", "route", "add", "default", "via", "fd00:1::1"],
+        ),
+        (
+            &server_ns,
+            vec![
+                "ip",
+                "-6",
+                "addr",
+                "add",
+                "fd00:2::2/64",
+                "dev",
+                SERVER_IF,
+                "nodad",
+            ],
+        ),
+        (
+            &server_ns,
+            vec![
+                "ip",
+                "-6",
+                "addr",
+                "add",
+                "fd00:2::3/64",
+                "dev",
+                SERVER_IF,
+                "nodad",
+            ],
+        ),
+        (
+            &server_ns,
+            vec![
+                "ip",
+                "-6",
+                "route",
+                "add",
+                "fd00:1::/64",
+                "via",
+                "fd00:2::1",
+            ],
+        ),
+    ] {
+        let o = live.run_in(ns, &argv);
+        assert!(
+            o.status.success(),
+            "{argv:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let script = live.dir.path().join("http6.py");
+    std::fs::write(&script, HTTP6_PY).unwrap();
+    for (addr, b) in [("fd00:2::2", 'a'), ("fd00:2::3", 'b')] {
+        let www = live.lab.www(b);
+        let server = live.spawn_in(
+            &server_ns,
+            &["python3", path(&script), addr, "8080", path(&www)],
+        );
+        live.others.push(server);
+    }
+    let chain = "[[chain]]\nnf = \"firewall\"\n\
+         [[chain]]\nnf = \"lb\"\nvips = [{ vip = \"fd00:2::10\", port = 8080, backends = [\"fd00:2::2\", \"fd00:2::3\"] }]\n";
+    let cfg = config(chain)
+        .replace(
+            "address = \"10.0.0.1\"\n",
+            "address = \"10.0.0.1\"\naddress6 = \"fd00:1::1\"\n",
+        )
+        .replace(
+            &format!("address = \"{BOX_OUTSIDE}\"\n"),
+            &format!("address = \"{BOX_OUTSIDE}\"\naddress6 = \"fd00:2::1\"\n"),
+        )
+        .replace(
+            "inside = [\"10.0.0.0/24\"]",
+            "inside = [\"10.0.0.0/24\", \"fd00:1::/64\"]",
+        );
+    live.start_box_with(&cfg, SERVER, &["--metrics", "127.0.0.1:9467"]);
+    let fetch = |url: &str| -> Option<Vec<u8>> {
+        let to = live.dir.path().join("got6");
+        let o = live.client(&[
+            "curl",
+            "-6",
+            "-g",
+            "-sSf",
+            "-m",
+            "20",
+            "--retry",
+            "3",
+            "--retry-all-errors",
+            "-o",
+            path(&to),
+            url,
+        ]);
+        o.status.success().then(|| std::fs::read(&to).unwrap())
+    };
+    let (name, data) = &files[2];
+    assert!(
+        fetch(&format!("http://[fd00:2::2]:8080/{name}")).as_ref() == Some(data),
+        "a download straight to the server through the firewall"
+    );
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..12 {
+        let who = fetch("http://[fd00:2::10]:8080/backend").expect("through the VIP");
+        seen.insert(String::from_utf8_lossy(&who).trim().to_owned());
+    }
+    assert_eq!(seen.into_iter().collect::<Vec<_>>(), ["a", "b"]);
+    assert!(fetch(&format!("http://[fd00:2::10]:8080/{name}")).as_ref() == Some(data));
+    // From outside, unsolicited: the firewall drops it.
+    let o = live.run_in(
+        &server_ns,
+        &[
+            "curl",
+            "-6",
+            "-g",
+            "-sS",
+            "-m",
+            "3",
+            "http://[fd00:1::2]:9/",
+        ],
+    );
+    assert!(!o.status.success());
+    let s = live.stop_box();
+    assert!(s["live_box"]["nd_answered"].as_u64() > Some(0), "{s}");
+    let assigned: i64 = nf_of(&s, "lb")["labelled"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["name"] == "backend_connections")
+        .filter_map(|l| l["count"].as_i64())
+        .sum();
+    assert_eq!(assigned, 13, "{s}");
+    assert!(
+        s["dropped"]["firewall.inbound_not_opened_from_inside"].as_u64() > Some(0),
+        "{s}"
+    );
+}

@@ -501,11 +501,15 @@ pub fn run_root(
         PortAddr {
             address: o.inside.address,
             gateway: o.inside.gateway,
+            address6: o.inside.address6,
+            gateway6: o.inside.gateway6,
             mtu: flowstate_router::interface_mtu(&o.inside.interface),
         },
         PortAddr {
             address: o.outside.address,
             gateway: o.outside.gateway,
+            address6: o.outside.address6,
+            gateway6: o.outside.gateway6,
             mtu: flowstate_router::interface_mtu(&o.outside.interface),
         },
     ];

@@ -12,6 +12,7 @@
 //! # A live two-port box instead (flowstate_chain::live): both sections name an interface.
 //! # [input]  interface = "fs-in"   address = "10.0.0.1"       # the inside port, the box's address
 //! #          driver = "af-packet"  gateway = "10.0.0.254"     # or "af-xdp"; optional: next hop out
+//! #          address6 = "fd00:1::1"  gateway6 = "fd00:1::fe"   # optional: IPv6 on the port
 //! #          fast_path = true                                 # the XDP fast path (default on)
 //! #          fast_path_refresh = "1s"  fast_path_capacity = 65536
 //! # [output] interface = "fs-out"  address = "198.51.100.1"   # the outside port
@@ -478,6 +479,8 @@ struct RawInput {
     interface: Option<String>,
     address: Option<String>,
     gateway: Option<String>,
+    address6: Option<String>,
+    gateway6: Option<String>,
     driver: Option<String>,
     fast_path: Option<bool>,
     fast_path_refresh: Option<toml::Value>,
@@ -515,6 +518,8 @@ struct RawOutput {
     interface: Option<String>,
     address: Option<String>,
     gateway: Option<String>,
+    address6: Option<String>,
+    gateway6: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -1409,15 +1414,21 @@ fn live_ports(
         Some(i) => Some(live_port(
             file,
             "input",
-            i.clone(),
-            input.address.clone(),
-            input.gateway.clone(),
+            PortKeys {
+                interface: i.clone(),
+                address: input.address.clone(),
+                gateway: input.gateway.clone(),
+                address6: input.address6.clone(),
+                gateway6: input.gateway6.clone(),
+            },
             driver,
         )?)
         .map(|p| LivePort { fast_path, ..p }),
         None if input.address.is_some() => return Err(err("input.address", only_live)),
         None if input.fast_path.is_some() => return Err(err("input.fast_path", only_live)),
         None if input.gateway.is_some() => return Err(err("input.gateway", only_live)),
+        None if input.address6.is_some() => return Err(err("input.address6", only_live)),
+        None if input.gateway6.is_some() => return Err(err("input.gateway6", only_live)),
         None => None,
     };
     let live_out = match output.as_ref() {
@@ -1431,15 +1442,21 @@ fn live_ports(
             Some(live_port(
                 file,
                 "output",
-                o.interface.clone().unwrap_or_default(),
-                o.address.clone(),
-                o.gateway.clone(),
+                PortKeys {
+                    interface: o.interface.clone().unwrap_or_default(),
+                    address: o.address.clone(),
+                    gateway: o.gateway.clone(),
+                    address6: o.address6.clone(),
+                    gateway6: o.gateway6.clone(),
+                },
                 driver,
             )?)
             .map(|p| LivePort { fast_path, ..p })
         }
         Some(o) if o.address.is_some() => return Err(err("output.address", only_live)),
         Some(o) if o.gateway.is_some() => return Err(err("output.gateway", only_live)),
+        Some(o) if o.address6.is_some() => return Err(err("output.address6", only_live)),
+        Some(o) if o.gateway6.is_some() => return Err(err("output.gateway6", only_live)),
         _ => None,
     };
     match (&live_in, &live_out) {
@@ -1495,17 +1512,31 @@ fn fast_path(file: &Path, input: &RawInput) -> Result<Option<FastPathConfig>, Co
     }))
 }
 
+/// A live port's keys as written.
+struct PortKeys {
+    interface: String,
+    address: Option<String>,
+    gateway: Option<String>,
+    address6: Option<String>,
+    gateway6: Option<String>,
+}
+
 /// Checks one live port's keys (`section` is `input` or `output`).
 fn live_port(
     file: &Path,
     section: &str,
-    interface: String,
-    address: Option<String>,
-    gateway: Option<String>,
+    keys: PortKeys,
     driver: Driver,
 ) -> Result<LivePort, ConfigError> {
     let err =
         |key: &str, reason: String| ConfigError::new(file, format!("{section}.{key}"), reason);
+    let PortKeys {
+        interface,
+        address,
+        gateway,
+        address6,
+        gateway6,
+    } = keys;
     if interface.is_empty() || interface.len() > 15 || interface.contains(['/', ' ', '\0']) {
         return Err(err(
             "interface",
@@ -1516,16 +1547,31 @@ fn live_port(
         v.parse::<std::net::Ipv4Addr>()
             .map_err(|_| err(key, format!("expected an IPv4 address, got {v:?}")))
     };
+    let ip6 = |key: &str, v: &str| match v.parse::<std::net::Ipv6Addr>() {
+        Ok(a) if !a.is_multicast() && !a.is_unspecified() => Ok(a),
+        _ => Err(err(
+            key,
+            format!("expected a unicast IPv6 address, got {v:?}"),
+        )),
+    };
     let Some(address) = address else {
         return Err(err(
             "address",
             "missing: the box's IPv4 address on this port (answered in ARP), e.g. address = \"10.0.0.1\"".into(),
         ));
     };
+    if gateway6.is_some() && address6.is_none() {
+        return Err(err(
+            "gateway6",
+            "needs address6: the box's IPv6 address on this port".into(),
+        ));
+    }
     Ok(LivePort {
         interface,
         address: ip("address", &address)?,
         gateway: gateway.map(|g| ip("gateway", &g)).transpose()?,
+        address6: address6.map(|a| ip6("address6", &a)).transpose()?,
+        gateway6: gateway6.map(|g| ip6("gateway6", &g)).transpose()?,
         driver,
         fast_path: None,
     })

@@ -27,6 +27,8 @@ fn a_live_box_names_both_ports() {
             interface: "fs-in".into(),
             address: "10.0.0.1".parse().unwrap(),
             gateway: None,
+            address6: None,
+            gateway6: None,
             driver: Driver::AfXdp,
             fast_path: Some(FastPathConfig {
                 refresh: Duration::from_secs(1),
@@ -41,6 +43,8 @@ fn a_live_box_names_both_ports() {
             interface: "fs-out".into(),
             address: "198.51.100.1".parse().unwrap(),
             gateway: Some("198.51.100.254".parse().unwrap()),
+            address6: None,
+            gateway6: None,
             driver: Driver::AfXdp,
             fast_path: Some(FastPathConfig {
                 refresh: Duration::from_secs(1),

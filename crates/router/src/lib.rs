@@ -1,13 +1,18 @@
-//! The neighbour side of a two-port IPv4 box: its ports' addressing, ARP, ICMP errors and
-//! routing between the ports, over [`flowstate_io::Port`]s. The live box
+//! The neighbour side of a two-port IPv4 and IPv6 box: its ports' addressing, ARP and
+//! neighbour discovery, ICMP and ICMPv6 errors and routing between the ports, over
+//! [`flowstate_io::Port`]s. The live box
 //! (`flowstate_chain::live`) and a cluster's root (`flowstate_cluster::root`) both stand on it.
 //!
-//! The box is an IPv4 router with two ports and no kernel addresses:
+//! The box is a router with two ports and no kernel addresses:
 //! * It answers ARP requests for its own address on each port, so ordinary hosts use it as
 //!   their gateway, and it learns its neighbours' MAC addresses from the ARP and IPv4 frames
 //!   they send (last one wins).
 //! * IPv4 frames addressed to a port's MAC go through the chain; every other frame (other
 //!   hosts' unicast, IPv6, LLDP, broadcasts that are not ARP) is counted and dropped.
+//! * IPv6 alike on a port with an IPv6 address ([`PortAddr::address6`]): neighbour
+//!   solicitations for it are answered and unknown next hops solicited (RFC 4861, `nd`),
+//!   the hop limit is decremented, and what cannot be forwarded gets ICMPv6 time exceeded or
+//!   packet too big (RFC 4443) from that address. Without one, IPv6 is not for the box.
 //! * A frame with one VLAN tag (IEEE 802.1Q or 802.1ad) is handled as an untagged one, and
 //!   what the box sends for it (an ARP answer or request, an ICMP error, the forwarded
 //!   frame) carries the same tag: tags are kept end to end.
@@ -37,11 +42,12 @@ use flowstate_io::afxdp::XdpProgram;
 use flowstate_io::{PacketBatch, Port, Sink, Source};
 use flowstate_wire::ethernet::{EtherType, MacAddr};
 use flowstate_wire::{arp, ethernet, icmp, ipv4};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod nd;
 mod port;
 pub use port::{Driver, FastPathConfig, LivePort};
 
@@ -66,6 +72,11 @@ pub struct PortAddr {
     pub address: Ipv4Addr,
     /// Where packets leaving by this port go (`None`: the destination is on the link).
     pub gateway: Option<Ipv4Addr>,
+    /// The box's IPv6 address on the port (answered in neighbour discovery; the source of
+    /// its solicitations and ICMPv6 errors). `None`: IPv6 is not routed by this port.
+    pub address6: Option<Ipv6Addr>,
+    /// Where IPv6 packets leaving by this port go (`None`: the destination is on the link).
+    pub gateway6: Option<Ipv6Addr>,
     /// The largest IPv4 packet the port sends (its interface's MTU; see [`interface_mtu`]).
     pub mtu: u16,
 }
@@ -131,6 +142,10 @@ pub struct BoxStats {
     pub arp_answered: AtomicU64,
     /// ARP requests the box sent for unknown neighbours.
     pub arp_asked: AtomicU64,
+    /// IPv6 neighbour solicitations for a box address answered.
+    pub nd_answered: AtomicU64,
+    /// IPv6 neighbour solicitations the box sent for unknown neighbours.
+    pub nd_asked: AtomicU64,
     /// Frames dropped on receive: not IPv4 or ARP, not addressed to the port, too short.
     pub not_for_us: AtomicU64,
     /// Forwarded packets dropped because the next hop's MAC was unknown.
@@ -165,6 +180,8 @@ impl BoxStats {
         vec![
             ("arp_answered", l(&self.arp_answered)),
             ("arp_asked", l(&self.arp_asked)),
+            ("nd_answered", l(&self.nd_answered)),
+            ("nd_asked", l(&self.nd_asked)),
             ("not_for_us", l(&self.not_for_us)),
             ("unresolved", l(&self.unresolved)),
             ("ttl_expired", l(&self.ttl_expired)),
@@ -185,14 +202,16 @@ impl BoxStats {
 #[derive(Default)]
 struct Slot {
     seq: AtomicU32,
-    ip: AtomicU32,
+    /// The address ([`key`]), high and low halves.
+    hi: AtomicU64,
+    lo: AtomicU64,
     /// MAC in the low 48 bits; bit 63 set when valid.
     mac: AtomicU64,
     /// When this address was last asked for (ms since the table's start), sender side.
     asked: AtomicU64,
 }
 
-/// One port's neighbours: IPv4 address → MAC. One writer (the receiving thread).
+/// One port's neighbours: IPv4 or IPv6 address → MAC. One writer (the receiving thread).
 pub struct Neighbours {
     slots: Box<[Slot]>,
     start: Instant,
@@ -219,47 +238,62 @@ fn mac_u64(m: [u8; 6]) -> u64 {
     m.iter().fold(0u64, |a, &b| (a << 8) | u64::from(b)) | VALID
 }
 
+/// An address as 128 bits (IPv4 as IPv4-mapped IPv6).
+#[inline]
+fn key(ip: IpAddr) -> u128 {
+    match ip {
+        IpAddr::V4(a) => u128::from(a.to_ipv6_mapped()),
+        IpAddr::V6(a) => u128::from(a),
+    }
+}
+
 impl Neighbours {
     #[inline]
-    fn slot(&self, ip: u32) -> &Slot {
-        &self.slots[(ip.wrapping_mul(0x9e37_79b1) >> 24) as usize % NEIGHBOURS]
+    fn slot(&self, k: u128) -> &Slot {
+        let folded = (k as u32) ^ ((k >> 32) as u32) ^ ((k >> 64) as u32) ^ ((k >> 96) as u32);
+        &self.slots[(folded.wrapping_mul(0x9e37_79b1) >> 24) as usize % NEIGHBOURS]
     }
 
     /// Records that `ip` is at `mac` (the receiving thread only).
     #[inline]
-    pub fn learn(&self, ip: Ipv4Addr, mac: [u8; 6]) {
-        let ip = u32::from(ip);
+    pub fn learn(&self, ip: impl Into<IpAddr>, mac: [u8; 6]) {
+        let k = key(ip.into());
+        let (hi, lo) = ((k >> 64) as u64, k as u64);
         let m = mac_u64(mac);
-        let s = self.slot(ip);
-        if s.ip.load(Ordering::Relaxed) == ip && s.mac.load(Ordering::Relaxed) == m {
+        let s = self.slot(k);
+        if s.hi.load(Ordering::Relaxed) == hi
+            && s.lo.load(Ordering::Relaxed) == lo
+            && s.mac.load(Ordering::Relaxed) == m
+        {
             return;
         }
         let seq = s.seq.load(Ordering::Relaxed);
         s.seq.store(seq.wrapping_add(1), Ordering::Relaxed);
         fence(Ordering::Release);
-        s.ip.store(ip, Ordering::Relaxed);
+        s.hi.store(hi, Ordering::Relaxed);
+        s.lo.store(lo, Ordering::Relaxed);
         s.mac.store(m, Ordering::Relaxed);
         s.seq.store(seq.wrapping_add(2), Ordering::Release);
     }
 
     /// The MAC of `ip`, if known.
     #[inline]
-    pub fn lookup(&self, ip: Ipv4Addr) -> Option<[u8; 6]> {
-        let ip = u32::from(ip);
-        let s = self.slot(ip);
+    pub fn lookup(&self, ip: impl Into<IpAddr>) -> Option<[u8; 6]> {
+        let k = key(ip.into());
+        let s = self.slot(k);
         for _ in 0..4 {
             let a = s.seq.load(Ordering::Acquire);
             if a & 1 == 1 {
                 std::hint::spin_loop();
                 continue;
             }
-            let got_ip = s.ip.load(Ordering::Relaxed);
+            let (hi, lo) = (s.hi.load(Ordering::Relaxed), s.lo.load(Ordering::Relaxed));
             let m = s.mac.load(Ordering::Relaxed);
             fence(Ordering::Acquire);
             if s.seq.load(Ordering::Relaxed) != a {
                 continue;
             }
-            if got_ip != ip || m & VALID == 0 {
+            if (u128::from(hi) << 64 | u128::from(lo)) != k || m & VALID == 0 {
                 return None;
             }
             let b = m.to_be_bytes();
@@ -268,10 +302,11 @@ impl Neighbours {
         None
     }
 
-    /// Whether to send an ARP request for `ip` now (the sending thread only): not more than
-    /// once per [`ASK_EVERY`] for an address (or for addresses sharing its entry).
-    fn should_ask(&self, ip: Ipv4Addr) -> bool {
-        let s = self.slot(u32::from(ip));
+    /// Whether to ask for `ip` now (an ARP request, a neighbour solicitation; the sending
+    /// thread only): not more than once per [`ASK_EVERY`] for an address (or for addresses
+    /// sharing its entry).
+    fn should_ask(&self, ip: impl Into<IpAddr>) -> bool {
+        let s = self.slot(key(ip.into()));
         let now = self.start.elapsed().as_millis() as u64 + ASK_EVERY.as_millis() as u64;
         let last = s.asked.load(Ordering::Relaxed);
         if now.saturating_sub(last) < ASK_EVERY.as_millis() as u64 {
@@ -612,7 +647,7 @@ impl<P: Port> LiveSource<P> {
     fn receive(&mut self, batch: &mut PacketBatch) -> flowstate_io::Result<()> {
         for p in 0..2 {
             let my_mac = self.macs[p];
-            let my_ip = self.addrs[p].address;
+            let (my_ip, my_ip6) = (self.addrs[p].address, self.addrs[p].address6);
             let neigh = &self.shared.neighbours[p];
             let stats = &self.shared.stats;
             let arp_out = &mut self.arp_out[p];
@@ -626,33 +661,45 @@ impl<P: Port> LiveSource<P> {
                     return false;
                 };
                 let l3 = link.l3;
-                match link.ethertype {
+                let not_for_us = || {
+                    stats.not_for_us.fetch_add(1, Ordering::Relaxed);
+                    false
+                };
+                // What the box cannot forward, and whether the packet is IPv6.
+                let (error, v6) = match link.ethertype {
                     ETHERTYPE_IPV4 if dst == my_mac => {
-                        if let Some(s) = ip4(f, l3 + 12) {
-                            neigh.learn(s, src);
-                            let Some(error) = undeliverable(f, l3, next_mtu) else {
-                                return true;
-                            };
-                            match error {
-                                Undeliverable::TtlExpired => &stats.ttl_expired,
-                                Undeliverable::TooBig { .. } => &stats.too_big,
-                            }
-                            .fetch_add(1, Ordering::Relaxed);
-                            if error.answered()
-                                && answerable(f, l3)
-                                && !arp_out.is_full()
-                                && budget.take()
-                            {
-                                let sent = arp_out.push_with(|buf, _| {
+                        let Some(s) = ip4(f, l3 + 12) else {
+                            return not_for_us();
+                        };
+                        neigh.learn(s, src);
+                        (undeliverable(f, l3, next_mtu), false)
+                    }
+                    nd::ETHERTYPE_IPV6 if my_ip6.is_some() => {
+                        match nd::receive(f, l3, src, my_ip6) {
+                            nd::Received::Solicited { from, mac } => {
+                                neigh.learn(from, mac);
+                                let (Some(mine), false) = (my_ip6, arp_out.is_full()) else {
+                                    return false;
+                                };
+                                let pushed = arp_out.push_with(|buf, _| {
                                     tagged(buf, link.tag, |b| {
-                                        write_icmp_error(b, f, l3, my_mac, my_ip, error)
+                                        nd::write_advertisement(b, my_mac, mine, from, mac)
                                     })
                                 });
-                                if sent {
-                                    stats.icmp_errors_sent.fetch_add(1, Ordering::Relaxed);
+                                if pushed {
+                                    stats.nd_answered.fetch_add(1, Ordering::Relaxed);
                                 }
+                                return false;
                             }
-                            return false;
+                            nd::Received::Neighbour(ip, mac) => {
+                                neigh.learn(ip, mac);
+                                return false;
+                            }
+                            nd::Received::Packet { src: s } if dst == my_mac => {
+                                neigh.learn(s, src);
+                                (nd::undeliverable(f, l3, next_mtu), true)
+                            }
+                            _ => return not_for_us(),
                         }
                     }
                     ETHERTYPE_ARP if dst == my_mac || dst == BROADCAST => {
@@ -678,9 +725,32 @@ impl<P: Port> LiveSource<P> {
                         }
                         return false;
                     }
-                    _ => {}
+                    _ => return not_for_us(),
+                };
+                let Some(error) = error else {
+                    return true;
+                };
+                match error {
+                    Undeliverable::TtlExpired => &stats.ttl_expired,
+                    Undeliverable::TooBig { .. } => &stats.too_big,
                 }
-                stats.not_for_us.fetch_add(1, Ordering::Relaxed);
+                .fetch_add(1, Ordering::Relaxed);
+                let may = if v6 {
+                    nd::answerable(f, l3)
+                } else {
+                    answerable(f, l3)
+                };
+                if error.answered() && may && !arp_out.is_full() && budget.take() {
+                    let sent = arp_out.push_with(|buf, _| {
+                        tagged(buf, link.tag, |b| match my_ip6.filter(|_| v6) {
+                            Some(mine) => nd::write_error(b, f, l3, my_mac, mine, error),
+                            None => write_icmp_error(b, f, l3, my_mac, my_ip, error),
+                        })
+                    });
+                    if sent {
+                        stats.icmp_errors_sent.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
                 false
             };
             let got = self.ports[p].recv_ready(batch, p as u16, &mut keep)?;
@@ -883,9 +953,13 @@ impl<P: Port> LiveSink<P> {
             stats.not_for_us.fetch_add(1, Ordering::Relaxed);
             return Ok(None);
         };
-        let (ETHERTYPE_IPV4, Some(dst), Some(ttl)) =
-            (ethertype, ip4(frame, l3 + 16), frame.get(l3 + 8).copied())
-        else {
+        // The destination, and where the TTL (IPv4) or hop limit (IPv6) is.
+        let (dst, ttl_at) = match ethertype {
+            ETHERTYPE_IPV4 => (ip4(frame, l3 + 16).map(IpAddr::V4), l3 + 8),
+            nd::ETHERTYPE_IPV6 => (nd::ip6(frame, l3 + 24).map(IpAddr::V6), l3 + 7),
+            _ => (None, 0),
+        };
+        let (Some(dst), Some(&ttl)) = (dst, frame.get(ttl_at)) else {
             stats.not_for_us.fetch_add(1, Ordering::Relaxed);
             return Ok(None);
         };
@@ -893,22 +967,36 @@ impl<P: Port> LiveSink<P> {
             stats.ttl_expired.fetch_add(1, Ordering::Relaxed);
             return Ok(None);
         }
-        let p = if self.inside.iter().any(|i| i.matches(&IpAddr::V4(dst))) {
+        let p = if self.inside.iter().any(|i| i.matches(&dst)) {
             usize::from(INSIDE)
         } else {
             usize::from(OUTSIDE)
         };
-        let hop = self.addrs[p].gateway.unwrap_or(dst);
+        let a = self.addrs[p];
+        let hop = match dst {
+            IpAddr::V4(d) => IpAddr::V4(a.gateway.unwrap_or(d)),
+            IpAddr::V6(d) => IpAddr::V6(a.gateway6.unwrap_or(d)),
+        };
         let Some(hop_mac) = self.shared.neighbours[p].lookup(hop) else {
             stats.unresolved.fetch_add(1, Ordering::Relaxed);
             if self.shared.neighbours[p].should_ask(hop) {
                 if self.out[p].is_full() {
                     self.drain(p)?;
                 }
-                let (m, a) = (self.macs[p], self.addrs[p].address);
-                let ask = |b: &mut [u8]| write_arp(b, 1, BROADCAST, m, a, [0; 6], hop);
+                let (m, a, a6) = (self.macs[p], a.address, a.address6);
+                // An ARP request, or a neighbour solicitation from the port's IPv6 address.
+                let ask = |b: &mut [u8]| match (hop, a6) {
+                    (IpAddr::V4(h), _) => write_arp(b, 1, BROADCAST, m, a, [0; 6], h),
+                    (IpAddr::V6(h), Some(mine)) => nd::write_solicitation(b, m, mine, h),
+                    (IpAddr::V6(_), None) => 0,
+                };
                 if self.out[p].push_with(|buf, _| tagged(buf, tag, ask)) {
-                    self.shared.stats.arp_asked.fetch_add(1, Ordering::Relaxed);
+                    let asked = if hop.is_ipv4() {
+                        &self.shared.stats.arp_asked
+                    } else {
+                        &self.shared.stats.nd_asked
+                    };
+                    asked.fetch_add(1, Ordering::Relaxed);
                 }
             }
             return Ok(None);
@@ -926,10 +1014,13 @@ impl<P: Port> LiveSink<P> {
             let mut eth = ethernet::Frame::new_unchecked(&mut buf[..n]);
             eth.set_dst_addr(MacAddr(hop_mac));
             eth.set_src_addr(MacAddr(my_mac));
-            // TTL − 1 (RFC 1812 §5.3.1), the checksum updated incrementally (RFC 1624). A
-            // tagged frame keeps its tag.
-            let mut ip = ipv4::Packet::new_unchecked(&mut buf[l3..n]);
-            ip.set_ttl(ttl - 1);
+            // TTL − 1 (RFC 1812 §5.3.1), the checksum updated incrementally (RFC 1624); the
+            // hop limit − 1 (RFC 8200 §3: no checksum). A tagged frame keeps its tag.
+            if dst.is_ipv4() {
+                ipv4::Packet::new_unchecked(&mut buf[l3..n]).set_ttl(ttl - 1);
+            } else {
+                buf[ttl_at] = ttl - 1;
+            }
             n
         });
         Ok(Some(p))
@@ -1052,11 +1143,15 @@ mod tests {
             PortAddr {
                 address: "10.0.0.1".parse().unwrap(),
                 gateway: None,
+                address6: None,
+                gateway6: None,
                 mtu: 1500,
             },
             PortAddr {
                 address: "198.51.100.1".parse().unwrap(),
                 gateway: None,
+                address6: None,
+                gateway6: None,
                 mtu: 1500,
             },
         ]
@@ -1139,19 +1234,96 @@ mod tests {
         assert_eq!(ip4(r, ETH_HLEN + 14), Some("10.0.0.1".parse().unwrap()));
         assert_eq!(ip4(r, ETH_HLEN + 24), Some("10.0.0.2".parse().unwrap()));
         assert_eq!(
-            shared.neighbours[0].lookup("10.0.0.2".parse().unwrap()),
+            shared.neighbours[0].lookup("10.0.0.2".parse::<Ipv4Addr>().unwrap()),
             Some(CLIENT)
         );
         assert_eq!(
-            shared.neighbours[1].lookup("198.51.100.2".parse().unwrap()),
+            shared.neighbours[1].lookup("198.51.100.2".parse::<Ipv4Addr>().unwrap()),
             Some(SERVER)
         );
         assert_eq!(
-            shared.neighbours[1].lookup("10.0.0.2".parse().unwrap()),
+            shared.neighbours[1].lookup("10.0.0.2".parse::<Ipv4Addr>().unwrap()),
             None
         );
         stop.stop();
         assert_eq!(src.recv(&mut b).unwrap(), 0, "stopped: end of input");
+    }
+
+    /// An IPv6 UDP frame.
+    fn ipv6(dst_mac: [u8; 6], src_mac: [u8; 6], src: &str, dst: &str, hop: u8) -> Vec<u8> {
+        let mut f = vec![0u8; ETH_HLEN + 48];
+        f[0..6].copy_from_slice(&dst_mac);
+        f[6..12].copy_from_slice(&src_mac);
+        f[12..14].copy_from_slice(&nd::ETHERTYPE_IPV6.to_be_bytes());
+        let ip = &mut f[ETH_HLEN..];
+        ip[0] = 0x60;
+        ip[5] = 8;
+        ip[6] = 17;
+        ip[7] = hop;
+        ip[8..24].copy_from_slice(&src.parse::<Ipv6Addr>().unwrap().octets());
+        ip[24..40].copy_from_slice(&dst.parse::<Ipv6Addr>().unwrap().octets());
+        f
+    }
+
+    /// IPv6 (RFC 4861, RFC 4443): the box answers neighbour solicitations for its address,
+    /// learns its neighbours, answers an expiring packet with time exceeded, routes by the
+    /// inside prefixes with the hop limit decremented, and solicits an unknown next hop.
+    #[test]
+    fn ipv6_is_answered_routed_and_solicited() {
+        let mut a = addrs();
+        a[0].address6 = Some("fd00:1::1".parse().unwrap());
+        a[1].address6 = Some("fd00:2::1".parse().unwrap());
+        let mut ns = [0u8; 128];
+        let n = nd::write_solicitation(
+            &mut ns,
+            CLIENT,
+            "fd00:1::2".parse().unwrap(),
+            "fd00:1::1".parse().unwrap(),
+        );
+        let (p, tx) = ports(
+            vec![
+                ns[..n].to_vec(),
+                ipv6(BOX_IN, CLIENT, "fd00:1::2", "fd00:2::2", 1),
+                ipv6(BOX_IN, CLIENT, "fd00:1::2", "fd00:2::2", 64),
+            ],
+            vec![],
+        );
+        let shared = Arc::new(Shared::default());
+        let mut src = LiveSource::new(p, a, Arc::clone(&shared), Stop::new());
+        let mut b = PacketBatch::new(32, 2048);
+        assert_eq!(src.recv(&mut b).unwrap(), 1, "the live IPv6 frame goes on");
+        let answers = tx[0].lock().unwrap().clone();
+        assert_eq!(answers.len(), 2, "{answers:?}");
+        assert_eq!(answers[0][ETH_HLEN + 40], 136, "a neighbour advertisement");
+        assert_eq!(answers[1][ETH_HLEN + 40], icmp::v6::types::TIME_EXCEEDED);
+        let client: Ipv6Addr = "fd00:1::2".parse().unwrap();
+        assert_eq!(shared.neighbours[0].lookup(client), Some(CLIENT));
+
+        let (p, tx) = ports(vec![], vec![]);
+        let inside = vec!["fd00:1::/64".parse().unwrap()];
+        let mut sink = LiveSink::new(p, a, inside, Arc::clone(&shared), 32, 2048);
+        let fwd = b.get(0).unwrap().0.to_vec();
+        b.clear();
+        b.push(&fwd, Default::default());
+        sink.send(&b).unwrap();
+        let asked = tx[1].lock().unwrap().clone();
+        assert_eq!(asked.len(), 1, "a solicitation instead");
+        assert_eq!(&asked[0][0..6], &[0x33, 0x33, 0xff, 0, 0, 2]);
+        assert_eq!(shared.stats.nd_asked.load(Ordering::Relaxed), 1);
+        shared.neighbours[1].learn("fd00:2::2".parse::<Ipv6Addr>().unwrap(), SERVER);
+        b.clear();
+        b.push(&fwd, Default::default());
+        b.push(
+            &ipv6(BOX_OUT, SERVER, "fd00:2::2", "fd00:1::2", 64),
+            Default::default(),
+        );
+        sink.send(&b).unwrap();
+        let o = tx[1].lock().unwrap()[1].clone();
+        assert_eq!((&o[0..6], &o[6..12]), (&SERVER[..], &BOX_OUT[..]));
+        assert_eq!(o[ETH_HLEN + 7], 63, "hop limit decremented");
+        let i = tx[0].lock().unwrap().clone();
+        assert_eq!(i.len(), 1, "back inside by the prefix");
+        assert_eq!(&i[0][0..6], &CLIENT);
     }
 
     /// `f` with 802.1Q tag `tci` after its MAC addresses.
@@ -1197,7 +1369,7 @@ mod tests {
 
         let (p, tx) = ports(vec![], vec![]);
         let mut sink = LiveSink::new(p, addrs(), vec![], Arc::clone(&shared), 32, 2048);
-        shared.neighbours[1].learn("198.51.100.2".parse().unwrap(), SERVER);
+        shared.neighbours[1].learn("198.51.100.2".parse::<Ipv4Addr>().unwrap(), SERVER);
         let fwd = b.get(0).unwrap().0.to_vec();
         b.clear();
         b.push(&fwd, Default::default());
@@ -1338,8 +1510,8 @@ mod tests {
         sink.send(&b).unwrap();
         assert_eq!(tx[1].lock().unwrap().len(), 1);
 
-        shared.neighbours[1].learn("198.51.100.2".parse().unwrap(), SERVER);
-        shared.neighbours[0].learn("10.0.0.2".parse().unwrap(), CLIENT);
+        shared.neighbours[1].learn("198.51.100.2".parse::<Ipv4Addr>().unwrap(), SERVER);
+        shared.neighbours[0].learn("10.0.0.2".parse::<Ipv4Addr>().unwrap(), CLIENT);
         b.clear();
         b.push(&out, Default::default());
         b.push(
@@ -1371,7 +1543,7 @@ mod tests {
         let shared = Arc::new(Shared::default());
         let mut a = addrs();
         a[1].gateway = Some("198.51.100.254".parse().unwrap());
-        shared.neighbours[1].learn("198.51.100.254".parse().unwrap(), SERVER);
+        shared.neighbours[1].learn("198.51.100.254".parse::<Ipv4Addr>().unwrap(), SERVER);
         let mut sink = LiveSink::new(p, a, vec![], Arc::clone(&shared), 32, 2048);
         let mut b = PacketBatch::new(8, 2048);
         b.push(

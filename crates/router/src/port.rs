@@ -11,6 +11,11 @@ pub struct LivePort {
     pub address: std::net::Ipv4Addr,
     /// Next hop of every packet leaving by this port (`None`: destinations are on the link).
     pub gateway: Option<std::net::Ipv4Addr>,
+    /// The box's IPv6 address on it (answered in neighbour discovery; `None`: the port
+    /// routes no IPv6).
+    pub address6: Option<std::net::Ipv6Addr>,
+    /// Next hop of every IPv6 packet leaving by this port (`None`: on the link).
+    pub gateway6: Option<std::net::Ipv6Addr>,
     /// How packets are read and written (`[input] driver`; the same for both ports).
     pub driver: Driver,
     /// The XDP fast path in front of the chain (`None`: every packet takes the chain).
