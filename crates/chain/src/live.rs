@@ -201,20 +201,7 @@ pub fn run(
     let learner = fast.zip(programs.as_ref().map(|p| p.each_ref().map(|p| p.ifindex())));
     match inside.driver {
         Driver::AfPacket => {
-            // 2 KiB ring slots hold frames up to 1982 bytes (the slot's header and address
-            // take 66), enough for a 1500-byte MTU and dense in memory for small frames; a
-            // larger max_frame gets slots that hold it.
-            let max_frame = runtime.options().max_frame;
-            let frame_size = if max_frame <= 2048 {
-                2048
-            } else {
-                (max_frame + 66).next_power_of_two().min(1 << 16) as u32
-            };
-            let rx = AfPacketOptions {
-                frame_size,
-                block_size: frame_size.max(1 << 18),
-                ..AfPacketOptions::default()
-            };
+            let rx = AfPacketOptions::receiving(runtime.options().max_frame);
             let rx_ports = [
                 AfPacket::open(&inside.interface, &rx).map_err(RunError::Port)?,
                 AfPacket::open(&outside.interface, &rx).map_err(RunError::Port)?,

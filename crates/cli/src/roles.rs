@@ -215,6 +215,7 @@ pub(crate) fn root(path: &Path, files: &Files) -> Result<()> {
         stats,
         epoch,
         keys,
+        max_frame: d.config.runtime.max_frame,
     };
     let stages = d.config.stage_factories()?;
     let stats = flowstate_cluster::run_root(&o, &stages, Stop::new())?;
@@ -259,6 +260,7 @@ pub(crate) fn instance(
         retain_ops: d.config.state.retain_ops,
         stats,
         keys,
+        max_frame: d.config.runtime.max_frame,
     };
     flowstate_cluster::run_instance(&o, chain, connector, Stop::new())?;
     Ok(())

@@ -3020,3 +3020,41 @@ fn a_forwarded_inside_server_is_reached_through_the_cluster_from_outside_and_by_
         .collect();
     c.check_downloads(downloads, &body);
 }
+
+/// Jumbo frames through the cluster: with the client's, the box's and the server's links at
+/// MTU 9,000 and `[runtime] max_frame` holding their frames, downloads in 9,000-byte frames
+/// cross the root and the instances byte for byte (the cluster network keeps MTU 1,500: the
+/// kernel fragments the larger datagrams between the roles).
+#[test]
+fn jumbo_frames_cross_the_cluster() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let state = "backend = \"store\"\nurl = \"192.0.2.1:7878\"";
+    let config = Cluster::config(state, 2, "fast_path = false")
+        .replace("[runtime]\n", "[runtime]\nmax_frame = 9018\n");
+    let mut c = Cluster::lab_with("jb", &config, 4);
+    let nf = c.lab.nf_ns();
+    for (ns, port) in [
+        (c.lab.client_ns(), CLIENT_IF),
+        (nf.clone(), flowstate_lab::NF_INSIDE_IF),
+        (nf.clone(), flowstate_lab::NF_OUTSIDE_IF),
+        (c.lab.server_ns(), flowstate_lab::SERVER_IF),
+    ] {
+        let o = c
+            .in_ns(&ns, &["ip", "link", "set", port, "mtu", "9000"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    let out = c.flowstate(&["cluster", "up", c.config.to_str().unwrap()]);
+    assert!(out.status.success(), "cluster up: {}", text(&out));
+    c.wait_for(60, "every partition owned", |s| owned(s) == 16);
+    let want = content(2_000_000, 9);
+    let http_peers = c.serve_paced(&want, 20_000_000);
+    let downloads = c.downloads(6);
+    c.check_downloads(downloads, &want);
+    server_saw_only_the_nat(&http_peers);
+}

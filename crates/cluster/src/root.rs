@@ -56,10 +56,6 @@ use std::net::SocketAddrV4;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Largest frame the root carries.
-const MAX_FRAME: usize = 2048;
-/// Largest datagram to or from an instance.
-const DATAGRAM: usize = meta::HEADER_LEN + MAX_FRAME + TRAILER_LEN;
 /// How often a role looks whether its key file changed.
 pub(crate) const KEY_CHECK: Duration = Duration::from_secs(1);
 
@@ -183,6 +179,8 @@ pub struct RootOptions {
     pub epoch: u64,
     /// The keys that sign and check every datagram between roles.
     pub keys: KeyRing,
+    /// The largest frame carried (`[runtime] max_frame`; jumbo frames need it raised).
+    pub max_frame: usize,
 }
 
 /// One stage as the root steers it.
@@ -489,9 +487,13 @@ pub fn run_root(
         ..AfPacketOptions::default()
     };
     let io = |e: flowstate_io::Error| ClusterError::Io(std::io::Error::other(e.to_string()));
+    // The largest frame carried, and the largest datagram to or from an instance.
+    let max_frame = o.max_frame;
+    let datagram = meta::HEADER_LEN + max_frame + TRAILER_LEN;
+    let rx = AfPacketOptions::receiving(max_frame);
     let rx_ports = [
-        AfPacket::open(&o.inside.interface, &AfPacketOptions::default()).map_err(io)?,
-        AfPacket::open(&o.outside.interface, &AfPacketOptions::default()).map_err(io)?,
+        AfPacket::open(&o.inside.interface, &rx).map_err(io)?,
+        AfPacket::open(&o.outside.interface, &rx).map_err(io)?,
     ];
     let tx_ports = [
         AfPacket::open(&o.inside.interface, &tx).map_err(io)?,
@@ -552,7 +554,7 @@ pub fn run_root(
         .map_err(|e| ClusterError::Config(e.to_string()))?
         .map(|loaded| {
             let capacity = o.inside.fast_path.map_or(0, |c| c.capacity);
-            RootFastPath::new(loaded, offset, capacity, MAX_FRAME)
+            RootFastPath::new(loaded, offset, capacity, max_frame)
         });
     let mut sink = LiveSink::new(
         tx_ports,
@@ -560,7 +562,7 @@ pub fn run_root(
         o.inside_prefixes.clone(),
         Arc::clone(&shared),
         64,
-        MAX_FRAME,
+        max_frame,
     );
     let at = |port| -> Vec<SocketAddrV4> {
         s.roots
@@ -572,20 +574,20 @@ pub fn run_root(
     let control = udp_socket(at(CONTROL_PORT)[index as usize])?;
     let mut out = Out {
         fd: raw(&data),
-        tx: Datagrams::new(256, DATAGRAM),
+        tx: Datagrams::new(256, datagram),
         seal: o.keys.sealer(Sender::root(index), wall_ns())?,
         stats: RootStats::default(),
         fast,
         order: OrderCheck::new(),
         log: PacketLog::new(s.log_packets, offset),
     };
-    let mut batch = PacketBatch::new(64, MAX_FRAME);
+    let mut batch = PacketBatch::new(64, max_frame);
     let mut rbuf = vec![0u8; 65536];
-    let mut rx = Datagrams::new(256, DATAGRAM);
+    let mut rx = Datagrams::new(256, datagram);
     let mut opener = o.keys.opener(s.clock_skew.as_nanos() as u64);
     let mut next_keys = Instant::now();
     // An output the packet log released, on its way on.
-    let mut kept = Vec::with_capacity(MAX_FRAME);
+    let mut kept = Vec::with_capacity(max_frame);
     let mut clock = first_clock(o.epoch);
     out.stats.root_epoch = o.epoch;
     out.stats.root_index = index;

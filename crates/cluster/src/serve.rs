@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 const BATCH: usize = 64;
 /// Batches taken before the loop looks at its timers again.
 const TURN_BATCHES: usize = 4;
-/// Largest datagram.
-const MAX_DATAGRAM: usize = meta::HEADER_LEN + 2048 + TRAILER_LEN;
+/// Largest notice datagram.
+const NOTICE_DATAGRAM: usize = meta::HEADER_LEN + 2048 + TRAILER_LEN;
 
 /// What an instance's process needs.
 #[derive(Debug, Clone)]
@@ -46,6 +46,8 @@ pub struct ServeOptions {
     pub stats: crate::StatsSink,
     /// The keys that sign and check every datagram between roles.
     pub keys: KeyRing,
+    /// The largest frame carried (`[runtime] max_frame`).
+    pub max_frame: usize,
 }
 
 /// What the stats file holds.
@@ -131,7 +133,7 @@ pub fn run_instance(
     };
     let fds = [data.as_raw_fd(), control.as_raw_fd()];
     let data_fd = data.as_raw_fd();
-    let mut dg = Datagrams::new(BATCH, MAX_DATAGRAM);
+    let mut dg = Datagrams::new(BATCH, meta::HEADER_LEN + o.max_frame + TRAILER_LEN);
     let mut fwd = [false; BATCH];
     // Per datagram of a batch: its length without the trailer, when the root signed it.
     let mut body: [Option<usize>; BATCH] = [None; BATCH];
@@ -510,7 +512,7 @@ impl Root<'_> {
             clock: 0,
             replay: false,
         };
-        let mut buf = [0u8; MAX_DATAGRAM];
+        let mut buf = [0u8; NOTICE_DATAGRAM];
         loop {
             // Sealing encrypts the buffer: each datagram writes its header again.
             let Some(h) = meta::write(&mut buf, &m) else {

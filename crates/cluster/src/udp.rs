@@ -34,10 +34,17 @@ pub(crate) struct Datagrams {
     cmsgs: Vec<SegmentCmsg>,
     /// Datagrams in each message of the last send, and their segment size.
     segments: Vec<(usize, usize)>,
+    /// The first datagram of each message of the last send.
+    firsts: Vec<usize>,
     /// Messages of the last send.
     messages: usize,
     /// Whether sends use `UDP_SEGMENT` (until the kernel refuses it once).
     gso: bool,
+    /// The largest datagram sent in a message of several: a larger one than the path MTU
+    /// cannot be a segment (`EMSGSIZE`), it goes alone and the kernel fragments it.
+    gso_max: usize,
+    /// Where the last send stopped for a segment too large, to go on from.
+    resume: Option<usize>,
     n: usize,
 }
 
@@ -87,8 +94,11 @@ impl Datagrams {
             hdrs: vec![unsafe { std::mem::zeroed() }; capacity],
             cmsgs: vec![SegmentCmsg([0; 24]); capacity],
             segments: vec![(0, 0); capacity],
+            firsts: vec![0; capacity],
             messages: 0,
             gso: true,
+            gso_max: usize::MAX,
+            resume: None,
             n: 0,
         }
     }
@@ -194,10 +204,14 @@ impl Datagrams {
     /// until [`Datagrams::clear`]); how many the kernel took (one it refused is lost, as on
     /// any UDP path).
     pub(crate) fn send(&mut self, fd: RawFd, pick: impl Fn(usize) -> bool) -> io::Result<usize> {
-        if self.gso {
-            match self.send_messages(fd, &pick, true) {
+        let (mut from, mut done) = (0, 0);
+        loop {
+            self.resume = None;
+            let gso = self.gso;
+            match self.send_messages(fd, &|i| i >= from && pick(i), gso) {
                 Err(e)
-                    if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EIO))
+                    if gso
+                        && matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EIO))
                         && self.segments[..self.messages].iter().any(|s| s.0 > 1) =>
                 {
                     tracing::info!(
@@ -205,10 +219,22 @@ impl Datagrams {
                     );
                     self.gso = false;
                 }
-                r => return r,
+                Err(e) if done == 0 => return Err(e),
+                Err(_) => return Ok(done),
+                Ok(n) => {
+                    done += n;
+                    let Some(next) = self.resume else {
+                        return Ok(done);
+                    };
+                    tracing::info!(
+                        "datagrams of more than {} bytes exceed the path MTU: sent one per \
+                         message (the kernel fragments them)",
+                        self.gso_max
+                    );
+                    from = next;
+                }
             }
         }
-        self.send_messages(fd, &pick, false)
     }
 
     /// One `sendmmsg` call after another until every picked datagram is sent or the kernel
@@ -238,6 +264,7 @@ impl Datagrams {
                 if gso
                     && last == size
                     && len <= size
+                    && size <= self.gso_max
                     && a.sin_addr.s_addr == b.sin_addr.s_addr
                     && a.sin_port == b.sin_port
                     && count < MAX_SEGMENTS
@@ -257,6 +284,7 @@ impl Datagrams {
             h.msg_iov = &mut self.iov[v - 1];
             h.msg_iovlen = 1;
             self.segments[k] = (1, len);
+            self.firsts[k] = i;
             run = Some((i, len, len));
             k += 1;
         }
@@ -298,6 +326,13 @@ impl Datagrams {
                 let e = io::Error::last_os_error();
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
+                }
+                // Segments larger than the path MTU: from this message on, datagrams that
+                // large go one per message.
+                if gso && e.raw_os_error() == Some(libc::EMSGSIZE) && self.segments[sent].0 > 1 {
+                    self.gso_max = self.segments[sent].1 - 1;
+                    self.resume = Some(self.firsts[sent]);
+                    return Ok(datagrams);
                 }
                 // A full socket buffer or an unreachable peer: the rest is lost.
                 return if datagrams > 0 || e.kind() == io::ErrorKind::WouldBlock {

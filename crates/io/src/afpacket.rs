@@ -135,6 +135,25 @@ impl Default for AfPacketOptions {
     }
 }
 
+impl AfPacketOptions {
+    /// The default receive ring with slots that hold frames of `max_frame` bytes: 2 KiB
+    /// slots hold frames up to 1982 bytes (the slot's header and address take 66), enough
+    /// for a 1500-byte MTU and dense for small frames; a larger `max_frame` (jumbo frames)
+    /// gets slots that hold it.
+    pub fn receiving(max_frame: usize) -> AfPacketOptions {
+        let frame_size = if max_frame <= 2048 {
+            2048
+        } else {
+            (max_frame + 66).next_power_of_two().min(1 << 16) as u32
+        };
+        AfPacketOptions {
+            frame_size,
+            block_size: frame_size.max(1 << 18),
+            ..AfPacketOptions::default()
+        }
+    }
+}
+
 /// A packet socket bound to one interface. See the module documentation.
 pub struct AfPacket {
     fd: OwnedFd,
