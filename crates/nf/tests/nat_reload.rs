@@ -66,6 +66,18 @@ fn drain(rig: &mut Rig, from: u16) -> Vec<u16> {
     ports
 }
 
+/// [`drain`], checking that no port came twice: the ports.
+fn drain_once(rig: &mut Rig, name: &str) -> BTreeSet<u16> {
+    let ports = drain(rig, 20000);
+    let unique: BTreeSet<u16> = ports.iter().copied().collect();
+    assert_eq!(
+        unique.len(),
+        ports.len(),
+        "{name}: a port twice in {ports:?}"
+    );
+    unique
+}
+
 const PUBLISH: &str = "forward = [{ proto = \"tcp\", external = \"203.0.113.1:5010-5014\", internal = \"10.0.0.2:8080\" }]";
 
 #[test]
@@ -103,13 +115,7 @@ fn a_reload_publishes_a_server_on_pool_ports_and_keeps_every_session() {
         rig.advance(61);
         assert_eq!(rig.report("pool_free"), 15, "{name}");
         // Every pool port but the published ones, once each.
-        let ports = drain(&mut rig, 20000);
-        let unique: BTreeSet<u16> = ports.iter().copied().collect();
-        assert_eq!(
-            unique.len(),
-            ports.len(),
-            "{name}: a port twice in {ports:?}"
-        );
+        let unique = drain_once(&mut rig, &name);
         let want: BTreeSet<u16> = (5000..5020).filter(|p| !(5010..5015).contains(p)).collect();
         assert_eq!(unique, want, "{name}");
     }
@@ -151,13 +157,7 @@ fn a_forwarding_removed_takes_no_new_connection_and_gives_its_ports_back_as_its_
         rig.advance(300);
         assert_eq!(rig.report("active_sessions"), 0, "{name}");
         assert_eq!(rig.report("pool_free"), 20, "{name}");
-        let ports = drain(&mut rig, 20000);
-        let unique: BTreeSet<u16> = ports.iter().copied().collect();
-        assert_eq!(
-            unique.len(),
-            ports.len(),
-            "{name}: a port twice in {ports:?}"
-        );
+        let unique = drain_once(&mut rig, &name);
         assert_eq!(unique, (5000..5020).collect(), "{name}");
     }
 }
