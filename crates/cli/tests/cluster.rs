@@ -3058,3 +3058,127 @@ fn jumbo_frames_cross_the_cluster() {
     c.check_downloads(downloads, &want);
     server_saw_only_the_nat(&http_peers);
 }
+
+/// IPv6 through the cluster's root and instances: with the root's ports given IPv6
+/// addresses, `curl -6` downloads from the server byte for byte (the root answers neighbour
+/// discovery and routes by the inside prefixes; the firewall tracks the connections, the NAT
+/// passes IPv6).
+#[test]
+fn curl_6_crosses_the_cluster() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let state = "backend = \"store\"\nurl = \"192.0.2.1:7878\"";
+    let config = Cluster::config(state, 2, "fast_path = false\naddress6 = \"fd00:1::1\"")
+        .replace(
+            &format!("address = \"{BOX_OUTSIDE}\"\n"),
+            &format!("address = \"{BOX_OUTSIDE}\"\naddress6 = \"fd00:2::1\"\n"),
+        )
+        .replace(
+            "inside = [\"10.0.0.0/24\"]",
+            "inside = [\"10.0.0.0/24\", \"fd00:1::/64\"]",
+        );
+    let mut c = Cluster::lab_with("v6", &config, 4);
+    let (client_ns, server_ns) = (c.lab.client_ns(), c.lab.server_ns());
+    let on = |dev: &str| format!("net.ipv6.conf.{dev}.disable_ipv6=0");
+    let (client_on, server_on) = (on(CLIENT_IF), on(flowstate_lab::SERVER_IF));
+    for (ns, argv) in [
+        (&client_ns, vec!["sysctl", "-qw", &client_on]),
+        (&server_ns, vec!["sysctl", "-qw", &server_on]),
+        (
+            &client_ns,
+            vec![
+                "ip",
+                "-6",
+                "addr",
+                "add",
+                "fd00:1::2/64",
+                "dev",
+                CLIENT_IF,
+                "nodad",
+            ],
+        ),
+        (
+            &client_ns,
+            vec!["ip", "-6", "route", "add", "default", "via", "fd00:1::1"],
+        ),
+        (
+            &server_ns,
+            vec![
+                "ip",
+                "-6",
+                "addr",
+                "add",
+                "fd00:2::2/64",
+                "dev",
+                flowstate_lab::SERVER_IF,
+                "nodad",
+            ],
+        ),
+        (
+            &server_ns,
+            vec![
+                "ip",
+                "-6",
+                "route",
+                "add",
+                "fd00:1::/64",
+                "via",
+                "fd00:2::1",
+            ],
+        ),
+    ] {
+        let o = c.in_ns(ns, &argv).output().unwrap();
+        assert!(o.status.success(), "{argv:?}: {}", text(&o));
+    }
+    let out = c.flowstate(&["cluster", "up", c.config.to_str().unwrap()]);
+    assert!(out.status.success(), "cluster up: {}", text(&out));
+    c.wait_for(60, "every partition owned", |s| owned(s) == 16);
+    let www = c.dir.path().join("www6");
+    std::fs::create_dir(&www).unwrap();
+    let body = content(1_000_000, 5);
+    std::fs::write(www.join("f.bin"), &body).unwrap();
+    let serve = format!(
+        "import functools,http.server,socket,socketserver\n\
+         class S(http.server.ThreadingHTTPServer):\n\
+         \x20address_family=socket.AF_INET6\n\
+         \x20def server_bind(self):\n\
+         \x20\x20socketserver.TCPServer.server_bind(self)\n\
+         \x20\x20self.server_name,self.server_port=self.server_address[:2]\n\
+         h=functools.partial(http.server.SimpleHTTPRequestHandler,directory='{}')\n\
+         S(('fd00:2::2',8080),h).serve_forever()\n",
+        www.display()
+    );
+    let web = c
+        .in_ns(&server_ns, &["python3", "-c", &serve])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    c.background.push(web);
+    let to = c.dir.path().join("got6");
+    let o = c
+        .in_ns(
+            &client_ns,
+            &[
+                "curl",
+                "-6",
+                "-g",
+                "-sS",
+                "-m",
+                "30",
+                "--retry",
+                "5",
+                "--retry-all-errors",
+                "-o",
+                to.to_str().unwrap(),
+                "http://[fd00:2::2]:8080/f.bin",
+            ],
+        )
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "curl -6: {}", text(&o));
+    assert!(std::fs::read(&to).unwrap() == body, "the download is whole");
+}
