@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::content;
+use common::{content, ipv6_hosts, run_all, HTTP_PY};
 use flowstate_lab::{
     Cut, Lab, RoutedHost, System, BOX_OUTSIDE, CLIENT, CLIENT_IF, SERVER, STORE_ADDR,
 };
@@ -2949,19 +2949,12 @@ fn a_forwarded_inside_server_is_reached_through_the_cluster_from_outside_and_by_
     let body = content(1_500_000, 7);
     std::fs::write(www.join("f.bin"), &body).unwrap();
     let client_ns = c.lab.client_ns();
-    // http.server without its reverse lookup of the address it binds (which waits on DNS).
-    let serve = format!(
-        "import functools,http.server,socketserver\n\
-         class S(http.server.ThreadingHTTPServer):\n\
-         \x20def server_bind(self):\n\
-         \x20\x20socketserver.TCPServer.server_bind(self)\n\
-         \x20\x20self.server_name,self.server_port=self.server_address[:2]\n\
-         h=functools.partial(http.server.SimpleHTTPRequestHandler,directory='{}')\n\
-         S(('{CLIENT}',8080),h).serve_forever()\n",
-        www.display()
-    );
+    let (client, dir) = (CLIENT.to_string(), www.display().to_string());
     let web = c
-        .in_ns(&client_ns, &["python3", "-c", &serve])
+        .in_ns(
+            &client_ns,
+            &["python3", "-c", HTTP_PY, &client, "8080", &dir],
+        )
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(c.dir.path().join("web.log")).unwrap())
         .spawn()
@@ -3082,57 +3075,11 @@ fn curl_6_crosses_the_cluster() {
         );
     let mut c = Cluster::lab_with("v6", &config, 4);
     let (client_ns, server_ns) = (c.lab.client_ns(), c.lab.server_ns());
-    let on = |dev: &str| format!("net.ipv6.conf.{dev}.disable_ipv6=0");
-    let (client_on, server_on) = (on(CLIENT_IF), on(flowstate_lab::SERVER_IF));
-    for (ns, argv) in [
-        (&client_ns, vec!["sysctl", "-qw", &client_on]),
-        (&server_ns, vec!["sysctl", "-qw", &server_on]),
-        (
-            &client_ns,
-            vec![
-                "ip",
-                "-6",
-                "addr",
-                "add",
-                "fd00:1::2/64",
-                "dev",
-                CLIENT_IF,
-                "nodad",
-            ],
-        ),
-        (
-            &client_ns,
-            vec!["ip", "-6", "route", "add", "default", "via", "fd00:1::1"],
-        ),
-        (
-            &server_ns,
-            vec![
-                "ip",
-                "-6",
-                "addr",
-                "add",
-                "fd00:2::2/64",
-                "dev",
-                flowstate_lab::SERVER_IF,
-                "nodad",
-            ],
-        ),
-        (
-            &server_ns,
-            vec![
-                "ip",
-                "-6",
-                "route",
-                "add",
-                "fd00:1::/64",
-                "via",
-                "fd00:2::1",
-            ],
-        ),
-    ] {
-        let o = c.in_ns(ns, &argv).output().unwrap();
-        assert!(o.status.success(), "{argv:?}: {}", text(&o));
-    }
+    run_all(ipv6_hosts(
+        (&client_ns, CLIENT_IF),
+        (&server_ns, flowstate_lab::SERVER_IF),
+        &["fd00:2::2"],
+    ));
     let out = c.flowstate(&["cluster", "up", c.config.to_str().unwrap()]);
     assert!(out.status.success(), "cluster up: {}", text(&out));
     c.wait_for(60, "every partition owned", |s| owned(s) == 16);
@@ -3140,19 +3087,12 @@ fn curl_6_crosses_the_cluster() {
     std::fs::create_dir(&www).unwrap();
     let body = content(1_000_000, 5);
     std::fs::write(www.join("f.bin"), &body).unwrap();
-    let serve = format!(
-        "import functools,http.server,socket,socketserver\n\
-         class S(http.server.ThreadingHTTPServer):\n\
-         \x20address_family=socket.AF_INET6\n\
-         \x20def server_bind(self):\n\
-         \x20\x20socketserver.TCPServer.server_bind(self)\n\
-         \x20\x20self.server_name,self.server_port=self.server_address[:2]\n\
-         h=functools.partial(http.server.SimpleHTTPRequestHandler,directory='{}')\n\
-         S(('fd00:2::2',8080),h).serve_forever()\n",
-        www.display()
-    );
+    let dir = www.display().to_string();
     let web = c
-        .in_ns(&server_ns, &["python3", "-c", &serve])
+        .in_ns(
+            &server_ns,
+            &["python3", "-c", HTTP_PY, "fd00:2::2", "8080", &dir],
+        )
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

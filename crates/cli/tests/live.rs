@@ -8,8 +8,8 @@
 mod common;
 
 use common::{
-    attr, chromium, content, elements, headless, pane_command, polled_dashboard, rows, screenshot,
-    si, Tmux,
+    attr, chromium, content, elements, headless, ipv6_hosts, pane_command, polled_dashboard, rows,
+    run_all, screenshot, si, Tmux, HTTP_PY,
 };
 use flowstate_lab::{
     Lab, System, BOX_OUTSIDE, CLIENT, CLIENT_IF, HTTP_PORT, SERVER, SERVER2, SERVER_IF, VIP,
@@ -2930,18 +2930,6 @@ fn tagged_through(driver: &str) {
     );
 }
 
-/// An HTTP server on an IPv6 address (no reverse lookup of it: that waits on DNS).
-const HTTP6_PY: &str = r#"
-import functools, http.server, socket, socketserver, sys
-class S(http.server.ThreadingHTTPServer):
-    address_family = socket.AF_INET6
-    def server_bind(self):
-        socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = self.server_address[:2]
-h = functools.partial(http.server.SimpleHTTPRequestHandler, directory=sys.argv[3])
-S((sys.argv[1], int(sys.argv[2])), h).serve_forever()
-"#;
-
 /// IPv6 through a live box (RFC 4861 neighbour discovery, RFC 8200 forwarding): the client
 /// and the servers find the box by neighbour solicitation, `curl -6` downloads byte for byte
 /// through the firewall straight to a server and through the LB's IPv6 VIP to both backends;
@@ -2956,82 +2944,16 @@ fn curl_6_crosses_the_live_firewall_and_lb() {
     let mut live = Live::up("v6");
     let files = publish(&live.lab);
     let (client_ns, server_ns) = (live.lab.client_ns(), live.lab.server_ns());
-    // The lab turns IPv6 off on its hosts' links (the box's namespace keeps it off).
-    let on = |dev: &str| format!("net.ipv6.conf.{dev}.disable_ipv6=0");
-    let (client_on, server_on) = (on(CLIENT_IF), on(SERVER_IF));
-    for (ns, argv) in [
-        (&client_ns, vec!["sysctl", "-qw", &client_on]),
-        (&server_ns, vec!["sysctl", "-qw", &server_on]),
-        (
-            &client_ns,
-            vec![
-                "ip",
-                "-6",
-                "addr",
-                "add",
-                "fd00:1::2/64",
-                "dev",
-                CLIENT_IF,
-                "nodad",
-            ],
-        ),
-        (
-            &client_ns,
-            vec!["ip", "-6", "route", "add", "default", "via", "fd00:1::1"],
-        ),
-        (
-            &server_ns,
-            vec![
-                "ip",
-                "-6",
-                "addr",
-                "add",
-                "fd00:2::2/64",
-                "dev",
-                SERVER_IF,
-                "nodad",
-            ],
-        ),
-        (
-            &server_ns,
-            vec![
-                "ip",
-                "-6",
-                "addr",
-                "add",
-                "fd00:2::3/64",
-                "dev",
-                SERVER_IF,
-                "nodad",
-            ],
-        ),
-        (
-            &server_ns,
-            vec![
-                "ip",
-                "-6",
-                "route",
-                "add",
-                "fd00:1::/64",
-                "via",
-                "fd00:2::1",
-            ],
-        ),
-    ] {
-        let o = live.run_in(ns, &argv);
-        assert!(
-            o.status.success(),
-            "{argv:?}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-    }
-    let script = live.dir.path().join("http6.py");
-    std::fs::write(&script, HTTP6_PY).unwrap();
+    run_all(ipv6_hosts(
+        (&client_ns, CLIENT_IF),
+        (&server_ns, SERVER_IF),
+        &["fd00:2::2", "fd00:2::3"],
+    ));
     for (addr, b) in [("fd00:2::2", 'a'), ("fd00:2::3", 'b')] {
         let www = live.lab.www(b);
         let server = live.spawn_in(
             &server_ns,
-            &["python3", path(&script), addr, "8080", path(&www)],
+            &["python3", "-c", HTTP_PY, addr, "8080", path(&www)],
         );
         live.others.push(server);
     }

@@ -362,3 +362,80 @@ pub(crate) fn with_state(text: &str, state: &str) -> String {
     }
     out
 }
+
+/// An HTTP server, `python3 -c HTTP_PY ADDRESS PORT DIRECTORY`, on an IPv4 or IPv6 address,
+/// without http.server's reverse lookup of the address it binds (which waits on DNS).
+pub(crate) const HTTP_PY: &str = r#"
+import functools, http.server, socket, socketserver, sys
+class S(http.server.ThreadingHTTPServer):
+    address_family = socket.AF_INET6 if ":" in sys.argv[1] else socket.AF_INET
+    def server_bind(self):
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.server_address[:2]
+h = functools.partial(http.server.SimpleHTTPRequestHandler, directory=sys.argv[3])
+S((sys.argv[1], int(sys.argv[2])), h).serve_forever()
+"#;
+
+/// The commands that give the lab's hosts IPv6 (which the lab turns off on their links; the
+/// box's namespace keeps it off): the client `fd00:1::2/64` on `client_if` in `client_ns`,
+/// its default route via the box's `fd00:1::1`; the server `servers` (in `fd00:2::/64`) on
+/// `server_if` in `server_ns`, its route back via the box's `fd00:2::1`.
+pub(crate) fn ipv6_hosts(
+    (client_ns, client_if): (&str, &str),
+    (server_ns, server_if): (&str, &str),
+    servers: &[&str],
+) -> Vec<Command> {
+    let mut steps: Vec<(&str, Vec<String>)> = Vec::new();
+    let ip6 = |args: &[&str]| {
+        ["ip", "-6"]
+            .iter()
+            .chain(args)
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>()
+    };
+    for (ns, dev) in [(client_ns, client_if), (server_ns, server_if)] {
+        let on = format!("net.ipv6.conf.{dev}.disable_ipv6=0");
+        steps.push((ns, vec!["sysctl".into(), "-qw".into(), on]));
+    }
+    steps.push((
+        client_ns,
+        ip6(&["addr", "add", "fd00:1::2/64", "dev", client_if, "nodad"]),
+    ));
+    steps.push((
+        client_ns,
+        ip6(&["route", "add", "default", "via", "fd00:1::1"]),
+    ));
+    for s in servers {
+        let a = format!("{s}/64");
+        steps.push((
+            server_ns,
+            ip6(&["addr", "add", &a, "dev", server_if, "nodad"]),
+        ));
+    }
+    steps.push((
+        server_ns,
+        ip6(&["route", "add", "fd00:1::/64", "via", "fd00:2::1"]),
+    ));
+    steps
+        .into_iter()
+        .map(|(ns, argv)| {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns])
+                .args(argv)
+                .stdin(Stdio::null());
+            c
+        })
+        .collect()
+}
+
+/// Runs `commands`, each of which must succeed.
+pub(crate) fn run_all(commands: Vec<Command>) {
+    for mut c in commands {
+        let o = c.output().unwrap();
+        assert!(
+            o.status.success(),
+            "{c:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}
