@@ -487,8 +487,9 @@ unsafe fn ring_u32(p: *const u8) -> u32 {
     unsafe { std::ptr::read_volatile(p.cast::<u32>()) }
 }
 
-/// Puts back the VLAN tag the kernel took into the ring's header (receive VLAN offload): the
-/// MAC addresses move 4 bytes earlier and the tag follows them (IEEE 802.1Q §9). Returns the
+/// Puts back the VLAN tag the kernel took into the ring's header, `(tci, tpid)` (802.1Q's
+/// TPID when `status` says none was given): the MAC addresses move 4 bytes earlier and the
+/// tag follows them (IEEE 802.1Q §9). Returns the
 /// frame's new start, or `start` when fewer than 4 bytes lie between `free` and it, or the
 /// frame has no MAC addresses (left untagged).
 ///
@@ -500,12 +501,17 @@ unsafe fn retag(
     start: usize,
     end: usize,
     free: usize,
-    tci: u16,
-    tpid: u16,
+    status: u32,
+    (tci, tpid): (u16, u16),
 ) -> usize {
     if start < free + 4 || end < start + 12 {
         return start;
     }
+    let tpid = if status & TP_STATUS_VLAN_TPID_VALID != 0 {
+        tpid
+    } else {
+        ETH_P_8021Q
+    };
     // SAFETY: start - 4 .. end is inside the caller's memory (checked above and by the caller).
     unsafe {
         std::ptr::copy(base.add(start), base.add(start - 4), 12);
@@ -585,21 +591,16 @@ impl Ring {
             if start >= free && end <= self.frame_size && pkttype != PACKET_OUTGOING {
                 if status & TP_STATUS_VLAN_VALID != 0 {
                     // SAFETY: tp_vlan_tci at 24, tp_vlan_tpid at 26; start - 4 >= free is
-                    // checked by untag before it writes.
+                    // checked by retag before it writes.
                     let (tci, tpid) = unsafe {
                         (
                             std::ptr::read_volatile(h.add(24).cast::<u16>()),
                             std::ptr::read_volatile(h.add(26).cast::<u16>()),
                         )
                     };
-                    let tpid = if status & TP_STATUS_VLAN_TPID_VALID != 0 {
-                        tpid
-                    } else {
-                        ETH_P_8021Q
-                    };
                     // SAFETY: the slot is the user's until it is handed back; start..end is
                     // inside it.
-                    start = unsafe { retag(h, start, end, free, tci, tpid) };
+                    start = unsafe { retag(h, start, end, free, status, (tci, tpid)) };
                 }
                 // SAFETY: start..end is inside this slot (checked above).
                 let frame = unsafe { std::slice::from_raw_parts(h.add(start), end - start) };
@@ -701,14 +702,9 @@ impl Ring {
                     )
                 };
                 if status & TP_STATUS_VLAN_VALID != 0 {
-                    let tpid = if status & TP_STATUS_VLAN_TPID_VALID != 0 {
-                        tpid
-                    } else {
-                        ETH_P_8021Q
-                    };
                     // SAFETY: the block is the user's until it is handed back; the frame's
                     // header and sockaddr_ll (48 + 20 bytes) come before `start`.
-                    start = unsafe { retag(block, start, end, r.next + 68, tci, tpid) };
+                    start = unsafe { retag(block, start, end, r.next + 68, status, (tci, tpid)) };
                 }
                 // SAFETY: start..end is inside the block (checked above).
                 let frame = unsafe { std::slice::from_raw_parts(block.add(start), end - start) };
